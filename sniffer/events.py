@@ -1,0 +1,306 @@
+"""The typed values that travel between the pipeline stages.
+
+capture ──Segment──► reassembly ──Conn*/Flow*──► http1 ──Http*──► streams ──Stream*/Chunk──► store
+
+Every value is immutable. ``Segment`` is a ``NamedTuple`` because one is made per
+captured packet (a frozen dataclass costs about three times as much to build,
+which matters at 150k packets/s); everything downstream is a frozen, slotted
+dataclass. Times are capture timestamps (float seconds since the Unix epoch):
+no stage reads a clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+# ---------------------------------------------------------------------------
+# capture → reassembly
+# ---------------------------------------------------------------------------
+
+#: TCP flag bits as they appear in the TCP header's flags byte.
+FIN = 0x01
+SYN = 0x02
+RST = 0x04
+PSH = 0x08
+ACK = 0x10
+
+
+class Segment(NamedTuple):
+    """One captured TCP segment (IPv4 or IPv6), as the capture layer saw it."""
+
+    ts: float
+    src: str  # IP address as text ("127.0.0.1", "::1")
+    sport: int
+    dst: str
+    dport: int
+    seq: int
+    ack: int
+    flags: int  # FIN/SYN/RST/PSH/ACK bits
+    payload: bytes
+
+
+Endpoint = tuple[str, int]
+
+
+class CaptureGap(NamedTuple):
+    """Capture lost packets it cannot attribute (kernel ring drops, queue loss).
+
+    Every connection open at ``ts`` may have lost data: the reassembler marks
+    all of them as possibly gapped.
+    """
+
+    ts: float
+    dropped: int  # packets lost, as the capture source counted them
+    source: str  # "kernel", "queue", "ebpf"
+
+
+# ---------------------------------------------------------------------------
+# reassembly → http1 (also produced directly by the eBPF backend)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionOpened:
+    conn: int  # connection id, unique within one pipeline run (from its id base)
+    ts: float
+    client: Endpoint  # the SYN sender when syn_seen, else a guess (see reassembly)
+    server: Endpoint
+    syn_seen: bool
+    capture: str = "packet"  # "packet" or "ebpf"
+    pid: int | None = None  # eBPF backend: owning process
+    comm: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FlowData:
+    """In-order bytes of one direction of a connection."""
+
+    conn: int
+    ts: float  # capture time of the packet that delivered the last of these bytes
+    from_client: bool
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FlowGap:
+    """Bytes of one direction that will never arrive (lost, or capture began late).
+
+    ``nbytes`` is the exact count when known from sequence numbers, ``None`` when
+    unknown (kernel drops attributed to every open connection).
+    """
+
+    conn: int
+    ts: float
+    from_client: bool
+    nbytes: int | None
+    reason: str  # "lost", "midstream", "kernel-drop", "overflow", "ebpf-lost"
+
+
+@dataclass(frozen=True, slots=True)
+class FlowEnd:
+    """One direction ended: FIN, RST, idle expiry or end of capture."""
+
+    conn: int
+    ts: float
+    from_client: bool
+    reason: str  # "fin", "rst", "idle", "eof"
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionClosed:
+    conn: int
+    ts: float
+    reason: str  # "fin", "rst", "idle", "eof"
+
+
+@dataclass(frozen=True, slots=True)
+class FlowAnomaly:
+    """Something about the TCP stream worth counting (not fatal)."""
+
+    conn: int
+    ts: float
+    from_client: bool
+    kind: str  # "retransmission", "overlap-mismatch", "out-of-order", "buffer-cap"
+    detail: str = ""
+
+
+FlowEvent = ConnectionOpened | FlowData | FlowGap | FlowEnd | ConnectionClosed | FlowAnomaly
+
+# ---------------------------------------------------------------------------
+# http1 → streams
+# ---------------------------------------------------------------------------
+
+Headers = tuple[tuple[str, str], ...]  # (lower-case name, value), in wire order
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    conn: int
+    exchange: int  # 0, 1, 2 … per connection, in request order
+    ts: float
+    method: str
+    target: str
+    version: str  # "1.1", "1.0"
+    headers: Headers
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResponse:
+    conn: int
+    exchange: int
+    ts: float
+    status: int
+    reason: str
+    version: str
+    headers: Headers
+    informational: bool = False  # 1xx: more heads follow for this exchange
+
+
+@dataclass(frozen=True, slots=True)
+class HttpBody:
+    """A piece of a message body, de-chunked and content-decoded (gzip, deflate)."""
+
+    conn: int
+    exchange: int
+    ts: float
+    from_client: bool
+    data: bytes
+
+
+class EndReason(str, enum.Enum):
+    COMPLETE = "complete"  # framing said the message ended
+    GAP = "gap"  # bytes of this message were lost
+    EOF = "eof"  # connection closed before the message ended
+    RST = "rst"
+    ERROR = "error"  # malformed framing (recorded in an HttpError too)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpEnd:
+    conn: int
+    exchange: int
+    ts: float
+    from_client: bool
+    reason: EndReason
+
+
+@dataclass(frozen=True, slots=True)
+class HttpError:
+    """Bad input on a connection; the connection goes on resynchronising."""
+
+    conn: int
+    exchange: int | None
+    ts: float
+    from_client: bool
+    kind: str  # "framing", "not-http", "decode", "desync", "buffer-cap"
+    message: str
+
+
+HttpEvent = HttpRequest | HttpResponse | HttpBody | HttpEnd | HttpError
+
+# ---------------------------------------------------------------------------
+# streams → store, metrics, tokens
+# ---------------------------------------------------------------------------
+
+
+class StreamState(str, enum.Enum):
+    OPEN = "open"
+    COMPLETE = "complete"  # finish seen (and [DONE] when the server sends it), no gap
+    TRUNCATED = "truncated"  # connection ended before the stream did (client abort, server cut)
+    GAP = "gap"  # bytes were lost: never reported complete
+    ERROR = "error"  # HTTP error status, error object, or malformed framing
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOpened:
+    """A request/response exchange began (one row in the streams table)."""
+
+    stream: int  # stream id, unique within one pipeline run (from its id base)
+    conn: int
+    exchange: int
+    ts: float  # request head capture time
+    client: Endpoint
+    server: Endpoint
+    method: str
+    path: str
+    request_headers: Headers  # credentials already removed
+    request_body: str | None  # text of the request body (JSON as sent), None if absent
+    request: dict[str, Any] = field(default_factory=dict)  # parsed request fields
+    dialect: str = "http"  # "openai.chat", "openai.completions", … or "http"
+    label: str | None = None
+    capture: str = "packet"
+    pid: int | None = None
+    comm: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamResponse:
+    stream: int
+    ts: float
+    status: int
+    headers: Headers  # credentials removed
+    content_type: str
+    streaming: bool  # SSE / NDJSON body
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkEvent:
+    """One streamed chunk for one choice (or the whole body of a non-streaming reply)."""
+
+    stream: int
+    ts: float  # capture time of the packet that completed the event
+    seq: int  # 0, 1, 2 … per stream: order of events in the stream
+    choice: int  # choice index (n > 1), Responses output_index, Anthropic block index
+    chunk_index: int  # 1, 2, 3 … per (stream, choice), chunks that carry text only; 0 otherwise
+    kind: str  # "role", "content", "reasoning", "tool_call", "finish", "usage", "error", "done", "other"
+    text: str = ""  # content delta (what a client appends), or completion text
+    reasoning: str = ""
+    tool_calls: str | None = None  # JSON text of the tool_calls delta
+    finish_reason: str | None = None
+    logprobs: str | None = None  # JSON text of the server-reported logprobs
+    usage: str | None = None  # JSON text of the usage object
+    raw: str | None = None  # the event data as received, for kinds we do not model
+
+
+@dataclass(frozen=True, slots=True)
+class StreamClosed:
+    stream: int
+    ts: float
+    state: StreamState
+    reason: str  # human-readable: why this state
+    done_seen: bool
+    gap: bool
+    t_first_content: float | None
+    t_last_chunk: float | None
+    chunk_count: int  # chunk events that carried text
+    event_count: int  # all chunk events
+    text_len: int  # characters of content (all choices)
+    finish_reasons: tuple[tuple[int, str], ...]  # (choice, finish_reason)
+    usage: str | None  # JSON text of the last usage object
+    response_body: str | None  # non-streaming bodies (capped), else None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineError:
+    """A recorded error: a counter is incremented and capture goes on."""
+
+    ts: float
+    stage: str  # "capture", "reassembly", "http", "sse", "dialect", "store"
+    kind: str
+    message: str
+    conn: int | None = None
+    stream: int | None = None
+
+
+StoreEvent = (
+    ConnectionOpened
+    | ConnectionClosed
+    | StreamOpened
+    | StreamResponse
+    | ChunkEvent
+    | StreamClosed
+    | PipelineError
+)
