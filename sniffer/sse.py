@@ -1,0 +1,369 @@
+"""Body decoders for streamed responses: WHATWG ``text/event-stream`` and NDJSON.
+
+Both decoders are sans-IO: bytes in, decoded items out. They never raise on bad
+input. Malformed bytes become U+FFFD, an over-long line is dropped and counted
+(``errors``/``last_error``) and decoding resynchronises at the next line end.
+"Need more data" is simply an empty list.
+
+SSE follows the WHATWG HTML "event stream interpretation" rules:
+
+* bytes are UTF-8, decoded incrementally (invalid sequences become U+FFFD); a
+  BOM is stripped at the very start of the stream only;
+* lines end with CR, LF or CRLF (a CR ending one feed and an LF starting the
+  next are one line end);
+* ``:`` starts a comment; ``field:value`` drops one space after the colon; a
+  line without a colon is a field with an empty value;
+* ``data`` lines accumulate (joined with ``\\n``), ``event`` sets the type,
+  ``id`` (unless it contains NUL) sets the last event id, which persists, and
+  ``retry`` counts only if it is all ASCII digits; other fields are ignored;
+* a blank line dispatches the event, unless no ``data`` line was seen, in which
+  case the event type is reset and nothing is dispatched;
+* an event not terminated by a blank line when the body ends is not
+  dispatched (``truncated_event`` records that it existed).
+
+States are explicit: at a line start or inside a partial line (``_pieces``),
+optionally after a CR (``_cr``), or discarding an over-long line (``_discard``).
+The current event is held in ``_data``/``_type``/``_retry``; ``_pending`` says
+a field line was seen since the last dispatch, ``_poisoned`` that one of its
+lines was dropped (the whole event is then dropped at its blank line, so no
+half event ever reaches a dialect).
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_MAX_LINE", "NdjsonDecoder", "SseDecoder", "SseEvent"]
+
+#: Longest line (in decoded characters, line end excluded) a decoder keeps.
+DEFAULT_MAX_LINE = 8 * 1024 * 1024
+
+_BOM = "\ufeff"
+
+
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    """One dispatched server-sent event.
+
+    ``id`` is the last event id in effect when the event was dispatched (it
+    persists across events); ``retry`` is the reconnection time given in this
+    event's own field block, if any.
+    """
+
+    event: str = "message"
+    data: str = ""
+    id: str | None = None
+    retry: int | None = None
+
+
+def _new_utf8_decoder() -> codecs.IncrementalDecoder:
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+
+class SseDecoder:
+    """Incremental WHATWG event-stream decoder.
+
+    >>> d = SseDecoder()
+    >>> d.feed(b'data: {"a":1}\\n\\ndata: x')
+    [SseEvent(event='message', data='{"a":1}', id=None, retry=None)]
+    >>> d.close(), d.truncated_event
+    ([], True)
+    """
+
+    def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
+        self.max_line = max_line
+        # counters, read by the pipeline
+        self.events = 0
+        self.comments = 0
+        self.errors = 0
+        self.last_error: str | None = None
+        self.truncated_event = False
+        #: last event id buffer (persists across events); None until an id line
+        self.last_event_id: str | None = None
+        #: reconnection time in effect (persists), from the last valid retry line
+        self.retry: int | None = None
+        self.closed = False
+        # decoding state
+        self._utf8 = _new_utf8_decoder()
+        self._started = False  # first character seen (BOM handled)
+        self._cr = False  # the previous feed ended with CR
+        self._discard = False  # inside an over-long line, dropping until a line end
+        self._pieces: list[str] = []  # the current partial line
+        self._plen = 0
+        # current event
+        self._data: list[str] = []
+        self._type = ""
+        self._retry: int | None = None
+        self._pending = False  # a field line was seen since the last dispatch
+        self._poisoned = False  # a line of the current event was dropped
+
+    # -- public -----------------------------------------------------------
+
+    def feed(self, data: bytes) -> list[SseEvent]:
+        """Decode more body bytes; return the events they complete."""
+        if self.closed:
+            self._error("data fed after close()")
+            return []
+        text = self._utf8.decode(data)
+        if not text:
+            return []
+        return self._text(text)
+
+    def close(self) -> list[SseEvent]:
+        """End of body. A partial event is never dispatched: returns ``[]`` and
+        sets ``truncated_event`` if one existed."""
+        if self.closed:
+            return []
+        tail = self._utf8.decode(b"", final=True)
+        if tail:
+            self._text(tail)
+        self.closed = True
+        partial = "".join(self._pieces)
+        partial_field = bool(partial) and partial[0] != ":"
+        self.truncated_event = self._pending or partial_field or self._discard
+        self._pieces = []
+        self._plen = 0
+        self._reset_event()
+        return []
+
+    # -- internals --------------------------------------------------------
+
+    def _error(self, message: str) -> None:
+        self.errors += 1
+        self.last_error = message
+
+    def _overflow(self, length: int) -> None:
+        self._error(f"line longer than {self.max_line} characters ({length}+) dropped")
+        self._pending = True
+        self._poisoned = True
+
+    def _text(self, text: str) -> list[SseEvent]:
+        if not self._started:
+            self._started = True
+            if text[0] == _BOM:
+                text = text[1:]
+                if not text:
+                    return []
+        # Normalise line ends to LF. A CR at the end of a feed is a line end
+        # already; an LF opening the next feed then belongs to it.
+        if self._cr:
+            self._cr = False
+            if text[0] == "\n":
+                text = text[1:]
+                if not text:
+                    return []
+        if "\r" in text:
+            self._cr = text[-1] == "\r"
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if self._discard:
+            i = text.find("\n")
+            if i < 0:
+                return []
+            self._discard = False
+            text = text[i + 1 :]
+            if not text:
+                return []
+        if "\n" not in text:
+            # still inside one line
+            self._pieces.append(text)
+            self._plen += len(text)
+            if self._plen > self.max_line:
+                self._overflow(self._plen)
+                self._pieces = []
+                self._plen = 0
+                self._discard = True
+            return []
+        if self._pieces:
+            self._pieces.append(text)
+            text = "".join(self._pieces)
+            self._pieces = []
+            self._plen = 0
+        if len(text) > self.max_line:
+            return self._checked_lines(text)
+
+        # Fast path: ``text`` starts at a line start and no line is too long.
+        # Split into blocks ended by a blank line; a block that is a lone
+        # ``data`` line (the usual server event) is dispatched directly.
+        out: list[SseEvent] = []
+        blocks = text.split("\n\n")
+        tail = blocks.pop()
+        last_id = self.last_event_id
+        for block in blocks:
+            if not self._pending and block[:5] == "data:" and "\n" not in block:
+                value = block[5:]
+                if value[:1] == " ":
+                    value = value[1:]
+                out.append(SseEvent("message", value, last_id, None))
+            else:
+                for line in block.split("\n"):
+                    self._line(line, out)
+                self._dispatch(out)
+                last_id = self.last_event_id
+        if out:
+            self.events += len(out)
+        if tail:
+            lines = tail.split("\n")
+            partial = lines.pop()
+            for line in lines:
+                self._line(line, out)
+            if partial:
+                self._pieces.append(partial)
+                self._plen = len(partial)
+        return out
+
+    def _checked_lines(self, text: str) -> list[SseEvent]:
+        """Slow path for text longer than the line cap: check every line."""
+        out: list[SseEvent] = []
+        lines = text.split("\n")
+        partial = lines.pop()
+        cap = self.max_line
+        for line in lines:
+            if len(line) > cap:
+                self._overflow(len(line))
+            else:
+                self._line(line, out)
+        if len(partial) > cap:
+            self._overflow(len(partial))
+            self._discard = True
+        elif partial:
+            self._pieces.append(partial)
+            self._plen = len(partial)
+        return out
+
+    def _line(self, line: str, out: list[SseEvent]) -> None:
+        if not line:
+            self._dispatch(out)
+            return
+        if line[0] == ":":
+            self.comments += 1
+            return
+        self._pending = True
+        colon = line.find(":")
+        if colon < 0:
+            name, value = line, ""
+        else:
+            name = line[:colon]
+            value = line[colon + 1 :]
+            if value[:1] == " ":
+                value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._type = value
+        elif name == "id":
+            if "\0" not in value:
+                self.last_event_id = value
+        elif name == "retry" and value.isascii() and value.isdigit():
+            self._retry = self.retry = int(value)
+        # other field names are ignored
+
+    def _dispatch(self, out: list[SseEvent]) -> None:
+        if self._poisoned or not self._data:
+            self._reset_event()
+            return
+        data = "\n".join(self._data)
+        out.append(SseEvent(self._type or "message", data, self.last_event_id, self._retry))
+        self.events += 1
+        self._reset_event()
+
+    def _reset_event(self) -> None:
+        if self._data:
+            self._data = []
+        self._type = ""
+        self._retry = None
+        self._pending = False
+        self._poisoned = False
+
+
+class NdjsonDecoder:
+    """Incremental line-delimited decoder (``application/x-ndjson``, JSON Lines).
+
+    Returns complete lines as text (line end removed, CRLF tolerated); blank or
+    whitespace-only lines are skipped. At ``close()`` a final line without a
+    newline is returned too: NDJSON servers often omit it.
+    """
+
+    def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
+        self.max_line = max_line
+        self.lines = 0
+        self.errors = 0
+        self.last_error: str | None = None
+        self.closed = False
+        self._utf8 = _new_utf8_decoder()
+        self._started = False
+        self._discard = False
+        self._pieces: list[str] = []
+        self._plen = 0
+
+    def feed(self, data: bytes) -> list[str]:
+        """Decode more body bytes; return the complete lines they finish."""
+        if self.closed:
+            self._error("data fed after close()")
+            return []
+        text = self._utf8.decode(data)
+        if not text:
+            return []
+        return self._text(text, final=False)
+
+    def close(self) -> list[str]:
+        """End of body: return the final line if it had no newline."""
+        if self.closed:
+            return []
+        out = self._text(self._utf8.decode(b"", final=True), final=True)
+        self.closed = True
+        return out
+
+    def _error(self, message: str) -> None:
+        self.errors += 1
+        self.last_error = message
+
+    def _overflow(self, length: int) -> None:
+        self._error(f"line longer than {self.max_line} characters ({length}+) dropped")
+
+    def _text(self, text: str, final: bool) -> list[str]:
+        if text and not self._started:
+            self._started = True
+            if text[0] == _BOM:
+                text = text[1:]
+        if self._discard and text:
+            i = text.find("\n")
+            if i < 0:
+                return []
+            self._discard = False
+            text = text[i + 1 :]
+        if not final and "\n" not in text:
+            self._pieces.append(text)
+            self._plen += len(text)
+            if self._plen > self.max_line:
+                self._overflow(self._plen)
+                self._pieces = []
+                self._plen = 0
+                self._discard = True
+            return []
+        if self._pieces:
+            self._pieces.append(text)
+            text = "".join(self._pieces)
+            self._pieces = []
+            self._plen = 0
+        lines = text.split("\n")
+        partial = "" if final else lines.pop()
+        cap = self.max_line
+        out: list[str] = []
+        for line in lines:
+            if len(line) > cap:
+                self._overflow(len(line))
+                continue
+            if line[-1:] == "\r":
+                line = line[:-1]
+            if line and not line.isspace():
+                out.append(line)
+        if partial:
+            if len(partial) > cap:
+                self._overflow(len(partial))
+                self._discard = True
+            else:
+                self._pieces.append(partial)
+                self._plen = len(partial)
+        self.lines += len(out)
+        return out
