@@ -57,6 +57,25 @@ class SseEvent:
     retry: int | None = None
 
 
+# A frozen dataclass's __init__ goes through object.__setattr__ once per field,
+# which costs about as much as the rest of decoding an event. The hot path sets
+# the slots through their descriptors instead (same object, half the cost).
+_new_object = object.__new__
+_set_event = SseEvent.__dict__["event"].__set__
+_set_data = SseEvent.__dict__["data"].__set__
+_set_id = SseEvent.__dict__["id"].__set__
+_set_retry = SseEvent.__dict__["retry"].__set__
+
+
+def _make_event(event: str, data: str, id: str | None, retry: int | None) -> SseEvent:
+    ev: SseEvent = _new_object(SseEvent)
+    _set_event(ev, event)
+    _set_data(ev, data)
+    _set_id(ev, id)
+    _set_retry(ev, retry)
+    return ev
+
+
 def _new_utf8_decoder() -> codecs.IncrementalDecoder:
     return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
@@ -86,6 +105,7 @@ class SseDecoder:
         self.closed = False
         # decoding state
         self._utf8 = _new_utf8_decoder()
+        self._utf8_clean = True  # the incremental decoder holds no partial character
         self._started = False  # first character seen (BOM handled)
         self._cr = False  # the previous feed ended with CR
         self._discard = False  # inside an over-long line, dropping until a line end
@@ -105,7 +125,7 @@ class SseDecoder:
         if self.closed:
             self._error("data fed after close()")
             return []
-        text = self._utf8.decode(data)
+        text = self._decode(data)
         if not text:
             return []
         return self._text(text)
@@ -128,6 +148,19 @@ class SseDecoder:
         return []
 
     # -- internals --------------------------------------------------------
+
+    def _decode(self, data: bytes) -> str:
+        # Whole, valid UTF-8 feeds (the usual case) decode in one C call; a feed
+        # that ends inside a character or holds invalid bytes goes through the
+        # incremental decoder, which keeps the partial character for next time.
+        if self._utf8_clean:
+            try:
+                return data.decode()
+            except UnicodeDecodeError:
+                pass
+        text: str = self._utf8.decode(data)
+        self._utf8_clean = not self._utf8.getstate()[0]
+        return text
 
     def _error(self, message: str) -> None:
         self.errors += 1
@@ -194,7 +227,7 @@ class SseDecoder:
                 value = block[5:]
                 if value[:1] == " ":
                     value = value[1:]
-                out.append(SseEvent("message", value, last_id, None))
+                out.append(_make_event("message", value, last_id, None))
             else:
                 for line in block.split("\n"):
                     self._line(line, out)
@@ -263,7 +296,7 @@ class SseDecoder:
             self._reset_event()
             return
         data = "\n".join(self._data)
-        out.append(SseEvent(self._type or "message", data, self.last_event_id, self._retry))
+        out.append(_make_event(self._type or "message", data, self.last_event_id, self._retry))
         self.events += 1
         self._reset_event()
 
@@ -291,6 +324,7 @@ class NdjsonDecoder:
         self.last_error: str | None = None
         self.closed = False
         self._utf8 = _new_utf8_decoder()
+        self._utf8_clean = True  # the incremental decoder holds no partial character
         self._started = False
         self._discard = False
         self._pieces: list[str] = []
@@ -301,7 +335,7 @@ class NdjsonDecoder:
         if self.closed:
             self._error("data fed after close()")
             return []
-        text = self._utf8.decode(data)
+        text = self._decode(data)
         if not text:
             return []
         return self._text(text, final=False)
@@ -313,6 +347,19 @@ class NdjsonDecoder:
         out = self._text(self._utf8.decode(b"", final=True), final=True)
         self.closed = True
         return out
+
+    def _decode(self, data: bytes) -> str:
+        # Whole, valid UTF-8 feeds (the usual case) decode in one C call; a feed
+        # that ends inside a character or holds invalid bytes goes through the
+        # incremental decoder, which keeps the partial character for next time.
+        if self._utf8_clean:
+            try:
+                return data.decode()
+            except UnicodeDecodeError:
+                pass
+        text: str = self._utf8.decode(data)
+        self._utf8_clean = not self._utf8.getstate()[0]
+        return text
 
     def _error(self, message: str) -> None:
         self.errors += 1
