@@ -1,0 +1,103 @@
+"""LLM API dialects and the registry that picks one per exchange.
+
+A dialect is chosen from the request line (and, for formats whose path is
+ambiguous, the parsed request body). ``REGISTRY`` is an ordered list of
+``(matcher, factory)`` pairs: the first matcher that accepts the request wins
+and its factory makes a NEW dialect instance for that exchange (dialects may
+hold per-stream state). Add a dialect with :func:`register`::
+
+    register("ollama.chat", lambda method, path, request: path == "/api/chat", OllamaChat)
+
+Put more specific matchers first (``insert=True`` puts a matcher at the front).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sniffer.dialects.base import Dialect
+from sniffer.dialects.openai import OpenAIChat, OpenAICompletions
+
+__all__ = [
+    "KNOWN_DIALECTS",
+    "REGISTRY",
+    "Factory",
+    "Matcher",
+    "normalize_path",
+    "register",
+    "select_dialect",
+]
+
+#: ``matcher(method, path, request)``: method upper-cased, path normalised by
+#: :func:`normalize_path`, request the parsed JSON body (or None / anything).
+Matcher = Callable[[str, str, Any], bool]
+Factory = Callable[[], Dialect]
+
+#: Ordered (matcher, factory) pairs; the first match wins.
+REGISTRY: list[tuple[Matcher, Factory]] = []
+#: Names of the registered dialects, in registration order.
+KNOWN_DIALECTS: list[str] = []
+
+
+def register(name: str, matcher: Matcher, factory: Factory, *, insert: bool = False) -> None:
+    """Add a dialect: ``factory()`` must return a fresh instance named ``name``."""
+    if insert:
+        REGISTRY.insert(0, (matcher, factory))
+    else:
+        REGISTRY.append((matcher, factory))
+    if name not in KNOWN_DIALECTS:
+        KNOWN_DIALECTS.append(name)
+
+
+def normalize_path(target: str) -> str:
+    """The path of a request target: no scheme/authority (absolute-form targets
+    sent to proxies), no query or fragment, no trailing slash."""
+    if target.startswith(("http://", "https://")):
+        slash = target.find("/", target.find("//") + 2)
+        target = target[slash:] if slash >= 0 else "/"
+    for sep in ("?", "#"):
+        cut = target.find(sep)
+        if cut >= 0:
+            target = target[:cut]
+    if len(target) > 1:
+        target = target.rstrip("/") or "/"
+    return target
+
+
+def _is_post(method: str) -> bool:
+    return method == "POST"
+
+
+def _openai_chat(method: str, path: str, request: Any) -> bool:
+    return _is_post(method) and path in ("/v1/chat/completions", "/chat/completions")
+
+
+def _openai_completions(method: str, path: str, request: Any) -> bool:
+    return _is_post(method) and path in ("/v1/completions", "/completions")
+
+
+register(OpenAIChat.name, _openai_chat, OpenAIChat)
+register(OpenAICompletions.name, _openai_completions, OpenAICompletions)
+
+
+def select_dialect(method: str, path: str, request: Any) -> Dialect | None:
+    """A new dialect instance for this exchange, or None when no dialect applies.
+
+    ``path`` may be the raw request target (query string and all).
+
+    >>> select_dialect("POST", "/v1/chat/completions?x=1", {}).name
+    'openai.chat'
+    >>> select_dialect("GET", "/v1/models", None) is None
+    True
+    """
+    method = method.upper()
+    path = normalize_path(path)
+    for matcher, factory in REGISTRY:
+        try:
+            matched = matcher(method, path, request)
+        except Exception:  # a buggy matcher must not take the pipeline down
+            continue
+        if matched:
+            return factory()
+    return None

@@ -1,0 +1,269 @@
+"""OpenAI Chat Completions and (legacy) Completions, streamed and not.
+
+Wire shapes handled (all seen from real servers):
+
+* the role prelude ``{"delta":{"role":"assistant","content":""}}`` (vLLM,
+  OpenAI, llama.cpp) → ROLE, never output;
+* ``delta.content`` / ``text`` → CONTENT; ``delta.reasoning_content`` or
+  ``delta.reasoning`` → REASONING; ``delta.tool_calls`` → TOOL_CALL;
+  a ``finish_reason`` alone → FINISH; ``""`` with no role (llama.cpp, for a
+  token ending inside a UTF-8 character) → OTHER with ``raw`` kept;
+* ``n > 1``: one Delta per entry of ``choices``, keyed by its ``index``;
+* ``usage`` on a chunk that has choices (transformers serve puts it in the
+  finish chunk, vLLM ``continuous_usage_stats`` on every chunk) is attached to
+  the chunk's last Delta; on a chunk with ``choices`` empty, null or missing it
+  is a stream-level USAGE Delta;
+* ``data: [DONE]`` → DONE; ``{"error": {...}}``, ``{"error": "text"}`` or a flat
+  ``{"object": "error", "message": ...}`` (older vLLM) → ERROR;
+* broken JSON or a wrong shape → INVALID with the raw text; never an exception.
+
+U+FFFD inside content is content: the token-boundary anomaly is for the
+tokens stage to report, not a parse error.
+
+Each item's JSON is parsed once and only the fields present are re-serialised.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sniffer.dialects.base import (
+    CONTENT,
+    DONE,
+    ERROR,
+    FINISH,
+    INVALID,
+    OTHER,
+    REASONING,
+    ROLE,
+    STREAM_LEVEL,
+    TOOL_CALL,
+    USAGE,
+    Delta,
+)
+
+__all__ = ["OpenAIChat", "OpenAICompletions"]
+
+_loads = json.loads
+#: compact JSON text, non-ASCII kept as is (what we store for nested objects)
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+_DONE = "[DONE]"
+
+
+class _Shape(Exception):
+    """The item parsed as JSON but does not have the shape of this dialect."""
+
+
+def _error_message(err: Any) -> str:
+    if isinstance(err, str):
+        return err
+    if isinstance(err, dict):
+        msg = err.get("message")
+        if isinstance(msg, str) and msg:
+            return msg
+    text: str = _dumps(err)
+    return text
+
+
+def _index(choice: dict[str, Any], position: int) -> int:
+    index = choice.get("index", position)
+    if type(index) is not int or index < 0:
+        raise _Shape(f"choices[{position}].index is not a non-negative integer")
+    return index
+
+
+def _opt_str(obj: dict[str, Any], key: str, where: str) -> str | None:
+    value = obj.get(key)
+    if value is None or type(value) is str:
+        return value
+    raise _Shape(f"{where}.{key} is {type(value).__name__}, not a string")
+
+
+def _opt_json(value: Any) -> str | None:
+    if value is None:
+        return None
+    text: str = _dumps(value)
+    return text
+
+
+def _tool_calls(obj: dict[str, Any], where: str) -> str | None:
+    value = obj.get("tool_calls")
+    if value is None:
+        return None
+    if type(value) is not list:
+        raise _Shape(f"{where}.tool_calls is {type(value).__name__}, not a list")
+    if not value:
+        return None
+    text: str = _dumps(value)
+    return text
+
+
+def _invalid(data: str, message: str) -> list[Delta]:
+    return [Delta(STREAM_LEVEL, INVALID, raw=data, error=message)]
+
+
+class _OpenAIBase:
+    """Parsing shared by both endpoints; subclasses read one choice."""
+
+    name = "openai"
+
+    def event(self, data: str, event_type: str) -> list[Delta]:
+        """One SSE event's data (or NDJSON line)."""
+        if data == _DONE:
+            return [Delta(STREAM_LEVEL, DONE)]
+        try:
+            obj = _loads(data)
+        except (ValueError, RecursionError) as exc:
+            stripped = data.strip()
+            if stripped == _DONE:
+                return [Delta(STREAM_LEVEL, DONE)]
+            if not stripped:
+                return [Delta(STREAM_LEVEL, OTHER, raw=data)]
+            if event_type == "error":
+                return [Delta(STREAM_LEVEL, ERROR, raw=data, error=stripped)]
+            return _invalid(data, f"broken JSON: {exc}")
+        try:
+            return self._chunk(obj, data, stream=True)
+        except _Shape as exc:
+            return _invalid(data, str(exc))
+        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
+            return _invalid(data, f"{type(exc).__name__}: {exc}")
+
+    def body(self, body: str) -> list[Delta]:
+        """A whole non-streaming response body."""
+        try:
+            obj = _loads(body)
+        except (ValueError, RecursionError) as exc:
+            return _invalid(body, f"broken JSON: {exc}")
+        try:
+            return self._chunk(obj, body, stream=False)
+        except _Shape as exc:
+            return _invalid(body, str(exc))
+        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
+            return _invalid(body, f"{type(exc).__name__}: {exc}")
+
+    def _chunk(self, obj: Any, data: str, stream: bool) -> list[Delta]:
+        if type(obj) is not dict:
+            raise _Shape(f"item is a JSON {type(obj).__name__}, not an object")
+        err = obj.get("error")
+        if err is not None:
+            return [Delta(STREAM_LEVEL, ERROR, raw=data, error=_error_message(err))]
+        if obj.get("object") == "error":
+            return [Delta(STREAM_LEVEL, ERROR, raw=data, error=_error_message(obj))]
+        choices = obj.get("choices")
+        usage = obj.get("usage")
+        usage_text = None if usage is None else _opt_json(usage)
+        if not choices:
+            if choices is not None and type(choices) is not list:
+                raise _Shape(f"choices is {type(choices).__name__}, not a list")
+            if usage_text is not None:
+                return [Delta(STREAM_LEVEL, USAGE, usage=usage_text)]
+            return [Delta(STREAM_LEVEL, OTHER, raw=data)]
+        if type(choices) is not list:
+            raise _Shape(f"choices is {type(choices).__name__}, not a list")
+        out: list[Delta] = []
+        for position, choice in enumerate(choices):
+            if type(choice) is not dict:
+                raise _Shape(f"choices[{position}] is {type(choice).__name__}, not an object")
+            out.append(self._choice(choice, position, data, stream))
+        if usage_text is not None:
+            if stream:
+                last = out[-1]
+                out[-1] = Delta(
+                    last.choice,
+                    last.kind,
+                    text=last.text,
+                    reasoning=last.reasoning,
+                    tool_calls=last.tool_calls,
+                    finish_reason=last.finish_reason,
+                    logprobs=last.logprobs,
+                    usage=usage_text,
+                    raw=last.raw,
+                    error=last.error,
+                )
+            else:
+                out.append(Delta(STREAM_LEVEL, USAGE, usage=usage_text))
+        return out
+
+    def _choice(self, choice: dict[str, Any], position: int, data: str, stream: bool) -> Delta:
+        raise NotImplementedError
+
+
+class OpenAIChat(_OpenAIBase):
+    """``POST /v1/chat/completions``: ``choices[].delta`` streamed, ``choices[].message`` whole."""
+
+    name = "openai.chat"
+
+    def _choice(self, choice: dict[str, Any], position: int, data: str, stream: bool) -> Delta:
+        index = _index(choice, position)
+        key = "delta" if stream else "message"
+        where = f"choices[{position}].{key}"
+        msg = choice.get(key)
+        if msg is None:
+            msg = {}
+        elif type(msg) is not dict:
+            raise _Shape(f"{where} is {type(msg).__name__}, not an object")
+        content = _opt_str(msg, "content", where)
+        reasoning = _opt_str(msg, "reasoning_content", where)
+        if reasoning is None:
+            reasoning = _opt_str(msg, "reasoning", where)
+        tool_calls = _tool_calls(msg, where)
+        finish = _opt_str(choice, "finish_reason", f"choices[{position}]")
+        logprobs = choice.get("logprobs")
+        logprobs_text = None if logprobs is None else _opt_json(logprobs)
+        raw = None
+        if content:
+            kind = CONTENT
+        elif reasoning:
+            kind = REASONING
+        elif tool_calls is not None:
+            kind = TOOL_CALL
+        elif finish is not None:
+            kind = FINISH
+        elif stream and msg.get("role") is not None:
+            kind = ROLE
+        else:
+            kind = OTHER
+            raw = data
+        return Delta(
+            index,
+            kind,
+            text=content or "",
+            reasoning=reasoning or "",
+            tool_calls=tool_calls,
+            finish_reason=finish,
+            logprobs=logprobs_text,
+            raw=raw,
+        )
+
+
+class OpenAICompletions(_OpenAIBase):
+    """``POST /v1/completions``: ``choices[].text``, streamed or whole."""
+
+    name = "openai.completions"
+
+    def _choice(self, choice: dict[str, Any], position: int, data: str, stream: bool) -> Delta:
+        index = _index(choice, position)
+        where = f"choices[{position}]"
+        text = _opt_str(choice, "text", where)
+        finish = _opt_str(choice, "finish_reason", where)
+        logprobs = choice.get("logprobs")
+        logprobs_text = None if logprobs is None else _opt_json(logprobs)
+        raw = None
+        if text:
+            kind = CONTENT
+        elif finish is not None:
+            kind = FINISH
+        else:
+            kind = OTHER
+            raw = data
+        return Delta(
+            index,
+            kind,
+            text=text or "",
+            finish_reason=finish,
+            logprobs=logprobs_text,
+            raw=raw,
+        )
