@@ -1,0 +1,704 @@
+"""TCP reassembly, sans-IO: captured segments in, ordered bytes per direction out.
+
+``Reassembler.feed`` takes one :class:`~sniffer.events.Segment` and returns the
+flow events it caused (:class:`~sniffer.events.ConnectionOpened`,
+:class:`~sniffer.events.FlowData`, :class:`~sniffer.events.FlowGap`,
+:class:`~sniffer.events.FlowEnd`, :class:`~sniffer.events.ConnectionClosed`,
+:class:`~sniffer.events.FlowAnomaly`). Nothing here opens a socket or a file,
+reads a clock or logs: time is the capture timestamp of the segments, and
+``expire(now)``/``flush(ts)`` are driven by the caller.
+
+Model
+-----
+A connection is keyed by its unordered 4-tuple and has two *halves* (one per
+direction). Each half maps 32-bit sequence numbers to unbounded byte offsets:
+offset 0 is the first data byte (the byte after the SYN when the handshake was
+seen, else the first byte captured). Sequence numbers are unwrapped relative
+to the next expected one, so streams longer than 4 GiB and ISNs near 2**32
+need nothing special.
+
+Per half, every byte below ``next_off`` has been delivered or declared lost;
+bytes above it that arrived early sit in a capped out-of-order buffer of
+non-overlapping pieces. The first copy of every byte wins: retransmissions are
+dropped (and counted), and an overlap whose bytes differ from the first copy is
+counted as inconsistent and reported as a ``FlowAnomaly``. Already-delivered
+bytes are compared against the last delivered chunk only.
+
+Roles
+-----
+The sender of a SYN (without ACK) is the client; the sender of a SYN+ACK is
+the server. With no handshake seen (capture started mid-stream), the endpoint
+whose port is in ``server_ports`` is the server; failing that, the endpoint
+with the lower port number is the server (on a tie, the destination of the
+first captured segment). The HTTP stage may still swap roles by content.
+
+Loss
+----
+A hole (bytes that never arrived) becomes ``FlowGap(nbytes=<exact>,
+reason="lost")`` and delivery resumes after it, when:
+
+(a) the other direction acknowledges bytes at or beyond the hole (the receiver
+    got them, so the capture lost them), even with nothing buffered;
+(b) buffered out-of-order data has waited more than ``hole_timeout`` seconds of
+    capture time (checked on ``feed`` for that connection and on ``expire``);
+(c) the out-of-order buffer of the direction exceeds ``max_buffer``;
+(d) a FIN, RST, ``flush`` or expiry arrives with a hole pending.
+
+Data later arriving for a range already declared lost is dropped and counted
+as a retransmission: bytes are never delivered out of order.
+
+Events per ``feed``
+-------------------
+Contiguous bytes are coalesced: one call yields at most one ``FlowData`` per
+direction between two gaps of that direction (so usually exactly one).
+
+Closing
+-------
+FIN: ``FlowEnd("fin")`` once every byte before the FIN has been delivered or
+declared lost; both halves FIN'd gives ``ConnectionClosed("fin")``. RST ends
+every open half with ``"rst"`` and closes the connection. A closed connection
+lingers briefly as a tombstone so that its last ACKs do not open a mid-stream
+connection. A SYN on a closed or closing 4-tuple, or with another ISN, is port
+reuse: the old connection is ended with reason ``"idle"`` (it was not seen to
+finish) and a new one opened. A retransmitted SYN (same ISN) changes nothing.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+
+from sniffer.events import (
+    ACK,
+    FIN,
+    RST,
+    SYN,
+    CaptureGap,
+    ConnectionClosed,
+    ConnectionOpened,
+    Endpoint,
+    FlowAnomaly,
+    FlowData,
+    FlowEnd,
+    FlowEvent,
+    FlowGap,
+    Segment,
+)
+
+__all__ = ["Reassembler", "ReassemblyStats"]
+
+_MASK = 0xFFFFFFFF
+_WRAP = 1 << 32
+_HALF_WRAP = 1 << 31
+#: Largest distance ahead of the expected byte that a segment or an ACK may be
+#: (the largest scaled TCP window); beyond it the number is treated as bogus.
+_MAX_WINDOW = 1 << 30
+#: Capture seconds a closed connection stays known, so that late ACKs and
+#: retransmissions after its close are recognised instead of opening a new one.
+_CLOSED_LINGER = 10.0
+_SYN_FIN_RST = SYN | FIN | RST
+
+_Key = tuple[str, int, str, int]
+
+
+@dataclass(slots=True)
+class ReassemblyStats:
+    """Counters, all monotonically increasing."""
+
+    segments: int = 0  # segments fed
+    bytes_delivered: int = 0  # payload bytes delivered as FlowData
+    retransmissions: int = 0  # segments carrying bytes already seen, delivered or declared lost
+    overlaps_inconsistent: int = 0  # retransmissions whose bytes differ from the first copy
+    out_of_order: int = 0  # segments buffered ahead of a hole
+    gaps: int = 0  # FlowGap events other than "midstream"
+    gap_bytes: int = 0  # bytes declared lost (gaps of known size)
+    connections: int = 0  # connections opened
+    midstream: int = 0  # directions first seen without their SYN
+    buffer_cap_hits: int = 0  # times an out-of-order buffer overflowed max_buffer
+    port_reuse: int = 0  # SYNs that replaced a known connection
+
+
+class _Conn:
+    __slots__ = ("c2s", "closed", "id", "keys", "last_ts", "s2c")
+
+    def __init__(self, conn_id: int, ts: float, client: Endpoint, server: Endpoint) -> None:
+        self.id = conn_id
+        self.last_ts = ts
+        self.closed = False
+        self.keys: tuple[_Key, _Key] = (
+            (client[0], client[1], server[0], server[1]),
+            (server[0], server[1], client[0], client[1]),
+        )
+        self.c2s = _Half(self, True)
+        self.s2c = _Half(self, False)
+        self.c2s.peer = self.s2c
+        self.s2c.peer = self.c2s
+
+
+class _Half:
+    """One direction of a connection.
+
+    States: *unstarted* (``next_seq == -1``: no SYN, no payload yet), *open*
+    (``fast`` when nothing is buffered and no FIN is known), *ended*.
+    """
+
+    __slots__ = (
+        "acc",
+        "conn",
+        "ended",
+        "fast",
+        "fin_off",
+        "from_client",
+        "isn",
+        "live",
+        "next_off",
+        "next_seq",
+        "peer",
+        "pend_bytes",
+        "pend_data",
+        "pend_offs",
+        "pend_oldest",
+        "pend_ts",
+        "prev_data",
+        "prev_off",
+    )
+
+    def __init__(self, conn: _Conn, from_client: bool) -> None:
+        self.conn = conn
+        self.peer: _Half = self
+        self.from_client = from_client
+        self.live = True  # the connection is not closed
+        self.isn = -1  # SYN sequence number, -1 when not seen
+        self.next_seq = -1  # sequence number of next_off, -1 while unstarted
+        self.next_off = 0  # offset of the next byte to deliver
+        self.fin_off: int | None = None  # offset the FIN occupies, once seen
+        self.ended = False
+        self.fast = False  # open, nothing buffered, no FIN: in-order data goes straight out
+        # Out-of-order buffer: sorted, non-overlapping pieces in parallel lists.
+        self.pend_offs: list[int] = []
+        self.pend_data: list[bytes] = []
+        self.pend_ts: list[float] = []
+        self.pend_bytes = 0
+        self.pend_oldest = 0.0
+        self.acc: list[bytes] = []  # bytes made deliverable during the current call
+        self.prev_off = 0  # the last delivered chunk, to check retransmissions against
+        self.prev_data = b""
+
+    def start(self, seq: int) -> None:
+        self.next_seq = seq & _MASK
+        self.next_off = 0
+        self.fast = self.live and self.fin_off is None and not self.ended
+
+
+class Reassembler:
+    """Per-connection, per-direction TCP stream reassembly (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        conn_id_base: int = 1,
+        server_ports: frozenset[int] = frozenset(),
+        max_buffer: int = 4 << 20,
+        idle_timeout: float = 300.0,
+        hole_timeout: float = 1.0,
+        max_connections: int = 100_000,
+    ) -> None:
+        self.server_ports = server_ports
+        self.max_buffer = max_buffer
+        self.idle_timeout = idle_timeout
+        self.hole_timeout = hole_timeout
+        self.max_connections = max(1, max_connections)
+        self.stats = ReassemblyStats()
+        self._next_id = conn_id_base
+        self._halves: dict[_Key, _Half] = {}
+        self._conns: dict[int, _Conn] = {}
+        self._open = 0
+
+    @property
+    def open_connections(self) -> int:
+        """Connections opened and not yet closed."""
+        return self._open
+
+    # ------------------------------------------------------------------ feed
+
+    def feed(self, seg: Segment) -> list[FlowEvent]:
+        """Process one captured segment; return the flow events it caused."""
+        self.stats.segments += 1
+        ts, src, sport, dst, dport, seq, ack, flags, payload = seg
+        h = self._halves.get((src, sport, dst, dport))
+        if h is None or flags & _SYN_FIN_RST or not h.live:
+            return self._feed_slow(seg, h)
+        # Fast path: an established connection, no SYN/FIN/RST.
+        h.conn.last_ts = ts
+        out: list[FlowEvent] = []
+        p = h.peer
+        if flags & ACK:
+            pn = p.next_seq
+            if ack != pn and pn >= 0 and not p.ended:
+                d = (ack - pn) & _MASK
+                if d <= _MAX_WINDOW:
+                    self._ack_ahead(p, d, ts, out)
+        if payload:
+            if h.fast and seq == h.next_seq:
+                n = len(payload)
+                off = h.next_off
+                h.next_seq = (seq + n) & _MASK
+                h.next_off = off + n
+                h.prev_off = off
+                h.prev_data = payload
+                self.stats.bytes_delivered += n
+                out.append(FlowData(h.conn.id, ts, h.from_client, payload))
+            else:
+                self._data(h, seq, payload, ts, out)
+                self._flush_acc(h, ts, out)
+        if h.pend_offs or p.pend_offs:
+            self._check_holes(h, ts, out)
+            self._check_holes(p, ts, out)
+        return out
+
+    def _feed_slow(self, seg: Segment, h: _Half | None) -> list[FlowEvent]:
+        ts, seq, ack, flags, payload = seg.ts, seg.seq, seg.ack, seg.flags, seg.payload
+        out: list[FlowEvent] = []
+        if flags & SYN:
+            if flags & RST:
+                return out  # nonsense flag combination
+            h = self._on_syn(seg, h, out)
+            if h is None:
+                return out
+            seq = (seq + 1) & _MASK  # the SYN occupies one sequence number
+        elif h is None:
+            if not payload or flags & RST:
+                return out  # no connection worth opening for a bare ACK/FIN/RST
+            h = self._open_midstream(seg, out)
+        conn = h.conn
+        conn.last_ts = ts
+        if conn.closed:
+            if payload:
+                self.stats.retransmissions += 1  # late data after the close
+            return out
+        if flags & RST:
+            self._close(conn, "rst", ts, out)
+            return out
+        p = h.peer
+        if flags & ACK:
+            pn = p.next_seq
+            if ack != pn and pn >= 0 and not p.ended:
+                d = (ack - pn) & _MASK
+                if d <= _MAX_WINDOW:
+                    self._ack_ahead(p, d, ts, out)
+        if payload:
+            self._data(h, seq, payload, ts, out)
+        if flags & FIN:
+            self._fin(h, (seq + len(payload)) & _MASK, ts, out)
+        if not conn.closed:
+            self._check_holes(h, ts, out)
+            self._check_holes(p, ts, out)
+            self._flush_acc(h, ts, out)
+        return out
+
+    # ------------------------------------------------------- connection setup
+
+    def _on_syn(self, seg: Segment, h: _Half | None, out: list[FlowEvent]) -> _Half | None:
+        ts, src, sport, dst, dport, seq, ack, flags, _ = seg
+        synack = bool(flags & ACK)
+        if h is not None:
+            conn = h.conn
+            p = h.peer
+            closing = (
+                conn.closed or h.ended or p.ended or h.fin_off is not None or p.fin_off is not None
+            )
+            if not closing:
+                if not synack:
+                    if h.from_client and h.isn == seq:
+                        return h  # retransmitted SYN
+                elif not h.from_client:
+                    if h.isn == seq:
+                        return h  # retransmitted SYN+ACK
+                    if h.next_seq < 0:  # the answer to the SYN we saw
+                        h.isn = seq
+                        h.start(seq + 1)
+                        return h
+            # Port reuse: the old connection is gone, unseen.
+            self.stats.port_reuse += 1
+            if not conn.closed:
+                self._close(conn, "idle", ts, out)
+            self._forget(conn)
+        if not synack:
+            conn = self._new_conn(ts, (src, sport), (dst, dport), True, out)
+            h = conn.c2s
+        else:
+            conn = self._new_conn(ts, (dst, dport), (src, sport), True, out)
+            h = conn.s2c
+            # The SYN+ACK acknowledges the client's ISN + 1.
+            conn.c2s.isn = (ack - 1) & _MASK
+            conn.c2s.start(ack)
+        h.isn = seq
+        h.start(seq + 1)
+        return h
+
+    def _open_midstream(self, seg: Segment, out: list[FlowEvent]) -> _Half:
+        ts, src, sport, dst, dport = seg[0], seg[1], seg[2], seg[3], seg[4]
+        ports = self.server_ports
+        if dport in ports:
+            src_is_server = False
+        elif sport in ports:
+            src_is_server = True
+        else:
+            src_is_server = sport < dport
+        if src_is_server:
+            conn = self._new_conn(ts, (dst, dport), (src, sport), False, out)
+            return conn.s2c
+        conn = self._new_conn(ts, (src, sport), (dst, dport), False, out)
+        return conn.c2s
+
+    def _new_conn(
+        self, ts: float, client: Endpoint, server: Endpoint, syn_seen: bool, out: list[FlowEvent]
+    ) -> _Conn:
+        if len(self._conns) >= self.max_connections:
+            self._evict(ts, out)
+        conn = _Conn(self._next_id, ts, client, server)
+        self._next_id += 1
+        self._conns[conn.id] = conn
+        self._halves[conn.keys[0]] = conn.c2s
+        self._halves[conn.keys[1]] = conn.s2c
+        self._open += 1
+        self.stats.connections += 1
+        out.append(ConnectionOpened(conn.id, ts, client, server, syn_seen))
+        return conn
+
+    def _evict(self, ts: float, out: list[FlowEvent]) -> None:
+        """Make room for one connection: drop closed ones, else the least recently active."""
+        closed = [c for c in self._conns.values() if c.closed]
+        for c in closed:
+            self._forget(c)
+        if len(self._conns) < self.max_connections:
+            return
+        oldest = min(self._conns.values(), key=lambda c: c.last_ts)
+        self._close(oldest, "idle", ts, out)
+        self._forget(oldest)
+
+    def _forget(self, conn: _Conn) -> None:
+        self._conns.pop(conn.id, None)
+        for key, half in zip(conn.keys, (conn.c2s, conn.s2c), strict=True):
+            if self._halves.get(key) is half:
+                del self._halves[key]
+
+    # ------------------------------------------------------------ data path
+
+    def _start_midstream(self, h: _Half, seq: int, ts: float, out: list[FlowEvent]) -> None:
+        h.start(seq)
+        self.stats.midstream += 1
+        out.append(FlowGap(h.conn.id, ts, h.from_client, None, "midstream"))
+
+    def _data(self, h: _Half, seq: int, data: bytes, ts: float, out: list[FlowEvent]) -> None:
+        """Place payload at ``seq`` (slow path): trim, buffer or deliver into ``h.acc``."""
+        if h.ended:
+            self.stats.retransmissions += 1
+            return
+        if h.next_seq < 0:
+            self._start_midstream(h, seq, ts, out)
+        d = (seq - h.next_seq) & _MASK
+        if d >= _HALF_WRAP:
+            d -= _WRAP
+        nxt = h.next_off
+        off = nxt + d
+        end = off + len(data)
+        if d > _MAX_WINDOW:
+            out.append(
+                FlowAnomaly(h.conn.id, ts, h.from_client, "out-of-window", f"{d} bytes ahead")
+            )
+            return
+        if h.fin_off is not None and end > h.fin_off:
+            if off >= h.fin_off:
+                out.append(FlowAnomaly(h.conn.id, ts, h.from_client, "after-fin", ""))
+                return
+            data = data[: h.fin_off - off]
+            end = h.fin_off
+        if off < nxt:
+            self.stats.retransmissions += 1
+            self._check_delivered(h, off, data, ts, out)
+            if end <= nxt:
+                return
+            data = data[nxt - off :]
+            off = nxt
+        if off == nxt and not h.pend_offs:
+            h.acc.append(data)
+            h.next_off = end
+            h.next_seq = (h.next_seq + len(data)) & _MASK
+            return
+        if off > nxt:
+            self.stats.out_of_order += 1
+        self._insert(h, off, data, ts, out)
+        self._drain(h)
+        if h.pend_bytes > self.max_buffer:
+            self.stats.buffer_cap_hits += 1
+            out.append(
+                FlowAnomaly(
+                    h.conn.id, ts, h.from_client, "buffer-cap", f"{h.pend_bytes} bytes buffered"
+                )
+            )
+            while h.pend_bytes > self.max_buffer and h.pend_offs:
+                self._skip_hole(h, ts, out)
+
+    def _check_delivered(
+        self, h: _Half, off: int, data: bytes, ts: float, out: list[FlowEvent]
+    ) -> None:
+        """Compare retransmitted bytes with the last delivered chunk, where they overlap."""
+        p_off = h.prev_off
+        prev = h.prev_data
+        a = max(off, p_off)
+        b = min(off + len(data), p_off + len(prev))
+        if a < b and data[a - off : b - off] != prev[a - p_off : b - p_off]:
+            self._mismatch(h, a, b, ts, out)
+
+    def _mismatch(self, h: _Half, a: int, b: int, ts: float, out: list[FlowEvent]) -> None:
+        self.stats.overlaps_inconsistent += 1
+        out.append(
+            FlowAnomaly(
+                h.conn.id,
+                ts,
+                h.from_client,
+                "overlap-mismatch",
+                f"bytes {a}..{b} differ from the first copy",
+            )
+        )
+
+    def _insert(self, h: _Half, off: int, data: bytes, ts: float, out: list[FlowEvent]) -> None:
+        """Buffer ``data`` at ``off`` (>= next_off), keeping the first copy of every byte."""
+        offs, datas, tss = h.pend_offs, h.pend_data, h.pend_ts
+        end = off + len(data)
+        i = bisect_right(offs, off) - 1
+        if i < 0 or offs[i] + len(datas[i]) <= off:
+            i += 1
+        pieces: list[tuple[int, bytes]] = []
+        cur = off
+        covered = False
+        mism: tuple[int, int] | None = None
+        j = i
+        while j < len(offs) and offs[j] < end:
+            eo = offs[j]
+            ed = datas[j]
+            ee = eo + len(ed)
+            if eo > cur:
+                pieces.append((cur, data[cur - off : eo - off]))
+            a = max(cur, eo)
+            b = min(end, ee)
+            if a < b:
+                covered = True
+                if mism is None and data[a - off : b - off] != ed[a - eo : b - eo]:
+                    mism = (a, b)
+            cur = max(cur, ee)
+            j += 1
+        if cur < end:
+            pieces.append((cur, data if cur == off else data[cur - off :]))
+        if covered:
+            self.stats.retransmissions += 1
+        if mism is not None:
+            self._mismatch(h, mism[0], mism[1], ts, out)
+        if not pieces:
+            return
+        if not offs:
+            h.pend_oldest = ts
+        for p_off, p_data in pieces:
+            k = bisect_left(offs, p_off)
+            offs.insert(k, p_off)
+            datas.insert(k, p_data)
+            tss.insert(k, ts)
+            h.pend_bytes += len(p_data)
+        h.fast = False
+
+    def _drain(self, h: _Half) -> None:
+        """Move buffered pieces that start at or before next_off into ``h.acc``."""
+        offs = h.pend_offs
+        if not offs or offs[0] > h.next_off:
+            return
+        datas = h.pend_data
+        k = 0
+        n = len(offs)
+        nxt = h.next_off
+        freed = 0
+        while k < n and offs[k] <= nxt:
+            data = datas[k]
+            freed += len(data)
+            skip = nxt - offs[k]
+            if skip < len(data):
+                h.acc.append(data[skip:] if skip else data)
+                nxt = offs[k] + len(data)
+            k += 1
+        del offs[:k]
+        del datas[:k]
+        del h.pend_ts[:k]
+        h.pend_bytes -= freed
+        h.next_seq = (h.next_seq + (nxt - h.next_off)) & _MASK
+        h.next_off = nxt
+        if offs:
+            h.pend_oldest = min(h.pend_ts)
+        else:
+            h.fast = h.live and h.fin_off is None and not h.ended
+
+    def _gap(self, h: _Half, n: int, ts: float, out: list[FlowEvent]) -> None:
+        """Declare the next ``n`` bytes lost."""
+        self._flush_acc(h, ts, out)
+        out.append(FlowGap(h.conn.id, ts, h.from_client, n, "lost"))
+        self.stats.gaps += 1
+        self.stats.gap_bytes += n
+        h.next_off += n
+        h.next_seq = (h.next_seq + n) & _MASK
+
+    def _skip_hole(self, h: _Half, ts: float, out: list[FlowEvent]) -> None:
+        """Declare the hole before the first buffered piece lost, and deliver what follows."""
+        self._gap(h, h.pend_offs[0] - h.next_off, ts, out)
+        self._drain(h)
+
+    def _skip_to(self, h: _Half, target: int, ts: float, out: list[FlowEvent]) -> None:
+        """Every byte below ``target`` not buffered is lost: declare gaps, deliver the rest."""
+        while h.next_off < target:
+            offs = h.pend_offs
+            if offs and offs[0] <= h.next_off:
+                self._drain(h)
+                continue
+            stop = offs[0] if offs and offs[0] < target else target
+            self._gap(h, stop - h.next_off, ts, out)
+        self._drain(h)
+
+    def _ack_ahead(self, p: _Half, d: int, ts: float, out: list[FlowEvent]) -> None:
+        """The other side acknowledged ``d`` sequence numbers beyond ``p.next_off``."""
+        target = p.next_off + d
+        if p.fin_off is not None and target > p.fin_off:
+            target = p.fin_off  # an ACK of the FIN is not data
+        if target > p.next_off:
+            self._skip_to(p, target, ts, out)
+            self._flush_acc(p, ts, out)
+            self._maybe_fin_end(p, ts, out)
+
+    def _check_holes(self, h: _Half, ts: float, out: list[FlowEvent]) -> None:
+        """Declare holes lost whose buffered data waited longer than hole_timeout."""
+        limit = self.hole_timeout
+        changed = False
+        while h.pend_offs and ts - h.pend_oldest > limit:
+            self._skip_hole(h, ts, out)
+            changed = True
+        if changed:
+            self._flush_acc(h, ts, out)
+            self._maybe_fin_end(h, ts, out)
+
+    def _flush_acc(self, h: _Half, ts: float, out: list[FlowEvent]) -> None:
+        acc = h.acc
+        if not acc:
+            return
+        data = acc[0] if len(acc) == 1 else b"".join(acc)
+        acc.clear()
+        if not data:
+            return
+        h.prev_off = h.next_off - len(data)
+        h.prev_data = data
+        self.stats.bytes_delivered += len(data)
+        out.append(FlowData(h.conn.id, ts, h.from_client, data))
+
+    # ------------------------------------------------------------- closing
+
+    def _fin(self, h: _Half, fin_seq: int, ts: float, out: list[FlowEvent]) -> None:
+        if h.ended:
+            return
+        if h.next_seq < 0:
+            self._start_midstream(h, fin_seq, ts, out)
+        if h.fin_off is None:
+            d = (fin_seq - h.next_seq) & _MASK
+            if d >= _HALF_WRAP:
+                d -= _WRAP
+            if d > _MAX_WINDOW:
+                out.append(FlowAnomaly(h.conn.id, ts, h.from_client, "out-of-window", "FIN"))
+                return
+            h.fin_off = max(h.next_off + d, h.next_off)
+            h.fast = False
+            self._trim_beyond_fin(h)
+        if h.next_off < h.fin_off:
+            self._skip_to(h, h.fin_off, ts, out)  # a hole before the FIN is lost
+        self._maybe_fin_end(h, ts, out)
+
+    @staticmethod
+    def _trim_beyond_fin(h: _Half) -> None:
+        fin = h.fin_off
+        assert fin is not None
+        offs, datas = h.pend_offs, h.pend_data
+        while offs and offs[-1] >= fin:
+            h.pend_bytes -= len(datas[-1])
+            offs.pop()
+            datas.pop()
+            h.pend_ts.pop()
+        if offs and offs[-1] + len(datas[-1]) > fin:
+            keep = fin - offs[-1]
+            h.pend_bytes -= len(datas[-1]) - keep
+            datas[-1] = datas[-1][:keep]
+
+    def _maybe_fin_end(self, h: _Half, ts: float, out: list[FlowEvent]) -> None:
+        if h.ended or h.fin_off is None or h.next_off < h.fin_off:
+            return
+        self._flush_acc(h, ts, out)
+        out.append(FlowEnd(h.conn.id, ts, h.from_client, "fin"))
+        h.ended = True
+        h.fast = False
+        h.next_seq = (h.next_seq + 1) & _MASK  # the FIN's sequence number
+        h.next_off += 1
+        if h.peer.ended and not h.conn.closed:
+            self._close(h.conn, "fin", ts, out)
+
+    def _end_half(self, h: _Half, reason: str, ts: float, out: list[FlowEvent]) -> None:
+        if not h.ended:
+            while h.pend_offs:
+                self._skip_hole(h, ts, out)
+            self._flush_acc(h, ts, out)
+            out.append(FlowEnd(h.conn.id, ts, h.from_client, reason))
+            h.ended = True
+        h.fast = False
+        h.live = False
+
+    def _close(self, conn: _Conn, reason: str, ts: float, out: list[FlowEvent]) -> None:
+        self._end_half(conn.c2s, reason, ts, out)
+        self._end_half(conn.s2c, reason, ts, out)
+        conn.closed = True
+        self._open -= 1
+        out.append(ConnectionClosed(conn.id, ts, reason))
+
+    # ------------------------------------------------------ time and capture
+
+    def expire(self, now: float) -> list[FlowEvent]:
+        """Close connections idle for idle_timeout and declare holes older than hole_timeout."""
+        out: list[FlowEvent] = []
+        linger = min(_CLOSED_LINGER, self.idle_timeout)
+        for conn in list(self._conns.values()):
+            idle = now - conn.last_ts
+            if conn.closed:
+                if idle >= linger:
+                    self._forget(conn)
+            elif idle >= self.idle_timeout:
+                self._close(conn, "idle", now, out)
+                self._forget(conn)
+            else:
+                for h in (conn.c2s, conn.s2c):
+                    if h.pend_offs:
+                        self._check_holes(h, now, out)
+        return out
+
+    def flush(self, ts: float) -> list[FlowEvent]:
+        """End of capture: deliver what can be delivered and close every connection."""
+        out: list[FlowEvent] = []
+        for conn in list(self._conns.values()):
+            if not conn.closed:
+                self._close(conn, "eof", ts, out)
+        self._conns.clear()
+        self._halves.clear()
+        return out
+
+    def capture_gap(self, gap: CaptureGap) -> list[FlowEvent]:
+        """The capture lost packets it cannot attribute: every open direction may have a gap."""
+        reason = "kernel-drop" if gap.source == "kernel" else gap.source
+        out: list[FlowEvent] = []
+        for conn in self._conns.values():
+            if conn.closed:
+                continue
+            for h in (conn.c2s, conn.s2c):
+                if not h.ended:
+                    out.append(FlowGap(conn.id, gap.ts, h.from_client, None, reason))
+                    self.stats.gaps += 1
+        return out
