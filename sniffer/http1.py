@@ -1,0 +1,604 @@
+"""HTTP/1.1 over reassembled TCP flows, parsed with h11 (sans-IO).
+
+h11 parses one side of a conversation it takes part in; a sniffer sees both
+sides and takes part in neither. So each captured direction gets its own h11
+``Connection`` in the role that *receives* those bytes: a SERVER-role
+connection parses client→server bytes, a CLIENT-role connection parses
+server→client bytes. The other half of each h11 state machine is driven with
+``send()`` of a synthetic event whose bytes are discarded:
+
+* the response parser is told, before it reads a response, the request it
+  answers (method, version, ``Connection``) — HEAD, 1xx, 204/304 framing and
+  keep-alive depend on it;
+* the request parser is answered with an empty response once it has read a
+  whole request, so it can go on to the next (pipelined) request without
+  waiting for the server.
+
+Each h11 connection parses exactly one message (plus 1xx heads) and is then
+replaced by a fresh one fed with its unconsumed bytes (``trailing_data``).
+That keeps both directions independent (pipelining, early responses,
+100-continue) and makes recovery simple: after a gap, a mid-stream start or
+malformed framing the direction *hunts* for the next request or status line
+and starts a fresh parser there. The message that was cut is ended with
+``EndReason.GAP`` (or ``ERROR``) — never reported whole.
+
+Responses are paired with requests in order. A response that arrives when no
+request is pending is parsed as the answer to an unseen GET and reported with
+an ``HttpError(kind="desync")``.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections import deque
+from dataclasses import dataclass
+
+import h11
+
+from .events import (
+    ConnectionClosed,
+    ConnectionOpened,
+    EndReason,
+    FlowData,
+    FlowEnd,
+    FlowEvent,
+    FlowGap,
+    Headers,
+    HttpBody,
+    HttpEnd,
+    HttpError,
+    HttpRequest,
+    HttpResponse,
+)
+
+HttpOutput = (
+    ConnectionOpened
+    | ConnectionClosed
+    | FlowEnd
+    | FlowGap
+    | HttpRequest
+    | HttpResponse
+    | HttpBody
+    | HttpEnd
+    | HttpError
+)
+
+# A request line or a status line at the start of a line. Used to find the next
+# message after a gap, a mid-stream start or malformed input.
+_REQUEST_START = re.compile(
+    rb"(?:^|(?<=\n))[!#$%&'*+.^_`|~0-9A-Za-z-]{1,24} [^\s]{1,8192} HTTP/1\.[01]\r?\n"
+)
+_RESPONSE_START = re.compile(rb"(?:^|(?<=\n))HTTP/1\.[01] [0-9]{3}[ \r\n]")
+_REQUEST_LINE = re.compile(
+    rb"([!#$%&'*+.^_`|~0-9A-Za-z-]{1,24}) ([^\s]{1,8192}) HTTP/(1\.[01])\r?\n"
+)
+_METHOD_PREFIX = re.compile(rb"^[A-Z][A-Z_-]{1,23} ")
+
+_HUNT_KEEP = 8192  # bytes kept while hunting, so a start line split across segments is found
+_DEAD_AFTER = 1 << 20  # hunted this many bytes without finding HTTP: stop looking
+
+
+@dataclass
+class HttpStats:
+    requests: int = 0
+    responses: int = 0
+    errors: int = 0
+    gaps: int = 0
+    hunted_bytes: int = 0
+    desyncs: int = 0
+    dead_connections: int = 0
+
+
+class _BodyDecoder:
+    """Incremental Content-Encoding decoder (gzip, x-gzip, deflate with or without zlib header)."""
+
+    __slots__ = ("_d", "_raw_fallback", "_started", "coding")
+
+    def __init__(self, coding: str) -> None:
+        self.coding = coding
+        self._started = False
+        self._raw_fallback = coding == "deflate"
+        if coding in ("gzip", "x-gzip"):
+            self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        else:
+            self._d = zlib.decompressobj(zlib.MAX_WBITS)
+
+    def feed(self, data: bytes) -> bytes:
+        if not self._started and self._raw_fallback:
+            self._started = True
+            try:
+                return self._d.decompress(data)
+            except zlib.error:
+                # Raw deflate without the zlib header: common in the wild.
+                self._d = zlib.decompressobj(-zlib.MAX_WBITS)
+                return self._d.decompress(data)
+        self._started = True
+        return self._d.decompress(data)
+
+    def flush(self) -> bytes:
+        try:
+            return self._d.flush()
+        except zlib.error:
+            return b""
+
+
+def _decoder_for(headers: Headers) -> tuple[_BodyDecoder | None, str | None]:
+    """The body decoder for a message's Content-Encoding, or an error text."""
+    codings: list[str] = []
+    for name, value in headers:
+        if name == "content-encoding":
+            codings.extend(c.strip().lower() for c in value.split(",") if c.strip())
+    codings = [c for c in codings if c != "identity"]
+    if not codings:
+        return None, None
+    if len(codings) == 1 and codings[0] in ("gzip", "x-gzip", "deflate"):
+        return _BodyDecoder(codings[0]), None
+    return None, f"unsupported content-encoding {', '.join(codings)!r}"
+
+
+def _headers(raw: list[tuple[bytes, bytes]] | h11._headers.Headers) -> Headers:
+    return tuple((n.decode("latin-1"), v.decode("latin-1")) for n, v in raw)
+
+
+_EOM = h11.EndOfMessage()
+
+
+class _Pending:
+    """A request the response direction has still to answer."""
+
+    __slots__ = ("close", "exchange", "method", "version")
+
+    def __init__(self, exchange: int, method: bytes, version: bytes, close: bool) -> None:
+        self.exchange = exchange
+        self.method = method
+        self.version = version
+        self.close = close
+
+
+class _Direction:
+    """Parsing state of one direction of one connection."""
+
+    __slots__ = (
+        "decode_failed",
+        "decoder",
+        "exchange",
+        "from_client",
+        "hunt",
+        "hunted",
+        "in_message",
+        "parser",
+    )
+
+    def __init__(self, from_client: bool) -> None:
+        self.from_client = from_client
+        self.parser: h11.Connection | None = None  # None: hunting or waiting
+        self.hunt: bytearray | None = None  # not None: looking for a start line
+        self.hunted = 0
+        self.exchange = -1  # exchange of the message being parsed
+        self.in_message = False  # head seen, end not yet
+        self.decoder: _BodyDecoder | None = None
+        self.decode_failed = False
+
+
+class _Conn:
+    __slots__ = (
+        "closed",
+        "dead",
+        "dirs",
+        "id",
+        "next_exchange",
+        "opened",
+        "pending",
+        "roles_known",
+        "swapped",
+    )
+
+    def __init__(self, opened: ConnectionOpened) -> None:
+        self.id = opened.conn
+        self.opened: ConnectionOpened | None = opened
+        self.roles_known = opened.syn_seen
+        self.swapped = False
+        self.dirs = (_Direction(False), _Direction(True))  # index by from_client
+        self.next_exchange = 0
+        self.pending: deque[_Pending] = deque()
+        self.dead = False
+        self.closed = False
+
+
+class HttpParser:
+    """Turns reassembled flows (``FlowEvent``) into HTTP messages (``HttpEvent``).
+
+    ``feed()`` also passes ``ConnectionOpened``, ``FlowEnd``, ``ConnectionClosed``
+    and unattributable ``FlowGap``s (kernel drops) through, with client and
+    server swapped when the bytes prove the reassembler's guess wrong (no
+    handshake captured).
+    """
+
+    def __init__(self, *, max_header_bytes: int = 64 * 1024) -> None:
+        self._conns: dict[int, _Conn] = {}
+        self._max_header = max_header_bytes
+        self.stats = HttpStats()
+
+    # ------------------------------------------------------------------ public
+
+    def feed(self, ev: FlowEvent) -> list[HttpOutput]:
+        out: list[HttpOutput] = []
+        t = type(ev)
+        if t is FlowData:
+            assert isinstance(ev, FlowData)
+            c = self._conns.get(ev.conn)
+            if c is not None and not c.dead:
+                from_client = ev.from_client != c.swapped
+                if not c.roles_known:
+                    from_client = self._settle_roles(c, from_client, ev.data, out)
+                self._data(c, c.dirs[from_client], ev.ts, ev.data, out)
+        elif t is ConnectionOpened:
+            assert isinstance(ev, ConnectionOpened)
+            c = _Conn(ev)
+            self._conns[ev.conn] = c
+            if c.roles_known:
+                self._release_opened(c, out)
+        elif t is FlowGap:
+            assert isinstance(ev, FlowGap)
+            c = self._conns.get(ev.conn)
+            if c is not None and not c.dead:
+                self._gap(c, c.dirs[ev.from_client != c.swapped], ev, out)
+        elif t is FlowEnd:
+            assert isinstance(ev, FlowEnd)
+            c = self._conns.get(ev.conn)
+            if c is not None:
+                self._release_opened(c, out)
+                fc = ev.from_client != c.swapped
+                if not c.dead:
+                    self._end(c, c.dirs[fc], ev.ts, ev.reason, out)
+                out.append(FlowEnd(ev.conn, ev.ts, fc, ev.reason) if c.swapped else ev)
+        elif t is ConnectionClosed:
+            assert isinstance(ev, ConnectionClosed)
+            c = self._conns.pop(ev.conn, None)
+            if c is not None:
+                self._release_opened(c, out)
+                if not c.dead:
+                    for d in c.dirs:
+                        self._end(c, d, ev.ts, ev.reason, out)
+                    for p in c.pending:  # requests never answered
+                        out.append(HttpEnd(c.id, p.exchange, ev.ts, False, EndReason.EOF))
+            out.append(ev)
+        return out
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._conns)
+
+    # ----------------------------------------------------------------- roles
+
+    def _release_opened(self, c: _Conn, out: list[HttpOutput]) -> None:
+        """Emit the held ConnectionOpened, oriented as the bytes showed."""
+        o = c.opened
+        if o is not None:
+            if c.swapped:
+                o = ConnectionOpened(
+                    o.conn, o.ts, o.server, o.client, o.syn_seen, o.capture, o.pid, o.comm
+                )
+            out.append(o)
+            c.opened = None
+        c.roles_known = True
+
+    def _settle_roles(
+        self, c: _Conn, from_client: bool, data: bytes, out: list[HttpOutput]
+    ) -> bool:
+        """No handshake was seen: check the reassembler's role guess against the bytes."""
+        head = data[:32]
+        looks_response = head.startswith(b"HTTP/1.")
+        looks_request = _METHOD_PREFIX.match(head) is not None
+        if (from_client and looks_response) or (not from_client and looks_request):
+            c.swapped = not c.swapped
+            c.dirs = (c.dirs[1], c.dirs[0])
+            c.dirs[0].from_client = False
+            c.dirs[1].from_client = True
+            from_client = not from_client
+        if looks_request or looks_response:
+            self._release_opened(c, out)
+        return from_client
+
+    # ------------------------------------------------------------------ data
+
+    def _data(self, c: _Conn, d: _Direction, ts: float, data: bytes, out: list[HttpOutput]) -> None:
+        if d.parser is None:
+            if d.hunt is not None:
+                data = self._hunt(c, d, ts, data, out)
+                if not data or c.dead:
+                    return
+            self._start_message(c, d, ts, out)
+        parser = d.parser
+        assert parser is not None
+        parser.receive_data(data)
+        self._pump(c, d, ts, out)
+
+    def _start_message(self, c: _Conn, d: _Direction, ts: float, out: list[HttpOutput]) -> None:
+        """A fresh h11 connection for the next message of this direction."""
+        if d.from_client:
+            d.parser = h11.Connection(h11.SERVER, max_incomplete_event_size=self._max_header)
+            return
+        if not c.pending:
+            # Server bytes with no request to answer. On loopback the request is
+            # always captured first; elsewhere this is a desync. Parse them as
+            # the answer to an unseen GET.
+            ex = c.next_exchange
+            c.next_exchange += 1
+            c.pending.append(_Pending(ex, b"GET", b"1.1", False))
+            self.stats.desyncs += 1
+            self.stats.errors += 1
+            self._release_opened(c, out)
+            out.append(HttpError(c.id, ex, ts, False, "desync", "response without a request"))
+        p = c.pending.popleft()
+        parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=self._max_header)
+        headers = [(b"host", b"sniffed"), (b"content-length", b"0")]
+        if p.close:
+            headers.append((b"connection", b"close"))
+        parser.send(
+            h11.Request(method=p.method, target=b"/", headers=headers, http_version=p.version)
+        )
+        parser.send(_EOM)
+        d.parser = parser
+        d.exchange = p.exchange
+
+    def _pump(
+        self, c: _Conn, d: _Direction, ts: float, out: list[HttpOutput], at_eof: bool = False
+    ) -> None:
+        """Take every event h11 can give from this direction's buffered bytes."""
+        while True:
+            parser = d.parser
+            if parser is None:
+                return
+            try:
+                ev = parser.next_event()
+            except h11.RemoteProtocolError as exc:
+                if at_eof:  # closed mid-message: the caller ends it as EOF
+                    return
+                rest = parser.trailing_data[0]
+                self._malformed(c, d, ts, str(exc), rest, out)
+                # Hunt from one byte on, so the same bad start line is not taken again.
+                d.hunt = bytearray()
+                if len(rest) > 1 and not c.dead:
+                    self._data(c, d, ts, rest[1:], out)
+                return
+            t = type(ev)
+            if t is h11.Data:
+                self._body(c, d, ts, ev.data, out)  # type: ignore[union-attr]
+            elif t is h11.NEED_DATA:
+                return
+            elif t is h11.Request:
+                self._request(c, d, ts, ev, out)  # type: ignore[arg-type]
+            elif t is h11.Response or t is h11.InformationalResponse:
+                self._response(c, d, ts, ev, out)  # type: ignore[arg-type]
+            elif t is h11.EndOfMessage:
+                self._message_end(c, d, ts, EndReason.COMPLETE, out)
+                rest = parser.trailing_data[0]
+                if not rest or at_eof:
+                    return
+                self._start_message(c, d, ts, out)
+                assert d.parser is not None
+                d.parser.receive_data(rest)
+            elif t is h11.PAUSED:
+                # CONNECT / Upgrade: what follows is not HTTP. Stop parsing this connection.
+                c.dead = True
+                return
+            else:  # h11.ConnectionClosed
+                return
+
+    def _request(
+        self, c: _Conn, d: _Direction, ts: float, ev: h11.Request, out: list[HttpOutput]
+    ) -> None:
+        self._release_opened(c, out)
+        ex = c.next_exchange
+        c.next_exchange += 1
+        d.exchange = ex
+        d.in_message = True
+        headers = _headers(ev.headers)
+        close = ev.http_version < b"1.1" or any(
+            n == "connection" and "close" in v.lower() for n, v in headers
+        )
+        c.pending.append(_Pending(ex, ev.method, ev.http_version, close))
+        self.stats.requests += 1
+        out.append(
+            HttpRequest(
+                c.id,
+                ex,
+                ts,
+                ev.method.decode("latin-1"),
+                ev.target.decode("latin-1"),
+                ev.http_version.decode("ascii"),
+                headers,
+            )
+        )
+        self._set_decoder(c, d, ts, headers, out)
+
+    def _response(
+        self,
+        c: _Conn,
+        d: _Direction,
+        ts: float,
+        ev: h11.Response | h11.InformationalResponse,
+        out: list[HttpOutput],
+    ) -> None:
+        self._release_opened(c, out)
+        headers = _headers(ev.headers)
+        info = type(ev) is h11.InformationalResponse
+        d.in_message = not info
+        self.stats.responses += 1
+        out.append(
+            HttpResponse(
+                c.id,
+                d.exchange,
+                ts,
+                ev.status_code,
+                ev.reason.decode("latin-1"),
+                ev.http_version.decode("ascii"),
+                headers,
+                info,
+            )
+        )
+        if not info:
+            self._set_decoder(c, d, ts, headers, out)
+
+    def _set_decoder(
+        self, c: _Conn, d: _Direction, ts: float, headers: Headers, out: list[HttpOutput]
+    ) -> None:
+        d.decoder, err = _decoder_for(headers)
+        d.decode_failed = err is not None
+        if err is not None:
+            self.stats.errors += 1
+            out.append(HttpError(c.id, d.exchange, ts, d.from_client, "decode", err))
+
+    def _body(self, c: _Conn, d: _Direction, ts: float, data: bytes, out: list[HttpOutput]) -> None:
+        if d.decode_failed:
+            return
+        if d.decoder is not None:
+            try:
+                data = d.decoder.feed(data)
+            except zlib.error as exc:
+                d.decode_failed = True
+                self.stats.errors += 1
+                out.append(
+                    HttpError(
+                        c.id, d.exchange, ts, d.from_client, "decode", f"{d.decoder.coding}: {exc}"
+                    )
+                )
+                return
+            if not data:
+                return
+        out.append(HttpBody(c.id, d.exchange, ts, d.from_client, data))
+
+    def _message_end(
+        self, c: _Conn, d: _Direction, ts: float, reason: EndReason, out: list[HttpOutput]
+    ) -> None:
+        if d.decoder is not None and not d.decode_failed and reason is EndReason.COMPLETE:
+            tail = d.decoder.flush()
+            if tail:
+                out.append(HttpBody(c.id, d.exchange, ts, d.from_client, tail))
+        if d.decode_failed and reason is EndReason.COMPLETE:
+            reason = EndReason.ERROR
+        out.append(HttpEnd(c.id, d.exchange, ts, d.from_client, reason))
+        d.decoder = None
+        d.decode_failed = False
+        d.in_message = False
+        d.parser = None
+        d.exchange = -1
+
+    # ------------------------------------------------------------- recovery
+
+    def _error(
+        self, c: _Conn, d: _Direction, ts: float, kind: str, msg: str, out: list[HttpOutput]
+    ) -> None:
+        self._release_opened(c, out)
+        self.stats.errors += 1
+        ex = d.exchange if d.exchange >= 0 else None
+        out.append(HttpError(c.id, ex, ts, d.from_client, kind, msg))
+        if d.in_message:
+            self._message_end(c, d, ts, EndReason.ERROR, out)
+        elif not d.from_client and d.exchange >= 0:
+            # The response to this exchange could not be parsed.
+            out.append(HttpEnd(c.id, d.exchange, ts, False, EndReason.ERROR))
+            d.exchange = -1
+        d.parser = None
+
+    def _malformed(
+        self, c: _Conn, d: _Direction, ts: float, msg: str, rest: bytes, out: list[HttpOutput]
+    ) -> None:
+        """h11 rejected the bytes. A rejected request head still makes an exchange
+        (the server will answer it, typically 400), recorded with its error."""
+        if d.from_client and not d.in_message:
+            m = _REQUEST_LINE.match(rest)
+            if m is not None:
+                self._release_opened(c, out)
+                ex = c.next_exchange
+                c.next_exchange += 1
+                c.pending.append(_Pending(ex, m[1], m[3], False))
+                self.stats.requests += 1
+                d.exchange = ex
+                d.in_message = True
+                out.append(
+                    HttpRequest(
+                        c.id,
+                        ex,
+                        ts,
+                        m[1].decode("latin-1"),
+                        m[2].decode("latin-1"),
+                        m[3].decode("ascii"),
+                        (),
+                    )
+                )
+                self._error(c, d, ts, "framing", msg, out)
+                return
+        pattern = _REQUEST_START if d.from_client else _RESPONSE_START
+        looks_http = d.in_message or pattern.match(rest) is not None
+        self._error(c, d, ts, "framing" if looks_http else "not-http", msg, out)
+
+    def _hunt(
+        self, c: _Conn, d: _Direction, ts: float, data: bytes, out: list[HttpOutput]
+    ) -> bytes:
+        """Look for the next start line; return the bytes from it on (b"" if not found yet)."""
+        buf = d.hunt
+        assert buf is not None
+        buf += data
+        pattern = _REQUEST_START if d.from_client else _RESPONSE_START
+        m = pattern.search(buf)
+        if m is None:
+            self.stats.hunted_bytes += len(data)
+            d.hunted += len(data)
+            if len(buf) > _HUNT_KEEP:
+                del buf[: len(buf) - _HUNT_KEEP]
+            if d.hunted > _DEAD_AFTER and c.next_exchange == 0:
+                c.dead = True
+                self.stats.dead_connections += 1
+                self._error(c, d, ts, "not-http", f"no HTTP found in {d.hunted} bytes", out)
+            return b""
+        self.stats.hunted_bytes += m.start()
+        rest = bytes(buf[m.start() :])
+        d.hunt = None
+        d.hunted = 0
+        return rest
+
+    def _gap(self, c: _Conn, d: _Direction, ev: FlowGap, out: list[HttpOutput]) -> None:
+        if ev.nbytes is None and ev.reason != "midstream":
+            # Capture lost packets somewhere (kernel or queue drops): every open
+            # exchange is possibly gapped, but this connection's framing may be
+            # intact. The streams stage marks them; parsing goes on.
+            if c.swapped:
+                ev = FlowGap(ev.conn, ev.ts, d.from_client, None, ev.reason)
+            out.append(ev)
+            return
+        self.stats.gaps += 1
+        if d.in_message:
+            self._message_end(c, d, ev.ts, EndReason.GAP, out)
+        elif not d.from_client:
+            ex = d.exchange
+            if ex < 0 and c.pending and ev.reason != "midstream":
+                # The lost bytes begin at a message boundary, so they begin with
+                # the answer to the oldest pending request.
+                ex = c.pending.popleft().exchange
+            if ex >= 0:
+                out.append(HttpEnd(c.id, ex, ev.ts, False, EndReason.GAP))
+        d.exchange = -1 if not d.from_client else d.exchange
+        d.parser = None
+        d.decoder = None
+        d.hunt = bytearray()
+
+    def _end(self, c: _Conn, d: _Direction, ts: float, reason: str, out: list[HttpOutput]) -> None:
+        """One direction ended (FIN, RST, idle, end of capture)."""
+        parser = d.parser
+        end = EndReason.RST if reason == "rst" else EndReason.EOF
+        if parser is not None and d.in_message:
+            if reason == "fin":
+                # A body delimited by connection close ends here.
+                parser.receive_data(b"")
+                self._pump(c, d, ts, out, at_eof=True)
+            if d.in_message:
+                self._message_end(c, d, ts, end, out)
+        elif not d.from_client and d.exchange >= 0:
+            # The server stopped before answering this exchange.
+            out.append(HttpEnd(c.id, d.exchange, ts, False, end))
+            d.exchange = -1
+        d.parser = None
+        d.hunt = None
