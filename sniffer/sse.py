@@ -222,19 +222,20 @@ class SseDecoder:
         blocks = text.split("\n\n")
         tail = blocks.pop()
         last_id = self.last_event_id
+        fast = 0
         for block in blocks:
             if not self._pending and block[:5] == "data:" and "\n" not in block:
                 value = block[5:]
                 if value[:1] == " ":
                     value = value[1:]
                 out.append(_make_event("message", value, last_id, None))
+                fast += 1
             else:
                 for line in block.split("\n"):
                     self._line(line, out)
                 self._dispatch(out)
                 last_id = self.last_event_id
-        if out:
-            self.events += len(out)
+        self.events += fast
         if tail:
             lines = tail.split("\n")
             partial = lines.pop()
