@@ -169,7 +169,7 @@ class HttpBody:
     data: bytes
 
 
-class EndReason(str, enum.Enum):
+class EndReason(enum.StrEnum):
     COMPLETE = "complete"  # framing said the message ended
     GAP = "gap"  # bytes of this message were lost
     EOF = "eof"  # connection closed before the message ended
@@ -205,7 +205,7 @@ HttpEvent = HttpRequest | HttpResponse | HttpBody | HttpEnd | HttpError
 # ---------------------------------------------------------------------------
 
 
-class StreamState(str, enum.Enum):
+class StreamState(enum.StrEnum):
     OPEN = "open"
     COMPLETE = "complete"  # finish seen (and [DONE] when the server sends it), no gap
     TRUNCATED = "truncated"  # connection ended before the stream did (client abort, server cut)
@@ -254,7 +254,7 @@ class ChunkEvent:
     seq: int  # 0, 1, 2 … per stream: order of events in the stream
     choice: int  # choice index (n > 1), Responses output_index, Anthropic block index
     chunk_index: int  # 1, 2, 3 … per (stream, choice), chunks that carry text only; 0 otherwise
-    kind: str  # "role", "content", "reasoning", "tool_call", "finish", "usage", "error", "done", "other"
+    kind: str  # see dialects.base: content, reasoning, tool_call, role, finish, usage, done, …
     text: str = ""  # content delta (what a client appends), or completion text
     reasoning: str = ""
     tool_calls: str | None = None  # JSON text of the tool_calls delta
@@ -281,6 +281,8 @@ class StreamClosed:
     usage: str | None  # JSON text of the last usage object
     response_body: str | None  # non-streaming bodies (capped), else None
     error: str | None = None
+    request_bytes: int = 0  # body bytes after de-chunking and content decoding
+    response_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

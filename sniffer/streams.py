@@ -1,0 +1,567 @@
+"""HTTP exchanges → LLM streams: body decoding, dialect extraction, stream state (sans-IO).
+
+Input is the output of ``http1.HttpParser`` (HTTP messages plus connection
+events passed through); output is what the store writes: ``ConnectionOpened``
+/ ``ConnectionClosed``, ``StreamOpened``, ``StreamResponse``, ``ChunkEvent``,
+``StreamClosed`` and ``PipelineError``.
+
+Every HTTP exchange becomes a stream row. Exchanges whose request matches a
+known LLM API (``dialects.select_dialect``) get their response body decoded —
+``text/event-stream`` with the WHATWG SSE decoder, NDJSON line by line, any
+other body as one JSON document at the end — and each item turned into chunk
+events. The stream is closed with a summary whose ``state`` never claims a
+stream whole that lost bytes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .dialects import select_dialect
+from .dialects.base import (
+    DONE,
+    ERROR,
+    INVALID,
+    OUTPUT_KINDS,
+    STREAM_LEVEL,
+    Delta,
+    Dialect,
+    request_fields,
+)
+from .events import (
+    ChunkEvent,
+    ConnectionClosed,
+    ConnectionOpened,
+    EndReason,
+    FlowEnd,
+    FlowGap,
+    Headers,
+    HttpBody,
+    HttpEnd,
+    HttpError,
+    HttpRequest,
+    HttpResponse,
+    PipelineError,
+    StoreEvent,
+    StreamClosed,
+    StreamOpened,
+    StreamResponse,
+    StreamState,
+)
+from .http1 import HttpOutput
+from .sse import NdjsonDecoder, SseDecoder
+
+# Header names never stored, whatever their case; plus any name matching these globs.
+CREDENTIAL_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "set-cookie",
+        "api-key",
+        "x-api-key",
+    }
+)
+CREDENTIAL_PATTERNS = ("*token*", "*secret*", "*key*")
+
+NDJSON_TYPES = frozenset(
+    {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/json-lines"}
+)
+
+
+def is_credential(name: str) -> bool:
+    n = name.lower()
+    return n in CREDENTIAL_HEADERS or any(fnmatch.fnmatchcase(n, p) for p in CREDENTIAL_PATTERNS)
+
+
+def scrub_headers(headers: Headers) -> Headers:
+    """The headers without credentials (Authorization, cookies, API keys, tokens, secrets)."""
+    return tuple((n, v) for n, v in headers if not is_credential(n))
+
+
+def _header(headers: Headers, name: str) -> str | None:
+    for n, v in headers:
+        if n == name:
+            return v
+    return None
+
+
+def _fmt(ep: tuple[str, int]) -> str:
+    return f"[{ep[0]}]:{ep[1]}" if ":" in ep[0] else f"{ep[0]}:{ep[1]}"
+
+
+@dataclass
+class StreamStats:
+    streams_opened: int = 0
+    streams_closed: int = 0
+    chunk_events: int = 0
+    errors: dict[str, int] = field(default_factory=dict)  # by stage
+    states: dict[str, int] = field(default_factory=dict)  # closed streams by state
+
+
+class _Conn:
+    __slots__ = ("client_end", "opened")
+
+    def __init__(self, opened: ConnectionOpened) -> None:
+        self.opened = opened
+        self.client_end: str | None = None  # "fin"/"rst" once the client's side ended
+
+
+class _Exchange:
+    """One request/response exchange being assembled."""
+
+    __slots__ = (
+        "body",
+        "chunk_count",
+        "chunk_idx",
+        "closed",
+        "conn",
+        "decoder",
+        "dialect",
+        "done_seen",
+        "error",
+        "event_count",
+        "exchange",
+        "finish",
+        "gap",
+        "gap_reason",
+        "invalid",
+        "ndjson",
+        "opened",
+        "req",
+        "req_body",
+        "req_bytes",
+        "req_end",
+        "resp",
+        "resp_bytes",
+        "resp_end",
+        "seq",
+        "stream",
+        "t_first",
+        "t_last",
+        "text_len",
+        "truncated_event",
+        "usage",
+    )
+
+    def __init__(self, stream: int, conn: int, exchange: int) -> None:
+        self.stream = stream
+        self.conn = conn
+        self.exchange = exchange
+        self.req: HttpRequest | None = None
+        self.req_body = bytearray()
+        self.req_bytes = 0
+        self.req_end: EndReason | None = None
+        self.opened = False
+        self.dialect: Dialect | None = None
+        self.resp: HttpResponse | None = None
+        self.resp_bytes = 0
+        self.resp_end: EndReason | None = None
+        self.decoder: SseDecoder | None = None
+        self.ndjson: NdjsonDecoder | None = None
+        self.body: bytearray | None = None  # non-streaming body of a dialect exchange
+        self.seq = 0
+        self.chunk_idx: dict[int, int] = {}
+        self.chunk_count = 0
+        self.event_count = 0
+        self.text_len = 0
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.done_seen = False
+        self.finish: dict[int, str] = {}
+        self.usage: str | None = None
+        self.gap = False
+        self.gap_reason = ""
+        self.error: str | None = None
+        self.invalid = 0
+        self.truncated_event = False
+        self.closed = False
+
+
+class StreamAssembler:
+    """Sans-IO: HTTP events in, store events out."""
+
+    def __init__(
+        self,
+        *,
+        stream_id_base: int = 1,
+        labels: Mapping[int, str] | None = None,
+        max_request_body: int = 4 << 20,
+        max_response_body: int = 16 << 20,
+    ) -> None:
+        self._next_id = stream_id_base
+        self._labels = dict(labels or {})
+        self._max_req = max_request_body
+        self._max_resp = max_response_body
+        self._conns: dict[int, _Conn] = {}
+        self._ex: dict[tuple[int, int], _Exchange] = {}
+        self.stats = StreamStats()
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._ex)
+
+    # ------------------------------------------------------------------ public
+
+    def feed(self, ev: HttpOutput) -> list[StoreEvent]:
+        out: list[StoreEvent] = []
+        t = type(ev)
+        if t is HttpBody:
+            assert isinstance(ev, HttpBody)
+            x = self._ex.get((ev.conn, ev.exchange))
+            if x is not None:
+                if ev.from_client:
+                    self._request_body(x, ev.data)
+                else:
+                    self._response_body(x, ev.ts, ev.data, out)
+        elif t is HttpRequest:
+            assert isinstance(ev, HttpRequest)
+            x = self._exchange(ev.conn, ev.exchange)
+            x.req = ev
+        elif t is HttpEnd:
+            assert isinstance(ev, HttpEnd)
+            x = self._ex.get((ev.conn, ev.exchange))
+            if x is not None:
+                if ev.from_client:
+                    self._request_end(x, ev, out)
+                else:
+                    self._response_end(x, ev, out)
+        elif t is HttpResponse:
+            assert isinstance(ev, HttpResponse)
+            if not ev.informational:
+                x = self._exchange(ev.conn, ev.exchange)
+                self._response_head(x, ev, out)
+        elif t is HttpError:
+            assert isinstance(ev, HttpError)
+            self._http_error(ev, out)
+        elif t is ConnectionOpened:
+            assert isinstance(ev, ConnectionOpened)
+            self._conns[ev.conn] = _Conn(ev)
+            out.append(ev)
+        elif t is FlowEnd:
+            assert isinstance(ev, FlowEnd)
+            c = self._conns.get(ev.conn)
+            if c is not None and ev.from_client and c.client_end is None:
+                c.client_end = ev.reason
+        elif t is FlowGap:
+            assert isinstance(ev, FlowGap)
+            # Unattributable capture loss: every open exchange on the connection
+            # may have lost bytes.
+            for x in self._ex.values():
+                if x.conn == ev.conn and not x.closed:
+                    self._mark_gap(x, f"capture lost packets ({ev.reason})")
+        elif t is ConnectionClosed:
+            assert isinstance(ev, ConnectionClosed)
+            for key in [k for k in self._ex if k[0] == ev.conn]:
+                x = self._ex[key]
+                if x.resp_end is None:
+                    x.resp_end = EndReason.RST if ev.reason == "rst" else EndReason.EOF
+                self._close(x, ev.ts, out, closing_reason=ev.reason)
+            self._conns.pop(ev.conn, None)
+            out.append(ev)
+        return out
+
+    # -------------------------------------------------------------- requests
+
+    def _exchange(self, conn: int, exchange: int) -> _Exchange:
+        key = (conn, exchange)
+        x = self._ex.get(key)
+        if x is None:
+            x = _Exchange(self._next_id, conn, exchange)
+            self._next_id += 1
+            self._ex[key] = x
+        return x
+
+    def _request_body(self, x: _Exchange, data: bytes) -> None:
+        x.req_bytes += len(data)
+        room = self._max_req - len(x.req_body)
+        if room > 0:
+            x.req_body += data[:room]
+
+    def _request_end(self, x: _Exchange, ev: HttpEnd, out: list[StoreEvent]) -> None:
+        x.req_end = ev.reason
+        if ev.reason is EndReason.GAP:
+            self._mark_gap(x, "request bytes lost")
+        if not x.opened:
+            self._open(x, out)
+
+    def _open(self, x: _Exchange, out: list[StoreEvent]) -> None:
+        """Emit StreamOpened once the request is known (whole, or as much as came)."""
+        x.opened = True
+        c = self._conns.get(x.conn)
+        opened = c.opened if c is not None else None
+        client = opened.client if opened else ("", 0)
+        server = opened.server if opened else ("", 0)
+        req = x.req
+        body_text: str | None = None
+        parsed: Any = None
+        if x.req_body:
+            body_text = x.req_body.decode("utf-8", "replace")
+            try:
+                parsed = json.loads(body_text)
+            except ValueError:
+                parsed = None
+        method = req.method if req else ""
+        target = req.target if req else ""
+        path = target.split("?", 1)[0]
+        x.dialect = select_dialect(method, target, parsed) if req else None
+        self.stats.streams_opened += 1
+        out.append(
+            StreamOpened(
+                stream=x.stream,
+                conn=x.conn,
+                exchange=x.exchange,
+                ts=req.ts if req else (x.resp.ts if x.resp else 0.0),
+                client=client,
+                server=server,
+                method=method,
+                path=path,
+                request_headers=scrub_headers(req.headers) if req else (),
+                request_body=body_text,
+                request=request_fields(parsed),
+                dialect=x.dialect.name if x.dialect is not None else "http",
+                label=self._labels.get(server[1]),
+                capture=opened.capture if opened else "packet",
+                pid=opened.pid if opened else None,
+                comm=opened.comm if opened else None,
+            )
+        )
+
+    # ------------------------------------------------------------- responses
+
+    def _response_head(self, x: _Exchange, ev: HttpResponse, out: list[StoreEvent]) -> None:
+        if not x.opened:
+            if x.req is None:
+                x.resp = ev  # for the open timestamp
+            self._open(x, out)
+        x.resp = ev
+        ctype = (_header(ev.headers, "content-type") or "").split(";", 1)[0].strip().lower()
+        streaming = False
+        if x.dialect is not None:
+            if ctype == "text/event-stream":
+                x.decoder = SseDecoder()
+                streaming = True
+            elif ctype in NDJSON_TYPES:
+                x.ndjson = NdjsonDecoder()
+                streaming = True
+            else:
+                x.body = bytearray()
+        out.append(
+            StreamResponse(x.stream, ev.ts, ev.status, scrub_headers(ev.headers), ctype, streaming)
+        )
+
+    def _response_body(self, x: _Exchange, ts: float, data: bytes, out: list[StoreEvent]) -> None:
+        x.resp_bytes += len(data)
+        dialect = x.dialect
+        if dialect is None:
+            return
+        if x.decoder is not None:
+            for sse in x.decoder.feed(data):
+                self._deltas(x, ts, dialect.event(sse.data, sse.event), out)
+        elif x.ndjson is not None:
+            for line in x.ndjson.feed(data):
+                self._deltas(x, ts, dialect.event(line, "ndjson"), out)
+        elif x.body is not None:
+            room = self._max_resp - len(x.body)
+            if room > 0:
+                x.body += data[:room]
+
+    def _deltas(self, x: _Exchange, ts: float, deltas: list[Delta], out: list[StoreEvent]) -> None:
+        for d in deltas:
+            kind = d.kind
+            choice = d.choice
+            index = 0
+            text = d.text
+            if text:
+                index = x.chunk_idx.get(choice, 0) + 1
+                x.chunk_idx[choice] = index
+                x.chunk_count += 1
+                x.text_len += len(text)
+            if x.t_first is None and kind in OUTPUT_KINDS:
+                x.t_first = ts
+            if d.finish_reason is not None:
+                x.finish[choice] = d.finish_reason
+            if d.usage is not None:
+                x.usage = d.usage
+            if kind == DONE:
+                x.done_seen = True
+            elif kind == ERROR:
+                x.error = d.error or "error object in stream"
+            elif kind == INVALID:
+                x.invalid += 1
+                self._count_error("dialect")
+                out.append(
+                    PipelineError(
+                        ts, "dialect", "invalid", d.error or "unparseable item", x.conn, x.stream
+                    )
+                )
+            x.t_last = ts
+            x.event_count += 1
+            out.append(
+                ChunkEvent(
+                    x.stream,
+                    ts,
+                    x.seq,
+                    choice,
+                    index,
+                    kind,
+                    text,
+                    d.reasoning,
+                    d.tool_calls,
+                    d.finish_reason,
+                    d.logprobs,
+                    d.usage,
+                    d.raw,
+                )
+            )
+            x.seq += 1
+        self.stats.chunk_events += len(deltas)
+
+    def _response_end(self, x: _Exchange, ev: HttpEnd, out: list[StoreEvent]) -> None:
+        x.resp_end = ev.reason
+        if ev.reason is EndReason.GAP:
+            self._mark_gap(x, "response bytes lost")
+        self._close(x, ev.ts, out)
+
+    # ---------------------------------------------------------------- errors
+
+    def _count_error(self, stage: str) -> None:
+        self.stats.errors[stage] = self.stats.errors.get(stage, 0) + 1
+
+    def _http_error(self, ev: HttpError, out: list[StoreEvent]) -> None:
+        self._count_error("http")
+        x = self._ex.get((ev.conn, ev.exchange)) if ev.exchange is not None else None
+        if x is not None and ev.kind != "desync":
+            side = "request" if ev.from_client else "response"
+            x.error = f"{side} {ev.kind}: {ev.message}"
+        out.append(
+            PipelineError(
+                ev.ts,
+                "http",
+                ev.kind,
+                ev.message,
+                ev.conn,
+                x.stream if x is not None else None,
+            )
+        )
+
+    def _mark_gap(self, x: _Exchange, why: str) -> None:
+        if not x.gap:
+            x.gap = True
+            x.gap_reason = why
+
+    # ----------------------------------------------------------------- close
+
+    def _close(
+        self, x: _Exchange, ts: float, out: list[StoreEvent], closing_reason: str | None = None
+    ) -> None:
+        if x.closed:
+            return
+        x.closed = True
+        self._ex.pop((x.conn, x.exchange), None)
+        if not x.opened:
+            self._open(x, out)
+        response_body: str | None = None
+        dialect = x.dialect
+        if dialect is not None:
+            if x.decoder is not None:
+                x.decoder.close()
+                x.truncated_event = x.decoder.truncated_event
+                if x.decoder.errors:
+                    self._count_error("sse")
+                    out.append(
+                        PipelineError(
+                            ts, "sse", "line", x.decoder.last_error or "", x.conn, x.stream
+                        )
+                    )
+            elif x.ndjson is not None:
+                if x.resp_end is EndReason.COMPLETE:
+                    for line in x.ndjson.close():
+                        self._deltas(x, ts, dialect.event(line, "ndjson"), out)
+            elif x.body is not None and x.resp_end is EndReason.COMPLETE and x.body:
+                response_body = x.body.decode("utf-8", "replace")
+                self._deltas(x, ts, dialect.body(response_body), out)
+        state, reason = self._verdict(x, closing_reason)
+        self.stats.streams_closed += 1
+        self.stats.states[state.value] = self.stats.states.get(state.value, 0) + 1
+        out.append(
+            StreamClosed(
+                stream=x.stream,
+                ts=ts,
+                state=state,
+                reason=reason,
+                done_seen=x.done_seen,
+                gap=x.gap,
+                t_first_content=x.t_first,
+                t_last_chunk=x.t_last,
+                chunk_count=x.chunk_count,
+                event_count=x.event_count,
+                text_len=x.text_len,
+                finish_reasons=tuple(sorted(x.finish.items())),
+                usage=x.usage,
+                response_body=response_body,
+                error=x.error,
+                request_bytes=x.req_bytes,
+                response_bytes=x.resp_bytes,
+            )
+        )
+
+    def _verdict(self, x: _Exchange, closing_reason: str | None) -> tuple[StreamState, str]:
+        """The stream's final state and why. A stream with a gap is never complete."""
+        if x.gap:
+            return StreamState.GAP, x.gap_reason
+        end = x.resp_end
+        resp = x.resp
+        if resp is None:
+            if end is EndReason.ERROR:
+                return StreamState.ERROR, x.error or "malformed response"
+            if x.error:
+                return StreamState.ERROR, x.error
+            why = "capture ended" if closing_reason == "eof" else "connection closed"
+            return StreamState.TRUNCATED, f"no response ({why})"
+        if end is EndReason.ERROR or (x.error and x.dialect is None):
+            return StreamState.ERROR, x.error or "malformed response"
+        if x.error:
+            return StreamState.ERROR, x.error
+        if resp.status >= 400:
+            return StreamState.ERROR, f"HTTP {resp.status}"
+        if end is not EndReason.COMPLETE:
+            c = self._conns.get(x.conn)
+            if c is not None and c.client_end is not None:
+                return StreamState.TRUNCATED, f"client closed the connection ({c.client_end})"
+            if end is EndReason.RST:
+                return StreamState.TRUNCATED, "connection reset"
+            if closing_reason == "eof":
+                return StreamState.TRUNCATED, "capture ended before the response did"
+            return StreamState.TRUNCATED, "server closed before the response ended"
+        if x.dialect is None or (x.decoder is None and x.ndjson is None):
+            if x.dialect is not None and x.invalid:
+                return StreamState.ERROR, "response body is not valid JSON"
+            return StreamState.COMPLETE, "complete"
+        # A streamed LLM response: every choice must finish (or [DONE] arrive).
+        n = 1
+        if x.req is not None and x.opened:
+            n = _requested_n(x)
+        finished = sum(1 for c in x.finish if c != STREAM_LEVEL)
+        if finished >= n or (x.done_seen and finished > 0):
+            return StreamState.COMPLETE, "complete"
+        if x.done_seen:
+            return StreamState.COMPLETE, "complete ([DONE] without finish_reason)"
+        if x.truncated_event:
+            return StreamState.TRUNCATED, "body ended inside an event"
+        return StreamState.TRUNCATED, f"ended without finish_reason ({finished} of {n} choices)"
+
+
+def _requested_n(x: _Exchange) -> int:
+    if not x.req_body:
+        return 1
+    try:
+        body = json.loads(x.req_body)
+    except ValueError:
+        return 1
+    n = body.get("n", 1) if isinstance(body, dict) else 1
+    return n if isinstance(n, int) and n > 0 else 1
