@@ -1,0 +1,1 @@
+"""Read-side reports over the store: verify, stats, diff, export (JSONL and CSV)."""

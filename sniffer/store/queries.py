@@ -1,0 +1,153 @@
+"""Read side of the store: plain dicts out, no printing.
+
+Rows come back as ``dict``s keyed by column name, with values as stored: JSON
+columns (``request_headers``, ``response_headers``, ``finish_reasons``,
+``usage``, …) stay JSON text; ``json_columns`` decodes them when wanted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+
+from sniffer.store.models import chunks, connections, errors, streams
+
+#: Stream columns that hold JSON text.
+STREAM_JSON_COLUMNS = ("request_headers", "response_headers", "finish_reasons", "usage")
+
+
+def _rows(result: Iterable[Any]) -> list[dict[str, Any]]:
+    return [dict(row._mapping) for row in result]
+
+
+def json_columns(
+    row: dict[str, Any], columns: Iterable[str] = STREAM_JSON_COLUMNS
+) -> dict[str, Any]:
+    """A copy of ``row`` with the named JSON text columns decoded (undecodable → kept)."""
+    out = dict(row)
+    for col in columns:
+        value = out.get(col)
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                out[col] = json.loads(value)
+    return out
+
+
+def list_streams(
+    engine: Engine,
+    *,
+    label: str | None = None,
+    model: str | None = None,
+    state: str | None = None,
+    limit: int | None = None,
+    stream_ids: Iterable[int] | None = None,
+) -> list[dict[str, Any]]:
+    """Stream rows in ``t_request`` order (then id), optionally filtered."""
+    stmt = select(streams)
+    if label is not None:
+        stmt = stmt.where(streams.c.label == label)
+    if model is not None:
+        stmt = stmt.where(streams.c.model == model)
+    if state is not None:
+        stmt = stmt.where(streams.c.state == state)
+    if stream_ids is not None:
+        stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
+    stmt = stmt.order_by(streams.c.t_request, streams.c.id)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    with engine.connect() as conn:
+        return _rows(conn.execute(stmt))
+
+
+def stream_chunks(engine: Engine, stream_id: int) -> list[dict[str, Any]]:
+    """Chunk rows of one stream in capture order (``seq``)."""
+    stmt = select(chunks).where(chunks.c.stream_id == stream_id).order_by(chunks.c.seq, chunks.c.id)
+    with engine.connect() as conn:
+        return _rows(conn.execute(stmt))
+
+
+def get_stream(engine: Engine, stream_id: int) -> dict[str, Any] | None:
+    """The stream row plus ``"chunks"`` (ordered by seq) and ``"errors"`` of that
+    stream; ``None`` if there is no such stream."""
+    with engine.connect() as conn:
+        row = conn.execute(select(streams).where(streams.c.id == stream_id)).first()
+        if row is None:
+            return None
+        out = dict(row._mapping)
+        out["chunks"] = _rows(
+            conn.execute(
+                select(chunks)
+                .where(chunks.c.stream_id == stream_id)
+                .order_by(chunks.c.seq, chunks.c.id)
+            )
+        )
+        out["errors"] = _rows(
+            conn.execute(
+                select(errors)
+                .where(errors.c.stream_id == stream_id)
+                .order_by(errors.c.ts, errors.c.id)
+            )
+        )
+    return out
+
+
+def stream_text(engine: Engine, stream_id: int) -> dict[int, str]:
+    """The content text of a stream per choice: deltas joined in capture order.
+
+    Only choices that carried text appear.
+    """
+    stmt = (
+        select(chunks.c.choice, chunks.c.text)
+        .where(chunks.c.stream_id == stream_id)
+        .where(chunks.c.text != "")
+        .order_by(chunks.c.seq, chunks.c.id)
+    )
+    parts: dict[int, list[str]] = {}
+    with engine.connect() as conn:
+        for choice, text in conn.execute(stmt):
+            parts.setdefault(choice, []).append(text)
+    return {choice: "".join(texts) for choice, texts in sorted(parts.items())}
+
+
+def count_rows(engine: Engine) -> dict[str, int]:
+    """Number of rows per table: connections, streams, chunks, errors."""
+    out: dict[str, int] = {}
+    with engine.connect() as conn:
+        for table in (connections, streams, chunks, errors):
+            out[table.name] = int(
+                conn.execute(select(func.count()).select_from(table)).scalar_one()
+            )
+    return out
+
+
+def list_errors(
+    engine: Engine,
+    limit: int | None = None,
+    *,
+    stream_id: int | None = None,
+    stage: str | None = None,
+) -> list[dict[str, Any]]:
+    """Error rows in chronological order; with ``limit``, the most recent ones."""
+    stmt = select(errors)
+    if stream_id is not None:
+        stmt = stmt.where(errors.c.stream_id == stream_id)
+    if stage is not None:
+        stmt = stmt.where(errors.c.stage == stage)
+    stmt = stmt.order_by(errors.c.ts.desc(), errors.c.id.desc())
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    with engine.connect() as conn:
+        rows = _rows(conn.execute(stmt))
+    rows.reverse()
+    return rows
+
+
+def get_connection(engine: Engine, connection_id: int) -> dict[str, Any] | None:
+    """One connection row, or ``None``."""
+    with engine.connect() as conn:
+        row = conn.execute(select(connections).where(connections.c.id == connection_id)).first()
+    return None if row is None else dict(row._mapping)

@@ -1,0 +1,635 @@
+"""Store: schema, batched writer, read-side queries."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Engine, select, text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+from sniffer.events import (
+    ChunkEvent,
+    ConnectionClosed,
+    ConnectionOpened,
+    PipelineError,
+    StoreEvent,
+    StreamClosed,
+    StreamOpened,
+    StreamResponse,
+    StreamState,
+)
+from sniffer.store import queries
+from sniffer.store.models import chunks, connections, errors, metadata, streams
+from sniffer.store.writer import (
+    StoreError,
+    StoreWriter,
+    endpoint_text,
+    is_credential_header,
+    make_engine,
+    usage_tokens,
+)
+
+T0 = 1_700_000_000.0  # 2023-11-14T22:13:20+00:00
+
+SECRETS = ("sk-SECRET-1", "sk-SECRET-2", "SECRET-3", "SECRET-4", "SECRET-5", "SECRET-6")
+
+USAGE_1 = '{"prompt_tokens":9,"completion_tokens":4,"total_tokens":13}'
+
+
+def realistic_events() -> list[StoreEvent]:
+    """2 connections, 3 streams: n=2 streaming chat, a non-streaming completion
+    (same connection, next exchange), and a gapped stream; two errors."""
+    c1 = ("127.0.0.1", 50000)
+    c2 = ("127.0.0.1", 50002)
+    srv = ("127.0.0.1", 8000)
+    req_headers = (
+        ("host", "127.0.0.1:8000"),
+        ("authorization", "Bearer sk-SECRET-1"),
+        ("content-type", "application/json"),
+        ("X-Api-Key", "sk-SECRET-2"),
+        ("cookie", "session=SECRET-3"),
+        ("x-custom-token", "SECRET-4"),
+    )
+    body1 = json.dumps(
+        {
+            "model": "tiny",
+            "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}],
+            "stream": True,
+            "n": 2,
+            "temperature": 0.5,
+            "max_completion_tokens": 16,
+            "seed": 7,
+        }
+    )
+    return [
+        ConnectionOpened(1, T0, c1, srv, syn_seen=True),
+        StreamOpened(
+            stream=1,
+            conn=1,
+            exchange=0,
+            ts=T0 + 0.125,
+            client=c1,
+            server=srv,
+            method="POST",
+            path="/v1/chat/completions",
+            request_headers=req_headers,
+            request_body=body1,
+            request={
+                "model": "tiny",
+                "stream": True,
+                "n": 2,
+                "temperature": 0.5,
+                "max_completion_tokens": 16,
+                "seed": 7,
+                "prompt_len": 2,
+            },
+            dialect="openai.chat",
+            label="run1",
+        ),
+        StreamResponse(
+            1,
+            T0 + 0.25,
+            200,
+            (
+                ("content-type", "text/event-stream"),
+                ("Set-Cookie", "SECRET-5"),
+                ("x-ratelimit-remaining-tokens", "SECRET-6"),
+                ("server", "uvicorn"),
+            ),
+            "text/event-stream",
+            True,
+        ),
+        ChunkEvent(1, T0 + 0.375, 0, 0, 0, "role"),
+        ChunkEvent(1, T0 + 0.375, 1, 1, 0, "role"),
+        ChunkEvent(1, T0 + 0.5, 2, 0, 1, "content", "Hel"),
+        ChunkEvent(1, T0 + 0.5, 3, 1, 1, "content", "Bon"),
+        ChunkEvent(1, T0 + 0.625, 4, 0, 2, "content", "lo"),
+        ChunkEvent(1, T0 + 0.625, 5, 1, 2, "content", "jour", finish_reason="stop"),
+        ChunkEvent(1, T0 + 0.75, 6, 0, 0, "finish", finish_reason="length"),
+        ChunkEvent(1, T0 + 0.75, 7, -1, 0, "usage", usage=USAGE_1),
+        ChunkEvent(1, T0 + 0.875, 8, -1, 0, "done", raw="[DONE]"),
+        StreamClosed(
+            stream=1,
+            ts=T0 + 0.875,
+            state=StreamState.COMPLETE,
+            reason="finish and [DONE]",
+            done_seen=True,
+            gap=False,
+            t_first_content=T0 + 0.5,
+            t_last_chunk=T0 + 0.875,
+            chunk_count=4,
+            event_count=9,
+            text_len=12,
+            finish_reasons=((0, "length"), (1, "stop")),
+            usage=USAGE_1,
+            response_body=None,
+        ),
+        StreamOpened(
+            stream=2,
+            conn=1,
+            exchange=1,
+            ts=T0 + 1.0,
+            client=c1,
+            server=srv,
+            method="POST",
+            path="/v1/completions",
+            request_headers=(("content-type", "application/json"),),
+            request_body='{"model":"tiny","prompt":"Once","max_tokens":5,"stream":false}',
+            request={"model": "tiny", "prompt_len": 1, "max_tokens": 5, "stream": False},
+            dialect="openai.completions",
+            label="run1",
+        ),
+        StreamResponse(
+            2, T0 + 1.25, 200, (("content-type", "application/json"),), "application/json", False
+        ),
+        ChunkEvent(2, T0 + 1.25, 0, 0, 1, "content", "upon a time", finish_reason="length"),
+        ChunkEvent(
+            2, T0 + 1.25, 1, -1, 0, "usage", usage='{"prompt_tokens":1,"completion_tokens":3}'
+        ),
+        StreamClosed(
+            stream=2,
+            ts=T0 + 1.25,
+            state=StreamState.COMPLETE,
+            reason="complete body",
+            done_seen=False,
+            gap=False,
+            t_first_content=T0 + 1.25,
+            t_last_chunk=T0 + 1.25,
+            chunk_count=1,
+            event_count=2,
+            text_len=11,
+            finish_reasons=((0, "length"),),
+            usage='{"prompt_tokens":1,"completion_tokens":3}',
+            response_body='{"choices":[{"index":0,"text":"upon a time","finish_reason":"length"}]}',
+        ),
+        ConnectionClosed(1, T0 + 1.5, "fin"),
+        ConnectionOpened(2, T0 + 2.0, c2, srv, syn_seen=True),
+        StreamOpened(
+            stream=3,
+            conn=2,
+            exchange=0,
+            ts=T0 + 2.125,
+            client=c2,
+            server=srv,
+            method="POST",
+            path="/v1/chat/completions",
+            request_headers=(("content-type", "application/json"),),
+            request_body='{"model":"tiny","messages":[{"role":"user","content":"x"}],"stream":true}',
+            request={"model": "tiny", "stream": True, "prompt_len": 1, "temperature": "hot"},
+            dialect="openai.chat",
+            label="run2",
+        ),
+        StreamResponse(
+            3, T0 + 2.25, 200, (("content-type", "text/event-stream"),), "text/event-stream", True
+        ),
+        ChunkEvent(3, T0 + 2.25, 0, 0, 0, "role"),
+        ChunkEvent(3, T0 + 2.5, 1, 0, 1, "content", "Ab"),
+        PipelineError(T0 + 2.625, "reassembly", "gap", "12 bytes lost", conn=2, stream=3),
+        ChunkEvent(3, T0 + 3.0, 2, 0, 2, "content", "cé"),
+        StreamClosed(
+            stream=3,
+            ts=T0 + 3.5,
+            state=StreamState.GAP,
+            reason="bytes lost",
+            done_seen=False,
+            gap=True,
+            t_first_content=T0 + 2.5,
+            t_last_chunk=T0 + 3.0,
+            chunk_count=2,
+            event_count=3,
+            text_len=4,
+            finish_reasons=(),
+            usage=None,
+            response_body=None,
+        ),
+        PipelineError(T0 + 3.5, "http", "framing", "bad chunk size", conn=2),
+        ConnectionClosed(2, T0 + 4.0, "rst"),
+    ]
+
+
+def memory_writer(batch_size: int = 5000) -> StoreWriter:
+    return StoreWriter(":memory:", batch_size=batch_size)
+
+
+def dump(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table's rows (chunk/error ids left out), sorted: comparable across runs."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    with engine.connect() as conn:
+        for table in (connections, streams, chunks, errors):
+            cols = [c for c in table.columns if not (table in (chunks, errors) and c.name == "id")]
+            rows = conn.execute(select(*cols)).all()
+            out[table.name] = sorted((tuple(r) for r in rows), key=repr)
+    return out
+
+
+@pytest.fixture
+def written() -> StoreWriter:
+    w = memory_writer(batch_size=3)
+    w.write_many(realistic_events())
+    w.flush()
+    return w
+
+
+# ---------------------------------------------------------------------------
+# writer
+# ---------------------------------------------------------------------------
+
+
+def test_small_batches_flush_several_times(written: StoreWriter) -> None:
+    assert written.stats["flushes"] > 5
+    assert written.pending == 0
+    assert queries.count_rows(written.engine) == {
+        "connections": 2,
+        "streams": 3,
+        "chunks": 14,
+        "errors": 2,
+    }
+
+
+def test_stream_rows(written: StoreWriter) -> None:
+    s1, s2, s3 = queries.list_streams(written.engine)
+    assert s1["id"] == 1 and s1["connection_id"] == 1 and s1["exchange"] == 0
+    assert s1["client"] == "127.0.0.1:50000" and s1["server"] == "127.0.0.1:8000"
+    assert (s1["model"], s1["is_stream"], s1["n"], s1["temperature"]) == ("tiny", True, 2, 0.5)
+    assert (s1["max_tokens"], s1["seed"], s1["prompt_len"]) == (16, 7, 2)
+    assert s1["top_p"] is None
+    assert (s1["status"], s1["streaming"], s1["content_type"]) == (200, True, "text/event-stream")
+    assert s1["t_request"] == T0 + 0.125 and s1["t_response"] == T0 + 0.25
+    assert s1["state"] == "complete" and s1["done_seen"] is True and s1["gap"] is False
+    assert (s1["t_first_content"], s1["t_last_chunk"], s1["closed_at"]) == (
+        T0 + 0.5,
+        T0 + 0.875,
+        T0 + 0.875,
+    )
+    assert (s1["chunk_count"], s1["event_count"], s1["text_len"]) == (4, 9, 12)
+    assert json.loads(s1["finish_reasons"]) == {"0": "length", "1": "stop"}
+    assert (s1["prompt_tokens"], s1["completion_tokens"]) == (9, 4)
+    assert s1["usage"] == USAGE_1
+    assert json.loads(s1["request_json"])["n"] == 2
+    assert s1["label"] == "run1" and s1["dialect"] == "openai.chat"
+
+    assert s2["is_stream"] is False and s2["streaming"] is False and s2["max_tokens"] == 5
+    assert s2["response_body"].startswith('{"choices"')
+    assert (s2["prompt_tokens"], s2["completion_tokens"]) == (1, 3)
+
+    assert s3["state"] == "gap" and s3["gap"] is True and s3["reason"] == "bytes lost"
+    assert s3["temperature"] is None  # "hot" is not a number
+    assert s3["usage"] is None and s3["prompt_tokens"] is None
+    assert json.loads(s3["finish_reasons"]) == {}
+
+
+def test_connection_rows(written: StoreWriter) -> None:
+    c1 = queries.get_connection(written.engine, 1)
+    c2 = queries.get_connection(written.engine, 2)
+    assert c1 is not None and c2 is not None
+    assert (c1["client_ip"], c1["client_port"], c1["server_port"]) == ("127.0.0.1", 50000, 8000)
+    assert (c1["opened_at"], c1["closed_at"], c1["close_reason"]) == (T0, T0 + 1.5, "fin")
+    assert c1["syn_seen"] is True and c1["capture"] == "packet"
+    assert (c2["closed_at"], c2["close_reason"]) == (T0 + 4.0, "rst")
+    assert queries.get_connection(written.engine, 99) is None
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 7, 1000])
+def test_same_rows_whatever_the_batch_size(batch_size: int) -> None:
+    reference = memory_writer(batch_size=100_000)
+    reference.write_many(realistic_events())
+    reference.flush()
+    w = memory_writer(batch_size=batch_size)
+    w.write_many(realistic_events())
+    w.flush()
+    assert dump(w.engine) == dump(reference.engine)
+    assert w.stats["unmatched_updates"] == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sets(st.integers(min_value=1, max_value=40), max_size=10))
+def test_flush_points_do_not_change_rows(cuts: set[int]) -> None:
+    """Flushing after any subset of events gives the same database."""
+    events = realistic_events()
+    reference = memory_writer()
+    reference.write_many(events)
+    reference.flush()
+    w = memory_writer()
+    for i, ev in enumerate(events):
+        w.write(ev)
+        if i in cuts:
+            w.flush()
+    w.flush()
+    assert dump(w.engine) == dump(reference.engine)
+
+
+def test_stream_closed_in_a_later_batch() -> None:
+    events = realistic_events()
+    w = memory_writer()
+    opened = next(i for i, e in enumerate(events) if isinstance(e, StreamOpened) and e.stream == 3)
+    w.write_many(events[: opened + 1])
+    w.flush()
+    row = queries.get_stream(w.engine, 3)
+    assert row is not None and row["state"] == "open" and row["closed_at"] is None
+    assert row["status"] is None and row["chunk_count"] == 0
+    w.write_many(events[opened + 1 :])
+    w.flush()
+    row = queries.get_stream(w.engine, 3)
+    assert row is not None
+    assert (row["state"], row["status"], row["chunk_count"]) == ("gap", 200, 2)
+    assert w.stats["updates"] == 3  # response, close, connection close of conn 2
+    assert w.stats["unmatched_updates"] == 0
+
+
+def test_update_for_unknown_row_is_counted_not_raised() -> None:
+    w = memory_writer()
+    w.write(ConnectionClosed(42, T0, "fin"))
+    w.flush()
+    assert w.stats["unmatched_updates"] == 1
+    assert queries.count_rows(w.engine)["connections"] == 0
+
+
+def test_close_writes_what_is_buffered(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    w = StoreWriter(str(db), batch_size=10_000)
+    w.write_many(realistic_events())
+    assert w.pending > 0
+    w.close()
+    assert w.pending == 0
+    assert queries.count_rows(make_engine(str(db)))["chunks"] == 14
+
+
+def test_id_bases_after_a_first_write(tmp_path: Path) -> None:
+    db = str(tmp_path / "ids.db")
+    w = StoreWriter(db)
+    assert w.id_bases() == (1, 1)
+    w.write_many(realistic_events())
+    assert w.id_bases() == (3, 4)  # pending rows count too
+    w.close()
+    again = StoreWriter(db)
+    assert again.id_bases() == (3, 4)
+    again.close()
+
+
+def test_file_database_is_wal(tmp_path: Path) -> None:
+    db = tmp_path / "wal.db"
+    w = StoreWriter(str(db))
+    with w.engine.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert conn.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL
+        assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 0
+        assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 5000
+    w.close()
+    raw = sqlite3.connect(db)
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("1",)
+    raw.close()
+
+
+def test_sqlite_url_and_engine_argument(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'u.db'}")
+    w = StoreWriter("ignored", engine=engine)
+    w.write_many(realistic_events())
+    w.close()
+    assert queries.count_rows(engine)["streams"] == 3
+    engine.dispose()
+
+
+# ---------------------------------------------------------------------------
+# credentials
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Authorization",
+        "proxy-authorization",
+        "Cookie",
+        "SET-COOKIE",
+        "api-key",
+        "X-API-KEY",
+        "x-goog-api-key",
+        "x-auth-token",
+        "X-Client-Secret",
+        "anthropic-key",
+    ],
+)
+def test_credential_header_names(name: str) -> None:
+    assert is_credential_header(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["content-type", "host", "accept-encoding", "connection", "server"]
+)
+def test_ordinary_header_names(name: str) -> None:
+    assert not is_credential_header(name)
+
+
+def test_credentials_are_never_stored(tmp_path: Path) -> None:
+    db = tmp_path / "cred.db"
+    w = StoreWriter(str(db), batch_size=4)
+    w.write_many(realistic_events())
+    w.close()
+    engine = make_engine(str(db))
+    s1 = queries.get_stream(engine, 1)
+    assert s1 is not None
+    assert json.loads(s1["request_headers"]) == [
+        ["host", "127.0.0.1:8000"],
+        ["content-type", "application/json"],
+    ]
+    assert json.loads(s1["response_headers"]) == [
+        ["content-type", "text/event-stream"],
+        ["server", "uvicorn"],
+    ]
+    engine.dispose()
+    blob = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert b"127.0.0.1:8000" in blob  # the scan does see header values
+    for secret in SECRETS:
+        assert secret.encode() not in blob
+
+
+# ---------------------------------------------------------------------------
+# bad input and database errors
+# ---------------------------------------------------------------------------
+
+
+def test_untrusted_request_fields_are_coerced() -> None:
+    w = memory_writer()
+    w.write(
+        StreamOpened(
+            stream=1,
+            conn=1,
+            exchange=0,
+            ts=T0,
+            client=("::1", 5000),
+            server=("::1", 8000),
+            method="POST",
+            path="/v1/chat/completions",
+            request_headers=(),
+            request_body=None,
+            request={
+                "model": 5,
+                "stream": "yes",
+                "temperature": True,
+                "top_p": float("nan"),
+                "n": "2",
+                "seed": 2**70,
+                "max_output_tokens": 9,
+            },
+        )
+    )
+    w.flush()
+    row = queries.get_stream(w.engine, 1)
+    assert row is not None
+    assert row["model"] is None and row["is_stream"] is None
+    assert row["temperature"] is None and row["top_p"] is None
+    assert row["n"] is None and row["seed"] is None and row["max_tokens"] == 9
+    assert row["client"] == "[::1]:5000" and row["server"] == "[::1]:8000"
+
+
+def test_lone_surrogates_are_replaced_not_fatal() -> None:
+    w = memory_writer()
+    w.write(ChunkEvent(1, T0, 0, 0, 1, "content", "a\ud83d"))
+    w.write(ChunkEvent(1, T0, 1, 0, 2, "content", "ok"))
+    w.write(PipelineError(T0, "dialect", "invalid", "bad \udc80 item", stream=1))
+    w.flush()
+    assert w.stats["cleaned_batches"] == 1
+    assert queries.stream_text(w.engine, 1) == {0: "a\ufffdok"}
+    assert queries.list_errors(w.engine)[0]["message"] == "bad \ufffd item"
+
+
+def test_rejected_batch_is_kept_then_discarded() -> None:
+    w = memory_writer()
+    w.write(ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True))
+    w.flush()
+    w.write(ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True))  # duplicate id
+    w.write(ChunkEvent(9, T0, 0, 0, 1, "content", "x"))
+    with pytest.raises(StoreError, match=r"UNIQUE.*kept"):
+        w.flush()
+    assert w.pending == 2  # rolled back, kept
+    assert queries.count_rows(w.engine)["chunks"] == 0
+    with pytest.raises(StoreError):
+        w.flush()
+    assert w.discard() == 2
+    assert w.pending == 0
+    w.write(ChunkEvent(9, T0, 0, 0, 1, "content", "y"))
+    w.flush()
+    assert queries.stream_text(w.engine, 9) == {0: "y"}
+    assert w.stats["failed_flushes"] == 2 and w.stats["discarded_rows"] == 2
+
+
+def test_automatic_flush_raises_store_error() -> None:
+    w = memory_writer(batch_size=2)
+    w.write(ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True))
+    w.flush()
+    w.write(ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True))
+    with pytest.raises(StoreError):
+        w.write(ChunkEvent(9, T0, 0, 0, 1, "content", "x"))
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        ('{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}', (3, 5)),
+        ('{"input_tokens":4,"output_tokens":6}', (4, 6)),
+        ('{"output_tokens":6}', (None, 6)),
+        ('{"prompt_eval_count":2,"eval_count":1}', (2, 1)),
+        ('{"prompt_tokens":"3","completion_tokens":true}', (None, None)),
+        ("[1,2]", (None, None)),
+        ("{broken", (None, None)),
+        (None, (None, None)),
+    ],
+)
+def test_usage_tokens(usage: str | None, expected: tuple[int | None, int | None]) -> None:
+    assert usage_tokens(usage) == expected
+
+
+def test_endpoint_text() -> None:
+    assert endpoint_text(("10.0.0.1", 80)) == "10.0.0.1:80"
+    assert endpoint_text(("fe80::1", 443)) == "[fe80::1]:443"
+
+
+# ---------------------------------------------------------------------------
+# portability
+# ---------------------------------------------------------------------------
+
+
+def test_schema_compiles_for_postgresql() -> None:
+    dialect = postgresql.dialect()
+    for table in metadata.sorted_tables:
+        ddl = str(CreateTable(table).compile(dialect=dialect))
+        assert "JSON" not in ddl
+        for index in table.indexes:
+            str(CreateIndex(index).compile(dialect=dialect))
+    ddl = str(CreateTable(chunks).compile(dialect=dialect))
+    assert "id BIGSERIAL" in ddl
+    assert "id BIGINT NOT NULL" in str(CreateTable(streams).compile(dialect=dialect))
+    assert {ix.name for ix in streams.indexes} == {
+        "ix_streams_label_model",
+        "ix_streams_t_request",
+        "ix_streams_state",
+    }
+
+
+# ---------------------------------------------------------------------------
+# queries
+# ---------------------------------------------------------------------------
+
+
+def test_get_stream_with_chunks_and_errors(written: StoreWriter) -> None:
+    s3 = queries.get_stream(written.engine, 3)
+    assert s3 is not None
+    assert [c["seq"] for c in s3["chunks"]] == [0, 1, 2]
+    assert [c["text"] for c in s3["chunks"]] == ["", "Ab", "cé"]
+    assert [(e["stage"], e["kind"], e["message"]) for e in s3["errors"]] == [
+        ("reassembly", "gap", "12 bytes lost")
+    ]
+    s1 = queries.get_stream(written.engine, 1)
+    assert s1 is not None
+    assert [c["kind"] for c in s1["chunks"]] == [
+        "role",
+        "role",
+        "content",
+        "content",
+        "content",
+        "content",
+        "finish",
+        "usage",
+        "done",
+    ]
+    assert s1["chunks"][5]["finish_reason"] == "stop" and s1["errors"] == []
+    assert queries.get_stream(written.engine, 99) is None
+
+
+def test_stream_text_per_choice(written: StoreWriter) -> None:
+    assert queries.stream_text(written.engine, 1) == {0: "Hello", 1: "Bonjour"}
+    assert queries.stream_text(written.engine, 2) == {0: "upon a time"}
+    assert queries.stream_text(written.engine, 3) == {0: "Abcé"}
+    assert queries.stream_text(written.engine, 99) == {}
+
+
+def test_list_streams_filters(written: StoreWriter) -> None:
+    e = written.engine
+    assert [s["id"] for s in queries.list_streams(e)] == [1, 2, 3]
+    assert [s["id"] for s in queries.list_streams(e, label="run1")] == [1, 2]
+    assert [s["id"] for s in queries.list_streams(e, state="gap")] == [3]
+    assert [s["id"] for s in queries.list_streams(e, model="tiny", limit=2)] == [1, 2]
+    assert queries.list_streams(e, model="other") == []
+    assert [s["id"] for s in queries.list_streams(e, stream_ids=[3, 1])] == [1, 3]
+
+
+def test_list_errors(written: StoreWriter) -> None:
+    all_errors = queries.list_errors(written.engine)
+    assert [e["kind"] for e in all_errors] == ["gap", "framing"]
+    assert all_errors[1]["connection_id"] == 2 and all_errors[1]["stream_id"] is None
+    assert [e["kind"] for e in queries.list_errors(written.engine, 1)] == ["framing"]
+    assert [e["kind"] for e in queries.list_errors(written.engine, stream_id=3)] == ["gap"]
+
+
+def test_json_columns(written: StoreWriter) -> None:
+    s1 = queries.json_columns(queries.list_streams(written.engine, limit=1)[0])
+    assert s1["finish_reasons"] == {"0": "length", "1": "stop"}
+    assert s1["usage"]["total_tokens"] == 13
