@@ -1,0 +1,427 @@
+"""The ``sparseety`` command line: a thin click layer over the library.
+
+Every command parses options, calls one library function and prints. Library
+errors become a one-line message and a non-zero exit code (2 for usage errors).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import click
+
+from . import __version__
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_DB = "sparseety.db"
+
+
+def _db_option(f: F) -> F:
+    return click.option(
+        "--db",
+        default=lambda: os.environ.get("SPARSEETY_DB", DEFAULT_DB),
+        show_default=f"$SPARSEETY_DB or {DEFAULT_DB}",
+        help="SQLite file or SQLAlchemy database URL.",
+    )(f)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"sparseety: {message}", err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Library errors become one line on stderr and exit code 1."""
+    try:
+        yield
+    except click.exceptions.Exit:
+        raise
+    except (click.ClickException, click.Abort):
+        raise
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as exc:
+        _fail(f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc))
+
+
+def _open_engine(db: str) -> Any:
+    from .store.writer import make_engine
+
+    if "://" not in db and not os.path.exists(db):
+        _fail(f"no database at {db!r} (run 'sparseety replay' or 'sparseety run' first)")
+    return make_engine(db)
+
+
+def _ts(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def _ms(a: float | None, b: float | None) -> str:
+    if a is None or b is None:
+        return "-"
+    return f"{(a - b) * 1000:.1f}"
+
+
+def parse_labels(values: tuple[str, ...]) -> dict[int, str]:
+    """``PORT=NAME`` pairs → {port: name}."""
+    out: dict[int, str] = {}
+    for v in values:
+        port, sep, name = v.partition("=")
+        if not sep or not port.isdigit() or not name:
+            raise click.BadParameter(f"{v!r} is not PORT=NAME", param_hint="--label")
+        out[int(port)] = name
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="sparseety")
+def main() -> None:
+    """SparSEEty: record, token by token, what an LLM server streamed back.
+
+    \b
+    Passive: it sniffs loopback HTTP (or replays a capture file), reassembles
+    TCP, parses HTTP/1.1 and SSE/NDJSON bodies, extracts every streamed chunk
+    of OpenAI-compatible APIs and stores it in SQLite.
+
+    \b
+    Quick start:
+      sparseety replay capture.pcap --db sparseety.db
+      sparseety streams --db sparseety.db
+      sparseety show 1 --db sparseety.db
+      sparseety export --db sparseety.db --format jsonl > events.jsonl
+    """
+
+
+# --------------------------------------------------------------------- replay
+
+
+@main.command()
+@click.argument("captures", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@_db_option
+@click.option("--port", "ports", multiple=True, type=int, help="Only these TCP ports (repeat).")
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    metavar="PORT=NAME",
+    help="Label streams whose server port is PORT (e.g. 8000=baseline). Repeat.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def replay(
+    captures: tuple[str, ...],
+    db: str,
+    ports: tuple[int, ...],
+    labels: tuple[str, ...],
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Replay pcap/pcapng files (gzip ok) through the pipeline into the database.
+
+    Every TCP connection is looked at and HTTP is recognised by its bytes,
+    whatever the port; --port only narrows it. A truncated or corrupt file is
+    processed up to the bad offset, stored, and reported (exit code 1).
+
+    \b
+    Example:
+      sparseety replay pcaps/chat_english.pcap --db sparseety.db --label 8000=baseline
+    """
+    from .capture.pcap import CaptureFileError
+    from .replay import replay as run_replay
+
+    label_map = parse_labels(labels)
+    failed = False
+    summaries = []
+    for path in captures:
+        if not os.path.exists(path):
+            _fail(f"{path}: no such file", 2)
+        bar: Any = None
+        try:
+            if not quiet and sys.stderr.isatty():
+                bar = click.progressbar(
+                    length=max(os.path.getsize(path), 1),
+                    label=os.path.basename(path),
+                    file=sys.stderr,
+                    show_percent=True,
+                )
+                bar.__enter__()
+            done = [0]
+
+            def progress(pos: int, total: int, _bar: Any = bar, _done: list[int] = done) -> None:
+                if _bar is not None:
+                    _bar.length = max(total, 1)
+                    _bar.update(pos - _done[0])
+                    _done[0] = pos
+
+            with _errors():
+                try:
+                    r = run_replay(
+                        path, db, ports=frozenset(ports), labels=label_map, progress=progress
+                    )
+                except CaptureFileError as exc:
+                    _fail(f"{path}: {exc}")
+                    return
+        finally:
+            if bar is not None:
+                bar.__exit__(None, None, None)
+        summary = {
+            "file": path,
+            "packets": r.packets,
+            "tcp_segments": r.segments,
+            "streams": r.streams,
+            "chunk_events": r.chunk_events,
+            "errors": r.errors,
+            "states": r.states,
+            "seconds": round(r.seconds, 3),
+            "packets_per_second": round(r.packets_per_second),
+            "chunk_events_per_second": round(r.events_per_second),
+            "capture_error": r.capture_error,
+        }
+        summaries.append(summary)
+        if r.capture_error:
+            failed = True
+        if as_json:
+            continue
+        states = ", ".join(f"{k} {v}" for k, v in sorted(r.states.items())) or "none"
+        click.echo(
+            f"{path}: {r.packets} packets, {r.streams} streams ({states}), "
+            f"{r.chunk_events} chunk events, {r.errors} errors"
+        )
+        click.echo(
+            f"  {r.seconds:.2f} s: {r.packets_per_second:,.0f} packets/s, "
+            f"{r.events_per_second:,.0f} chunk events/s → {db}"
+        )
+        if r.capture_error:
+            click.echo(f"  capture error: {r.capture_error} (everything before it was stored)")
+    if as_json:
+        click.echo(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2))
+    if failed:
+        sys.exit(1)
+
+
+# -------------------------------------------------------------------- streams
+
+
+@main.command()
+@_db_option
+@click.option("--label", help="Only streams with this label.")
+@click.option("--model", help="Only streams of this model.")
+@click.option("--state", help="complete, truncated, gap, error or open.")
+@click.option("--all", "show_all", is_flag=True, help="Include non-LLM HTTP exchanges.")
+@click.option("--limit", type=int, help="At most this many streams.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def streams(
+    db: str,
+    label: str | None,
+    model: str | None,
+    state: str | None,
+    show_all: bool,
+    limit: int | None,
+    as_json: bool,
+) -> None:
+    """List captured streams, one line each.
+
+    \b
+    Columns: id, label, state, model, path, status, choices' chunks, characters,
+    TTFT (ms from request to first content), duration (ms), finish reasons.
+
+    \b
+    Example:
+      sparseety streams --db sparseety.db --state gap
+    """
+    from .store.queries import list_streams
+
+    with _errors():
+        engine = _open_engine(db)
+        rows = list_streams(engine, label=label, model=model, state=state, limit=None)
+        if not show_all:
+            rows = [r for r in rows if (r.get("dialect") or "http") != "http"]
+        if limit is not None:
+            rows = rows[:limit]
+        if as_json:
+            for r in rows:
+                click.echo(json.dumps(r, default=str))
+            return
+        if not rows:
+            click.echo("no streams" + ("" if show_all else " (try --all for every HTTP exchange)"))
+            return
+        header = (
+            f"{'id':>6} {'label':<9} {'state':<9} {'model':<18} {'path':<22} {'st':>3} "
+            f"{'chunks':>6} {'chars':>7} {'ttft_ms':>8} {'dur_ms':>8} finish"
+        )
+        click.echo(header)
+        for r in rows:
+            finish = r.get("finish_reasons") or ""
+            with suppress(ValueError):
+                finish = ",".join(str(v) for v in json.loads(finish).values()) if finish else ""
+            click.echo(
+                f"{r['id']:>6} {(r.get('label') or '-')[:9]:<9} {(r.get('state') or '-'):<9} "
+                f"{(r.get('model') or '-')[:18]:<18} {(r.get('path') or '-')[:22]:<22} "
+                f"{r.get('status') or '-':>3} {r.get('chunk_count') or 0:>6} "
+                f"{r.get('text_len') or 0:>7} "
+                f"{_ms(r.get('t_first_content'), r.get('t_request')):>8} "
+                f"{_ms(r.get('t_last_chunk'), r.get('t_request')):>8} {finish}"
+            )
+
+
+# ----------------------------------------------------------------------- show
+
+
+@main.command()
+@click.argument("stream_id", type=int)
+@_db_option
+@click.option("--json", "as_json", is_flag=True, help="The stream row and its chunks as JSON.")
+@click.option("--raw", is_flag=True, help="Show raw event data of chunks we do not model.")
+def show(stream_id: int, db: str, as_json: bool, raw: bool) -> None:
+    """Show one stream: request, response, and every chunk with its capture time.
+
+    \b
+    Example:
+      sparseety show 12 --db sparseety.db
+    """
+    from .store.queries import get_stream
+
+    with _errors():
+        engine = _open_engine(db)
+        s = get_stream(engine, stream_id)
+    if s is None:
+        _fail(f"no stream {stream_id} in {db}")
+        return
+    if as_json:
+        click.echo(json.dumps(s, indent=2, default=str))
+        return
+    chunks = s.pop("chunks", [])
+    errors = s.pop("errors", [])
+    t0 = s.get("t_request")
+    click.echo(
+        f"stream {s['id']}  {s.get('client')} → {s.get('server')}  "
+        f"{s.get('method')} {s.get('path')}  label={s.get('label') or '-'}"
+    )
+    click.echo(
+        f"  model={s.get('model')} stream={s.get('is_stream')} temperature={s.get('temperature')} "
+        f"n={s.get('n')} max_tokens={s.get('max_tokens')} dialect={s.get('dialect')}"
+    )
+    click.echo(
+        f"  status={s.get('status')} content-type={s.get('content_type')} state={s.get('state')} "
+        f"({s.get('reason')}) done={bool(s.get('done_seen'))} gap={bool(s.get('gap'))}"
+    )
+    click.echo(
+        f"  request at {_ts(t0)}  headers +{_ms(s.get('t_response'), t0)} ms  first content "
+        f"+{_ms(s.get('t_first_content'), t0)} ms  last chunk +{_ms(s.get('t_last_chunk'), t0)} ms"
+    )
+    click.echo(
+        f"  {s.get('chunk_count')} text chunks, {s.get('event_count')} events, "
+        f"{s.get('text_len')} characters, usage={s.get('usage')}"
+    )
+    if s.get("error"):
+        click.echo(f"  error: {s['error']}")
+    for e in errors:
+        click.echo(f"  ! {e.get('stage')}/{e.get('kind')}: {e.get('message')}")
+    if chunks:
+        click.echo(f"  {'seq':>4} {'+ms':>9} {'ch':>3} {'idx':>4} {'kind':<10} text")
+    for c in chunks:
+        text = c.get("text") or c.get("reasoning") or ""
+        extra = ""
+        if c.get("finish_reason"):
+            extra += f" [finish={c['finish_reason']}]"
+        if c.get("tool_calls"):
+            extra += f" [tool_calls={c['tool_calls']}]"
+        if c.get("usage"):
+            extra += f" [usage={c['usage']}]"
+        if raw and c.get("raw"):
+            extra += f" [raw={c['raw']}]"
+        click.echo(
+            f"  {c['seq']:>4} {_ms(c.get('ts'), t0):>9} {c.get('choice'):>3} "
+            f"{c.get('chunk_index'):>4} {c.get('kind'):<10} {json.dumps(text, ensure_ascii=False)}"
+            f"{extra}"
+        )
+
+
+# --------------------------------------------------------------------- export
+
+
+@main.command()
+@_db_option
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "csv"]),
+    default="jsonl",
+    show_default=True,
+    help="jsonl: the seed's event log with stream identity; csv: one row per stream.",
+)
+@click.option(
+    "--output", "-o", type=click.Path(dir_okay=False), help="File to write (default stdout)."
+)
+@click.option("--label", help="Only streams with this label.")
+@click.option("--stream", "stream_ids", multiple=True, type=int, help="Only this stream (repeat).")
+def export(
+    db: str, fmt: str, output: str | None, label: str | None, stream_ids: tuple[int, ...]
+) -> None:
+    """Export streams: the seed-compatible JSONL event log, or a CSV summary.
+
+    \b
+    JSONL records: request_start, chunk (one per chunk that carries text),
+    stream_done; records of one stream in capture order.
+
+    \b
+    Example:
+      sparseety export --db sparseety.db --format jsonl -o logs/token_stream.jsonl
+    """
+    from .reports.export import export_csv, export_jsonl
+
+    with _errors():
+        engine = _open_engine(db)
+        ids = list(stream_ids) or None
+        fh = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
+        try:
+            if fmt == "jsonl":
+                n = export_jsonl(engine, fh, stream_ids=ids, label=label)
+            else:
+                n = export_csv(engine, fh, stream_ids=ids, label=label)
+        finally:
+            if output:
+                fh.close()
+    if output:
+        click.echo(f"wrote {n} records to {output}", err=True)
+
+
+# --------------------------------------------------------------------- errors
+
+
+@main.command()
+@_db_option
+@click.option("--limit", type=int, default=50, show_default=True)
+def errors(db: str, limit: int) -> None:
+    """List recorded pipeline errors (bad input is recorded, never fatal).
+
+    \b
+    Example:
+      sparseety errors --db sparseety.db --limit 20
+    """
+    from .store.queries import list_errors
+
+    with _errors():
+        engine = _open_engine(db)
+        rows = list_errors(engine, limit=limit)
+    if not rows:
+        click.echo("no errors")
+    for e in rows:
+        click.echo(
+            f"{_ts(e.get('ts'))} {e.get('stage')}/{e.get('kind')} conn={e.get('connection_id')} "
+            f"stream={e.get('stream_id')}: {e.get('message')}"
+        )
+
+
+if __name__ == "__main__":
+    main()
