@@ -1,0 +1,46 @@
+# SparSEEty — common tasks. `make help` lists them.
+PYTHON ?= python3
+PYTEST_ARGS ?=
+
+.PHONY: help install deps test lint pcaps bench ebpf clean
+
+help:
+	@echo "make install  - install sparseety (pip) and the Debian packages it uses"
+	@echo "make test     - install what the tests need, then lint and run the whole test suite"
+	@echo "make lint     - ruff and mypy"
+	@echo "make pcaps    - re-record the fixtures in pcaps/ from real loopback traffic"
+	@echo "make bench    - benchmarks (replay vs tshark, live capture, tokens, diff); prints figures"
+	@echo "make ebpf     - build the eBPF capture object"
+
+install:
+	scripts/install-deps.sh --no-pip
+	$(PYTHON) -m pip install -q --disable-pip-version-check .
+	-$(MAKE) --no-print-directory ebpf
+
+deps:
+	scripts/install-deps.sh
+
+ebpf:
+	sniffer/capture/ebpf/build.sh
+
+lint:
+	ruff check sniffer tests scripts bench
+	ruff format --check sniffer tests scripts bench
+	mypy
+
+test: deps
+	-$(MAKE) --no-print-directory ebpf
+	$(MAKE) --no-print-directory lint
+	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+
+pcaps:
+	$(PYTHON) scripts/record_pcaps.py
+	$(PYTHON) scripts/craft_faults.py
+
+bench: deps
+	-$(MAKE) --no-print-directory ebpf
+	$(PYTHON) bench/run_all.py
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache bench/out
+	rm -f sniffer/capture/ebpf/*.o sniffer/capture/ebpf/vmlinux.h

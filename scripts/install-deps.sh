@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what SparSEEty's tests, benchmarks and eBPF backend need, skipping
+# what is already there. Idempotent; run as root (CI and the dev machines are).
+#   scripts/install-deps.sh          # Debian packages + the package with its test extras
+#   scripts/install-deps.sh --no-pip # Debian packages only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+command -v tshark >/dev/null || need_apt+=(tshark)
+command -v dumpcap >/dev/null || need_apt+=(wireshark-common)
+command -v clang >/dev/null || need_apt+=(clang llvm)
+command -v bpftool >/dev/null || need_apt+=(bpftool)
+[ -e /usr/include/bpf/libbpf.h ] || need_apt+=(libbpf-dev)
+ldconfig -p | grep -q 'libbpf.so.1' || need_apt+=(libbpf1)
+ldconfig -p | grep -q 'libpcap.so.0.8' || need_apt+=(libpcap0.8)
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "install-deps: apt-get install ${need_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    echo 'wireshark-common wireshark-common/install-setuid boolean false' | debconf-set-selections 2>/dev/null || true
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  else
+    echo "install-deps: missing Debian packages (${need_apt[*]}); run as root to install them" >&2
+  fi
+fi
+
+if [ "${1:-}" != "--no-pip" ]; then
+  python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+fi
