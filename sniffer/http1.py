@@ -71,8 +71,11 @@ _REQUEST_START = re.compile(
 )
 _RESPONSE_START = re.compile(rb"(?:^|(?<=\n))HTTP/1\.[01] [0-9]{3}[ \r\n]")
 _REQUEST_LINE = re.compile(
-    rb"([!#$%&'*+.^_`|~0-9A-Za-z-]{1,24}) ([^\s]{1,8192}) HTTP/(1\.[01])\r?\n"
+    rb"([!#$%&'*+.^_`|~0-9A-Za-z-]{1,24}) ([^\s]{0,8192}) HTTP/(1\.[01])\r?\n"
 )
+# HTTP/0.9 ("GET /path" and nothing else on the line): h11 rejects it; we record
+# it as an exchange with a framing error so the response still pairs with it.
+_REQUEST_LINE_09 = re.compile(rb"([A-Z][A-Z_-]{1,23}) ([^\s]{1,8192})[ \t]*\r?\n")
 _METHOD_PREFIX = re.compile(rb"^[A-Z][A-Z_-]{1,23} ")
 
 _HUNT_KEEP = 8192  # bytes kept while hunting, so a start line split across segments is found
@@ -165,9 +168,11 @@ class _Direction:
         "exchange",
         "from_client",
         "hunt",
+        "hunt_sol",
         "hunted",
         "in_message",
         "parser",
+        "raw",
     )
 
     def __init__(self, from_client: bool) -> None:
@@ -175,6 +180,8 @@ class _Direction:
         self.parser: h11.Connection | None = None  # None: hunting or waiting
         self.hunt: bytearray | None = None  # not None: looking for a start line
         self.hunted = 0
+        self.hunt_sol = True  # the hunt buffer begins at a line start
+        self.raw: bytearray | None = None  # bytes of the current message until its head parsed
         self.exchange = -1  # exchange of the message being parsed
         self.in_message = False  # head seen, end not yet
         self.decoder: _BodyDecoder | None = None
@@ -312,11 +319,14 @@ class HttpParser:
             self._start_message(c, d, ts, out)
         parser = d.parser
         assert parser is not None
+        if d.raw is not None and len(d.raw) <= self._max_header:
+            d.raw += data
         parser.receive_data(data)
         self._pump(c, d, ts, out)
 
     def _start_message(self, c: _Conn, d: _Direction, ts: float, out: list[HttpOutput]) -> None:
         """A fresh h11 connection for the next message of this direction."""
+        d.raw = bytearray()
         if d.from_client:
             d.parser = h11.Connection(h11.SERVER, max_incomplete_event_size=self._max_header)
             return
@@ -356,12 +366,20 @@ class HttpParser:
             except h11.RemoteProtocolError as exc:
                 if at_eof:  # closed mid-message: the caller ends it as EOF
                     return
-                rest = parser.trailing_data[0]
-                self._malformed(c, d, ts, str(exc), rest, out)
-                # Hunt from one byte on, so the same bad start line is not taken again.
+                if d.in_message:
+                    rest = parser.trailing_data[0]
+                else:
+                    # Rejected head: start again from one byte after its first
+                    # byte, so the same bad start line is not taken again.
+                    rest = bytes(d.raw or b"") or parser.trailing_data[0]
+                    self._malformed(c, d, ts, str(exc), rest, out)
+                    rest = rest[1:]
+                if d.in_message:
+                    self._malformed(c, d, ts, str(exc), rest, out)
                 d.hunt = bytearray()
-                if len(rest) > 1 and not c.dead:
-                    self._data(c, d, ts, rest[1:], out)
+                d.hunt_sol = d.in_message
+                if rest and not c.dead:
+                    self._data(c, d, ts, rest, out)
                 return
             t = type(ev)
             if t is h11.Data:
@@ -378,7 +396,8 @@ class HttpParser:
                 if not rest or at_eof:
                     return
                 self._start_message(c, d, ts, out)
-                assert d.parser is not None
+                assert d.parser is not None and d.raw is not None
+                d.raw += rest
                 d.parser.receive_data(rest)
             elif t is h11.PAUSED:
                 # CONNECT / Upgrade: what follows is not HTTP. Stop parsing this connection.
@@ -395,6 +414,7 @@ class HttpParser:
         c.next_exchange += 1
         d.exchange = ex
         d.in_message = True
+        d.raw = None
         headers = _headers(ev.headers)
         close = ev.http_version < b"1.1" or any(
             n == "connection" and "close" in v.lower() for n, v in headers
@@ -426,6 +446,8 @@ class HttpParser:
         headers = _headers(ev.headers)
         info = type(ev) is h11.InformationalResponse
         d.in_message = not info
+        if not info:
+            d.raw = None
         self.stats.responses += 1
         out.append(
             HttpResponse(
@@ -510,11 +532,17 @@ class HttpParser:
         (the server will answer it, typically 400), recorded with its error."""
         if d.from_client and not d.in_message:
             m = _REQUEST_LINE.match(rest)
+            if m is None:
+                m9 = _REQUEST_LINE_09.match(rest)
+                if m9 is not None:
+                    m = m9
+                    msg = f"HTTP/0.9 request line ({msg})"
             if m is not None:
+                version = m[3] if m.re is _REQUEST_LINE else b"1.0"
                 self._release_opened(c, out)
                 ex = c.next_exchange
                 c.next_exchange += 1
-                c.pending.append(_Pending(ex, m[1], m[3], False))
+                c.pending.append(_Pending(ex, m[1], version, False))
                 self.stats.requests += 1
                 d.exchange = ex
                 d.in_message = True
@@ -525,7 +553,7 @@ class HttpParser:
                         ts,
                         m[1].decode("latin-1"),
                         m[2].decode("latin-1"),
-                        m[3].decode("ascii"),
+                        version.decode("ascii") if m.re is _REQUEST_LINE else "0.9",
                         (),
                     )
                 )
@@ -541,14 +569,25 @@ class HttpParser:
         """Look for the next start line; return the bytes from it on (b"" if not found yet)."""
         buf = d.hunt
         assert buf is not None
-        buf += data
         pattern = _REQUEST_START if d.from_client else _RESPONSE_START
+        if (buf or d.hunt_sol) and pattern.match(data) is not None:
+            # Messages usually begin a segment, even when the bytes before
+            # them (a lost body's tail) do not end a line.
+            self.stats.hunted_bytes += len(buf)
+            d.hunt = None
+            d.hunted = 0
+            d.hunt_sol = True
+            return bytes(data)
+        buf += data
         m = pattern.search(buf)
+        if m is not None and m.start() == 0 and not d.hunt_sol:
+            m = pattern.search(buf, 1)
         if m is None:
             self.stats.hunted_bytes += len(data)
             d.hunted += len(data)
             if len(buf) > _HUNT_KEEP:
                 del buf[: len(buf) - _HUNT_KEEP]
+                d.hunt_sol = False
             if d.hunted > _DEAD_AFTER and c.next_exchange == 0:
                 c.dead = True
                 self.stats.dead_connections += 1
@@ -558,6 +597,7 @@ class HttpParser:
         rest = bytes(buf[m.start() :])
         d.hunt = None
         d.hunted = 0
+        d.hunt_sol = True
         return rest
 
     def _gap(self, c: _Conn, d: _Direction, ev: FlowGap, out: list[HttpOutput]) -> None:

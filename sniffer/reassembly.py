@@ -97,6 +97,8 @@ _MAX_WINDOW = 1 << 30
 #: retransmissions after its close are recognised instead of opening a new one.
 _CLOSED_LINGER = 10.0
 _SYN_FIN_RST = SYN | FIN | RST
+#: Bytes of the last delivered chunk kept per direction to check retransmissions against.
+_PREV_MAX = 1024
 
 _Key = tuple[str, int, str, int]
 
@@ -119,20 +121,24 @@ class ReassemblyStats:
 
 
 class _Conn:
-    __slots__ = ("c2s", "closed", "id", "keys", "last_ts", "s2c")
+    __slots__ = ("c2s", "closed", "id", "keys", "s2c")
 
     def __init__(self, conn_id: int, ts: float, client: Endpoint, server: Endpoint) -> None:
         self.id = conn_id
-        self.last_ts = ts
         self.closed = False
         self.keys: tuple[_Key, _Key] = (
             (client[0], client[1], server[0], server[1]),
             (server[0], server[1], client[0], client[1]),
         )
-        self.c2s = _Half(self, True)
-        self.s2c = _Half(self, False)
+        self.c2s = _Half(self, True, ts)
+        self.s2c = _Half(self, False, ts)
         self.c2s.peer = self.s2c
         self.s2c.peer = self.c2s
+
+    @property
+    def last_ts(self) -> float:
+        """Capture time of the last segment seen in either direction."""
+        return max(self.c2s.last_ts, self.s2c.last_ts)
 
 
 class _Half:
@@ -145,11 +151,13 @@ class _Half:
     __slots__ = (
         "acc",
         "conn",
+        "conn_id",
         "ended",
         "fast",
         "fin_off",
         "from_client",
         "isn",
+        "last_ts",
         "live",
         "next_off",
         "next_seq",
@@ -163,8 +171,10 @@ class _Half:
         "prev_off",
     )
 
-    def __init__(self, conn: _Conn, from_client: bool) -> None:
+    def __init__(self, conn: _Conn, from_client: bool, ts: float) -> None:
         self.conn = conn
+        self.conn_id = conn.id
+        self.last_ts = ts  # capture time of the last segment sent in this direction
         self.peer: _Half = self
         self.from_client = from_client
         self.live = True  # the connection is not closed
@@ -229,28 +239,45 @@ class Reassembler:
         if h is None or flags & _SYN_FIN_RST or not h.live:
             return self._feed_slow(seg, h)
         # Fast path: an established connection, no SYN/FIN/RST.
-        h.conn.last_ts = ts
-        out: list[FlowEvent] = []
+        h.last_ts = ts
         p = h.peer
-        if flags & ACK:
-            pn = p.next_seq
-            if ack != pn and pn >= 0 and not p.ended:
-                d = (ack - pn) & _MASK
-                if d <= _MAX_WINDOW:
-                    self._ack_ahead(p, d, ts, out)
-        if payload:
-            if h.fast and seq == h.next_seq:
-                n = len(payload)
-                off = h.next_off
-                h.next_seq = (seq + n) & _MASK
-                h.next_off = off + n
+        if not payload:
+            # A pure ACK: usually it acknowledges exactly what was captured, or less.
+            if flags & ACK and ack != p.next_seq and p.next_seq >= 0:
+                if ((ack - p.next_seq) & _MASK) <= _MAX_WINDOW:
+                    out: list[FlowEvent] = []
+                    self._ack_ahead(p, (ack - p.next_seq) & _MASK, ts, out)
+                    if h.pend_offs or p.pend_offs:
+                        self._check_holes(h, ts, out)
+                        self._check_holes(p, ts, out)
+                    return out
+            if h.pend_offs or p.pend_offs:
+                out = []
+                self._check_holes(h, ts, out)
+                self._check_holes(p, ts, out)
+                return out
+            return []
+        out = []
+        if flags & ACK and ack != p.next_seq and p.next_seq >= 0:
+            d = (ack - p.next_seq) & _MASK
+            if d <= _MAX_WINDOW:
+                self._ack_ahead(p, d, ts, out)
+        if h.fast and seq == h.next_seq:
+            n = len(payload)
+            off = h.next_off
+            h.next_seq = (seq + n) & _MASK
+            h.next_off = off + n
+            if n <= _PREV_MAX:
                 h.prev_off = off
                 h.prev_data = payload
-                self.stats.bytes_delivered += n
-                out.append(FlowData(h.conn.id, ts, h.from_client, payload))
             else:
-                self._data(h, seq, payload, ts, out)
-                self._flush_acc(h, ts, out)
+                h.prev_off = off + n - _PREV_MAX
+                h.prev_data = payload[-_PREV_MAX:]
+            self.stats.bytes_delivered += n
+            out.append(FlowData(h.conn_id, ts, h.from_client, payload))
+        else:
+            self._data(h, seq, payload, ts, out)
+            self._flush_acc(h, ts, out)
         if h.pend_offs or p.pend_offs:
             self._check_holes(h, ts, out)
             self._check_holes(p, ts, out)
@@ -271,7 +298,7 @@ class Reassembler:
                 return out  # no connection worth opening for a bare ACK/FIN/RST
             h = self._open_midstream(seg, out)
         conn = h.conn
-        conn.last_ts = ts
+        h.last_ts = ts
         if conn.closed:
             if payload:
                 self.stats.retransmissions += 1  # late data after the close
@@ -563,6 +590,8 @@ class Reassembler:
 
     def _ack_ahead(self, p: _Half, d: int, ts: float, out: list[FlowEvent]) -> None:
         """The other side acknowledged ``d`` sequence numbers beyond ``p.next_off``."""
+        if p.ended:
+            return
         target = p.next_off + d
         if p.fin_off is not None and target > p.fin_off:
             target = p.fin_off  # an ACK of the FIN is not data
@@ -590,8 +619,9 @@ class Reassembler:
         acc.clear()
         if not data:
             return
-        h.prev_off = h.next_off - len(data)
-        h.prev_data = data
+        keep = data if len(data) <= _PREV_MAX else data[-_PREV_MAX:]
+        h.prev_off = h.next_off - len(keep)
+        h.prev_data = keep
         self.stats.bytes_delivered += len(data)
         out.append(FlowData(h.conn.id, ts, h.from_client, data))
 

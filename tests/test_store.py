@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -572,6 +573,34 @@ def test_schema_compiles_for_postgresql() -> None:
         "ix_streams_t_request",
         "ix_streams_state",
     }
+
+
+PG_URL = os.environ.get("SPARSEETY_TEST_PG_URL")
+
+
+@pytest.mark.skipif(not PG_URL, reason="set SPARSEETY_TEST_PG_URL=postgresql+psycopg://… to run")
+def test_postgresql_roundtrip() -> None:
+    assert PG_URL is not None
+    engine = make_engine(PG_URL)
+    metadata.drop_all(engine)
+    engine.dispose()
+    w = StoreWriter(PG_URL, batch_size=3)
+    w.write_many(realistic_events())
+    w.write(ChunkEvent(3, T0, 9, 0, 0, "other", raw="nul\x00 and \ud83d"))
+    w.flush()
+    reference = memory_writer()
+    reference.write_many(realistic_events())
+    reference.flush()
+    assert w.stats["cleaned_batches"] == 1
+    assert queries.count_rows(w.engine)["chunks"] == 15
+    s1 = queries.get_stream(w.engine, 1)
+    assert s1 is not None and s1["is_stream"] is True and s1["prompt_tokens"] == 9
+    assert queries.stream_text(w.engine, 1) == {0: "Hello", 1: "Bonjour"}
+    assert w.id_bases() == (3, 4)
+    with w.engine.begin() as conn:
+        conn.execute(chunks.delete().where(chunks.c.seq == 9))
+    assert dump(w.engine) == dump(reference.engine)
+    w.close()
 
 
 # ---------------------------------------------------------------------------

@@ -74,6 +74,10 @@ PROG_PREFIX = "spy_"
 
 # --- record layout: mirrors struct rec_hdr in sparseety.bpf.c -----------------
 HDR = struct.Struct("<QQQQIIIIiHHBBBBB3x16s16s16s")
+HDR_FIELDS = (
+    "ts", "sk", "offset", "aux", "serial", "len", "tgid", "pid", "fd", "lport", "rport",
+    "kind", "dir", "role", "family", "state", "pad", "laddr", "raddr", "comm",
+)  # fmt: skip
 assert HDR.size == 112
 K_DATA, K_EOF, K_SHUTDOWN, K_CLOSE = 1, 2, 3, 4
 D_SENT, D_RECV = 0, 1

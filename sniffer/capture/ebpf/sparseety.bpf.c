@@ -86,6 +86,13 @@ struct rec_hdr {
 	char comm[16];
 };
 
+_Static_assert(sizeof(struct rec_hdr) == 112, "loader.py HDR expects 112 bytes");
+_Static_assert(__builtin_offsetof(struct rec_hdr, serial) == 32, "loader.py HDR");
+_Static_assert(__builtin_offsetof(struct rec_hdr, fd) == 48, "loader.py HDR");
+_Static_assert(__builtin_offsetof(struct rec_hdr, kind) == 56, "loader.py HDR");
+_Static_assert(__builtin_offsetof(struct rec_hdr, laddr) == 64, "loader.py HDR");
+_Static_assert(__builtin_offsetof(struct rec_hdr, comm) == 96, "loader.py HDR");
+
 struct rec {
 	struct rec_hdr h;
 	__u8 data[CHUNK];
@@ -115,6 +122,8 @@ struct conn {
 	__u32 serial;
 	__u8 role;
 };
+
+_Static_assert(sizeof(struct conn) == 40, "loader.py CONN expects 40 bytes");
 
 /*
  * bpf_loop contexts. The verifier explores callback iterations until their
