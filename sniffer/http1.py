@@ -78,6 +78,10 @@ _REQUEST_LINE = re.compile(
 _REQUEST_LINE_09 = re.compile(rb"([A-Z][A-Z_-]{1,23}) ([^\s]{1,8192})[ \t]*\r?\n")
 _METHOD_PREFIX = re.compile(rb"^[A-Z][A-Z_-]{1,23} ")
 
+#: A Content-Length or chunk size above this is malformed framing (request
+#: smuggling tries 2^64-1 and 2^64), not a body we wait for.
+MAX_BODY_LENGTH = (1 << 62) - 1
+
 _HUNT_KEEP = 8192  # bytes kept while hunting, so a start line split across segments is found
 _DEAD_AFTER = 1 << 20  # hunted this many bytes without finding HTTP: stop looking
 
@@ -383,7 +387,13 @@ class HttpParser:
                 return
             t = type(ev)
             if t is h11.Data:
-                self._body(c, d, ts, ev.data, out)  # type: ignore[union-attr]
+                data = ev.data  # type: ignore[union-attr]
+                if ev.chunk_start and (  # type: ignore[union-attr]
+                    getattr(parser._reader, "_bytes_in_chunk", 0) > MAX_BODY_LENGTH
+                ):
+                    self._overflow(c, d, ts, "chunk size out of range", bytes(data), out)
+                    return
+                self._body(c, d, ts, data, out)
             elif t is h11.NEED_DATA:
                 return
             elif t is h11.Request:
@@ -433,6 +443,36 @@ class HttpParser:
             )
         )
         self._set_decoder(c, d, ts, headers, out)
+        self._check_length(c, d, ts, headers, out)
+
+    def _check_length(
+        self, c: _Conn, d: _Direction, ts: float, headers: Headers, out: list[HttpOutput]
+    ) -> None:
+        for name, value in headers:
+            if name == "content-length" and value.strip().isdigit():
+                if int(value) > MAX_BODY_LENGTH:
+                    parser = d.parser
+                    rest = parser.trailing_data[0] if parser is not None else b""
+                    self._overflow(c, d, ts, "Content-Length out of range", rest, out, True)
+                return
+
+    def _overflow(
+        self,
+        c: _Conn,
+        d: _Direction,
+        ts: float,
+        msg: str,
+        rest: bytes,
+        out: list[HttpOutput],
+        at_line_start: bool = False,
+    ) -> None:
+        """Framing that cannot be honoured: end the message as an error and look
+        for the next message in what follows."""
+        self._error(c, d, ts, "framing", msg, out)
+        d.hunt = bytearray()
+        d.hunt_sol = at_line_start
+        if rest:
+            self._data(c, d, ts, rest, out)
 
     def _response(
         self,
@@ -463,6 +503,7 @@ class HttpParser:
         )
         if not info:
             self._set_decoder(c, d, ts, headers, out)
+            self._check_length(c, d, ts, headers, out)
 
     def _set_decoder(
         self, c: _Conn, d: _Direction, ts: float, headers: Headers, out: list[HttpOutput]
