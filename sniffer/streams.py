@@ -73,9 +73,17 @@ NDJSON_TYPES = frozenset(
 )
 
 
+_credential_cache: dict[str, bool] = {}
+
+
 def is_credential(name: str) -> bool:
     n = name.lower()
-    return n in CREDENTIAL_HEADERS or any(fnmatch.fnmatchcase(n, p) for p in CREDENTIAL_PATTERNS)
+    hit = _credential_cache.get(n)
+    if hit is None:
+        hit = n in CREDENTIAL_HEADERS or any(fnmatch.fnmatchcase(n, p) for p in CREDENTIAL_PATTERNS)
+        if len(_credential_cache) < 4096:
+            _credential_cache[n] = hit
+    return hit
 
 
 def scrub_headers(headers: Headers) -> Headers:
