@@ -243,14 +243,18 @@ class Reassembler:
         p = h.peer
         if not payload:
             # A pure ACK: usually it acknowledges exactly what was captured, or less.
-            if flags & ACK and ack != p.next_seq and p.next_seq >= 0:
-                if ((ack - p.next_seq) & _MASK) <= _MAX_WINDOW:
-                    out: list[FlowEvent] = []
-                    self._ack_ahead(p, (ack - p.next_seq) & _MASK, ts, out)
-                    if h.pend_offs or p.pend_offs:
-                        self._check_holes(h, ts, out)
-                        self._check_holes(p, ts, out)
-                    return out
+            if (
+                flags & ACK
+                and ack != p.next_seq
+                and p.next_seq >= 0
+                and ((ack - p.next_seq) & _MASK) <= _MAX_WINDOW
+            ):
+                out: list[FlowEvent] = []
+                self._ack_ahead(p, (ack - p.next_seq) & _MASK, ts, out)
+                if h.pend_offs or p.pend_offs:
+                    self._check_holes(h, ts, out)
+                    self._check_holes(p, ts, out)
+                return out
             if h.pend_offs or p.pend_offs:
                 out = []
                 self._check_holes(h, ts, out)
