@@ -558,3 +558,14 @@ def test_normalize_path() -> None:
     assert normalize_path("https://api.example.com") == "/"
     assert normalize_path("/") == "/"
     assert normalize_path("//") == "/"
+
+
+def test_fast_delta_constructor_matches_dataclass() -> None:
+    from sniffer.dialects import openai as mod
+
+    assert mod._delta is not mod._slow_delta  # Delta's fields are the expected ones
+    args = (1, CONTENT, "t", "r", "[]", "stop", "{}", "{}", None)
+    fast, slow = mod._delta(*args), mod._slow_delta(*args)
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    with pytest.raises(AttributeError):
+        fast.text = "x"  # type: ignore[misc]

@@ -26,6 +26,7 @@ Each item's JSON is parsed once and only the fields present are re-serialised.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -95,7 +96,12 @@ def _slow_delta(
     )
 
 
-def _fast_delta_maker() -> Any:
+_DeltaMaker = Callable[
+    [int, str, str, str, str | None, str | None, str | None, str | None, str | None], Delta
+]
+
+
+def _fast_delta_maker() -> _DeltaMaker:
     if tuple(f.name for f in fields(Delta)) != _DELTA_FIELDS or not hasattr(Delta, "__slots__"):
         return _slow_delta
     new = object.__new__
@@ -132,7 +138,7 @@ def _fast_delta_maker() -> Any:
 
 
 #: ``_delta(choice, kind, text, reasoning, tool_calls, finish_reason, logprobs, usage, raw)``
-_delta = _fast_delta_maker()
+_delta: _DeltaMaker = _fast_delta_maker()
 
 
 class _Shape(Exception):
@@ -150,37 +156,20 @@ def _error_message(err: Any) -> str:
     return text
 
 
-def _index(choice: dict[str, Any], position: int) -> int:
-    index = choice.get("index", position)
-    if type(index) is not int or index < 0:
-        raise _Shape(f"choices[{position}].index is not a non-negative integer")
-    return index
+def _not(where: str, value: Any, expected: str) -> _Shape:
+    return _Shape(f"{where} is a JSON {_json_type(value)}, not {expected}")
 
 
-def _opt_str(obj: dict[str, Any], key: str, where: str) -> str | None:
-    value = obj.get(key)
-    if value is None or type(value) is str:
-        return value
-    raise _Shape(f"{where}.{key} is {type(value).__name__}, not a string")
-
-
-def _opt_json(value: Any) -> str | None:
-    if value is None:
-        return None
-    text: str = _dumps(value)
-    return text
-
-
-def _tool_calls(obj: dict[str, Any], where: str) -> str | None:
-    value = obj.get("tool_calls")
-    if value is None:
-        return None
-    if type(value) is not list:
-        raise _Shape(f"{where}.tool_calls is {type(value).__name__}, not a list")
-    if not value:
-        return None
-    text: str = _dumps(value)
-    return text
+def _json_type(value: Any) -> str:
+    return {
+        dict: "object",
+        list: "array",
+        str: "string",
+        int: "number",
+        float: "number",
+        bool: "boolean",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _invalid(data: str, message: str) -> list[Delta]:
@@ -208,7 +197,7 @@ class _OpenAIBase:
                 return [Delta(STREAM_LEVEL, ERROR, raw=data, error=stripped)]
             return _invalid(data, f"broken JSON: {exc}")
         try:
-            return self._chunk(obj, data, stream=True)
+            return self._chunk(obj, data, True)
         except _Shape as exc:
             return _invalid(data, str(exc))
         except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
@@ -221,7 +210,7 @@ class _OpenAIBase:
         except (ValueError, RecursionError) as exc:
             return _invalid(body, f"broken JSON: {exc}")
         try:
-            return self._chunk(obj, body, stream=False)
+            return self._chunk(obj, body, False)
         except _Shape as exc:
             return _invalid(body, str(exc))
         except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
@@ -229,49 +218,53 @@ class _OpenAIBase:
 
     def _chunk(self, obj: Any, data: str, stream: bool) -> list[Delta]:
         if type(obj) is not dict:
-            raise _Shape(f"item is a JSON {type(obj).__name__}, not an object")
-        err = obj.get("error")
+            raise _not("the item", obj, "an object")
+        get = obj.get
+        err = get("error")
         if err is not None:
             return [Delta(STREAM_LEVEL, ERROR, raw=data, error=_error_message(err))]
-        if obj.get("object") == "error":
+        if get("object") == "error":
             return [Delta(STREAM_LEVEL, ERROR, raw=data, error=_error_message(obj))]
-        choices = obj.get("choices")
-        usage = obj.get("usage")
-        usage_text = None if usage is None else _opt_json(usage)
+        choices = get("choices")
+        usage = get("usage")
+        usage_text: str | None = None if usage is None else _dumps(usage)
         if not choices:
             if choices is not None and type(choices) is not list:
-                raise _Shape(f"choices is {type(choices).__name__}, not a list")
+                raise _not("choices", choices, "an array")
             if usage_text is not None:
                 return [Delta(STREAM_LEVEL, USAGE, usage=usage_text)]
             return [Delta(STREAM_LEVEL, OTHER, raw=data)]
         if type(choices) is not list:
-            raise _Shape(f"choices is {type(choices).__name__}, not a list")
-        out: list[Delta] = []
-        for position, choice in enumerate(choices):
-            if type(choice) is not dict:
-                raise _Shape(f"choices[{position}] is {type(choice).__name__}, not an object")
-            out.append(self._choice(choice, position, data, stream))
-        if usage_text is not None:
+            raise _not("choices", choices, "an array")
+        read = self._choice
+        if len(choices) == 1:  # the usual case
             if stream:
-                last = out[-1]
-                out[-1] = Delta(
-                    last.choice,
-                    last.kind,
-                    text=last.text,
-                    reasoning=last.reasoning,
-                    tool_calls=last.tool_calls,
-                    finish_reason=last.finish_reason,
-                    logprobs=last.logprobs,
-                    usage=usage_text,
-                    raw=last.raw,
-                    error=last.error,
-                )
-            else:
-                out.append(Delta(STREAM_LEVEL, USAGE, usage=usage_text))
+                return [read(choices[0], 0, data, True, usage_text)]
+            out = [read(choices[0], 0, data, False, None)]
+        else:
+            last = len(choices) - 1 if stream else -1
+            out = [
+                read(choice, position, data, stream, usage_text if position == last else None)
+                for position, choice in enumerate(choices)
+            ]
+            if stream:
+                return out
+        if usage_text is not None:
+            out.append(Delta(STREAM_LEVEL, USAGE, usage=usage_text))
         return out
 
-    def _choice(self, choice: dict[str, Any], position: int, data: str, stream: bool) -> Delta:
+    def _choice(
+        self, choice: Any, position: int, data: str, stream: bool, usage: str | None
+    ) -> Delta:
+        """One entry of ``choices``; ``usage`` (streaming only) goes on its Delta."""
         raise NotImplementedError
+
+
+def _index(choice: dict[str, Any], position: int) -> int:
+    index = choice.get("index", position)
+    if type(index) is not int or index < 0:
+        raise _not(f"choices[{position}].index", index, "a non-negative integer")
+    return index
 
 
 class OpenAIChat(_OpenAIBase):
@@ -279,46 +272,63 @@ class OpenAIChat(_OpenAIBase):
 
     name = "openai.chat"
 
-    def _choice(self, choice: dict[str, Any], position: int, data: str, stream: bool) -> Delta:
+    def _choice(
+        self, choice: Any, position: int, data: str, stream: bool, usage: str | None
+    ) -> Delta:
+        if type(choice) is not dict:
+            raise _not(f"choices[{position}]", choice, "an object")
         index = _index(choice, position)
         key = "delta" if stream else "message"
-        where = f"choices[{position}].{key}"
         msg = choice.get(key)
         if msg is None:
             msg = {}
         elif type(msg) is not dict:
-            raise _Shape(f"{where} is {type(msg).__name__}, not an object")
-        content = _opt_str(msg, "content", where)
-        reasoning = _opt_str(msg, "reasoning_content", where)
+            raise _not(f"choices[{position}].{key}", msg, "an object")
+        get = msg.get
+        content = get("content")
+        if content is not None and type(content) is not str:
+            raise _not(f"choices[{position}].{key}.content", content, "a string")
+        reasoning = get("reasoning_content")
         if reasoning is None:
-            reasoning = _opt_str(msg, "reasoning", where)
-        tool_calls = _tool_calls(msg, where)
-        finish = _opt_str(choice, "finish_reason", f"choices[{position}]")
+            reasoning = get("reasoning")
+        if reasoning is not None and type(reasoning) is not str:
+            raise _not(f"choices[{position}].{key}.reasoning_content", reasoning, "a string")
+        tool_calls = get("tool_calls")
+        tool_text: str | None = None
+        if tool_calls is not None:
+            if type(tool_calls) is not list:
+                raise _not(f"choices[{position}].{key}.tool_calls", tool_calls, "an array")
+            if tool_calls:
+                tool_text = _dumps(tool_calls)
+        finish = choice.get("finish_reason")
+        if finish is not None and type(finish) is not str:
+            raise _not(f"choices[{position}].finish_reason", finish, "a string")
         logprobs = choice.get("logprobs")
-        logprobs_text = None if logprobs is None else _opt_json(logprobs)
+        logprobs_text: str | None = None if logprobs is None else _dumps(logprobs)
         raw = None
         if content:
             kind = CONTENT
         elif reasoning:
             kind = REASONING
-        elif tool_calls is not None:
+        elif tool_text is not None:
             kind = TOOL_CALL
         elif finish is not None:
             kind = FINISH
-        elif stream and msg.get("role") is not None:
+        elif stream and get("role") is not None:
             kind = ROLE
         else:
             kind = OTHER
             raw = data
-        return Delta(
+        return _delta(
             index,
             kind,
-            text=content or "",
-            reasoning=reasoning or "",
-            tool_calls=tool_calls,
-            finish_reason=finish,
-            logprobs=logprobs_text,
-            raw=raw,
+            content or "",
+            reasoning or "",
+            tool_text,
+            finish,
+            logprobs_text,
+            usage,
+            raw,
         )
 
 
@@ -327,13 +337,20 @@ class OpenAICompletions(_OpenAIBase):
 
     name = "openai.completions"
 
-    def _choice(self, choice: dict[str, Any], position: int, data: str, stream: bool) -> Delta:
+    def _choice(
+        self, choice: Any, position: int, data: str, stream: bool, usage: str | None
+    ) -> Delta:
+        if type(choice) is not dict:
+            raise _not(f"choices[{position}]", choice, "an object")
         index = _index(choice, position)
-        where = f"choices[{position}]"
-        text = _opt_str(choice, "text", where)
-        finish = _opt_str(choice, "finish_reason", where)
+        text = choice.get("text")
+        if text is not None and type(text) is not str:
+            raise _not(f"choices[{position}].text", text, "a string")
+        finish = choice.get("finish_reason")
+        if finish is not None and type(finish) is not str:
+            raise _not(f"choices[{position}].finish_reason", finish, "a string")
         logprobs = choice.get("logprobs")
-        logprobs_text = None if logprobs is None else _opt_json(logprobs)
+        logprobs_text: str | None = None if logprobs is None else _dumps(logprobs)
         raw = None
         if text:
             kind = CONTENT
@@ -342,11 +359,4 @@ class OpenAICompletions(_OpenAIBase):
         else:
             kind = OTHER
             raw = data
-        return Delta(
-            index,
-            kind,
-            text=text or "",
-            finish_reason=finish,
-            logprobs=logprobs_text,
-            raw=raw,
-        )
+        return _delta(index, kind, text or "", "", None, finish, logprobs_text, usage, raw)
