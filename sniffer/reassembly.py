@@ -307,9 +307,6 @@ class Reassembler:
             if payload:
                 self.stats.retransmissions += 1  # late data after the close
             return out
-        if flags & RST:
-            self._close(conn, "rst", ts, out)
-            return out
         p = h.peer
         if flags & ACK:
             pn = p.next_seq
@@ -317,6 +314,10 @@ class Reassembler:
                 d = (ack - pn) & _MASK
                 if d <= _MAX_WINDOW:
                     self._ack_ahead(p, d, ts, out)
+        if flags & RST:
+            if not conn.closed:
+                self._close(conn, "rst", ts, out)
+            return out
         if payload:
             self._data(h, seq, payload, ts, out)
         if flags & FIN:

@@ -657,3 +657,20 @@ def test_tfo_syn_with_payload() -> None:
     ev = r.feed(s)
     assert ev[1:] == [FlowData(1, 0.0, True, b"early")]
     assert r.feed(p.c(0.1, 5, data=b"!")) == [FlowData(1, 0.1, True, b"!")]
+
+
+def test_rst_ack_number_declares_loss_before_closing() -> None:
+    r = Reassembler()
+    p = Peer()
+    p.handshake(r)
+    r.feed(p.s(1.0, 0, data=b"01"))
+    r.feed(p.s(1.0, 5, data=b"56"))
+    ev = r.feed(p.c(2.0, 0, RST | ACK, ack=9))  # the client got 0..9
+    assert ev == [
+        FlowGap(1, 2.0, False, 3, "lost"),
+        FlowData(1, 2.0, False, b"56"),
+        FlowGap(1, 2.0, False, 2, "lost"),
+        FlowEnd(1, 2.0, True, "rst"),
+        FlowEnd(1, 2.0, False, "rst"),
+        ConnectionClosed(1, 2.0, "rst"),
+    ]
