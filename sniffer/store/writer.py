@@ -548,9 +548,8 @@ class StoreWriter:
     ) -> None:
         sql, order = self._compiled(f"insert:{table.name}", insert(table), columns)
         if order is None:
-            # Named parameters (PostgreSQL drivers): Core's "insertmanyvalues"
-            # sends many rows per statement, far faster than a driver executemany.
-            conn.execute(insert(table), [dict(zip(columns, row, strict=True)) for row in rows])
+            # Named parameters (PostgreSQL drivers): the driver's executemany.
+            conn.exec_driver_sql(sql, [dict(zip(columns, row, strict=True)) for row in rows])
         elif order == columns and self.engine.dialect.name == "sqlite" and len(rows) > 1:
             # Several rows per INSERT (999 parameters at most, the limit of old
             # SQLite builds): about 40 % faster than one row per statement.
