@@ -30,7 +30,7 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -137,7 +137,7 @@ class CaptureReader:
         self._data: Any = data
         self._closer = closer
         self._gzip_problem = gzip_problem
-        self._gen: Iterator[Segment] | None = None
+        self._gen: Generator[Segment, None, None] | None = None
         if fmt == "pcap":
             self._init_pcap()
         else:
@@ -151,11 +151,23 @@ class CaptureReader:
         return self._gen
 
     def close(self) -> None:
-        """Release the file mapping. Segments already yielded stay valid."""
+        """Stop iteration and release the file mapping. Segments already yielded stay valid."""
+        gen = self._gen
+        if gen is None:
+            self._gen = self._empty()
+        else:
+            gen.close()  # runs the walk's cleanup if it is suspended; no-op once finished
+        self._release()
+
+    def _release(self) -> None:
         self._data = b""
         closer, self._closer = self._closer, None
         if closer is not None:
             closer()
+
+    @staticmethod
+    def _empty() -> Generator[Segment, None, None]:
+        yield from ()
 
     def __enter__(self) -> CaptureReader:
         return self
@@ -196,7 +208,7 @@ class CaptureReader:
         self.linktypes.append(linktype)
         self.offset = 24
 
-    def _walk_pcap(self) -> Iterator[Segment]:
+    def _walk_pcap(self) -> Generator[Segment, None, None]:
         data = self._data
         size = self.size
         stats = self.stats
@@ -318,7 +330,7 @@ class CaptureReader:
             self.linktypes.append(linktype)
         return _Interface(linktype, _parser_for(linktype), divisor, tsoffset, snaplen)
 
-    def _walk_pcapng(self) -> Iterator[Segment]:
+    def _walk_pcapng(self) -> Generator[Segment, None, None]:
         data = self._data
         size = self.size
         stats = self.stats
@@ -483,7 +495,7 @@ class CaptureReader:
             else:
                 error = CaptureFileError(f"{error} ({self._gzip_problem})", error.offset)
         self.error = error
-        self.close()
+        self._release()
 
 
 def _gunzip(raw: bytes) -> tuple[bytes, str | None]:
@@ -567,19 +579,19 @@ def read_capture(path: str | os.PathLike[str]) -> CaptureReader:
             f"cannot read capture file {name}: {exc.strerror or exc}", 0
         ) from exc
 
-    fmt = _format_of(bytes(data[:4]))
+    head = bytes(data[:4])
+    fmt = _format_of(head)
     if fmt is None:
-        if closer is not None:
-            closer()
         what = "gzip-compressed file" if compressed else "file"
-        if len(data) == 0:
+        if not head:
             message = f"{name}: empty {what}, not a pcap or pcapng capture"
         else:
-            first = bytes(data[:4]).hex()
             message = (
-                f"{name}: not a pcap or pcapng capture (unknown magic {first} at offset 0"
+                f"{name}: not a pcap or pcapng capture (unknown magic {head.hex()} at offset 0"
                 f" of the {what})"
             )
+        if closer is not None:
+            closer()
         raise CaptureFileError(message, 0)
     try:
         return CaptureReader(
