@@ -70,12 +70,13 @@ _REQUEST_START = re.compile(
     rb"(?:^|(?<=\n))[!#$%&'*+.^_`|~0-9A-Za-z-]{1,24} [^\s]{1,8192} HTTP/1\.[01]\r?\n"
 )
 _RESPONSE_START = re.compile(rb"(?:^|(?<=\n))HTTP/1\.[01] [0-9]{3}[ \r\n]")
-_REQUEST_LINE = re.compile(
-    rb"([!#$%&'*+.^_`|~0-9A-Za-z-]{1,24}) ([^\s]{0,8192}) HTTP/(1\.[01])\r?\n"
+# What is left of a request line h11 rejected — HTTP/0.9 ("GET /path"), a broken
+# version ("HTTP/1."), a method alone: recorded as an exchange with a framing
+# error, so that the server's answer (often a 400) still pairs with it.
+_LOOSE_REQUEST_LINE = re.compile(
+    rb"([!#$%&'*+.^_`|~0-9A-Za-z-]{1,24})(?:[ \t]+([^\s]{1,8192}))?"
+    rb"(?:[ \t]+HTTP/([0-9.]{0,8}))?[ \t]*\r?\n"
 )
-# HTTP/0.9 ("GET /path" and nothing else on the line): h11 rejects it; we record
-# it as an exchange with a framing error so the response still pairs with it.
-_REQUEST_LINE_09 = re.compile(rb"([A-Z][A-Z_-]{1,23}) ([^\s]{1,8192})[ \t]*\r?\n")
 _METHOD_PREFIX = re.compile(rb"^[A-Z][A-Z_-]{1,23} ")
 
 #: A Content-Length or chunk size above this is malformed framing (request
@@ -350,9 +351,9 @@ class HttpParser:
         headers = [(b"host", b"sniffed"), (b"content-length", b"0")]
         if p.close:
             headers.append((b"connection", b"close"))
-        parser.send(
-            h11.Request(method=p.method, target=b"/", headers=headers, http_version=p.version)
-        )
+        # h11 only writes HTTP/1.1; an HTTP/1.0 request's "no keep-alive" is
+        # carried by Connection: close (p.close is set for it).
+        parser.send(h11.Request(method=p.method, target=b"/", headers=headers))
         parser.send(_EOM)
         d.parser = parser
         d.exchange = p.exchange
@@ -572,18 +573,16 @@ class HttpParser:
         """h11 rejected the bytes. A rejected request head still makes an exchange
         (the server will answer it, typically 400), recorded with its error."""
         if d.from_client and not d.in_message:
-            m = _REQUEST_LINE.match(rest)
-            if m is None:
-                m9 = _REQUEST_LINE_09.match(rest)
-                if m9 is not None:
-                    m = m9
-                    msg = f"HTTP/0.9 request line ({msg})"
+            m = _LOOSE_REQUEST_LINE.match(rest)
             if m is not None:
-                version = m[3] if m.re is _REQUEST_LINE else b"1.0"
+                raw_version = m[3]
+                version = raw_version.decode("latin-1") if raw_version is not None else "0.9"
+                # For pairing, anything but a clean 1.1 closes like HTTP/1.0.
+                close = raw_version != b"1.1"
                 self._release_opened(c, out)
                 ex = c.next_exchange
                 c.next_exchange += 1
-                c.pending.append(_Pending(ex, m[1], version, False))
+                c.pending.append(_Pending(ex, m[1], b"1.1", close))
                 self.stats.requests += 1
                 d.exchange = ex
                 d.in_message = True
@@ -593,12 +592,12 @@ class HttpParser:
                         ex,
                         ts,
                         m[1].decode("latin-1"),
-                        m[2].decode("latin-1"),
-                        version.decode("ascii") if m.re is _REQUEST_LINE else "0.9",
+                        (m[2] or b"").decode("latin-1"),
+                        version,
                         (),
                     )
                 )
-                self._error(c, d, ts, "framing", msg, out)
+                self._error(c, d, ts, "framing", f"bad request line ({msg})", out)
                 return
         pattern = _REQUEST_START if d.from_client else _RESPONSE_START
         looks_http = d.in_message or pattern.match(rest) is not None
