@@ -150,6 +150,7 @@ class _Half:
 
     __slots__ = (
         "acc",
+        "ack_target",
         "conn",
         "conn_id",
         "ended",
@@ -191,6 +192,7 @@ class _Half:
         self.pend_bytes = 0
         self.pend_oldest = 0.0
         self.acc: list[bytes] = []  # bytes made deliverable during the current call
+        self.ack_target = 0  # offset the peer acknowledged up to, when beyond next_off
         self.prev_off = 0  # the last delivered chunk, to check retransmissions against
         self.prev_data = b""
 
@@ -243,20 +245,12 @@ class Reassembler:
         p = h.peer
         if not payload:
             # A pure ACK: usually it acknowledges exactly what was captured, or less.
-            if (
-                flags & ACK
-                and ack != p.next_seq
-                and p.next_seq >= 0
-                and ((ack - p.next_seq) & _MASK) <= _MAX_WINDOW
-            ):
-                out: list[FlowEvent] = []
-                self._ack_ahead(p, (ack - p.next_seq) & _MASK, ts, out)
-                if h.pend_offs or p.pend_offs:
-                    self._check_holes(h, ts, out)
-                    self._check_holes(p, ts, out)
-                return out
+            if flags & ACK and ack != p.next_seq and p.next_seq >= 0:
+                d = (ack - p.next_seq) & _MASK
+                if d <= _MAX_WINDOW:
+                    self._ack_ahead(p, d, ts)
             if h.pend_offs or p.pend_offs:
-                out = []
+                out: list[FlowEvent] = []
                 self._check_holes(h, ts, out)
                 self._check_holes(p, ts, out)
                 return out
@@ -265,7 +259,7 @@ class Reassembler:
         if flags & ACK and ack != p.next_seq and p.next_seq >= 0:
             d = (ack - p.next_seq) & _MASK
             if d <= _MAX_WINDOW:
-                self._ack_ahead(p, d, ts, out)
+                self._ack_ahead(p, d, ts)
         if h.fast and seq == h.next_seq:
             n = len(payload)
             off = h.next_off
@@ -281,6 +275,8 @@ class Reassembler:
             out.append(FlowData(h.conn_id, ts, h.from_client, payload))
         else:
             self._data(h, seq, payload, ts, out)
+            if h.ack_target > h.next_off:
+                self._resolve_acked(h, ts, out)
             self._flush_acc(h, ts, out)
         if h.pend_offs or p.pend_offs:
             self._check_holes(h, ts, out)
@@ -313,13 +309,15 @@ class Reassembler:
             if ack != pn and pn >= 0 and not p.ended:
                 d = (ack - pn) & _MASK
                 if d <= _MAX_WINDOW:
-                    self._ack_ahead(p, d, ts, out)
+                    self._ack_ahead(p, d, ts)
         if flags & RST:
             if not conn.closed:
                 self._close(conn, "rst", ts, out)
             return out
         if payload:
             self._data(h, seq, payload, ts, out)
+        if h.ack_target > h.next_off:
+            self._resolve_acked(h, ts, out)
         if flags & FIN:
             self._fin(h, (seq + len(payload)) & _MASK, ts, out)
         if not conn.closed:
@@ -500,6 +498,8 @@ class Reassembler:
         offs, datas, tss = h.pend_offs, h.pend_data, h.pend_ts
         end = off + len(data)
         i = bisect_right(offs, off) - 1
+        while i > 0 and not datas[i]:
+            i -= 1  # step back over ACK markers to the last piece starting before off
         if i < 0 or offs[i] + len(datas[i]) <= off:
             i += 1
         pieces: list[tuple[int, bytes]] = []
@@ -579,7 +579,9 @@ class Reassembler:
 
     def _skip_hole(self, h: _Half, ts: float, out: list[FlowEvent]) -> None:
         """Declare the hole before the first buffered piece lost, and deliver what follows."""
-        self._gap(h, h.pend_offs[0] - h.next_off, ts, out)
+        n = h.pend_offs[0] - h.next_off
+        if n > 0:
+            self._gap(h, n, ts, out)
         self._drain(h)
 
     def _skip_to(self, h: _Half, target: int, ts: float, out: list[FlowEvent]) -> None:
@@ -593,17 +595,39 @@ class Reassembler:
             self._gap(h, stop - h.next_off, ts, out)
         self._drain(h)
 
-    def _ack_ahead(self, p: _Half, d: int, ts: float, out: list[FlowEvent]) -> None:
-        """The other side acknowledged ``d`` sequence numbers beyond ``p.next_off``."""
+    def _ack_ahead(self, p: _Half, d: int, ts: float) -> None:
+        """The other side acknowledged ``d`` sequence numbers beyond ``p.next_off``.
+
+        Those bytes reached the receiver, so any of them not captured are lost. The
+        loss is declared when ``p`` next sends payload or FIN (so a capture that shows
+        an ACK just before the data it acknowledges loses nothing), after
+        hole_timeout, or on FIN/RST/flush/expiry: the ACK leaves a zero-length marker
+        in the out-of-order buffer, which the hole rules treat like buffered data.
+        """
         if p.ended:
             return
         target = p.next_off + d
         if p.fin_off is not None and target > p.fin_off:
             target = p.fin_off  # an ACK of the FIN is not data
-        if target > p.next_off:
-            self._skip_to(p, target, ts, out)
-            self._flush_acc(p, ts, out)
-            self._maybe_fin_end(p, ts, out)
+        if target <= p.next_off or target <= p.ack_target:
+            return
+        p.ack_target = target
+        offs = p.pend_offs
+        if not offs:
+            p.pend_oldest = ts
+        k = bisect_left(offs, target)
+        offs.insert(k, target)
+        p.pend_data.insert(k, b"")
+        p.pend_ts.insert(k, ts)
+        p.fast = False
+
+    def _resolve_acked(self, h: _Half, ts: float, out: list[FlowEvent]) -> None:
+        """``h`` sent again: bytes its peer acknowledged that are still missing are lost."""
+        if h.ended:
+            return
+        self._skip_to(h, h.ack_target, ts, out)
+        self._flush_acc(h, ts, out)
+        self._maybe_fin_end(h, ts, out)
 
     def _check_holes(self, h: _Half, ts: float, out: list[FlowEvent]) -> None:
         """Declare holes lost whose buffered data waited longer than hole_timeout."""
@@ -655,16 +679,18 @@ class Reassembler:
     def _trim_beyond_fin(h: _Half) -> None:
         fin = h.fin_off
         assert fin is not None
-        offs, datas = h.pend_offs, h.pend_data
-        while offs and offs[-1] >= fin:
-            h.pend_bytes -= len(datas[-1])
-            offs.pop()
-            datas.pop()
-            h.pend_ts.pop()
-        if offs and offs[-1] + len(datas[-1]) > fin:
-            keep = fin - offs[-1]
-            h.pend_bytes -= len(datas[-1]) - keep
-            datas[-1] = datas[-1][:keep]
+        offs, datas, tss = h.pend_offs, h.pend_data, h.pend_ts
+        k = bisect_left(offs, fin)
+        for data in datas[k:]:
+            h.pend_bytes -= len(data)
+        del offs[k:], datas[k:], tss[k:]
+        for i in range(k):
+            over = offs[i] + len(datas[i]) - fin
+            if over > 0:
+                h.pend_bytes -= over
+                datas[i] = datas[i][: len(datas[i]) - over]
+        if h.ack_target > fin:
+            h.ack_target = fin
 
     def _maybe_fin_end(self, h: _Half, ts: float, out: list[FlowEvent]) -> None:
         if h.ended or h.fin_off is None or h.next_off < h.fin_off:

@@ -447,8 +447,10 @@ def test_ack_driven_gap_with_buffered_data() -> None:
     p.handshake(r)
     r.feed(p.s(1.0, 0, data=b"0123"))
     r.feed(p.s(1.1, 8, data=b"89"))
-    ev = r.feed(p.c(1.2, 0, ACK, ack=10))  # the client got 4..8, we did not
-    assert ev == [FlowGap(1, 1.2, False, 4, "lost"), FlowData(1, 1.2, False, b"89")]
+    assert r.feed(p.c(1.2, 0, ACK, ack=10)) == []  # the client got 4..8, we did not
+    # the loss is declared when the server sends again
+    ev = r.feed(p.s(1.3, 10, data=b"ab"))
+    assert ev == [FlowGap(1, 1.3, False, 4, "lost"), FlowData(1, 1.3, False, b"89ab")]
 
 
 def test_ack_driven_gap_without_buffered_data() -> None:
@@ -456,14 +458,54 @@ def test_ack_driven_gap_without_buffered_data() -> None:
     p = Peer()
     p.handshake(r)
     r.feed(p.s(1.0, 0, data=b"0123"))
-    ev = r.feed(p.c(1.2, 0, ACK, ack=9))
-    assert ev == [FlowGap(1, 1.2, False, 5, "lost")]
-    # delivery continues after the hole
-    assert r.feed(p.s(1.3, 9, data=b"9")) == [FlowData(1, 1.3, False, b"9")]
+    assert r.feed(p.c(1.2, 0, ACK, ack=9)) == []
+    # delivery continues after the hole, whose size the ACK gave
+    ev = r.feed(p.s(1.3, 9, data=b"9"))
+    assert ev == [FlowGap(1, 1.3, False, 5, "lost"), FlowData(1, 1.3, False, b"9")]
     # the lost bytes arriving late are dropped as retransmission
     assert r.feed(p.s(1.4, 4, data=b"45678")) == []
     assert r.stats.retransmissions == 1
     assert r.stats.gap_bytes == 5
+
+
+def test_ack_driven_gap_when_the_sender_says_nothing_more() -> None:
+    r = Reassembler(hole_timeout=1.0)
+    p = Peer()
+    p.handshake(r)
+    r.feed(p.s(1.0, 0, data=b"0123"))
+    r.feed(p.c(1.2, 0, ACK, ack=9))
+    assert r.expire(2.0) == []
+    assert r.expire(2.3) == [FlowGap(1, 2.3, False, 5, "lost")]
+    # or a FIN, or the end of the capture
+    r = Reassembler()
+    p.handshake(r)
+    r.feed(p.s(1.0, 0, data=b"0123"))
+    r.feed(p.c(1.2, 0, ACK, ack=9))
+    assert r.feed(p.s(1.3, 9, ACK | FIN)) == [
+        FlowGap(1, 1.3, False, 5, "lost"),
+        FlowEnd(1, 1.3, False, "fin"),
+    ]
+    r = Reassembler()
+    p.handshake(r)
+    r.feed(p.c(1.2, 0, ACK, ack=3))
+    assert r.flush(1.5)[:2] == [FlowEnd(1, 1.5, True, "eof"), FlowGap(1, 1.5, False, 3, "lost")]
+
+
+def test_ack_before_its_data_in_capture_order_is_not_loss() -> None:
+    """Two data segments swapped by the capture, the ACK of both captured in between."""
+    r = Reassembler()
+    p = Peer()
+    p.handshake(r)
+    r.feed(p.s(1.0, 0, data=b"0123"))
+    assert r.feed(p.s(1.1, 8, data=b"89")) == []
+    assert r.feed(p.c(1.1, 0, ACK, ack=10)) == []
+    ev = r.feed(p.s(1.2, 4, data=b"4567"))
+    assert ev == [FlowData(1, 1.2, False, b"456789")]
+    # ACK arriving before data with nothing buffered
+    assert r.feed(p.c(1.3, 0, ACK, ack=13)) == []
+    assert r.feed(p.s(1.3, 10, data=b"abc")) == [FlowData(1, 1.3, False, b"abc")]
+    assert r.feed(p.s(1.4, 13, data=b"d")) == [FlowData(1, 1.4, False, b"d")]
+    assert r.stats.gaps == 0 and r.stats.retransmissions == 0
 
 
 def test_ack_driven_gap_on_data_segment_and_partial_buffer() -> None:
@@ -472,15 +514,16 @@ def test_ack_driven_gap_on_data_segment_and_partial_buffer() -> None:
     p.handshake(r)
     r.feed(p.s(1.0, 2, data=b"23"))
     r.feed(p.s(1.0, 6, data=b"6789"))
-    # the client's data segment acks up to 8: holes 0..2 and 4..6 lost, 8..10 still waits
-    ev = r.feed(p.c(1.1, 0, data=b"req", ack=8))
+    # the client's data segment acks up to 8: holes 0..2 and 4..6 are lost, 8..10 waits
+    assert r.feed(p.c(1.1, 0, data=b"req", ack=8)) == [FlowData(1, 1.1, True, b"req")]
+    ev = r.feed(p.s(1.2, 12, data=b"cd", ack=3))
     assert ev == [
-        FlowGap(1, 1.1, False, 2, "lost"),
-        FlowData(1, 1.1, False, b"23"),
-        FlowGap(1, 1.1, False, 2, "lost"),
-        FlowData(1, 1.1, False, b"6789"),
-        FlowData(1, 1.1, True, b"req"),
+        FlowGap(1, 1.2, False, 2, "lost"),
+        FlowData(1, 1.2, False, b"23"),
+        FlowGap(1, 1.2, False, 2, "lost"),
+        FlowData(1, 1.2, False, b"6789"),
     ]
+    assert data(r.feed(p.s(1.3, 10, data=b"ab", ack=3))) == b"abcd"
 
 
 def test_ack_of_syn_and_fin_is_not_loss() -> None:
@@ -667,10 +710,10 @@ def test_rst_ack_number_declares_loss_before_closing() -> None:
     r.feed(p.s(1.0, 5, data=b"56"))
     ev = r.feed(p.c(2.0, 0, RST | ACK, ack=9))  # the client got 0..9
     assert ev == [
+        FlowEnd(1, 2.0, True, "rst"),
         FlowGap(1, 2.0, False, 3, "lost"),
         FlowData(1, 2.0, False, b"56"),
         FlowGap(1, 2.0, False, 2, "lost"),
-        FlowEnd(1, 2.0, True, "rst"),
         FlowEnd(1, 2.0, False, "rst"),
         ConnectionClosed(1, 2.0, "rst"),
     ]
