@@ -1,0 +1,417 @@
+#!/usr/bin/env python3
+"""Craft TCP/capture fault variants of recorded fixtures (run after record_pcaps.py).
+
+Each variant is written as ``pcaps/fault_NAME.pcap`` with a
+``fault_NAME.expected.json`` derived from its base's ground truth and the
+transformation (see pcaps/README.md). Packets keep their capture timestamps.
+
+Usage: ``python scripts/craft_faults.py [--pcaps DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scapy.layers.inet import IP, TCP
+from scapy.layers.inet6 import IPv6
+from scapy.packet import Packet, Raw
+from scapy.utils import rdpcap, wrpcap
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from record_pcaps import summarize_stream, write_expected
+
+REPO = Path(__file__).resolve().parents[1]
+MOD = 1 << 32
+
+
+# ---------------------------------------------------------------------------
+# Looking at a base capture
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Seg:
+    index: int  # position in the packet list
+    from_client: bool
+    client_port: int
+    seq: int
+    payload: bytes
+
+
+def segments(pkts: list[Packet], server_port: int) -> list[Seg]:
+    out = []
+    for i, p in enumerate(pkts):
+        if TCP not in p:
+            continue
+        t = p[TCP]
+        from_client = t.dport == server_port
+        out.append(
+            Seg(i, from_client, t.sport if from_client else t.dport, t.seq, bytes(t.payload))
+        )
+    return out
+
+
+def isn(pkts: list[Packet], server_port: int, client_port: int, from_client: bool) -> int:
+    """Initial sequence number of one direction (from its SYN)."""
+    for p in pkts:
+        t = p[TCP]
+        if not t.flags & 0x02:
+            continue
+        if from_client and t.sport == client_port and t.dport == server_port:
+            return int(t.seq)
+        if not from_client and t.sport == server_port and t.dport == client_port:
+            return int(t.seq)
+    raise ValueError("no SYN for that direction")
+
+
+def server_bytes(
+    pkts: list[Packet], server_port: int, client_port: int, keep: Callable[[Seg], bool]
+) -> tuple[bytes, list[tuple[int, Seg]]]:
+    """In-order server→client bytes of one connection from the segments ``keep``
+    accepts (contiguous from the start), and each data segment's stream offset."""
+    base = isn(pkts, server_port, client_port, False) + 1
+    located: list[tuple[int, Seg]] = []
+    for s in segments(pkts, server_port):
+        if s.from_client or s.client_port != client_port or not s.payload:
+            continue
+        located.append(((s.seq - base) % MOD, s))
+    located.sort(key=lambda x: x[0])
+    buf = bytearray()
+    for off, s in located:
+        if not keep(s):
+            continue
+        if off > len(buf):
+            break  # a hole: stop at the contiguous prefix
+        buf += s.payload[len(buf) - off :] if off + len(s.payload) > len(buf) else b""
+    return bytes(buf), located
+
+
+@dataclass
+class Resp:
+    start: int
+    end: int | None  # None: the response is cut off in these bytes
+    body: bytes  # de-chunked body bytes available
+
+
+def parse_responses(data: bytes) -> list[Resp]:
+    """Split a server→client byte stream into HTTP/1.1 responses (Content-Length or
+    chunked; a response without either runs to the end)."""
+    out: list[Resp] = []
+    pos = 0
+    while pos < len(data):
+        head_end = data.find(b"\r\n\r\n", pos)
+        if head_end < 0:
+            out.append(Resp(pos, None, b""))
+            break
+        head = data[pos:head_end].decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:])}
+        body_start = head_end + 4
+        if "content-length" in headers:
+            n = int(headers["content-length"])
+            end = body_start + n
+            if end > len(data):
+                out.append(Resp(pos, None, data[body_start:]))
+                break
+            out.append(Resp(pos, end, data[body_start:end]))
+            pos = end
+            continue
+        if headers.get("transfer-encoding", "").lower() != "chunked":
+            out.append(Resp(pos, None, data[body_start:]))
+            break
+        body = bytearray()
+        p = body_start
+        end_at: int | None = None
+        while True:
+            line_end = data.find(b"\r\n", p)
+            if line_end < 0:
+                break
+            size = int(data[p:line_end].split(b";")[0], 16)
+            chunk_start = line_end + 2
+            if size == 0:
+                if data[chunk_start : chunk_start + 2] == b"\r\n":
+                    end_at = chunk_start + 2
+                break
+            body += data[chunk_start : min(chunk_start + size, len(data))]
+            if chunk_start + size + 2 > len(data):
+                break
+            p = chunk_start + size + 2
+        out.append(Resp(pos, end_at, bytes(body)))
+        if end_at is None:
+            break
+        pos = end_at
+    return out
+
+
+def load(pcaps: Path, name: str) -> tuple[list[Packet], dict[str, Any]]:
+    pkts = list(rdpcap(str(pcaps / f"{name}.pcap")))
+    exp = json.loads((pcaps / f"{name}.expected.json").read_text(encoding="utf-8"))
+    return pkts, exp
+
+
+def data_segments(pkts: list[Packet], exp: dict[str, Any], client_port: int) -> list[Seg]:
+    return [
+        s
+        for s in segments(pkts, exp["server_port"])
+        if not s.from_client and s.client_port == client_port and s.payload
+    ]
+
+
+def derive(
+    base: dict[str, Any], name: str, description: str, streams: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
+    return {
+        "fixture": name,
+        "description": description,
+        "base": base["fixture"],
+        "server_host": base["server_host"],
+        "server_port": base["server_port"],
+        "streams": streams,
+        "errors_min": extra.pop("errors_min", 0),
+        "extra_streams_max": extra.pop("extra_streams_max", 0),
+        **extra,
+    }
+
+
+def prefix_entry(entry: dict[str, Any], body: bytes, state: str) -> dict[str, Any]:
+    """A stream entry whose text is only known up to ``body`` (what precedes the fault)."""
+    chat = entry["path"].endswith("/chat/completions")
+    s = summarize_stream(body, chat)
+    out = copy.deepcopy(entry)
+    out.update(state=state, check_text=False, done_seen=None, usage=None)
+    out.pop("sse_events", None)
+    out["choices"] = {}
+    for k in entry["choices"]:
+        got = s["choices"].get(int(k), {"text": "", "chunks": 0})
+        out["choices"][k] = {"text_prefix": got["text"], "chunks_min": got["chunks"]}
+    return out
+
+
+def fix_checksums(p: Packet) -> None:
+    if IP in p:
+        del p[IP].len
+        del p[IP].chksum
+    if IPv6 in p:
+        del p[IPv6].plen
+    del p[TCP].chksum
+
+
+def with_payload(p: Packet, seq: int, payload: bytes) -> Packet:
+    q = p.copy()
+    q[TCP].seq = seq
+    q[TCP].remove_payload()
+    q[TCP].add_payload(Raw(payload))
+    fix_checksums(q)
+    return q
+
+
+# ---------------------------------------------------------------------------
+# Faults
+# ---------------------------------------------------------------------------
+
+
+def fault_reorder(pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    pkts, exp = load(pcaps, "chat_english")
+    d = data_segments(pkts, exp, exp["streams"][0]["client_port"])
+    for k in (len(d) // 3, 2 * len(d) // 3):
+        i, j = d[k].index, d[k + 1].index
+        ti, tj = pkts[i].time, pkts[j].time
+        pkts[i], pkts[j] = pkts[j], pkts[i]
+        pkts[i].time, pkts[j].time = ti, tj  # arrival times stay in capture order
+    return pkts, derive(
+        exp,
+        "fault_reorder",
+        "chat_english with two pairs of adjacent response data segments swapped",
+        exp["streams"],
+    )
+
+
+def fault_dup(pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    pkts, exp = load(pcaps, "chat_cjk")
+    d = data_segments(pkts, exp, exp["streams"][0]["client_port"])
+    picks = sorted({d[0].index, d[len(d) // 4].index, d[len(d) // 2].index, d[-1].index})
+    for i in reversed(picks):  # insert from the end so earlier indices stay valid
+        dup = pkts[i].copy()
+        at = min(i + 2, len(pkts))
+        dup.time = pkts[at - 1].time
+        pkts.insert(at, dup)
+    return pkts, derive(
+        exp,
+        "fault_dup",
+        "chat_cjk with 4 response data segments retransmitted (exact duplicates)",
+        exp["streams"],
+    )
+
+
+def fault_overlap(pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    pkts, exp = load(pcaps, "chat_emoji")
+    d = data_segments(pkts, exp, exp["streams"][0]["client_port"])
+    k = len(d) // 2
+    a, b = d[k], d[k + 1]
+    assert (b.seq - a.seq) % MOD == len(a.payload), "segments not contiguous"
+    ha, hb = len(a.payload) // 2, len(b.payload) // 2
+    span = with_payload(pkts[b.index], (a.seq + ha) % MOD, a.payload[ha:] + b.payload[:hb])
+    head = with_payload(pkts[b.index], a.seq, a.payload[: len(a.payload) // 3])
+    span.time = head.time = pkts[b.index].time
+    pkts.insert(b.index + 1, head)
+    pkts.insert(b.index + 1, span)
+    return pkts, derive(
+        exp,
+        "fault_overlap",
+        "chat_emoji with two overlapping retransmissions (same bytes, split differently): "
+        "one spans a segment boundary, one repeats the head of a segment",
+        exp["streams"],
+    )
+
+
+def fault_lost(pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    pkts, exp = load(pcaps, "chat_code")
+    entry = exp["streams"][0]
+    port = entry["client_port"]
+    d = data_segments(pkts, exp, port)
+    lost = d[len(d) // 2]
+    data, _ = server_bytes(pkts, exp["server_port"], port, lambda s: s.index != lost.index)
+    resp = parse_responses(data)[0]
+    out = prefix_entry(entry, resp.body, "gap")
+    out["gap"] = True
+    del pkts[lost.index]
+    return pkts, derive(
+        exp,
+        "fault_lost",
+        "chat_code with one response data segment in the middle of the stream lost",
+        [out],
+    )
+
+
+def _exchange_ranges(pkts: list[Packet], exp: dict[str, Any], port: int) -> list[Resp]:
+    data, _ = server_bytes(pkts, exp["server_port"], port, lambda s: True)
+    return parse_responses(data)
+
+
+def fault_midstream(pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    pkts, exp = load(pcaps, "keepalive_3")
+    port = exp["streams"][0]["client_port"]
+    resps = _exchange_ranges(pkts, exp, port)
+    assert len(resps) == 3 and resps[0].end is not None
+    _, located = server_bytes(pkts, exp["server_port"], port, lambda s: True)
+    first = [s for off, s in located if off < resps[0].end]
+    cut = first[len(first) // 2].index
+    return pkts[cut:], derive(
+        exp,
+        "fault_midstream",
+        "keepalive_3 with capture starting in the middle of the FIRST exchange's response "
+        "(no SYN, no first request): exchanges 2 and 3 must be complete",
+        exp["streams"][1:],
+        extra_streams_max=1,
+    )
+
+
+def fault_seqwrap(pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    pkts, exp = load(pcaps, "keepalive_3")
+    sp = exp["server_port"]
+    port = exp["streams"][0]["client_port"]
+    resps = _exchange_ranges(pkts, exp, port)
+    assert resps[0].end is not None
+    isn_c, isn_s = isn(pkts, sp, port, True), isn(pkts, sp, port, False)
+    new_c = MOD - 100  # wraps inside the first request
+    new_s = MOD - resps[0].end // 2  # wraps in the middle of the first response
+    for p in pkts:
+        t = p[TCP]
+        if t.dport == sp:
+            t.seq = (t.seq - isn_c + new_c) % MOD
+            if t.flags & 0x10:
+                t.ack = (t.ack - isn_s + new_s) % MOD
+        else:
+            t.seq = (t.seq - isn_s + new_s) % MOD
+            if t.flags & 0x10:
+                t.ack = (t.ack - isn_c + new_c) % MOD
+        t.options = [o for o in t.options if o[0] != "SAck"]
+        fix_checksums(p)
+    return pkts, derive(
+        exp,
+        "fault_seqwrap",
+        "keepalive_3 with sequence numbers rewritten so both directions wrap past 2^32 "
+        "(client inside request 1, server in the middle of response 1); checksums recomputed",
+        exp["streams"],
+    )
+
+
+def pcap_records(raw: bytes) -> list[tuple[int, int]]:
+    """(offset, caplen) of every record of a classic pcap file."""
+    magic = raw[:4]
+    endian = "<" if magic in (b"\xd4\xc3\xb2\xa1", b"\x4d\x3c\xb2\xa1") else ">"
+    out = []
+    off = 24
+    while off + 16 <= len(raw):
+        caplen = struct.unpack(endian + "I", raw[off + 8 : off + 12])[0]
+        out.append((off, caplen))
+        off += 16 + caplen
+    return out
+
+
+def fault_truncated_file(pcaps: Path, out_dir: Path) -> dict[str, Any]:
+    name = "keepalive_3"
+    pkts, exp = load(pcaps, name)
+    port = exp["streams"][2]["client_port"]
+    resps = _exchange_ranges(pkts, exp, port)
+    assert len(resps) == 3
+    _, located = server_bytes(pkts, exp["server_port"], port, lambda s: True)
+    third = [s for off, s in located if off >= resps[2].start]
+    victim = third[len(third) // 2]
+    raw = (pcaps / f"{name}.pcap").read_bytes()
+    records = pcap_records(raw)
+    assert len(records) == len(pkts)
+    off, caplen = records[victim.index]
+    (out_dir / "fault_truncated_file.pcap").write_bytes(raw[: off + 16 + caplen // 2])
+    before, _ = server_bytes(pkts, exp["server_port"], port, lambda s: s.index < victim.index)
+    cut = parse_responses(before)[2]
+    last = prefix_entry(exp["streams"][2], cut.body, "truncated")
+    last["accept_states"] = ["truncated", "gap"]
+    last["gap"] = None  # either way is right: the capture ended mid-packet
+    expected = derive(
+        exp,
+        "fault_truncated_file",
+        "keepalive_3 with the file cut in the middle of a record inside the third "
+        "response: exchanges 1 and 2 complete, exchange 3 never complete",
+        [*exp["streams"][:2], last],
+        errors_min=1,
+    )
+    write_expected(out_dir / "fault_truncated_file.expected.json", expected)
+    return expected
+
+
+FAULTS: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
+    fault_reorder,
+    fault_dup,
+    fault_overlap,
+    fault_lost,
+    fault_midstream,
+    fault_seqwrap,
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pcaps", type=Path, default=REPO / "pcaps")
+    ns = ap.parse_args(argv)
+    for fault in FAULTS:
+        pkts, expected = fault(ns.pcaps)
+        name = expected["fixture"]
+        wrpcap(str(ns.pcaps / f"{name}.pcap"), pkts)
+        write_expected(ns.pcaps / f"{name}.expected.json", expected)
+        print(f"{name:22s} {len(pkts):5d} packets  from {expected['base']}")
+    expected = fault_truncated_file(ns.pcaps, ns.pcaps)
+    print(f"{'fault_truncated_file':22s}   cut    from {expected['base']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
