@@ -94,6 +94,9 @@ _CAP_SYS_ADMIN, _CAP_PERFMON, _CAP_BPF = 21, 38, 39
 _TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 _BTF = "/sys/kernel/btf/vmlinux"
 
+#: what the sample callback returns to end one drain early (libbpf passes it back)
+_BATCH_FULL = errno_mod.ECANCELED
+
 _SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 
 
@@ -223,6 +226,9 @@ class EbpfSource:
     ``open()`` loads and attaches; ``poll(timeout)`` returns the flow events
     that arrived; ``close()`` detaches everything. Usable as a context manager.
     """
+
+    #: records turned into events per ``poll()`` at most (the rest stay in the ring)
+    max_batch = 2048
 
     def __init__(
         self,
@@ -383,14 +389,17 @@ class EbpfSource:
     def _on_sample(self, _ctx: int | None, data: int | None, size: int) -> int:
         if data:
             self._raw.append(ctypes.string_at(data, size))
-        return 0
+        # Stop libbpf's drain loop after a batch: a writer that never pauses
+        # would otherwise keep us consuming while nothing is turned into events,
+        # and the unprocessed backlog would stall the next drain.
+        return -_BATCH_FULL if len(self._raw) >= self.max_batch else 0
 
     def poll(self, timeout: float) -> list[FlowEvent]:
         """Wait up to ``timeout`` seconds for records; return their flow events."""
         if self._rb is None or self._lib is None:
             return []
         n = self._lib.ring_buffer__poll(self._rb, max(0, int(timeout * 1000)))
-        if n < 0 and -n != errno_mod.EINTR:
+        if n < 0 and -n not in (errno_mod.EINTR, _BATCH_FULL):
             raise EbpfError(f"ring_buffer__poll failed: {os.strerror(-n)}")
         out: list[FlowEvent] = []
         self._process(out)
