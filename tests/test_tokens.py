@@ -30,6 +30,8 @@ from sniffer.tokens import (
     TokenizerLoadError,
     TokenizerRegistry,
     TokenizerSpec,
+    _attribute,
+    _attribute_walk,
     analyze_streams,
     attribute_chunks,
     default_tokenizer_dir,
@@ -220,7 +222,7 @@ def test_straddle_recorded_with_chunk_and_position(ds: LoadedTokenizer) -> None:
             "straddle",
             0,
             1,
-            "token 'Ġworld' chars 5-11 spans chunk_index 2..3 (seq 2..3)",
+            "chars 5-11 span chunk_index 2..3 (seq 2..3)",
         ),
     )
 
@@ -274,6 +276,10 @@ def test_random_splits_property(text: str, cuts: list[int]) -> None:
             assert starts[j] <= s < starts[j + 1] or (s == e == len(text))
             k += 1
     assert {s.token for s in straddles} == brute_straddles(pieces, offsets)
+    # the slice fast path agrees with the per-token walk
+    ends = [starts[j + 1] for j in range(len(pieces))]
+    fast = _attribute(pieces, tuple(ids), offsets)
+    assert fast == _attribute_walk(tuple(ids), offsets, ends)
     # and through analyze_streams
     res = analyze_one(stream(chunks_of(pieces)))
     assert res.output_ids[0] == tuple(ids)
