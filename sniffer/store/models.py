@@ -53,6 +53,8 @@ since the Unix epoch (UTC).
                     from usage (prompt_tokens/completion_tokens or
                     input_tokens/output_tokens)
     response_body   the body of a non-streaming reply (capped upstream)
+    request_bytes, response_bytes
+                    body bytes after de-chunking and content decoding
     error           error message (HTTP error body, error event, framing)
     closed_at       when the stream ended (NULL while open)
 
@@ -171,6 +173,8 @@ streams = Table(
     Column("prompt_tokens", BigInteger),
     Column("completion_tokens", BigInteger),
     Column("response_body", Text),
+    Column("request_bytes", BigInteger),
+    Column("response_bytes", BigInteger),
     Column("error", Text),
     Column("closed_at", Float),
     Index("ix_streams_label_model", "label", "model"),

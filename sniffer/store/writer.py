@@ -306,6 +306,8 @@ _CLOSE_COLUMNS = (
     "prompt_tokens",
     "completion_tokens",
     "response_body",
+    "request_bytes",
+    "response_bytes",
     "error",
     "closed_at",
 )
@@ -338,6 +340,8 @@ def _close_values(ev: StreamClosed) -> dict[str, Any]:
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "response_body": ev.response_body,
+        "request_bytes": ev.request_bytes,
+        "response_bytes": ev.response_bytes,
         "error": ev.error,
         "closed_at": ev.ts,
     }
