@@ -68,9 +68,10 @@ import json
 import re
 import threading
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, repeat
 from pathlib import Path
 from typing import Any
 
@@ -750,6 +751,13 @@ class _Anomalies:
         self.counts[key] = n
         return n <= MAX_ANOMALIES_PER_KIND
 
+    def take(self, kind: str, choice: int, n: int) -> int:
+        """Count ``n`` anomalies; how many of them are still to be listed."""
+        key = (kind, choice)
+        before = self.counts.get(key, 0)
+        self.counts[key] = before + n
+        return max(0, min(n, MAX_ANOMALIES_PER_KIND - before))
+
     def add(self, kind: str, choice: int, position: int | None, detail: str) -> None:
         if self.want(kind, choice):
             self.items.append(Anomaly(kind, choice, position, detail))
@@ -855,32 +863,30 @@ def _assemble(
         text = p.texts[ch]
         output_ids[ch] = ids
         per_piece, straddles = _attribute([c.text for c in cs], ids, offsets)
-        counts = [len(g) for g in per_piece]
-        for n in counts:
-            dist[n] = dist.get(n, 0) + 1
+        counts = list(map(len, per_piece))
+        hist = Counter(counts)
+        for n, m in hist.items():
+            dist[n] = dist.get(n, 0) + m
 
         straddle_count = [0] * len(cs)
-        for k, first, end_chunk in straddles:
+        for _, first, _ in straddles:
             straddle_count[first] += 1
-            if anomalies.want("straddle", ch):
-                s0, e0 = offsets[k]
-                anomalies.items.append(
-                    Anomaly(
-                        "straddle",
-                        ch,
-                        k,
-                        f"chars {s0}-{e0} span chunk_index {first + 1}..{end_chunk + 1} "
-                        f"(seq {cs[first].seq}..{cs[end_chunk].seq})",
-                    )
+        for k, first, end_chunk in straddles[: anomalies.take("straddle", ch, len(straddles))]:
+            s0, e0 = offsets[k]
+            anomalies.items.append(
+                Anomaly(
+                    "straddle",
+                    ch,
+                    k,
+                    f"chars {s0}-{e0} span chunk_index {first + 1}..{end_chunk + 1} "
+                    f"(seq {cs[first].seq}..{cs[end_chunk].seq})",
                 )
+            )
         chunk_tokens.extend(
-            [
-                ChunkTokens(c.seq, ch, got, n)
-                for c, got, n in zip(cs, per_piece, straddle_count, strict=True)
-            ]
+            map(ChunkTokens, [c.seq for c in cs], repeat(ch), per_piece, straddle_count)
         )
 
-        multi = sum(1 for n in counts if n > 1)
+        multi = sum(m for n, m in hist.items() if n > 1)
         if multi:
             ci = next(i for i, n in enumerate(counts) if n > 1)
             anomalies.add(
