@@ -53,8 +53,10 @@ def test_fixture_replays_to_expected(pcap: Path, tmp_path: Path) -> None:
         got = candidates.pop(0)
         if want.get("status") is not None:
             assert got["status"] == want["status"], where
-        assert got["state"] == want["state"], (where, got["reason"])
-        assert bool(got["gap"]) == want["gap"], where
+        accept = want.get("accept_states") or [want["state"]]
+        assert got["state"] in accept, (where, got["reason"])
+        if want.get("gap") is not None:
+            assert bool(got["gap"]) == want["gap"], where
         if want.get("done_seen") is not None:
             assert bool(got["done_seen"]) == want["done_seen"], where
         detail = get_stream(engine, got["id"])
