@@ -49,10 +49,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 from sniffer.capture.bpf import FilterError, build_filter, describe_filter, sock_fprog
-from sniffer.capture.packet import LINKTYPE_ETHERNET, frame_parser_at
+from sniffer.capture.packet import LINKTYPE_ETHERNET, frame_parser
 from sniffer.events import CaptureGap, Segment
 
 __all__ = ["AfPacketSource", "CaptureError", "CaptureStats", "have_capture_privilege"]
@@ -177,10 +177,11 @@ class AfPacketSource:
 
         self._sock: socket.socket | None = None
         self._mm: mmap.mmap | None = None
+        self._view: memoryview | None = None  # of the ring mapping
         self._poller: Any = None
         self._block = 0  # next ring block to read
         self._skip_outgoing = False
-        self._parse = frame_parser_at(LINKTYPE_ETHERNET)
+        self._parse = frame_parser(LINKTYPE_ETHERNET)
         self._recv_buf = bytearray()
         self._recv_view = memoryview(self._recv_buf)
 
@@ -275,6 +276,7 @@ class AfPacketSource:
         poller = select.poll()
         poller.register(sock.fileno(), select.POLLIN | select.POLLERR)
         self._sock, self._mm, self._poller = sock, mm, poller
+        self._view = None if mm is None else memoryview(mm)
         self._skip_outgoing = skip_outgoing
         self._block = 0
         self.backend = "tpacket_v3" if ring else "recv"
@@ -323,7 +325,8 @@ class AfPacketSource:
         if self._mm is not None:
             if not self._block_ready() and wait_ms:
                 self._wait(wait_ms)
-            self._drain_ring(self._mm, out)
+            assert self._view is not None
+            self._drain_ring(self._mm, self._view, out)
         else:
             self._drain_recv(out, wait_ms)
         now = time.monotonic()
@@ -342,13 +345,12 @@ class AfPacketSource:
         status = _U32.unpack_from(self._mm, self._block * self._block_size + _BLOCK_STATUS)[0]
         return bool(status & TP_STATUS_USER)
 
-    def _drain_ring(self, mm: mmap.mmap, out: list[Segment | CaptureGap]) -> None:
+    def _drain_ring(self, mm: mmap.mmap, view: memoryview, out: list[Segment | CaptureGap]) -> None:
         parse = self._parse
         unpack_pkt = _PKT_HDR.unpack_from
         block_size = self._block_size
         nblocks = self._ring_blocks
         skip_outgoing = self._skip_outgoing
-        buf = cast(bytes, mm)  # the parser slices it: one copy, straight into bytes
         append = out.append
         packets = nbytes = segments = skipped = 0
         last_ts = self._last_ts
@@ -377,7 +379,9 @@ class AfPacketSource:
                     last_ts = ts
                     start = off + mac
                     try:
-                        seg = parse(buf, start, start + snaplen, ts)
+                        # A view of the frame in the ring: the parser copies the
+                        # payload once, into the Segment's bytes.
+                        seg = parse(view[start : start + snaplen], ts)
                     except Exception:  # the parser promises not to raise; stay alive anyway
                         seg = None
                     if seg is not None:
@@ -422,7 +426,7 @@ class AfPacketSource:
             self._bytes += n
             self._last_ts = ts
             try:
-                seg = parse(view, 0, n, ts)
+                seg = parse(view[:n], ts)
             except Exception:
                 seg = None
             if seg is not None:
@@ -490,11 +494,17 @@ class AfPacketSource:
 
     def close(self) -> None:
         """Unmap the ring and close the socket. Safe to call more than once."""
-        mm, sock = self._mm, self._sock
-        self._mm = self._sock = None
+        mm, sock, view = self._mm, self._sock, self._view
+        self._mm = self._sock = self._view = None
         self._poller = None
+        if view is not None:
+            view.release()
         if mm is not None:
-            mm.close()  # mmap holds a dup of the socket: unmap first
+            # The mapping holds a dup of the socket: unmap first. A frame view kept
+            # by someone (the parser copies, so nobody should) would keep the ring
+            # alive until it is garbage-collected.
+            with contextlib.suppress(BufferError):
+                mm.close()
         if sock is not None:
             sock.close()
 

@@ -1,0 +1,520 @@
+"""Live AF_PACKET capture on ``lo`` (needs root or CAP_NET_RAW).
+
+Every test makes its own loopback traffic on a free port; loops are bounded by
+a count of polls, never by measuring time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from sniffer.capture import afpacket
+from sniffer.capture.afpacket import (
+    AfPacketSource,
+    CaptureError,
+    CaptureStats,
+    have_capture_privilege,
+)
+from sniffer.events import ACK, FIN, PSH, RST, SYN, CaptureGap, Segment
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(
+        not have_capture_privilege(),
+        reason="live capture needs root or CAP_NET_RAW (packet sockets)",
+    ),
+]
+
+Item = Segment | CaptureGap
+MAX_POLLS = 400  # × 0.05 s: a generous bound, only reached when a test fails
+
+
+def collect(
+    src: AfPacketSource, done: Callable[[list[Item]], bool], polls: int = MAX_POLLS
+) -> list[Item]:
+    got: list[Item] = []
+    for _ in range(polls):
+        got += src.poll(0.05)
+        if done(got):
+            break
+    return got
+
+
+def drain(src: AfPacketSource) -> list[Item]:
+    """Everything the source still has: poll until two empty batches in a row."""
+    got: list[Item] = []
+    empty = 0
+    for _ in range(MAX_POLLS):
+        batch = src.poll(0.05)
+        got += batch
+        empty = 0 if batch else empty + 1
+        if empty >= 2:
+            break
+    return got
+
+
+def segments(items: list[Item]) -> list[Segment]:
+    return [i for i in items if isinstance(i, Segment)]
+
+
+@dataclass
+class Conversation:
+    host: str
+    port: int
+    client: tuple[str, int] = ("", 0)
+    sent_c2s: bytes = b""
+    sent_s2c: bytes = b""
+    retrans_c2s: int = 0
+    retrans_s2c: int = 0
+
+
+def free_listener(host: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    srv = socket.socket(family, socket.SOCK_STREAM)
+    srv.bind((host, 0))
+    srv.listen(4)
+    return srv
+
+
+def converse(srv: socket.socket, messages: list[tuple[bool, bytes]]) -> Conversation:
+    """Connect to ``srv``, send each message (True: client→server), then close."""
+    host, port = srv.getsockname()[:2]
+    conv = Conversation(host, port)
+    c = socket.create_connection((host, port))
+    s, _ = srv.accept()
+    conv.client = c.getsockname()[:2]
+    with c, s:
+        for to_server, data in messages:
+            a, b = (c, s) if to_server else (s, c)
+            a.sendall(data)
+            want = len(data)
+            buf = bytearray()
+            while len(buf) < want:
+                chunk = b.recv(want - len(buf))
+                assert chunk, "peer closed early"
+                buf += chunk
+            assert bytes(buf) == data
+            if to_server:
+                conv.sent_c2s += data
+            else:
+                conv.sent_s2c += data
+        c.shutdown(socket.SHUT_WR)
+        assert s.recv(1) == b""
+        s.shutdown(socket.SHUT_WR)
+        assert c.recv(1) == b""
+        conv.retrans_c2s = total_retrans(c)
+        conv.retrans_s2c = total_retrans(s)
+    return conv
+
+
+def fins_both_ways(port: int) -> Callable[[list[Item]], bool]:
+    def done(items: list[Item]) -> bool:
+        fins = {(g.sport == port) for g in segments(items) if g.flags & FIN}
+        return len(fins) == 2
+
+    return done
+
+
+def check_stream(
+    segs: list[Segment],
+    src: tuple[str, int],
+    dst: tuple[str, int],
+    data: bytes,
+    retransmissions: int = 0,
+) -> None:
+    """One direction: SYN once, every payload byte captured and in sequence, FIN.
+
+    A byte range seen twice is allowed only as a TCP retransmission (identical
+    bytes, at most as many repeats as the sender's ``tcpi_total_retrans``): a
+    capture that counts loopback packets twice would exceed that at once.
+    """
+    one_way = [g for g in segs if (g.src, g.sport) == src and (g.dst, g.dport) == dst]
+    syns = [g for g in one_way if g.flags & SYN]
+    assert 1 <= len(syns) <= 1 + retransmissions
+    isn = syns[0].seq
+    stream = bytearray(len(data))
+    seen = bytearray(len(data))
+    repeats = 0
+    for g in one_way:
+        if not g.payload:
+            continue
+        start = (g.seq - isn - 1) & 0xFFFFFFFF
+        end = start + len(g.payload)
+        assert end <= len(data), "bytes beyond what was sent"
+        if any(seen[start:end]):
+            repeats += 1
+            covered = [i for i in range(start, end) if seen[i]]
+            assert all(stream[i] == g.payload[i - start] for i in covered)
+        stream[start:end] = g.payload
+        seen[start:end] = b"\x01" * len(g.payload)
+    assert repeats <= retransmissions, "duplicate bytes that TCP did not retransmit"
+    assert all(seen), "captured bytes have a hole"
+    assert bytes(stream) == data
+    fins = [g for g in one_way if g.flags & FIN]
+    assert 1 <= len(fins) <= 1 + retransmissions
+    assert all(f.seq == (isn + 1 + len(data)) & 0xFFFFFFFF for f in fins)
+
+
+def total_retrans(sock: socket.socket) -> int:
+    """``tcp_info.tcpi_total_retrans`` (a u32 at byte 100 of struct tcp_info)."""
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    return int(struct.unpack_from("=I", raw, 100)[0])
+
+
+MESSAGES = [
+    (True, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n"),
+    (False, b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"),
+    (False, b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'),
+    (True, bytes(range(256)) * 400),  # 100 KiB: several segments, > lo MTU
+    (False, b"data: [DONE]\n\n"),
+]
+
+
+@pytest.fixture(params=["tpacket_v3", "recv"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def open_source(port: int | tuple[int, ...] | None, backend: str, **kw: int) -> AfPacketSource:
+    ports = (port,) if isinstance(port, int) else port
+    src = AfPacketSource(
+        "lo", ports, use_ring=backend == "tpacket_v3", ring_blocks=8, block_size=1 << 20, **kw
+    )
+    src.open()
+    assert src.backend == backend
+    return src
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_every_payload_byte_once(host: str, backend: str) -> None:
+    if host == "::1" and not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    srv = free_listener(host)
+    other = free_listener(host)
+    port, other_port = srv.getsockname()[1], other.getsockname()[1]
+    src = open_source(port, backend)
+    try:
+        with srv, other:
+            t0 = time.time()
+            conv = converse(srv, MESSAGES)
+            t1 = time.time()
+            noise = converse(other, [(True, b"other port " * 100), (False, b"ignored")])
+        items = collect(src, fins_both_ways(port))
+        items += src.poll(0)
+        t_polled = time.time()
+        stats = src.stats()
+    finally:
+        src.close()
+    segs = segments(items)
+    assert not [i for i in items if isinstance(i, CaptureGap)]
+    client, server = conv.client, (host, port)
+    # Only our port, only segments with payload or SYN/FIN/RST: no pure ACK.
+    for g in segs:
+        assert port in (g.sport, g.dport)
+        assert other_port not in (g.sport, g.dport)
+        assert noise.client[1] not in (g.sport, g.dport)
+        assert g.payload or g.flags & (SYN | FIN | RST), f"pure ACK delivered: {g}"
+        assert {(g.src, g.sport), (g.dst, g.dport)} == {client, server}
+        assert g.ts > 0
+    check_stream(segs, client, server, conv.sent_c2s, conv.retrans_c2s)
+    check_stream(segs, server, client, conv.sent_s2c, conv.retrans_s2c)
+    syn = next(g for g in segs if g.flags & SYN and not g.flags & ACK)
+    assert (syn.src, syn.sport) == client
+    assert any(g.flags & SYN and g.flags & ACK and (g.src, g.sport) == server for g in segs)
+    assert any(g.flags & PSH for g in segs)
+    # Kernel capture times, on the wall clock. (Not necessarily in capture order:
+    # lo queues packets per CPU, a sender that moves between CPUs can be reordered.)
+    # The recv backend's first packets may carry the time of recvmsg instead: the
+    # kernel turns receive timestamps on asynchronously after SO_TIMESTAMPNS.
+    if backend == "recv":
+        t1 = t_polled
+    assert all(t0 <= g.ts <= t1 for g in segs)
+    # The kernel filter let nothing else through; each loopback packet counted once.
+    assert stats == CaptureStats(
+        packets=len(segs),
+        bytes=stats.bytes,
+        kernel_drops=0,
+        freezes=0,
+        backend=backend,
+        segments=len(segs),
+        unparsed=0,
+        outgoing_skipped=0,
+    )
+    assert stats.bytes > len(conv.sent_c2s) + len(conv.sent_s2c)
+
+
+def test_all_ports_and_several_ports(backend: str) -> None:
+    a, b, c = free_listener("127.0.0.1"), free_listener("127.0.0.1"), free_listener("127.0.0.1")
+    pa, pb, pc = (x.getsockname()[1] for x in (a, b, c))
+    two = open_source((pa, pb), backend)
+    every = open_source(None, backend)
+    try:
+        with a, b, c:
+            convs = [converse(srv, [(True, b"ping"), (False, b"pong")]) for srv in (a, b, c)]
+        retrans = [cv.retrans_c2s + cv.retrans_s2c for cv in convs]
+        got_two = collect(two, lambda items: len(segments(items)) >= 12)
+        got_two += drain(two)
+        got_all = collect(every, lambda items: len(segments(items)) >= 18)
+    finally:
+        two.close()
+        every.close()
+    ports_two = {g.sport for g in segments(got_two)} | {g.dport for g in segments(got_two)}
+    assert pa in ports_two and pb in ports_two and pc not in ports_two
+    # SYN, SYN-ACK, 2 data, 2 FIN per connection: 6 each (plus TCP retransmissions).
+    assert 12 <= len(segments(got_two)) <= 12 + retrans[0] + retrans[1]
+    ours = [g for g in segments(got_all) if {g.sport, g.dport} & {pa, pb, pc}]
+    assert 18 <= len(ours) <= 18 + sum(retrans)
+
+
+def bad_checksum_frames(port: int, seqs: list[int], payload: bytes) -> list[bytes]:
+    """TCP segments to ``port`` that the IP layer drops (bad header checksum) after
+    packet sockets saw them: no socket answers, no RST, nothing else on the wire."""
+    from scapy.layers.inet import IP, TCP
+    from scapy.layers.l2 import Ether
+
+    template = bytearray(
+        bytes(
+            Ether(src="00:00:00:00:00:00", dst="00:00:00:00:00:00")
+            / IP(src="127.0.0.1", dst="127.0.0.1")
+            / TCP(sport=40000, dport=port, seq=0, flags="PA")
+            / payload
+        )
+    )
+    template[24] ^= 0xFF  # IPv4 header checksum
+    frames = []
+    for seq in seqs:
+        struct.pack_into("!I", template, 14 + 20 + 4, seq)
+        frames.append(bytes(template))
+    return frames
+
+
+def inject(frames: list[bytes]) -> None:
+    with socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0) as tx:
+        tx.bind(("lo", 0))
+        for f in frames:
+            tx.send(f)
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_kernel_drops_become_capture_gap(backend: str) -> None:
+    """A tiny buffer, N frames sent while nobody reads: the kernel drops some,
+    and captured + dropped accounts for every frame."""
+    port = unused_port()
+    n = 3000
+    frames = bad_checksum_frames(port, [1000 + 100 * i for i in range(n)], b"x" * 100)
+    if backend == "tpacket_v3":
+        src = AfPacketSource(
+            "lo", (port,), ring_blocks=2, block_size=4096, frame_size=2048, block_timeout_ms=1
+        )
+    else:
+        src = AfPacketSource("lo", (port,), use_ring=False, rcvbuf=4096)
+    src.open()
+    try:
+        inject(frames)
+        items = drain(src)
+        stats = src.stats()  # reads the kernel counters; the next poll reports the rest
+        items += src.poll(0)
+        assert src.poll(0) == []
+    finally:
+        src.close()
+    gaps = [i for i in items if isinstance(i, CaptureGap)]
+    segs = segments(items)
+    assert stats.kernel_drops > 0
+    assert gaps, "drops were not reported as a CaptureGap"
+    assert all(g.source == "kernel" and g.dropped > 0 for g in gaps)
+    assert sum(g.dropped for g in gaps) == stats.kernel_drops
+    assert len(segs) == stats.segments
+    assert len(segs) + stats.kernel_drops == n
+    # Captured frames are frames that were sent, each once.
+    seqs = [g.seq for g in segs]
+    assert len(set(seqs)) == len(seqs)
+    assert set(seqs) <= {1000 + 100 * i for i in range(n)}
+    # A gap's time is the capture time of the last segment delivered before it.
+    for i, item in enumerate(items):
+        if isinstance(item, CaptureGap):
+            before = segments(items[:i])
+            if before:
+                assert item.ts == before[-1].ts
+    if backend == "tpacket_v3":
+        assert stats.freezes > 0
+
+
+def test_ring_gap_sits_between_the_packets_around_the_loss() -> None:
+    """Frames sent before the loss come before the gap; frames sent after it, after."""
+    port = unused_port()
+    src = AfPacketSource(
+        "lo", (port,), ring_blocks=2, block_size=4096, frame_size=2048, block_timeout_ms=1
+    )
+    src.open()
+    try:
+        assert src.poll(0) == []
+        inject(bad_checksum_frames(port, list(range(1000)), b"a" * 100))  # overflows
+        items = drain(src)
+        late = list(range(10_000, 10_010))
+        inject(bad_checksum_frames(port, late, b"b" * 100))  # fits, after the loss
+        items += drain(src)
+        stats = src.stats()
+        items += src.poll(0)
+    finally:
+        src.close()
+    gaps = [i for i, item in enumerate(items) if isinstance(item, CaptureGap)]
+    assert len(gaps) == 1
+    gap = items[gaps[0]]
+    assert isinstance(gap, CaptureGap)
+    assert gap.dropped == stats.kernel_drops > 0
+    before, after = segments(items[: gaps[0]]), segments(items[gaps[0] :])
+    assert before and all(g.seq < 1000 for g in before)
+    assert [g.seq for g in after] == late
+    assert len(before) + gap.dropped == 1000
+    assert gap.ts == before[-1].ts
+
+
+def test_recv_fallback_when_ring_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(afpacket, "PACKET_RX_RING", 0x7FFF)  # an option the kernel lacks
+    srv = free_listener("127.0.0.1")
+    port = srv.getsockname()[1]
+    src = AfPacketSource("lo", (port,))
+    src.open()
+    try:
+        assert src.backend == "recv"
+        assert src.ring_error and "PACKET_RX_RING refused" in src.ring_error
+        assert "backend=recv" in src.describe() and "ring unavailable" in src.describe()
+        with srv:
+            conv = converse(srv, [(True, b"abc"), (False, b"defg")])
+        segs = segments(collect(src, fins_both_ways(port)))
+    finally:
+        src.close()
+    check_stream(segs, conv.client, ("127.0.0.1", port), b"abc", conv.retrans_c2s)
+
+
+def test_outgoing_copies_dropped_when_ignore_outgoing_refused(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Old kernels refuse PACKET_IGNORE_OUTGOING: lo then shows each packet twice,
+    and the outgoing copy must be dropped by its packet type."""
+    monkeypatch.setattr(afpacket, "PACKET_IGNORE_OUTGOING", 0x7FFF)
+    srv = free_listener("127.0.0.1")
+    port = srv.getsockname()[1]
+    src = open_source(port, backend)
+    try:
+        with srv:
+            conv = converse(srv, MESSAGES[:3])
+        segs = segments(collect(src, fins_both_ways(port)))
+        segs += segments(drain(src))
+        stats = src.stats()
+    finally:
+        src.close()
+    check_stream(segs, conv.client, ("127.0.0.1", port), conv.sent_c2s, conv.retrans_c2s)
+    check_stream(segs, ("127.0.0.1", port), conv.client, conv.sent_s2c, conv.retrans_s2c)
+    assert stats.outgoing_skipped == len(segs)
+
+
+def test_describe() -> None:
+    src = AfPacketSource("lo", (8000,))
+    assert src.describe() == (
+        "iface=lo backend=tpacket_v3 filter='tcp port 8000 and (payload or syn/fin/rst)'"
+    )
+    src.open()
+    try:
+        assert src.describe().startswith("iface=lo backend=tpacket_v3 filter='tcp port 8000")
+        assert "ring=64x1024KiB" in src.describe()
+        assert src.fileno >= 0
+    finally:
+        src.close()
+    assert src.fileno == -1
+
+
+def test_close_is_idempotent_and_poll_after_close_fails() -> None:
+    src = AfPacketSource("lo", (8000,))
+    src.close()  # never opened
+    src.open()
+    src.open()  # already open: no-op
+    src.close()
+    src.close()
+    with pytest.raises(CaptureError, match="not open"):
+        src.poll(0)
+    with AfPacketSource("lo", None, use_ring=False) as again:
+        assert again.poll(0) is not None
+    assert again.fileno == -1
+
+
+def test_bad_interface() -> None:
+    with pytest.raises(CaptureError, match=r"^no such interface 'eth9x'$"):
+        AfPacketSource("eth9x", (8000,)).open()
+    with pytest.raises(CaptureError, match="invalid interface name"):
+        AfPacketSource("a" * 20, (8000,))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"ports": [0]}, "bad capture filter"),
+        ({"ports": []}, "bad capture filter"),
+        ({"block_size": 1000}, "block_size"),
+        ({"frame_size": 3000}, "frame_size"),
+        ({"ring_blocks": 0}, "ring_blocks"),
+    ],
+)
+def test_bad_parameters(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(CaptureError, match=match):
+        AfPacketSource("lo", **kwargs)  # type: ignore[arg-type]
+
+
+def test_unprivileged_open_has_actionable_message() -> None:
+    code = (
+        "import os\n"
+        "from sniffer.capture.afpacket import AfPacketSource, CaptureError\n"
+        "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+        "try:\n"
+        "    AfPacketSource('lo', (8000,)).open()\n"
+        "except CaptureError as e:\n"
+        "    print(e)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+        check=True,
+    )
+    assert out.stdout.strip() == (
+        "cannot open packet socket on 'lo': Operation not permitted (needs root or CAP_NET_RAW)"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_fds() -> Iterator[None]:
+    before = set(os.listdir("/proc/self/fd"))
+    yield
+    after = set(os.listdir("/proc/self/fd"))
+    leaked = [fd for fd in after - before if _is_packet_socket(fd)]
+    assert not leaked, f"packet sockets left open: {leaked}"
+
+
+def _is_packet_socket(fd: str) -> bool:
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return False
+    if not target.startswith("socket:["):
+        return False
+    inode = target[8:-1]
+    with open("/proc/net/packet") as fh:
+        return any(line.split()[-1] == inode for line in fh.readlines()[1:])
