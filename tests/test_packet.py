@@ -77,7 +77,7 @@ def test_ethernet_ipv4_tcp() -> None:
     frame = raw(eth() / tcp4())
     check4(parse_frame(LINKTYPE_ETHERNET, frame, 12.5))
     check4(frame_parser(LINKTYPE_ETHERNET)(frame, 12.5))
-    check4(frame_parser_at(LINKTYPE_ETHERNET)(b"junk" + frame + b"tail", 4, 4 + len(frame), 12.5))
+    check4(frame_parser_at(LINKTYPE_ETHERNET)(b"junk" + frame + b"tail", 12.5, 4, 4 + len(frame)))
 
 
 def test_ethernet_padding_is_cut_by_ip_length() -> None:
@@ -299,7 +299,8 @@ def test_unknown_link_type() -> None:
 def test_every_supported_link_type_has_parsers() -> None:
     for linktype in SUPPORTED_LINKTYPES:
         assert frame_parser(linktype)(b"", 0.0) is None
-        assert frame_parser_at(linktype)(b"", 0, 0, 0.0) is None
+        assert frame_parser_at(linktype)(b"", 0.0, 0, 0) is None
+        assert frame_parser_at(linktype) is frame_parser(linktype)
 
 
 def test_memoryview_input_gives_bytes_payload() -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import socket
 import struct
 from collections.abc import Callable
+from typing import Protocol
 
 from sniffer.events import Segment
 
@@ -46,8 +47,10 @@ __all__ = [
     "LINKTYPE_RAW_ALIASES",
     "SUPPORTED_LINKTYPES",
     "FrameParser",
+    "FrameParserAt",
     "UnsupportedLinkType",
     "frame_parser",
+    "frame_parser_at",
     "linktype_name",
     "parse_frame",
 ]
@@ -91,7 +94,14 @@ _IPPROTO_FRAGMENT = 44
 _MAX_IPV6_EXT_HEADERS = 16
 
 FrameParser = Callable[[bytes | memoryview, float], Segment | None]
-_AtParser = Callable[[bytes | memoryview, int, int, float], Segment | None]
+
+
+class FrameParserAt(Protocol):
+    """``f(buf, ts, off=0, end=len(buf))``: parse the frame ``buf[off:end]``."""
+
+    def __call__(
+        self, buf: bytes | memoryview, ts: float, off: int = 0, end: int = -1
+    ) -> Segment | None: ...
 
 
 class UnsupportedLinkType(ValueError):
@@ -300,8 +310,10 @@ def _ip6(buf: bytes | memoryview, off: int, end: int, ts: float) -> Segment | No
     return _new_tuple(Segment, (ts, s, sport, d, dport, seq, ack, flags, payload))
 
 
-def _ip_any(buf: bytes | memoryview, off: int, end: int, ts: float) -> Segment | None:
+def _ip_any(buf: bytes | memoryview, ts: float, off: int = 0, end: int = -1) -> Segment | None:
     """Raw IP: the version nibble picks IPv4 or IPv6."""
+    if end < 0:
+        end = len(buf)
     if end <= off:
         return None
     version = buf[off] >> 4
@@ -327,7 +339,9 @@ def _by_ethertype(
 # ---------------------------------------------------------------------------
 
 
-def _ethernet(buf: bytes | memoryview, off: int, end: int, ts: float) -> Segment | None:
+def _ethernet(buf: bytes | memoryview, ts: float, off: int = 0, end: int = -1) -> Segment | None:
+    if end < 0:
+        end = len(buf)
     if end - off >= 54:
         # Fast path: untagged Ethernet, IPv4 without options, TCP.
         et, vihl, total, frag, proto, src, dst, sport, dport, seq, ack, doff, flags = (
@@ -367,7 +381,9 @@ def _ethernet(buf: bytes | memoryview, off: int, end: int, ts: float) -> Segment
     return _by_ethertype(ethertype, buf, pos, end, ts)
 
 
-def _linux_sll(buf: bytes | memoryview, off: int, end: int, ts: float) -> Segment | None:
+def _linux_sll(buf: bytes | memoryview, ts: float, off: int = 0, end: int = -1) -> Segment | None:
+    if end < 0:
+        end = len(buf)
     # pkttype(2) hatype(2) halen(2) addr(8) protocol(2)
     if end - off < 16:
         return None
@@ -375,7 +391,9 @@ def _linux_sll(buf: bytes | memoryview, off: int, end: int, ts: float) -> Segmen
     return _by_ethertype(proto, buf, off + 16, end, ts)
 
 
-def _linux_sll2(buf: bytes | memoryview, off: int, end: int, ts: float) -> Segment | None:
+def _linux_sll2(buf: bytes | memoryview, ts: float, off: int = 0, end: int = -1) -> Segment | None:
+    if end < 0:
+        end = len(buf)
     # protocol(2) reserved(2) ifindex(4) hatype(2) pkttype(1) halen(1) addr(8)
     if end - off < 20:
         return None
@@ -391,7 +409,9 @@ def _family(family: int, buf: bytes | memoryview, off: int, end: int, ts: float)
     return None
 
 
-def _null(buf: bytes | memoryview, off: int, end: int, ts: float) -> Segment | None:
+def _null(buf: bytes | memoryview, ts: float, off: int = 0, end: int = -1) -> Segment | None:
+    if end < 0:
+        end = len(buf)
     # Address family in the writer's host byte order: accept either order.
     if end - off < 4:
         return None
@@ -401,14 +421,16 @@ def _null(buf: bytes | memoryview, off: int, end: int, ts: float) -> Segment | N
     return _family(family, buf, off + 4, end, ts)
 
 
-def _loop(buf: bytes | memoryview, off: int, end: int, ts: float) -> Segment | None:
+def _loop(buf: bytes | memoryview, ts: float, off: int = 0, end: int = -1) -> Segment | None:
+    if end < 0:
+        end = len(buf)
     if end - off < 4:
         return None
     (family,) = _U32BE.unpack_from(buf, off)
     return _family(family, buf, off + 4, end, ts)
 
 
-_AT_PARSERS: dict[int, _AtParser] = {
+_PARSERS: dict[int, FrameParserAt] = {
     LINKTYPE_NULL: _null,
     LINKTYPE_ETHERNET: _ethernet,
     LINKTYPE_RAW: _ip_any,
@@ -422,51 +444,14 @@ _AT_PARSERS: dict[int, _AtParser] = {
 }
 
 
-def frame_parser_at(linktype: int) -> _AtParser:
-    """Like :func:`frame_parser`, but the function parses ``buf[off:end]`` in place:
-    ``f(buf, off, end, ts)``. Used by the file reader to avoid slicing each frame."""
+def frame_parser_at(linktype: int) -> FrameParserAt:
+    """Like :func:`frame_parser`, with optional bounds: ``f(buf, ts, off=0, end=len(buf))``
+    parses the frame ``buf[off:end]`` in place (the file reader uses this to avoid
+    slicing each frame out of the file). It is the very same function object."""
     try:
-        return _AT_PARSERS[linktype]
+        return _PARSERS[linktype]
     except KeyError:
         raise UnsupportedLinkType(linktype) from None
-
-
-def _eth_frame(buf: bytes | memoryview, ts: float) -> Segment | None:
-    return _ethernet(buf, 0, len(buf), ts)
-
-
-def _sll_frame(buf: bytes | memoryview, ts: float) -> Segment | None:
-    return _linux_sll(buf, 0, len(buf), ts)
-
-
-def _sll2_frame(buf: bytes | memoryview, ts: float) -> Segment | None:
-    return _linux_sll2(buf, 0, len(buf), ts)
-
-
-def _raw_frame(buf: bytes | memoryview, ts: float) -> Segment | None:
-    return _ip_any(buf, 0, len(buf), ts)
-
-
-def _null_frame(buf: bytes | memoryview, ts: float) -> Segment | None:
-    return _null(buf, 0, len(buf), ts)
-
-
-def _loop_frame(buf: bytes | memoryview, ts: float) -> Segment | None:
-    return _loop(buf, 0, len(buf), ts)
-
-
-_FRAME_PARSERS: dict[int, FrameParser] = {
-    LINKTYPE_NULL: _null_frame,
-    LINKTYPE_ETHERNET: _eth_frame,
-    LINKTYPE_RAW: _raw_frame,
-    12: _raw_frame,
-    14: _raw_frame,
-    LINKTYPE_LOOP: _loop_frame,
-    LINKTYPE_LINUX_SLL: _sll_frame,
-    LINKTYPE_IPV4: _raw_frame,
-    LINKTYPE_IPV6: _raw_frame,
-    LINKTYPE_LINUX_SLL2: _sll2_frame,
-}
 
 
 def frame_parser(linktype: int) -> FrameParser:
@@ -476,7 +461,7 @@ def frame_parser(linktype: int) -> FrameParser:
     :data:`SUPPORTED_LINKTYPES`.
     """
     try:
-        return _FRAME_PARSERS[linktype]
+        return _PARSERS[linktype]
     except KeyError:
         raise UnsupportedLinkType(linktype) from None
 
@@ -487,7 +472,7 @@ def parse_frame(linktype: int, buf: bytes | memoryview, ts: float) -> Segment | 
     Returns ``None`` for anything that is not a usable TCP segment, including
     frames of an unsupported link type. Never raises on malformed input.
     """
-    parser = _FRAME_PARSERS.get(linktype)
+    parser = _PARSERS.get(linktype)
     if parser is None:
         return None
     return parser(buf, ts)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from sniffer.capture.packet import UnsupportedLinkType, frame_parser_at
+from sniffer.capture.packet import FrameParserAt, UnsupportedLinkType, frame_parser_at
 from sniffer.events import Segment
 
 __all__ = [
@@ -64,8 +64,6 @@ _OPT_IF_TSOFFSET = 14
 # (Wireshark's limit for ordinary link types). Anything larger is corruption.
 _MAX_CAPLEN = 262144
 
-_AtParser = Callable[[Any, int, int, float], Segment | None]
-
 
 class CaptureFileError(Exception):
     """A capture file that cannot be read, or is truncated or corrupt at ``offset``."""
@@ -87,11 +85,11 @@ class CaptureStats:
     last_ts: float | None = None
 
 
-def _no_parse(buf: Any, off: int, end: int, ts: float) -> Segment | None:
+def _no_parse(buf: bytes | memoryview, ts: float, off: int = 0, end: int = -1) -> Segment | None:
     return None
 
 
-def _parser_for(linktype: int) -> _AtParser:
+def _parser_for(linktype: int) -> FrameParserAt:
     try:
         return frame_parser_at(linktype)
     except UnsupportedLinkType:
@@ -101,7 +99,7 @@ def _parser_for(linktype: int) -> _AtParser:
 @dataclass(slots=True)
 class _Interface:
     linktype: int
-    parse: _AtParser
+    parse: FrameParserAt
     divisor: int  # timestamp units per second
     tsoffset: int  # seconds added to every timestamp
     snaplen: int
@@ -253,7 +251,7 @@ class CaptureReader:
                 packets += 1
                 nbytes += caplen
                 off = end
-                seg = parse(data, start, end, ts)
+                seg = parse(data, ts, start, end)
                 if seg is not None:
                     tcp += 1
                     self.offset = off
@@ -453,7 +451,7 @@ class CaptureReader:
                 if packets == 1:
                     stats.first_ts = ts
                 off += blen
-                seg = iface.parse(data, start, end, ts)
+                seg = iface.parse(data, ts, start, end)
                 if seg is not None:
                     tcp += 1
                     self.offset = off
