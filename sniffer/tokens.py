@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import gc
 import importlib.util
 import json
 import re
@@ -795,7 +796,23 @@ def analyze_streams(
     choice texts, one decode batch (round-trip check) and one or two prompt
     encode batches. A configured tokenizer that fails to load is replaced by
     the default, with a ``tokenizer_error`` anomaly.
+
+    The cyclic garbage collector is paused for the duration of the call (the
+    analysis builds many small acyclic objects; collections triggered by them
+    would otherwise cost more than the analysis) and re-enabled afterwards if
+    it was enabled.
     """
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        return _analyze(registry, streams)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _analyze(registry: TokenizerRegistry, streams: Sequence[StreamInput]) -> list[StreamTokens]:
     prepared: list[_Prepared] = []
     for s in streams:
         pre: list[Anomaly] = []
