@@ -749,3 +749,33 @@ def test_interleaved_choices() -> None:
     # 你好 is one token starting in seq 1: seq 3 gets none and it straddles
     assert res.chunks[1].straddles == 1 and res.chunks[3].token_ids == ()
     assert kinds(res) == ["straddle"]
+
+
+def test_gc_state_restored() -> None:
+    import gc
+
+    assert gc.isenabled()
+    analyze_streams(REGISTRY, [stream(chunks_of(["hello"]))])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        analyze_streams(REGISTRY, [stream(chunks_of(["hello"]))])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_module_is_sans_io() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sniffer.tokens\n"
+        "bad = {'scapy', 'sqlalchemy', 'prometheus_client', 'transformers'}\n"
+        "print(sorted(m for m in bad if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    # transformers is imported only when a chat template has to be loaded
+    assert out.stdout.strip() == "[]"
