@@ -100,6 +100,12 @@ _SYN_FIN_RST = SYN | FIN | RST
 #: Bytes of the last delivered chunk kept per direction to check retransmissions against.
 _PREV_MAX = 1024
 
+# Shared empty lists: a direction gets its own buffer lists only while it buffers
+# (most never do), which keeps an idle connection small. Never mutated.
+_NO_INTS: list[int] = []
+_NO_BYTES: list[bytes] = []
+_NO_FLOATS: list[float] = []
+
 _Key = tuple[str, int, str, int]
 
 
@@ -186,12 +192,12 @@ class _Half:
         self.ended = False
         self.fast = False  # open, nothing buffered, no FIN: in-order data goes straight out
         # Out-of-order buffer: sorted, non-overlapping pieces in parallel lists.
-        self.pend_offs: list[int] = []
-        self.pend_data: list[bytes] = []
-        self.pend_ts: list[float] = []
+        self.pend_offs = _NO_INTS
+        self.pend_data = _NO_BYTES
+        self.pend_ts = _NO_FLOATS
         self.pend_bytes = 0
         self.pend_oldest = 0.0
-        self.acc: list[bytes] = []  # bytes made deliverable during the current call
+        self.acc = _NO_BYTES  # bytes made deliverable during the current call
         self.ack_target = 0  # offset the peer acknowledged up to, when beyond next_off
         self.prev_off = 0  # the last delivered chunk, to check retransmissions against
         self.prev_data = b""
@@ -452,7 +458,7 @@ class Reassembler:
             data = data[nxt - off :]
             off = nxt
         if off == nxt and not h.pend_offs:
-            h.acc.append(data)
+            h.acc = [data]  # empty on entry: flushed at the end of every call
             h.next_off = end
             h.next_seq = (h.next_seq + len(data)) & _MASK
             return
@@ -531,6 +537,9 @@ class Reassembler:
             return
         if not offs:
             h.pend_oldest = ts
+            offs = h.pend_offs = []
+            datas = h.pend_data = []
+            tss = h.pend_ts = []
         for p_off, p_data in pieces:
             k = bisect_left(offs, p_off)
             offs.insert(k, p_off)
@@ -554,18 +563,23 @@ class Reassembler:
             freed += len(data)
             skip = nxt - offs[k]
             if skip < len(data):
-                h.acc.append(data[skip:] if skip else data)
+                piece = data[skip:] if skip else data
+                if h.acc:
+                    h.acc.append(piece)
+                else:
+                    h.acc = [piece]
                 nxt = offs[k] + len(data)
             k += 1
-        del offs[:k]
-        del datas[:k]
-        del h.pend_ts[:k]
         h.pend_bytes -= freed
         h.next_seq = (h.next_seq + (nxt - h.next_off)) & _MASK
         h.next_off = nxt
-        if offs:
+        if k < n:
+            del offs[:k]
+            del datas[:k]
+            del h.pend_ts[:k]
             h.pend_oldest = min(h.pend_ts)
         else:
+            h.pend_offs, h.pend_data, h.pend_ts = _NO_INTS, _NO_BYTES, _NO_FLOATS
             h.fast = h.live and h.fin_off is None and not h.ended
 
     def _gap(self, h: _Half, n: int, ts: float, out: list[FlowEvent]) -> None:
@@ -615,6 +629,9 @@ class Reassembler:
         offs = p.pend_offs
         if not offs:
             p.pend_oldest = ts
+            offs = p.pend_offs = []
+            p.pend_data = []
+            p.pend_ts = []
         k = bisect_left(offs, target)
         offs.insert(k, target)
         p.pend_data.insert(k, b"")
@@ -645,7 +662,7 @@ class Reassembler:
         if not acc:
             return
         data = acc[0] if len(acc) == 1 else b"".join(acc)
-        acc.clear()
+        h.acc = _NO_BYTES
         if not data:
             return
         keep = data if len(data) <= _PREV_MAX else data[-_PREV_MAX:]
@@ -680,6 +697,8 @@ class Reassembler:
         fin = h.fin_off
         assert fin is not None
         offs, datas, tss = h.pend_offs, h.pend_data, h.pend_ts
+        if not offs:
+            return
         k = bisect_left(offs, fin)
         for data in datas[k:]:
             h.pend_bytes -= len(data)

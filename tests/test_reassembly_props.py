@@ -7,6 +7,7 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sniffer import reassembly
 from sniffer.events import (
     ACK,
     FIN,
@@ -62,6 +63,8 @@ def run(r: Reassembler, segs: list[Segment], end_ts: float) -> list[FlowEvent]:
     for s in segs:
         out += r.feed(s)
     out += r.flush(end_ts)
+    # the shared empty buffers that idle directions point at were never written to
+    assert reassembly._NO_INTS == [] and reassembly._NO_BYTES == [] and reassembly._NO_FLOATS == []
     return out
 
 
