@@ -37,8 +37,15 @@ Loss
 A hole (bytes that never arrived) becomes ``FlowGap(nbytes=<exact>,
 reason="lost")`` and delivery resumes after it, when:
 
-(a) the other direction acknowledges bytes at or beyond the hole (the receiver
-    got them, so the capture lost them), even with nothing buffered;
+(a) the other direction acknowledges bytes beyond the hole start (the receiver
+    got them, so the capture lost them), even with nothing buffered. ACKs are
+    read on every segment, pure ACKs included; an ACK of the SYN or the FIN is
+    not data. The loss is declared when this direction next sends payload or a
+    FIN (after placing that segment), so a capture that shows an ACK just
+    before the data it acknowledges (neighbouring packets swapped) loses
+    nothing; if it sends nothing more, rules (b) and (d) apply to the ACKed
+    range as if it were buffered data. An ACK more than 2**30 ahead is bogus
+    and ignored;
 (b) buffered out-of-order data has waited more than ``hole_timeout`` seconds of
     capture time (checked on ``feed`` for that connection and on ``expire``);
 (c) the out-of-order buffer of the direction exceeds ``max_buffer``;
@@ -46,6 +53,13 @@ reason="lost")`` and delivery resumes after it, when:
 
 Data later arriving for a range already declared lost is dropped and counted
 as a retransmission: bytes are never delivered out of order.
+
+Opening
+-------
+A SYN, a SYN+ACK or a segment with payload on an unknown 4-tuple opens a
+connection (ids sequential from ``conn_id_base``); a bare ACK, FIN or RST does
+not. A direction first seen without its SYN starts at the first sequence number
+with payload, after a ``FlowGap(nbytes=None, reason="midstream")``.
 
 Events per ``feed``
 -------------------
@@ -61,6 +75,20 @@ lingers briefly as a tombstone so that its last ACKs do not open a mid-stream
 connection. A SYN on a closed or closing 4-tuple, or with another ISN, is port
 reuse: the old connection is ended with reason ``"idle"`` (it was not seen to
 finish) and a new one opened. A retransmitted SYN (same ISN) changes nothing.
+
+Memory and cost
+---------------
+At most ``max_connections`` connections are tracked: when full, closed
+tombstones are dropped first, then the least recently active connection is
+closed with ``"idle"`` (a linear scan, only when the table is full). Each
+direction buffers at most ``max_buffer`` out-of-order bytes and keeps the last
+1 KiB it delivered. A connection that never buffers costs under 1 KiB. The
+common cases are a few attribute operations: an in-order segment with nothing
+buffered becomes one ``FlowData`` carrying the segment's own payload object, and
+a pure ACK that acknowledges no more than was captured returns ``[]``.
+
+``stats.gaps`` counts every ``FlowGap`` except ``"midstream"`` ones (those
+count in ``stats.midstream``, per direction), including ``capture_gap``'s.
 """
 
 from __future__ import annotations
