@@ -86,6 +86,7 @@ __all__ = [
     "ChunkTokens",
     "LoadedTokenizer",
     "ServerToken",
+    "Straddle",
     "StreamInput",
     "StreamTokens",
     "TokenizerLoadError",
