@@ -248,6 +248,7 @@ def test_every_payload_byte_once(host: str, backend: str) -> None:
         segments=len(segs),
         unparsed=0,
         outgoing_skipped=0,
+        truncated=0,
     )
     assert stats.bytes > len(conv.sent_c2s) + len(conv.sent_s2c)
 
@@ -381,6 +382,22 @@ def test_ring_gap_sits_between_the_packets_around_the_loss() -> None:
     assert [g.seq for g in after] == late
     assert len(before) + gap.dropped == 1000
     assert gap.ts == before[-1].ts
+
+
+def test_frame_larger_than_ring_block_is_counted_truncated() -> None:
+    port = unused_port()
+    src = AfPacketSource("lo", (port,), ring_blocks=2, block_size=4096, frame_size=2048)
+    src.open()
+    try:
+        inject(bad_checksum_frames(port, [7], b"z" * 6000))
+        segs = segments(collect(src, lambda items: bool(items)))
+        stats = src.stats()
+    finally:
+        src.close()
+    assert len(segs) == 1
+    assert 0 < len(segs[0].payload) < 6000
+    assert segs[0].payload == b"z" * len(segs[0].payload)
+    assert stats.truncated == 1
 
 
 def test_recv_fallback_when_ring_refused(monkeypatch: pytest.MonkeyPatch) -> None:

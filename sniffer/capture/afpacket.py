@@ -118,6 +118,7 @@ class CaptureStats:
     segments: int = 0  # frames that parsed into a Segment
     unparsed: int = 0  # frames the parser did not turn into a Segment
     outgoing_skipped: int = 0  # outgoing copies dropped in user space (old kernels)
+    truncated: int = 0  # frames captured shorter than on the wire (ring block too small)
 
 
 def _os_reason(exc: OSError) -> str:
@@ -189,6 +190,7 @@ class AfPacketSource:
         self._bytes = 0
         self._segments = 0
         self._outgoing_skipped = 0
+        self._truncated = 0
         self._kernel_drops = 0
         self._freezes = 0
         self._pending_drops = 0
@@ -352,7 +354,7 @@ class AfPacketSource:
         nblocks = self._ring_blocks
         skip_outgoing = self._skip_outgoing
         append = out.append
-        packets = nbytes = segments = skipped = 0
+        packets = nbytes = segments = skipped = truncated = 0
         last_ts = self._last_ts
         for _ in range(nblocks):
             base = self._block * block_size
@@ -369,12 +371,14 @@ class AfPacketSource:
                     self._emit_gap(out)
             off = base + first
             for _ in range(num):
-                next_off, sec, nsec, snaplen, _wirelen, _st, mac = unpack_pkt(mm, off)
+                next_off, sec, nsec, snaplen, wirelen, _st, mac = unpack_pkt(mm, off)
                 if skip_outgoing and mm[off + _PKT_SLL_PKTTYPE] == PACKET_OUTGOING:
                     skipped += 1
                 else:
                     packets += 1
                     nbytes += snaplen
+                    if snaplen < wirelen:
+                        truncated += 1
                     ts = sec + nsec * 1e-9
                     last_ts = ts
                     start = off + mac
@@ -395,6 +399,7 @@ class AfPacketSource:
         self._bytes += nbytes
         self._segments += segments
         self._outgoing_skipped += skipped
+        self._truncated += truncated
 
     def _drain_recv(self, out: list[Segment | CaptureGap], wait_ms: int) -> None:
         sock = self._sock
@@ -405,7 +410,7 @@ class AfPacketSource:
         waited = False
         for _ in range(RECV_BATCH):
             try:
-                n, anc, _flags, addr = sock.recvmsg_into([buf], ancsize)
+                n, anc, flags, addr = sock.recvmsg_into([buf], ancsize)
             except BlockingIOError:
                 if waited or not wait_ms or out:
                     break
@@ -424,6 +429,8 @@ class AfPacketSource:
                 ts = time.time()
             self._packets += 1
             self._bytes += n
+            if flags & socket.MSG_TRUNC:
+                self._truncated += 1
             self._last_ts = ts
             try:
                 seg = parse(view[:n], ts)
@@ -471,6 +478,7 @@ class AfPacketSource:
             segments=self._segments,
             unparsed=self._packets - self._segments,
             outgoing_skipped=self._outgoing_skipped,
+            truncated=self._truncated,
         )
 
     def describe(self) -> str:
@@ -530,14 +538,13 @@ class _RingUnavailable(Exception):
 
 
 def have_capture_privilege() -> bool:
-    """True when this process can probably open a packet socket (root or CAP_NET_RAW)."""
-    if os.geteuid() == 0:
-        return True
+    """True when this process can open a packet socket: CAP_NET_RAW is in its
+    effective set (root normally has it; a root without it cannot)."""
     try:
         with open("/proc/self/status", encoding="ascii") as fh:
             for line in fh:
                 if line.startswith("CapEff:"):
                     return bool(int(line.split()[1], 16) & (1 << 13))  # CAP_NET_RAW
-    except OSError:
+    except (OSError, ValueError):
         pass
-    return False
+    return os.geteuid() == 0
