@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import h11
+from h11._readers import ChunkedReader as _H11_CHUNKED
 
 from .events import (
     ConnectionClosed,
@@ -152,6 +153,87 @@ def _headers(raw: list[tuple[bytes, bytes]] | h11._headers.Headers) -> Headers:
 _EOM = h11.EndOfMessage()
 
 
+_CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;[^\r\n]*)?[ \t]*\r\n")
+_MAX_CHUNK_LINE = 4096
+
+
+class _ChunkError(Exception):
+    def __init__(self, message: str, rest: bytes) -> None:
+        super().__init__(message)
+        self.rest = rest  # the bytes from the malformed spot on
+
+
+class _ChunkedBody:
+    """Chunked transfer coding, decoded like h11's ChunkedReader (same grammar:
+    ``hex[;ext]CRLF data CRLF … 0CRLF [trailers] CRLF``) but without h11's
+    per-event machinery: this is the hot path of every SSE stream.
+
+    ``feed`` returns the data pieces and, once the last chunk and trailers are
+    through, the bytes that follow the message (else ``None``).
+    """
+
+    __slots__ = ("buf", "remaining", "state")
+
+    SIZE, DATA, CRLF, TRAILER = range(4)
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.remaining = 0
+        self.state = self.SIZE
+
+    def feed(self, data: bytes) -> tuple[list[bytes], bytes | None]:
+        buf = self.buf + data if self.buf else bytes(data)
+        self.buf = b""
+        pieces: list[bytes] = []
+        pos = 0
+        end = len(buf)
+        while pos < end:
+            state = self.state
+            if state == self.DATA:
+                take = min(self.remaining, end - pos)
+                pieces.append(buf[pos : pos + take])
+                pos += take
+                self.remaining -= take
+                if self.remaining == 0:
+                    self.state = self.CRLF
+            elif state == self.SIZE:
+                m = _CHUNK_HEADER.match(buf, pos)
+                if m is None:
+                    nl = buf.find(b"\n", pos)
+                    if nl < 0 and end - pos < _MAX_CHUNK_LINE:
+                        break  # need more bytes
+                    raise _ChunkError(f"illegal chunk header: {buf[pos : pos + 40]!r}", buf[pos:])
+                size = int(m[1], 16)
+                if size > MAX_BODY_LENGTH:
+                    raise _ChunkError("chunk size out of range", buf[m.end() :])
+                pos = m.end()
+                if size == 0:
+                    self.state = self.TRAILER
+                else:
+                    self.remaining = size
+                    self.state = self.DATA
+            elif state == self.CRLF:
+                if end - pos < 2:
+                    if buf[pos:] != b"\r"[: end - pos]:
+                        raise _ChunkError("malformed chunk footer", buf[pos:])
+                    break
+                if buf[pos : pos + 2] != b"\r\n":
+                    raise _ChunkError(f"malformed chunk footer: {buf[pos : pos + 2]!r}", buf[pos:])
+                pos += 2
+                self.state = self.SIZE
+            else:  # TRAILER: header lines until an empty line
+                if buf.startswith(b"\r\n", pos):
+                    return pieces, buf[pos + 2 :]
+                stop = buf.find(b"\r\n\r\n", pos)
+                if stop >= 0:
+                    return pieces, buf[stop + 4 :]
+                if end - pos > _MAX_CHUNK_LINE * 16:
+                    raise _ChunkError("trailer section too long", buf[pos:])
+                break
+        self.buf = buf[pos:]
+        return pieces, None
+
+
 class _Pending:
     """A request the response direction has still to answer."""
 
@@ -168,6 +250,7 @@ class _Direction:
     """Parsing state of one direction of one connection."""
 
     __slots__ = (
+        "chunked",
         "decode_failed",
         "decoder",
         "exchange",
@@ -187,6 +270,7 @@ class _Direction:
         self.hunted = 0
         self.hunt_sol = True  # the hunt buffer begins at a line start
         self.raw: bytearray | None = None  # bytes of the current message until its head parsed
+        self.chunked: _ChunkedBody | None = None  # set while a chunked body is read without h11
         self.exchange = -1  # exchange of the message being parsed
         self.in_message = False  # head seen, end not yet
         self.decoder: _BodyDecoder | None = None
@@ -316,6 +400,9 @@ class HttpParser:
     # ------------------------------------------------------------------ data
 
     def _data(self, c: _Conn, d: _Direction, ts: float, data: bytes, out: list[HttpOutput]) -> None:
+        if d.chunked is not None:
+            self._chunked_data(c, d, ts, data, out)
+            return
         if d.parser is None:
             if d.hunt is not None:
                 data = self._hunt(c, d, ts, data, out)
@@ -397,10 +484,23 @@ class HttpParser:
                 self._body(c, d, ts, data, out)
             elif t is h11.NEED_DATA:
                 return
-            elif t is h11.Request:
-                self._request(c, d, ts, ev, out)  # type: ignore[arg-type]
-            elif t is h11.Response or t is h11.InformationalResponse:
-                self._response(c, d, ts, ev, out)  # type: ignore[arg-type]
+            elif t is h11.Request or t is h11.Response or t is h11.InformationalResponse:
+                if t is h11.Request:
+                    self._request(c, d, ts, ev, out)  # type: ignore[arg-type]
+                else:
+                    self._response(c, d, ts, ev, out)  # type: ignore[arg-type]
+                if (
+                    d.in_message
+                    and d.parser is parser
+                    and type(getattr(parser, "_reader", None)) is _H11_CHUNKED
+                    and not at_eof
+                ):
+                    # h11 framed the body as chunked: read it ourselves from here.
+                    d.chunked = _ChunkedBody()
+                    rest = parser.trailing_data[0]
+                    if rest:
+                        self._chunked_data(c, d, ts, rest, out)
+                    return
             elif t is h11.EndOfMessage:
                 self._message_end(c, d, ts, EndReason.COMPLETE, out)
                 rest = parser.trailing_data[0]
@@ -416,6 +516,23 @@ class HttpParser:
                 return
             else:  # h11.ConnectionClosed
                 return
+
+    def _chunked_data(
+        self, c: _Conn, d: _Direction, ts: float, data: bytes, out: list[HttpOutput]
+    ) -> None:
+        chunked = d.chunked
+        assert chunked is not None
+        try:
+            pieces, after = chunked.feed(data)
+        except _ChunkError as exc:
+            self._overflow(c, d, ts, str(exc), exc.rest, out)
+            return
+        for piece in pieces:
+            self._body(c, d, ts, piece, out)
+        if after is not None:
+            self._message_end(c, d, ts, EndReason.COMPLETE, out)
+            if after:
+                self._data(c, d, ts, after, out)
 
     def _request(
         self, c: _Conn, d: _Direction, ts: float, ev: h11.Request, out: list[HttpOutput]
@@ -548,6 +665,7 @@ class HttpParser:
         d.decode_failed = False
         d.in_message = False
         d.parser = None
+        d.chunked = None
         d.exchange = -1
 
     # ------------------------------------------------------------- recovery
@@ -663,6 +781,7 @@ class HttpParser:
         d.exchange = -1 if not d.from_client else d.exchange
         d.parser = None
         d.decoder = None
+        d.chunked = None
         d.hunt = bytearray()
 
     def _end(self, c: _Conn, d: _Direction, ts: float, reason: str, out: list[HttpOutput]) -> None:
@@ -670,7 +789,7 @@ class HttpParser:
         parser = d.parser
         end = EndReason.RST if reason == "rst" else EndReason.EOF
         if parser is not None and d.in_message:
-            if reason == "fin":
+            if reason == "fin" and d.chunked is None:
                 # A body delimited by connection close ends here.
                 parser.receive_data(b"")
                 self._pump(c, d, ts, out, at_eof=True)
@@ -681,4 +800,5 @@ class HttpParser:
             out.append(HttpEnd(c.id, d.exchange, ts, False, end))
             d.exchange = -1
         d.parser = None
+        d.chunked = None
         d.hunt = None

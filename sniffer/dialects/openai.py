@@ -47,7 +47,20 @@ from sniffer.dialects.base import (
 
 __all__ = ["OpenAIChat", "OpenAICompletions"]
 
-_loads = json.loads
+try:  # orjson parses a chat chunk about 3x faster; json is the fallback and the reference
+    import orjson as _orjson
+
+    def _loads(text: str) -> Any:
+        try:
+            return _orjson.loads(text)
+        except _orjson.JSONDecodeError:
+            # orjson refuses NaN/Infinity and lone surrogates that json accepts.
+            return json.loads(text)
+
+except ImportError:  # pragma: no cover - orjson is a declared dependency
+
+    def _loads(text: str) -> Any:
+        return json.loads(text)
 #: compact JSON text, non-ASCII kept as is (what we store for nested objects)
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
