@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from sniffer.capture.afpacket import have_capture_privilege
+
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "sparseety.service"
 EBPF_DROPIN = ROOT / "systemd" / "sparseety-ebpf.conf"
@@ -210,7 +212,10 @@ print("tokens", tok.encode("hi there").ids)
 
 
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to the unit's capabilities")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not have_capture_privilege(),
+    reason="needs root (with its capabilities) to drop to the unit's capabilities",
+)
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) missing")
 def test_python_and_capture_work_under_unit_restrictions() -> None:
     """What the unit grants, approximated without systemd: only CAP_NET_RAW (in
