@@ -16,8 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sniffer.dialects.anthropic import AnthropicMessages
 from sniffer.dialects.base import Dialect
+from sniffer.dialects.ollama import OllamaChat, OllamaGenerate
 from sniffer.dialects.openai import OpenAIChat, OpenAICompletions
+from sniffer.dialects.responses import OpenAIResponses
+from sniffer.dialects.tgi import TgiGenerate
 
 __all__ = [
     "KNOWN_DIALECTS",
@@ -79,6 +83,38 @@ def _openai_completions(method: str, path: str, request: Any) -> bool:
 
 register(OpenAIChat.name, _openai_chat, OpenAIChat)
 register(OpenAICompletions.name, _openai_completions, OpenAICompletions)
+
+
+def _openai_responses(method: str, path: str, request: Any) -> bool:
+    return _is_post(method) and path in ("/v1/responses", "/responses")
+
+
+def _anthropic_messages(method: str, path: str, request: Any) -> bool:
+    return _is_post(method) and path in ("/v1/messages", "/messages")
+
+
+def _tgi_generate(method: str, path: str, request: Any) -> bool:
+    if not _is_post(method):
+        return False
+    if path in ("/generate", "/generate_stream"):
+        return True
+    # TGI's root route takes the same body: {"inputs": …, "parameters": …, "stream": …}
+    return path == "/" and isinstance(request, dict) and "inputs" in request
+
+
+def _ollama_generate(method: str, path: str, request: Any) -> bool:
+    return _is_post(method) and path == "/api/generate"
+
+
+def _ollama_chat(method: str, path: str, request: Any) -> bool:
+    return _is_post(method) and path == "/api/chat"
+
+
+register(OpenAIResponses.name, _openai_responses, OpenAIResponses)
+register(AnthropicMessages.name, _anthropic_messages, AnthropicMessages)
+register(TgiGenerate.name, _tgi_generate, TgiGenerate)
+register(OllamaGenerate.name, _ollama_generate, OllamaGenerate)
+register(OllamaChat.name, _ollama_chat, OllamaChat)
 
 
 def select_dialect(method: str, path: str, request: Any) -> Dialect | None:

@@ -13,6 +13,10 @@ Wire shapes handled (all seen from real servers):
   finish chunk, vLLM ``continuous_usage_stats`` on every chunk) is attached to
   the chunk's last Delta; on a chunk with ``choices`` empty, null or missing it
   is a stream-level USAGE Delta;
+* llama.cpp's ``timings`` object (on the last chunk, or on every chunk with
+  ``timings_per_token``) is kept in the usage JSON under ``"timings"``
+  (``{"timings": {...}}`` when the chunk has no usage), so it travels with the
+  delta the usage goes to;
 * ``data: [DONE]`` → DONE; ``{"error": {...}}``, ``{"error": "text"}`` or a flat
   ``{"object": "error", "message": ...}`` (older vLLM) → ERROR;
 * broken JSON or a wrong shape → INVALID with the raw text; never an exception.
@@ -61,6 +65,8 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
 
     def _loads(text: str) -> Any:
         return json.loads(text)
+
+
 #: compact JSON text, non-ASCII kept as is (what we store for nested objects)
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -185,6 +191,16 @@ def _json_type(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
+def _with_timings(usage: Any, timings: Any) -> Any:
+    """llama.cpp's ``timings`` (prompt_n, prompt_ms, predicted_n, predicted_ms, …)
+    kept inside the usage JSON as ``"timings"``."""
+    if usage is None:
+        return {"timings": timings}
+    if type(usage) is dict:
+        return {**usage, "timings": timings}
+    return usage
+
+
 def _invalid(data: str, message: str) -> list[Delta]:
     return [Delta(STREAM_LEVEL, INVALID, raw=data, error=message)]
 
@@ -240,6 +256,9 @@ class _OpenAIBase:
             return [Delta(STREAM_LEVEL, ERROR, raw=data, error=_error_message(obj))]
         choices = get("choices")
         usage = get("usage")
+        timings = get("timings")
+        if timings is not None:
+            usage = _with_timings(usage, timings)
         usage_text: str | None = None if usage is None else _dumps(usage)
         if not choices:
             if choices is not None and type(choices) is not list:

@@ -1,0 +1,183 @@
+"""Hugging Face Text Generation Inference: ``POST /generate_stream`` and ``/generate``.
+
+The stream is SSE (TGI writes ``data:{…}`` without a space); each event is one
+generated token::
+
+    {"index":1,"token":{"id":1234,"text":" Hello","logprob":-0.3,"special":false},
+     "generated_text":null,"details":null,"top_tokens":null}
+
+The last event carries ``generated_text`` (the whole text) and, when the
+request asked for ``details``, ``details`` {finish_reason, generated_tokens,
+seed, input_length}. Errors come as ``{"error": "...", "error_type": "..."}``.
+
+Mapping (``Delta.choice`` is always 0; TGI's ``index`` is a token position):
+
+* every token → ``server_tokens`` ``[token]`` (JSON list of the token object as
+  sent); a non-special token with text → CONTENT with ``text`` and the token
+  object as ``logprobs`` (``sniffer.tokens`` reads server tokens from there);
+* a special token (``"special": true``, e.g. ``</s>``) is not text: TGI's own
+  ``generated_text`` leaves it out, so it is OTHER (FINISH when last) with
+  ``raw`` kept and no ``logprobs`` (it would count as a token missing from the
+  text);
+* the last event (``generated_text`` not null): its Delta carries
+  ``details.finish_reason`` and usage ``{"prompt_tokens": input_length,
+  "completion_tokens": generated_tokens}`` (only the fields TGI sent), keeps
+  ``raw``, and is followed by a stream-level DONE — ``generated_text`` is TGI's
+  end-of-stream marker, with or without ``details``;
+* an error object → ERROR; broken JSON or a wrong shape → INVALID.
+
+A ``/generate`` body (``{"generated_text":…, "details":{…}}``, or a one-element
+list of it as TGI's ``/`` route returns) is one CONTENT Delta with the finish
+reason, usage, ``details.tokens`` as server tokens and the non-special ones as
+``logprobs``. ``best_of_sequences`` are not recorded as choices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sniffer.dialects.base import (
+    CONTENT,
+    DONE,
+    ERROR,
+    FINISH,
+    OTHER,
+    STREAM_LEVEL,
+    Delta,
+)
+from sniffer.dialects.openai import _dumps, _error_message, _invalid, _loads, _not, _Shape
+
+__all__ = ["TgiGenerate"]
+
+
+def _error(obj: dict[str, Any], raw: str) -> Delta:
+    message = _error_message(obj.get("error"))
+    kind = obj.get("error_type")
+    if isinstance(kind, str) and kind:
+        message = f"{kind}: {message}"
+    return Delta(STREAM_LEVEL, ERROR, raw=raw, error=message)
+
+
+def _details(obj: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(finish_reason, usage JSON) from an object's ``details``."""
+    details = obj.get("details")
+    if details is None:
+        return None, None
+    if type(details) is not dict:
+        raise _not("details", details, "an object")
+    finish = details.get("finish_reason")
+    if finish is not None and type(finish) is not str:
+        raise _not("details.finish_reason", finish, "a string")
+    usage: dict[str, Any] = {}
+    if type(details.get("input_length")) is int:
+        usage["prompt_tokens"] = details["input_length"]
+    if type(details.get("generated_tokens")) is int:
+        usage["completion_tokens"] = details["generated_tokens"]
+    return finish, (_dumps(usage) if usage else None)
+
+
+class TgiGenerate:
+    """``/generate_stream`` token events, or a ``/generate`` body."""
+
+    name = "tgi.generate"
+
+    def event(self, data: str, event_type: str) -> list[Delta]:
+        try:
+            obj = _loads(data)
+        except (ValueError, RecursionError) as exc:
+            stripped = data.strip()
+            if not stripped:
+                return [Delta(STREAM_LEVEL, OTHER, raw=data)]
+            if event_type == "error":
+                return [Delta(STREAM_LEVEL, ERROR, raw=data, error=stripped)]
+            return _invalid(data, f"broken JSON: {exc}")
+        try:
+            return self._event(obj, data)
+        except _Shape as exc:
+            return _invalid(data, str(exc))
+        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
+            return _invalid(data, f"{type(exc).__name__}: {exc}")
+
+    def _event(self, obj: Any, data: str) -> list[Delta]:
+        if type(obj) is not dict:
+            raise _not("the event", obj, "an object")
+        if obj.get("error") is not None:
+            return [_error(obj, data)]
+        token = obj.get("token")
+        if type(token) is not dict:
+            raise _not("token", token, "an object")
+        text = token.get("text")
+        if type(text) is not str:
+            raise _not("token.text", text, "a string")
+        generated = obj.get("generated_text")
+        if generated is not None and type(generated) is not str:
+            raise _not("generated_text", generated, "a string")
+        last = generated is not None
+        finish, usage = _details(obj) if last else (None, None)
+        special = token.get("special") is True
+        token_text = _dumps(token)
+        tokens = "[" + token_text + "]"
+        if text and not special:
+            kind = CONTENT
+        elif last:
+            kind = FINISH
+        else:
+            kind = OTHER
+        delta = Delta(
+            0,
+            kind,
+            text="" if special else text,
+            finish_reason=finish,
+            logprobs=None if special else token_text,
+            usage=usage,
+            raw=data if (special or last or kind == OTHER) else None,
+            server_tokens=tokens,
+        )
+        if last:
+            return [delta, Delta(STREAM_LEVEL, DONE)]
+        return [delta]
+
+    def body(self, body: str) -> list[Delta]:
+        try:
+            obj = _loads(body)
+        except (ValueError, RecursionError) as exc:
+            return _invalid(body, f"broken JSON: {exc}")
+        try:
+            return self._body(obj, body)
+        except _Shape as exc:
+            return _invalid(body, str(exc))
+        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
+            return _invalid(body, f"{type(exc).__name__}: {exc}")
+
+    def _body(self, obj: Any, body: str) -> list[Delta]:
+        if type(obj) is list and len(obj) == 1:
+            obj = obj[0]
+        if type(obj) is not dict:
+            raise _not("the body", obj, "an object")
+        if obj.get("error") is not None:
+            return [_error(obj, body)]
+        text = obj.get("generated_text")
+        if type(text) is not str:
+            raise _not("generated_text", text, "a string")
+        finish, usage = _details(obj)
+        tokens: Any = None
+        details = obj.get("details")
+        if type(details) is dict:
+            tokens = details.get("tokens")
+        server_tokens: str | None = None
+        logprobs: str | None = None
+        if type(tokens) is list and tokens:
+            server_tokens = _dumps(tokens)
+            plain = [t for t in tokens if not (type(t) is dict and t.get("special") is True)]
+            logprobs = _dumps(plain)
+        return [
+            Delta(
+                0,
+                CONTENT if text else FINISH,
+                text=text,
+                finish_reason=finish,
+                logprobs=logprobs,
+                usage=usage,
+                server_tokens=server_tokens,
+            )
+        ]
