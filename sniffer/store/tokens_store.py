@@ -1,0 +1,363 @@
+"""Token tables: what the token pass (``sniffer.tokenize_pass``) found per stream.
+
+Defined on the same ``MetaData`` as the capture tables (``sniffer.store.models``),
+so ``metadata.create_all`` creates them once this module is imported;
+:func:`create_token_tables` does exactly that and is safe to call repeatedly.
+
+``stream_tokens`` — one row per analysed stream (its presence means "done").
+
+    stream_id       streams.id (primary key)
+    tokenizer       the tokenizer used: the configured source, or
+                    ``"default:deepseek-v4"`` when the model has none configured
+    is_default      no tokenizer is configured for the stream's model
+    prompt_count    prompt token count (chat template or fallback), NULL when
+                    the request carried no prompt
+    prompt_ids      JSON list of the prompt's token ids
+    output_count    token count of all choices' full texts
+    usage_diff      JSON object {field: server-reported minus counted}
+    tokens_per_chunk JSON object {"<tokens>": <text chunks with that many>}
+    anomaly_count   anomalies found (listed ones plus capped ones)
+    error           the analysis of this stream failed (the message); other
+                    columns are then empty. The row still marks it as done.
+
+``choice_tokens`` — one row per (stream, choice) that carried text.
+
+    stream_id, choice
+    text_len        characters of the choice's full text (deltas joined by seq)
+    text_hash       blake2b-128 hex of its UTF-8 bytes (``surrogatepass``): the
+                    stored full text, compared by ``verify`` with the deltas
+    token_count     len(output_ids)
+    output_ids      JSON list: token ids of the full text
+    chunk_seqs      JSON list: seq of each text chunk of the choice, in seq order
+    chunk_counts    JSON list: tokens attributed to each of those chunks. The
+                    per-chunk ids are slices of ``output_ids``: chunk k gets
+                    ``output_ids[sum(chunk_counts[:k]) : sum(chunk_counts[:k+1])]``
+                    (:func:`chunk_token_ids` does it). One row per choice instead
+                    of one per chunk: a 72k-chunk replay writes ~1.2k rows here.
+    straddles       number of tokens that straddle a chunk boundary
+    straddle_seqs   JSON list: seq of the chunk each straddling token starts in
+                    (repeated when one chunk starts several)
+    tokens_per_chunk JSON object {"<tokens>": <chunks>} of this choice
+    server_count    number of server-reported tokens (logprobs), NULL when none
+    server_tokens   JSON list of the server-reported token texts
+    server_ids      JSON list of our ids for them (null where unmapped)
+    server_mismatch index of the first server token that differs from ours
+                    (NULL when they agree or there are none)
+
+``token_anomalies`` — one row per listed anomaly (see ``sniffer.tokens``).
+
+    id, stream_id, choice (-1: the stream), kind, position, detail
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Engine,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    delete,
+    insert,
+    select,
+)
+from sqlalchemy.engine import Connection
+
+from sniffer.store.models import Id, metadata
+
+__all__ = [
+    "ChoiceTokenRow",
+    "StreamTokenRow",
+    "TokenAnomalyRow",
+    "choice_tokens",
+    "chunk_token_ids",
+    "create_token_tables",
+    "delete_token_rows",
+    "read_stream_tokens",
+    "stream_tokens",
+    "token_anomalies",
+    "write_token_rows",
+]
+
+stream_tokens = Table(
+    "stream_tokens",
+    metadata,
+    Column("stream_id", Id, primary_key=True, autoincrement=False),
+    Column("tokenizer", Text),
+    Column("is_default", Boolean),
+    Column("prompt_count", Integer),
+    Column("prompt_ids", Text),
+    Column("output_count", Integer),
+    Column("usage_diff", Text),
+    Column("tokens_per_chunk", Text),
+    Column("anomaly_count", Integer),
+    Column("error", Text),
+)
+
+choice_tokens = Table(
+    "choice_tokens",
+    metadata,
+    Column("stream_id", Id, primary_key=True, autoincrement=False),
+    Column("choice", Integer, primary_key=True, autoincrement=False),
+    Column("text_len", Integer),
+    Column("text_hash", String(32)),
+    Column("token_count", Integer),
+    Column("output_ids", Text),
+    Column("chunk_seqs", Text),
+    Column("chunk_counts", Text),
+    Column("straddles", Integer),
+    Column("straddle_seqs", Text),
+    Column("tokens_per_chunk", Text),
+    Column("server_count", Integer),
+    Column("server_tokens", Text),
+    Column("server_ids", Text),
+    Column("server_mismatch", Integer),
+)
+
+token_anomalies = Table(
+    "token_anomalies",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("stream_id", Id, nullable=False),
+    Column("choice", Integer),
+    Column("kind", String(32)),
+    Column("position", Integer),
+    Column("detail", Text),
+    Index("ix_token_anomalies_stream", "stream_id"),
+    Index("ix_token_anomalies_kind", "kind"),
+)
+
+_TABLES = (stream_tokens, choice_tokens, token_anomalies)
+
+
+def create_token_tables(engine: Engine) -> None:
+    """Create the token tables if missing (``make_engine`` does it for every table
+    once this module is imported; this is for engines made before that)."""
+    metadata.create_all(engine, tables=list(_TABLES))
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceTokenRow:
+    choice: int
+    text_len: int
+    text_hash: str
+    output_ids: tuple[int, ...]
+    chunk_seqs: tuple[int, ...]
+    chunk_counts: tuple[int, ...]
+    straddle_seqs: tuple[int, ...]
+    tokens_per_chunk: dict[int, int]
+    server_tokens: tuple[str, ...] | None = None
+    server_ids: tuple[int | None, ...] | None = None
+    server_mismatch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenAnomalyRow:
+    choice: int
+    kind: str
+    position: int | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTokenRow:
+    stream_id: int
+    tokenizer: str | None
+    is_default: bool
+    prompt_ids: tuple[int, ...] | None
+    usage_diff: dict[str, int] = field(default_factory=dict)
+    tokens_per_chunk: dict[int, int] = field(default_factory=dict)
+    anomaly_count: int = 0
+    error: str | None = None
+    choices: tuple[ChoiceTokenRow, ...] = ()
+    anomalies: tuple[TokenAnomalyRow, ...] = ()
+
+    @property
+    def output_count(self) -> int:
+        return sum(len(c.output_ids) for c in self.choices)
+
+
+def _stream_values(r: StreamTokenRow) -> dict[str, Any]:
+    return {
+        "stream_id": r.stream_id,
+        "tokenizer": r.tokenizer,
+        "is_default": r.is_default,
+        "prompt_count": None if r.prompt_ids is None else len(r.prompt_ids),
+        "prompt_ids": None if r.prompt_ids is None else _dumps(list(r.prompt_ids)),
+        "output_count": r.output_count,
+        "usage_diff": _dumps(r.usage_diff),
+        "tokens_per_chunk": _dumps({str(k): v for k, v in r.tokens_per_chunk.items()}),
+        "anomaly_count": r.anomaly_count,
+        "error": r.error,
+    }
+
+
+def _choice_values(stream_id: int, c: ChoiceTokenRow) -> dict[str, Any]:
+    return {
+        "stream_id": stream_id,
+        "choice": c.choice,
+        "text_len": c.text_len,
+        "text_hash": c.text_hash,
+        "token_count": len(c.output_ids),
+        "output_ids": _dumps(list(c.output_ids)),
+        "chunk_seqs": _dumps(list(c.chunk_seqs)),
+        "chunk_counts": _dumps(list(c.chunk_counts)),
+        "straddles": len(c.straddle_seqs),
+        "straddle_seqs": _dumps(list(c.straddle_seqs)),
+        "tokens_per_chunk": _dumps({str(k): v for k, v in c.tokens_per_chunk.items()}),
+        "server_count": None if c.server_tokens is None else len(c.server_tokens),
+        "server_tokens": None if c.server_tokens is None else _dumps(list(c.server_tokens)),
+        "server_ids": None if c.server_ids is None else _dumps(list(c.server_ids)),
+        "server_mismatch": c.server_mismatch,
+    }
+
+
+def write_token_rows(conn: Connection, rows: Sequence[StreamTokenRow]) -> None:
+    """Insert the rows of analysed streams on ``conn`` (the caller's transaction).
+
+    Raises ``IntegrityError`` when a stream already has a row (another pass
+    got there first); the caller rolls back and retries without it.
+    """
+    if not rows:
+        return
+    conn.execute(insert(stream_tokens), [_stream_values(r) for r in rows])
+    choice_rows = [_choice_values(r.stream_id, c) for r in rows for c in r.choices]
+    if choice_rows:
+        conn.execute(insert(choice_tokens), choice_rows)
+    anomaly_rows = [
+        {
+            "stream_id": r.stream_id,
+            "choice": a.choice,
+            "kind": a.kind,
+            "position": a.position,
+            "detail": a.detail,
+        }
+        for r in rows
+        for a in r.anomalies
+    ]
+    if anomaly_rows:
+        conn.execute(insert(token_anomalies), anomaly_rows)
+
+
+def delete_token_rows(conn: Connection, stream_ids: Iterable[int] | None = None) -> None:
+    """Delete the token rows of these streams (all streams when None), so that
+    the next pass analyses them again."""
+    for table in _TABLES:
+        stmt = delete(table)
+        if stream_ids is not None:
+            stmt = stmt.where(table.c.stream_id.in_(list(stream_ids)))
+        conn.execute(stmt)
+
+
+def _loads(text: str | None, default: Any) -> Any:
+    if text is None:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        return default
+
+
+def _int_keys(d: Any) -> dict[int, int]:
+    if not isinstance(d, dict):
+        return {}
+    out: dict[int, int] = {}
+    for k, v in d.items():
+        try:
+            out[int(k)] = int(v)
+        except (TypeError, ValueError):
+            continue
+    return dict(sorted(out.items()))
+
+
+def read_stream_tokens(
+    engine: Engine | Connection, stream_ids: Iterable[int]
+) -> dict[int, StreamTokenRow]:
+    """The stored token rows of these streams (streams without a row are absent)."""
+    ids = list(stream_ids)
+    out: dict[int, StreamTokenRow] = {}
+    if not ids:
+        return out
+    if isinstance(engine, Connection):
+        return _read(engine, ids)
+    with engine.connect() as conn:
+        return _read(conn, ids)
+
+
+def _read(conn: Connection, ids: list[int]) -> dict[int, StreamTokenRow]:
+    out: dict[int, StreamTokenRow] = {}
+    for start in range(0, len(ids), 500):
+        part = ids[start : start + 500]
+        choices: dict[int, list[ChoiceTokenRow]] = {}
+        for m in conn.execute(
+            select(choice_tokens)
+            .where(choice_tokens.c.stream_id.in_(part))
+            .order_by(choice_tokens.c.stream_id, choice_tokens.c.choice)
+        ).mappings():
+            server = _loads(m["server_tokens"], None)
+            server_ids = _loads(m["server_ids"], None)
+            choices.setdefault(m["stream_id"], []).append(
+                ChoiceTokenRow(
+                    choice=m["choice"],
+                    text_len=m["text_len"] or 0,
+                    text_hash=m["text_hash"] or "",
+                    output_ids=tuple(_loads(m["output_ids"], [])),
+                    chunk_seqs=tuple(_loads(m["chunk_seqs"], [])),
+                    chunk_counts=tuple(_loads(m["chunk_counts"], [])),
+                    straddle_seqs=tuple(_loads(m["straddle_seqs"], [])),
+                    tokens_per_chunk=_int_keys(_loads(m["tokens_per_chunk"], {})),
+                    server_tokens=None if server is None else tuple(server),
+                    server_ids=None if server_ids is None else tuple(server_ids),
+                    server_mismatch=m["server_mismatch"],
+                )
+            )
+        anomalies: dict[int, list[TokenAnomalyRow]] = {}
+        for m in conn.execute(
+            select(token_anomalies)
+            .where(token_anomalies.c.stream_id.in_(part))
+            .order_by(token_anomalies.c.stream_id, token_anomalies.c.id)
+        ).mappings():
+            anomalies.setdefault(m["stream_id"], []).append(
+                TokenAnomalyRow(m["choice"], m["kind"], m["position"], m["detail"] or "")
+            )
+        for m in conn.execute(
+            select(stream_tokens).where(stream_tokens.c.stream_id.in_(part))
+        ).mappings():
+            sid = m["stream_id"]
+            prompt = _loads(m["prompt_ids"], None)
+            usage = _loads(m["usage_diff"], {})
+            out[sid] = StreamTokenRow(
+                stream_id=sid,
+                tokenizer=m["tokenizer"],
+                is_default=bool(m["is_default"]),
+                prompt_ids=None if prompt is None else tuple(prompt),
+                usage_diff=usage if isinstance(usage, dict) else {},
+                tokens_per_chunk=_int_keys(_loads(m["tokens_per_chunk"], {})),
+                anomaly_count=m["anomaly_count"] or 0,
+                error=m["error"],
+                choices=tuple(choices.get(sid, ())),
+                anomalies=tuple(anomalies.get(sid, ())),
+            )
+    return out
+
+
+def chunk_token_ids(row: ChoiceTokenRow) -> list[tuple[int, tuple[int, ...]]]:
+    """(seq, token ids) of every text chunk of a choice, sliced from ``output_ids``."""
+    out: list[tuple[int, tuple[int, ...]]] = []
+    pos = 0
+    for seq, n in zip(row.chunk_seqs, row.chunk_counts, strict=False):
+        out.append((seq, row.output_ids[pos : pos + n]))
+        pos += n
+    return out

@@ -1,0 +1,360 @@
+"""The batch token pass: tokenize closed streams that have no token row yet.
+
+Runs off the capture path: the daemon calls :func:`tokenize_db` periodically
+from its own thread, ``sparseety replay`` after the capture (unless
+``--no-tokens``), ``sparseety tokenize`` and ``sparseety verify`` on demand.
+
+Each batch (``batch`` streams, 500 by default) is: one query for the stream
+rows, one for their chunks, one :func:`sniffer.tokens.analyze_streams` call
+(the tokenizers' Rust batch encoders), one transaction writing the rows of
+``sniffer.store.tokens_store``. Streams are taken in id order with keyset
+pagination, so a pass always ends, even if a batch cannot be written.
+
+Which streams: closed (``closed_at`` set, ``state`` not ``open``), of an LLM
+dialect (``dialect`` not ``http``), without a ``stream_tokens`` row. A stream
+whose analysis raises gets a row with ``error`` set (it is not retried by the
+next pass; :func:`sniffer.store.tokens_store.delete_token_rows` re-queues it).
+
+Two passes running at once (daemon thread and a CLI command) are safe: a
+batch whose insert collides with rows the other pass wrote is retried once
+without those streams.
+
+Pure except the database: no clock, no logging, no printing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, and_, select
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+from sniffer.store.models import chunks, streams
+from sniffer.store.tokens_store import (
+    ChoiceTokenRow,
+    StreamTokenRow,
+    TokenAnomalyRow,
+    create_token_tables,
+    stream_tokens,
+    write_token_rows,
+)
+from sniffer.tokens import (
+    ChunkInput,
+    LoadedTokenizer,
+    StreamInput,
+    StreamTokens,
+    TokenizerLoadError,
+    TokenizerRegistry,
+    analyze_streams,
+    parse_server_tokens,
+)
+
+__all__ = [
+    "TokenizeResult",
+    "build_inputs",
+    "pending_count",
+    "text_hash",
+    "to_rows",
+    "tokenize_db",
+]
+
+#: progress(streams done, streams pending at the start)
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class TokenizeResult:
+    streams: int = 0  # streams given a token row by this pass
+    failed: int = 0  # of which the analysis raised (row with ``error``)
+    tokens: int = 0  # output tokens counted
+    prompt_tokens: int = 0
+    chunks: int = 0  # text chunks attributed
+    anomalies: int = 0
+    batches: int = 0
+    skipped: int = 0  # streams another pass wrote first
+    write_errors: list[str] = field(default_factory=list)  # batches the database refused
+    anomaly_kinds: dict[str, int] = field(default_factory=dict)
+
+
+def text_hash(text: str) -> str:
+    """The ``choice_tokens.text_hash`` of a text: blake2b-128 hex of its UTF-8 bytes."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def _json(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _pending_filter() -> Any:
+    return and_(
+        streams.c.closed_at.is_not(None),
+        streams.c.state != "open",
+        streams.c.dialect.is_not(None),
+        streams.c.dialect != "http",
+        stream_tokens.c.stream_id.is_(None),
+    )
+
+
+def _pending_select(*cols: Any) -> Any:
+    return (
+        select(*cols)
+        .select_from(streams.outerjoin(stream_tokens, stream_tokens.c.stream_id == streams.c.id))
+        .where(_pending_filter())
+    )
+
+
+def pending_count(engine: Engine) -> int:
+    """Closed LLM streams without a token row."""
+    from sqlalchemy import func
+
+    create_token_tables(engine)
+    with engine.connect() as conn:
+        return int(conn.execute(_pending_select(func.count())).scalar_one())
+
+
+def build_inputs(
+    stream_rows: Sequence[dict[str, Any]], chunk_rows: Sequence[dict[str, Any]]
+) -> list[StreamInput]:
+    """StreamInputs from ``streams`` rows and their ``chunks`` rows (any order).
+
+    ``request`` is the parsed ``request_json`` (the stored request fields lack
+    messages and prompt); unparseable bodies give ``{}`` (no prompt tokens).
+    """
+    by_stream: dict[int, list[ChunkInput]] = {}
+    for c in chunk_rows:
+        by_stream.setdefault(c["stream_id"], []).append(
+            ChunkInput(
+                c["seq"],
+                c["choice"] if c["choice"] is not None else -1,
+                c["text"] or "",
+                c["finish_reason"],
+                c["logprobs"],
+            )
+        )
+    out: list[StreamInput] = []
+    for s in stream_rows:
+        request = _json(s.get("request_json"))
+        if not isinstance(request, dict):
+            request = {}
+        usage = _json(s.get("usage"))
+        so = request.get("stream_options")
+        include_usage = isinstance(so, dict) and so.get("include_usage") is True
+        cs = by_stream.get(s["id"], [])
+        cs.sort(key=lambda c: c.seq)
+        out.append(
+            StreamInput(
+                stream_id=s["id"],
+                model=s.get("model"),
+                request=request,
+                chunks=cs,
+                usage=usage if isinstance(usage, dict) else None,
+                gap=bool(s.get("gap")),
+                done_seen=bool(s.get("done_seen")),
+                include_usage_requested=include_usage,
+            )
+        )
+    return out
+
+
+def _tokenizer_for(registry: TokenizerRegistry, model: str | None) -> LoadedTokenizer:
+    try:
+        return registry.resolve(model)[1]
+    except TokenizerLoadError:
+        return registry.default()
+
+
+def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> StreamTokenRow:
+    """The token rows of one analysed stream."""
+    texts: dict[int, list[str]] = {}
+    for c in inp.chunks:
+        if c.text and c.choice >= 0:
+            texts.setdefault(c.choice, []).append(c.text)
+    per_choice: dict[int, list[tuple[int, int, int]]] = {}  # choice → (seq, count, straddles)
+    for ct in st.chunks:
+        per_choice.setdefault(ct.choice, []).append((ct.seq, len(ct.token_ids), ct.straddles))
+    mismatch: dict[int, int | None] = {}
+    for a in st.anomalies:
+        if a.kind == "server_token_mismatch" and a.choice not in mismatch:
+            mismatch[a.choice] = a.position
+    tok: LoadedTokenizer | None = None
+    choices: list[ChoiceTokenRow] = []
+    for ch in sorted(st.output_ids):
+        ids = st.output_ids[ch]
+        rows = per_choice.get(ch, [])
+        text = "".join(texts.get(ch, []))
+        server_texts = st.server_tokens.get(ch)
+        server_ids: tuple[int | None, ...] | None = None
+        if server_texts is not None:
+            tok = tok or _tokenizer_for(registry, inp.model)
+            reported = []
+            for c in inp.chunks:
+                if c.choice == ch and c.logprobs is not None:
+                    reported.extend(parse_server_tokens(c.logprobs) or [])
+            server_ids = tuple(tok.server_token_id(t) for t in reported)
+        counts = tuple(n for _, n, _ in rows)
+        choices.append(
+            ChoiceTokenRow(
+                choice=ch,
+                text_len=len(text),
+                text_hash=text_hash(text),
+                output_ids=ids,
+                chunk_seqs=tuple(seq for seq, _, _ in rows),
+                chunk_counts=counts,
+                straddle_seqs=tuple(seq for seq, _, k in rows for _ in range(k)),
+                tokens_per_chunk=dict(sorted(Counter(counts).items())),
+                server_tokens=server_texts,
+                server_ids=server_ids,
+                server_mismatch=mismatch.get(ch),
+            )
+        )
+    return StreamTokenRow(
+        stream_id=st.stream_id,
+        tokenizer=st.tokenizer,
+        is_default=st.tokenizer == registry.default_name,
+        prompt_ids=st.prompt_ids,
+        usage_diff=dict(st.usage_diff),
+        tokens_per_chunk=dict(st.tokens_per_chunk),
+        anomaly_count=len(st.anomalies),
+        choices=tuple(choices),
+        anomalies=tuple(
+            TokenAnomalyRow(a.choice, a.kind, a.position, a.detail) for a in st.anomalies
+        ),
+    )
+
+
+def _error_row(registry: TokenizerRegistry, inp: StreamInput, exc: BaseException) -> StreamTokenRow:
+    return StreamTokenRow(
+        stream_id=inp.stream_id,
+        tokenizer=None,
+        is_default=registry.match(inp.model) is None,
+        prompt_ids=None,
+        error=f"{type(exc).__name__}: {exc}"[:2000],
+    )
+
+
+def _analyze(registry: TokenizerRegistry, inputs: list[StreamInput]) -> list[StreamTokenRow]:
+    """Rows for every input; a stream whose analysis raises gets an error row."""
+    try:
+        results = analyze_streams(registry, inputs)
+        return [to_rows(registry, i, r) for i, r in zip(inputs, results, strict=True)]
+    except Exception:  # bad input never stops the pass: find the culprit one by one
+        pass
+    out: list[StreamTokenRow] = []
+    for inp in inputs:
+        try:
+            out.append(to_rows(registry, inp, analyze_streams(registry, [inp])[0]))
+        except Exception as exc:
+            out.append(_error_row(registry, inp, exc))
+    return out
+
+
+def _write(
+    engine: Engine, rows: list[StreamTokenRow], result: TokenizeResult
+) -> list[StreamTokenRow]:
+    """Write a batch; on a collision with another pass, once more without the
+    streams it already wrote. Returns the rows written."""
+    try:
+        with engine.begin() as conn:
+            write_token_rows(conn, rows)
+        return rows
+    except IntegrityError:
+        pass
+    except SQLAlchemyError as exc:
+        result.write_errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+        return []
+    ids = [r.stream_id for r in rows]
+    try:
+        with engine.begin() as conn:
+            done = set(
+                conn.execute(
+                    select(stream_tokens.c.stream_id).where(stream_tokens.c.stream_id.in_(ids))
+                ).scalars()
+            )
+            todo = [r for r in rows if r.stream_id not in done]
+            write_token_rows(conn, todo)
+    except SQLAlchemyError as exc:
+        result.write_errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+        return []
+    result.skipped += len(rows) - len(todo)
+    return todo
+
+
+def tokenize_db(
+    engine: Engine,
+    registry: TokenizerRegistry,
+    *,
+    batch: int = 500,
+    limit: int | None = None,
+    stream_ids: Sequence[int] | None = None,
+    progress: Progress | None = None,
+) -> TokenizeResult:
+    """Tokenize every closed LLM stream without a token row (at most ``limit``;
+    only ``stream_ids`` when given). Returns what was done.
+
+    Example: ``tokenize_db(make_engine("capture.db"), TokenizerRegistry())``.
+    """
+    create_token_tables(engine)
+    batch = max(1, batch)
+    result = TokenizeResult()
+    total = pending_count(engine) if stream_ids is None else len(stream_ids)
+    if limit is not None:
+        total = min(total, limit)
+    last_id: int | None = None
+    done = 0
+    while limit is None or done < limit:
+        size = batch if limit is None else min(batch, limit - done)
+        stmt = _pending_select(streams)
+        if stream_ids is not None:
+            stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
+        if last_id is not None:
+            stmt = stmt.where(streams.c.id > last_id)
+        stmt = stmt.order_by(streams.c.id).limit(size)
+        with engine.connect() as conn:
+            srows = [dict(m) for m in conn.execute(stmt).mappings()]
+            if not srows:
+                break
+            ids = [r["id"] for r in srows]
+            crows = [
+                dict(m)
+                for m in conn.execute(
+                    select(
+                        chunks.c.stream_id,
+                        chunks.c.seq,
+                        chunks.c.choice,
+                        chunks.c.text,
+                        chunks.c.finish_reason,
+                        chunks.c.logprobs,
+                    )
+                    .where(chunks.c.stream_id.in_(ids))
+                    .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
+                ).mappings()
+            ]
+        last_id = ids[-1]
+        inputs = build_inputs(srows, crows)
+        rows = _write(engine, _analyze(registry, inputs), result)
+        result.batches += 1
+        for r in rows:
+            result.streams += 1
+            if r.error is not None:
+                result.failed += 1
+                continue
+            result.tokens += r.output_count
+            result.prompt_tokens += len(r.prompt_ids or ())
+            result.chunks += sum(len(c.chunk_seqs) for c in r.choices)
+            result.anomalies += r.anomaly_count
+            for a in r.anomalies:
+                result.anomaly_kinds[a.kind] = result.anomaly_kinds.get(a.kind, 0) + 1
+        done += len(srows)
+        if progress is not None:
+            progress(min(done, total), total)
+    return result
