@@ -116,6 +116,14 @@ def main() -> None:
     metavar="PORT=NAME",
     help="Label streams whose server port is PORT (e.g. 8000=baseline). Repeat.",
 )
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Worker processes for large files (connections are split between them). "
+    "Default: CPUs, at most 4.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def replay(
@@ -123,6 +131,7 @@ def replay(
     db: str,
     ports: tuple[int, ...],
     labels: tuple[str, ...],
+    jobs: int | None,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -137,6 +146,7 @@ def replay(
       sparseety replay pcaps/chat_english.pcap --db sparseety.db --label 8000=baseline
     """
     from .capture.pcap import CaptureFileError
+    from .replay import default_jobs
     from .replay import replay as run_replay
 
     label_map = parse_labels(labels)
@@ -166,7 +176,12 @@ def replay(
             with _errors():
                 try:
                     r = run_replay(
-                        path, db, ports=frozenset(ports), labels=label_map, progress=progress
+                        path,
+                        db,
+                        ports=frozenset(ports),
+                        labels=label_map,
+                        progress=progress,
+                        jobs=jobs or default_jobs(),
                     )
                 except CaptureFileError as exc:
                     _fail(f"{path}: {exc}")
@@ -183,6 +198,7 @@ def replay(
             "errors": r.errors,
             "states": r.states,
             "seconds": round(r.seconds, 3),
+            "jobs": r.jobs,
             "packets_per_second": round(r.packets_per_second),
             "chunk_events_per_second": round(r.events_per_second),
             "capture_error": r.capture_error,

@@ -182,6 +182,14 @@ class _ChunkedBody:
         self.state = self.SIZE
 
     def feed(self, data: bytes) -> tuple[list[bytes], bytes | None]:
+        if self.state == 0 and not self.buf:
+            # Fast path: exactly one whole chunk (one SSE event per write).
+            m = _CHUNK_HEADER.match(data)
+            if m is not None:
+                start = m.end()
+                stop = start + int(m[1], 16)
+                if start < stop == len(data) - 2 and data.endswith(b"\r\n"):
+                    return [bytes(data[start:stop])], None
         buf = self.buf + data if self.buf else bytes(data)
         self.buf = b""
         pieces: list[bytes] = []

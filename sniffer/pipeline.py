@@ -20,6 +20,7 @@ from .streams import StreamAssembler
 class PipelineConfig:
     conn_id_base: int = 1
     stream_id_base: int = 1
+    id_step: int = 1  # parallel replay: worker k of n uses bases + k and step n
     server_ports: frozenset[int] = frozenset()  # helps orient mid-stream connections
     only_ports: frozenset[int] = frozenset()  # non-empty: ignore segments on other ports
     labels: Mapping[int, str] | None = None  # server port → label
@@ -33,12 +34,15 @@ class Pipeline:
         self.config = cfg
         self.reassembler = Reassembler(
             conn_id_base=cfg.conn_id_base,
+            id_step=cfg.id_step,
             server_ports=cfg.server_ports | cfg.only_ports | frozenset((cfg.labels or {}).keys()),
             idle_timeout=cfg.idle_timeout,
             hole_timeout=cfg.hole_timeout,
         )
         self.http = HttpParser()
-        self.streams = StreamAssembler(stream_id_base=cfg.stream_id_base, labels=cfg.labels)
+        self.streams = StreamAssembler(
+            stream_id_base=cfg.stream_id_base, id_step=cfg.id_step, labels=cfg.labels
+        )
         self._only = cfg.only_ports
         self.segments = 0
         self.skipped = 0

@@ -243,6 +243,7 @@ class Reassembler:
         self,
         *,
         conn_id_base: int = 1,
+        id_step: int = 1,
         server_ports: frozenset[int] = frozenset(),
         max_buffer: int = 4 << 20,
         idle_timeout: float = 300.0,
@@ -256,6 +257,7 @@ class Reassembler:
         self.max_connections = max(1, max_connections)
         self.stats = ReassemblyStats()
         self._next_id = conn_id_base
+        self._id_step = id_step
         self._halves: dict[_Key, _Half] = {}
         self._conns: dict[int, _Conn] = {}
         self._open = 0
@@ -421,7 +423,7 @@ class Reassembler:
         if len(self._conns) >= self.max_connections:
             self._evict(ts, out)
         conn = _Conn(self._next_id, ts, client, server)
-        self._next_id += 1
+        self._next_id += self._id_step
         self._conns[conn.id] = conn
         self._halves[conn.keys[0]] = conn.c2s
         self._halves[conn.keys[1]] = conn.s2c

@@ -3,15 +3,22 @@
 This is the batch driver: it owns the loop (the sans-IO stages own none), the
 store writer and the progress callback. The daemon is the live driver of the
 same pipeline.
+
+With ``jobs > 1`` the connections of the file are split between worker
+processes by their port pair (both directions of a connection always go to
+the same worker), each running the whole pipeline on its share and writing to
+the same database; stream and connection ids interleave (worker k of n takes
+ids base+k, base+k+n, …) so they never collide.
 """
 
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from .capture.pcap import CaptureFileError, read_capture
 from .events import ChunkEvent, PipelineError, StoreEvent, StreamClosed
@@ -22,6 +29,9 @@ Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 #: Capture-time interval between idle-connection sweeps during a replay.
 EXPIRE_EVERY = 10.0
+
+#: Below this file size a replay runs in one process whatever ``jobs`` says.
+PARALLEL_MIN_BYTES = 8 << 20
 
 
 @dataclass
@@ -36,6 +46,7 @@ class ReplayResult:
     states: dict[str, int] = field(default_factory=dict)
     capture_error: str | None = None
     first_stream_id: int = 0
+    jobs: int = 1
 
     @property
     def packets_per_second(self) -> float:
@@ -44,6 +55,18 @@ class ReplayResult:
     @property
     def events_per_second(self) -> float:
         return self.chunk_events / self.seconds if self.seconds > 0 else 0.0
+
+    def merge(self, other: ReplayResult) -> None:
+        self.segments += other.segments
+        self.chunk_events += other.chunk_events
+        self.streams += other.streams
+        self.errors += other.errors
+        for k, v in other.states.items():
+            self.states[k] = self.states.get(k, 0) + v
+
+
+def default_jobs() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def replay(
@@ -55,6 +78,7 @@ def replay(
     progress: Progress | None = None,
     batch_size: int = 20_000,
     writer: StoreWriter | None = None,
+    jobs: int = 1,
 ) -> ReplayResult:
     """Replay one capture file into the database ``db`` (a path or SQLAlchemy URL).
 
@@ -63,34 +87,131 @@ def replay(
     A file that is not a capture at all raises ``CaptureFileError``.
     """
     started = time.perf_counter()
+    read_capture(path).close()  # not a capture at all: raise before any work
+    if jobs > 1 and writer is None and os.path.getsize(path) >= PARALLEL_MIN_BYTES:
+        result = _replay_parallel(path, db, ports, labels, progress, batch_size, jobs)
+    else:
+        own = writer is None
+        w = writer if writer is not None else StoreWriter(db, batch_size=batch_size)
+        try:
+            conn_base, stream_base = w.id_bases()
+            result = _replay_part(path, w, ports, labels, progress, 0, 1, conn_base, stream_base)
+        finally:
+            if own:
+                w.close()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _replay_parallel(
+    path: str | os.PathLike[str],
+    db: str,
+    ports: frozenset[int],
+    labels: Mapping[int, str] | None,
+    progress: Progress | None,
+    batch_size: int,
+    jobs: int,
+) -> ReplayResult:
+    first = StoreWriter(db, batch_size=batch_size)  # creates the schema once
+    conn_base, stream_base = first.id_bases()
+    first.close()
+    ctx = multiprocessing.get_context("fork")
+    workers = []
+    for k in range(1, jobs):
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_worker,
+            args=(send, path, db, ports, labels, batch_size, k, jobs, conn_base, stream_base),
+            daemon=True,
+        )
+        proc.start()
+        send.close()
+        workers.append((proc, recv))
+    w = StoreWriter(db, batch_size=batch_size)
+    try:
+        result = _replay_part(path, w, ports, labels, progress, 0, jobs, conn_base, stream_base)
+    finally:
+        w.close()
+    for proc, recv in workers:
+        try:
+            part = recv.recv()
+        except EOFError:
+            part = None
+        proc.join()
+        if isinstance(part, dict):
+            result.merge(ReplayResult(**part))
+        else:
+            msg = part if isinstance(part, str) else f"exit code {proc.exitcode}"
+            raise RuntimeError(f"replay worker {proc.name} failed: {msg}")
+    result.jobs = jobs
+    return result
+
+
+def _worker(
+    send: multiprocessing.connection.Connection,
+    path: str | os.PathLike[str],
+    db: str,
+    ports: frozenset[int],
+    labels: Mapping[int, str] | None,
+    batch_size: int,
+    k: int,
+    n: int,
+    conn_base: int,
+    stream_base: int,
+) -> None:
+    try:
+        w = StoreWriter(db, batch_size=batch_size)
+        try:
+            part = _replay_part(path, w, ports, labels, None, k, n, conn_base, stream_base)
+        finally:
+            w.close()
+        send.send(asdict(part))
+    except BaseException as exc:  # report, never hang the parent
+        send.send(f"{type(exc).__name__}: {exc}")
+    finally:
+        send.close()
+
+
+def _replay_part(
+    path: str | os.PathLike[str],
+    w: StoreWriter,
+    ports: frozenset[int],
+    labels: Mapping[int, str] | None,
+    progress: Progress | None,
+    k: int,
+    n: int,
+    conn_base: int,
+    stream_base: int,
+) -> ReplayResult:
+    """Replay worker k's share of the connections (all of them when n == 1): a hash of
+    the port pair, symmetric so both directions land together, and mixed so that
+    Linux's same-parity ephemeral ports still spread evenly."""
     reader = read_capture(path)
+    result = ReplayResult(path=str(path), first_stream_id=stream_base)
+    pipe = Pipeline(
+        PipelineConfig(
+            conn_id_base=conn_base + k,
+            stream_id_base=stream_base + k,
+            id_step=n,
+            only_ports=ports,
+            labels=labels,
+        )
+    )
     # The pipeline makes many short-lived objects and no cycles worth chasing
     # per packet: collect the young generation far less often while replaying.
     thresholds = gc.get_threshold()
     gc.set_threshold(200_000, 50, 100)
-    own_writer = writer is None
-    w = writer if writer is not None else StoreWriter(db, batch_size=batch_size)
-    result = ReplayResult(path=str(path))
     try:
-        conn_base, stream_base = w.id_bases()
-        result.first_stream_id = stream_base
-        pipe = Pipeline(
-            PipelineConfig(
-                conn_id_base=conn_base,
-                stream_id_base=stream_base,
-                only_ports=ports,
-                labels=labels,
-            )
-        )
         write_many = w.write_many
         feed = pipe.feed
         next_expire = 0.0
         ts = 0.0
         for count, seg in enumerate(reader, 1):
-            out = feed(seg)
-            if out:
-                write_many(out)
-                _tally(result, out)
+            if n == 1 or _share(seg.sport ^ seg.dport, n) == k:
+                out = feed(seg)
+                if out:
+                    write_many(out)
+                    _tally(result, out)
             if count & 0x3FFF == 0:
                 ts = seg.ts
                 if ts >= next_expire:
@@ -103,7 +224,7 @@ def replay(
                     progress(reader.offset, reader.size)
         last = reader.stats.last_ts or ts
         out = pipe.flush(last)
-        if reader.error is not None:
+        if reader.error is not None and k == 0:
             result.capture_error = str(reader.error)
             out.append(PipelineError(last, "capture", "file", str(reader.error)))
         write_many(out)
@@ -113,12 +234,14 @@ def replay(
         w.flush()
     finally:
         gc.set_threshold(*thresholds)
-        if own_writer:
-            w.close()
     result.packets = reader.stats.packets
     result.segments = pipe.segments
-    result.seconds = time.perf_counter() - started
     return result
+
+
+def _share(x: int, n: int) -> int:
+    h = (x * 0x9E3779B1) & 0xFFFFFFFF
+    return (h ^ (h >> 16)) % n
 
 
 def _tally(result: ReplayResult, events: list[StoreEvent]) -> None:
@@ -134,4 +257,4 @@ def _tally(result: ReplayResult, events: list[StoreEvent]) -> None:
             result.errors += 1
 
 
-__all__ = ["CaptureFileError", "ReplayResult", "replay"]
+__all__ = ["CaptureFileError", "ReplayResult", "default_jobs", "replay"]

@@ -197,11 +197,13 @@ class StreamAssembler:
         self,
         *,
         stream_id_base: int = 1,
+        id_step: int = 1,
         labels: Mapping[int, str] | None = None,
         max_request_body: int = 4 << 20,
         max_response_body: int = 16 << 20,
     ) -> None:
         self._next_id = stream_id_base
+        self._id_step = id_step
         self._labels = dict(labels or {})
         self._max_req = max_request_body
         self._max_resp = max_response_body
@@ -280,7 +282,7 @@ class StreamAssembler:
         x = self._ex.get(key)
         if x is None:
             x = _Exchange(self._next_id, conn, exchange)
-            self._next_id += 1
+            self._next_id += self._id_step
             self._ex[key] = x
         return x
 

@@ -1,0 +1,49 @@
+"""`make bench`: run every benchmark script in bench/ and print its figures.
+
+Benchmarks are not tests: they measure and print, and never fail the build on a
+figure. Scripts that need root (live capture, eBPF) say so and are skipped
+when not root.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ORDER = [
+    "bench_replay.py",
+    "bench_tokens.py",
+    "bench_verify.py",
+    "bench_diff.py",
+    "bench_afpacket.py",
+    "bench_live.py",
+    "bench_ebpf.py",
+]
+NEEDS_ROOT = {"bench_afpacket.py", "bench_live.py", "bench_ebpf.py", "bench_replay.py"}
+
+
+def main() -> int:
+    scripts = [BENCH / n for n in ORDER if (BENCH / n).exists()]
+    scripts += sorted(p for p in BENCH.glob("bench_*.py") if p.name not in ORDER)
+    failed = []
+    for script in scripts:
+        print(f"\n=== {script.name} ===", flush=True)
+        if script.name in NEEDS_ROOT and os.geteuid() != 0:
+            print("skipped: needs root (packet capture)")
+            continue
+        t = time.perf_counter()
+        rc = subprocess.call([sys.executable, str(script)], cwd=BENCH.parent)
+        print(f"--- {script.name}: exit {rc}, {time.perf_counter() - t:.1f} s", flush=True)
+        if rc:
+            failed.append(script.name)
+    if failed:
+        print(f"\nbenchmarks that did not run to the end: {', '.join(failed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
