@@ -97,12 +97,14 @@ def main() -> int:
     tw, tc = best["tshark"]
     ow, oc = best["sparseety"]
     print(
-        f"capture: {ns.capture} ({packets:,} packets, {streams:,} LLM streams, {events:,} chunk events)"
+        f"capture: {ns.capture} ({packets:,} packets, {streams:,} LLM streams, "
+        f"{events:,} chunk events)"
     )
     print(f"{'':24s} {'wall s':>8s} {'cpu s':>8s} {'packets/s':>12s} {'events/s':>12s}")
     print(f"{'tshark http.file_data':24s} {tw:8.2f} {tc:8.2f} {packets / tw:12,.0f} {'':>12s}")
     print(
-        f"{'sparseety replay→SQLite':24s} {ow:8.2f} {oc:8.2f} {packets / ow:12,.0f} {events / ow:12,.0f}"
+        f"{'sparseety replay→SQLite':24s} {ow:8.2f} {oc:8.2f} {packets / ow:12,.0f} "
+        f"{events / ow:12,.0f}"
     )
     print(f"speed-up (best of {ns.runs}, wall): {tw / ow:.2f}x   (target >= 3x)")
     return 0
