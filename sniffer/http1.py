@@ -374,6 +374,13 @@ class HttpParser:
     def open_connections(self) -> int:
         return len(self._conns)
 
+    def abandon(self, conn: int) -> None:
+        """Stop parsing a connection (after an internal error): its bytes are ignored
+        from now on; its close still passes through."""
+        c = self._conns.get(conn)
+        if c is not None:
+            c.dead = True
+
     # ----------------------------------------------------------------- roles
 
     def _release_opened(self, c: _Conn, out: list[HttpOutput]) -> None:

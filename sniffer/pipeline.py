@@ -46,6 +46,7 @@ class Pipeline:
         self._only = cfg.only_ports
         self.segments = 0
         self.skipped = 0
+        self.internal_errors = 0
 
     def feed(self, seg: Segment) -> list[StoreEvent]:
         """One captured TCP segment in; whatever it completed out."""
@@ -83,8 +84,21 @@ class Pipeline:
         http = self.http.feed
         streams = self.streams.feed
         for fev in flows:
-            for hev in http(fev):
-                out.extend(streams(hev))
+            try:
+                for hev in http(fev):
+                    out.extend(streams(hev))
+            except Exception as exc:  # a bug must cost one connection, never the capture
+                self.internal_errors += 1
+                self.http.abandon(fev.conn)
+                out.append(
+                    PipelineError(
+                        fev.ts,
+                        "pipeline",
+                        "internal",
+                        f"{type(exc).__name__}: {exc} (connection dropped)",
+                        fev.conn,
+                    )
+                )
         return out
 
     @property
