@@ -439,5 +439,9 @@ def errors(db: str, limit: int) -> None:
         )
 
 
+from .cli_run import run as _run  # noqa: E402
+
+main.add_command(_run)
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,135 @@
+"""``sparseety run``: the live sidecar daemon (click layer over :mod:`sniffer.daemon`)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from .config import BACKENDS, LOG_LEVELS, Config, ConfigError, load_config, render_toml
+
+__all__ = ["build_config", "run"]
+
+
+def _parse_labels(values: tuple[str, ...]) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for v in values:
+        port, sep, name = v.partition("=")
+        if not sep or not port.strip().isdigit() or not name:
+            raise ConfigError(f"--label {v!r} is not PORT=NAME")
+        out[int(port)] = name
+    return out
+
+
+def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Config, dict[str, Any]]:
+    """The effective config: defaults ← TOML file ← CLI flags. Returns it and the
+    overrides (re-applied on SIGHUP). Raises :class:`ConfigError`."""
+    overrides: dict[str, Any] = {}
+    for key in (
+        "interface",
+        "backend",
+        "database",
+        "flush_interval",
+        "batch_size",
+        "queue_size",
+        "ring_blocks",
+        "block_size",
+        "idle_timeout",
+        "log_level",
+    ):
+        if options.get(key) is not None:
+            overrides[key] = options[key]
+    for key in ("ports", "pids", "comms"):
+        if options.get(key):
+            overrides[key] = tuple(options[key])
+    if options.get("labels"):
+        overrides["labels"] = _parse_labels(tuple(options["labels"]))
+    base = load_config(config_path)
+    return base.with_overrides(overrides), overrides
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="TOML config file (see systemd/sparseety.toml.example). Flags override it.",
+)
+@click.option("--interface", "-i", help="Interface to capture on.  [default: lo]")
+@click.option(
+    "--port", "ports", multiple=True, type=int, help="Server port (repeat).  [default: 8000]"
+)
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    metavar="PORT=NAME",
+    help="Label stored on every stream whose server port is PORT (repeat); PORT is captured.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    help="packet: AF_PACKET ring + kernel BPF filter; ebpf: syscall tracing.  [default: packet]",
+)
+@click.option("--pid", "pids", multiple=True, type=int, help="ebpf: only this process (repeat).")
+@click.option("--comm", "comms", multiple=True, help="ebpf: only this process name (repeat).")
+@click.option(
+    "--db",
+    "database",
+    help="SQLite file or SQLAlchemy URL.  [default: sqlite:///./sparseety.db]",
+)
+@click.option("--flush-interval", type=float, help="Seconds between writes at most.  [default: 1]")
+@click.option("--batch-size", type=int, help="Rows per write at most.  [default: 5000]")
+@click.option(
+    "--queue-size", type=int, help="Capture→pipeline queue length, in batches.  [default: 1024]"
+)
+@click.option("--ring-blocks", type=int, help="packet: ring blocks.  [default: 64]")
+@click.option("--block-size", type=int, help="packet: bytes per ring block.  [default: 1048576]")
+@click.option(
+    "--idle-timeout", type=float, help="Seconds before an idle connection closes.  [default: 300]"
+)
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), help="[default: info]")
+@click.option("--print-config", is_flag=True, help="Print the effective config as TOML and exit.")
+def run(config_path: str | None, print_config: bool, **options: Any) -> None:
+    """Record live: capture the LLM server's traffic and store every streamed chunk.
+
+    \b
+    Passive and fail-open: it never sits in the request path. SIGTERM/SIGINT
+    flush everything and close open streams as truncated; SIGHUP reloads the
+    config file. Logs go to stderr; under systemd (Type=notify) it reports
+    READY=1, STATUS= and WATCHDOG=1. Needs root or CAP_NET_RAW (ebpf: CAP_BPF
+    and CAP_PERFMON).
+
+    \b
+    Examples:
+      sparseety run                                   # lo, port 8000, ./sparseety.db
+      sparseety run --port 8000 --label 8000=baseline --port 8001 --label 8001=sparse
+      sparseety run --config /etc/sparseety/sparseety.toml
+      sparseety run --backend ebpf --comm python3 --port 8000
+      sparseety run --config my.toml --print-config
+    """
+    try:
+        cfg, overrides = build_config(config_path, options)
+    except ConfigError as exc:
+        click.echo(f"sparseety: config error: {exc}", err=True)
+        sys.exit(2)
+    if print_config:
+        click.echo(render_toml(cfg), nl=False)
+        return
+
+    from .capture.afpacket import CaptureError
+    from .capture.ebpf import EbpfError
+    from .daemon import Daemon
+
+    try:
+        code = Daemon(cfg, overrides=overrides).run()
+    except (CaptureError, EbpfError) as exc:
+        click.echo(f"sparseety: cannot capture: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:
+        click.echo(f"sparseety: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(1)
+    sys.exit(code)

@@ -1,0 +1,356 @@
+"""The daemon's configuration: TOML file, CLI overrides, validation.
+
+Layout (every key optional; the values shown are the defaults)::
+
+    log_level = "info"            # debug, info, warning, error
+
+    [capture]
+    interface = "lo"
+    ports = [8000]                # server ports; labelled ports are captured too
+    backend = "packet"            # "packet" (AF_PACKET ring) or "ebpf" (syscalls)
+    pids = []                     # ebpf: only these processes (thread-group ids) ...
+    comms = []                    # ... or these process names (15 bytes at most)
+    queue_size = 1024             # capture → pipeline queue, in BATCHES of segments
+    ring_blocks = 64              # packet: TPACKET_V3 ring blocks ...
+    block_size = 1048576          # ... of this many bytes (a multiple of the page size)
+    idle_timeout = 300.0          # seconds without a packet before a connection is closed
+
+    [store]
+    database = "sqlite:///./sparseety.db"   # SQLAlchemy URL or a file path
+    flush_interval = 1.0          # seconds between batched writes at most
+    batch_size = 5000             # rows per write at most
+
+    [labels]                      # server port → label stored on every stream
+    8000 = "baseline"
+    8001 = "sparse"
+
+The keys of ``[capture]`` and ``[store]`` (and ``log_level``) may also be
+written flat, at the top level; a key set both ways is an error. Any other
+top-level table or key (``[metrics]``, ``[tokenizers]``, ``[redaction]``,
+``[sampling]``, ``retention_days``, …) is kept, unparsed, in
+``Config.extra`` for the features that read it. An unknown key *inside* a
+known table is an error that names it.
+
+Loading never exits: every problem is a :class:`ConfigError` whose message is
+one line (the CLI prints it and exits with code 2).
+"""
+
+from __future__ import annotations
+
+import mmap
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BACKENDS",
+    "LOG_LEVELS",
+    "Config",
+    "ConfigError",
+    "load_config",
+    "parse_config",
+    "render_toml",
+]
+
+BACKENDS = ("packet", "ebpf")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_DATABASE = "sqlite:///./sparseety.db"
+
+#: Which table each option lives in ("" = top level).
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "capture": (
+        "interface",
+        "ports",
+        "backend",
+        "pids",
+        "comms",
+        "queue_size",
+        "ring_blocks",
+        "block_size",
+        "idle_timeout",
+    ),
+    "store": ("database", "flush_interval", "batch_size"),
+    "": ("log_level",),
+}
+_SECTION_OF = {key: sec for sec, keys in SECTIONS.items() for key in keys}
+
+
+class ConfigError(Exception):
+    """The configuration is unusable; the message is one line naming the problem."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The effective daemon configuration (defaults = ``sparseety run`` with no options)."""
+
+    interface: str = "lo"
+    ports: tuple[int, ...] = (8000,)
+    labels: Mapping[int, str] = field(default_factory=dict)
+    backend: str = "packet"
+    pids: tuple[int, ...] = ()
+    comms: tuple[str, ...] = ()
+    database: str = DEFAULT_DATABASE
+    flush_interval: float = 1.0
+    batch_size: int = 5000
+    queue_size: int = 1024
+    ring_blocks: int = 64
+    block_size: int = 1 << 20
+    idle_timeout: float = 300.0
+    log_level: str = "info"
+    #: unknown top-level tables and keys, for later features (metrics, tokenizers, …)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    #: the file this came from, if any (SIGHUP re-reads it)
+    source: str | None = None
+
+    @property
+    def capture_ports(self) -> tuple[int, ...]:
+        """Ports the capture filter selects: ``ports`` plus every labelled port."""
+        return tuple(sorted(set(self.ports) | set(self.labels)))
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Config:
+        """A copy with the given options replaced (``None`` values are ignored), validated."""
+        names = {f.name for f in fields(self)}
+        changes: dict[str, Any] = {}
+        for key, value in overrides.items():
+            if key not in names or key in ("extra", "source"):
+                raise ConfigError(f"unknown option {key!r}")
+            if value is None:
+                continue
+            changes[key] = _coerce(key, value, "option")
+        cfg = replace(self, **changes)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` on the first invalid value."""
+        iface = self.interface
+        if not iface or len(iface) >= 16 or "/" in iface or any(c.isspace() for c in iface):
+            raise ConfigError(f"interface: invalid interface name {iface!r}")
+        for p in (*self.ports, *self.labels):
+            if not 0 < p < 65536:
+                raise ConfigError(f"ports: port {p} out of range 1-65535")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if not self.capture_ports and (self.backend == "packet" or not (self.pids or self.comms)):
+            raise ConfigError("ports: at least one server port is needed")
+        for pid in self.pids:
+            if pid <= 0:
+                raise ConfigError(f"pids: {pid} is not a process id")
+        for comm in self.comms:
+            if not comm or len(comm.encode()) > 15:
+                raise ConfigError(f"comms: {comm!r} must be 1 to 15 bytes")
+        if (self.pids or self.comms) and self.backend != "ebpf":
+            raise ConfigError("pids/comms select processes: they need backend = 'ebpf'")
+        for name, label in self.labels.items():
+            if not label:
+                raise ConfigError(f"labels: empty label for port {name}")
+        if not self.database:
+            raise ConfigError("database: empty")
+        if not 0 < self.flush_interval <= 3600:
+            raise ConfigError(f"flush_interval: {self.flush_interval} out of range (0, 3600]")
+        if not 1 <= self.batch_size <= 10_000_000:
+            raise ConfigError(f"batch_size: {self.batch_size} out of range 1-10000000")
+        if not 1 <= self.queue_size <= 1_000_000:
+            raise ConfigError(f"queue_size: {self.queue_size} out of range 1-1000000")
+        if not 1 <= self.ring_blocks <= 65536:
+            raise ConfigError(f"ring_blocks: {self.ring_blocks} out of range 1-65536")
+        page = mmap.PAGESIZE
+        if self.block_size < 1 << 16 or self.block_size % page or self.block_size > 1 << 30:
+            raise ConfigError(
+                f"block_size: {self.block_size} must be a multiple of {page} "
+                "between 65536 and 1073741824"
+            )
+        if not 0 < self.idle_timeout <= 86400 * 7:
+            raise ConfigError(f"idle_timeout: {self.idle_timeout} out of range (0, 604800]")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(
+                f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ports"] = list(self.ports)
+        d["labels"] = {str(k): v for k, v in sorted(self.labels.items())}
+        d["pids"] = list(self.pids)
+        d["comms"] = list(self.comms)
+        d["extra"] = dict(self.extra)
+        return d
+
+
+# ---------------------------------------------------------------------- coercion
+
+
+def _int(key: str, value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        raise ConfigError(f"{where} {key}: expected an integer, got {value!r}")
+    return value
+
+
+def _float(key: str, value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{where} {key}: expected a number, got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ConfigError(f"{where} {key}: expected a number, got {value!r}")
+
+
+def _str(key: str, value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} {key}: expected a string, got {value!r}")
+    return value
+
+
+def _list(key: str, value: Any, where: str) -> list[Any]:
+    if isinstance(value, list | tuple):
+        return list(value)
+    return [value]  # a single port/pid/comm is accepted as a one-element list
+
+
+def _labels(value: Any, where: str) -> dict[int, str]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f'{where} labels: expected a table of PORT = "label"')
+    out: dict[int, str] = {}
+    for k, v in value.items():
+        port = str(k).strip()
+        if not port.isdigit():
+            raise ConfigError(f"{where} labels: key {k!r} is not a port number")
+        if not isinstance(v, str):
+            raise ConfigError(f"{where} labels: label of port {port} must be a string")
+        out[int(port)] = v
+    return out
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    if key in ("ports", "pids"):
+        return tuple(_int(key, v, where) for v in _list(key, value, where))
+    if key == "comms":
+        return tuple(_str(key, v, where) for v in _list(key, value, where))
+    if key == "labels":
+        return _labels(value, where)
+    if key in ("batch_size", "queue_size", "ring_blocks", "block_size"):
+        return _int(key, value, where)
+    if key in ("flush_interval", "idle_timeout"):
+        return _float(key, value, where)
+    value = _str(key, value, where)
+    if key in ("backend", "log_level"):
+        return value.lower()
+    return value
+
+
+# ---------------------------------------------------------------------- parsing
+
+
+def parse_config(data: Mapping[str, Any], source: str | None = None) -> Config:
+    """Build a validated :class:`Config` from parsed TOML (a dict)."""
+    where = source or "config"
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+
+    def put(key: str, value: Any, place: str) -> None:
+        if key in values:
+            raise ConfigError(f"{where}: {key!r} is set twice (flat and in a table)")
+        values[key] = _coerce(key, value, f"{where} [{place}]" if place else where)
+
+    for top, value in data.items():
+        if top in ("capture", "store"):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{where}: [{top}] must be a table")
+            for key, v in value.items():
+                if _SECTION_OF.get(key) != top:
+                    raise ConfigError(f"{where}: unknown key {key!r} in [{top}]")
+                put(key, v, top)
+        elif top == "labels":
+            if "labels" in values:
+                raise ConfigError(f"{where}: 'labels' is set twice")
+            values["labels"] = _labels(value, f"{where} [labels]")
+        elif top in _SECTION_OF:
+            put(top, value, "")
+        else:
+            extra[top] = value
+    try:
+        cfg = Config(**values, extra=extra, source=source)
+        cfg.validate()
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return cfg
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """The defaults (``path`` None) or the TOML file at ``path``, validated."""
+    if path is None:
+        return Config()
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+    return parse_config(data, source=str(p))
+
+
+# ---------------------------------------------------------------------- rendering
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        out = value.replace("\\", "\\\\").replace('"', '\\"')
+        out = "".join(c if c >= " " else f"\\u{ord(c):04x}" for c in out)
+        return f'"{out}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    return _toml_value(str(value))
+
+
+def _key(k: Any) -> str:
+    s = str(k)
+    if s and all(c.isalnum() or c in "-_" for c in s):
+        return s
+    return _toml_value(s)
+
+
+def render_toml(cfg: Config) -> str:
+    """The effective configuration as a TOML document (what ``--print-config`` shows).
+
+    It parses back into an equal configuration (``source`` aside).
+    """
+    lines = [f"log_level = {_toml_value(cfg.log_level)}", ""]
+    for sec in ("capture", "store"):
+        lines.append(f"[{sec}]")
+        for key in SECTIONS[sec]:
+            lines.append(f"{key} = {_toml_value(getattr(cfg, key))}")
+        lines.append("")
+    lines.append("[labels]")
+    for port, label in sorted(cfg.labels.items()):
+        lines.append(f"{port} = {_toml_value(label)}")
+    lines.append("")
+    for name, value in cfg.extra.items():
+        if isinstance(value, Mapping):
+            lines.append(f"[{_key(name)}]")
+            for k, v in value.items():
+                lines.append(f"{_key(k)} = {_toml_value(v)}")
+            lines.append("")
+        else:
+            lines.insert(1, f"{_key(name)} = {_toml_value(value)}")
+    return "\n".join(lines).rstrip("\n") + "\n"
