@@ -336,7 +336,12 @@ class HttpParser:
                 from_client = ev.from_client != c.swapped
                 if not c.roles_known:
                     from_client = self._settle_roles(c, from_client, ev.data, out)
-                self._data(c, c.dirs[from_client], ev.ts, ev.data, out)
+                d = c.dirs[from_client]
+                if d.chunked is not None:
+                    # Hot path: a streamed body (inlined _data → _chunked_data).
+                    self._chunked_data(c, d, ev.ts, ev.data, out)
+                else:
+                    self._data(c, d, ev.ts, ev.data, out)
         elif t is ConnectionOpened:
             assert isinstance(ev, ConnectionOpened)
             c = _Conn(ev)
@@ -542,8 +547,12 @@ class HttpParser:
         except _ChunkError as exc:
             self._overflow(c, d, ts, str(exc), exc.rest, out)
             return
-        for piece in pieces:
-            self._body(c, d, ts, piece, out)
+        if d.decoder is None and not d.decode_failed:
+            for piece in pieces:
+                out.append(HttpBody(c.id, d.exchange, ts, d.from_client, piece))
+        else:
+            for piece in pieces:
+                self._body(c, d, ts, piece, out)
         if after is not None:
             self._message_end(c, d, ts, EndReason.COMPLETE, out)
             if after:
