@@ -1,0 +1,305 @@
+"""streams: HTTP exchanges → LLM streams (dialect extraction, TTFT, verdicts, credentials)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from sniffer.events import (
+    ChunkEvent,
+    ConnectionClosed,
+    ConnectionOpened,
+    EndReason,
+    FlowEnd,
+    FlowGap,
+    Headers,
+    HttpBody,
+    HttpEnd,
+    HttpRequest,
+    HttpResponse,
+    PipelineError,
+    StoreEvent,
+    StreamClosed,
+    StreamOpened,
+    StreamResponse,
+    StreamState,
+)
+from sniffer.http1 import HttpOutput
+from sniffer.streams import StreamAssembler, is_credential, scrub_headers
+
+CLIENT = ("127.0.0.1", 40000)
+SERVER = ("127.0.0.1", 8001)
+SSE: Headers = (("content-type", "text/event-stream; charset=utf-8"),)
+
+
+def chat_request(ts: float = 1.0, **body: object) -> list[HttpOutput]:
+    payload = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    payload.update(body)
+    raw = json.dumps(payload).encode()
+    headers: Headers = (
+        ("host", "x"),
+        ("authorization", "Bearer sk-secret"),
+        ("x-api-key", "k"),
+        ("x-session-token", "t"),
+        ("content-type", "application/json"),
+    )
+    return [
+        HttpRequest(1, 0, ts, "POST", "/v1/chat/completions?x=1", "1.1", headers),
+        HttpBody(1, 0, ts, True, raw),
+        HttpEnd(1, 0, ts, True, EndReason.COMPLETE),
+    ]
+
+
+def sse(ts: float, *objs: object) -> HttpBody:
+    text = "".join("data: " + (o if isinstance(o, str) else json.dumps(o)) + "\n\n" for o in objs)
+    return HttpBody(1, 0, ts, False, text.encode())
+
+
+def delta(
+    content: str | None = None, role: str | None = None, index: int = 0, **kw: object
+) -> dict:
+    d: dict[str, object] = {}
+    if role is not None:
+        d["role"] = role
+    if content is not None:
+        d["content"] = content
+    choice: dict[str, object] = {"index": index, "delta": d, "finish_reason": None}
+    choice.update(kw)
+    return {"choices": [choice]}
+
+
+def run(events: Sequence[HttpOutput], **kw: object) -> list[StoreEvent]:
+    a = StreamAssembler(**kw)  # type: ignore[arg-type]
+    out: list[StoreEvent] = []
+    for ev in [ConnectionOpened(1, 0.5, CLIENT, SERVER, True), *events]:
+        out.extend(a.feed(ev))
+    return out
+
+
+def closed(out: Sequence[StoreEvent]) -> StreamClosed:
+    (c,) = [e for e in out if isinstance(e, StreamClosed)]
+    return c
+
+
+def head(ts: float = 2.0, status: int = 200, headers: Headers = SSE) -> HttpResponse:
+    return HttpResponse(1, 0, ts, status, "OK", "1.1", headers)
+
+
+def end(ts: float, reason: EndReason = EndReason.COMPLETE) -> HttpEnd:
+    return HttpEnd(1, 0, ts, False, reason)
+
+
+def test_ttft_is_the_first_content_not_the_role_prelude_nor_usage() -> None:
+    out = run(
+        [
+            *chat_request(),
+            head(),
+            sse(3.0, delta("", role="assistant")),
+            sse(4.0, {"choices": [], "usage": {"prompt_tokens": 3}}),
+            sse(5.0, delta("Hel")),
+            sse(6.0, delta("lo")),
+            sse(7.0, delta(finish_reason="stop")),
+            sse(7.5, "[DONE]"),
+            end(8.0),
+        ]
+    )
+    c = closed(out)
+    assert c.t_first_content == 5.0
+    assert c.t_last_chunk == 7.5
+    assert c.state is StreamState.COMPLETE and c.done_seen and not c.gap
+    chunks = [e for e in out if isinstance(e, ChunkEvent)]
+    assert [(e.kind, e.chunk_index, e.text) for e in chunks] == [
+        ("role", 0, ""),
+        ("usage", 0, ""),
+        ("content", 1, "Hel"),
+        ("content", 2, "lo"),
+        ("finish", 0, ""),
+        ("done", 0, ""),
+    ]
+    assert [e.seq for e in chunks] == list(range(6))
+    assert c.chunk_count == 2 and c.text_len == 5 and c.event_count == 6
+
+
+def test_reasoning_counts_for_ttft() -> None:
+    out = run(
+        [
+            *chat_request(),
+            head(),
+            sse(3.0, {"choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}}]}),
+            sse(4.0, delta("x", finish_reason="stop")),
+            end(5.0),
+        ]
+    )
+    assert closed(out).t_first_content == 3.0
+
+
+def test_n2_needs_every_choice_to_finish() -> None:
+    events = [
+        *chat_request(n=2),
+        head(),
+        sse(3.0, delta("a", index=0), delta("b", index=1)),
+        sse(4.0, delta(index=0, finish_reason="stop")),
+    ]
+    c = closed(run([*events, end(5.0)]))
+    assert c.state is StreamState.TRUNCATED
+    assert "1 of 2" in c.reason
+    c = closed(run([*events, sse(4.5, delta(index=1, finish_reason="length")), end(5.0)]))
+    assert c.state is StreamState.COMPLETE
+    assert c.finish_reasons == ((0, "stop"), (1, "length"))
+
+
+def test_usage_in_the_finish_chunk_and_no_done_is_complete() -> None:
+    out = run(
+        [
+            *chat_request(),
+            head(),
+            sse(3.0, delta("x")),
+            sse(
+                4.0,
+                {
+                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+                },
+            ),
+            end(5.0),
+        ]
+    )
+    c = closed(out)
+    assert c.state is StreamState.COMPLETE and not c.done_seen
+    assert c.usage is not None and json.loads(c.usage)["completion_tokens"] == 1
+
+
+def test_a_gap_is_never_complete() -> None:
+    out = run(
+        [
+            *chat_request(),
+            head(),
+            sse(3.0, delta("x")),
+            end(4.0, EndReason.GAP),
+        ]
+    )
+    c = closed(out)
+    assert c.state is StreamState.GAP and c.gap
+
+
+def test_kernel_drop_marks_open_streams_as_gapped() -> None:
+    out = run(
+        [
+            *chat_request(),
+            head(),
+            sse(3.0, delta("x")),
+            FlowGap(1, 3.5, False, None, "kernel-drop"),
+            sse(4.0, delta(finish_reason="stop"), "[DONE]"),
+            end(5.0),
+        ]
+    )
+    c = closed(out)
+    assert c.state is StreamState.GAP and "kernel" in c.reason
+
+
+def test_client_abort_is_truncated_with_the_reason() -> None:
+    out = run(
+        [
+            *chat_request(),
+            head(),
+            sse(3.0, delta("x")),
+            FlowEnd(1, 3.5, True, "fin"),
+            end(4.0, EndReason.EOF),
+            ConnectionClosed(1, 4.0, "fin"),
+        ]
+    )
+    c = closed(out)
+    assert c.state is StreamState.TRUNCATED and c.reason.startswith("client closed")
+
+
+def test_error_status_error_object_and_broken_json() -> None:
+    c = closed(
+        run(
+            [
+                *chat_request(),
+                head(status=429, headers=(("content-type", "application/json"),)),
+                HttpBody(1, 0, 2.5, False, b'{"error": {"message": "slow down"}}'),
+                end(3.0),
+            ]
+        )
+    )
+    assert c.state is StreamState.ERROR and c.error == "slow down"
+
+    out = run(
+        [
+            *chat_request(),
+            head(),
+            sse(3.0, delta("x")),
+            sse(3.5, "{not json"),
+            sse(4.0, {"error": {"message": "boom"}}),
+            end(5.0),
+        ]
+    )
+    c = closed(out)
+    assert c.state is StreamState.ERROR and c.error == "boom"
+    errors = [e for e in out if isinstance(e, PipelineError)]
+    assert [(e.stage, e.kind) for e in errors] == [("dialect", "invalid")]
+
+
+def test_non_streaming_body_is_one_chunk() -> None:
+    body = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "whole"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 1},
+    }
+    out = run(
+        [
+            *chat_request(stream=False),
+            head(headers=(("content-type", "application/json"),)),
+            HttpBody(1, 0, 3.0, False, json.dumps(body).encode()),
+            end(3.0),
+        ]
+    )
+    chunks = [e for e in out if isinstance(e, ChunkEvent)]
+    assert [(e.kind, e.chunk_index, e.text) for e in chunks] == [
+        ("content", 1, "whole"),
+        ("usage", 0, ""),
+    ]
+    c = closed(out)
+    assert c.state is StreamState.COMPLETE and c.response_body == json.dumps(body)
+    resp = next(e for e in out if isinstance(e, StreamResponse))
+    assert not resp.streaming
+
+
+def test_request_fields_label_and_no_credentials() -> None:
+    out = run([*chat_request(temperature=0, seed=7), head(), end(3.0)], labels={8001: "sparse"})
+    opened = next(e for e in out if isinstance(e, StreamOpened))
+    assert opened.path == "/v1/chat/completions"
+    assert opened.dialect == "openai.chat"
+    assert opened.label == "sparse"
+    assert opened.request["temperature"] == 0 and opened.request["seed"] == 7
+    assert opened.request["prompt_len"] == 1
+    names = {n for n, _ in opened.request_headers}
+    assert names == {"host", "content-type"}
+
+
+def test_credential_names() -> None:
+    for name in (
+        "Authorization",
+        "Cookie",
+        "Set-Cookie",
+        "api-key",
+        "X-API-Key",
+        "x-auth-token",
+        "my-secret",
+    ):
+        assert is_credential(name), name
+    for name in ("content-type", "host", "accept", "user-agent"):
+        assert not is_credential(name), name
+    assert scrub_headers((("Authorization", "x"), ("accept", "*/*"))) == (("accept", "*/*"),)
+
+
+def test_exchange_without_response_is_closed_at_connection_end() -> None:
+    out = run([*chat_request(), ConnectionClosed(1, 9.0, "eof")])
+    c = closed(out)
+    assert c.state is StreamState.TRUNCATED and "no response" in c.reason
