@@ -711,35 +711,47 @@ class Daemon:
         if ignored:
             self.log("warning", "reload-needs-restart", keys=",".join(ignored))
             new = new.with_overrides({k: getattr(old, k) for k in ignored})
+        if _capture_key(new) != _capture_key(old):
+            keep = {
+                "interface": old.interface,
+                "ports": old.ports,
+                "labels": old.labels,
+                "ring_blocks": old.ring_blocks,
+                "block_size": old.block_size,
+                "pids": old.pids,
+                "comms": old.comms,
+            }
+            if new.backend == "ebpf":
+                # eBPF connection state lives in the source: a new one would
+                # reuse connection ids. Selection changes need a restart.
+                self.log("warning", "reload-needs-restart", keys="capture selection (ebpf)")
+                new = new.with_overrides(keep)
+            elif not self._restart_capture(new):
+                new = new.with_overrides(keep)
+        if new.queue_size != old.queue_size:
+            self.log("warning", "reload-needs-restart", keys="queue_size")
+            new = new.with_overrides({"queue_size": old.queue_size})
+        self._apply_live(new)
+        self.config = new
+        self.log("info", "reloaded", source=new.source)
+        self.notifier.notify("READY=1", "STATUS=configuration reloaded")
+
+    def _apply_live(self, new: Config) -> None:
+        """Settings that take effect without restarting anything."""
         pipe = self._pipeline
-        if pipe is not None and new.labels != old.labels:
+        if pipe is not None:
+            # The pipeline has no public setters for these (yet): its stages keep
+            # them as plain attributes that are read per connection/stream.
             labels = getattr(pipe.streams, "_labels", None)
             if isinstance(labels, dict):
                 labels.clear()
                 labels.update(new.labels)
-        if pipe is not None:
+            if new.backend == "packet":
+                pipe._only = frozenset(new.capture_ports)
             pipe.reassembler.idle_timeout = new.idle_timeout
         if self._writer is not None:
             self._writer.batch_size = new.batch_size
         self.log.level = new.log_level
-        if _capture_key(new) != _capture_key(old) and not self._restart_capture(new):
-            new = new.with_overrides(
-                {
-                    "interface": old.interface,
-                    "ports": old.ports,
-                    "labels": old.labels,
-                    "ring_blocks": old.ring_blocks,
-                    "block_size": old.block_size,
-                    "pids": old.pids,
-                    "comms": old.comms,
-                }
-            )
-        if new.queue_size != old.queue_size:
-            self.log("warning", "reload-needs-restart", keys="queue_size")
-            new = new.with_overrides({"queue_size": old.queue_size})
-        self.config = new
-        self.log("info", "reloaded", source=new.source)
-        self.notifier.notify("READY=1", "STATUS=configuration reloaded")
 
     def _restart_capture(self, new: Config) -> bool:
         old = self._capture
@@ -757,10 +769,6 @@ class Daemon:
             with contextlib.suppress(Exception):
                 old.source.close()
         self.stats.capture_restarts += 1
-        labels = getattr(self._pipeline.streams, "_labels", None) if self._pipeline else None
-        if isinstance(labels, dict) and labels != dict(new.labels):
-            labels.clear()
-            labels.update(new.labels)
         self.log(
             "info",
             "capture-active",

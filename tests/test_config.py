@@ -1,0 +1,225 @@
+"""sniffer.config and the option layer of ``sparseety run`` (no capture is started)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sniffer.cli import main
+from sniffer.config import Config, ConfigError, load_config, parse_config, render_toml
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "systemd" / "sparseety.toml.example"
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(main, ["run", *args])
+    return res.exit_code, res.stdout, res.stderr
+
+
+def write(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "sparseety.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_defaults() -> None:
+    cfg = load_config(None)
+    assert cfg == Config()
+    assert cfg.interface == "lo"
+    assert cfg.ports == (8000,)
+    assert cfg.backend == "packet"
+    assert cfg.database == "sqlite:///./sparseety.db"
+    assert cfg.queue_size == 1024
+    assert cfg.flush_interval == 1.0
+    assert cfg.batch_size == 5000
+    assert cfg.capture_ports == (8000,)
+    assert dict(cfg.extra) == {}
+
+
+def test_sectioned_toml(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+log_level = "debug"
+retention_days = 30
+[capture]
+interface = "eth0"
+ports = [8000, 8001]
+queue_size = 16
+idle_timeout = 60
+[store]
+database = "/tmp/x.db"
+flush_interval = 0.25
+batch_size = 100
+[labels]
+8000 = "baseline"
+8001 = "sparse"
+[metrics]
+listen = "127.0.0.1:9464"
+[redaction]
+prompts = true
+""",
+    )
+    cfg = load_config(path)
+    assert cfg.interface == "eth0"
+    assert cfg.ports == (8000, 8001)
+    assert cfg.queue_size == 16
+    assert cfg.idle_timeout == 60.0
+    assert cfg.database == "/tmp/x.db"
+    assert cfg.flush_interval == 0.25
+    assert cfg.batch_size == 100
+    assert dict(cfg.labels) == {8000: "baseline", 8001: "sparse"}
+    assert cfg.log_level == "debug"
+    assert cfg.extra == {
+        "retention_days": 30,
+        "metrics": {"listen": "127.0.0.1:9464"},
+        "redaction": {"prompts": True},
+    }
+    assert cfg.source == path
+
+
+def test_flat_toml_and_labelled_ports_are_captured() -> None:
+    cfg = parse_config({"interface": "lo", "ports": [9000], "labels": {"9001": "b"}})
+    assert cfg.ports == (9000,)
+    assert cfg.capture_ports == (9000, 9001)
+
+
+def test_example_file_parses() -> None:
+    cfg = load_config(EXAMPLE)
+    assert cfg.ports == (8000, 8001)
+    assert dict(cfg.labels) == {8000: "baseline", 8001: "sparse"}
+    assert cfg.database == "sqlite:////var/lib/sparseety/sparseety.db"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[capture]\nportz = [1]\n", "unknown key 'portz' in [capture]"),
+        ("[store]\ninterface = 'lo'\n", "unknown key 'interface' in [store]"),
+        ("[capture]\nports = [70000]\n", "port 70000 out of range"),
+        ("[capture]\nbackend = 'pcap'\n", "backend"),
+        ("[capture]\nqueue_size = 0\n", "queue_size"),
+        ("[capture]\nqueue_size = 'many'\n", "expected an integer"),
+        ("[store]\nflush_interval = -1\n", "flush_interval"),
+        ("[capture]\npids = [12]\n", "need backend = 'ebpf'"),
+        ("[labels]\nbaseline = 8000\n", "not a port number"),
+        ("interface = 'lo'\n[capture]\ninterface = 'eth0'\n", "set twice"),
+        ("log_level = 'loud'\n", "log_level"),
+        ("[capture\n", "invalid TOML"),
+        ("[capture]\nblock_size = 1000\n", "block_size"),
+    ],
+)
+def test_bad_config_is_one_line_exit_2(tmp_path: Path, text: str, needle: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(path)
+    assert needle in str(info.value)
+    code, out, err = run_cli("--config", path, "--print-config")
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("sparseety: config error: ")
+    assert needle in lines[0]
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    code, _, err = run_cli("--config", str(tmp_path / "nope.toml"))
+    assert code == 2
+    assert "no such config file" in err
+
+
+def test_print_config_defaults_round_trip() -> None:
+    code, out, err = run_cli("--print-config")
+    assert code == 0, err
+    data = tomllib.loads(out)
+    assert data["capture"]["interface"] == "lo"
+    assert data["capture"]["ports"] == [8000]
+    assert data["store"]["database"] == "sqlite:///./sparseety.db"
+    assert parse_config(data) == Config()
+
+
+def test_cli_flags_override_toml(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "[capture]\ninterface = 'eth9'\nports = [8000]\nqueue_size = 16\n"
+        "[store]\nbatch_size = 7\n[labels]\n8000 = 'baseline'\n[metrics]\nlisten = ':1'\n",
+    )
+    code, out, err = run_cli(
+        "--config",
+        path,
+        "--interface",
+        "lo",
+        "--port",
+        "9000",
+        "--port",
+        "9001",
+        "--label",
+        "9001=sparse",
+        "--db",
+        "/tmp/over.db",
+        "--queue-size",
+        "4",
+        "--flush-interval",
+        "0.5",
+        "--print-config",
+    )
+    assert code == 0, err
+    cfg = parse_config(tomllib.loads(out))
+    assert cfg.interface == "lo"
+    assert cfg.ports == (9000, 9001)
+    assert dict(cfg.labels) == {9001: "sparse"}  # a flag replaces the whole table
+    assert cfg.database == "/tmp/over.db"
+    assert cfg.queue_size == 4
+    assert cfg.flush_interval == 0.5
+    assert cfg.batch_size == 7  # not overridden: from the file
+    assert cfg.extra == {"metrics": {"listen": ":1"}}
+
+
+def test_cli_bad_flag_values_exit_2() -> None:
+    code, _, err = run_cli("--port", "0", "--print-config")
+    assert code == 2
+    assert err.strip() == "sparseety: config error: ports: port 0 out of range 1-65535"
+    code, _, err = run_cli("--label", "baseline", "--print-config")
+    assert code == 2
+    assert "not PORT=NAME" in err
+    code, _, err = run_cli("--pid", "12", "--print-config")
+    assert code == 2
+    assert "ebpf" in err
+    code, _, err = run_cli("--backend", "ebpf", "--pid", "12", "--comm", "x" * 16)
+    assert code == 2
+    assert "comms" in err
+
+
+def test_render_toml_round_trips_everything() -> None:
+    cfg = Config(
+        interface="eth0",
+        ports=(1, 2),
+        labels={2: 'we"ird'},
+        backend="ebpf",
+        pids=(5,),
+        comms=("python3",),
+        database="postgresql://u:p@h/db",
+        flush_interval=2.5,
+        batch_size=9,
+        queue_size=3,
+        ring_blocks=8,
+        block_size=1 << 17,
+        idle_timeout=10.0,
+        log_level="warning",
+        extra={"metrics": {"listen": "127.0.0.1:9464"}, "retention_days": 7},
+    )
+    assert parse_config(tomllib.loads(render_toml(cfg))) == cfg
+
+
+def test_with_overrides_ignores_none_and_validates() -> None:
+    cfg = Config().with_overrides({"interface": None, "queue_size": 5})
+    assert cfg.queue_size == 5 and cfg.interface == "lo"
+    with pytest.raises(ConfigError, match="queue_size"):
+        Config().with_overrides({"queue_size": -1})
+    with pytest.raises(ConfigError, match="unknown option"):
+        Config().with_overrides({"colour": "red"})
