@@ -1,0 +1,472 @@
+"""Output stability: do repeats of the same request give the same tokens?
+
+``stats`` groups recorded outputs by request fingerprint (model, normalised
+prompt, sampling parameters and label; see :mod:`sniffer.fingerprint`) and,
+for every group with at least two outputs, reports how many distinct outputs
+there are, each variant with its count and first 200 characters, the longest
+common token prefix and the token position where the variants fork.
+
+An *output* is one choice of one stream: a request with ``n > 1`` gives ``n``
+outputs of the same fingerprint. Token ids are computed here from the stored
+chunk text (per choice, chunk texts joined in ``seq`` order, encoded with the
+tokenizer the :class:`~sniffer.tokens.TokenizerRegistry` resolves for the
+stream's model, no special tokens).
+
+This module also holds the loader shared with :mod:`sniffer.reports.diff`:
+:func:`load_outputs` reads the store (the only I/O here) and
+:func:`build_outputs` turns rows into :class:`Output` values (pure). Latency
+figures per output:
+
+* ``ttft`` — ``t_first_content - t_request`` (seconds, capture clock);
+* ``tokens_per_chunk`` — tokens attributed to each text chunk (a token belongs
+  to the chunk holding its first character), so speculative decoding shows as
+  chunks of more than one token;
+* ``itl`` — inter-token latency: (last text chunk − first text chunk) divided
+  by the tokens that came after the first chunk; ``None`` with fewer than two
+  text chunks.
+
+By default only streams in state ``complete`` count (a cut or gapped stream
+would look like a different output); ``include_incomplete`` takes them all.
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from sniffer.fingerprint import fingerprint
+from sniffer.reports.align import longest_common_prefix
+from sniffer.store.models import chunks, streams
+from sniffer.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
+
+__all__ = [
+    "PREVIEW_CHARS",
+    "Group",
+    "Output",
+    "StatsReport",
+    "Variant",
+    "build_outputs",
+    "compute_stats",
+    "format_stats",
+    "load_outputs",
+    "stats",
+]
+
+#: Characters of each variant shown in the report.
+PREVIEW_CHARS = 200
+#: Variants listed per group (the rest are counted).
+MAX_VARIANTS = 20
+
+
+@dataclass(slots=True)
+class Output:
+    """One choice of one recorded stream, with its token ids and timings."""
+
+    stream_id: int
+    choice: int
+    label: str | None
+    model: str | None
+    key: str  # fingerprint with the label
+    pair_key: str  # fingerprint without the label
+    prompt: str  # fingerprint preview
+    params: tuple[tuple[str, Any], ...]
+    text: str
+    ids: tuple[int, ...]
+    finish_reason: str | None
+    state: str | None
+    t_request: float | None
+    ttft: float | None  # seconds
+    itl: float | None  # seconds per token
+    tokens_per_chunk: tuple[int, ...]
+    tokenizer: LoadedTokenizer | None = field(default=None, repr=False)
+
+
+# ---------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------
+
+
+def _finish_map(value: Any) -> dict[int, str]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    out: dict[int, str] = {}
+    if isinstance(value, dict):
+        for k, v in value.items():
+            try:
+                out[int(k)] = str(v)
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
+def build_outputs(
+    stream_rows: Iterable[Mapping[str, Any]],
+    chunk_rows: Iterable[Sequence[Any]],
+    registry: TokenizerRegistry,
+) -> list[Output]:
+    """Outputs from ``streams`` rows and chunk tuples ``(stream_id, choice, text,
+    ts, finish_reason)`` in (stream_id, seq) order. Pure apart from the
+    registry loading tokenizers on first use."""
+    texts: dict[int, dict[int, list[tuple[str, float | None]]]] = {}
+    finishes: dict[int, dict[int, str]] = {}
+    for sid, choice, text, ts, finish in chunk_rows:
+        if choice is None or choice < 0:
+            continue
+        if text:
+            texts.setdefault(sid, {}).setdefault(choice, []).append((text, ts))
+        if finish:
+            finishes.setdefault(sid, {}).setdefault(choice, finish)
+
+    pending: list[tuple[Output, list[tuple[str, float | None]]]] = []
+    toks: dict[str | None, LoadedTokenizer | None] = {}
+    for row in stream_rows:
+        sid = int(row["id"])
+        fp = fingerprint(row)
+        pfp = fingerprint(row, with_label=False)
+        model = row.get("model")
+        if model not in toks:
+            try:
+                toks[model] = registry.resolve(model)[1]
+            except TokenizerLoadError:
+                try:
+                    toks[model] = registry.default()
+                except TokenizerLoadError:
+                    toks[model] = None
+        by_choice = texts.get(sid, {})
+        finish = _finish_map(row.get("finish_reasons"))
+        for ch, f in finishes.get(sid, {}).items():
+            finish.setdefault(ch, f)
+        choices = sorted(set(by_choice) | set(finish)) or [0]
+        t_req = row.get("t_request")
+        t_first = row.get("t_first_content")
+        ttft = t_first - t_req if t_first is not None and t_req is not None else None
+        for ch in choices:
+            pieces = by_choice.get(ch, [])
+            out = Output(
+                stream_id=sid,
+                choice=ch,
+                label=row.get("label"),
+                model=model,
+                key=fp.key,
+                pair_key=pfp.key,
+                prompt=fp.prompt,
+                params=fp.params,
+                text="".join(p[0] for p in pieces),
+                ids=(),
+                finish_reason=finish.get(ch),
+                state=row.get("state"),
+                t_request=t_req,
+                ttft=ttft,
+                itl=None,
+                tokens_per_chunk=(),
+                tokenizer=toks[model],
+            )
+            pending.append((out, pieces))
+
+    by_tok: dict[int, list[int]] = {}
+    for i, (out, _) in enumerate(pending):
+        if out.tokenizer is not None and out.text:
+            by_tok.setdefault(id(out.tokenizer), []).append(i)
+    for members in by_tok.values():
+        tok = pending[members[0]][0].tokenizer
+        assert tok is not None
+        encoded = tok.encode_with_offsets([pending[i][0].text for i in members])
+        for i, (ids, offsets) in zip(members, encoded, strict=True):
+            out, pieces = pending[i]
+            out.ids = tuple(ids)
+            starts = [o[0] for o in offsets]
+            ends = list(accumulate(len(p[0]) for p in pieces))
+            counts: list[int] = []
+            lo = 0
+            for end in ends:
+                hi = bisect_left(starts, end, lo)
+                counts.append(hi - lo)
+                lo = hi
+            if counts:
+                counts[-1] += len(starts) - lo
+            out.tokens_per_chunk = tuple(counts)
+            t0, t1 = pieces[0][1], pieces[-1][1]
+            after_first = len(ids) - counts[0] if counts else 0
+            if len(pieces) >= 2 and t0 is not None and t1 is not None and after_first > 0:
+                out.itl = (t1 - t0) / after_first
+    return [p[0] for p in pending]
+
+
+def load_outputs(
+    engine: Engine,
+    *,
+    labels: Sequence[str] | None = None,
+    model: str | None = None,
+    registry: TokenizerRegistry | None = None,
+    include_incomplete: bool = False,
+) -> list[Output]:
+    """Outputs of the LLM streams in the store (``dialect`` other than ``http``),
+    optionally only those with one of ``labels`` / of ``model``."""
+    cond = [streams.c.dialect.is_not(None), streams.c.dialect != "http"]
+    if labels is not None:
+        cond.append(streams.c.label.in_(list(labels)))
+    if model is not None:
+        cond.append(streams.c.model == model)
+    if not include_incomplete:
+        cond.append(streams.c.state == "complete")
+    cols = [
+        streams.c.id,
+        streams.c.label,
+        streams.c.model,
+        streams.c.request_json,
+        streams.c.temperature,
+        streams.c.top_p,
+        streams.c.seed,
+        streams.c.n,
+        streams.c.max_tokens,
+        streams.c.t_request,
+        streams.c.t_first_content,
+        streams.c.finish_reasons,
+        streams.c.state,
+    ]
+    s_stmt = select(*cols).where(*cond).order_by(streams.c.t_request, streams.c.id)
+    c_stmt = (
+        select(
+            chunks.c.stream_id, chunks.c.choice, chunks.c.text, chunks.c.ts, chunks.c.finish_reason
+        )
+        .join(streams, streams.c.id == chunks.c.stream_id)
+        .where(*cond)
+        .where((chunks.c.text != "") | chunks.c.finish_reason.is_not(None))
+        .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
+    )
+    with engine.connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(s_stmt)]
+        chunk_rows = [tuple(r) for r in conn.execute(c_stmt)]
+    return build_outputs(rows, chunk_rows, registry or TokenizerRegistry())
+
+
+# ---------------------------------------------------------------------------
+# Stability analysis (pure)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Variant:
+    count: int
+    tokens: int
+    preview: str  # first PREVIEW_CHARS characters
+    stream_ids: list[int]  # streams that produced it (first 10)
+    fork: str | None  # the text from the fork token on (≤ 40 chars), None if no fork
+
+
+@dataclass(slots=True)
+class Group:
+    key: str
+    label: str | None
+    model: str | None
+    prompt: str
+    params: tuple[tuple[str, Any], ...]
+    streams: int
+    outputs: int
+    distinct: int
+    variants: list[Variant]
+    common_prefix: int  # longest common token prefix of all outputs
+    fork_position: int | None  # token index where variants split; None when deterministic
+
+    @property
+    def deterministic(self) -> bool:
+        return self.distinct == 1
+
+
+@dataclass(slots=True)
+class StatsReport:
+    groups: list[Group]
+    singletons: int  # fingerprints seen once (not reported)
+    summary: dict[str, Any]
+
+
+def _fork_text(o: Output, pos: int) -> str:
+    tok = o.tokenizer
+    if tok is None or pos >= len(o.ids):
+        return ""
+    return tok.decode(o.ids[pos : pos + 12])[:40]
+
+
+def compute_stats(outputs: Sequence[Output]) -> StatsReport:
+    """Group outputs by fingerprint (with label) and measure their stability."""
+    by_key: dict[str, list[Output]] = {}
+    for o in outputs:
+        by_key.setdefault(o.key, []).append(o)
+    groups: list[Group] = []
+    singletons = 0
+    for key, members in by_key.items():
+        if len(members) < 2:
+            singletons += 1
+            continue
+        counts = Counter(o.ids if o.tokenizer is not None else o.text for o in members)
+        firsts: dict[Any, Output] = {}
+        sids: dict[Any, list[int]] = {}
+        for o in members:
+            k = o.ids if o.tokenizer is not None else o.text
+            firsts.setdefault(k, o)
+            lst = sids.setdefault(k, [])
+            if len(lst) < 10 and o.stream_id not in lst:
+                lst.append(o.stream_id)
+        distinct = len(counts)
+        reps = [firsts[k] for k, _ in counts.most_common()]
+        lcp = longest_common_prefix([o.ids for o in reps])
+        fork = None if distinct == 1 else lcp
+        variants = [
+            Variant(
+                count=counts[k],
+                tokens=len(firsts[k].ids),
+                preview=firsts[k].text[:PREVIEW_CHARS],
+                stream_ids=sids[k],
+                fork=None if fork is None else _fork_text(firsts[k], fork),
+            )
+            for k, _ in counts.most_common(MAX_VARIANTS)
+        ]
+        m0 = members[0]
+        groups.append(
+            Group(
+                key=key,
+                label=m0.label,
+                model=m0.model,
+                prompt=m0.prompt,
+                params=m0.params,
+                streams=len({o.stream_id for o in members}),
+                outputs=len(members),
+                distinct=distinct,
+                variants=variants,
+                common_prefix=lcp,
+                fork_position=fork,
+            )
+        )
+    groups.sort(key=lambda g: (g.label or "", g.deterministic, g.prompt))
+    return StatsReport(groups, singletons, _summary(groups, singletons))
+
+
+def _summary(groups: Sequence[Group], singletons: int) -> dict[str, Any]:
+    def part(gs: Sequence[Group]) -> dict[str, Any]:
+        det = sum(1 for g in gs if g.deterministic)
+        return {
+            "groups": len(gs),
+            "deterministic_groups": det,
+            "deterministic_ratio": det / len(gs) if gs else None,
+            "outputs": sum(g.outputs for g in gs),
+        }
+
+    out = part(groups)
+    out["single_output_fingerprints"] = singletons
+    labels: dict[str, list[Group]] = {}
+    for g in groups:
+        labels.setdefault(g.label or "", []).append(g)
+    out["labels"] = {k: part(v) for k, v in sorted(labels.items())}
+    return out
+
+
+def stats(
+    engine: Engine,
+    *,
+    labels: Sequence[str] | None = None,
+    model: str | None = None,
+    registry: TokenizerRegistry | None = None,
+    include_incomplete: bool = False,
+) -> StatsReport:
+    """Load outputs from the store and compute their stability report."""
+    return compute_stats(
+        load_outputs(
+            engine,
+            labels=labels,
+            model=model,
+            registry=registry,
+            include_incomplete=include_incomplete,
+        )
+    )
+
+
+# ---------------------------------------------------------------------------
+# Rendering
+# ---------------------------------------------------------------------------
+
+
+def stats_json(report: StatsReport) -> dict[str, Any]:
+    """A JSON-ready dict of the report."""
+    return {
+        "summary": report.summary,
+        "groups": [
+            {
+                "fingerprint": g.key,
+                "label": g.label,
+                "model": g.model,
+                "prompt": g.prompt,
+                "params": dict(g.params),
+                "streams": g.streams,
+                "outputs": g.outputs,
+                "distinct_outputs": g.distinct,
+                "deterministic": g.deterministic,
+                "common_prefix_tokens": g.common_prefix,
+                "fork_position": g.fork_position,
+                "variants": [
+                    {
+                        "count": v.count,
+                        "tokens": v.tokens,
+                        "preview": v.preview,
+                        "stream_ids": v.stream_ids,
+                        "fork_text": v.fork,
+                    }
+                    for v in g.variants
+                ],
+            }
+            for g in report.groups
+        ],
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def format_stats(report: StatsReport, *, show_deterministic: bool = True) -> str:
+    """The report as text: one block per group, then the summary."""
+    lines: list[str] = []
+    for g in report.groups:
+        if g.deterministic and not show_deterministic:
+            continue
+        params = " ".join(f"{k}={json.dumps(v)}" for k, v in g.params)
+        lines.append(f"[{g.key}] label={g.label or '-'} model={g.model or '-'} {params}".rstrip())
+        lines.append(f"  prompt: {g.prompt}")
+        state = (
+            "deterministic"
+            if g.deterministic
+            else f"{g.distinct} distinct, fork at token {g.fork_position}"
+        )
+        lines.append(
+            f"  {g.streams} streams, {g.outputs} outputs: {state}; "
+            f"common prefix {g.common_prefix} tokens"
+        )
+        for v in g.variants:
+            fork = f"  fork→{v.fork!r}" if v.fork is not None else ""
+            lines.append(
+                f"    x{v.count:<4} {v.tokens:>5} tok  {json.dumps(v.preview, ensure_ascii=False)}"
+                f"{fork}"
+            )
+        if g.distinct > len(g.variants):
+            lines.append(f"    … {g.distinct - len(g.variants)} more variants")
+    s = report.summary
+    lines.append(
+        f"{s['groups']} groups with ≥ 2 outputs ({s['single_output_fingerprints']} fingerprints "
+        f"seen once): {s['deterministic_groups']} fully deterministic "
+        f"({_pct(s['deterministic_ratio'])})"
+    )
+    for label, part in s["labels"].items():
+        lines.append(
+            f"  {label or '-'}: {part['deterministic_groups']}/{part['groups']} deterministic "
+            f"({_pct(part['deterministic_ratio'])}), {part['outputs']} outputs"
+        )
+    return "\n".join(lines)
