@@ -442,6 +442,11 @@ def errors(db: str, limit: int) -> None:
 from .cli_run import run as _run  # noqa: E402
 
 main.add_command(_run)
+from .cli_verify import tokenize as _tokenize  # noqa: E402
+from .cli_verify import verify as _verify  # noqa: E402
+
+main.add_command(_verify)
+main.add_command(_tokenize)
 
 if __name__ == "__main__":
     main()
