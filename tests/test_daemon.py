@@ -1,0 +1,511 @@
+"""The daemon's wiring, driven by a fake capture source fed from a fixture pcap.
+
+No packet socket, no root: the source hands out the segments of
+``pcaps/concurrent_4.pcap`` in batches. Waits are bounded by counts of short
+sleeps and by events the test controls, never by measuring time.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import queue
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sniffer.capture.pcap import read_capture
+from sniffer.config import Config
+from sniffer.daemon import (
+    SLOW_ENV,
+    Daemon,
+    DaemonStats,
+    Log,
+    Notifier,
+    _CaptureThread,
+    sd_notify,
+)
+from sniffer.events import (
+    CaptureGap,
+    ChunkEvent,
+    ConnectionClosed,
+    ConnectionOpened,
+    FlowData,
+    FlowEnd,
+    FlowGap,
+    Segment,
+    StoreEvent,
+    StreamClosed,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+PCAP = ROOT / "pcaps" / "concurrent_4.pcap"
+EXPECTED = json.loads((ROOT / "pcaps" / "concurrent_4.expected.json").read_text())
+PORT = EXPECTED["server_port"]
+SEGMENTS: list[Segment] = list(read_capture(PCAP))
+WAIT_STEPS = 1000  # × 0.01 s: only reached when a test fails
+
+
+def wait_for(cond: Any, steps: int = WAIT_STEPS) -> bool:
+    for _ in range(steps):
+        if cond():
+            return True
+        time.sleep(0.01)
+    return bool(cond())
+
+
+class FakeSource:
+    """Hands out ``items`` ``per`` at a time once ``gate`` is set; then nothing."""
+
+    def __init__(
+        self,
+        items: list[Any],
+        per: int = 10,
+        gate: threading.Event | None = None,
+        fail_after: int | None = None,
+    ) -> None:
+        self.items = list(items)
+        self.per = per
+        self.gate = gate
+        self.fail_after = fail_after
+        self.polls = 0
+        self.opened = self.closed = False
+        self.exhausted = threading.Event()
+
+    def open(self) -> None:
+        self.opened = True
+
+    def poll(self, timeout: float) -> list[Any]:
+        self.polls += 1
+        if self.fail_after is not None and self.polls > self.fail_after:
+            raise OSError("interface went away")
+        if self.gate is not None and not self.gate.is_set():
+            self.gate.wait(timeout)
+            return []
+        if not self.items:
+            self.exhausted.set()
+            time.sleep(timeout)
+            return []
+        batch, self.items = self.items[: self.per], self.items[self.per :]
+        if not self.items:
+            self.exhausted.set()
+        return batch
+
+    def describe(self) -> str:
+        return "fake source"
+
+    def stats(self) -> dict[str, int]:
+        return {"kernel_drops": 0}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Running:
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.code: int | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.code = self.daemon.run()
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> int:
+        self.daemon.request_stop()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "daemon did not stop"
+        if self.error is not None:
+            raise self.error
+        assert self.code is not None
+        return self.code
+
+
+def start(daemon: Daemon) -> Running:
+    r = Running(daemon)
+    r.thread.start()
+    assert wait_for(lambda: daemon.started.is_set() or r.error is not None)
+    if r.error is not None:
+        raise r.error
+    return r
+
+
+def make(
+    tmp_path: Path, source: FakeSource, log: io.StringIO | None = None, **cfg: Any
+) -> tuple[Daemon, str]:
+    db = str(tmp_path / "d.db")
+    config = Config(database=db, ports=(PORT,), flush_interval=0.05, **cfg)
+    d = Daemon(
+        config,
+        log=Log("debug", log if log is not None else io.StringIO()),
+        source_factory=lambda _cfg, _base: source,
+        notifier=Notifier({}),
+        install_signals=False,
+    )
+    return d, db
+
+
+def rows(db: str, sql: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(db) as c:
+        return c.execute(sql).fetchall()
+
+
+def stream_texts(db: str) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for sid, port in rows(db, "select id, client from streams"):
+        text = "".join(
+            t for (t,) in rows(db, f"select text from chunks where stream_id={sid} order by seq")
+        )
+        out[int(port.rsplit(":", 1)[1])] = text
+    return out
+
+
+def expected_texts() -> dict[int, str]:
+    return {s["client_port"]: s["choices"]["0"]["text"] for s in EXPECTED["streams"]}
+
+
+@pytest.fixture(autouse=True)
+def _no_slow(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv(SLOW_ENV, raising=False)
+    yield
+
+
+# ---------------------------------------------------------------- whole daemon
+
+
+def test_records_every_stream_with_labels(tmp_path: Path) -> None:
+    src = FakeSource(SEGMENTS, per=7)
+    log = io.StringIO()
+    d, db = make(tmp_path, src, log, labels={PORT: "baseline"})
+    r = start(d)
+    assert src.exhausted.wait(30)
+    assert wait_for(lambda: d.stats.items >= len(SEGMENTS))
+    assert r.stop() == 0
+    assert src.opened and src.closed
+    assert stream_texts(db) == expected_texts()
+    states = rows(db, "select state, gap, label from streams")
+    assert states == [("complete", 0, "baseline")] * 4
+    for (sid,) in rows(db, "select id from streams"):
+        ts = [t for (t,) in rows(db, f"select ts from chunks where stream_id={sid} order by seq")]
+        assert ts == sorted(ts)
+    lines = log.getvalue().splitlines()
+    active = [ln for ln in lines if "event=capture-active" in ln]
+    assert len(active) == 1
+    assert "backend=packet" in active[0] and f"ports={PORT}" in active[0]
+    assert 'source="fake source"' in active[0]
+    stopped = [ln for ln in lines if "event=stopped" in ln]
+    assert len(stopped) == 1 and "queue_dropped=0" in stopped[0]
+
+
+def test_stop_closes_open_streams_as_truncated(tmp_path: Path) -> None:
+    # Everything up to the middle of the responses: streams are open at stop.
+    half = SEGMENTS[: len(SEGMENTS) // 2]
+    src = FakeSource(half, per=5)
+    d, db = make(tmp_path, src)
+    r = start(d)
+    assert src.exhausted.wait(30)
+    assert wait_for(lambda: d.stats.items >= len(half))
+    assert r.stop() == 0
+    got = rows(db, "select state, gap from streams")
+    assert got and all(state == "truncated" and gap == 0 for state, gap in got)
+    full = expected_texts()
+    for port, text in stream_texts(db).items():
+        assert full[port].startswith(text)
+
+
+def test_rows_are_written_before_stop(tmp_path: Path) -> None:
+    src = FakeSource(SEGMENTS, per=50)
+    d, db = make(tmp_path, src)
+    r = start(d)
+    assert src.exhausted.wait(30)
+    # flush_interval 0.05: rows show up while the daemon runs
+    assert wait_for(lambda: len(rows(db, "select id from streams where state='complete'")) == 4)
+    assert r.stop() == 0
+
+
+def test_overload_drops_batches_counts_them_and_marks_gaps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = threading.Event()
+    src = FakeSource(SEGMENTS, per=4)
+    log = io.StringIO()
+    d, db = make(tmp_path, src, log, queue_size=2)
+    # The first batch's processing waits in a sink until the source has handed
+    # out everything: the queue (2 batches) overflows for certain.
+    first = threading.Event()
+
+    def sink(_events: list[StoreEvent]) -> None:
+        if not first.is_set():
+            first.set()
+            src.exhausted.wait(30)
+            gate.set()
+
+    d.add_sink(sink)
+    monkeypatch.setenv(SLOW_ENV, "1")
+    r = start(d)
+    assert src.exhausted.wait(30)
+    assert wait_for(lambda: d.stats.queue_gaps >= 1)
+    assert r.stop() == 0
+    s = d.stats
+    assert s.queue_dropped > 0 and s.queue_drop_batches > 0
+    assert s.max_queue <= 2
+    # the loss is stored and the open streams are marked
+    errs = rows(db, "select stage, kind, message from errors where kind='queue-drop'")
+    assert errs and all(stage == "capture" for stage, _, _ in errs)
+    assert sum(int(m.split()[0]) for _, _, m in errs) == s.queue_dropped
+    assert rows(db, "select count(*) from streams where gap=1")[0][0] >= 1
+    assert rows(db, "select count(*) from streams where state='complete' and gap=1")[0][0] == 0
+    stopped = next(ln for ln in log.getvalue().splitlines() if "event=stopped" in ln)
+    assert f"queue_dropped={s.queue_dropped}" in stopped
+
+
+def test_sinks_see_everything_and_transform_shapes_what_is_written(tmp_path: Path) -> None:
+    src = FakeSource(SEGMENTS, per=9)
+    d, db = make(tmp_path, src)
+    seen: list[StoreEvent] = []
+    d.add_sink(seen.extend)
+
+    def broken(_events: list[StoreEvent]) -> None:
+        raise RuntimeError("sink bug")
+
+    d.add_sink(broken)
+    d.transform = lambda evs: [e for e in evs if not isinstance(e, ChunkEvent)]
+    r = start(d)
+    assert src.exhausted.wait(30)
+    assert wait_for(lambda: d.stats.items >= len(SEGMENTS))
+    assert r.stop() == 0
+    assert sum(isinstance(e, ChunkEvent) for e in seen) >= 4 * 24
+    assert sum(isinstance(e, StreamClosed) for e in seen) == 4
+    assert d.stats.sink_errors >= 1
+    assert rows(db, "select count(*) from chunks")[0][0] == 0
+    assert rows(db, "select count(*) from streams where state='complete'")[0][0] == 4
+
+
+def test_capture_failure_stops_with_exit_1(tmp_path: Path) -> None:
+    src = FakeSource(SEGMENTS, per=10, fail_after=3)
+    log = io.StringIO()
+    d, db = make(tmp_path, src, log)
+    r = Running(d)
+    r.thread.start()
+    r.thread.join(30)
+    assert not r.thread.is_alive()
+    assert r.code == 1
+    assert "event=capture-failed" in log.getvalue()
+    assert "interface went away" in log.getvalue()
+    # what was captured before is stored
+    assert rows(db, "select count(*) from streams")[0][0] >= 1
+
+
+def test_sighup_reload_applies_labels(tmp_path: Path) -> None:
+    cfg_path = tmp_path / "s.toml"
+    db = str(tmp_path / "d.db")
+    cfg_path.write_text(
+        f"[capture]\nports = [{PORT}]\n[store]\ndatabase = '{db}'\nflush_interval = 0.05\n"
+        f"[labels]\n{PORT} = 'before'\n"
+    )
+    from sniffer.config import load_config
+
+    gate = threading.Event()
+    src = FakeSource(SEGMENTS, per=10, gate=gate)
+    log = io.StringIO()
+    d = Daemon(
+        load_config(cfg_path),
+        log=Log("info", log),
+        source_factory=lambda _c, _b: src,
+        notifier=Notifier({}),
+        install_signals=False,
+    )
+    r = start(d)
+    cfg_path.write_text(cfg_path.read_text().replace("'before'", "'after'"))
+    d.request_reload()
+    assert wait_for(lambda: dict(d.config.labels) == {PORT: "after"})
+    gate.set()
+    assert src.exhausted.wait(30)
+    assert wait_for(lambda: d.stats.items >= len(SEGMENTS))
+    assert r.stop() == 0
+    assert rows(db, "select distinct label from streams") == [("after",)]
+    assert "event=reloaded" in log.getvalue()
+    assert d.stats.capture_restarts == 0  # labels alone restart nothing
+
+
+def test_reload_with_bad_config_keeps_running(tmp_path: Path) -> None:
+    cfg_path = tmp_path / "s.toml"
+    cfg_path.write_text(f"[capture]\nports = [{PORT}]\n[store]\ndatabase = '{tmp_path / 'd.db'}'\n")
+    from sniffer.config import load_config
+
+    src = FakeSource([], per=10)
+    log = io.StringIO()
+    d = Daemon(
+        load_config(cfg_path),
+        log=Log("info", log),
+        source_factory=lambda _c, _b: src,
+        notifier=Notifier({}),
+        install_signals=False,
+    )
+    r = start(d)
+    cfg_path.write_text("[capture]\nportz = 1\n")
+    d.request_reload()
+    assert wait_for(lambda: "event=reload-failed" in log.getvalue())
+    assert d.config.ports == (PORT,)
+    assert r.stop() == 0
+
+
+# ---------------------------------------------------------------- capture thread
+
+
+def _thread(ebpf: bool = False, size: int = 1) -> tuple[_CaptureThread, queue.Queue[list[Any]]]:
+    q: queue.Queue[list[Any]] = queue.Queue(maxsize=size)
+    t = _CaptureThread(FakeSource([]), q, DaemonStats(), Log("error", io.StringIO()), ebpf)
+    return t, q
+
+
+def test_queue_full_drops_batch_and_sends_marker_first() -> None:
+    t, q = _thread()
+    a, b, c, e = SEGMENTS[0:3], SEGMENTS[3:8], SEGMENTS[8:10], SEGMENTS[10:12]
+    t.offer(list(a))
+    t.offer(list(b))  # full: dropped
+    t.offer([*c, CaptureGap(c[-1].ts, 7, "kernel")])  # dropped too, with a kernel gap
+    assert t.stats.queue_dropped == len(b) + len(c) + 7
+    assert t.stats.queue_drop_batches == 2
+    assert q.get_nowait() == a
+    t.offer(list(e))
+    got = q.get_nowait()
+    assert got[0] == CaptureGap(c[-1].ts, len(b) + len(c) + 7, "queue")
+    assert got[1:] == e
+    assert not t.loss_pending
+
+
+def test_marker_alone_goes_through_when_nothing_new_arrives() -> None:
+    t, q = _thread()
+    t.offer(SEGMENTS[0:2])
+    t.offer(SEGMENTS[2:4])
+    q.get_nowait()
+    t.offer([])  # an empty poll still delivers the pending marker
+    assert q.get_nowait() == [CaptureGap(SEGMENTS[3].ts, 2, "queue")]
+    t.offer([])
+    assert q.empty()
+
+
+def test_ebpf_drop_keeps_structure_and_turns_data_into_gaps() -> None:
+    t, q = _thread(ebpf=True)
+    t.offer([FlowData(1, 1.0, True, b"x")])
+    opened = ConnectionOpened(2, 2.0, ("127.0.0.1", 5), ("127.0.0.1", 80), True, "ebpf")
+    t.offer(
+        [
+            opened,
+            FlowData(2, 2.1, True, b"abc"),
+            FlowData(2, 2.2, False, b"hello"),
+            FlowData(2, 2.3, False, b"!!"),
+            FlowEnd(2, 2.4, False, "fin"),
+            ConnectionClosed(2, 2.5, "fin"),
+            FlowData(1, 2.6, False, b"zz"),
+        ]
+    )
+    assert t.stats.queue_dropped == 4
+    q.get_nowait()
+    t.offer([])
+    got = q.get_nowait()
+    assert got[0] == CaptureGap(2.6, 4, "queue")
+    rest = got[1:]
+    assert rest[0] == opened
+    # gaps of conn 2 come before its end, with exact byte counts
+    assert FlowGap(2, 2.3, False, 7, "overflow") in rest
+    assert FlowGap(2, 2.1, True, 3, "overflow") in rest
+    assert rest.index(FlowGap(2, 2.3, False, 7, "overflow")) < rest.index(
+        FlowEnd(2, 2.4, False, "fin")
+    )
+    assert rest[-1] == FlowGap(1, 2.6, False, 2, "overflow")
+
+
+# ---------------------------------------------------------------- sd_notify
+
+
+def _dgram(addr: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(addr)
+    s.settimeout(5)
+    return s
+
+
+def test_sd_notify_abstract_and_path(tmp_path: Path) -> None:
+    name = f"sparseety-test-{os.getpid()}-{id(tmp_path)}"
+    with _dgram("\0" + name) as s:
+        assert sd_notify("READY=1\nSTATUS=ok", "@" + name)
+        assert s.recv(100) == b"READY=1\nSTATUS=ok"
+    path = str(tmp_path / "notify")
+    with _dgram(path) as s:
+        assert sd_notify("WATCHDOG=1", path)
+        assert s.recv(100) == b"WATCHDOG=1"
+
+
+def test_sd_notify_without_socket_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    assert sd_notify("READY=1") is False
+    assert sd_notify("READY=1", "/nonexistent/dir/sock") is False
+    assert sd_notify("READY=1", "relative") is False
+
+
+def test_notifier_watchdog_interval_and_pid(tmp_path: Path) -> None:
+    path = str(tmp_path / "n")
+    with _dgram(path) as s:
+        n = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000"})
+        assert n.watchdog_interval == 1.0
+        n.watchdog(100.0)
+        n.watchdog(100.5)  # not due
+        n.watchdog(101.0)
+        assert [s.recv(100), s.recv(100)] == [b"WATCHDOG=1", b"WATCHDOG=1"]
+        s.settimeout(0.01)
+        with pytest.raises(TimeoutError):
+            s.recv(100)
+    other = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "1"})
+    assert other.watchdog_interval is None
+
+
+def test_daemon_notifies_ready_status_and_stopping(tmp_path: Path) -> None:
+    path = str(tmp_path / "notify")
+    with _dgram(path) as s:
+        src = FakeSource(SEGMENTS, per=50)
+        d, _db = make(tmp_path, src)
+        d.notifier = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"})
+        r = start(d)
+        assert src.exhausted.wait(30)
+        got = [s.recv(4096).decode()]
+        assert got[0].startswith("READY=1\nSTATUS=capturing")
+        for _ in range(20):
+            got.append(s.recv(4096).decode())
+            if got[-1] == "WATCHDOG=1":
+                break
+        assert "WATCHDOG=1" in got
+        assert r.stop() == 0
+        msgs = []
+        s.settimeout(0.5)
+        for _ in range(200):
+            try:
+                msgs.append(s.recv(4096).decode())
+            except TimeoutError:
+                break
+        assert any(m.startswith("STOPPING=1") for m in msgs)
+
+
+def test_log_lines_are_logfmt_and_journal_prefixed(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = io.StringIO()
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    Log("info", out)("info", "capture-active", iface="lo", filter="tcp port 1", skip=None)
+    Log("info", out)("debug", "hidden")
+    line = out.getvalue().strip()
+    assert line.startswith("ts=")
+    assert line.endswith('level=info event=capture-active iface=lo filter="tcp port 1"')
+    monkeypatch.setenv("JOURNAL_STREAM", "8:1234")
+    out = io.StringIO()
+    Log("info", out)("error", "store-failed", error='say "no"')
+    assert out.getvalue() == '<3>level=error event=store-failed error="say \\"no\\""\n'
