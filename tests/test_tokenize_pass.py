@@ -1,0 +1,263 @@
+"""The batch token pass: DB in, token rows out, with the real DeepSeek-V4 tokenizer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Engine, func, select
+
+from sniffer.events import ChunkEvent, StreamClosed, StreamOpened, StreamState
+from sniffer.store.tokens_store import (
+    chunk_token_ids,
+    read_stream_tokens,
+    stream_tokens,
+    write_token_rows,
+)
+from sniffer.store.writer import StoreWriter, make_engine
+from sniffer.tokenize_pass import (
+    TokenizeResult,
+    _write,
+    pending_count,
+    text_hash,
+    tokenize_db,
+)
+from sniffer.tokens import DEFAULT_NAME, TokenizerRegistry
+
+ENGLISH = ["The quick", " brown fox", " jumps over", " the lazy dog.", " Isn't it?"]
+CHINESE = ["你好，", "世界！今天", "是星期一。", "我们去公园", "散步吧。"]
+EMOJI = ["Family: 👨‍👩", "‍👧‍👦 and ", "flags 🇫🇷🇩🇪", ", thumbs 👍🏽", " done 🎉."]
+CODE = [
+    "def fib(n",
+    ": int) -> int:\n",
+    "    if n < 2:\n        return n\n",
+    "    return fib(n - 1)",
+    "\n",
+]
+
+REGISTRY = TokenizerRegistry()
+
+
+def write_stream(
+    w: StoreWriter,
+    sid: int,
+    pieces: Sequence[str],
+    *,
+    model: str = "deepseek-v4",
+    choice: int = 0,
+    finish: str | None = "stop",
+    state: StreamState = StreamState.COMPLETE,
+    request: dict[str, Any] | None = None,
+    usage: dict[str, Any] | None = None,
+    gap: bool = False,
+    done: bool = True,
+    close: bool = True,
+    dialect: str = "openai.chat",
+    indexes: Sequence[int] | None = None,
+    chunk_count: int | None = None,
+    text_len: int | None = None,
+    logprobs: Sequence[str | None] | None = None,
+    late: Sequence[str] = (),
+) -> None:
+    """One stream as the pipeline would write it: role prelude, content deltas,
+    finish chunk, optional usage chunk, [DONE], close."""
+    req = request or {
+        "model": model,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Say something."}],
+    }
+    w.write(
+        StreamOpened(
+            sid,
+            sid,
+            0,
+            float(sid),
+            ("127.0.0.1", 40000 + sid),
+            ("127.0.0.1", 8000),
+            "POST",
+            "/v1/chat/completions",
+            (),
+            json.dumps(req),
+            {"model": model, "stream": True},
+            dialect,
+        )
+    )
+    seq = 0
+    w.write(ChunkEvent(sid, sid + 0.1, seq, choice, 0, "role"))
+    idx = list(indexes) if indexes is not None else list(range(1, len(pieces) + 1))
+    for k, p in enumerate(pieces):
+        seq += 1
+        lp = logprobs[k] if logprobs is not None else None
+        w.write(
+            ChunkEvent(sid, sid + 0.1 + seq / 1000, seq, choice, idx[k], "content", p, logprobs=lp)
+        )
+    if finish is not None:
+        seq += 1
+        w.write(ChunkEvent(sid, sid + 0.5, seq, choice, 0, "finish", finish_reason=finish))
+    for k, p in enumerate(late):
+        seq += 1
+        w.write(ChunkEvent(sid, sid + 0.6, seq, choice, len(pieces) + k + 1, "content", p))
+    if usage is not None:
+        seq += 1
+        w.write(ChunkEvent(sid, sid + 0.7, seq, -1, 0, "usage", usage=json.dumps(usage)))
+    if done:
+        seq += 1
+        w.write(ChunkEvent(sid, sid + 0.8, seq, -1, 0, "done"))
+    if close:
+        all_text = [*pieces, *late]
+        w.write(
+            StreamClosed(
+                sid,
+                sid + 0.9,
+                state,
+                state.value,
+                done,
+                gap,
+                sid + 0.1,
+                sid + 0.8,
+                chunk_count if chunk_count is not None else len(all_text),
+                seq + 1,
+                text_len if text_len is not None else sum(map(len, all_text)),
+                ((choice, finish),) if finish else (),
+                json.dumps(usage) if usage is not None else None,
+                None,
+            )
+        )
+
+
+@pytest.fixture
+def engine(tmp_path: Any) -> Engine:
+    return make_engine(str(tmp_path / "t.db"))
+
+
+def test_real_texts_tokenized_per_chunk(engine: Engine) -> None:
+    ds = REGISTRY.default()
+    texts = [ENGLISH, CHINESE, EMOJI, CODE]
+    with StoreWriter("", engine=engine) as w:
+        for sid, pieces in enumerate(texts, 1):
+            write_stream(w, sid, pieces)
+    assert pending_count(engine) == 4
+    r = tokenize_db(engine, REGISTRY)
+    assert (r.streams, r.failed, r.batches) == (4, 0, 1)
+    assert pending_count(engine) == 0
+    rows = read_stream_tokens(engine, [1, 2, 3, 4])
+    for sid, pieces in enumerate(texts, 1):
+        row = rows[sid]
+        full = "".join(pieces)
+        assert row.tokenizer == DEFAULT_NAME and row.is_default
+        assert row.prompt_ids and len(row.prompt_ids) > 3
+        (c,) = row.choices
+        assert list(c.output_ids) == ds.encode_batch([full])[0]
+        assert ds.decode(c.output_ids) == full
+        assert c.text_len == len(full) and c.text_hash == text_hash(full)
+        per = chunk_token_ids(c)
+        assert [seq for seq, _ in per] == list(range(1, len(pieces) + 1))
+        assert [t for _, ids in per for t in ids] == list(c.output_ids)
+        assert sum(c.tokens_per_chunk.values()) == len(pieces)
+        assert len(c.straddle_seqs) == sum(1 for a in row.anomalies if a.kind == "straddle")
+    assert r.tokens == sum(len(rows[s].choices[0].output_ids) for s in rows)
+    # the emoji stream cuts a ZWJ sequence: a token straddles a chunk boundary
+    assert rows[3].choices[0].straddle_seqs
+    # a second pass finds nothing to do
+    assert tokenize_db(engine, REGISTRY).streams == 0
+
+
+def test_open_and_http_streams_are_skipped_then_picked_up(engine: Engine) -> None:
+    with StoreWriter("", engine=engine) as w:
+        write_stream(w, 1, ENGLISH, close=False)
+        write_stream(w, 2, ENGLISH, dialect="http")
+        write_stream(w, 3, ENGLISH)
+    r = tokenize_db(engine, REGISTRY)
+    assert r.streams == 1
+    assert set(read_stream_tokens(engine, [1, 2, 3])) == {3}
+    with StoreWriter("", engine=engine) as w:
+        w.write(
+            StreamClosed(
+                1, 9.0, StreamState.COMPLETE, "x", True, False, None, None, 5, 7, 53, (), None, None
+            )
+        )
+    assert tokenize_db(engine, REGISTRY).streams == 1
+    assert set(read_stream_tokens(engine, [1, 2, 3])) == {1, 3}
+
+
+def test_batches_limit_ids_and_progress(engine: Engine) -> None:
+    with StoreWriter("", engine=engine) as w:
+        for sid in range(1, 8):
+            write_stream(w, sid, ENGLISH[: 1 + sid % 5])
+    seen: list[tuple[int, int]] = []
+    r = tokenize_db(engine, REGISTRY, batch=2, limit=5, progress=lambda a, b: seen.append((a, b)))
+    assert (r.streams, r.batches) == (5, 3)
+    assert seen == [(2, 5), (4, 5), (5, 5)]
+    r = tokenize_db(engine, REGISTRY, stream_ids=[7])
+    assert r.streams == 1
+    assert set(read_stream_tokens(engine, range(1, 8))) == {1, 2, 3, 4, 5, 7}
+
+
+def test_collision_with_another_pass_is_skipped(engine: Engine) -> None:
+    with StoreWriter("", engine=engine) as w:
+        write_stream(w, 1, ENGLISH)
+        write_stream(w, 2, CHINESE)
+    from sniffer.tokenize_pass import _analyze, build_inputs
+
+    with engine.connect() as conn:
+        from sniffer.store.models import chunks, streams
+
+        srows = [dict(m) for m in conn.execute(select(streams)).mappings()]
+        crows = [dict(m) for m in conn.execute(select(chunks)).mappings()]
+    rows = _analyze(REGISTRY, build_inputs(srows, crows))
+    with engine.begin() as conn:  # "the other pass" wrote stream 1 first
+        write_token_rows(conn, rows[:1])
+    result = TokenizeResult()
+    written = _write(engine, rows, result)
+    assert [r.stream_id for r in written] == [2] and result.skipped == 1
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(stream_tokens)).scalar() == 2
+
+
+def test_usage_and_server_tokens_stored(engine: Engine) -> None:
+    ds = REGISTRY.default()
+    pieces = ["Hello", " world", "!"]
+    ids = ds.encode_batch(["".join(pieces)])[0]
+    toks = [ds.token_text(i) for i in ids]
+    lp = [json.dumps({"content": [{"token": t}]}) for t in toks]
+    lp[-1] = json.dumps({"content": [{"token": "?"}]})  # the server says "?" at the end
+    with StoreWriter("", engine=engine) as w:
+        write_stream(w, 1, pieces, usage={"prompt_tokens": 1, "completion_tokens": 99}, logprobs=lp)
+    tokenize_db(engine, REGISTRY)
+    row = read_stream_tokens(engine, [1])[1]
+    (c,) = row.choices
+    assert c.server_tokens == tuple(toks[:-1]) + ("?",)
+    assert c.server_ids is not None and list(c.server_ids[:-1]) == ids[:-1]
+    assert c.server_mismatch == len(ids) - 1
+    assert row.usage_diff["completion_tokens"] == 99 - len(ids)
+    assert row.usage_diff["prompt_tokens"] == 1 - len(row.prompt_ids or ())
+    kinds = sorted({a.kind for a in row.anomalies})
+    assert kinds == ["server_token_mismatch", "usage_mismatch"]
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    text=st.sampled_from(["".join(t) for t in (ENGLISH, CHINESE, EMOJI, CODE)]),
+    cuts=st.lists(st.integers(0, 80), max_size=12),
+)
+def test_random_splits_through_the_db(tmp_path_factory: Any, text: str, cuts: list[int]) -> None:
+    """Deltas cut at random offsets: per-chunk ids concatenate to the full encoding."""
+    engine = make_engine(str(tmp_path_factory.mktemp("p") / "p.db"))
+    points = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    pieces = [text[a:b] for a, b in zip(points, points[1:], strict=False) if b > a]
+    with StoreWriter("", engine=engine) as w:
+        write_stream(w, 1, pieces)
+    assert tokenize_db(engine, REGISTRY).streams == 1
+    (c,) = read_stream_tokens(engine, [1])[1].choices
+    assert list(c.output_ids) == REGISTRY.default().encode_batch([text])[0]
+    per = chunk_token_ids(c)
+    assert len(per) == len(pieces)
+    assert [t for _, ids in per for t in ids] == list(c.output_ids)
+    assert c.text_hash == text_hash(text)
+    engine.dispose()
