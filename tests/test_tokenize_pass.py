@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -230,7 +231,7 @@ def test_usage_and_server_tokens_stored(engine: Engine) -> None:
     tokenize_db(engine, REGISTRY)
     row = read_stream_tokens(engine, [1])[1]
     (c,) = row.choices
-    assert c.server_tokens == tuple(toks[:-1]) + ("?",)
+    assert c.server_tokens == (*tuple(toks[:-1]), "?")
     assert c.server_ids is not None and list(c.server_ids[:-1]) == ids[:-1]
     assert c.server_mismatch == len(ids) - 1
     assert row.usage_diff["completion_tokens"] == 99 - len(ids)
@@ -250,7 +251,7 @@ def test_random_splits_through_the_db(tmp_path_factory: Any, text: str, cuts: li
     """Deltas cut at random offsets: per-chunk ids concatenate to the full encoding."""
     engine = make_engine(str(tmp_path_factory.mktemp("p") / "p.db"))
     points = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
-    pieces = [text[a:b] for a, b in zip(points, points[1:], strict=False) if b > a]
+    pieces = [text[a:b] for a, b in itertools.pairwise(points) if b > a]
     with StoreWriter("", engine=engine) as w:
         write_stream(w, 1, pieces)
     assert tokenize_db(engine, REGISTRY).streams == 1
