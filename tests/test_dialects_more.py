@@ -602,11 +602,12 @@ def test_anthropic_thinking_then_text() -> None:
         FINISH,
     ]
     finish = [d for d in deltas if d.kind == FINISH]
-    assert [(d.choice, d.finish_reason) for d in finish] == [(1, "end_turn")]
-    assert finish[0].usage is not None
-    merged = json.loads(finish[0].usage)
+    # every block seen ends with the stop reason; the usage goes on the last one
+    assert [(d.choice, d.finish_reason) for d in finish] == [(0, "end_turn"), (1, "end_turn")]
+    assert finish[0].usage is None and finish[1].usage is not None
+    merged = json.loads(finish[1].usage)
     assert merged == {**START_USAGE, "output_tokens": 15}
-    assert usage_tokens(finish[0].usage) == (25, 15)
+    assert usage_tokens(finish[1].usage) == (25, 15)
     assert deltas[-1] == Delta(STREAM_LEVEL, DONE)
     signature = [d for d in deltas if d.raw and "signature_delta" in d.raw]
     assert len(signature) == 1 and signature[0].kind == OTHER
@@ -721,10 +722,10 @@ def test_anthropic_nonstream_body() -> None:
     }
     deltas = AnthropicMessages().body(js(body))
     assert [(d.choice, d.kind, d.finish_reason) for d in deltas] == [
-        (0, REASONING, None),
+        (0, REASONING, "tool_use"),
         (1, CONTENT, "tool_use"),
         (2, TOOL_CALL, "tool_use"),
-        (3, OTHER, None),
+        (3, OTHER, "tool_use"),
     ]
     assert deltas[1].text == "Sure: "
     assert tool_args(deltas, 2) == (["calc"], '{"x":2}')
@@ -754,7 +755,7 @@ def test_anthropic_exchange_complete_and_error() -> None:
         [wire[:100], wire[100:]],
     )
     assert closed.state is StreamState.COMPLETE, closed.reason
-    assert closed.done_seen and closed.finish_reasons == ((1, "end_turn"),)
+    assert closed.done_seen and closed.finish_reasons == ((0, "end_turn"), (1, "end_turn"))
     assert usage_tokens(closed.usage) == (25, 15)
     assert [c.chunk_index for c in chunks if c.choice == 1 and c.text] == [1, 2, 3]
     # an overloaded error mid-stream: error state even though a stop followed

@@ -20,9 +20,11 @@ Mapping (``Delta.choice`` is the content block ``index``):
   ``[{"index":0,"id":…,"type":"function","function":{"name":…,"arguments":…}}]``
   (``id``/``type``/``name`` only on the block start), so tool calls of every
   dialect assemble the same way;
-* ``message_delta`` → FINISH with ``delta.stop_reason`` on **every text and
-  tool-use block seen** (the blocks a client acts on; block 0 when there were
-  none). Usage: ``message_delta.usage`` holds cumulative counts (often only
+* ``message_delta`` → FINISH with ``delta.stop_reason`` on **every content
+  block seen** (thinking, text, tool use…; block 0 when there were none), so
+  each output position the export lists ends with the message's stop reason,
+  as every output item of a Responses stream does. Usage:
+  ``message_delta.usage`` holds cumulative counts (often only
   ``output_tokens``), so the usage attached (to the last FINISH) is
   ``message_start``'s usage updated with it — the stored usage then has both
   ``input_tokens`` and ``output_tokens``;
@@ -33,7 +35,7 @@ Mapping (``Delta.choice`` is the content block ``index``):
 
 A non-streaming body (a ``message`` object) gives one Delta per content
 block: text → CONTENT, thinking → REASONING, tool_use → TOOL_CALL (the whole
-``input`` as JSON arguments), others → OTHER; text and tool-use blocks carry
+``input`` as JSON arguments), others → OTHER; every block carries
 ``stop_reason``; the last Delta carries ``usage``.
 """
 
@@ -61,8 +63,6 @@ from sniffer.dialects.responses import tool_call_delta
 __all__ = ["AnthropicMessages"]
 
 _TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use"})
-#: block types whose end the stop reason describes (see module docstring)
-_FINISH_BLOCKS = frozenset({"text"}) | _TOOL_BLOCKS
 
 
 def _block_index(obj: dict[str, Any]) -> int:
@@ -195,7 +195,7 @@ class AnthropicMessages:
             return [Delta(STREAM_LEVEL, USAGE, usage=usage_text)]
         if type(stop) is not str:
             raise _not("delta.stop_reason", stop, "a string")
-        targets = sorted(i for i, t in self._blocks.items() if t in _FINISH_BLOCKS) or [0]
+        targets = sorted(self._blocks) or [0]
         return [
             Delta(i, FINISH, finish_reason=stop, usage=usage_text if i == targets[-1] else None)
             for i in targets
@@ -246,16 +246,23 @@ def _whole_block(block: dict[str, Any], index: int, stop: str | None) -> Delta:
         text = block.get("text")
         if type(text) is not str:
             raise _not(f"content[{index}].text", text, "a string")
-        return Delta(index, CONTENT if text else FINISH, text=text, finish_reason=stop)
+        return Delta(index, CONTENT if text else _ended(stop), text=text, finish_reason=stop)
     if block_type == "thinking":
         thinking = block.get("thinking")
         if type(thinking) is not str:
             raise _not(f"content[{index}].thinking", thinking, "a string")
-        return Delta(index, REASONING if thinking else OTHER, reasoning=thinking)
+        return Delta(
+            index, REASONING if thinking else _ended(stop), reasoning=thinking, finish_reason=stop
+        )
     if block_type in _TOOL_BLOCKS:
         args = block.get("input")
         calls = tool_call_delta(
             block.get("id"), block.get("name"), "" if args is None else _dumps(args)
         )
         return Delta(index, TOOL_CALL, tool_calls=calls, finish_reason=stop)
-    return Delta(index, OTHER, raw=_dumps(block))
+    return Delta(index, OTHER, finish_reason=stop, raw=_dumps(block))
+
+
+def _ended(finish: str | None) -> str:
+    """The kind of an item without output: FINISH when it carries a finish reason."""
+    return FINISH if finish is not None else OTHER

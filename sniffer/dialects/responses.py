@@ -289,7 +289,7 @@ def _output_item(item: dict[str, Any], position: int, finish: str | None, body: 
                     logprobs.extend(lp)
         return Delta(
             position,
-            CONTENT if text else FINISH,
+            CONTENT if text else _ended(finish),
             text=text,
             finish_reason=finish,
             logprobs=_dumps(logprobs) if logprobs else None,
@@ -299,7 +299,10 @@ def _output_item(item: dict[str, Any], position: int, finish: str | None, body: 
             item.get("summary"), ("summary_text",), "text", "summary"
         ) + _parts_text(item.get("content"), ("reasoning_text",), "text", "content")
         return Delta(
-            position, REASONING if reasoning else FINISH, reasoning=reasoning, finish_reason=finish
+            position,
+            REASONING if reasoning else _ended(finish),
+            reasoning=reasoning,
+            finish_reason=finish,
         )
     if item_type in _TOOL_ITEMS:
         args = item.get("arguments", item.get("input", ""))
@@ -308,3 +311,8 @@ def _output_item(item: dict[str, Any], position: int, finish: str | None, body: 
         )
         return Delta(position, TOOL_CALL, tool_calls=calls, finish_reason=finish)
     return Delta(position, OTHER, finish_reason=finish, raw=_dumps(item))
+
+
+def _ended(finish: str | None) -> str:
+    """The kind of an item without output: FINISH when it carries a finish reason."""
+    return FINISH if finish is not None else OTHER

@@ -173,7 +173,7 @@ class TgiGenerate:
         return [
             Delta(
                 0,
-                CONTENT if text else FINISH,
+                CONTENT if text else _ended(finish),
                 text=text,
                 finish_reason=finish,
                 logprobs=logprobs,
@@ -181,3 +181,8 @@ class TgiGenerate:
                 server_tokens=server_tokens,
             )
         ]
+
+
+def _ended(finish: str | None) -> str:
+    """The kind of an item without output: FINISH when it carries a finish reason."""
+    return FINISH if finish is not None else OTHER
