@@ -448,5 +448,13 @@ from .cli_verify import verify as _verify  # noqa: E402
 main.add_command(_verify)
 main.add_command(_tokenize)
 
+from .cli_compare import diff as _diff  # noqa: E402
+from .cli_compare import probe as _probe  # noqa: E402
+from .cli_compare import stats as _stats  # noqa: E402
+
+main.add_command(_probe)
+main.add_command(_stats)
+main.add_command(_diff)
+
 if __name__ == "__main__":
     main()
