@@ -1,0 +1,461 @@
+"""Redaction: each built-in pattern with positives and near misses, user patterns,
+events, JSON validity, disabled mode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sniffer.events import (
+    ChunkEvent,
+    ConnectionOpened,
+    PipelineError,
+    StoreEvent,
+    StreamClosed,
+    StreamOpened,
+    StreamResponse,
+    StreamState,
+)
+from sniffer.redact import Redactor, id_checksum_ok, luhn_ok
+
+T0 = 1_700_000_000.0
+
+_W = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
+
+
+def make_id(first17: str) -> str:
+    return first17 + "10X98765432"[sum(int(c) * w for c, w in zip(first17, _W, strict=True)) % 11]
+
+
+def wrong_id(first17: str) -> str:
+    good = make_id(first17)
+    bad = "0" if good[-1] != "0" else "1"
+    return first17 + bad
+
+
+VALID_ID = make_id("11010519491231002")  # ends in X
+VALID_ID_2 = make_id("44030419900307123")
+VALID_CARDS = [
+    "4111111111111111",  # Visa test number
+    "4111 1111 1111 1111",
+    "5500-0000-0000-0004",  # Mastercard
+    "378282246310005",  # Amex, 15 digits
+    "3782 822463 10005",
+    "6011111111111117",  # Discover
+    "6212345678901265",  # UnionPay-shaped, Luhn valid
+]
+
+
+def R(s: str, **kw: object) -> str:
+    return Redactor(**kw).text(s)  # type: ignore[arg-type]
+
+
+def test_helpers() -> None:
+    assert VALID_ID.endswith("X")
+    assert id_checksum_ok(VALID_ID) and id_checksum_ok(VALID_ID.lower())
+    assert not id_checksum_ok(wrong_id("11010519491231002"))
+    assert luhn_ok("4111111111111111") and not luhn_ok("4111111111111112")
+
+
+# ---------------------------------------------------------------- phones
+
+
+@pytest.mark.parametrize(
+    "phone",
+    [
+        "13812345678",
+        "138 1234 5678",
+        "138-1234-5678",
+        "+86 13812345678",
+        "+8613812345678",
+        "0086 138 1234 5678",
+        "19912345678",
+        "+1 (415) 555-2671",
+        "+14155552671",
+        "+44 20 7946 0958",
+        "+49 151 12345678",
+        "+33.1.23.45.67.89",
+    ],
+)
+def test_phone_positives(phone: str) -> None:
+    assert R(f"请拨打{phone}联系我") == "请拨打<PHONE>联系我"
+    assert R(f"call {phone}.") == "call <PHONE>."
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "12812345678",  # 12x is not a mobile prefix
+        "1381234567",  # 10 digits
+        "138123456789",  # 12 digits
+        "23812345678",
+        "order 123456",
+        "+1234",  # too short
+        "x+14155552671",  # glued to a letter: an expression, not a number
+        "+1234567890123456789",  # more than 15 digits
+        "pi is 3.14159265358979",
+    ],
+)
+def test_phone_near_misses(text: str) -> None:
+    assert R(text) == text
+
+
+# ---------------------------------------------------------------- ids
+
+
+@pytest.mark.parametrize("ident", [VALID_ID, VALID_ID_2, VALID_ID.lower()])
+def test_resident_id_positives(ident: str) -> None:
+    assert R(f"身份证号{ident}。") == "身份证号<ID>。"
+    spaced = f"{ident[:6]} {ident[6:14]} {ident[14:]}"
+    assert R(f"ID: {spaced}") == "ID: <ID>"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        wrong_id("11010519491231002"),  # wrong checksum
+        wrong_id("44030419900307123"),
+        "11010519491231002",  # 17 digits
+        "12345678901234567",  # 17 digits
+        make_id("11010519491331002"),  # month 13: not a birth date
+        VALID_ID + "1",  # 19 characters
+        "A" + VALID_ID,  # glued to a letter
+    ],
+)
+def test_resident_id_near_misses(text: str) -> None:
+    out = R(text)
+    assert "<ID>" not in out
+    assert out == text
+
+
+# ---------------------------------------------------------------- cards
+
+
+@pytest.mark.parametrize("card", VALID_CARDS)
+def test_card_positives(card: str) -> None:
+    assert R(f"my card is {card}, exp 12/29") == "my card is <CARD>, exp 12/29"
+
+
+def test_card_followed_by_more_digit_groups() -> None:
+    assert R("4111 1111 1111 1111 123 is it") == "<CARD> 123 is it"
+    assert R("+44 20 7946 0958 13812345678") == "<PHONE> <PHONE>"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "4111111111111112",  # Luhn fails
+        "4111 1111 1111 1112",
+        "1234567812345670",  # Luhn passes, but no card starts with 1
+        "1700000000000",  # a millisecond timestamp
+        "411111111111",  # 12 digits
+        "41111111111111111111",  # 20 digits
+        "9111111111111111",
+    ],
+)
+def test_card_near_misses(text: str) -> None:
+    assert R(text) == text
+
+
+# ---------------------------------------------------------------- e-mail, IP
+
+
+@pytest.mark.parametrize(
+    "addr",
+    [
+        "a@b.cn",
+        "john.doe+tag@example.co.uk",
+        "x_y-z%1@sub-domain.example.org",
+        "13812345678@qq.com",
+    ],
+)
+def test_email_positives(addr: str) -> None:
+    assert R(f"<{addr}>") == "<<EMAIL>>"
+    assert R(f"邮箱：{addr}。") == "邮箱：<EMAIL>。"
+
+
+@pytest.mark.parametrize(
+    "text", ["user@localhost", "@handle", "a@b", "foo@.com", "name at example dot com", "x@y.c"]
+)
+def test_email_near_misses(text: str) -> None:
+    assert R(text) == text
+
+
+@pytest.mark.parametrize("ip", ["192.168.1.10", "10.0.0.1", "255.255.255.255", "127.0.0.1"])
+def test_ip_positives(ip: str) -> None:
+    assert R(f"host {ip}:8080 down") == "host <IP>:8080 down"
+    assert R(f"服务器{ip}。") == "服务器<IP>。"
+    assert R(f"at {ip}.") == "at <IP>."
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "version 1.2.3.4.5",
+        "999.1.1.1",
+        "256.1.1.1",
+        "1.2.3",
+        "v1.2.3.4",
+        "1.2.3.4a",
+        "01.2.3.4.5.6",
+        "3.14.15.926",  # 926 is not an octet
+    ],
+)
+def test_ip_near_misses(text: str) -> None:
+    assert R(text) == text
+
+
+# ---------------------------------------------------------------- mixed, counts
+
+
+def test_mixed_text_and_counts() -> None:
+    r = Redactor()
+    s = (
+        f"Name: Li Lei, ID {VALID_ID}, tel 13812345678 / +1 415 555 2671, "
+        "mail li.lei@example.com, card 4111-1111-1111-1111, from 192.168.0.7. "
+        "Version 1.2.3.4.5 and 17-digit 12345678901234567 stay."
+    )
+    out = r.text(s)
+    assert out == (
+        "Name: Li Lei, ID <ID>, tel <PHONE> / <PHONE>, "
+        "mail <EMAIL>, card <CARD>, from <IP>. "
+        "Version 1.2.3.4.5 and 17-digit 12345678901234567 stay."
+    )
+    assert dict(r.counts) == {"ID": 1, "PHONE": 2, "EMAIL": 1, "CARD": 1, "IP": 1}
+    assert r.text(out) == out  # placeholders are never redacted again
+
+
+def test_no_digits_no_at_returns_same_object() -> None:
+    r = Redactor()
+    s = "The quick brown fox — 敏捷的狐狸"
+    assert r.text(s) is s
+    s2 = "There are 3 apples"
+    assert r.text(s2) == s2
+
+
+# ---------------------------------------------------------------- user patterns
+
+
+def test_user_patterns() -> None:
+    r = Redactor([(r"sk-[A-Za-z0-9]{16,}", "APIKEY"), (r"(?i)project\s+falcon", "")])
+    out = r.text("key sk-abcdefghijklmnop1234 for Project  Falcon, call 13812345678")
+    assert out == "key <APIKEY> for <REDACTED>, call <PHONE>"
+    assert r.counts["APIKEY"] == 1 and r.counts["REDACTED"] == 1 and r.counts["PHONE"] == 1
+    # User patterns run on text without digits too.
+    assert r.text("project falcon") == "<REDACTED>"
+
+
+def test_user_pattern_errors() -> None:
+    with pytest.raises(ValueError, match=r"invalid redaction pattern '\(unclosed' \(bad\)"):
+        Redactor([("(unclosed", "bad")])
+    with pytest.raises(ValueError, match="matches the empty string"):
+        Redactor([("x*", "empty")])
+
+
+def test_disabled_changes_nothing() -> None:
+    r = Redactor([("secret", "S")], enabled=False)
+    s = f"13812345678 a@b.cn {VALID_ID} secret"
+    assert r.text(s) is s
+    ev = ChunkEvent(1, T0, 0, 0, 1, "content", text=s)
+    assert r.event(ev) is ev
+    assert r.events([ev]) == [ev]
+    assert not r.counts
+
+
+# ---------------------------------------------------------------- events
+
+
+def opened(body: str, request: dict[str, object]) -> StreamOpened:
+    return StreamOpened(
+        stream=1,
+        conn=1,
+        exchange=0,
+        ts=T0,
+        client=("127.0.0.1", 40000),
+        server=("127.0.0.1", 8000),
+        method="POST",
+        path="/v1/chat/completions",
+        request_headers=(("content-type", "application/json"),),
+        request_body=body,
+        request=request,
+        dialect="openai.chat",
+    )
+
+
+def test_stream_opened_body_and_request_fields() -> None:
+    body = json.dumps(
+        {
+            "model": "qwen-1.1.1.1",
+            "messages": [
+                {"role": "user", "content": "我的手机号是13812345678，邮箱 a@b.cn"},
+            ],
+            "stop": ["call 13812345678"],
+        },
+        ensure_ascii=False,
+    )
+    ev = opened(body, {"model": "qwen-1.1.1.1", "prompt_len": 1, "stop": ["13812345678"]})
+    out = Redactor().event(ev)
+    assert isinstance(out, StreamOpened)
+    parsed = json.loads(out.request_body or "")
+    assert parsed["messages"][0]["content"] == "我的手机号是<PHONE>，邮箱 <EMAIL>"
+    assert out.request == {"model": "qwen-1.1.1.1", "prompt_len": 1, "stop": ["<PHONE>"]}
+    assert out.request_headers == ev.request_headers
+    assert ev.request_body == body  # the input event is untouched
+
+
+def test_chunk_fields() -> None:
+    ev = ChunkEvent(
+        stream=1,
+        ts=T0,
+        seq=3,
+        choice=0,
+        chunk_index=2,
+        kind="content",
+        text="Reach me: 13812345678",
+        reasoning="the user gave a@b.cn",
+        tool_calls='[{"function":{"arguments":"{\\"ip\\": \\"10.1.2.3\\"}"}}]',
+        logprobs='{"content":[{"token":"13812345678"}]}',
+        raw='{"x":"4111111111111111"}',
+    )
+    out = Redactor().event(ev)
+    assert isinstance(out, ChunkEvent)
+    assert out.text == "Reach me: <PHONE>"
+    assert out.reasoning == "the user gave <EMAIL>"
+    assert json.loads(out.tool_calls or "")[0]["function"]["arguments"] == '{"ip": "<IP>"}'
+    assert json.loads(out.logprobs or "") == {"content": [{"token": "<PHONE>"}]}
+    assert out.raw == '{"x":"<CARD>"}'
+    assert (out.stream, out.seq, out.chunk_index, out.kind) == (1, 3, 2, "content")
+
+
+def test_unchanged_events_are_the_same_objects() -> None:
+    r = Redactor()
+    evs: list[StoreEvent] = [
+        ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True),
+        opened('{"model":"m","messages":[{"role":"user","content":"hi"}]}', {"model": "m"}),
+        StreamResponse(1, T0, 200, (), "text/event-stream", True),
+        ChunkEvent(1, T0, 0, 0, 1, "content", text="hello"),
+        PipelineError(T0, "http", "framing", "bad chunk size"),
+    ]
+    out = r.events(evs)
+    assert all(a is b for a, b in zip(out, evs, strict=True))
+
+
+def test_stream_closed_and_pipeline_error() -> None:
+    closed = StreamClosed(
+        stream=1,
+        ts=T0,
+        state=StreamState.ERROR,
+        reason="HTTP 400",
+        done_seen=False,
+        gap=False,
+        t_first_content=None,
+        t_last_chunk=None,
+        chunk_count=0,
+        event_count=1,
+        text_len=0,
+        finish_reasons=(),
+        usage=None,
+        response_body='{"choices":[{"message":{"content":"mail a@b.cn"}}]}',
+        error="user 13812345678 not allowed",
+    )
+    out = Redactor().event(closed)
+    assert isinstance(out, StreamClosed)
+    assert json.loads(out.response_body or "")["choices"][0]["message"]["content"] == "mail <EMAIL>"
+    assert out.error == "user <PHONE> not allowed"
+    assert out.reason == "HTTP 400"
+    perr = PipelineError(T0, "dialect", "invalid", 'bad item {"t":"13812345678"')
+    out2 = Redactor().event(perr)
+    assert isinstance(out2, PipelineError) and "13812345678" not in out2.message
+
+
+def test_user_pattern_applies_to_json_text_even_across_syntax() -> None:
+    r = Redactor([(r'"secret":\s*"[^"]*"', "S"), (r"acme-[0-9]+", "CUSTOMER")])
+    body = '{"model":"m","messages":[{"role":"user","content":"for acme-42"}],"secret": "abc"}'
+    out = r.event(opened(body, {"model": "m"}))
+    assert isinstance(out, StreamOpened)
+    assert out.request_body == (
+        '{"model":"m","messages":[{"role":"user","content":"for <CUSTOMER>"}],<S>}'
+    )
+    assert "abc" not in (out.request_body or "")
+
+
+# ---------------------------------------------------------------- properties
+
+SAFE = st.text(
+    alphabet=st.sampled_from(list("abcdefghij ,.;:!?-\n你好世界")), min_size=0, max_size=30
+)
+PII = st.sampled_from(
+    [
+        ("13812345678", "<PHONE>"),
+        ("+44 20 7946 0958", "<PHONE>"),
+        (VALID_ID, "<ID>"),
+        ("4111 1111 1111 1111", "<CARD>"),
+        ("jane@example.org", "<EMAIL>"),
+        ("172.16.254.1", "<IP>"),
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.tuples(SAFE, PII), max_size=5), tail=SAFE)
+def test_property_pii_between_plain_text(
+    parts: list[tuple[str, tuple[str, str]]], tail: str
+) -> None:
+    # Separate each item from its neighbours with a space (a "." or "-" right
+    # before a number legitimately changes what it is).
+    text = "".join(f"{s} {pii} " for s, (pii, _) in parts) + tail
+    expected = "".join(f"{s} {ph} " for s, (_, ph) in parts) + tail
+    r = Redactor()
+    assert r.text(text) == expected
+    assert sum(r.counts.values()) == len(parts)
+    assert r.text(expected) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    doc=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=20) | PII.map(lambda p: p[0]),
+        lambda kids: (
+            st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4)
+        ),
+        max_leaves=12,
+    )
+)
+def test_property_json_stays_valid(doc: object) -> None:
+    text = json.dumps(doc, ensure_ascii=False)
+    r = Redactor()
+    out = r.json_text(text)
+    assert out is not None
+    # Still JSON, and no built-in PII left anywhere in it.
+    json.loads(out)
+    assert Redactor().text(out) == out
+
+
+def test_json_numbers_become_quoted_placeholders() -> None:
+    r = Redactor()
+    doc = '{"phone": 13812345678, "ids": [4111111111111111, 7], "seed": 42, "t": 0.5}'
+    out = r.json_text(doc)
+    assert json.loads(out or "") == {"phone": "<PHONE>", "ids": ["<CARD>", 7], "seed": 42, "t": 0.5}
+    assert r.json_text("13812345678") == '"<PHONE>"'
+
+
+def test_json_escapes_and_broken_json() -> None:
+    r = Redactor()
+    # A string with escaped quotes around the number: still one string token.
+    doc = json.dumps({"content": 'he said "call 13812345678" \\ ok'})
+    out = r.json_text(doc) or ""
+    assert json.loads(out) == {"content": 'he said "call <PHONE>" \\ ok'}
+    # Cut-off JSON (a truncated body): the unterminated string is redacted as text.
+    cut = '{"messages":[{"content":"mail me: a@b.cn or 13812345678'
+    assert r.json_text(cut) == '{"messages":[{"content":"mail me: <EMAIL> or <PHONE>'
+
+
+def test_email_local_part_limits() -> None:
+    r = Redactor()
+    assert r.text("x" * 65 + "@example.com") == "x" * 65 + "@example.com"
+    assert r.text("y" * 64 + "@example.com") == "<EMAIL>"
+    assert r.text("a@b.cn,c@d.cn") == "<EMAIL>,<EMAIL>"
+    assert r.text("@example.com") == "@example.com"
