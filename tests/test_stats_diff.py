@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -258,3 +259,228 @@ def test_bad_rows_do_not_raise(db: Db) -> None:
     assert empty.summary["pairs"] == 0 and empty.summary["identical_ratio"] is None
     with pytest.raises(ValueError):
         compute_diff(outs, "a", "b", pairing="best")
+
+
+# ---------------------------------------------------------------------------
+# End to end: two fixture servers, probe, dumpcap, replay, stats, diff
+# ---------------------------------------------------------------------------
+
+PERTURB = 5
+E2E_PROMPTS = ["Tell me about rivers", "Write a poem about bread", "Why is the sky blue?"]
+REPEAT = 3
+
+
+def _can_capture() -> bool:
+    import os
+    import shutil
+
+    return shutil.which("dumpcap") is not None and os.geteuid() == 0
+
+
+def _poll(cond: Any, what: str, polls: int = 400) -> None:
+    import time
+
+    for _ in range(polls):  # × 0.025 s: a bound only reached when the test fails
+        if cond():
+            return
+        time.sleep(0.025)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _expected_fork(prompt: str) -> tuple[str, str, int]:
+    """Baseline and perturbed text from the fixture server's own generator, and
+    the token index holding the first character of the first perturbed piece."""
+    from tests.fixture_server.app import Options, make_plan
+
+    body = {"model": "fake", "messages": [{"role": "user", "content": prompt}], "stream": True}
+    body["temperature"] = 0.0
+    base = make_plan(body, True, Options()).choices[0].content
+    pert = make_plan(body, True, Options(perturb_after=PERTURB)).choices[0].content
+    assert base[:PERTURB] == pert[:PERTURB] and base[PERTURB] != pert[PERTURB]
+    char = len("".join(base[:PERTURB]))
+    text = "".join(base)
+    return text, "".join(pert), char_to_token(text, char)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not _can_capture(), reason="needs root and dumpcap to record loopback")
+def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+
+    from click.testing import CliRunner
+
+    from sniffer.cli import main
+    from tests.fixture_server import free_port, start_server_process, wait_ready
+
+    port_a = free_port()
+    port_b = free_port(lo=19000, hi=19499)
+    servers = [
+        start_server_process(port_a),
+        start_server_process(port_b, "--perturb-after", str(PERTURB), "--tokens-per-chunk", "3"),
+    ]
+    pcap = tmp_path / "probe.pcap"
+    dumpcap: subprocess.Popen[bytes] | None = None
+    try:
+        wait_ready(port_a)
+        wait_ready(port_b)
+        dumpcap = subprocess.Popen(
+            [
+                "dumpcap",
+                "-q",
+                "-P",
+                "-i",
+                "lo",
+                "-f",
+                f"tcp port {port_a} or tcp port {port_b}",
+                "-w",
+                str(pcap),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _poll(lambda: pcap.exists() and pcap.stat().st_size >= 24, "the pcap header")
+        header = pcap.stat().st_size
+
+        def poke_until_captured(port: int, size: int) -> None:
+            def grown() -> bool:
+                wait_ready(port)  # a /health exchange: packets dumpcap must see
+                return pcap.stat().st_size > size
+
+            _poll(grown, "dumpcap to record packets")
+
+        poke_until_captured(port_a, header)  # capture is live
+        prompts = tmp_path / "prompts.txt"
+        prompts.write_text("\n".join(E2E_PROMPTS) + "\n", encoding="utf-8")
+        runner = CliRunner()
+        res = runner.invoke(
+            main,
+            [
+                "probe",
+                str(prompts),
+                "--url",
+                f"http://127.0.0.1:{port_a}",
+                "--url",
+                f"http://127.0.0.1:{port_b}",
+                "--model",
+                "fake",
+                "--repeat",
+                str(REPEAT),
+                "-c",
+                "4",
+                "--timeout",
+                "20",
+                "--deadline",
+                "60",
+                "--json",
+            ],
+        )
+        assert res.exit_code == 0, res.output
+        probed = json.loads(res.output)
+        assert probed["ok"] == len(E2E_PROMPTS) * REPEAT * 2
+        assert probed["deterministic_ratio"] == 1.0
+        assert all(not a["agree"] for a in probed["across_urls"])
+        poke_until_captured(port_b, pcap.stat().st_size)  # everything before is on disk
+    finally:
+        if dumpcap is not None:
+            dumpcap.send_signal(signal.SIGINT)
+            dumpcap.wait(timeout=10)
+        for s in servers:
+            s.terminate()
+            s.wait(timeout=10)
+
+    db = str(tmp_path / "e2e.db")
+    res = CliRunner().invoke(
+        main,
+        [
+            "replay",
+            str(pcap),
+            "--db",
+            db,
+            "-q",
+            "--label",
+            f"{port_a}=baseline",
+            "--label",
+            f"{port_b}=sparse",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    engine = make_engine(db)
+
+    st = stats(engine, registry=REGISTRY)
+    assert st.summary["labels"]["baseline"] == {
+        "groups": len(E2E_PROMPTS),
+        "deterministic_groups": len(E2E_PROMPTS),
+        "deterministic_ratio": 1.0,
+        "outputs": len(E2E_PROMPTS) * REPEAT,
+    }
+    assert st.summary["labels"]["sparse"]["deterministic_ratio"] == 1.0
+
+    rep = diff(engine, "baseline", "sparse", registry=REGISTRY)
+    assert rep.summary["prompts"] == len(E2E_PROMPTS)
+    assert rep.summary["pairs"] == len(E2E_PROMPTS) * REPEAT * REPEAT
+    assert rep.summary["identical_pairs"] == 0
+    by_prompt = {p.prompt: p for p in rep.prompts}
+    forks = []
+    for prompt in E2E_PROMPTS:
+        base_text, pert_text, fork = _expected_fork(prompt)
+        pr = by_prompt[f"user: {prompt}"]
+        assert pr.baseline_text == base_text and pr.candidate_text == pert_text
+        assert pr.first_divergence == fork
+        pairs = [p for p in rep.pairs if p.key == pr.key]
+        assert {p.first_divergence for p in pairs} == {fork}
+        assert {p.common_prefix for p in pairs} == {fork}
+        forks.append(fork)
+    assert rep.summary["median_first_divergence"] == sorted(forks)[1]
+    # three tokens per chunk on the candidate side
+    assert rep.summary["candidate_tokens_per_chunk_mean"] > 2.0
+    assert rep.summary["baseline_tokens_per_chunk_mean"] < 1.5
+
+    html_path = tmp_path / "report.html"
+    res = CliRunner().invoke(
+        main,
+        [
+            "diff",
+            "--db",
+            db,
+            "--baseline",
+            "baseline",
+            "--candidate",
+            "sparse",
+            "--fail-if",
+            "identical_ratio < 0.95",
+            "--html",
+            str(html_path),
+        ],
+    )
+    assert res.exit_code == 1, res.output  # the gate fails: nothing is identical
+    assert "gate identical_ratio < 0.95: FAIL" in res.output
+    page = html_path.read_text(encoding="utf-8")
+    assert page.count("<svg") >= 4 and "<script" not in page and "http://" not in page
+    res = CliRunner().invoke(
+        main,
+        [
+            "diff",
+            "--db",
+            db,
+            "--baseline",
+            "baseline",
+            "--candidate",
+            "sparse",
+            "--json",
+            "--fail-if",
+            "median_first_divergence < 1",
+            "--pairing",
+            "modal",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    js = json.loads(res.output)
+    assert js["summary"]["pairs"] == len(E2E_PROMPTS)
+    assert js["gates"] == [
+        {"gate": "median_first_divergence < 1", "actual": sorted(forks)[1], "failed": False}
+    ]
+    res = CliRunner().invoke(main, ["stats", "--db", db, "--label", "baseline"])
+    assert res.exit_code == 0 and "3 fully deterministic (100.0%)" in res.output
+    assert os.path.exists(db)

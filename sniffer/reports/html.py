@@ -54,7 +54,7 @@ def _divergence_map(pairs: Sequence[PairResult], prompts: dict[str, str]) -> str
     scale = width / longest
     height = len(rows) * row_h + 30
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 20}" '
+        f'<svg width="{left + width + 20}" '
         f'height="{height}" role="img" aria-label="divergence map">'
     ]
     for i, p in enumerate(rows):
@@ -127,8 +127,7 @@ def _histogram(title: str, unit: str, sides: Sequence[tuple[str, str, Sequence[f
     bw = w / bins
     out = [
         f"<h3>{escape(title)}</h3>",
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w + left + 10}" height="{h + 30}" '
-        f'role="img" aria-label="{escape(title)}">',
+        f'<svg width="{w + left + 10}" height="{h + 30}" role="img" aria-label="{escape(title)}">',
     ]
     k = len(sides)
     for si, ((name, colour, _vs), c) in enumerate(zip(sides, counts, strict=True)):
@@ -163,8 +162,7 @@ def _tpc(report: DiffReport) -> str:
     bw = w / len(keys)
     out = [
         "<h3>Tokens per chunk (share of chunks)</h3>",
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w + left + 10}" height="{h + 30}" '
-        'role="img" aria-label="tokens per chunk">',
+        f'<svg width="{w + left + 10}" height="{h + 30}" role="img" aria-label="tokens per chunk">',
     ]
     for i, k in enumerate(keys):
         for j, (d, tot, colour, name) in enumerate(
