@@ -1,0 +1,311 @@
+"""``sparseety verify``: replayed fixtures, crafted streams, seed-format JSONL."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import Engine, update
+
+from sniffer.cli_verify import tokenize as tokenize_cmd
+from sniffer.cli_verify import verify as verify_cmd
+from sniffer.events import StreamState
+from sniffer.replay import replay
+from sniffer.reports.export import export_jsonl
+from sniffer.reports.verify import StreamVerdict, verify_db, verify_jsonl
+from sniffer.store.models import chunks
+from sniffer.store.writer import StoreWriter, make_engine
+from sniffer.tokens import TokenizerRegistry, TokenizerSpec, default_tokenizer_dir
+from tests.test_tokenize_pass import CHINESE, EMOJI, ENGLISH, write_stream
+
+PCAPS = Path(__file__).resolve().parent.parent / "pcaps"
+REGISTRY = TokenizerRegistry()
+#: a registry where "ds-*" models have a configured tokenizer (the same files)
+CONFIGURED = TokenizerRegistry([TokenizerSpec("ds-*", str(default_tokenizer_dir()))])
+
+
+def _expected(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((PCAPS / f"{name}.expected.json").read_text())
+    return data
+
+
+ALL_FIXTURES = sorted(p.stem for p in PCAPS.glob("*.pcap"))
+COMPLETE = [
+    n
+    for n in ALL_FIXTURES
+    if _expected(n)["streams"] and all(s["state"] == "complete" for s in _expected(n)["streams"])
+]
+
+
+@pytest.fixture(scope="module")
+def fixture_dbs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    root = tmp_path_factory.mktemp("fx")
+    for name in ALL_FIXTURES:
+        db = root / f"{name}.db"
+        replay(PCAPS / f"{name}.pcap", str(db))
+        out[name] = db
+    return out
+
+
+def kinds(v: StreamVerdict, level: str | None = None) -> set[str]:
+    return {f.kind for f in v.findings if level is None or f.level == level}
+
+
+# --------------------------------------------------------------- fixtures
+
+
+def test_complete_fixtures_present() -> None:
+    assert {"chat_english", "chat_cjk", "fffd", "n2", "include_usage"} <= set(COMPLETE)
+
+
+@pytest.mark.parametrize("name", COMPLETE)
+def test_every_complete_fixture_verifies(fixture_dbs: dict[str, Path], name: str) -> None:
+    result = CliRunner().invoke(verify_cmd, ["--db", str(fixture_dbs[name])])
+    assert result.exit_code == 0, result.output
+    assert "✓" in result.output and "✗" not in result.output
+    report = verify_db(make_engine(str(fixture_dbs[name])), REGISTRY)
+    assert report.ok and report.streams
+    for v in report.streams:
+        assert "tokenizer_default" in kinds(v, "warn")
+        assert v.tokens is not None and v.tokenizer == "default:deepseek-v4"
+
+
+def test_fault_lost_fails_with_gap(fixture_dbs: dict[str, Path]) -> None:
+    report = verify_db(make_engine(str(fixture_dbs["fault_lost"])), REGISTRY)
+    (v,) = report.streams
+    assert not v.ok and "gap" in kinds(v, "fail")
+    result = CliRunner().invoke(verify_cmd, ["--db", str(fixture_dbs["fault_lost"])])
+    assert result.exit_code == 1 and "gap" in result.output and "✗" in result.output
+
+
+def test_client_abort_fails_truncated(fixture_dbs: dict[str, Path]) -> None:
+    (v,) = verify_db(make_engine(str(fixture_dbs["client_abort"])), REGISTRY).streams
+    assert v.state == "truncated"
+    assert {"truncated", "finish_missing"} <= kinds(v, "fail")
+
+
+def test_fffd_warns_replacement_char(fixture_dbs: dict[str, Path]) -> None:
+    report = verify_db(make_engine(str(fixture_dbs["fffd"])), REGISTRY, tokens=True)
+    assert report.ok and len(report.streams) == 2
+    for v in report.streams:
+        assert "replacement_char" in kinds(v, "warn")
+        toks = v.first_tokens[0]
+        assert len(toks) == 20 and all(isinstance(i, int) and isinstance(t, str) for i, t in toks)
+
+
+def test_usage_mismatch_of_fake_server_is_only_a_warning(fixture_dbs: dict[str, Path]) -> None:
+    # the fixture server counts one "token" per chunk; DeepSeek counts differ
+    (v,) = verify_db(make_engine(str(fixture_dbs["include_usage"])), REGISTRY).streams
+    assert v.ok and "usage_mismatch" in kinds(v, "warn")
+
+
+def test_cli_tokens_json_and_usage_errors(fixture_dbs: dict[str, Path]) -> None:
+    db = str(fixture_dbs["chat_english"])
+    r = CliRunner().invoke(verify_cmd, ["--db", db, "--json", "--tokens"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["ok"] and data["failed"] == 0 and data["results"][0]["first_tokens"]["0"]
+    r = CliRunner().invoke(verify_cmd, ["--db", db, "--jsonl", db, "--label", "x"])
+    assert r.exit_code == 2
+    r = CliRunner().invoke(verify_cmd, ["--db", db, "--stream", "999"])
+    assert r.exit_code == 1 and "no stream 999" in r.output
+    r = CliRunner().invoke(verify_cmd, ["--db", db, "--tokenizer", "nonsense"])
+    assert r.exit_code == 2
+
+
+# ---------------------------------------------------------- crafted streams
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Engine:
+    return make_engine(str(tmp_path / "v.db"))
+
+
+def one(engine: Engine, registry: TokenizerRegistry = REGISTRY) -> StreamVerdict:
+    (v,) = verify_db(engine, registry).streams
+    return v
+
+
+def test_clean_crafted_stream(engine: Engine) -> None:
+    with StoreWriter("", engine=engine) as w:
+        write_stream(w, 1, ENGLISH, model="ds-v4")
+    v = one(engine, CONFIGURED)
+    assert v.ok and v.tokenizer == str(default_tokenizer_dir())
+    assert "tokenizer_default" not in kinds(v)
+    assert v.chunks == len(ENGLISH) and v.text_len == len("".join(ENGLISH))
+
+
+def test_fffd_deltas_warn(engine: Engine) -> None:
+    with StoreWriter("", engine=engine) as w:
+        write_stream(w, 1, ["你", "\ufffd", "\ufffd好", "。"], model="ds-v4")
+    v = one(engine, CONFIGURED)
+    assert v.ok and "replacement_char" in kinds(v, "warn")
+    (f,) = [f for f in v.findings if f.kind == "replacement_char"]
+    assert f.count == 2 and f.level == "warn"
+
+
+def test_usage_disagreement(engine: Engine) -> None:
+    with StoreWriter("", engine=engine) as w:
+        write_stream(w, 1, CHINESE, model="ds-v4", usage={"completion_tokens": 1000})
+        write_stream(w, 2, CHINESE, model="other", usage={"completion_tokens": 1000})
+    v1, v2 = verify_db(engine, CONFIGURED).streams
+    assert not v1.ok and kinds(v1, "fail") == {"usage_mismatch"}
+    assert v2.ok and {"usage_mismatch", "tokenizer_default"} <= kinds(v2, "warn")
+
+
+def test_gap_stream(engine: Engine) -> None:
+    with StoreWriter("", engine=engine) as w:
+        write_stream(
+            w,
+            1,
+            ENGLISH[:2],
+            model="ds-v4",
+            state=StreamState.GAP,
+            gap=True,
+            finish=None,
+            done=False,
+        )
+    v = one(engine, CONFIGURED)
+    assert kinds(v, "fail") == {"gap", "finish_missing"}
+    assert sum(1 for f in v.findings if f.kind == "gap") == 1  # not repeated by the token pass
+
+
+def test_index_gap_counts_and_lengths(engine: Engine) -> None:
+    with StoreWriter("", engine=engine) as w:
+        write_stream(w, 1, ENGLISH[:3], model="ds-v4", indexes=[1, 3, 4])
+        write_stream(w, 2, ENGLISH[:3], model="ds-v4", chunk_count=7)
+        write_stream(w, 3, ENGLISH[:3], model="ds-v4", text_len=5)
+    v1, v2, v3 = verify_db(engine, CONFIGURED).streams
+    assert kinds(v1, "fail") == {"index_gap"}
+    assert "chunk_index 3 after 1" in v1.findings[0].detail
+    assert kinds(v2, "fail") == {"chunk_count"}
+    assert kinds(v3, "fail") == {"text_len"}
+
+
+def test_text_changed_after_tokenizing(engine: Engine) -> None:
+    with StoreWriter("", engine=engine) as w:
+        write_stream(w, 1, ENGLISH, model="ds-v4")
+    assert one(engine, CONFIGURED).ok
+    with engine.begin() as conn:  # same length, different text
+        conn.execute(update(chunks).where(chunks.c.seq == 1).values(text="THE QUICK"))
+    v = one(engine, CONFIGURED)
+    assert kinds(v, "fail") == {"text_mismatch"}
+
+
+def test_content_after_finish_and_finish_missing(engine: Engine) -> None:
+    with StoreWriter("", engine=engine) as w:
+        write_stream(w, 1, ENGLISH[:2], model="ds-v4", late=[" extra"])
+        write_stream(
+            w, 2, ENGLISH[:2], model="ds-v4", finish=None, done=False, state=StreamState.TRUNCATED
+        )
+        # ended by the server's end marker and judged complete: only a warning
+        write_stream(w, 3, ENGLISH[:2], model="ds-v4", finish=None)
+    v1, v2, v3 = verify_db(engine, CONFIGURED).streams
+    assert kinds(v1, "fail") == {"content_after_finish"}
+    assert kinds(v2, "fail") == {"truncated", "finish_missing"}
+    assert v3.ok and "finish_missing" in kinds(v3, "warn")
+
+
+def test_server_token_mismatch(engine: Engine) -> None:
+    lp = [json.dumps({"content": [{"token": t}]}) for t in ["Hello", " world", "?"]]
+    with StoreWriter("", engine=engine) as w:
+        write_stream(w, 1, ["Hello", " world", "!"], model="ds-v4", logprobs=lp)
+    v = one(engine, CONFIGURED)
+    assert kinds(v, "fail") == {"server_token_mismatch"}
+    assert "at 2" in v.findings[0].detail
+
+
+def test_not_tokenized_warns(engine: Engine) -> None:
+    with StoreWriter("", engine=engine) as w:
+        write_stream(w, 1, ENGLISH)
+    (v,) = verify_db(engine, REGISTRY, tokenize=False).streams
+    assert v.ok and kinds(v) == {"not_tokenized"} and v.tokens is None
+
+
+def test_tokenize_command(tmp_path: Path) -> None:
+    db = str(tmp_path / "c.db")
+    with StoreWriter(db) as w:
+        write_stream(w, 1, EMOJI)
+    r = CliRunner().invoke(tokenize_cmd, ["--db", db, "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["streams"] == 1
+    r = CliRunner().invoke(tokenize_cmd, ["--db", db, "--json"])
+    assert json.loads(r.output)["streams"] == 0
+    r = CliRunner().invoke(tokenize_cmd, ["--db", db, "--json", "--redo"])
+    assert json.loads(r.output)["streams"] == 1
+
+
+# --------------------------------------------------------------------- JSONL
+
+
+def test_export_then_verify_jsonl(fixture_dbs: dict[str, Path], tmp_path: Path) -> None:
+    for name, ok in [("chat_english", True), ("n2", True), ("fault_lost", False)]:
+        buf = io.StringIO()
+        export_jsonl(make_engine(str(fixture_dbs[name])), buf)
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(buf.getvalue(), encoding="utf-8")
+        r = CliRunner().invoke(verify_cmd, ["--jsonl", str(path)])
+        assert r.exit_code == (0 if ok else 1), r.output
+        report = verify_jsonl(buf.getvalue().splitlines(), REGISTRY)
+        db_report = verify_db(make_engine(str(fixture_dbs[name])), REGISTRY)
+        assert [v.tokens for v in report.streams] == [v.tokens for v in db_report.streams]
+
+
+def _seed_log(broken_line: int | None = None) -> list[str]:
+    """An old-lab log: no stream_id, no choice_index; two streams."""
+    lines: list[dict[str, Any]] = []
+    for text in (ENGLISH, CHINESE):
+        lines.append({"event": "request_start", "model": "m", "prompt_len": 1, "stream": True})
+        acc = 0
+        for k, piece in enumerate(text, 1):
+            acc += len(piece)
+            lines.append(
+                {
+                    "event": "chunk",
+                    "chunk_index": k,
+                    "delta_text": piece,
+                    "delta_len": len(piece),
+                    "accumulated_len": acc,
+                    "finish_reason": "stop" if k == len(text) else None,
+                }
+            )
+        lines.append(
+            {
+                "event": "stream_done",
+                "chunk_count": len(text),
+                "total_text_len": acc,
+                "complete": True,
+            }
+        )
+    if broken_line is not None:
+        lines[broken_line - 1]["accumulated_len"] += 3
+    return [json.dumps(r, ensure_ascii=False) for r in lines]
+
+
+def test_seed_log_without_stream_ids(tmp_path: Path) -> None:
+    report = verify_jsonl(_seed_log(), REGISTRY)
+    assert report.ok and [v.line for v in report.streams] == [1, 8]
+    assert [v.chunks for v in report.streams] == [5, 5]
+    path = tmp_path / "seed.jsonl"
+    path.write_text("\n".join(_seed_log(broken_line=10)) + "\n", encoding="utf-8")
+    r = CliRunner().invoke(verify_cmd, ["--jsonl", str(path)])
+    assert r.exit_code == 1
+    assert "accumulated_len: line 10: accumulated_len" in r.output
+    (bad,) = [v for v in verify_jsonl(_seed_log(broken_line=10), REGISTRY).streams if not v.ok]
+    assert bad.line == 8 and kinds(bad, "fail") == {"accumulated_len"}
+    assert bad.findings[0].line == 10
+
+
+def test_seed_log_bad_json_and_missing_done() -> None:
+    lines = _seed_log()
+    lines[3] = "{not json"
+    del lines[-1]
+    v1, v2 = verify_jsonl(lines, REGISTRY).streams
+    assert {"bad_record", "accumulated_len", "index_gap"} <= kinds(v1, "fail")
+    assert any(f.line == 4 for f in v1.findings if f.kind == "bad_record")
+    assert kinds(v2, "fail") == {"stream_done_missing"}
