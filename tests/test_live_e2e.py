@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -211,7 +211,7 @@ def openai_stream(
     return r
 
 
-def concurrently(jobs: list[Callable[[], Result]], workers: int = 16) -> list[Result]:
+def concurrently(jobs: Sequence[Callable[[], Result]], workers: int = 16) -> list[Result]:
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(j) for j in jobs]
         return [f.result(timeout=120) for f in futures]
