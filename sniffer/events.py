@@ -122,7 +122,7 @@ class FlowAnomaly:
     conn: int
     ts: float
     from_client: bool
-    kind: str  # "retransmission", "overlap-mismatch", "out-of-order", "buffer-cap"
+    kind: str  # "overlap-mismatch", "buffer-cap", "out-of-window", "after-fin", "out-of-order"
     detail: str = ""
 
 
@@ -262,6 +262,7 @@ class ChunkEvent:
     logprobs: str | None = None  # JSON text of the server-reported logprobs
     usage: str | None = None  # JSON text of the usage object
     raw: str | None = None  # the event data as received, for kinds we do not model
+    server_tokens: str | None = None  # JSON list of server-reported tokens (TGI token objects)
 
 
 @dataclass(frozen=True, slots=True)

@@ -426,6 +426,7 @@ class StreamAssembler:
                     d.logprobs,
                     d.usage,
                     d.raw,
+                    d.server_tokens,
                 )
             )
             x.seq += 1

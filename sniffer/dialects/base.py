@@ -66,7 +66,9 @@ def request_fields(body: Any) -> dict[str, Any]:
     """The request parameters every dialect understands, from a parsed JSON body.
 
     ``prompt_len`` is the number of messages for chat-style requests and 1 for a
-    prompt string (the seed log's convention).
+    prompt string (the seed log's convention). Sampling parameters nested the
+    way TGI (``parameters``) and Ollama (``options``) send them are lifted to
+    the same names; Anthropic's ``system`` counts as one more message.
     """
     if not isinstance(body, dict):
         return {}
@@ -76,6 +78,7 @@ def request_fields(body: Any) -> dict[str, Any]:
         "stream",
         "temperature",
         "top_p",
+        "top_k",
         "max_tokens",
         "max_completion_tokens",
         "max_output_tokens",
@@ -87,10 +90,20 @@ def request_fields(body: Any) -> dict[str, Any]:
     ):
         if key in body:
             out[key] = body[key]
+    nested = body.get("parameters") if isinstance(body.get("parameters"), dict) else None
+    if nested is None and isinstance(body.get("options"), dict):
+        nested = body["options"]
+    if nested is not None:  # TGI "parameters", Ollama "options"
+        for key in ("temperature", "top_p", "top_k", "seed"):
+            if key in nested and key not in out:
+                out[key] = nested[key]
+        for key in ("max_new_tokens", "num_predict"):
+            if key in nested and "max_tokens" not in out:
+                out["max_tokens"] = nested[key]
     messages = body.get("messages")
     if isinstance(messages, list):
-        out["prompt_len"] = len(messages)
-    elif "prompt" in body or "input" in body:
-        prompt = body.get("prompt", body.get("input"))
+        out["prompt_len"] = len(messages) + (1 if body.get("system") else 0)
+    elif "prompt" in body or "input" in body or "inputs" in body:
+        prompt = body.get("prompt", body.get("input", body.get("inputs")))
         out["prompt_len"] = len(prompt) if isinstance(prompt, list) else 1
     return out

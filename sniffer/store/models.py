@@ -75,6 +75,7 @@ since the Unix epoch (UTC).
                     JSON text, as the server sent it
     finish_reason
     raw             the event data as received, for kinds that are not modelled
+    server_tokens   JSON list of server-reported tokens (TGI token objects)
 
 ``errors`` — every recorded pipeline error (bad input never stops capture).
 
@@ -199,6 +200,7 @@ chunks = Table(
     Column("logprobs", Text),
     Column("usage", Text),
     Column("raw", Text),
+    Column("server_tokens", Text),
     Index("ix_chunks_stream_seq", "stream_id", "seq"),
 )
 

@@ -362,6 +362,7 @@ _CHUNK_COLUMNS = (
     "logprobs",
     "usage",
     "raw",
+    "server_tokens",
 )
 _ERROR_COLUMNS = ("ts", "stage", "kind", "message", "connection_id", "stream_id")
 _CONNECTION_COLUMNS = tuple(c.name for c in connections.columns)
@@ -383,6 +384,7 @@ _chunk_row: Callable[[ChunkEvent], tuple[Any, ...]] = operator.attrgetter(
     "logprobs",
     "usage",
     "raw",
+    "server_tokens",
 )
 
 
