@@ -36,6 +36,7 @@ test: deps
 pcaps:
 	$(PYTHON) scripts/record_pcaps.py
 	$(PYTHON) scripts/craft_faults.py
+	$(PYTHON) scripts/craft_dialect_pcaps.py
 
 bench: deps
 	-$(MAKE) --no-print-directory ebpf
