@@ -1,0 +1,604 @@
+"""Prometheus metrics: store events in, a /metrics exposition out.
+
+One :class:`Metrics` owns its own ``CollectorRegistry`` (never the global one),
+so a process — or a test — can hold several. The daemon calls
+:meth:`Metrics.observe` with every batch of events the pipeline produced
+(BEFORE sampling and redaction, so that every stream counts), the token layer
+calls :meth:`Metrics.observe_tokens` per stream, and the daemon sets the
+gauges and counters it owns (queue, drops, packets, flushes).
+
+All durations come from capture timestamps carried on the events; the only
+clock read here is the scrape-time age of the last flush.
+
+Label sets are bounded: ``label`` is the server label (``None`` → ``"none"``),
+``model`` the request's ``model`` (``None`` → ``"none"``); past ``max_models``
+distinct models under one label, new ones are counted as ``"other"``, and past
+``max_labels`` labels likewise.
+
+Metrics (``{label, model}`` unless noted):
+
+=============================================== =========== =====================================
+name                                            type        meaning
+=============================================== =========== =====================================
+gen_ai_server_time_to_first_token_seconds       histogram   request head → first chunk carrying
+                                                            content, reasoning or a tool call
+                                                            (never the role prelude); streamed
+                                                            responses only
+gen_ai_server_time_per_output_token_seconds     histogram   (last − first output chunk) /
+                                                            (output tokens − 1), per complete
+                                                            stream; needs observe_tokens
+sparseety_inter_chunk_seconds                   histogram   gap between consecutive output
+                                                            chunks of one choice
+gen_ai_server_request_duration_seconds          histogram   request head → end of the stream
+gen_ai_client_token_usage                       histogram   tokens per stream,
+                                                            ``gen_ai_token_type`` input|output
+                                                            (our tokenizer; observe_tokens)
+sparseety_output_characters                     histogram   characters of content per stream
+sparseety_tokens_per_chunk                      histogram   tokens attributed to each chunk
+sparseety_streams_total                         counter     closed streams by ``state``:
+                                                            complete, client_abort, truncated,
+                                                            gap, error
+sparseety_chunk_events_total                    counter     chunk events (all kinds)
+sparseety_output_tokens_total                   counter     output tokens (our tokenizer)
+sparseety_prompt_tokens_total                   counter     prompt tokens (our tokenizer)
+sparseety_server_usage_tokens_total             counter     tokens the server reported in
+                                                            ``usage``, ``type`` prompt|completion
+sparseety_chunk_anomalies_total                 counter     token-layer anomalies by ``kind``
+sparseety_parse_errors_total                    counter     recorded pipeline errors by
+                                                            ``stage`` (no label/model)
+sparseety_redactions_total                      counter     redacted items by ``kind``
+sparseety_packets_captured_total                counter     packets the capture delivered
+sparseety_kernel_drops_total                    counter     packets the kernel ring dropped
+sparseety_queue_drops_total                     counter     packets/batches dropped on a full
+                                                            queue
+sparseety_open_connections                      gauge       connections being tracked
+sparseety_open_streams                          gauge       streams not yet closed
+sparseety_queue_depth                           gauge       items waiting in the pipeline queue
+sparseety_last_flush_age_seconds                gauge       seconds since the last successful
+                                                            database flush (since start before
+                                                            the first one)
+sparseety_sample_rate                           gauge       effective chunk sampling rate
+=============================================== =========== =====================================
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import start_http_server
+
+from .dialects.base import OUTPUT_KINDS
+from .events import (
+    ChunkEvent,
+    PipelineError,
+    StoreEvent,
+    StreamClosed,
+    StreamOpened,
+    StreamResponse,
+    StreamState,
+)
+from .store.writer import usage_tokens
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9464
+
+# Buckets: the OpenTelemetry GenAI semantic conventions' advice where they give one.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+TPOT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+INTER_CHUNK_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+DURATION_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+    40.96, 81.92, 163.84, 327.68,
+)  # fmt: skip
+TOKEN_BUCKETS = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
+)  # fmt: skip
+CHAR_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+TOKENS_PER_CHUNK_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32, 64)
+
+STREAM_STATES = ("complete", "client_abort", "truncated", "gap", "error")
+ERROR_STAGES = frozenset({"capture", "reassembly", "http", "sse", "dialect", "store", "tokens"})
+
+#: Bounds on remembered streams (a stream never closed must not leak memory).
+MAX_OPEN_STREAMS = 100_000
+MAX_RECENT_CLOSED = 10_000
+MAX_KINDS = 64
+OTHER = "other"
+NONE = "none"
+
+
+def stream_state(ev: StreamClosed) -> str:
+    """The ``state`` label of a closed stream; "client_abort" is a truncated
+    stream whose reason says the client closed the connection."""
+    state = ev.state
+    if state is StreamState.TRUNCATED:
+        return "client_abort" if ev.reason.startswith("client closed") else "truncated"
+    if state is StreamState.OPEN:
+        return "truncated"
+    return state.value
+
+
+class _Bounded:
+    """Maps (label, model) to bounded label values."""
+
+    def __init__(self, max_labels: int, max_models: int) -> None:
+        self.max_labels = max_labels
+        self.max_models = max_models
+        self._models: dict[str, set[str]] = {}
+
+    def __call__(self, label: str | None, model: str | None) -> tuple[str, str]:
+        lab = NONE if label is None else str(label)
+        mod = NONE if model is None else str(model)
+        models = self._models.get(lab)
+        if models is None:
+            if len(self._models) >= self.max_labels:
+                lab = OTHER
+                models = self._models.get(lab)
+            if models is None:
+                models = self._models[lab] = set()
+        if mod not in models:
+            if len(models) >= self.max_models:
+                return lab, OTHER
+            models.add(mod)
+        return lab, mod
+
+
+class _Open:
+    """What is remembered about a stream between its open and its close."""
+
+    __slots__ = (
+        "inter_chunk",
+        "keys",
+        "last",
+        "streaming",
+        "t_first_output",
+        "t_last_output",
+        "t_request",
+        "ttft",
+        "ttft_done",
+    )
+
+    def __init__(self, keys: tuple[str, str], t_request: float) -> None:
+        self.keys = keys
+        self.t_request = t_request
+        self.streaming = False
+        self.ttft_done = False
+        self.last: dict[int, float] = {}
+        self.t_first_output: float | None = None
+        self.t_last_output: float | None = None
+        self.ttft: Any = None
+        self.inter_chunk: Any = None
+
+
+@dataclass(frozen=True)
+class _Closed:
+    keys: tuple[str, str]
+    complete: bool
+    t_first_output: float | None
+    t_last_output: float | None
+
+
+class MetricsServer:
+    """A running /metrics HTTP server (prometheus_client's WSGI server thread)."""
+
+    def __init__(self, httpd: Any, thread: threading.Thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+        address = httpd.server_address
+        self.host: str = address[0]
+        self.port: int = address[1]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_bind_host(host: str, allow_public: bool = False) -> None:
+    """Raise ``ValueError`` unless ``host`` is a loopback address (or allowed)."""
+    if allow_public or host == "localhost":
+        return
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        raise ValueError(
+            f"metrics host {host!r} is not an IP address: use 127.0.0.1 or ::1, "
+            "or allow a public address explicitly (--metrics-public)"
+        ) from None
+    if not ip.is_loopback:
+        what = "every interface" if ip.is_unspecified else "a non-loopback address"
+        raise ValueError(
+            f"refusing to serve /metrics on {host} ({what}): metrics name models and "
+            "servers; use 127.0.0.1 or ::1, or pass --metrics-public to expose them"
+        )
+
+
+class Metrics:
+    """Prometheus metrics of one sidecar. Example::
+
+    metrics = Metrics()
+    server = metrics.serve()            # http://127.0.0.1:9464/metrics
+    for batch in batches:
+        metrics.observe(batch)
+    server.close()
+    """
+
+    def __init__(
+        self,
+        *,
+        max_models: int = 20,
+        max_labels: int = 50,
+        clock: Callable[[], float] = time.time,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self._bound = _Bounded(max_labels, max_models)
+        self._clock = clock
+        self._started = clock()
+        self._last_flush: float | None = None
+        self._open: dict[int, _Open] = {}
+        self._closed: OrderedDict[int, _Closed] = OrderedDict()
+        self._kinds: set[str] = set()
+        self._lock = threading.Lock()
+        r = self.registry
+        lm = ("label", "model")
+
+        self.ttft = Histogram(
+            "gen_ai_server_time_to_first_token_seconds",
+            "Time from the request head to the first chunk carrying content, reasoning "
+            "or a tool call (streamed responses; capture time).",
+            lm,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "gen_ai_server_time_per_output_token_seconds",
+            "Per complete stream: (last - first output chunk time) / (output tokens - 1).",
+            lm,
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.inter_chunk = Histogram(
+            "sparseety_inter_chunk_seconds",
+            "Time between consecutive output chunks of one choice (capture time).",
+            lm,
+            buckets=INTER_CHUNK_BUCKETS,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "gen_ai_server_request_duration_seconds",
+            "Time from the request head to the end of the response stream (capture time).",
+            lm,
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.token_usage = Histogram(
+            "gen_ai_client_token_usage",
+            "Tokens per stream by our tokenizer: gen_ai_token_type input (prompt) or output.",
+            (*lm, "gen_ai_token_type"),
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.output_chars = Histogram(
+            "sparseety_output_characters",
+            "Characters of content per stream (all choices).",
+            lm,
+            buckets=CHAR_BUCKETS,
+            registry=r,
+        )
+        self.tokens_per_chunk = Histogram(
+            "sparseety_tokens_per_chunk",
+            "Tokens attributed to each text-carrying chunk.",
+            lm,
+            buckets=TOKENS_PER_CHUNK_BUCKETS,
+            registry=r,
+        )
+        self.streams = Counter(
+            "sparseety_streams",
+            "Closed streams by state: complete, client_abort, truncated, gap, error.",
+            (*lm, "state"),
+            registry=r,
+        )
+        self.chunk_events = Counter(
+            "sparseety_chunk_events", "Chunk events (all kinds).", lm, registry=r
+        )
+        self.output_tokens = Counter(
+            "sparseety_output_tokens", "Output tokens (our tokenizer).", lm, registry=r
+        )
+        self.prompt_tokens = Counter(
+            "sparseety_prompt_tokens", "Prompt tokens (our tokenizer).", lm, registry=r
+        )
+        self.server_usage = Counter(
+            "sparseety_server_usage_tokens",
+            "Tokens the server reported in its usage object: type prompt or completion.",
+            (*lm, "type"),
+            registry=r,
+        )
+        self.anomalies = Counter(
+            "sparseety_chunk_anomalies",
+            "Token-layer anomalies by kind (straddle, replacement_char, usage_mismatch, ...).",
+            (*lm, "kind"),
+            registry=r,
+        )
+        self.parse_errors = Counter(
+            "sparseety_parse_errors",
+            "Recorded pipeline errors by stage (capture, reassembly, http, sse, dialect, store).",
+            ("stage",),
+            registry=r,
+        )
+        self.redactions = Counter(
+            "sparseety_redactions", "Redacted items by kind.", ("kind",), registry=r
+        )
+        self.packets = Counter(
+            "sparseety_packets_captured", "Packets the capture delivered.", registry=r
+        )
+        self.kernel_drops = Counter(
+            "sparseety_kernel_drops", "Packets the kernel capture ring dropped.", registry=r
+        )
+        self.queue_drops = Counter(
+            "sparseety_queue_drops", "Items dropped because a queue was full.", registry=r
+        )
+        self.open_connections = Gauge(
+            "sparseety_open_connections", "Connections being tracked.", registry=r
+        )
+        self.open_streams = Gauge("sparseety_open_streams", "Streams not yet closed.", registry=r)
+        self.queue_depth = Gauge(
+            "sparseety_queue_depth", "Items waiting in the pipeline queue.", registry=r
+        )
+        self.flush_age = Gauge(
+            "sparseety_last_flush_age_seconds",
+            "Seconds since the last successful database flush (since start before the first).",
+            registry=r,
+        )
+        self.flush_age.set_function(self._flush_age)
+        self.sample_rate = Gauge(
+            "sparseety_sample_rate", "Effective chunk sampling rate (0 to 1).", registry=r
+        )
+        self.sample_rate.set(1.0)
+
+    # ------------------------------------------------------------- events
+
+    def observe(self, events: Iterable[StoreEvent]) -> None:
+        """Account for one batch of pipeline events (in pipeline order)."""
+        with self._lock:
+            for ev in events:
+                t = type(ev)
+                if t is ChunkEvent:
+                    assert isinstance(ev, ChunkEvent)
+                    self._chunk(ev)
+                elif t is StreamOpened:
+                    assert isinstance(ev, StreamOpened)
+                    self._opened(ev)
+                elif t is StreamResponse:
+                    assert isinstance(ev, StreamResponse)
+                    s = self._open.get(ev.stream)
+                    if s is not None:
+                        s.streaming = ev.streaming
+                elif t is StreamClosed:
+                    assert isinstance(ev, StreamClosed)
+                    self._closed_stream(ev)
+                elif t is PipelineError:
+                    assert isinstance(ev, PipelineError)
+                    stage = ev.stage if ev.stage in ERROR_STAGES else OTHER
+                    self.parse_errors.labels(stage).inc()
+
+    def _opened(self, ev: StreamOpened) -> None:
+        model = ev.request.get("model") if isinstance(ev.request, dict) else None
+        keys = self._bound(ev.label, model if isinstance(model, str) else None)
+        if len(self._open) >= MAX_OPEN_STREAMS:
+            del self._open[next(iter(self._open))]
+        s = _Open(keys, ev.ts)
+        s.ttft = self.ttft.labels(*keys)
+        s.inter_chunk = self.inter_chunk.labels(*keys)
+        self._open[ev.stream] = s
+
+    def _chunk(self, ev: ChunkEvent) -> None:
+        s = self._open.get(ev.stream)
+        if s is None:
+            self.chunk_events.labels(NONE, NONE).inc()
+            return
+        self.chunk_events.labels(*s.keys).inc()
+        if ev.kind not in OUTPUT_KINDS:
+            return
+        ts = ev.ts
+        if s.t_first_output is None:
+            s.t_first_output = ts
+        s.t_last_output = ts
+        if not s.streaming:
+            return
+        if not s.ttft_done:
+            s.ttft_done = True
+            s.ttft.observe(max(0.0, ts - s.t_request))
+        prev = s.last.get(ev.choice)
+        if prev is not None:
+            s.inter_chunk.observe(max(0.0, ts - prev))
+        s.last[ev.choice] = ts
+
+    def _closed_stream(self, ev: StreamClosed) -> None:
+        s = self._open.pop(ev.stream, None)
+        if s is None:
+            keys = (NONE, NONE)
+            t_request: float | None = None
+        else:
+            keys = s.keys
+            t_request = s.t_request
+            if s.streaming and not s.ttft_done and ev.t_first_content is not None:
+                # The chunks were not seen (observed after sampling): use the summary.
+                s.ttft_done = True
+                s.ttft.observe(max(0.0, ev.t_first_content - s.t_request))
+        state = stream_state(ev)
+        self.streams.labels(*keys, state).inc()
+        if t_request is not None:
+            self.duration.labels(*keys).observe(max(0.0, ev.ts - t_request))
+        self.output_chars.labels(*keys).observe(ev.text_len)
+        prompt, completion = usage_tokens(ev.usage)
+        if prompt:
+            self.server_usage.labels(*keys, "prompt").inc(prompt)
+        if completion:
+            self.server_usage.labels(*keys, "completion").inc(completion)
+        if len(self._closed) >= MAX_RECENT_CLOSED:
+            self._closed.popitem(last=False)
+        self._closed[ev.stream] = _Closed(
+            keys,
+            state == "complete",
+            s.t_first_output if s is not None else ev.t_first_content,
+            s.t_last_output if s is not None else ev.t_last_chunk,
+        )
+
+    # ------------------------------------------------------------- tokens
+
+    def observe_tokens(
+        self,
+        stream: int,
+        *,
+        output_tokens: int | None = None,
+        prompt_tokens: int | None = None,
+        tokens_per_chunk: Iterable[int] = (),
+        anomalies: Mapping[str, int] | None = None,
+        label: str | None = None,
+        model: str | None = None,
+    ) -> None:
+        """Token figures of one stream (from the token layer, after the stream closed).
+
+        The stream's label and model are those seen at its open when it is one
+        of the last ``MAX_RECENT_CLOSED`` closed (or still open) streams, else
+        ``label`` / ``model``. ``anomalies`` maps kind → count.
+        """
+        with self._lock:
+            closed = self._closed.get(stream)
+            opened = self._open.get(stream)
+            if closed is not None:
+                keys = closed.keys
+            elif opened is not None:
+                keys = opened.keys
+            else:
+                keys = self._bound(label, model)
+            if output_tokens is not None and output_tokens >= 0:
+                self.output_tokens.labels(*keys).inc(output_tokens)
+                self.token_usage.labels(*keys, "output").observe(output_tokens)
+                if (
+                    closed is not None
+                    and closed.complete
+                    and output_tokens > 1
+                    and closed.t_first_output is not None
+                    and closed.t_last_output is not None
+                ):
+                    span = closed.t_last_output - closed.t_first_output
+                    self.tpot.labels(*keys).observe(max(0.0, span) / (output_tokens - 1))
+            if prompt_tokens is not None and prompt_tokens >= 0:
+                self.prompt_tokens.labels(*keys).inc(prompt_tokens)
+                self.token_usage.labels(*keys, "input").observe(prompt_tokens)
+            if tokens_per_chunk:
+                child = self.tokens_per_chunk.labels(*keys)
+                for n in tokens_per_chunk:
+                    child.observe(n)
+            for kind, count in (anomalies or {}).items():
+                if count > 0:
+                    self.anomalies.labels(*keys, self._kind(kind)).inc(count)
+
+    def _kind(self, kind: str) -> str:
+        if kind in self._kinds:
+            return kind
+        if len(self._kinds) >= MAX_KINDS:
+            return OTHER
+        self._kinds.add(kind)
+        return kind
+
+    # ---------------------------------------------- daemon-owned figures
+
+    def set_open(self, connections: int, streams: int) -> None:
+        self.open_connections.set(connections)
+        self.open_streams.set(streams)
+
+    def set_queue_depth(self, n: int) -> None:
+        self.queue_depth.set(n)
+
+    def add_packets(self, n: int) -> None:
+        if n > 0:
+            self.packets.inc(n)
+
+    def add_kernel_drops(self, n: int) -> None:
+        if n > 0:
+            self.kernel_drops.inc(n)
+
+    def add_queue_drops(self, n: int) -> None:
+        if n > 0:
+            self.queue_drops.inc(n)
+
+    def add_redactions(self, counts: Mapping[str, int]) -> None:
+        """Add redaction counts by kind (e.g. the delta of ``Redactor.counts``)."""
+        for kind, n in counts.items():
+            if n > 0:
+                self.redactions.labels(self._kind(kind)).inc(n)
+
+    def set_sample_rate(self, rate: float) -> None:
+        self.sample_rate.set(rate)
+
+    def mark_flush(self, ts: float) -> None:
+        """A database flush succeeded at wall-clock time ``ts`` (``time.time()``)."""
+        self._last_flush = ts
+
+    def _flush_age(self) -> float:
+        since = self._last_flush if self._last_flush is not None else self._started
+        return max(0.0, self._clock() - since)
+
+    @property
+    def tracked_streams(self) -> int:
+        """Open streams remembered (for tests and the daemon's self-check)."""
+        return len(self._open)
+
+    # ------------------------------------------------------------ export
+
+    def render(self) -> bytes:
+        """The exposition text (what a scrape of /metrics returns)."""
+        return generate_latest(self.registry)
+
+    def serve(
+        self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, allow_public: bool = False
+    ) -> MetricsServer:
+        """Serve /metrics over HTTP on ``host:port`` in a daemon thread.
+
+        Only loopback addresses unless ``allow_public`` (``0.0.0.0`` and ``::``
+        are refused with a ``ValueError`` saying how to allow them). ``port=0``
+        picks a free port (``MetricsServer.port`` tells which).
+        """
+        check_bind_host(host, allow_public)
+        httpd, thread = start_http_server(port, addr=host.strip("[]"), registry=self.registry)
+        return MetricsServer(httpd, thread)
+
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "STREAM_STATES",
+    "Metrics",
+    "MetricsServer",
+    "check_bind_host",
+    "stream_state",
+]

@@ -1,0 +1,510 @@
+"""Metrics: hand-built event sequences, and a real scrape after replaying the
+fixture captures, checked against the database."""
+
+from __future__ import annotations
+
+import glob
+import os
+import sqlite3
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sniffer.capture.pcap import read_capture
+from sniffer.events import (
+    ChunkEvent,
+    ConnectionClosed,
+    ConnectionOpened,
+    PipelineError,
+    StoreEvent,
+    StreamClosed,
+    StreamOpened,
+    StreamResponse,
+    StreamState,
+)
+from sniffer.metrics import Metrics, check_bind_host, stream_state
+from sniffer.pipeline import Pipeline, PipelineConfig
+from sniffer.replay import replay
+from sniffer.store.writer import StoreWriter
+
+T0 = 1_700_000_000.0
+CLIENT = ("127.0.0.1", 40000)
+SERVER = ("127.0.0.1", 8000)
+PCAPS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "pcaps", "*.pcap")))
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def samples(text: str | bytes) -> Samples:
+    """{(sample name, sorted labels): value} from an exposition text."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    out: Samples = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def total(smp: Samples, name: str, **match: str) -> float:
+    """Sum of the samples called ``name`` whose labels include ``match``."""
+    return sum(
+        v
+        for (n, labels), v in smp.items()
+        if n == name and all((k, val) in labels for k, val in match.items())
+    )
+
+
+def by_label(smp: Samples, name: str, key: str) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for (n, labels), v in smp.items():
+        if n == name:
+            out[dict(labels)[key]] += v
+    return dict(out)
+
+
+def opened(
+    sid: int, ts: float, model: str | None = "m", label: str | None = "a", conn: int = 1
+) -> StreamOpened:
+    return StreamOpened(
+        stream=sid,
+        conn=conn,
+        exchange=sid,
+        ts=ts,
+        client=CLIENT,
+        server=SERVER,
+        method="POST",
+        path="/v1/chat/completions",
+        request_headers=(),
+        request_body="{}",
+        request={} if model is None else {"model": model},
+        dialect="openai.chat",
+        label=label,
+    )
+
+
+def closed(
+    sid: int,
+    ts: float,
+    state: StreamState = StreamState.COMPLETE,
+    reason: str = "complete",
+    t_first: float | None = None,
+    text_len: int = 0,
+    usage: str | None = None,
+) -> StreamClosed:
+    return StreamClosed(
+        stream=sid,
+        ts=ts,
+        state=state,
+        reason=reason,
+        done_seen=True,
+        gap=state is StreamState.GAP,
+        t_first_content=t_first,
+        t_last_chunk=ts,
+        chunk_count=0,
+        event_count=0,
+        text_len=text_len,
+        finish_reasons=(),
+        usage=usage,
+        response_body=None,
+    )
+
+
+def chat_stream(sid: int, t: float, model: str = "m", label: str = "a") -> list[StoreEvent]:
+    """Role prelude at +0.05 (not TTFT), content at +0.2, +0.25, +0.4, finish, usage."""
+    return [
+        opened(sid, t, model, label),
+        StreamResponse(sid, t + 0.01, 200, (), "text/event-stream", True),
+        ChunkEvent(sid, t + 0.05, 0, 0, 0, "role"),
+        ChunkEvent(sid, t + 0.2, 1, 0, 1, "content", text="Hel"),
+        ChunkEvent(sid, t + 0.25, 2, 0, 2, "content", text="lo"),
+        ChunkEvent(sid, t + 0.4, 3, 0, 3, "content", text=" you"),
+        ChunkEvent(sid, t + 0.4, 4, 0, 0, "finish", finish_reason="stop"),
+        ChunkEvent(sid, t + 0.41, 5, -1, 0, "usage", usage='{"prompt_tokens":7}'),
+        closed(
+            sid,
+            t + 0.5,
+            t_first=t + 0.2,
+            text_len=9,
+            usage='{"prompt_tokens":7,"completion_tokens":3}',
+        ),
+    ]
+
+
+# ----------------------------------------------------------------- hand-built
+
+
+def test_ttft_skips_role_prelude_and_inter_chunk_per_choice() -> None:
+    m = Metrics()
+    m.observe(chat_stream(1, T0))
+    smp = samples(m.render())
+    key = {"label": "a", "model": "m"}
+    assert total(smp, "gen_ai_server_time_to_first_token_seconds_count", **key) == 1
+    assert total(smp, "gen_ai_server_time_to_first_token_seconds_sum", **key) == pytest.approx(0.2)
+    # 0.1 < 0.2 <= 0.25: in the 0.25 bucket, not the 0.1 one
+    assert total(smp, "gen_ai_server_time_to_first_token_seconds_bucket", le="0.1") == 0
+    assert total(smp, "gen_ai_server_time_to_first_token_seconds_bucket", le="0.25") == 1
+    assert total(smp, "sparseety_inter_chunk_seconds_count", **key) == 2
+    assert total(smp, "sparseety_inter_chunk_seconds_sum", **key) == pytest.approx(0.2)
+    assert total(smp, "gen_ai_server_request_duration_seconds_sum", **key) == pytest.approx(0.5)
+    assert total(smp, "sparseety_output_characters_sum", **key) == 9
+    assert total(smp, "sparseety_streams_total", state="complete", **key) == 1
+    assert total(smp, "sparseety_chunk_events_total", **key) == 6
+    assert total(smp, "sparseety_server_usage_tokens_total", type="prompt") == 7
+    assert total(smp, "sparseety_server_usage_tokens_total", type="completion") == 3
+    assert m.tracked_streams == 0
+
+
+def test_interleaved_choices_each_have_their_own_chunk_gaps() -> None:
+    m = Metrics()
+    evs: list[StoreEvent] = [
+        opened(1, T0),
+        StreamResponse(1, T0, 200, (), "text/event-stream", True),
+        ChunkEvent(1, T0 + 1.0, 0, 0, 1, "content", text="a"),
+        ChunkEvent(1, T0 + 1.1, 1, 1, 1, "content", text="b"),
+        ChunkEvent(1, T0 + 1.5, 2, 0, 2, "content", text="c"),
+        ChunkEvent(1, T0 + 1.6, 3, 1, 2, "reasoning", reasoning="d"),
+        closed(1, T0 + 2, t_first=T0 + 1.0, text_len=3),
+    ]
+    m.observe(evs)
+    smp = samples(m.render())
+    assert total(smp, "sparseety_inter_chunk_seconds_count") == 2
+    assert total(smp, "sparseety_inter_chunk_seconds_sum") == pytest.approx(1.0)
+    assert total(smp, "gen_ai_server_time_to_first_token_seconds_sum") == pytest.approx(1.0)
+
+
+def test_non_streaming_reply_has_no_ttft_but_a_duration() -> None:
+    m = Metrics()
+    m.observe(
+        [
+            opened(1, T0),
+            StreamResponse(1, T0 + 0.7, 200, (), "application/json", False),
+            ChunkEvent(1, T0 + 0.7, 0, 0, 1, "content", text="whole answer"),
+            closed(1, T0 + 0.7, t_first=T0 + 0.7, text_len=12),
+        ]
+    )
+    smp = samples(m.render())
+    assert total(smp, "gen_ai_server_time_to_first_token_seconds_count") == 0
+    assert total(smp, "gen_ai_server_request_duration_seconds_count") == 1
+    assert total(smp, "gen_ai_server_request_duration_seconds_sum") == pytest.approx(0.7)
+
+
+def test_ttft_from_summary_when_chunks_were_not_seen() -> None:
+    m = Metrics()
+    evs = [e for e in chat_stream(1, T0) if not isinstance(e, ChunkEvent)]
+    m.observe(evs)
+    smp = samples(m.render())
+    assert total(smp, "gen_ai_server_time_to_first_token_seconds_sum") == pytest.approx(0.2)
+    assert total(smp, "sparseety_inter_chunk_seconds_count") == 0
+
+
+def test_states_and_batches_split_anywhere() -> None:
+    evs: list[StoreEvent] = [ConnectionOpened(1, T0, CLIENT, SERVER, True)]
+    evs += chat_stream(1, T0)
+    evs += [opened(2, T0 + 1), closed(2, T0 + 2, StreamState.TRUNCATED, "client closed (fin)")]
+    evs += [opened(3, T0 + 1), closed(3, T0 + 2, StreamState.TRUNCATED, "connection reset")]
+    evs += [opened(4, T0 + 1), closed(4, T0 + 2, StreamState.GAP, "response bytes lost")]
+    evs += [opened(5, T0 + 1), closed(5, T0 + 2, StreamState.ERROR, "HTTP 500")]
+    evs += [
+        PipelineError(T0, "http", "framing", "x", 1, 5),
+        PipelineError(T0, "sse", "line", "y", 1, 5),
+        PipelineError(T0, "sse", "line", "y", 1, 5),
+        PipelineError(T0, "weird-stage", "z", "w"),
+    ]
+    evs.append(ConnectionClosed(1, T0 + 3, "fin"))
+    whole = Metrics()
+    whole.observe(evs)
+    expected = samples(whole.render())
+    for cut in range(0, len(evs) + 1, 3):
+        m = Metrics()
+        m.observe(evs[:cut])
+        m.observe(evs[cut:])
+        got = samples(m.render())
+        for k, v in expected.items():
+            if k[0] != "sparseety_last_flush_age_seconds":
+                assert got[k] == pytest.approx(v), k
+    states = by_label(expected, "sparseety_streams_total", "state")
+    assert states == {"complete": 1, "client_abort": 1, "truncated": 1, "gap": 1, "error": 1}
+    stages = by_label(expected, "sparseety_parse_errors_total", "stage")
+    assert stages == {"http": 1, "sse": 2, "other": 1}
+
+
+def test_stream_state_mapping() -> None:
+    assert (
+        stream_state(closed(1, T0, StreamState.TRUNCATED, "client closed the connection (rst)"))
+        == "client_abort"
+    )
+    assert stream_state(closed(1, T0, StreamState.TRUNCATED, "capture ended")) == "truncated"
+    assert stream_state(closed(1, T0, StreamState.COMPLETE)) == "complete"
+
+
+def test_bounded_models_and_none_labels() -> None:
+    m = Metrics(max_models=3)
+    evs: list[StoreEvent] = []
+    for i in range(6):
+        evs += [opened(i, T0, model=f"model-{i}"), closed(i, T0 + 1)]
+    evs += [opened(10, T0, model=None, label=None), closed(10, T0 + 1)]
+    evs += [opened(11, T0, model="model-0", label="b"), closed(11, T0 + 1)]
+    evs += [opened(12, T0, model="model-1"), closed(12, T0 + 1)]  # known: stays itself
+    m.observe(evs)
+    smp = samples(m.render())
+    got = {
+        (dict(labels)["label"], dict(labels)["model"]): v
+        for (n, labels), v in smp.items()
+        if n == "sparseety_streams_total"
+    }
+    assert got == {
+        ("a", "model-0"): 1,
+        ("a", "model-1"): 2,
+        ("a", "model-2"): 1,
+        ("a", "other"): 3,
+        ("none", "none"): 1,
+        ("b", "model-0"): 1,
+    }
+
+
+def test_unknown_streams_and_never_closed_streams_are_bounded() -> None:
+    m = Metrics()
+    m.observe([closed(99, T0)])  # closed without being seen open
+    m.observe([ChunkEvent(98, T0, 0, 0, 1, "content", text="x")])
+    smp = samples(m.render())
+    assert total(smp, "sparseety_streams_total", label="none", model="none") == 1
+    assert total(smp, "sparseety_chunk_events_total", label="none") == 1
+    import sniffer.metrics as mod
+
+    old = mod.MAX_OPEN_STREAMS
+    mod.MAX_OPEN_STREAMS = 10
+    try:
+        m2 = Metrics()
+        m2.observe([opened(i, T0) for i in range(25)])
+        assert m2.tracked_streams == 10
+    finally:
+        mod.MAX_OPEN_STREAMS = old
+
+
+def test_observe_tokens() -> None:
+    m = Metrics()
+    m.observe(chat_stream(1, T0, model="x", label="L"))
+    # content chunks at +0.2 … +0.4; 5 output tokens → 0.2 s / 4 per token
+    m.observe_tokens(
+        1,
+        output_tokens=5,
+        prompt_tokens=12,
+        tokens_per_chunk=[1, 2, 2],
+        anomalies={"straddle": 2, "usage_mismatch": 1, "unk": 0},
+    )
+    m.observe_tokens(777, output_tokens=4, label="L2", model="y")  # not seen: given labels
+    smp = samples(m.render())
+    key = {"label": "L", "model": "x"}
+    assert total(smp, "sparseety_output_tokens_total", **key) == 5
+    assert total(smp, "sparseety_prompt_tokens_total", **key) == 12
+    assert total(smp, "gen_ai_client_token_usage_sum", gen_ai_token_type="output", **key) == 5
+    assert total(smp, "gen_ai_client_token_usage_sum", gen_ai_token_type="input", **key) == 12
+    assert total(smp, "gen_ai_server_time_per_output_token_seconds_sum") == pytest.approx(0.05)
+    assert total(smp, "gen_ai_server_time_per_output_token_seconds_count") == 1
+    assert total(smp, "sparseety_tokens_per_chunk_count", **key) == 3
+    assert total(smp, "sparseety_tokens_per_chunk_sum", **key) == 5
+    assert total(smp, "sparseety_tokens_per_chunk_bucket", le="1.0", **key) == 1
+    assert by_label(smp, "sparseety_chunk_anomalies_total", "kind") == {
+        "straddle": 2,
+        "usage_mismatch": 1,
+    }
+    assert total(smp, "sparseety_output_tokens_total", label="L2", model="y") == 4
+
+
+def test_daemon_figures_and_flush_age_at_scrape_time() -> None:
+    now = [1000.0]
+    m = Metrics(clock=lambda: now[0])
+    m.set_open(3, 2)
+    m.set_queue_depth(17)
+    m.add_packets(1500)
+    m.add_packets(500)
+    m.add_kernel_drops(4)
+    m.add_queue_drops(2)
+    m.add_kernel_drops(0)
+    m.set_sample_rate(0.25)
+    m.add_redactions({"PHONE": 2, "EMAIL": 1})
+    now[0] = 1012.0
+    smp = samples(m.render())
+    assert total(smp, "sparseety_open_connections") == 3
+    assert total(smp, "sparseety_open_streams") == 2
+    assert total(smp, "sparseety_queue_depth") == 17
+    assert total(smp, "sparseety_packets_captured_total") == 2000
+    assert total(smp, "sparseety_kernel_drops_total") == 4
+    assert total(smp, "sparseety_queue_drops_total") == 2
+    assert total(smp, "sparseety_sample_rate") == 0.25
+    assert by_label(smp, "sparseety_redactions_total", "kind") == {"PHONE": 2, "EMAIL": 1}
+    assert total(smp, "sparseety_last_flush_age_seconds") == 12.0  # since start
+    m.mark_flush(1010.0)
+    now[0] = 1015.5
+    assert total(samples(m.render()), "sparseety_last_flush_age_seconds") == 5.5
+
+
+def test_registries_are_independent() -> None:
+    a, b = Metrics(), Metrics()
+    a.add_packets(5)
+    assert total(samples(a.render()), "sparseety_packets_captured_total") == 5
+    assert total(samples(b.render()), "sparseety_packets_captured_total") == 0
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1", "example.org", ""])
+def test_refuses_public_bind(host: str) -> None:
+    with pytest.raises(ValueError, match="--metrics-public"):
+        check_bind_host(host)
+    with pytest.raises(ValueError):
+        Metrics().serve(host, 0)
+    check_bind_host(host, allow_public=True)  # allowed when asked
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.53", "::1", "localhost"])
+def test_loopback_hosts_are_accepted(host: str) -> None:
+    check_bind_host(host)
+
+
+def test_serve_on_ipv6_loopback() -> None:
+    m = Metrics()
+    m.add_packets(3)
+    with m.serve("::1", 0) as server:
+        assert server.url.startswith("http://[::1]:")
+        r = httpx.get(server.url, timeout=10)
+    assert r.status_code == 200
+    assert total(samples(r.text), "sparseety_packets_captured_total") == 3
+
+
+# ------------------------------------------------------- replay vs database
+
+
+def pipeline_events(path: str) -> list[StoreEvent]:
+    """The events sniffer.replay stores, from a pipeline of our own (the
+    captures are small: replay never sweeps idle connections on them)."""
+    reader = read_capture(path)
+    pipe = Pipeline(PipelineConfig())
+    out: list[StoreEvent] = []
+    last = 0.0
+    for seg in reader:
+        out += pipe.feed(seg)
+        last = seg.ts
+    out += pipe.flush(reader.stats.last_ts or last)
+    if reader.error is not None:
+        out.append(PipelineError(last, "capture", "file", str(reader.error)))
+    assert reader.stats.packets < 0x4000
+    return out
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Metrics, int]]:
+    assert len(PCAPS) >= 20
+    db = str(tmp_path_factory.mktemp("metrics") / "replay.db")
+    m = Metrics()
+    packets = 0
+    for path in PCAPS:
+        result = replay(path, db)
+        packets += result.packets
+        evs = pipeline_events(path)
+        m.observe(evs)
+        m.add_packets(result.packets)
+    yield db, m, packets
+
+
+def scrape(m: Metrics) -> Samples:
+    with m.serve("127.0.0.1", 0) as server:
+        assert server.host == "127.0.0.1" and server.port > 0
+        r = httpx.get(server.url, timeout=10)
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    return samples(r.text)
+
+
+def test_scrape_after_replay_matches_the_database(replayed: tuple[str, Metrics, int]) -> None:
+    db, m, packets = replayed
+    smp = scrape(m)
+    con = sqlite3.connect(db)
+    q = con.execute
+
+    # Streams by state (client aborts split off the truncated ones).
+    db_states: dict[str, float] = defaultdict(float)
+    for state, reason, n in q("SELECT state, reason, count(*) FROM streams GROUP BY 1, 2"):
+        key = state
+        if state == "truncated" and reason.startswith("client closed"):
+            key = "client_abort"
+        db_states[key] += n
+    assert by_label(smp, "sparseety_streams_total", "state") == dict(db_states)
+    assert db_states["client_abort"] >= 1 and db_states["gap"] >= 1 and db_states["error"] >= 1
+
+    # Streams by model (fewer than 20 models: none collapses to "other").
+    db_models = {
+        (model if model is not None else "none"): float(n)
+        for model, n in q("SELECT model, count(*) FROM streams GROUP BY model")
+    }
+    assert len(db_models) > 5
+    assert by_label(smp, "sparseety_streams_total", "model") == db_models
+
+    # TTFT: streamed responses with a first output chunk.
+    n_ttft, sum_ttft = q(
+        "SELECT count(*), sum(t_first_content - t_request) FROM streams "
+        "WHERE streaming AND t_first_content IS NOT NULL"
+    ).fetchone()
+    assert n_ttft > 20
+    assert total(smp, "gen_ai_server_time_to_first_token_seconds_count") == n_ttft
+    assert total(smp, "gen_ai_server_time_to_first_token_seconds_sum") == pytest.approx(
+        sum_ttft, rel=1e-9, abs=1e-9
+    )
+
+    # End-to-end duration and output characters: every closed stream.
+    n_closed, sum_dur, chars = q(
+        "SELECT count(*), sum(closed_at - t_request), sum(text_len) FROM streams "
+        "WHERE state != 'open'"
+    ).fetchone()
+    assert total(smp, "gen_ai_server_request_duration_seconds_count") == n_closed
+    assert total(smp, "gen_ai_server_request_duration_seconds_sum") == pytest.approx(
+        sum_dur, rel=1e-9
+    )
+    assert total(smp, "sparseety_output_characters_sum") == chars
+
+    # Inter-chunk gaps: per (stream, choice) of streamed responses, output chunks.
+    n_gaps, sum_gaps = q(
+        "SELECT sum(n - 1), sum(t1 - t0) FROM ("
+        " SELECT count(*) AS n, min(c.ts) AS t0, max(c.ts) AS t1 FROM chunks c"
+        " JOIN streams s ON s.id = c.stream_id"
+        " WHERE s.streaming AND c.kind IN ('content', 'reasoning', 'tool_call')"
+        " GROUP BY c.stream_id, c.choice)"
+    ).fetchone()
+    assert n_gaps > 100
+    assert total(smp, "sparseety_inter_chunk_seconds_count") == n_gaps
+    assert total(smp, "sparseety_inter_chunk_seconds_sum") == pytest.approx(sum_gaps, rel=1e-9)
+
+    # Chunk events, server-reported usage, errors by stage, packets.
+    assert (
+        total(smp, "sparseety_chunk_events_total") == q("SELECT count(*) FROM chunks").fetchone()[0]
+    )
+    prompt, completion = q(
+        "SELECT coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0) FROM streams"
+    ).fetchone()
+    assert prompt > 0 and completion > 0
+    assert total(smp, "sparseety_server_usage_tokens_total", type="prompt") == prompt
+    assert total(smp, "sparseety_server_usage_tokens_total", type="completion") == completion
+    db_errors = {stage: float(n) for stage, n in q("SELECT stage, count(*) FROM errors GROUP BY 1")}
+    assert by_label(smp, "sparseety_parse_errors_total", "stage") == db_errors
+    assert total(smp, "sparseety_packets_captured_total") == packets
+    assert m.tracked_streams == 0
+    con.close()
+
+
+def test_same_events_as_the_store(tmp_path: Path) -> None:
+    """Our pipeline run yields exactly the events replay writes (tee'd writer)."""
+    path = next(p for p in PCAPS if p.endswith("chat_english.pcap"))
+    seen: list[StoreEvent] = []
+
+    class Tee(StoreWriter):
+        def write_many(self, events: object) -> None:
+            evs = list(events)  # type: ignore[call-overload]
+            seen.extend(evs)
+            super().write_many(evs)
+
+    with Tee(str(tmp_path / "t.db")) as w:
+        replay(path, "", writer=w)
+    assert seen == pipeline_events(path)
