@@ -1,0 +1,284 @@
+"""Live daemon benchmarks (``make bench`` runs this; needs root). Prints two tables.
+
+1. Zero-drop sweep: a paced SSE server (a subprocess, this file with
+   ``--serve``) streams small events to N loopback connections at rising total
+   rates while ``sparseety run`` records them. Per rate: kernel drops and queue
+   loss (from the daemon's exit line), chunk rows stored versus events sent,
+   and the daemon's CPU (utime+stime from /proc/PID/stat) per second.
+2. Serving overhead: client-observed TTFB and total time (p50/p99) of
+   streaming requests to the fixture server with the daemon off, on, and with
+   a logging forwarding proxy (bench/proxy.py) in the path instead.
+
+Every loop is bounded by a count and every wait by a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.fixture_server import free_port, start_server_process, wait_ready  # noqa: E402
+
+TICK = 0.01
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------ paced SSE server
+
+
+async def _serve(port: int) -> None:
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            head = await r.readuntil(b"\r\n\r\n")
+            target = head.split(b" ", 2)[1].decode()
+            q = dict(kv.split("=") for kv in target.partition("?")[2].split("&") if kv)
+            rate, count = float(q.get("rate", "100")), int(q.get("n", "100"))
+            n = int(q.get("conn", "0"))
+            w.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+            )
+            per_tick = rate * TICK
+            sent, due, t0 = 0, 0.0, time.monotonic()
+            tick = 0
+            while sent < count:
+                tick += 1
+                due += per_tick
+                while sent < min(count, int(due)):
+                    ev = (
+                        b'data: {"id":"b","object":"chat.completion.chunk","choices":[{"index":0,'
+                        b'"delta":{"content":"w%d.%d "},"finish_reason":null}]}\n\n' % (n, sent)
+                    )
+                    w.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+                    sent += 1
+                await w.drain()
+                await asyncio.sleep(max(0.0, t0 + tick * TICK - time.monotonic()))
+            done = b"data: [DONE]\n\n"
+            w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+            await w.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass
+        finally:
+            w.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+
+async def _drive(port: int, conns: int, rate: float, seconds: float) -> tuple[int, float]:
+    per_conn = rate / conns
+    n = max(1, int(per_conn * seconds))
+
+    async def one(i: int) -> int:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        body = b'{"model":"bench","stream":true,"messages":[]}'
+        w.write(
+            b"POST /v1/chat/completions?rate=%f&n=%d&conn=%d HTTP/1.1\r\nhost: x\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (per_conn, n, i, len(body), body)
+        )
+        await w.drain()
+        got = 0
+        while data := await r.read(65536):
+            got += data.count(b"data: {")
+        w.close()
+        return got
+
+    t0 = time.monotonic()
+    got = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(conns))), seconds * 4 + 30)
+    return sum(got), time.monotonic() - t0
+
+
+# ------------------------------------------------------------------ daemon
+
+
+def _cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        f = fh.read().rpartition(")")[2].split()
+    return (int(f[11]) + int(f[12])) / CLK
+
+
+def _start_daemon(port: int, db: str, log: str) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as fh:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "sniffer.cli", "run", "--port", str(port), "--db", db],
+            cwd=ROOT,
+            stderr=fh,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    for _ in range(400):
+        if "capture-active" in Path(log).read_text():
+            return p
+        if p.poll() is not None:
+            break
+        time.sleep(0.05)
+    p.kill()
+    raise SystemExit(f"daemon did not start: {Path(log).read_text()}")
+
+
+def _stop_daemon(p: subprocess.Popen[bytes], log: str) -> dict[str, str]:
+    p.send_signal(signal.SIGTERM)
+    p.wait(120)
+    line = next((ln for ln in Path(log).read_text().splitlines() if "event=stopped" in ln), "")
+    return dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+
+
+def sweep(conns: int, rates: list[float], seconds: float) -> None:
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], cwd=ROOT)
+    try:
+        time.sleep(1.0)
+        print(f"\n1. Zero-drop sweep: {conns} connections, {seconds:.0f} s per rate")
+        print(
+            f"{'target ev/s':>11} {'sent ev/s':>10} {'kernel drops':>12} {'queue loss':>10} "
+            f"{'stored':>8} {'of sent':>8} {'daemon CPU %':>12}"
+        )
+        best = 0.0
+        with tempfile.TemporaryDirectory() as tmp:
+            for i, rate in enumerate(rates):
+                db, log = f"{tmp}/s{i}.db", f"{tmp}/s{i}.log"
+                d = _start_daemon(port, db, log)
+                c0, t0 = _cpu(d.pid), time.monotonic()
+                got, secs = asyncio.run(_drive(port, conns, rate, seconds))
+                time.sleep(0.5)
+                cpu = (_cpu(d.pid) - c0) / (time.monotonic() - t0) * 100
+                st = _stop_daemon(d, log)
+                with sqlite3.connect(db) as c:
+                    stored = c.execute(
+                        "select count(*) from chunks where kind='content'"
+                    ).fetchone()[0]
+                kd, ql = int(st.get("kernel_drops", "-1")), int(st.get("queue_dropped", "-1"))
+                if kd == 0 and ql == 0 and stored == got:
+                    best = max(best, got / secs)
+                print(
+                    f"{rate:>11,.0f} {got / secs:>10,.0f} {kd:>12} {ql:>10} {stored:>8} "
+                    f"{stored / max(got, 1):>8.1%} {cpu:>12.0f}"
+                )
+        print(f"highest lossless rate: {best:,.0f} SSE events/s over {conns} connections")
+    finally:
+        srv.terminate()
+        srv.wait(10)
+
+
+# ------------------------------------------------------------------ overhead
+
+
+def _timed_requests(port: int, requests: int, concurrency: int) -> tuple[list[float], list[float]]:
+    import httpx
+
+    ttfb: list[float] = []
+    total: list[float] = []
+
+    def one(i: int) -> None:
+        body = {
+            "model": "fake-delay5",
+            "stream": True,
+            "max_tokens": 40,
+            "messages": [{"role": "user", "content": f"overhead {i}"}],
+        }
+        t0 = time.perf_counter()
+        first = None
+        with (
+            httpx.Client(timeout=30) as c,
+            c.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r,
+        ):
+            for _ in r.iter_raw():
+                if first is None:
+                    first = time.perf_counter() - t0
+        ttfb.append(first or 0.0)
+        total.append(time.perf_counter() - t0)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, range(requests)))
+    return ttfb, total
+
+
+def _pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * len(xs)))] * 1000
+
+
+def overhead(requests: int, concurrency: int) -> None:
+    port = free_port()
+    srv = start_server_process(port)
+    rows = []
+    try:
+        wait_ready(port, 20)
+        _timed_requests(port, 8, 4)  # warm up
+        with tempfile.TemporaryDirectory() as tmp:
+            rows.append(("daemon off", *_timed_requests(port, requests, concurrency)))
+            d = _start_daemon(port, f"{tmp}/o.db", f"{tmp}/o.log")
+            try:
+                rows.append(("daemon on", *_timed_requests(port, requests, concurrency)))
+            finally:
+                _stop_daemon(d, f"{tmp}/o.log")
+            pport = free_port()
+            proxy = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / "bench" / "proxy.py"),
+                    "--listen",
+                    str(pport),
+                    "--upstream",
+                    str(port),
+                    "--log",
+                    f"{tmp}/proxy.jsonl",
+                ]
+            )
+            try:
+                time.sleep(1.0)
+                rows.append(("proxy", *_timed_requests(pport, requests, concurrency)))
+            finally:
+                proxy.terminate()
+                proxy.wait(10)
+    finally:
+        srv.terminate()
+        srv.wait(10)
+    print(
+        f"\n2. Serving overhead: {requests} streaming requests (40 chunks, 5 ms apart), "
+        f"{concurrency} at a time"
+    )
+    print(
+        f"{'mode':<11} {'TTFB p50 ms':>11} {'TTFB p99 ms':>11} {'total p50':>10} {'total p99':>10}"
+    )
+    for name, ttfb, total in rows:
+        print(
+            f"{name:<11} {_pct(ttfb, 0.5):>11.2f} {_pct(ttfb, 0.99):>11.2f} "
+            f"{_pct(total, 0.5):>10.1f} {_pct(total, 0.99):>10.1f}"
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="live daemon benchmarks")
+    p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--conns", type=int, default=64)
+    p.add_argument("--rates", default="5000,10000,20000,30000,40000")
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--concurrency", type=int, default=8)
+    a = p.parse_args()
+    if a.serve:
+        asyncio.run(_serve(a.serve))
+        return
+    if os.geteuid() != 0:
+        raise SystemExit("bench_live needs root (packet capture)")
+    sweep(a.conns, [float(r) for r in a.rates.split(",")], a.seconds)
+    overhead(a.requests, a.concurrency)
+
+
+if __name__ == "__main__":
+    main()
