@@ -24,14 +24,16 @@ Pure except the database: no clock, no logging, no printing.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby, starmap
 from typing import Any
 
-from sqlalchemy import Engine, and_, select
+from sqlalchemy import Connection, Engine, and_, func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from sniffer.store.models import chunks, streams
@@ -45,6 +47,7 @@ from sniffer.store.tokens_store import (
 )
 from sniffer.tokens import (
     ChunkInput,
+    ChunkTokens,
     LoadedTokenizer,
     StreamInput,
     StreamTokens,
@@ -115,8 +118,6 @@ def _pending_select(*cols: Any) -> Any:
 
 def pending_count(engine: Engine) -> int:
     """Closed LLM streams without a token row."""
-    from sqlalchemy import func
-
     create_token_tables(engine)
     with engine.connect() as conn:
         return int(conn.execute(_pending_select(func.count())).scalar_one())
@@ -141,6 +142,18 @@ def build_inputs(
                 c["logprobs"],
             )
         )
+    for cs in by_stream.values():
+        cs.sort(key=_seq)
+    return _inputs(stream_rows, by_stream)
+
+
+def _seq(c: ChunkInput) -> int:
+    return c.seq
+
+
+def _inputs(
+    stream_rows: Sequence[dict[str, Any]], by_stream: dict[int, list[ChunkInput]]
+) -> list[StreamInput]:
     out: list[StreamInput] = []
     for s in stream_rows:
         request = _json(s.get("request_json"))
@@ -150,7 +163,6 @@ def build_inputs(
         so = request.get("stream_options")
         include_usage = isinstance(so, dict) and so.get("include_usage") is True
         cs = by_stream.get(s["id"], [])
-        cs.sort(key=lambda c: c.seq)
         out.append(
             StreamInput(
                 stream_id=s["id"],
@@ -166,6 +178,52 @@ def build_inputs(
     return out
 
 
+_CHUNK_COLUMNS = (
+    chunks.c.stream_id,
+    chunks.c.seq,
+    func.coalesce(chunks.c.choice, -1),
+    func.coalesce(chunks.c.text, ""),
+    chunks.c.finish_reason,
+    chunks.c.logprobs,
+)
+
+
+def _chunk_tuples(engine: Engine, conn: Connection, ids: list[int]) -> list[tuple[Any, ...]]:
+    """(stream_id, seq, choice, text, finish_reason, logprobs) of the streams' chunks,
+    ordered by stream and seq, as plain DB-API tuples (no Row objects: this is
+    ~100k rows per batch). The ids are integers, rendered inline."""
+    stmt = (
+        select(*_CHUNK_COLUMNS)
+        .where(chunks.c.stream_id.in_([int(i) for i in ids]))
+        .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
+    )
+    sql = str(stmt.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
+    cur = conn.connection.cursor()
+    try:
+        cur.execute(sql)
+        return list(cur.fetchall())
+    finally:
+        cur.close()
+
+
+def _inputs_from_tuples(
+    stream_rows: Sequence[dict[str, Any]], chunk_rows: Sequence[tuple[Any, ...]]
+) -> list[StreamInput]:
+    by_stream: dict[int, list[ChunkInput]] = {
+        sid: list(starmap(ChunkInput, map(_tail, group)))
+        for sid, group in groupby(chunk_rows, key=_first)
+    }
+    return _inputs(stream_rows, by_stream)
+
+
+def _first(row: tuple[Any, ...]) -> Any:
+    return row[0]
+
+
+def _tail(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    return row[1:]
+
+
 def _tokenizer_for(registry: TokenizerRegistry, model: str | None) -> LoadedTokenizer:
     try:
         return registry.resolve(model)[1]
@@ -175,13 +233,13 @@ def _tokenizer_for(registry: TokenizerRegistry, model: str | None) -> LoadedToke
 
 def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> StreamTokenRow:
     """The token rows of one analysed stream."""
-    texts: dict[int, list[str]] = {}
-    for c in inp.chunks:
-        if c.text and c.choice >= 0:
-            texts.setdefault(c.choice, []).append(c.text)
-    per_choice: dict[int, list[tuple[int, int, int]]] = {}  # choice → (seq, count, straddles)
-    for ct in st.chunks:
-        per_choice.setdefault(ct.choice, []).append((ct.seq, len(ct.token_ids), ct.straddles))
+    per_choice: dict[int, list[ChunkTokens]] = {}
+    if len(st.output_ids) == 1:  # the common case: one choice, no per-chunk dispatch
+        per_choice[next(iter(st.output_ids))] = list(st.chunks)
+    else:
+        for ct in st.chunks:
+            per_choice.setdefault(ct.choice, []).append(ct)
+    text_of = {c.seq: c.text for c in inp.chunks if c.text and c.choice >= 0}
     mismatch: dict[int, int | None] = {}
     for a in st.anomalies:
         if a.kind == "server_token_mismatch" and a.choice not in mismatch:
@@ -191,7 +249,7 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
     for ch in sorted(st.output_ids):
         ids = st.output_ids[ch]
         rows = per_choice.get(ch, [])
-        text = "".join(texts.get(ch, []))
+        text = "".join([text_of[ct.seq] for ct in rows])
         server_texts = st.server_tokens.get(ch)
         server_ids: tuple[int | None, ...] | None = None
         if server_texts is not None:
@@ -201,16 +259,18 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
                 if c.choice == ch and c.logprobs is not None:
                     reported.extend(parse_server_tokens(c.logprobs) or [])
             server_ids = tuple(tok.server_token_id(t) for t in reported)
-        counts = tuple(n for _, n, _ in rows)
+        counts = tuple([len(ct.token_ids) for ct in rows])
         choices.append(
             ChoiceTokenRow(
                 choice=ch,
                 text_len=len(text),
                 text_hash=text_hash(text),
                 output_ids=ids,
-                chunk_seqs=tuple(seq for seq, _, _ in rows),
+                chunk_seqs=tuple([ct.seq for ct in rows]),
                 chunk_counts=counts,
-                straddle_seqs=tuple(seq for seq, _, k in rows for _ in range(k)),
+                straddle_seqs=tuple(
+                    [ct.seq for ct in rows if ct.straddles for _ in range(ct.straddles)]
+                ),
                 tokens_per_chunk=dict(sorted(Counter(counts).items())),
                 server_tokens=server_texts,
                 server_ids=server_ids,
@@ -324,24 +384,18 @@ def tokenize_db(
             if not srows:
                 break
             ids = [r["id"] for r in srows]
-            crows = [
-                dict(m)
-                for m in conn.execute(
-                    select(
-                        chunks.c.stream_id,
-                        chunks.c.seq,
-                        chunks.c.choice,
-                        chunks.c.text,
-                        chunks.c.finish_reason,
-                        chunks.c.logprobs,
-                    )
-                    .where(chunks.c.stream_id.in_(ids))
-                    .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
-                ).mappings()
-            ]
+            crows = _chunk_tuples(engine, conn, ids)
         last_id = ids[-1]
-        inputs = build_inputs(srows, crows)
-        rows = _write(engine, _analyze(registry, inputs), result)
+        paused = gc.isenabled()
+        if paused:  # ~100k small acyclic objects per batch: no young-gen collections
+            gc.disable()
+        try:
+            inputs = _inputs_from_tuples(srows, crows)
+            analysed = _analyze(registry, inputs)
+        finally:
+            if paused:
+                gc.enable()
+        rows = _write(engine, analysed, result)
         result.batches += 1
         for r in rows:
             result.streams += 1
