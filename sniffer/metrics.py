@@ -162,6 +162,7 @@ class _Open:
     """What is remembered about a stream between its open and its close."""
 
     __slots__ = (
+        "chunks",
         "inter_chunk",
         "keys",
         "last",
@@ -183,6 +184,7 @@ class _Open:
         self.t_last_output: float | None = None
         self.ttft: Any = None
         self.inter_chunk: Any = None
+        self.chunks: Any = None
 
 
 @dataclass(frozen=True)
@@ -416,6 +418,7 @@ class Metrics:
         s = _Open(keys, ev.ts)
         s.ttft = self.ttft.labels(*keys)
         s.inter_chunk = self.inter_chunk.labels(*keys)
+        s.chunks = self.chunk_events.labels(*keys)
         self._open[ev.stream] = s
 
     def _chunk(self, ev: ChunkEvent) -> None:
@@ -423,7 +426,7 @@ class Metrics:
         if s is None:
             self.chunk_events.labels(NONE, NONE).inc()
             return
-        self.chunk_events.labels(*s.keys).inc()
+        s.chunks.inc()
         if ev.kind not in OUTPUT_KINDS:
             return
         ts = ev.ts
