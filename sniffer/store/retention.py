@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, exists, select
+from sqlalchemy import Engine, and_, delete, select
 
 from sniffer.store.models import chunks, connections, errors, streams
 
@@ -120,9 +120,14 @@ def prune(
             break
 
     # 2. connections without streams, opened before the cutoff
+    # NOT IN over a subquery: SQLite builds the set of referenced connection ids
+    # once per statement (streams.connection_id has no index; a correlated
+    # NOT EXISTS would scan the streams table once per candidate).
     orphan = and_(
         connections.c.opened_at < cutoff,
-        ~exists().where(streams.c.connection_id == connections.c.id),
+        connections.c.id.not_in(
+            select(streams.c.connection_id).where(streams.c.connection_id.is_not(None))
+        ),
     )
     while True:
         if not budget_left():
