@@ -740,14 +740,9 @@ class Daemon:
         """Settings that take effect without restarting anything."""
         pipe = self._pipeline
         if pipe is not None:
-            # The pipeline has no public setters for these (yet): its stages keep
-            # them as plain attributes that are read per connection/stream.
-            labels = getattr(pipe.streams, "_labels", None)
-            if isinstance(labels, dict):
-                labels.clear()
-                labels.update(new.labels)
+            pipe.set_labels(new.labels)
             if new.backend == "packet":
-                pipe._only = frozenset(new.capture_ports)
+                pipe.set_ports(frozenset(new.capture_ports))
             pipe.reassembler.idle_timeout = new.idle_timeout
         if self._writer is not None:
             self._writer.batch_size = new.batch_size

@@ -101,6 +101,14 @@ class Pipeline:
                 )
         return out
 
+    def set_labels(self, labels: Mapping[int, str]) -> None:
+        """Server port → label, for streams opened from now on (config reload)."""
+        self.streams.set_labels(labels)
+
+    def set_ports(self, only_ports: frozenset[int]) -> None:
+        """Only segments on these ports from now on (empty: all); config reload."""
+        self._only = only_ports
+
     @property
     def open_streams(self) -> int:
         return self.streams.open_streams

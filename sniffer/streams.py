@@ -215,6 +215,9 @@ class StreamAssembler:
     def open_streams(self) -> int:
         return len(self._ex)
 
+    def set_labels(self, labels: Mapping[int, str]) -> None:
+        self._labels = dict(labels)
+
     # ------------------------------------------------------------------ public
 
     def feed(self, ev: HttpOutput) -> list[StoreEvent]:
@@ -541,6 +544,11 @@ class StreamAssembler:
         if resp.status >= 400:
             return StreamState.ERROR, f"HTTP {resp.status}"
         if end is not EndReason.COMPLETE:
+            if x.done_seen and x.dialect is not None and self._all_finished(x):
+                # Every choice finished and the end marker arrived: the client got
+                # the whole stream; only the body's last framing bytes are missing
+                # (clients close right after [DONE]).
+                return StreamState.COMPLETE, "complete (connection closed before the body ended)"
             c = self._conns.get(x.conn)
             if c is not None and c.client_end is not None:
                 return StreamState.TRUNCATED, f"client closed the connection ({c.client_end})"
@@ -554,9 +562,7 @@ class StreamAssembler:
                 return StreamState.ERROR, "response body is not valid JSON"
             return StreamState.COMPLETE, "complete"
         # A streamed LLM response: every choice must finish (or [DONE] arrive).
-        n = 1
-        if x.req is not None and x.opened:
-            n = _requested_n(x)
+        n = _requested_n(x)
         finished = sum(1 for c in x.finish if c != STREAM_LEVEL)
         if finished >= n or (x.done_seen and finished > 0):
             return StreamState.COMPLETE, "complete"
@@ -565,6 +571,11 @@ class StreamAssembler:
         if x.truncated_event:
             return StreamState.TRUNCATED, "body ended inside an event"
         return StreamState.TRUNCATED, f"ended without finish_reason ({finished} of {n} choices)"
+
+
+    @staticmethod
+    def _all_finished(x: _Exchange) -> bool:
+        return sum(1 for c in x.finish if c != STREAM_LEVEL) >= _requested_n(x)
 
 
 def _requested_n(x: _Exchange) -> int:

@@ -303,3 +303,29 @@ def test_exchange_without_response_is_closed_at_connection_end() -> None:
     out = run([*chat_request(), ConnectionClosed(1, 9.0, "eof")])
     c = closed(out)
     assert c.state is StreamState.TRUNCATED and "no response" in c.reason
+
+
+def test_client_closing_right_after_done_is_still_complete() -> None:
+    # The openai SDK closes as soon as it reads [DONE], before the chunked terminator.
+    out = run(
+        [
+            *chat_request(),
+            head(),
+            sse(3.0, delta("x"), delta(finish_reason="stop"), "[DONE]"),
+            FlowEnd(1, 3.1, True, "rst"),
+            end(3.2, EndReason.RST),
+        ]
+    )
+    c = closed(out)
+    assert c.state is StreamState.COMPLETE and "closed before the body ended" in c.reason
+    # Without [DONE] the same cut is a truncation.
+    out = run(
+        [
+            *chat_request(),
+            head(),
+            sse(3.0, delta("x"), delta(finish_reason="stop")),
+            FlowEnd(1, 3.1, True, "rst"),
+            end(3.2, EndReason.RST),
+        ]
+    )
+    assert closed(out).state is StreamState.TRUNCATED
