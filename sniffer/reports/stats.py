@@ -119,11 +119,20 @@ def build_outputs(
     registry loading tokenizers on first use."""
     texts: dict[int, dict[int, list[tuple[str, float | None]]]] = {}
     finishes: dict[int, dict[int, str]] = {}
+    cur_sid: Any = None
+    cur: dict[int, list[tuple[str, float | None]]] = {}
     for sid, choice, text, ts, finish in chunk_rows:
         if choice is None or choice < 0:
             continue
+        if sid != cur_sid:
+            cur_sid = sid
+            cur = texts.setdefault(sid, {})
         if text:
-            texts.setdefault(sid, {}).setdefault(choice, []).append((text, ts))
+            got = cur.get(choice)
+            if got is None:
+                cur[choice] = [(text, ts)]
+            else:
+                got.append((text, ts))
         if finish:
             finishes.setdefault(sid, {}).setdefault(choice, finish)
 
@@ -246,7 +255,7 @@ def load_outputs(
     )
     with engine.connect() as conn:
         rows = [dict(r._mapping) for r in conn.execute(s_stmt)]
-        chunk_rows = [tuple(r) for r in conn.execute(c_stmt)]
+        chunk_rows = conn.execute(c_stmt).tuples().all()
     return build_outputs(rows, chunk_rows, registry or TokenizerRegistry())
 
 
