@@ -86,7 +86,10 @@ def main() -> None:
         n = sum(len(ids) for ids in tok.encode_batch(texts))
         enc.append(time.perf_counter() - t0)
     e = statistics.median(enc)
-    print(f"encode_batch of {len(texts)} texts: {n} tokens in {e * 1000:.1f} ms = {n / e:,.0f} tokens/s")
+    print(
+        f"encode_batch of {len(texts)} texts: {n} tokens in {e * 1000:.1f} ms "
+        f"= {n / e:,.0f} tokens/s"
+    )
     rp, tp, vp = (statistics.median(x) for x in (replay_s, pass_s, verify_s))
     print(f"replay (tokens off): {rp:.2f} s   (runs: {', '.join(f'{x:.2f}' for x in replay_s)})")
     print(
