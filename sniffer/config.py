@@ -24,12 +24,43 @@ Layout (every key optional; the values shown are the defaults)::
     8000 = "baseline"
     8001 = "sparse"
 
+    [metrics]                     # Prometheus exposition
+    enabled = true
+    listen = "127.0.0.1:9464"     # loopback only unless public = true
+    public = false
+    max_models = 20               # distinct model labels per server label; the rest → "other"
+
+    [sampling]                    # which streams keep their chunk text (summaries always)
+    rate = 1.0                    # 0–1, decided per stream from its identity
+    boost_threshold = 0           # anomalies in boost_window that raise the rate to 1 (0: off)
+    boost_window = 60.0
+    boost_period = 600.0
+
+    [redaction]                   # applied before anything is written
+    enabled = true
+    patterns = []                 # extra: [{ name = "APIKEY", regex = "sk-[A-Za-z0-9]{20,}" }]
+
+    [retention]
+    days = 0                      # delete streams older than this many days (0: keep all)
+    batch = 500                   # streams per delete transaction
+    interval = 60.0               # seconds between prune runs
+
+    [tokens]                      # tokenization off the capture path
+    enabled = true
+    default = ""                  # tokenizer when no pattern matches ("": DeepSeek-V4)
+
+    [tokenizers]                  # model (exact or glob) → dir, tokenizer.json or cached hub id
+    "deepseek-*" = "/models/deepseek/tokenizer.json"
+
+    [files]
+    group = ""                    # database files 0640 with this group (default 0600)
+    allow_world_readable = false  # refuse to start on a world-readable database file
+
 The keys of ``[capture]`` and ``[store]`` (and ``log_level``) may also be
-written flat, at the top level; a key set both ways is an error. Any other
-top-level table or key (``[metrics]``, ``[tokenizers]``, ``[redaction]``,
-``[sampling]``, ``retention_days``, …) is kept, unparsed, in
-``Config.extra`` for the features that read it. An unknown key *inside* a
-known table is an error that names it.
+written flat, at the top level; a key set both ways is an error. The feature
+tables (``[metrics]`` … ``[files]``) only take the keys shown. Any other
+top-level table or key is kept, unparsed, in ``Config.extra``. An unknown key
+*inside* a known table is an error that names it.
 
 Loading never exits: every problem is a :class:`ConfigError` whose message is
 one line (the CLI prints it and exits with code 2).
@@ -38,6 +69,7 @@ one line (the CLI prints it and exits with code 2).
 from __future__ import annotations
 
 import mmap
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -76,6 +108,39 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 }
 _SECTION_OF = {key: sec for sec, keys in SECTIONS.items() for key in keys}
 
+#: Feature tables: key inside the table → Config field.
+TABLES: dict[str, dict[str, str]] = {
+    "metrics": {
+        "enabled": "metrics",
+        "listen": "metrics_listen",
+        "public": "metrics_public",
+        "max_models": "metrics_max_models",
+    },
+    "sampling": {
+        "rate": "sample_rate",
+        "boost_threshold": "boost_threshold",
+        "boost_window": "boost_window",
+        "boost_period": "boost_period",
+    },
+    "redaction": {"enabled": "redact", "patterns": "redact_patterns"},
+    "retention": {
+        "days": "retention_days",
+        "batch": "retention_batch",
+        "interval": "retention_interval",
+    },
+    "tokens": {"enabled": "tokens", "default": "default_tokenizer"},
+    "files": {"group": "db_group", "allow_world_readable": "allow_world_readable"},
+}
+_BOOL_FIELDS = ("metrics", "metrics_public", "redact", "tokens", "allow_world_readable")
+_INT_FIELDS = ("metrics_max_models", "boost_threshold", "retention_batch")
+_FLOAT_FIELDS = (
+    "sample_rate",
+    "boost_window",
+    "boost_period",
+    "retention_days",
+    "retention_interval",
+)
+
 
 class ConfigError(Exception):
     """The configuration is unusable; the message is one line naming the problem."""
@@ -99,7 +164,31 @@ class Config:
     block_size: int = 1 << 20
     idle_timeout: float = 300.0
     log_level: str = "info"
-    #: unknown top-level tables and keys, for later features (metrics, tokenizers, …)
+    # [metrics]
+    metrics: bool = True
+    metrics_listen: str = "127.0.0.1:9464"
+    metrics_public: bool = False
+    metrics_max_models: int = 20
+    # [sampling]
+    sample_rate: float = 1.0
+    boost_threshold: int = 0
+    boost_window: float = 60.0
+    boost_period: float = 600.0
+    # [redaction]
+    redact: bool = True
+    redact_patterns: tuple[tuple[str, str], ...] = ()  # (name, regex)
+    # [retention]
+    retention_days: float = 0.0
+    retention_batch: int = 500
+    retention_interval: float = 60.0
+    # [tokens] / [tokenizers]
+    tokens: bool = True
+    default_tokenizer: str = ""
+    tokenizers: tuple[tuple[str, str], ...] = ()  # (model glob, source)
+    # [files]
+    db_group: str = ""
+    allow_world_readable: bool = False
+    #: unknown top-level tables and keys
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: the file this came from, if any (SIGHUP re-reads it)
     source: str | None = None
@@ -168,6 +257,23 @@ class Config:
             raise ConfigError(
                 f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}"
             )
+        if self.metrics:
+            host, _, port = self.metrics_listen.rpartition(":")
+            if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+                raise ConfigError(f"metrics listen: {self.metrics_listen!r} is not HOST:PORT")
+        if not 1 <= self.metrics_max_models <= 10_000:
+            raise ConfigError(f"metrics max_models: {self.metrics_max_models} out of range")
+        if not 0.0 <= self.sample_rate <= 1.0:
+            raise ConfigError(f"sampling rate: {self.sample_rate} is not between 0 and 1")
+        if self.boost_threshold < 0 or self.boost_window <= 0 or self.boost_period <= 0:
+            raise ConfigError("sampling: boost_threshold >= 0, boost_window and boost_period > 0")
+        for name, regex in self.redact_patterns:
+            try:
+                re.compile(regex)
+            except re.error as exc:
+                raise ConfigError(f"redaction pattern {name!r}: bad regex: {exc}") from None
+        if self.retention_days < 0 or self.retention_batch < 1 or self.retention_interval <= 0:
+            raise ConfigError("retention: days >= 0, batch >= 1 and interval > 0")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -175,6 +281,8 @@ class Config:
         d["labels"] = {str(k): v for k, v in sorted(self.labels.items())}
         d["pids"] = list(self.pids)
         d["comms"] = list(self.comms)
+        d["redact_patterns"] = [list(p) for p in self.redact_patterns]
+        d["tokenizers"] = [list(p) for p in self.tokenizers]
         d["extra"] = dict(self.extra)
         return d
 
@@ -229,7 +337,48 @@ def _labels(value: Any, where: str) -> dict[int, str]:
     return out
 
 
+def _bool(key: str, value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise ConfigError(f"{where} {key}: expected true or false, got {value!r}")
+
+
+def _pairs(key: str, value: Any, where: str, a: str, b: str) -> tuple[tuple[str, str], ...]:
+    """A table {A: B} or a list of {a = …, b = …} tables → ((A, B), …)."""
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, list | tuple):
+        items = []
+        for item in value:
+            if isinstance(item, Mapping) and set(item) == {a, b}:
+                items.append((item[a], item[b]))
+            elif isinstance(item, list | tuple) and len(item) == 2:
+                items.append((item[0], item[1]))
+            else:
+                raise ConfigError(f"{where} {key}: each entry needs {a} and {b}")
+    else:
+        raise ConfigError(f"{where} {key}: expected a table or a list")
+    out = []
+    for k, v in items:
+        if not isinstance(k, str) or not isinstance(v, str) or not k or not v:
+            raise ConfigError(f"{where} {key}: {k!r} = {v!r} must be two non-empty strings")
+        out.append((k, v))
+    return tuple(out)
+
+
 def _coerce(key: str, value: Any, where: str) -> Any:
+    if key in _BOOL_FIELDS:
+        return _bool(key, value, where)
+    if key in _INT_FIELDS:
+        return _int(key, value, where)
+    if key in _FLOAT_FIELDS:
+        return _float(key, value, where)
+    if key == "redact_patterns":
+        return _pairs(key, value, where, "name", "regex")
+    if key == "tokenizers":
+        return _pairs(key, value, where, "pattern", "source")
     if key in ("ports", "pids"):
         return tuple(_int(key, v, where) for v in _list(key, value, where))
     if key == "comms":
@@ -272,6 +421,16 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> Config:
             if "labels" in values:
                 raise ConfigError(f"{where}: 'labels' is set twice")
             values["labels"] = _labels(value, f"{where} [labels]")
+        elif top == "tokenizers":
+            values["tokenizers"] = _coerce("tokenizers", value, f"{where} [tokenizers]")
+        elif top in TABLES:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{where}: [{top}] must be a table")
+            for key, v in value.items():
+                name = TABLES[top].get(key)
+                if name is None:
+                    raise ConfigError(f"{where}: unknown key {key!r} in [{top}]")
+                put(name, v, top)
         elif top in _SECTION_OF:
             put(top, value, "")
         else:
@@ -344,6 +503,18 @@ def render_toml(cfg: Config) -> str:
     lines.append("[labels]")
     for port, label in sorted(cfg.labels.items()):
         lines.append(f"{port} = {_toml_value(label)}")
+    lines.append("")
+    for table, keys in TABLES.items():
+        lines.append(f"[{table}]")
+        for key, name in keys.items():
+            value = getattr(cfg, name)
+            if name == "redact_patterns":
+                value = [{"name": n, "regex": r} for n, r in value]
+            lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    lines.append("[tokenizers]")
+    for pattern, src in cfg.tokenizers:
+        lines.append(f"{_key(pattern)} = {_toml_value(src)}")
     lines.append("")
     for name, value in cfg.extra.items():
         if isinstance(value, Mapping):

@@ -59,9 +59,16 @@ batch_size = 100
 8000 = "baseline"
 8001 = "sparse"
 [metrics]
-listen = "127.0.0.1:9464"
+listen = "127.0.0.1:9465"
 [redaction]
-prompts = true
+enabled = false
+patterns = [{ name = "APIKEY", regex = "sk-[A-Za-z0-9]{20,}" }]
+[sampling]
+rate = 0.25
+[tokenizers]
+"deepseek-*" = "/models/ds"
+[custom]
+anything = 1
 """,
     )
     cfg = load_config(path)
@@ -74,11 +81,12 @@ prompts = true
     assert cfg.batch_size == 100
     assert dict(cfg.labels) == {8000: "baseline", 8001: "sparse"}
     assert cfg.log_level == "debug"
-    assert cfg.extra == {
-        "retention_days": 30,
-        "metrics": {"listen": "127.0.0.1:9464"},
-        "redaction": {"prompts": True},
-    }
+    assert cfg.metrics_listen == "127.0.0.1:9465"
+    assert cfg.redact is False
+    assert cfg.redact_patterns == (("APIKEY", "sk-[A-Za-z0-9]{20,}"),)
+    assert cfg.sample_rate == 0.25
+    assert cfg.tokenizers == (("deepseek-*", "/models/ds"),)
+    assert cfg.extra == {"retention_days": 30, "custom": {"anything": 1}}
     assert cfg.source == path
 
 
@@ -147,7 +155,7 @@ def test_cli_flags_override_toml(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         "[capture]\ninterface = 'eth9'\nports = [8000]\nqueue_size = 16\n"
-        "[store]\nbatch_size = 7\n[labels]\n8000 = 'baseline'\n[metrics]\nlisten = ':1'\n",
+        "[store]\nbatch_size = 7\n[labels]\n8000 = 'baseline'\n[metrics]\nlisten = '[::1]:1'\n",
     )
     code, out, err = run_cli(
         "--config",
@@ -177,7 +185,7 @@ def test_cli_flags_override_toml(tmp_path: Path) -> None:
     assert cfg.queue_size == 4
     assert cfg.flush_interval == 0.5
     assert cfg.batch_size == 7  # not overridden: from the file
-    assert cfg.extra == {"metrics": {"listen": ":1"}}
+    assert cfg.metrics_listen == "[::1]:1"
 
 
 def test_cli_bad_flag_values_exit_2() -> None:
@@ -211,9 +219,25 @@ def test_render_toml_round_trips_everything() -> None:
         block_size=1 << 17,
         idle_timeout=10.0,
         log_level="warning",
-        extra={"metrics": {"listen": "127.0.0.1:9464"}, "retention_days": 7},
+        metrics_listen="127.0.0.1:9999",
+        sample_rate=0.5,
+        redact_patterns=(("X", "x+"),),
+        tokenizers=(("m-*", "/t"),),
+        retention_days=7.0,
+        extra={"custom": {"k": "v"}, "top": 7},
     )
     assert parse_config(tomllib.loads(render_toml(cfg))) == cfg
+
+
+def test_feature_tables_reject_unknown_keys_and_bad_values() -> None:
+    with pytest.raises(ConfigError, match="unknown key 'prompts' in \\[redaction\\]"):
+        parse_config({"redaction": {"prompts": True}})
+    with pytest.raises(ConfigError, match="sampling rate"):
+        parse_config({"sampling": {"rate": 2}})
+    with pytest.raises(ConfigError, match="bad regex"):
+        parse_config({"redaction": {"patterns": [{"name": "x", "regex": "("}]}})
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        parse_config({"metrics": {"listen": "nowhere"}})
 
 
 def test_with_overrides_ignores_none_and_validates() -> None:
