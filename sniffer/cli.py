@@ -9,55 +9,20 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from . import __version__
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-DEFAULT_DB = "sparseety.db"
-
-
-def _db_option(f: F) -> F:
-    return click.option(
-        "--db",
-        default=lambda: os.environ.get("SPARSEETY_DB", DEFAULT_DB),
-        show_default=f"$SPARSEETY_DB or {DEFAULT_DB}",
-        help="SQLite file or SQLAlchemy database URL.",
-    )(f)
-
-
-def _fail(message: str, code: int = 1) -> None:
-    click.echo(f"sparseety: {message}", err=True)
-    sys.exit(code)
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    """Library errors become one line on stderr and exit code 1."""
-    try:
-        yield
-    except click.exceptions.Exit:
-        raise
-    except (click.ClickException, click.Abort):
-        raise
-    except KeyboardInterrupt:
-        _fail("interrupted", 130)
-    except Exception as exc:
-        _fail(f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc))
-
-
-def _open_engine(db: str) -> Any:
-    from .store.writer import make_engine
-
-    if "://" not in db and not os.path.exists(db):
-        _fail(f"no database at {db!r} (run 'sparseety replay' or 'sparseety run' first)")
-    return make_engine(db)
+from .cli_common import (
+    db_option,
+    fail,
+    library_errors,
+    open_engine,
+    parse_labels,
+)
 
 
 def _ts(ts: float | None) -> str:
@@ -70,17 +35,6 @@ def _ms(a: float | None, b: float | None) -> str:
     if a is None or b is None:
         return "-"
     return f"{(a - b) * 1000:.1f}"
-
-
-def parse_labels(values: tuple[str, ...]) -> dict[int, str]:
-    """``PORT=NAME`` pairs → {port: name}."""
-    out: dict[int, str] = {}
-    for v in values:
-        port, sep, name = v.partition("=")
-        if not sep or not port.isdigit() or not name:
-            raise click.BadParameter(f"{v!r} is not PORT=NAME", param_hint="--label")
-        out[int(port)] = name
-    return out
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -107,7 +61,7 @@ def main() -> None:
 
 @main.command()
 @click.argument("captures", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@_db_option
+@db_option
 @click.option("--port", "ports", multiple=True, type=int, help="Only these TCP ports (repeat).")
 @click.option(
     "--label",
@@ -154,7 +108,7 @@ def replay(
     summaries = []
     for path in captures:
         if not os.path.exists(path):
-            _fail(f"{path}: no such file", 2)
+            fail(f"{path}: no such file", 2)
         bar: Any = None
         try:
             if not quiet and sys.stderr.isatty():
@@ -173,7 +127,7 @@ def replay(
                     _bar.update(pos - _done[0])
                     _done[0] = pos
 
-            with _errors():
+            with library_errors():
                 try:
                     r = run_replay(
                         path,
@@ -184,7 +138,7 @@ def replay(
                         jobs=jobs or default_jobs(),
                     )
                 except CaptureFileError as exc:
-                    _fail(f"{path}: {exc}")
+                    fail(f"{path}: {exc}")
                     return
         finally:
             if bar is not None:
@@ -229,7 +183,7 @@ def replay(
 
 
 @main.command()
-@_db_option
+@db_option
 @click.option("--label", help="Only streams with this label.")
 @click.option("--model", help="Only streams of this model.")
 @click.option("--state", help="complete, truncated, gap, error or open.")
@@ -257,8 +211,8 @@ def streams(
     """
     from .store.queries import list_streams
 
-    with _errors():
-        engine = _open_engine(db)
+    with library_errors():
+        engine = open_engine(db)
         rows = list_streams(engine, label=label, model=model, state=state, limit=None)
         if not show_all:
             rows = [r for r in rows if (r.get("dialect") or "http") != "http"]
@@ -295,7 +249,7 @@ def streams(
 
 @main.command()
 @click.argument("stream_id", type=int)
-@_db_option
+@db_option
 @click.option("--json", "as_json", is_flag=True, help="The stream row and its chunks as JSON.")
 @click.option("--raw", is_flag=True, help="Show raw event data of chunks we do not model.")
 def show(stream_id: int, db: str, as_json: bool, raw: bool) -> None:
@@ -307,11 +261,11 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool) -> None:
     """
     from .store.queries import get_stream
 
-    with _errors():
-        engine = _open_engine(db)
+    with library_errors():
+        engine = open_engine(db)
         s = get_stream(engine, stream_id)
     if s is None:
-        _fail(f"no stream {stream_id} in {db}")
+        fail(f"no stream {stream_id} in {db}")
         return
     if as_json:
         click.echo(json.dumps(s, indent=2, default=str))
@@ -367,7 +321,7 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool) -> None:
 
 
 @main.command()
-@_db_option
+@db_option
 @click.option(
     "--format",
     "fmt",
@@ -396,8 +350,8 @@ def export(
     """
     from .reports.export import export_csv, export_jsonl
 
-    with _errors():
-        engine = _open_engine(db)
+    with library_errors():
+        engine = open_engine(db)
         ids = list(stream_ids) or None
         fh = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
         try:
@@ -416,7 +370,7 @@ def export(
 
 
 @main.command()
-@_db_option
+@db_option
 @click.option("--limit", type=int, default=50, show_default=True)
 def errors(db: str, limit: int) -> None:
     """List recorded pipeline errors (bad input is recorded, never fatal).
@@ -427,8 +381,8 @@ def errors(db: str, limit: int) -> None:
     """
     from .store.queries import list_errors
 
-    with _errors():
-        engine = _open_engine(db)
+    with library_errors():
+        engine = open_engine(db)
         rows = list_errors(engine, limit=limit)
     if not rows:
         click.echo("no errors")
@@ -439,22 +393,13 @@ def errors(db: str, limit: int) -> None:
         )
 
 
-from .cli_run import run as _run  # noqa: E402
+# Commands that live in their own modules (after ``main`` exists).
+from .cli_compare import diff, probe, stats  # noqa: E402
+from .cli_run import run  # noqa: E402
+from .cli_verify import tokenize, verify  # noqa: E402
 
-main.add_command(_run)
-from .cli_verify import tokenize as _tokenize  # noqa: E402
-from .cli_verify import verify as _verify  # noqa: E402
-
-main.add_command(_verify)
-main.add_command(_tokenize)
-
-from .cli_compare import diff as _diff  # noqa: E402
-from .cli_compare import probe as _probe  # noqa: E402
-from .cli_compare import stats as _stats  # noqa: E402
-
-main.add_command(_probe)
-main.add_command(_stats)
-main.add_command(_diff)
+for _command in (run, verify, tokenize, probe, stats, diff):
+    main.add_command(_command)
 
 if __name__ == "__main__":
     main()

@@ -6,78 +6,20 @@ Registered on the main group in ``sniffer.cli`` with ``main.add_command``.
 from __future__ import annotations
 
 import json
-import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import click
 
-from .cli_verify import parse_tokenizer_specs
-
-DEFAULT_DB = "sparseety.db"
+from .cli_common import (
+    db_option,
+    library_errors,
+    make_registry,
+    open_engine,
+    tokenizer_options,
+)
 
 __all__ = ["diff", "probe", "stats"]
-
-# The helpers below mirror those of sniffer.cli: importing them from there would
-# make a cycle when sniffer.cli runs as __main__ (python -m sniffer.cli).
-
-
-def _db_option(f: Any) -> Any:
-    return click.option(
-        "--db",
-        default=lambda: os.environ.get("SPARSEETY_DB", DEFAULT_DB),
-        show_default=f"$SPARSEETY_DB or {DEFAULT_DB}",
-        help="SQLite file or SQLAlchemy database URL.",
-    )(f)
-
-
-def _fail(message: str, code: int = 1) -> None:
-    click.echo(f"sparseety: {message}", err=True)
-    sys.exit(code)
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    """Library errors become one line on stderr and exit code 1."""
-    try:
-        yield
-    except (click.exceptions.Exit, click.ClickException, click.Abort):
-        raise
-    except KeyboardInterrupt:
-        _fail("interrupted", 130)
-    except Exception as exc:
-        _fail(f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc))
-
-
-def _open_engine(db: str) -> Any:
-    from .store.writer import make_engine
-
-    if "://" not in db and not os.path.exists(db):
-        _fail(f"no database at {db!r} (run 'sparseety replay' or 'sparseety run' first)")
-    return make_engine(db)
-
-
-def _tokenizer_options(f: Any) -> Any:
-    f = click.option(
-        "--default-tokenizer",
-        metavar="SOURCE",
-        help="Tokenizer for models with none configured (default: DeepSeek-V4).",
-    )(f)
-    return click.option(
-        "--tokenizer",
-        "tokenizers",
-        multiple=True,
-        metavar="PATTERN=SOURCE",
-        help="Tokenizer for served models matching PATTERN (exact name or glob). Repeat.",
-    )(f)
-
-
-def _registry(specs: tuple[str, ...], default: str | None) -> Any:
-    from .tokens import TokenizerRegistry
-
-    return TokenizerRegistry(parse_tokenizer_specs(specs), default=default)
 
 
 # ---------------------------------------------------------------------- probe
@@ -139,7 +81,7 @@ def probe(
     """
     from .probe import ProbeConfig, format_probe, load_prompts, probe_summary, run_probe
 
-    with _errors():
+    with library_errors():
         items = load_prompts(prompts)
         config = ProbeConfig(
             urls=urls,
@@ -182,14 +124,14 @@ def probe(
 
 
 @click.command()
-@_db_option
+@db_option
 @click.option("--label", "labels", multiple=True, help="Only streams with this label (repeat).")
 @click.option("--model", help="Only streams of this model.")
 @click.option(
     "--include-incomplete", is_flag=True, help="Also truncated, gapped and failed streams."
 )
 @click.option("--varying", is_flag=True, help="List only groups with more than one output.")
-@_tokenizer_options
+@tokenizer_options
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
 def stats(
     db: str,
@@ -216,13 +158,13 @@ def stats(
     from .reports.stats import format_stats, stats_json
     from .reports.stats import stats as run_stats
 
-    with _errors():
-        engine = _open_engine(db)
+    with library_errors():
+        engine = open_engine(db)
         report = run_stats(
             engine,
             labels=list(labels) or None,
             model=model,
-            registry=_registry(tokenizers, default_tokenizer),
+            registry=make_registry(tokenizers, default_tokenizer),
             include_incomplete=include_incomplete,
         )
     if as_json:
@@ -235,7 +177,7 @@ def stats(
 
 
 @click.command()
-@_db_option
+@db_option
 @click.option("--baseline", required=True, metavar="LABEL", help="Label of the reference side.")
 @click.option("--candidate", required=True, metavar="LABEL", help="Label of the side under test.")
 @click.option(
@@ -262,7 +204,7 @@ def stats(
     "--html", "html_path", type=click.Path(dir_okay=False), help="Write a self-contained report."
 )
 @click.option("--limit", type=int, default=50, show_default=True, help="Prompts listed in text.")
-@_tokenizer_options
+@tokenizer_options
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
 def diff(
     db: str,
@@ -299,15 +241,15 @@ def diff(
         parsed = [parse_gate(g) for g in gates]
     except GateError as exc:
         raise click.BadParameter(str(exc), param_hint="--fail-if") from exc
-    with _errors():
-        engine = _open_engine(db)
+    with library_errors():
+        engine = open_engine(db)
         report = run_diff(
             engine,
             baseline,
             candidate,
             pairing=pairing,
             model=model,
-            registry=_registry(tokenizers, default_tokenizer),
+            registry=make_registry(tokenizers, default_tokenizer),
             include_incomplete=include_incomplete,
         )
         results = evaluate_gates(parsed, report.summary)

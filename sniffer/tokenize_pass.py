@@ -395,20 +395,52 @@ def tokenize_db(
         finally:
             if paused:
                 gc.enable()
-        rows = _write(engine, analysed, result)
-        result.batches += 1
-        for r in rows:
-            result.streams += 1
-            if r.error is not None:
-                result.failed += 1
-                continue
-            result.tokens += r.output_count
-            result.prompt_tokens += len(r.prompt_ids or ())
-            result.chunks += sum(len(c.chunk_seqs) for c in r.choices)
-            result.anomalies += r.anomaly_count
-            for a in r.anomalies:
-                result.anomaly_kinds[a.kind] = result.anomaly_kinds.get(a.kind, 0) + 1
+        _account(result, _write(engine, analysed, result))
         done += len(srows)
         if progress is not None:
             progress(min(done, total), total)
     return result
+
+
+def _account(result: TokenizeResult, rows: list[StreamTokenRow]) -> None:
+    result.batches += 1
+    for r in rows:
+        result.streams += 1
+        if r.error is not None:
+            result.failed += 1
+            continue
+        result.tokens += r.output_count
+        result.prompt_tokens += len(r.prompt_ids or ())
+        result.chunks += sum(len(c.chunk_seqs) for c in r.choices)
+        result.anomalies += r.anomaly_count
+        for a in r.anomalies:
+            result.anomaly_kinds[a.kind] = result.anomaly_kinds.get(a.kind, 0) + 1
+
+
+def tokenize_inputs(
+    engine: Engine,
+    registry: TokenizerRegistry,
+    inputs: Sequence[StreamInput],
+    *,
+    batch: int = 500,
+) -> tuple[TokenizeResult, list[StreamTokenRow]]:
+    """Tokenize streams collected from the event stream (``TokenCollector``: the
+    text as the server sent it, before redaction) and write their token rows.
+    Returns what was done and the rows written (for metrics)."""
+    create_token_tables(engine)
+    result = TokenizeResult()
+    written: list[StreamTokenRow] = []
+    for i in range(0, len(inputs), max(1, batch)):
+        part = list(inputs[i : i + max(1, batch)])
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            analysed = _analyze(registry, part)
+        finally:
+            if paused:
+                gc.enable()
+        rows = _write(engine, analysed, result)
+        _account(result, rows)
+        written.extend(rows)
+    return result, written

