@@ -20,8 +20,10 @@ from .cli_common import (
     db_option,
     fail,
     library_errors,
+    make_registry,
     open_engine,
     parse_labels,
+    tokenizer_options,
 )
 
 
@@ -78,6 +80,20 @@ def main() -> None:
     help="Worker processes for large files (connections are split between them). "
     "Default: CPUs, at most 4.",
 )
+@click.option("--no-tokens", is_flag=True, help="Skip tokenization (run 'tokenize' later).")
+@tokenizer_options
+@click.option(
+    "--no-redact",
+    is_flag=True,
+    help="Store text as captured: no PII redaction (phones, IDs, e-mails, cards, IPs).",
+)
+@click.option(
+    "--redact-pattern",
+    "redact_patterns",
+    multiple=True,
+    metavar="NAME=REGEX",
+    help="Also replace matches of REGEX by <NAME> (repeat).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def replay(
@@ -86,6 +102,11 @@ def replay(
     ports: tuple[int, ...],
     labels: tuple[str, ...],
     jobs: int | None,
+    no_tokens: bool,
+    tokenizers: tuple[str, ...],
+    default_tokenizer: str | None,
+    no_redact: bool,
+    redact_patterns: tuple[str, ...],
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -100,10 +121,22 @@ def replay(
       sparseety replay pcaps/chat_english.pcap --db sparseety.db --label 8000=baseline
     """
     from .capture.pcap import CaptureFileError
+    from .redact import Redactor
     from .replay import default_jobs
     from .replay import replay as run_replay
 
     label_map = parse_labels(labels)
+    patterns = []
+    for item in redact_patterns:
+        name, sep, regex = item.partition("=")
+        if not sep or not name or not regex:
+            raise click.BadParameter(f"{item!r} is not NAME=REGEX", param_hint="--redact-pattern")
+        patterns.append((name, regex))
+    if no_redact:
+        click.echo("sparseety: redaction is OFF: text is stored as captured", err=True)
+    with library_errors():
+        registry = None if no_tokens else make_registry(tokenizers, default_tokenizer)
+        redactor = Redactor(patterns, enabled=not no_redact)
     failed = False
     summaries = []
     for path in captures:
@@ -136,6 +169,8 @@ def replay(
                         labels=label_map,
                         progress=progress,
                         jobs=jobs or default_jobs(),
+                        tokens=registry,
+                        redactor=redactor,
                     )
                 except CaptureFileError as exc:
                     fail(f"{path}: {exc}")
@@ -156,6 +191,10 @@ def replay(
             "packets_per_second": round(r.packets_per_second),
             "chunk_events_per_second": round(r.events_per_second),
             "capture_error": r.capture_error,
+            "tokenized_streams": r.tokenized_streams,
+            "tokens": r.tokens,
+            "token_anomalies": r.token_anomalies,
+            "redactions": r.redactions,
         }
         summaries.append(summary)
         if r.capture_error:
@@ -171,6 +210,13 @@ def replay(
             f"  {r.seconds:.2f} s: {r.packets_per_second:,.0f} packets/s, "
             f"{r.events_per_second:,.0f} chunk events/s → {db}"
         )
+        if registry is not None:
+            click.echo(
+                f"  tokens: {r.tokens:,} in {r.tokenized_streams:,} streams, "
+                f"{r.token_anomalies:,} anomalies ({r.token_seconds:.2f} s)"
+            )
+        if r.redactions:
+            click.echo(f"  redacted: {r.redactions:,} matches")
         if r.capture_error:
             click.echo(f"  capture error: {r.capture_error} (everything before it was stored)")
     if as_json:
@@ -391,6 +437,49 @@ def errors(db: str, limit: int) -> None:
             f"{_ts(e.get('ts'))} {e.get('stage')}/{e.get('kind')} conn={e.get('connection_id')} "
             f"stream={e.get('stream_id')}: {e.get('message')}"
         )
+
+
+# ---------------------------------------------------------------------- prune
+
+
+@main.command()
+@db_option
+@click.option(
+    "--older-than",
+    required=True,
+    metavar="AGE",
+    help="Delete streams whose request is older than AGE: 90s, 30m, 12h, 7d, 2w.",
+)
+@click.option("--batch", type=click.IntRange(1, 100_000), default=500, show_default=True)
+@click.option("--no-vacuum", is_flag=True, help="Do not return the freed pages to the OS.")
+def prune(db: str, older_than: str, batch: int, no_vacuum: bool) -> None:
+    """Delete old streams (with their chunks, token rows and errors) in small
+    transactions, then run an incremental vacuum.
+
+    \b
+    Example:
+      sparseety prune --older-than 7d --db /var/lib/sparseety/sparseety.db
+    """
+    import time
+
+    from .store.retention import parse_age, vacuum
+    from .store.retention import prune as run_prune
+
+    try:
+        age = parse_age(older_than)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--older-than") from None
+    with library_errors():
+        engine = open_engine(db)
+        r = run_prune(engine, age, now=time.time(), batch=batch)
+        click.echo(
+            f"deleted {r.streams} streams, {r.chunks} chunks, {r.errors} errors, "
+            f"{r.connections} connections in {r.batches} batches"
+        )
+        if not no_vacuum:
+            v = vacuum(engine)
+            if v.incremental:
+                click.echo(f"vacuum: {v.freed_pages} pages freed ({v.page_size} bytes each)")
 
 
 # Commands that live in their own modules (after ``main`` exists).

@@ -23,7 +23,11 @@ from dataclasses import asdict, dataclass, field
 from .capture.pcap import CaptureFileError, read_capture
 from .events import ChunkEvent, PipelineError, StoreEvent, StreamClosed
 from .pipeline import Pipeline, PipelineConfig
+from .redact import Redactor
 from .store.writer import StoreWriter
+from .token_collector import TokenCollector
+from .tokenize_pass import tokenize_inputs
+from .tokens import TokenizerRegistry
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -32,6 +36,12 @@ EXPIRE_EVERY = 10.0
 
 #: Below this file size a replay runs in one process whatever ``jobs`` says.
 PARALLEL_MIN_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class _Extras:
+    tokens: TokenizerRegistry | None
+    redactor: Redactor | None
 
 
 @dataclass
@@ -47,6 +57,11 @@ class ReplayResult:
     capture_error: str | None = None
     first_stream_id: int = 0
     jobs: int = 1
+    tokenized_streams: int = 0
+    tokens: int = 0
+    token_anomalies: int = 0
+    token_seconds: float = 0.0
+    redactions: int = 0
 
     @property
     def packets_per_second(self) -> float:
@@ -63,6 +78,11 @@ class ReplayResult:
         self.errors += other.errors
         for k, v in other.states.items():
             self.states[k] = self.states.get(k, 0) + v
+        self.tokenized_streams += other.tokenized_streams
+        self.tokens += other.tokens
+        self.token_anomalies += other.token_anomalies
+        self.token_seconds = max(self.token_seconds, other.token_seconds)
+        self.redactions += other.redactions
 
 
 def default_jobs() -> int:
@@ -79,8 +99,13 @@ def replay(
     batch_size: int = 20_000,
     writer: StoreWriter | None = None,
     jobs: int = 1,
+    tokens: TokenizerRegistry | None = None,
+    redactor: Redactor | None = None,
 ) -> ReplayResult:
     """Replay one capture file into the database ``db`` (a path or SQLAlchemy URL).
+
+    With ``tokens`` every LLM stream is tokenized (on the text as sent, before
+    ``redactor`` rewrites what is stored) and its token rows written.
 
     A truncated or corrupt file does not raise: everything before the bad
     offset is processed and stored, and ``capture_error`` says where it broke.
@@ -88,14 +113,19 @@ def replay(
     """
     started = time.perf_counter()
     read_capture(path).close()  # not a capture at all: raise before any work
+    extras = _Extras(tokens, redactor)
+    if tokens is not None:
+        tokens.preload()  # a bad tokenizer config fails now, and workers share it
     if jobs > 1 and writer is None and os.path.getsize(path) >= PARALLEL_MIN_BYTES:
-        result = _replay_parallel(path, db, ports, labels, progress, batch_size, jobs)
+        result = _replay_parallel(path, db, ports, labels, progress, batch_size, jobs, extras)
     else:
         own = writer is None
         w = writer if writer is not None else StoreWriter(db, batch_size=batch_size)
         try:
             conn_base, stream_base = w.id_bases()
-            result = _replay_part(path, w, ports, labels, progress, 0, 1, conn_base, stream_base)
+            result = _replay_part(
+                path, w, ports, labels, progress, 0, 1, conn_base, stream_base, extras
+            )
         finally:
             if own:
                 w.close()
@@ -111,6 +141,7 @@ def _replay_parallel(
     progress: Progress | None,
     batch_size: int,
     jobs: int,
+    extras: _Extras,
 ) -> ReplayResult:
     first = StoreWriter(db, batch_size=batch_size)  # creates the schema once
     conn_base, stream_base = first.id_bases()
@@ -121,7 +152,19 @@ def _replay_parallel(
         recv, send = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_worker,
-            args=(send, path, db, ports, labels, batch_size, k, jobs, conn_base, stream_base),
+            args=(
+                send,
+                path,
+                db,
+                ports,
+                labels,
+                batch_size,
+                k,
+                jobs,
+                conn_base,
+                stream_base,
+                extras,
+            ),
             daemon=True,
         )
         proc.start()
@@ -129,7 +172,9 @@ def _replay_parallel(
         workers.append((proc, recv))
     w = StoreWriter(db, batch_size=batch_size)
     try:
-        result = _replay_part(path, w, ports, labels, progress, 0, jobs, conn_base, stream_base)
+        result = _replay_part(
+            path, w, ports, labels, progress, 0, jobs, conn_base, stream_base, extras
+        )
     finally:
         w.close()
     for proc, recv in workers:
@@ -158,11 +203,12 @@ def _worker(
     n: int,
     conn_base: int,
     stream_base: int,
+    extras: _Extras,
 ) -> None:
     try:
         w = StoreWriter(db, batch_size=batch_size)
         try:
-            part = _replay_part(path, w, ports, labels, None, k, n, conn_base, stream_base)
+            part = _replay_part(path, w, ports, labels, None, k, n, conn_base, stream_base, extras)
         finally:
             w.close()
         send.send(asdict(part))
@@ -182,6 +228,7 @@ def _replay_part(
     n: int,
     conn_base: int,
     stream_base: int,
+    extras: _Extras,
 ) -> ReplayResult:
     """Replay worker k's share of the connections (all of them when n == 1): a hash of
     the port pair, symmetric so both directions land together, and mixed so that
@@ -201,8 +248,17 @@ def _replay_part(
     # per packet: collect the young generation far less often while replaying.
     thresholds = gc.get_threshold()
     gc.set_threshold(200_000, 50, 100)
+    collector = TokenCollector() if extras.tokens is not None else None
+    redactor = extras.redactor
+
+    def write_many(events: list[StoreEvent]) -> None:
+        if collector is not None:
+            collector.observe(events)  # the text as sent, before redaction
+        if redactor is not None:
+            events = redactor.events(events)
+        w.write_many(events)
+
     try:
-        write_many = w.write_many
         feed = pipe.feed
         next_expire = 0.0
         ts = 0.0
@@ -234,6 +290,15 @@ def _replay_part(
         w.flush()
     finally:
         gc.set_threshold(*thresholds)
+    if collector is not None and extras.tokens is not None:
+        started = time.perf_counter()
+        tok, _rows = tokenize_inputs(w.engine, extras.tokens, collector.take())
+        result.token_seconds = time.perf_counter() - started
+        result.tokenized_streams = tok.streams
+        result.tokens = tok.tokens
+        result.token_anomalies = tok.anomalies
+    if redactor is not None:
+        result.redactions = sum(redactor.counts.values())
     result.packets = reader.stats.packets
     result.segments = pipe.segments
     return result

@@ -272,7 +272,20 @@ def test_vacuum_returns_space_after_prune(tmp_path: Path) -> None:
     assert vacuum(engine).freed_pages == 0
 
 
-def test_vacuum_on_non_incremental_database_is_a_noop(db: Engine) -> None:
+def test_new_databases_are_incremental(db: Engine) -> None:
+    # make_engine sets auto_vacuum=INCREMENTAL before WAL on a new file.
+    with StoreWriter("", engine=db) as w:
+        populate(w)
+    prune(db, 0, now=NOW + 10)
+    assert vacuum(db).incremental
+
+
+def test_vacuum_on_non_incremental_database_is_a_noop(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").close()  # made before this version
+    db = make_engine(str(path))
     with StoreWriter("", engine=db) as w:
         populate(w)
     prune(db, 0, now=NOW + 10)

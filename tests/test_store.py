@@ -572,6 +572,7 @@ def test_schema_compiles_for_postgresql() -> None:
         "ix_streams_label_model",
         "ix_streams_t_request",
         "ix_streams_state",
+        "ix_streams_connection",
     }
 
 

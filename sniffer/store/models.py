@@ -181,6 +181,7 @@ streams = Table(
     Index("ix_streams_label_model", "label", "model"),
     Index("ix_streams_t_request", "t_request"),
     Index("ix_streams_state", "state"),
+    Index("ix_streams_connection", "connection_id"),
 )
 
 chunks = Table(

@@ -28,6 +28,7 @@ from typing import Any
 from sqlalchemy import Engine, and_, delete, select
 
 from sniffer.store.models import chunks, connections, errors, streams
+from sniffer.store.tokens_store import choice_tokens, stream_tokens, token_anomalies
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _AGE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw])\s*", re.IGNORECASE)
@@ -114,6 +115,8 @@ def prune(
             result.errors += conn.execute(
                 delete(errors).where(errors.c.stream_id.in_(ids))
             ).rowcount
+            for table in (token_anomalies, choice_tokens, stream_tokens):
+                conn.execute(delete(table).where(table.c.stream_id.in_(ids)))
             result.streams += conn.execute(delete(streams).where(streams.c.id.in_(ids))).rowcount
         result.batches += 1
         if len(ids) < batch:

@@ -125,6 +125,9 @@ def make_engine(url_or_path: str) -> Engine:
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
             if not memory:
+                # Before WAL: takes effect on a new file, so that retention's
+                # incremental vacuum can return freed pages (no-op otherwise).
+                cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
                 cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=OFF")
@@ -138,7 +141,9 @@ def make_engine(url_or_path: str) -> Engine:
 
 
 def create_schema(engine: Engine) -> None:
-    """Create missing tables and record the schema version."""
+    """Create missing tables (the token tables too) and record the schema version."""
+    import sniffer.store.tokens_store  # noqa: F401  (its tables live on the same metadata)
+
     metadata.create_all(engine)
     with engine.begin() as conn:
         found = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version")).first()
