@@ -37,9 +37,45 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
         "block_size",
         "idle_timeout",
         "log_level",
+        "metrics_listen",
+        "sample_rate",
+        "default_tokenizer",
+        "db_group",
     ):
         if options.get(key) is not None:
             overrides[key] = options[key]
+    for flag, key, value in (
+        ("no_metrics", "metrics", False),
+        ("metrics_public", "metrics_public", True),
+        ("no_redact", "redact", False),
+        ("no_tokens", "tokens", False),
+        ("allow_world_readable", "allow_world_readable", True),
+    ):
+        if options.get(flag):
+            overrides[key] = value
+    if options.get("retention"):
+        from .store.retention import parse_age
+
+        try:
+            overrides["retention_days"] = parse_age(options["retention"]) / 86400.0
+        except ValueError as exc:
+            raise ConfigError(f"--retention: {exc}") from None
+    if options.get("redact_patterns"):
+        pairs = []
+        for item in options["redact_patterns"]:
+            name, sep, regex = item.partition("=")
+            if not sep or not name or not regex:
+                raise ConfigError(f"--redact-pattern {item!r} is not NAME=REGEX")
+            pairs.append((name, regex))
+        overrides["redact_patterns"] = tuple(pairs)
+    if options.get("tokenizers"):
+        pairs = []
+        for item in options["tokenizers"]:
+            pattern, sep, source = item.partition("=")
+            if not sep or not pattern or not source:
+                raise ConfigError(f"--tokenizer {item!r} is not PATTERN=SOURCE")
+            pairs.append((pattern, source))
+        overrides["tokenizers"] = tuple(pairs)
     for key in ("ports", "pids", "comms"):
         if options.get(key):
             overrides[key] = tuple(options[key])
@@ -90,6 +126,42 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
     "--idle-timeout", type=float, help="Seconds before an idle connection closes.  [default: 300]"
 )
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), help="[default: info]")
+@click.option(
+    "--metrics-listen", metavar="HOST:PORT", help="Prometheus /metrics.  [default: 127.0.0.1:9464]"
+)
+@click.option("--no-metrics", is_flag=True, help="Do not serve /metrics.")
+@click.option(
+    "--metrics-public", is_flag=True, help="Allow a non-loopback --metrics-listen address."
+)
+@click.option(
+    "--sample-rate",
+    type=click.FloatRange(0, 1),
+    help="Share of streams whose chunk text is stored (summaries always).  [default: 1]",
+)
+@click.option("--no-redact", is_flag=True, help="Store text as captured (no PII redaction).")
+@click.option(
+    "--redact-pattern",
+    "redact_patterns",
+    multiple=True,
+    metavar="NAME=REGEX",
+    help="Also replace REGEX matches by <NAME> (repeat).",
+)
+@click.option("--retention", metavar="AGE", help="Delete streams older than AGE (e.g. 30d).")
+@click.option("--no-tokens", is_flag=True, help="Do not tokenize streams.")
+@click.option(
+    "--tokenizer",
+    "tokenizers",
+    multiple=True,
+    metavar="PATTERN=SOURCE",
+    help="Tokenizer for models matching PATTERN: a dir, tokenizer.json or cached hub id (repeat).",
+)
+@click.option("--default-tokenizer", metavar="SOURCE", help="[default: DeepSeek-V4]")
+@click.option("--db-group", metavar="GROUP", help="Database files 0640 with this group.")
+@click.option(
+    "--allow-world-readable",
+    is_flag=True,
+    help="Start even if the database file is world-readable.",
+)
 @click.option("--print-config", is_flag=True, help="Print the effective config as TOML and exit.")
 def run(config_path: str | None, print_config: bool, **options: Any) -> None:
     """Record live: capture the LLM server's traffic and store every streamed chunk.
@@ -120,10 +192,21 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
 
     from .capture.afpacket import CaptureError
     from .capture.ebpf import EbpfError
-    from .daemon import Daemon
+    from .daemon import Daemon, attach_features
+    from .store.files import InsecureDatabaseFile
+    from .tokens import TokenizerLoadError
 
     try:
-        code = Daemon(cfg, overrides=overrides).run()
+        daemon = Daemon(cfg, overrides=overrides)
+        try:
+            attach_features(daemon)
+        except (InsecureDatabaseFile, TokenizerLoadError, ValueError) as exc:
+            click.echo(f"sparseety: {exc}", err=True)
+            sys.exit(2)
+        except OSError as exc:
+            click.echo(f"sparseety: cannot serve metrics on {cfg.metrics_listen}: {exc}", err=True)
+            sys.exit(1)
+        code = daemon.run()
     except (CaptureError, EbpfError) as exc:
         click.echo(f"sparseety: cannot capture: {exc}", err=True)
         sys.exit(1)

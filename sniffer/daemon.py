@@ -423,6 +423,12 @@ class Daemon:
         self.sinks: list[Sink] = []
         #: optional step between the sinks and the writer (redaction, sampling)
         self.transform: Transform | None = None
+        #: called about once a second from the processing thread (gauges, metrics)
+        self.on_tick: list[Callable[[Daemon], None]] = []
+        #: called after every writer flush
+        self.on_flush: list[Callable[[], None]] = []
+        #: called once at shutdown, after the pipeline flushed, before the writer closes
+        self.on_stop: list[Callable[[], None]] = []
         self.stats = DaemonStats()
         self._stop = threading.Event()
         self._reload = threading.Event()
@@ -540,6 +546,7 @@ class Daemon:
         next_flush = monotonic() + cfg.flush_interval
         next_expire = monotonic() + EXPIRE_EVERY
         next_status = monotonic() + STATUS_EVERY
+        next_tick = monotonic() + 1.0
         notifier = self.notifier
         while not stop.is_set():
             try:
@@ -567,6 +574,9 @@ class Daemon:
             if now >= next_status:
                 next_status = now + STATUS_EVERY
                 self._status()
+            if now >= next_tick and self.on_tick:
+                next_tick = now + 1.0
+                self._hooks(self.on_tick, self)
             if self._reload.is_set():
                 self._reload.clear()
                 self._do_reload()
@@ -662,6 +672,21 @@ class Daemon:
             writer.flush()
         except StoreError as exc:
             self._store_failed(exc)
+            return
+        self._hooks(self.on_flush)
+
+    def _hooks(self, hooks: Sequence[Callable[..., None]], *args: Any) -> None:
+        for hook in hooks:
+            try:
+                hook(*args)
+            except Exception as exc:
+                self.stats.sink_errors += 1
+                self.log(
+                    "error",
+                    "hook-failed",
+                    hook=getattr(hook, "__name__", repr(hook)),
+                    error=f"{type(exc).__name__}: {exc}",
+                )
 
     def _expire(self) -> None:
         pipe = self._pipeline
@@ -803,6 +828,7 @@ class Daemon:
         out = pipe.flush(self.last_ts or time.time())
         if out:
             self._emit(out)
+        self._hooks(self.on_stop)
         code = self._exit_code
         writer = self._writer
         assert writer is not None
@@ -858,6 +884,234 @@ def _safe_url(url: str) -> str:
     return f"{scheme}://{user}:***@{host}"
 
 
+class _Periodic:
+    """A background thread that calls ``work()`` every ``interval`` seconds until
+    stopped, and once more when stopped (to drain what is left)."""
+
+    def __init__(self, name: str, interval: float, work: Callable[[], None], log: Log) -> None:
+        self._interval = interval
+        self._work = work
+        self._log = log
+        self._stop = threading.Event()
+        self.errors = 0
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self.thread.join(timeout)
+
+    def _call(self) -> None:
+        try:
+            self._work()
+        except Exception as exc:  # never fatal: log, count, go on
+            self.errors += 1
+            self._log("error", f"{self.thread.name}-failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._call()
+        self._call()
+
+
+@dataclass
+class Features:
+    """What ``attach_features`` wired into a daemon (for tests and the CLI)."""
+
+    metrics: Any = None  # sniffer.metrics.Metrics
+    metrics_server: Any = None
+    sampler: Any = None
+    redactor: Any = None
+    collector: Any = None
+    workers: list[_Periodic] = dataclasses.field(default_factory=list)
+
+
+def attach_features(d: Daemon) -> Features:
+    """Wire the production features the config asks for into ``d``:
+
+    * database file permissions (0600 / 0640 with a group; refuse a
+      world-readable file unless allowed) — before anything opens it;
+    * Prometheus metrics, served on ``metrics_listen`` (loopback unless
+      ``metrics_public``), fed by every batch of store events and by the
+      daemon's counters once a second;
+    * the token layer: a sink keeps the chunk text *as sent* for every open
+      LLM stream; a worker thread tokenizes closed streams in batches (off the
+      capture path) and writes their token rows, feeding metrics and sampling;
+    * sampling (which streams keep their chunk text) and redaction, in that
+      order, as the transform before the writer;
+    * retention: a worker deleting old streams in small batches.
+
+    Order per batch: pipeline → sinks (metrics, token collector: they see the
+    original events) → sampler → redactor → writer.
+    """
+    from .metrics import Metrics
+    from .redact import Redactor
+    from .sampling import Sampler
+    from .store.files import db_path, prepare_db_file
+
+    cfg = d.config
+    log = d.log
+    f = Features()
+    path = db_path(cfg.database)
+    if path is not None:
+        prepare_db_file(
+            path, group=cfg.db_group or None, allow_world_readable=cfg.allow_world_readable
+        )
+
+    if cfg.metrics:
+        host, _, port = cfg.metrics_listen.rpartition(":")
+        host = host.strip("[]")
+        metrics = Metrics(max_models=cfg.metrics_max_models)
+        f.metrics = metrics
+        f.metrics_server = metrics.serve(host, int(port), allow_public=cfg.metrics_public)
+        log("info", "metrics-serving", url=f.metrics_server.url)
+        d.add_sink(metrics.observe)
+        d.on_flush.append(lambda: metrics.mark_flush(time.time()))
+        last = {"items": 0, "kernel": 0, "queue": 0}
+
+        def gauges(daemon: Daemon) -> None:
+            s = daemon.stats
+            metrics.add_packets(s.items - last["items"])
+            metrics.add_kernel_drops(s.kernel_dropped - last["kernel"])
+            metrics.add_queue_drops(s.queue_dropped - last["queue"])
+            last.update(items=s.items, kernel=s.kernel_dropped, queue=s.queue_dropped)
+            pipe = daemon._pipeline
+            if pipe is not None:
+                metrics.set_open(pipe.open_connections, pipe.open_streams)
+            metrics.set_queue_depth(daemon._queue.qsize())
+
+        d.on_tick.append(gauges)
+
+    sampler = None
+    if cfg.sample_rate < 1.0 or cfg.boost_threshold > 0:
+        sampler = Sampler(
+            cfg.sample_rate,
+            boost_threshold=cfg.boost_threshold or None,
+            boost_window=cfg.boost_window,
+            boost_period=cfg.boost_period,
+        )
+        f.sampler = sampler
+    redactor = Redactor(cfg.redact_patterns, enabled=cfg.redact)
+    f.redactor = redactor
+    if not cfg.redact:
+        log("warning", "redaction-off", note="prompts and outputs are stored as captured")
+
+    if cfg.tokens:
+        f.workers.append(_token_worker(d, f, sampler))
+
+    seen_redactions: dict[str, int] = {}
+
+    def transform(events: list[StoreEvent]) -> list[StoreEvent]:
+        if sampler is not None:
+            events = sampler.filter(events)
+            if f.metrics is not None:
+                f.metrics.set_sample_rate(sampler.effective_rate(d.last_ts or time.time()))
+        events = redactor.events(events)
+        if f.metrics is not None and redactor.counts:
+            delta = {k: v - seen_redactions.get(k, 0) for k, v in redactor.counts.items()}
+            seen_redactions.update(redactor.counts)
+            f.metrics.add_redactions({k: v for k, v in delta.items() if v})
+        return events
+
+    d.transform = transform
+
+    if cfg.retention_days > 0:
+        f.workers.append(_retention_worker(d))
+
+    for w in f.workers:
+        w.start()
+
+    def stop() -> None:
+        for w in f.workers:
+            w.stop()
+        if f.metrics_server is not None:
+            f.metrics_server.close()
+
+    d.on_stop.append(stop)
+    return f
+
+
+def _token_worker(d: Daemon, f: Features, sampler: Any) -> _Periodic:
+    from .store.writer import make_engine
+    from .token_collector import TokenCollector
+    from .tokenize_pass import tokenize_inputs
+    from .tokens import TokenizerRegistry, TokenizerSpec
+
+    cfg = d.config
+    registry = TokenizerRegistry(
+        [TokenizerSpec(p, src) for p, src in cfg.tokenizers],
+        default=cfg.default_tokenizer or None,
+    )
+    registry.preload()  # a bad tokenizer config fails at start, with its message
+    collector = TokenCollector()
+    f.collector = collector
+    lock = threading.Lock()
+
+    def collect(events: list[StoreEvent]) -> None:
+        with lock:
+            collector.observe(events)
+
+    d.add_sink(collect)
+    engine = make_engine(cfg.database)
+
+    def work() -> None:
+        while True:
+            with lock:
+                inputs = collector.take(500)
+            if not inputs:
+                return
+            _, rows = tokenize_inputs(engine, registry, inputs)
+            for r in rows:
+                if r.error is not None:
+                    continue
+                kinds: dict[str, int] = {}
+                for a in r.anomalies:
+                    kinds[a.kind] = kinds.get(a.kind, 0) + 1
+                if f.metrics is not None:
+                    f.metrics.observe_tokens(
+                        r.stream_id,
+                        output_tokens=r.output_count,
+                        prompt_tokens=len(r.prompt_ids or ()),
+                        tokens_per_chunk=[n for c in r.choices for n in c.chunk_counts],
+                        anomalies=kinds,
+                    )
+                if sampler is not None and kinds:
+                    now = d.last_ts or time.time()
+                    for kind, n in kinds.items():
+                        sampler.note_anomaly(kind, now, n)
+
+    return _Periodic("tokens", 2.0, work, d.log)
+
+
+def _retention_worker(d: Daemon) -> _Periodic:
+    from .store.retention import prune, vacuum
+    from .store.writer import make_engine
+
+    cfg = d.config
+    engine = make_engine(cfg.database)
+    age = cfg.retention_days * 86400.0
+
+    def work() -> None:
+        r = prune(engine, age, now=time.time(), batch=cfg.retention_batch, max_batches=20)
+        if r.streams or r.connections:
+            v = vacuum(engine)
+            d.log(
+                "info",
+                "pruned",
+                streams=r.streams,
+                chunks=r.chunks,
+                connections=r.connections,
+                freed_pages=v.freed_pages,
+                done=r.done,
+            )
+
+    return _Periodic("retention", cfg.retention_interval, work, d.log)
+
+
 def run_daemon(config: Config, overrides: dict[str, Any] | None = None) -> int:
-    """Build a :class:`Daemon` for ``config`` and run it; returns the exit code."""
-    return Daemon(config, overrides=overrides).run()
+    """Build a :class:`Daemon` for ``config`` with its features and run it."""
+    d = Daemon(config, overrides=overrides)
+    attach_features(d)
+    return d.run()
