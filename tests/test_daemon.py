@@ -509,3 +509,91 @@ def test_log_lines_are_logfmt_and_journal_prefixed(monkeypatch: pytest.MonkeyPat
     out = io.StringIO()
     Log("info", out)("error", "store-failed", error='say "no"')
     assert out.getvalue() == '<3>level=error event=store-failed error="say \\"no\\""\n'
+
+
+# ------------------------------------------------------------ attach_features
+
+
+def _conversation(port: int, prompt: str, pieces: list[str]) -> list[Any]:
+    """A whole keep-alive-free chat stream as captured segments (handshake to FIN)."""
+    from sniffer.events import ACK, FIN, PSH, SYN, Segment
+
+    c, s = ("127.0.0.1", 45001), ("127.0.0.1", port)
+    body = json.dumps(
+        {"model": "m", "stream": True, "messages": [{"role": "user", "content": prompt}]}
+    ).encode()
+    req = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    events = [{"choices": [{"index": 0, "delta": {"content": p}}]} for p in pieces]
+    events.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    chunks = [
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    ]
+    for e in [*(json.dumps(e) for e in events), "[DONE]"]:
+        data = f"data: {e}\n\n".encode()
+        chunks.append(b"%x\r\n%s\r\n" % (len(data), data))
+    chunks.append(b"0\r\n\r\n")
+    cseq, sseq, ts = 1000, 5000, 100.0
+    segs = [
+        Segment(ts, *c, *s, cseq, 0, SYN, b""),
+        Segment(ts, *s, *c, sseq, cseq + 1, SYN | ACK, b""),
+        Segment(ts, *c, *s, cseq + 1, sseq + 1, ACK | PSH, req),
+    ]
+    cseq += 1 + len(req)
+    sseq += 1
+    for i, ch in enumerate(chunks):
+        segs.append(Segment(ts + 0.01 * (i + 1), *s, *c, sseq, cseq, ACK | PSH, ch))
+        sseq += len(ch)
+    segs.append(Segment(ts + 1, *s, *c, sseq, cseq, ACK | FIN, b""))
+    segs.append(Segment(ts + 1, *c, *s, cseq, sseq + 1, ACK | FIN, b""))
+    return segs
+
+
+def test_features_redact_what_is_stored_but_tokenize_what_was_sent(tmp_path: Path) -> None:
+    from sniffer.daemon import attach_features
+    from sniffer.tokens import TokenizerRegistry
+
+    pieces = ["Call me at ", "+86 138 0013 8000", " or mail ", "ann@example.com", "."]
+    segs = _conversation(PORT, "my id is alice@example.org", pieces)
+    src = FakeSource(segs, per=3)
+    d, db = make(tmp_path, src, metrics=False)
+    feats = attach_features(d)
+    r = start(d)
+    assert wait_for(src.exhausted.is_set)
+    assert r.stop() == 0
+    text = "".join(t for (t,) in rows(db, "select text from chunks where chunk_index > 0"))
+    assert text == "Call me at <PHONE> or mail <EMAIL>."
+    (request,) = rows(db, "select request_json from streams")[0]
+    assert "alice@example.org" not in request and "<EMAIL>" in request
+    # Token rows: computed on the original text, not on the placeholders.
+    (count,) = rows(db, "select output_count from stream_tokens")[0]
+    original = "".join(pieces)
+    assert count == len(TokenizerRegistry().default().encode_batch([original])[0])
+    assert feats.redactor.counts["PHONE"] == 1 and feats.redactor.counts["EMAIL"] == 2
+
+
+def test_features_sampling_keeps_summaries_and_drops_text(tmp_path: Path) -> None:
+    from sniffer.daemon import attach_features
+
+    src = FakeSource(_conversation(PORT, "hello", ["a", "b"]), per=4)
+    d, db = make(tmp_path, src, metrics=False, sample_rate=0.0, tokens=False)
+    attach_features(d)
+    r = start(d)
+    assert wait_for(src.exhausted.is_set)
+    assert r.stop() == 0
+    assert rows(db, "select state, chunk_count, text_len from streams") == [("complete", 2, 2)]
+    assert rows(db, "select count(*) from chunks") == [(0,)]
+
+
+def test_features_refuse_a_world_readable_database(tmp_path: Path) -> None:
+    from sniffer.daemon import attach_features
+    from sniffer.store.files import InsecureDatabaseFile
+
+    db = tmp_path / "d.db"
+    db.write_bytes(b"")
+    os.chmod(db, 0o644)
+    d, _ = make(tmp_path, FakeSource([]), metrics=False, tokens=False)
+    with pytest.raises(InsecureDatabaseFile):
+        attach_features(d)
