@@ -13,6 +13,7 @@ import argparse
 import os
 import resource
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -64,49 +65,47 @@ def main() -> int:
         "tshark", "-r", str(ns.capture), "-d", f"tcp.port=={port},http",
         "-Y", "http", "-T", "fields", "-e", "http.file_data",
     ]  # fmt: skip
+    base = [sys.executable, "-m", "sniffer.cli", "replay", "-q", "--json", str(ns.capture)]
+    variants = {
+        "tshark http.file_data": tshark,
+        "replay -j1 --no-tokens": [*base, "-j", "1", "--no-tokens"],
+        "replay --no-tokens": [*base, "--no-tokens"],
+        "replay (tokens on)": base,
+    }
     best: dict[str, tuple[float, float]] = {}
     events = 0
     streams = 0
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(ns.runs):
-            db = os.path.join(tmp, f"r{run}.db")
-            ours = [
-                sys.executable,
-                "-m",
-                "sniffer.cli",
-                "replay",
-                "-q",
-                "--json",
-                str(ns.capture),
-                "--db",
-                db,
-            ]
-            for name, cmd in (("tshark", tshark), ("sparseety", ours)):
+            for name, cmd in variants.items():
+                db = os.path.join(tmp, f"r{run}-{len(best)}.db")
+                if name.startswith("replay"):
+                    cmd = [*cmd, "--db", db]
                 wall, cpu = _timed(cmd)
                 if name not in best or wall < best[name][0]:
                     best[name] = (wall, cpu)
-            out = subprocess.run(
-                [sys.executable, "-m", "sniffer.cli", "streams", "--db", db, "--json"],
-                check=True, capture_output=True, text=True,
-            )  # fmt: skip
-            streams = len(out.stdout.splitlines())
-            import sqlite3
-
-            with sqlite3.connect(db) as con:
-                events = con.execute("select count(*) from chunks").fetchone()[0]
-    tw, tc = best["tshark"]
-    ow, oc = best["sparseety"]
+                if name.startswith("replay"):
+                    with sqlite3.connect(db) as con:
+                        events = con.execute("select count(*) from chunks").fetchone()[0]
+                        streams = con.execute(
+                            "select count(*) from streams where dialect != 'http'"
+                        ).fetchone()[0]
+                    os.remove(db)
     print(
         f"capture: {ns.capture} ({packets:,} packets, {streams:,} LLM streams, "
-        f"{events:,} chunk events)"
+        f"{events:,} chunk events); best of {ns.runs} runs, {os.cpu_count()} CPUs"
     )
-    print(f"{'':24s} {'wall s':>8s} {'cpu s':>8s} {'packets/s':>12s} {'events/s':>12s}")
-    print(f"{'tshark http.file_data':24s} {tw:8.2f} {tc:8.2f} {packets / tw:12,.0f} {'':>12s}")
-    print(
-        f"{'sparseety replay→SQLite':24s} {ow:8.2f} {oc:8.2f} {packets / ow:12,.0f} "
-        f"{events / ow:12,.0f}"
-    )
-    print(f"speed-up (best of {ns.runs}, wall): {tw / ow:.2f}x   (target >= 3x)")
+    print(f"{'':26s} {'wall s':>8s} {'cpu s':>8s} {'packets/s':>12s} {'events/s':>12s}")
+    for name, (wall, cpu) in best.items():
+        print(
+            f"{name:26s} {wall:8.2f} {cpu:8.2f} {packets / wall:12,.0f} "
+            f"{events / wall if name.startswith('replay') else 0:12,.0f}"
+        )
+    tw = best["tshark http.file_data"][0]
+    for name in ("replay -j1 --no-tokens", "replay --no-tokens", "replay (tokens on)"):
+        print(f"speed-up vs tshark, {name}: {tw / best[name][0]:.2f}x   (target >= 3x)")
+    off, on = best["replay --no-tokens"][0], best["replay (tokens on)"][0]
+    print(f"tokenization adds {100 * (on - off) / off:.0f}% to replay time   (target <= 25%)")
     return 0
 
 
