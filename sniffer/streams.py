@@ -572,7 +572,6 @@ class StreamAssembler:
             return StreamState.TRUNCATED, "body ended inside an event"
         return StreamState.TRUNCATED, f"ended without finish_reason ({finished} of {n} choices)"
 
-
     @staticmethod
     def _all_finished(x: _Exchange) -> bool:
         return sum(1 for c in x.finish if c != STREAM_LEVEL) >= _requested_n(x)
