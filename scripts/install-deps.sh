@@ -15,12 +15,16 @@ command -v bpftool >/dev/null || need_apt+=(bpftool)
 [ -e /usr/include/bpf/libbpf.h ] || need_apt+=(libbpf-dev)
 ldconfig -p | grep -q 'libbpf.so.1' || need_apt+=(libbpf1)
 ldconfig -p | grep -q 'libpcap.so.0.8' || need_apt+=(libpcap0.8)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)  # store tests on PostgreSQL
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     echo "install-deps: apt-get install ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive
     echo 'wireshark-common wireshark-common/install-setuid boolean false' | debconf-set-selections 2>/dev/null || true
+    # The postgresql package must not start a system cluster (tests start their own).
+    mkdir -p /etc/postgresql-common
+    [ -e /etc/postgresql-common/createcluster.conf ] || echo 'create_main_cluster = false' > /etc/postgresql-common/createcluster.conf
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
   else

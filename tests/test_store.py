@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -576,12 +575,8 @@ def test_schema_compiles_for_postgresql() -> None:
     }
 
 
-PG_URL = os.environ.get("SPARSEETY_TEST_PG_URL")
-
-
-@pytest.mark.skipif(not PG_URL, reason="set SPARSEETY_TEST_PG_URL=postgresql+psycopg://… to run")
-def test_postgresql_roundtrip() -> None:
-    assert PG_URL is not None
+def test_postgresql_roundtrip(pg_url: str) -> None:
+    PG_URL = pg_url
     engine = make_engine(PG_URL)
     metadata.drop_all(engine)
     engine.dispose()
@@ -602,6 +597,27 @@ def test_postgresql_roundtrip() -> None:
         conn.execute(chunks.delete().where(chunks.c.seq == 9))
     assert dump(w.engine) == dump(reference.engine)
     w.close()
+
+
+def test_replay_into_postgresql_matches_sqlite(pg_url: str, tmp_path: Path) -> None:
+    """The whole pipeline writes the same rows to PostgreSQL as to SQLite."""
+    from sniffer.replay import replay
+
+    engine = make_engine(pg_url)
+    metadata.drop_all(engine)
+    engine.dispose()
+    pcaps = Path(__file__).resolve().parent.parent / "pcaps"
+    lite = str(tmp_path / "lite.db")
+    for name in ("n2.pcap", "keepalive_3.pcap", "fault_lost.pcap"):
+        replay(pcaps / name, pg_url)
+        replay(pcaps / name, lite)
+    pg, sq = make_engine(pg_url), make_engine(lite)
+    assert queries.count_rows(pg) == queries.count_rows(sq)
+    for s in queries.list_streams(sq):
+        assert queries.stream_text(pg, s["id"]) == queries.stream_text(sq, s["id"])
+    pg_states = sorted(r["state"] for r in queries.list_streams(pg))
+    assert pg_states == sorted(r["state"] for r in queries.list_streams(sq))
+    pg.dispose()
 
 
 # ---------------------------------------------------------------------------
