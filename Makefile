@@ -13,9 +13,9 @@ help:
 	@echo "make ebpf     - build the eBPF capture object"
 
 install:
-	scripts/install-deps.sh --no-pip
-	$(PYTHON) -m pip install -q --disable-pip-version-check .
+	scripts/install-deps.sh --runtime
 	-$(MAKE) --no-print-directory ebpf
+	$(PYTHON) -m pip install -q --disable-pip-version-check .
 
 deps:
 	scripts/install-deps.sh

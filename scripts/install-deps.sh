@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # Installs what SparSEEty's tests, benchmarks and eBPF backend need, skipping
 # what is already there. Idempotent; run as root (CI and the dev machines are).
-#   scripts/install-deps.sh          # Debian packages + the package with its test extras
-#   scripts/install-deps.sh --no-pip # Debian packages only
+#   scripts/install-deps.sh           # everything for tests and benchmarks + the package, editable
+#   scripts/install-deps.sh --runtime # only what running it needs (build the eBPF object, libbpf)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode="${1:-}"
 
 need_apt=()
-command -v systemd-analyze >/dev/null || need_apt+=(systemd)
-command -v tshark >/dev/null || need_apt+=(tshark)
-command -v dumpcap >/dev/null || need_apt+=(wireshark-common)
+if [ "$mode" != "--runtime" ]; then
+  command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+  command -v tshark >/dev/null || need_apt+=(tshark)
+  command -v dumpcap >/dev/null || need_apt+=(wireshark-common)
+  ldconfig -p | grep -q 'libpcap.so.0.8' || need_apt+=(libpcap0.8)
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)  # store tests
+fi
 command -v clang >/dev/null || need_apt+=(clang llvm)
 command -v bpftool >/dev/null || need_apt+=(bpftool)
 [ -e /usr/include/bpf/libbpf.h ] || need_apt+=(libbpf-dev)
 ldconfig -p | grep -q 'libbpf.so.1' || need_apt+=(libbpf1)
-ldconfig -p | grep -q 'libpcap.so.0.8' || need_apt+=(libpcap0.8)
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)  # store tests on PostgreSQL
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
@@ -32,6 +35,6 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   fi
 fi
 
-if [ "${1:-}" != "--no-pip" ]; then
+if [ "$mode" != "--runtime" ]; then
   python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 fi
