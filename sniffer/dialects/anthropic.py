@@ -44,6 +44,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from sniffer.dialects._json import JsonDialect
+from sniffer.dialects._json import dumps as _dumps
+from sniffer.dialects._json import error_message as _error_message
+from sniffer.dialects._json import not_a as _not
 from sniffer.dialects.base import (
     CONTENT,
     DONE,
@@ -57,7 +61,6 @@ from sniffer.dialects.base import (
     USAGE,
     Delta,
 )
-from sniffer.dialects.openai import _dumps, _error_message, _invalid, _loads, _not, _Shape
 from sniffer.dialects.responses import tool_call_delta
 
 __all__ = ["AnthropicMessages"]
@@ -79,7 +82,7 @@ def _as_dict(obj: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
-class AnthropicMessages:
+class AnthropicMessages(JsonDialect):
     """``POST /v1/messages``: named SSE events, or one ``message`` object."""
 
     name = "anthropic.messages"
@@ -90,22 +93,8 @@ class AnthropicMessages:
 
     # ------------------------------------------------------------- streamed
 
-    def event(self, data: str, event_type: str) -> list[Delta]:
-        try:
-            obj = _loads(data)
-        except (ValueError, RecursionError) as exc:
-            stripped = data.strip()
-            if not stripped:
-                return [Delta(STREAM_LEVEL, OTHER, raw=data)]
-            if event_type == "error":
-                return [Delta(STREAM_LEVEL, ERROR, raw=data, error=stripped)]
-            return _invalid(data, f"broken JSON: {exc}")
-        try:
-            return self._event(obj, data, event_type)
-        except _Shape as exc:
-            return _invalid(data, str(exc))
-        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
-            return _invalid(data, f"{type(exc).__name__}: {exc}")
+    def _streamed(self, obj: Any, data: str, event_type: str) -> list[Delta]:
+        return self._event(obj, data, event_type)
 
     def _event(self, obj: Any, data: str, event_type: str) -> list[Delta]:
         if type(obj) is not dict:
@@ -203,17 +192,8 @@ class AnthropicMessages:
 
     # ---------------------------------------------------------- non-streamed
 
-    def body(self, body: str) -> list[Delta]:
-        try:
-            obj = _loads(body)
-        except (ValueError, RecursionError) as exc:
-            return _invalid(body, f"broken JSON: {exc}")
-        try:
-            return self._body(obj, body)
-        except _Shape as exc:
-            return _invalid(body, str(exc))
-        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
-            return _invalid(body, f"{type(exc).__name__}: {exc}")
+    def _whole(self, obj: Any, body: str) -> list[Delta]:
+        return self._body(obj, body)
 
     def _body(self, obj: Any, body: str) -> list[Delta]:
         if type(obj) is not dict:

@@ -33,6 +33,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from sniffer.dialects._json import JsonDialect
+from sniffer.dialects._json import dumps as _dumps
+from sniffer.dialects._json import error_message as _error_message
+from sniffer.dialects._json import not_a as _not
 from sniffer.dialects.base import (
     CONTENT,
     DONE,
@@ -45,7 +49,6 @@ from sniffer.dialects.base import (
     TOOL_CALL,
     Delta,
 )
-from sniffer.dialects.openai import _dumps, _error_message, _invalid, _loads, _not, _Shape
 
 __all__ = ["TIMING_FIELDS", "OllamaChat", "OllamaGenerate"]
 
@@ -96,35 +99,15 @@ def _tool_calls(calls: Any) -> str | None:
     return _dumps(out) if out else None
 
 
-class _OllamaBase:
+class _OllamaBase(JsonDialect):
     name = "ollama"
     _chat = False
 
-    def event(self, data: str, event_type: str) -> list[Delta]:
-        try:
-            obj = _loads(data)
-        except (ValueError, RecursionError) as exc:
-            if not data.strip():
-                return [Delta(STREAM_LEVEL, OTHER, raw=data)]
-            return _invalid(data, f"broken JSON: {exc}")
-        try:
-            return self._item(obj, data, True)
-        except _Shape as exc:
-            return _invalid(data, str(exc))
-        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
-            return _invalid(data, f"{type(exc).__name__}: {exc}")
+    def _streamed(self, obj: Any, data: str, event_type: str) -> list[Delta]:
+        return self._item(obj, data, True)
 
-    def body(self, body: str) -> list[Delta]:
-        try:
-            obj = _loads(body)
-        except (ValueError, RecursionError) as exc:
-            return _invalid(body, f"broken JSON: {exc}")
-        try:
-            return self._item(obj, body, False)
-        except _Shape as exc:
-            return _invalid(body, str(exc))
-        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
-            return _invalid(body, f"{type(exc).__name__}: {exc}")
+    def _whole(self, obj: Any, body: str) -> list[Delta]:
+        return self._item(obj, body, False)
 
     def _item(self, obj: Any, data: str, stream: bool) -> list[Delta]:
         if type(obj) is not dict:

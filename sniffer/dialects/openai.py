@@ -29,17 +29,19 @@ Each item's JSON is parsed once and only the fields present are re-serialised.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
+from sniffer.dialects._json import JsonDialect
+from sniffer.dialects._json import dumps as _dumps
+from sniffer.dialects._json import error_message as _error_message
+from sniffer.dialects._json import not_a as _not
 from sniffer.dialects.base import (
     CONTENT,
     DONE,
     ERROR,
     FINISH,
-    INVALID,
     OTHER,
     REASONING,
     ROLE,
@@ -50,25 +52,6 @@ from sniffer.dialects.base import (
 )
 
 __all__ = ["OpenAIChat", "OpenAICompletions"]
-
-try:  # orjson parses a chat chunk about 3x faster; json is the fallback and the reference
-    import orjson as _orjson
-
-    def _loads(text: str) -> Any:
-        try:
-            return _orjson.loads(text)
-        except _orjson.JSONDecodeError:
-            # orjson refuses NaN/Infinity and lone surrogates that json accepts.
-            return json.loads(text)
-
-except ImportError:  # pragma: no cover - orjson is a declared dependency
-
-    def _loads(text: str) -> Any:
-        return json.loads(text)
-
-
-#: compact JSON text, non-ASCII kept as is (what we store for nested objects)
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 _DONE = "[DONE]"
 
@@ -160,37 +143,6 @@ def _fast_delta_maker() -> _DeltaMaker:
 _delta: _DeltaMaker = _fast_delta_maker()
 
 
-class _Shape(Exception):
-    """The item parsed as JSON but does not have the shape of this dialect."""
-
-
-def _error_message(err: Any) -> str:
-    if isinstance(err, str):
-        return err
-    if isinstance(err, dict):
-        msg = err.get("message")
-        if isinstance(msg, str) and msg:
-            return msg
-    text: str = _dumps(err)
-    return text
-
-
-def _not(where: str, value: Any, expected: str) -> _Shape:
-    return _Shape(f"{where} is a JSON {_json_type(value)}, not {expected}")
-
-
-def _json_type(value: Any) -> str:
-    return {
-        dict: "object",
-        list: "array",
-        str: "string",
-        int: "number",
-        float: "number",
-        bool: "boolean",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)
-
-
 def _with_timings(usage: Any, timings: Any) -> Any:
     """llama.cpp's ``timings`` (prompt_n, prompt_ms, predicted_n, predicted_ms, …)
     kept inside the usage JSON as ``"timings"``."""
@@ -201,11 +153,7 @@ def _with_timings(usage: Any, timings: Any) -> Any:
     return usage
 
 
-def _invalid(data: str, message: str) -> list[Delta]:
-    return [Delta(STREAM_LEVEL, INVALID, raw=data, error=message)]
-
-
-class _OpenAIBase:
+class _OpenAIBase(JsonDialect):
     """Parsing shared by both endpoints; subclasses read one choice."""
 
     name = "openai"
@@ -214,36 +162,18 @@ class _OpenAIBase:
         """One SSE event's data (or NDJSON line)."""
         if data == _DONE:
             return [Delta(STREAM_LEVEL, DONE)]
-        try:
-            obj = _loads(data)
-        except (ValueError, RecursionError) as exc:
-            stripped = data.strip()
-            if stripped == _DONE:
-                return [Delta(STREAM_LEVEL, DONE)]
-            if not stripped:
-                return [Delta(STREAM_LEVEL, OTHER, raw=data)]
-            if event_type == "error":
-                return [Delta(STREAM_LEVEL, ERROR, raw=data, error=stripped)]
-            return _invalid(data, f"broken JSON: {exc}")
-        try:
-            return self._chunk(obj, data, True)
-        except _Shape as exc:
-            return _invalid(data, str(exc))
-        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
-            return _invalid(data, f"{type(exc).__name__}: {exc}")
+        return super().event(data, event_type)
 
-    def body(self, body: str) -> list[Delta]:
-        """A whole non-streaming response body."""
-        try:
-            obj = _loads(body)
-        except (ValueError, RecursionError) as exc:
-            return _invalid(body, f"broken JSON: {exc}")
-        try:
-            return self._chunk(obj, body, False)
-        except _Shape as exc:
-            return _invalid(body, str(exc))
-        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
-            return _invalid(body, f"{type(exc).__name__}: {exc}")
+    def _unparsed(self, data: str, event_type: str, exc: Exception) -> list[Delta]:
+        if data.strip() == _DONE:
+            return [Delta(STREAM_LEVEL, DONE)]
+        return super()._unparsed(data, event_type, exc)
+
+    def _streamed(self, obj: Any, data: str, event_type: str) -> list[Delta]:
+        return self._chunk(obj, data, True)
+
+    def _whole(self, obj: Any, body: str) -> list[Delta]:
+        return self._chunk(obj, body, False)
 
     def _chunk(self, obj: Any, data: str, stream: bool) -> list[Delta]:
         if type(obj) is not dict:

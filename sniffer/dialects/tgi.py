@@ -36,6 +36,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from sniffer.dialects._json import JsonDialect
+from sniffer.dialects._json import dumps as _dumps
+from sniffer.dialects._json import error_message as _error_message
+from sniffer.dialects._json import not_a as _not
 from sniffer.dialects.base import (
     CONTENT,
     DONE,
@@ -45,7 +49,6 @@ from sniffer.dialects.base import (
     STREAM_LEVEL,
     Delta,
 )
-from sniffer.dialects.openai import _dumps, _error_message, _invalid, _loads, _not, _Shape
 
 __all__ = ["TgiGenerate"]
 
@@ -76,27 +79,13 @@ def _details(obj: dict[str, Any]) -> tuple[str | None, str | None]:
     return finish, (_dumps(usage) if usage else None)
 
 
-class TgiGenerate:
+class TgiGenerate(JsonDialect):
     """``/generate_stream`` token events, or a ``/generate`` body."""
 
     name = "tgi.generate"
 
-    def event(self, data: str, event_type: str) -> list[Delta]:
-        try:
-            obj = _loads(data)
-        except (ValueError, RecursionError) as exc:
-            stripped = data.strip()
-            if not stripped:
-                return [Delta(STREAM_LEVEL, OTHER, raw=data)]
-            if event_type == "error":
-                return [Delta(STREAM_LEVEL, ERROR, raw=data, error=stripped)]
-            return _invalid(data, f"broken JSON: {exc}")
-        try:
-            return self._event(obj, data)
-        except _Shape as exc:
-            return _invalid(data, str(exc))
-        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
-            return _invalid(data, f"{type(exc).__name__}: {exc}")
+    def _streamed(self, obj: Any, data: str, event_type: str) -> list[Delta]:
+        return self._event(obj, data)
 
     def _event(self, obj: Any, data: str) -> list[Delta]:
         if type(obj) is not dict:
@@ -137,17 +126,8 @@ class TgiGenerate:
             return [delta, Delta(STREAM_LEVEL, DONE)]
         return [delta]
 
-    def body(self, body: str) -> list[Delta]:
-        try:
-            obj = _loads(body)
-        except (ValueError, RecursionError) as exc:
-            return _invalid(body, f"broken JSON: {exc}")
-        try:
-            return self._body(obj, body)
-        except _Shape as exc:
-            return _invalid(body, str(exc))
-        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
-            return _invalid(body, f"{type(exc).__name__}: {exc}")
+    def _whole(self, obj: Any, body: str) -> list[Delta]:
+        return self._body(obj, body)
 
     def _body(self, obj: Any, body: str) -> list[Delta]:
         if type(obj) is list and len(obj) == 1:
