@@ -80,7 +80,40 @@ def _new_utf8_decoder() -> codecs.IncrementalDecoder:
     return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
 
-class SseDecoder:
+class _LineDecoder:
+    """What both decoders share: incremental UTF-8, capped lines, error counters."""
+
+    def __init__(self, max_line: int) -> None:
+        self.max_line = max_line
+        self.errors = 0
+        self.last_error: str | None = None
+        self.closed = False
+        self._utf8 = _new_utf8_decoder()
+        self._utf8_clean = True  # the incremental decoder holds no partial character
+        self._started = False  # first character seen (BOM handled)
+        self._discard = False  # inside an over-long line, dropping until a line end
+        self._pieces: list[str] = []  # the current partial line
+        self._plen = 0
+
+    def _decode(self, data: bytes) -> str:
+        # Whole, valid UTF-8 feeds (the usual case) decode in one C call; a feed
+        # that ends inside a character or holds invalid bytes goes through the
+        # incremental decoder, which keeps the partial character for next time.
+        if self._utf8_clean:
+            try:
+                return data.decode()
+            except UnicodeDecodeError:
+                pass
+        text: str = self._utf8.decode(data)
+        self._utf8_clean = not self._utf8.getstate()[0]
+        return text
+
+    def _error(self, message: str) -> None:
+        self.errors += 1
+        self.last_error = message
+
+
+class SseDecoder(_LineDecoder):
     """Incremental WHATWG event-stream decoder.
 
     >>> d = SseDecoder()
@@ -91,26 +124,16 @@ class SseDecoder:
     """
 
     def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
-        self.max_line = max_line
+        super().__init__(max_line)
         # counters, read by the pipeline
         self.events = 0
         self.comments = 0
-        self.errors = 0
-        self.last_error: str | None = None
         self.truncated_event = False
         #: last event id buffer (persists across events); None until an id line
         self.last_event_id: str | None = None
         #: reconnection time in effect (persists), from the last valid retry line
         self.retry: int | None = None
-        self.closed = False
-        # decoding state
-        self._utf8 = _new_utf8_decoder()
-        self._utf8_clean = True  # the incremental decoder holds no partial character
-        self._started = False  # first character seen (BOM handled)
         self._cr = False  # the previous feed ended with CR
-        self._discard = False  # inside an over-long line, dropping until a line end
-        self._pieces: list[str] = []  # the current partial line
-        self._plen = 0
         # current event
         self._data: list[str] = []
         self._type = ""
@@ -148,23 +171,6 @@ class SseDecoder:
         return []
 
     # -- internals --------------------------------------------------------
-
-    def _decode(self, data: bytes) -> str:
-        # Whole, valid UTF-8 feeds (the usual case) decode in one C call; a feed
-        # that ends inside a character or holds invalid bytes goes through the
-        # incremental decoder, which keeps the partial character for next time.
-        if self._utf8_clean:
-            try:
-                return data.decode()
-            except UnicodeDecodeError:
-                pass
-        text: str = self._utf8.decode(data)
-        self._utf8_clean = not self._utf8.getstate()[0]
-        return text
-
-    def _error(self, message: str) -> None:
-        self.errors += 1
-        self.last_error = message
 
     def _overflow(self, length: int) -> None:
         self._error(f"line longer than {self.max_line} characters ({length}+) dropped")
@@ -310,7 +316,7 @@ class SseDecoder:
         self._poisoned = False
 
 
-class NdjsonDecoder:
+class NdjsonDecoder(_LineDecoder):
     """Incremental line-delimited decoder (``application/x-ndjson``, JSON Lines).
 
     Returns complete lines as text (line end removed, CRLF tolerated); blank or
@@ -319,17 +325,8 @@ class NdjsonDecoder:
     """
 
     def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
-        self.max_line = max_line
+        super().__init__(max_line)
         self.lines = 0
-        self.errors = 0
-        self.last_error: str | None = None
-        self.closed = False
-        self._utf8 = _new_utf8_decoder()
-        self._utf8_clean = True  # the incremental decoder holds no partial character
-        self._started = False
-        self._discard = False
-        self._pieces: list[str] = []
-        self._plen = 0
 
     def feed(self, data: bytes) -> list[str]:
         """Decode more body bytes; return the complete lines they finish."""
@@ -348,23 +345,6 @@ class NdjsonDecoder:
         out = self._text(self._utf8.decode(b"", final=True), final=True)
         self.closed = True
         return out
-
-    def _decode(self, data: bytes) -> str:
-        # Whole, valid UTF-8 feeds (the usual case) decode in one C call; a feed
-        # that ends inside a character or holds invalid bytes goes through the
-        # incremental decoder, which keeps the partial character for next time.
-        if self._utf8_clean:
-            try:
-                return data.decode()
-            except UnicodeDecodeError:
-                pass
-        text: str = self._utf8.decode(data)
-        self._utf8_clean = not self._utf8.getstate()[0]
-        return text
-
-    def _error(self, message: str) -> None:
-        self.errors += 1
-        self.last_error = message
 
     def _overflow(self, length: int) -> None:
         self._error(f"line longer than {self.max_line} characters ({length}+) dropped")
