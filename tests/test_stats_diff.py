@@ -8,6 +8,7 @@ replay with two labels, then stats and diff.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -302,6 +303,41 @@ def _expected_fork(prompt: str) -> tuple[str, str, int]:
     return text, "".join(pert), char_to_token(text, char)
 
 
+def _check_stability_and_divergence(db: str) -> list[int]:
+    """What the baseline (deterministic) and the perturbed server must show;
+    returns the fork position of each prompt."""
+    engine = make_engine(db)
+    st = stats(engine, registry=REGISTRY)
+    assert st.summary["labels"]["baseline"] == {
+        "groups": len(E2E_PROMPTS),
+        "deterministic_groups": len(E2E_PROMPTS),
+        "deterministic_ratio": 1.0,
+        "outputs": len(E2E_PROMPTS) * REPEAT,
+    }
+    assert st.summary["labels"]["sparse"]["deterministic_ratio"] == 1.0
+
+    rep = diff(engine, "baseline", "sparse", registry=REGISTRY)
+    assert rep.summary["prompts"] == len(E2E_PROMPTS)
+    assert rep.summary["pairs"] == len(E2E_PROMPTS) * REPEAT * REPEAT
+    assert rep.summary["identical_pairs"] == 0
+    by_prompt = {p.prompt: p for p in rep.prompts}
+    forks = []
+    for prompt in E2E_PROMPTS:
+        base_text, pert_text, fork = _expected_fork(prompt)
+        pr = by_prompt[f"user: {prompt}"]
+        assert pr.baseline_text == base_text and pr.candidate_text == pert_text
+        assert pr.first_divergence == fork
+        pairs = [p for p in rep.pairs if p.key == pr.key]
+        assert {p.first_divergence for p in pairs} == {fork}
+        assert {p.common_prefix for p in pairs} == {fork}
+        forks.append(fork)
+    assert rep.summary["median_first_divergence"] == sorted(forks)[1]
+    # three tokens per chunk on the candidate side
+    assert rep.summary["candidate_tokens_per_chunk_mean"] > 2.0
+    assert rep.summary["baseline_tokens_per_chunk_mean"] < 1.5
+    return forks
+
+
 @pytest.mark.root
 @pytest.mark.skipif(not _can_capture(), reason="needs root and dumpcap to record loopback")
 def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
@@ -406,36 +442,7 @@ def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
         ],
     )
     assert res.exit_code == 0, res.output
-    engine = make_engine(db)
-
-    st = stats(engine, registry=REGISTRY)
-    assert st.summary["labels"]["baseline"] == {
-        "groups": len(E2E_PROMPTS),
-        "deterministic_groups": len(E2E_PROMPTS),
-        "deterministic_ratio": 1.0,
-        "outputs": len(E2E_PROMPTS) * REPEAT,
-    }
-    assert st.summary["labels"]["sparse"]["deterministic_ratio"] == 1.0
-
-    rep = diff(engine, "baseline", "sparse", registry=REGISTRY)
-    assert rep.summary["prompts"] == len(E2E_PROMPTS)
-    assert rep.summary["pairs"] == len(E2E_PROMPTS) * REPEAT * REPEAT
-    assert rep.summary["identical_pairs"] == 0
-    by_prompt = {p.prompt: p for p in rep.prompts}
-    forks = []
-    for prompt in E2E_PROMPTS:
-        base_text, pert_text, fork = _expected_fork(prompt)
-        pr = by_prompt[f"user: {prompt}"]
-        assert pr.baseline_text == base_text and pr.candidate_text == pert_text
-        assert pr.first_divergence == fork
-        pairs = [p for p in rep.pairs if p.key == pr.key]
-        assert {p.first_divergence for p in pairs} == {fork}
-        assert {p.common_prefix for p in pairs} == {fork}
-        forks.append(fork)
-    assert rep.summary["median_first_divergence"] == sorted(forks)[1]
-    # three tokens per chunk on the candidate side
-    assert rep.summary["candidate_tokens_per_chunk_mean"] > 2.0
-    assert rep.summary["baseline_tokens_per_chunk_mean"] < 1.5
+    forks = _check_stability_and_divergence(db)
 
     html_path = tmp_path / "report.html"
     res = CliRunner().invoke(
@@ -484,3 +491,63 @@ def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["stats", "--db", db, "--label", "baseline"])
     assert res.exit_code == 0 and "3 fully deterministic (100.0%)" in res.output
     assert os.path.exists(db)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="live capture needs root (CAP_NET_RAW)")
+def test_end_to_end_with_the_daemon_capturing_both_ports(tmp_path: Path) -> None:
+    """The acceptance workflow live: `sparseety run` labels two ports, probe drives
+    both servers, then stats and diff find the perturbation's exact fork."""
+    import signal
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+
+    from sniffer.cli import main
+    from tests.fixture_server import free_port, start_server_process, wait_ready
+
+    port_a = free_port()
+    port_b = free_port(lo=19000, hi=19499)
+    db = str(tmp_path / "live.db")
+    log = tmp_path / "daemon.log"
+    procs = [
+        start_server_process(port_a),
+        start_server_process(port_b, "--perturb-after", str(PERTURB), "--tokens-per-chunk", "3"),
+    ]
+    root = Path(__file__).resolve().parent.parent
+    try:
+        wait_ready(port_a)
+        wait_ready(port_b)
+        with open(log, "wb") as fh:
+            daemon = subprocess.Popen(
+                [
+                    sys.executable, "-m", "sniffer.cli", "run", "--db", db, "--no-metrics",
+                    "--flush-interval", "0.2", "--label", f"{port_a}=baseline",
+                    "--label", f"{port_b}=sparse",
+                ],
+                cwd=root,
+                env={**os.environ, "PYTHONPATH": str(root)},
+                stderr=fh,
+            )  # fmt: skip
+        procs.append(daemon)
+        _poll(lambda: "capture-active" in log.read_text(errors="replace"), "capture to start")
+        prompts = tmp_path / "prompts.txt"
+        prompts.write_text("\n".join(E2E_PROMPTS) + "\n", encoding="utf-8")
+        res = CliRunner().invoke(
+            main,
+            [
+                "probe", str(prompts), "--url", f"http://127.0.0.1:{port_a}",
+                "--url", f"http://127.0.0.1:{port_b}", "--model", "fake",
+                "--repeat", str(REPEAT), "-c", "4", "--timeout", "20", "--deadline", "60",
+            ],
+        )  # fmt: skip
+        assert res.exit_code == 0, res.output
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=60) == 0, log.read_text(errors="replace")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=10)
+    _check_stability_and_divergence(db)
