@@ -173,7 +173,7 @@ def replay(
                         redactor=redactor,
                     )
                 except CaptureFileError as exc:
-                    fail(f"{path}: {exc}")
+                    fail(str(exc) if path in str(exc) else f"{path}: {exc}")
                     return
         finally:
             if bar is not None:
