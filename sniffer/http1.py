@@ -245,12 +245,11 @@ class _ChunkedBody:
 class _Pending:
     """A request the response direction has still to answer."""
 
-    __slots__ = ("close", "exchange", "method", "version")
+    __slots__ = ("close", "exchange", "method")
 
-    def __init__(self, exchange: int, method: bytes, version: bytes, close: bool) -> None:
+    def __init__(self, exchange: int, method: bytes, close: bool) -> None:
         self.exchange = exchange
         self.method = method
-        self.version = version
         self.close = close
 
 
@@ -448,7 +447,7 @@ class HttpParser:
             # the answer to an unseen GET.
             ex = c.next_exchange
             c.next_exchange += 1
-            c.pending.append(_Pending(ex, b"GET", b"1.1", False))
+            c.pending.append(_Pending(ex, b"GET", False))
             self.stats.desyncs += 1
             self.stats.errors += 1
             self._release_opened(c, out)
@@ -571,7 +570,7 @@ class HttpParser:
         close = ev.http_version < b"1.1" or any(
             n == "connection" and "close" in v.lower() for n, v in headers
         )
-        c.pending.append(_Pending(ex, ev.method, ev.http_version, close))
+        c.pending.append(_Pending(ex, ev.method, close))
         self.stats.requests += 1
         out.append(
             HttpRequest(
@@ -724,7 +723,7 @@ class HttpParser:
                 self._release_opened(c, out)
                 ex = c.next_exchange
                 c.next_exchange += 1
-                c.pending.append(_Pending(ex, m[1], b"1.1", close))
+                c.pending.append(_Pending(ex, m[1], close))
                 self.stats.requests += 1
                 d.exchange = ex
                 d.in_message = True
