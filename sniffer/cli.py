@@ -490,5 +490,16 @@ from .cli_verify import tokenize, verify  # noqa: E402
 for _command in (run, verify, tokenize, probe, stats, diff):
     main.add_command(_command)
 
+def entry_point() -> None:
+    """The ``sparseety`` console script: ``main`` plus a quiet exit when the
+    reader of stdout goes away (``sparseety export | head``)."""
+    try:
+        main()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's final flush must not fail again
+        sys.exit(141)
+
+
 if __name__ == "__main__":
-    main()
+    entry_point()

@@ -36,7 +36,7 @@ def library_errors() -> Iterator[None]:
     """Library errors become one line on stderr and exit code 1."""
     try:
         yield
-    except (click.exceptions.Exit, click.ClickException, click.Abort):
+    except (click.exceptions.Exit, click.ClickException, click.Abort, BrokenPipeError):
         raise
     except KeyboardInterrupt:
         fail("interrupted", 130)
