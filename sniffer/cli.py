@@ -490,6 +490,7 @@ from .cli_verify import tokenize, verify  # noqa: E402
 for _command in (run, verify, tokenize, probe, stats, diff):
     main.add_command(_command)
 
+
 def entry_point() -> None:
     """The ``sparseety`` console script: ``main`` plus a quiet exit when the
     reader of stdout goes away (``sparseety export | head``)."""
