@@ -374,22 +374,10 @@ _CONNECTION_COLUMNS = tuple(c.name for c in connections.columns)
 _STREAM_COLUMNS = tuple(c.name for c in streams.columns)
 
 
-#: A chunk row in ``_CHUNK_COLUMNS`` order, built in C (this is the hot path).
+#: A chunk row in ``_CHUNK_COLUMNS`` order, built in C (this is the hot path):
+#: the ChunkEvent fields carry the column names, but for ``stream`` → ``stream_id``.
 _chunk_row: Callable[[ChunkEvent], tuple[Any, ...]] = operator.attrgetter(
-    "stream",
-    "seq",
-    "choice",
-    "chunk_index",
-    "kind",
-    "ts",
-    "text",
-    "reasoning",
-    "tool_calls",
-    "finish_reason",
-    "logprobs",
-    "usage",
-    "raw",
-    "server_tokens",
+    "stream", *_CHUNK_COLUMNS[1:]
 )
 
 
