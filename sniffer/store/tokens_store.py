@@ -56,6 +56,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson as _orjson
 from sqlalchemy import (
     Boolean,
     Column,
@@ -145,7 +146,12 @@ def create_token_tables(engine: Engine) -> None:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON (orjson: token id lists are the bulk of a token pass's writes)."""
+    try:
+        text: str = _orjson.dumps(value).decode()
+        return text
+    except (TypeError, _orjson.JSONEncodeError):  # what orjson refuses, json may take
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True, slots=True)
