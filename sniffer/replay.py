@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 from .capture.pcap import CaptureFileError, read_capture
-from .events import ChunkEvent, PipelineError, StoreEvent, StreamClosed
+from .events import PipelineError, StoreEvent
 from .pipeline import Pipeline, PipelineConfig
 from .redact import Redactor
 from .store.writer import StoreWriter
@@ -267,14 +267,11 @@ def _replay_part(
                 out = feed(seg)
                 if out:
                     write_many(out)
-                    _tally(result, out)
             if count & 0x3FFF == 0:
                 ts = seg.ts
                 if ts >= next_expire:
                     if next_expire:
-                        expired = pipe.expire(ts)
-                        write_many(expired)
-                        _tally(result, expired)
+                        write_many(pipe.expire(ts))
                     next_expire = ts + EXPIRE_EVERY
                 if progress is not None:
                     progress(reader.offset, reader.size)
@@ -284,7 +281,6 @@ def _replay_part(
             result.capture_error = str(reader.error)
             out.append(PipelineError(last, "capture", "file", str(reader.error)))
         write_many(out)
-        _tally(result, out)
         if progress is not None:
             progress(reader.size, reader.size)
         w.flush()
@@ -299,27 +295,21 @@ def _replay_part(
         result.token_anomalies = tok.anomalies
     if redactor is not None:
         result.redactions = sum(redactor.counts.values())
+    st = pipe.streams.stats
     result.packets = reader.stats.packets
     result.segments = pipe.segments
+    result.chunk_events = st.chunk_events
+    result.streams = st.streams_closed
+    result.states = dict(st.states)
+    result.errors = (
+        sum(st.errors.values()) + pipe.internal_errors + (result.capture_error is not None)
+    )
     return result
 
 
 def _share(x: int, n: int) -> int:
     h = (x * 0x9E3779B1) & 0xFFFFFFFF
     return (h ^ (h >> 16)) % n
-
-
-def _tally(result: ReplayResult, events: list[StoreEvent]) -> None:
-    for ev in events:
-        t = type(ev)
-        if t is ChunkEvent:
-            result.chunk_events += 1
-        elif t is StreamClosed:
-            assert isinstance(ev, StreamClosed)
-            result.streams += 1
-            result.states[ev.state.value] = result.states.get(ev.state.value, 0) + 1
-        elif t is PipelineError:
-            result.errors += 1
 
 
 __all__ = ["CaptureFileError", "ReplayResult", "default_jobs", "replay"]
