@@ -112,6 +112,27 @@ class _LineDecoder:
         self.errors += 1
         self.last_error = message
 
+    def _overflow(self, length: int) -> None:
+        self._error(f"line longer than {self.max_line} characters ({length}+) dropped")
+
+    def _hold(self, text: str) -> None:
+        """Keep the start of a line that has not ended yet (capped)."""
+        self._pieces.append(text)
+        self._plen += len(text)
+        if self._plen > self.max_line:
+            self._overflow(self._plen)
+            self._pieces = []
+            self._plen = 0
+            self._discard = True
+
+    def _joined(self, text: str) -> str:
+        """The held start of the line followed by ``text``."""
+        self._pieces.append(text)
+        text = "".join(self._pieces)
+        self._pieces = []
+        self._plen = 0
+        return text
+
 
 class SseDecoder(_LineDecoder):
     """Incremental WHATWG event-stream decoder.
@@ -173,8 +194,8 @@ class SseDecoder(_LineDecoder):
     # -- internals --------------------------------------------------------
 
     def _overflow(self, length: int) -> None:
-        self._error(f"line longer than {self.max_line} characters ({length}+) dropped")
-        self._pending = True
+        super()._overflow(length)
+        self._pending = True  # the event the dropped line belonged to is dropped too
         self._poisoned = True
 
     def _text(self, text: str) -> list[SseEvent]:
@@ -205,19 +226,10 @@ class SseDecoder(_LineDecoder):
                 return []
         if "\n" not in text:
             # still inside one line
-            self._pieces.append(text)
-            self._plen += len(text)
-            if self._plen > self.max_line:
-                self._overflow(self._plen)
-                self._pieces = []
-                self._plen = 0
-                self._discard = True
+            self._hold(text)
             return []
         if self._pieces:
-            self._pieces.append(text)
-            text = "".join(self._pieces)
-            self._pieces = []
-            self._plen = 0
+            text = self._joined(text)
         if len(text) > self.max_line:
             return self._checked_lines(text)
 
@@ -346,9 +358,6 @@ class NdjsonDecoder(_LineDecoder):
         self.closed = True
         return out
 
-    def _overflow(self, length: int) -> None:
-        self._error(f"line longer than {self.max_line} characters ({length}+) dropped")
-
     def _text(self, text: str, final: bool) -> list[str]:
         if text and not self._started:
             self._started = True
@@ -361,19 +370,10 @@ class NdjsonDecoder(_LineDecoder):
             self._discard = False
             text = text[i + 1 :]
         if not final and "\n" not in text:
-            self._pieces.append(text)
-            self._plen += len(text)
-            if self._plen > self.max_line:
-                self._overflow(self._plen)
-                self._pieces = []
-                self._plen = 0
-                self._discard = True
+            self._hold(text)
             return []
         if self._pieces:
-            self._pieces.append(text)
-            text = "".join(self._pieces)
-            self._pieces = []
-            self._plen = 0
+            text = self._joined(text)
         lines = text.split("\n")
         partial = "" if final else lines.pop()
         cap = self.max_line
