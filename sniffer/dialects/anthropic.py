@@ -94,9 +94,6 @@ class AnthropicMessages(JsonDialect):
     # ------------------------------------------------------------- streamed
 
     def _streamed(self, obj: Any, data: str, event_type: str) -> list[Delta]:
-        return self._event(obj, data, event_type)
-
-    def _event(self, obj: Any, data: str, event_type: str) -> list[Delta]:
         if type(obj) is not dict:
             raise _not("the event", obj, "an object")
         kind = obj.get("type")
@@ -193,9 +190,6 @@ class AnthropicMessages(JsonDialect):
     # ---------------------------------------------------------- non-streamed
 
     def _whole(self, obj: Any, body: str) -> list[Delta]:
-        return self._body(obj, body)
-
-    def _body(self, obj: Any, body: str) -> list[Delta]:
         if type(obj) is not dict:
             raise _not("the body", obj, "an object")
         if obj.get("type") == "error" or obj.get("error") is not None:

@@ -123,9 +123,6 @@ class OpenAIResponses(JsonDialect):
     # ------------------------------------------------------------- streamed
 
     def _streamed(self, obj: Any, data: str, event_type: str) -> list[Delta]:
-        return self._event(obj, data, event_type)
-
-    def _event(self, obj: Any, data: str, event_type: str) -> list[Delta]:
         if type(obj) is not dict:
             raise _not("the event", obj, "an object")
         kind = obj.get("type")
@@ -210,9 +207,6 @@ class OpenAIResponses(JsonDialect):
     # ---------------------------------------------------------- non-streamed
 
     def _whole(self, obj: Any, body: str) -> list[Delta]:
-        return self._body(obj, body)
-
-    def _body(self, obj: Any, body: str) -> list[Delta]:
         if type(obj) is not dict:
             raise _not("the body", obj, "an object")
         err = obj.get("error")

@@ -127,9 +127,6 @@ class TgiGenerate(JsonDialect):
         return [delta]
 
     def _whole(self, obj: Any, body: str) -> list[Delta]:
-        return self._body(obj, body)
-
-    def _body(self, obj: Any, body: str) -> list[Delta]:
         if type(obj) is list and len(obj) == 1:
             obj = obj[0]
         if type(obj) is not dict:
