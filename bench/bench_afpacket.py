@@ -29,7 +29,7 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sniffer.capture.afpacket import AfPacketSource
-from sniffer.events import CaptureGap, Segment
+from sniffer.core.events import CaptureGap, Segment
 
 
 def make_frame(port: int, payload_len: int) -> bytearray:

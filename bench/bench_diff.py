@@ -26,17 +26,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sniffer.events import (  # noqa: E402
+from sniffer.core.events import (  # noqa: E402
     ChunkEvent,
     StreamClosed,
     StreamOpened,
     StreamResponse,
     StreamState,
 )
+from sniffer.llm.tokens import TokenizerRegistry  # noqa: E402
 from sniffer.reports.diff import compute_diff, diff  # noqa: E402
 from sniffer.reports.stats import load_outputs  # noqa: E402
 from sniffer.store.writer import StoreWriter, make_engine  # noqa: E402
-from sniffer.tokens import TokenizerRegistry  # noqa: E402
 
 WORDS = [
     "the",

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sniffer.capture.ebpf import EbpfSource
-from sniffer.events import ConnectionClosed, FlowData
+from sniffer.core.events import ConnectionClosed, FlowData
 
 SERVER = textwrap.dedent(
     """

@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from sniffer.tokens import ChunkInput, StreamInput, TokenizerRegistry, analyze_streams
+from sniffer.llm.tokens import ChunkInput, StreamInput, TokenizerRegistry, analyze_streams
 
 ENGLISH = [
     "the",

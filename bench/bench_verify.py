@@ -21,12 +21,12 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from sniffer.replay import replay
+from sniffer.llm.tokens import TokenizerRegistry
+from sniffer.record.tokenize_pass import tokenize_db
 from sniffer.reports.verify import verify_db
+from sniffer.runtime.replay import replay
 from sniffer.store.models import chunks
 from sniffer.store.writer import make_engine
-from sniffer.tokenize_pass import tokenize_db
-from sniffer.tokens import TokenizerRegistry
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from sniffer.capture.afpacket import (
     CaptureStats,
     have_capture_privilege,
 )
-from sniffer.events import ACK, FIN, PSH, RST, SYN, CaptureGap, Segment
+from sniffer.core.events import ACK, FIN, PSH, RST, SYN, CaptureGap, Segment
 
 pytestmark = [
     pytest.mark.root,

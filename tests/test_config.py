@@ -1,4 +1,4 @@
-"""sniffer.config and the option layer of ``sparseety run`` (no capture is started)."""
+"""sniffer.runtime.config and the option layer of ``sparseety run`` (no capture is started)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from sniffer.cli import main
-from sniffer.config import Config, ConfigError, load_config, parse_config, render_toml
+from sniffer.runtime.config import Config, ConfigError, load_config, parse_config, render_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "systemd" / "sparseety.toml.example"

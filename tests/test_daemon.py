@@ -22,17 +22,7 @@ from typing import Any
 import pytest
 
 from sniffer.capture.pcap import read_capture
-from sniffer.config import Config
-from sniffer.daemon import (
-    SLOW_ENV,
-    Daemon,
-    DaemonStats,
-    Log,
-    Notifier,
-    _CaptureThread,
-    sd_notify,
-)
-from sniffer.events import (
+from sniffer.core.events import (
     CaptureGap,
     ChunkEvent,
     ConnectionClosed,
@@ -43,6 +33,16 @@ from sniffer.events import (
     Segment,
     StoreEvent,
     StreamClosed,
+)
+from sniffer.runtime.config import Config
+from sniffer.runtime.daemon import (
+    SLOW_ENV,
+    Daemon,
+    DaemonStats,
+    Log,
+    Notifier,
+    _CaptureThread,
+    sd_notify,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -313,7 +313,7 @@ def test_sighup_reload_applies_labels(tmp_path: Path) -> None:
         f"[capture]\nports = [{PORT}]\n[store]\ndatabase = '{db}'\nflush_interval = 0.05\n"
         f"[labels]\n{PORT} = 'before'\n"
     )
-    from sniffer.config import load_config
+    from sniffer.runtime.config import load_config
 
     gate = threading.Event()
     src = FakeSource(SEGMENTS, per=10, gate=gate)
@@ -341,7 +341,7 @@ def test_sighup_reload_applies_labels(tmp_path: Path) -> None:
 def test_reload_with_bad_config_keeps_running(tmp_path: Path) -> None:
     cfg_path = tmp_path / "s.toml"
     cfg_path.write_text(f"[capture]\nports = [{PORT}]\n[store]\ndatabase = '{tmp_path / 'd.db'}'\n")
-    from sniffer.config import load_config
+    from sniffer.runtime.config import load_config
 
     src = FakeSource([], per=10)
     log = io.StringIO()
@@ -516,7 +516,7 @@ def test_log_lines_are_logfmt_and_journal_prefixed(monkeypatch: pytest.MonkeyPat
 
 def _conversation(port: int, prompt: str, pieces: list[str]) -> list[Any]:
     """A whole keep-alive-free chat stream as captured segments (handshake to FIN)."""
-    from sniffer.events import ACK, FIN, PSH, SYN, Segment
+    from sniffer.core.events import ACK, FIN, PSH, SYN, Segment
 
     c, s = ("127.0.0.1", 45001), ("127.0.0.1", port)
     body = json.dumps(
@@ -552,8 +552,8 @@ def _conversation(port: int, prompt: str, pieces: list[str]) -> list[Any]:
 
 
 def test_features_redact_what_is_stored_but_tokenize_what_was_sent(tmp_path: Path) -> None:
-    from sniffer.daemon import attach_features
-    from sniffer.tokens import TokenizerRegistry
+    from sniffer.llm.tokens import TokenizerRegistry
+    from sniffer.runtime.daemon import attach_features
 
     pieces = ["Call me at ", "+86 138 0013 8000", " or mail ", "ann@example.com", "."]
     segs = _conversation(PORT, "my id is alice@example.org", pieces)
@@ -575,7 +575,7 @@ def test_features_redact_what_is_stored_but_tokenize_what_was_sent(tmp_path: Pat
 
 
 def test_features_sampling_keeps_summaries_and_drops_text(tmp_path: Path) -> None:
-    from sniffer.daemon import attach_features
+    from sniffer.runtime.daemon import attach_features
 
     src = FakeSource(_conversation(PORT, "hello", ["a", "b"]), per=4)
     d, db = make(tmp_path, src, metrics=False, sample_rate=0.0, tokens=False)
@@ -588,7 +588,7 @@ def test_features_sampling_keeps_summaries_and_drops_text(tmp_path: Path) -> Non
 
 
 def test_features_refuse_a_world_readable_database(tmp_path: Path) -> None:
-    from sniffer.daemon import attach_features
+    from sniffer.runtime.daemon import attach_features
     from sniffer.store.files import InsecureDatabaseFile
 
     db = tmp_path / "d.db"

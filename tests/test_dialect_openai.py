@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sniffer.dialects import KNOWN_DIALECTS, REGISTRY, normalize_path, register, select_dialect
-from sniffer.dialects.base import (
+from sniffer.core.sse import SseDecoder
+from sniffer.llm.dialects import KNOWN_DIALECTS, REGISTRY, normalize_path, register, select_dialect
+from sniffer.llm.dialects.base import (
     CONTENT,
     DONE,
     ERROR,
@@ -24,8 +25,7 @@ from sniffer.dialects.base import (
     USAGE,
     Delta,
 )
-from sniffer.dialects.openai import OpenAIChat, OpenAICompletions
-from sniffer.sse import SseDecoder
+from sniffer.llm.dialects.openai import OpenAIChat, OpenAICompletions
 
 
 def js(obj: Any) -> str:
@@ -561,7 +561,7 @@ def test_normalize_path() -> None:
 
 
 def test_fast_delta_constructor_matches_dataclass() -> None:
-    from sniffer.dialects import openai as mod
+    from sniffer.llm.dialects import openai as mod
 
     assert mod._delta is not mod._slow_delta  # Delta's fields are the expected ones
     args = (1, CONTENT, "t", "r", "[]", "stop", "{}", "{}", None)

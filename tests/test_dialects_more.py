@@ -11,9 +11,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sniffer.dialects import select_dialect
-from sniffer.dialects.anthropic import AnthropicMessages
-from sniffer.dialects.base import (
+from sniffer.core.events import (
+    ChunkEvent,
+    ConnectionOpened,
+    EndReason,
+    HttpBody,
+    HttpEnd,
+    HttpRequest,
+    HttpResponse,
+    StreamClosed,
+    StreamState,
+)
+from sniffer.core.sse import NdjsonDecoder, SseDecoder
+from sniffer.core.streams import StreamAssembler
+from sniffer.llm.dialects import select_dialect
+from sniffer.llm.dialects.anthropic import AnthropicMessages
+from sniffer.llm.dialects.base import (
     CONTENT,
     DONE,
     ERROR,
@@ -27,25 +40,12 @@ from sniffer.dialects.base import (
     USAGE,
     Delta,
 )
-from sniffer.dialects.ollama import OllamaChat, OllamaGenerate
-from sniffer.dialects.openai import OpenAIChat
-from sniffer.dialects.responses import OpenAIResponses
-from sniffer.dialects.tgi import TgiGenerate
-from sniffer.events import (
-    ChunkEvent,
-    ConnectionOpened,
-    EndReason,
-    HttpBody,
-    HttpEnd,
-    HttpRequest,
-    HttpResponse,
-    StreamClosed,
-    StreamState,
-)
-from sniffer.sse import NdjsonDecoder, SseDecoder
+from sniffer.llm.dialects.ollama import OllamaChat, OllamaGenerate
+from sniffer.llm.dialects.openai import OpenAIChat
+from sniffer.llm.dialects.responses import OpenAIResponses
+from sniffer.llm.dialects.tgi import TgiGenerate
+from sniffer.llm.tokens import ServerToken, parse_server_tokens
 from sniffer.store.writer import usage_tokens
-from sniffer.streams import StreamAssembler
-from sniffer.tokens import ServerToken, parse_server_tokens
 
 AnyDialect = OpenAIResponses | AnthropicMessages | TgiGenerate | OllamaGenerate | OllamaChat
 

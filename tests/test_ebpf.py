@@ -32,7 +32,7 @@ from sniffer.capture.ebpf.loader import (
     _tracefs_ready,
     _try_mount_tracefs,
 )
-from sniffer.events import (
+from sniffer.core.events import (
     ConnectionClosed,
     ConnectionOpened,
     FlowAnomaly,

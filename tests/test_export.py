@@ -9,7 +9,7 @@ import json
 import pytest
 from test_store import T0, realistic_events
 
-from sniffer.events import ChunkEvent, StreamClosed, StreamOpened, StreamState
+from sniffer.core.events import ChunkEvent, StreamClosed, StreamOpened, StreamState
 from sniffer.reports.export import CSV_COLUMNS, export_csv, export_jsonl, iso_utc
 from sniffer.store.writer import StoreWriter
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sniffer.events import ConnectionOpened, StreamOpened
+from sniffer.core.events import ConnectionOpened, StreamOpened
 from sniffer.store.files import (
     InsecureDatabaseFile,
     db_path,

@@ -1,11 +1,11 @@
-"""Request fingerprints (sniffer.fingerprint)."""
+"""Request fingerprints (sniffer.llm.fingerprint)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from sniffer.fingerprint import fingerprint, normalise_request
+from sniffer.llm.fingerprint import fingerprint, normalise_request
 
 
 def row(body: Any, label: str | None = "baseline", **cols: Any) -> dict[str, Any]:

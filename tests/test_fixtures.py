@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sniffer.replay import replay
+from sniffer.runtime.replay import replay
 from sniffer.store.queries import count_rows, get_stream, list_streams
 from sniffer.store.writer import make_engine
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sniffer.events import (
+from sniffer.core.events import (
     ConnectionClosed,
     ConnectionOpened,
     EndReason,
@@ -23,7 +23,7 @@ from sniffer.events import (
     HttpRequest,
     HttpResponse,
 )
-from sniffer.http1 import HttpOutput, HttpParser
+from sniffer.core.http1 import HttpOutput, HttpParser
 
 CLIENT = ("127.0.0.1", 40000)
 SERVER = ("127.0.0.1", 8000)

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sniffer.capture.pcap import read_capture
-from sniffer.events import (
+from sniffer.core.events import (
     ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
@@ -26,9 +26,9 @@ from sniffer.events import (
     StreamResponse,
     StreamState,
 )
-from sniffer.metrics import Metrics, check_bind_host, stream_state
-from sniffer.pipeline import Pipeline, PipelineConfig
-from sniffer.replay import replay
+from sniffer.core.pipeline import Pipeline, PipelineConfig
+from sniffer.record.metrics import Metrics, check_bind_host, stream_state
+from sniffer.runtime.replay import replay
 from sniffer.store.writer import StoreWriter
 
 T0 = 1_700_000_000.0
@@ -274,7 +274,7 @@ def test_unknown_streams_and_never_closed_streams_are_bounded() -> None:
     smp = samples(m.render())
     assert total(smp, "sparseety_streams_total", label="none", model="none") == 1
     assert total(smp, "sparseety_chunk_events_total", label="none") == 1
-    import sniffer.metrics as mod
+    import sniffer.record.metrics as mod
 
     old = mod.MAX_OPEN_STREAMS
     mod.MAX_OPEN_STREAMS = 10
@@ -379,7 +379,7 @@ def test_serve_on_ipv6_loopback() -> None:
 
 
 def pipeline_events(path: str) -> list[StoreEvent]:
-    """The events sniffer.replay stores, from a pipeline of our own (the
+    """The events sniffer.runtime.replay stores, from a pipeline of our own (the
     captures are small: replay never sweeps idle connections on them)."""
     reader = read_capture(path)
     pipe = Pipeline(PipelineConfig())

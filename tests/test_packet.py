@@ -31,7 +31,7 @@ from sniffer.capture.packet import (
     linktype_name,
     parse_frame,
 )
-from sniffer.events import ACK, FIN, PSH, SYN, Segment
+from sniffer.core.events import ACK, FIN, PSH, SYN, Segment
 
 PAYLOAD = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
 

@@ -16,7 +16,7 @@ from scapy.packet import Packet, raw
 from scapy.utils import PcapNgWriter, wrpcap
 
 from sniffer.capture.pcap import CaptureFileError, CaptureReader, read_capture
-from sniffer.events import Segment
+from sniffer.core.events import Segment
 
 PEER_PCAPS = Path("/work/shared/peer-pcaps/zeek-http")
 

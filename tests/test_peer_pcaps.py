@@ -20,9 +20,15 @@ from typing import Any
 import pytest
 
 from sniffer.capture.pcap import read_capture
-from sniffer.events import PipelineError, StoreEvent, StreamClosed, StreamOpened, StreamResponse
-from sniffer.pipeline import Pipeline
-from sniffer.replay import replay
+from sniffer.core.events import (
+    PipelineError,
+    StoreEvent,
+    StreamClosed,
+    StreamOpened,
+    StreamResponse,
+)
+from sniffer.core.pipeline import Pipeline
+from sniffer.runtime.replay import replay
 from sniffer.store.queries import count_rows
 from sniffer.store.writer import make_engine
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sniffer.events import ACK, FIN, PSH, RST, SYN, Segment, StreamClosed, StreamOpened
-from sniffer.pipeline import Pipeline, PipelineConfig
+from sniffer.core.events import ACK, FIN, PSH, RST, SYN, Segment, StreamClosed, StreamOpened
+from sniffer.core.pipeline import Pipeline, PipelineConfig
 
 ENDPOINTS = [("127.0.0.1", 40001), ("127.0.0.1", 40002), ("::1", 40003)]
 SERVER = 8000

@@ -1,4 +1,4 @@
-"""probe (sniffer.probe): prompt files, plan and bounds, SSE parsing, live runs."""
+"""probe (sniffer.runtime.probe): prompt files, plan and bounds, SSE parsing, live runs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sniffer.cli import main
-from sniffer.probe import (
+from sniffer.runtime.probe import (
     ProbeConfig,
     ProbeError,
     StreamParser,

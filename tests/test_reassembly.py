@@ -1,10 +1,10 @@
-"""Unit tests for sniffer.reassembly: one test (or a few) per rule."""
+"""Unit tests for sniffer.core.reassembly: one test (or a few) per rule."""
 
 from __future__ import annotations
 
 from typing import TypeVar
 
-from sniffer.events import (
+from sniffer.core.events import (
     ACK,
     FIN,
     PSH,
@@ -21,7 +21,7 @@ from sniffer.events import (
     FlowGap,
     Segment,
 )
-from sniffer.reassembly import Reassembler
+from sniffer.core.reassembly import Reassembler
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""Property tests for sniffer.reassembly: random cuts, orders, duplicates and losses."""
+"""Property tests for sniffer.core.reassembly: random cuts, orders, duplicates and losses."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sniffer import reassembly
-from sniffer.events import (
+from sniffer.core.events import (
     ACK,
     FIN,
     PSH,
@@ -20,7 +20,7 @@ from sniffer.events import (
     FlowGap,
     Segment,
 )
-from sniffer.reassembly import Reassembler
+from sniffer.core.reassembly import Reassembler
 
 MASK = 0xFFFFFFFF
 CLI = ("127.0.0.1", 43210)

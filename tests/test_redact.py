@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sniffer.events import (
+from sniffer.core.events import (
     ChunkEvent,
     ConnectionOpened,
     PipelineError,
@@ -19,7 +19,7 @@ from sniffer.events import (
     StreamResponse,
     StreamState,
 )
-from sniffer.redact import Redactor, id_checksum_ok, luhn_ok
+from sniffer.record.redact import Redactor, id_checksum_ok, luhn_ok
 
 T0 = 1_700_000_000.0
 

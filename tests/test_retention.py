@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, event, func, select
 from sqlalchemy.engine import Connection
 
-from sniffer.events import (
+from sniffer.core.events import (
     ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,

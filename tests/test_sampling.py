@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sniffer.events import (
+from sniffer.core.events import (
     ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
@@ -21,7 +21,7 @@ from sniffer.events import (
     StreamResponse,
     StreamState,
 )
-from sniffer.sampling import Sampler, stream_fraction
+from sniffer.record.sampling import Sampler, stream_fraction
 
 T0 = 1_700_000_000.0
 SERVER = ("127.0.0.1", 8000)
@@ -93,7 +93,7 @@ def test_fraction_is_deterministic_and_in_range() -> None:
 def test_decisions_do_not_depend_on_the_process_hash_seed() -> None:
     code = (
         "from tests.test_sampling import IDENTITIES\n"
-        "from sniffer.sampling import Sampler\n"
+        "from sniffer.record.sampling import Sampler\n"
         "s = Sampler(0.5)\n"
         "print(''.join('1' if s.keep(o) else '0' for o in IDENTITIES[:300]))\n"
     )

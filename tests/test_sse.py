@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sniffer.sse import NdjsonDecoder, SseDecoder, SseEvent
+from sniffer.core.sse import NdjsonDecoder, SseDecoder, SseEvent
 
 
 def ev(

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from sniffer.events import ChunkEvent, StreamClosed, StreamOpened, StreamResponse, StreamState
+from sniffer.core.events import ChunkEvent, StreamClosed, StreamOpened, StreamResponse, StreamState
+from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.reports.diff import (
     GateError,
     compute_diff,
@@ -27,7 +28,6 @@ from sniffer.reports.diff import (
 )
 from sniffer.reports.stats import compute_stats, format_stats, load_outputs, stats, stats_json
 from sniffer.store.writer import StoreWriter, make_engine
-from sniffer.tokens import TokenizerRegistry
 
 REGISTRY = TokenizerRegistry()
 

@@ -14,7 +14,7 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from sniffer.events import (
+from sniffer.core.events import (
     ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
@@ -601,7 +601,7 @@ def test_postgresql_roundtrip(pg_url: str) -> None:
 
 def test_replay_into_postgresql_matches_sqlite(pg_url: str, tmp_path: Path) -> None:
     """The whole pipeline writes the same rows to PostgreSQL as to SQLite."""
-    from sniffer.replay import replay
+    from sniffer.runtime.replay import replay
 
     engine = make_engine(pg_url)
     metadata.drop_all(engine)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from sniffer.events import (
+from sniffer.core.events import (
     ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
@@ -24,8 +24,8 @@ from sniffer.events import (
     StreamResponse,
     StreamState,
 )
-from sniffer.http1 import HttpOutput
-from sniffer.streams import StreamAssembler, is_credential, scrub_headers
+from sniffer.core.http1 import HttpOutput
+from sniffer.core.streams import StreamAssembler, is_credential, scrub_headers
 
 CLIENT = ("127.0.0.1", 40000)
 SERVER = ("127.0.0.1", 8001)

@@ -183,7 +183,7 @@ with open("/proc/self/status") as fh:
 
 import h11, sqlalchemy, tokenizers  # the daemon's heavy imports
 from sniffer.capture.afpacket import AfPacketSource
-from sniffer.events import Segment
+from sniffer.core.events import Segment
 
 srv = socket.socket()
 srv.bind(("127.0.0.1", 0))

@@ -12,7 +12,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
 
-from sniffer.events import ChunkEvent, StreamClosed, StreamOpened, StreamState
+from sniffer.core.events import ChunkEvent, StreamClosed, StreamOpened, StreamState
+from sniffer.llm.tokens import DEFAULT_NAME, TokenizerRegistry
+from sniffer.record.tokenize_pass import (
+    TokenizeResult,
+    _write,
+    pending_count,
+    text_hash,
+    tokenize_db,
+)
 from sniffer.store.tokens_store import (
     chunk_token_ids,
     read_stream_tokens,
@@ -20,14 +28,6 @@ from sniffer.store.tokens_store import (
     write_token_rows,
 )
 from sniffer.store.writer import StoreWriter, make_engine
-from sniffer.tokenize_pass import (
-    TokenizeResult,
-    _write,
-    pending_count,
-    text_hash,
-    tokenize_db,
-)
-from sniffer.tokens import DEFAULT_NAME, TokenizerRegistry
 
 ENGLISH = ["The quick", " brown fox", " jumps over", " the lazy dog.", " Isn't it?"]
 CHINESE = ["你好，", "世界！今天", "是星期一。", "我们去公园", "散步吧。"]
@@ -202,7 +202,7 @@ def test_collision_with_another_pass_is_skipped(engine: Engine) -> None:
     with StoreWriter("", engine=engine) as w:
         write_stream(w, 1, ENGLISH)
         write_stream(w, 2, CHINESE)
-    from sniffer.tokenize_pass import _analyze, build_inputs
+    from sniffer.record.tokenize_pass import _analyze, build_inputs
 
     with engine.connect() as conn:
         from sniffer.store.models import chunks, streams

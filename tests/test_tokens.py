@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from sniffer.tokens import (
+from sniffer.llm.tokens import (
     DEFAULT_NAME,
     MAX_ANOMALIES_PER_KIND,
     Anomaly,
@@ -427,7 +427,7 @@ def logprobs_for(ds: LoadedTokenizer, ids: Sequence[int]) -> list[str]:
 
 
 def _byte_chars() -> list[str]:
-    from sniffer.tokens import _BYTE_CHARS
+    from sniffer.llm.tokens import _BYTE_CHARS
 
     return list(_BYTE_CHARS)
 
@@ -770,7 +770,7 @@ def test_module_is_sans_io() -> None:
     import sys
 
     code = (
-        "import sys, sniffer.tokens\n"
+        "import sys, sniffer.llm.tokens\n"
         "bad = {'scapy', 'sqlalchemy', 'prometheus_client', 'transformers'}\n"
         "print(sorted(m for m in bad if m in sys.modules))\n"
     )

@@ -11,15 +11,15 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, update
 
-from sniffer.cli_verify import tokenize as tokenize_cmd
-from sniffer.cli_verify import verify as verify_cmd
-from sniffer.events import StreamState
-from sniffer.replay import replay
+from sniffer.cli.verify import tokenize as tokenize_cmd
+from sniffer.cli.verify import verify as verify_cmd
+from sniffer.core.events import StreamState
+from sniffer.llm.tokens import TokenizerRegistry, TokenizerSpec, default_tokenizer_dir
 from sniffer.reports.export import export_jsonl
 from sniffer.reports.verify import StreamVerdict, verify_db, verify_jsonl
+from sniffer.runtime.replay import replay
 from sniffer.store.models import chunks
 from sniffer.store.writer import StoreWriter, make_engine
-from sniffer.tokens import TokenizerRegistry, TokenizerSpec, default_tokenizer_dir
 from tests.test_tokenize_pass import CHINESE, EMOJI, ENGLISH, write_stream
 
 PCAPS = Path(__file__).resolve().parent.parent / "pcaps"

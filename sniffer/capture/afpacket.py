@@ -3,7 +3,7 @@
 ``AfPacketSource`` opens a raw packet socket on one interface (``lo`` by
 default), attaches the classic BPF filter of :mod:`sniffer.capture.bpf` in the
 kernel (TCP on the wanted ports, only segments with payload or SYN/FIN/RST), and
-hands out :class:`~sniffer.events.Segment` values in batches from ``poll()``.
+hands out :class:`~sniffer.core.events.Segment` values in batches from ``poll()``.
 
 Two backends:
 
@@ -53,7 +53,7 @@ from typing import Any
 
 from sniffer.capture.bpf import FilterError, build_filter, describe_filter, sock_fprog
 from sniffer.capture.packet import LINKTYPE_ETHERNET, frame_parser
-from sniffer.events import CaptureGap, Segment
+from sniffer.core.events import CaptureGap, Segment
 
 __all__ = ["AfPacketSource", "CaptureError", "CaptureStats", "have_capture_privilege"]
 

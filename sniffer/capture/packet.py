@@ -2,7 +2,7 @@
 the live AF_PACKET source.
 
 ``parse_frame(linktype, buf, ts)`` turns one captured frame into a
-:class:`~sniffer.events.Segment`, or ``None`` for anything that is not a TCP
+:class:`~sniffer.core.events.Segment`, or ``None`` for anything that is not a TCP
 segment we can use (ARP, UDP, non-first IPv4 fragments, IPv6 fragments,
 truncated headers, unknown ethertypes). It never raises on bad input.
 
@@ -33,7 +33,7 @@ import struct
 from collections.abc import Callable
 from typing import Protocol
 
-from sniffer.events import Segment
+from sniffer.core.events import Segment
 
 __all__ = [
     "LINKTYPE_ETHERNET",

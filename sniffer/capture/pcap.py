@@ -36,7 +36,7 @@ from types import TracebackType
 from typing import Any
 
 from sniffer.capture.packet import FrameParserAt, UnsupportedLinkType, frame_parser_at
-from sniffer.events import Segment
+from sniffer.core.events import Segment
 
 __all__ = [
     "CaptureFileError",

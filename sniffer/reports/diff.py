@@ -37,9 +37,9 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.reports.align import common_prefix, edit_distance, edit_ratio
 from sniffer.reports.stats import Output, load_outputs
-from sniffer.tokens import TokenizerRegistry
 
 __all__ = [
     "GATE_METRICS",

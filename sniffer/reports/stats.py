@@ -1,7 +1,7 @@
 """Output stability: do repeats of the same request give the same tokens?
 
 ``stats`` groups recorded outputs by request fingerprint (model, normalised
-prompt, sampling parameters and label; see :mod:`sniffer.fingerprint`) and,
+prompt, sampling parameters and label; see :mod:`sniffer.llm.fingerprint`) and,
 for every group with at least two outputs, reports how many distinct outputs
 there are, each variant with its count and first 200 characters, the longest
 common token prefix and the token position where the variants fork.
@@ -9,7 +9,7 @@ common token prefix and the token position where the variants fork.
 An *output* is one choice of one stream: a request with ``n > 1`` gives ``n``
 outputs of the same fingerprint. Token ids are computed here from the stored
 chunk text (per choice, chunk texts joined in ``seq`` order, encoded with the
-tokenizer the :class:`~sniffer.tokens.TokenizerRegistry` resolves for the
+tokenizer the :class:`~sniffer.llm.tokens.TokenizerRegistry` resolves for the
 stream's model, no special tokens).
 
 This module also holds the loader shared with :mod:`sniffer.reports.diff`:
@@ -41,10 +41,10 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
-from sniffer.fingerprint import fingerprint
+from sniffer.llm.fingerprint import fingerprint
+from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
 from sniffer.reports.align import longest_common_prefix
 from sniffer.store.models import chunks, streams
-from sniffer.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
 
 __all__ = [
     "PREVIEW_CHARS",

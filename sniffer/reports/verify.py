@@ -15,7 +15,7 @@ Checks per stream (database):
 * state              a stream that is not ``complete`` fails with its state as
                      the kind (``gap``, ``truncated``, ``error``, ``open``) and
                      ``streams.reason`` as the detail
-* token anomalies    from ``token_anomalies`` (see ``sniffer.tokens``)
+* token anomalies    from ``token_anomalies`` (see ``sniffer.llm.tokens``)
 
 JSONL adds ``delta_len``, ``accumulated_len`` (running length per choice),
 ``chunk_count``/``text_len`` against the ``stream_done`` record,
@@ -52,20 +52,20 @@ from typing import Any, Literal
 
 from sqlalchemy import Engine, select
 
+from sniffer.llm.tokens import (
+    ChunkInput,
+    StreamInput,
+    TokenizerLoadError,
+    TokenizerRegistry,
+    analyze_streams,
+)
+from sniffer.record.tokenize_pass import text_hash, tokenize_db
 from sniffer.store.models import chunks, streams
 from sniffer.store.tokens_store import (
     ChoiceTokenRow,
     StreamTokenRow,
     TokenAnomalyRow,
     read_stream_tokens,
-)
-from sniffer.tokenize_pass import text_hash, tokenize_db
-from sniffer.tokens import (
-    ChunkInput,
-    StreamInput,
-    TokenizerLoadError,
-    TokenizerRegistry,
-    analyze_streams,
 )
 
 __all__ = [
@@ -346,7 +346,7 @@ def verify_db(
     """Verify the selected streams (all LLM streams when no filter is given).
 
     With ``tokenize`` (the default), closed streams without token rows are
-    tokenized first (:func:`sniffer.tokenize_pass.tokenize_db`, which writes
+    tokenized first (:func:`sniffer.record.tokenize_pass.tokenize_db`, which writes
     their rows); without it they get a ``not_tokenized`` warning. ``tokens``
     adds the first :data:`FIRST_TOKENS` tokens of every choice (id and text).
 

@@ -1,4 +1,4 @@
-"""Token tables: what the token pass (``sniffer.tokenize_pass``) found per stream.
+"""Token tables: what the token pass (``sniffer.record.tokenize_pass``) found per stream.
 
 Defined on the same ``MetaData`` as the capture tables (``sniffer.store.models``),
 so ``metadata.create_all`` creates them once this module is imported;
@@ -44,7 +44,7 @@ so ``metadata.create_all`` creates them once this module is imported;
     server_mismatch index of the first server token that differs from ours
                     (NULL when they agree or there are none)
 
-``token_anomalies`` — one row per listed anomaly (see ``sniffer.tokens``).
+``token_anomalies`` — one row per listed anomaly (see ``sniffer.llm.tokens``).
 
     id, stream_id, choice (-1: the stream), kind, position, detail
 """

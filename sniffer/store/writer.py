@@ -37,7 +37,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DataError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from sniffer.events import (
+from sniffer.core.events import (
     ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,

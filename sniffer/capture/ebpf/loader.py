@@ -5,7 +5,7 @@ The kernel side (``sparseety.bpf.c``) sees the bytes a process hands to
 ``read``/``recvfrom``/``readv``/``recvmsg`` on its TCP sockets. No packet is
 reassembled: every record already carries in-order bytes of one direction of
 one socket, with the byte offset of that direction before the record. This
-module only checks those offsets and maps records to ``sniffer.events``.
+module only checks those offsets and maps records to ``sniffer.core.events``.
 
 Loading uses Debian's ``libbpf.so.1`` through ctypes (no pylibbpf, no bcc).
 
@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sniffer.events import (
+from sniffer.core.events import (
     ConnectionClosed,
     ConnectionOpened,
     Endpoint,

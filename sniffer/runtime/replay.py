@@ -20,14 +20,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
-from .capture.pcap import CaptureFileError, read_capture
-from .events import PipelineError, StoreEvent
-from .pipeline import Pipeline, PipelineConfig
-from .redact import Redactor
-from .store.writer import StoreWriter
-from .token_collector import TokenCollector
-from .tokenize_pass import tokenize_inputs
-from .tokens import TokenizerRegistry
+from sniffer.capture.pcap import CaptureFileError, read_capture
+from sniffer.core.events import PipelineError, StoreEvent
+from sniffer.core.pipeline import Pipeline, PipelineConfig
+from sniffer.llm.tokens import TokenizerRegistry
+from sniffer.record.redact import Redactor
+from sniffer.record.token_collector import TokenCollector
+from sniffer.record.tokenize_pass import tokenize_inputs
+from sniffer.store.writer import StoreWriter
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 

@@ -1,4 +1,4 @@
-"""``sparseety run``: the live sidecar daemon (click layer over :mod:`sniffer.daemon`)."""
+"""``sparseety run``: the live sidecar daemon (click layer over :mod:`sniffer.runtime.daemon`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ from typing import Any
 
 import click
 
-from .config import BACKENDS, LOG_LEVELS, Config, ConfigError, load_config, render_toml
+from sniffer.runtime.config import (
+    BACKENDS,
+    LOG_LEVELS,
+    Config,
+    ConfigError,
+    load_config,
+    render_toml,
+)
 
 __all__ = ["build_config", "run"]
 
@@ -54,7 +61,7 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
         if options.get(flag):
             overrides[key] = value
     if options.get("retention"):
-        from .store.retention import parse_age
+        from sniffer.store.retention import parse_age
 
         try:
             overrides["retention_days"] = parse_age(options["retention"]) / 86400.0
@@ -190,11 +197,11 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
         click.echo(render_toml(cfg), nl=False)
         return
 
-    from .capture.afpacket import CaptureError
-    from .capture.ebpf import EbpfError
-    from .daemon import Daemon, attach_features
-    from .store.files import InsecureDatabaseFile
-    from .tokens import TokenizerLoadError
+    from sniffer.capture.afpacket import CaptureError
+    from sniffer.capture.ebpf import EbpfError
+    from sniffer.llm.tokens import TokenizerLoadError
+    from sniffer.runtime.daemon import Daemon, attach_features
+    from sniffer.store.files import InsecureDatabaseFile
 
     try:
         daemon = Daemon(cfg, overrides=overrides)

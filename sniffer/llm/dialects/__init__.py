@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sniffer.dialects.anthropic import AnthropicMessages
-from sniffer.dialects.base import Dialect
-from sniffer.dialects.ollama import OllamaChat, OllamaGenerate
-from sniffer.dialects.openai import OpenAIChat, OpenAICompletions
-from sniffer.dialects.responses import OpenAIResponses
-from sniffer.dialects.tgi import TgiGenerate
+from sniffer.llm.dialects.anthropic import AnthropicMessages
+from sniffer.llm.dialects.base import Dialect
+from sniffer.llm.dialects.ollama import OllamaChat, OllamaGenerate
+from sniffer.llm.dialects.openai import OpenAIChat, OpenAICompletions
+from sniffer.llm.dialects.responses import OpenAIResponses
+from sniffer.llm.dialects.tgi import TgiGenerate
 
 __all__ = [
     "KNOWN_DIALECTS",

@@ -55,8 +55,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Protocol, TextIO
 
-from .config import Config, ConfigError, load_config
-from .events import (
+from sniffer.core.events import (
     CaptureGap,
     ConnectionClosed,
     ConnectionOpened,
@@ -67,8 +66,9 @@ from .events import (
     Segment,
     StoreEvent,
 )
-from .pipeline import Pipeline, PipelineConfig
-from .store.writer import StoreError, StoreWriter
+from sniffer.core.pipeline import Pipeline, PipelineConfig
+from sniffer.runtime.config import Config, ConfigError, load_config
+from sniffer.store.writer import StoreError, StoreWriter
 
 __all__ = [
     "Daemon",
@@ -221,7 +221,7 @@ SourceFactory = Callable[[Config, int], Source]
 def default_source(cfg: Config, conn_id_base: int) -> Source:
     """The capture source the config asks for (not opened yet)."""
     if cfg.backend == "ebpf":
-        from .capture.ebpf import EbpfSource
+        from sniffer.capture.ebpf import EbpfSource
 
         return EbpfSource(
             ports=cfg.capture_ports,
@@ -229,7 +229,7 @@ def default_source(cfg: Config, conn_id_base: int) -> Source:
             comms=cfg.comms,
             conn_id_base=conn_id_base,
         )
-    from .capture.afpacket import AfPacketSource
+    from sniffer.capture.afpacket import AfPacketSource
 
     return AfPacketSource(
         cfg.interface,
@@ -920,7 +920,7 @@ class _Periodic:
 class Features:
     """What ``attach_features`` wired into a daemon (for tests and the CLI)."""
 
-    metrics: Any = None  # sniffer.metrics.Metrics
+    metrics: Any = None  # sniffer.record.metrics.Metrics
     metrics_server: Any = None
     sampler: Any = None
     redactor: Any = None
@@ -946,10 +946,10 @@ def attach_features(d: Daemon) -> Features:
     Order per batch: pipeline → sinks (metrics, token collector: they see the
     original events) → sampler → redactor → writer.
     """
-    from .metrics import Metrics
-    from .redact import Redactor
-    from .sampling import Sampler
-    from .store.files import db_path, prepare_db_file
+    from sniffer.record.metrics import Metrics
+    from sniffer.record.redact import Redactor
+    from sniffer.record.sampling import Sampler
+    from sniffer.store.files import db_path, prepare_db_file
 
     cfg = d.config
     log = d.log
@@ -1034,10 +1034,10 @@ def attach_features(d: Daemon) -> Features:
 
 
 def _token_worker(d: Daemon, f: Features, sampler: Any) -> _Periodic:
-    from .store.writer import make_engine
-    from .token_collector import TokenCollector
-    from .tokenize_pass import tokenize_inputs
-    from .tokens import TokenizerRegistry, TokenizerSpec
+    from sniffer.llm.tokens import TokenizerRegistry, TokenizerSpec
+    from sniffer.record.token_collector import TokenCollector
+    from sniffer.record.tokenize_pass import tokenize_inputs
+    from sniffer.store.writer import make_engine
 
     cfg = d.config
     registry = TokenizerRegistry(
@@ -1086,8 +1086,8 @@ def _token_worker(d: Daemon, f: Features, sampler: Any) -> _Periodic:
 
 
 def _retention_worker(d: Daemon) -> _Periodic:
-    from .store.retention import prune, vacuum
-    from .store.writer import make_engine
+    from sniffer.store.retention import prune, vacuum
+    from sniffer.store.writer import make_engine
 
     cfg = d.config
     engine = make_engine(cfg.database)

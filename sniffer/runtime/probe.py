@@ -38,9 +38,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from sniffer.dialects.base import CONTENT, ERROR, INVALID, OUTPUT_KINDS
-from sniffer.dialects.openai import OpenAIChat, OpenAICompletions
-from sniffer.sse import SseDecoder
+from sniffer.core.sse import SseDecoder
+from sniffer.llm.dialects.base import CONTENT, ERROR, INVALID, OUTPUT_KINDS
+from sniffer.llm.dialects.openai import OpenAIChat, OpenAICompletions
 
 __all__ = [
     "MAX_REQUESTS",

@@ -14,7 +14,7 @@ Mapping (``Delta.choice`` is always 0; TGI's ``index`` is a token position):
 
 * every token → ``server_tokens`` ``[token]`` (JSON list of the token object as
   sent); a non-special token with text → CONTENT with ``text`` and the token
-  object as ``logprobs`` (``sniffer.tokens`` reads server tokens from there);
+  object as ``logprobs`` (``sniffer.llm.tokens`` reads server tokens from there);
 * a special token (``"special": true``, e.g. ``</s>``) is not text: TGI's own
   ``generated_text`` leaves it out, so it is OTHER (FINISH when last) with
   ``raw`` kept and no ``logprobs`` (it would count as a token missing from the
@@ -36,11 +36,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sniffer.dialects._json import JsonDialect
-from sniffer.dialects._json import dumps as _dumps
-from sniffer.dialects._json import error_message as _error_message
-from sniffer.dialects._json import not_a as _not
-from sniffer.dialects.base import (
+from sniffer.llm.dialects._json import JsonDialect
+from sniffer.llm.dialects._json import dumps as _dumps
+from sniffer.llm.dialects._json import error_message as _error_message
+from sniffer.llm.dialects._json import not_a as _not
+from sniffer.llm.dialects.base import (
     CONTENT,
     DONE,
     ERROR,

@@ -17,8 +17,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from .events import ChunkEvent, StoreEvent, StreamClosed, StreamOpened
-from .tokens import ChunkInput, StreamInput
+from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamOpened
+from sniffer.llm.tokens import ChunkInput, StreamInput
 
 
 class _Open:

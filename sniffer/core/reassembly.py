@@ -1,10 +1,10 @@
 """TCP reassembly, sans-IO: captured segments in, ordered bytes per direction out.
 
-``Reassembler.feed`` takes one :class:`~sniffer.events.Segment` and returns the
-flow events it caused (:class:`~sniffer.events.ConnectionOpened`,
-:class:`~sniffer.events.FlowData`, :class:`~sniffer.events.FlowGap`,
-:class:`~sniffer.events.FlowEnd`, :class:`~sniffer.events.ConnectionClosed`,
-:class:`~sniffer.events.FlowAnomaly`). Nothing here opens a socket or a file,
+``Reassembler.feed`` takes one :class:`~sniffer.core.events.Segment` and returns the
+flow events it caused (:class:`~sniffer.core.events.ConnectionOpened`,
+:class:`~sniffer.core.events.FlowData`, :class:`~sniffer.core.events.FlowGap`,
+:class:`~sniffer.core.events.FlowEnd`, :class:`~sniffer.core.events.ConnectionClosed`,
+:class:`~sniffer.core.events.FlowAnomaly`). Nothing here opens a socket or a file,
 reads a clock or logs: time is the capture timestamp of the segments, and
 ``expire(now)``/``flush(ts)`` are driven by the caller.
 
@@ -96,7 +96,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
-from sniffer.events import (
+from sniffer.core.events import (
     ACK,
     FIN,
     RST,

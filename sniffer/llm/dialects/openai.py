@@ -33,11 +33,11 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from sniffer.dialects._json import JsonDialect
-from sniffer.dialects._json import dumps as _dumps
-from sniffer.dialects._json import error_message as _error_message
-from sniffer.dialects._json import not_a as _not
-from sniffer.dialects.base import (
+from sniffer.llm.dialects._json import JsonDialect
+from sniffer.llm.dialects._json import dumps as _dumps
+from sniffer.llm.dialects._json import error_message as _error_message
+from sniffer.llm.dialects._json import not_a as _not
+from sniffer.llm.dialects.base import (
     CONTENT,
     DONE,
     ERROR,

@@ -74,8 +74,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server
 
-from .dialects.base import OUTPUT_KINDS
-from .events import (
+from sniffer.core.events import (
     ChunkEvent,
     PipelineError,
     StoreEvent,
@@ -84,7 +83,8 @@ from .events import (
     StreamResponse,
     StreamState,
 )
-from .store.writer import usage_tokens
+from sniffer.llm.dialects.base import OUTPUT_KINDS
+from sniffer.store.writer import usage_tokens
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464

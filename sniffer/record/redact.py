@@ -59,7 +59,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .events import ChunkEvent, PipelineError, StoreEvent, StreamClosed, StreamOpened
+from sniffer.core.events import ChunkEvent, PipelineError, StoreEvent, StreamClosed, StreamOpened
 
 EMAIL = "EMAIL"
 ID = "ID"

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .events import CaptureGap, FlowEvent, PipelineError, Segment, StoreEvent
-from .http1 import HttpParser
-from .reassembly import Reassembler
-from .streams import StreamAssembler
+from sniffer.core.events import CaptureGap, FlowEvent, PipelineError, Segment, StoreEvent
+from sniffer.core.http1 import HttpParser
+from sniffer.core.reassembly import Reassembler
+from sniffer.core.streams import StreamAssembler
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,18 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .dialects import select_dialect
-from .dialects.base import (
-    DONE,
-    ERROR,
-    INVALID,
-    OUTPUT_KINDS,
-    STREAM_LEVEL,
-    Delta,
-    Dialect,
-    request_fields,
-)
-from .events import (
+from sniffer.core.events import (
     ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
@@ -52,8 +41,19 @@ from .events import (
     StreamResponse,
     StreamState,
 )
-from .http1 import HttpOutput
-from .sse import NdjsonDecoder, SseDecoder
+from sniffer.core.http1 import HttpOutput
+from sniffer.core.sse import NdjsonDecoder, SseDecoder
+from sniffer.llm.dialects import select_dialect
+from sniffer.llm.dialects.base import (
+    DONE,
+    ERROR,
+    INVALID,
+    OUTPUT_KINDS,
+    STREAM_LEVEL,
+    Delta,
+    Dialect,
+    request_fields,
+)
 
 # Header names never stored, whatever their case; plus any name matching these globs.
 CREDENTIAL_HEADERS = frozenset(

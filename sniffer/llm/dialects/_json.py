@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from sniffer.dialects.base import ERROR, INVALID, OTHER, STREAM_LEVEL, Delta
+from sniffer.llm.dialects.base import ERROR, INVALID, OTHER, STREAM_LEVEL, Delta
 
 try:  # orjson parses a chat chunk about 3x faster; json is the fallback and the reference
     import orjson as _orjson

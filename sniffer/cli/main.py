@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-from . import __version__
-from .cli_common import (
+from sniffer import __version__
+from sniffer.cli.common import (
     db_option,
     fail,
     library_errors,
@@ -120,10 +120,10 @@ def replay(
     Example:
       sparseety replay pcaps/chat_english.pcap --db sparseety.db --label 8000=baseline
     """
-    from .capture.pcap import CaptureFileError
-    from .redact import Redactor
-    from .replay import default_jobs
-    from .replay import replay as run_replay
+    from sniffer.capture.pcap import CaptureFileError
+    from sniffer.record.redact import Redactor
+    from sniffer.runtime.replay import default_jobs
+    from sniffer.runtime.replay import replay as run_replay
 
     label_map = parse_labels(labels)
     patterns = []
@@ -255,7 +255,7 @@ def streams(
     Example:
       sparseety streams --db sparseety.db --state gap
     """
-    from .store.queries import list_streams
+    from sniffer.store.queries import list_streams
 
     with library_errors():
         engine = open_engine(db)
@@ -305,7 +305,7 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool) -> None:
     Example:
       sparseety show 12 --db sparseety.db
     """
-    from .store.queries import get_stream
+    from sniffer.store.queries import get_stream
 
     with library_errors():
         engine = open_engine(db)
@@ -394,7 +394,7 @@ def export(
     Example:
       sparseety export --db sparseety.db --format jsonl -o logs/token_stream.jsonl
     """
-    from .reports.export import export_csv, export_jsonl
+    from sniffer.reports.export import export_csv, export_jsonl
 
     with library_errors():
         engine = open_engine(db)
@@ -425,7 +425,7 @@ def errors(db: str, limit: int) -> None:
     Example:
       sparseety errors --db sparseety.db --limit 20
     """
-    from .store.queries import list_errors
+    from sniffer.store.queries import list_errors
 
     with library_errors():
         engine = open_engine(db)
@@ -462,8 +462,8 @@ def prune(db: str, older_than: str, batch: int, no_vacuum: bool) -> None:
     """
     import time
 
-    from .store.retention import parse_age, vacuum
-    from .store.retention import prune as run_prune
+    from sniffer.store.retention import parse_age, vacuum
+    from sniffer.store.retention import prune as run_prune
 
     try:
         age = parse_age(older_than)
@@ -483,9 +483,9 @@ def prune(db: str, older_than: str, batch: int, no_vacuum: bool) -> None:
 
 
 # Commands that live in their own modules (after ``main`` exists).
-from .cli_compare import diff, probe, stats  # noqa: E402
-from .cli_run import run  # noqa: E402
-from .cli_verify import tokenize, verify  # noqa: E402
+from sniffer.cli.compare import diff, probe, stats  # noqa: E402
+from sniffer.cli.run import run  # noqa: E402
+from sniffer.cli.verify import tokenize, verify  # noqa: E402
 
 for _command in (run, verify, tokenize, probe, stats, diff):
     main.add_command(_command)

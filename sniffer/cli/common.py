@@ -46,7 +46,7 @@ def library_errors() -> Iterator[None]:
 
 def open_engine(db: str) -> Any:
     """The database engine; a clear error when a file path does not exist."""
-    from .store.writer import make_engine
+    from sniffer.store.writer import make_engine
 
     if "://" not in db and not os.path.exists(db):
         fail(f"no database at {db!r} (run 'sparseety replay' or 'sparseety run' first)")
@@ -66,7 +66,7 @@ def parse_labels(values: tuple[str, ...]) -> dict[int, str]:
 
 def parse_tokenizer_specs(values: tuple[str, ...] | list[tuple[str, str]]) -> list[Any]:
     """``PATTERN=SOURCE`` strings (or pairs) → TokenizerSpecs (exact before glob)."""
-    from .tokens import TokenizerSpec
+    from sniffer.llm.tokens import TokenizerSpec
 
     out = []
     for v in values:
@@ -81,7 +81,7 @@ def parse_tokenizer_specs(values: tuple[str, ...] | list[tuple[str, str]]) -> li
 
 
 def make_registry(specs: tuple[str, ...], default: str | None) -> Any:
-    from .tokens import TokenizerRegistry
+    from sniffer.llm.tokens import TokenizerRegistry
 
     return TokenizerRegistry(parse_tokenizer_specs(specs), default=default or None)
 

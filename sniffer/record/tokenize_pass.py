@@ -5,7 +5,7 @@ from its own thread, ``sparseety replay`` after the capture (unless
 ``--no-tokens``), ``sparseety tokenize`` and ``sparseety verify`` on demand.
 
 Each batch (``batch`` streams, 500 by default) is: one query for the stream
-rows, one for their chunks, one :func:`sniffer.tokens.analyze_streams` call
+rows, one for their chunks, one :func:`sniffer.llm.tokens.analyze_streams` call
 (the tokenizers' Rust batch encoders), one transaction writing the rows of
 ``sniffer.store.tokens_store``. Streams are taken in id order with keyset
 pagination, so a pass always ends, even if a batch cannot be written.
@@ -36,16 +36,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from sniffer.store.models import chunks, streams
-from sniffer.store.tokens_store import (
-    ChoiceTokenRow,
-    StreamTokenRow,
-    TokenAnomalyRow,
-    create_token_tables,
-    stream_tokens,
-    write_token_rows,
-)
-from sniffer.tokens import (
+from sniffer.llm.tokens import (
     ChunkInput,
     ChunkTokens,
     LoadedTokenizer,
@@ -55,6 +46,15 @@ from sniffer.tokens import (
     TokenizerRegistry,
     analyze_streams,
     parse_server_tokens,
+)
+from sniffer.store.models import chunks, streams
+from sniffer.store.tokens_store import (
+    ChoiceTokenRow,
+    StreamTokenRow,
+    TokenAnomalyRow,
+    create_token_tables,
+    stream_tokens,
+    write_token_rows,
 )
 
 __all__ = [

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from .cli_common import (
+from sniffer.cli.common import (
     db_option,
     fail,
     library_errors,
@@ -60,8 +60,8 @@ def tokenize(
     Example:
       sparseety tokenize --db sparseety.db --tokenizer 'deepseek-*=/models/ds'
     """
-    from .store.tokens_store import create_token_tables, delete_token_rows
-    from .tokenize_pass import tokenize_db
+    from sniffer.record.tokenize_pass import tokenize_db
+    from sniffer.store.tokens_store import create_token_tables, delete_token_rows
 
     with library_errors():
         registry = make_registry(tokenizers, default_tokenizer)
@@ -204,7 +204,7 @@ def verify(
       sparseety verify --db sparseety.db --stream 12 --tokens
       sparseety verify --jsonl logs/token_stream.jsonl
     """
-    from .reports.verify import verify_db, verify_jsonl
+    from sniffer.reports.verify import verify_db, verify_jsonl
 
     if jsonl is not None and (stream_ids or label or model or state):
         raise click.UsageError("--jsonl cannot be combined with --stream/--label/--model/--state")

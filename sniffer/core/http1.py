@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import h11
 from h11._readers import ChunkedReader as _H11_CHUNKED
 
-from .events import (
+from sniffer.core.events import (
     ConnectionClosed,
     ConnectionOpened,
     EndReason,

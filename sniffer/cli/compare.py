@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .cli_common import (
+from sniffer.cli.common import (
     db_option,
     library_errors,
     make_registry,
@@ -79,7 +79,13 @@ def probe(
       sparseety probe prompts.txt --url http://127.0.0.1:8000 \\
           --url http://127.0.0.1:8001 --model my-model --repeat 5 -c 4
     """
-    from .probe import ProbeConfig, format_probe, load_prompts, probe_summary, run_probe
+    from sniffer.runtime.probe import (
+        ProbeConfig,
+        format_probe,
+        load_prompts,
+        probe_summary,
+        run_probe,
+    )
 
     with library_errors():
         items = load_prompts(prompts)
@@ -155,8 +161,8 @@ def stats(
     Example:
       sparseety stats --db sparseety.db --label baseline --varying
     """
-    from .reports.stats import format_stats, stats_json
-    from .reports.stats import stats as run_stats
+    from sniffer.reports.stats import format_stats, stats_json
+    from sniffer.reports.stats import stats as run_stats
 
     with library_errors():
         engine = open_engine(db)
@@ -234,8 +240,8 @@ def diff(
       sparseety diff --db sparseety.db --baseline baseline --candidate sparse \\
           --fail-if 'identical_ratio < 0.95' --fail-if 'ttft_ratio > 1.2' --html report.html
     """
-    from .reports.diff import GateError, diff_json, evaluate_gates, format_diff, parse_gate
-    from .reports.diff import diff as run_diff
+    from sniffer.reports.diff import GateError, diff_json, evaluate_gates, format_diff, parse_gate
+    from sniffer.reports.diff import diff as run_diff
 
     try:
         parsed = [parse_gate(g) for g in gates]
@@ -254,7 +260,7 @@ def diff(
         )
         results = evaluate_gates(parsed, report.summary)
         if html_path:
-            from .reports.html import diff_html
+            from sniffer.reports.html import diff_html
 
             with open(html_path, "w", encoding="utf-8") as fh:
                 fh.write(diff_html(report, results))

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from .events import ChunkEvent, StoreEvent, StreamClosed, StreamOpened
+from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamOpened
 
 #: Cap on open-stream decisions kept; the oldest are forgotten beyond it (their
 #: chunks are then kept: failing open loses no data).

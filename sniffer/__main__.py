@@ -1,0 +1,5 @@
+"""``python -m sniffer``: the ``sparseety`` command."""
+
+from sniffer.cli.main import entry_point
+
+entry_point()
