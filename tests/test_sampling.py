@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -154,7 +155,10 @@ def test_filter_drops_chunks_and_body_of_unsampled_streams_only() -> None:
     assert [type(e) for e in out if not isinstance(e, ChunkEvent)] == [
         type(e) for e in evs if not isinstance(e, ChunkEvent)
     ]
-    assert drop_o in out
+    # The unsampled stream's opening is marked (stored as streams.text_kept),
+    # the kept one passes unchanged.
+    assert replace(drop_o, text_kept=False) in out and drop_o not in out
+    assert kept_o in out
     closes = {e.stream: e for e in out if isinstance(e, StreamClosed)}
     assert closes[kept_o.stream].response_body == "kept body"
     assert closes[drop_o.stream].response_body is None
@@ -244,6 +248,9 @@ def test_filter_is_independent_of_batch_boundaries(rate: float, n: int, cuts: li
         pieces += s.filter(evs[start:b])
         start = b
     assert pieces == whole
-    assert [e for e in whole if not isinstance(e, ChunkEvent | StreamClosed)] == [
+    def unmarked(e: StoreEvent) -> StoreEvent:
+        return replace(e, text_kept=True) if isinstance(e, StreamOpened) else e
+
+    assert [unmarked(e) for e in whole if not isinstance(e, ChunkEvent | StreamClosed)] == [
         e for e in evs if not isinstance(e, ChunkEvent | StreamClosed)
     ]
