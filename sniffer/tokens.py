@@ -418,6 +418,14 @@ class TokenizerRegistry:
         source = self.default_source or str(default_tokenizer_dir())
         return self._get(source, self.default_name)
 
+    def preload_configured(self) -> None:
+        """Load every configured source and an explicitly given default now
+        (raises the first failure); the built-in default is left to first use."""
+        if self.default_source is not None:
+            self.default()
+        for spec in self.specs:
+            self._get(spec.source, spec.source)
+
     def preload(self) -> None:
         """Load the default and every configured source now (raises the first failure)."""
         self.default()

@@ -187,7 +187,7 @@ def test_diff_all_and_modal_pairing(db: Db) -> None:
     db.stream("sparse", "p2", a2, ttft=0.2, gap=0.02)
     db.stream("sparse", "p3", a2)  # no baseline
     engine = make_engine(db.close())
-    rep = diff(engine, "baseline", "sparse", registry=REGISTRY)
+    rep = diff(engine, "baseline", "sparse", registry=REGISTRY, pairing="all")
     s = rep.summary
     assert s["prompts"] == 2 and s["pairs"] == 2 * 2 + 2 * 1
     assert s["identical_pairs"] == 2 and s["identical_ratio"] == pytest.approx(2 / 6)
@@ -212,6 +212,10 @@ def test_diff_all_and_modal_pairing(db: Db) -> None:
     assert s["itl_ratio"] < 0.75
     modal = diff(engine, "baseline", "sparse", pairing="modal", registry=REGISTRY)
     assert modal.summary["pairs"] == 2 and modal.summary["identical_pairs"] == 1
+    # the default pairs repeats in capture order, never all against all
+    index = diff(engine, "baseline", "sparse", registry=REGISTRY)
+    assert index.pairing == "index" and index.summary["pairs"] == 2 + 1
+    assert index.summary["identical_pairs"] == 1 and index.summary["unpaired_outputs"] == 1
     text = format_diff(rep)
     assert "2 prompts matched, 6 pairs: 2 identical" in text
     json.dumps(diff_json(rep))
@@ -243,8 +247,11 @@ def test_gates() -> None:
         ],
         summary,
     )
-    assert [r.failed for r in res] == [True, False, False, True]
-    assert res[2].actual is None
+    # no evidence, no pass: a gate on a metric with no value fails, and says why
+    assert [r.failed for r in res] == [True, False, True, True]
+    assert res[2].actual is None and res[2].reason.startswith("no evidence")
+    assert "median_first_divergence has no value" in res[2].reason
+    assert res[1].reason == "identical_ratio = 0.9, not < 0.5"
 
 
 def test_bad_rows_do_not_raise(db: Db) -> None:
