@@ -7,9 +7,12 @@ replay with two labels, then stats and diff.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +279,10 @@ def test_bad_rows_do_not_raise(db: Db) -> None:
 PERTURB = 5
 E2E_PROMPTS = ["Tell me about rivers", "Write a poem about bread", "Why is the sky blue?"]
 REPEAT = 3
+#: Each deployment under its own served model name, as two deployments are.
+#: ("fake-openai" and "fake-tpc3" make the fixture server generate the same
+#: words as "fake": style and chunking switches are not part of its text hash.)
+DENSE_MODEL, TWIN_MODEL, PRUNED_MODEL = "fake", "fake-openai", "fake-tpc3"
 
 
 def _can_capture() -> bool:
@@ -295,60 +302,123 @@ def _poll(cond: Any, what: str, polls: int = 400) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _expected_fork(prompt: str) -> tuple[str, str, int]:
-    """Baseline and perturbed text from the fixture server's own generator, and
-    the token index holding the first character of the first perturbed piece."""
+@dataclass
+class Fork:
+    """Where the perturbed server's answer leaves the dense one's, computed from
+    the fixture server's own generator (independently of any capture)."""
+
+    base_text: str
+    pert_text: str
+    char: int  # first differing character
+    token: int  # index of the (re-tokenized) token holding it
+    base_chunk: int  # served chunk (1-based) holding it: one piece per chunk
+    pert_chunk: int  # three pieces per chunk
+
+
+def _expected_fork(prompt: str, model: str = DENSE_MODEL) -> Fork:
     from tests.fixture_server.app import Options, make_plan
 
-    body = {"model": "fake", "messages": [{"role": "user", "content": prompt}], "stream": True}
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True}
     body["temperature"] = 0.0
     base = make_plan(body, True, Options()).choices[0].content
     pert = make_plan(body, True, Options(perturb_after=PERTURB)).choices[0].content
     assert base[:PERTURB] == pert[:PERTURB] and base[PERTURB] != pert[PERTURB]
-    char = len("".join(base[:PERTURB]))
-    text = "".join(base)
-    return text, "".join(pert), char_to_token(text, char)
+    text, ptext = "".join(base), "".join(pert)
+    char = next(i for i, (x, y) in enumerate(zip(text, ptext, strict=False)) if x != y)
+    assert char >= len("".join(base[:PERTURB]))
+
+    def chunk_of(pieces: list[str], per: int) -> int:
+        ends = list(accumulate(len(p) for p in pieces))
+        piece = next(i for i, end in enumerate(ends) if end > char)
+        return piece // per + 1
+
+    return Fork(text, ptext, char, char_to_token(text, char), chunk_of(base, 1), chunk_of(pert, 3))
 
 
-def _check_stability_and_divergence(db: str) -> list[int]:
-    """What the baseline (deterministic) and the perturbed server must show;
-    returns the fork position of each prompt."""
+def _check_stability_and_divergence(db: str, base: str = "baseline", cand: str = "sparse") -> None:
+    """What the dense (deterministic) and the perturbed server must show: the
+    pairs found across two model names, every fork placed exactly."""
     engine = make_engine(db)
     st = stats(engine, registry=REGISTRY)
-    assert st.summary["labels"]["baseline"] == {
+    assert st.summary["labels"][base] == {
         "groups": len(E2E_PROMPTS),
         "deterministic_groups": len(E2E_PROMPTS),
         "deterministic_ratio": 1.0,
         "outputs": len(E2E_PROMPTS) * REPEAT,
     }
-    assert st.summary["labels"]["sparse"]["deterministic_ratio"] == 1.0
+    assert st.summary["labels"][cand]["deterministic_ratio"] == 1.0
 
-    rep = diff(engine, "baseline", "sparse", registry=REGISTRY)
+    rep = diff(engine, base, cand, registry=REGISTRY)
     assert rep.summary["prompts"] == len(E2E_PROMPTS)
-    assert rep.summary["pairs"] == len(E2E_PROMPTS) * REPEAT * REPEAT
+    assert rep.summary["pairs"] == len(E2E_PROMPTS) * REPEAT  # repeat j with repeat j
     assert rep.summary["identical_pairs"] == 0
+    assert rep.summary["unmatched_ratio"] == 0.0 and rep.summary["incomplete_ratio"] == 0.0
+    assert rep.summary["first_divergence_unit"].startswith("token index in ids re-tokenized")
     by_prompt = {p.prompt: p for p in rep.prompts}
     forks = []
     for prompt in E2E_PROMPTS:
-        base_text, pert_text, fork = _expected_fork(prompt)
+        want = _expected_fork(prompt)
         pr = by_prompt[f"user: {prompt}"]
-        assert pr.baseline_text == base_text and pr.candidate_text == pert_text
-        assert pr.first_divergence == fork
+        assert (pr.model, pr.candidate_model) == (DENSE_MODEL, PRUNED_MODEL)
+        assert pr.baseline_text == want.base_text and pr.candidate_text == want.pert_text
+        assert pr.first_divergence == want.token and pr.first_divergence_char == want.char
+        assert pr.fork_context is not None
+        assert pr.fork_context["baseline_after"] == want.base_text[want.char :][:120]
+        assert pr.fork_context["candidate_after"] == want.pert_text[want.char :][:120]
         pairs = [p for p in rep.pairs if p.key == pr.key]
-        assert {p.first_divergence for p in pairs} == {fork}
-        assert {p.common_prefix for p in pairs} == {fork}
-        forks.append(fork)
+        assert len(pairs) == REPEAT
+        assert {p.first_divergence for p in pairs} == {want.token}
+        assert {p.common_prefix for p in pairs} == {want.token}
+        assert {p.first_divergence_char for p in pairs} == {want.char}
+        assert {p.first_divergence_chunk_baseline for p in pairs} == {want.base_chunk}
+        assert {p.first_divergence_chunk_candidate for p in pairs} == {want.pert_chunk}
+        assert {p.token_unit for p in pairs} == {"retokenized"}
+        forks.append(want.token)
     assert rep.summary["median_first_divergence"] == sorted(forks)[1]
     # three tokens per chunk on the candidate side
     assert rep.summary["candidate_tokens_per_chunk_mean"] > 2.0
     assert rep.summary["baseline_tokens_per_chunk_mean"] < 1.5
-    return forks
+    # the served model names differ: with --match-model nothing pairs
+    strict = diff(engine, base, cand, registry=REGISTRY, match_model=True)
+    assert strict.summary["pairs"] == 0
+    assert strict.summary["unmatched_baseline_prompts"] == len(E2E_PROMPTS)
+    assert strict.summary["unmatched_candidate_prompts"] == len(E2E_PROMPTS)
+
+
+def _drop_server_segments(src: Path, dst: Path, port: int, every: int) -> int:
+    """Copy a capture, leaving out every ``every``-th server→client data segment
+    of ``port`` (per connection): real bytes, really lost. Returns the count."""
+    from scapy.layers.inet import TCP
+    from scapy.utils import rdpcap, wrpcap
+
+    kept = []
+    seen: dict[int, int] = {}
+    dropped = 0
+    for pkt in rdpcap(str(src)):
+        if TCP in pkt and pkt[TCP].sport == port and len(bytes(pkt[TCP].payload)) > 0:
+            n = seen[pkt[TCP].dport] = seen.get(pkt[TCP].dport, 0) + 1
+            if n % every == 0:
+                dropped += 1
+                continue
+        kept.append(pkt)
+    wrpcap(str(dst), kept)
+    return dropped
+
+
+def _diff_cli(db: str, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from sniffer.cli import main
+
+    return CliRunner().invoke(main, ["diff", "--db", db, *args])
 
 
 @pytest.mark.root
 @pytest.mark.skipif(not _can_capture(), reason="needs root and dumpcap to record loopback")
 def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
-    import os
+    """Three real servers on loopback, each under its own model name: a dense
+    one, an identical twin and a perturbed ("pruned") copy; probe, dumpcap,
+    replay with three labels; then the gates a rollout would use."""
     import signal
     import subprocess
 
@@ -359,30 +429,26 @@ def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
 
     port_a = free_port()
     port_b = free_port(lo=19000, hi=19499)
+    port_c = free_port(lo=19500, hi=19999)
     servers = [
         start_server_process(port_a),
-        start_server_process(port_b, "--perturb-after", str(PERTURB), "--tokens-per-chunk", "3"),
+        start_server_process(port_b),
+        start_server_process(port_c, "--perturb-after", str(PERTURB), "--tokens-per-chunk", "3"),
     ]
     pcap = tmp_path / "probe.pcap"
     dumpcap: subprocess.Popen[bytes] | None = None
     try:
-        wait_ready(port_a)
-        wait_ready(port_b)
+        for port in (port_a, port_b, port_c):
+            wait_ready(port)
         dumpcap = subprocess.Popen(
             [
-                "dumpcap",
-                "-q",
-                "-P",
-                "-i",
-                "lo",
-                "-f",
-                f"tcp port {port_a} or tcp port {port_b}",
-                "-w",
-                str(pcap),
+                "dumpcap", "-q", "-P", "-i", "lo", "-f",
+                f"tcp port {port_a} or tcp port {port_b} or tcp port {port_c}",
+                "-w", str(pcap),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )
+        )  # fmt: skip
         _poll(lambda: pcap.exists() and pcap.stat().st_size >= 24, "the pcap header")
         header = pcap.stat().st_size
 
@@ -397,34 +463,20 @@ def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
         prompts = tmp_path / "prompts.txt"
         prompts.write_text("\n".join(E2E_PROMPTS) + "\n", encoding="utf-8")
         runner = CliRunner()
-        res = runner.invoke(
-            main,
-            [
-                "probe",
-                str(prompts),
-                "--url",
-                f"http://127.0.0.1:{port_a}",
-                "--url",
-                f"http://127.0.0.1:{port_b}",
-                "--model",
-                "fake",
-                "--repeat",
-                str(REPEAT),
-                "-c",
-                "4",
-                "--timeout",
-                "20",
-                "--deadline",
-                "60",
-                "--json",
-            ],
-        )
-        assert res.exit_code == 0, res.output
-        probed = json.loads(res.output)
-        assert probed["ok"] == len(E2E_PROMPTS) * REPEAT * 2
-        assert probed["deterministic_ratio"] == 1.0
-        assert all(not a["agree"] for a in probed["across_urls"])
-        poke_until_captured(port_b, pcap.stat().st_size)  # everything before is on disk
+        for port, model in ((port_a, DENSE_MODEL), (port_b, TWIN_MODEL), (port_c, PRUNED_MODEL)):
+            res = runner.invoke(
+                main,
+                [
+                    "probe", str(prompts), "--url", f"http://127.0.0.1:{port}",
+                    "--model", model, "--repeat", str(REPEAT), "-c", "4",
+                    "--timeout", "20", "--deadline", "60", "--json",
+                ],
+            )  # fmt: skip
+            assert res.exit_code == 0, res.output
+            probed = json.loads(res.output)
+            assert probed["ok"] == len(E2E_PROMPTS) * REPEAT
+            assert probed["deterministic_ratio"] == 1.0
+        poke_until_captured(port_c, pcap.stat().st_size)  # everything before is on disk
     finally:
         if dumpcap is not None:
             dumpcap.send_signal(signal.SIGINT)
@@ -437,74 +489,94 @@ def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
     res = CliRunner().invoke(
         main,
         [
-            "replay",
-            str(pcap),
-            "--db",
-            db,
-            "-q",
-            "--label",
-            f"{port_a}=baseline",
-            "--label",
-            f"{port_b}=sparse",
+            "replay", str(pcap), "--db", db, "-q", "--label", f"{port_a}=dense",
+            "--label", f"{port_b}=twin", "--label", f"{port_c}=pruned",
         ],
-    )
+    )  # fmt: skip
     assert res.exit_code == 0, res.output
-    forks = _check_stability_and_divergence(db)
+    _check_stability_and_divergence(db, "dense", "pruned")
 
+    # the identical twin passes the gate, across two model names
+    gate = "identical_ratio < 0.95"
+    res = _diff_cli(db, "--baseline", "dense", "--candidate", "twin", "--fail-if", gate, "--json")
+    assert res.exit_code == 0, res.output
+    js = json.loads(res.stdout)
+    assert js["summary"]["pairs"] == len(E2E_PROMPTS) * REPEAT
+    assert js["summary"]["identical_ratio"] == 1.0 and js["verdict"]["passed"] is True
+
+    # the pruned copy fails it, and the report says where it forked
     html_path = tmp_path / "report.html"
-    res = CliRunner().invoke(
-        main,
-        [
-            "diff",
-            "--db",
-            db,
-            "--baseline",
-            "baseline",
-            "--candidate",
-            "sparse",
-            "--fail-if",
-            "identical_ratio < 0.95",
-            "--html",
-            str(html_path),
-        ],
-    )
-    assert res.exit_code == 1, res.output  # the gate fails: nothing is identical
+    res = _diff_cli(
+        db, "--baseline", "dense", "--candidate", "pruned", "--fail-if", gate,
+        "--html", str(html_path), "--spans",
+    )  # fmt: skip
+    assert res.exit_code == 1, res.output
     assert "gate identical_ratio < 0.95: FAIL" in res.output
+    assert "verdict: FAIL (1 of 1 gates failed)" in res.output
+    assert "differing spans" in res.output
     page = html_path.read_text(encoding="utf-8")
     assert page.count("<svg") >= 4 and "<script" not in page and "http://" not in page
-    res = CliRunner().invoke(
-        main,
-        [
-            "diff",
-            "--db",
-            db,
-            "--baseline",
-            "baseline",
-            "--candidate",
-            "sparse",
-            "--json",
-            "--fail-if",
-            "median_first_divergence < 1",
-            "--pairing",
-            "modal",
-        ],
-    )
+    assert page.index("FAIL — 1 of 1 gates failed") < page.index("Where they fork")
+    fork = _expected_fork(E2E_PROMPTS[0])
+    mark = html.escape(fork.base_text[fork.char])
+    assert f"<mark>{mark}</mark>" in page
+    assert "Time to first token (ms)" in page and ">outputs</text>" in page
+
+    res = _diff_cli(
+        db, "--baseline", "dense", "--candidate", "pruned", "--json",
+        "--fail-if", "median_first_divergence < 1", "--pairing", "modal",
+    )  # fmt: skip
     assert res.exit_code == 0, res.output
-    js = json.loads(res.output)
+    js = json.loads(res.stdout)
     assert js["summary"]["pairs"] == len(E2E_PROMPTS)
+    forks = sorted(_expected_fork(p).token for p in E2E_PROMPTS)
     assert js["gates"] == [
-        {"gate": "median_first_divergence < 1", "actual": sorted(forks)[1], "failed": False}
+        {
+            "gate": "median_first_divergence < 1",
+            "actual": forks[1],
+            "failed": False,
+            "reason": f"median_first_divergence = {forks[1]}, not < 1",
+        }
     ]
-    res = CliRunner().invoke(main, ["stats", "--db", db, "--label", "baseline"])
+    # --match-model: the names differ, nothing pairs, and that is no pass
+    res = _diff_cli(db, "--baseline", "dense", "--candidate", "pruned", "--fail-if", gate,
+                    "--match-model")  # fmt: skip
+    assert res.exit_code == 1 and "no evidence: no pair compared" in res.output
+    # an empty candidate (a label nothing was recorded under) is no pass either
+    res = _diff_cli(db, "--baseline", "dense", "--candidate", "prunned", "--fail-if", gate)
+    assert res.exit_code == 1 and "no evidence" in res.output
+    assert "no stream is labelled 'prunned'" in res.output
+
+    # a candidate whose streams all have gaps: counted, not compared, no pass
+    lossy = tmp_path / "lossy.pcap"
+    assert _drop_server_segments(pcap, lossy, port_c, every=4) > 0
+    res = CliRunner().invoke(
+        main, ["replay", str(lossy), "--db", db, "-q", "--port", str(port_c),
+               "--label", f"{port_c}=gappy"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    res = _diff_cli(db, "--baseline", "dense", "--candidate", "gappy", "--fail-if", gate, "--json")
+    assert res.exit_code == 1, res.output
+    js = json.loads(res.stdout)
+    s = js["summary"]
+    assert s["candidate_streams"] > 0 and s["candidate_incomplete"] == s["candidate_streams"]
+    assert s["pairs"] == 0 and s["incomplete_ratio"] > 0
+    assert js["gates"][0]["reason"].startswith("no evidence")
+    assert {x["state"] for x in js["not_compared"]["candidate"]} <= {"gap", "truncated", "error"}
+    res = _diff_cli(db, "--baseline", "dense", "--candidate", "gappy", "--fail-if",
+                    "incomplete_ratio > 0", "--include-incomplete")  # fmt: skip
+    assert res.exit_code == 1 and "gate incomplete_ratio > 0: FAIL" in res.output
+
+    res = CliRunner().invoke(main, ["stats", "--db", db, "--label", "dense"])
     assert res.exit_code == 0 and "3 fully deterministic (100.0%)" in res.output
-    assert os.path.exists(db)
 
 
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="live capture needs root (CAP_NET_RAW)")
 def test_end_to_end_with_the_daemon_capturing_both_ports(tmp_path: Path) -> None:
     """The acceptance workflow live: `sparseety run` labels two ports, probe drives
-    both servers, then stats and diff find the perturbation's exact fork."""
+    both servers (each under its own model name), then stats and diff pair them
+    and find the perturbation's exact fork, and the gate fails."""
     import signal
     import subprocess
     import sys
@@ -541,15 +613,16 @@ def test_end_to_end_with_the_daemon_capturing_both_ports(tmp_path: Path) -> None
         _poll(lambda: "capture-active" in log.read_text(errors="replace"), "capture to start")
         prompts = tmp_path / "prompts.txt"
         prompts.write_text("\n".join(E2E_PROMPTS) + "\n", encoding="utf-8")
-        res = CliRunner().invoke(
-            main,
-            [
-                "probe", str(prompts), "--url", f"http://127.0.0.1:{port_a}",
-                "--url", f"http://127.0.0.1:{port_b}", "--model", "fake",
-                "--repeat", str(REPEAT), "-c", "4", "--timeout", "20", "--deadline", "60",
-            ],
-        )  # fmt: skip
-        assert res.exit_code == 0, res.output
+        for port, model in ((port_a, DENSE_MODEL), (port_b, PRUNED_MODEL)):
+            res = CliRunner().invoke(
+                main,
+                [
+                    "probe", str(prompts), "--url", f"http://127.0.0.1:{port}",
+                    "--model", model, "--repeat", str(REPEAT), "-c", "4",
+                    "--timeout", "20", "--deadline", "60",
+                ],
+            )  # fmt: skip
+            assert res.exit_code == 0, res.output
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=60) == 0, log.read_text(errors="replace")
     finally:
@@ -558,3 +631,6 @@ def test_end_to_end_with_the_daemon_capturing_both_ports(tmp_path: Path) -> None
                 p.terminate()
                 p.wait(timeout=10)
     _check_stability_and_divergence(db)
+    res = _diff_cli(db, "--baseline", "baseline", "--candidate", "sparse",
+                    "--fail-if", "identical_ratio < 0.95")  # fmt: skip
+    assert res.exit_code == 1 and "verdict: FAIL" in res.output
