@@ -96,6 +96,7 @@ __all__ = [
     "attribute_chunks",
     "default_tokenizer_dir",
     "parse_server_tokens",
+    "prompt_method",
 ]
 
 #: Name recorded on streams whose model has no configured tokenizer.
@@ -321,6 +322,21 @@ class LoadedTokenizer:
                         ids.extend(seg)
             out.append(ids)
         return out
+
+
+def prompt_method(tok: LoadedTokenizer, request: Any) -> str | None:
+    """How :meth:`LoadedTokenizer.prompt_ids` counts this request's prompt, in
+    words: the chat template, the fallback when the tokenizer has none, or a
+    plain prompt (None when the request carries no prompt)."""
+    if not isinstance(request, dict):
+        return None
+    if _chat_messages(request) is not None:
+        if tok.has_chat_template:
+            return "chat template"
+        return f"no chat template in {tok.name}: counted as 'role: content' lines"
+    if request.get("prompt") is not None or isinstance(request.get("input"), str):
+        return "plain prompt"
+    return None
 
 
 def _is_int(x: Any) -> bool:

@@ -248,6 +248,7 @@ def test_filter_is_independent_of_batch_boundaries(rate: float, n: int, cuts: li
         pieces += s.filter(evs[start:b])
         start = b
     assert pieces == whole
+
     def unmarked(e: StoreEvent) -> StoreEvent:
         return replace(e, text_kept=True) if isinstance(e, StreamOpened) else e
 

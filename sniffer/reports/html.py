@@ -156,10 +156,14 @@ def _histogram(title: str, unit: str, sides: Sequence[tuple[str, str, Sequence[f
     top = max(max(c) for c in counts) or 1
     w, h, left = 600, 160, 56
     bw = w / bins
-    legend = ", ".join(f"{escape(name)} {len(vs)} outputs" for name, _, vs in sides)
+    legend = "".join(
+        f"<span style='background:{colour}'></span>{escape(name)}: {len(vs)} outputs"
+        for name, colour, vs in sides
+    )
     out = [
-        f"<h3>{escape(title)}</h3><p class='muted'>{legend}</p>",
-        f'<svg width="{w + left + 20}" height="{h + 40}" role="img" aria-label="{escape(title)}">',
+        f"<h3>{escape(title)}</h3><p class='legend'>{legend}</p>",
+        f'<svg width="{w + left + 20}" height="{h + 52}" role="img" aria-label="{escape(title)}">',
+        '<g transform="translate(0,12)">',
     ]
     k = len(sides)
     for si, ((name, colour, _vs), c) in enumerate(zip(sides, counts, strict=True)):
@@ -180,7 +184,7 @@ def _histogram(title: str, unit: str, sides: Sequence[tuple[str, str, Sequence[f
         out.append(f'<line x1="{x:.1f}" y1="{h}" x2="{x:.1f}" y2="{h + 4}" stroke="#555"/>')
         out.append(f'<text x="{x:.1f}" y="{h + 16}" text-anchor="middle">{v:.3g}</text>')
     _axes(out, left, w, h, top, f"{title} ({unit})", "outputs")
-    out.append("</svg>")
+    out.append("</g></svg>")
     return "".join(out)
 
 
@@ -194,9 +198,12 @@ def _tpc(report: DiffReport) -> str:
     bw = w / len(keys)
     out = [
         "<h3>Tokens per chunk (share of chunks)</h3>",
-        f"<p class='muted'>{escape(report.baseline)} {sum(b.values())} chunks, "
-        f"{escape(report.candidate)} {sum(c.values())} chunks</p>",
-        f'<svg width="{w + left + 20}" height="{h + 40}" role="img" aria-label="tokens per chunk">',
+        f"<p class='legend'><span style='background:{BASE_COLOUR}'></span>"
+        f"{escape(report.baseline)}: {sum(b.values())} chunks"
+        f"<span style='background:{CAND_COLOUR}'></span>"
+        f"{escape(report.candidate)}: {sum(c.values())} chunks</p>",
+        f'<svg width="{w + left + 20}" height="{h + 52}" role="img" aria-label="tokens per chunk">',
+        '<g transform="translate(0,12)">',
     ]
     for i, k in enumerate(keys):
         for j, (d, tot, colour, name) in enumerate(
@@ -225,7 +232,7 @@ def _tpc(report: DiffReport) -> str:
     out.append(
         f'<text x="{left + w / 2:.0f}" y="{h + 32}" text-anchor="middle">tokens in the chunk</text>'
     )
-    out.append("</svg>")
+    out.append("</g></svg>")
     return "".join(out)
 
 
