@@ -273,6 +273,253 @@ def test_bad_rows_do_not_raise(db: Db) -> None:
 
 
 # ---------------------------------------------------------------------------
+# The CLI gate (non-root): the exit code is the verdict a rollout acts on
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gated_db(db: Db) -> str:
+    """Two deployments under their own model names: p1 forks, p2 is identical."""
+    for prompt, cand in (("p1", B), ("p2", A)):
+        db.stream("dense", prompt, A, model="llama-70b")
+        db.stream("sparse", prompt, cand, model="llama-70b-sparse")
+    db.stream("sparse", "p3", A, model="llama-70b-sparse")  # no baseline
+    return db.close()
+
+
+def _cli(*args: str) -> Any:
+    from click.testing import CliRunner
+
+    from sniffer.cli import main
+
+    return CliRunner().invoke(main, list(args))
+
+
+def test_cli_gate_pairs_across_model_names_and_any_failing_gate_fails(gated_db: str) -> None:
+    base = ["diff", "--db", gated_db, "--baseline", "dense", "--candidate", "sparse"]
+    # both gates hold: exit 0
+    ok = _cli(*base, "--fail-if", "identical_ratio < 0.5", "--fail-if", "pairs < 2")
+    assert ok.exit_code == 0, ok.output
+    assert "verdict: PASS" in ok.stdout and "2 prompts matched, 2 pairs" in ok.stdout
+    assert "llama-70b→llama-70b-sparse" in ok.stdout  # the model column
+    # one of three gates fails: exit 1 (not only when all fail)
+    one = _cli(
+        *base,
+        "--fail-if", "identical_ratio < 0.5",
+        "--fail-if", "identical_ratio < 0.95",
+        "--fail-if", "pairs < 2",
+    )  # fmt: skip
+    assert one.exit_code == 1, one.output
+    assert "gate identical_ratio < 0.95: FAIL (actual 0.5000) — identical_ratio = 0.5 < 0.95" in (
+        one.stdout
+    )
+    assert "verdict: FAIL (1 of 3 gates failed)" in one.stdout
+    js = json.loads(_cli(*base, "--json", "--fail-if", "identical_ratio < 0.95").stdout)
+    assert js["verdict"] == {
+        "passed": False,
+        "gates": 1,
+        "failed": 1,
+        "reasons": ["identical_ratio < 0.95: identical_ratio = 0.5 < 0.95"],
+    }
+    assert js["summary"]["unmatched_candidate_prompts"] == 1
+    assert js["summary"]["unmatched_ratio"] == pytest.approx(1 / 3)
+    assert [u["prompt"] for u in js["unmatched"]["candidate"]] == ["user: p3"]
+    # with --match-model the names differ: nothing pairs, and that is no pass
+    strict = _cli(*base, "--match-model", "--fail-if", "identical_ratio < 0.95")
+    assert strict.exit_code == 1
+    assert "no evidence: no pair compared" in strict.stdout
+
+
+def test_cli_gate_no_evidence_no_pass(gated_db: str) -> None:
+    base = ["diff", "--db", gated_db, "--baseline", "dense"]
+    # --model narrows both sides to one served name: the candidate has none, no pair
+    res = _cli(*base, "--candidate", "sparse", "--fail-if", "min_first_divergence_char > 100",
+               "--model", "llama-70b")  # fmt: skip
+    assert res.exit_code == 1 and "no evidence: no pair compared" in res.stdout
+    res = _cli(*base, "--candidate", "sparse", "--fail-if", "unpaired_outputs > 0")
+    assert res.exit_code == 0, res.output
+    # an undefined metric: a label against itself never diverges, no fork to measure
+    undefined = _cli(
+        "diff", "--db", gated_db, "--baseline", "dense", "--candidate", "dense",
+        "--fail-if", "median_first_divergence < 3",
+    )  # fmt: skip
+    assert undefined.exit_code == 1, undefined.output
+    assert (
+        "no evidence: median_first_divergence has no value (no pair diverged)" in undefined.stdout
+    )
+    # zero pairs: an unknown candidate label
+    zero = _cli(*base, "--candidate", "nobody", "--fail-if", "identical_ratio < 0.95")
+    assert zero.exit_code == 1 and "no evidence: no pair compared" in zero.stdout
+    assert "no stream is labelled 'nobody'" in zero.stdout
+    # fewer pairs than --min-pairs, with and without another gate
+    few = _cli(*base, "--candidate", "sparse", "--min-pairs", "3", "--fail-if", "pairs < 0")
+    assert few.exit_code == 1 and "only 2 pairs compared (at least 3 required" in few.stdout
+    alone = _cli(*base, "--candidate", "sparse", "--min-pairs", "3")
+    assert alone.exit_code == 1 and "verdict: FAIL" in alone.stdout
+    enough = _cli(*base, "--candidate", "sparse", "--min-pairs", "2")
+    assert enough.exit_code == 0, enough.output
+    # no gate at all: a report, no verdict
+    plain = _cli(*base, "--candidate", "nobody")
+    assert plain.exit_code == 0 and "verdict" not in plain.stdout
+
+
+def test_cli_fork_positions_spans_and_params(db: Db) -> None:
+    db.stream("dense", "p1", A, model="m-dense")
+    db.stream("sparse", "p1", B, model="m-sparse")
+    db.stream("dense", "p1", A, model="m-dense", temperature=0.7)
+    db.stream("sparse", "p1", A, model="m-sparse", temperature=0.7)
+    path = db.close()
+    res = _cli("diff", "--db", path, "--baseline", "dense", "--candidate", "sparse", "--json",
+               "--spans")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    js = json.loads(res.stdout)
+    ta, tb = "".join(A), "".join(B)
+    char = next(i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y)
+    (forked,) = [p for p in js["pairs"] if not p["identical"]]
+    assert forked["first_divergence_char"] == char == len("".join(A[:5])) + 1  # " o" vs " u"
+    assert forked["first_divergence"] == expected_fork(A, B)
+    assert forked["first_divergence_chunk_baseline"] == 6  # pieces are chunks, 1-based
+    assert forked["first_divergence_chunk_candidate"] == 6
+    assert forked["token_unit"] == "retokenized"
+    assert "re-tokenized" in js["summary"]["first_divergence_unit"]
+    # every differing span, with the text of both sides
+    spans = forked["spans"]
+    assert spans and spans[0]["baseline_chars"][0] <= char
+    assert "".join(s["candidate_text"] for s in spans) in tb
+    assert any("under" in s["candidate_text"] for s in spans)
+    ia, ib = ids_of(ta), ids_of(tb)
+    assert (
+        spans[0]["baseline_tokens"][0]
+        == spans[0]["candidate_tokens"][0]
+        == next(i for i, (x, y) in enumerate(zip(ia, ib, strict=False)) if x != y)
+    )
+    text = _cli("diff", "--db", path, "--baseline", "dense", "--candidate", "sparse", "--spans")
+    assert "differing spans" in text.stdout and "where they fork" in text.stdout
+    # two rows with the same prompt: the parameter that differs is shown
+    assert "temperature=0" in text.stdout and "temperature=0.7" in text.stdout
+    assert "m-dense→m-sparse" in text.stdout
+
+
+def test_cli_configured_tokenizer_that_fails_is_exit_2(gated_db: str, tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-tokenizer")
+    for cmd in (
+        ["diff", "--db", gated_db, "--baseline", "dense", "--candidate", "sparse"],
+        ["stats", "--db", gated_db],
+        ["verify", "--db", gated_db],
+    ):
+        res = _cli(*cmd, "--tokenizer", f"llama-*={missing}")
+        assert res.exit_code == 2, (cmd, res.output)
+        assert "no such file or directory" in res.output
+        res = _cli(*cmd, "--default-tokenizer", missing)
+        assert res.exit_code == 2, (cmd, res.output)
+
+
+# ---------------------------------------------------------------------------
+# Real captures replayed under two labels (non-root)
+# ---------------------------------------------------------------------------
+
+PCAPS = Path(__file__).resolve().parent.parent / "pcaps"
+
+
+def _replay_as(name: str, db: str, label: str, writer: Any = None) -> dict[str, Any]:
+    from sniffer.replay import replay
+
+    exp = json.loads((PCAPS / f"{name}.expected.json").read_text(encoding="utf-8"))
+    replay(
+        PCAPS / f"{name}.pcap",
+        db,
+        labels={exp["server_port"]: label},
+        writer=writer,
+        tokens=REGISTRY,
+    )
+    return exp
+
+
+@pytest.mark.parametrize(
+    ("name", "pairs", "unit"),
+    [
+        ("dialect_responses_stream", 2, "retokenized"),
+        ("dialect_anthropic_stream", 2, "retokenized"),
+        ("n2", 2, "retokenized"),
+        ("dialect_tgi_stream", 2, "server"),
+    ],
+)
+def test_one_capture_under_two_labels_compares_identical(
+    tmp_path: Path, name: str, pairs: int, unit: str
+) -> None:
+    db = str(tmp_path / "two.db")
+    exp = _replay_as(name, db, "a")
+    _replay_as(name, db, "b")
+    res = _cli("diff", "--db", db, "--baseline", "a", "--candidate", "b", "--json",
+               "--fail-if", "identical_ratio < 1")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    js = json.loads(res.stdout)
+    assert js["summary"]["pairs"] == pairs and js["summary"]["identical_ratio"] == 1.0
+    assert {p["token_unit"] for p in js["pairs"]} == {unit}
+    assert all(p["baseline_choice"] == p["candidate_choice"] for p in js["pairs"])
+    complete = [s for s in exp["streams"] if s["state"] == "complete"]
+    assert js["summary"]["baseline_incomplete"] == len(exp["streams"]) - len(complete)
+    outs = [o for o in load_outputs(make_engine(db), registry=REGISTRY) if o.label == "a"]
+    if name.startswith(("dialect_responses", "dialect_anthropic")):
+        # the output is the whole message: every block's text, in index order
+        for s, o in zip(complete, [o for o in outs if o.complete], strict=True):
+            blocks = [s["choices"][k]["text"] for k in sorted(s["choices"], key=int)]
+            assert o.choice == 0 and o.text == "".join(blocks)
+    if name == "n2":  # choice i pairs with choice i, never all against all
+        texts = {o.choice: o.text for o in outs}
+        assert texts == {int(k): v["text"] for k, v in exp["streams"][0]["choices"].items()}
+    if name == "dialect_tgi_stream":  # two different TGI prompts, two fingerprints
+        assert js["summary"]["prompts"] == 2
+
+
+def test_sampled_out_run_is_counted_never_compared(tmp_path: Path) -> None:
+    """The daemon's chain: Sampler before the writer. A run with every stream
+    sampled out has no text to compare: the gate fails, verify says why."""
+    from sniffer.reports.verify import verify_db
+    from sniffer.sampling import Sampler
+
+    class SamplingWriter(StoreWriter):
+        def __init__(self, db: str, sampler: Sampler) -> None:
+            super().__init__(db)
+            self.sampler = sampler
+
+        def write_many(self, events: Any) -> None:
+            super().write_many(self.sampler.filter(list(events)))
+
+    db = str(tmp_path / "sampled.db")
+    exp = _replay_as("chat_english", db, "baseline")
+    w = SamplingWriter(db, Sampler(0.0))
+    _replay_as("chat_english", db, "sampled", writer=w)
+    w.close()
+    n = len(exp["streams"])
+    res = _cli("diff", "--db", db, "--baseline", "baseline", "--candidate", "sampled", "--json",
+               "--fail-if", "identical_ratio < 0.95")  # fmt: skip
+    assert res.exit_code == 1, res.output
+    js = json.loads(res.stdout)
+    s = js["summary"]
+    assert s["pairs"] == 0 and s["candidate_sampled_out"] == s["candidate_streams"] == n
+    assert s["sampled_out_ratio"] == 0.5
+    assert js["gates"][0]["reason"].startswith("no evidence")
+    assert all(x["sampled_out"] for x in js["not_compared"]["candidate"])
+    text = _cli("diff", "--db", db, "--baseline", "baseline", "--candidate", "sampled")
+    assert f"text sampled out (--sample-rate), not compared: 0 baseline and {n}" in text.stdout
+    st = stats(make_engine(db), registry=REGISTRY, labels=["sampled"])
+    assert st.groups == [] and st.summary["sampled_out_outputs"] == n
+    report = verify_db(make_engine(db), REGISTRY, label="sampled")
+    assert report.ok and report.not_verifiable == n
+    assert all(not v.verifiable for v in report.streams)
+    assert report.to_dict()["verified"] == 0
+    res = _cli("verify", "--db", db, "--label", "sampled")
+    assert res.exit_code == 0 and f"{n} not verifiable (text sampled out)" in res.stdout
+    # the kept run verifies, and says how its prompt tokens were counted
+    kept = verify_db(make_engine(db), REGISTRY, label="baseline")
+    assert kept.not_verifiable == 0 and all(v.verifiable for v in kept.streams)
+    assert {v.prompt_template for v in kept.streams} == {
+        "no chat template in default:deepseek-v4: counted as 'role: content' lines"
+    }
+
+
+# ---------------------------------------------------------------------------
 # End to end: two fixture servers, probe, dumpcap, replay, stats, diff
 # ---------------------------------------------------------------------------
 

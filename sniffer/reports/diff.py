@@ -472,7 +472,7 @@ def compute_diff(
     pairs: list[PairResult] = []
     skipped = 0
     unpaired = 0
-    cache: dict[tuple[Any, Any], tuple[Any, ...]] = {}
+    cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     for key in matched:
         bo, co = base[key], cand[key]
         for o in bo:
@@ -864,10 +864,11 @@ def format_diff(
     s = report.summary
     params = _differing_params(report.prompts)
     show_params = any(params.values())
+    mw = min(40, max([5, *(len(_model_cell(p)) for p in report.prompts[:limit])]))
     lines: list[str] = [
         f"{report.baseline} vs {report.candidate} (pairing: {report.pairing}; key: prompt + "
         f"parameters{' + model' if report.match_model else ', not the model name'})",
-        f"{'fingerprint':<16} {'model':<24} {'base':>4} {'cand':>4} {'pairs':>5} {'ident':>6} "
+        f"{'fingerprint':<16} {'model':<{mw}} {'base':>4} {'cand':>4} {'pairs':>5} {'ident':>6} "
         f"{'token':>5} {'char':>5} {'chunk':>5} {'edit':>6} {'fin≠':>4}  "
         + ("params  " if show_params else "")
         + "prompt",
@@ -881,7 +882,7 @@ def format_diff(
                 first_chunk[pr.key] = ch
     for p in report.prompts[:limit]:
         lines.append(
-            f"{p.key:<16} {_model_cell(p)[:24]:<24} {p.baseline_outputs:>4} "
+            f"{p.key:<16} {_model_cell(p)[:mw]:<{mw}} {p.baseline_outputs:>4} "
             f"{p.candidate_outputs:>4} {p.pairs:>5} "
             f"{p.identical_pairs / p.pairs if p.pairs else 0:>6.1%} "
             f"{_f(p.first_divergence):>5} {_f(p.first_divergence_char):>5} "
@@ -951,12 +952,12 @@ def format_diff(
         f"(ratio {_f(s['incomplete_ratio'])})"
         + ("" if s["unpaired_outputs"] == 0 else f"; {s['unpaired_outputs']} outputs unpaired")
     )
-    for side, n in (
+    for name, n in (
         (report.baseline, s["baseline_streams"]),
         (report.candidate, s["candidate_streams"]),
     ):
         if n == 0:
-            lines.append(f"no stream is labelled {side!r}")
+            lines.append(f"no stream is labelled {name!r}")
     if s["baseline_sampled_out"] or s["candidate_sampled_out"]:
         lines.append(
             f"text sampled out (--sample-rate), not compared: {s['baseline_sampled_out']} "

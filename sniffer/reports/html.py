@@ -306,19 +306,20 @@ def _forks(report: DiffReport) -> list[str]:
         "that forks earliest: the shared text up to the fork, then what each side said "
         "from it on; the first differing character is <mark>marked</mark>.</p>"
     ]
-    chunk_of = {}
-    for pr in report.pairs:
-        fc = next((p.fork_context for p in forked if p.key == pr.key), None)
+    context = {p.key: p.fork_context for p in forked}
+    fork_pair: dict[str, PairResult] = {}
+    for x in report.pairs:
+        fc = context.get(x.key)
         if (
             fc is not None
-            and pr.baseline_stream == fc["baseline_stream"]
-            and pr.candidate_stream == fc["candidate_stream"]
+            and x.baseline_stream == fc["baseline_stream"]
+            and x.candidate_stream == fc["candidate_stream"]
         ):
-            chunk_of[pr.key] = pr
+            fork_pair[x.key] = x
     for p in forked[:MAX_MAP_ROWS]:
         fc = p.fork_context
         assert fc is not None
-        pr = chunk_of.get(p.key)
+        pr = fork_pair.get(p.key)
         where = f"character {fc['char']}"
         if pr is not None:
             where += (

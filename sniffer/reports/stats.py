@@ -282,17 +282,16 @@ def build_outputs(
         for i, (ids, offsets) in zip(members, encoded, strict=True):
             out, pieces = pending[i]
             out.ids = tuple(ids)
-            starts = [o[0] for o in offsets]
-            out.token_starts = tuple(starts)
-            ends = out.chunk_ends
+            tstarts = [o[0] for o in offsets]
+            out.token_starts = tuple(tstarts)
             counts: list[int] = []
             lo = 0
-            for end in ends:
-                hi = bisect_left(starts, end, lo)
+            for end in out.chunk_ends:
+                hi = bisect_left(tstarts, end, lo)
                 counts.append(hi - lo)
                 lo = hi
             if counts:
-                counts[-1] += len(starts) - lo
+                counts[-1] += len(tstarts) - lo
             out.tokens_per_chunk = tuple(counts)
             t0, t1 = pieces[0][1], pieces[-1][1]
             after_first = len(ids) - counts[0] if counts else 0
