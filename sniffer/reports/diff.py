@@ -616,8 +616,9 @@ def _summary(
         "identical_pairs": identical,
         "identical_ratio": identical / n if n else None,
         "prompts_identical_ratio": (
-            sum(1 for p in prompts if p.identical_pairs == p.pairs) / len(prompts)
-            if prompts
+            sum(1 for p in prompts if p.pairs and p.identical_pairs == p.pairs)
+            / sum(1 for p in prompts if p.pairs)
+            if any(p.pairs for p in prompts)
             else None
         ),
         "median_first_divergence": statistics.median(divs) if divs else None,
