@@ -810,6 +810,8 @@ def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
     assert s["pairs"] == 0 and s["incomplete_ratio"] > 0
     assert js["gates"][0]["reason"].startswith("no evidence")
     assert {x["state"] for x in js["not_compared"]["candidate"]} <= {"gap", "truncated", "error"}
+    # the prompts are there on both sides; the candidate's outputs were left out
+    assert {u["other_side_not_compared"] for u in js["unmatched"]["baseline"]} == {REPEAT}
     res = _diff_cli(db, "--baseline", "dense", "--candidate", "gappy", "--fail-if",
                     "incomplete_ratio > 0", "--include-incomplete")  # fmt: skip
     assert res.exit_code == 1 and "gate incomplete_ratio > 0: FAIL" in res.output

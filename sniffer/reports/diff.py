@@ -447,6 +447,7 @@ def compute_diff(
     sides: dict[str, dict[str, list[Output]]] = {baseline: {}, candidate: {}}
     stats_of = {baseline: bside, candidate: cside}
     excluded: dict[str, list[dict[str, Any]]] = {"baseline": [], "candidate": []}
+    left_out: dict[str, dict[str, int]] = {baseline: {}, candidate: {}}  # key → outputs
     seen: set[tuple[str, int]] = set()
     for o in outputs:
         if o.label not in sides:
@@ -460,11 +461,12 @@ def compute_diff(
                 st.incomplete += 1
             if not o.text_kept:
                 st.sampled_out += 1
+        key = o.model_pair_key if match_model else o.pair_key
         if not o.text_kept or not (o.complete or include_incomplete):
             if first:
                 excluded["baseline" if o.label == baseline else "candidate"].append(_excluded(o))
+            left_out[o.label][key] = left_out[o.label].get(key, 0) + 1
             continue
-        key = o.model_pair_key if match_model else o.pair_key
         sides[o.label].setdefault(key, []).append(o)
     base, cand = sides[baseline], sides[candidate]
     matched = [k for k in base if k in cand]
@@ -541,8 +543,14 @@ def compute_diff(
         )
         pairs.extend(mine)
     unmatched = {
-        "baseline": [_unmatched(k, v) for k, v in base.items() if k not in cand],
-        "candidate": [_unmatched(k, v) for k, v in cand.items() if k not in base],
+        "baseline": [
+            _unmatched(k, v, left_out[candidate].get(k, 0))
+            for k, v in base.items()
+            if k not in cand
+        ],
+        "candidate": [
+            _unmatched(k, v, left_out[baseline].get(k, 0)) for k, v in cand.items() if k not in base
+        ],
     }
     summary = _summary(prompts, pairs, bside, cside, unmatched)
     summary["skipped_pairs"] = skipped
@@ -564,7 +572,9 @@ def compute_diff(
     )
 
 
-def _unmatched(key: str, outs: Sequence[Output]) -> dict[str, Any]:
+def _unmatched(key: str, outs: Sequence[Output], other_not_compared: int) -> dict[str, Any]:
+    """A prompt seen on one side only; ``other_not_compared``: outputs of the other
+    side with this prompt that were left out (incomplete or sampled out)."""
     o = outs[0]
     return {
         "fingerprint": key,
@@ -572,6 +582,7 @@ def _unmatched(key: str, outs: Sequence[Output]) -> dict[str, Any]:
         "prompt": o.prompt,
         "params": dict(o.params),
         "outputs": len(outs),
+        "other_side_not_compared": other_not_compared,
     }
 
 
@@ -945,8 +956,16 @@ def format_diff(
         f"{s['unmatched_candidate_prompts']} candidate only (ratio {_f(s['unmatched_ratio'])})"
     )
     for tag, items in report.unmatched.items():
+        other = "candidate" if tag == "baseline" else "baseline"
         for u in items[:limit]:
-            lines.append(f"  {tag} only: {u['fingerprint']} {u['model'] or '-'} {u['prompt'][:60]}")
+            why = (
+                f" ({other}: {u['other_side_not_compared']} outputs not compared)"
+                if u["other_side_not_compared"]
+                else ""
+            )
+            lines.append(
+                f"  {tag} only: {u['fingerprint']} {u['model'] or '-'} {u['prompt'][:60]}{why}"
+            )
     lines.append(
         f"not compared: {s['baseline_incomplete']} of {s['baseline_streams']} baseline and "
         f"{s['candidate_incomplete']} of {s['candidate_streams']} candidate streams incomplete "

@@ -289,7 +289,14 @@ def _evidence(report: DiffReport) -> list[str]:
             out.append(f"<p>{escape(tag)} only:</p><ul>")
             out.extend(
                 f"<li><code>{escape(u['fingerprint'])}</code> {escape(u['model'] or '-')}: "
-                f"{escape(u['prompt'])}</li>"
+                f"{escape(u['prompt'])}"
+                + (
+                    f" <span class='muted'>(the other side: {u['other_side_not_compared']} "
+                    "outputs not compared)</span>"
+                    if u["other_side_not_compared"]
+                    else ""
+                )
+                + "</li>"
                 for u in items[:50]
             )
             out.append("</ul>")
@@ -298,8 +305,10 @@ def _evidence(report: DiffReport) -> list[str]:
 
 def _forks(report: DiffReport) -> list[str]:
     forked = [p for p in report.prompts if p.fork_context is not None]
+    if not report.pairs:
+        return ["<h2>Where they fork</h2><p>No pair was compared.</p>"]
     if not forked:
-        return ["<h2>Where they fork</h2><p>No pair diverged.</p>"]
+        return ["<h2>Where they fork</h2><p>No pair diverged in its text.</p>"]
     b, c = escape(report.baseline), escape(report.candidate)
     out = [
         "<h2>Where they fork</h2><p class='muted'>For every diverged prompt, the pair "
