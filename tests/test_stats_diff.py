@@ -272,6 +272,40 @@ def test_bad_rows_do_not_raise(db: Db) -> None:
         compute_diff(outs, "a", "b", pairing="best")
 
 
+def test_fork_in_server_token_ids_when_both_streams_carry_them() -> None:
+    """Server ids (logprobs / TGI tokens, as the token pass stores them) place the
+    fork in the server's own units; without them the ids are re-tokenized."""
+    from sniffer.reports.stats import build_outputs
+
+    def srow(sid: int, label: str) -> dict[str, Any]:
+        body = {"inputs": "Say hi", "parameters": {"max_new_tokens": 8}}
+        return {"id": sid, "label": label, "model": None, "request_json": json.dumps(body),
+                "state": "complete", "dialect": "tgi.generate", "text_kept": True}  # fmt: skip
+
+    pieces = {1: ["Hel", "lo", " world"], 2: ["Hel", "lo", " there"]}
+    chunk_rows = [
+        (sid, 0, t, 1.0 + i, None) for sid, ps in pieces.items() for i, t in enumerate(ps)
+    ]
+    server_rows = [
+        (1, 0, json.dumps(pieces[1]), json.dumps([11, 12, 13])),
+        (2, 0, json.dumps(pieces[2]), json.dumps([11, 12, 14])),
+    ]
+    rows = [srow(1, "a"), srow(2, "b")]
+    outs = build_outputs(rows, chunk_rows, REGISTRY, server_rows)
+    assert [o.server_ids for o in outs] == [(11, 12, 13), (11, 12, 14)]
+    (pair,) = compute_diff(outs, "a", "b").pairs
+    assert pair.token_unit == "server" and pair.first_divergence == 2
+    assert pair.first_divergence_char == 6  # "Hello " is shared
+    assert (pair.first_divergence_chunk_baseline, pair.first_divergence_chunk_candidate) == (3, 3)
+    # re-tokenized, the same fork is at another index ("Hello" is one token here)
+    plain = compute_diff(build_outputs(rows, chunk_rows, REGISTRY), "a", "b").pairs[0]
+    assert plain.token_unit == "retokenized"
+    assert plain.first_divergence == expected_fork(["Hello world"], ["Hello there"]) != 2
+    # server tokens that do not spell the text are not trusted
+    bad = [(1, 0, json.dumps(["x"]), json.dumps([1])), server_rows[1]]
+    assert build_outputs(rows, chunk_rows, REGISTRY, bad)[0].server_ids is None
+
+
 # ---------------------------------------------------------------------------
 # The CLI gate (non-root): the exit code is the verdict a rollout acts on
 # ---------------------------------------------------------------------------
