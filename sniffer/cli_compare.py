@@ -198,7 +198,9 @@ def stats(
     help="Pair only requests sent to the same served model name (by default the label "
     "identifies a side and the model name is not part of the pairing key).",
 )
-@click.option("--model", help="Only streams of this model.")
+@click.option(
+    "--model", help="Only streams of this served model name (on both sides; see --match-model)."
+)
 @click.option(
     "--include-incomplete",
     is_flag=True,
