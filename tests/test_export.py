@@ -19,14 +19,14 @@ EXPECTED_JSONL = """\
 {"event":"chunk","stream_id":1,"choice_index":1,"chunk_index":1,"delta_text":"Bon","delta_len":3,"accumulated_len":3,"finish_reason":null,"captured_at":"2023-11-14T22:13:20.500000+00:00"}
 {"event":"chunk","stream_id":1,"choice_index":0,"chunk_index":2,"delta_text":"lo","delta_len":2,"accumulated_len":5,"finish_reason":null,"captured_at":"2023-11-14T22:13:20.625000+00:00"}
 {"event":"chunk","stream_id":1,"choice_index":1,"chunk_index":2,"delta_text":"jour","delta_len":4,"accumulated_len":7,"finish_reason":"stop","captured_at":"2023-11-14T22:13:20.625000+00:00"}
-{"event":"stream_done","stream_id":1,"chunk_count":4,"total_text_len":12,"elapsed_seconds":0.75,"complete":true,"gap":false,"captured_at":"2023-11-14T22:13:20.875000+00:00"}
+{"event":"stream_done","stream_id":1,"chunk_count":4,"total_text_len":12,"elapsed_seconds":0.375,"request_elapsed_seconds":0.75,"complete":true,"gap":false,"captured_at":"2023-11-14T22:13:20.875000+00:00"}
 {"event":"request_start","stream_id":2,"client":"127.0.0.1:50000","server":"127.0.0.1:8000","method":"POST","path":"/v1/completions","model":"tiny","prompt_len":1,"stream":false,"captured_at":"2023-11-14T22:13:21.000000+00:00"}
 {"event":"chunk","stream_id":2,"choice_index":0,"chunk_index":1,"delta_text":"upon a time","delta_len":11,"accumulated_len":11,"finish_reason":"length","captured_at":"2023-11-14T22:13:21.250000+00:00"}
-{"event":"stream_done","stream_id":2,"chunk_count":1,"total_text_len":11,"elapsed_seconds":0.25,"complete":true,"gap":false,"captured_at":"2023-11-14T22:13:21.250000+00:00"}
+{"event":"stream_done","stream_id":2,"chunk_count":1,"total_text_len":11,"elapsed_seconds":0.0,"request_elapsed_seconds":0.25,"complete":true,"gap":false,"captured_at":"2023-11-14T22:13:21.250000+00:00"}
 {"event":"request_start","stream_id":3,"client":"127.0.0.1:50002","server":"127.0.0.1:8000","method":"POST","path":"/v1/chat/completions","model":"tiny","prompt_len":1,"stream":true,"captured_at":"2023-11-14T22:13:22.125000+00:00"}
 {"event":"chunk","stream_id":3,"choice_index":0,"chunk_index":1,"delta_text":"Ab","delta_len":2,"accumulated_len":2,"finish_reason":null,"captured_at":"2023-11-14T22:13:22.500000+00:00"}
 {"event":"chunk","stream_id":3,"choice_index":0,"chunk_index":2,"delta_text":"cé","delta_len":2,"accumulated_len":4,"finish_reason":null,"captured_at":"2023-11-14T22:13:23.000000+00:00"}
-{"event":"stream_done","stream_id":3,"chunk_count":2,"total_text_len":4,"elapsed_seconds":0.875,"complete":false,"gap":true,"captured_at":"2023-11-14T22:13:23.500000+00:00"}
+{"event":"stream_done","stream_id":3,"chunk_count":2,"total_text_len":4,"elapsed_seconds":0.5,"request_elapsed_seconds":0.875,"complete":false,"gap":true,"captured_at":"2023-11-14T22:13:23.500000+00:00"}
 """  # noqa: E501
 
 
@@ -116,7 +116,7 @@ def test_streams_in_request_order_not_id_order() -> None:
     first = records[0]
     assert (first["model"], first["prompt_len"], first["stream"]) == (None, None, None)
     done = records[2]
-    assert done["complete"] is False and done["elapsed_seconds"] == 0.0  # closed_at - t_request
+    assert done["complete"] is False and done["elapsed_seconds"] == 0.0  # closed_at - first content
 
 
 def test_csv_summary(writer: StoreWriter) -> None:

@@ -85,3 +85,75 @@ def test_unparseable_and_missing_bodies_do_not_raise() -> None:
     assert odd.model == "3"
     long = fingerprint(row(dict(CHAT, messages=[{"role": "user", "content": "w " * 500}])))
     assert len(long.prompt) <= 120 and long.prompt.endswith("…")
+
+
+def test_model_name_only_in_the_key_when_asked() -> None:
+    dense = row(dict(CHAT, model="llama-70b"))
+    sparse = row(dict(CHAT, model="llama-70b-sparse"), label="sparse")
+    a, b = fingerprint(dense, with_label=False), fingerprint(sparse, with_label=False)
+    assert a.key != b.key  # with the model (stats, --match-model)
+    a = fingerprint(dense, with_label=False, with_model=False)
+    b = fingerprint(sparse, with_label=False, with_model=False)
+    assert a.key == b.key and (a.model, b.model) == ("llama-70b", "llama-70b-sparse")
+    # everything else that changes the answer still separates requests
+    for change in ({"temperature": 0.5}, {"seed": 7}, {"n": 2}, {"max_tokens": 5}):
+        c = fingerprint(row(dict(CHAT, model="x", **change)), with_label=False, with_model=False)
+        assert c.key != a.key, change
+
+
+def _key(body: dict[str, Any]) -> str:
+    return fingerprint(row(body), with_label=False, with_model=False).key
+
+
+def test_tgi_inputs_and_parameters() -> None:
+    a = {"inputs": "What is Deep Learning?", "parameters": {"max_new_tokens": 20}}
+    b = {"inputs": "What is Machine Learning?", "parameters": {"max_new_tokens": 20}}
+    assert _key(a) != _key(b)  # two different TGI prompts never share a fingerprint
+    assert _key(a) != _key({**a, "parameters": {"max_new_tokens": 21}})
+    assert _key(a) != _key({**a, "parameters": {"max_new_tokens": 20, "seed": 3}})
+    assert _key(a) != _key({**a, "parameters": {"max_new_tokens": 20, "do_sample": True}})
+    # asking for details does not change the text
+    assert _key(a) == _key({**a, "parameters": {"max_new_tokens": 20, "details": True}})
+    assert _key(a) == _key({**a, "stream": True})
+    fp = fingerprint(row(a))
+    assert fp.prompt == "What is Deep Learning?" and dict(fp.params) == {"max_tokens": 20}
+    # max_new_tokens and max_tokens are one parameter
+    assert _key({"prompt": "x", "max_tokens": 20}) == _key(
+        {"prompt": "x", "parameters": {"max_new_tokens": 20}}
+    )
+
+
+def test_ollama_prompt_messages_options_and_system() -> None:
+    gen = {"model": "llama3.2", "prompt": "Why is the sky blue?", "options": {"num_predict": 8}}
+    assert _key(gen) != _key({**gen, "prompt": "Why is grass green?"})
+    assert _key(gen) != _key({**gen, "options": {"num_predict": 8, "temperature": 0.1}})
+    assert _key(gen) != _key({**gen, "options": {"num_predict": 9}})
+    assert _key(gen) != _key({**gen, "system": "Answer in French."})
+    assert _key(gen) != _key({**gen, "format": "json"})
+    assert fingerprint(row({**gen, "system": "Be brief."})).prompt.startswith("system: Be brief.")
+    chat = {"model": "qwen3", "messages": [{"role": "user", "content": "hi"}]}
+    assert _key(chat) != _key({**chat, "options": {"seed": 1}})
+    assert _key(chat) != _key({**chat, "messages": [{"role": "user", "content": "hello"}]})
+
+
+def test_responses_and_anthropic_prompts() -> None:
+    resp = {"model": "gpt-4.1-mini", "input": "Say hello", "max_output_tokens": 30}
+    assert _key(resp) != _key({**resp, "input": "Say goodbye"})
+    assert _key(resp) != _key({**resp, "instructions": "Be terse."})
+    assert _key(resp) != _key({**resp, "text": {"format": {"type": "json_object"}}})
+    assert _key(resp) == _key({"model": "m", "prompt": "Say hello", "max_tokens": 30})
+    items = {**resp, "input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}]}]}
+    assert _key(items) != _key({**items, "instructions": "Be terse."})
+    claude = {
+        "model": "claude-sonnet-4-5",
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": "Write a haiku about rain."}],
+        "max_tokens": 64,
+    }
+    assert _key(claude) != _key({**claude, "system": "Be long."})
+    assert _key(claude) != _key({**claude, "stop_sequences": ["\n"]})
+    assert _key(claude) != _key({**claude, "thinking": {"type": "enabled", "budget_tokens": 9}})
+    assert _key({**claude, "stop_sequences": ["x"]}) == _key({**claude, "stop": ["x"]})
+    completion = {"model": "m", "prompt": "Once upon", "max_tokens": 8}
+    assert _key(completion) != _key({**completion, "prompt": "Once upon a"})
+    assert _key(completion) != _key({**completion, "suffix": "end"})

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -154,7 +156,10 @@ def test_filter_drops_chunks_and_body_of_unsampled_streams_only() -> None:
     assert [type(e) for e in out if not isinstance(e, ChunkEvent)] == [
         type(e) for e in evs if not isinstance(e, ChunkEvent)
     ]
-    assert drop_o in out
+    # The unsampled stream's opening is marked (stored as streams.text_kept),
+    # the kept one passes unchanged.
+    assert replace(drop_o, text_kept=False) in out and drop_o not in out
+    assert kept_o in out
     closes = {e.stream: e for e in out if isinstance(e, StreamClosed)}
     assert closes[kept_o.stream].response_body == "kept body"
     assert closes[drop_o.stream].response_body is None
@@ -244,6 +249,56 @@ def test_filter_is_independent_of_batch_boundaries(rate: float, n: int, cuts: li
         pieces += s.filter(evs[start:b])
         start = b
     assert pieces == whole
-    assert [e for e in whole if not isinstance(e, ChunkEvent | StreamClosed)] == [
+
+    def unmarked(e: StoreEvent) -> StoreEvent:
+        return replace(e, text_kept=True) if isinstance(e, StreamOpened) else e
+
+    assert [unmarked(e) for e in whole if not isinstance(e, ChunkEvent | StreamClosed)] == [
         e for e in evs if not isinstance(e, ChunkEvent | StreamClosed)
     ]
+
+
+def test_sampled_out_streams_are_stored_with_the_flag(tmp_path: Path) -> None:
+    from sqlalchemy import select
+
+    from sniffer.store.models import chunks, streams
+    from sniffer.store.writer import StoreWriter
+
+    s = Sampler(0.5)
+    kept_o = next(o for o in IDENTITIES if s.keep(o))
+    drop_o = next(o for o in IDENTITIES if not s.keep(o))
+    w = StoreWriter(str(tmp_path / "s.db"))
+    w.write_many(s.filter(stream_events(kept_o) + stream_events(drop_o)))
+    w.close()
+    w = StoreWriter(str(tmp_path / "s.db"))
+    with w.engine.connect() as conn:
+        rows = dict(conn.execute(select(streams.c.id, streams.c.text_kept)).tuples().all())
+        stored = {r[0] for r in conn.execute(select(chunks.c.stream_id))}
+    w.close()
+    assert rows == {kept_o.stream: True, drop_o.stream: False}
+    assert stored == {kept_o.stream}
+
+
+def test_a_database_from_before_the_flag_still_opens(tmp_path: Path) -> None:
+    """create_schema adds streams.text_kept to an existing table (NULL = kept)."""
+    import sqlite3
+
+    from sqlalchemy import inspect, select
+
+    from sniffer.store.models import streams
+    from sniffer.store.writer import make_engine
+
+    path = tmp_path / "old.db"
+    engine = make_engine(str(path))
+    engine.dispose()
+    raw = sqlite3.connect(path)
+    raw.execute("ALTER TABLE streams DROP COLUMN text_kept")  # as version 0.1 made it
+    raw.execute("INSERT INTO streams (id, label, state) VALUES (1, 'old', 'complete')")
+    raw.commit()
+    raw.close()
+    engine = make_engine(str(path))
+    assert "text_kept" in {c["name"] for c in inspect(engine).get_columns("streams")}
+    with engine.connect() as conn:
+        assert conn.execute(select(streams.c.id, streams.c.text_kept)).all() == [(1, None)]
+    make_engine(str(path)).dispose()  # opening again: nothing to add, no error
+    engine.dispose()

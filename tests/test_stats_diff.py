@@ -7,9 +7,12 @@ replay with two labels, then stats and diff.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -187,7 +190,7 @@ def test_diff_all_and_modal_pairing(db: Db) -> None:
     db.stream("sparse", "p2", a2, ttft=0.2, gap=0.02)
     db.stream("sparse", "p3", a2)  # no baseline
     engine = make_engine(db.close())
-    rep = diff(engine, "baseline", "sparse", registry=REGISTRY)
+    rep = diff(engine, "baseline", "sparse", registry=REGISTRY, pairing="all")
     s = rep.summary
     assert s["prompts"] == 2 and s["pairs"] == 2 * 2 + 2 * 1
     assert s["identical_pairs"] == 2 and s["identical_ratio"] == pytest.approx(2 / 6)
@@ -212,6 +215,10 @@ def test_diff_all_and_modal_pairing(db: Db) -> None:
     assert s["itl_ratio"] < 0.75
     modal = diff(engine, "baseline", "sparse", pairing="modal", registry=REGISTRY)
     assert modal.summary["pairs"] == 2 and modal.summary["identical_pairs"] == 1
+    # the default pairs repeats in capture order, never all against all
+    index = diff(engine, "baseline", "sparse", registry=REGISTRY)
+    assert index.pairing == "index" and index.summary["pairs"] == 2 + 1
+    assert index.summary["identical_pairs"] == 1 and index.summary["unpaired_outputs"] == 1
     text = format_diff(rep)
     assert "2 prompts matched, 6 pairs: 2 identical" in text
     json.dumps(diff_json(rep))
@@ -243,8 +250,11 @@ def test_gates() -> None:
         ],
         summary,
     )
-    assert [r.failed for r in res] == [True, False, False, True]
-    assert res[2].actual is None
+    # no evidence, no pass: a gate on a metric with no value fails, and says why
+    assert [r.failed for r in res] == [True, False, True, True]
+    assert res[2].actual is None and res[2].reason.startswith("no evidence")
+    assert "median_first_divergence has no value" in res[2].reason
+    assert res[1].reason == "identical_ratio = 0.9, not < 0.5"
 
 
 def test_bad_rows_do_not_raise(db: Db) -> None:
@@ -262,6 +272,287 @@ def test_bad_rows_do_not_raise(db: Db) -> None:
         compute_diff(outs, "a", "b", pairing="best")
 
 
+def test_fork_in_server_token_ids_when_both_streams_carry_them() -> None:
+    """Server ids (logprobs / TGI tokens, as the token pass stores them) place the
+    fork in the server's own units; without them the ids are re-tokenized."""
+    from sniffer.reports.stats import build_outputs
+
+    def srow(sid: int, label: str) -> dict[str, Any]:
+        body = {"inputs": "Say hi", "parameters": {"max_new_tokens": 8}}
+        return {"id": sid, "label": label, "model": None, "request_json": json.dumps(body),
+                "state": "complete", "dialect": "tgi.generate", "text_kept": True}  # fmt: skip
+
+    pieces = {1: ["Hel", "lo", " world"], 2: ["Hel", "lo", " there"]}
+    chunk_rows = [
+        (sid, 0, t, 1.0 + i, None) for sid, ps in pieces.items() for i, t in enumerate(ps)
+    ]
+    server_rows = [
+        (1, 0, json.dumps(pieces[1]), json.dumps([11, 12, 13])),
+        (2, 0, json.dumps(pieces[2]), json.dumps([11, 12, 14])),
+    ]
+    rows = [srow(1, "a"), srow(2, "b")]
+    outs = build_outputs(rows, chunk_rows, REGISTRY, server_rows)
+    assert [o.server_ids for o in outs] == [(11, 12, 13), (11, 12, 14)]
+    (pair,) = compute_diff(outs, "a", "b").pairs
+    assert pair.token_unit == "server" and pair.first_divergence == 2
+    assert pair.first_divergence_char == 6  # "Hello " is shared
+    assert (pair.first_divergence_chunk_baseline, pair.first_divergence_chunk_candidate) == (3, 3)
+    # re-tokenized, the same fork is at another index ("Hello" is one token here)
+    plain = compute_diff(build_outputs(rows, chunk_rows, REGISTRY), "a", "b").pairs[0]
+    assert plain.token_unit == "retokenized"
+    assert plain.first_divergence == expected_fork(["Hello world"], ["Hello there"]) != 2
+    # server tokens that do not spell the text are not trusted
+    bad = [(1, 0, json.dumps(["x"]), json.dumps([1])), server_rows[1]]
+    assert build_outputs(rows, chunk_rows, REGISTRY, bad)[0].server_ids is None
+
+
+# ---------------------------------------------------------------------------
+# The CLI gate (non-root): the exit code is the verdict a rollout acts on
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gated_db(db: Db) -> str:
+    """Two deployments under their own model names: p1 forks, p2 is identical."""
+    for prompt, cand in (("p1", B), ("p2", A)):
+        db.stream("dense", prompt, A, model="llama-70b")
+        db.stream("sparse", prompt, cand, model="llama-70b-sparse")
+    db.stream("sparse", "p3", A, model="llama-70b-sparse")  # no baseline
+    return db.close()
+
+
+def _cli(*args: str) -> Any:
+    from click.testing import CliRunner
+
+    from sniffer.cli import main
+
+    return CliRunner().invoke(main, list(args))
+
+
+def test_cli_gate_pairs_across_model_names_and_any_failing_gate_fails(gated_db: str) -> None:
+    base = ["diff", "--db", gated_db, "--baseline", "dense", "--candidate", "sparse"]
+    # both gates hold: exit 0
+    ok = _cli(*base, "--fail-if", "identical_ratio < 0.5", "--fail-if", "pairs < 2")
+    assert ok.exit_code == 0, ok.output
+    assert "verdict: PASS" in ok.stdout and "2 prompts matched, 2 pairs" in ok.stdout
+    assert "llama-70b→llama-70b-sparse" in ok.stdout  # the model column
+    # one of three gates fails: exit 1 (not only when all fail)
+    one = _cli(
+        *base,
+        "--fail-if", "identical_ratio < 0.5",
+        "--fail-if", "identical_ratio < 0.95",
+        "--fail-if", "pairs < 2",
+    )  # fmt: skip
+    assert one.exit_code == 1, one.output
+    assert "gate identical_ratio < 0.95: FAIL (actual 0.5000) — identical_ratio = 0.5 < 0.95" in (
+        one.stdout
+    )
+    assert "verdict: FAIL (1 of 3 gates failed)" in one.stdout
+    js = json.loads(_cli(*base, "--json", "--fail-if", "identical_ratio < 0.95").stdout)
+    assert js["verdict"] == {
+        "passed": False,
+        "gates": 1,
+        "failed": 1,
+        "reasons": ["identical_ratio < 0.95: identical_ratio = 0.5 < 0.95"],
+    }
+    assert js["summary"]["unmatched_candidate_prompts"] == 1
+    assert js["summary"]["unmatched_ratio"] == pytest.approx(1 / 3)
+    assert [u["prompt"] for u in js["unmatched"]["candidate"]] == ["user: p3"]
+    # with --match-model the names differ: nothing pairs, and that is no pass
+    strict = _cli(*base, "--match-model", "--fail-if", "identical_ratio < 0.95")
+    assert strict.exit_code == 1
+    assert "no evidence: no pair compared" in strict.stdout
+
+
+def test_cli_gate_no_evidence_no_pass(gated_db: str) -> None:
+    base = ["diff", "--db", gated_db, "--baseline", "dense"]
+    # --model narrows both sides to one served name: the candidate has none, no pair
+    res = _cli(*base, "--candidate", "sparse", "--fail-if", "min_first_divergence_char > 100",
+               "--model", "llama-70b")  # fmt: skip
+    assert res.exit_code == 1 and "no evidence: no pair compared" in res.stdout
+    res = _cli(*base, "--candidate", "sparse", "--fail-if", "unpaired_outputs > 0")
+    assert res.exit_code == 0, res.output
+    # an undefined metric: a label against itself never diverges, no fork to measure
+    undefined = _cli(
+        "diff", "--db", gated_db, "--baseline", "dense", "--candidate", "dense",
+        "--fail-if", "median_first_divergence < 3",
+    )  # fmt: skip
+    assert undefined.exit_code == 1, undefined.output
+    assert (
+        "no evidence: median_first_divergence has no value (no pair diverged)" in undefined.stdout
+    )
+    # zero pairs: an unknown candidate label
+    zero = _cli(*base, "--candidate", "nobody", "--fail-if", "identical_ratio < 0.95")
+    assert zero.exit_code == 1 and "no evidence: no pair compared" in zero.stdout
+    assert "no stream is labelled 'nobody'" in zero.stdout
+    # fewer pairs than --min-pairs, with and without another gate
+    few = _cli(*base, "--candidate", "sparse", "--min-pairs", "3", "--fail-if", "pairs < 0")
+    assert few.exit_code == 1 and "only 2 pairs compared (at least 3 required" in few.stdout
+    alone = _cli(*base, "--candidate", "sparse", "--min-pairs", "3")
+    assert alone.exit_code == 1 and "verdict: FAIL" in alone.stdout
+    enough = _cli(*base, "--candidate", "sparse", "--min-pairs", "2")
+    assert enough.exit_code == 0, enough.output
+    # no gate at all: a report, no verdict
+    plain = _cli(*base, "--candidate", "nobody")
+    assert plain.exit_code == 0 and "verdict" not in plain.stdout
+
+
+def test_cli_fork_positions_spans_and_params(db: Db) -> None:
+    db.stream("dense", "p1", A, model="m-dense")
+    db.stream("sparse", "p1", B, model="m-sparse")
+    db.stream("dense", "p1", A, model="m-dense", temperature=0.7)
+    db.stream("sparse", "p1", A, model="m-sparse", temperature=0.7)
+    path = db.close()
+    res = _cli("diff", "--db", path, "--baseline", "dense", "--candidate", "sparse", "--json",
+               "--spans")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    js = json.loads(res.stdout)
+    ta, tb = "".join(A), "".join(B)
+    char = next(i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y)
+    (forked,) = [p for p in js["pairs"] if not p["identical"]]
+    assert forked["first_divergence_char"] == char == len("".join(A[:5])) + 1  # " o" vs " u"
+    assert forked["first_divergence"] == expected_fork(A, B)
+    assert forked["first_divergence_chunk_baseline"] == 6  # pieces are chunks, 1-based
+    assert forked["first_divergence_chunk_candidate"] == 6
+    assert forked["token_unit"] == "retokenized"
+    assert "re-tokenized" in js["summary"]["first_divergence_unit"]
+    # every differing span, with the text of both sides
+    spans = forked["spans"]
+    assert spans and spans[0]["baseline_chars"][0] <= char
+    assert "".join(s["candidate_text"] for s in spans) in tb
+    assert any("under" in s["candidate_text"] for s in spans)
+    ia, ib = ids_of(ta), ids_of(tb)
+    assert (
+        spans[0]["baseline_tokens"][0]
+        == spans[0]["candidate_tokens"][0]
+        == next(i for i, (x, y) in enumerate(zip(ia, ib, strict=False)) if x != y)
+    )
+    text = _cli("diff", "--db", path, "--baseline", "dense", "--candidate", "sparse", "--spans")
+    assert "differing spans" in text.stdout and "where they fork" in text.stdout
+    # two rows with the same prompt: the parameter that differs is shown
+    assert "temperature=0" in text.stdout and "temperature=0.7" in text.stdout
+    assert "m-dense→m-sparse" in text.stdout
+
+
+def test_cli_configured_tokenizer_that_fails_is_exit_2(gated_db: str, tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-tokenizer")
+    for cmd in (
+        ["diff", "--db", gated_db, "--baseline", "dense", "--candidate", "sparse"],
+        ["stats", "--db", gated_db],
+        ["verify", "--db", gated_db],
+    ):
+        res = _cli(*cmd, "--tokenizer", f"llama-*={missing}")
+        assert res.exit_code == 2, (cmd, res.output)
+        assert "no such file or directory" in res.output
+        res = _cli(*cmd, "--default-tokenizer", missing)
+        assert res.exit_code == 2, (cmd, res.output)
+
+
+# ---------------------------------------------------------------------------
+# Real captures replayed under two labels (non-root)
+# ---------------------------------------------------------------------------
+
+PCAPS = Path(__file__).resolve().parent.parent / "pcaps"
+
+
+def _replay_as(name: str, db: str, label: str, writer: Any = None) -> dict[str, Any]:
+    from sniffer.runtime.replay import replay
+
+    exp = json.loads((PCAPS / f"{name}.expected.json").read_text(encoding="utf-8"))
+    replay(
+        PCAPS / f"{name}.pcap",
+        db,
+        labels={exp["server_port"]: label},
+        writer=writer,
+        tokens=REGISTRY,
+    )
+    return exp
+
+
+@pytest.mark.parametrize(
+    ("name", "pairs", "unit"),
+    [
+        ("dialect_responses_stream", 2, "retokenized"),
+        ("dialect_anthropic_stream", 2, "retokenized"),
+        ("n2", 2, "retokenized"),
+        ("dialect_tgi_stream", 2, "server"),
+    ],
+)
+def test_one_capture_under_two_labels_compares_identical(
+    tmp_path: Path, name: str, pairs: int, unit: str
+) -> None:
+    db = str(tmp_path / "two.db")
+    exp = _replay_as(name, db, "a")
+    _replay_as(name, db, "b")
+    res = _cli("diff", "--db", db, "--baseline", "a", "--candidate", "b", "--json",
+               "--fail-if", "identical_ratio < 1")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    js = json.loads(res.stdout)
+    assert js["summary"]["pairs"] == pairs and js["summary"]["identical_ratio"] == 1.0
+    assert {p["token_unit"] for p in js["pairs"]} == {unit}
+    assert all(p["baseline_choice"] == p["candidate_choice"] for p in js["pairs"])
+    complete = [s for s in exp["streams"] if s["state"] == "complete"]
+    assert js["summary"]["baseline_incomplete"] == len(exp["streams"]) - len(complete)
+    outs = [o for o in load_outputs(make_engine(db), registry=REGISTRY) if o.label == "a"]
+    if name.startswith(("dialect_responses", "dialect_anthropic")):
+        # the output is the whole message: every block's text, in index order
+        for s, o in zip(complete, [o for o in outs if o.complete], strict=True):
+            blocks = [s["choices"][k]["text"] for k in sorted(s["choices"], key=int)]
+            assert o.choice == 0 and o.text == "".join(blocks)
+    if name == "n2":  # choice i pairs with choice i, never all against all
+        texts = {o.choice: o.text for o in outs}
+        assert texts == {int(k): v["text"] for k, v in exp["streams"][0]["choices"].items()}
+    if name == "dialect_tgi_stream":  # two different TGI prompts, two fingerprints
+        assert js["summary"]["prompts"] == 2
+
+
+def test_sampled_out_run_is_counted_never_compared(tmp_path: Path) -> None:
+    """The daemon's chain: Sampler before the writer. A run with every stream
+    sampled out has no text to compare: the gate fails, verify says why."""
+    from sniffer.record.sampling import Sampler
+    from sniffer.reports.verify import verify_db
+
+    class SamplingWriter(StoreWriter):
+        def __init__(self, db: str, sampler: Sampler) -> None:
+            super().__init__(db)
+            self.sampler = sampler
+
+        def write_many(self, events: Any) -> None:
+            super().write_many(self.sampler.filter(list(events)))
+
+    db = str(tmp_path / "sampled.db")
+    exp = _replay_as("chat_english", db, "baseline")
+    w = SamplingWriter(db, Sampler(0.0))
+    _replay_as("chat_english", db, "sampled", writer=w)
+    w.close()
+    n = len(exp["streams"])
+    res = _cli("diff", "--db", db, "--baseline", "baseline", "--candidate", "sampled", "--json",
+               "--fail-if", "identical_ratio < 0.95")  # fmt: skip
+    assert res.exit_code == 1, res.output
+    js = json.loads(res.stdout)
+    s = js["summary"]
+    assert s["pairs"] == 0 and s["candidate_sampled_out"] == s["candidate_streams"] == n
+    assert s["sampled_out_ratio"] == 0.5
+    assert js["gates"][0]["reason"].startswith("no evidence")
+    assert all(x["sampled_out"] for x in js["not_compared"]["candidate"])
+    text = _cli("diff", "--db", db, "--baseline", "baseline", "--candidate", "sampled")
+    assert f"text sampled out (--sample-rate), not compared: 0 baseline and {n}" in text.stdout
+    st = stats(make_engine(db), registry=REGISTRY, labels=["sampled"])
+    assert st.groups == [] and st.summary["sampled_out_outputs"] == n
+    report = verify_db(make_engine(db), REGISTRY, label="sampled")
+    assert report.ok and report.not_verifiable == n
+    assert all(not v.verifiable for v in report.streams)
+    assert report.to_dict()["verified"] == 0
+    res = _cli("verify", "--db", db, "--label", "sampled")
+    assert res.exit_code == 0 and f"{n} not verifiable (text sampled out)" in res.stdout
+    # the kept run verifies, and says how its prompt tokens were counted
+    kept = verify_db(make_engine(db), REGISTRY, label="baseline")
+    assert kept.not_verifiable == 0 and all(v.verifiable for v in kept.streams)
+    assert {v.prompt_template for v in kept.streams} == {
+        "no chat template in default:deepseek-v4: counted as 'role: content' lines"
+    }
+
+
 # ---------------------------------------------------------------------------
 # End to end: two fixture servers, probe, dumpcap, replay, stats, diff
 # ---------------------------------------------------------------------------
@@ -269,6 +560,10 @@ def test_bad_rows_do_not_raise(db: Db) -> None:
 PERTURB = 5
 E2E_PROMPTS = ["Tell me about rivers", "Write a poem about bread", "Why is the sky blue?"]
 REPEAT = 3
+#: Each deployment under its own served model name, as two deployments are.
+#: ("fake-openai" and "fake-tpc3" make the fixture server generate the same
+#: words as "fake": style and chunking switches are not part of its text hash.)
+DENSE_MODEL, TWIN_MODEL, PRUNED_MODEL = "fake", "fake-openai", "fake-tpc3"
 
 
 def _can_capture() -> bool:
@@ -288,60 +583,123 @@ def _poll(cond: Any, what: str, polls: int = 400) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _expected_fork(prompt: str) -> tuple[str, str, int]:
-    """Baseline and perturbed text from the fixture server's own generator, and
-    the token index holding the first character of the first perturbed piece."""
+@dataclass
+class Fork:
+    """Where the perturbed server's answer leaves the dense one's, computed from
+    the fixture server's own generator (independently of any capture)."""
+
+    base_text: str
+    pert_text: str
+    char: int  # first differing character
+    token: int  # index of the (re-tokenized) token holding it
+    base_chunk: int  # served chunk (1-based) holding it: one piece per chunk
+    pert_chunk: int  # three pieces per chunk
+
+
+def _expected_fork(prompt: str, model: str = DENSE_MODEL) -> Fork:
     from tests.fixture_server.app import Options, make_plan
 
-    body = {"model": "fake", "messages": [{"role": "user", "content": prompt}], "stream": True}
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True}
     body["temperature"] = 0.0
     base = make_plan(body, True, Options()).choices[0].content
     pert = make_plan(body, True, Options(perturb_after=PERTURB)).choices[0].content
     assert base[:PERTURB] == pert[:PERTURB] and base[PERTURB] != pert[PERTURB]
-    char = len("".join(base[:PERTURB]))
-    text = "".join(base)
-    return text, "".join(pert), char_to_token(text, char)
+    text, ptext = "".join(base), "".join(pert)
+    char = next(i for i, (x, y) in enumerate(zip(text, ptext, strict=False)) if x != y)
+    assert char >= len("".join(base[:PERTURB]))
+
+    def chunk_of(pieces: list[str], per: int) -> int:
+        ends = list(accumulate(len(p) for p in pieces))
+        piece = next(i for i, end in enumerate(ends) if end > char)
+        return piece // per + 1
+
+    return Fork(text, ptext, char, char_to_token(text, char), chunk_of(base, 1), chunk_of(pert, 3))
 
 
-def _check_stability_and_divergence(db: str) -> list[int]:
-    """What the baseline (deterministic) and the perturbed server must show;
-    returns the fork position of each prompt."""
+def _check_stability_and_divergence(db: str, base: str = "baseline", cand: str = "sparse") -> None:
+    """What the dense (deterministic) and the perturbed server must show: the
+    pairs found across two model names, every fork placed exactly."""
     engine = make_engine(db)
     st = stats(engine, registry=REGISTRY)
-    assert st.summary["labels"]["baseline"] == {
+    assert st.summary["labels"][base] == {
         "groups": len(E2E_PROMPTS),
         "deterministic_groups": len(E2E_PROMPTS),
         "deterministic_ratio": 1.0,
         "outputs": len(E2E_PROMPTS) * REPEAT,
     }
-    assert st.summary["labels"]["sparse"]["deterministic_ratio"] == 1.0
+    assert st.summary["labels"][cand]["deterministic_ratio"] == 1.0
 
-    rep = diff(engine, "baseline", "sparse", registry=REGISTRY)
+    rep = diff(engine, base, cand, registry=REGISTRY)
     assert rep.summary["prompts"] == len(E2E_PROMPTS)
-    assert rep.summary["pairs"] == len(E2E_PROMPTS) * REPEAT * REPEAT
+    assert rep.summary["pairs"] == len(E2E_PROMPTS) * REPEAT  # repeat j with repeat j
     assert rep.summary["identical_pairs"] == 0
+    assert rep.summary["unmatched_ratio"] == 0.0 and rep.summary["incomplete_ratio"] == 0.0
+    assert rep.summary["first_divergence_unit"].startswith("token index in ids re-tokenized")
     by_prompt = {p.prompt: p for p in rep.prompts}
     forks = []
     for prompt in E2E_PROMPTS:
-        base_text, pert_text, fork = _expected_fork(prompt)
+        want = _expected_fork(prompt)
         pr = by_prompt[f"user: {prompt}"]
-        assert pr.baseline_text == base_text and pr.candidate_text == pert_text
-        assert pr.first_divergence == fork
+        assert (pr.model, pr.candidate_model) == (DENSE_MODEL, PRUNED_MODEL)
+        assert pr.baseline_text == want.base_text and pr.candidate_text == want.pert_text
+        assert pr.first_divergence == want.token and pr.first_divergence_char == want.char
+        assert pr.fork_context is not None
+        assert pr.fork_context["baseline_after"] == want.base_text[want.char :][:120]
+        assert pr.fork_context["candidate_after"] == want.pert_text[want.char :][:120]
         pairs = [p for p in rep.pairs if p.key == pr.key]
-        assert {p.first_divergence for p in pairs} == {fork}
-        assert {p.common_prefix for p in pairs} == {fork}
-        forks.append(fork)
+        assert len(pairs) == REPEAT
+        assert {p.first_divergence for p in pairs} == {want.token}
+        assert {p.common_prefix for p in pairs} == {want.token}
+        assert {p.first_divergence_char for p in pairs} == {want.char}
+        assert {p.first_divergence_chunk_baseline for p in pairs} == {want.base_chunk}
+        assert {p.first_divergence_chunk_candidate for p in pairs} == {want.pert_chunk}
+        assert {p.token_unit for p in pairs} == {"retokenized"}
+        forks.append(want.token)
     assert rep.summary["median_first_divergence"] == sorted(forks)[1]
     # three tokens per chunk on the candidate side
     assert rep.summary["candidate_tokens_per_chunk_mean"] > 2.0
     assert rep.summary["baseline_tokens_per_chunk_mean"] < 1.5
-    return forks
+    # the served model names differ: with --match-model nothing pairs
+    strict = diff(engine, base, cand, registry=REGISTRY, match_model=True)
+    assert strict.summary["pairs"] == 0
+    assert strict.summary["unmatched_baseline_prompts"] == len(E2E_PROMPTS)
+    assert strict.summary["unmatched_candidate_prompts"] == len(E2E_PROMPTS)
+
+
+def _drop_server_segments(src: Path, dst: Path, port: int, every: int) -> int:
+    """Copy a capture, leaving out every ``every``-th server→client data segment
+    of ``port`` (per connection): real bytes, really lost. Returns the count."""
+    from scapy.layers.inet import TCP
+    from scapy.utils import rdpcap, wrpcap
+
+    kept = []
+    seen: dict[int, int] = {}
+    dropped = 0
+    for pkt in rdpcap(str(src)):
+        if TCP in pkt and pkt[TCP].sport == port and len(bytes(pkt[TCP].payload)) > 0:
+            n = seen[pkt[TCP].dport] = seen.get(pkt[TCP].dport, 0) + 1
+            if n % every == 0:
+                dropped += 1
+                continue
+        kept.append(pkt)
+    wrpcap(str(dst), kept)
+    return dropped
+
+
+def _diff_cli(db: str, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from sniffer.cli import main
+
+    return CliRunner().invoke(main, ["diff", "--db", db, *args])
 
 
 @pytest.mark.root
 @pytest.mark.skipif(not _can_capture(), reason="needs root and dumpcap to record loopback")
 def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
-    import os
+    """Three real servers on loopback, each under its own model name: a dense
+    one, an identical twin and a perturbed ("pruned") copy; probe, dumpcap,
+    replay with three labels; then the gates a rollout would use."""
     import signal
     import subprocess
 
@@ -352,30 +710,26 @@ def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
 
     port_a = free_port()
     port_b = free_port(lo=19000, hi=19499)
+    port_c = free_port(lo=19500, hi=19999)
     servers = [
         start_server_process(port_a),
-        start_server_process(port_b, "--perturb-after", str(PERTURB), "--tokens-per-chunk", "3"),
+        start_server_process(port_b),
+        start_server_process(port_c, "--perturb-after", str(PERTURB), "--tokens-per-chunk", "3"),
     ]
     pcap = tmp_path / "probe.pcap"
     dumpcap: subprocess.Popen[bytes] | None = None
     try:
-        wait_ready(port_a)
-        wait_ready(port_b)
+        for port in (port_a, port_b, port_c):
+            wait_ready(port)
         dumpcap = subprocess.Popen(
             [
-                "dumpcap",
-                "-q",
-                "-P",
-                "-i",
-                "lo",
-                "-f",
-                f"tcp port {port_a} or tcp port {port_b}",
-                "-w",
-                str(pcap),
+                "dumpcap", "-q", "-P", "-i", "lo", "-f",
+                f"tcp port {port_a} or tcp port {port_b} or tcp port {port_c}",
+                "-w", str(pcap),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )
+        )  # fmt: skip
         _poll(lambda: pcap.exists() and pcap.stat().st_size >= 24, "the pcap header")
         header = pcap.stat().st_size
 
@@ -390,34 +744,20 @@ def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
         prompts = tmp_path / "prompts.txt"
         prompts.write_text("\n".join(E2E_PROMPTS) + "\n", encoding="utf-8")
         runner = CliRunner()
-        res = runner.invoke(
-            main,
-            [
-                "probe",
-                str(prompts),
-                "--url",
-                f"http://127.0.0.1:{port_a}",
-                "--url",
-                f"http://127.0.0.1:{port_b}",
-                "--model",
-                "fake",
-                "--repeat",
-                str(REPEAT),
-                "-c",
-                "4",
-                "--timeout",
-                "20",
-                "--deadline",
-                "60",
-                "--json",
-            ],
-        )
-        assert res.exit_code == 0, res.output
-        probed = json.loads(res.output)
-        assert probed["ok"] == len(E2E_PROMPTS) * REPEAT * 2
-        assert probed["deterministic_ratio"] == 1.0
-        assert all(not a["agree"] for a in probed["across_urls"])
-        poke_until_captured(port_b, pcap.stat().st_size)  # everything before is on disk
+        for port, model in ((port_a, DENSE_MODEL), (port_b, TWIN_MODEL), (port_c, PRUNED_MODEL)):
+            res = runner.invoke(
+                main,
+                [
+                    "probe", str(prompts), "--url", f"http://127.0.0.1:{port}",
+                    "--model", model, "--repeat", str(REPEAT), "-c", "4",
+                    "--timeout", "20", "--deadline", "60", "--json",
+                ],
+            )  # fmt: skip
+            assert res.exit_code == 0, res.output
+            probed = json.loads(res.output)
+            assert probed["ok"] == len(E2E_PROMPTS) * REPEAT
+            assert probed["deterministic_ratio"] == 1.0
+        poke_until_captured(port_c, pcap.stat().st_size)  # everything before is on disk
     finally:
         if dumpcap is not None:
             dumpcap.send_signal(signal.SIGINT)
@@ -430,74 +770,96 @@ def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
     res = CliRunner().invoke(
         main,
         [
-            "replay",
-            str(pcap),
-            "--db",
-            db,
-            "-q",
-            "--label",
-            f"{port_a}=baseline",
-            "--label",
-            f"{port_b}=sparse",
+            "replay", str(pcap), "--db", db, "-q", "--label", f"{port_a}=dense",
+            "--label", f"{port_b}=twin", "--label", f"{port_c}=pruned",
         ],
-    )
+    )  # fmt: skip
     assert res.exit_code == 0, res.output
-    forks = _check_stability_and_divergence(db)
+    _check_stability_and_divergence(db, "dense", "pruned")
 
+    # the identical twin passes the gate, across two model names
+    gate = "identical_ratio < 0.95"
+    res = _diff_cli(db, "--baseline", "dense", "--candidate", "twin", "--fail-if", gate, "--json")
+    assert res.exit_code == 0, res.output
+    js = json.loads(res.stdout)
+    assert js["summary"]["pairs"] == len(E2E_PROMPTS) * REPEAT
+    assert js["summary"]["identical_ratio"] == 1.0 and js["verdict"]["passed"] is True
+
+    # the pruned copy fails it, and the report says where it forked
     html_path = tmp_path / "report.html"
-    res = CliRunner().invoke(
-        main,
-        [
-            "diff",
-            "--db",
-            db,
-            "--baseline",
-            "baseline",
-            "--candidate",
-            "sparse",
-            "--fail-if",
-            "identical_ratio < 0.95",
-            "--html",
-            str(html_path),
-        ],
-    )
-    assert res.exit_code == 1, res.output  # the gate fails: nothing is identical
+    res = _diff_cli(
+        db, "--baseline", "dense", "--candidate", "pruned", "--fail-if", gate,
+        "--html", str(html_path), "--spans",
+    )  # fmt: skip
+    assert res.exit_code == 1, res.output
     assert "gate identical_ratio < 0.95: FAIL" in res.output
+    assert "verdict: FAIL (1 of 1 gates failed)" in res.output
+    assert "differing spans" in res.output
     page = html_path.read_text(encoding="utf-8")
     assert page.count("<svg") >= 4 and "<script" not in page and "http://" not in page
-    res = CliRunner().invoke(
-        main,
-        [
-            "diff",
-            "--db",
-            db,
-            "--baseline",
-            "baseline",
-            "--candidate",
-            "sparse",
-            "--json",
-            "--fail-if",
-            "median_first_divergence < 1",
-            "--pairing",
-            "modal",
-        ],
-    )
+    assert page.index("FAIL — 1 of 1 gates failed") < page.index("Where they fork")
+    fork = _expected_fork(E2E_PROMPTS[0])
+    mark = html.escape(fork.base_text[fork.char])
+    assert f"<mark>{mark}</mark>" in page
+    assert "Time to first token (ms)" in page and ">outputs</text>" in page
+
+    res = _diff_cli(
+        db, "--baseline", "dense", "--candidate", "pruned", "--json",
+        "--fail-if", "median_first_divergence < 1", "--pairing", "modal",
+    )  # fmt: skip
     assert res.exit_code == 0, res.output
-    js = json.loads(res.output)
+    js = json.loads(res.stdout)
     assert js["summary"]["pairs"] == len(E2E_PROMPTS)
+    forks = sorted(_expected_fork(p).token for p in E2E_PROMPTS)
     assert js["gates"] == [
-        {"gate": "median_first_divergence < 1", "actual": sorted(forks)[1], "failed": False}
+        {
+            "gate": "median_first_divergence < 1",
+            "actual": forks[1],
+            "failed": False,
+            "reason": f"median_first_divergence = {forks[1]}, not < 1",
+        }
     ]
-    res = CliRunner().invoke(main, ["stats", "--db", db, "--label", "baseline"])
+    # --match-model: the names differ, nothing pairs, and that is no pass
+    res = _diff_cli(db, "--baseline", "dense", "--candidate", "pruned", "--fail-if", gate,
+                    "--match-model")  # fmt: skip
+    assert res.exit_code == 1 and "no evidence: no pair compared" in res.output
+    # an empty candidate (a label nothing was recorded under) is no pass either
+    res = _diff_cli(db, "--baseline", "dense", "--candidate", "prunned", "--fail-if", gate)
+    assert res.exit_code == 1 and "no evidence" in res.output
+    assert "no stream is labelled 'prunned'" in res.output
+
+    # a candidate whose streams all have gaps: counted, not compared, no pass
+    lossy = tmp_path / "lossy.pcap"
+    assert _drop_server_segments(pcap, lossy, port_c, every=4) > 0
+    res = CliRunner().invoke(
+        main, ["replay", str(lossy), "--db", db, "-q", "--port", str(port_c),
+               "--label", f"{port_c}=gappy"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    res = _diff_cli(db, "--baseline", "dense", "--candidate", "gappy", "--fail-if", gate, "--json")
+    assert res.exit_code == 1, res.output
+    js = json.loads(res.stdout)
+    s = js["summary"]
+    assert s["candidate_streams"] > 0 and s["candidate_incomplete"] == s["candidate_streams"]
+    assert s["pairs"] == 0 and s["incomplete_ratio"] > 0
+    assert js["gates"][0]["reason"].startswith("no evidence")
+    assert {x["state"] for x in js["not_compared"]["candidate"]} <= {"gap", "truncated", "error"}
+    # the prompts are there on both sides; the candidate's outputs were left out
+    assert {u["other_side_not_compared"] for u in js["unmatched"]["baseline"]} == {REPEAT}
+    res = _diff_cli(db, "--baseline", "dense", "--candidate", "gappy", "--fail-if",
+                    "incomplete_ratio > 0", "--include-incomplete")  # fmt: skip
+    assert res.exit_code == 1 and "gate incomplete_ratio > 0: FAIL" in res.output
+
+    res = CliRunner().invoke(main, ["stats", "--db", db, "--label", "dense"])
     assert res.exit_code == 0 and "3 fully deterministic (100.0%)" in res.output
-    assert os.path.exists(db)
 
 
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="live capture needs root (CAP_NET_RAW)")
 def test_end_to_end_with_the_daemon_capturing_both_ports(tmp_path: Path) -> None:
     """The acceptance workflow live: `sparseety run` labels two ports, probe drives
-    both servers, then stats and diff find the perturbation's exact fork."""
+    both servers (each under its own model name), then stats and diff pair them
+    and find the perturbation's exact fork, and the gate fails."""
     import signal
     import subprocess
     import sys
@@ -534,15 +896,16 @@ def test_end_to_end_with_the_daemon_capturing_both_ports(tmp_path: Path) -> None
         _poll(lambda: "capture-active" in log.read_text(errors="replace"), "capture to start")
         prompts = tmp_path / "prompts.txt"
         prompts.write_text("\n".join(E2E_PROMPTS) + "\n", encoding="utf-8")
-        res = CliRunner().invoke(
-            main,
-            [
-                "probe", str(prompts), "--url", f"http://127.0.0.1:{port_a}",
-                "--url", f"http://127.0.0.1:{port_b}", "--model", "fake",
-                "--repeat", str(REPEAT), "-c", "4", "--timeout", "20", "--deadline", "60",
-            ],
-        )  # fmt: skip
-        assert res.exit_code == 0, res.output
+        for port, model in ((port_a, DENSE_MODEL), (port_b, PRUNED_MODEL)):
+            res = CliRunner().invoke(
+                main,
+                [
+                    "probe", str(prompts), "--url", f"http://127.0.0.1:{port}",
+                    "--model", model, "--repeat", str(REPEAT), "-c", "4",
+                    "--timeout", "20", "--deadline", "60",
+                ],
+            )  # fmt: skip
+            assert res.exit_code == 0, res.output
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=60) == 0, log.read_text(errors="replace")
     finally:
@@ -551,3 +914,6 @@ def test_end_to_end_with_the_daemon_capturing_both_ports(tmp_path: Path) -> None
                 p.terminate()
                 p.wait(timeout=10)
     _check_stability_and_divergence(db)
+    res = _diff_cli(db, "--baseline", "baseline", "--candidate", "sparse",
+                    "--fail-if", "identical_ratio < 0.95")  # fmt: skip
+    assert res.exit_code == 1 and "verdict: FAIL" in res.output

@@ -81,9 +81,17 @@ def parse_tokenizer_specs(values: tuple[str, ...] | list[tuple[str, str]]) -> li
 
 
 def make_registry(specs: tuple[str, ...], default: str | None) -> Any:
-    from sniffer.llm.tokens import TokenizerRegistry
+    """The registry of --tokenizer / --default-tokenizer. Every configured
+    tokenizer is loaded now: one that fails is an error (exit 2), never a
+    silent fall-back to the default."""
+    from sniffer.llm.tokens import TokenizerLoadError, TokenizerRegistry
 
-    return TokenizerRegistry(parse_tokenizer_specs(specs), default=default or None)
+    registry = TokenizerRegistry(parse_tokenizer_specs(specs), default=default or None)
+    try:
+        registry.preload_configured()
+    except TokenizerLoadError as exc:
+        fail(f"{exc} (a configured tokenizer must load: nothing falls back to the default)", 2)
+    return registry
 
 
 def tokenizer_options(f: F) -> F:

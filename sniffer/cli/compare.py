@@ -151,11 +151,13 @@ def stats(
 ) -> None:
     """Output stability: group repeats of the same request and compare their tokens.
 
-    Streams are grouped by fingerprint (model, normalised prompt, sampling
-    parameters, label). Each group with two or more outputs lists its
-    distinct outputs (count and first 200 characters), the longest common
-    token prefix and the token position where the variants fork. The summary
-    gives the share of fully deterministic groups, overall and per label.
+    Streams are grouped by fingerprint (label, served model, normalised
+    prompt, sampling parameters): repeats of one request to one deployment.
+    Streams whose text was sampled out are counted, not compared. Each group
+    with two or more outputs lists its distinct outputs (count and first 200
+    characters), the longest common token prefix and the token position where
+    the variants fork. The summary gives the share of fully deterministic
+    groups, overall and per label.
 
     \b
     Example:
@@ -164,13 +166,14 @@ def stats(
     from sniffer.reports.stats import format_stats, stats_json
     from sniffer.reports.stats import stats as run_stats
 
+    registry = make_registry(tokenizers, default_tokenizer)
     with library_errors():
         engine = open_engine(db)
         report = run_stats(
             engine,
             labels=list(labels) or None,
             model=model,
-            registry=make_registry(tokenizers, default_tokenizer),
+            registry=registry,
             include_incomplete=include_incomplete,
         )
     if as_json:
@@ -188,15 +191,26 @@ def stats(
 @click.option("--candidate", required=True, metavar="LABEL", help="Label of the side under test.")
 @click.option(
     "--pairing",
-    type=click.Choice(["all", "modal"]),
-    default="all",
+    type=click.Choice(["index", "modal", "all"]),
+    default="index",
     show_default=True,
-    help="all: every baseline output with every candidate output of the same request; "
-    "modal: the most frequent output of each side.",
+    help="index: choice i with choice i, repeats in capture order; modal: the most frequent "
+    "output of each side per choice; all: every baseline output with every candidate output "
+    "of the same request.",
 )
-@click.option("--model", help="Only streams of this model.")
 @click.option(
-    "--include-incomplete", is_flag=True, help="Also truncated, gapped and failed streams."
+    "--match-model",
+    is_flag=True,
+    help="Pair only requests sent to the same served model name (by default the label "
+    "identifies a side and the model name is not part of the pairing key).",
+)
+@click.option(
+    "--model", help="Only streams of this served model name (on both sides; see --match-model)."
+)
+@click.option(
+    "--include-incomplete",
+    is_flag=True,
+    help="Also compare truncated, gapped and failed streams (they are always counted).",
 )
 @click.option(
     "--fail-if",
@@ -204,7 +218,19 @@ def stats(
     multiple=True,
     metavar="'METRIC OP NUMBER'",
     help="Exit 1 when this holds, e.g. 'identical_ratio < 0.95'. Repeat. Metrics are the "
-    "summary keys of --json.",
+    "numeric summary keys of --json. A gate whose metric has no value, or with fewer "
+    "pairs than --min-pairs, fails too (no evidence, no pass).",
+)
+@click.option(
+    "--min-pairs",
+    type=click.IntRange(0),
+    default=None,
+    metavar="N",
+    help="Gates fail with fewer than N compared pairs  [default: 1 when a gate is given]. "
+    "Given alone, it is a gate of its own.",
+)
+@click.option(
+    "--spans", "show_spans", is_flag=True, help="List every differing span of every pair."
 )
 @click.option(
     "--html", "html_path", type=click.Path(dir_okay=False), help="Write a self-contained report."
@@ -217,9 +243,12 @@ def diff(
     baseline: str,
     candidate: str,
     pairing: str,
+    match_model: bool,
     model: str | None,
     include_incomplete: bool,
     gates: tuple[str, ...],
+    min_pairs: int | None,
+    show_spans: bool,
     html_path: str | None,
     limit: int,
     tokenizers: tuple[str, ...],
@@ -228,16 +257,24 @@ def diff(
 ) -> None:
     """Compare the token outputs and latency of two labels (baseline vs candidate).
 
-    Streams of the two labels are paired by request fingerprint (model,
-    normalised prompt, sampling parameters) and their token-id sequences
-    compared: identical or not, first divergence, common prefix, edit
-    distance, length and finish-reason differences; per side TTFT,
-    inter-token latency and tokens per chunk. --fail-if gates make the exit
-    code 1 when a condition holds, so the comparison can gate a rollout.
+    Streams of the two labels are paired by request fingerprint (normalised
+    prompt, system prompt, sampling parameters, max tokens, n, seed, tools,
+    response format; not the served model name unless --match-model): choice
+    i with choice i. Each pair: identical or not, where they fork (character,
+    served chunk and token index; server token ids when the stream carries
+    them), common prefix, edit distance, length and finish-reason
+    differences; per side TTFT, inter-token latency and tokens per chunk.
+    Incomplete and sampled-out streams and prompts seen on one side only are
+    counted and shown, never compared as empty text.
+
+    --fail-if gates make the exit code 1 when a condition holds, so the
+    comparison can gate a rollout. No evidence, no pass: a gate also fails
+    when its metric has no value or fewer than --min-pairs pairs were compared.
+    Exit code 2: bad usage, or a configured tokenizer that does not load.
 
     \b
     Example:
-      sparseety diff --db sparseety.db --baseline baseline --candidate sparse \\
+      sparseety diff --db sparseety.db --baseline dense --candidate sparse \\
           --fail-if 'identical_ratio < 0.95' --fail-if 'ttft_ratio > 1.2' --html report.html
     """
     from sniffer.reports.diff import GateError, diff_json, evaluate_gates, format_diff, parse_gate
@@ -247,6 +284,9 @@ def diff(
         parsed = [parse_gate(g) for g in gates]
     except GateError as exc:
         raise click.BadParameter(str(exc), param_hint="--fail-if") from exc
+    if min_pairs is not None and not parsed:
+        parsed = [parse_gate(f"pairs < {min_pairs}")]  # --min-pairs alone: a gate of its own
+    registry = make_registry(tokenizers, default_tokenizer)
     with library_errors():
         engine = open_engine(db)
         report = run_diff(
@@ -255,10 +295,14 @@ def diff(
             candidate,
             pairing=pairing,
             model=model,
-            registry=make_registry(tokenizers, default_tokenizer),
+            registry=registry,
             include_incomplete=include_incomplete,
+            match_model=match_model,
+            spans=show_spans,
         )
-        results = evaluate_gates(parsed, report.summary)
+        results = evaluate_gates(
+            parsed, report.summary, min_pairs=1 if min_pairs is None else min_pairs
+        )
         if html_path:
             from sniffer.reports.html import diff_html
 
@@ -267,7 +311,7 @@ def diff(
     if as_json:
         click.echo(json.dumps(diff_json(report, results), indent=2, ensure_ascii=False))
     else:
-        click.echo(format_diff(report, results, limit=limit))
+        click.echo(format_diff(report, results, limit=limit, spans=show_spans))
         if html_path:
             click.echo(f"wrote {html_path}", err=True)
     if report.summary["pairs"] == 0:

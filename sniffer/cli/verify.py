@@ -129,7 +129,18 @@ def _human(report: Any, show_tokens: bool, verbose: bool) -> None:
         if v.label:
             who += f" ({v.label})"
         tok = f"{v.tokens} tokens" if v.tokens is not None else "not tokenized"
+        if not v.verifiable:
+            mark = _mark(v.ok) if not v.ok else "–"
+            head = (
+                f"{mark} {who} {v.model or '-'} {v.state or '-'}: text sampled out, not verifiable"
+            )
+            if v.failures:
+                head += " — " + "; ".join(_first_per_kind(v.failures))
+            click.echo(head)
+            continue
         head = f"{_mark(v.ok)} {who} {v.model or '-'} {v.state or '-'}: {v.chunks} chunks, {tok}"
+        if v.prompt_tokens is not None and v.prompt_template:
+            head += f", prompt {v.prompt_tokens} tokens ({v.prompt_template})"
         if v.failures:
             head += " — " + "; ".join(_first_per_kind(v.failures))
         if v.warnings:
@@ -143,9 +154,12 @@ def _human(report: Any, show_tokens: bool, verbose: bool) -> None:
                 shown = " ".join(f"{i}:{json.dumps(t, ensure_ascii=False)}" for i, t in toks)
                 click.echo(f"    choice {ch} first {len(toks)} tokens: {shown}")
     kinds = ", ".join(f"{k} {n}" for k, n in report.kind_counts().items()) or "none"
+    nv = report.not_verifiable
     click.echo(
-        f"{len(report.streams)} streams: {len(report.streams) - report.failed} verified, "
-        f"{report.failed} failed, {report.warned} with warnings; kinds (streams): {kinds}"
+        f"{len(report.streams)} streams: {len(report.streams) - report.failed - nv} verified, "
+        f"{report.failed} failed, "
+        + (f"{nv} not verifiable (text sampled out), " if nv else "")
+        + f"{report.warned} with warnings; kinds (streams): {kinds}"
     )
 
 

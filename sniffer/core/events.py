@@ -233,6 +233,7 @@ class StreamOpened:
     capture: str = "packet"
     pid: int | None = None
     comm: str | None = None
+    text_kept: bool = True  # False: sampled out, the chunk text is not stored
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,26 +1,37 @@
 """Request fingerprints: which recorded streams asked the same question.
 
-Two streams have the same fingerprint when they sent the same model the same
-normalised prompt with the same sampling parameters (and, optionally, carry
-the same label). ``stats`` groups repeats of one request by the fingerprint
-*with* the label; ``diff`` pairs baseline and candidate streams by the
-fingerprint *without* it.
+Two streams have the same fingerprint when they sent the same normalised
+prompt with the same generation parameters and, optionally, the same served
+model name and the same label. ``stats`` groups repeats of one request by the
+fingerprint *with* label and model (one label may serve several models; their
+outputs are not repeats of each other). ``diff`` pairs baseline and candidate
+streams by the fingerprint *without* the label and, by default, *without* the
+model name: two deployments under test are addressed by different names
+(``llama-70b`` vs ``llama-70b-sparse``), and a key holding the name would pair
+nothing (``--match-model`` puts it back).
 
-Normalisation (pure, no I/O):
+Normalisation (pure, no I/O), for every dialect's request:
 
-* chat ``messages`` (and Anthropic ``system``, Responses ``input`` lists and
-  ``instructions``): each message becomes ``[role, text]`` where text is the
-  string content, or the text parts of a list content joined; the name and
-  tool-call fields of a message are kept as canonical JSON; CRLF becomes LF;
-* completion ``prompt`` (or Responses ``input`` string): the text; a list of
-  strings or token ids is kept as canonical JSON;
-* sampling parameters: :data:`SAMPLING_KEYS` present in the request body, with
-  numbers canonicalised (``0`` and ``0.0`` are the same temperature,
-  ``max_completion_tokens``/``max_output_tokens`` count as ``max_tokens``);
-  absent keys are absent (no server default is assumed);
+* chat ``messages`` (OpenAI, Ollama chat, Anthropic with its ``system``,
+  Responses ``input`` lists with ``instructions``): each message becomes
+  ``[role, text]`` where text is the string content, or the text parts of a
+  list content joined; the name and tool-call fields of a message are kept as
+  canonical JSON; a system prompt given beside the messages (``system``,
+  ``instructions``) becomes a leading system message; CRLF becomes LF;
+* a plain prompt: completions ``prompt``, Ollama generate ``prompt`` (with its
+  ``system``), Responses ``input`` string (with ``instructions``), TGI
+  ``inputs``: the text; a list of strings or token ids is kept as canonical JSON;
+* generation parameters: the top-level keys of :data:`SAMPLING_KEYS` and
+  :data:`EXTRA_KEYS`, plus every key of TGI ``parameters`` and Ollama
+  ``options`` (except :data:`NESTED_IGNORED`), under one canonical name
+  (:data:`ALIASES`: ``max_completion_tokens``, ``max_output_tokens``,
+  ``max_new_tokens`` and ``num_predict`` count as ``max_tokens``,
+  ``stop_sequences`` as ``stop``, ``repeat_penalty`` as
+  ``repetition_penalty``), numbers canonicalised (``0`` and ``0.0`` are the
+  same temperature); absent keys are absent (no server default is assumed);
 * everything else (``stream``, ``stream_options``, ``user``, ``logprobs``,
-  headers, ids) is ignored: it does not change what a deterministic server
-  generates.
+  TGI ``details``, headers, ids) is ignored: it does not change what a
+  deterministic server generates.
 
 A body that is not JSON is fingerprinted by its raw text (plus model and label).
 The key is the first 16 hex digits of a BLAKE2b hash of the canonical JSON.
@@ -36,6 +47,9 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "ALIASES",
+    "EXTRA_KEYS",
+    "NESTED_IGNORED",
     "SAMPLING_KEYS",
     "Fingerprint",
     "fingerprint",
@@ -62,7 +76,37 @@ SAMPLING_KEYS = (
     "ignore_eos",
     "reasoning_effort",
 )
-_MAX_TOKEN_ALIASES = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+#: Further top-level keys that change the answer in some dialect (completions
+#: ``suffix``/``echo``/``best_of``, Anthropic ``thinking``, Responses
+#: ``reasoning``/``text``, Ollama ``format``/``template``/``raw``/``think``).
+EXTRA_KEYS = (
+    "max_completion_tokens",
+    "max_output_tokens",
+    "max_new_tokens",
+    "stop_sequences",
+    "suffix",
+    "echo",
+    "best_of",
+    "thinking",
+    "reasoning",
+    "text",
+    "format",
+    "template",
+    "raw",
+    "think",
+    "truncate",
+)
+#: Other names of one parameter, as the dialects spell it.
+ALIASES = {
+    "max_completion_tokens": "max_tokens",
+    "max_output_tokens": "max_tokens",
+    "max_new_tokens": "max_tokens",
+    "num_predict": "max_tokens",
+    "stop_sequences": "stop",
+    "repeat_penalty": "repetition_penalty",
+}
+#: Keys of TGI ``parameters`` that ask for more detail, not for other text.
+NESTED_IGNORED = frozenset({"details", "decoder_input_details", "top_n_tokens"})
 #: Row columns used when the request body is missing or unparseable.
 _ROW_PARAMS = ("temperature", "top_p", "seed", "n", "max_tokens")
 PREVIEW = 120
@@ -112,6 +156,15 @@ def _content_text(content: Any) -> Any:
     return _canon(content)
 
 
+def _system(body: Mapping[str, Any]) -> Any:
+    """The system prompt given beside the prompt (Anthropic/Ollama ``system``,
+    Responses ``instructions``), or None."""
+    system = body.get("system")
+    if system is None:
+        system = body.get("instructions")
+    return system
+
+
 def _messages(body: Mapping[str, Any]) -> list[list[Any]] | None:
     raw = body.get("messages")
     if raw is None and isinstance(body.get("input"), list):
@@ -119,7 +172,7 @@ def _messages(body: Mapping[str, Any]) -> list[list[Any]] | None:
     if not isinstance(raw, list):
         return None
     out: list[list[Any]] = []
-    system = body.get("system", body.get("instructions"))
+    system = _system(body)
     if system is not None:
         out.append(["system", _content_text(system)])
     for m in raw:
@@ -134,9 +187,29 @@ def _messages(body: Mapping[str, Any]) -> list[list[Any]] | None:
     return out
 
 
+def _params(body: Mapping[str, Any]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+
+    def put(key: str, value: Any) -> None:
+        if value is None:
+            return
+        name = ALIASES.get(key, key)
+        params.setdefault(name, _canon(value))  # the first spelling found wins
+
+    for key in (*SAMPLING_KEYS, *EXTRA_KEYS):
+        put(key, body.get(key))
+    for nested in ("parameters", "options"):  # TGI, Ollama
+        inner = body.get(nested)
+        if isinstance(inner, dict):
+            for key, value in sorted(inner.items()):
+                if key not in NESTED_IGNORED:
+                    put(str(key), value)
+    return params
+
+
 def normalise_request(body: Mapping[str, Any]) -> dict[str, Any]:
     """The canonical parts of a parsed request body: ``model``, ``messages`` or
-    ``prompt``, and ``params``."""
+    ``prompt`` (with ``system`` when one is given beside it), and ``params``."""
     out: dict[str, Any] = {"model": body.get("model")}
     messages = _messages(body)
     if messages is not None:
@@ -145,17 +218,13 @@ def normalise_request(body: Mapping[str, Any]) -> dict[str, Any]:
         prompt = body.get("prompt")
         if prompt is None and isinstance(body.get("input"), str):
             prompt = body["input"]
+        if prompt is None and "inputs" in body:  # TGI
+            prompt = body["inputs"]
         out["prompt"] = _canon(prompt)
-    params: dict[str, Any] = {}
-    for key in SAMPLING_KEYS:
-        if key == "max_tokens":
-            for alias in _MAX_TOKEN_ALIASES:
-                if body.get(alias) is not None:
-                    params[key] = _canon(body[alias])
-                    break
-        elif key in body and body[key] is not None:
-            params[key] = _canon(body[key])
-    out["params"] = params
+        system = _system(body)
+        if system is not None:
+            out["system"] = _content_text(system)
+    out["params"] = _params(body)
     return out
 
 
@@ -169,13 +238,20 @@ def _preview(norm: dict[str, Any]) -> str:
     else:
         p = norm.get("prompt")
         text = p if isinstance(p, str) else json.dumps(p, ensure_ascii=False)
+        if isinstance(norm.get("system"), str):
+            text = f"system: {norm['system']} | {text}"
     text = " ".join(text.split())
     return text if len(text) <= PREVIEW else text[: PREVIEW - 1] + "…"
 
 
-def fingerprint(row: Mapping[str, Any], *, with_label: bool = True) -> Fingerprint:
+def fingerprint(
+    row: Mapping[str, Any], *, with_label: bool = True, with_model: bool = True
+) -> Fingerprint:
     """The fingerprint of a ``streams`` row (uses ``request_json``, ``model``,
-    ``label`` and, without a parseable body, the sampling columns)."""
+    ``label`` and, without a parseable body, the sampling columns).
+
+    ``with_label`` / ``with_model``: whether the label / the served model name
+    are part of the key (``Fingerprint.model`` is the model either way)."""
     raw = row.get("request_json")
     body: Any = None
     if isinstance(raw, str):
@@ -192,8 +268,9 @@ def fingerprint(row: Mapping[str, Any], *, with_label: bool = True) -> Fingerpri
         norm = {"model": row.get("model"), "raw": raw if isinstance(raw, str) else None}
         norm["params"] = params
     label = row.get("label") if with_label else None
+    keyed = norm if with_model else {k: v for k, v in norm.items() if k != "model"}
     canonical = json.dumps(
-        {"r": norm, "label": label}, sort_keys=True, ensure_ascii=False, separators=(",", ":")
+        {"r": keyed, "label": label}, sort_keys=True, ensure_ascii=False, separators=(",", ":")
     )
     key = hashlib.blake2b(canonical.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
     if "raw" in norm:

@@ -96,6 +96,7 @@ __all__ = [
     "attribute_chunks",
     "default_tokenizer_dir",
     "parse_server_tokens",
+    "prompt_method",
 ]
 
 #: Name recorded on streams whose model has no configured tokenizer.
@@ -323,6 +324,21 @@ class LoadedTokenizer:
         return out
 
 
+def prompt_method(tok: LoadedTokenizer, request: Any) -> str | None:
+    """How :meth:`LoadedTokenizer.prompt_ids` counts this request's prompt, in
+    words: the chat template, the fallback when the tokenizer has none, or a
+    plain prompt (None when the request carries no prompt)."""
+    if not isinstance(request, dict):
+        return None
+    if _chat_messages(request) is not None:
+        if tok.has_chat_template:
+            return "chat template"
+        return f"no chat template in {tok.name}: counted as 'role: content' lines"
+    if request.get("prompt") is not None or isinstance(request.get("input"), str):
+        return "plain prompt"
+    return None
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -417,6 +433,14 @@ class TokenizerRegistry:
     def default(self) -> LoadedTokenizer:
         source = self.default_source or str(default_tokenizer_dir())
         return self._get(source, self.default_name)
+
+    def preload_configured(self) -> None:
+        """Load every configured source and an explicitly given default now
+        (raises the first failure); the built-in default is left to first use."""
+        if self.default_source is not None:
+            self.default()
+        for spec in self.specs:
+            self._get(spec.source, spec.source)
 
     def preload(self) -> None:
         """Load the default and every configured source now (raises the first failure)."""

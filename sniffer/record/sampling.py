@@ -9,6 +9,10 @@ What sampling drops, for a stream that is not kept:
 * its ``ChunkEvent``s (the per-chunk text, reasoning, tool calls, logprobs);
 * ``StreamClosed.response_body`` (the text of a non-streaming reply).
 
+A stream that is not kept is marked: its ``StreamOpened`` goes on with
+``text_kept=False`` (stored as ``streams.text_kept``), so that reports leave it
+out of text comparisons instead of reading it as an empty output.
+
 What it keeps, always: ``StreamOpened`` *with* its request body (the prompt is
 needed to group streams and to tokenize the prompt), ``StreamResponse``,
 ``StreamClosed`` with all its summary figures (chunk and event counts, text
@@ -166,6 +170,8 @@ class Sampler:
                 if len(decisions) >= MAX_TRACKED_STREAMS:
                     del decisions[next(iter(decisions))]
                 decisions[ev.stream] = kept
+                if not kept:
+                    ev = replace(ev, text_kept=False)
             elif t is StreamClosed:
                 assert isinstance(ev, StreamClosed)
                 if not decisions.pop(ev.stream, True) and ev.response_body is not None:

@@ -1,35 +1,67 @@
 """Baseline vs candidate: do two deployments stream the same tokens, as fast?
 
-Outputs (see :mod:`sniffer.reports.stats`) of the two labels are matched by
-the request fingerprint *without* the label. For every fingerprint present on
-both sides, pairs are formed:
+Outputs (see :mod:`sniffer.reports.stats`: one per stream and choice; the
+whole message for the Responses and Anthropic APIs) of the two labels are
+matched by the request fingerprint *without* the label and *without* the
+served model name (two deployments are addressed by different names;
+``match_model`` puts the name back in the key). Everything else that changes
+the answer stays in the key (prompt, system prompt, sampling parameters, max
+tokens, n, seed, tools, response format).
 
+What is compared, and what is only counted:
+
+* streams that are not complete (gap, truncated, error, open) are counted per
+  side (``baseline_incomplete``, ``incomplete_ratio``) and left out of the
+  pairs unless ``include_incomplete``;
+* streams whose text was sampled out (``streams.text_kept`` false) are
+  counted (``baseline_sampled_out``, ``sampled_out_ratio``) and never
+  compared: they are not empty answers;
+* prompts seen on one side only are listed per side (``unmatched``) and
+  counted (``unmatched_baseline_prompts``, ``unmatched_ratio``).
+
+Pairing, per fingerprint present on both sides:
+
+* ``index`` (default) — choice i with choice i; repeats of a request pair in
+  capture order (the j-th baseline output with the j-th candidate output of
+  the same choice); outputs left over are counted in ``unpaired_outputs``;
+* ``modal`` — per choice index, the most frequent output of each side (ties:
+  the earliest);
 * ``all`` — every baseline output with every candidate output (repeats give
   n×m pairs; at most :data:`MAX_PAIRS_PER_PROMPT` per prompt, the rest are
-  counted in ``skipped_pairs``);
-* ``modal`` — the most frequent output of each side (ties: the earliest).
+  counted in ``skipped_pairs``).
 
-Each pair compares token-id sequences: identical, first divergence position,
-common prefix length, Levenshtein distance (:func:`~sniffer.reports.align.edit_distance`,
-bit-parallel, computed once per distinct pair of outputs) and its ratio to the
-longer length, length difference (candidate − baseline) and finish reasons.
+Each pair: identical (same text, and the same token ids), where they fork —
+``first_divergence_char`` (character index), ``first_divergence_chunk_baseline``
+/ ``_candidate`` (the served text chunk holding that character, 1-based, in
+the output's chunk order) and ``first_divergence`` (token index) — common
+prefix, Levenshtein distance (:func:`~sniffer.reports.align.edit_distance`,
+computed once per distinct pair of outputs) and its ratio to the longer
+length, length difference (candidate − baseline) and finish reasons. Token
+positions are in the server's own token ids when both outputs carry them
+(logprobs, TGI tokens, as stored by the token pass: ``token_unit`` "server"),
+else in ids re-tokenized from the text (``"retokenized"``, the tokenizer is
+named in the summary), else in characters (``"char"``, no tokenizer). With
+``spans``, every differing span of the two token sequences is listed.
 
 Per side: TTFT, inter-token latency and tokens-per-chunk distributions over the
 outputs of matched prompts.
 
 Gates: ``METRIC OP NUMBER`` (OP one of ``< <= > >= == !=``), METRIC a key of
-:data:`GATE_METRICS`; a gate *fails* when its comparison holds. A metric with no
-value (e.g. ``median_first_divergence`` when every pair is identical) makes no
-gate fail; it is reported as undefined. Parsed with a regular expression, never
-evaluated.
+:data:`GATE_METRICS`; a gate *fails* when its comparison holds. No evidence, no
+pass: a gate also fails when fewer than ``min_pairs`` (default 1) pairs were
+compared, and when its metric has no value (e.g. ``median_first_divergence``
+when no pair diverged); its reason then starts with "no evidence". Parsed with
+a regular expression, never evaluated.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import operator
 import re
 import statistics
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -44,6 +76,7 @@ from sniffer.reports.stats import Output, load_outputs
 __all__ = [
     "GATE_METRICS",
     "MAX_PAIRS_PER_PROMPT",
+    "PAIRINGS",
     "DiffReport",
     "Gate",
     "GateError",
@@ -57,9 +90,17 @@ __all__ = [
     "evaluate_gates",
     "format_diff",
     "parse_gate",
+    "verdict",
 ]
 
 MAX_PAIRS_PER_PROMPT = 10_000
+PAIRINGS = ("index", "modal", "all")
+#: Characters of each side shown around a fork (before and after it).
+CONTEXT_CHARS = 120
+#: Differing spans listed per pair (the rest are counted).
+MAX_SPANS = 200
+#: Characters of text given per span and side.
+SPAN_TEXT = 200
 
 #: Summary metrics a gate may name (all numbers; some may be undefined).
 GATE_METRICS = (
@@ -70,6 +111,8 @@ GATE_METRICS = (
     "prompts_identical_ratio",
     "median_first_divergence",
     "min_first_divergence",
+    "median_first_divergence_char",
+    "min_first_divergence_char",
     "mean_common_prefix",
     "mean_edit_distance",
     "mean_edit_ratio",
@@ -89,7 +132,31 @@ GATE_METRICS = (
     "tokens_per_chunk_ratio",
     "unmatched_baseline_prompts",
     "unmatched_candidate_prompts",
+    "unmatched_ratio",
+    "baseline_streams",
+    "candidate_streams",
+    "baseline_incomplete",
+    "candidate_incomplete",
+    "incomplete_ratio",
+    "baseline_sampled_out",
+    "candidate_sampled_out",
+    "sampled_out_ratio",
+    "unpaired_outputs",
 )
+
+#: Why a metric can have no value (the "no evidence" reason of a gate on it).
+_UNDEFINED_WHY = {
+    "median_first_divergence": "no pair diverged",
+    "min_first_divergence": "no pair diverged",
+    "median_first_divergence_char": "no pair diverged in its text",
+    "min_first_divergence_char": "no pair diverged in its text",
+    "ttft_ratio": "a side has no TTFT (or the baseline's is 0)",
+    "itl_ratio": "a side has no inter-token latency (or the baseline's is 0)",
+    "tokens_per_chunk_ratio": "a side has no tokenized chunk",
+    "unmatched_ratio": "neither label has a comparable stream",
+    "incomplete_ratio": "neither label has a stream",
+    "sampled_out_ratio": "neither label has a stream",
+}
 
 
 @dataclass(slots=True)
@@ -100,7 +167,7 @@ class PairResult:
     candidate_stream: int
     candidate_choice: int
     identical: bool
-    first_divergence: int | None
+    first_divergence: int | None  # token index (unit: token_unit)
     common_prefix: int
     edit_distance: int
     edit_ratio: float
@@ -109,6 +176,11 @@ class PairResult:
     length_diff: int  # candidate − baseline tokens
     baseline_finish: str | None
     candidate_finish: str | None
+    first_divergence_char: int | None = None  # character index of the first difference
+    first_divergence_chunk_baseline: int | None = None  # served chunk (1-based) holding it
+    first_divergence_chunk_candidate: int | None = None
+    token_unit: str = "retokenized"  # "server", "retokenized" or "char"
+    spans: list[dict[str, Any]] | None = None  # every differing span (with spans=True)
 
     @property
     def finish_differs(self) -> bool:
@@ -118,7 +190,7 @@ class PairResult:
 @dataclass(slots=True)
 class PromptResult:
     key: str
-    model: str | None
+    model: str | None  # the baseline's served model
     prompt: str
     baseline_outputs: int
     candidate_outputs: int
@@ -129,6 +201,11 @@ class PromptResult:
     finish_mismatches: int
     baseline_text: str  # modal output text of each side (for the report)
     candidate_text: str
+    candidate_model: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    first_divergence_char: int | None = None  # earliest over the pairs
+    #: the pair with the earliest fork: both sides' text around it (see _context)
+    fork_context: dict[str, Any] | None = None
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -148,6 +225,9 @@ class SideStats:
     ttft_ms: list[float] = field(default_factory=list)
     itl_ms: list[float] = field(default_factory=list)
     tokens_per_chunk: dict[int, int] = field(default_factory=dict)  # tokens → chunks
+    streams: int = 0  # streams of this label (all states)
+    incomplete: int = 0  # of which not complete (gap, truncated, error, open)
+    sampled_out: int = 0  # of which the text was sampled out
 
     def add(self, o: Output) -> None:
         self.outputs += 1
@@ -168,6 +248,9 @@ class SideStats:
         return {
             "label": self.label,
             "outputs": self.outputs,
+            "streams": self.streams,
+            "incomplete": self.incomplete,
+            "sampled_out": self.sampled_out,
             "ttft_ms": _dist(self.ttft_ms),
             "itl_ms": _dist(self.itl_ms),
             "tokens_per_chunk_mean": self.tokens_per_chunk_mean(),
@@ -198,10 +281,15 @@ class DiffReport:
     candidate_side: SideStats
     summary: dict[str, Any]
     skipped_pairs: int = 0
+    #: prompts seen on one side only: {"baseline": [...], "candidate": [...]}
+    unmatched: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: streams not compared: {"baseline": [...], "candidate": [...]} (id, state, reason)
+    excluded: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    match_model: bool = False
 
 
 def _seq_key(o: Output) -> Any:
-    return o.ids if o.tokenizer is not None else o.text
+    return (o.text, o.server_ids)
 
 
 def _modal(outs: Sequence[Output]) -> Output:
@@ -216,76 +304,222 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return b / a
 
 
+def _units(o: Output, server: bool, tok: Any) -> tuple[Sequence[Any], Sequence[int], str]:
+    """The sequence compared for ``o``, the character start of each element, the unit.
+
+    ``tok`` is the tokenizer both sides are counted in (the baseline's): an
+    output whose own ids come from another tokenizer is re-encoded with it."""
+    if server and o.server_ids is not None:
+        return o.server_ids, o.server_starts, "server"
+    if tok is None:
+        return o.text, range(len(o.text)), "char"
+    if o.tokenizer is tok:
+        return o.ids, o.token_starts, "retokenized"
+    ids, offsets = tok.encode_with_offsets([o.text])[0] if o.text else ([], [])
+    return tuple(ids), [x[0] for x in offsets], "retokenized"
+
+
+def _chunk_of(o: Output, char: int) -> int | None:
+    """The served text chunk (1-based) holding character ``char``; None past the end."""
+    i = bisect_right(o.chunk_ends, char)
+    return i + 1 if i < len(o.chunk_ends) else None
+
+
+def _start(starts: Sequence[int], i: int, text: str) -> int:
+    return starts[i] if i < len(starts) else len(text)
+
+
+def _spans(
+    b: Output,
+    c: Output,
+    bs: Sequence[Any],
+    cs: Sequence[Any],
+    bst: Sequence[int],
+    cst: Sequence[int],
+) -> list[dict[str, Any]]:
+    matcher = difflib.SequenceMatcher(None, bs, cs, autojunk=False)
+    out: list[dict[str, Any]] = []
+    ops = [op for op in matcher.get_opcodes() if op[0] != "equal"]
+    for tag, i1, i2, j1, j2 in ops[:MAX_SPANS]:
+        b0, b1 = _start(bst, i1, b.text), _start(bst, i2, b.text)
+        c0, c1 = _start(cst, j1, c.text), _start(cst, j2, c.text)
+        out.append(
+            {
+                "op": tag,
+                "baseline_tokens": [i1, i2],
+                "candidate_tokens": [j1, j2],
+                "baseline_chars": [b0, b1],
+                "candidate_chars": [c0, c1],
+                "baseline_text": b.text[b0:b1][:SPAN_TEXT],
+                "candidate_text": c.text[c0:c1][:SPAN_TEXT],
+            }
+        )
+    if len(ops) > MAX_SPANS:
+        out.append({"op": "more", "count": len(ops) - MAX_SPANS})
+    return out
+
+
+def _compare(b: Output, c: Output, max_distance: int | None, spans: bool) -> tuple[Any, ...]:
+    server = b.server_ids is not None and c.server_ids is not None
+    tok = b.tokenizer if b.tokenizer is not None else c.tokenizer
+    bs, bst, unit = _units(b, server, tok)
+    cs, cst, _ = _units(c, server, tok)
+    char = None if b.text == c.text else common_prefix(b.text, c.text)
+    if char is None and tuple(bs) == tuple(cs):
+        return (None, len(bs), 0, None, unit, None, len(bs), len(cs))
+    cp = common_prefix(bs, cs)
+    dist = max(1, edit_distance(bs, cs, max_distance))
+    sp = _spans(b, c, bs, cs, bst, cst) if spans else None
+    return (cp, cp, dist, char, unit, sp, len(bs), len(cs))
+
+
+def _context(b: Output, c: Output, char: int) -> dict[str, Any]:
+    lo = max(0, char - CONTEXT_CHARS)
+    return {
+        "char": char,
+        "baseline_stream": b.stream_id,
+        "candidate_stream": c.stream_id,
+        "before": b.text[lo:char],
+        "before_truncated": lo > 0,
+        "baseline_after": b.text[char : char + CONTEXT_CHARS],
+        "candidate_after": c.text[char : char + CONTEXT_CHARS],
+    }
+
+
+def _plan(
+    bo: Sequence[Output], co: Sequence[Output], pairing: str, cap: int
+) -> tuple[list[tuple[Output, Output]], int, int]:
+    """(pairs, unpaired outputs, skipped pairs) for one prompt."""
+    if pairing == "all":
+        plan = [(b, c) for b in bo for c in co]
+        skipped = max(0, len(plan) - cap)
+        return plan[:cap], 0, skipped
+    by_b: dict[int, list[Output]] = {}
+    by_c: dict[int, list[Output]] = {}
+    for o in bo:
+        by_b.setdefault(o.choice, []).append(o)
+    for o in co:
+        by_c.setdefault(o.choice, []).append(o)
+    plan = []
+    unpaired = 0
+    for ch in sorted(set(by_b) | set(by_c)):
+        xb, xc = by_b.get(ch, []), by_c.get(ch, [])
+        if not xb or not xc:
+            unpaired += len(xb) + len(xc)
+        elif pairing == "modal":
+            plan.append((_modal(xb), _modal(xc)))
+        else:
+            plan.extend(zip(xb, xc, strict=False))
+            unpaired += abs(len(xb) - len(xc))
+    return plan, unpaired, 0
+
+
+def _excluded(o: Output) -> dict[str, Any]:
+    return {
+        "stream": o.stream_id,
+        "choice": o.choice,
+        "state": o.state,
+        "sampled_out": not o.text_kept,
+        "prompt": o.prompt,
+    }
+
+
 def compute_diff(
     outputs: Sequence[Output],
     baseline: str,
     candidate: str,
     *,
-    pairing: str = "all",
+    pairing: str = "index",
     max_distance: int | None = None,
     max_pairs_per_prompt: int = MAX_PAIRS_PER_PROMPT,
+    include_incomplete: bool = False,
+    match_model: bool = False,
+    spans: bool = False,
 ) -> DiffReport:
-    """Pair and compare the outputs labelled ``baseline`` and ``candidate`` (pure)."""
-    if pairing not in ("all", "modal"):
-        raise ValueError(f"pairing must be 'all' or 'modal', not {pairing!r}")
+    """Pair and compare the outputs labelled ``baseline`` and ``candidate`` (pure).
+
+    ``outputs`` may hold streams in any state: incomplete ones are counted and
+    compared only with ``include_incomplete``; sampled-out ones are counted
+    and never compared."""
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing must be one of {', '.join(PAIRINGS)}, not {pairing!r}")
+    bside, cside = SideStats(baseline), SideStats(candidate)
     sides: dict[str, dict[str, list[Output]]] = {baseline: {}, candidate: {}}
+    stats_of = {baseline: bside, candidate: cside}
+    excluded: dict[str, list[dict[str, Any]]] = {"baseline": [], "candidate": []}
+    left_out: dict[str, dict[str, int]] = {baseline: {}, candidate: {}}  # key → outputs
+    seen: set[tuple[str, int]] = set()
     for o in outputs:
-        if o.label in sides:
-            sides[o.label].setdefault(o.pair_key, []).append(o)
+        if o.label not in sides:
+            continue
+        st = stats_of[o.label]
+        first = (o.label, o.stream_id) not in seen
+        if first:
+            seen.add((o.label, o.stream_id))
+            st.streams += 1
+            if not o.complete:
+                st.incomplete += 1
+            if not o.text_kept:
+                st.sampled_out += 1
+        key = o.model_pair_key if match_model else o.pair_key
+        if not o.text_kept or not (o.complete or include_incomplete):
+            if first:
+                excluded["baseline" if o.label == baseline else "candidate"].append(_excluded(o))
+            left_out[o.label][key] = left_out[o.label].get(key, 0) + 1
+            continue
+        sides[o.label].setdefault(key, []).append(o)
     base, cand = sides[baseline], sides[candidate]
     matched = [k for k in base if k in cand]
-    bside, cside = SideStats(baseline), SideStats(candidate)
     prompts: list[PromptResult] = []
     pairs: list[PairResult] = []
     skipped = 0
+    unpaired = 0
+    cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     for key in matched:
         bo, co = base[key], cand[key]
         for o in bo:
             bside.add(o)
         for o in co:
             cside.add(o)
-        if pairing == "modal":
-            plan = [(_modal(bo), _modal(co))]
-        else:
-            plan = [(b, c) for b in bo for c in co]
-            if len(plan) > max_pairs_per_prompt:
-                skipped += len(plan) - max_pairs_per_prompt
-                plan = plan[:max_pairs_per_prompt]
-        cache: dict[tuple[Any, Any], tuple[int | None, int, int]] = {}
+        plan, lost, skip = _plan(bo, co, pairing, max_pairs_per_prompt)
+        unpaired += lost
+        skipped += skip
         mine: list[PairResult] = []
+        fork_pair: tuple[Output, Output, int] | None = None
         for b, c in plan:
-            kb, kc = _seq_key(b), _seq_key(c)
-            got = cache.get((kb, kc))
+            ck = (_seq_key(b), _seq_key(c), id(b.tokenizer), id(c.tokenizer))
+            got = cache.get(ck)
             if got is None:
-                if kb == kc:
-                    got = (None, len(b.ids), 0)
-                else:
-                    cp = common_prefix(b.ids, c.ids)
-                    # max(…, 1): texts differ even when no tokenizer gave ids
-                    got = (cp, cp, max(1, edit_distance(b.ids, c.ids, max_distance)))
-                cache[(kb, kc)] = got
-            fd, cp, dist = got
-            nb, nc = len(b.ids), len(c.ids)
-            mine.append(
-                PairResult(
-                    key=key,
-                    baseline_stream=b.stream_id,
-                    baseline_choice=b.choice,
-                    candidate_stream=c.stream_id,
-                    candidate_choice=c.choice,
-                    identical=fd is None,
-                    first_divergence=fd,
-                    common_prefix=cp,
-                    edit_distance=dist,
-                    edit_ratio=edit_ratio(dist, nb, nc),
-                    baseline_tokens=nb,
-                    candidate_tokens=nc,
-                    length_diff=nc - nb,
-                    baseline_finish=b.finish_reason,
-                    candidate_finish=c.finish_reason,
-                )
+                got = _compare(b, c, max_distance, spans)
+                cache[ck] = got
+            fd, cp, dist, char, unit, sp, nb, nc = got
+            pr = PairResult(
+                key=key,
+                baseline_stream=b.stream_id,
+                baseline_choice=b.choice,
+                candidate_stream=c.stream_id,
+                candidate_choice=c.choice,
+                identical=fd is None,
+                first_divergence=fd,
+                common_prefix=cp,
+                edit_distance=dist,
+                edit_ratio=edit_ratio(dist, nb, nc),
+                baseline_tokens=nb,
+                candidate_tokens=nc,
+                length_diff=nc - nb,
+                baseline_finish=b.finish_reason,
+                candidate_finish=c.finish_reason,
+                first_divergence_char=char,
+                first_divergence_chunk_baseline=None if char is None else _chunk_of(b, char),
+                first_divergence_chunk_candidate=None if char is None else _chunk_of(c, char),
+                token_unit=unit,
+                spans=sp,
             )
+            mine.append(pr)
+            if char is not None and (fork_pair is None or char < fork_pair[2]):
+                fork_pair = (b, c, char)
         divs = [p.first_divergence for p in mine if p.first_divergence is not None]
+        chars = [p.first_divergence_char for p in mine if p.first_divergence_char is not None]
         mb, mc = _modal(bo), _modal(co)
         prompts.append(
             PromptResult(
@@ -297,23 +531,76 @@ def compute_diff(
                 pairs=len(mine),
                 identical_pairs=sum(1 for p in mine if p.identical),
                 first_divergence=min(divs) if divs else None,
-                median_edit_ratio=statistics.median(p.edit_ratio for p in mine),
+                median_edit_ratio=statistics.median(p.edit_ratio for p in mine) if mine else 0.0,
                 finish_mismatches=sum(1 for p in mine if p.finish_differs),
                 baseline_text=mb.text,
                 candidate_text=mc.text,
+                candidate_model=co[0].model,
+                params=dict(bo[0].params),
+                first_divergence_char=min(chars) if chars else None,
+                fork_context=None if fork_pair is None else _context(*fork_pair),
             )
         )
         pairs.extend(mine)
-    summary = _summary(
+    unmatched = {
+        "baseline": [
+            _unmatched(k, v, left_out[candidate].get(k, 0))
+            for k, v in base.items()
+            if k not in cand
+        ],
+        "candidate": [
+            _unmatched(k, v, left_out[baseline].get(k, 0)) for k, v in cand.items() if k not in base
+        ],
+    }
+    summary = _summary(prompts, pairs, bside, cside, unmatched)
+    summary["skipped_pairs"] = skipped
+    summary["unpaired_outputs"] = unpaired
+    summary["first_divergence_unit"] = _unit_name(pairs, outputs)
+    return DiffReport(
+        baseline,
+        candidate,
+        pairing,
         prompts,
         pairs,
         bside,
         cside,
-        unmatched_b=sum(1 for k in base if k not in cand),
-        unmatched_c=sum(1 for k in cand if k not in base),
+        summary,
+        skipped,
+        unmatched,
+        excluded,
+        match_model,
     )
-    summary["skipped_pairs"] = skipped
-    return DiffReport(baseline, candidate, pairing, prompts, pairs, bside, cside, summary, skipped)
+
+
+def _unmatched(key: str, outs: Sequence[Output], other_not_compared: int) -> dict[str, Any]:
+    """A prompt seen on one side only; ``other_not_compared``: outputs of the other
+    side with this prompt that were left out (incomplete or sampled out)."""
+    o = outs[0]
+    return {
+        "fingerprint": key,
+        "model": o.model,
+        "prompt": o.prompt,
+        "params": dict(o.params),
+        "outputs": len(outs),
+        "other_side_not_compared": other_not_compared,
+    }
+
+
+def _unit_name(pairs: Sequence[PairResult], outputs: Sequence[Output]) -> str | None:
+    """What ``first_divergence`` counts, in words (None without pairs)."""
+    units = {p.token_unit for p in pairs}
+    if not units:
+        return None
+    names = sorted({o.tokenizer.name for o in outputs if o.tokenizer is not None})
+    words = {
+        "server": "token index in the server's own token ids (logprobs / TGI tokens)",
+        "retokenized": "token index in ids re-tokenized from the text with "
+        + (", ".join(names) or "the tokenizer"),
+        "char": "character index (no tokenizer)",
+    }
+    if len(units) == 1:
+        return words[next(iter(units))]
+    return "mixed: " + "; ".join(f"{u} = {words[u]}" for u in sorted(units))
 
 
 def _summary(
@@ -321,29 +608,34 @@ def _summary(
     pairs: Sequence[PairResult],
     b: SideStats,
     c: SideStats,
-    *,
-    unmatched_b: int,
-    unmatched_c: int,
+    unmatched: dict[str, list[dict[str, Any]]],
 ) -> dict[str, Any]:
     n = len(pairs)
     divs = [p.first_divergence for p in pairs if p.first_divergence is not None]
+    chars = [p.first_divergence_char for p in pairs if p.first_divergence_char is not None]
     ratios = [p.edit_ratio for p in pairs]
     bt, ct = _quantile(b.ttft_ms, 0.5), _quantile(c.ttft_ms, 0.5)
     bi, ci = _quantile(b.itl_ms, 0.5), _quantile(c.itl_ms, 0.5)
     bk, ck = b.tokens_per_chunk_mean(), c.tokens_per_chunk_mean()
     identical = sum(1 for p in pairs if p.identical)
+    ub, uc = len(unmatched["baseline"]), len(unmatched["candidate"])
+    all_prompts = len(prompts) + ub + uc
+    streams = b.streams + c.streams
     return {
         "prompts": len(prompts),
         "pairs": n,
         "identical_pairs": identical,
         "identical_ratio": identical / n if n else None,
         "prompts_identical_ratio": (
-            sum(1 for p in prompts if p.identical_pairs == p.pairs) / len(prompts)
-            if prompts
+            sum(1 for p in prompts if p.pairs and p.identical_pairs == p.pairs)
+            / sum(1 for p in prompts if p.pairs)
+            if any(p.pairs for p in prompts)
             else None
         ),
         "median_first_divergence": statistics.median(divs) if divs else None,
         "min_first_divergence": min(divs) if divs else None,
+        "median_first_divergence_char": statistics.median(chars) if chars else None,
+        "min_first_divergence_char": min(chars) if chars else None,
         "mean_common_prefix": statistics.fmean(p.common_prefix for p in pairs) if n else None,
         "mean_edit_distance": statistics.fmean(p.edit_distance for p in pairs) if n else None,
         "mean_edit_ratio": statistics.fmean(ratios) if n else None,
@@ -363,8 +655,17 @@ def _summary(
         "baseline_tokens_per_chunk_mean": bk,
         "candidate_tokens_per_chunk_mean": ck,
         "tokens_per_chunk_ratio": _ratio(bk, ck),
-        "unmatched_baseline_prompts": unmatched_b,
-        "unmatched_candidate_prompts": unmatched_c,
+        "unmatched_baseline_prompts": ub,
+        "unmatched_candidate_prompts": uc,
+        "unmatched_ratio": (ub + uc) / all_prompts if all_prompts else None,
+        "baseline_streams": b.streams,
+        "candidate_streams": c.streams,
+        "baseline_incomplete": b.incomplete,
+        "candidate_incomplete": c.incomplete,
+        "incomplete_ratio": (b.incomplete + c.incomplete) / streams if streams else None,
+        "baseline_sampled_out": b.sampled_out,
+        "candidate_sampled_out": c.sampled_out,
+        "sampled_out_ratio": (b.sampled_out + c.sampled_out) / streams if streams else None,
     }
 
 
@@ -373,21 +674,33 @@ def diff(
     baseline: str,
     candidate: str,
     *,
-    pairing: str = "all",
+    pairing: str = "index",
     model: str | None = None,
     registry: TokenizerRegistry | None = None,
     include_incomplete: bool = False,
     max_distance: int | None = None,
+    match_model: bool = False,
+    spans: bool = False,
 ) -> DiffReport:
-    """Load both labels' outputs from the store and compare them."""
+    """Load both labels' outputs from the store (every state: incomplete streams
+    are counted even when not compared) and compare them."""
     outputs = load_outputs(
         engine,
         labels=[baseline, candidate],
         model=model,
         registry=registry,
-        include_incomplete=include_incomplete,
+        include_incomplete=True,
     )
-    return compute_diff(outputs, baseline, candidate, pairing=pairing, max_distance=max_distance)
+    return compute_diff(
+        outputs,
+        baseline,
+        candidate,
+        pairing=pairing,
+        max_distance=max_distance,
+        include_incomplete=include_incomplete,
+        match_model=match_model,
+        spans=spans,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -425,7 +738,8 @@ class Gate:
 class GateResult:
     gate: Gate
     actual: float | None
-    failed: bool  # the comparison held: the gate fails (undefined never fails)
+    failed: bool  # the comparison held, or there is no evidence to judge it
+    reason: str = ""  # why, in words ("no evidence: …" when not judged)
 
 
 def parse_gate(text: str) -> Gate:
@@ -440,15 +754,53 @@ def parse_gate(text: str) -> Gate:
     return Gate(metric, op, value, text.strip())
 
 
-def evaluate_gates(gates: Sequence[Gate], summary: dict[str, Any]) -> list[GateResult]:
+def _num(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def evaluate_gates(
+    gates: Sequence[Gate], summary: dict[str, Any], *, min_pairs: int = 1
+) -> list[GateResult]:
+    """Judge every gate against a diff summary. No evidence, no pass: with
+    fewer than ``min_pairs`` pairs, or when the gate's metric has no value, the
+    gate fails and its reason says "no evidence"."""
     out: list[GateResult] = []
+    pairs = summary.get("pairs")
+    n = pairs if isinstance(pairs, int) and not isinstance(pairs, bool) else 0
     for g in gates:
-        actual = summary.get(g.metric)
-        if not isinstance(actual, int | float) or isinstance(actual, bool):
-            out.append(GateResult(g, None, False))
-            continue
-        out.append(GateResult(g, float(actual), _OPS[g.op](float(actual), g.value)))
+        raw = summary.get(g.metric)
+        actual = float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else None
+        if n < min_pairs:
+            what = "no pair" if n == 0 else f"only {n} pair{'s' if n != 1 else ''}"
+            reason = f"no evidence: {what} compared (at least {min_pairs} required, --min-pairs)"
+            out.append(GateResult(g, actual, True, reason))
+        elif actual is None:
+            why = _UNDEFINED_WHY.get(g.metric, "nothing to measure")
+            out.append(GateResult(g, None, True, f"no evidence: {g.metric} has no value ({why})"))
+        elif _OPS[g.op](actual, g.value):
+            out.append(
+                GateResult(g, actual, True, f"{g.metric} = {_num(actual)} {g.op} {_num(g.value)}")
+            )
+        else:
+            out.append(
+                GateResult(
+                    g, actual, False, f"{g.metric} = {_num(actual)}, not {g.op} {_num(g.value)}"
+                )
+            )
     return out
+
+
+def verdict(results: Sequence[GateResult]) -> dict[str, Any] | None:
+    """``{"passed", "gates", "failed", "reasons"}``; None when no gate was given."""
+    if not results:
+        return None
+    failed = [r for r in results if r.failed]
+    return {
+        "passed": not failed,
+        "gates": len(results),
+        "failed": len(failed),
+        "reasons": [f"{r.gate.text}: {r.reason}" for r in failed],
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -461,18 +813,27 @@ def diff_json(report: DiffReport, gates: Sequence[GateResult] = ()) -> dict[str,
         "baseline": report.baseline,
         "candidate": report.candidate,
         "pairing": report.pairing,
+        "match_model": report.match_model,
         "summary": report.summary,
         "sides": {
             "baseline": report.baseline_side.summary(),
             "candidate": report.candidate_side.summary(),
         },
+        "unmatched": report.unmatched,
+        "not_compared": report.excluded,
         "prompts": [asdict(p) for p in report.prompts],
-        "pairs": [dict(asdict(p), finish_differs=p.finish_differs) for p in report.pairs],
+        "pairs": [
+            {k: v for k, v in asdict(p).items() if k != "spans" or v is not None}
+            | {"finish_differs": p.finish_differs}
+            for p in report.pairs
+        ],
     }
     if gates:
         out["gates"] = [
-            {"gate": r.gate.text, "actual": r.actual, "failed": r.failed} for r in gates
+            {"gate": r.gate.text, "actual": r.actual, "failed": r.failed, "reason": r.reason}
+            for r in gates
         ]
+        out["verdict"] = verdict(gates)
     return out
 
 
@@ -484,33 +845,143 @@ def _f(x: Any, nd: int = 3) -> str:
     return str(x)
 
 
-def format_diff(report: DiffReport, gates: Sequence[GateResult] = (), limit: int = 50) -> str:
+def _differing_params(prompts: Sequence[PromptResult]) -> dict[str, str]:
+    """Per fingerprint, the parameters that differ between rows with the same prompt."""
+    by_text: dict[str, list[PromptResult]] = {}
+    for p in prompts:
+        by_text.setdefault(p.prompt, []).append(p)
+    out: dict[str, str] = {}
+    for rows in by_text.values():
+        if len(rows) < 2:
+            continue
+        names = sorted({k for r in rows for k in r.params})
+        differ = [k for k in names if len({repr(r.params.get(k)) for r in rows}) > 1]
+        for r in rows:
+            out[r.key] = " ".join(f"{k}={r.params.get(k, '-')}" for k in differ)
+    return out
+
+
+def _model_cell(p: PromptResult) -> str:
+    b, c = p.model or "-", p.candidate_model or "-"
+    return b if b == c else f"{b}→{c}"
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\n", "⏎").replace("\r", "")
+
+
+def format_diff(
+    report: DiffReport, gates: Sequence[GateResult] = (), limit: int = 50, spans: bool = False
+) -> str:
+    s = report.summary
+    params = _differing_params(report.prompts)
+    show_params = any(params.values())
+    mw = min(40, max([5, *(len(_model_cell(p)) for p in report.prompts[:limit])]))
     lines: list[str] = [
-        f"{report.baseline} vs {report.candidate} (pairing: {report.pairing})",
-        f"{'fingerprint':<16} {'base':>4} {'cand':>4} {'pairs':>5} {'ident':>6} "
-        f"{'fork':>5} {'edit':>6} {'fin≠':>4}  prompt",
+        f"{report.baseline} vs {report.candidate} (pairing: {report.pairing}; key: prompt + "
+        f"parameters{' + model' if report.match_model else ', not the model name'})",
+        f"{'fingerprint':<16} {'model':<{mw}} {'base':>4} {'cand':>4} {'pairs':>5} {'ident':>6} "
+        f"{'token':>5} {'char':>5} {'chunk':>5} {'edit':>6} {'fin≠':>4}  "
+        + ("params  " if show_params else "")
+        + "prompt",
     ]
+    first_chunk: dict[str, int | None] = {}
+    for pr in report.pairs:
+        if pr.first_divergence_char is not None:
+            cur = first_chunk.get(pr.key)
+            ch = pr.first_divergence_chunk_baseline
+            if pr.key not in first_chunk or (ch is not None and (cur is None or ch < cur)):
+                first_chunk[pr.key] = ch
     for p in report.prompts[:limit]:
         lines.append(
-            f"{p.key:<16} {p.baseline_outputs:>4} {p.candidate_outputs:>4} {p.pairs:>5} "
+            f"{p.key:<16} {_model_cell(p)[:mw]:<{mw}} {p.baseline_outputs:>4} "
+            f"{p.candidate_outputs:>4} {p.pairs:>5} "
             f"{p.identical_pairs / p.pairs if p.pairs else 0:>6.1%} "
-            f"{_f(p.first_divergence):>5} {p.median_edit_ratio:>6.3f} {p.finish_mismatches:>4}  "
-            f"{p.prompt[:60]}"
+            f"{_f(p.first_divergence):>5} {_f(p.first_divergence_char):>5} "
+            f"{_f(first_chunk.get(p.key)):>5} {p.median_edit_ratio:>6.3f} "
+            f"{p.finish_mismatches:>4}  "
+            + (f"{params.get(p.key, '')}  " if show_params else "")
+            + f"{p.prompt[:60]}"
         )
     if len(report.prompts) > limit:
         lines.append(f"… {len(report.prompts) - limit} more prompts (--json for all)")
-    s = report.summary
+    if s.get("first_divergence_unit"):
+        lines.append(
+            f"token = first divergence as {s['first_divergence_unit']}; char = character "
+            "index; chunk = served text chunk (1-based) of the baseline holding that character"
+        )
+    forked = [p for p in report.prompts if p.fork_context is not None][:limit]
+    if forked:
+        lines.append("")
+        lines.append("where they fork (text before the fork, then each side from it):")
+        for p in forked:
+            fc = p.fork_context
+            assert fc is not None
+            lines.append(
+                f"  {p.key} char {fc['char']} (streams {fc['baseline_stream']}/"
+                f"{fc['candidate_stream']}): …{_one_line(fc['before'][-60:])}"
+            )
+            lines.append(f"    {report.baseline:>12} ▶ {_one_line(fc['baseline_after'][:60])}")
+            lines.append(f"    {report.candidate:>12} ▶ {_one_line(fc['candidate_after'][:60])}")
+    if spans:
+        lines.append("")
+        lines.append("differing spans (token ranges [start, end) of each side):")
+        for pr in report.pairs:
+            if not pr.spans:
+                continue
+            lines.append(
+                f"  {pr.key} streams {pr.baseline_stream}/{pr.candidate_stream} choice "
+                f"{pr.baseline_choice} ({pr.token_unit}):"
+            )
+            for sp in pr.spans:
+                if sp["op"] == "more":
+                    lines.append(f"    … {sp['count']} more spans")
+                    continue
+                b0, b1 = sp["baseline_tokens"]
+                c0, c1 = sp["candidate_tokens"]
+                lines.append(
+                    f"    {sp['op']:<7} [{b0}, {b1}) {sp['baseline_text'][:40]!r} → "
+                    f"[{c0}, {c1}) {sp['candidate_text'][:40]!r}"
+                )
     lines.append("")
     lines.append(
         f"{s['prompts']} prompts matched, {s['pairs']} pairs: {s['identical_pairs']} identical "
         f"({_f(s['identical_ratio'])}); median first divergence "
-        f"{_f(s['median_first_divergence'], 1)}; mean edit ratio {_f(s['mean_edit_ratio'])}; "
+        f"{_f(s['median_first_divergence'], 1)} (char {_f(s['median_first_divergence_char'], 1)}); "
+        f"mean edit ratio {_f(s['mean_edit_ratio'])}; "
         f"finish mismatch {_f(s['finish_mismatch_ratio'])}"
     )
-    if s["unmatched_baseline_prompts"] or s["unmatched_candidate_prompts"]:
+    lines.append(
+        f"unmatched prompts: {s['unmatched_baseline_prompts']} baseline only, "
+        f"{s['unmatched_candidate_prompts']} candidate only (ratio {_f(s['unmatched_ratio'])})"
+    )
+    for tag, items in report.unmatched.items():
+        other = "candidate" if tag == "baseline" else "baseline"
+        for u in items[:limit]:
+            why = (
+                f" ({other}: {u['other_side_not_compared']} outputs not compared)"
+                if u["other_side_not_compared"]
+                else ""
+            )
+            lines.append(
+                f"  {tag} only: {u['fingerprint']} {u['model'] or '-'} {u['prompt'][:60]}{why}"
+            )
+    lines.append(
+        f"not compared: {s['baseline_incomplete']} of {s['baseline_streams']} baseline and "
+        f"{s['candidate_incomplete']} of {s['candidate_streams']} candidate streams incomplete "
+        f"(ratio {_f(s['incomplete_ratio'])})"
+        + ("" if s["unpaired_outputs"] == 0 else f"; {s['unpaired_outputs']} outputs unpaired")
+    )
+    for name, n in (
+        (report.baseline, s["baseline_streams"]),
+        (report.candidate, s["candidate_streams"]),
+    ):
+        if n == 0:
+            lines.append(f"no stream is labelled {name!r}")
+    if s["baseline_sampled_out"] or s["candidate_sampled_out"]:
         lines.append(
-            f"unmatched prompts: {s['unmatched_baseline_prompts']} baseline only, "
-            f"{s['unmatched_candidate_prompts']} candidate only"
+            f"text sampled out (--sample-rate), not compared: {s['baseline_sampled_out']} "
+            f"baseline and {s['candidate_sampled_out']} candidate streams"
         )
     for side, tag in ((report.baseline_side, "baseline"), (report.candidate_side, "candidate")):
         t = _dist(side.ttft_ms)
@@ -525,6 +996,13 @@ def format_diff(report: DiffReport, gates: Sequence[GateResult] = (), limit: int
         f"tokens/chunk {_f(s['tokens_per_chunk_ratio'])}"
     )
     for r in gates:
-        state = "FAIL" if r.failed else ("undefined" if r.actual is None else "ok")
-        lines.append(f"gate {r.gate.text}: {state} (actual {_f(r.actual, 4)})")
+        state = "FAIL" if r.failed else "ok"
+        lines.append(f"gate {r.gate.text}: {state} (actual {_f(r.actual, 4)}) — {r.reason}")
+    v = verdict(gates)
+    if v is not None:
+        lines.append(
+            "verdict: PASS (every gate held)"
+            if v["passed"]
+            else f"verdict: FAIL ({v['failed']} of {v['gates']} gates failed)"
+        )
     return "\n".join(lines)

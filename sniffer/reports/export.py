@@ -9,13 +9,17 @@ order, streams in ``t_request`` order::
     {"event":"chunk","stream_id":S,"choice_index":0,"chunk_index":K,"delta_text":T,
      "delta_len":len(T),"accumulated_len":A,"finish_reason":null,"captured_at":ISO8601}
     {"event":"stream_done","stream_id":S,"chunk_count":N,"total_text_len":L,
-     "elapsed_seconds":E,"complete":true,"gap":false,"captured_at":ISO8601}
+     "elapsed_seconds":E,"request_elapsed_seconds":R,"complete":true,"gap":false,
+     "captured_at":ISO8601}
 
 (each record on one line). One ``chunk`` record per stored chunk with
 ``chunk_index > 0`` (chunks that carry text); ``accumulated_len`` is the running
 length per (stream, choice); ``finish_reason`` is set only when that same chunk
 carried it. ``stream_done`` counts the exported chunk records (N) and their
-text (L); E is ``t_last_chunk`` (or ``closed_at``) minus ``t_request``;
+text (L); E is measured, as the seed defines it, from the first content chunk
+(``t_first_content``, else the first exported chunk) to the end of the stream
+(``t_last_chunk``, else ``closed_at``), null when no chunk carried content; R
+is the same end minus ``t_request`` (request to end, TTFT included);
 ``complete`` is ``state == "complete"``; its ``captured_at`` is ``closed_at``.
 A stream that never closed gets no ``stream_done``. Times are ISO 8601 in UTC
 with microseconds (``2025-01-01T12:00:00.123456+00:00``).
@@ -73,6 +77,7 @@ def stream_records(
     accumulated: dict[int, int] = {}
     count = 0
     total = 0
+    first_ts: float | None = None
     for chunk in chunk_rows:
         if not chunk["chunk_index"] or chunk["chunk_index"] <= 0:
             continue
@@ -82,6 +87,8 @@ def stream_records(
         accumulated[choice] = acc
         count += 1
         total += len(text)
+        if first_ts is None:
+            first_ts = chunk["ts"]
         records.append(
             {
                 "event": "chunk",
@@ -97,13 +104,17 @@ def stream_records(
         )
     if stream["state"] != "open" and stream["closed_at"] is not None:
         end = stream["t_last_chunk"] if stream["t_last_chunk"] is not None else stream["closed_at"]
+        first = stream["t_first_content"]
+        if first is None:
+            first = first_ts
         records.append(
             {
                 "event": "stream_done",
                 "stream_id": sid,
                 "chunk_count": count,
                 "total_text_len": total,
-                "elapsed_seconds": _elapsed(end, stream["t_request"]),
+                "elapsed_seconds": _elapsed(end, first),
+                "request_elapsed_seconds": _elapsed(end, stream["t_request"]),
                 "complete": stream["state"] == "complete",
                 "gap": bool(stream["gap"]),
                 "captured_at": iso_utc(stream["closed_at"]),

@@ -2,7 +2,10 @@
 external assets. Pure: takes a :class:`~sniffer.reports.diff.DiffReport`,
 returns text.
 
-Contents: the summary metrics and gate results; the divergence map (one row
+Contents, in reading order: the verdict (each gate, pass or fail, and why —
+"no evidence" included); what was compared and what was not (unmatched,
+incomplete, sampled-out streams); for every diverged prompt the text of both
+sides around the fork, the fork marked; the summary metrics; the divergence map (one row
 per pair, baseline bar above candidate bar, drawn to token scale; the shared
 prefix grey, the part after the first divergence coloured, a mark at the
 fork; the first :data:`MAX_MAP_ROWS` pairs, divergent ones first); histograms
@@ -17,7 +20,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from sniffer.reports.diff import DiffReport, GateResult, PairResult
+from sniffer.reports.diff import DiffReport, GateResult, PairResult, verdict
 
 __all__ = ["MAX_MAP_ROWS", "diff_html"]
 
@@ -32,6 +35,13 @@ table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;paddin
 text-align:left;vertical-align:top}th{background:#f4f4f4}.num{text-align:right}
 .fail{color:#b00;font-weight:bold}.ok{color:#070}pre{white-space:pre-wrap;margin:0;
 font-size:12px;max-width:420px}svg{font-size:11px;font-family:monospace}
+.verdict{font-size:20px;padding:10px 14px;border-radius:4px;margin:0 0 12px 0}
+.vfail{background:#fde8e8;border:2px solid #b00;color:#800}
+.vpass{background:#e6f4e6;border:2px solid #070;color:#050}
+.vnone{background:#f4f4f4;border:2px solid #999}
+.fork{margin:8px 0 18px 0}.fork pre{max-width:1050px;font-size:13px;background:#fafafa;
+border:1px solid #ddd;padding:6px}mark{background:#ffd84d;color:#000;font-weight:bold}
+.b{color:#3b6fb6;font-weight:bold}.c{color:#b86412;font-weight:bold}.muted{color:#666}
 .legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;
 vertical-align:middle}
 """
@@ -45,14 +55,14 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
-def _divergence_map(pairs: Sequence[PairResult], prompts: dict[str, str]) -> str:
+def _divergence_map(pairs: Sequence[PairResult], prompts: dict[str, str], unit: str) -> str:
     rows = sorted(pairs, key=lambda p: (p.identical, p.first_divergence or 0))[:MAX_MAP_ROWS]
     if not rows:
         return "<p>No pairs.</p>"
     longest = max(max(p.baseline_tokens, p.candidate_tokens) for p in rows) or 1
     left, width, row_h = 170, 760, 16
     scale = width / longest
-    height = len(rows) * row_h + 30
+    height = len(rows) * row_h + 44
     out = [
         f'<svg width="{left + width + 20}" '
         f'height="{height}" role="img" aria-label="divergence map">'
@@ -90,10 +100,14 @@ def _divergence_map(pairs: Sequence[PairResult], prompts: dict[str, str]) -> str
                 'stroke="#b00" stroke-width="1.5"/>'
             )
         out.append("</g>")
-    y = height - 8
+    y = height - 22
     for t in _ticks(longest):
         x = left + t * scale
         out.append(f'<text x="{x:.1f}" y="{y}" text-anchor="middle">{t}</text>')
+    out.append(
+        f'<text x="{left + width / 2:.0f}" y="{height - 4}" text-anchor="middle">'
+        f"position in the output ({escape(unit)})</text>"
+    )
     out.append("</svg>")
     return "".join(out)
 
@@ -107,6 +121,23 @@ def _ticks(hi: float, n: int = 6) -> list[int]:
             step *= m
             break
     return list(range(0, int(hi) + 1, int(step)))
+
+
+def _axes(out: list[str], left: int, w: int, h: int, top: int, x_label: str, y_label: str) -> None:
+    """Axis lines, y ticks (counts) and both axis titles of a bar chart."""
+    out.append(f'<line x1="{left}" y1="{h}" x2="{left + w}" y2="{h}" stroke="#555"/>')
+    out.append(f'<line x1="{left}" y1="0" x2="{left}" y2="{h}" stroke="#555"/>')
+    for t in _ticks(top, 4):
+        y = h - t / top * h if top else h
+        out.append(f'<line x1="{left - 4}" y1="{y:.1f}" x2="{left}" y2="{y:.1f}" stroke="#555"/>')
+        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{t}</text>')
+    out.append(
+        f'<text x="12" y="{h / 2:.0f}" transform="rotate(-90 12 {h / 2:.0f})" '
+        f'text-anchor="middle">{escape(y_label)}</text>'
+    )
+    out.append(
+        f'<text x="{left + w / 2:.0f}" y="{h + 32}" text-anchor="middle">{escape(x_label)}</text>'
+    )
 
 
 def _histogram(title: str, unit: str, sides: Sequence[tuple[str, str, Sequence[float]]]) -> str:
@@ -123,11 +154,16 @@ def _histogram(title: str, unit: str, sides: Sequence[tuple[str, str, Sequence[f
             c[min(bins - 1, int((v - lo) / span * bins))] += 1
         counts.append(c)
     top = max(max(c) for c in counts) or 1
-    w, h, left = 600, 160, 40
+    w, h, left = 600, 160, 56
     bw = w / bins
+    legend = "".join(
+        f"<span style='background:{colour}'></span>{escape(name)}: {len(vs)} outputs"
+        for name, colour, vs in sides
+    )
     out = [
-        f"<h3>{escape(title)}</h3>",
-        f'<svg width="{w + left + 10}" height="{h + 30}" role="img" aria-label="{escape(title)}">',
+        f"<h3>{escape(title)}</h3><p class='legend'>{legend}</p>",
+        f'<svg width="{w + left + 20}" height="{h + 52}" role="img" aria-label="{escape(title)}">',
+        '<g transform="translate(0,12)">',
     ]
     k = len(sides)
     for si, ((name, colour, _vs), c) in enumerate(zip(sides, counts, strict=True)):
@@ -142,13 +178,13 @@ def _histogram(title: str, unit: str, sides: Sequence[tuple[str, str, Sequence[f
                 f"{lo + b * span / bins:.3g}–{lo + (b + 1) * span / bins:.3g} {unit}"
                 f"</title></rect>"
             )
-    out.append(f'<line x1="{left}" y1="{h}" x2="{left + w}" y2="{h}" stroke="#555"/>')
-    out.append(f'<text x="{left}" y="{h + 14}">{lo:.3g} {escape(unit)}</text>')
-    out.append(
-        f'<text x="{left + w}" y="{h + 14}" text-anchor="end">{hi:.3g} {escape(unit)}</text>'
-    )
-    out.append(f'<text x="0" y="10">{top}</text>')
-    out.append("</svg>")
+    for i in range(5):  # x ticks: 5 values across the range, in the unit
+        v = lo + span * i / 4 if hi > lo else lo
+        x = left + w * i / 4
+        out.append(f'<line x1="{x:.1f}" y1="{h}" x2="{x:.1f}" y2="{h + 4}" stroke="#555"/>')
+        out.append(f'<text x="{x:.1f}" y="{h + 16}" text-anchor="middle">{v:.3g}</text>')
+    _axes(out, left, w, h, top, f"{title} ({unit})", "outputs")
+    out.append("</g></svg>")
     return "".join(out)
 
 
@@ -158,11 +194,16 @@ def _tpc(report: DiffReport) -> str:
     if not keys:
         return "<h3>Tokens per chunk</h3><p>No data.</p>"
     tb, tc = sum(b.values()) or 1, sum(c.values()) or 1
-    w, h, left = 600, 160, 40
+    w, h, left = 600, 160, 56
     bw = w / len(keys)
     out = [
         "<h3>Tokens per chunk (share of chunks)</h3>",
-        f'<svg width="{w + left + 10}" height="{h + 30}" role="img" aria-label="tokens per chunk">',
+        f"<p class='legend'><span style='background:{BASE_COLOUR}'></span>"
+        f"{escape(report.baseline)}: {sum(b.values())} chunks"
+        f"<span style='background:{CAND_COLOUR}'></span>"
+        f"{escape(report.candidate)}: {sum(c.values())} chunks</p>",
+        f'<svg width="{w + left + 20}" height="{h + 52}" role="img" aria-label="tokens per chunk">',
+        '<g transform="translate(0,12)">',
     ]
     for i, k in enumerate(keys):
         for j, (d, tot, colour, name) in enumerate(
@@ -179,47 +220,176 @@ def _tpc(report: DiffReport) -> str:
         out.append(
             f'<text x="{left + i * bw + bw / 2:.1f}" y="{h + 14}" text-anchor="middle">{k}</text>'
         )
-    out.append("</svg>")
+    out.append(f'<line x1="{left}" y1="{h}" x2="{left + w}" y2="{h}" stroke="#555"/>')
+    out.append(f'<line x1="{left}" y1="0" x2="{left}" y2="{h}" stroke="#555"/>')
+    for pct in (0, 25, 50, 75, 100):
+        y = h - pct / 100 * h
+        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{pct}%</text>')
+    out.append(
+        f'<text x="12" y="{h / 2:.0f}" transform="rotate(-90 12 {h / 2:.0f})" '
+        'text-anchor="middle">share of chunks</text>'
+    )
+    out.append(
+        f'<text x="{left + w / 2:.0f}" y="{h + 32}" text-anchor="middle">tokens in the chunk</text>'
+    )
+    out.append("</g></svg>")
     return "".join(out)
+
+
+def _verdict(gates: Sequence[GateResult]) -> list[str]:
+    v = verdict(gates)
+    if v is None:
+        return [
+            "<div class='verdict vnone'>No verdict: no gate was given "
+            "(<code>--fail-if</code>).</div>"
+        ]
+    if v["passed"]:
+        head = f"<div class='verdict vpass'>PASS — all {v['gates']} gates held.</div>"
+    else:
+        head = (
+            f"<div class='verdict vfail'>FAIL — {v['failed']} of {v['gates']} gates failed.</div>"
+        )
+    out = [head, "<table><tr><th>gate</th><th>actual</th><th>result</th><th>why</th></tr>"]
+    for r in gates:
+        cls, word = ("fail", "FAIL") if r.failed else ("ok", "pass")
+        out.append(
+            f"<tr><td>{escape(r.gate.text)}</td><td class='num'>{_fmt(r.actual)}</td>"
+            f"<td class='{cls}'>{word}</td><td>{escape(r.reason)}</td></tr>"
+        )
+    out.append("</table>")
+    return out
+
+
+def _evidence(report: DiffReport) -> list[str]:
+    s = report.summary
+    b, c = escape(report.baseline), escape(report.candidate)
+    out = [
+        "<h2>What was compared</h2><table>",
+        f"<tr><th></th><th>{b} (baseline)</th><th>{c} (candidate)</th></tr>",
+        f"<tr><th>streams</th><td class='num'>{s['baseline_streams']}</td>"
+        f"<td class='num'>{s['candidate_streams']}</td></tr>",
+        f"<tr><th>incomplete (gap, truncated, error): not compared</th>"
+        f"<td class='num'>{s['baseline_incomplete']}</td>"
+        f"<td class='num'>{s['candidate_incomplete']}</td></tr>",
+        f"<tr><th>text sampled out: not compared</th>"
+        f"<td class='num'>{s['baseline_sampled_out']}</td>"
+        f"<td class='num'>{s['candidate_sampled_out']}</td></tr>",
+        f"<tr><th>prompts seen on this side only</th>"
+        f"<td class='num'>{s['unmatched_baseline_prompts']}</td>"
+        f"<td class='num'>{s['unmatched_candidate_prompts']}</td></tr>",
+        "</table>",
+        f"<p>{s['prompts']} prompts on both sides, <b>{s['pairs']} pairs</b> compared "
+        f"(pairing {escape(report.pairing)}; key: prompt and parameters"
+        f"{' and model' if report.match_model else ', not the model name'}), "
+        f"{s['identical_pairs']} identical. Token positions: "
+        f"{escape(str(s.get('first_divergence_unit') or '–'))}.</p>",
+    ]
+    for tag, items in report.unmatched.items():
+        if items:
+            out.append(f"<p>{escape(tag)} only:</p><ul>")
+            out.extend(
+                f"<li><code>{escape(u['fingerprint'])}</code> {escape(u['model'] or '-')}: "
+                f"{escape(u['prompt'])}"
+                + (
+                    f" <span class='muted'>(the other side: {u['other_side_not_compared']} "
+                    "outputs not compared)</span>"
+                    if u["other_side_not_compared"]
+                    else ""
+                )
+                + "</li>"
+                for u in items[:50]
+            )
+            out.append("</ul>")
+    return out
+
+
+def _forks(report: DiffReport) -> list[str]:
+    forked = [p for p in report.prompts if p.fork_context is not None]
+    if not report.pairs:
+        return ["<h2>Where they fork</h2><p>No pair was compared.</p>"]
+    if not forked:
+        return ["<h2>Where they fork</h2><p>No pair diverged in its text.</p>"]
+    b, c = escape(report.baseline), escape(report.candidate)
+    out = [
+        "<h2>Where they fork</h2><p class='muted'>For every diverged prompt, the pair "
+        "that forks earliest: the shared text up to the fork, then what each side said "
+        "from it on; the first differing character is <mark>marked</mark>.</p>"
+    ]
+    context = {p.key: p.fork_context for p in forked}
+    fork_pair: dict[str, PairResult] = {}
+    for x in report.pairs:
+        fc = context.get(x.key)
+        if (
+            fc is not None
+            and x.baseline_stream == fc["baseline_stream"]
+            and x.candidate_stream == fc["candidate_stream"]
+        ):
+            fork_pair[x.key] = x
+    for p in forked[:MAX_MAP_ROWS]:
+        fc = p.fork_context
+        assert fc is not None
+        pr = fork_pair.get(p.key)
+        where = f"character {fc['char']}"
+        if pr is not None:
+            where += (
+                f", token {_fmt(pr.first_divergence)} ({escape(pr.token_unit)}), served chunk "
+                f"{_fmt(pr.first_divergence_chunk_baseline)} of {b} / "
+                f"{_fmt(pr.first_divergence_chunk_candidate)} of {c}"
+            )
+        before = ("…" if fc["before_truncated"] else "") + fc["before"]
+        out.append(
+            f"<div class='fork'><b>{escape(p.prompt)}</b> <span class='muted'>"
+            f"({escape(p.key)}; {escape(p.model or '-')} vs {escape(p.candidate_model or '-')}; "
+            f"streams {fc['baseline_stream']}/{fc['candidate_stream']}; fork at {where})</span>"
+        )
+        for name, cls, after in ((b, "b", fc["baseline_after"]), (c, "c", fc["candidate_after"])):
+            head, rest = after[:1], after[1:]
+            out.append(
+                f"<pre><span class='{cls}'>{name}:</span> {escape(before)}"
+                f"<mark>{escape(head) if head else '⟂ end'}</mark>{escape(rest)}"
+                f"{'…' if len(after) >= 120 else ''}</pre>"
+            )
+        out.append("</div>")
+    return out
 
 
 def diff_html(report: DiffReport, gates: Sequence[GateResult] = ()) -> str:
     """The whole report as one HTML document."""
     s = report.summary
     b, c = escape(report.baseline), escape(report.candidate)
+    unit = str(s.get("first_divergence_unit") or "tokens")
+    short_unit = (
+        "server token ids"
+        if unit.startswith("token index in the server")
+        else "re-tokenized tokens"
+        if unit.startswith("token index in ids")
+        else "characters"
+        if unit.startswith("character")
+        else "tokens"
+    )
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>sparseety diff {b} vs {c}</title><style>{_CSS}</style></head><body>",
         f"<h1>{b} vs {c}</h1>",
-        f"<p>pairing: {escape(report.pairing)}; {s['prompts']} prompts, {s['pairs']} pairs, "
-        f"{s['identical_pairs']} identical.</p>",
+        *_verdict(gates),
+        *_evidence(report),
+        *_forks(report),
     ]
-    if gates:
-        parts.append("<h2>Gates</h2><table><tr><th>gate</th><th>actual</th><th>result</th></tr>")
-        for r in gates:
-            cls, word = (
-                ("fail", "FAIL") if r.failed else ("ok", "undefined" if r.actual is None else "ok")
-            )
-            parts.append(
-                f"<tr><td>{escape(r.gate.text)}</td><td class='num'>{_fmt(r.actual)}</td>"
-                f"<td class='{cls}'>{word}</td></tr>"
-            )
-        parts.append("</table>")
     parts.append("<h2>Summary</h2><table>")
     for k, v in s.items():
         parts.append(f"<tr><th>{escape(k)}</th><td class='num'>{escape(_fmt(v))}</td></tr>")
     parts.append("</table>")
     prompts = {p.key: p.prompt for p in report.prompts}
     parts.append(
-        "<h2>Divergence map</h2><p class='legend'>Token positions; each row a pair "
-        f"(baseline/candidate stream ids).<span style='background:{SAME_COLOUR}'></span>shared "
-        f"prefix<span style='background:{BASE_COLOUR}'></span>{b} after the fork"
+        f"<h2>Divergence map</h2><p class='legend'>Positions in {escape(short_unit)}; each row "
+        f"a pair (baseline/candidate stream ids).<span style='background:{SAME_COLOUR}'></span>"
+        f"shared prefix<span style='background:{BASE_COLOUR}'></span>{b} after the fork"
         f"<span style='background:{CAND_COLOUR}'></span>{c} after the fork"
         "<span style='background:#b00;width:2px'></span>first divergence</p>"
     )
     if len(report.pairs) > MAX_MAP_ROWS:
         parts.append(f"<p>First {MAX_MAP_ROWS} of {len(report.pairs)} pairs, divergent first.</p>")
-    parts.append(_divergence_map(report.pairs, prompts))
+    parts.append(_divergence_map(report.pairs, prompts, short_unit))
     parts.append("<h2>Latency</h2>")
     bs, cs = report.baseline_side, report.candidate_side
     parts.append(
@@ -241,15 +411,19 @@ def diff_html(report: DiffReport, gates: Sequence[GateResult] = ()) -> str:
     )
     parts.append(_tpc(report))
     parts.append(
-        "<h2>Prompts</h2><table><tr><th>fingerprint</th><th>prompt</th><th>pairs</th>"
-        "<th>identical</th><th>fork</th><th>edit ratio</th>"
-        f"<th>{b} (modal)</th><th>{c} (modal)</th></tr>"
+        "<h2>Prompts</h2><table><tr><th>fingerprint</th><th>prompt</th><th>model</th>"
+        "<th>pairs</th><th>identical</th><th>fork (token)</th><th>fork (char)</th>"
+        f"<th>edit ratio</th><th>{b} (modal)</th><th>{c} (modal)</th></tr>"
     )
     for p in report.prompts:
+        model = escape(p.model or "-")
+        if p.candidate_model != p.model:
+            model += f" → {escape(p.candidate_model or '-')}"
         parts.append(
-            f"<tr><td>{escape(p.key)}</td><td>{escape(p.prompt)}</td>"
+            f"<tr><td>{escape(p.key)}</td><td>{escape(p.prompt)}</td><td>{model}</td>"
             f"<td class='num'>{p.pairs}</td><td class='num'>{p.identical_pairs}</td>"
             f"<td class='num'>{_fmt(p.first_divergence)}</td>"
+            f"<td class='num'>{_fmt(p.first_divergence_char)}</td>"
             f"<td class='num'>{p.median_edit_ratio:.3f}</td>"
             f"<td><pre>{escape(p.baseline_text[:600])}</pre></td>"
             f"<td><pre>{escape(p.candidate_text[:600])}</pre></td></tr>"

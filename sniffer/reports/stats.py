@@ -7,10 +7,25 @@ there are, each variant with its count and first 200 characters, the longest
 common token prefix and the token position where the variants fork.
 
 An *output* is one choice of one stream: a request with ``n > 1`` gives ``n``
-outputs of the same fingerprint. Token ids are computed here from the stored
-chunk text (per choice, chunk texts joined in ``seq`` order, encoded with the
-tokenizer the :class:`~sniffer.llm.tokens.TokenizerRegistry` resolves for the
-stream's model, no special tokens).
+outputs of the same fingerprint. For the Responses and Anthropic APIs
+(:data:`WHOLE_MESSAGE_DIALECTS`) the output is the whole message: the text of
+every output item / content block, in index order, as one output (choice 0),
+not one output per block. Token ids are computed here from the stored chunk
+text (per output, chunk texts joined, encoded with the tokenizer the
+:class:`~sniffer.llm.tokens.TokenizerRegistry` resolves for the stream's model, no
+special tokens). A tokenizer configured for the model (or given as the
+default) that fails to load raises :class:`~sniffer.llm.tokens.TokenizerLoadError`:
+never a silent fall-back to another tokenizer. When the token pass stored the
+server's own token ids for a choice (logprobs, TGI tokens), they ride along
+(``Output.server_ids``) for ``diff`` to place forks in the server's units.
+
+Streams whose text was sampled out (``streams.text_kept`` false) give outputs
+with ``text_kept=False`` and no text: they are not empty answers, and the
+reports leave them out of every text comparison (counted).
+
+``stats`` groups by fingerprint *with* label and model: the label names one
+deployment, and one label may serve several models, whose outputs are not
+repeats of one request.
 
 This module also holds the loader shared with :mod:`sniffer.reports.diff`:
 :func:`load_outputs` reads the store (the only I/O here) and
@@ -45,6 +60,7 @@ from sniffer.llm.fingerprint import fingerprint
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
 from sniffer.reports.align import longest_common_prefix
 from sniffer.store.models import chunks, streams
+from sniffer.store.tokens_store import choice_tokens
 
 __all__ = [
     "PREVIEW_CHARS",
@@ -63,6 +79,8 @@ __all__ = [
 PREVIEW_CHARS = 200
 #: Variants listed per group (the rest are counted).
 MAX_VARIANTS = 20
+#: Dialects whose output is the whole message (all items / blocks in order).
+WHOLE_MESSAGE_DIALECTS = frozenset({"anthropic.messages", "openai.responses"})
 
 
 @dataclass(slots=True)
@@ -73,8 +91,8 @@ class Output:
     choice: int
     label: str | None
     model: str | None
-    key: str  # fingerprint with the label
-    pair_key: str  # fingerprint without the label
+    key: str  # fingerprint with the label and the model
+    pair_key: str  # fingerprint without the label and the model
     prompt: str  # fingerprint preview
     params: tuple[tuple[str, Any], ...]
     text: str
@@ -86,6 +104,17 @@ class Output:
     itl: float | None  # seconds per token
     tokens_per_chunk: tuple[int, ...]
     tokenizer: LoadedTokenizer | None = field(default=None, repr=False)
+    model_pair_key: str = ""  # fingerprint without the label, with the model
+    dialect: str | None = None
+    text_kept: bool = True  # False: sampled out, ``text`` is not the answer
+    chunk_ends: tuple[int, ...] = ()  # character end of each text chunk, in order
+    token_starts: tuple[int, ...] = ()  # character start of each token of ``ids``
+    server_ids: tuple[int, ...] | None = None  # the server's own token ids, if known
+    server_starts: tuple[int, ...] = ()  # character start of each server token
+
+    @property
+    def complete(self) -> bool:
+        return self.state == "complete"
 
 
 # ---------------------------------------------------------------------------
@@ -109,14 +138,58 @@ def _finish_map(value: Any) -> dict[int, str]:
     return out
 
 
+def _server_map(rows: Iterable[Sequence[Any]]) -> dict[tuple[int, int], tuple[Any, Any]]:
+    out: dict[tuple[int, int], tuple[Any, Any]] = {}
+    for sid, choice, texts, ids in rows:
+        try:
+            t = json.loads(texts) if isinstance(texts, str) else None
+            i = json.loads(ids) if isinstance(ids, str) else None
+        except ValueError:
+            continue
+        out[(sid, choice)] = (t, i)
+    return out
+
+
+def _server_tokens(
+    got: tuple[Any, Any] | None, text: str
+) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+    """The server's token ids of one output and the character start of each,
+    when every reported token maps to an id and their texts spell the output."""
+    if got is None:
+        return None, ()
+    texts, ids = got
+    if not isinstance(texts, list) or not isinstance(ids, list) or len(texts) != len(ids):
+        return None, ()
+    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return None, ()
+    if not all(isinstance(t, str) for t in texts) or "".join(texts) != text:
+        return None, ()
+    starts = tuple(accumulate((len(t) for t in texts[:-1]), initial=0))
+    return tuple(ids), starts
+
+
+def _tokenizer(registry: TokenizerRegistry, model: str | None) -> LoadedTokenizer | None:
+    """The tokenizer for ``model``; a configured one that fails raises. Only the
+    built-in default may be missing (no ids then: text comparison only)."""
+    if registry.match(model) is not None or registry.default_source is not None:
+        return registry.resolve(model)[1]
+    try:
+        return registry.default()
+    except TokenizerLoadError:
+        return None
+
+
 def build_outputs(
     stream_rows: Iterable[Mapping[str, Any]],
     chunk_rows: Iterable[Sequence[Any]],
     registry: TokenizerRegistry,
+    server_rows: Iterable[Sequence[Any]] = (),
 ) -> list[Output]:
     """Outputs from ``streams`` rows and chunk tuples ``(stream_id, choice, text,
-    ts, finish_reason)`` in (stream_id, seq) order. Pure apart from the
-    registry loading tokenizers on first use."""
+    ts, finish_reason)`` in (stream_id, seq) order; ``server_rows`` are
+    ``(stream_id, choice, server_tokens, server_ids)`` JSON texts of the token
+    pass. Pure apart from the registry loading tokenizers on first use (a
+    configured tokenizer that fails raises TokenizerLoadError)."""
     texts: dict[int, dict[int, list[tuple[str, float | None]]]] = {}
     finishes: dict[int, dict[int, str]] = {}
     cur_sid: Any = None
@@ -135,32 +208,42 @@ def build_outputs(
                 got.append((text, ts))
         if finish:
             finishes.setdefault(sid, {}).setdefault(choice, finish)
+    server = _server_map(server_rows)
 
     pending: list[tuple[Output, list[tuple[str, float | None]]]] = []
     toks: dict[str | None, LoadedTokenizer | None] = {}
     for row in stream_rows:
         sid = int(row["id"])
         fp = fingerprint(row)
-        pfp = fingerprint(row, with_label=False)
+        pfp = fingerprint(row, with_label=False, with_model=False)
+        mfp = fingerprint(row, with_label=False)
         model = row.get("model")
         if model not in toks:
-            try:
-                toks[model] = registry.resolve(model)[1]
-            except TokenizerLoadError:
-                try:
-                    toks[model] = registry.default()
-                except TokenizerLoadError:
-                    toks[model] = None
+            toks[model] = _tokenizer(registry, model)
         by_choice = texts.get(sid, {})
         finish = _finish_map(row.get("finish_reasons"))
         for ch, f in finishes.get(sid, {}).items():
             finish.setdefault(ch, f)
-        choices = sorted(set(by_choice) | set(finish)) or [0]
+        dialect = row.get("dialect")
+        kept = row.get("text_kept") is not False  # NULL (older rows): kept
+        if dialect in WHOLE_MESSAGE_DIALECTS:
+            order = sorted(set(by_choice) | set(finish))
+            merged = [p for ch in order for p in by_choice.get(ch, [])]
+            fin = next((finish[ch] for ch in order if ch in finish), None)
+            plan: list[tuple[int, list[tuple[str, float | None]], str | None]] = [(0, merged, fin)]
+        else:
+            choices = sorted(set(by_choice) | set(finish)) or [0]
+            plan = [(ch, by_choice.get(ch, []), finish.get(ch)) for ch in choices]
         t_req = row.get("t_request")
         t_first = row.get("t_first_content")
         ttft = t_first - t_req if t_first is not None and t_req is not None else None
-        for ch in choices:
-            pieces = by_choice.get(ch, [])
+        for ch, pieces, fin in plan:
+            text = "".join(p[0] for p in pieces)
+            sids, starts = (
+                _server_tokens(server.get((sid, ch)), text)
+                if dialect not in WHOLE_MESSAGE_DIALECTS
+                else (None, ())
+            )
             out = Output(
                 stream_id=sid,
                 choice=ch,
@@ -170,15 +253,21 @@ def build_outputs(
                 pair_key=pfp.key,
                 prompt=fp.prompt,
                 params=fp.params,
-                text="".join(p[0] for p in pieces),
+                text=text,
                 ids=(),
-                finish_reason=finish.get(ch),
+                finish_reason=fin,
                 state=row.get("state"),
                 t_request=t_req,
                 ttft=ttft,
                 itl=None,
                 tokens_per_chunk=(),
                 tokenizer=toks[model],
+                model_pair_key=mfp.key,
+                dialect=dialect,
+                text_kept=kept,
+                chunk_ends=tuple(accumulate(len(p[0]) for p in pieces)),
+                server_ids=sids,
+                server_starts=starts,
             )
             pending.append((out, pieces))
 
@@ -193,16 +282,16 @@ def build_outputs(
         for i, (ids, offsets) in zip(members, encoded, strict=True):
             out, pieces = pending[i]
             out.ids = tuple(ids)
-            starts = [o[0] for o in offsets]
-            ends = list(accumulate(len(p[0]) for p in pieces))
+            tstarts = [o[0] for o in offsets]
+            out.token_starts = tuple(tstarts)
             counts: list[int] = []
             lo = 0
-            for end in ends:
-                hi = bisect_left(starts, end, lo)
+            for end in out.chunk_ends:
+                hi = bisect_left(tstarts, end, lo)
                 counts.append(hi - lo)
                 lo = hi
             if counts:
-                counts[-1] += len(starts) - lo
+                counts[-1] += len(tstarts) - lo
             out.tokens_per_chunk = tuple(counts)
             t0, t1 = pieces[0][1], pieces[-1][1]
             after_first = len(ids) - counts[0] if counts else 0
@@ -242,6 +331,8 @@ def load_outputs(
         streams.c.t_first_content,
         streams.c.finish_reasons,
         streams.c.state,
+        streams.c.dialect,
+        streams.c.text_kept,
     ]
     s_stmt = select(*cols).where(*cond).order_by(streams.c.t_request, streams.c.id)
     c_stmt = (
@@ -253,10 +344,22 @@ def load_outputs(
         .where((chunks.c.text != "") | chunks.c.finish_reason.is_not(None))
         .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
     )
+    t_stmt = (
+        select(
+            choice_tokens.c.stream_id,
+            choice_tokens.c.choice,
+            choice_tokens.c.server_tokens,
+            choice_tokens.c.server_ids,
+        )
+        .join(streams, streams.c.id == choice_tokens.c.stream_id)
+        .where(*cond)
+        .where(choice_tokens.c.server_count.is_not(None))
+    )
     with engine.connect() as conn:
         rows = [dict(r._mapping) for r in conn.execute(s_stmt)]
         chunk_rows = conn.execute(c_stmt).tuples().all()
-    return build_outputs(rows, chunk_rows, registry or TokenizerRegistry())
+        server_rows = conn.execute(t_stmt).tuples().all()
+    return build_outputs(rows, chunk_rows, registry or TokenizerRegistry(), server_rows)
 
 
 # ---------------------------------------------------------------------------
@@ -307,9 +410,14 @@ def _fork_text(o: Output, pos: int) -> str:
 
 
 def compute_stats(outputs: Sequence[Output]) -> StatsReport:
-    """Group outputs by fingerprint (with label) and measure their stability."""
+    """Group outputs by fingerprint (with label and model) and measure their
+    stability. Sampled-out outputs (no text kept) are counted, not grouped."""
     by_key: dict[str, list[Output]] = {}
+    sampled_out = 0
     for o in outputs:
+        if not o.text_kept:
+            sampled_out += 1
+            continue
         by_key.setdefault(o.key, []).append(o)
     groups: list[Group] = []
     singletons = 0
@@ -357,7 +465,9 @@ def compute_stats(outputs: Sequence[Output]) -> StatsReport:
             )
         )
     groups.sort(key=lambda g: (g.label or "", g.deterministic, g.prompt))
-    return StatsReport(groups, singletons, _summary(groups, singletons))
+    summary = _summary(groups, singletons)
+    summary["sampled_out_outputs"] = sampled_out
+    return StatsReport(groups, singletons, summary)
 
 
 def _summary(groups: Sequence[Group], singletons: int) -> dict[str, Any]:
@@ -473,6 +583,11 @@ def format_stats(report: StatsReport, *, show_deterministic: bool = True) -> str
         f"seen once): {s['deterministic_groups']} fully deterministic "
         f"({_pct(s['deterministic_ratio'])})"
     )
+    if s.get("sampled_out_outputs"):
+        lines.append(
+            f"  {s['sampled_out_outputs']} outputs left out: their text was sampled out "
+            "(--sample-rate), not compared"
+        )
     for label, part in s["labels"].items():
         lines.append(
             f"  {label or '-'}: {part['deterministic_groups']}/{part['groups']} deterministic "

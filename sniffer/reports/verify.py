@@ -33,6 +33,12 @@ multi_token_chunk, unk, tokenizer_default (no tokenizer configured for the
 model), tokenizer_error, prompt_template, usage_missing,
 server_tokens_invalid, not_tokenized, token_error, unknown_record.
 
+Streams whose chunk text was sampled out (``streams.text_kept`` false, see
+``sparseety run --sample-rate``) are *not verifiable*: there is no text to
+check, so the text, count and token checks are skipped and the stream is
+reported as such (``verifiable: false``), not failed. Its state is still
+checked (a gap is known without the text).
+
 ``finish_missing`` only warns on a stream the stream stage judged complete
 after the server's end marker (``done_seen``): some dialects end a stream cut
 by a length limit without a finish reason (TGI's final event).
@@ -58,6 +64,7 @@ from sniffer.llm.tokens import (
     TokenizerLoadError,
     TokenizerRegistry,
     analyze_streams,
+    prompt_method,
 )
 from sniffer.record.tokenize_pass import text_hash, tokenize_db
 from sniffer.store.models import chunks, streams
@@ -149,6 +156,8 @@ class StreamVerdict:
     line: int | None = None  # JSONL: first line of the stream
     findings: list[Finding] = field(default_factory=list)
     first_tokens: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    verifiable: bool = True  # False: the text was sampled out, nothing to check
+    prompt_template: str | None = None  # how the prompt tokens were counted
 
     @property
     def ok(self) -> bool:
@@ -194,6 +203,8 @@ class StreamVerdict:
             "chunks": self.chunks,
             "text_len": self.text_len,
             "prompt_tokens": self.prompt_tokens,
+            "prompt_template": self.prompt_template,
+            "verifiable": self.verifiable,
             "tokens": self.tokens,
             "tokenizer": self.tokenizer,
             "line": self.line,
@@ -220,6 +231,11 @@ class VerifyReport:
         return sum(1 for s in self.streams if not s.ok)
 
     @property
+    def not_verifiable(self) -> int:
+        """Streams whose text was sampled out (and that did not fail otherwise)."""
+        return sum(1 for s in self.streams if s.ok and not s.verifiable)
+
+    @property
     def warned(self) -> int:
         return sum(1 for s in self.streams if s.warnings)
 
@@ -236,8 +252,9 @@ class VerifyReport:
             "source": self.source,
             "ok": self.ok,
             "streams": len(self.streams),
-            "verified": len(self.streams) - self.failed,
+            "verified": len(self.streams) - self.failed - self.not_verifiable,
             "failed": self.failed,
+            "not_verifiable": self.not_verifiable,
             "warned": self.warned,
             "tokenized": self.tokenized,
             "kinds": self.kind_counts(),
@@ -288,6 +305,15 @@ def _first_tokens(
     return {c.choice: [(i, tok.token_text(i)) for i in c.output_ids[:n]] for c in choices}
 
 
+def _prompt_method(registry: TokenizerRegistry, model: str | None, raw: Any) -> str | None:
+    try:
+        tok = registry.resolve(model)[1]
+        request = json.loads(raw) if isinstance(raw, str) else None
+    except (TokenizerLoadError, ValueError):
+        return None
+    return prompt_method(tok, request)
+
+
 # ---------------------------------------------------------------------------
 # database
 # ---------------------------------------------------------------------------
@@ -313,6 +339,8 @@ def _select_streams(
         streams.c.gap,
         streams.c.chunk_count,
         streams.c.text_len,
+        streams.c.text_kept,
+        streams.c.request_json,
     ]
     stmt = select(*cols)
     if stream_ids is not None:
@@ -386,6 +414,8 @@ def verify_db(
             token_rows = read_stream_tokens(conn, ids)
         for r in part:
             v = _verify_stream(r, by_stream.get(r["id"], []), token_rows.get(r["id"]))
+            if v.prompt_tokens is not None:
+                v.prompt_template = _prompt_method(registry, r["model"], r["request_json"])
             if tokens and r["id"] in token_rows:
                 v.first_tokens = _first_tokens(
                     registry, r["model"], token_rows[r["id"]].choices, FIRST_TOKENS
@@ -414,6 +444,9 @@ def _verify_stream(
         v.add(kind, s["reason"] or f"state {st}")
     elif s["gap"]:
         v.add("gap", "marked complete but bytes were lost")
+    if s.get("text_kept") is False:
+        v.verifiable = False
+        return v
     # chunk indexes, text, counts
     last: dict[int, int] = {}
     texts: dict[int, list[str]] = {}

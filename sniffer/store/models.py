@@ -57,6 +57,9 @@ since the Unix epoch (UTC).
                     body bytes after de-chunking and content decoding
     error           error message (HTTP error body, error event, framing)
     closed_at       when the stream ended (NULL while open)
+    text_kept       False when sampling dropped the chunk text (``--sample-rate``):
+                    the stream has no text to compare; NULL in rows written
+                    before the column existed (added on open, read as kept)
 
 ``chunks`` — one row per streamed event per choice (or a whole non-streaming body).
 
@@ -178,6 +181,7 @@ streams = Table(
     Column("response_bytes", BigInteger),
     Column("error", Text),
     Column("closed_at", Float),
+    Column("text_kept", Boolean),
     Index("ix_streams_label_model", "label", "model"),
     Index("ix_streams_t_request", "t_request"),
     Index("ix_streams_state", "state"),

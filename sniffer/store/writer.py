@@ -145,10 +145,31 @@ def create_schema(engine: Engine) -> None:
     import sniffer.store.tokens_store  # noqa: F401  (its tables live on the same metadata)
 
     metadata.create_all(engine)
+    _add_missing_columns(engine)
     with engine.begin() as conn:
         found = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version")).first()
         if found is None:
             conn.execute(insert(meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+
+
+#: Columns added to an existing table since it was first created: a database
+#: written by an older version gets them (NULL in its old rows) when opened.
+_ADDED_COLUMNS = (("streams", "text_kept", "BOOLEAN"),)
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    from sqlalchemy import inspect, text
+
+    insp = inspect(engine)
+    for table, column, sql_type in _ADDED_COLUMNS:
+        have = {c["name"] for c in insp.get_columns(table)}
+        if column not in have:
+            with engine.begin() as conn:
+                try:
+                    conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+                except SQLAlchemyError:  # another process added it first
+                    if column not in {c["name"] for c in inspect(conn).get_columns(table)}:
+                        raise
 
 
 # ---------------------------------------------------------------------------
@@ -291,6 +312,7 @@ def _stream_row(ev: StreamOpened) -> dict[str, Any]:
             "chunk_count": 0,
             "event_count": 0,
             "text_len": 0,
+            "text_kept": ev.text_kept,
         }
     )
     return row
