@@ -25,6 +25,7 @@ from sniffer.cli.common import (
     parse_labels,
     tokenizer_options,
 )
+from sniffer.core.events import NOT_LLM
 
 
 def _ts(ts: float | None) -> str:
@@ -274,7 +275,7 @@ def streams(
         engine = open_engine(db)
         rows = list_streams(engine, label=label, model=model, state=state, limit=None)
         if not show_all:
-            rows = [r for r in rows if (r.get("dialect") or "http") != "http"]
+            rows = [r for r in rows if (r.get("dialect") or NOT_LLM) != NOT_LLM]
         if limit is not None:
             rows = rows[:limit]
         if as_json:
