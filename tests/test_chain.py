@@ -187,3 +187,29 @@ def test_replay_cli_sample_rate(tmp_path: Path) -> None:
     assert rows(db, "select count(*) from chunks") == [(0,)]
     bad = CliRunner().invoke(main, ["replay", "--sample-rate", "2", str(PCAP), "--db", str(db)])
     assert bad.exit_code == 2
+
+
+def test_parallel_replay_workers_each_write_through_the_chain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sniffer.runtime.replay as replay_module
+
+    pcap = ROOT / "pcaps" / "concurrent_4.pcap"
+    one, two = tmp_path / "one.db", tmp_path / "two.db"
+    opts = RecordingOptions(sample_rate=0.0)
+    r1 = replay(pcap, str(one), chain=RecordingChain.from_config(opts), jobs=1)
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    r2 = replay(pcap, str(two), chain=RecordingChain.from_config(opts), jobs=2)
+    assert r2.jobs == 2 and r1.jobs == 1
+    assert (r2.streams, r2.tokens, r2.tokenized_streams) == (
+        r1.streams,
+        r1.tokens,
+        r1.tokenized_streams,
+    )
+    assert r1.tokens > 0
+    summary = "select state, chunk_count, text_len from streams order by 1, 2, 3"
+    assert rows(two, summary) == rows(one, summary)
+    assert rows(two, "select count(*) from chunks") == rows(one, "select count(*) from chunks")
+    assert rows(one, "select count(*) from chunks") == [(0,)]
+    tok = "select output_count from stream_tokens order by 1"
+    assert rows(two, tok) == rows(one, tok)
