@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make install  - install sparseety (pip) and the Debian packages it uses"
 	@echo "make test     - install what the tests need, then lint and run the whole test suite"
-	@echo "make lint     - ruff and mypy"
+	@echo "make lint     - ruff, mypy and the import layering contract (lint-imports)"
 	@echo "make pcaps    - re-record the fixtures in pcaps/ from real loopback traffic"
 	@echo "make bench    - benchmarks (replay vs tshark, live capture, tokens, diff); prints figures"
 	@echo "make ebpf     - build the eBPF capture object"
@@ -27,6 +27,7 @@ lint:
 	ruff check sniffer tests scripts bench
 	ruff format --check sniffer tests scripts bench
 	mypy
+	lint-imports
 
 test: deps
 	-$(MAKE) --no-print-directory ebpf

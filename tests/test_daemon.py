@@ -34,16 +34,12 @@ from sniffer.core.events import (
     StoreEvent,
     StreamClosed,
 )
+from sniffer.runtime.capture_thread import CaptureThread
 from sniffer.runtime.config import Config
-from sniffer.runtime.daemon import (
-    SLOW_ENV,
-    Daemon,
-    DaemonStats,
-    Log,
-    Notifier,
-    _CaptureThread,
-    sd_notify,
-)
+from sniffer.runtime.daemon import SLOW_ENV, Daemon
+from sniffer.runtime.log import Log
+from sniffer.runtime.notify import Notifier, sd_notify
+from sniffer.runtime.stats import DaemonStats
 
 ROOT = Path(__file__).resolve().parent.parent
 PCAP = ROOT / "pcaps" / "concurrent_4.pcap"
@@ -279,7 +275,7 @@ def test_sinks_see_everything_and_transform_shapes_what_is_written(tmp_path: Pat
         raise RuntimeError("sink bug")
 
     d.add_sink(broken)
-    d.transform = lambda evs: [e for e in evs if not isinstance(e, ChunkEvent)]
+    d.chain.transforms.append(lambda evs: [e for e in evs if not isinstance(e, ChunkEvent)])
     r = start(d)
     assert src.exhausted.wait(30)
     assert wait_for(lambda: d.stats.items >= len(SEGMENTS))
@@ -363,9 +359,9 @@ def test_reload_with_bad_config_keeps_running(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- capture thread
 
 
-def _thread(ebpf: bool = False, size: int = 1) -> tuple[_CaptureThread, queue.Queue[list[Any]]]:
+def _thread(ebpf: bool = False, size: int = 1) -> tuple[CaptureThread, queue.Queue[list[Any]]]:
     q: queue.Queue[list[Any]] = queue.Queue(maxsize=size)
-    t = _CaptureThread(FakeSource([]), q, DaemonStats(), Log("error", io.StringIO()), ebpf)
+    t = CaptureThread(FakeSource([]), q, DaemonStats(), Log("error", io.StringIO()), ebpf)
     return t, q
 
 
@@ -382,7 +378,7 @@ def test_queue_full_drops_batch_and_sends_marker_first() -> None:
     got = q.get_nowait()
     assert got[0] == CaptureGap(c[-1].ts, len(b) + len(c) + 7, "queue")
     assert got[1:] == e
-    assert not t.loss_pending
+    assert not t.loss.pending
 
 
 def test_marker_alone_goes_through_when_nothing_new_arrives() -> None:
@@ -553,7 +549,7 @@ def _conversation(port: int, prompt: str, pieces: list[str]) -> list[Any]:
 
 def test_features_redact_what_is_stored_but_tokenize_what_was_sent(tmp_path: Path) -> None:
     from sniffer.llm.tokens import TokenizerRegistry
-    from sniffer.runtime.daemon import attach_features
+    from sniffer.runtime.features import attach_features
 
     pieces = ["Call me at ", "+86 138 0013 8000", " or mail ", "ann@example.com", "."]
     segs = _conversation(PORT, "my id is alice@example.org", pieces)
@@ -575,7 +571,7 @@ def test_features_redact_what_is_stored_but_tokenize_what_was_sent(tmp_path: Pat
 
 
 def test_features_sampling_keeps_summaries_and_drops_text(tmp_path: Path) -> None:
-    from sniffer.runtime.daemon import attach_features
+    from sniffer.runtime.features import attach_features
 
     src = FakeSource(_conversation(PORT, "hello", ["a", "b"]), per=4)
     d, db = make(tmp_path, src, metrics=False, sample_rate=0.0, tokens=False)
@@ -588,7 +584,7 @@ def test_features_sampling_keeps_summaries_and_drops_text(tmp_path: Path) -> Non
 
 
 def test_features_refuse_a_world_readable_database(tmp_path: Path) -> None:
-    from sniffer.runtime.daemon import attach_features
+    from sniffer.runtime.features import attach_features
     from sniffer.store.files import InsecureDatabaseFile
 
     db = tmp_path / "d.db"
@@ -597,3 +593,15 @@ def test_features_refuse_a_world_readable_database(tmp_path: Path) -> None:
     d, _ = make(tmp_path, FakeSource([]), metrics=False, tokens=False)
     with pytest.raises(InsecureDatabaseFile):
         attach_features(d)
+
+
+def test_ebpf_repeated_drops_count_each_byte_once() -> None:
+    """A batch dropped while a loss marker is pending adds only its own items."""
+    t, q = _thread(ebpf=True)
+    t.offer([FlowData(1, 1.0, True, b"x")])  # fills the queue
+    t.offer([FlowData(2, 2.0, True, b"abc")])  # dropped
+    t.offer([FlowData(2, 2.1, True, b"de")])  # dropped, with the pending marker in front
+    assert t.stats.queue_dropped == 2
+    q.get_nowait()
+    t.offer([])
+    assert q.get_nowait() == [CaptureGap(2.1, 2, "queue"), FlowGap(2, 2.1, True, 5, "overflow")]

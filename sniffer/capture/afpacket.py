@@ -500,6 +500,11 @@ class AfPacketSource:
 
     # ------------------------------------------------------------------ teardown
 
+    def finish(self) -> list[Segment | CaptureGap]:
+        """Nothing: the ring holds no state between polls (part of the ``Source``
+        protocol; the eBPF source returns its open connections' ends here)."""
+        return []
+
     def close(self) -> None:
         """Unmap the ring and close the socket. Safe to call more than once."""
         mm, sock, view = self._mm, self._sock, self._view

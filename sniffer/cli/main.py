@@ -25,6 +25,7 @@ from sniffer.cli.common import (
     parse_labels,
     tokenizer_options,
 )
+from sniffer.core.events import NOT_LLM
 
 
 def _ts(ts: float | None) -> str:
@@ -94,6 +95,13 @@ def main() -> None:
     metavar="NAME=REGEX",
     help="Also replace matches of REGEX by <NAME> (repeat).",
 )
+@click.option(
+    "--sample-rate",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="Share of streams whose chunk text is stored (summaries always), as in 'run'.  "
+    "[default: 1]",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def replay(
@@ -107,6 +115,7 @@ def replay(
     default_tokenizer: str | None,
     no_redact: bool,
     redact_patterns: tuple[str, ...],
+    sample_rate: float | None,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -121,7 +130,7 @@ def replay(
       sparseety replay pcaps/chat_english.pcap --db sparseety.db --label 8000=baseline
     """
     from sniffer.capture.pcap import CaptureFileError
-    from sniffer.record.redact import Redactor
+    from sniffer.record.chain import RecordingChain, RecordingOptions
     from sniffer.runtime.replay import default_jobs
     from sniffer.runtime.replay import replay as run_replay
 
@@ -134,9 +143,15 @@ def replay(
         patterns.append((name, regex))
     if no_redact:
         click.echo("sparseety: redaction is OFF: text is stored as captured", err=True)
+    options = RecordingOptions(
+        sample_rate=1.0 if sample_rate is None else sample_rate,
+        redact=not no_redact,
+        redact_patterns=tuple(patterns),
+        tokens=not no_tokens,
+    )
     with library_errors():
         registry = None if no_tokens else make_registry(tokenizers, default_tokenizer)
-        redactor = Redactor(patterns, enabled=not no_redact)
+        recording = RecordingChain.from_config(options, tokens=registry)
     failed = False
     summaries = []
     for path in captures:
@@ -169,8 +184,7 @@ def replay(
                         labels=label_map,
                         progress=progress,
                         jobs=jobs or default_jobs(),
-                        tokens=registry,
-                        redactor=redactor,
+                        chain=recording,
                     )
                 except CaptureFileError as exc:
                     fail(str(exc) if path in str(exc) else f"{path}: {exc}")
@@ -261,7 +275,7 @@ def streams(
         engine = open_engine(db)
         rows = list_streams(engine, label=label, model=model, state=state, limit=None)
         if not show_all:
-            rows = [r for r in rows if (r.get("dialect") or "http") != "http"]
+            rows = [r for r in rows if (r.get("dialect") or NOT_LLM) != NOT_LLM]
         if limit is not None:
             rows = rows[:limit]
         if as_json:

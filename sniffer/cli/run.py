@@ -200,7 +200,8 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
     from sniffer.capture.afpacket import CaptureError
     from sniffer.capture.ebpf import EbpfError
     from sniffer.llm.tokens import TokenizerLoadError
-    from sniffer.runtime.daemon import Daemon, attach_features
+    from sniffer.runtime.daemon import Daemon
+    from sniffer.runtime.features import attach_features
     from sniffer.store.files import InsecureDatabaseFile
 
     try:

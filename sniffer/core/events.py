@@ -61,6 +61,10 @@ class CaptureGap(NamedTuple):
 # ---------------------------------------------------------------------------
 
 
+#: The ``dialect`` of an exchange that is not an LLM stream (plain HTTP).
+NOT_LLM = "http"
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionOpened:
     conn: int  # connection id, unique within one pipeline run (from its id base)
@@ -228,7 +232,7 @@ class StreamOpened:
     request_headers: Headers  # credentials already removed
     request_body: str | None  # text of the request body (JSON as sent), None if absent
     request: dict[str, Any] = field(default_factory=dict)  # parsed request fields
-    dialect: str = "http"  # "openai.chat", "openai.completions", … or "http"
+    dialect: str = NOT_LLM  # "openai.chat", "openai.completions", … or NOT_LLM
     label: str | None = None
     capture: str = "packet"
     pid: int | None = None

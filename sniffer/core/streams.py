@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sniffer.core.events import (
+    NOT_LLM,
     ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
@@ -336,7 +337,7 @@ class StreamAssembler:
                 request_headers=scrub_headers(req.headers) if req else (),
                 request_body=body_text,
                 request=request_fields(parsed),
-                dialect=x.dialect.name if x.dialect is not None else "http",
+                dialect=x.dialect.name if x.dialect is not None else NOT_LLM,
                 label=self._labels.get(server[1]),
                 capture=opened.capture if opened else "packet",
                 pid=opened.pid if opened else None,

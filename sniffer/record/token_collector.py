@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamOpened
+from sniffer.core.events import NOT_LLM, ChunkEvent, StoreEvent, StreamClosed, StreamOpened
 from sniffer.llm.tokens import ChunkInput, StreamInput
 
 
@@ -61,7 +61,7 @@ class TokenCollector:
                 )
             elif t is StreamOpened:
                 assert isinstance(ev, StreamOpened)
-                if ev.dialect == "http":
+                if ev.dialect == NOT_LLM:
                     continue
                 if len(opened) >= self._max_open:
                     self.dropped_streams += 1

@@ -36,6 +36,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
+from sniffer.core.events import NOT_LLM
 from sniffer.llm.tokens import (
     ChunkInput,
     ChunkTokens,
@@ -103,7 +104,7 @@ def _pending_filter() -> Any:
         streams.c.closed_at.is_not(None),
         streams.c.state != "open",
         streams.c.dialect.is_not(None),
-        streams.c.dialect != "http",
+        streams.c.dialect != NOT_LLM,
         stream_tokens.c.stream_id.is_(None),
     )
 

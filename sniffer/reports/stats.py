@@ -56,6 +56,7 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
+from sniffer.core.events import NOT_LLM
 from sniffer.llm.fingerprint import fingerprint
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
 from sniffer.reports.align import longest_common_prefix
@@ -310,7 +311,7 @@ def load_outputs(
 ) -> list[Output]:
     """Outputs of the LLM streams in the store (``dialect`` other than ``http``),
     optionally only those with one of ``labels`` / of ``model``."""
-    cond = [streams.c.dialect.is_not(None), streams.c.dialect != "http"]
+    cond = [streams.c.dialect.is_not(None), streams.c.dialect != NOT_LLM]
     if labels is not None:
         cond.append(streams.c.label.in_(list(labels)))
     if model is not None:

@@ -58,6 +58,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Engine, select
 
+from sniffer.core.events import NOT_LLM
 from sniffer.llm.tokens import (
     ChunkInput,
     StreamInput,
@@ -346,7 +347,7 @@ def _select_streams(
     if stream_ids is not None:
         stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
     elif not include_http:
-        stmt = stmt.where(streams.c.dialect.is_not(None), streams.c.dialect != "http")
+        stmt = stmt.where(streams.c.dialect.is_not(None), streams.c.dialect != NOT_LLM)
     if label is not None:
         stmt = stmt.where(streams.c.label == label)
     if model is not None:

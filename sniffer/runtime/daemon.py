@@ -1,21 +1,25 @@
-"""The live sidecar: capture thread → bounded queue → pipeline → batched writer.
+"""The live sidecar's main loop: capture thread → bounded queue → pipeline → recording chain.
 
-This is the only module with loops, threads, queues, signals and clocks.
+The runtime lives in small modules next to this one: ``capture_thread`` (polls
+the source, never blocks; loss accounting in :mod:`sniffer.capture.loss`),
+``signals``, ``notify`` (systemd), ``log`` (logfmt), ``workers`` (token pass,
+retention) and ``features`` (what ``sparseety run`` wires in). What happens to
+the store events is the recording chain's business
+(:mod:`sniffer.record.chain`), shared with the replay command.
 
 Threads
     *capture* polls the source (AF_PACKET ring or eBPF) and puts each poll's
-    batch on a bounded queue with ``put_nowait``. It never blocks: when the
-    queue is full the batch is dropped, its packets are counted
-    (``queue_dropped``) and a ``CaptureGap(ts, dropped, "queue")`` marker goes
-    through ahead of the next batch that fits, so every stream open at that
-    time is marked as possibly gapped (eBPF batches are flow events, not
-    packets: their data become ``FlowGap(reason="overflow")`` on the
-    connections they belonged to, and opens/closes are kept). Memory is held
-    flat by ``queue_size`` × (one poll's batch).
+    batch on a bounded queue with ``put_nowait``. When the queue is full the
+    batch is dropped, its packets are counted (``queue_dropped``) and a
+    ``CaptureGap(ts, dropped, "queue")`` marker goes through ahead of the next
+    batch that fits, so every stream open at that time is marked as possibly
+    gapped (eBPF batches are flow events, not packets: their data become
+    ``FlowGap(reason="overflow")`` on the connections they belonged to, and
+    opens/closes are kept).
 
-    *main* (the processing thread) takes batches off the queue, runs the
-    pipeline, passes each batch of store events to the sinks, through the
-    optional transform, and to the writer, which is flushed every
+    *main* (the processing thread, :meth:`Daemon.run`) takes batches off the
+    queue, runs the pipeline and passes each batch of store events to the
+    recording chain (observers, transforms, writer), which is flushed every
     ``flush_interval`` seconds (or at ``batch_size`` rows). It also expires
     idle connections, sends ``WATCHDOG=1``/``STATUS=`` to systemd, and acts on
     the flags the signal handlers set.
@@ -29,10 +33,6 @@ Signals
     is opened before the old one is closed: no gap, possibly duplicates, which
     reassembly drops as retransmissions); backend and database need a restart.
 
-Logs are logfmt lines on stderr (``level=info event=capture-active iface=lo …``);
-under systemd (``$JOURNAL_STREAM`` set) each line starts with a ``<N>`` syslog
-priority and carries no timestamp (journald adds one).
-
 Test-only: ``SPARSEETY_TEST_SLOW_PIPELINE_MS=N`` sleeps N ms per queued batch in
 the processing thread, to make the pipeline fall behind on purpose. Never set
 it in production.
@@ -41,51 +41,28 @@ it in production.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import os
 import queue
-import signal
-import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from types import FrameType
-from typing import Any, Protocol, TextIO
+from typing import Any
 
-from sniffer.core.events import (
-    CaptureGap,
-    ConnectionClosed,
-    ConnectionOpened,
-    FlowData,
-    FlowEnd,
-    FlowEvent,
-    FlowGap,
-    Segment,
-    StoreEvent,
-)
+from sniffer.capture.source import CaptureItem, stats_dict
+from sniffer.core.events import CaptureGap, FlowEvent, Segment, StoreEvent
 from sniffer.core.pipeline import Pipeline, PipelineConfig
+from sniffer.record.chain import Observer, RecordingChain
+from sniffer.runtime import signals
+from sniffer.runtime.capture_thread import CaptureThread, SourceFactory, capture_key, default_source
 from sniffer.runtime.config import Config, ConfigError, load_config
+from sniffer.runtime.log import Log
+from sniffer.runtime.notify import Notifier
+from sniffer.runtime.stats import DaemonStats
 from sniffer.store.writer import StoreError, StoreWriter
 
-__all__ = [
-    "Daemon",
-    "DaemonStats",
-    "Log",
-    "Notifier",
-    "Sink",
-    "Transform",
-    "sd_notify",
-]
+__all__ = ["SLOW_ENV", "Daemon", "run_daemon"]
 
-Sink = Callable[[list[StoreEvent]], None]
-Transform = Callable[[list[StoreEvent]], list[StoreEvent]]
-Item = Segment | CaptureGap | FlowEvent
-
-#: How long one capture poll waits for packets (seconds).
-POLL_TIMEOUT = 0.05
 #: How long the processing thread waits on an empty queue (seconds).
 QUEUE_WAIT = 0.1
 #: Seconds between idle-connection sweeps.
@@ -96,303 +73,6 @@ STATUS_EVERY = 5.0
 MAX_PENDING_FACTOR = 20
 SLOW_ENV = "SPARSEETY_TEST_SLOW_PIPELINE_MS"
 
-_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
-_SYSLOG = {"debug": 7, "info": 6, "warning": 4, "error": 3}
-
-
-# ---------------------------------------------------------------------- sd_notify
-
-
-def sd_notify(state: str, socket_path: str | None = None) -> bool:
-    """Send ``state`` (e.g. ``"READY=1"``) to systemd's notify socket.
-
-    ``socket_path`` defaults to ``$NOTIFY_SOCKET``; a leading ``@`` means the
-    abstract namespace. Returns False (and does nothing) when there is no
-    socket or sending fails: notification is best effort, never fatal.
-    """
-    path = socket_path if socket_path is not None else os.environ.get("NOTIFY_SOCKET")
-    if not path or not (path.startswith("/") or path.startswith("@")):
-        return False
-    addr = "\0" + path[1:] if path.startswith("@") else path
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.connect(addr)
-            s.sendall(state.encode("utf-8", "replace"))
-    except OSError:
-        return False
-    return True
-
-
-class Notifier:
-    """sd_notify for one daemon run: readiness, status and the watchdog.
-
-    The watchdog interval comes from ``$WATCHDOG_USEC`` (honoured only when
-    ``$WATCHDOG_PID`` is unset or this process); pings are sent at half of it.
-    """
-
-    def __init__(self, environ: dict[str, str] | None = None) -> None:
-        env = os.environ if environ is None else environ
-        self.socket_path = env.get("NOTIFY_SOCKET") or None
-        self.watchdog_interval: float | None = None
-        usec = env.get("WATCHDOG_USEC", "")
-        wpid = env.get("WATCHDOG_PID", "")
-        if usec.isdigit() and int(usec) > 0 and (not wpid or wpid == str(os.getpid())):
-            self.watchdog_interval = int(usec) / 1e6 / 2
-        self._next_ping = 0.0
-        self.sent = 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.socket_path is not None
-
-    def notify(self, *states: str) -> bool:
-        if self.socket_path is None:
-            return False
-        ok = sd_notify("\n".join(states), self.socket_path)
-        self.sent += ok
-        return ok
-
-    def watchdog(self, now: float) -> None:
-        """Ping the watchdog if it is due (``now`` is a monotonic time)."""
-        if self.watchdog_interval is None or now < self._next_ping:
-            return
-        self._next_ping = now + self.watchdog_interval
-        self.notify("WATCHDOG=1")
-
-
-# ---------------------------------------------------------------------- logging
-
-
-def _fmt_value(value: Any) -> str:
-    s = value if isinstance(value, str) else str(value)
-    if s and not any(c in s for c in ' ="\\') and s.isprintable():
-        return s
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-
-
-class Log:
-    """logfmt lines to a stream (stderr): ``level=… event=… key=value …``."""
-
-    def __init__(self, level: str = "info", stream: TextIO | None = None) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.journal = bool(os.environ.get("JOURNAL_STREAM"))
-        self.level = level
-        self._lock = threading.Lock()
-
-    @property
-    def level(self) -> str:
-        return self._level
-
-    @level.setter
-    def level(self, value: str) -> None:
-        self._level = value
-        self._threshold = _LEVELS.get(value, 20)
-
-    def __call__(self, level: str, event: str, **fields: Any) -> None:
-        if _LEVELS[level] < self._threshold:
-            return
-        parts = [] if self.journal else [f"ts={time.strftime('%Y-%m-%dT%H:%M:%S%z')}"]
-        parts += [f"level={level}", f"event={event}"]
-        parts += [f"{k}={_fmt_value(v)}" for k, v in fields.items() if v is not None]
-        line = " ".join(parts)
-        if self.journal:
-            line = f"<{_SYSLOG[level]}>{line}"
-        with self._lock, contextlib.suppress(Exception):
-            self.stream.write(line + "\n")
-            self.stream.flush()
-
-
-# ---------------------------------------------------------------------- sources
-
-
-class Source(Protocol):
-    def open(self) -> None: ...
-
-    def poll(self, timeout: float) -> Sequence[Any]: ...
-
-    def describe(self) -> str: ...
-
-    def close(self) -> None: ...
-
-
-SourceFactory = Callable[[Config, int], Source]
-
-
-def default_source(cfg: Config, conn_id_base: int) -> Source:
-    """The capture source the config asks for (not opened yet)."""
-    if cfg.backend == "ebpf":
-        from sniffer.capture.ebpf import EbpfSource
-
-        return EbpfSource(
-            ports=cfg.capture_ports,
-            pids=cfg.pids,
-            comms=cfg.comms,
-            conn_id_base=conn_id_base,
-        )
-    from sniffer.capture.afpacket import AfPacketSource
-
-    return AfPacketSource(
-        cfg.interface,
-        cfg.capture_ports,
-        ring_blocks=cfg.ring_blocks,
-        block_size=cfg.block_size,
-    )
-
-
-def _capture_key(cfg: Config) -> tuple[Any, ...]:
-    return (
-        cfg.backend,
-        cfg.interface,
-        cfg.capture_ports,
-        cfg.pids,
-        cfg.comms,
-        cfg.ring_blocks,
-        cfg.block_size,
-    )
-
-
-# ---------------------------------------------------------------------- stats
-
-
-@dataclass
-class DaemonStats:
-    batches: int = 0  # batches taken off the queue
-    items: int = 0  # segments / flow events processed
-    store_events: int = 0
-    queue_dropped: int = 0  # packets (or flow events) lost because the queue was full
-    queue_drop_batches: int = 0
-    queue_gaps: int = 0  # CaptureGap(source="queue") markers put through
-    kernel_gaps: int = 0
-    kernel_dropped: int = 0
-    capture_errors: int = 0
-    sink_errors: int = 0
-    store_errors: int = 0
-    store_discarded: int = 0
-    reloads: int = 0
-    capture_restarts: int = 0
-    max_queue: int = 0
-
-
-# ---------------------------------------------------------------------- capture
-
-
-class _CaptureThread:
-    """Polls one source and puts its batches on the queue; never blocks on the queue."""
-
-    def __init__(
-        self, source: Source, q: queue.Queue[list[Any]], stats: DaemonStats, log: Log, ebpf: bool
-    ) -> None:
-        self.source = source
-        self.q = q
-        self.stats = stats
-        self.log = log
-        self.ebpf = ebpf
-        self.stop = threading.Event()
-        self.error: str | None = None
-        self.last_ts = 0.0
-        # lost while the queue was full, not yet reported through it
-        self.loss_pending = False
-        self._lost = 0
-        self._lost_ts = 0.0
-        self._lost_flows: dict[tuple[int, bool], FlowGap] = {}
-        self._lost_structure: list[FlowEvent] = []
-        self.thread = threading.Thread(target=self._run, name="sparseety-capture", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def join(self, timeout: float) -> None:
-        self.stop.set()
-        self.thread.join(timeout)
-
-    def _run(self) -> None:
-        poll = self.source.poll
-        stop = self.stop
-        while not stop.is_set():
-            try:
-                batch = poll(POLL_TIMEOUT)
-            except Exception as exc:  # the source is broken: report and end this thread
-                self.error = f"{type(exc).__name__}: {exc}"
-                self.stats.capture_errors += 1
-                self.log("error", "capture-failed", error=self.error)
-                return
-            if batch or self.loss_pending:
-                self.offer(list(batch))
-
-    def offer(self, batch: list[Any]) -> None:
-        """Queue ``batch`` (with any pending loss marker first) or count it as lost."""
-        if self.loss_pending:
-            batch = self.loss_marker() + batch
-        if not batch:
-            return
-        try:
-            self.q.put_nowait(batch)
-        except queue.Full:
-            self._drop(batch)
-            return
-        self.loss_pending = False
-        self._lost = 0
-        self._lost_flows = {}
-        self._lost_structure = []
-        n = self.q.qsize()
-        if n > self.stats.max_queue:
-            self.stats.max_queue = n
-
-    def loss_marker(self) -> list[Any]:
-        """What stands for everything dropped since the last batch that fit."""
-        if not self.ebpf:
-            return [CaptureGap(self._lost_ts, self._lost, "queue")]
-        out: list[Any] = [*self._lost_structure, *self._lost_flows.values()]
-        return [CaptureGap(self._lost_ts, self._lost, "queue"), *out]
-
-    def _drop(self, batch: list[Any]) -> None:
-        """The queue is full: keep only what is needed to report the loss."""
-        stats = self.stats
-        stats.queue_drop_batches += 1
-        lost = 0
-        for item in batch:
-            t = type(item)
-            if t is Segment:
-                lost += 1
-                self._lost_ts = item.ts
-            elif t is CaptureGap:
-                if item.source == "queue":
-                    # our own marker from a previous loss, not yet delivered
-                    continue
-                lost += item.dropped
-                self._lost_ts = max(self._lost_ts, item.ts)
-            elif self.ebpf:
-                self._drop_flow(item)
-                if t is FlowData:
-                    lost += 1
-        stats.queue_dropped += lost
-        self._lost += lost
-        self.loss_pending = True
-
-    def _drop_flow(self, ev: Any) -> None:
-        t = type(ev)
-        self._lost_ts = max(self._lost_ts, ev.ts)
-        if t is FlowData or t is FlowGap:
-            key = (ev.conn, ev.from_client)
-            prev = self._lost_flows.get(key)
-            n = len(ev.data) if t is FlowData else ev.nbytes
-            if prev is not None:
-                n = None if n is None or prev.nbytes is None else prev.nbytes + n
-            self._lost_flows[key] = FlowGap(ev.conn, ev.ts, ev.from_client, n, "overflow")
-        elif t in (ConnectionOpened, FlowEnd, ConnectionClosed):
-            if t is not ConnectionOpened:
-                # a gap must come before the end of its direction/connection
-                self._flush_lost_flows(ev.conn)
-            self._lost_structure.append(ev)
-        # FlowAnomaly: dropped (counted nowhere; it carries no data)
-
-    def _flush_lost_flows(self, conn: int) -> None:
-        for key in [k for k in self._lost_flows if k[0] == conn]:
-            self._lost_structure.append(self._lost_flows.pop(key))
-
-
-# ---------------------------------------------------------------------- daemon
-
 
 class Daemon:
     """The live recorder. ``run()`` blocks until SIGTERM/SIGINT (or ``request_stop``).
@@ -400,8 +80,13 @@ class Daemon:
     Example::
 
         d = Daemon(load_config("/etc/sparseety/sparseety.toml"))
-        d.add_sink(lambda events: metrics.observe(events))
+        d.add_sink(lambda events: print(len(events)))
         sys.exit(d.run())
+
+    ``chain`` is where store events go. The daemon starts with a bare one (no
+    observer, no transform: everything is written as captured);
+    :func:`~sniffer.runtime.features.attach_features` replaces it with the one
+    the configuration asks for.
     """
 
     def __init__(
@@ -420,9 +105,8 @@ class Daemon:
         self.source_factory = source_factory or default_source
         self.notifier = notifier if notifier is not None else Notifier()
         self.install_signals = install_signals
-        self.sinks: list[Sink] = []
-        #: optional step between the sinks and the writer (redaction, sampling)
-        self.transform: Transform | None = None
+        #: observers → transforms → writer (the writer is attached by ``run``)
+        self.chain = RecordingChain(on_error=self._chain_failed, clock=self.capture_time)
         #: called about once a second from the processing thread (gauges, metrics)
         self.on_tick: list[Callable[[Daemon], None]] = []
         #: called after every writer flush
@@ -433,10 +117,10 @@ class Daemon:
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._slow = _slow_from_env()
-        self._capture: _CaptureThread | None = None
+        self._capture: CaptureThread | None = None
         self._pipeline: Pipeline | None = None
         self._writer: StoreWriter | None = None
-        self._queue: queue.Queue[list[Any]] = queue.Queue(maxsize=config.queue_size)
+        self._queue: queue.Queue[list[CaptureItem]] = queue.Queue(maxsize=config.queue_size)
         self.last_ts = 0.0
         self.started = threading.Event()  # set once capture is active
         self._exit_code = 0
@@ -445,11 +129,12 @@ class Daemon:
 
     # -- hooks -------------------------------------------------------------
 
-    def add_sink(self, sink: Sink) -> None:
-        """``sink(events)`` is called with every batch of store events the pipeline
-        makes (before the transform and the writer). A sink that raises is
-        logged and counted; it never stops the daemon."""
-        self.sinks.append(sink)
+    def add_sink(self, sink: Observer) -> None:
+        """Add an observer to the chain: ``sink(events)`` is called with every batch
+        of store events the pipeline makes (before the transforms and the
+        writer). A sink that raises is logged and counted; it never stops the
+        daemon."""
+        self.chain.observers.append(sink)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -457,19 +142,22 @@ class Daemon:
     def request_reload(self) -> None:
         self._reload.set()
 
-    # -- signals -----------------------------------------------------------
+    def capture_time(self) -> float:
+        """The latest capture timestamp seen (the wall clock before any)."""
+        return self.last_ts or time.time()
 
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if signum == signal.SIGHUP:
-            self._reload.set()
-        else:
-            self._stop.set()
+    @property
+    def open_connections(self) -> int:
+        return self._pipeline.open_connections if self._pipeline is not None else 0
 
-    def _install_signals(self) -> list[tuple[int, Any]]:
-        old: list[tuple[int, Any]] = []
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            old.append((sig, signal.signal(sig, self._on_signal)))
-        return old
+    @property
+    def open_streams(self) -> int:
+        return self._pipeline.open_streams if self._pipeline is not None else 0
+
+    @property
+    def queue_depth(self) -> int:
+        """Batches waiting between the capture thread and the processing thread."""
+        return self._queue.qsize()
 
     # -- run ---------------------------------------------------------------
 
@@ -482,11 +170,14 @@ class Daemon:
         """
         cfg = self.config
         log = self.log
-        old_handlers = self._install_signals() if self.install_signals else []
+        restore = (
+            signals.install(self._stop.set, self._reload.set) if self.install_signals else None
+        )
         thresholds = gc.get_threshold()
         try:
             writer = StoreWriter(cfg.database, batch_size=cfg.batch_size)
             self._writer = writer
+            self.chain.attach(writer)
             conn_base, stream_base = writer.id_bases()
             self._pipeline = Pipeline(
                 PipelineConfig(
@@ -504,7 +195,7 @@ class Daemon:
             self._conn_base = conn_base
             source = self.source_factory(cfg, conn_base)
             source.open()
-            capture = _CaptureThread(source, self._queue, self.stats, log, cfg.backend == "ebpf")
+            capture = CaptureThread(source, self._queue, self.stats, log, cfg.backend == "ebpf")
             self._capture = capture
             capture.start()
             # Many short-lived objects per packet and no cycles worth chasing.
@@ -527,9 +218,8 @@ class Daemon:
             return self._shutdown()
         finally:
             gc.set_threshold(*thresholds)
-            for sig, handler in old_handlers:
-                with contextlib.suppress(Exception):
-                    signal.signal(sig, handler)
+            if restore is not None:
+                restore()
             if self._capture is not None:
                 self._capture.join(2.0)
                 with contextlib.suppress(Exception):
@@ -627,32 +317,19 @@ class Daemon:
 
     def _emit(self, events: list[StoreEvent]) -> None:
         self.stats.store_events += len(events)
-        for sink in self.sinks:
-            try:
-                sink(events)
-            except Exception as exc:
-                self.stats.sink_errors += 1
-                if self.stats.sink_errors <= 10 or self.stats.sink_errors % 1000 == 0:
-                    self.log(
-                        "error",
-                        "sink-failed",
-                        sink=getattr(sink, "__name__", repr(sink)),
-                        error=f"{type(exc).__name__}: {exc}",
-                        count=self.stats.sink_errors,
-                    )
-        if self.transform is not None:
-            try:
-                events = self.transform(events)
-            except Exception as exc:
-                self.stats.sink_errors += 1
-                self.log("error", "transform-failed", error=f"{type(exc).__name__}: {exc}")
-                return  # never write what the transform was meant to change
-        writer = self._writer
-        assert writer is not None
         try:
-            writer.write_many(events)
+            self.chain.write(events)
         except StoreError as exc:
             self._store_failed(exc)
+
+    def _chain_failed(self, role: str, name: str, exc: Exception) -> None:
+        """An observer or transform of the chain raised: log and count, go on."""
+        self.stats.sink_errors += 1
+        error = f"{type(exc).__name__}: {exc}"
+        if role == "transform":
+            self.log("error", "transform-failed", transform=name, error=error)
+        elif self.stats.sink_errors <= 10 or self.stats.sink_errors % 1000 == 0:
+            self.log("error", "sink-failed", sink=name, error=error, count=self.stats.sink_errors)
 
     def _store_failed(self, exc: Exception) -> None:
         writer = self._writer
@@ -669,7 +346,7 @@ class Daemon:
         if writer is None:
             return
         try:
-            writer.flush()
+            self.chain.flush()
         except StoreError as exc:
             self._store_failed(exc)
             return
@@ -736,7 +413,7 @@ class Daemon:
         if ignored:
             self.log("warning", "reload-needs-restart", keys=",".join(ignored))
             new = new.with_overrides({k: getattr(old, k) for k in ignored})
-        if _capture_key(new) != _capture_key(old):
+        if capture_key(new) != capture_key(old):
             keep = {
                 "interface": old.interface,
                 "ports": old.ports,
@@ -781,7 +458,7 @@ class Daemon:
         except Exception as exc:
             self.log("error", "capture-restart-failed", error=str(exc), kept="previous capture")
             return False
-        capture = _CaptureThread(source, self._queue, self.stats, self.log, new.backend == "ebpf")
+        capture = CaptureThread(source, self._queue, self.stats, self.log, new.backend == "ebpf")
         capture.start()
         self._capture = capture
         if old is not None:
@@ -805,15 +482,13 @@ class Daemon:
         log = self.log
         self.notifier.notify("STOPPING=1", "STATUS=stopping: flushing")
         capture = self._capture
-        final: list[Any] = []
+        final: list[CaptureItem] = []
         if capture is not None:
             capture.join(5.0)
-            if capture.loss_pending:
-                final = capture.loss_marker()
-            finish = getattr(capture.source, "finish", None)
-            if callable(finish):
-                with contextlib.suppress(Exception):
-                    final += list(finish())
+            if capture.loss.pending:
+                final = capture.loss.marker()
+            with contextlib.suppress(Exception):
+                final += list(capture.source.finish())
         # Drain what was queued before the stop (bounded by the queue size).
         for _ in range(self.config.queue_size + 1):
             try:
@@ -834,7 +509,7 @@ class Daemon:
         assert writer is not None
         self._clean = True
         try:
-            writer.close()
+            self.chain.close()
         except StoreError as exc:
             self.stats.store_errors += 1
             log("error", "store-failed", error=str(exc), pending=writer.pending)
@@ -843,8 +518,7 @@ class Daemon:
         cap_stats: dict[str, Any] = {}
         if capture is not None:
             with contextlib.suppress(Exception):
-                raw = capture.source.stats()  # type: ignore[attr-defined]
-                cap_stats = dict(raw) if isinstance(raw, dict) else dataclasses.asdict(raw)
+                cap_stats = stats_dict(capture.source)
         log(
             "info",
             "stopped",
@@ -884,234 +558,10 @@ def _safe_url(url: str) -> str:
     return f"{scheme}://{user}:***@{host}"
 
 
-class _Periodic:
-    """A background thread that calls ``work()`` every ``interval`` seconds until
-    stopped, and once more when stopped (to drain what is left)."""
-
-    def __init__(self, name: str, interval: float, work: Callable[[], None], log: Log) -> None:
-        self._interval = interval
-        self._work = work
-        self._log = log
-        self._stop = threading.Event()
-        self.errors = 0
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        self.thread.join(timeout)
-
-    def _call(self) -> None:
-        try:
-            self._work()
-        except Exception as exc:  # never fatal: log, count, go on
-            self.errors += 1
-            self._log("error", f"{self.thread.name}-failed", error=f"{type(exc).__name__}: {exc}")
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self._call()
-        self._call()
-
-
-@dataclass
-class Features:
-    """What ``attach_features`` wired into a daemon (for tests and the CLI)."""
-
-    metrics: Any = None  # sniffer.record.metrics.Metrics
-    metrics_server: Any = None
-    sampler: Any = None
-    redactor: Any = None
-    collector: Any = None
-    workers: list[_Periodic] = dataclasses.field(default_factory=list)
-
-
-def attach_features(d: Daemon) -> Features:
-    """Wire the production features the config asks for into ``d``:
-
-    * database file permissions (0600 / 0640 with a group; refuse a
-      world-readable file unless allowed) — before anything opens it;
-    * Prometheus metrics, served on ``metrics_listen`` (loopback unless
-      ``metrics_public``), fed by every batch of store events and by the
-      daemon's counters once a second;
-    * the token layer: a sink keeps the chunk text *as sent* for every open
-      LLM stream; a worker thread tokenizes closed streams in batches (off the
-      capture path) and writes their token rows, feeding metrics and sampling;
-    * sampling (which streams keep their chunk text) and redaction, in that
-      order, as the transform before the writer;
-    * retention: a worker deleting old streams in small batches.
-
-    Order per batch: pipeline → sinks (metrics, token collector: they see the
-    original events) → sampler → redactor → writer.
-    """
-    from sniffer.record.metrics import Metrics
-    from sniffer.record.redact import Redactor
-    from sniffer.record.sampling import Sampler
-    from sniffer.store.files import db_path, prepare_db_file
-
-    cfg = d.config
-    log = d.log
-    f = Features()
-    path = db_path(cfg.database)
-    if path is not None:
-        prepare_db_file(
-            path, group=cfg.db_group or None, allow_world_readable=cfg.allow_world_readable
-        )
-
-    if cfg.metrics:
-        host, _, port = cfg.metrics_listen.rpartition(":")
-        host = host.strip("[]")
-        metrics = Metrics(max_models=cfg.metrics_max_models)
-        f.metrics = metrics
-        f.metrics_server = metrics.serve(host, int(port), allow_public=cfg.metrics_public)
-        log("info", "metrics-serving", url=f.metrics_server.url)
-        d.add_sink(metrics.observe)
-        d.on_flush.append(lambda: metrics.mark_flush(time.time()))
-        last = {"items": 0, "kernel": 0, "queue": 0}
-
-        def gauges(daemon: Daemon) -> None:
-            s = daemon.stats
-            metrics.add_packets(s.items - last["items"])
-            metrics.add_kernel_drops(s.kernel_dropped - last["kernel"])
-            metrics.add_queue_drops(s.queue_dropped - last["queue"])
-            last.update(items=s.items, kernel=s.kernel_dropped, queue=s.queue_dropped)
-            pipe = daemon._pipeline
-            if pipe is not None:
-                metrics.set_open(pipe.open_connections, pipe.open_streams)
-            metrics.set_queue_depth(daemon._queue.qsize())
-
-        d.on_tick.append(gauges)
-
-    sampler = None
-    if cfg.sample_rate < 1.0 or cfg.boost_threshold > 0:
-        sampler = Sampler(
-            cfg.sample_rate,
-            boost_threshold=cfg.boost_threshold or None,
-            boost_window=cfg.boost_window,
-            boost_period=cfg.boost_period,
-        )
-        f.sampler = sampler
-    redactor = Redactor(cfg.redact_patterns, enabled=cfg.redact)
-    f.redactor = redactor
-    if not cfg.redact:
-        log("warning", "redaction-off", note="prompts and outputs are stored as captured")
-
-    if cfg.tokens:
-        f.workers.append(_token_worker(d, f, sampler))
-
-    seen_redactions: dict[str, int] = {}
-
-    def transform(events: list[StoreEvent]) -> list[StoreEvent]:
-        if sampler is not None:
-            events = sampler.filter(events)
-            if f.metrics is not None:
-                f.metrics.set_sample_rate(sampler.effective_rate(d.last_ts or time.time()))
-        events = redactor.events(events)
-        if f.metrics is not None and redactor.counts:
-            delta = {k: v - seen_redactions.get(k, 0) for k, v in redactor.counts.items()}
-            seen_redactions.update(redactor.counts)
-            f.metrics.add_redactions({k: v for k, v in delta.items() if v})
-        return events
-
-    d.transform = transform
-
-    if cfg.retention_days > 0:
-        f.workers.append(_retention_worker(d))
-
-    for w in f.workers:
-        w.start()
-
-    def stop() -> None:
-        for w in f.workers:
-            w.stop()
-        if f.metrics_server is not None:
-            f.metrics_server.close()
-
-    d.on_stop.append(stop)
-    return f
-
-
-def _token_worker(d: Daemon, f: Features, sampler: Any) -> _Periodic:
-    from sniffer.llm.tokens import TokenizerRegistry, TokenizerSpec
-    from sniffer.record.token_collector import TokenCollector
-    from sniffer.record.tokenize_pass import tokenize_inputs
-    from sniffer.store.writer import make_engine
-
-    cfg = d.config
-    registry = TokenizerRegistry(
-        [TokenizerSpec(p, src) for p, src in cfg.tokenizers],
-        default=cfg.default_tokenizer or None,
-    )
-    registry.preload()  # a bad tokenizer config fails at start, with its message
-    collector = TokenCollector()
-    f.collector = collector
-    lock = threading.Lock()
-
-    def collect(events: list[StoreEvent]) -> None:
-        with lock:
-            collector.observe(events)
-
-    d.add_sink(collect)
-    engine = make_engine(cfg.database)
-
-    def work() -> None:
-        while True:
-            with lock:
-                inputs = collector.take(500)
-            if not inputs:
-                return
-            _, rows = tokenize_inputs(engine, registry, inputs)
-            for r in rows:
-                if r.error is not None:
-                    continue
-                kinds: dict[str, int] = {}
-                for a in r.anomalies:
-                    kinds[a.kind] = kinds.get(a.kind, 0) + 1
-                if f.metrics is not None:
-                    f.metrics.observe_tokens(
-                        r.stream_id,
-                        output_tokens=r.output_count,
-                        prompt_tokens=len(r.prompt_ids or ()),
-                        tokens_per_chunk=[n for c in r.choices for n in c.chunk_counts],
-                        anomalies=kinds,
-                    )
-                if sampler is not None and kinds:
-                    now = d.last_ts or time.time()
-                    for kind, n in kinds.items():
-                        sampler.note_anomaly(kind, now, n)
-
-    return _Periodic("tokens", 2.0, work, d.log)
-
-
-def _retention_worker(d: Daemon) -> _Periodic:
-    from sniffer.store.retention import prune, vacuum
-    from sniffer.store.writer import make_engine
-
-    cfg = d.config
-    engine = make_engine(cfg.database)
-    age = cfg.retention_days * 86400.0
-
-    def work() -> None:
-        r = prune(engine, age, now=time.time(), batch=cfg.retention_batch, max_batches=20)
-        if r.streams or r.connections:
-            v = vacuum(engine)
-            d.log(
-                "info",
-                "pruned",
-                streams=r.streams,
-                chunks=r.chunks,
-                connections=r.connections,
-                freed_pages=v.freed_pages,
-                done=r.done,
-            )
-
-    return _Periodic("retention", cfg.retention_interval, work, d.log)
-
-
 def run_daemon(config: Config, overrides: dict[str, Any] | None = None) -> int:
     """Build a :class:`Daemon` for ``config`` with its features and run it."""
+    from sniffer.runtime.features import attach_features
+
     d = Daemon(config, overrides=overrides)
     attach_features(d)
     return d.run()

@@ -1,8 +1,11 @@
 """Replay a capture file through the pipeline into the store.
 
-This is the batch driver: it owns the loop (the sans-IO stages own none), the
-store writer and the progress callback. The daemon is the live driver of the
-same pipeline.
+This is the batch driver: it owns the loop (the sans-IO stages own none) and
+the progress callback; what the pipeline makes goes through the same
+:class:`~sniffer.record.chain.RecordingChain` as in the daemon (the live
+driver): observers, transforms, then the store writer. Sampling in a replay
+is decided per stream exactly as live; the anomaly boost cannot act (the
+token pass runs after the capture has been read).
 
 With ``jobs > 1`` the connections of the file are split between worker
 processes by their port pair (both directions of a connection always go to
@@ -21,12 +24,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 from sniffer.capture.pcap import CaptureFileError, read_capture
-from sniffer.core.events import PipelineError, StoreEvent
+from sniffer.core.events import PipelineError
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.llm.tokens import TokenizerRegistry
+from sniffer.record.chain import RecordingChain
 from sniffer.record.redact import Redactor
-from sniffer.record.token_collector import TokenCollector
-from sniffer.record.tokenize_pass import tokenize_inputs
 from sniffer.store.writer import StoreWriter
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -36,12 +38,6 @@ EXPIRE_EVERY = 10.0
 
 #: Below this file size a replay runs in one process whatever ``jobs`` says.
 PARALLEL_MIN_BYTES = 8 << 20
-
-
-@dataclass(frozen=True)
-class _Extras:
-    tokens: TokenizerRegistry | None
-    redactor: Redactor | None
 
 
 @dataclass
@@ -101,11 +97,15 @@ def replay(
     jobs: int = 1,
     tokens: TokenizerRegistry | None = None,
     redactor: Redactor | None = None,
+    chain: RecordingChain | None = None,
 ) -> ReplayResult:
     """Replay one capture file into the database ``db`` (a path or SQLAlchemy URL).
 
-    With ``tokens`` every LLM stream is tokenized (on the text as sent, before
-    ``redactor`` rewrites what is stored) and its token rows written.
+    ``chain`` is the recording chain (``RecordingChain.from_config``): its
+    observers, transforms and token pass; the writer is attached here. Without
+    it, a chain of ``tokens`` and ``redactor`` alone: with ``tokens`` every LLM
+    stream is tokenized (on the text as sent, before ``redactor`` rewrites what
+    is stored) and its token rows written.
 
     A truncated or corrupt file does not raise: everything before the bad
     offset is processed and stored, and ``capture_error`` says where it broke.
@@ -113,18 +113,21 @@ def replay(
     """
     started = time.perf_counter()
     read_capture(path).close()  # not a capture at all: raise before any work
-    extras = _Extras(tokens, redactor)
-    if tokens is not None:
-        tokens.preload()  # a bad tokenizer config fails now, and workers share it
+    if chain is None:
+        chain = RecordingChain(tokens=tokens, redactor=redactor)
+    elif tokens is not None or redactor is not None:
+        raise ValueError("replay: give tokens and redactor through the chain")
+    if chain.tokens is not None:
+        chain.tokens.preload()  # a bad tokenizer config fails now, and workers share it
     if jobs > 1 and writer is None and os.path.getsize(path) >= PARALLEL_MIN_BYTES:
-        result = _replay_parallel(path, db, ports, labels, progress, batch_size, jobs, extras)
+        result = _replay_parallel(path, db, ports, labels, progress, batch_size, jobs, chain)
     else:
         own = writer is None
         w = writer if writer is not None else StoreWriter(db, batch_size=batch_size)
         try:
             conn_base, stream_base = w.id_bases()
             result = _replay_part(
-                path, w, ports, labels, progress, 0, 1, conn_base, stream_base, extras
+                path, w, ports, labels, progress, 0, 1, conn_base, stream_base, chain
             )
         finally:
             if own:
@@ -141,7 +144,7 @@ def _replay_parallel(
     progress: Progress | None,
     batch_size: int,
     jobs: int,
-    extras: _Extras,
+    chain: RecordingChain,
 ) -> ReplayResult:
     first = StoreWriter(db, batch_size=batch_size)  # creates the schema once
     conn_base, stream_base = first.id_bases()
@@ -163,7 +166,7 @@ def _replay_parallel(
                 jobs,
                 conn_base,
                 stream_base,
-                extras,
+                chain,
             ),
             daemon=True,
         )
@@ -173,7 +176,7 @@ def _replay_parallel(
     w = StoreWriter(db, batch_size=batch_size)
     try:
         result = _replay_part(
-            path, w, ports, labels, progress, 0, jobs, conn_base, stream_base, extras
+            path, w, ports, labels, progress, 0, jobs, conn_base, stream_base, chain
         )
     finally:
         w.close()
@@ -203,12 +206,12 @@ def _worker(
     n: int,
     conn_base: int,
     stream_base: int,
-    extras: _Extras,
+    chain: RecordingChain,
 ) -> None:
     try:
         w = StoreWriter(db, batch_size=batch_size)
         try:
-            part = _replay_part(path, w, ports, labels, None, k, n, conn_base, stream_base, extras)
+            part = _replay_part(path, w, ports, labels, None, k, n, conn_base, stream_base, chain)
         finally:
             w.close()
         send.send(asdict(part))
@@ -228,7 +231,7 @@ def _replay_part(
     n: int,
     conn_base: int,
     stream_base: int,
-    extras: _Extras,
+    chain: RecordingChain,
 ) -> ReplayResult:
     """Replay worker k's share of the connections (all of them when n == 1): a hash of
     the port pair, symmetric so both directions land together, and mixed so that
@@ -248,15 +251,8 @@ def _replay_part(
     # per packet: collect the young generation far less often while replaying.
     thresholds = gc.get_threshold()
     gc.set_threshold(200_000, 50, 100)
-    collector = TokenCollector() if extras.tokens is not None else None
-    redactor = extras.redactor
-
-    def write_many(events: list[StoreEvent]) -> None:
-        if collector is not None:
-            collector.observe(events)  # the text as sent, before redaction
-        if redactor is not None:
-            events = redactor.events(events)
-        w.write_many(events)
+    chain.attach(w)  # this process's writer (a forked worker has its own copy of the chain)
+    write_many = chain.write
 
     try:
         feed = pipe.feed
@@ -283,18 +279,17 @@ def _replay_part(
         write_many(out)
         if progress is not None:
             progress(reader.size, reader.size)
-        w.flush()
+        chain.flush()
     finally:
         gc.set_threshold(*thresholds)
-    if collector is not None and extras.tokens is not None:
+    if chain.tokens is not None:
         started = time.perf_counter()
-        tok, _rows = tokenize_inputs(w.engine, extras.tokens, collector.take())
+        tok = chain.tokenize()
         result.token_seconds = time.perf_counter() - started
         result.tokenized_streams = tok.streams
         result.tokens = tok.tokens
         result.token_anomalies = tok.anomalies
-    if redactor is not None:
-        result.redactions = sum(redactor.counts.values())
+    result.redactions = chain.redactions
     st = pipe.streams.stats
     result.packets = reader.stats.packets
     result.segments = pipe.segments

@@ -1,0 +1,323 @@
+"""The recording chain: what happens to the pipeline's store events before they are stored.
+
+Both drivers (``sparseety replay`` and ``sparseety run``) build it once from
+their configuration and hand it every batch of store events::
+
+    pipeline ─► observers ─► transforms ─► writer
+                (metrics,     (sampler,
+                 token         redactor)
+                 collector)
+
+* **Observers** see every event as captured: metrics count unsampled streams
+  too, and the token collector keeps the text the server sent (token counts
+  are computed on it, before redaction rewrites what is stored).
+* **Transforms** decide what is written, in order: the sampler drops the
+  chunk text of streams it does not keep, then the redactor rewrites what is
+  left.
+* The **writer** (:class:`~sniffer.store.writer.StoreWriter`) batches the rows.
+
+``tokenize()`` runs the token pass on the streams the collector saw close and
+feeds its results back (token metrics; anomalies to the sampler's boost).
+
+A failing observer or transform never stops a capture when the driver passes
+``on_error`` (the daemon logs and counts it): an observer's failure costs that
+observer the batch; a transform's failure costs the batch (it is not written
+unchanged, since the transform was meant to change it). Without ``on_error``
+(replay) the exception propagates. Writer errors (``StoreError``) always
+propagate: the driver decides what to do with the rows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from sniffer.core.events import StoreEvent
+from sniffer.record.redact import Redactor
+from sniffer.record.sampling import Sampler
+from sniffer.record.token_collector import TokenCollector
+from sniffer.record.tokenize_pass import TokenizeResult, tokenize_inputs
+from sniffer.store.writer import StoreWriter
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from sniffer.llm.tokens import TokenizerRegistry
+    from sniffer.record.metrics import Metrics
+
+__all__ = [
+    "ErrorHook",
+    "Observer",
+    "RecordingChain",
+    "RecordingConfig",
+    "RecordingOptions",
+    "Transform",
+]
+
+#: Sees every batch of store events as captured.
+Observer = Callable[[list[StoreEvent]], None]
+#: Returns the batch to write instead (fewer events, rewritten events).
+Transform = Callable[[list[StoreEvent]], list[StoreEvent]]
+#: ``on_error(role, name, exc)``: role is "observer" or "transform".
+ErrorHook = Callable[[str, str, Exception], None]
+
+
+class RecordingConfig(Protocol):
+    """What the chain reads from a configuration. The daemon's
+    :class:`~sniffer.runtime.config.Config` provides it; replay builds a
+    :class:`RecordingOptions` from its flags."""
+
+    @property
+    def sample_rate(self) -> float: ...
+    @property
+    def boost_threshold(self) -> int: ...
+    @property
+    def boost_window(self) -> float: ...
+    @property
+    def boost_period(self) -> float: ...
+    @property
+    def redact(self) -> bool: ...
+    @property
+    def redact_patterns(self) -> tuple[tuple[str, str], ...]: ...
+    @property
+    def tokens(self) -> bool: ...
+    @property
+    def tokenizers(self) -> tuple[tuple[str, str], ...]: ...
+    @property
+    def default_tokenizer(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class RecordingOptions:
+    """A :class:`RecordingConfig` on its own (the defaults record everything,
+    redacted, with token rows)."""
+
+    sample_rate: float = 1.0
+    boost_threshold: int = 0
+    boost_window: float = 60.0
+    boost_period: float = 600.0
+    redact: bool = True
+    redact_patterns: tuple[tuple[str, str], ...] = ()
+    tokens: bool = True
+    tokenizers: tuple[tuple[str, str], ...] = ()
+    default_tokenizer: str = ""
+
+
+def _name(fn: object) -> str:
+    return getattr(fn, "__name__", None) or repr(fn)
+
+
+class RecordingChain:
+    """Observers, then transforms, then the writer; see the module doc.
+
+    ``writer`` may be given later with :meth:`attach` (the daemon opens the
+    database when it starts; each parallel replay worker has its own writer).
+    ``clock`` gives the capture time used by the sampler's boost (the daemon
+    passes its last capture timestamp).
+    """
+
+    def __init__(
+        self,
+        writer: StoreWriter | None = None,
+        *,
+        sampler: Sampler | None = None,
+        redactor: Redactor | None = None,
+        tokens: TokenizerRegistry | None = None,
+        metrics: Metrics | None = None,
+        observers: Iterable[Observer] = (),
+        transforms: Iterable[Transform] = (),
+        on_error: ErrorHook | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.writer = writer
+        self.sampler = sampler
+        self.redactor = redactor
+        self.tokens = tokens
+        self.metrics = metrics
+        self.on_error = on_error
+        self.clock = clock
+        #: keeps the text as sent for the token pass (only with ``tokens``)
+        self.collector = TokenCollector() if tokens is not None else None
+        self._collector_lock = threading.Lock()  # observe (capture path) vs take (token pass)
+        self._seen_redactions: dict[str, int] = {}
+        self.observers: list[Observer] = []
+        if metrics is not None:
+            self.observers.append(metrics.observe)
+        if self.collector is not None:
+            self.observers.append(self._collect)
+        self.observers.extend(observers)
+        self.transforms: list[Transform] = []
+        if sampler is not None:
+            self.transforms.append(self._sample)
+        if redactor is not None:
+            self.transforms.append(self._redact)
+        self.transforms.extend(transforms)
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: RecordingConfig,
+        writer: StoreWriter | None = None,
+        *,
+        metrics: Metrics | None = None,
+        tokens: TokenizerRegistry | None = None,
+        on_error: ErrorHook | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> RecordingChain:
+        """The chain ``cfg`` asks for: sampling when ``sample_rate < 1`` or a
+        boost is set, redaction (off when ``redact`` is false), the token
+        collector when ``tokens`` is on (``tokens`` overrides the registry built
+        from ``tokenizers``/``default_tokenizer``; nothing is loaded yet: the
+        driver calls ``chain.tokens.preload()`` when a bad tokenizer should
+        fail). ``metrics``, when given, is the first observer."""
+        sampler = None
+        if cfg.sample_rate < 1.0 or cfg.boost_threshold > 0:
+            sampler = Sampler(
+                cfg.sample_rate,
+                boost_threshold=cfg.boost_threshold or None,
+                boost_window=cfg.boost_window,
+                boost_period=cfg.boost_period,
+            )
+        redactor = Redactor(cfg.redact_patterns, enabled=cfg.redact)
+        registry = None
+        if cfg.tokens:
+            if tokens is not None:
+                registry = tokens
+            else:
+                from sniffer.llm.tokens import TokenizerRegistry, TokenizerSpec
+
+                registry = TokenizerRegistry(
+                    [TokenizerSpec(p, src) for p, src in cfg.tokenizers],
+                    default=cfg.default_tokenizer or None,
+                )
+        return cls(
+            writer,
+            sampler=sampler,
+            redactor=redactor,
+            tokens=registry,
+            metrics=metrics,
+            on_error=on_error,
+            clock=clock,
+        )
+
+    # -- wiring ------------------------------------------------------------
+
+    def attach(self, writer: StoreWriter) -> None:
+        """Write to ``writer`` from now on."""
+        self.writer = writer
+
+    def _writer(self) -> StoreWriter:
+        if self.writer is None:
+            raise RuntimeError("recording chain has no writer (attach one first)")
+        return self.writer
+
+    # -- the chain's own steps ---------------------------------------------
+
+    def _collect(self, events: list[StoreEvent]) -> None:
+        assert self.collector is not None
+        with self._collector_lock:
+            self.collector.observe(events)
+
+    def _sample(self, events: list[StoreEvent]) -> list[StoreEvent]:
+        assert self.sampler is not None
+        events = self.sampler.filter(events)
+        if self.metrics is not None:
+            self.metrics.set_sample_rate(self.sampler.effective_rate(self.clock()))
+        return events
+
+    def _redact(self, events: list[StoreEvent]) -> list[StoreEvent]:
+        redactor = self.redactor
+        assert redactor is not None
+        events = redactor.events(events)
+        if self.metrics is not None and redactor.counts:
+            seen = self._seen_redactions
+            delta = {k: v - seen.get(k, 0) for k, v in redactor.counts.items()}
+            seen.update(redactor.counts)
+            self.metrics.add_redactions({k: v for k, v in delta.items() if v})
+        return events
+
+    # -- use -----------------------------------------------------------------
+
+    def write(self, events: list[StoreEvent]) -> None:
+        """Record one batch: every observer, then the transforms, then the writer.
+        Raises ``StoreError`` when the writer does."""
+        writer = self._writer()
+        on_error = self.on_error
+        for observe in self.observers:
+            if on_error is None:
+                observe(events)
+                continue
+            try:
+                observe(events)
+            except Exception as exc:
+                on_error("observer", _name(observe), exc)
+        for transform in self.transforms:
+            if on_error is None:
+                events = transform(events)
+                continue
+            try:
+                events = transform(events)
+            except Exception as exc:
+                on_error("transform", _name(transform), exc)
+                return  # never write what the transform was meant to change
+        writer.write_many(events)
+
+    def flush(self) -> None:
+        """Write the rows held by the writer (raises ``StoreError``)."""
+        self._writer().flush()
+        if self.metrics is not None:
+            self.metrics.mark_flush(time.time())
+
+    def close(self) -> None:
+        """Flush and close the writer (raises ``StoreError``)."""
+        self._writer().close()
+
+    @property
+    def tokens_ready(self) -> int:
+        """Closed streams waiting for the token pass."""
+        if self.collector is None:
+            return 0
+        with self._collector_lock:
+            return self.collector.ready
+
+    def tokenize(self, *, limit: int | None = None, engine: Engine | None = None) -> TokenizeResult:
+        """Tokenize (at most ``limit``) closed streams the collector holds and
+        write their token rows (through ``engine``, default the writer's); feed
+        token metrics and the sampler's anomaly boost."""
+        if self.collector is None or self.tokens is None:
+            return TokenizeResult()
+        with self._collector_lock:
+            inputs = self.collector.take(limit)
+        if not inputs:
+            return TokenizeResult()
+        result, rows = tokenize_inputs(engine or self._writer().engine, self.tokens, inputs)
+        metrics, sampler = self.metrics, self.sampler
+        if metrics is None and sampler is None:
+            return result
+        for r in rows:
+            if r.error is not None:
+                continue
+            kinds: dict[str, int] = {}
+            for a in r.anomalies:
+                kinds[a.kind] = kinds.get(a.kind, 0) + 1
+            if metrics is not None:
+                metrics.observe_tokens(
+                    r.stream_id,
+                    output_tokens=r.output_count,
+                    prompt_tokens=len(r.prompt_ids or ()),
+                    tokens_per_chunk=[n for c in r.choices for n in c.chunk_counts],
+                    anomalies=kinds,
+                )
+            if sampler is not None and kinds:
+                now = self.clock()
+                for kind, n in kinds.items():
+                    sampler.note_anomaly(kind, now, n)
+        return result
+
+    @property
+    def redactions(self) -> int:
+        """Matches the redactor replaced so far."""
+        return sum(self.redactor.counts.values()) if self.redactor is not None else 0

@@ -1,0 +1,126 @@
+"""The capture thread: polls one source and hands its batches to the processing thread.
+
+It never blocks on the queue: when the queue is full the batch is dropped, its
+packets are counted (``queue_dropped``) and a
+:class:`~sniffer.capture.loss.LossAccount` keeps what is needed to report the
+loss ahead of the next batch that fits. Memory is held flat by
+``queue_size`` × (one poll's batch).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sniffer.capture.loss import LossAccount
+from sniffer.capture.source import CaptureItem, Source
+from sniffer.runtime.config import Config
+from sniffer.runtime.log import Log
+from sniffer.runtime.stats import DaemonStats
+
+__all__ = ["POLL_TIMEOUT", "CaptureThread", "SourceFactory", "capture_key", "default_source"]
+
+#: How long one capture poll waits for packets (seconds).
+POLL_TIMEOUT = 0.05
+
+#: Makes the (unopened) source for a configuration; the int is the first
+#: connection id the source may assign (eBPF numbers connections itself).
+SourceFactory = Callable[[Config, int], Source]
+
+
+def default_source(cfg: Config, conn_id_base: int) -> Source:
+    """The capture source the config asks for (not opened yet)."""
+    if cfg.backend == "ebpf":
+        from sniffer.capture.ebpf import EbpfSource
+
+        return EbpfSource(
+            ports=cfg.capture_ports,
+            pids=cfg.pids,
+            comms=cfg.comms,
+            conn_id_base=conn_id_base,
+        )
+    from sniffer.capture.afpacket import AfPacketSource
+
+    return AfPacketSource(
+        cfg.interface,
+        cfg.capture_ports,
+        ring_blocks=cfg.ring_blocks,
+        block_size=cfg.block_size,
+    )
+
+
+def capture_key(cfg: Config) -> tuple[Any, ...]:
+    """The settings whose change needs a new capture source."""
+    return (
+        cfg.backend,
+        cfg.interface,
+        cfg.capture_ports,
+        cfg.pids,
+        cfg.comms,
+        cfg.ring_blocks,
+        cfg.block_size,
+    )
+
+
+class CaptureThread:
+    """Polls one source and puts its batches on the queue; never blocks on the queue."""
+
+    def __init__(
+        self,
+        source: Source,
+        q: queue.Queue[list[CaptureItem]],
+        stats: DaemonStats,
+        log: Log,
+        ebpf: bool,
+    ) -> None:
+        self.source = source
+        self.q = q
+        self.stats = stats
+        self.log = log
+        #: lost while the queue was full, not yet reported through it
+        self.loss = LossAccount(ebpf)
+        self.stop = threading.Event()
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._run, name="sparseety-capture", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self, timeout: float) -> None:
+        self.stop.set()
+        self.thread.join(timeout)
+
+    def _run(self) -> None:
+        poll = self.source.poll
+        stop = self.stop
+        loss = self.loss
+        while not stop.is_set():
+            try:
+                batch = poll(POLL_TIMEOUT)
+            except Exception as exc:  # the source is broken: report and end this thread
+                self.error = f"{type(exc).__name__}: {exc}"
+                self.stats.capture_errors += 1
+                self.log("error", "capture-failed", error=self.error)
+                return
+            if batch or loss.pending:
+                self.offer(list(batch))
+
+    def offer(self, batch: list[CaptureItem]) -> None:
+        """Queue ``batch`` (with any pending loss marker first) or count it as lost."""
+        loss = self.loss
+        out = loss.marker() + batch if loss.pending else batch
+        if not out:
+            return
+        try:
+            self.q.put_nowait(out)
+        except queue.Full:
+            # only the new items: the marker already stands for the earlier loss
+            self.stats.queue_drop_batches += 1
+            self.stats.queue_dropped += loss.drop(batch)
+            return
+        loss.delivered()
+        n = self.q.qsize()
+        if n > self.stats.max_queue:
+            self.stats.max_queue = n

@@ -1,0 +1,135 @@
+"""The production features of ``sparseety run``, wired into a live daemon.
+
+The daemon itself only captures, runs the pipeline and hands every batch to
+its recording chain. :func:`attach_features` builds that chain from the
+configuration (the same :meth:`RecordingChain.from_config` the replay command
+uses) and adds what only a live process needs: database file permissions,
+the Prometheus endpoint and the background workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sniffer.record.chain import RecordingChain
+from sniffer.runtime.workers import Periodic, retention_worker, token_worker
+
+if TYPE_CHECKING:
+    from sniffer.record.metrics import Metrics
+    from sniffer.runtime.daemon import Daemon
+
+__all__ = ["Features", "attach_features"]
+
+
+@dataclass
+class Features:
+    """What ``attach_features`` wired into a daemon (for tests and the CLI)."""
+
+    chain: RecordingChain | None = None
+    metrics: Metrics | None = None
+    metrics_server: Any = None  # sniffer.record.metrics.MetricsServer
+    workers: list[Periodic] = dataclasses.field(default_factory=list)
+
+    @property
+    def sampler(self) -> Any:
+        return self.chain.sampler if self.chain is not None else None
+
+    @property
+    def redactor(self) -> Any:
+        return self.chain.redactor if self.chain is not None else None
+
+    @property
+    def collector(self) -> Any:
+        return self.chain.collector if self.chain is not None else None
+
+
+def attach_features(d: Daemon) -> Features:
+    """Wire the production features ``d.config`` asks for into ``d``:
+
+    * database file permissions (0600 / 0640 with a group; refuse a
+      world-readable file unless allowed) — before anything opens it;
+    * the recording chain (``RecordingChain.from_config``): metrics and the
+      token collector as observers (they see the events as captured), then
+      sampling and redaction as transforms, then the writer; observers and
+      transforms already added to ``d.chain`` are kept, after these;
+    * Prometheus metrics, served on ``metrics_listen`` (loopback unless
+      ``metrics_public``), fed by the chain and, once a second, by the
+      daemon's counters;
+    * the token pass: a worker thread tokenizes closed streams in batches (off
+      the capture path) and writes their token rows, feeding metrics and the
+      sampler's boost;
+    * retention: a worker deleting old streams in small batches.
+    """
+    from sniffer.store.files import db_path, prepare_db_file
+
+    cfg = d.config
+    log = d.log
+    f = Features()
+    path = db_path(cfg.database)
+    if path is not None:
+        prepare_db_file(
+            path, group=cfg.db_group or None, allow_world_readable=cfg.allow_world_readable
+        )
+
+    metrics = None
+    if cfg.metrics:
+        from sniffer.record.metrics import Metrics
+
+        metrics = Metrics(max_models=cfg.metrics_max_models)
+        f.metrics = metrics
+        host, port = _host_port(cfg.metrics_listen)
+        f.metrics_server = metrics.serve(host, port, allow_public=cfg.metrics_public)
+        log("info", "metrics-serving", url=f.metrics_server.url)
+        d.on_tick.append(_gauges(metrics))
+
+    previous = d.chain
+    chain = RecordingChain.from_config(
+        cfg, metrics=metrics, on_error=previous.on_error, clock=previous.clock
+    )
+    chain.observers.extend(previous.observers)
+    chain.transforms.extend(previous.transforms)
+    f.chain = chain
+    if not cfg.redact:
+        log("warning", "redaction-off", note="prompts and outputs are stored as captured")
+    if chain.tokens is not None:
+        chain.tokens.preload()  # a bad tokenizer config fails at start, with its message
+        f.workers.append(token_worker(chain, cfg.database, log))
+    d.chain = chain
+
+    if cfg.retention_days > 0:
+        f.workers.append(retention_worker(cfg, log))
+
+    for w in f.workers:
+        w.start()
+
+    def stop() -> None:
+        for w in f.workers:
+            w.stop()
+        if f.metrics_server is not None:
+            f.metrics_server.close()
+
+    d.on_stop.append(stop)
+    return f
+
+
+def _host_port(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _gauges(metrics: Metrics) -> Any:
+    """The once-a-second hook that copies the daemon's counters into ``metrics``."""
+    last = {"items": 0, "kernel": 0, "queue": 0}
+
+    def gauges(daemon: Daemon) -> None:
+        s = daemon.stats
+        metrics.add_packets(s.items - last["items"])
+        metrics.add_kernel_drops(s.kernel_dropped - last["kernel"])
+        metrics.add_queue_drops(s.queue_dropped - last["queue"])
+        last.update(items=s.items, kernel=s.kernel_dropped, queue=s.queue_dropped)
+        metrics.set_open(daemon.open_connections, daemon.open_streams)
+        metrics.set_queue_depth(daemon.queue_depth)
+
+    return gauges

@@ -1,0 +1,91 @@
+"""Background work of the live daemon, off the capture path: the token pass and retention.
+
+Each worker is a :class:`Periodic` thread calling one function every few
+seconds, and once more when stopped (to drain what is left). A failure is
+logged and counted, never fatal.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from sniffer.record.chain import RecordingChain
+from sniffer.runtime.config import Config
+from sniffer.runtime.log import Log
+
+__all__ = ["Periodic", "retention_worker", "token_worker"]
+
+#: Closed streams per token pass call.
+TOKEN_BATCH = 500
+
+
+class Periodic:
+    """A background thread that calls ``work()`` every ``interval`` seconds until
+    stopped, and once more when stopped (to drain what is left)."""
+
+    def __init__(self, name: str, interval: float, work: Callable[[], None], log: Log) -> None:
+        self._interval = interval
+        self._work = work
+        self._log = log
+        self._stop = threading.Event()
+        self.errors = 0
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self.thread.join(timeout)
+
+    def _call(self) -> None:
+        try:
+            self._work()
+        except Exception as exc:  # never fatal: log, count, go on
+            self.errors += 1
+            self._log("error", f"{self.thread.name}-failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._call()
+        self._call()
+
+
+def token_worker(chain: RecordingChain, database: str, log: Log) -> Periodic:
+    """Tokenize the streams ``chain`` saw close, in batches, through its own engine."""
+    from sniffer.store.writer import make_engine
+
+    engine = make_engine(database)
+
+    def work() -> None:
+        while chain.tokens_ready:
+            chain.tokenize(limit=TOKEN_BATCH, engine=engine)
+
+    return Periodic("tokens", 2.0, work, log)
+
+
+def retention_worker(cfg: Config, log: Log) -> Periodic:
+    """Delete streams older than ``retention_days``, a few batches at a time."""
+    from sniffer.store.retention import prune, vacuum
+    from sniffer.store.writer import make_engine
+
+    engine = make_engine(cfg.database)
+    age = cfg.retention_days * 86400.0
+
+    def work() -> None:
+        r = prune(engine, age, now=time.time(), batch=cfg.retention_batch, max_batches=20)
+        if r.streams or r.connections:
+            v = vacuum(engine)
+            log(
+                "info",
+                "pruned",
+                streams=r.streams,
+                chunks=r.chunks,
+                connections=r.connections,
+                freed_pages=v.freed_pages,
+                done=r.done,
+            )
+
+    return Periodic("retention", cfg.retention_interval, work, log)

@@ -1,0 +1,215 @@
+"""The recording chain (sniffer.record.chain): observers, then transforms, then the writer.
+
+One chain, built from a configuration, serves both drivers; these tests drive
+it through the replay driver and the CLI, and on its own with a writer.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sniffer.cli import main
+from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamOpened
+from sniffer.record.chain import RecordingChain, RecordingOptions
+from sniffer.record.metrics import Metrics
+from sniffer.runtime.config import Config
+from sniffer.runtime.replay import replay
+from sniffer.store.writer import StoreWriter
+
+ROOT = Path(__file__).resolve().parent.parent
+PCAP = ROOT / "pcaps" / "chat_english.pcap"
+NO_TOKENS = RecordingOptions(tokens=False)
+
+
+def rows(db: Path, sql: str) -> list[tuple[object, ...]]:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def test_from_config_builds_what_the_configuration_asks_for() -> None:
+    plain = RecordingChain.from_config(NO_TOKENS)
+    assert plain.sampler is None and plain.collector is None and plain.tokens is None
+    assert plain.redactor is not None and plain.redactor.enabled
+    assert len(plain.observers) == 0 and len(plain.transforms) == 1
+
+    m = Metrics()
+    full = RecordingChain.from_config(
+        RecordingOptions(sample_rate=0.5, redact=False, tokens=True), metrics=m
+    )
+    assert full.sampler is not None and full.collector is not None and full.tokens is not None
+    assert full.redactor is not None and not full.redactor.enabled
+    assert full.observers[0] == m.observe  # metrics first, then the token collector
+    assert len(full.observers) == 2
+    assert len(full.transforms) == 2  # sampler, then redactor
+
+    boost = RecordingChain.from_config(RecordingOptions(boost_threshold=3, tokens=False))
+    assert boost.sampler is not None
+
+
+def test_the_daemon_config_is_a_recording_config() -> None:
+    chain = RecordingChain.from_config(Config(sample_rate=0.25, tokens=False))
+    assert chain.sampler is not None and chain.sampler.rate == 0.25
+
+
+def test_replay_through_a_chain_samples_out_text_and_keeps_summaries(tmp_path: Path) -> None:
+    full, sampled = tmp_path / "full.db", tmp_path / "sampled.db"
+    replay(PCAP, str(full), chain=RecordingChain.from_config(NO_TOKENS))
+    chain = RecordingChain.from_config(RecordingOptions(sample_rate=0.0, tokens=False))
+    r = replay(PCAP, str(sampled), chain=chain)
+    summary = "select id, state, chunk_count, text_len, model from streams order by id"
+    assert rows(sampled, summary) == rows(full, summary)
+    assert r.streams == len(rows(full, "select id from streams")) > 0
+    assert rows(full, "select count(*) from chunks")[0][0] > 0
+    assert rows(sampled, "select count(*) from chunks") == [(0,)]
+
+
+def test_replay_observers_see_every_event_before_the_transforms(tmp_path: Path) -> None:
+    seen: list[StoreEvent] = []
+    chain = RecordingChain.from_config(RecordingOptions(sample_rate=0.0, tokens=False))
+    chain.observers.append(seen.extend)
+    replay(PCAP, str(tmp_path / "d.db"), chain=chain)
+    assert sum(isinstance(e, ChunkEvent) for e in seen) > 0  # sampled out, but observed
+    assert sum(isinstance(e, StreamOpened) for e in seen) == sum(
+        isinstance(e, StreamClosed) for e in seen
+    )
+
+
+def test_replay_with_metrics_and_tokens_feeds_the_same_metrics_as_live(tmp_path: Path) -> None:
+    m = Metrics()
+    chain = RecordingChain.from_config(RecordingOptions(), metrics=m)
+    r = replay(PCAP, str(tmp_path / "d.db"), chain=chain)
+    text = m.render().decode()
+    streams = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("sparseety_streams_total{")
+    )
+    assert streams == r.streams > 0
+    tokens = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("sparseety_output_tokens_total{")
+    )
+    assert tokens == r.tokens > 0
+
+
+def test_replay_refuses_a_chain_and_loose_parts_together(tmp_path: Path) -> None:
+    from sniffer.record.redact import Redactor
+
+    with pytest.raises(ValueError, match="through the chain"):
+        replay(
+            PCAP,
+            str(tmp_path / "d.db"),
+            chain=RecordingChain.from_config(NO_TOKENS),
+            redactor=Redactor(),
+        )
+
+
+def _events() -> list[StoreEvent]:
+    from sniffer.capture.pcap import read_capture
+    from sniffer.core.pipeline import Pipeline
+
+    pipe = Pipeline()
+    out: list[StoreEvent] = []
+    reader = read_capture(PCAP)
+    for seg in reader:
+        out += pipe.feed(seg)
+    out += pipe.flush(reader.stats.last_ts or 0.0)
+    return out
+
+
+def test_a_failing_observer_is_reported_and_the_batch_still_written(tmp_path: Path) -> None:
+    errors: list[tuple[str, str, str]] = []
+    seen: list[StoreEvent] = []
+
+    def broken(_events: list[StoreEvent]) -> None:
+        raise RuntimeError("observer bug")
+
+    with StoreWriter(str(tmp_path / "d.db")) as w:
+        chain = RecordingChain(
+            w,
+            observers=[broken, seen.extend],
+            on_error=lambda role, name, exc: errors.append((role, name, str(exc))),
+        )
+        events = _events()
+        chain.write(events)
+        chain.flush()
+    assert errors == [("observer", "broken", "observer bug")]
+    assert seen == events
+    assert rows(tmp_path / "d.db", "select count(*) from chunks")[0][0] > 0
+
+
+def test_a_failing_transform_costs_the_batch_never_writes_it_unchanged(tmp_path: Path) -> None:
+    errors: list[str] = []
+
+    def broken(_events: list[StoreEvent]) -> list[StoreEvent]:
+        raise RuntimeError("transform bug")
+
+    with StoreWriter(str(tmp_path / "d.db")) as w:
+        chain = RecordingChain(
+            w, transforms=[broken], on_error=lambda role, name, exc: errors.append(role)
+        )
+        chain.write(_events())
+        chain.flush()
+    assert errors == ["transform"]
+    assert rows(tmp_path / "d.db", "select count(*) from streams") == [(0,)]
+
+
+def test_without_an_error_hook_failures_propagate(tmp_path: Path) -> None:
+    def broken(_events: list[StoreEvent]) -> None:
+        raise RuntimeError("observer bug")
+
+    with StoreWriter(str(tmp_path / "d.db")) as w:
+        chain = RecordingChain(w, observers=[broken])
+        with pytest.raises(RuntimeError, match="observer bug"):
+            chain.write(_events())
+
+
+def test_a_chain_without_a_writer_says_so() -> None:
+    with pytest.raises(RuntimeError, match="no writer"):
+        RecordingChain().write([])
+
+
+def test_replay_cli_sample_rate(tmp_path: Path) -> None:
+    db = tmp_path / "d.db"
+    r = CliRunner().invoke(
+        main, ["replay", "-q", "--no-tokens", "--sample-rate", "0", str(PCAP), "--db", str(db)]
+    )
+    assert r.exit_code == 0, r.output
+    assert rows(db, "select count(*) from streams")[0][0] > 0
+    assert rows(db, "select count(*) from chunks") == [(0,)]
+    bad = CliRunner().invoke(main, ["replay", "--sample-rate", "2", str(PCAP), "--db", str(db)])
+    assert bad.exit_code == 2
+
+
+def test_parallel_replay_workers_each_write_through_the_chain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sniffer.runtime.replay as replay_module
+
+    pcap = ROOT / "pcaps" / "concurrent_4.pcap"
+    one, two = tmp_path / "one.db", tmp_path / "two.db"
+    opts = RecordingOptions(sample_rate=0.0)
+    r1 = replay(pcap, str(one), chain=RecordingChain.from_config(opts), jobs=1)
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    r2 = replay(pcap, str(two), chain=RecordingChain.from_config(opts), jobs=2)
+    assert r2.jobs == 2 and r1.jobs == 1
+    assert (r2.streams, r2.tokens, r2.tokenized_streams) == (
+        r1.streams,
+        r1.tokens,
+        r1.tokenized_streams,
+    )
+    assert r1.tokens > 0
+    summary = "select state, chunk_count, text_len from streams order by 1, 2, 3"
+    assert rows(two, summary) == rows(one, summary)
+    assert rows(two, "select count(*) from chunks") == rows(one, "select count(*) from chunks")
+    assert rows(one, "select count(*) from chunks") == [(0,)]
+    tok = "select output_count from stream_tokens order by 1"
+    assert rows(two, tok) == rows(one, tok)
