@@ -15,7 +15,11 @@ from sniffer.store.queries import count_rows, get_stream, list_streams
 from sniffer.store.writer import make_engine
 
 PCAPS = Path(__file__).resolve().parent.parent / "pcaps"
-FIXTURES = sorted(p for p in PCAPS.glob("*.pcap") if p.with_suffix(".expected.json").exists())
+# The recordings in pcaps/ and the crafted faults in pcaps/faults/.
+FIXTURES = sorted(
+    (p for p in PCAPS.rglob("*.pcap") if p.with_suffix(".expected.json").exists()),
+    key=lambda p: p.stem,
+)
 
 
 def _expected(pcap: Path) -> dict[str, Any]:
