@@ -10,6 +10,7 @@ comparison, not silence).
 from __future__ import annotations
 
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -264,3 +265,19 @@ def test_fixture_replays_to_expected(pcap: Path, tmp_path: Path) -> None:
     assert count_rows(engine)["errors"] >= exp.get("errors_min", 0)
     if exp.get("capture_error"):
         assert result.capture_error is not None
+
+
+def test_ttft_in_expected_files_is_what_the_capture_shows() -> None:
+    """The ``ttft_ms`` values are scripts/measure_ttft.py's reading of the captures
+    (scapy, not the sniffer), not hand-edited or copied from the pipeline."""
+    sys.path.insert(0, str(PCAPS.parent / "scripts"))
+    import measure_ttft
+
+    assert measure_ttft.main(["--check"]) == 0
+    measured = [
+        s
+        for p in FIXTURES
+        for s in _expected(p)["streams"]
+        if s.get("check_text", True) and s["state"] == "complete"
+    ]
+    assert measured and all("ttft_ms" in s for s in measured)
