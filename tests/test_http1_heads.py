@@ -448,3 +448,25 @@ def test_response_heads_and_framing_agree_with_h11(data: bytes, method: bytes, e
     assert our_error == error
     if error is None:
         assert got == h11_view(events)
+
+
+def test_framing_error_then_chunked_message_in_one_segment_reads_the_body_once() -> None:
+    """An out-of-range Content-Length ends its message as a framing error and the
+    parser goes on with what follows; a chunked response right behind it in the
+    same segment is read once (the h11-based parser handed its first chunk twice)."""
+    out = run(
+        [
+            opened(),
+            c2s(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n"),
+            s2c(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n"
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\no"
+            ),
+            s2c(b"k\r\n0\r\n\r\n"),
+        ]
+    )
+    errors = [(e.exchange, e.kind, e.message) for e in out if isinstance(e, HttpError)]
+    assert errors == [(0, "framing", "Content-Length out of range")]
+    assert b"".join(e.data for e in out if isinstance(e, HttpBody) and e.exchange == 1) == b"ok"
+    ends = [(e.exchange, e.reason) for e in out if isinstance(e, HttpEnd) and not e.from_client]
+    assert ends == [(0, EndReason.ERROR), (1, EndReason.COMPLETE)]
