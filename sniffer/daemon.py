@@ -947,7 +947,7 @@ def attach_features(d: Daemon) -> Features:
     original events) → sampler → redactor → writer.
     """
     from .metrics import Metrics
-    from .redact import Redactor
+    from .redact import Redactor, StreamRedactor
     from .sampling import Sampler
     from .store.files import db_path, prepare_db_file
 
@@ -995,6 +995,7 @@ def attach_features(d: Daemon) -> Features:
         f.sampler = sampler
     redactor = Redactor(cfg.redact_patterns, enabled=cfg.redact)
     f.redactor = redactor
+    chain = StreamRedactor(redactor)  # with a look-behind per choice
     if not cfg.redact:
         log("warning", "redaction-off", note="prompts and outputs are stored as captured")
 
@@ -1008,7 +1009,7 @@ def attach_features(d: Daemon) -> Features:
             events = sampler.filter(events)
             if f.metrics is not None:
                 f.metrics.set_sample_rate(sampler.effective_rate(d.last_ts or time.time()))
-        events = redactor.events(events)
+        events = chain.events(events)
         if f.metrics is not None and redactor.counts:
             delta = {k: v - seen_redactions.get(k, 0) for k, v in redactor.counts.items()}
             seen_redactions.update(redactor.counts)
@@ -1045,7 +1046,7 @@ def _token_worker(d: Daemon, f: Features, sampler: Any) -> _Periodic:
         default=cfg.default_tokenizer or None,
     )
     registry.preload()  # a bad tokenizer config fails at start, with its message
-    collector = TokenCollector()
+    collector = TokenCollector(redactor=f.redactor)
     f.collector = collector
     lock = threading.Lock()
 

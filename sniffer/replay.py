@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from .capture.pcap import CaptureFileError, read_capture
 from .events import PipelineError, StoreEvent
 from .pipeline import Pipeline, PipelineConfig
-from .redact import Redactor
+from .redact import Redactor, StreamRedactor
 from .store.writer import StoreWriter
 from .token_collector import TokenCollector
 from .tokenize_pass import tokenize_inputs
@@ -248,15 +248,15 @@ def _replay_part(
     # per packet: collect the young generation far less often while replaying.
     thresholds = gc.get_threshold()
     gc.set_threshold(200_000, 50, 100)
-    collector = TokenCollector() if extras.tokens is not None else None
-    redactor = extras.redactor
+    # Credentials are removed even without a redactor (one that only does that).
+    redactor = extras.redactor if extras.redactor is not None else Redactor(enabled=False)
+    collector = TokenCollector(redactor=redactor) if extras.tokens is not None else None
+    chain = StreamRedactor(redactor)
 
     def write_many(events: list[StoreEvent]) -> None:
         if collector is not None:
             collector.observe(events)  # the text as sent, before redaction
-        if redactor is not None:
-            events = redactor.events(events)
-        w.write_many(events)
+        w.write_many(chain.events(events))
 
     try:
         feed = pipe.feed
@@ -281,6 +281,7 @@ def _replay_part(
             result.capture_error = str(reader.error)
             out.append(PipelineError(last, "capture", "file", str(reader.error)))
         write_many(out)
+        w.write_many(chain.flush())
         if progress is not None:
             progress(reader.size, reader.size)
         w.flush()
@@ -293,8 +294,7 @@ def _replay_part(
         result.tokenized_streams = tok.streams
         result.tokens = tok.tokens
         result.token_anomalies = tok.anomalies
-    if redactor is not None:
-        result.redactions = sum(redactor.counts.values())
+    result.redactions = sum(redactor.counts.values())
     st = pipe.streams.stats
     result.packets = reader.stats.packets
     result.segments = pipe.segments

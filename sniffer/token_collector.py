@@ -7,6 +7,12 @@ all). So the drivers (replay, daemon) feed every batch of store events to a
 texts (capped) and, when the stream closes, turns them into a
 ``tokens.StreamInput`` ready for ``tokenize_pass.tokenize_inputs``.
 
+With a ``redactor`` it also works out what the recording chain's
+``redact.StreamRedactor`` stores for each choice (the same bounded look-behind
+over the same chunk texts, so exactly the same result): the stored text (for
+``text_hash``/``text_len``) and the redacted spans of the original text,
+whose token ids the token pass masks (see ``tokenize_pass.to_rows``).
+
 Pure: no I/O, no clock, no tokenizer call (that happens off the capture path).
 """
 
@@ -18,23 +24,35 @@ from collections.abc import Iterable
 from typing import Any
 
 from .events import ChunkEvent, StoreEvent, StreamClosed, StreamOpened
+from .redact import Redactor, redact_choice_texts
 from .tokens import ChunkInput, StreamInput
 
 
 class _Open:
-    __slots__ = ("chunks", "model", "request", "truncated")
+    __slots__ = ("chunks", "mask_prompt", "model", "request", "truncated")
 
-    def __init__(self, model: str | None, request: dict[str, Any]) -> None:
+    def __init__(self, model: str | None, request: dict[str, Any], mask_prompt: bool) -> None:
         self.model = model
         self.request = request
         self.chunks: list[ChunkInput] = []
         self.truncated = False
+        self.mask_prompt = mask_prompt
 
 
 class TokenCollector:
     """Open LLM streams' chunk texts; closed streams' ``StreamInput``s, in order."""
 
-    def __init__(self, *, max_open: int = 100_000, max_chunks: int = 200_000) -> None:
+    def __init__(
+        self,
+        *,
+        max_open: int = 100_000,
+        max_chunks: int = 200_000,
+        redactor: Redactor | None = None,
+    ) -> None:
+        # Own copies: counts stay the recording chain's, and the token worker
+        # thread's ``redact`` calls share no state with the capture thread.
+        self._windows = redactor.clone() if redactor is not None else None
+        self._spans = redactor.clone() if redactor is not None else None
         self._open: dict[int, _Open] = {}
         self._ready: deque[StreamInput] = deque()
         self._max_open = max_open
@@ -68,9 +86,13 @@ class TokenCollector:
                     continue
                 request = _json(ev.request_body)
                 model = ev.request.get("model")
+                mask_prompt = False
+                if self._windows is not None and ev.request_body:
+                    mask_prompt = bool(self._windows.edits(ev.request_body)[1])
                 opened[ev.stream] = _Open(
                     model if isinstance(model, str) else None,
                     request if isinstance(request, dict) else {},
+                    mask_prompt,
                 )
             elif t is StreamClosed:
                 assert isinstance(ev, StreamClosed)
@@ -79,6 +101,7 @@ class TokenCollector:
                     continue
                 usage = _json(ev.usage)
                 so = s.request.get("stream_options")
+                stored, masks = self._redacted(s.chunks)
                 self._ready.append(
                     StreamInput(
                         stream_id=ev.stream,
@@ -90,8 +113,36 @@ class TokenCollector:
                         done_seen=ev.done_seen,
                         include_usage_requested=isinstance(so, dict)
                         and so.get("include_usage") is True,
+                        stored_texts=stored,
+                        masks=masks,
+                        redact=self._redact_spans if self._spans is not None else None,
+                        mask_prompt=s.mask_prompt,
                     )
                 )
+
+    def _redacted(
+        self, chunks: list[ChunkInput]
+    ) -> tuple[dict[int, str] | None, dict[int, list[tuple[int, int]]] | None]:
+        """Per choice that had something redacted: the stored text and the spans."""
+        red = self._windows
+        if red is None:
+            return None, None
+        by_choice: dict[int, list[str]] = {}
+        for c in chunks:
+            if c.choice >= 0:
+                by_choice.setdefault(c.choice, []).append(c.text)
+        stored: dict[int, str] = {}
+        masks: dict[int, list[tuple[int, int]]] = {}
+        for ch, texts in by_choice.items():
+            out, spans = redact_choice_texts(red, texts)
+            if spans:
+                stored[ch] = "".join(out)
+                masks[ch] = spans
+        return (stored or None), (masks or None)
+
+    def _redact_spans(self, text: str) -> list[tuple[int, int]]:
+        assert self._spans is not None
+        return [(s, e) for s, e, _ in self._spans.edits(text)[1]]
 
     def take(self, limit: int | None = None) -> list[StreamInput]:
         """Closed streams not yet taken, oldest first (at most ``limit``)."""
@@ -115,5 +166,5 @@ def _json(text: str | None) -> Any:
         return None
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None

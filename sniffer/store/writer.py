@@ -16,10 +16,9 @@ duplicate ids). Text the driver cannot encode (lone UTF-16 surrogates from a
 JSON ``\\ud83d`` escape, NUL on PostgreSQL) is not a reason to lose a batch: it
 is replaced by U+FFFD and the batch retried once.
 
-Credentials: header lists are filtered again here (``Authorization``,
-``Proxy-Authorization``, ``Cookie``, ``Set-Cookie``, ``api-key``, ``x-api-key``
-and every name containing "token", "secret" or "key"), even though the stages
-upstream already remove them.
+Credentials: header lists are filtered again here with the one rule of
+``sniffer.credentials.is_credential_header``, even though the stages upstream
+already remove them.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DataError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
+from sniffer.credentials import is_credential_header
 from sniffer.events import (
     ChunkEvent,
     ConnectionClosed,
@@ -62,29 +62,11 @@ from sniffer.store.models import (
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 
-_CREDENTIAL_HEADERS = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "cookie",
-        "set-cookie",
-        "api-key",
-        "x-api-key",
-    }
-)
-_CREDENTIAL_PARTS = ("token", "secret", "key")
-
 _UNENCODABLE = re.compile("[\ud800-\udfff\x00]")
 
 
 class StoreError(Exception):
     """The database rejected a batch; the batch is still buffered in the writer."""
-
-
-def is_credential_header(name: str) -> bool:
-    """True for header names that may carry credentials (case-insensitive)."""
-    lower = name.lower()
-    return lower in _CREDENTIAL_HEADERS or any(part in lower for part in _CREDENTIAL_PARTS)
 
 
 def headers_json(headers: Headers | Iterable[tuple[str, str]]) -> str:
