@@ -11,7 +11,7 @@ import os
 import sys
 from contextlib import suppress
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
@@ -399,7 +399,13 @@ def export(
     with library_errors():
         engine = open_engine(db)
         ids = list(stream_ids) or None
-        fh = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
+        fh: TextIO
+        if output:
+            from .store.files import open_private
+
+            fh = os.fdopen(open_private(output), "w", encoding="utf-8")  # 0600, no symlink
+        else:
+            fh = sys.stdout
         try:
             if fmt == "jsonl":
                 n = export_jsonl(engine, fh, stream_ids=ids, label=label)

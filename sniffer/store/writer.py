@@ -49,6 +49,7 @@ from sniffer.events import (
     StreamOpened,
     StreamResponse,
 )
+from sniffer.store.files import db_path, ensure_db_file
 from sniffer.store.models import (
     SCHEMA_VERSION,
     chunks,
@@ -87,6 +88,9 @@ def _is_sqlite_memory(url: str) -> bool:
 def make_engine(url_or_path: str) -> Engine:
     """An engine for a database URL, or for a SQLite file when given a plain path.
 
+    A SQLite file that does not exist yet is created 0600 first (its -wal/-shm
+    then get the same mode); a symlink at the path is refused
+    (``sniffer.store.files.ensure_db_file``).
     SQLite connections get WAL (file databases), ``synchronous=NORMAL``, foreign
     keys off and a 5 s busy timeout. The tables are created if missing.
     Example: ``make_engine("capture.db")``, ``make_engine("postgresql+psycopg://…")``.
@@ -94,6 +98,9 @@ def make_engine(url_or_path: str) -> Engine:
     url = url_or_path if "://" in url_or_path else f"sqlite:///{url_or_path}"
     if url.startswith("sqlite"):
         memory = _is_sqlite_memory(url) or url_or_path == ":memory:"
+        path = None if memory else db_path(url_or_path)
+        if path is not None:
+            ensure_db_file(path)  # created 0600 before SQLite opens it; no symlink
         if memory:
             engine = create_engine(
                 url,
