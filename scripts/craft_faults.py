@@ -679,10 +679,82 @@ def sec_secrets(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
     return pkts, exp
 
 
+#: Personal data planted in sec_pii (stored as is WITHOUT a redactor; the
+#: security tests replay it with redaction on and look for these).
+SEC_PII_PIECES = [
+    "Call ",
+    "138",
+    " 1234",
+    " 5678",
+    " or mail ",
+    "john",
+    ".doe@",
+    "example.com",
+    " now.",
+]
+SEC_PII_PROMPT = "my phone is 13912345678 and my mail is a.b@example.org"
+
+
+def _sec_sse_logprobs(pieces: list[str]) -> bytes:
+    events = []
+    for i, p in enumerate(pieces):
+        b = list(p.encode())
+        lp = {
+            "content": [
+                {
+                    "token": p,
+                    "logprob": -0.5,
+                    "bytes": b,
+                    "top_logprobs": [{"token": p, "logprob": -0.5, "bytes": b}],
+                }
+            ]
+        }
+        delta = {"role": "assistant", "content": p} if i == 0 else {"content": p}
+        events.append(
+            {
+                "id": "c3",
+                "object": "chat.completion.chunk",
+                "model": "fake",
+                "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None}],
+            }
+        )
+    events.append(
+        {
+            "id": "c3",
+            "object": "chat.completion.chunk",
+            "model": "fake",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        }
+    )
+    body = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        + f"content-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+
+
+def sec_pii(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """A phone number and an e-mail address streamed over several chunks (with
+    logprobs: one token string per chunk), and personal data in the prompt."""
+    port = 40104
+    req = _sec_chat(SEC_PII_PROMPT, logprobs=True, top_logprobs=1)
+    flows = [(_sec_request(req), _sec_sse_logprobs(SEC_PII_PIECES))]
+    exp = _sec_expected(
+        "sec_pii",
+        "a phone number and an e-mail address each split over 3 streamed chunks with logprobs; "
+        "personal data in the prompt (stored as is without a redactor; the security tests "
+        "replay it with redaction on)",
+        [_sec_stream(port, 0, "".join(SEC_PII_PIECES), len(SEC_PII_PIECES))],
+    )
+    return _sec_packets(port, flows, SEC_T0 + 40), exp
+
+
 SECURITY_FIXTURES: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
     sec_deep_json,
     sec_gzip_bomb,
     sec_secrets,
+    sec_pii,
 ]
 
 
