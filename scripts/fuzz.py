@@ -49,7 +49,13 @@ sys.path.insert(0, str(REPO))
 from sniffer.capture.pcap import CaptureFileError, read_capture  # noqa: E402
 from sniffer.credentials import scrub_json_secrets  # noqa: E402
 from sniffer.dialects import REGISTRY  # noqa: E402
-from sniffer.events import FlowData, FlowEvent, StreamClosed, StreamOpened  # noqa: E402
+from sniffer.events import (  # noqa: E402
+    FlowData,
+    FlowEvent,
+    PipelineError,
+    StreamClosed,
+    StreamOpened,
+)
 from sniffer.pipeline import Pipeline  # noqa: E402
 from sniffer.reassembly import Reassembler  # noqa: E402
 from sniffer.redact import Redactor, StreamRedactor, _mask_tokens_json  # noqa: E402
@@ -187,14 +193,20 @@ class Hang(Exception):
     pass
 
 
+_LAST_INTERNAL: list[str] = [""]
+
+
 def _chain(pipe: Pipeline, events: list[Any], chain: StreamRedactor, col: TokenCollector) -> None:
+    for ev in events:
+        if isinstance(ev, PipelineError) and ev.stage == "pipeline":
+            _LAST_INTERNAL[0] = ev.message
     col.observe(events)
     chain.events(events)
 
 
 def _check(pipe: Pipeline, opened: int, closed: int, chain: StreamRedactor) -> None:
     if pipe.internal_errors:
-        raise Crash(f"pipeline dropped {pipe.internal_errors} connection(s)")
+        raise Crash(f"pipeline dropped a connection: {_LAST_INTERNAL[0][:120]}")
     if opened != closed:
         raise Crash(f"{opened} streams opened, {closed} closed")
     st_ = pipe.streams.stats

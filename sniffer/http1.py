@@ -402,7 +402,8 @@ class HttpParser:
         if t is FlowData:
             assert isinstance(ev, FlowData)
             c = self._conns.get(ev.conn)
-            if c is not None and not c.dead:
+            # No bytes: nothing to parse (and h11 would take b"" for end of file).
+            if c is not None and not c.dead and ev.data:
                 from_client = ev.from_client != c.swapped
                 if not c.roles_known:
                     from_client = self._settle_roles(c, from_client, ev.data, out)

@@ -43,7 +43,7 @@ def test_a_dropped_connection_counts_as_a_crash(monkeypatch: object) -> None:
     mp = pytest.MonkeyPatch()
     mp.setattr(StreamAssembler, "feed", broken)
     try:
-        with pytest.raises(Crash, match="dropped"):
+        with pytest.raises(Crash, match="dropped a connection"):
             run_flows(corpus.flows[0], [])
     finally:
         mp.undo()

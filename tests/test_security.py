@@ -648,3 +648,22 @@ def test_run_live_stores_nothing_planted(tmp_path: Path, http_server: int) -> No
     decoded = _decoded(db)
     for needle in ("1234", "5678", "john", "example", "13912345678", "LIVE", "BODY"):
         assert needle not in decoded, needle
+
+
+def test_empty_flow_data_is_not_end_of_file() -> None:
+    """Found by the fuzz campaign: a FlowData with no bytes reached h11 as
+    ``receive_data(b"")`` (end of file), and the next bytes made it raise."""
+    resp = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    from sniffer.events import ConnectionOpened
+
+    pipe = Pipeline()
+    out = pipe.feed_flows(
+        [
+            ConnectionOpened(1, 0.0, ("127.0.0.1", 40000), ("127.0.0.1", 8000), True),
+            FlowData(1, 0.1, True, b""),
+            FlowData(1, 0.1, True, _REQ),
+            FlowData(1, 0.2, False, resp),
+        ]
+    )
+    assert pipe.internal_errors == 0
+    assert [e.state.value for e in out if isinstance(e, StreamClosed)] == ["complete"]
