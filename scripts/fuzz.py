@@ -330,6 +330,7 @@ def campaign(
     timeout: float = 10.0,
     out: Path | None = None,
     progress: bool = False,
+    derandomize: bool = False,
 ) -> Report:
     corpus = load_corpus(pcaps)
     report = Report()
@@ -357,6 +358,7 @@ def campaign(
         database=None,
         deadline=None,
         phases=[Phase.generate],
+        derandomize=derandomize,
         suppress_health_check=list(HealthCheck),
     )
     @given(
