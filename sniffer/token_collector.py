@@ -19,6 +19,7 @@ Pure: no I/O, no clock, no tokenizer call (that happens off the capture path).
 from __future__ import annotations
 
 import json
+from array import array
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -29,14 +30,51 @@ from .tokens import ChunkInput, StreamInput
 
 
 class _Open:
-    __slots__ = ("chunks", "mask_prompt", "model", "request", "truncated")
+    """An open stream's chunks, kept compact (1,000 open streams of hundreds of
+    chunks each must not cost a ``ChunkInput`` object per chunk): seq and
+    choice in arrays, the texts in a list, finish reasons and logprobs only
+    where present. ``chunks()`` builds the ``ChunkInput`` list at close."""
+
+    __slots__ = (
+        "choices",
+        "extra",
+        "mask_prompt",
+        "model",
+        "request",
+        "seqs",
+        "texts",
+        "truncated",
+    )
 
     def __init__(self, model: str | None, request: dict[str, Any], mask_prompt: bool) -> None:
         self.model = model
         self.request = request
-        self.chunks: list[ChunkInput] = []
+        self.seqs = array("q")
+        self.choices = array("l")
+        self.texts: list[str] = []
+        self.extra: dict[int, tuple[str | None, str | None]] = {}
         self.truncated = False
         self.mask_prompt = mask_prompt
+
+    def add(self, ev: ChunkEvent) -> None:
+        if ev.finish_reason is not None or ev.logprobs is not None:
+            self.extra[len(self.texts)] = (ev.finish_reason, ev.logprobs)
+        self.seqs.append(ev.seq)
+        self.choices.append(ev.choice)
+        self.texts.append(ev.text)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def chunks(self) -> list[ChunkInput]:
+        extra = self.extra
+        none = (None, None)
+        return [
+            ChunkInput(seq, choice, text, *extra.get(i, none))
+            for i, (seq, choice, text) in enumerate(
+                zip(self.seqs, self.choices, self.texts, strict=True)
+            )
+        ]
 
 
 class TokenCollector:
@@ -69,14 +107,12 @@ class TokenCollector:
                 s = opened.get(ev.stream)
                 if s is None:
                     continue
-                if len(s.chunks) >= self._max_chunks:
+                if len(s) >= self._max_chunks:
                     if not s.truncated:
                         s.truncated = True
                         self.capped_streams += 1
                     continue
-                s.chunks.append(
-                    ChunkInput(ev.seq, ev.choice, ev.text, ev.finish_reason, ev.logprobs)
-                )
+                s.add(ev)
             elif t is StreamOpened:
                 assert isinstance(ev, StreamOpened)
                 if ev.dialect == "http":
@@ -101,13 +137,14 @@ class TokenCollector:
                     continue
                 usage = _json(ev.usage)
                 so = s.request.get("stream_options")
-                stored, masks = self._redacted(s.chunks)
+                chunks = s.chunks()
+                stored, masks = self._redacted(chunks)
                 self._ready.append(
                     StreamInput(
                         stream_id=ev.stream,
                         model=s.model,
                         request=s.request,
-                        chunks=s.chunks,
+                        chunks=chunks,
                         usage=usage if isinstance(usage, dict) else None,
                         gap=ev.gap or s.truncated,
                         done_seen=ev.done_seen,
