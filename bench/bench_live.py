@@ -138,7 +138,7 @@ def _stop_daemon(p: subprocess.Popen[bytes], log: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
 
 
-def sweep(conns: int, rates: list[float], seconds: float) -> None:
+def sweep(conns: int, rates: list[float], seconds: float, *extra: str) -> None:
     port = free_port()
     srv = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], cwd=ROOT)
     try:
@@ -152,7 +152,7 @@ def sweep(conns: int, rates: list[float], seconds: float) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for i, rate in enumerate(rates):
                 db, log = f"{tmp}/s{i}.db", f"{tmp}/s{i}.log"
-                d = _start_daemon(port, db, log)
+                d = _start_daemon(port, db, log, *extra)
                 c0, t0 = _cpu(d.pid), time.monotonic()
                 got, secs = asyncio.run(_drive(port, conns, rate, seconds))
                 time.sleep(0.5)
@@ -327,7 +327,7 @@ def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("bench_live needs root (packet capture)")
     if a.only in (None, "sweep"):
-        sweep(a.conns, [float(r) for r in a.rates.split(",")], a.seconds)
+        sweep(a.conns, [float(r) for r in a.rates.split(",")], a.seconds, *a.daemon_arg)
     if a.only in (None, "overhead"):
         overhead(a.requests, a.concurrency)
     if a.only in (None, "memory"):
