@@ -518,6 +518,9 @@ class Redactor:
 LOOKBEHIND = 128
 #: Events of one choice kept back at most (many empty-text chunks in a row).
 MAX_HELD = 256
+#: The window is scanned once this many characters beyond the look-behind
+#: have arrived (so each character is scanned ~3 times, not once per chunk).
+STEP = 64
 _LABEL = re.compile(r"<([^<>\s]+)>")
 #: What replaces the token strings of a chunk whose text was redacted.
 MASK = f"<{REDACTED}>"
@@ -527,8 +530,9 @@ class TextWindow:
     """The bounded look-behind over ONE text channel of one choice.
 
     ``push`` adds the next chunk's text; ``advance`` decides (redacts) every
-    chunk that can no longer be part of a value still being written: the
-    pending texts are redacted together, and a chunk is decided once at least
+    chunk that can no longer be part of a value still being written: once
+    ``lookbehind + STEP`` characters are pending (or ``max_held`` chunks), the
+    pending texts are redacted together, and a chunk is decided when at least
     ``lookbehind`` characters follow it and no redacted span crosses its end
     (``final``: decide them all). ``decided`` then holds, per chunk, its stored
     text and whether a redaction touched it; ``spans`` the redacted spans in
@@ -537,7 +541,16 @@ class TextWindow:
     gets exactly the stored texts.
     """
 
-    __slots__ = ("base", "decided", "lookbehind", "max_held", "pending", "redactor", "spans")
+    __slots__ = (
+        "base",
+        "decided",
+        "lookbehind",
+        "max_held",
+        "pending",
+        "pending_len",
+        "redactor",
+        "spans",
+    )
 
     def __init__(
         self, redactor: Redactor, *, lookbehind: int = LOOKBEHIND, max_held: int = MAX_HELD
@@ -546,21 +559,30 @@ class TextWindow:
         self.lookbehind = lookbehind
         self.max_held = max_held
         self.pending: list[str] = []
+        self.pending_len = 0
         self.decided: list[tuple[str, bool]] = []
         self.base = 0
         self.spans: list[tuple[int, int]] = []
 
     def push(self, text: str) -> None:
         self.pending.append(text)
+        self.pending_len += len(text)
 
     def advance(self, final: bool = False) -> None:
         pending = self.pending
         if not pending:
             return
+        if (
+            not final
+            and self.pending_len < self.lookbehind + STEP
+            and len(pending) <= self.max_held
+        ):
+            return  # not enough new text to decide anything worth a scan
         window = "".join(pending) if len(pending) > 1 else pending[0]
         if not window:
             self.decided.extend(("", False) for _ in pending)
             pending.clear()
+            self.pending_len = 0
             return
         red = self.redactor
         saved = red.counts
@@ -629,6 +651,7 @@ class TextWindow:
                 self.spans.append((self.base + s0, self.base + min(e0, limit)))
                 saved.update(_LABEL.findall(repl))
         self.base += limit
+        self.pending_len -= limit
         del pending[:k]
 
     def take(self, n: int) -> list[tuple[str, bool]]:
