@@ -92,7 +92,7 @@ class TokenCollector:
         self._windows = redactor.clone() if redactor is not None else None
         self._spans = redactor.clone() if redactor is not None else None
         self._open: dict[int, _Open] = {}
-        self._ready: deque[StreamInput] = deque()
+        self._ready: deque[tuple[int, _Open, str | None, bool, bool]] = deque()
         self._max_open = max_open
         self._max_chunks = max_chunks
         self.dropped_streams = 0  # not tracked: too many open at once
@@ -135,27 +135,30 @@ class TokenCollector:
                 s = opened.pop(ev.stream, None)
                 if s is None:
                     continue
-                usage = _json(ev.usage)
-                so = s.request.get("stream_options")
-                chunks = s.chunks()
-                stored, masks = self._redacted(chunks)
-                self._ready.append(
-                    StreamInput(
-                        stream_id=ev.stream,
-                        model=s.model,
-                        request=s.request,
-                        chunks=chunks,
-                        usage=usage if isinstance(usage, dict) else None,
-                        gap=ev.gap or s.truncated,
-                        done_seen=ev.done_seen,
-                        include_usage_requested=isinstance(so, dict)
-                        and so.get("include_usage") is True,
-                        stored_texts=stored,
-                        masks=masks,
-                        redact=self._redact_spans if self._spans is not None else None,
-                        mask_prompt=s.mask_prompt,
-                    )
-                )
+                # Kept compact until taken: at a burst of closes (1,000 streams
+                # ending together) the ChunkInputs exist for one batch at a time.
+                self._ready.append((ev.stream, s, ev.usage, ev.gap, ev.done_seen))
+
+    def _build(self, item: tuple[int, _Open, str | None, bool, bool]) -> StreamInput:
+        stream_id, s, usage_text, gap, done_seen = item
+        usage = _json(usage_text)
+        so = s.request.get("stream_options")
+        chunks = s.chunks()
+        stored, masks = self._redacted(chunks)
+        return StreamInput(
+            stream_id=stream_id,
+            model=s.model,
+            request=s.request,
+            chunks=chunks,
+            usage=usage if isinstance(usage, dict) else None,
+            gap=gap or s.truncated,
+            done_seen=done_seen,
+            include_usage_requested=isinstance(so, dict) and so.get("include_usage") is True,
+            stored_texts=stored,
+            masks=masks,
+            redact=self._redact_spans if self._spans is not None else None,
+            mask_prompt=s.mask_prompt,
+        )
 
     def _redacted(
         self, chunks: list[ChunkInput]
@@ -186,7 +189,7 @@ class TokenCollector:
         out: list[StreamInput] = []
         ready = self._ready
         while ready and (limit is None or len(out) < limit):
-            out.append(ready.popleft())
+            out.append(self._build(ready.popleft()))
         return out
 
     @property
