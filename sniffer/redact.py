@@ -32,12 +32,35 @@ about 1 µs for a whole ``ChunkEvent``); a short chunk with digits but no match
 costs 1.5–2 µs; a 4 KB request body about 150 µs (the regex engine's scan
 costs ~8 ns per character). User patterns always run.
 
+Always on, whatever ``enabled`` says (credentials are never stored, see
+``sniffer.credentials``): secret-shaped strings (``sk-…``, ``Bearer …``, AWS
+key ids, GitHub/Google/Slack tokens, JWTs) → ``<SECRET>``; in JSON text, the
+values of secret-named fields at any depth → ``"<SECRET>"``; raw bytes quoted
+in error messages → ``<N bytes>``.
+
+Across chunks (:class:`StreamRedactor`, the recording chain's step): each
+choice's text and reasoning keep a look-behind of :data:`LOOKBEHIND`
+characters before they are written, so a value split over chunks is caught
+(values up to that long). The placeholder goes into the chunk where the value
+starts; the following chunks lose their part of it. A chunk a redaction
+touched keeps no token strings (logprobs/TGI token texts → ``<REDACTED>``,
+bytes null, ids -1, alternatives dropped; ``raw`` dropped).
+``StreamClosed.text_len`` becomes the stored text's length.
+
+Token ids — the choice made: **mask the ids that overlap a redacted span**
+(rather than store the ids of the redacted text). Counts, per-chunk shares,
+usage comparisons and anomalies are computed on the text as sent (the
+``TokenCollector`` sees events before this step); what is stored replaces
+every token id overlapping a redacted span by -1 (output, prompt, server
+ids) and server token texts by ``<REDACTED>``. The collector replays the
+same look-behind (:func:`redact_choice_texts`) so the token pass knows the
+exact spans and the stored text (for ``text_hash``), and ``verify`` does not
+fail a stream because redaction changed it.
+
 What it does not catch:
 
-* Chunk boundaries. Each chunk is redacted on its own, so a phone number the
-  server streamed across two chunks (``"138 1234"`` + ``" 5678"``) is not
-  caught in the chunk rows. The request body and a non-streaming
-  ``response_body`` are whole texts and are redacted whole.
+* A value longer than :data:`LOOKBEHIND` split over chunks; tool-call argument
+  fragments split over chunks (each is redacted on its own).
 * JSON escapes. ``request_body``, ``tool_calls``, ``raw``, ``logprobs`` and
   ``response_body`` are redacted as JSON text (:meth:`Redactor.json_text`):
   inside string literals, and numbers in value position (``{"tel":
@@ -46,9 +69,6 @@ What it does not catch:
   over the whole JSON text; one that matches JSON syntax (quotes, braces) is
   still applied — the text is removed as asked — and may leave the stored
   JSON invalid: write user patterns that match inside string values.
-* Token analysis: token ids and counts must be computed on the ORIGINAL text
-  (before ``Redactor.event``); redaction changes the text, not the record of
-  what the model produced token by token.
 """
 
 from __future__ import annotations
