@@ -510,7 +510,12 @@ class Redactor:
         if t is StreamOpened:
             assert isinstance(ev, StreamOpened)
             body = self.json_text(ev.request_body)
-            request = {k: (v if k == "model" else self._value(v)) for k, v in ev.request.items()}
+            try:
+                request = {
+                    k: (v if k == "model" else self._value(v)) for k, v in ev.request.items()
+                }
+            except RecursionError:  # nested deeper than the stream stage allows
+                request = {k: v for k, v in ev.request.items() if isinstance(v, (int, float))}
             if body is ev.request_body and request == ev.request:
                 return ev
             return replace(ev, request_body=body, request=request)

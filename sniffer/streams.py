@@ -337,7 +337,7 @@ class StreamAssembler:
         path = scrub_url(target.split("?", 1)[0])
         try:
             x.dialect = select_dialect(method, target, parsed) if req else None
-            fields = request_fields(parsed)
+            fields = {k: v for k, v in request_fields(parsed).items() if _shallow(v)}
         except Exception as exc:  # odd input must cost this exchange only
             x.dialect = None
             fields = {}
@@ -606,6 +606,25 @@ class StreamAssembler:
     @staticmethod
     def _all_finished(x: _Exchange) -> bool:
         return sum(1 for c in x.finish if c != STREAM_LEVEL) >= _requested_n(x)
+
+
+#: Nesting allowed in a stored request field (``temperature: [[[…]]]`` is dropped:
+#: every later stage may walk it recursively).
+MAX_FIELD_DEPTH = 16
+
+
+def _shallow(value: Any, limit: int = MAX_FIELD_DEPTH) -> bool:
+    """True when ``value`` (parsed JSON) nests at most ``limit`` levels (iterative)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            if depth >= limit:
+                return False
+            stack.extend((x, depth + 1) for x in v if isinstance(x, (dict, list)))
+    return True
 
 
 def _requested_n(x: _Exchange) -> int:

@@ -667,3 +667,22 @@ def test_empty_flow_data_is_not_end_of_file() -> None:
     )
     assert pipe.internal_errors == 0
     assert [e.state.value for e in out if isinstance(e, StreamClosed)] == ["complete"]
+
+
+@pytest.mark.parametrize("depth", [20, 900, 980])
+def test_a_deep_request_field_reaches_the_store_without_recursion(depth: int) -> None:
+    """Found in review: JSON that parses (under Python's limit) but nests a
+    request field ~900 deep made the redaction step, outside the pipeline,
+    raise RecursionError and lose the whole batch."""
+    from sniffer.store.writer import StoreWriter
+
+    nested = b"[" * depth + b"]" * depth
+    body = b'{"model":"m","stream":false,"messages":[],"temperature":' + nested + b"}"
+    resp = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    out = _exchange(_post(body), resp)
+    (opened,) = [e for e in out if isinstance(e, StreamOpened)]
+    assert "temperature" not in opened.request and opened.request["model"] == "m"
+    w = StoreWriter(":memory:")
+    w.write_many(StreamRedactor(Redactor()).events(out))
+    w.flush()
+    w.close()
