@@ -713,7 +713,10 @@ def _mask_tokens_json(text: str | None) -> str | None:
                     stack.append(v)
         elif isinstance(node, list):
             stack.extend(x for x in node if isinstance(x, (dict, list)))
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    except (ValueError, RecursionError):
+        return json.dumps(MASK)
 
 
 class _Choice:

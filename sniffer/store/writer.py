@@ -180,7 +180,7 @@ def usage_tokens(usage: str | None) -> tuple[int | None, int | None]:
         return None, None
     try:
         obj = json.loads(usage)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None, None
     if not isinstance(obj, dict):
         return None, None
