@@ -565,12 +565,12 @@ def sec_deep_json(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
 
 
 def sec_gzip_bomb(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
-    """A non-streaming reply whose gzip body expands 1000:1 to 512 MiB, then an
+    """A non-streaming reply whose gzip body expands 1000:1 to 256 MiB, then an
     ordinary small gzip reply on the same connection."""
     import gzip
 
     port = 40102
-    bomb = gzip.compress(b"\0" * (512 << 20), compresslevel=9)
+    bomb = gzip.compress(b"\0" * (256 << 20), compresslevel=9)
     good_obj = {
         "id": "c2",
         "object": "chat.completion",
@@ -598,7 +598,7 @@ def sec_gzip_bomb(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
     second = _sec_stream(port, 1, "Fine.", 1, stream=False, done_seen=False)
     exp = _sec_expected(
         "sec_gzip_bomb",
-        f"gzip bomb ({len(bomb)} bytes expanding to 512 MiB): decoding stops at the "
+        f"gzip bomb ({len(bomb)} bytes expanding to 256 MiB): decoding stops at the "
         "expansion cap with a decode error; the next gzip reply decodes",
         [first, second],
         errors_min=1,

@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -720,10 +720,11 @@ def _mask_tokens_json(text: str | None) -> str | None:
 
 
 class _Choice:
-    __slots__ = ("events", "reasoning", "text")
+    __slots__ = ("events", "reasoning", "slots", "text")
 
     def __init__(self, redactor: Redactor) -> None:
         self.events: list[ChunkEvent] = []
+        self.slots: list[list[StoreEvent | None]] = []  # where each decided event goes
         self.text = TextWindow(redactor)
         self.reasoning = TextWindow(redactor)
 
@@ -736,10 +737,12 @@ class StreamRedactor:
     text and reasoning (``LOOKBEHIND`` characters later, or when the stream
     closes), then written with the redacted text: a value split over chunks
     gets its placeholder in the chunk where it starts and is removed from the
-    chunks after. A chunk whose text a redaction touched keeps no token
-    strings: its ``logprobs``/``server_tokens`` are masked (token texts →
-    ``<REDACTED>``, bytes → null, ids → -1, alternatives dropped) and ``raw``
-    dropped. ``StreamClosed.text_len`` is the length of the text as stored.
+    chunks after. A stream's chunk events come out in the order they went in
+    (a stream-level chunk waits behind its stream's held ones). A chunk whose
+    text a redaction touched keeps no token strings: its
+    ``logprobs``/``server_tokens`` are masked (token texts → ``<REDACTED>``,
+    bytes → null, ids → -1, alternatives dropped) and ``raw`` dropped.
+    ``StreamClosed.text_len`` is the length of the text as stored.
     Sans-IO; ``counts`` are the wrapped redactor's.
     """
 
@@ -747,6 +750,7 @@ class StreamRedactor:
         self.redactor = redactor
         self._choices: dict[tuple[int, int], _Choice] = {}
         self._streams: dict[int, list[int]] = {}
+        self._order: dict[int, deque[list[StoreEvent | None]]] = {}
         self._removed: dict[int, int] = {}  # stream → text characters removed
 
     @property
@@ -755,7 +759,8 @@ class StreamRedactor:
 
     @property
     def held(self) -> int:
-        return sum(len(c.events) for c in self._choices.values())
+        """Chunk events taken in and not yet given out."""
+        return sum(len(q) for q in self._order.values())
 
     def events(self, events: Iterable[StoreEvent]) -> list[StoreEvent]:
         out: list[StoreEvent] = []
@@ -768,22 +773,35 @@ class StreamRedactor:
                     new = red.event(ev)
                     assert isinstance(new, ChunkEvent)
                     self._account(ev, new)
-                    out.append(new)
+                    q = self._order.get(ev.stream)
+                    if q:
+                        q.append([new])
+                    else:
+                        out.append(new)
                     continue
                 key = (ev.stream, ev.choice)
                 c = self._choices.get(key)
                 if c is None:
                     c = self._choices[key] = _Choice(red)
                     self._streams.setdefault(ev.stream, []).append(ev.choice)
+                slot: list[StoreEvent | None] = [None]
                 c.events.append(ev)
+                c.slots.append(slot)
                 c.text.push(ev.text)
                 c.reasoning.push(ev.reasoning)
-                self._release(c, False, out)
+                q = self._order.get(ev.stream)
+                if q is None:
+                    q = self._order[ev.stream] = deque()
+                q.append(slot)
+                self._release(c, False)
+                self._drain(q, out)
             elif t is StreamClosed:
                 assert isinstance(ev, StreamClosed)
                 for choice in self._streams.pop(ev.stream, ()):
-                    c = self._choices.pop((ev.stream, choice))
-                    self._release(c, True, out)
+                    self._release(self._choices.pop((ev.stream, choice)), True)
+                q = self._order.pop(ev.stream, None)
+                if q:
+                    self._drain(q, out)
                 removed = self._removed.pop(ev.stream, 0)
                 closed = red.event(ev)
                 assert isinstance(closed, StreamClosed)
@@ -798,10 +816,20 @@ class StreamRedactor:
         """Everything still held (end of capture without stream closes)."""
         out: list[StoreEvent] = []
         for c in self._choices.values():
-            self._release(c, True, out)
+            self._release(c, True)
+        for q in self._order.values():
+            self._drain(q, out)
         self._choices.clear()
         self._streams.clear()
+        self._order.clear()
         return out
+
+    @staticmethod
+    def _drain(q: deque[list[StoreEvent | None]], out: list[StoreEvent]) -> None:
+        while q and q[0][0] is not None:
+            ev = q.popleft()[0]
+            assert ev is not None
+            out.append(ev)
 
     def _account(self, old: ChunkEvent, new: ChunkEvent) -> None:
         if new.text is not old.text and len(new.text) != len(old.text):
@@ -809,7 +837,7 @@ class StreamRedactor:
                 self._removed.get(old.stream, 0) + len(old.text) - len(new.text)
             )
 
-    def _release(self, c: _Choice, final: bool, out: list[StoreEvent]) -> None:
+    def _release(self, c: _Choice, final: bool) -> None:
         c.text.advance(final)
         c.reasoning.advance(final)
         n = min(len(c.text.decided), len(c.reasoning.decided))
@@ -818,8 +846,8 @@ class StreamRedactor:
         texts = c.text.take(n)
         reasonings = c.reasoning.take(n)
         red = self.redactor
-        for ev, (text, t_hit), (reasoning, r_hit) in zip(
-            c.events[:n], texts, reasonings, strict=True
+        for ev, slot, (text, t_hit), (reasoning, r_hit) in zip(
+            c.events[:n], c.slots[:n], texts, reasonings, strict=True
         ):
             tool_calls = red.json_text(ev.tool_calls)
             if t_hit or r_hit:
@@ -838,7 +866,7 @@ class StreamRedactor:
                 and server_tokens is ev.server_tokens
                 and raw is ev.raw
             ):
-                out.append(ev)
+                slot[0] = ev
                 continue
             new = replace(
                 ev,
@@ -850,8 +878,9 @@ class StreamRedactor:
                 raw=raw,
             )
             self._account(ev, new)
-            out.append(new)
+            slot[0] = new
         del c.events[:n]
+        del c.slots[:n]
 
 
 def redact_choice_texts(
