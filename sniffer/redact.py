@@ -597,6 +597,10 @@ class TextWindow:
         pending = self.pending
         if not pending:
             return
+        if not self.pending_len:  # only empty texts: nothing to look behind for
+            self.decided.extend(("", False) for _ in pending)
+            pending.clear()
+            return
         if (
             not final
             and self.pending_len < self.lookbehind + STEP

@@ -686,3 +686,14 @@ def test_a_deep_request_field_reaches_the_store_without_recursion(depth: int) ->
     w.write_many(StreamRedactor(Redactor()).events(out))
     w.flush()
     w.close()
+
+
+def test_look_behind_holds_a_bounded_number_of_events() -> None:
+    """An empty channel (no reasoning) must not keep text chunks waiting: found
+    by the memory bench (every stream held up to 256 events)."""
+    red = StreamRedactor(Redactor())
+    out: list[Any] = []
+    for seq in range(300):
+        out += red.events([ChunkEvent(1, 0.0, seq, 0, seq + 1, "content", f"word{seq:04d} ")])
+        assert red.held <= (128 + 64) // 9 + 2
+    assert len(out) >= 300 - red.held
