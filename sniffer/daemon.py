@@ -1083,15 +1083,11 @@ def _token_worker(d: Daemon, f: Features, sampler: Any) -> _Periodic:
     engine = make_engine(cfg.database)
 
     def work() -> None:
-        done = 0
         while True:
             with lock:
-                inputs = collector.take(200)
+                inputs = collector.take(50)  # small batches: a burst of closes stays flat
             if not inputs:
-                if done:
-                    trim_heap()
                 return
-            done += len(inputs)
             _, rows = tokenize_inputs(engine, registry, inputs)
             for r in rows:
                 if r.error is not None:
@@ -1111,6 +1107,8 @@ def _token_worker(d: Daemon, f: Features, sampler: Any) -> _Periodic:
                     now = d.last_ts or time.time()
                     for kind, n in kinds.items():
                         sampler.note_anomaly(kind, now, n)
+            del inputs, rows
+            trim_heap()
 
     return _Periodic("tokens", 2.0, work, d.log)
 
