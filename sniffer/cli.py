@@ -85,7 +85,7 @@ def main() -> None:
 @click.option(
     "--no-redact",
     is_flag=True,
-    help="Store text as captured: no PII redaction (phones, IDs, e-mails, cards, IPs).",
+    help="No PII redaction (phones, IDs, e-mails, cards, IPs); credentials are still removed.",
 )
 @click.option(
     "--redact-pattern",
@@ -133,7 +133,11 @@ def replay(
             raise click.BadParameter(f"{item!r} is not NAME=REGEX", param_hint="--redact-pattern")
         patterns.append((name, regex))
     if no_redact:
-        click.echo("sparseety: redaction is OFF: text is stored as captured", err=True)
+        click.echo(
+            "sparseety: redaction is OFF: text is stored as captured "
+            "(credentials are still removed)",
+            err=True,
+        )
     with library_errors():
         registry = None if no_tokens else make_registry(tokenizers, default_tokenizer)
         redactor = Redactor(patterns, enabled=not no_redact)

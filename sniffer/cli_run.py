@@ -138,7 +138,7 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
     type=click.FloatRange(0, 1),
     help="Share of streams whose chunk text is stored (summaries always).  [default: 1]",
 )
-@click.option("--no-redact", is_flag=True, help="Store text as captured (no PII redaction).")
+@click.option("--no-redact", is_flag=True, help="No PII redaction (credentials are still removed).")
 @click.option(
     "--redact-pattern",
     "redact_patterns",
