@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: help install deps test lint pcaps bench ebpf clean
+.PHONY: help install deps test lint pcaps bench fuzz ebpf clean
 
 help:
 	@echo "make install  - install sparseety (pip) and the Debian packages it uses"
@@ -10,6 +10,7 @@ help:
 	@echo "make lint     - ruff, mypy and the import layering contract (lint-imports)"
 	@echo "make pcaps    - re-record the fixtures in pcaps/ from real loopback traffic"
 	@echo "make bench    - benchmarks (replay vs tshark, live capture, tokens, diff); prints figures"
+	@echo "make fuzz     - fuzz campaign: 100,000 mutated captures and HTTP/SSE/JSON streams"
 	@echo "make ebpf     - build the eBPF capture object"
 
 install:
@@ -39,6 +40,9 @@ pcaps:
 	$(PYTHON) scripts/craft_faults.py
 	$(PYTHON) scripts/craft_dialect_pcaps.py
 	$(PYTHON) scripts/measure_ttft.py
+
+fuzz:
+	$(PYTHON) scripts/fuzz.py --cases $(or $(FUZZ_CASES),100000)
 
 bench: deps
 	-$(MAKE) --no-print-directory ebpf

@@ -8,6 +8,9 @@
 2. Serving overhead: client-observed TTFB and total time (p50/p99) of
    streaming requests to the fixture server with the daemon off, on, and with
    a logging forwarding proxy (bench/proxy.py) in the path instead.
+3. Memory at scale: 1,000 concurrent streams (the paced SSE server) through
+   ``sparseety run``; the daemon's RSS when idle and at its peak (VmHWM from
+   /proc/PID/status), and what it stored.
 
 Every loop is bounded by a count and every wait by a timeout.
 """
@@ -110,10 +113,10 @@ def _cpu(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / CLK
 
 
-def _start_daemon(port: int, db: str, log: str) -> subprocess.Popen[bytes]:
+def _start_daemon(port: int, db: str, log: str, *extra: str) -> subprocess.Popen[bytes]:
     with open(log, "wb") as fh:
         p = subprocess.Popen(
-            [sys.executable, "-m", "sniffer.cli", "run", "--port", str(port), "--db", db],
+            [sys.executable, "-m", "sniffer.cli", "run", "--port", str(port), "--db", db, *extra],
             cwd=ROOT,
             stderr=fh,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -135,7 +138,7 @@ def _stop_daemon(p: subprocess.Popen[bytes], log: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
 
 
-def sweep(conns: int, rates: list[float], seconds: float) -> None:
+def sweep(conns: int, rates: list[float], seconds: float, *extra: str) -> None:
     port = free_port()
     srv = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], cwd=ROOT)
     try:
@@ -149,7 +152,7 @@ def sweep(conns: int, rates: list[float], seconds: float) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for i, rate in enumerate(rates):
                 db, log = f"{tmp}/s{i}.db", f"{tmp}/s{i}.log"
-                d = _start_daemon(port, db, log)
+                d = _start_daemon(port, db, log, *extra)
                 c0, t0 = _cpu(d.pid), time.monotonic()
                 got, secs = asyncio.run(_drive(port, conns, rate, seconds))
                 time.sleep(0.5)
@@ -262,6 +265,48 @@ def overhead(requests: int, concurrency: int) -> None:
         )
 
 
+def _status_kb(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def memory(conns: int, events: int, rate: float, *extra: str) -> None:
+    """Peak RSS of the daemon with ``conns`` streams open at once."""
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], cwd=ROOT)
+    try:
+        time.sleep(1.0)
+        with tempfile.TemporaryDirectory() as tmp:
+            db, log = f"{tmp}/m.db", f"{tmp}/m.log"
+            d = _start_daemon(port, db, log, *extra)
+            time.sleep(1.0)
+            idle = _status_kb(d.pid, "VmRSS")
+            seconds = events / (rate / conns)
+            got, secs = asyncio.run(_drive(port, conns, rate, seconds))
+            time.sleep(1.0)
+            peak = _status_kb(d.pid, "VmHWM")
+            st = _stop_daemon(d, log)
+            with sqlite3.connect(db) as c:
+                streams = c.execute("select count(*) from streams").fetchone()[0]
+                stored = c.execute("select count(*) from chunks where kind='content'").fetchone()[0]
+                tokens = c.execute("select count(*) from stream_tokens").fetchone()[0]
+    finally:
+        srv.terminate()
+        srv.wait(10)
+    print(
+        f"\n3. Memory at scale: {conns} concurrent streams x {events} events "
+        f"({rate:,.0f} ev/s in all, {secs:.0f} s)"
+    )
+    print(
+        f"daemon RSS idle {idle / 1024:.0f} MB, peak {peak / 1024:.0f} MB; "
+        f"{streams} streams, {stored} of {got} events stored, {tokens} tokenized; "
+        f"kernel drops {st.get('kernel_drops', '?')}, queue loss {st.get('queue_dropped', '?')}"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="live daemon benchmarks")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
@@ -270,14 +315,23 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--mem-conns", type=int, default=1000)
+    p.add_argument("--mem-events", type=int, default=100, help="events per stream")
+    p.add_argument("--mem-rate", type=float, default=5000.0, help="events/s in all")
+    p.add_argument("--only", choices=("sweep", "overhead", "memory"))
+    p.add_argument("--daemon-arg", action="append", default=[], help="extra option for run")
     a = p.parse_args()
     if a.serve:
         asyncio.run(_serve(a.serve))
         return
     if os.geteuid() != 0:
         raise SystemExit("bench_live needs root (packet capture)")
-    sweep(a.conns, [float(r) for r in a.rates.split(",")], a.seconds)
-    overhead(a.requests, a.concurrency)
+    if a.only in (None, "sweep"):
+        sweep(a.conns, [float(r) for r in a.rates.split(",")], a.seconds, *a.daemon_arg)
+    if a.only in (None, "overhead"):
+        overhead(a.requests, a.concurrency)
+    if a.only in (None, "memory"):
+        memory(a.mem_conns, a.mem_events, a.mem_rate, *a.daemon_arg)
 
 
 if __name__ == "__main__":

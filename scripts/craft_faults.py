@@ -393,6 +393,376 @@ def fault_truncated_file(pcaps: Path, out_dir: Path) -> dict[str, Any]:
     return expected
 
 
+# ---------------------------------------------------------------------------
+# Security fixtures (issue 12): synthesized from raw HTTP bytes, no base capture.
+# Kept together so they can move as one group. Each is ``sec_NAME.pcap`` with
+# its ``sec_NAME.expected.json`` (what ``replay`` stores WITHOUT a redactor:
+# credentials are removed anyway, personal data is not).
+# ---------------------------------------------------------------------------
+
+SEC_SERVER_PORT = 18499
+SEC_T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+
+def _sec_packets(
+    client_port: int, flows: list[tuple[bytes, bytes]], t0: float, mss: int = 16000
+) -> list[Packet]:
+    """One TCP connection on 127.0.0.1: handshake, each (request, response) in
+    MSS-sized segments, FIN from both sides."""
+    from scapy.layers.l2 import Ether
+
+    cli, srv = ("127.0.0.1", client_port), ("127.0.0.1", SEC_SERVER_PORT)
+    seq = {True: 1000, False: 5000}
+    pkts: list[Packet] = []
+    t = [t0]
+
+    def emit(from_client: bool, flags: str, payload: bytes = b"") -> None:
+        a, b = (cli, srv) if from_client else (srv, cli)
+        p = (
+            Ether()
+            / IP(src=a[0], dst=b[0])
+            / TCP(
+                sport=a[1], dport=b[1], flags=flags, seq=seq[from_client], ack=seq[not from_client]
+            )
+        )
+        if payload:
+            p = p / Raw(payload)
+        p.time = t[0]
+        t[0] += 0.001
+        pkts.append(p)
+        seq[from_client] = (
+            seq[from_client] + len(payload) + (1 if "S" in flags or "F" in flags else 0)
+        ) % MOD
+
+    seq[True] -= 1
+    emit(True, "S")
+    seq[False] -= 1
+    emit(False, "SA")
+    emit(True, "A")
+    for req, resp in flows:
+        for i in range(0, len(req), mss):
+            emit(True, "PA", req[i : i + mss])
+        for i in range(0, len(resp), mss):
+            emit(False, "PA", resp[i : i + mss])
+    emit(True, "FA")
+    emit(False, "FA")
+    emit(True, "A")
+    return pkts
+
+
+def _sec_request(body: bytes, target: str = "/v1/chat/completions", extra: bytes = b"") -> bytes:
+    return (
+        f"POST {target} HTTP/1.1\r\nHost: 127.0.0.1:{SEC_SERVER_PORT}\r\n"
+        "Content-Type: application/json\r\n".encode()
+        + extra
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+
+
+def _sec_sse(pieces: list[str], model: str = "fake") -> bytes:
+    events = []
+    for i, p in enumerate(pieces):
+        delta = {"role": "assistant", "content": p} if i == 0 else {"content": p}
+        events.append(
+            {
+                "id": "c1",
+                "object": "chat.completion.chunk",
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+            }
+        )
+    events.append(
+        {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "model": model,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        }
+    )
+    body = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n" + chunked
+    )
+
+
+def _sec_json_response(obj: Any, status: str = "200 OK", gzip_body: bytes | None = None) -> bytes:
+    body = gzip_body if gzip_body is not None else json.dumps(obj).encode()
+    enc = b"content-encoding: gzip\r\n" if gzip_body is not None else b""
+    return (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n".encode()
+        + enc
+        + f"content-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+
+
+def _sec_chat(content: str, **extra: Any) -> bytes:
+    req = {"model": "fake", "stream": True, "messages": [{"role": "user", "content": content}]}
+    req.update(extra)
+    return json.dumps(req).encode()
+
+
+def _sec_stream(port: int, exchange: int, text: str, chunks: int, **kw: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "model": "fake",
+        "stream": True,
+        "status": 200,
+        "client_port": port,
+        "state": "complete",
+        "gap": False,
+        "done_seen": True,
+        "choices": {"0": {"text": text, "finish_reason": "stop", "chunks": chunks}},
+        "usage": None,
+        "check_text": True,
+        "exchange": exchange,
+    }
+    entry.update(kw)
+    return entry
+
+
+def _sec_expected(
+    name: str, description: str, streams: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
+    return {
+        "fixture": name,
+        "description": description,
+        "base": None,
+        "server_host": "127.0.0.1",
+        "server_port": SEC_SERVER_PORT,
+        "streams": streams,
+        "errors_min": extra.pop("errors_min", 0),
+        "extra_streams_max": extra.pop("extra_streams_max", 0),
+        **extra,
+    }
+
+
+def sec_deep_json(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """A request body nested 100,000 levels deep, then an ordinary stream on the
+    same keep-alive connection: the first exchange is recorded with an error,
+    the connection goes on."""
+    port = 40101
+    deep = (
+        b'{"model":"fake","stream":true,"messages":[{"role":"user","content":"hi"}],"x":'
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}"
+    )
+    pieces = ["Deep", " water", " runs", " still."]
+    flows = [
+        (_sec_request(deep), _sec_sse(pieces)),
+        (_sec_request(_sec_chat("hello")), _sec_sse(pieces)),
+    ]
+    first = _sec_stream(port, 0, "", 0, state="error", model=None, done_seen=None, check_text=False)
+    first["choices"] = {}
+    exp = _sec_expected(
+        "sec_deep_json",
+        "request body nested 100,000 levels deep (exchange 0: error recorded, no crash), "
+        "then an ordinary stream on the same connection (complete)",
+        [first, _sec_stream(port, 1, "".join(pieces), len(pieces))],
+        errors_min=1,
+    )
+    return _sec_packets(port, flows, SEC_T0), exp
+
+
+def sec_gzip_bomb(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """A non-streaming reply whose gzip body expands 1000:1 to 256 MiB, then an
+    ordinary small gzip reply on the same connection."""
+    import gzip
+
+    port = 40102
+    bomb = gzip.compress(b"\0" * (256 << 20), compresslevel=9)
+    good_obj = {
+        "id": "c2",
+        "object": "chat.completion",
+        "model": "fake",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Fine."},
+                "finish_reason": "stop",
+            }
+        ],
+    }
+    req = json.dumps({"model": "fake", "messages": [{"role": "user", "content": "x"}]}).encode()
+    flows = [
+        (_sec_request(req), _sec_json_response(None, gzip_body=bomb)),
+        (
+            _sec_request(req),
+            _sec_json_response(None, gzip_body=gzip.compress(json.dumps(good_obj).encode())),
+        ),
+    ]
+    first = _sec_stream(
+        port, 0, "", 0, stream=False, state="error", done_seen=False, check_text=False
+    )
+    first["choices"] = {}
+    second = _sec_stream(port, 1, "Fine.", 1, stream=False, done_seen=False)
+    exp = _sec_expected(
+        "sec_gzip_bomb",
+        f"gzip bomb ({len(bomb)} bytes expanding to 256 MiB): decoding stops at the "
+        "expansion cap with a decode error; the next gzip reply decodes",
+        [first, second],
+        errors_min=1,
+    )
+    return _sec_packets(port, flows, SEC_T0 + 10), exp
+
+
+#: Planted values (the security tests look for them in the database files).
+SEC_PLANTED = {
+    "api_key": "sk-PLANTEDplantedPLANTED0123456789",
+    "password": "hunter2-PLANTED",
+    "client_secret": "cs-PLANTED-secret-777",
+    "userinfo": "admin:PLANTEDpass",
+    "query_key": "qk-PLANTED-999",
+    "header_line": "sk-HEADERLINEplanted0123456789abcd",
+    "echo_key": "sk-ECHOplantedECHOplanted012345678",
+}
+
+
+def sec_secrets(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """Credentials where they travel: JSON fields at any depth, URL userinfo and
+    query, an API key in the prompt and streamed back across chunks, a request
+    whose Authorization line h11 rejects, a 401 body echoing the key."""
+    port = 40103
+    p = SEC_PLANTED
+    body = _sec_chat(
+        f"my key is {p['api_key']} ok",
+        api_key=p["api_key"],
+        metadata={
+            "auth": {"password": p["password"], "deep": [{"client_secret": p["client_secret"]}]}
+        },
+    )
+    target = f"http://{p['userinfo']}@127.0.0.1:{SEC_SERVER_PORT}/v1/chat/completions?api_key={p['query_key']}&x=1"
+    key = p["api_key"]
+    pieces = ["Your key ", key[:6], key[6:20], key[20:], " is noted."]
+    bad = _sec_request(
+        _sec_chat("x"), extra=f"Authorization Bearer {p['header_line']}\r\n".encode()
+    )
+    err = {
+        "error": {
+            "message": f"Incorrect API key provided: {p['echo_key']}",
+            "type": "invalid_request_error",
+        }
+    }
+    flows = [
+        (_sec_request(body, target), _sec_sse(pieces)),
+        (bad, _sec_json_response({"error": {"message": "bad request"}}, "400 Bad Request")),
+    ]
+    flows2 = [(_sec_request(_sec_chat("hi")), _sec_json_response(err, "401 Unauthorized"))]
+    first = _sec_stream(port, 0, "Your key <SECRET> is noted.", len(pieces))
+    first["path"] = f"http://<CREDENTIAL>@127.0.0.1:{SEC_SERVER_PORT}/v1/chat/completions"
+    second = _sec_stream(
+        port, 1, "", 0, status=400, state="error", done_seen=None, check_text=False, model=None
+    )
+    second["choices"] = {}
+    third = _sec_stream(
+        port + 1,
+        0,
+        "",
+        0,
+        stream=True,
+        status=401,
+        state="error",
+        done_seen=False,
+        check_text=False,
+    )
+    third["choices"] = {}
+    exp = _sec_expected(
+        "sec_secrets",
+        "planted credentials: JSON fields (api_key, password, client_secret at depth), URL "
+        "userinfo and api_key query, an sk- key in the prompt and streamed back over 3 chunks, "
+        "a rejected 'Authorization Bearer …' header line, a 401 body echoing a key",
+        [first, second, third],
+        errors_min=1,
+        extra_streams_max=1,
+    )
+    pkts = _sec_packets(port, flows, SEC_T0 + 20) + _sec_packets(port + 1, flows2, SEC_T0 + 30)
+    return pkts, exp
+
+
+#: Personal data planted in sec_pii (stored as is WITHOUT a redactor; the
+#: security tests replay it with redaction on and look for these).
+SEC_PII_PIECES = [
+    "Call ",
+    "138",
+    " 1234",
+    " 5678",
+    " or mail ",
+    "john",
+    ".doe@",
+    "example.com",
+    " now.",
+]
+SEC_PII_PROMPT = "my phone is 13912345678 and my mail is a.b@example.org"
+
+
+def _sec_sse_logprobs(pieces: list[str]) -> bytes:
+    events = []
+    for i, p in enumerate(pieces):
+        b = list(p.encode())
+        lp = {
+            "content": [
+                {
+                    "token": p,
+                    "logprob": -0.5,
+                    "bytes": b,
+                    "top_logprobs": [{"token": p, "logprob": -0.5, "bytes": b}],
+                }
+            ]
+        }
+        delta = {"role": "assistant", "content": p} if i == 0 else {"content": p}
+        events.append(
+            {
+                "id": "c3",
+                "object": "chat.completion.chunk",
+                "model": "fake",
+                "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None}],
+            }
+        )
+    events.append(
+        {
+            "id": "c3",
+            "object": "chat.completion.chunk",
+            "model": "fake",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        }
+    )
+    body = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        + f"content-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+
+
+def sec_pii(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """A phone number and an e-mail address streamed over several chunks (with
+    logprobs: one token string per chunk), and personal data in the prompt."""
+    port = 40104
+    req = _sec_chat(SEC_PII_PROMPT, logprobs=True, top_logprobs=1)
+    flows = [(_sec_request(req), _sec_sse_logprobs(SEC_PII_PIECES))]
+    exp = _sec_expected(
+        "sec_pii",
+        "a phone number and an e-mail address each split over 3 streamed chunks with logprobs; "
+        "personal data in the prompt (stored as is without a redactor; the security tests "
+        "replay it with redaction on)",
+        [_sec_stream(port, 0, "".join(SEC_PII_PIECES), len(SEC_PII_PIECES))],
+    )
+    return _sec_packets(port, flows, SEC_T0 + 40), exp
+
+
+SECURITY_FIXTURES: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
+    sec_deep_json,
+    sec_gzip_bomb,
+    sec_secrets,
+    sec_pii,
+]
+
+
 FAULTS: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
     fault_reorder,
     fault_dup,
@@ -407,8 +777,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pcaps", type=Path, default=REPO / "pcaps", help="the recorded base fixtures")
     ap.add_argument("--out", type=Path, default=FAULTS_DIR, help="where the faults are written")
+    ap.add_argument(
+        "--security-only", action="store_true", help="only the security fixtures (sec_*)"
+    )
     ns = ap.parse_args(argv)
     ns.out.mkdir(parents=True, exist_ok=True)
+    for make in SECURITY_FIXTURES:
+        pkts, expected = make(ns.pcaps)
+        name = expected["fixture"]
+        wrpcap(str(ns.out / f"{name}.pcap"), pkts)
+        write_expected(ns.out / f"{name}.expected.json", expected)
+        print(f"{name:22s} {len(pkts):5d} packets  (synthesized)")
+    if ns.security_only:
+        return 0
     for fault in FAULTS:
         pkts, expected = fault(ns.pcaps)
         name = expected["fixture"]

@@ -240,8 +240,8 @@ def test_no_digits_no_at_returns_same_object() -> None:
 
 
 def test_user_patterns() -> None:
-    r = Redactor([(r"sk-[A-Za-z0-9]{16,}", "APIKEY"), (r"(?i)project\s+falcon", "")])
-    out = r.text("key sk-abcdefghijklmnop1234 for Project  Falcon, call 13812345678")
+    r = Redactor([(r"tk_[A-Za-z0-9]{16,}", "APIKEY"), (r"(?i)project\s+falcon", "")])
+    out = r.text("key tk_abcdefghijklmnop1234 for Project  Falcon, call 13812345678")
     assert out == "key <APIKEY> for <REDACTED>, call <PHONE>"
     assert r.counts["APIKEY"] == 1 and r.counts["REDACTED"] == 1 and r.counts["PHONE"] == 1
     # User patterns run on text without digits too.

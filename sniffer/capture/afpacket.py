@@ -139,7 +139,7 @@ class AfPacketSource:
         iface: str = "lo",
         ports: Sequence[int] | None = (8000,),
         *,
-        ring_blocks: int = 64,
+        ring_blocks: int = 32,
         block_size: int = 1 << 20,
         frame_size: int = 1 << 16,
         block_timeout_ms: int = 20,

@@ -48,7 +48,7 @@ def open_engine(db: str) -> Any:
     """The database engine; a clear error when a file path does not exist."""
     from sniffer.store.writer import make_engine
 
-    if "://" not in db and not os.path.exists(db):
+    if "://" not in db and not os.path.lexists(db):  # a symlink: make_engine refuses it
         fail(f"no database at {db!r} (run 'sparseety replay' or 'sparseety run' first)")
     return make_engine(db)
 

@@ -6,6 +6,7 @@ Registered on the main group in ``sniffer.cli`` with ``main.add_command``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -305,8 +306,9 @@ def diff(
         )
         if html_path:
             from sniffer.reports.html import diff_html
+            from sniffer.store.files import open_private
 
-            with open(html_path, "w", encoding="utf-8") as fh:
+            with os.fdopen(open_private(html_path), "w", encoding="utf-8") as fh:  # 0600
                 fh.write(diff_html(report, results))
     if as_json:
         click.echo(json.dumps(diff_json(report, results), indent=2, ensure_ascii=False))

@@ -11,7 +11,7 @@ import os
 import sys
 from contextlib import suppress
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
@@ -86,7 +86,7 @@ def main() -> None:
 @click.option(
     "--no-redact",
     is_flag=True,
-    help="Store text as captured: no PII redaction (phones, IDs, e-mails, cards, IPs).",
+    help="No PII redaction (phones, IDs, e-mails, cards, IPs); credentials are still removed.",
 )
 @click.option(
     "--redact-pattern",
@@ -142,7 +142,11 @@ def replay(
             raise click.BadParameter(f"{item!r} is not NAME=REGEX", param_hint="--redact-pattern")
         patterns.append((name, regex))
     if no_redact:
-        click.echo("sparseety: redaction is OFF: text is stored as captured", err=True)
+        click.echo(
+            "sparseety: redaction is OFF: text is stored as captured "
+            "(credentials are still removed)",
+            err=True,
+        )
     options = RecordingOptions(
         sample_rate=1.0 if sample_rate is None else sample_rate,
         redact=not no_redact,
@@ -413,7 +417,13 @@ def export(
     with library_errors():
         engine = open_engine(db)
         ids = list(stream_ids) or None
-        fh = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
+        fh: TextIO
+        if output:
+            from sniffer.store.files import open_private
+
+            fh = os.fdopen(open_private(output), "w", encoding="utf-8")  # 0600, no symlink
+        else:
+            fh = sys.stdout
         try:
             if fmt == "jsonl":
                 n = export_jsonl(engine, fh, stream_ids=ids, label=label)

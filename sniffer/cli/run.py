@@ -127,7 +127,7 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
 @click.option(
     "--queue-size", type=int, help="Capture→pipeline queue length, in batches.  [default: 1024]"
 )
-@click.option("--ring-blocks", type=int, help="packet: ring blocks.  [default: 64]")
+@click.option("--ring-blocks", type=int, help="packet: ring blocks.  [default: 32]")
 @click.option("--block-size", type=int, help="packet: bytes per ring block.  [default: 1048576]")
 @click.option(
     "--idle-timeout", type=float, help="Seconds before an idle connection closes.  [default: 300]"
@@ -145,7 +145,7 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
     type=click.FloatRange(0, 1),
     help="Share of streams whose chunk text is stored (summaries always).  [default: 1]",
 )
-@click.option("--no-redact", is_flag=True, help="Store text as captured (no PII redaction).")
+@click.option("--no-redact", is_flag=True, help="No PII redaction (credentials are still removed).")
 @click.option(
     "--redact-pattern",
     "redact_patterns",

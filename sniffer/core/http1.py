@@ -31,6 +31,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass
 
+from sniffer.core.credentials import scrub_error_text
 from sniffer.core.events import (
     ConnectionClosed,
     ConnectionOpened,
@@ -93,13 +94,46 @@ class HttpStats:
     dead_connections: int = 0
 
 
+#: Decompression caps per exchange (``HttpParser`` arguments): decoded bytes at
+#: most, and decoded/encoded ratio at most once past ``RATIO_FLOOR`` decoded bytes.
+MAX_DECODED_BYTES = 32 << 20
+MAX_EXPANSION_RATIO = 100
+RATIO_FLOOR = 1 << 20
+
+
+class DecodeLimit(zlib.error):
+    """A body expanded past a decompression cap (recorded as a ``decode`` error)."""
+
+
 class _BodyDecoder:
-    """Incremental Content-Encoding decoder (gzip, x-gzip, deflate with or without zlib header)."""
+    """Incremental Content-Encoding decoder (gzip, x-gzip, deflate with or without
+    zlib header), capped: it never produces more than ``max_bytes`` in all, nor
+    more than ``max_ratio`` times the encoded bytes seen (after the first
+    ``RATIO_FLOOR`` bytes), so a bomb costs at most that much work; past a cap
+    ``feed`` raises :class:`DecodeLimit` and decoding of the message stops."""
 
-    __slots__ = ("_d", "_raw_fallback", "_started", "coding")
+    __slots__ = (
+        "_d",
+        "_raw_fallback",
+        "_started",
+        "coding",
+        "max_bytes",
+        "max_ratio",
+        "n_in",
+        "n_out",
+    )
 
-    def __init__(self, coding: str) -> None:
+    def __init__(
+        self,
+        coding: str,
+        max_bytes: int = MAX_DECODED_BYTES,
+        max_ratio: float = MAX_EXPANSION_RATIO,
+    ) -> None:
         self.coding = coding
+        self.max_bytes = max_bytes
+        self.max_ratio = max_ratio
+        self.n_in = 0
+        self.n_out = 0
         self._started = False
         self._raw_fallback = coding == "deflate"
         if coding in ("gzip", "x-gzip"):
@@ -107,26 +141,55 @@ class _BodyDecoder:
         else:
             self._d = zlib.decompressobj(zlib.MAX_WBITS)
 
+    def _allowed(self) -> int:
+        by_ratio = max(RATIO_FLOOR, int(self.n_in * self.max_ratio))
+        return min(self.max_bytes, by_ratio) - self.n_out
+
+    def _run(self, data: bytes) -> bytes:
+        allowed = self._allowed()
+        if allowed <= 0:
+            raise self._limit()
+        out = self._d.decompress(data, allowed)
+        self.n_out += len(out)
+        if self._d.unconsumed_tail:
+            raise self._limit()
+        return out
+
+    def _limit(self) -> DecodeLimit:
+        if self.n_out >= self.max_bytes:
+            return DecodeLimit(f"decoded body over the cap of {self.max_bytes} bytes")
+        return DecodeLimit(
+            f"body expands more than {self.max_ratio:g}:1 "
+            f"({self.n_in} encoded bytes gave {self.n_out}); decoding stopped"
+        )
+
     def feed(self, data: bytes) -> bytes:
+        self.n_in += len(data)
         if not self._started and self._raw_fallback:
             self._started = True
             try:
-                return self._d.decompress(data)
+                return self._run(data)
+            except DecodeLimit:
+                raise
             except zlib.error:
                 # Raw deflate without the zlib header: common in the wild.
                 self._d = zlib.decompressobj(-zlib.MAX_WBITS)
-                return self._d.decompress(data)
+                self.n_out = 0
+                return self._run(data)
         self._started = True
-        return self._d.decompress(data)
+        return self._run(data)
 
     def flush(self) -> bytes:
         try:
-            return self._d.flush()
+            allowed = self._allowed()
+            return self._d.flush(allowed) if allowed > 0 else b""
         except zlib.error:
             return b""
 
 
-def _decoder_for(headers: Headers) -> tuple[_BodyDecoder | None, str | None]:
+def _decoder_for(
+    headers: Headers, max_bytes: int = MAX_DECODED_BYTES, max_ratio: float = MAX_EXPANSION_RATIO
+) -> tuple[_BodyDecoder | None, str | None]:
     """The body decoder for a message's Content-Encoding, or an error text."""
     codings: list[str] = []
     for name, value in headers:
@@ -136,7 +199,7 @@ def _decoder_for(headers: Headers) -> tuple[_BodyDecoder | None, str | None]:
     if not codings:
         return None, None
     if len(codings) == 1 and codings[0] in ("gzip", "x-gzip", "deflate"):
-        return _BodyDecoder(codings[0]), None
+        return _BodyDecoder(codings[0], max_bytes, max_ratio), None
     return None, f"unsupported content-encoding {', '.join(codings)!r}"
 
 
@@ -549,9 +612,17 @@ class HttpParser:
     handshake captured).
     """
 
-    def __init__(self, *, max_header_bytes: int = 64 * 1024) -> None:
+    def __init__(
+        self,
+        *,
+        max_header_bytes: int = 64 * 1024,
+        max_decoded_bytes: int = MAX_DECODED_BYTES,
+        max_expansion_ratio: float = MAX_EXPANSION_RATIO,
+    ) -> None:
         self._conns: dict[int, _Conn] = {}
         self._max_header = max_header_bytes
+        self._max_decoded = max_decoded_bytes
+        self._max_ratio = max_expansion_ratio
         self.stats = HttpStats()
 
     # ------------------------------------------------------------------ public
@@ -562,7 +633,8 @@ class HttpParser:
         if t is FlowData:
             assert isinstance(ev, FlowData)
             c = self._conns.get(ev.conn)
-            if c is not None and not c.dead:
+            # No bytes: nothing to parse (and h11 would take b"" for end of file).
+            if c is not None and not c.dead and ev.data:
                 from_client = ev.from_client != c.swapped
                 if not c.roles_known:
                     from_client = self._settle_roles(c, from_client, ev.data, out)
@@ -866,7 +938,7 @@ class HttpParser:
     def _set_decoder(
         self, c: _Conn, d: _Direction, ts: float, headers: Headers, out: list[HttpOutput]
     ) -> None:
-        d.decoder, err = _decoder_for(headers)
+        d.decoder, err = _decoder_for(headers, self._max_decoded, self._max_ratio)
         d.decode_failed = err is not None
         if err is not None:
             self.stats.errors += 1
@@ -917,7 +989,9 @@ class HttpParser:
         self._release_opened(c, out)
         self.stats.errors += 1
         ex = d.exchange if d.exchange >= 0 else None
-        out.append(HttpError(c.id, ex, ts, d.from_client, kind, msg))
+        # Parsers quote the bytes they reject (a header line with its value):
+        # never copy them into an error text.
+        out.append(HttpError(c.id, ex, ts, d.from_client, kind, scrub_error_text(msg)))
         if d.in_message:
             self._message_end(c, d, ts, EndReason.ERROR, out)
         elif not d.from_client and d.exchange >= 0:

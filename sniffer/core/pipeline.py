@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sniffer.core.events import CaptureGap, FlowEvent, PipelineError, Segment, StoreEvent
-from sniffer.core.http1 import HttpParser
+from sniffer.core.http1 import MAX_DECODED_BYTES, MAX_EXPANSION_RATIO, HttpParser
 from sniffer.core.reassembly import Reassembler
 from sniffer.core.streams import StreamAssembler
 
@@ -26,6 +26,8 @@ class PipelineConfig:
     labels: Mapping[int, str] | None = None  # server port → label
     idle_timeout: float = 300.0
     hole_timeout: float = 1.0
+    max_decoded_bytes: int = MAX_DECODED_BYTES  # Content-Encoding caps, per exchange
+    max_expansion_ratio: float = MAX_EXPANSION_RATIO
 
 
 class Pipeline:
@@ -39,7 +41,9 @@ class Pipeline:
             idle_timeout=cfg.idle_timeout,
             hole_timeout=cfg.hole_timeout,
         )
-        self.http = HttpParser()
+        self.http = HttpParser(
+            max_decoded_bytes=cfg.max_decoded_bytes, max_expansion_ratio=cfg.max_expansion_ratio
+        )
         self.streams = StreamAssembler(
             stream_id_base=cfg.stream_id_base, id_step=cfg.id_step, labels=cfg.labels
         )

@@ -15,12 +15,17 @@ stream whole that lost bytes.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sniffer.core.credentials import (
+    is_credential_header,
+    scrub_error_text,
+    scrub_headers,
+    scrub_url,
+)
 from sniffer.core.events import (
     NOT_LLM,
     ChunkEvent,
@@ -56,40 +61,13 @@ from sniffer.llm.dialects.base import (
     request_fields,
 )
 
-# Header names never stored, whatever their case; plus any name matching these globs.
-CREDENTIAL_HEADERS = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "cookie",
-        "set-cookie",
-        "api-key",
-        "x-api-key",
-    }
-)
-CREDENTIAL_PATTERNS = ("*token*", "*secret*", "*key*")
-
 NDJSON_TYPES = frozenset(
     {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/json-lines"}
 )
 
 
-_credential_cache: dict[str, bool] = {}
-
-
-def is_credential(name: str) -> bool:
-    n = name.lower()
-    hit = _credential_cache.get(n)
-    if hit is None:
-        hit = n in CREDENTIAL_HEADERS or any(fnmatch.fnmatchcase(n, p) for p in CREDENTIAL_PATTERNS)
-        if len(_credential_cache) < 4096:
-            _credential_cache[n] = hit
-    return hit
-
-
-def scrub_headers(headers: Headers) -> Headers:
-    """The headers without credentials (Authorization, cookies, API keys, tokens, secrets)."""
-    return tuple((n, v) for n, v in headers if not is_credential(n))
+#: Header names never stored: the one rule, in ``sniffer.credentials``.
+is_credential = is_credential_header
 
 
 def _header(headers: Headers, name: str) -> str | None:
@@ -223,6 +201,38 @@ class StreamAssembler:
 
     def feed(self, ev: HttpOutput) -> list[StoreEvent]:
         out: list[StoreEvent] = []
+        try:
+            self._feed(ev, out)
+        except Exception as exc:  # RecursionError, MemoryError, a bug: this exchange only
+            self._contain(ev, exc, out)
+        return out
+
+    def _contain(self, ev: HttpOutput, exc: BaseException, out: list[StoreEvent]) -> None:
+        """An exception inside the stage while handling ``ev``: recorded on its
+        exchange (which stops decoding its body and ends in state error); the
+        connection and every other exchange go on."""
+        exchange = getattr(ev, "exchange", None)
+        x = self._ex.get((ev.conn, exchange)) if exchange is not None else None
+        msg = f"{type(exc).__name__} while handling {type(ev).__name__}"
+        if x is not None:
+            self._fault(x, ev.ts, msg, out)
+            if isinstance(ev, HttpEnd) and not ev.from_client and not x.closed:
+                self._close(x, ev.ts, out)
+            return
+        self._count_error("streams")
+        out.append(PipelineError(ev.ts, "streams", "internal", msg, ev.conn, None))
+
+    def _fault(self, x: _Exchange, ts: float, msg: str, out: list[StoreEvent]) -> None:
+        """Record an error on exchange ``x`` and stop decoding its response body."""
+        self._count_error("streams")
+        if x.error is None:
+            x.error = msg
+        x.decoder = None
+        x.ndjson = None
+        x.body = None
+        out.append(PipelineError(ts, "streams", "internal", msg, x.conn, x.stream))
+
+    def _feed(self, ev: HttpOutput, out: list[StoreEvent]) -> None:
         t = type(ev)
         if t is HttpBody:
             assert isinstance(ev, HttpBody)
@@ -274,10 +284,15 @@ class StreamAssembler:
                 x = self._ex[key]
                 if x.resp_end is None:
                     x.resp_end = EndReason.RST if ev.reason == "rst" else EndReason.EOF
-                self._close(x, ev.ts, out, closing_reason=ev.reason)
+                try:
+                    self._close(x, ev.ts, out, closing_reason=ev.reason)
+                except Exception as exc:
+                    self._fault(x, ev.ts, f"{type(exc).__name__} while closing", out)
+                    if not any(type(e) is StreamClosed and e.stream == x.stream for e in out):
+                        x.closed = False
+                        self._close(x, ev.ts, out, closing_reason=ev.reason)
             self._conns.pop(ev.conn, None)
             out.append(ev)
-        return out
 
     # -------------------------------------------------------------- requests
 
@@ -319,10 +334,20 @@ class StreamAssembler:
                 parsed = json.loads(body_text)
             except ValueError:
                 parsed = None
+            except RecursionError:  # nested deeper than the parser goes
+                parsed = None
+                ts = x.req.ts if x.req else 0.0
+                self._fault(x, ts, "request body: JSON nested too deep", out)
         method = req.method if req else ""
         target = req.target if req else ""
-        path = target.split("?", 1)[0]
-        x.dialect = select_dialect(method, target, parsed) if req else None
+        path = scrub_url(target.split("?", 1)[0])
+        try:
+            x.dialect = select_dialect(method, target, parsed) if req else None
+            fields = {k: v for k, v in request_fields(parsed).items() if _shallow(v)}
+        except Exception as exc:  # odd input must cost this exchange only
+            x.dialect = None
+            fields = {}
+            self._fault(x, req.ts if req else 0.0, f"request: {type(exc).__name__}", out)
         self.stats.streams_opened += 1
         out.append(
             StreamOpened(
@@ -336,7 +361,7 @@ class StreamAssembler:
                 path=path,
                 request_headers=scrub_headers(req.headers) if req else (),
                 request_body=body_text,
-                request=request_fields(parsed),
+                request=fields,
                 dialect=x.dialect.name if x.dialect is not None else NOT_LLM,
                 label=self._labels.get(server[1]),
                 capture=opened.capture if opened else "packet",
@@ -450,15 +475,16 @@ class StreamAssembler:
     def _http_error(self, ev: HttpError, out: list[StoreEvent]) -> None:
         self._count_error("http")
         x = self._ex.get((ev.conn, ev.exchange)) if ev.exchange is not None else None
+        message = scrub_error_text(ev.message)
         if x is not None and ev.kind != "desync":
             side = "request" if ev.from_client else "response"
-            x.error = f"{side} {ev.kind}: {ev.message}"
+            x.error = f"{side} {ev.kind}: {message}"
         out.append(
             PipelineError(
                 ev.ts,
                 "http",
                 ev.kind,
-                ev.message,
+                message,
                 ev.conn,
                 x.stream if x is not None else None,
             )
@@ -481,25 +507,11 @@ class StreamAssembler:
         if not x.opened:
             self._open(x, out)
         response_body: str | None = None
-        dialect = x.dialect
-        if dialect is not None:
-            if x.decoder is not None:
-                x.decoder.close()
-                x.truncated_event = x.decoder.truncated_event
-                if x.decoder.errors:
-                    self._count_error("sse")
-                    out.append(
-                        PipelineError(
-                            ts, "sse", "line", x.decoder.last_error or "", x.conn, x.stream
-                        )
-                    )
-            elif x.ndjson is not None:
-                if x.resp_end is EndReason.COMPLETE:
-                    for line in x.ndjson.close():
-                        self._deltas(x, ts, dialect.event(line, "ndjson"), out)
-            elif x.body is not None and x.resp_end is EndReason.COMPLETE and x.body:
-                response_body = x.body.decode("utf-8", "replace")
-                self._deltas(x, ts, dialect.body(response_body), out)
+        try:
+            response_body = self._finish_body(x, ts, out)
+        except Exception as exc:  # deep JSON, memory: this exchange ends in error
+            response_body = None
+            self._fault(x, ts, f"{type(exc).__name__} in the response body", out)
         state, reason = self._verdict(x, closing_reason)
         self.stats.streams_closed += 1
         self.stats.states[state.value] = self.stats.states.get(state.value, 0) + 1
@@ -524,6 +536,30 @@ class StreamAssembler:
                 response_bytes=x.resp_bytes,
             )
         )
+
+    def _finish_body(self, x: _Exchange, ts: float, out: list[StoreEvent]) -> str | None:
+        """The end of the response body: flush the decoders; a whole body is parsed."""
+        response_body: str | None = None
+        dialect = x.dialect
+        if dialect is not None:
+            if x.decoder is not None:
+                x.decoder.close()
+                x.truncated_event = x.decoder.truncated_event
+                if x.decoder.errors:
+                    self._count_error("sse")
+                    out.append(
+                        PipelineError(
+                            ts, "sse", "line", x.decoder.last_error or "", x.conn, x.stream
+                        )
+                    )
+            elif x.ndjson is not None:
+                if x.resp_end is EndReason.COMPLETE:
+                    for line in x.ndjson.close():
+                        self._deltas(x, ts, dialect.event(line, "ndjson"), out)
+            elif x.body is not None and x.resp_end is EndReason.COMPLETE and x.body:
+                response_body = x.body.decode("utf-8", "replace")
+                self._deltas(x, ts, dialect.body(response_body), out)
+        return response_body
 
     def _verdict(self, x: _Exchange, closing_reason: str | None) -> tuple[StreamState, str]:
         """The stream's final state and why. A stream with a gap is never complete."""
@@ -578,12 +614,31 @@ class StreamAssembler:
         return sum(1 for c in x.finish if c != STREAM_LEVEL) >= _requested_n(x)
 
 
+#: Nesting allowed in a stored request field (``temperature: [[[…]]]`` is dropped:
+#: every later stage may walk it recursively).
+MAX_FIELD_DEPTH = 16
+
+
+def _shallow(value: Any, limit: int = MAX_FIELD_DEPTH) -> bool:
+    """True when ``value`` (parsed JSON) nests at most ``limit`` levels (iterative)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            if depth >= limit:
+                return False
+            stack.extend((x, depth + 1) for x in v if isinstance(x, (dict, list)))
+    return True
+
+
 def _requested_n(x: _Exchange) -> int:
     if not x.req_body:
         return 1
     try:
         body = json.loads(x.req_body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return 1
     n = body.get("n", 1) if isinstance(body, dict) else 1
     return n if isinstance(n, int) and n > 0 else 1

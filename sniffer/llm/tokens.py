@@ -70,7 +70,7 @@ import re
 import threading
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from pathlib import Path
@@ -212,11 +212,34 @@ class LoadedTokenizer:
         return self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=False)
+        """The text of ``ids``; a run of masked ids (negative: what redaction
+        removed, see ``tokenize_pass.MASKED_ID``) decodes to ``<REDACTED>``."""
+        ids = list(ids)
+        if not ids or min(ids) >= 0:
+            return self._tok.decode(ids, skip_special_tokens=False)
+        out: list[str] = []
+        run: list[int] = []
+        masked = False
+        for i in ids:
+            if i < 0:
+                if run:
+                    out.append(self._tok.decode(run, skip_special_tokens=False))
+                    run = []
+                if not masked:
+                    out.append("<REDACTED>")
+                masked = True
+            else:
+                run.append(i)
+                masked = False
+        if run:
+            out.append(self._tok.decode(run, skip_special_tokens=False))
+        return "".join(out)
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         if not batch:
             return []
+        if any(ids and min(ids) < 0 for ids in batch):
+            return [self.decode(ids) for ids in batch]
         return self._tok.decode_batch([list(ids) for ids in batch], skip_special_tokens=False)
 
     def id_to_token(self, i: int) -> str | None:
@@ -227,7 +250,7 @@ class LoadedTokenizer:
 
     def token_text(self, i: int) -> str:
         """What token ``i`` decodes to on its own (may contain U+FFFD for partial bytes)."""
-        return self._tok.decode([i], skip_special_tokens=False)
+        return self.decode([i])
 
     def server_token_id(self, tok: ServerToken) -> int | None:
         """Our id for a server-reported token, or None when it maps to none."""
@@ -568,6 +591,14 @@ class StreamInput:
     gap: bool
     done_seen: bool
     include_usage_requested: bool
+    #: Redaction (the token pass stores nothing it removed): choice → the text
+    #: as stored; choice → redacted spans of the ORIGINAL text (their ids are
+    #: masked); ``redact`` finds such spans in any text (prompt, server tokens);
+    #: ``mask_prompt`` says the request body had something redacted.
+    stored_texts: Mapping[int, str] | None = None
+    masks: Mapping[int, Sequence[tuple[int, int]]] | None = None
+    redact: Callable[[str], list[tuple[int, int]]] | None = None
+    mask_prompt: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from sniffer.core.events import StoreEvent
-from sniffer.record.redact import Redactor
+from sniffer.record.redact import Redactor, StreamRedactor
 from sniffer.record.sampling import Sampler
 from sniffer.record.token_collector import TokenCollector
 from sniffer.record.tokenize_pass import TokenizeResult, tokenize_inputs
@@ -140,7 +140,11 @@ class RecordingChain:
         self.on_error = on_error
         self.clock = clock
         #: keeps the text as sent for the token pass (only with ``tokens``)
-        self.collector = TokenCollector() if tokens is not None else None
+        # token ids are masked where redaction removed text (the collector
+        # replays the redaction look-behind to find those spans)
+        self.collector = TokenCollector(redactor=redactor) if tokens is not None else None
+        #: redaction with a bounded look-behind per (stream, choice)
+        self.stream_redactor = StreamRedactor(redactor) if redactor is not None else None
         self._collector_lock = threading.Lock()  # observe (capture path) vs take (token pass)
         self._seen_redactions: dict[str, int] = {}
         self.observers: list[Observer] = []
@@ -230,8 +234,8 @@ class RecordingChain:
 
     def _redact(self, events: list[StoreEvent]) -> list[StoreEvent]:
         redactor = self.redactor
-        assert redactor is not None
-        events = redactor.events(events)
+        assert redactor is not None and self.stream_redactor is not None
+        events = self.stream_redactor.events(events)
         if self.metrics is not None and redactor.counts:
             seen = self._seen_redactions
             delta = {k: v - seen.get(k, 0) for k, v in redactor.counts.items()}
@@ -271,8 +275,16 @@ class RecordingChain:
         if self.metrics is not None:
             self.metrics.mark_flush(time.time())
 
+    def drain(self) -> None:
+        """Write what the redaction look-behind still holds (end of a capture)."""
+        if self.stream_redactor is not None:
+            held = self.stream_redactor.flush()
+            if held:
+                self._writer().write_many(held)
+
     def close(self) -> None:
-        """Flush and close the writer (raises ``StoreError``)."""
+        """Drain, flush and close the writer (raises ``StoreError``)."""
+        self.drain()
         self._writer().close()
 
     @property

@@ -32,12 +32,35 @@ about 1 µs for a whole ``ChunkEvent``); a short chunk with digits but no match
 costs 1.5–2 µs; a 4 KB request body about 150 µs (the regex engine's scan
 costs ~8 ns per character). User patterns always run.
 
+Always on, whatever ``enabled`` says (credentials are never stored, see
+``sniffer.credentials``): secret-shaped strings (``sk-…``, ``Bearer …``, AWS
+key ids, GitHub/Google/Slack tokens, JWTs) → ``<SECRET>``; in JSON text, the
+values of secret-named fields at any depth → ``"<SECRET>"``; raw bytes quoted
+in error messages → ``<N bytes>``.
+
+Across chunks (:class:`StreamRedactor`, the recording chain's step): each
+choice's text and reasoning keep a look-behind of :data:`LOOKBEHIND`
+characters before they are written, so a value split over chunks is caught
+(values up to that long). The placeholder goes into the chunk where the value
+starts; the following chunks lose their part of it. A chunk a redaction
+touched keeps no token strings (logprobs/TGI token texts → ``<REDACTED>``,
+bytes null, ids -1, alternatives dropped; ``raw`` dropped).
+``StreamClosed.text_len`` becomes the stored text's length.
+
+Token ids — the choice made: **mask the ids that overlap a redacted span**
+(rather than store the ids of the redacted text). Counts, per-chunk shares,
+usage comparisons and anomalies are computed on the text as sent (the
+``TokenCollector`` sees events before this step); what is stored replaces
+every token id overlapping a redacted span by -1 (output, prompt, server
+ids) and server token texts by ``<REDACTED>``. The collector replays the
+same look-behind (:func:`redact_choice_texts`) so the token pass knows the
+exact spans and the stored text (for ``text_hash``), and ``verify`` does not
+fail a stream because redaction changed it.
+
 What it does not catch:
 
-* Chunk boundaries. Each chunk is redacted on its own, so a phone number the
-  server streamed across two chunks (``"138 1234"`` + ``" 5678"``) is not
-  caught in the chunk rows. The request body and a non-streaming
-  ``response_body`` are whole texts and are redacted whole.
+* A value longer than :data:`LOOKBEHIND` split over chunks; tool-call argument
+  fragments split over chunks (each is redacted on its own).
 * JSON escapes. ``request_body``, ``tool_calls``, ``raw``, ``logprobs`` and
   ``response_body`` are redacted as JSON text (:meth:`Redactor.json_text`):
   inside string literals, and numbers in value position (``{"tel":
@@ -46,19 +69,23 @@ What it does not catch:
   over the whole JSON text; one that matches JSON syntax (quotes, braces) is
   still applied — the text is removed as asked — and may leave the stored
   JSON invalid: write user patterns that match inside string values.
-* Token analysis: token ids and counts must be computed on the ORIGINAL text
-  (before ``Redactor.event``); redaction changes the text, not the record of
-  what the model produced token by token.
 """
 
 from __future__ import annotations
 
+import copy
 import re
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from sniffer.core.credentials import (
+    SECRET,
+    SECRET_SHAPES,
+    scrub_error_text,
+    scrub_json_secrets,
+)
 from sniffer.core.events import ChunkEvent, PipelineError, StoreEvent, StreamClosed, StreamOpened
 
 EMAIL = "EMAIL"
@@ -69,6 +96,85 @@ IP = "IP"
 REDACTED = "REDACTED"
 
 _PRECHECK = re.compile(r"[0-9@]")
+
+#: Secret-shaped strings (``sniffer.credentials.SECRET_SHAPES``), and a cheap
+#: pre-check that any of them may be present.
+_SECRETS = tuple((re.compile(p), r) for p, r in SECRET_SHAPES)
+_SECRET_PRE = re.compile(
+    r"sk-|[Bb][Ee][Aa][Rr][Ee][Rr]|A[GIKNRS][A-Z]A|gh[pousr]_|github_pat_|AIza|xox|eyJ"
+)
+
+#: An edit of a text: (start, end, replacement), start/end in ORIGINAL coordinates.
+Edit = tuple[int, int, str]
+
+
+def _merge(cur: str, edits: list[Edit], new: list[tuple[int, int, str]]) -> tuple[str, list[Edit]]:
+    """Apply ``new`` (sorted, non-overlapping, in ``cur`` coordinates) to ``cur``,
+    the result of ``edits`` on some original text; returns the new text and the
+    edits composed in original coordinates (an edit that touches an earlier
+    placeholder absorbs it)."""
+    if not new:
+        return cur, edits
+    placed: list[tuple[int, int, int, int]] = []  # (cur start, cur end, orig start, orig end)
+    d = 0
+    for o_s, o_e, text in edits:
+        c_s = o_s + d
+        placed.append((c_s, c_s + len(text), o_s, o_e))
+        d += len(text) - (o_e - o_s)
+    n = len(placed)
+    regions: list[list[Any]] = []
+    j = 0
+    for ns, ne, repl in new:
+        ms, me = ns, ne
+        while j < n and placed[j][1] <= ns:
+            j += 1
+        k = j
+        while k < n and placed[k][0] < ne:
+            ms = min(ms, placed[k][0])
+            me = max(me, placed[k][1])
+            k += 1
+        if regions and ms < regions[-1][1]:
+            regions[-1][1] = max(regions[-1][1], me)
+            regions[-1][2].append((ns, ne, repl))
+        else:
+            regions.append([ms, me, [(ns, ne, repl)]])
+    out: list[Edit] = []
+    pieces: list[str] = []
+    pos = 0
+    pi = 0
+    delta = 0  # cur position minus original position, before the current region
+    for ms, me, subs in regions:
+        while pi < n and placed[pi][1] <= ms:
+            c_s, c_e, o_s, o_e = placed[pi]
+            out.append((o_s, o_e, cur[c_s:c_e]))
+            delta += (c_e - c_s) - (o_e - o_s)
+            pi += 1
+        merged = 0
+        while pi < n and placed[pi][0] < me:
+            c_s, c_e, o_s, o_e = placed[pi]
+            merged += (c_e - c_s) - (o_e - o_s)
+            pi += 1
+        parts: list[str] = []
+        p = ms
+        for ns, ne, repl in subs:
+            parts.append(cur[p:ns])
+            parts.append(repl)
+            p = ne
+        parts.append(cur[p:me])
+        text = "".join(parts)
+        o_s = ms - delta
+        out.append((o_s, o_s + (me - ms) - merged, text))
+        delta += merged
+        pieces.append(cur[pos:ms])
+        pieces.append(text)
+        pos = me
+    while pi < n:
+        c_s, c_e, o_s, o_e = placed[pi]
+        out.append((o_s, o_e, cur[c_s:c_e]))
+        pi += 1
+    pieces.append(cur[pos:])
+    return "".join(pieces), out
+
 
 # The pattern starts with ONE character class, [0-9+], and each alternative
 # then checks that first character and what precedes it with look-behinds:
@@ -188,6 +294,12 @@ class Redactor:
             label = name.strip().strip("<>") or REDACTED
             self._extra.append((compiled, label, f"<{label}>"))
 
+    def clone(self) -> Redactor:
+        """The same patterns and setting, with counts of its own."""
+        other = copy.copy(self)
+        other.counts = Counter()
+        return other
+
     # ------------------------------------------------------------------ text
 
     def _digits(self, m: re.Match[str]) -> str:
@@ -210,8 +322,8 @@ class Redactor:
         self.counts[kind] += 1
         return f"<{kind}>"
 
-    def _emails(self, s: str) -> str:
-        out: list[str] = []
+    def _email_edits(self, s: str) -> list[tuple[int, int, str]]:
+        out: list[tuple[int, int, str]] = []
         pos = 0
         for m in _EMAIL_AT.finditer(s):
             at = m.start()
@@ -221,14 +333,10 @@ class Redactor:
                 start -= 1
             if start == at or (start == floor and floor > pos and s[floor - 1] in _LOCAL_CHARS):
                 continue  # no local part, or one longer than 64 characters
-            out.append(s[pos:start])
-            out.append(f"<{EMAIL}>")
+            out.append((start, m.end(), f"<{EMAIL}>"))
             self.counts[EMAIL] += 1
             pos = m.end()
-        if not out:
-            return s
-        out.append(s[pos:])
-        return "".join(out)
+        return out
 
     def _card(self, value: str) -> str:
         """``<CARD>`` for a valid card number; for grouped digits also a valid
@@ -251,24 +359,49 @@ class Redactor:
                 return f"<{CARD}>{rest}"
         return value
 
+    def edits(self, s: str, *, user: bool = True) -> tuple[str, list[Edit]]:
+        """``s`` redacted, and the edits that made it: ``(start, end, replacement)``
+        with start/end in ``s``, sorted and non-overlapping. Order: secret-shaped
+        strings (always), then, when enabled, the built-in personal-data patterns
+        and (``user``) the user patterns, each pass on the result of the last."""
+        if not s:
+            return s, []
+        cur = s
+        edits: list[Edit] = []
+        if _SECRET_PRE.search(s) is not None:
+            for compiled, repl in _SECRETS:
+                new = [(m.start(), m.end(), m.expand(repl)) for m in compiled.finditer(cur)]
+                if new:
+                    self.counts[SECRET] += len(new)
+                    cur, edits = _merge(cur, edits, new)
+        if not self.enabled:
+            return cur, edits
+        if _PRECHECK.search(cur) is not None:
+            if "@" in cur:
+                cur, edits = _merge(cur, edits, self._email_edits(cur))
+            new = []
+            for m in _DIGITS_RE.finditer(cur):
+                repl = self._digits(m)
+                if repl != m.group():
+                    new.append((m.start(), m.end(), repl))
+            cur, edits = _merge(cur, edits, new)
+        if user:
+            for compiled, label, placeholder in self._extra:
+                new = [(m.start(), m.end(), placeholder) for m in compiled.finditer(cur)]
+                if new:
+                    self.counts[label] += len(new)
+                    cur, edits = _merge(cur, edits, new)
+        return (s if not edits else cur), edits
+
     def _builtins(self, s: str) -> str:
-        if _PRECHECK.search(s) is None:
-            return s
-        out = self._emails(s) if "@" in s else s
-        new = _DIGITS_RE.sub(self._digits, out)
-        return out if new == out else new
+        return self.edits(s, user=False)[0]
 
     def text(self, s: str) -> str:
-        """``s`` with personal data replaced (the same object when nothing matched)."""
-        if not self.enabled or not s:
+        """``s`` with secrets (always) and personal data (when enabled) replaced
+        (the same object when nothing matched)."""
+        if not s:
             return s
-        out = self._builtins(s)
-        for compiled, label, placeholder in self._extra:
-            new, n = compiled.subn(placeholder, out)
-            if n:
-                self.counts[label] += n
-                out = new
-        return out
+        return self.edits(s)[0]
 
     def _opt(self, s: str | None) -> str | None:
         return self.text(s) if s else s
@@ -276,14 +409,20 @@ class Redactor:
     def json_text(self, s: str | None) -> str | None:
         """JSON text, redacted so that it stays valid JSON.
 
-        Built-in patterns apply inside string literals, and to numbers in value
+        Values of secret-named fields are replaced first (at any depth, see
+        ``sniffer.credentials.scrub_json_secrets``; always, like secret-shaped
+        strings). Built-in patterns apply inside string literals, and to numbers in value
         position (a match there becomes a quoted placeholder); text outside
         tokens (all of it, when the JSON is broken) is redacted as plain text.
         User patterns then run over the whole text.
         """
-        if not s or not self.enabled:
+        if not s:
             return s
-        if _PRECHECK.search(s) is not None:
+        scrubbed, n = scrub_json_secrets(s)
+        if n:
+            self.counts[SECRET] += n
+            s = scrubbed
+        if (self.enabled and _PRECHECK.search(s) is not None) or _SECRET_PRE.search(s) is not None:
             parts: list[str] = []
             pos = 0
             builtins = self._builtins
@@ -313,6 +452,8 @@ class Redactor:
                 out = s
         else:
             out = s
+        if not self.enabled:
+            return out
         for compiled, label, placeholder in self._extra:
             new, n = compiled.subn(placeholder, out)
             if n:
@@ -339,9 +480,9 @@ class Redactor:
         ``tool_calls``, ``logprobs``, ``raw``; ``StreamClosed``: ``response_body``
         and ``error``; ``PipelineError``: ``message``. Headers are not touched
         here: credentials are removed upstream and again by the store writer.
+        Secret-shaped strings, secret-named JSON fields and raw bytes quoted in
+        error texts are removed even when personal-data redaction is off.
         """
-        if not self.enabled:
-            return ev
         t = type(ev)
         if t is ChunkEvent:
             assert isinstance(ev, ChunkEvent)
@@ -369,28 +510,395 @@ class Redactor:
         if t is StreamOpened:
             assert isinstance(ev, StreamOpened)
             body = self.json_text(ev.request_body)
-            request = {k: (v if k == "model" else self._value(v)) for k, v in ev.request.items()}
+            try:
+                request = {
+                    k: (v if k == "model" else self._value(v)) for k, v in ev.request.items()
+                }
+            except RecursionError:  # nested deeper than the stream stage allows
+                request = {k: v for k, v in ev.request.items() if isinstance(v, (int, float))}
             if body is ev.request_body and request == ev.request:
                 return ev
             return replace(ev, request_body=body, request=request)
         if t is StreamClosed:
             assert isinstance(ev, StreamClosed)
             response_body = self.json_text(ev.response_body)
-            error = self._opt(ev.error)
-            if response_body is ev.response_body and error is ev.error:
+            error = self._opt(scrub_error_text(ev.error) if ev.error else ev.error)
+            reason = self.text(scrub_error_text(ev.reason))
+            if response_body is ev.response_body and error is ev.error and reason == ev.reason:
                 return ev
-            return replace(ev, response_body=response_body, error=error)
+            return replace(ev, response_body=response_body, error=error, reason=reason)
         if t is PipelineError:
             assert isinstance(ev, PipelineError)
-            message = self.text(ev.message)
-            return ev if message is ev.message else replace(ev, message=message)
+            message = self.text(scrub_error_text(ev.message))
+            return ev if message == ev.message else replace(ev, message=message)
         return ev
 
     def events(self, events: Iterable[StoreEvent]) -> list[StoreEvent]:
         """Every event through :meth:`event`, in order."""
-        if not self.enabled:
-            return list(events)
         return [self.event(ev) for ev in events]
+
+
+#: Characters of a choice's text kept back (not yet written) so that a value
+#: split over chunks is still seen whole: values up to this long are caught.
+LOOKBEHIND = 128
+#: Events of one choice kept back at most (many empty-text chunks in a row).
+MAX_HELD = 256
+#: The window is scanned once this many characters beyond the look-behind
+#: have arrived (so each character is scanned ~3 times, not once per chunk).
+STEP = 64
+_LABEL = re.compile(r"<([^<>\s]+)>")
+#: What replaces the token strings of a chunk whose text was redacted.
+MASK = f"<{REDACTED}>"
+
+
+class TextWindow:
+    """The bounded look-behind over ONE text channel of one choice.
+
+    ``push`` adds the next chunk's text; ``advance`` decides (redacts) every
+    chunk that can no longer be part of a value still being written: once
+    ``lookbehind + STEP`` characters are pending (or ``max_held`` chunks), the
+    pending texts are redacted together, and a chunk is decided when at least
+    ``lookbehind`` characters follow it and no redacted span crosses its end
+    (``final``: decide them all). ``decided`` then holds, per chunk, its stored
+    text and whether a redaction touched it; ``spans`` the redacted spans in
+    the coordinates of the choice's whole ORIGINAL text. The result depends on
+    the sequence of texts only, so a token pass that replays the same chunks
+    gets exactly the stored texts.
+    """
+
+    __slots__ = (
+        "base",
+        "decided",
+        "lookbehind",
+        "max_held",
+        "pending",
+        "pending_len",
+        "redactor",
+        "spans",
+    )
+
+    def __init__(
+        self, redactor: Redactor, *, lookbehind: int = LOOKBEHIND, max_held: int = MAX_HELD
+    ) -> None:
+        self.redactor = redactor
+        self.lookbehind = lookbehind
+        self.max_held = max_held
+        self.pending: list[str] = []
+        self.pending_len = 0
+        self.decided: list[tuple[str, bool]] = []
+        self.base = 0
+        self.spans: list[tuple[int, int]] = []
+
+    def push(self, text: str) -> None:
+        self.pending.append(text)
+        self.pending_len += len(text)
+
+    def advance(self, final: bool = False) -> None:
+        pending = self.pending
+        if not pending:
+            return
+        if not self.pending_len:  # only empty texts: nothing to look behind for
+            self.decided.extend(("", False) for _ in pending)
+            pending.clear()
+            return
+        if (
+            not final
+            and self.pending_len < self.lookbehind + STEP
+            and len(pending) <= self.max_held
+        ):
+            return  # not enough new text to decide anything worth a scan
+        window = "".join(pending) if len(pending) > 1 else pending[0]
+        if not window:
+            self.decided.extend(("", False) for _ in pending)
+            pending.clear()
+            self.pending_len = 0
+            return
+        red = self.redactor
+        saved = red.counts
+        red.counts = Counter()  # counted below, once a chunk is decided
+        try:
+            _, edits = red.edits(window)
+        finally:
+            red.counts = saved
+        ends: list[int] = []
+        e = 0
+        for t in pending:
+            e += len(t)
+            ends.append(e)
+        if final:
+            k = len(pending)
+        else:
+            cut = len(window) - self.lookbehind
+            for s0, e0, _ in edits:
+                if s0 < cut < e0:
+                    cut = s0
+            k = 0
+            for i, end in enumerate(ends):
+                if end > cut:
+                    break
+                if not any(s0 < end < e0 for s0, e0, _ in edits):
+                    k = i + 1
+            k = max(k, len(pending) - self.max_held)
+        if k <= 0:
+            return
+        limit = ends[k - 1]
+        # Edits wholly inside the decided prefix (a forced decision may cut one:
+        # its part inside the prefix is still removed).
+        start = 0
+        ei = 0
+        n_edits = len(edits)
+        for i in range(k):
+            t = pending[i]
+            end = ends[i]
+            if ei >= n_edits or edits[ei][0] >= end:
+                self.decided.append((t, False))
+                start = end
+                continue
+            parts: list[str] = []
+            pos = start
+            j = ei
+            while j < n_edits and edits[j][0] < end:
+                s0, e0, repl = edits[j]
+                lo = max(s0, start)
+                if lo > pos:
+                    parts.append(window[pos:lo])
+                if s0 >= start:
+                    parts.append(repl)
+                pos = max(pos, min(e0, end))
+                if e0 > end:
+                    break
+                j += 1
+            if pos < end:
+                parts.append(window[pos:end])
+            self.decided.append(("".join(parts), True))
+            # edits that ended inside this chunk are done
+            while ei < n_edits and edits[ei][1] <= end:
+                ei += 1
+            start = end
+        for s0, e0, repl in edits:
+            if s0 < limit:
+                self.spans.append((self.base + s0, self.base + min(e0, limit)))
+                saved.update(_LABEL.findall(repl))
+        self.base += limit
+        self.pending_len -= limit
+        del pending[:k]
+
+    def take(self, n: int) -> list[tuple[str, bool]]:
+        out = self.decided[:n]
+        del self.decided[:n]
+        return out
+
+
+def _mask_tokens_json(text: str | None) -> str | None:
+    """Server token JSON (logprobs, TGI tokens) with every token string, byte
+    list, id and alternative masked: what a redacted chunk may keep."""
+    if text is None:
+        return None
+    import json
+
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return json.dumps(MASK)
+    stack: list[Any] = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for k, v in list(node.items()):
+                if k in ("token", "text") and isinstance(v, str):
+                    node[k] = MASK
+                elif k == "bytes":
+                    node[k] = None
+                elif k == "id" and isinstance(v, int):
+                    node[k] = -1
+                elif k == "top_logprobs" and isinstance(v, list):
+                    node[k] = []
+                elif isinstance(v, (dict, list)):
+                    stack.append(v)
+        elif isinstance(node, list):
+            stack.extend(x for x in node if isinstance(x, (dict, list)))
+    try:
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    except (ValueError, RecursionError):
+        return json.dumps(MASK)
+
+
+class _Choice:
+    __slots__ = ("events", "reasoning", "slots", "text")
+
+    def __init__(self, redactor: Redactor) -> None:
+        self.events: list[ChunkEvent] = []
+        self.slots: list[list[StoreEvent | None]] = []  # where each decided event goes
+        self.text = TextWindow(redactor)
+        self.reasoning = TextWindow(redactor)
+
+
+class StreamRedactor:
+    """The recording chain's redaction step: :class:`Redactor` per event, plus a
+    bounded look-behind per (stream, choice) for chunk text and reasoning.
+
+    A chunk event of a choice is held until :class:`TextWindow` has decided its
+    text and reasoning (``LOOKBEHIND`` characters later, or when the stream
+    closes), then written with the redacted text: a value split over chunks
+    gets its placeholder in the chunk where it starts and is removed from the
+    chunks after. A stream's chunk events come out in the order they went in
+    (a stream-level chunk waits behind its stream's held ones). A chunk whose
+    text a redaction touched keeps no token strings: its
+    ``logprobs``/``server_tokens`` are masked (token texts → ``<REDACTED>``,
+    bytes → null, ids → -1, alternatives dropped) and ``raw`` dropped.
+    ``StreamClosed.text_len`` is the length of the text as stored.
+    Sans-IO; ``counts`` are the wrapped redactor's.
+    """
+
+    def __init__(self, redactor: Redactor) -> None:
+        self.redactor = redactor
+        self._choices: dict[tuple[int, int], _Choice] = {}
+        self._streams: dict[int, list[int]] = {}
+        self._order: dict[int, deque[list[StoreEvent | None]]] = {}
+        self._removed: dict[int, int] = {}  # stream → text characters removed
+
+    @property
+    def counts(self) -> Counter[str]:
+        return self.redactor.counts
+
+    @property
+    def held(self) -> int:
+        """Chunk events taken in and not yet given out."""
+        return sum(len(q) for q in self._order.values())
+
+    def events(self, events: Iterable[StoreEvent]) -> list[StoreEvent]:
+        out: list[StoreEvent] = []
+        red = self.redactor
+        for ev in events:
+            t = type(ev)
+            if t is ChunkEvent:
+                assert isinstance(ev, ChunkEvent)
+                if ev.choice < 0:
+                    new = red.event(ev)
+                    assert isinstance(new, ChunkEvent)
+                    self._account(ev, new)
+                    q = self._order.get(ev.stream)
+                    if q:
+                        q.append([new])
+                    else:
+                        out.append(new)
+                    continue
+                key = (ev.stream, ev.choice)
+                c = self._choices.get(key)
+                if c is None:
+                    c = self._choices[key] = _Choice(red)
+                    self._streams.setdefault(ev.stream, []).append(ev.choice)
+                slot: list[StoreEvent | None] = [None]
+                c.events.append(ev)
+                c.slots.append(slot)
+                c.text.push(ev.text)
+                c.reasoning.push(ev.reasoning)
+                q = self._order.get(ev.stream)
+                if q is None:
+                    q = self._order[ev.stream] = deque()
+                q.append(slot)
+                self._release(c, False)
+                self._drain(q, out)
+            elif t is StreamClosed:
+                assert isinstance(ev, StreamClosed)
+                for choice in self._streams.pop(ev.stream, ()):
+                    self._release(self._choices.pop((ev.stream, choice)), True)
+                q = self._order.pop(ev.stream, None)
+                if q:
+                    self._drain(q, out)
+                removed = self._removed.pop(ev.stream, 0)
+                closed = red.event(ev)
+                assert isinstance(closed, StreamClosed)
+                if removed:
+                    closed = replace(closed, text_len=max(0, closed.text_len - removed))
+                out.append(closed)
+            else:
+                out.append(red.event(ev))
+        return out
+
+    def flush(self) -> list[StoreEvent]:
+        """Everything still held (end of capture without stream closes)."""
+        out: list[StoreEvent] = []
+        for c in self._choices.values():
+            self._release(c, True)
+        for q in self._order.values():
+            self._drain(q, out)
+        self._choices.clear()
+        self._streams.clear()
+        self._order.clear()
+        return out
+
+    @staticmethod
+    def _drain(q: deque[list[StoreEvent | None]], out: list[StoreEvent]) -> None:
+        while q and q[0][0] is not None:
+            ev = q.popleft()[0]
+            assert ev is not None
+            out.append(ev)
+
+    def _account(self, old: ChunkEvent, new: ChunkEvent) -> None:
+        if new.text is not old.text and len(new.text) != len(old.text):
+            self._removed[old.stream] = (
+                self._removed.get(old.stream, 0) + len(old.text) - len(new.text)
+            )
+
+    def _release(self, c: _Choice, final: bool) -> None:
+        c.text.advance(final)
+        c.reasoning.advance(final)
+        n = min(len(c.text.decided), len(c.reasoning.decided))
+        if not n:
+            return
+        texts = c.text.take(n)
+        reasonings = c.reasoning.take(n)
+        red = self.redactor
+        for ev, slot, (text, t_hit), (reasoning, r_hit) in zip(
+            c.events[:n], c.slots[:n], texts, reasonings, strict=True
+        ):
+            tool_calls = red.json_text(ev.tool_calls)
+            if t_hit or r_hit:
+                logprobs = _mask_tokens_json(ev.logprobs)
+                server_tokens = _mask_tokens_json(ev.server_tokens)
+                raw = None
+            else:
+                logprobs = red.json_text(ev.logprobs)
+                server_tokens = ev.server_tokens
+                raw = red.json_text(ev.raw)
+            if (
+                text is ev.text
+                and reasoning is ev.reasoning
+                and tool_calls is ev.tool_calls
+                and logprobs is ev.logprobs
+                and server_tokens is ev.server_tokens
+                and raw is ev.raw
+            ):
+                slot[0] = ev
+                continue
+            new = replace(
+                ev,
+                text=text,
+                reasoning=reasoning,
+                tool_calls=tool_calls,
+                logprobs=logprobs,
+                server_tokens=server_tokens,
+                raw=raw,
+            )
+            self._account(ev, new)
+            slot[0] = new
+        del c.events[:n]
+        del c.slots[:n]
+
+
+def redact_choice_texts(
+    redactor: Redactor, texts: Sequence[str]
+) -> tuple[list[str], list[tuple[int, int]]]:
+    """What :class:`StreamRedactor` stores for one choice's chunk texts (in
+    order): the stored texts, and the redacted spans of the joined original
+    text. For the token pass, which sees the text as sent."""
+    w = TextWindow(redactor)
+    for t in texts:
+        w.push(t)
+        w.advance()
+    w.advance(final=True)
+    return [t for t, _ in w.decided], w.spans
 
 
 __all__ = [
@@ -398,9 +906,14 @@ __all__ = [
     "EMAIL",
     "ID",
     "IP",
+    "LOOKBEHIND",
+    "MASK",
     "PHONE",
     "REDACTED",
     "Redactor",
+    "StreamRedactor",
+    "TextWindow",
     "id_checksum_ok",
     "luhn_ok",
+    "redact_choice_texts",
 ]

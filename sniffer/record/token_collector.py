@@ -7,36 +7,107 @@ all). So the drivers (replay, daemon) feed every batch of store events to a
 texts (capped) and, when the stream closes, turns them into a
 ``tokens.StreamInput`` ready for ``tokenize_pass.tokenize_inputs``.
 
+With a ``redactor`` it also works out what the recording chain's
+``redact.StreamRedactor`` stores for each choice (the same bounded look-behind
+over the same chunk texts, so exactly the same result): the stored text (for
+``text_hash``/``text_len``) and the redacted spans of the original text,
+whose token ids the token pass masks (see ``tokenize_pass.to_rows``).
+
 Pure: no I/O, no clock, no tokenizer call (that happens off the capture path).
 """
 
 from __future__ import annotations
 
 import json
+from array import array
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
 from sniffer.core.events import NOT_LLM, ChunkEvent, StoreEvent, StreamClosed, StreamOpened
 from sniffer.llm.tokens import ChunkInput, StreamInput
+from sniffer.record.redact import Redactor, redact_choice_texts
+
+#: Chunk texts of an open stream are joined into one string every this many
+#: chunks: a long-lived small string per chunk would pin the allocator's pools
+#: (1,000 open streams made the daemon's RSS grow ~300 bytes per event).
+_JOIN_EVERY = 64
 
 
 class _Open:
-    __slots__ = ("chunks", "model", "request", "truncated")
+    """An open stream's chunks, kept compact (1,000 open streams of hundreds of
+    chunks each must not cost objects per chunk): seq, choice and text length
+    in arrays, the texts joined in blocks, finish reasons and logprobs only
+    where present. ``chunks()`` builds the ``ChunkInput`` list when taken."""
 
-    def __init__(self, model: str | None, request: dict[str, Any]) -> None:
+    __slots__ = (
+        "blocks",
+        "choices",
+        "extra",
+        "lens",
+        "mask_prompt",
+        "model",
+        "request",
+        "seqs",
+        "tail",
+        "truncated",
+    )
+
+    def __init__(self, model: str | None, request: dict[str, Any], mask_prompt: bool) -> None:
         self.model = model
         self.request = request
-        self.chunks: list[ChunkInput] = []
+        self.seqs = array("q")
+        self.choices = array("l")
+        self.lens = array("l")
+        self.blocks: list[str] = []
+        self.tail: list[str] = []
+        self.extra: dict[int, tuple[str | None, str | None]] = {}
         self.truncated = False
+        self.mask_prompt = mask_prompt
+
+    def add(self, ev: ChunkEvent) -> None:
+        if ev.finish_reason is not None or ev.logprobs is not None:
+            self.extra[len(self.lens)] = (ev.finish_reason, ev.logprobs)
+        self.seqs.append(ev.seq)
+        self.choices.append(ev.choice)
+        self.lens.append(len(ev.text))
+        tail = self.tail
+        tail.append(ev.text)
+        if len(tail) >= _JOIN_EVERY:
+            self.blocks.append("".join(tail))
+            tail.clear()
+
+    def __len__(self) -> int:
+        return len(self.lens)
+
+    def chunks(self) -> list[ChunkInput]:
+        extra = self.extra
+        none = (None, None)
+        text = "".join([*self.blocks, *self.tail])
+        out: list[ChunkInput] = []
+        pos = 0
+        for i, (seq, choice, n) in enumerate(zip(self.seqs, self.choices, self.lens, strict=True)):
+            out.append(ChunkInput(seq, choice, text[pos : pos + n], *extra.get(i, none)))
+            pos += n
+        return out
 
 
 class TokenCollector:
     """Open LLM streams' chunk texts; closed streams' ``StreamInput``s, in order."""
 
-    def __init__(self, *, max_open: int = 100_000, max_chunks: int = 200_000) -> None:
+    def __init__(
+        self,
+        *,
+        max_open: int = 100_000,
+        max_chunks: int = 200_000,
+        redactor: Redactor | None = None,
+    ) -> None:
+        # Own copies: counts stay the recording chain's, and the token worker
+        # thread's ``redact`` calls share no state with the capture thread.
+        self._windows = redactor.clone() if redactor is not None else None
+        self._spans = redactor.clone() if redactor is not None else None
         self._open: dict[int, _Open] = {}
-        self._ready: deque[StreamInput] = deque()
+        self._ready: deque[tuple[int, _Open, str | None, bool, bool]] = deque()
         self._max_open = max_open
         self._max_chunks = max_chunks
         self.dropped_streams = 0  # not tracked: too many open at once
@@ -51,14 +122,12 @@ class TokenCollector:
                 s = opened.get(ev.stream)
                 if s is None:
                     continue
-                if len(s.chunks) >= self._max_chunks:
+                if len(s) >= self._max_chunks:
                     if not s.truncated:
                         s.truncated = True
                         self.capped_streams += 1
                     continue
-                s.chunks.append(
-                    ChunkInput(ev.seq, ev.choice, ev.text, ev.finish_reason, ev.logprobs)
-                )
+                s.add(ev)
             elif t is StreamOpened:
                 assert isinstance(ev, StreamOpened)
                 if ev.dialect == NOT_LLM:
@@ -68,37 +137,74 @@ class TokenCollector:
                     continue
                 request = _json(ev.request_body)
                 model = ev.request.get("model")
+                mask_prompt = False
+                if self._windows is not None and ev.request_body:
+                    mask_prompt = bool(self._windows.edits(ev.request_body)[1])
                 opened[ev.stream] = _Open(
                     model if isinstance(model, str) else None,
                     request if isinstance(request, dict) else {},
+                    mask_prompt,
                 )
             elif t is StreamClosed:
                 assert isinstance(ev, StreamClosed)
                 s = opened.pop(ev.stream, None)
                 if s is None:
                     continue
-                usage = _json(ev.usage)
-                so = s.request.get("stream_options")
-                self._ready.append(
-                    StreamInput(
-                        stream_id=ev.stream,
-                        model=s.model,
-                        request=s.request,
-                        chunks=s.chunks,
-                        usage=usage if isinstance(usage, dict) else None,
-                        gap=ev.gap or s.truncated,
-                        done_seen=ev.done_seen,
-                        include_usage_requested=isinstance(so, dict)
-                        and so.get("include_usage") is True,
-                    )
-                )
+                # Kept compact until taken: at a burst of closes (1,000 streams
+                # ending together) the ChunkInputs exist for one batch at a time.
+                self._ready.append((ev.stream, s, ev.usage, ev.gap, ev.done_seen))
+
+    def _build(self, item: tuple[int, _Open, str | None, bool, bool]) -> StreamInput:
+        stream_id, s, usage_text, gap, done_seen = item
+        usage = _json(usage_text)
+        so = s.request.get("stream_options")
+        chunks = s.chunks()
+        stored, masks = self._redacted(chunks)
+        return StreamInput(
+            stream_id=stream_id,
+            model=s.model,
+            request=s.request,
+            chunks=chunks,
+            usage=usage if isinstance(usage, dict) else None,
+            gap=gap or s.truncated,
+            done_seen=done_seen,
+            include_usage_requested=isinstance(so, dict) and so.get("include_usage") is True,
+            stored_texts=stored,
+            masks=masks,
+            redact=self._redact_spans if self._spans is not None else None,
+            mask_prompt=s.mask_prompt,
+        )
+
+    def _redacted(
+        self, chunks: list[ChunkInput]
+    ) -> tuple[dict[int, str] | None, dict[int, list[tuple[int, int]]] | None]:
+        """Per choice that had something redacted: the stored text and the spans."""
+        red = self._windows
+        if red is None:
+            return None, None
+        by_choice: dict[int, list[str]] = {}
+        for c in chunks:
+            if c.choice >= 0:
+                by_choice.setdefault(c.choice, []).append(c.text)
+        stored: dict[int, str] = {}
+        masks: dict[int, list[tuple[int, int]]] = {}
+        for ch, texts in by_choice.items():
+            out, spans = redact_choice_texts(red, texts)
+            if spans:
+                stored[ch] = "".join(out)
+                masks[ch] = spans
+        return (stored or None), (masks or None)
+
+    def _redact_spans(self, text: str) -> list[tuple[int, int]]:
+        assert self._spans is not None
+        return [(s, e) for s, e, _ in self._spans.edits(text)[1]]
 
     def take(self, limit: int | None = None) -> list[StreamInput]:
         """Closed streams not yet taken, oldest first (at most ``limit``)."""
         out: list[StreamInput] = []
         ready = self._ready
         while ready and (limit is None or len(out) < limit):
-            out.append(ready.popleft())
+            out.append(self._build(ready.popleft()))
         return out
 
     @property
@@ -115,5 +221,5 @@ def _json(text: str | None) -> Any:
         return None
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None

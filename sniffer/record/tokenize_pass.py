@@ -27,9 +27,10 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import groupby, starmap
 from typing import Any
 
@@ -95,7 +96,7 @@ def _json(text: str | None) -> Any:
         return None
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -232,8 +233,86 @@ def _tokenizer_for(registry: TokenizerRegistry, model: str | None) -> LoadedToke
         return registry.default()
 
 
+#: What a masked token id is stored as (no tokenizer has a negative id).
+MASKED_ID = -1
+#: What a masked server token text is stored as.
+MASKED_TEXT = "<REDACTED>"
+
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+_TEXT_DETAILS = frozenset({"roundtrip", "server_token_mismatch", "server_tokens_invalid"})
+
+
+def _overlaps(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
+    return [any(a < e and s < b for s, e in spans) for a, b in offsets]
+
+
+def _mask_output(
+    tok: LoadedTokenizer, text: str, ids: tuple[int, ...], spans: Sequence[tuple[int, int]]
+) -> tuple[int, ...]:
+    """``ids`` (the encoding of ``text``) with every token that overlaps a
+    redacted span masked; all masked if the encoding cannot be matched."""
+    enc_ids, offsets = tok.encode_with_offsets([text])[0]
+    if tuple(enc_ids) != tuple(ids):
+        return tuple([MASKED_ID] * len(ids))
+    hit = _overlaps(offsets, spans)
+    return tuple([MASKED_ID if h else i for i, h in zip(ids, hit, strict=True)])
+
+
+def _mask_prompt(tok: LoadedTokenizer, inp: StreamInput, ids: tuple[int, ...]) -> tuple[int, ...]:
+    """The prompt's ids with the tokens over redacted text masked."""
+    redact = inp.redact
+    assert redact is not None
+    plan = tok._prompt_plan(inp.request)
+    if plan is None:
+        return ids
+    texts = [seg for seg in plan.segments if isinstance(seg, str)]
+    spans = [redact(t) for t in texts]
+    if not any(spans):
+        return ids
+    encoded = iter(tok._encode(texts, plan.add_special_tokens))
+    span_of = iter(spans)
+    out: list[int] = []
+    plain: list[int] = []
+    for seg in plan.segments:
+        if isinstance(seg, str):
+            enc = next(encoded)
+            hit = _overlaps(enc.offsets, next(span_of))
+            plain.extend(enc.ids)
+            out.extend(MASKED_ID if h else i for i, h in zip(enc.ids, hit, strict=True))
+        else:
+            plain.extend(seg)
+            out.extend(seg)
+    if tuple(plain) != tuple(ids):
+        return tuple([MASKED_ID] * len(ids))
+    return tuple(out)
+
+
+def _mask_server(
+    texts: tuple[str, ...], redact: Any, extra: Sequence[tuple[int, int]]
+) -> list[bool]:
+    """Which server tokens overlap a redacted span of their joined text."""
+    joined = "".join(texts)
+    spans = list(redact(joined)) + list(extra)
+    if not spans:
+        return [False] * len(texts)
+    offsets = []
+    pos = 0
+    for t in texts:
+        offsets.append((pos, pos + len(t)))
+        pos += len(t)
+    return _overlaps(offsets, spans)
+
+
 def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> StreamTokenRow:
-    """The token rows of one analysed stream."""
+    """The token rows of one analysed stream.
+
+    With redaction (``inp.redact`` set by the ``TokenCollector``), nothing that
+    redaction removed is stored: ids of tokens overlapping a redacted span of
+    the output (``inp.masks``) or of the prompt are stored as ``MASKED_ID``
+    (-1); server token texts over redacted text as ``MASKED_TEXT`` with id -1;
+    ``text_len``/``text_hash`` describe the text as stored; anomaly details
+    that quote text lose their quotes. Counts keep their length.
+    """
     per_choice: dict[int, list[ChunkTokens]] = {}
     if len(st.output_ids) == 1:  # the common case: one choice, no per-chunk dispatch
         per_choice[next(iter(st.output_ids))] = list(st.chunks)
@@ -245,12 +324,21 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
     for a in st.anomalies:
         if a.kind == "server_token_mismatch" and a.choice not in mismatch:
             mismatch[a.choice] = a.position
+    masks = inp.masks or {}
+    stored = inp.stored_texts or {}
+    redact = inp.redact
+    masked_any = False
     tok: LoadedTokenizer | None = None
     choices: list[ChoiceTokenRow] = []
     for ch in sorted(st.output_ids):
         ids = st.output_ids[ch]
         rows = per_choice.get(ch, [])
         text = "".join([text_of[ct.seq] for ct in rows])
+        spans = masks.get(ch)
+        if spans:
+            tok = tok or _tokenizer_for(registry, inp.model)
+            ids = _mask_output(tok, text, ids, spans)
+            masked_any = True
         server_texts = st.server_tokens.get(ch)
         server_ids: tuple[int | None, ...] | None = None
         if server_texts is not None:
@@ -260,12 +348,25 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
                 if c.choice == ch and c.logprobs is not None:
                     reported.extend(parse_server_tokens(c.logprobs) or [])
             server_ids = tuple(tok.server_token_id(t) for t in reported)
+            if redact is not None:
+                joined_matches = "".join(server_texts) == text
+                hit = _mask_server(server_texts, redact, spans if spans and joined_matches else ())
+                if any(hit):
+                    masked_any = True
+                    server_texts = tuple(
+                        MASKED_TEXT if h else t for t, h in zip(server_texts, hit, strict=True)
+                    )
+                    server_ids = tuple(
+                        MASKED_ID if k < len(hit) and hit[k] else i
+                        for k, i in enumerate(server_ids)
+                    )
+        stored_text = stored.get(ch, text)
         counts = tuple([len(ct.token_ids) for ct in rows])
         choices.append(
             ChoiceTokenRow(
                 choice=ch,
-                text_len=len(text),
-                text_hash=text_hash(text),
+                text_len=len(stored_text),
+                text_hash=text_hash(stored_text),
                 output_ids=ids,
                 chunk_seqs=tuple([ct.seq for ct in rows]),
                 chunk_counts=counts,
@@ -278,18 +379,29 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
                 server_mismatch=mismatch.get(ch),
             )
         )
+    prompt_ids = st.prompt_ids
+    if redact is not None and inp.mask_prompt and prompt_ids:
+        tok = tok or _tokenizer_for(registry, inp.model)
+        masked = _mask_prompt(tok, inp, prompt_ids)
+        if masked != prompt_ids:
+            masked_any = True
+            prompt_ids = masked
+    anomalies = st.anomalies
+    if masked_any:
+        anomalies = tuple(
+            replace(a, detail=_QUOTED.sub("'…'", a.detail)) if a.kind in _TEXT_DETAILS else a
+            for a in anomalies
+        )
     return StreamTokenRow(
         stream_id=st.stream_id,
         tokenizer=st.tokenizer,
         is_default=st.tokenizer == registry.default_name,
-        prompt_ids=st.prompt_ids,
+        prompt_ids=prompt_ids,
         usage_diff=dict(st.usage_diff),
         tokens_per_chunk=dict(st.tokens_per_chunk),
         anomaly_count=len(st.anomalies),
         choices=tuple(choices),
-        anomalies=tuple(
-            TokenAnomalyRow(a.choice, a.kind, a.position, a.detail) for a in st.anomalies
-        ),
+        anomalies=tuple(TokenAnomalyRow(a.choice, a.kind, a.position, a.detail) for a in anomalies),
     )
 
 

@@ -189,6 +189,8 @@ class Daemon:
                     server_ports=frozenset(cfg.capture_ports),
                     labels=dict(cfg.labels),
                     idle_timeout=cfg.idle_timeout,
+                    max_decoded_bytes=cfg.max_decoded_bytes,
+                    max_expansion_ratio=cfg.max_expansion_ratio,
                 )
             )
             # eBPF connection ids come from the source: give it its own range.

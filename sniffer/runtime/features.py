@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sniffer.record.chain import RecordingChain
-from sniffer.runtime.workers import Periodic, retention_worker, token_worker
+from sniffer.runtime.workers import Periodic, retention_worker, token_worker, trim_heap
 
 if TYPE_CHECKING:
     from sniffer.record.metrics import Metrics
@@ -95,6 +95,7 @@ def attach_features(d: Daemon) -> Features:
         log("warning", "redaction-off", note="prompts and outputs are stored as captured")
     if chain.tokens is not None:
         chain.tokens.preload()  # a bad tokenizer config fails at start, with its message
+        trim_heap()  # the tokenizer's JSON parse leaves ~20 MB freed but mapped
         f.workers.append(token_worker(chain, cfg.database, log))
     d.chain = chain
 

@@ -114,7 +114,10 @@ def replay(
     started = time.perf_counter()
     read_capture(path).close()  # not a capture at all: raise before any work
     if chain is None:
-        chain = RecordingChain(tokens=tokens, redactor=redactor)
+        # Credentials are removed even without a redactor (one that only does that).
+        chain = RecordingChain(
+            tokens=tokens, redactor=redactor if redactor is not None else Redactor(enabled=False)
+        )
     elif tokens is not None or redactor is not None:
         raise ValueError("replay: give tokens and redactor through the chain")
     if chain.tokens is not None:
@@ -277,6 +280,7 @@ def _replay_part(
             result.capture_error = str(reader.error)
             out.append(PipelineError(last, "capture", "file", str(reader.error)))
         write_many(out)
+        chain.drain()  # what the redaction look-behind still holds
         if progress is not None:
             progress(reader.size, reader.size)
         chain.flush()

@@ -19,6 +19,7 @@ unless ``allow_world_readable`` (CLI ``--allow-world-readable``) is given.
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import stat
@@ -31,7 +32,82 @@ GROUP_MODE = 0o640
 
 
 class InsecureDatabaseFile(Exception):
-    """An existing database file is readable by every user."""
+    """An existing database file is readable by every user (or its path is a symlink)."""
+
+
+class SymlinkRefused(InsecureDatabaseFile):
+    """A path the tool would create or write is a symbolic link."""
+
+    def __init__(self, path: str, what: str = "path") -> None:
+        super().__init__(f"{what} {path} is a symbolic link; refusing to follow it")
+
+
+def _refuse_symlink(path: str, what: str) -> bool:
+    """Raise :class:`SymlinkRefused` when ``path`` is a symlink; True when it exists."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        raise SymlinkRefused(path, what)
+    return True
+
+
+def _create_private(path: str, mode: int, gid: int | None) -> bool:
+    """Create ``path`` empty with ``mode`` (never through a symlink); False if it existed."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        os.makedirs(parent, mode=0o750 if gid is not None else 0o700, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    except FileExistsError:
+        _refuse_symlink(path, "database path")
+        return False
+    try:
+        if gid is not None:
+            os.fchown(fd, -1, gid)
+        os.fchmod(fd, mode)  # the umask may have removed bits of ``mode``
+    finally:
+        os.close(fd)
+    return True
+
+
+def ensure_db_file(path: str, *, group: str | None = None) -> None:
+    """What every command that opens a SQLite file does first: refuse a symlink
+    at the database path or at its ``-wal``/``-shm``/``-journal``, and create a
+    missing database file 0600 (0640 and ``group``) before SQLite opens it, so
+    that SQLite creates its sidecars with the same mode. An existing file is
+    left as it is (``prepare_db_file`` is the daemon's stricter check)."""
+    mode = GROUP_MODE if group else PRIVATE_MODE
+    gid = _gid(group) if group else None
+    for suffix in SIDECAR_SUFFIXES:
+        _refuse_symlink(path + suffix, "database file")
+    if not _refuse_symlink(path, "database path"):
+        _create_private(path, mode, gid)
+
+
+def open_private(path: str, *, group: str | None = None) -> int:
+    """Open ``path`` for writing (created or truncated) as a file only its owner
+    can read: 0600 (0640 and ``group``), whatever the umask or the mode of an
+    existing file. A symlink at ``path`` is refused. Returns the descriptor.
+    Example: ``with os.fdopen(open_private("out.jsonl"), "w") as fh: ...``."""
+    mode = GROUP_MODE if group else PRIVATE_MODE
+    gid = _gid(group) if group else None
+    _refuse_symlink(path, "output path")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SymlinkRefused(path, "output path") from None
+        raise
+    try:
+        if gid is not None:
+            os.fchown(fd, -1, gid)
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def db_path(url_or_path: str) -> str | None:
@@ -96,26 +172,14 @@ def prepare_db_file(
     """
     mode = GROUP_MODE if group else PRIVATE_MODE
     gid = _gid(group) if group else None
-    try:
+    for suffix in SIDECAR_SUFFIXES:
+        _refuse_symlink(path + suffix, "database file")
+    st: os.stat_result | None = None
+    if _refuse_symlink(path, "database path"):
         st = os.stat(path)
-    except FileNotFoundError:
-        st = None
-    if st is None:
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(parent):
-            os.makedirs(parent, mode=0o750 if group else 0o700, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        except FileExistsError:  # created meanwhile: check it like an existing one
-            prepare_db_file(path, group=group, allow_world_readable=allow_world_readable)
-            return
-        try:
-            if gid is not None:
-                os.fchown(fd, -1, gid)
-            os.fchmod(fd, mode)  # the umask may have removed bits of ``mode``
-        finally:
-            os.close(fd)
-    else:
+    if st is None and not _create_private(path, mode, gid):
+        st = os.stat(path)  # created meanwhile: check it as it is
+    if st is not None:
         if not stat.S_ISREG(st.st_mode):
             raise InsecureDatabaseFile(f"database path {path} is not a regular file")
         current = stat.S_IMODE(st.st_mode)
@@ -138,7 +202,10 @@ __all__ = [
     "PRIVATE_MODE",
     "SIDECAR_SUFFIXES",
     "InsecureDatabaseFile",
+    "SymlinkRefused",
     "db_path",
+    "ensure_db_file",
+    "open_private",
     "prepare_db_file",
     "secure_sidecars",
 ]

@@ -12,7 +12,7 @@ so ``metadata.create_all`` creates them once this module is imported;
     is_default      no tokenizer is configured for the stream's model
     prompt_count    prompt token count (chat template or fallback), NULL when
                     the request carried no prompt
-    prompt_ids      JSON list of the prompt's token ids
+    prompt_ids      JSON list of the prompt's token ids (-1: over redacted text)
     output_count    token count of all choices' full texts
     usage_diff      JSON object {field: server-reported minus counted}
     tokens_per_chunk JSON object {"<tokens>": <text chunks with that many>}
@@ -27,7 +27,8 @@ so ``metadata.create_all`` creates them once this module is imported;
     text_hash       blake2b-128 hex of its UTF-8 bytes (``surrogatepass``): the
                     stored full text, compared by ``verify`` with the deltas
     token_count     len(output_ids)
-    output_ids      JSON list: token ids of the full text
+    output_ids      JSON list: token ids of the full text; -1 where a token
+                    overlaps text that redaction removed (``sniffer.record.redact``)
     chunk_seqs      JSON list: seq of each text chunk of the choice, in seq order
     chunk_counts    JSON list: tokens attributed to each of those chunks. The
                     per-chunk ids are slices of ``output_ids``: chunk k gets
@@ -40,7 +41,9 @@ so ``metadata.create_all`` creates them once this module is imported;
     tokens_per_chunk JSON object {"<tokens>": <chunks>} of this choice
     server_count    number of server-reported tokens (logprobs), NULL when none
     server_tokens   JSON list of the server-reported token texts
-    server_ids      JSON list of our ids for them (null where unmapped)
+                    (``<REDACTED>`` over redacted text)
+    server_ids      JSON list of our ids for them (null where unmapped, -1
+                    over redacted text)
     server_mismatch index of the first server token that differs from ours
                     (NULL when they agree or there are none)
 

@@ -16,10 +16,9 @@ duplicate ids). Text the driver cannot encode (lone UTF-16 surrogates from a
 JSON ``\\ud83d`` escape, NUL on PostgreSQL) is not a reason to lose a batch: it
 is replaced by U+FFFD and the batch retried once.
 
-Credentials: header lists are filtered again here (``Authorization``,
-``Proxy-Authorization``, ``Cookie``, ``Set-Cookie``, ``api-key``, ``x-api-key``
-and every name containing "token", "secret" or "key"), even though the stages
-upstream already remove them.
+Credentials: header lists are filtered again here with the one rule of
+``sniffer.core.credentials.is_credential_header``, even though the stages upstream
+already remove them.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DataError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
+from sniffer.core.credentials import is_credential_header
 from sniffer.core.events import (
     ChunkEvent,
     ConnectionClosed,
@@ -49,6 +49,7 @@ from sniffer.core.events import (
     StreamOpened,
     StreamResponse,
 )
+from sniffer.store.files import db_path, ensure_db_file
 from sniffer.store.models import (
     SCHEMA_VERSION,
     chunks,
@@ -62,29 +63,11 @@ from sniffer.store.models import (
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 
-_CREDENTIAL_HEADERS = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "cookie",
-        "set-cookie",
-        "api-key",
-        "x-api-key",
-    }
-)
-_CREDENTIAL_PARTS = ("token", "secret", "key")
-
 _UNENCODABLE = re.compile("[\ud800-\udfff\x00]")
 
 
 class StoreError(Exception):
     """The database rejected a batch; the batch is still buffered in the writer."""
-
-
-def is_credential_header(name: str) -> bool:
-    """True for header names that may carry credentials (case-insensitive)."""
-    lower = name.lower()
-    return lower in _CREDENTIAL_HEADERS or any(part in lower for part in _CREDENTIAL_PARTS)
 
 
 def headers_json(headers: Headers | Iterable[tuple[str, str]]) -> str:
@@ -105,6 +88,9 @@ def _is_sqlite_memory(url: str) -> bool:
 def make_engine(url_or_path: str) -> Engine:
     """An engine for a database URL, or for a SQLite file when given a plain path.
 
+    A SQLite file that does not exist yet is created 0600 first (its -wal/-shm
+    then get the same mode); a symlink at the path is refused
+    (``sniffer.store.files.ensure_db_file``).
     SQLite connections get WAL (file databases), ``synchronous=NORMAL``, foreign
     keys off and a 5 s busy timeout. The tables are created if missing.
     Example: ``make_engine("capture.db")``, ``make_engine("postgresql+psycopg://…")``.
@@ -112,6 +98,9 @@ def make_engine(url_or_path: str) -> Engine:
     url = url_or_path if "://" in url_or_path else f"sqlite:///{url_or_path}"
     if url.startswith("sqlite"):
         memory = _is_sqlite_memory(url) or url_or_path == ":memory:"
+        path = None if memory else db_path(url_or_path)
+        if path is not None:
+            ensure_db_file(path)  # created 0600 before SQLite opens it; no symlink
         if memory:
             engine = create_engine(
                 url,
@@ -212,7 +201,7 @@ def usage_tokens(usage: str | None) -> tuple[int | None, int | None]:
         return None, None
     try:
         obj = json.loads(usage)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None, None
     if not isinstance(obj, dict):
         return None, None

@@ -1,0 +1,440 @@
+#!/usr/bin/env python3
+"""Fuzz campaign: mutated capture files and HTTP/SSE/JSON streams through the
+real recording chain (reassembly → http1 → streams → redaction → token
+collector), with hypothesis drawing the mutations.
+
+Three kinds of case, from a seed corpus taken from ``pcaps/``:
+
+* ``capture``: the bytes of a small capture file, mutated (bit flips, inserted
+  tokens, deleted/duplicated ranges, truncation), replayed from a file;
+* ``flows``: the reassembled byte streams of a capture (both directions of
+  every connection), one to three of them mutated with HTTP/SSE/JSON-aware
+  tokens (deep nesting, huge numbers, lone surrogates, chunk sizes, gzip
+  headers, a small gzip bomb …), each cut at random points;
+* ``json``: one SSE data item, mutated, through every dialect, the JSON-text
+  redaction, the secret-field scrubber and the token masker.
+
+A crash is an exception escaping the chain, a connection dropped by the
+pipeline's last-resort handler (``internal_errors``), a stream opened but never
+closed, or text still held by the redactor after the flush. A hang is a case
+running longer than ``--timeout`` seconds (SIGALRM). Crashing inputs are saved
+to ``--out``. Prints cases, crashes, hangs, max RSS and time; exit code 1 when
+anything crashed or hung.
+
+Usage: ``python scripts/fuzz.py [--cases 100000] [--seed 1]`` (``make fuzz``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import resource
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sniffer.capture.pcap import CaptureFileError, read_capture  # noqa: E402
+from sniffer.core.credentials import scrub_json_secrets  # noqa: E402
+from sniffer.core.events import (  # noqa: E402
+    FlowData,
+    FlowEvent,
+    PipelineError,
+    StreamClosed,
+    StreamOpened,
+)
+from sniffer.core.pipeline import Pipeline  # noqa: E402
+from sniffer.core.reassembly import Reassembler  # noqa: E402
+from sniffer.llm.dialects import REGISTRY  # noqa: E402
+from sniffer.record.redact import Redactor, StreamRedactor, _mask_tokens_json  # noqa: E402
+from sniffer.record.token_collector import TokenCollector  # noqa: E402
+
+SEEDS = (
+    "nonstream_chat",
+    "chat_mixed_tpc3",
+    "client_abort",
+    "error_midstream",
+    "dialect_tgi_stream",
+    "dialect_ollama_stream",
+    "dialect_anthropic_nonstream",
+    "dialect_responses_nonstream",
+    "sec_pii",
+    "sec_secrets",
+    "include_usage",
+    "fault_lost",
+)
+
+#: Tokens inserted by mutation: HTTP framing, SSE syntax, hostile JSON.
+TOKENS: tuple[bytes, ...] = (
+    b"[" * 3000,
+    b"{" * 3000,
+    b'{"a":' * 1500,
+    b"9" * 5000,
+    b"1e999999",
+    b"-0.0e-9999",
+    b'"\\ud83d"',
+    b'"\\u0000"',
+    b"\xff\xfe\xed",
+    b"\r\n",
+    b"\n\n",
+    b"\r\n\r\n",
+    b"data: ",
+    b"data: [DONE]\n\n",
+    b"event: error\n",
+    b": ping\n",
+    b"\xef\xbb\xbf",
+    b'{"choices":[{"index":0,"delta":{"content":"x"}}]}',
+    b'{"choices":null,"usage":{"prompt_tokens":1e400}}',
+    b'"index":-99999999999999999999',
+    b"null",
+    b"0\r\n\r\n",
+    b"ffffffffffffffff\r\n",
+    b"Transfer-Encoding: chunked\r\n",
+    b"Content-Length: 99999999999\r\n",
+    b"Content-Length: -1\r\n",
+    b"Content-Encoding: gzip\r\n",
+    b"Content-Encoding: deflate, gzip\r\n",
+    b"Content-Type: text/event-stream\r\n",
+    b"Content-Type: application/x-ndjson\r\n",
+    b"Authorization Bearer sk-abcdefghijklmnopqrstuvwxyz\r\n",
+    b"HTTP/1.1 200 OK\r\n",
+    b"HTTP/1.1 100 Continue\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\n",
+    b"GET / HTTP/1.0\r\n\r\n",
+    b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03",
+    gzip.compress(b"\0" * (4 << 20), 9),
+    b"138 1234 5678 a@b.co sk-" + b"A" * 40,
+)
+
+_MUTATION = st.tuples(
+    st.sampled_from(("flip", "insert", "delete", "dup", "truncate", "byte")),
+    st.floats(0.0, 1.0, allow_nan=False),
+    st.integers(0, 4096),
+)
+MUTATIONS = st.lists(_MUTATION, min_size=1, max_size=6)
+
+
+def mutate(data: bytes, ops: list[tuple[str, float, int]], floor: int = 0) -> bytes:
+    """Apply ``ops`` to ``data`` (positions as fractions of the length, never
+    before ``floor``: a capture's file header)."""
+    b = bytearray(data)
+    for kind, frac, arg in ops:
+        n = len(b)
+        pos = floor + int(frac * max(0, n - floor))
+        if kind == "flip" and pos < n:
+            b[pos] ^= 1 << (arg % 8)
+        elif kind == "byte" and pos < n:
+            b[pos] = arg % 256
+        elif kind == "insert":
+            b[pos:pos] = TOKENS[arg % len(TOKENS)]
+        elif kind == "delete":
+            del b[pos : pos + 1 + arg % 512]
+        elif kind == "dup":
+            b[pos:pos] = b[pos : pos + 1 + arg % 2048]
+        elif kind == "truncate" and pos > floor:
+            del b[pos:]
+    return bytes(b)
+
+
+# --------------------------------------------------------------------- corpus
+
+
+@dataclass
+class Corpus:
+    captures: list[bytes] = field(default_factory=list)
+    flows: list[list[FlowEvent]] = field(default_factory=list)
+    items: list[str] = field(default_factory=list)
+
+
+def load_corpus(pcaps: Path) -> Corpus:
+    c = Corpus()
+    for name in SEEDS:
+        path = pcaps / f"{name}.pcap"
+        if not path.exists():
+            continue
+        c.captures.append(path.read_bytes())
+        r = Reassembler()
+        flows: list[FlowEvent] = []
+        last = 0.0
+        for seg in read_capture(path):
+            flows.extend(r.feed(seg))
+            last = seg.ts
+        flows.extend(r.flush(last))
+        c.flows.append(flows)
+        for ev in flows:
+            if isinstance(ev, FlowData):
+                for line in bytes(ev.data).split(b"\n"):
+                    if line.startswith(b"data: {"):
+                        c.items.append(line[6:].decode("utf-8", "replace"))
+    c.items = c.items[:200]
+    return c
+
+
+# ---------------------------------------------------------------------- cases
+
+
+class Crash(Exception):
+    pass
+
+
+class Hang(Exception):
+    pass
+
+
+_LAST_INTERNAL: list[str] = [""]
+
+
+def _chain(pipe: Pipeline, events: list[Any], chain: StreamRedactor, col: TokenCollector) -> None:
+    for ev in events:
+        if isinstance(ev, PipelineError) and ev.stage == "pipeline":
+            _LAST_INTERNAL[0] = ev.message
+    col.observe(events)
+    chain.events(events)
+
+
+def _check(pipe: Pipeline, opened: int, closed: int, chain: StreamRedactor) -> None:
+    if pipe.internal_errors:
+        raise Crash(f"pipeline dropped a connection: {_LAST_INTERNAL[0][:120]}")
+    if opened != closed:
+        raise Crash(f"{opened} streams opened, {closed} closed")
+    st_ = pipe.streams.stats
+    if st_.streams_opened != st_.streams_closed:
+        raise Crash("stream stats disagree")
+    if chain.held:
+        raise Crash(f"redactor still holds {chain.held} chunk events")
+
+
+def _count(events: list[Any], acc: list[int]) -> None:
+    for ev in events:
+        t = type(ev)
+        if t is StreamOpened:
+            acc[0] += 1
+        elif t is StreamClosed:
+            acc[1] += 1
+
+
+def run_capture(data: bytes, tmpdir: str) -> None:
+    path = os.path.join(tmpdir, "case.pcap")
+    with open(path, "wb") as fh:
+        fh.write(data)
+    try:
+        reader = read_capture(path)
+    except CaptureFileError:
+        return
+    pipe = Pipeline()
+    red = Redactor()
+    chain, col = StreamRedactor(red), TokenCollector(redactor=red)
+    acc = [0, 0]
+    last = 0.0
+    for seg in reader:
+        out = pipe.feed(seg)
+        last = seg.ts
+        if out:
+            _count(out, acc)
+            _chain(pipe, out, chain, col)
+    out = pipe.flush(last)
+    _count(out, acc)
+    _chain(pipe, out, chain, col)
+    chain.events(chain.flush())
+    col.take()
+    _check(pipe, acc[0], acc[1], chain)
+
+
+def run_flows(flows: list[FlowEvent], cuts: list[float]) -> None:
+    pipe = Pipeline()
+    red = Redactor()
+    chain, col = StreamRedactor(red), TokenCollector(redactor=red)
+    acc = [0, 0]
+    ci = 0
+    last = 0.0
+    for ev in flows:
+        last = ev.ts
+        if isinstance(ev, FlowData) and cuts:
+            data = bytes(ev.data)
+            k = 1 + int(cuts[ci % len(cuts)] * 3)
+            ci += 1
+            step = max(1, len(data) // k)
+            parts = [
+                FlowData(ev.conn, ev.ts, ev.from_client, data[i : i + step])
+                for i in range(0, len(data), step)
+            ]
+            out = pipe.feed_flows(parts)
+        else:
+            out = pipe.feed_flows([ev])
+        _count(out, acc)
+        _chain(pipe, out, chain, col)
+    out = pipe.flush(last + 1)
+    _count(out, acc)
+    _chain(pipe, out, chain, col)
+    chain.events(chain.flush())
+    col.take()
+    _check(pipe, acc[0], acc[1], chain)
+
+
+def run_json(item: str) -> None:
+    for _match, factory in REGISTRY:
+        dialect = factory()
+        dialect.event(item, "message")
+        dialect.event(item, "ndjson")
+        dialect.body(item)
+    red = Redactor()
+    red.json_text(item)
+    red.text(item)
+    scrub_json_secrets(item)
+    _mask_tokens_json(item)
+
+
+# ------------------------------------------------------------------- campaign
+
+
+@dataclass
+class Report:
+    cases: int = 0
+    by_kind: Counter[str] = field(default_factory=Counter)
+    crashes: Counter[str] = field(default_factory=Counter)
+    hangs: int = 0
+    seconds: float = 0.0
+    max_rss_mb: float = 0.0
+    examples: dict[str, str] = field(default_factory=dict)
+
+    def line(self) -> str:
+        rate = self.cases / self.seconds if self.seconds else 0.0
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(self.by_kind.items()))
+        return (
+            f"fuzz: {self.cases} cases ({kinds}) in {self.seconds:.0f} s ({rate:.0f}/s): "
+            f"{sum(self.crashes.values())} crashes, {self.hangs} hangs, "
+            f"max RSS {self.max_rss_mb:.0f} MB"
+        )
+
+
+def _alarm(_signum: int, _frame: Any) -> None:
+    raise Hang
+
+
+def campaign(
+    cases: int,
+    *,
+    pcaps: Path = REPO / "pcaps",
+    timeout: float = 10.0,
+    out: Path | None = None,
+    progress: bool = False,
+    derandomize: bool = False,
+) -> Report:
+    corpus = load_corpus(pcaps)
+    report = Report()
+    started = time.perf_counter()
+    tmpdir = tempfile.mkdtemp(
+        prefix="sparseety-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    )
+    use_alarm = hasattr(signal, "setitimer")
+    if use_alarm:
+        old = signal.signal(signal.SIGALRM, _alarm)
+
+    def record(kind: str, data: bytes | str, exc: BaseException) -> None:
+        tb = traceback.extract_tb(exc.__traceback__)
+        where = f"{tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else "?"
+        sig = f"{kind}: {type(exc).__name__}: {str(exc)[:80]} at {where}"
+        report.crashes[sig] += 1
+        if sig not in report.examples and out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            name = f"crash-{len(report.examples)}.{kind}"
+            (out / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+            report.examples[sig] = name
+
+    @settings(
+        max_examples=cases,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        derandomize=derandomize,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        kind=st.sampled_from(("capture", "flows", "flows", "flows", "json")),
+        seed=st.integers(0, 10_000),
+        ops=MUTATIONS,
+        cuts=st.lists(st.floats(0.0, 1.0, allow_nan=False), max_size=6),
+        which=st.integers(0, 10_000),
+    )
+    def one(
+        kind: str, seed: int, ops: list[tuple[str, float, int]], cuts: list[float], which: int
+    ) -> None:
+        report.cases += 1
+        report.by_kind[kind] += 1
+        data: bytes | str = b""
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            if kind == "capture":
+                data = mutate(corpus.captures[seed % len(corpus.captures)], ops, floor=24)
+                run_capture(data, tmpdir)
+            elif kind == "flows":
+                flows = list(corpus.flows[seed % len(corpus.flows)])
+                idx = [i for i, ev in enumerate(flows) if isinstance(ev, FlowData)]
+                if idx:
+                    for j in range(1 + which % 3):
+                        i = idx[(which + j * 7919) % len(idx)]
+                        ev = flows[i]
+                        assert isinstance(ev, FlowData)
+                        flows[i] = FlowData(
+                            ev.conn, ev.ts, ev.from_client, mutate(bytes(ev.data), ops)
+                        )
+                data = b"\n--flow--\n".join(bytes(e.data) for e in flows if isinstance(e, FlowData))
+                run_flows(flows, cuts)
+            else:
+                item = corpus.items[seed % len(corpus.items)]
+                data = mutate(item.encode(), ops).decode("utf-8", "replace")
+                run_json(data)
+        except Hang:
+            report.hangs += 1
+            record(kind, data, Hang(f"over {timeout} s"))
+        except Exception as exc:  # a crash: count it, keep going
+            record(kind, data, exc)
+        finally:
+            if use_alarm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        if progress and report.cases % 5000 == 0:
+            report.seconds = time.perf_counter() - started
+            report.max_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            print(report.line(), flush=True)
+
+    try:
+        one()
+    finally:
+        if use_alarm:
+            signal.signal(signal.SIGALRM, old)
+        for f in Path(tmpdir).iterdir():
+            f.unlink()
+        os.rmdir(tmpdir)
+    report.seconds = time.perf_counter() - started
+    report.max_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=100_000)
+    ap.add_argument("--timeout", type=float, default=10.0, help="seconds before a case is a hang")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "fuzz")
+    ns = ap.parse_args(argv)
+    report = campaign(ns.cases, timeout=ns.timeout, out=ns.out, progress=True)
+    print(report.line())
+    for sig, n in report.crashes.most_common():
+        print(f"  {n:6d}  {sig}  ({report.examples.get(sig, '')})")
+    return 1 if report.crashes or report.hangs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

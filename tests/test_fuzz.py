@@ -1,0 +1,49 @@
+"""The fuzz campaign (``make fuzz``, scripts/fuzz.py), short: mutated captures
+and HTTP/SSE/JSON streams through the recording chain crash nothing, hang
+nothing, drop no connection and leave no stream open."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from fuzz import TOKENS, campaign, mutate  # noqa: E402
+
+
+def test_mutate_keeps_the_capture_header_and_applies_ops() -> None:
+    data = bytes(range(64))
+    out = mutate(data, [("flip", 0.0, 0)], floor=24)
+    assert out[:24] == data[:24] and out != data
+    assert TOKENS[0] in mutate(data, [("insert", 0.5, 0)])
+    assert len(mutate(data, [("truncate", 0.5, 0)])) < len(data)
+
+
+def test_short_campaign_finds_nothing(tmp_path: Path) -> None:
+    report = campaign(400, timeout=30.0, out=tmp_path, derandomize=True)
+    assert report.cases == 400
+    assert set(report.by_kind) == {"capture", "flows", "json"}
+    assert not report.crashes, report.crashes
+    assert report.hangs == 0
+
+
+def test_a_dropped_connection_counts_as_a_crash(monkeypatch: object) -> None:
+    import pytest
+    from fuzz import Crash, load_corpus, run_flows
+
+    from sniffer.core.streams import StreamAssembler
+
+    corpus = load_corpus(ROOT / "pcaps")
+
+    def broken(self: StreamAssembler, ev: object) -> list[object]:
+        raise RecursionError("injected")
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(StreamAssembler, "feed", broken)
+    try:
+        with pytest.raises(Crash, match="dropped a connection"):
+            run_flows(corpus.flows[0], [])
+    finally:
+        mp.undo()
