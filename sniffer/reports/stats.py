@@ -58,6 +58,7 @@ from sqlalchemy import Engine, select
 
 from sniffer.core.events import NOT_LLM
 from sniffer.llm.fingerprint import fingerprint
+from sniffer.llm.logprobs import TokenLogprob, output_logprobs
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
 from sniffer.reports.align import longest_common_prefix
 from sniffer.store.models import chunks, streams
@@ -112,6 +113,11 @@ class Output:
     token_starts: tuple[int, ...] = ()  # character start of each token of ``ids``
     server_ids: tuple[int, ...] | None = None  # the server's own token ids, if known
     server_starts: tuple[int, ...] = ()  # character start of each server token
+    #: the server's per-token log-probabilities (and top alternatives), when every
+    #: chunk carried them and their bytes spell ``text``; see sniffer.llm.logprobs
+    logprobs: tuple[TokenLogprob, ...] | None = field(default=None, repr=False)
+    request_json: str | None = field(default=None, repr=False)  # the request body
+    cause: str | None = None  # stats: why this variant differs from the modal one
 
     @property
     def complete(self) -> bool:
@@ -187,20 +193,25 @@ def build_outputs(
     server_rows: Iterable[Sequence[Any]] = (),
 ) -> list[Output]:
     """Outputs from ``streams`` rows and chunk tuples ``(stream_id, choice, text,
-    ts, finish_reason)`` in (stream_id, seq) order; ``server_rows`` are
+    ts, finish_reason[, logprobs])`` in (stream_id, seq) order; ``server_rows`` are
     ``(stream_id, choice, server_tokens, server_ids)`` JSON texts of the token
     pass. Pure apart from the registry loading tokenizers on first use (a
     configured tokenizer that fails raises TokenizerLoadError)."""
     texts: dict[int, dict[int, list[tuple[str, float | None]]]] = {}
     finishes: dict[int, dict[int, str]] = {}
+    lps: dict[tuple[int, int], list[str | None]] = {}  # logprobs of each chunk, in order
     cur_sid: Any = None
     cur: dict[int, list[tuple[str, float | None]]] = {}
-    for sid, choice, text, ts, finish in chunk_rows:
+    for crow in chunk_rows:
+        sid, choice, text, ts, finish = crow[:5]
         if choice is None or choice < 0:
             continue
         if sid != cur_sid:
             cur_sid = sid
             cur = texts.setdefault(sid, {})
+        lp = crow[5] if len(crow) > 5 else None
+        if text or lp is not None:
+            lps.setdefault((sid, choice), []).append(lp)
         if text:
             got = cur.get(choice)
             if got is None:
@@ -240,11 +251,10 @@ def build_outputs(
         ttft = t_first - t_req if t_first is not None and t_req is not None else None
         for ch, pieces, fin in plan:
             text = "".join(p[0] for p in pieces)
-            sids, starts = (
-                _server_tokens(server.get((sid, ch)), text)
-                if dialect not in WHOLE_MESSAGE_DIALECTS
-                else (None, ())
-            )
+            whole = dialect in WHOLE_MESSAGE_DIALECTS
+            sids, starts = (None, ()) if whole else _server_tokens(server.get((sid, ch)), text)
+            chunk_lps = lps.get((sid, ch))
+            logprobs = None if whole or not chunk_lps else output_logprobs(chunk_lps, text)
             out = Output(
                 stream_id=sid,
                 choice=ch,
@@ -269,6 +279,8 @@ def build_outputs(
                 chunk_ends=tuple(accumulate(len(p[0]) for p in pieces)),
                 server_ids=sids,
                 server_starts=starts,
+                logprobs=logprobs,
+                request_json=row.get("request_json"),
             )
             pending.append((out, pieces))
 
@@ -338,11 +350,20 @@ def load_outputs(
     s_stmt = select(*cols).where(*cond).order_by(streams.c.t_request, streams.c.id)
     c_stmt = (
         select(
-            chunks.c.stream_id, chunks.c.choice, chunks.c.text, chunks.c.ts, chunks.c.finish_reason
+            chunks.c.stream_id,
+            chunks.c.choice,
+            chunks.c.text,
+            chunks.c.ts,
+            chunks.c.finish_reason,
+            chunks.c.logprobs,
         )
         .join(streams, streams.c.id == chunks.c.stream_id)
         .where(*cond)
-        .where((chunks.c.text != "") | chunks.c.finish_reason.is_not(None))
+        .where(
+            (chunks.c.text != "")
+            | chunks.c.finish_reason.is_not(None)
+            | chunks.c.logprobs.is_not(None)
+        )
         .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
     )
     t_stmt = (
