@@ -41,8 +41,8 @@ from typing import Any
 from sniffer.llm.logprobs import TokenLogprob
 
 __all__ = [
-    "ReferenceModelError",
     "ReferenceModel",
+    "ReferenceModelError",
     "ReferenceUnavailable",
     "ScoreJob",
     "prompt_messages",

@@ -396,6 +396,10 @@ class Variant:
     preview: str  # first PREVIEW_CHARS characters
     stream_ids: list[int]  # streams that produced it (first 10)
     fork: str | None  # the text from the fork token on (≤ 40 chars), None if no fork
+    #: why it differs from the group's most frequent variant (None for that one);
+    #: see sniffer.reports.causes
+    cause: str | None = None
+    cause_evidence: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -431,9 +435,13 @@ def _fork_text(o: Output, pos: int) -> str:
     return tok.decode(o.ids[pos : pos + 12])[:40]
 
 
-def compute_stats(outputs: Sequence[Output]) -> StatsReport:
+def compute_stats(outputs: Sequence[Output], *, near_tie_margin: float = 0.5) -> StatsReport:
     """Group outputs by fingerprint (with label and model) and measure their
-    stability. Sampled-out outputs (no text kept) are counted, not grouped."""
+    stability. Sampled-out outputs (no text kept) are counted, not grouped.
+    Every variant but the most frequent one gets a cause class
+    (:func:`sniffer.reports.causes.classify` against the most frequent one)."""
+    from sniffer.reports.causes import classify, distribution
+
     by_key: dict[str, list[Output]] = {}
     sampled_out = 0
     for o in outputs:
@@ -443,6 +451,7 @@ def compute_stats(outputs: Sequence[Output]) -> StatsReport:
         by_key.setdefault(o.key, []).append(o)
     groups: list[Group] = []
     singletons = 0
+    all_causes: list[str | None] = []
     for key, members in by_key.items():
         if len(members) < 2:
             singletons += 1
@@ -460,16 +469,24 @@ def compute_stats(outputs: Sequence[Output]) -> StatsReport:
         reps = [firsts[k] for k, _ in counts.most_common()]
         lcp = longest_common_prefix([o.ids for o in reps])
         fork = None if distinct == 1 else lcp
-        variants = [
-            Variant(
-                count=counts[k],
-                tokens=len(firsts[k].ids),
-                preview=firsts[k].text[:PREVIEW_CHARS],
-                stream_ids=sids[k],
-                fork=None if fork is None else _fork_text(firsts[k], fork),
+        variants = []
+        for i, (k, _) in enumerate(counts.most_common()):
+            why = None if i == 0 else classify(reps[0], firsts[k], margin=near_tie_margin)
+            if why is not None:
+                all_causes.append(why.cause)
+            if i >= MAX_VARIANTS:
+                continue
+            variants.append(
+                Variant(
+                    count=counts[k],
+                    tokens=len(firsts[k].ids),
+                    preview=firsts[k].text[:PREVIEW_CHARS],
+                    stream_ids=sids[k],
+                    fork=None if fork is None else _fork_text(firsts[k], fork),
+                    cause=None if why is None else why.cause,
+                    cause_evidence=None if why is None else (why.evidence or None),
+                )
             )
-            for k, _ in counts.most_common(MAX_VARIANTS)
-        ]
         m0 = members[0]
         groups.append(
             Group(
@@ -489,6 +506,8 @@ def compute_stats(outputs: Sequence[Output]) -> StatsReport:
     groups.sort(key=lambda g: (g.label or "", g.deterministic, g.prompt))
     summary = _summary(groups, singletons)
     summary["sampled_out_outputs"] = sampled_out
+    summary["variant_causes"] = distribution(all_causes)
+    summary["near_tie_margin"] = near_tie_margin
     return StatsReport(groups, singletons, summary)
 
 
@@ -518,6 +537,7 @@ def stats(
     model: str | None = None,
     registry: TokenizerRegistry | None = None,
     include_incomplete: bool = False,
+    near_tie_margin: float = 0.5,
 ) -> StatsReport:
     """Load outputs from the store and compute their stability report."""
     return compute_stats(
@@ -527,7 +547,8 @@ def stats(
             model=model,
             registry=registry,
             include_incomplete=include_incomplete,
-        )
+        ),
+        near_tie_margin=near_tie_margin,
     )
 
 
@@ -560,6 +581,8 @@ def stats_json(report: StatsReport) -> dict[str, Any]:
                         "preview": v.preview,
                         "stream_ids": v.stream_ids,
                         "fork_text": v.fork,
+                        "cause": v.cause,
+                        "cause_evidence": v.cause_evidence,
                     }
                     for v in g.variants
                 ],
@@ -593,9 +616,10 @@ def format_stats(report: StatsReport, *, show_deterministic: bool = True) -> str
         )
         for v in g.variants:
             fork = f"  fork→{v.fork!r}" if v.fork is not None else ""
+            why = f"  [{v.cause}]" if v.cause is not None else ""
             lines.append(
                 f"    x{v.count:<4} {v.tokens:>5} tok  {json.dumps(v.preview, ensure_ascii=False)}"
-                f"{fork}"
+                f"{fork}{why}"
             )
         if g.distinct > len(g.variants):
             lines.append(f"    … {g.distinct - len(g.variants)} more variants")
@@ -609,6 +633,12 @@ def format_stats(report: StatsReport, *, show_deterministic: bool = True) -> str
         lines.append(
             f"  {s['sampled_out_outputs']} outputs left out: their text was sampled out "
             "(--sample-rate), not compared"
+        )
+    vc = s.get("variant_causes") or {}
+    if any(vc.values()):
+        lines.append(
+            "  why variants differ from the most frequent one: "
+            + ", ".join(f"{k} {v}" for k, v in vc.items() if v)
         )
     for label, part in s["labels"].items():
         lines.append(
