@@ -1026,29 +1026,36 @@ def _cause_lines(report: DiffReport, limit: int) -> list[str]:
             out.append("  … more pairs (--json for all)")
             break
         shown += 1
-        ev = pr.cause_evidence or {}
-        words = []
-        if "fork_token" in ev:
-            words.append(f"at logprob token {ev['fork_token']}")
-        base_name, cand_name = report.baseline, report.candidate
-        for k, name in (("reference_view", base_name), ("other_view", cand_name)):
-            if k in ev:
-                words.append(_view_words(name, ev[k]))
-        if pr.cause == "length_only":
-            early = base_name if ev.get("stopped_early") == "reference" else cand_name
-            words.append(
-                f"{early} stopped early (finish {pr.baseline_finish or '-'}/"
-                f"{pr.candidate_finish or '-'})"
-            )
-        if pr.cause == "finish_only":
-            words.append(f"finish {pr.baseline_finish or '-'} vs {pr.candidate_finish or '-'}")
-        if ev.get("why"):
-            words.append(ev["why"])
+        words = cause_words(pr, report.baseline, report.candidate)
         out.append(
             f"  {pr.key} streams {pr.baseline_stream}/{pr.candidate_stream} choice "
-            f"{pr.baseline_choice}: {pr.cause}" + (" — " + "; ".join(words) if words else "")
+            f"{pr.baseline_choice}: {pr.cause}" + (" — " + words if words else "")
         )
     return out
+
+
+def cause_words(pr: PairResult, baseline: str, candidate: str) -> str:
+    """What a pair's cause rests on, in words (empty for identical pairs)."""
+    ev = pr.cause_evidence or {}
+    words = []
+    if "fork_token" in ev:
+        words.append(f"at logprob token {ev['fork_token']}")
+    for k, name in (("reference_view", baseline), ("other_view", candidate)):
+        if k in ev:
+            words.append(_view_words(name, ev[k]))
+    if pr.cause == "length_only":
+        early = baseline if ev.get("stopped_early") == "reference" else candidate
+        words.append(
+            f"{early} stopped early (finish {pr.baseline_finish or '-'}/"
+            f"{pr.candidate_finish or '-'})"
+        )
+    if pr.cause == "finish_only":
+        words.append(f"finish {pr.baseline_finish or '-'} vs {pr.candidate_finish or '-'}")
+    if pr.cause == "retokenization_only":
+        words.append("same text, other token ids")
+    if ev.get("why"):
+        words.append(ev["why"])
+    return "; ".join(words)
 
 
 def _reference_lines(report: DiffReport, limit: int) -> list[str]:
