@@ -328,3 +328,19 @@ def test_stats_explains_variants_with_the_same_classes(tmp_path: Path) -> None:
     assert "[near_tie]" in text and "why variants differ from the most frequent one:" in text
     outs = compute_stats([]).summary
     assert outs["variant_causes"]["unknown"] == 0
+
+
+def test_an_unreadable_alternative_proves_nothing() -> None:
+    """A logprob mangled on the way (e.g. digits redacted as a card number) is not
+    read as "the other token is outside the top-k"."""
+    base = [*HEAD, T(" on", -0.7, [(" on", -0.7), (" up", -3.0)])]
+    cand = [*HEAD, T(" in", -0.7, [(" in", -0.7), (" at", -3.0)])]
+    outs = _outputs({1: ("a", base), 2: ("b", cand)})
+    assert classify(outs[0], outs[1]).cause == "substantive"
+    mangled = json.loads(lp_json(base[-1]))
+    mangled["content"][0]["top_logprobs"][1]["logprob"] = "-3.<CARD>"
+    lps = parse_logprobs(json.dumps(mangled))
+    assert lps is not None and lps[0].top_complete is False and len(lps[0].top) == 1
+    outs[0].logprobs = (*(outs[0].logprobs or ())[:3], lps[0])
+    outs[1].logprobs = None
+    assert classify(outs[0], outs[1]).cause == "unknown"

@@ -92,6 +92,10 @@ def _view(
         view.update(other=other.text, other_logprob=other.logprob, gap=gap, in_top_k=True)
         view["verdict"] = "near_tie" if abs(gap) <= margin else "substantive"
         return view
+    if not chosen.top_complete:  # an alternative was unreadable: it may be the other one
+        view["verdict"] = None
+        view["unreadable"] = True
+        return view
     if chosen.top and chosen.logprob is not None:
         view["in_top_k"] = False
         floor = min(a.logprob for a in chosen.top)
