@@ -184,6 +184,8 @@ class ReferenceModel:
                 continue
             i = self.tokenizer.convert_tokens_to_ids(_bytes_to_byte_level(t.key))
             if not isinstance(i, int) or i == self.tokenizer.unk_token_id:
+                i = self.tokenizer.convert_tokens_to_ids(t.text)  # an added token
+            if not isinstance(i, int) or i == self.tokenizer.unk_token_id:
                 return None
             ids.append(i)
         if self.tokenizer.decode(ids) != text:
