@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sniffer.llm.tokens import TokenizerRegistry  # noqa: E402
-from sniffer.reports.causes import classify  # noqa: E402
-from sniffer.reports.stats import build_outputs  # noqa: E402
+from sniffer.llm.tokens import TokenizerRegistry
+from sniffer.reports.causes import classify
+from sniffer.reports.stats import build_outputs
 
 PAIRS = 2000
 TOKENS = 200
