@@ -38,6 +38,7 @@ pcaps:
 	$(PYTHON) scripts/record_pcaps.py
 	$(PYTHON) scripts/craft_faults.py
 	$(PYTHON) scripts/craft_dialect_pcaps.py
+	$(PYTHON) scripts/measure_ttft.py
 
 bench: deps
 	-$(MAKE) --no-print-directory ebpf

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Craft TCP/capture fault variants of recorded fixtures (run after record_pcaps.py).
 
-Each variant is written as ``pcaps/fault_NAME.pcap`` with a
-``fault_NAME.expected.json`` derived from its base's ground truth and the
-transformation (see pcaps/README.md). Packets keep their capture timestamps.
+Each variant is written as ``pcaps/faults/fault_NAME.pcap`` with a
+``fault_NAME.expected.json`` beside it, derived from its base's ground truth
+and the transformation (see pcaps/README.md). Packets keep their capture
+timestamps. Fault fixtures live in their own folder (``FAULTS_DIR``) so that
+``sparseety replay pcaps/*.pcap`` (the README's tour) replays only the clean
+recordings: one of the faults is a deliberately truncated file (exit code 1).
 
-Usage: ``python scripts/craft_faults.py [--pcaps DIR]``
+Usage: ``python scripts/craft_faults.py [--pcaps DIR] [--out DIR]``
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_pcaps import summarize_stream, write_expected
 
 REPO = Path(__file__).resolve().parents[1]
+#: Where every crafted fault fixture (capture and expected file) is written.
+FAULTS_DIR = REPO / "pcaps" / "faults"
 MOD = 1 << 32
 
 
@@ -400,15 +405,17 @@ FAULTS: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pcaps", type=Path, default=REPO / "pcaps")
+    ap.add_argument("--pcaps", type=Path, default=REPO / "pcaps", help="the recorded base fixtures")
+    ap.add_argument("--out", type=Path, default=FAULTS_DIR, help="where the faults are written")
     ns = ap.parse_args(argv)
+    ns.out.mkdir(parents=True, exist_ok=True)
     for fault in FAULTS:
         pkts, expected = fault(ns.pcaps)
         name = expected["fixture"]
-        wrpcap(str(ns.pcaps / f"{name}.pcap"), pkts)
-        write_expected(ns.pcaps / f"{name}.expected.json", expected)
+        wrpcap(str(ns.out / f"{name}.pcap"), pkts)
+        write_expected(ns.out / f"{name}.expected.json", expected)
         print(f"{name:22s} {len(pkts):5d} packets  from {expected['base']}")
-    expected = fault_truncated_file(ns.pcaps, ns.pcaps)
+    expected = fault_truncated_file(ns.pcaps, ns.out)
     print(f"{'fault_truncated_file':22s}   cut    from {expected['base']}")
     return 0
 

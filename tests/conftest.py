@@ -1,6 +1,17 @@
 """Shared fixtures: a throwaway PostgreSQL server for the tests that check the
 store works there too (DESIGN: the same SQLAlchemy models on SQLite and
-PostgreSQL).
+PostgreSQL); and the rule that CI runs every test.
+
+Tests that need something a developer's machine may lack carry a marker:
+``root`` (packet sockets, BPF), ``ebpf`` (loading the eBPF capture program) or
+``postgres`` (given automatically to every test that uses ``pg_url``). Where
+that need cannot be met they are skipped with the reason — except when the
+environment variable ``CI`` is true (``.ci/run`` sets it): there a test with one
+of these markers that is skipped before it runs (a ``skipif`` mark, a fixture
+that skips) FAILS instead, with the reason, because a CI run that silently
+skips the live-capture, eBPF and PostgreSQL tests proves nothing about them.
+Skips a test decides while it runs (a kernel feature it probes, no IPv6) stay
+skips everywhere.
 
 ``SPARSEETY_TEST_PG_URL`` points the tests at an existing server. Otherwise,
 as root on a machine with Debian's ``postgresql`` package (``make test``
@@ -19,6 +30,43 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
+#: Marker → what the marked tests need, for the CI failure message.
+REQUIREMENTS = {
+    "root": "root (packet sockets, BPF)",
+    "ebpf": "the eBPF capture program",
+    "postgres": "a PostgreSQL server",
+}
+
+
+def in_ci() -> bool:
+    """``CI`` is set to a true value (GitHub Actions, GitLab CI and ``.ci/run`` set it)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "pg_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when != "setup" or not report.skipped or not in_ci():
+        return
+    needs = [what for name, what in REQUIREMENTS.items() if item.get_closest_marker(name)]
+    if not needs:
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    report.outcome = "failed"
+    report.longrepr = (
+        f"CI is set, and this test needs {' and '.join(needs)}, which it cannot have here "
+        f"({reason.removeprefix('Skipped: ')}). In CI it must run, not be skipped: run the "
+        "suite as root after 'make deps' (make test does both)."
+    )
 
 
 def _pg_bin() -> str | None:

@@ -82,6 +82,7 @@ def feed(src: EbpfSource, records: list[bytes]) -> list[FlowEvent]:
 
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def of(events: list[FlowEvent], cls: type[T]) -> list[T]:
@@ -344,7 +345,14 @@ def _skip_reason() -> str | None:
     return None
 
 
-live = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+_live_skip = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+
+
+def live(test: F) -> F:
+    """A live eBPF test: marked ``ebpf`` (CI fails instead of skipping it) and
+    skipped with the reason where the kernel or privileges do not allow it."""
+    marked: F = pytest.mark.ebpf(_live_skip(test))
+    return marked
 
 
 @pytest.fixture(scope="module")

@@ -331,9 +331,11 @@ def test_model_name_options() -> None:
 # pcaps/: every expected.json agrees with the bytes in its capture
 # ---------------------------------------------------------------------------
 
+# The recordings in pcaps/ and the crafted faults in pcaps/faults/, by name.
+EXPECTED_FILES = {p.name.removesuffix(".expected.json"): p for p in PCAPS.rglob("*.expected.json")}
 SELF_CHECKED = sorted(
     p.name.removesuffix(".expected.json")
-    for p in PCAPS.glob("*.expected.json")
+    for p in EXPECTED_FILES.values()
     if p.name.removesuffix(".expected.json")
     not in ("fault_lost", "fault_midstream", "fault_truncated_file")
     # crafted by scripts/craft_dialect_pcaps.py for other APIs, not by this server
@@ -348,9 +350,11 @@ def test_pcap_matches_expected(name: str) -> None:
     from record_pcaps import summarize_stream
     from scapy.utils import rdpcap
 
-    assert (PCAPS / f"{name}.pcap").stat().st_size < 300_000
-    exp = json.loads((PCAPS / f"{name}.expected.json").read_text(encoding="utf-8"))
-    pkts = list(rdpcap(str(PCAPS / f"{name}.pcap")))
+    expected = EXPECTED_FILES[name]
+    pcap = expected.with_name(f"{name}.pcap")
+    assert pcap.stat().st_size < 300_000
+    exp = json.loads(expected.read_text(encoding="utf-8"))
+    pkts = list(rdpcap(str(pcap)))
     by_port: dict[int, list[dict[str, Any]]] = {}
     for s in exp["streams"]:
         by_port.setdefault(s["client_port"], []).append(s)

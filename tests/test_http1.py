@@ -1,4 +1,4 @@
-"""http1: mirrored h11 parsing of captured flows, with resynchronisation."""
+"""http1: per-direction parsing of captured flows (heads, framing, bodies), resync."""
 
 from __future__ import annotations
 

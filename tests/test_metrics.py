@@ -34,7 +34,11 @@ from sniffer.store.writer import StoreWriter
 T0 = 1_700_000_000.0
 CLIENT = ("127.0.0.1", 40000)
 SERVER = ("127.0.0.1", 8000)
-PCAPS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "pcaps", "*.pcap")))
+PCAPS = sorted(
+    glob.glob(
+        os.path.join(os.path.dirname(__file__), "..", "pcaps", "**", "*.pcap"), recursive=True
+    )
+)
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -32,7 +32,8 @@ from sniffer.runtime.replay import replay
 from sniffer.store.queries import count_rows
 from sniffer.store.writer import make_engine
 
-PEER = Path(__file__).resolve().parents[2] / "shared" / "peer-pcaps" / "zeek-http"
+# Vendored with its licence and origin: tests/data/peer-pcaps/README.md.
+PEER = Path(__file__).resolve().parent / "data" / "peer-pcaps" / "zeek-http"
 CAPTURES = sorted(
     p for p in PEER.rglob("*") if p.suffix in (".pcap", ".pcapng", ".gz") and p.is_file()
 )

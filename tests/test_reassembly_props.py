@@ -7,7 +7,7 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sniffer import reassembly
+from sniffer.core import reassembly
 from sniffer.core.events import (
     ACK,
     FIN,

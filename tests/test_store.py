@@ -608,7 +608,7 @@ def test_replay_into_postgresql_matches_sqlite(pg_url: str, tmp_path: Path) -> N
     engine.dispose()
     pcaps = Path(__file__).resolve().parent.parent / "pcaps"
     lite = str(tmp_path / "lite.db")
-    for name in ("n2.pcap", "keepalive_3.pcap", "fault_lost.pcap"):
+    for name in ("n2.pcap", "keepalive_3.pcap", "faults/fault_lost.pcap"):
         replay(pcaps / name, pg_url)
         replay(pcaps / name, lite)
     pg, sq = make_engine(pg_url), make_engine(lite)

@@ -28,12 +28,17 @@ REGISTRY = TokenizerRegistry()
 CONFIGURED = TokenizerRegistry([TokenizerSpec("ds-*", str(default_tokenizer_dir()))])
 
 
+# Every fixture by name: the recordings in pcaps/ and the crafted faults in pcaps/faults/.
+FIXTURE_PATHS = {p.stem: p for p in PCAPS.rglob("*.pcap")}
+
+
 def _expected(name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((PCAPS / f"{name}.expected.json").read_text())
+    path = FIXTURE_PATHS[name].with_suffix(".expected.json")
+    data: dict[str, Any] = json.loads(path.read_text())
     return data
 
 
-ALL_FIXTURES = sorted(p.stem for p in PCAPS.glob("*.pcap"))
+ALL_FIXTURES = sorted(FIXTURE_PATHS)
 COMPLETE = [
     n
     for n in ALL_FIXTURES
@@ -47,7 +52,7 @@ def fixture_dbs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fx")
     for name in ALL_FIXTURES:
         db = root / f"{name}.db"
-        replay(PCAPS / f"{name}.pcap", str(db))
+        replay(FIXTURE_PATHS[name], str(db))
         out[name] = db
     return out
 

@@ -1,26 +1,22 @@
-"""HTTP/1.1 over reassembled TCP flows, parsed with h11 (sans-IO).
+"""HTTP/1.1 over reassembled TCP flows (sans-IO).
 
-h11 parses one side of a conversation it takes part in; a sniffer sees both
-sides and takes part in neither. So each captured direction gets its own h11
-``Connection`` in the role that *receives* those bytes: a SERVER-role
-connection parses client→server bytes, a CLIENT-role connection parses
-server→client bytes. The other half of each h11 state machine is driven with
-``send()`` of a synthetic event whose bytes are discarded:
+A sniffer sees both sides of a conversation and takes part in neither, so it
+cannot drive an HTTP library's connection state machine; it parses each
+captured direction on its own, with its own small pieces, as mitmproxy does:
 
-* the response parser is told, before it reads a response, the request it
-  answers (method, version, ``Connection``) — HEAD, 1xx, 204/304 framing and
-  keep-alive depend on it;
-* the request parser is answered with an empty response once it has read a
-  whole request, so it can go on to the next (pipelined) request without
-  waiting for the server.
+* message heads (start line, field lines) are parsed here (``read_head``),
+  with the grammar and the errors h11 applies to what it receives;
+* the body of each message is delimited by a pure rule (``body_framing``,
+  RFC 9112 §6.3): a response's framing depends on the request it answers
+  (HEAD, 1xx, 204/304, CONNECT), which the request direction records;
+* bodies are read by a Content-Length counter, the chunked decoder below, or
+  until the sender closes; Content-Encoding (gzip, deflate) is undone.
 
-Each h11 connection parses exactly one message (plus 1xx heads) and is then
-replaced by a fresh one fed with its unconsumed bytes (``trailing_data``).
-That keeps both directions independent (pipelining, early responses,
-100-continue) and makes recovery simple: after a gap, a mid-stream start or
-malformed framing the direction *hunts* for the next request or status line
-and starts a fresh parser there. The message that was cut is ended with
-``EndReason.GAP`` (or ``ERROR``) — never reported whole.
+Both directions are independent (pipelining, early responses, 100-continue),
+and recovery is simple: after a gap, a mid-stream start or malformed framing
+the direction *hunts* for the next request or status line and starts a fresh
+message there. The message that was cut is ended with ``EndReason.GAP`` (or
+``ERROR``) — never reported whole.
 
 Responses are paired with requests in order. A response that arrives when no
 request is pending is parsed as the answer to an unseen GET and reported with
@@ -29,13 +25,11 @@ an ``HttpError(kind="desync")``.
 
 from __future__ import annotations
 
+import enum
 import re
 import zlib
 from collections import deque
 from dataclasses import dataclass
-
-import h11
-from h11._readers import ChunkedReader as _H11_CHUNKED
 
 from sniffer.core.events import (
     ConnectionClosed,
@@ -71,7 +65,7 @@ _REQUEST_START = re.compile(
     rb"(?:^|(?<=\n))[!#$%&'*+.^_`|~0-9A-Za-z-]{1,24} [^\s]{1,8192} HTTP/1\.[01]\r?\n"
 )
 _RESPONSE_START = re.compile(rb"(?:^|(?<=\n))HTTP/1\.[01] [0-9]{3}[ \r\n]")
-# What is left of a request line h11 rejected — HTTP/0.9 ("GET /path"), a broken
+# What is left of a request line the head parser rejected — HTTP/0.9 ("GET /path"), a broken
 # version ("HTTP/1."), a method alone: recorded as an exchange with a framing
 # error, so that the server's answer (often a 400) still pairs with it.
 _LOOSE_REQUEST_LINE = re.compile(
@@ -146,13 +140,6 @@ def _decoder_for(headers: Headers) -> tuple[_BodyDecoder | None, str | None]:
     return None, f"unsupported content-encoding {', '.join(codings)!r}"
 
 
-def _headers(raw: list[tuple[bytes, bytes]] | h11._headers.Headers) -> Headers:
-    return tuple((n.decode("latin-1"), v.decode("latin-1")) for n, v in raw)
-
-
-_EOM = h11.EndOfMessage()
-
-
 _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;[^\r\n]*)?[ \t]*\r\n")
 _MAX_CHUNK_LINE = 4096
 
@@ -164,9 +151,9 @@ class _ChunkError(Exception):
 
 
 class _ChunkedBody:
-    """Chunked transfer coding, decoded like h11's ChunkedReader (same grammar:
-    ``hex[;ext]CRLF data CRLF … 0CRLF [trailers] CRLF``) but without h11's
-    per-event machinery: this is the hot path of every SSE stream.
+    """Chunked transfer coding (RFC 9112 §7.1: ``hex[;ext]CRLF data CRLF …
+    0CRLF [trailers] CRLF``; spaces or tabs before a chunk line's CRLF are
+    tolerated): the hot path of every SSE stream.
 
     ``feed`` returns the data pieces and, once the last chunk and trailers are
     through, the bytes that follow the message (else ``None``).
@@ -242,42 +229,286 @@ class _ChunkedBody:
         return pieces, None
 
 
+# ---------------------------------------------------------------------------
+# Message heads (RFC 9112 §2–§5) and body framing (RFC 9112 §6.3): pure.
+#
+# The grammar and the texts of the errors are those h11 (0.16) applies
+# when it receives a message, so that this parser accepts and rejects exactly
+# what the h11-based one did (tests/test_http1_heads.py checks it against h11's
+# public API).
+# ---------------------------------------------------------------------------
+
+_TOKEN = rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+"
+_FIELD_VCHAR = rb"[^\x00\s]"  # VCHAR or obs-text
+_REQUEST_LINE = re.compile(
+    rb"(?P<method>" + _TOKEN + rb") (?P<target>[\x21-\x7e]+) HTTP/(?P<version>[0-9]\.[0-9])"
+)
+_STATUS_LINE = re.compile(
+    rb"HTTP/(?P<version>[0-9]\.[0-9]) (?P<status>[0-9]{3})"
+    rb"(?: (?P<reason>(?:[ \t]|" + _FIELD_VCHAR + rb")*))?"
+)
+_FIELD_LINE = re.compile(
+    rb"(?P<name>" + _TOKEN + rb"):[ \t]*"
+    rb"(?P<value>(?:" + _FIELD_VCHAR + rb"+(?:[ \t]+" + _FIELD_VCHAR + rb"+)*)?)[ \t]*"
+)
+_OBS_FOLD = re.compile(rb"[ \t]+")
+_DIGITS = re.compile(rb"[0-9]+")
+_BLANK_LINE = re.compile(rb"\n\r?\n")
+_MAX_LENGTH_DIGITS = 20
+
+
+class HeadError(ValueError):
+    """A message head that is not HTTP/1.x (or framing that cannot be honoured).
+    Distinct from "need more bytes", which is ``None``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    method: bytes
+    target: bytes
+    version: bytes  # b"1.1"
+    headers: Headers  # lower-case names; Content-Length and Transfer-Encoding normalised
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    version: bytes
+    status: int
+    reason: bytes
+    headers: Headers
+
+    @property
+    def informational(self) -> bool:
+        return self.status < 200
+
+
+def take_head_lines(buf: bytearray) -> list[bytearray] | None:
+    """Remove one head (start line and field lines, up to the empty line) from
+    ``buf`` and return its lines without their line ends; ``None`` if the empty
+    line has not arrived yet. Lines end in LF or CRLF."""
+    if buf[:1] == b"\n":
+        del buf[:1]
+        return []
+    if buf[:2] == b"\r\n":
+        del buf[:2]
+        return []
+    m = _BLANK_LINE.search(buf)
+    if m is None:
+        return None
+    head = buf[: m.end()]
+    del buf[: m.end()]
+    lines = head.split(b"\n")[:-2]
+    for line in lines:
+        if line.endswith(b"\r"):
+            del line[-1]
+    return lines
+
+
+def _field_lines(lines: list[bytearray]) -> list[tuple[bytes, bytes]]:
+    """Field lines → (name, value), obs-folded continuation lines joined with a space."""
+    folded: list[bytearray] = []
+    for line in lines:
+        m = _OBS_FOLD.match(line)
+        if m is None:
+            folded.append(line)
+        elif not folded:
+            raise HeadError("continuation line at start of headers")
+        else:
+            folded[-1] = folded[-1] + b" " + line[m.end() :]
+    fields = []
+    for line in folded:
+        f = _FIELD_LINE.fullmatch(line)
+        if f is None:
+            raise HeadError(f"illegal header line: {line!r}")
+        fields.append((bytes(f["name"]), bytes(f["value"])))
+    return fields
+
+
+def _normalise(fields: list[tuple[bytes, bytes]]) -> Headers:
+    """Lower-case names; one Content-Length value (digits, repeats dropped) and
+    one Transfer-Encoding, ``chunked``, or the head is malformed framing
+    (RFC 9112 §6.3 items 4 and 5: a recipient cannot frame such a message)."""
+    out: list[tuple[str, str]] = []
+    length: bytes | None = None
+    chunked = False
+    for raw_name, value in fields:
+        name = raw_name.lower()
+        if name == b"content-length":
+            values = {v.strip() for v in value.split(b",")}
+            if len(values) != 1:
+                raise HeadError("conflicting Content-Length headers")
+            value = values.pop()
+            if _DIGITS.fullmatch(value) is None or len(value) > _MAX_LENGTH_DIGITS:
+                raise HeadError("bad Content-Length")
+            if length is not None:
+                if value != length:
+                    raise HeadError("conflicting Content-Length headers")
+                continue
+            length = value
+        elif name == b"transfer-encoding":
+            if chunked:
+                raise HeadError("multiple Transfer-Encoding headers")
+            value = value.lower()
+            if value != b"chunked":
+                raise HeadError("Only Transfer-Encoding: chunked is supported")
+            chunked = True
+        out.append((name.decode("latin-1"), value.decode("latin-1")))
+    return tuple(out)
+
+
+def parse_request_head(lines: list[bytearray]) -> RequestHead:
+    """A request head from its lines (``take_head_lines``); ``HeadError`` if malformed."""
+    if not lines:
+        raise HeadError("no request line received")
+    m = _REQUEST_LINE.fullmatch(lines[0])
+    if m is None:
+        raise HeadError(f"illegal request line: {lines[0]!r}")
+    headers = _normalise(_field_lines(lines[1:]))
+    version = bytes(m["version"])
+    hosts = sum(1 for name, _ in headers if name == "host")
+    if version == b"1.1" and hosts == 0:
+        raise HeadError("Missing mandatory Host: header")
+    if hosts > 1:
+        raise HeadError("Found multiple Host: headers")
+    return RequestHead(bytes(m["method"]), bytes(m["target"]), version, headers)
+
+
+def parse_response_head(lines: list[bytearray]) -> ResponseHead:
+    """A response head (final or 1xx) from its lines; ``HeadError`` if malformed.
+
+    101 Switching Protocols is refused: the request direction never proposes an
+    upgrade this parser would follow (what comes after is not HTTP/1.1)."""
+    if not lines:
+        raise HeadError("no response line received")
+    m = _STATUS_LINE.fullmatch(lines[0])
+    if m is None:
+        raise HeadError(f"illegal status line: {lines[0]!r}")
+    headers = _normalise(_field_lines(lines[1:]))
+    status = int(m["status"])
+    if status < 100:
+        raise HeadError(
+            f"InformationalResponse status_code should be in range [100, 200), not {status}"
+        )
+    if status == 101:
+        raise HeadError("Received server _SWITCH_UPGRADE event without a pending proposal")
+    reason = bytes(m["reason"]) if m["reason"] is not None else b""
+    return ResponseHead(bytes(m["version"]), status, reason, headers)
+
+
+def read_head(
+    buf: bytearray, from_client: bool, max_size: int
+) -> RequestHead | ResponseHead | None:
+    """Take the next head out of ``buf``: ``None`` until it is complete,
+    ``HeadError`` when the bytes cannot be one (or ``max_size`` bytes still
+    hold no complete head)."""
+    lines = take_head_lines(buf)
+    if lines is None:
+        if buf and buf[0] < 0x21:  # a start line never begins with a space or control
+            raise HeadError("illegal request line")
+        if len(buf) > max_size:
+            raise HeadError("Receive buffer too long")
+        return None
+    return parse_request_head(lines) if from_client else parse_response_head(lines)
+
+
+class BodyKind(enum.Enum):
+    LENGTH = "length"  # exactly ``Framing.length`` bytes (0: no body)
+    CHUNKED = "chunked"  # chunked transfer coding
+    CLOSE = "close"  # everything until the sender closes the connection
+    TUNNEL = "tunnel"  # CONNECT accepted: what follows is not HTTP
+
+
+@dataclass(frozen=True, slots=True)
+class Framing:
+    kind: BodyKind
+    length: int = 0
+
+
+NO_BODY = Framing(BodyKind.LENGTH, 0)
+
+
+def body_framing(head: RequestHead | ResponseHead, request_method: bytes = b"") -> Framing:
+    """How the body of a message is delimited (RFC 9112 §6.3), from its head and,
+    for a response, the method of the request it answers.
+
+    Heads come here validated (``_normalise``): a Transfer-Encoding is exactly
+    ``chunked``, a Content-Length is one decimal number; both at once is read
+    as chunked (§6.3 item 3: Transfer-Encoding overrides).
+    """
+    if isinstance(head, ResponseHead):
+        # 2. a 2xx to CONNECT turns the connection into a tunnel right after
+        # its head (checked first: a 204 to CONNECT is a tunnel too)
+        if request_method == b"CONNECT" and 200 <= head.status < 300:
+            return Framing(BodyKind.TUNNEL)
+        # 1. responses to HEAD, 1xx, 204 and 304 end with their head
+        if request_method == b"HEAD" or head.status < 200 or head.status in (204, 304):
+            return NO_BODY
+    length: int | None = None
+    for name, value in head.headers:
+        if name == "transfer-encoding":  # 3. (validated: "chunked")
+            return Framing(BodyKind.CHUNKED)
+        if name == "content-length" and length is None:
+            length = int(value)
+    if length is not None:  # 5.
+        return Framing(BodyKind.LENGTH, length)
+    if isinstance(head, RequestHead):  # 6. a request without either has no body
+        return NO_BODY
+    return Framing(BodyKind.CLOSE)  # 7. a response without either: read until close
+
+
+class _LengthBody:
+    """A Content-Length body (``remaining`` bytes still to come) or, with
+    ``remaining`` None, a body delimited by the connection's close."""
+
+    __slots__ = ("remaining",)
+
+    def __init__(self, remaining: int | None) -> None:
+        self.remaining = remaining
+
+
 class _Pending:
     """A request the response direction has still to answer."""
 
-    __slots__ = ("close", "exchange", "method")
+    __slots__ = ("exchange", "method")
 
-    def __init__(self, exchange: int, method: bytes, close: bool) -> None:
+    def __init__(self, exchange: int, method: bytes) -> None:
         self.exchange = exchange
         self.method = method
-        self.close = close
 
 
 class _Direction:
     """Parsing state of one direction of one connection."""
 
     __slots__ = (
+        "body",
         "chunked",
         "decode_failed",
         "decoder",
         "exchange",
         "from_client",
+        "head",
         "hunt",
         "hunt_sol",
         "hunted",
         "in_message",
-        "parser",
+        "method",
         "raw",
+        "requests",
     )
 
     def __init__(self, from_client: bool) -> None:
         self.from_client = from_client
-        self.parser: h11.Connection | None = None  # None: hunting or waiting
+        self.head: bytearray | None = None  # not None: reading a head (None: hunting or waiting)
+        self.method = b""  # response direction: the method of the request being answered
+        self.requests = from_client  # the head being read is a request (fixed when it began)
         self.hunt: bytearray | None = None  # not None: looking for a start line
         self.hunted = 0
         self.hunt_sol = True  # the hunt buffer begins at a line start
         self.raw: bytearray | None = None  # bytes of the current message until its head parsed
-        self.chunked: _ChunkedBody | None = None  # set while a chunked body is read without h11
+        self.body: _LengthBody | None = (
+            None  # set while a Content-Length or until-close body is read
+        )
+        self.chunked: _ChunkedBody | None = None  # set while a chunked body is read
         self.exchange = -1  # exchange of the message being parsed
         self.in_message = False  # head seen, end not yet
         self.decoder: _BodyDecoder | None = None
@@ -338,7 +569,9 @@ class HttpParser:
                 d = c.dirs[from_client]
                 if d.chunked is not None:
                     # Hot path: a streamed body (inlined _data → _chunked_data).
-                    self._chunked_data(c, d, ev.ts, ev.data, out)
+                    rest = self._chunked_data(c, d, ev.ts, ev.data, out)
+                    if rest:
+                        self._data(c, d, ev.ts, rest, out)
                 else:
                     self._data(c, d, ev.ts, ev.data, out)
         elif t is ConnectionOpened:
@@ -419,27 +652,31 @@ class HttpParser:
     # ------------------------------------------------------------------ data
 
     def _data(self, c: _Conn, d: _Direction, ts: float, data: bytes, out: list[HttpOutput]) -> None:
-        if d.chunked is not None:
-            self._chunked_data(c, d, ts, data, out)
-            return
-        if d.parser is None:
-            if d.hunt is not None:
-                data = self._hunt(c, d, ts, data, out)
-                if not data or c.dead:
-                    return
-            self._start_message(c, d, ts, out)
-        parser = d.parser
-        assert parser is not None
-        if d.raw is not None and len(d.raw) <= self._max_header:
-            d.raw += data
-        parser.receive_data(data)
-        self._pump(c, d, ts, out)
+        """Bytes of one direction, in order: bodies, heads, the next messages."""
+        while data and not c.dead:
+            if d.chunked is not None:
+                data = self._chunked_data(c, d, ts, data, out)
+            elif d.body is not None:
+                data = self._length_data(c, d, ts, data, out)
+            else:
+                if d.head is None:
+                    if d.hunt is not None:
+                        data = self._hunt(c, d, ts, data, out)
+                        if not data or c.dead:
+                            return
+                    self._start_message(c, d, ts, out)
+                assert d.head is not None
+                if d.raw is not None and len(d.raw) <= self._max_header:
+                    d.raw += data
+                d.head += data
+                data = self._heads(c, d, ts, out)
 
     def _start_message(self, c: _Conn, d: _Direction, ts: float, out: list[HttpOutput]) -> None:
-        """A fresh h11 connection for the next message of this direction."""
+        """Begin reading the next message of this direction."""
         d.raw = bytearray()
+        d.head = bytearray()
+        d.requests = d.from_client
         if d.from_client:
-            d.parser = h11.Connection(h11.SERVER, max_incomplete_event_size=self._max_header)
             return
         if not c.pending:
             # Server bytes with no request to answer. On loopback the request is
@@ -447,118 +684,102 @@ class HttpParser:
             # the answer to an unseen GET.
             ex = c.next_exchange
             c.next_exchange += 1
-            c.pending.append(_Pending(ex, b"GET", False))
+            c.pending.append(_Pending(ex, b"GET"))
             self.stats.desyncs += 1
             self.stats.errors += 1
             self._release_opened(c, out)
             out.append(HttpError(c.id, ex, ts, False, "desync", "response without a request"))
         p = c.pending.popleft()
-        parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=self._max_header)
-        headers = [(b"host", b"sniffed"), (b"content-length", b"0")]
-        if p.close:
-            headers.append((b"connection", b"close"))
-        # h11 only writes HTTP/1.1; an HTTP/1.0 request's "no keep-alive" is
-        # carried by Connection: close (p.close is set for it).
-        parser.send(h11.Request(method=p.method, target=b"/", headers=headers))
-        parser.send(_EOM)
-        d.parser = parser
+        d.method = p.method
         d.exchange = p.exchange
 
-    def _pump(
-        self, c: _Conn, d: _Direction, ts: float, out: list[HttpOutput], at_eof: bool = False
-    ) -> None:
-        """Take every event h11 can give from this direction's buffered bytes."""
-        while True:
-            parser = d.parser
-            if parser is None:
-                return
+    def _heads(self, c: _Conn, d: _Direction, ts: float, out: list[HttpOutput]) -> bytes:
+        """Parse the heads in this direction's buffer (1xx heads, then the final
+        one) and set up the body that follows; return the bytes after the head
+        (the body's first bytes), or b"" when done with this data."""
+        buf = d.head
+        while buf is not None:
             try:
-                ev = parser.next_event()
-            except h11.RemoteProtocolError as exc:
-                if at_eof:  # closed mid-message: the caller ends it as EOF
-                    return
-                if d.in_message:
-                    rest = parser.trailing_data[0]
-                else:
-                    # Rejected head: start again from one byte after its first
-                    # byte, so the same bad start line is not taken again.
-                    rest = bytes(d.raw or b"") or parser.trailing_data[0]
-                    self._malformed(c, d, ts, str(exc), rest, out)
-                    rest = rest[1:]
-                if d.in_message:
-                    self._malformed(c, d, ts, str(exc), rest, out)
+                head = read_head(buf, d.requests, self._max_header)
+            except HeadError as exc:
+                # Rejected head: start again from one byte after its first
+                # byte, so the same bad start line is not taken again.
+                rest = bytes(d.raw or b"") or bytes(buf)
+                self._malformed(c, d, ts, str(exc), rest, out)
                 d.hunt = bytearray()
-                d.hunt_sol = d.in_message
-                if rest and not c.dead:
-                    self._data(c, d, ts, rest, out)
-                return
-            t = type(ev)
-            if t is h11.Data:
-                data = ev.data  # type: ignore[union-attr]
-                if ev.chunk_start and (  # type: ignore[union-attr]
-                    getattr(parser._reader, "_bytes_in_chunk", 0) > MAX_BODY_LENGTH
-                ):
-                    self._overflow(c, d, ts, "chunk size out of range", bytes(data), out)
-                    return
-                self._body(c, d, ts, data, out)
-            elif t is h11.NEED_DATA:
-                return
-            elif t is h11.Request or t is h11.Response or t is h11.InformationalResponse:
-                if t is h11.Request:
-                    self._request(c, d, ts, ev, out)  # type: ignore[arg-type]
+                d.hunt_sol = False
+                if len(rest) > 1 and not c.dead:
+                    self._data(c, d, ts, rest[1:], out)
+                return b""
+            if head is None:
+                return b""
+            if isinstance(head, RequestHead):
+                self._request(c, d, ts, head, out)
+            else:
+                self._response(c, d, ts, head, out)
+            if d.head is not buf:
+                return b""  # the head ended its message (framing error); the rest went on
+            if not d.in_message:
+                continue  # a 1xx head: the final one follows
+            framing = body_framing(head, d.method)
+            rest = bytes(buf)
+            d.head = None
+            if framing.kind is BodyKind.CHUNKED:
+                d.chunked = _ChunkedBody()
+            elif framing.kind is BodyKind.LENGTH:
+                if framing.length == 0:
+                    self._message_end(c, d, ts, EndReason.COMPLETE, out)
                 else:
-                    self._response(c, d, ts, ev, out)  # type: ignore[arg-type]
-                if (
-                    d.in_message
-                    and d.parser is parser
-                    and type(getattr(parser, "_reader", None)) is _H11_CHUNKED
-                    and not at_eof
-                ):
-                    # h11 framed the body as chunked: read it ourselves from here.
-                    d.chunked = _ChunkedBody()
-                    rest = parser.trailing_data[0]
-                    if rest:
-                        self._chunked_data(c, d, ts, rest, out)
-                    return
-            elif t is h11.EndOfMessage:
-                self._message_end(c, d, ts, EndReason.COMPLETE, out)
-                rest = parser.trailing_data[0]
-                if not rest or at_eof:
-                    return
-                self._start_message(c, d, ts, out)
-                assert d.parser is not None and d.raw is not None
-                d.raw += rest
-                d.parser.receive_data(rest)
-            elif t is h11.PAUSED:
-                # CONNECT / Upgrade: what follows is not HTTP. Stop parsing this connection.
+                    d.body = _LengthBody(framing.length)
+            elif framing.kind is BodyKind.CLOSE:
+                d.body = _LengthBody(None)
+            else:  # TUNNEL: what follows is not HTTP. Stop parsing this connection.
                 c.dead = True
-                return
-            else:  # h11.ConnectionClosed
-                return
+                return b""
+            return rest
+        return b""
+
+    def _length_data(
+        self, c: _Conn, d: _Direction, ts: float, data: bytes, out: list[HttpOutput]
+    ) -> bytes:
+        """Bytes of a Content-Length or until-close body; returns what follows the message."""
+        body = d.body
+        assert body is not None
+        if body.remaining is None:
+            self._body(c, d, ts, data, out)
+            return b""
+        take = min(body.remaining, len(data))
+        body.remaining -= take
+        self._body(c, d, ts, data[:take] if take < len(data) else data, out)
+        if body.remaining:
+            return b""
+        self._message_end(c, d, ts, EndReason.COMPLETE, out)
+        return data[take:]
 
     def _chunked_data(
         self, c: _Conn, d: _Direction, ts: float, data: bytes, out: list[HttpOutput]
-    ) -> None:
+    ) -> bytes:
+        """Bytes of a chunked body; returns what follows the message."""
         chunked = d.chunked
         assert chunked is not None
         try:
             pieces, after = chunked.feed(data)
         except _ChunkError as exc:
             self._overflow(c, d, ts, str(exc), exc.rest, out)
-            return
+            return b""
         if d.decoder is None and not d.decode_failed:
             for piece in pieces:
                 out.append(HttpBody(c.id, d.exchange, ts, d.from_client, piece))
         else:
             for piece in pieces:
                 self._body(c, d, ts, piece, out)
-        if after is not None:
-            self._message_end(c, d, ts, EndReason.COMPLETE, out)
-            if after:
-                self._data(c, d, ts, after, out)
+        if after is None:
+            return b""
+        self._message_end(c, d, ts, EndReason.COMPLETE, out)
+        return after
 
     def _request(
-        self, c: _Conn, d: _Direction, ts: float, ev: h11.Request, out: list[HttpOutput]
+        self, c: _Conn, d: _Direction, ts: float, ev: RequestHead, out: list[HttpOutput]
     ) -> None:
         self._release_opened(c, out)
         ex = c.next_exchange
@@ -566,11 +787,8 @@ class HttpParser:
         d.exchange = ex
         d.in_message = True
         d.raw = None
-        headers = _headers(ev.headers)
-        close = ev.http_version < b"1.1" or any(
-            n == "connection" and "close" in v.lower() for n, v in headers
-        )
-        c.pending.append(_Pending(ex, ev.method, close))
+        headers = ev.headers
+        c.pending.append(_Pending(ex, ev.method))
         self.stats.requests += 1
         out.append(
             HttpRequest(
@@ -579,7 +797,7 @@ class HttpParser:
                 ts,
                 ev.method.decode("latin-1"),
                 ev.target.decode("latin-1"),
-                ev.http_version.decode("ascii"),
+                ev.version.decode("ascii"),
                 headers,
             )
         )
@@ -592,8 +810,7 @@ class HttpParser:
         for name, value in headers:
             if name == "content-length" and value.strip().isdigit():
                 if int(value) > MAX_BODY_LENGTH:
-                    parser = d.parser
-                    rest = parser.trailing_data[0] if parser is not None else b""
+                    rest = bytes(d.head) if d.head is not None else b""
                     self._overflow(c, d, ts, "Content-Length out of range", rest, out, True)
                 return
 
@@ -620,12 +837,12 @@ class HttpParser:
         c: _Conn,
         d: _Direction,
         ts: float,
-        ev: h11.Response | h11.InformationalResponse,
+        ev: ResponseHead,
         out: list[HttpOutput],
     ) -> None:
         self._release_opened(c, out)
-        headers = _headers(ev.headers)
-        info = type(ev) is h11.InformationalResponse
+        headers = ev.headers
+        info = ev.informational
         d.in_message = not info
         if not info:
             d.raw = None
@@ -635,9 +852,9 @@ class HttpParser:
                 c.id,
                 d.exchange,
                 ts,
-                ev.status_code,
+                ev.status,
                 ev.reason.decode("latin-1"),
-                ev.http_version.decode("ascii"),
+                ev.version.decode("ascii"),
                 headers,
                 info,
             )
@@ -687,7 +904,8 @@ class HttpParser:
         d.decoder = None
         d.decode_failed = False
         d.in_message = False
-        d.parser = None
+        d.head = None
+        d.body = None
         d.chunked = None
         d.exchange = -1
 
@@ -706,24 +924,22 @@ class HttpParser:
             # The response to this exchange could not be parsed.
             out.append(HttpEnd(c.id, d.exchange, ts, False, EndReason.ERROR))
             d.exchange = -1
-        d.parser = None
+        d.head = None
 
     def _malformed(
         self, c: _Conn, d: _Direction, ts: float, msg: str, rest: bytes, out: list[HttpOutput]
     ) -> None:
-        """h11 rejected the bytes. A rejected request head still makes an exchange
+        """A head was rejected. A rejected request head still makes an exchange
         (the server will answer it, typically 400), recorded with its error."""
         if d.from_client and not d.in_message:
             m = _LOOSE_REQUEST_LINE.match(rest)
             if m is not None:
                 raw_version = m[3]
                 version = raw_version.decode("latin-1") if raw_version is not None else "0.9"
-                # For pairing, anything but a clean 1.1 closes like HTTP/1.0.
-                close = raw_version != b"1.1"
                 self._release_opened(c, out)
                 ex = c.next_exchange
                 c.next_exchange += 1
-                c.pending.append(_Pending(ex, m[1], close))
+                c.pending.append(_Pending(ex, m[1]))
                 self.stats.requests += 1
                 d.exchange = ex
                 d.in_message = True
@@ -802,26 +1018,26 @@ class HttpParser:
             if ex >= 0:
                 out.append(HttpEnd(c.id, ex, ev.ts, False, EndReason.GAP))
         d.exchange = -1 if not d.from_client else d.exchange
-        d.parser = None
+        d.head = None
+        d.body = None
         d.decoder = None
         d.chunked = None
         d.hunt = bytearray()
 
     def _end(self, c: _Conn, d: _Direction, ts: float, reason: str, out: list[HttpOutput]) -> None:
         """One direction ended (FIN, RST, idle, end of capture)."""
-        parser = d.parser
         end = EndReason.RST if reason == "rst" else EndReason.EOF
-        if parser is not None and d.in_message:
-            if reason == "fin" and d.chunked is None:
+        if d.in_message:
+            body = d.body
+            if reason == "fin" and body is not None and body.remaining is None:
                 # A body delimited by connection close ends here.
-                parser.receive_data(b"")
-                self._pump(c, d, ts, out, at_eof=True)
-            if d.in_message:
-                self._message_end(c, d, ts, end, out)
+                end = EndReason.COMPLETE
+            self._message_end(c, d, ts, end, out)
         elif not d.from_client and d.exchange >= 0:
             # The server stopped before answering this exchange.
             out.append(HttpEnd(c.id, d.exchange, ts, False, end))
             d.exchange = -1
-        d.parser = None
+        d.head = None
+        d.body = None
         d.chunked = None
         d.hunt = None

@@ -1,0 +1,328 @@
+"""The command line, as a user runs it: ``replay``, ``streams``, ``show``,
+``export``, ``errors`` and ``prune`` through click on real replayed SQLite
+files (bundled captures, real tokenizer), asserting what they print and write.
+
+(``run``, ``verify``, ``tokenize``, ``probe``, ``stats`` and ``diff`` have their
+CLI tests beside their modules: test_config, test_live_e2e, test_verify,
+test_probe, test_stats_diff.)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from sniffer.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+PCAPS = ROOT / "pcaps"
+PEER = ROOT / "tests" / "data" / "peer-pcaps" / "zeek-http"
+TRUNCATED = PCAPS / "faults" / "fault_truncated_file.pcap"
+TABLES = ("streams", "chunks", "connections", "stream_tokens", "choice_tokens")
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def expected(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((PCAPS / f"{name}.expected.json").read_text())
+    return data
+
+
+def text_of(name: str, i: int = 0) -> str:
+    text: str = expected(name)["streams"][i]["choices"]["0"]["text"]
+    return text
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """chat_english (stream 1), keepalive_3 (2–4), error_midstream (5),
+    reasoning_tools (6–7), labelled by server port like a user would."""
+    db = str(tmp_path_factory.mktemp("cli") / "demo.db")
+    for name in ("chat_english", "keepalive_3", "error_midstream", "reasoning_tools"):
+        port = expected(name)["server_port"]
+        res = cli(
+            "replay", str(PCAPS / f"{name}.pcap"), "--db", db, "-q", "--label", f"{port}={name}"
+        )
+        assert res.exit_code == 0, res.output
+    return db
+
+
+# ----------------------------------------------------------------- replay
+
+
+def test_replay_prints_a_summary_per_file(tmp_path: Path) -> None:
+    db = str(tmp_path / "r.db")
+    res = cli("replay", str(PCAPS / "keepalive_3.pcap"), str(PCAPS / "n2.pcap"), "--db", db, "-q")
+    assert res.exit_code == 0
+    lines = res.output.splitlines()
+    head = [ln for ln in lines if ln.startswith(str(PCAPS))]
+    assert head[0].startswith(f"{PCAPS / 'keepalive_3.pcap'}: ")
+    assert "3 streams (complete 3)" in head[0] and ", 0 errors" in head[0]
+    assert "1 streams (complete 1)" in head[1]
+    assert any(ln.strip().startswith("tokens: ") and "in 3 streams" in ln for ln in lines)
+    assert f"→ {db}" in res.output
+
+
+def test_replay_json_summary(tmp_path: Path) -> None:
+    res = cli("replay", str(PCAPS / "n2.pcap"), "--db", str(tmp_path / "j.db"), "-q", "--json")
+    assert res.exit_code == 0
+    s = json.loads(res.output)
+    assert s["file"].endswith("n2.pcap") and s["streams"] == 1 and s["states"] == {"complete": 1}
+    assert s["capture_error"] is None and s["tokens"] > 0 and s["packets"] > 0
+
+
+def test_replay_of_a_truncated_file_stores_what_it_could_and_exits_1(tmp_path: Path) -> None:
+    db = str(tmp_path / "t.db")
+    res = cli("replay", str(TRUNCATED), "--db", db, "-q", "--no-tokens")
+    assert res.exit_code == 1
+    assert "capture error: truncated packet record at offset" in res.output
+    assert "(everything before it was stored)" in res.output
+    listed = cli("streams", "--db", db)
+    assert listed.exit_code == 0 and len(listed.output.splitlines()) == 1 + 3
+
+
+def test_replay_usage_and_input_errors(tmp_path: Path) -> None:
+    db = str(tmp_path / "e.db")
+    missing = cli("replay", str(tmp_path / "nope.pcap"), "--db", db)
+    assert missing.exit_code == 2 and "nope.pcap: no such file" in missing.output
+    junk = tmp_path / "junk.pcap"
+    junk.write_bytes(b"this is not a capture file at all")
+    bad = cli("replay", str(junk), "--db", db)
+    assert bad.exit_code == 1 and len(bad.output.strip().splitlines()) == 1
+    assert "junk.pcap" in bad.output
+    label = cli("replay", str(PCAPS / "n2.pcap"), "--db", db, "--label", "oops")
+    assert label.exit_code == 2
+
+
+# ---------------------------------------------------------------- streams
+
+
+def test_streams_lists_one_line_per_llm_stream(demo: str) -> None:
+    res = cli("streams", "--db", demo)
+    assert res.exit_code == 0
+    header, *rows = res.output.splitlines()
+    assert header.split() == [
+        "id",
+        "label",
+        "state",
+        "model",
+        "path",
+        "st",
+        "chunks",
+        "chars",
+        "ttft_ms",
+        "dur_ms",
+        "finish",
+    ]
+    assert len(rows) == 7
+    first = rows[0].split()
+    english = expected("chat_english")["streams"][0]
+    assert first[:6] == [
+        "1",
+        "chat_engl",
+        "complete",
+        english["model"],
+        "/v1/chat/completions",
+        "200",
+    ]
+    assert int(first[6]) == english["choices"]["0"]["chunks"]
+    assert int(first[7]) == len(english["choices"]["0"]["text"])
+    assert float(first[8]) == pytest.approx(english["ttft_ms"], abs=0.051)
+    assert first[10] == english["choices"]["0"]["finish_reason"]
+    states = [r.split()[2] for r in rows]
+    assert states.count("error") == 1 and states.count("complete") == 6
+
+
+def test_streams_filters_and_json(demo: str) -> None:
+    only = cli("streams", "--db", demo, "--state", "error")
+    assert only.exit_code == 0
+    rows = only.output.splitlines()[1:]
+    assert len(rows) == 1 and rows[0].split()[1] == "error_mid"
+    lines = cli("streams", "--db", demo, "--json", "--label", "keepalive_3").output.splitlines()
+    got = [json.loads(ln) for ln in lines]
+    assert [r["exchange"] for r in got] == [0, 1, 2]
+    assert {r["label"] for r in got} == {"keepalive_3"}
+    assert [bool(r["is_stream"]) for r in got] == [
+        s["stream"] for s in expected("keepalive_3")["streams"]
+    ]
+    assert len(cli("streams", "--db", demo, "--limit", "2").output.splitlines()) == 3
+    model = expected("reasoning_tools")["streams"][1]["model"]
+    by_model = cli("streams", "--db", demo, "--model", model, "--json").output.splitlines()
+    assert [json.loads(ln)["model"] for ln in by_model] == [model]
+    none = cli("streams", "--db", demo, "--label", "nobody")
+    assert none.exit_code == 0 and none.output.startswith("no streams (try --all")
+
+
+def test_streams_all_shows_plain_http_exchanges(tmp_path: Path) -> None:
+    db = str(tmp_path / "http.db")
+    assert cli("replay", str(PEER / "get.pcap"), "--db", db, "-q", "--no-tokens").exit_code == 0
+    assert cli("streams", "--db", db).output.startswith("no streams")
+    rows = cli("streams", "--db", db, "--all").output.splitlines()[1:]
+    assert len(rows) == 1 and rows[0].split()[2:6] == [
+        "complete",
+        "-",
+        "/download/CHANGES.bro-",  # paths are cut to 22 characters
+        "200",
+    ]
+
+
+# ------------------------------------------------------------------- show
+
+
+def test_show_prints_the_request_and_every_chunk(demo: str) -> None:
+    res = cli("show", "1", "--db", demo)
+    assert res.exit_code == 0
+    lines = res.output.splitlines()
+    english = expected("chat_english")
+    want = english["streams"][0]
+    assert lines[0].startswith(f"stream 1  127.0.0.1:{want['client_port']} → ")
+    assert "POST /v1/chat/completions  label=chat_english" in lines[0]
+    assert f"model={want['model']} stream=True" in lines[1] and "dialect=openai.chat" in lines[1]
+    assert "state=complete (complete) done=True gap=False" in lines[2]
+    assert lines[3].strip().startswith("request at ")
+    n = want["choices"]["0"]["chunks"]
+    assert lines[4].strip().startswith(f"{n} text chunks, {want['sse_events']} events")
+    chunk_lines = lines[6:]
+    assert len(chunk_lines) == want["sse_events"]
+    texts = [json.loads(ln.split(None, 5)[5].split(" [")[0]) for ln in chunk_lines]
+    assert "".join(texts) == want["choices"]["0"]["text"]
+    assert "[finish=" + want["choices"]["0"]["finish_reason"] + "]" in res.output
+
+
+def test_show_tool_calls_and_errors(demo: str) -> None:
+    tools = cli("show", "7", "--db", demo).output
+    call = expected("reasoning_tools")["streams"][1]["choices"]["0"]["tool_calls"][0]
+    assert call["id"] in tools and call["name"] in tools and "reasoning" in tools
+    err = cli("show", "5", "--db", demo).output
+    message = expected("error_midstream")["streams"][0]["error"]["message"]
+    assert f"  error: {message}" in err.splitlines()
+
+
+def test_show_json_and_missing_stream(demo: str) -> None:
+    s = json.loads(cli("show", "1", "--db", demo, "--json").output)
+    assert s["id"] == 1 and s["state"] == "complete"
+    assert "".join(c["text"] or "" for c in s["chunks"]) == text_of("chat_english")
+    missing = cli("show", "999", "--db", demo)
+    assert missing.exit_code == 1 and "no stream 999" in missing.output
+
+
+# ----------------------------------------------------------------- export
+
+
+def test_export_jsonl_is_the_event_log(demo: str) -> None:
+    res = cli("export", "--db", demo, "--format", "jsonl", "--stream", "1")
+    assert res.exit_code == 0
+    records = [json.loads(ln) for ln in res.output.splitlines()]
+    kinds = [r["event"] for r in records]
+    want = expected("chat_english")["streams"][0]["choices"]["0"]
+    assert kinds == ["request_start"] + ["chunk"] * want["chunks"] + ["stream_done"]
+    chunks = [r for r in records if r["event"] == "chunk"]
+    assert "".join(r["delta_text"] for r in chunks) == want["text"]
+    assert chunks[-1]["accumulated_len"] == len(want["text"])
+    done = records[-1]
+    assert done["complete"] is True and done["gap"] is False
+    assert done["chunk_count"] == want["chunks"] and done["total_text_len"] == len(want["text"])
+    assert records[0]["model"] == expected("chat_english")["streams"][0]["model"]
+
+
+def test_export_to_a_file_filtered_by_label(demo: str, tmp_path: Path) -> None:
+    out = tmp_path / "ka.jsonl"
+    res = cli("export", "--db", demo, "--label", "keepalive_3", "-o", str(out))
+    assert res.exit_code == 0
+    records = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert f"wrote {len(records)} records to {out}" in res.output
+    starts = [r["stream_id"] for r in records if r["event"] == "request_start"]
+    assert starts == [2, 3, 4]
+
+
+def test_export_csv_one_row_per_stream(demo: str) -> None:
+    res = cli("export", "--db", demo, "--format", "csv")
+    assert res.exit_code == 0
+    rows = list(csv.DictReader(io.StringIO(res.output)))
+    assert len(rows) == 7
+    assert rows[0]["state"] == "complete"
+    assert [r["state"] for r in rows].count("error") == 1
+
+
+# ----------------------------------------------------------------- errors
+
+
+def test_errors_lists_recorded_bad_input(tmp_path: Path) -> None:
+    db = str(tmp_path / "err.db")
+    assert cli("replay", str(PCAPS / "n2.pcap"), "--db", db, "-q", "--no-tokens").exit_code == 0
+    assert cli("errors", "--db", db).output == "no errors\n"
+    cli("replay", str(TRUNCATED), "--db", db, "-q", "--no-tokens")
+    for name in ("http-11-request-then-cruft.pcap", "http_09.pcap"):
+        assert cli("replay", str(PEER / name), "--db", db, "-q", "--no-tokens").exit_code == 0
+    res = cli("errors", "--db", db)
+    assert res.exit_code == 0
+    lines = res.output.splitlines()
+    assert any(" capture/file " in ln and "truncated packet record at offset" in ln for ln in lines)
+    # the captures' non-HTTP bytes and answers to them: recorded, with their connection
+    assert any(" http/not-http conn=" in ln for ln in lines)
+    assert any(" http/desync conn=" in ln and "response without a request" in ln for ln in lines)
+    assert all(": " in ln and " conn=" in ln and " stream=" in ln for ln in lines)
+    assert len(cli("errors", "--db", db, "--limit", "1").output.splitlines()) == 1
+
+
+# ------------------------------------------------------------------ prune
+
+
+def test_prune_deletes_old_streams_with_their_rows(tmp_path: Path) -> None:
+    db = str(tmp_path / "p.db")
+    assert cli("replay", str(PCAPS / "keepalive_3.pcap"), "--db", db, "-q").exit_code == 0
+    with sqlite3.connect(db) as con:
+        (chunks,) = con.execute("SELECT count(*) FROM chunks").fetchone()
+    assert chunks > 3
+    # The capture's streams are years younger than 100 years: nothing goes.
+    keep = cli("prune", "--db", db, "--older-than", "5200w")
+    assert keep.exit_code == 0
+    assert keep.output.startswith("deleted 0 streams, 0 chunks, 0 errors, 0 connections")
+    assert len(cli("streams", "--db", db).output.splitlines()) == 4
+    # Everything captured is older than a second: all of it goes, in batches of 1.
+    gone = cli("prune", "--db", db, "--older-than", "1s", "--batch", "1")
+    assert gone.exit_code == 0
+    first = gone.output.splitlines()[0]
+    assert first.startswith(f"deleted 3 streams, {chunks} chunks, 0 errors, 1 connections in ")
+    assert cli("streams", "--db", db, "--all").output.startswith("no streams")
+    with sqlite3.connect(db) as con:
+        left = [con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES]
+    assert left == [0] * len(TABLES)
+    assert cli("export", "--db", db).output == ""
+
+
+def test_prune_rejects_a_bad_age(tmp_path: Path) -> None:
+    res = cli("prune", "--db", str(tmp_path / "x.db"), "--older-than", "soon")
+    assert res.exit_code == 2 and "--older-than" in res.output
+
+
+def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
+    """README: ``sparseety replay pcaps/*.pcap --db /tmp/demo.db``, then streams
+    and show 1 — every command exits 0 (fault fixtures live in pcaps/faults/)."""
+    readme = (ROOT / "README.md").read_text()
+    tour = readme.split("Try it on the bundled fixtures", 1)[1].split("```")[1]
+    commands = [ln.split() for ln in tour.strip().splitlines()]
+    assert [c[:2] for c in commands] == [
+        ["sparseety", "replay"],
+        ["sparseety", "streams"],
+        ["sparseety", "show"],
+    ]
+    db = str(tmp_path / "demo.db")
+    for argv in commands:
+        args = []
+        for a in argv[1:]:
+            if a == "pcaps/*.pcap":
+                args += sorted(str(p) for p in PCAPS.glob("*.pcap"))
+            else:
+                args.append(db if a == "/tmp/demo.db" else a)
+        res = cli(*args)
+        assert res.exit_code == 0, (argv, res.output[-500:])
