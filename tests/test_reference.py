@@ -276,6 +276,8 @@ class Truth:
         return torch.log_softmax(logits.float(), dim=-1)
 
 
+@pytest.mark.root
+@pytest.mark.slow
 @needs_torch
 @needs_capture
 def test_reference_prefers_the_baseline_at_every_fork(recorded: dict[str, Any]) -> None:
@@ -349,6 +351,8 @@ def test_reference_prefers_the_baseline_at_every_fork(recorded: dict[str, Any]) 
     assert f"reference model {recorded['dense']}: 2 of {forked} diverged pairs scored" in res.stdout
 
 
+@pytest.mark.root
+@pytest.mark.slow
 @needs_torch
 @needs_capture
 def test_stats_explains_the_variants_of_one_label(recorded: dict[str, Any]) -> None:
