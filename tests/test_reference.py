@@ -380,3 +380,63 @@ def test_stats_explains_the_variants_of_one_label(recorded: dict[str, Any]) -> N
     assert seen == len(causes)
     total = sum(js["summary"]["variant_causes"].values())
     assert total == len(causes)
+
+
+@needs_torch
+def test_scoring_without_server_ids_a_stop_at_the_fork_and_a_completion_prompt(
+    tiny_models: tuple[Path, Path],
+) -> None:
+    """Re-tokenized outputs, a side that stopped at the fork (scored on EOS), and a
+    completions prompt (the text with the tokenizer's special tokens) — each
+    checked against a direct forward pass."""
+    import torch
+
+    from sniffer.llm.reference import ReferenceModel, ScoreJob
+
+    torch.set_num_threads(1)
+    dense = tiny_models[0]
+    ref = ReferenceModel(str(dense))
+    tok, model = ref.tokenizer, ref.model
+    chat = json.dumps({"messages": [{"role": "user", "content": "Hi"}]})
+    completion = json.dumps({"prompt": "Once upon a time"})
+    jobs = [
+        ScoreJob(chat, "The sea is blue", "The sea is green"),
+        ScoreJob(chat, "The sea is blue and deep", "The sea is blue", None, None, "length", "stop"),
+        ScoreJob(completion, " there was", " there is"),
+        ScoreJob(None, "a", "b"),
+    ]
+    seen: list[tuple[int, int]] = []
+    ref.score(jobs, progress=lambda done, total: seen.append((done, total)))
+    assert seen and seen[-1] == (6, 6)  # one sequence per side of the three scorable jobs
+    assert jobs[3].result == {"error": "the request has no prompt the model can render"}
+
+    def direct(ctx: list[int], nxt: int) -> float:
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([ctx])).logits[0, -1]
+        return -float(torch.log_softmax(logits.float(), dim=-1)[nxt])
+
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
+    )
+    chat_ctx = tok(rendered, add_special_tokens=False)["input_ids"]
+    for job, ctx in ((jobs[0], chat_ctx), (jobs[2], tok("Once upon a time")["input_ids"])):
+        r = job.result
+        assert r is not None and r["ids"] == "retokenized" and r["context_tokens"] == len(ctx)
+        b_ids = tok(job.baseline_text, add_special_tokens=False)["input_ids"]
+        c_ids = tok(job.candidate_text, add_special_tokens=False)["input_ids"]
+        k = next(i for i, (x, y) in enumerate(zip(b_ids, c_ids, strict=False)) if x != y)
+        assert r["fork_token"] == k
+        sb, sc = direct(ctx + b_ids[:k], b_ids[k]), direct(ctx + b_ids[:k], c_ids[k])
+        assert r["baseline_fork_surprisal"] == pytest.approx(sb, abs=1e-3)
+        assert r["candidate_fork_surprisal"] == pytest.approx(sc, abs=1e-3)
+        assert r["preferred_at_fork"] == ("baseline" if sb < sc else "candidate")
+    stop = jobs[1].result
+    assert stop is not None and stop["candidate"]["stopped_at_fork"] is True
+    b_ids = tok("The sea is blue and deep", add_special_tokens=False)["input_ids"]
+    k = len(tok("The sea is blue", add_special_tokens=False)["input_ids"])
+    assert stop["fork_token"] == k
+    eos = direct(chat_ctx + b_ids[:k], tok.eos_token_id)
+    assert stop["candidate_fork_surprisal"] == pytest.approx(eos, abs=1e-3)
+    assert stop["baseline_fork_surprisal"] == pytest.approx(
+        direct(chat_ctx + b_ids[:k], b_ids[k]), abs=1e-3
+    )

@@ -20,9 +20,10 @@ prefix*:
   (−log p, nats) of the side's token at the fork, the cumulative and mean
   log-probability of the continuation, and its tokens of highest surprisal;
 * ``preferred_at_fork``: the side whose fork token the model finds more
-  likely; ``preferred_overall``: the side with the higher mean per-token
-  log-probability over its continuation (length-normalised: the sides'
-  continuations differ in length).
+  likely (a side that stopped at the fork with finish reason ``stop`` is
+  scored on the model's EOS token there); ``preferred_overall``: the side
+  with the higher mean per-token log-probability over its continuation
+  (length-normalised: the sides' continuations differ in length).
 
 Jobs run in batches bounded by a token budget (the logits of a batch are
 batch × length × vocabulary floats). torch and transformers' model classes are
@@ -117,6 +118,8 @@ class ScoreJob:
     candidate_text: str
     baseline_logprobs: Sequence[TokenLogprob] | None = None
     candidate_logprobs: Sequence[TokenLogprob] | None = None
+    baseline_finish: str | None = None  # "stop": a side that ends at the fork chose EOS
+    candidate_finish: str | None = None
     result: dict[str, Any] | None = field(default=None)
 
 
@@ -287,8 +290,14 @@ class ReferenceModel:
             ctx = [bos]
         base = len(ctx) + k
         m: dict[str, Any] = {"ids": unit, "context_tokens": len(ctx), "fork_token": k}
+        eos = self.tokenizer.eos_token_id
+        finishes = {"baseline": job.baseline_finish, "candidate": job.candidate_finish}
         for side, ids in (("baseline", bs), ("candidate", cs)):
             cont = ids[k : k + MAX_CONTINUATION]
+            m[f"{side}_eos"] = False
+            if not cont and finishes[side] == "stop" and isinstance(eos, int):
+                cont = [eos]  # it stopped at the fork: its token there was EOS
+                m[f"{side}_eos"] = True
             m[f"{side}_left_out"] = max(0, len(ids) - k - MAX_CONTINUATION)
             m[f"{side}_ids"] = cont
             if cont:
@@ -353,6 +362,7 @@ class ReferenceModel:
                 "mean_logprob": sum(lps) / len(lps) if lps else None,
                 "scored_tokens": len(lps),
                 "left_out_tokens": m[f"{side}_left_out"],
+                "stopped_at_fork": m[f"{side}_eos"],  # its scored token is the EOS token
                 "highest_surprisal": [
                     {
                         "index": m["fork_token"] + i,

@@ -782,12 +782,28 @@ def attribute(
         if p.first_divergence_char is not None
     ]
     for pr, (b, c) in diverged:
-        key = (b.request_json, b.text, c.text, b.logprobs is None, c.logprobs is None)
+        key = (
+            b.request_json,
+            b.text,
+            c.text,
+            b.logprobs is None,
+            c.logprobs is None,
+            b.finish_reason,
+            c.finish_reason,
+        )
         job = by_key.get(key)
         if job is None:
             if len(jobs) >= max_pairs:
                 continue
-            job = ScoreJob(b.request_json, b.text, c.text, b.logprobs, c.logprobs)
+            job = ScoreJob(
+                b.request_json,
+                b.text,
+                c.text,
+                b.logprobs,
+                c.logprobs,
+                b.finish_reason,
+                c.finish_reason,
+            )
             by_key[key] = job
             jobs.append(job)
         chosen.append((pr, job))
