@@ -53,8 +53,9 @@ __all__ = [
 MAX_CONTINUATION = 512
 #: Tokens of highest surprisal listed per side.
 TOP_SURPRISAL = 5
-#: Batch budget: sequences × padded length (bounds logits memory).
-BATCH_TOKENS = 2048
+#: Batch budget: sequences × padded length. The logits kept are at most this many
+#: rows of the vocabulary (1024 × 129,280 float32 = 0.5 GB for DeepSeek's).
+BATCH_TOKENS = 1024
 
 
 class ReferenceModelError(RuntimeError):
@@ -320,11 +321,18 @@ class ReferenceModel:
             row = seqs[i].ids
             ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
             mask[r, : len(row)] = 1
+        # logits only from the first scored position on (the prompt and the common
+        # prefix need none): the last ``keep`` positions of the padded batch
+        keep = width - min(seqs[i].start - 1 for i in batch)
         with torch.inference_mode():
-            logits = self.model(input_ids=ids, attention_mask=mask).logits
+            try:
+                logits = self.model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits
+            except TypeError:  # a model class without logits_to_keep
+                logits = self.model(input_ids=ids, attention_mask=mask).logits
+            offset = width - logits.shape[1]
             for r, i in enumerate(batch):
                 s = seqs[i]
-                pos = torch.arange(s.start - 1, len(s.ids) - 1)
+                pos = torch.arange(s.start - 1 - offset, len(s.ids) - 1 - offset)
                 lp = torch.log_softmax(logits[r, pos].float(), dim=-1)
                 tgt = torch.tensor(s.ids[s.start :], dtype=torch.long)
                 got = lp.gather(1, tgt[:, None])[:, 0].tolist()
