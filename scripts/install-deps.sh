@@ -36,5 +36,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 if [ "$mode" != "--runtime" ]; then
-  python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+  # torch first and pinned (the CPU build): diff --reference-model and its tests
+  # need it, and nothing installed after it may pull another torch.
+  python3 -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null \
+    || python3 -m pip install -q --disable-pip-version-check 'torch==2.13.0'
+  python3 -m pip install -q --disable-pip-version-check -e '.[test,reference]'
 fi

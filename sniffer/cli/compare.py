@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -21,6 +23,40 @@ from sniffer.cli.common import (
 )
 
 __all__ = ["diff", "probe", "stats"]
+
+
+@contextmanager
+def _progress(quiet: bool, label: str) -> Iterator[Callable[[int, int], None]]:
+    """A ``progress(done, total)`` callback drawing a bar on stderr (a terminal only)."""
+    state: dict[str, Any] = {"bar": None, "done": 0}
+
+    def progress(done: int, total: int) -> None:
+        if quiet or not sys.stderr.isatty():
+            return
+        if state["bar"] is None:
+            bar: Any = click.progressbar(length=total, label=label, file=sys.stderr)
+            bar.__enter__()
+            state["bar"] = bar
+        state["bar"].update(done - state["done"])
+        state["done"] = done
+
+    try:
+        yield progress
+    finally:
+        if state["bar"] is not None:
+            state["bar"].__exit__(None, None, None)
+
+
+def near_tie_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--near-tie-margin",
+        type=click.FloatRange(0.0),
+        default=0.5,
+        show_default=True,
+        metavar="NATS",
+        help="Two tokens whose log-probabilities at the fork (the servers' own logprobs) "
+        "are within this many nats make the pair a near_tie.",
+    )(f)
 
 
 # ---------------------------------------------------------------------- probe
@@ -138,6 +174,7 @@ def probe(
     "--include-incomplete", is_flag=True, help="Also truncated, gapped and failed streams."
 )
 @click.option("--varying", is_flag=True, help="List only groups with more than one output.")
+@near_tie_option
 @tokenizer_options
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
 def stats(
@@ -146,6 +183,7 @@ def stats(
     model: str | None,
     include_incomplete: bool,
     varying: bool,
+    near_tie_margin: float,
     tokenizers: tuple[str, ...],
     default_tokenizer: str | None,
     as_json: bool,
@@ -157,8 +195,10 @@ def stats(
     Streams whose text was sampled out are counted, not compared. Each group
     with two or more outputs lists its distinct outputs (count and first 200
     characters), the longest common token prefix and the token position where
-    the variants fork. The summary gives the share of fully deterministic
-    groups, overall and per label.
+    the variants fork, and why each variant differs from the most frequent
+    one (the cause classes of diff: near_tie, substantive, ... from the
+    servers' logprobs). The summary gives the share of fully deterministic
+    groups, overall and per label, and the causes of the variants.
 
     \b
     Example:
@@ -176,6 +216,7 @@ def stats(
             model=model,
             registry=registry,
             include_incomplete=include_incomplete,
+            near_tie_margin=near_tie_margin,
         )
     if as_json:
         click.echo(json.dumps(stats_json(report), indent=2, ensure_ascii=False))
@@ -237,6 +278,24 @@ def stats(
     "--html", "html_path", type=click.Path(dir_okay=False), help="Write a self-contained report."
 )
 @click.option("--limit", type=int, default=50, show_default=True, help="Prompts listed in text.")
+@near_tie_option
+@click.option(
+    "--reference-model",
+    "reference_model",
+    metavar="DIR",
+    help="A local Hugging Face causal LM (a directory or an already cached id; never "
+    "downloaded) that scores both sides of every diverged pair from the common prefix "
+    "(needs torch: pip install 'sparseety[reference]').",
+)
+@click.option(
+    "--max-pairs",
+    type=click.IntRange(1),
+    default=100,
+    show_default=True,
+    metavar="N",
+    help="Diverged pairs scored by --reference-model (the rest are counted).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @tokenizer_options
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
 def diff(
@@ -252,6 +311,10 @@ def diff(
     show_spans: bool,
     html_path: str | None,
     limit: int,
+    near_tie_margin: float,
+    reference_model: str | None,
+    max_pairs: int,
+    quiet: bool,
     tokenizers: tuple[str, ...],
     default_tokenizer: str | None,
     as_json: bool,
@@ -268,6 +331,12 @@ def diff(
     Incomplete and sampled-out streams and prompts seen on one side only are
     counted and shown, never compared as empty text.
 
+    Every pair that differs gets a cause: retokenization_only, near_tie,
+    substantive (from the servers' logprobs at the fork), length_only,
+    finish_only, or unknown (no logprobs). --reference-model DIR scores both
+    sides of the diverged pairs with a local model (surprisal at the fork,
+    log-probability of each continuation, the side it prefers).
+
     --fail-if gates make the exit code 1 when a condition holds, so the
     comparison can gate a rollout. No evidence, no pass: a gate also fails
     when its metric has no value or fewer than --min-pairs pairs were compared.
@@ -277,6 +346,8 @@ def diff(
     Example:
       sparseety diff --db sparseety.db --baseline dense --candidate sparse \\
           --fail-if 'identical_ratio < 0.95' --fail-if 'ttft_ratio > 1.2' --html report.html
+      sparseety diff --db sparseety.db --baseline dense --candidate sparse \\
+          --fail-if 'substantive_ratio > 0.02' --reference-model ./dense-model
     """
     from sniffer.reports.diff import GateError, diff_json, evaluate_gates, format_diff, parse_gate
     from sniffer.reports.diff import diff as run_diff
@@ -288,6 +359,15 @@ def diff(
     if min_pairs is not None and not parsed:
         parsed = [parse_gate(f"pairs < {min_pairs}")]  # --min-pairs alone: a gate of its own
     registry = make_registry(tokenizers, default_tokenizer)
+    ref: Any = None
+    if reference_model:
+        from sniffer.llm.reference import ReferenceModel, ReferenceModelError
+
+        try:
+            ref = ReferenceModel(reference_model)
+        except ReferenceModelError as exc:
+            click.echo(f"sparseety: {exc}", err=True)
+            sys.exit(2)
     with library_errors():
         engine = open_engine(db)
         report = run_diff(
@@ -300,7 +380,13 @@ def diff(
             include_incomplete=include_incomplete,
             match_model=match_model,
             spans=show_spans,
+            near_tie_margin=near_tie_margin,
         )
+        if ref is not None:
+            from sniffer.reports.diff import attribute
+
+            with _progress(quiet, "reference model") as progress:
+                attribute(report, ref, max_pairs=max_pairs, progress=progress)
         results = evaluate_gates(
             parsed, report.summary, min_pairs=1 if min_pairs is None else min_pairs
         )

@@ -69,8 +69,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from sniffer.llm.reference import ReferenceModel, ScoreJob
 from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.reports.align import common_prefix, edit_distance, edit_ratio
+from sniffer.reports.causes import CAUSES, DEFAULT_NEAR_TIE_MARGIN, classify, distribution
 from sniffer.reports.stats import Output, load_outputs
 
 __all__ = [
@@ -142,6 +144,10 @@ GATE_METRICS = (
     "candidate_sampled_out",
     "sampled_out_ratio",
     "unpaired_outputs",
+    *(f"{c}_pairs" for c in CAUSES),
+    *(f"{c}_ratio" for c in CAUSES),
+    "reference_scored_pairs",
+    "candidate_preferred_at_fork_ratio",
 )
 
 #: Why a metric can have no value (the "no evidence" reason of a gate on it).
@@ -156,6 +162,13 @@ _UNDEFINED_WHY = {
     "unmatched_ratio": "neither label has a comparable stream",
     "incomplete_ratio": "neither label has a stream",
     "sampled_out_ratio": "neither label has a stream",
+    "reference_scored_pairs": "no --reference-model",
+    "candidate_preferred_at_fork_ratio": "no pair scored by a --reference-model",
+    **{
+        f"{c}_ratio": "the cause of some diverged pairs is unknown (no logprobs at the fork)"
+        for c in CAUSES
+        if c != "unknown"
+    },
 }
 
 
@@ -181,6 +194,11 @@ class PairResult:
     first_divergence_chunk_candidate: int | None = None
     token_unit: str = "retokenized"  # "server", "retokenized" or "char"
     spans: list[dict[str, Any]] | None = None  # every differing span (with spans=True)
+    #: why they differ (sniffer.reports.causes.CAUSES); None when identical
+    cause: str | None = None
+    cause_evidence: dict[str, Any] | None = None  # what the class rests on
+    #: reference-model attribution (diff --reference-model); None when not scored
+    reference: dict[str, Any] | None = None
 
     @property
     def finish_differs(self) -> bool:
@@ -286,6 +304,11 @@ class DiffReport:
     #: streams not compared: {"baseline": [...], "candidate": [...]} (id, state, reason)
     excluded: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     match_model: bool = False
+    #: the two outputs of each pair (same order as ``pairs``), for attribution
+    pair_outputs: list[tuple[Output, Output]] = field(default_factory=list, repr=False)
+    near_tie_margin: float = DEFAULT_NEAR_TIE_MARGIN
+    #: reference-model attribution summary (None when not asked for)
+    reference: dict[str, Any] | None = None
 
 
 def _seq_key(o: Output) -> Any:
@@ -435,6 +458,7 @@ def compute_diff(
     include_incomplete: bool = False,
     match_model: bool = False,
     spans: bool = False,
+    near_tie_margin: float = DEFAULT_NEAR_TIE_MARGIN,
 ) -> DiffReport:
     """Pair and compare the outputs labelled ``baseline`` and ``candidate`` (pure).
 
@@ -472,6 +496,7 @@ def compute_diff(
     matched = [k for k in base if k in cand]
     prompts: list[PromptResult] = []
     pairs: list[PairResult] = []
+    pair_outputs: list[tuple[Output, Output]] = []
     skipped = 0
     unpaired = 0
     cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}
@@ -515,7 +540,11 @@ def compute_diff(
                 token_unit=unit,
                 spans=sp,
             )
+            why = classify(b, c, margin=near_tie_margin, tokens_equal=fd is None)
+            pr.cause = why.cause
+            pr.cause_evidence = why.evidence or None
             mine.append(pr)
+            pair_outputs.append((b, c))
             if char is not None and (fork_pair is None or char < fork_pair[2]):
                 fork_pair = (b, c, char)
         divs = [p.first_divergence for p in mine if p.first_divergence is not None]
@@ -556,6 +585,7 @@ def compute_diff(
     summary["skipped_pairs"] = skipped
     summary["unpaired_outputs"] = unpaired
     summary["first_divergence_unit"] = _unit_name(pairs, outputs)
+    summary.update(cause_summary([p.cause for p in pairs], near_tie_margin))
     return DiffReport(
         baseline,
         candidate,
@@ -569,7 +599,24 @@ def compute_diff(
         unmatched,
         excluded,
         match_model,
+        pair_outputs,
+        near_tie_margin,
     )
+
+
+def cause_summary(causes: Sequence[str | None], margin: float) -> dict[str, Any]:
+    """``causes`` (count per class), ``near_tie_margin``, ``<class>_pairs`` and
+    ``<class>_ratio`` (of all pairs). A class's ratio has no value while some
+    diverged pair's cause is unknown (no evidence), except ``unknown_ratio``."""
+    n = len(causes)
+    dist = distribution(causes)
+    out: dict[str, Any] = {"causes": dist, "near_tie_margin": margin}
+    for name, k in dist.items():
+        out[f"{name}_pairs"] = k
+    for name, k in dist.items():
+        known = n > 0 and (name == "unknown" or dist["unknown"] == 0)
+        out[f"{name}_ratio"] = k / n if known else None
+    return out
 
 
 def _unmatched(key: str, outs: Sequence[Output], other_not_compared: int) -> dict[str, Any]:
@@ -681,6 +728,7 @@ def diff(
     max_distance: int | None = None,
     match_model: bool = False,
     spans: bool = False,
+    near_tie_margin: float = DEFAULT_NEAR_TIE_MARGIN,
 ) -> DiffReport:
     """Load both labels' outputs from the store (every state: incomplete streams
     are counted even when not compared) and compare them."""
@@ -700,7 +748,98 @@ def diff(
         include_incomplete=include_incomplete,
         match_model=match_model,
         spans=spans,
+        near_tie_margin=near_tie_margin,
     )
+
+
+# ---------------------------------------------------------------------------
+# Reference-model attribution
+# ---------------------------------------------------------------------------
+
+#: Pairs scored by the reference model by default (``diff --max-pairs``).
+DEFAULT_MAX_REFERENCE_PAIRS = 100
+
+
+def attribute(
+    report: DiffReport,
+    model: ReferenceModel,
+    *,
+    max_pairs: int = DEFAULT_MAX_REFERENCE_PAIRS,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Score both sides of the diverged pairs (text differs) with a reference
+    model (see :mod:`sniffer.llm.reference`): fills ``pair.reference`` of at
+    most ``max_pairs`` pairs, in report order (pairs with the same request and
+    outputs are scored once), and returns (and stores in ``report.reference``)
+    the summary: pairs scored and left out, how often each side is preferred
+    at the fork and overall."""
+    jobs: list[ScoreJob] = []
+    by_key: dict[tuple[Any, ...], ScoreJob] = {}
+    chosen: list[tuple[PairResult, ScoreJob]] = []
+    diverged = [
+        (p, o)
+        for p, o in zip(report.pairs, report.pair_outputs, strict=True)
+        if p.first_divergence_char is not None
+    ]
+    for pr, (b, c) in diverged:
+        key = (
+            b.request_json,
+            b.text,
+            c.text,
+            b.logprobs is None,
+            c.logprobs is None,
+            b.finish_reason,
+            c.finish_reason,
+        )
+        job = by_key.get(key)
+        if job is None:
+            if len(jobs) >= max_pairs:
+                continue
+            job = ScoreJob(
+                b.request_json,
+                b.text,
+                c.text,
+                b.logprobs,
+                c.logprobs,
+                b.finish_reason,
+                c.finish_reason,
+            )
+            by_key[key] = job
+            jobs.append(job)
+        chosen.append((pr, job))
+    model.score(jobs, progress)
+    at_fork: Counter[str] = Counter()
+    overall: Counter[str] = Counter()
+    errors = 0
+    for pr, job in chosen:
+        pr.reference = job.result
+        r = job.result or {}
+        if "error" in r:
+            errors += 1
+            continue
+        at_fork[str(r.get("preferred_at_fork"))] += 1
+        overall[str(r.get("preferred_overall"))] += 1
+    scored = len(chosen) - errors
+    summary: dict[str, Any] = {
+        "model": model.source,
+        "diverged_pairs": len(diverged),
+        "scored_pairs": scored,
+        "distinct_scored": len(jobs),
+        "not_scored": len(diverged) - len(chosen),
+        "errors": errors,
+        "max_pairs": max_pairs,
+        "preferred_at_fork": {k: at_fork.get(k, 0) for k in ("baseline", "candidate", "tie")},
+        "preferred_overall": {k: overall.get(k, 0) for k in ("baseline", "candidate", "tie")},
+        "candidate_preferred_at_fork_ratio": (
+            at_fork.get("candidate", 0) / scored if scored else None
+        ),
+    }
+    report.reference = summary
+    report.summary["reference_scored_pairs"] = scored
+    report.summary["candidate_preferred_at_fork_ratio"] = summary[
+        "candidate_preferred_at_fork_ratio"
+    ]
+    return summary
 
 
 # ---------------------------------------------------------------------------
@@ -821,6 +960,7 @@ def diff_json(report: DiffReport, gates: Sequence[GateResult] = ()) -> dict[str,
         },
         "unmatched": report.unmatched,
         "not_compared": report.excluded,
+        "reference": report.reference,
         "prompts": [asdict(p) for p in report.prompts],
         "pairs": [
             {k: v for k, v in asdict(p).items() if k != "spans" or v is not None}
@@ -868,6 +1008,114 @@ def _model_cell(p: PromptResult) -> str:
 
 def _one_line(text: str) -> str:
     return text.replace("\n", "⏎").replace("\r", "")
+
+
+def _view_words(name: str, v: dict[str, Any]) -> str:
+    lp = v.get("chosen_logprob")
+    head = f"{name} chose {v['chosen']!r}" + ("" if lp is None else f" ({lp:.3f})")
+    if v.get("in_top_k"):
+        return f"{head}, the other {v['other']!r} {v['other_logprob']:.3f} (gap {v['gap']:.3f})"
+    if v.get("in_top_k") is False:
+        return f"{head}, the other not in its top-{v['top_k']}"
+    if v.get("gap_at_least") is not None:
+        return f"{head}, any other ≥ {v['gap_at_least']:.3f} below"
+    return head
+
+
+def _cause_lines(report: DiffReport, limit: int) -> list[str]:
+    s = report.summary
+    causes = s.get("causes") or {}
+    if not report.pairs:
+        return []
+    ident = sum(1 for p in report.pairs if p.cause is None)
+    dist = ", ".join(f"{k} {v}" for k, v in causes.items() if v) or "none"
+    out = [
+        "",
+        f"why they differ (near-tie margin {_f(report.near_tie_margin, 2)} nats): {dist}; "
+        f"{ident} pairs identical",
+    ]
+    shown = 0
+    for pr in report.pairs:
+        if pr.cause is None:
+            continue
+        if shown >= limit:
+            out.append("  … more pairs (--json for all)")
+            break
+        shown += 1
+        words = cause_words(pr, report.baseline, report.candidate)
+        out.append(
+            f"  {pr.key} streams {pr.baseline_stream}/{pr.candidate_stream} choice "
+            f"{pr.baseline_choice}: {pr.cause}" + (" — " + words if words else "")
+        )
+    return out
+
+
+def cause_words(pr: PairResult, baseline: str, candidate: str) -> str:
+    """What a pair's cause rests on, in words (empty for identical pairs)."""
+    ev = pr.cause_evidence or {}
+    words = []
+    if "fork_token" in ev:
+        words.append(f"at logprob token {ev['fork_token']}")
+    for k, name in (("reference_view", baseline), ("other_view", candidate)):
+        if k in ev:
+            words.append(_view_words(name, ev[k]))
+    if pr.cause == "length_only":
+        early = baseline if ev.get("stopped_early") == "reference" else candidate
+        words.append(
+            f"{early} stopped early (finish {pr.baseline_finish or '-'}/"
+            f"{pr.candidate_finish or '-'})"
+        )
+    if pr.cause == "finish_only":
+        words.append(f"finish {pr.baseline_finish or '-'} vs {pr.candidate_finish or '-'}")
+    if pr.cause == "retokenization_only":
+        words.append("same text, other token ids")
+    if ev.get("why"):
+        words.append(ev["why"])
+    return "; ".join(words)
+
+
+def _reference_lines(report: DiffReport, limit: int) -> list[str]:
+    r = report.reference
+    assert r is not None
+    pf, po = r["preferred_at_fork"], r["preferred_overall"]
+    out = [
+        "",
+        f"reference model {r['model']}: {r['scored_pairs']} of {r['diverged_pairs']} diverged "
+        f"pairs scored ({r['not_scored']} over --max-pairs {r['max_pairs']}, {r['errors']} "
+        f"not scorable); prefers at the fork {report.baseline} {pf['baseline']}, "
+        f"{report.candidate} {pf['candidate']}; overall (mean log-prob per token) "
+        f"{report.baseline} {po['baseline']}, {report.candidate} {po['candidate']}",
+    ]
+    shown = 0
+    for pr in report.pairs:
+        ref = pr.reference
+        if ref is None:
+            continue
+        if shown >= limit:
+            out.append("  … more pairs (--json for all)")
+            break
+        shown += 1
+        head = f"  {pr.key} streams {pr.baseline_stream}/{pr.candidate_stream}"
+        if "error" in ref:
+            out.append(f"{head}: not scored: {ref['error']}")
+            continue
+        b, c = ref["baseline"], ref["candidate"]
+        out.append(
+            f"{head} ({ref['ids']} ids, fork at token {ref['fork_token']}): "
+            f"surprisal at the fork {report.baseline} {b['fork_token']!r} "
+            f"{_f(ref['baseline_fork_surprisal'])} vs {report.candidate} "
+            f"{c['fork_token']!r} {_f(ref['candidate_fork_surprisal'])} nats → prefers "
+            f"{ref['preferred_at_fork']}; cumulative log-prob {_f(b['cumulative_logprob'], 2)} "
+            f"({b['scored_tokens']} tok) vs {_f(c['cumulative_logprob'], 2)} "
+            f"({c['scored_tokens']} tok), overall {ref['preferred_overall']}"
+        )
+        for side, name in ((b, report.baseline), (c, report.candidate)):
+            top = ", ".join(
+                f"{h['token']!r}@{h['index']} {h['surprisal']:.2f}"
+                for h in side["highest_surprisal"]
+            )
+            out.append(f"      {name:>12} highest surprisal: {top or '-'}")
+    return out
 
 
 def format_diff(
@@ -923,6 +1171,9 @@ def format_diff(
             )
             lines.append(f"    {report.baseline:>12} ▶ {_one_line(fc['baseline_after'][:60])}")
             lines.append(f"    {report.candidate:>12} ▶ {_one_line(fc['candidate_after'][:60])}")
+    lines.extend(_cause_lines(report, limit))
+    if report.reference is not None:
+        lines.extend(_reference_lines(report, limit))
     if spans:
         lines.append("")
         lines.append("differing spans (token ranges [start, end) of each side):")

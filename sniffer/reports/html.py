@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from sniffer.reports.diff import DiffReport, GateResult, PairResult, verdict
+from sniffer.reports.causes import CAUSES
+from sniffer.reports.diff import DiffReport, GateResult, PairResult, cause_words, verdict
 
 __all__ = ["MAX_MAP_ROWS", "diff_html"]
 
@@ -353,6 +354,158 @@ def _forks(report: DiffReport) -> list[str]:
     return out
 
 
+#: Colour of each cause class in the distribution bar.
+CAUSE_COLOURS = {
+    "retokenization_only": "#8fb8de",
+    "near_tie": "#7fbf7f",
+    "substantive": "#c0392b",
+    "length_only": "#e0b84d",
+    "finish_only": "#c9a0dc",
+    "unknown": "#9a9a9a",
+}
+#: Tokens drawn per side in a surprisal strip.
+STRIP_TOKENS = 96
+
+
+def _causes(report: DiffReport) -> list[str]:
+    s = report.summary
+    dist: dict[str, int] = s.get("causes") or {}
+    differ = sum(dist.values())
+    out = [
+        "<h2>Why they differ</h2><p class='muted'>The cause of every pair that differs, "
+        "from what the streams show: the servers' own logprobs at the fork (near tie "
+        f"within {_fmt(report.near_tie_margin)} nats, or substantive), the same text in "
+        "other token ids, one side stopping early or for another reason; unknown without "
+        "logprobs.</p>"
+    ]
+    if not differ:
+        out.append("<p>No pair differs.</p>")
+        return out
+    width, x = 760, 0.0
+    bar = [f'<svg width="{width + 10}" height="46" role="img" aria-label="causes">']
+    for name in CAUSES:
+        k = dist.get(name, 0)
+        if not k:
+            continue
+        w = width * k / differ
+        bar.append(
+            f'<rect x="{x:.1f}" y="2" width="{w:.1f}" height="18" '
+            f'fill="{CAUSE_COLOURS[name]}"><title>{name}: {k}</title></rect>'
+        )
+        x += w
+    bar.append(
+        f'<text x="0" y="38">{differ} of {len(report.pairs)} pairs differ; '
+        + escape(", ".join(f"{n} {dist[n]}" for n in CAUSES if dist.get(n)))
+        + "</text></svg>"
+    )
+    out.append("".join(bar))
+    out.append(
+        "<p class='legend'>"
+        + "".join(
+            f"<span style='background:{CAUSE_COLOURS[n]}'></span>{n} {dist.get(n, 0)}"
+            for n in CAUSES
+        )
+        + "</p>"
+    )
+    prompts = {p.key: p.prompt for p in report.prompts}
+    out.append("<table><tr><th>streams</th><th>prompt</th><th>cause</th><th>evidence</th></tr>")
+    rows = [p for p in report.pairs if p.cause is not None][:MAX_MAP_ROWS]
+    for p in rows:
+        colour = CAUSE_COLOURS.get(p.cause or "", "#fff")
+        out.append(
+            f"<tr><td>{p.baseline_stream}/{p.candidate_stream}</td>"
+            f"<td>{escape(prompts.get(p.key, '')[:80])}</td>"
+            f"<td style='background:{colour}'>{escape(p.cause or '')}</td>"
+            f"<td>{escape(cause_words(p, report.baseline, report.candidate))}</td></tr>"
+        )
+    out.append("</table>")
+    return out
+
+
+def _surprisal_colour(v: float, hi: float) -> str:
+    t = max(0.0, min(1.0, v / hi)) if hi > 0 else 0.0
+    # white (certain) → dark red (surprising)
+    r, g, b = 255 - int(80 * t), 255 - int(225 * t), 255 - int(225 * t)
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def _strip(report: DiffReport, pr: PairResult, hi: float) -> str:
+    ref = pr.reference or {}
+    cell, left = 8, 110
+    sides = [(report.baseline, ref["baseline"]), (report.candidate, ref["candidate"])]
+    n = max(min(len(sd["logprobs"]), STRIP_TOKENS) for _, sd in sides)
+    out = [f'<svg width="{left + max(n, 1) * cell + 160}" height="40" role="img" '
+           'aria-label="surprisal strip">']  # fmt: skip
+    for row, (name, sd) in enumerate(sides):
+        y = 2 + row * 18
+        out.append(f'<text x="0" y="{y + 10}">{escape(name[:14])}</text>')
+        for i, (tok, lp) in enumerate(zip(sd["tokens"], sd["logprobs"], strict=False)):
+            if i >= STRIP_TOKENS:
+                break
+            out.append(
+                f'<rect x="{left + i * cell}" y="{y}" width="{cell - 1}" height="14" '
+                f'fill="{_surprisal_colour(-lp, hi)}" stroke="#ddd" stroke-width="0.5">'
+                f"<title>{escape(repr(tok))} at {ref['fork_token'] + i}: "
+                f"{-lp:.3f} nats</title></rect>"
+            )
+        fs = sd["fork_surprisal"]
+        more = len(sd["logprobs"]) - STRIP_TOKENS
+        out.append(
+            f'<text x="{left + max(n, 1) * cell + 6}" y="{y + 10}">fork {_fmt(fs)} nats'
+            + (f" (+{more} tok)" if more > 0 else "")
+            + "</text>"
+        )
+    out.append(
+        f'<line x1="{left - 1}" y1="0" x2="{left - 1}" y2="36" stroke="#b00" '
+        'stroke-width="1.5"/></svg>'
+    )
+    return "".join(out)
+
+
+def _reference(report: DiffReport) -> list[str]:
+    r = report.reference
+    if r is None:
+        return []
+    b, c = escape(report.baseline), escape(report.candidate)
+    pf, po = r["preferred_at_fork"], r["preferred_overall"]
+    out = [
+        f"<h2>Reference model: {escape(str(r['model']))}</h2><p>{r['scored_pairs']} of "
+        f"{r['diverged_pairs']} diverged pairs scored ({r['not_scored']} over --max-pairs "
+        f"{r['max_pairs']}, {r['errors']} not scorable). At the fork the model prefers "
+        f"{b} in {pf['baseline']}, {c} in {pf['candidate']}; overall (mean log-probability "
+        f"per token) {b} in {po['baseline']}, {c} in {po['candidate']}.</p>",
+        "<p class='legend muted'>Per-token surprisal (−log p, nats) of each side's "
+        "continuation from the fork (red line), under the reference model given the prompt "
+        "and the common prefix: white is expected, dark red surprising. Hover a cell for "
+        "the token.</p>",
+    ]
+    scored = [p for p in report.pairs if p.reference and "error" not in p.reference]
+    hi = 0.0
+    for p in scored:
+        ref = p.reference or {}
+        for side in ("baseline", "candidate"):
+            hi = max(hi, *(-v for v in ref[side]["logprobs"][:STRIP_TOKENS]), 0.0)
+    prompts = {p.key: p.prompt for p in report.prompts}
+    for p in scored[:MAX_MAP_ROWS]:
+        ref = p.reference or {}
+        out.append(
+            f"<div class='fork'><b>{escape(prompts.get(p.key, '')[:100])}</b> <span "
+            f"class='muted'>(streams {p.baseline_stream}/{p.candidate_stream}; "
+            f"{escape(str(ref['ids']))} ids; fork at token {ref['fork_token']}; prefers "
+            f"{escape(str(ref['preferred_at_fork']))} at the fork, "
+            f"{escape(str(ref['preferred_overall']))} overall)</span><br>"
+            + _strip(report, p, hi)
+            + "</div>"
+        )
+    for p in report.pairs:
+        if p.reference and "error" in p.reference:
+            out.append(
+                f"<p class='muted'>streams {p.baseline_stream}/{p.candidate_stream} not "
+                f"scored: {escape(str(p.reference['error']))}</p>"
+            )
+    return out
+
+
 def diff_html(report: DiffReport, gates: Sequence[GateResult] = ()) -> str:
     """The whole report as one HTML document."""
     s = report.summary
@@ -374,6 +527,7 @@ def diff_html(report: DiffReport, gates: Sequence[GateResult] = ()) -> str:
         *_verdict(gates),
         *_evidence(report),
         *_forks(report),
+        *_causes(report),
     ]
     parts.append("<h2>Summary</h2><table>")
     for k, v in s.items():
@@ -390,6 +544,7 @@ def diff_html(report: DiffReport, gates: Sequence[GateResult] = ()) -> str:
     if len(report.pairs) > MAX_MAP_ROWS:
         parts.append(f"<p>First {MAX_MAP_ROWS} of {len(report.pairs)} pairs, divergent first.</p>")
     parts.append(_divergence_map(report.pairs, prompts, short_unit))
+    parts.extend(_reference(report))
     parts.append("<h2>Latency</h2>")
     bs, cs = report.baseline_side, report.candidate_side
     parts.append(

@@ -58,6 +58,7 @@ from sqlalchemy import Engine, select
 
 from sniffer.core.events import NOT_LLM
 from sniffer.llm.fingerprint import fingerprint
+from sniffer.llm.logprobs import TokenLogprob, output_logprobs
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
 from sniffer.reports.align import longest_common_prefix
 from sniffer.store.models import chunks, streams
@@ -112,6 +113,11 @@ class Output:
     token_starts: tuple[int, ...] = ()  # character start of each token of ``ids``
     server_ids: tuple[int, ...] | None = None  # the server's own token ids, if known
     server_starts: tuple[int, ...] = ()  # character start of each server token
+    #: the server's per-token log-probabilities (and top alternatives), when every
+    #: chunk carried them and their bytes spell ``text``; see sniffer.llm.logprobs
+    logprobs: tuple[TokenLogprob, ...] | None = field(default=None, repr=False)
+    request_json: str | None = field(default=None, repr=False)  # the request body
+    cause: str | None = None  # stats: why this variant differs from the modal one
 
     @property
     def complete(self) -> bool:
@@ -187,20 +193,25 @@ def build_outputs(
     server_rows: Iterable[Sequence[Any]] = (),
 ) -> list[Output]:
     """Outputs from ``streams`` rows and chunk tuples ``(stream_id, choice, text,
-    ts, finish_reason)`` in (stream_id, seq) order; ``server_rows`` are
+    ts, finish_reason[, logprobs])`` in (stream_id, seq) order; ``server_rows`` are
     ``(stream_id, choice, server_tokens, server_ids)`` JSON texts of the token
     pass. Pure apart from the registry loading tokenizers on first use (a
     configured tokenizer that fails raises TokenizerLoadError)."""
     texts: dict[int, dict[int, list[tuple[str, float | None]]]] = {}
     finishes: dict[int, dict[int, str]] = {}
+    lps: dict[tuple[int, int], list[str | None]] = {}  # logprobs of each chunk, in order
     cur_sid: Any = None
     cur: dict[int, list[tuple[str, float | None]]] = {}
-    for sid, choice, text, ts, finish in chunk_rows:
+    for crow in chunk_rows:
+        sid, choice, text, ts, finish = crow[:5]
         if choice is None or choice < 0:
             continue
         if sid != cur_sid:
             cur_sid = sid
             cur = texts.setdefault(sid, {})
+        lp = crow[5] if len(crow) > 5 else None
+        if text or lp is not None:
+            lps.setdefault((sid, choice), []).append(lp)
         if text:
             got = cur.get(choice)
             if got is None:
@@ -240,11 +251,10 @@ def build_outputs(
         ttft = t_first - t_req if t_first is not None and t_req is not None else None
         for ch, pieces, fin in plan:
             text = "".join(p[0] for p in pieces)
-            sids, starts = (
-                _server_tokens(server.get((sid, ch)), text)
-                if dialect not in WHOLE_MESSAGE_DIALECTS
-                else (None, ())
-            )
+            whole = dialect in WHOLE_MESSAGE_DIALECTS
+            sids, starts = (None, ()) if whole else _server_tokens(server.get((sid, ch)), text)
+            chunk_lps = lps.get((sid, ch))
+            logprobs = None if whole or not chunk_lps else output_logprobs(chunk_lps, text)
             out = Output(
                 stream_id=sid,
                 choice=ch,
@@ -269,6 +279,8 @@ def build_outputs(
                 chunk_ends=tuple(accumulate(len(p[0]) for p in pieces)),
                 server_ids=sids,
                 server_starts=starts,
+                logprobs=logprobs,
+                request_json=row.get("request_json"),
             )
             pending.append((out, pieces))
 
@@ -338,11 +350,20 @@ def load_outputs(
     s_stmt = select(*cols).where(*cond).order_by(streams.c.t_request, streams.c.id)
     c_stmt = (
         select(
-            chunks.c.stream_id, chunks.c.choice, chunks.c.text, chunks.c.ts, chunks.c.finish_reason
+            chunks.c.stream_id,
+            chunks.c.choice,
+            chunks.c.text,
+            chunks.c.ts,
+            chunks.c.finish_reason,
+            chunks.c.logprobs,
         )
         .join(streams, streams.c.id == chunks.c.stream_id)
         .where(*cond)
-        .where((chunks.c.text != "") | chunks.c.finish_reason.is_not(None))
+        .where(
+            (chunks.c.text != "")
+            | chunks.c.finish_reason.is_not(None)
+            | chunks.c.logprobs.is_not(None)
+        )
         .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
     )
     t_stmt = (
@@ -375,6 +396,10 @@ class Variant:
     preview: str  # first PREVIEW_CHARS characters
     stream_ids: list[int]  # streams that produced it (first 10)
     fork: str | None  # the text from the fork token on (≤ 40 chars), None if no fork
+    #: why it differs from the group's most frequent variant (None for that one);
+    #: see sniffer.reports.causes
+    cause: str | None = None
+    cause_evidence: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -410,9 +435,13 @@ def _fork_text(o: Output, pos: int) -> str:
     return tok.decode(o.ids[pos : pos + 12])[:40]
 
 
-def compute_stats(outputs: Sequence[Output]) -> StatsReport:
+def compute_stats(outputs: Sequence[Output], *, near_tie_margin: float = 0.5) -> StatsReport:
     """Group outputs by fingerprint (with label and model) and measure their
-    stability. Sampled-out outputs (no text kept) are counted, not grouped."""
+    stability. Sampled-out outputs (no text kept) are counted, not grouped.
+    Every variant but the most frequent one gets a cause class
+    (:func:`sniffer.reports.causes.classify` against the most frequent one)."""
+    from sniffer.reports.causes import classify, distribution
+
     by_key: dict[str, list[Output]] = {}
     sampled_out = 0
     for o in outputs:
@@ -422,6 +451,7 @@ def compute_stats(outputs: Sequence[Output]) -> StatsReport:
         by_key.setdefault(o.key, []).append(o)
     groups: list[Group] = []
     singletons = 0
+    all_causes: list[str | None] = []
     for key, members in by_key.items():
         if len(members) < 2:
             singletons += 1
@@ -439,16 +469,24 @@ def compute_stats(outputs: Sequence[Output]) -> StatsReport:
         reps = [firsts[k] for k, _ in counts.most_common()]
         lcp = longest_common_prefix([o.ids for o in reps])
         fork = None if distinct == 1 else lcp
-        variants = [
-            Variant(
-                count=counts[k],
-                tokens=len(firsts[k].ids),
-                preview=firsts[k].text[:PREVIEW_CHARS],
-                stream_ids=sids[k],
-                fork=None if fork is None else _fork_text(firsts[k], fork),
+        variants = []
+        for i, (k, _) in enumerate(counts.most_common()):
+            why = None if i == 0 else classify(reps[0], firsts[k], margin=near_tie_margin)
+            if why is not None:
+                all_causes.append(why.cause)
+            if i >= MAX_VARIANTS:
+                continue
+            variants.append(
+                Variant(
+                    count=counts[k],
+                    tokens=len(firsts[k].ids),
+                    preview=firsts[k].text[:PREVIEW_CHARS],
+                    stream_ids=sids[k],
+                    fork=None if fork is None else _fork_text(firsts[k], fork),
+                    cause=None if why is None else why.cause,
+                    cause_evidence=None if why is None else (why.evidence or None),
+                )
             )
-            for k, _ in counts.most_common(MAX_VARIANTS)
-        ]
         m0 = members[0]
         groups.append(
             Group(
@@ -468,6 +506,8 @@ def compute_stats(outputs: Sequence[Output]) -> StatsReport:
     groups.sort(key=lambda g: (g.label or "", g.deterministic, g.prompt))
     summary = _summary(groups, singletons)
     summary["sampled_out_outputs"] = sampled_out
+    summary["variant_causes"] = distribution(all_causes)
+    summary["near_tie_margin"] = near_tie_margin
     return StatsReport(groups, singletons, summary)
 
 
@@ -497,6 +537,7 @@ def stats(
     model: str | None = None,
     registry: TokenizerRegistry | None = None,
     include_incomplete: bool = False,
+    near_tie_margin: float = 0.5,
 ) -> StatsReport:
     """Load outputs from the store and compute their stability report."""
     return compute_stats(
@@ -506,7 +547,8 @@ def stats(
             model=model,
             registry=registry,
             include_incomplete=include_incomplete,
-        )
+        ),
+        near_tie_margin=near_tie_margin,
     )
 
 
@@ -539,6 +581,8 @@ def stats_json(report: StatsReport) -> dict[str, Any]:
                         "preview": v.preview,
                         "stream_ids": v.stream_ids,
                         "fork_text": v.fork,
+                        "cause": v.cause,
+                        "cause_evidence": v.cause_evidence,
                     }
                     for v in g.variants
                 ],
@@ -572,9 +616,10 @@ def format_stats(report: StatsReport, *, show_deterministic: bool = True) -> str
         )
         for v in g.variants:
             fork = f"  fork→{v.fork!r}" if v.fork is not None else ""
+            why = f"  [{v.cause}]" if v.cause is not None else ""
             lines.append(
                 f"    x{v.count:<4} {v.tokens:>5} tok  {json.dumps(v.preview, ensure_ascii=False)}"
-                f"{fork}"
+                f"{fork}{why}"
             )
         if g.distinct > len(g.variants):
             lines.append(f"    … {g.distinct - len(g.variants)} more variants")
@@ -588,6 +633,12 @@ def format_stats(report: StatsReport, *, show_deterministic: bool = True) -> str
         lines.append(
             f"  {s['sampled_out_outputs']} outputs left out: their text was sampled out "
             "(--sample-rate), not compared"
+        )
+    vc = s.get("variant_causes") or {}
+    if any(vc.values()):
+        lines.append(
+            "  why variants differ from the most frequent one: "
+            + ", ".join(f"{k} {v}" for k, v in vc.items() if v)
         )
     for label, part in s["labels"].items():
         lines.append(

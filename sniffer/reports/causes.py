@@ -1,0 +1,193 @@
+"""Why two outputs of one request differ: a cause class from what the streams show.
+
+Pure (no I/O). Given two outputs (a *reference* side — the baseline in ``diff``,
+the modal variant in ``stats`` — and the *other* side), :func:`classify` says:
+
+* ``None`` — identical text, token ids and finish reason;
+* ``retokenization_only`` — the same text, different token ids (a tokenizer
+  boundary, e.g. ``"Hel"+"lo"`` vs ``"Hello"``);
+* ``finish_only`` — the same text and ids, another finish reason;
+* ``length_only`` — one text is a proper prefix of the other: one side stopped
+  early (the finish reasons are given with the pair);
+* ``near_tie`` — the servers' own log-probabilities at the fork token show the
+  two chosen tokens within ``margin`` nats of each other in the reference
+  side's top alternatives and/or in the other side's: numerical noise or
+  kernel non-determinism, not a model change;
+* ``substantive`` — the other side's token is outside the reference side's top
+  alternatives, or further than ``margin`` below the chosen one (or the same,
+  seen from the other side). Without alternatives, the chosen token's own
+  log-probability still bounds every other token: ``log(1 − p)``; a chosen
+  token more than ``margin`` above that bound makes the fork substantive;
+* ``unknown`` — the evidence is missing (no logprobs at the fork, or too few
+  to decide).
+
+Near tie wins over substantive when the two sides' views disagree (either
+server found the two tokens nearly equally likely). The fork token is the
+first token where the two logprob token lists differ (both sides sent them),
+else the token of the side with logprobs that holds the first differing
+character; the other side's token there is then the longest of the listed
+alternatives that begins the other side's text from that token's start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sniffer.llm.logprobs import TokenLogprob, token_starts
+from sniffer.reports.align import common_prefix
+from sniffer.reports.stats import Output
+
+__all__ = [
+    "CAUSES",
+    "DEFAULT_NEAR_TIE_MARGIN",
+    "Cause",
+    "classify",
+    "distribution",
+]
+
+#: Every class, in the order reports list them.
+CAUSES = (
+    "retokenization_only",
+    "near_tie",
+    "substantive",
+    "length_only",
+    "finish_only",
+    "unknown",
+)
+#: Default margin (nats) between the two chosen tokens' log-probabilities for a near tie.
+DEFAULT_NEAR_TIE_MARGIN = 0.5
+
+
+@dataclass(slots=True)
+class Cause:
+    cause: str | None
+    #: what the classification rests on (JSON-ready): fork token, each side's view
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def _view(
+    chosen: TokenLogprob, other_key: bytes | None, other_rest: str | None, margin: float
+) -> dict[str, Any]:
+    """One side's view of the fork: its chosen token against the other side's.
+
+    ``other_key``: the other side's token bytes (both sides sent logprobs);
+    else ``other_rest``: the other side's text from the fork token's start."""
+    view: dict[str, Any] = {
+        "chosen": chosen.text,
+        "chosen_logprob": chosen.logprob,
+        "top_k": len(chosen.top),
+    }
+    other = None
+    if other_key is not None:
+        other = next((a for a in chosen.top if a.key == other_key), None)
+    elif other_rest is not None:
+        raw = other_rest.encode("utf-8", "surrogatepass")
+        found = [a for a in chosen.top if a.key and a.key != chosen.key and raw.startswith(a.key)]
+        other = max(found, key=lambda a: len(a.key), default=None)
+    if other is not None and chosen.logprob is not None:
+        gap = chosen.logprob - other.logprob
+        view.update(other=other.text, other_logprob=other.logprob, gap=gap, in_top_k=True)
+        view["verdict"] = "near_tie" if abs(gap) <= margin else "substantive"
+        return view
+    if not chosen.top_complete:  # an alternative was unreadable: it may be the other one
+        view["verdict"] = None
+        view["unreadable"] = True
+        return view
+    if chosen.top and chosen.logprob is not None:
+        view["in_top_k"] = False
+        floor = min(a.logprob for a in chosen.top)
+        view["gap_at_least"] = max(0.0, chosen.logprob - floor)
+        view["verdict"] = "substantive"  # outside the server's own top-k
+        return view
+    if chosen.logprob is not None and -math.inf < chosen.logprob <= 0.0:
+        p = math.exp(chosen.logprob)
+        if p >= 1.0:  # every other token had probability 0
+            view["gap_at_least"] = None
+            view["verdict"] = "substantive"
+            return view
+        gap = chosen.logprob - math.log1p(-p)  # no other token above log(1 - p)
+        view["gap_at_least"] = gap
+        view["verdict"] = "substantive" if gap > margin else None
+        return view
+    view["verdict"] = None
+    return view
+
+
+def _fork_token(lps: Sequence[TokenLogprob], char: int) -> int | None:
+    starts = token_starts(lps)
+    j = None
+    for i, s in enumerate(starts):
+        if s <= char:
+            j = i
+        else:
+            break
+    return j
+
+
+def classify(
+    ref: Output,
+    other: Output,
+    *,
+    margin: float = DEFAULT_NEAR_TIE_MARGIN,
+    tokens_equal: bool | None = None,
+) -> Cause:
+    """The cause class of ``other`` differing from ``ref`` (see the module doc).
+
+    ``tokens_equal``: whether the caller found the two token sequences equal
+    (``diff`` compares in server ids when both sides carry them); by default
+    server ids when both have them, else the re-tokenized ids."""
+    if ref.text == other.text:
+        if tokens_equal is not None:
+            same_ids = tokens_equal
+        elif ref.server_ids is not None and other.server_ids is not None:
+            same_ids = ref.server_ids == other.server_ids
+        else:
+            same_ids = ref.ids == other.ids or ref.tokenizer is not other.tokenizer
+        if not same_ids:
+            return Cause("retokenization_only", {"text_equal": True})
+        if ref.finish_reason != other.finish_reason:
+            return Cause("finish_only", {"text_equal": True})
+        return Cause(None)
+    char = common_prefix(ref.text, other.text)
+    if char == min(len(ref.text), len(other.text)):
+        shorter = "reference" if len(ref.text) < len(other.text) else "other"
+        return Cause("length_only", {"char": char, "stopped_early": shorter})
+    bl, cl = ref.logprobs, other.logprobs
+    ev: dict[str, Any] = {"char": char}
+    views: dict[str, dict[str, Any]] = {}
+    if bl is not None and cl is not None:
+        k = common_prefix([t.key for t in bl], [t.key for t in cl])
+        if k < len(bl) and k < len(cl):
+            ev["fork_token"] = k
+            views["reference"] = _view(bl[k], cl[k].key, None, margin)
+            views["other"] = _view(cl[k], bl[k].key, None, margin)
+    else:
+        for name, mine, theirs in (("reference", bl, other), ("other", cl, ref)):
+            if mine is None:
+                continue
+            j = _fork_token(mine, char)
+            if j is None:
+                continue
+            start = token_starts(mine)[j]
+            ev["fork_token"] = j
+            views[name] = _view(mine[j], None, theirs.text[start:], margin)
+    ev.update({f"{k}_view": v for k, v in views.items()})
+    verdicts = {v.get("verdict") for v in views.values()}
+    if "near_tie" in verdicts:
+        return Cause("near_tie", ev)
+    if "substantive" in verdicts:
+        return Cause("substantive", ev)
+    ev["why"] = "no logprobs at the fork" if not views else "logprobs too few to decide"
+    return Cause("unknown", ev)
+
+
+def distribution(causes: Sequence[str | None]) -> dict[str, int]:
+    """Count per class (every class listed, zeros included)."""
+    out = dict.fromkeys(CAUSES, 0)
+    for c in causes:
+        if c is not None:
+            out[c] = out.get(c, 0) + 1
+    return out
