@@ -392,6 +392,7 @@ def span_attributes(r: StreamRecord, node: str) -> dict[str, Any]:
         a["sparseety.label"] = r.label
     if node:
         a["sparseety.node"] = node
+    a["sparseety.stream_id"] = r.stream
     a["sparseety.dialect"] = r.dialect
     a["sparseety.state"] = r.state
     if r.reason:
