@@ -180,9 +180,7 @@ def _traces(rx: Receiver, body: bytes) -> None:
                         end_ns=s.end_time_unix_nano,
                         attributes=attrs(s.attributes),
                         status_code=s.status.code,
-                        events=[
-                            (e.name, e.time_unix_nano, attrs(e.attributes)) for e in s.events
-                        ],
+                        events=[(e.name, e.time_unix_nano, attrs(e.attributes)) for e in s.events],
                         resource=resource,
                         scope=ss.scope.name,
                         schema_url=ss.schema_url,

@@ -202,7 +202,9 @@ def test_chunk_events_off_by_default(rx: Receiver) -> None:
 def test_genai_metrics_units_buckets_and_values(rx: Receiver) -> None:
     ex, _, _ = exporter(rx.url)
     ex.observe(stream_events(1))
-    ex.observe(stream_events(2, t0=2000.0, chunks=5, usage='{"prompt_tokens":9,"completion_tokens":5}'))
+    ex.observe(
+        stream_events(2, t0=2000.0, chunks=5, usage='{"prompt_tokens":9,"completion_tokens":5}')
+    )
     ex.close()
     want = {
         "gen_ai.server.time_to_first_token": ("s", TTFT_BUCKETS),

@@ -369,7 +369,8 @@ def span_attributes(r: StreamRecord, node: str) -> dict[str, Any]:
     a["gen_ai.response.model"] = r.response_model or r.model or ""
     if not r.response_model and not r.model:
         del a["gen_ai.response.model"]
-    a["gen_ai.request.stream"] = bool(r.request_stream if r.request_stream is not None else r.streaming)
+    streamed = r.request_stream if r.request_stream is not None else r.streaming
+    a["gen_ai.request.stream"] = bool(streamed)
     if r.response_id is not None:
         a["gen_ai.response.id"] = r.response_id
     if r.finish_reasons:
@@ -643,7 +644,7 @@ class _Sdk:
             headers=headers,
             timeout=options.timeout,
         )
-        self._spans = _SpanSink()
+        self._spans = _span_sink()
         self.tracer_provider = TracerProvider(
             resource=resource,
             span_limits=SpanLimits(max_events=MAX_CHUNK_EVENTS + 8, max_attributes=256),
@@ -652,7 +653,7 @@ class _Sdk:
         self.tracer = self.tracer_provider.get_tracer(
             "sparseety", _version(), schema_url=SCHEMA_URL
         )
-        metric_exporter = _GuardedMetricExporter(
+        metric_exporter = _guarded_metric_exporter(
             OTLPMetricExporter(
                 endpoint=_signal_url(options.endpoint, "metrics"),
                 headers=headers,
@@ -777,57 +778,54 @@ def _version() -> str:
         return "0"
 
 
-class _SpanSink:
+def _span_sink() -> Any:
     """A span processor that keeps ended spans for the export thread to send
-    itself (one queue, ours: no second hidden one in a batch processor)."""
+    itself (one queue, ours: no second, hidden one in a batch processor).
+    ``take()`` returns the spans ended since the last call."""
+    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-    def __init__(self) -> None:
-        self._spans: list[Any] = []
+    class SpanSink(SpanProcessor):
+        def __init__(self) -> None:
+            self._spans: list[ReadableSpan] = []
 
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        return None
+        def on_end(self, span: ReadableSpan) -> None:
+            self._spans.append(span)
 
-    def on_end(self, span: Any) -> None:
-        self._spans.append(span)
+        def take(self) -> list[ReadableSpan]:
+            spans, self._spans = self._spans, []
+            return spans
 
-    def take(self) -> list[Any]:
-        spans, self._spans = self._spans, []
-        return spans
-
-    def shutdown(self) -> None:
-        return None
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
-
-    def _on_ending(self, span: Any) -> None:  # SDK ≥ 1.3x calls it when present
-        return None
+    return SpanSink()
 
 
-class _GuardedMetricExporter:
-    """Wraps the OTLP metric exporter: a failed export is counted and logged
-    through the owner (once per interval) instead of the SDK's log."""
+def _guarded_metric_exporter(inner: Any, owner: OtlpExporter) -> Any:
+    """The OTLP metric exporter, wrapped: a failed export is counted and logged
+    through ``owner`` (once per interval) instead of the SDK's log."""
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
-    def __init__(self, inner: Any, owner: OtlpExporter) -> None:
-        self._inner = inner
-        self._owner = owner
-        self._preferred_temporality = inner._preferred_temporality
-        self._preferred_aggregation = inner._preferred_aggregation
+    class Guarded(MetricExporter):
+        def __init__(self) -> None:
+            super().__init__(
+                preferred_temporality=inner._preferred_temporality,
+                preferred_aggregation=inner._preferred_aggregation,
+            )
 
-    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kw: Any) -> Any:
-        from opentelemetry.sdk.metrics.export import MetricExportResult
+        def export(
+            self, metrics_data: Any, timeout_millis: float = 10_000, **kw: Any
+        ) -> MetricExportResult:
+            try:
+                result = inner.export(metrics_data, timeout_millis=timeout_millis, **kw)
+            except Exception as exc:
+                owner._note_failure("metrics", f"{type(exc).__name__}: {exc}")
+                return MetricExportResult.FAILURE
+            if result is not MetricExportResult.SUCCESS:
+                owner._note_failure("metrics")
+            return MetricExportResult(result)
 
-        try:
-            result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kw)
-        except Exception as exc:
-            self._owner._note_failure("metrics", f"{type(exc).__name__}: {exc}")
-            return MetricExportResult.FAILURE
-        if result is not MetricExportResult.SUCCESS:
-            self._owner._note_failure("metrics")
-        return result
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return bool(inner.force_flush(timeout_millis=timeout_millis))
 
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return bool(self._inner.force_flush(timeout_millis=timeout_millis))
+        def shutdown(self, timeout_millis: float = 30_000, **kw: Any) -> None:
+            inner.shutdown(timeout_millis=timeout_millis, **kw)
 
-    def shutdown(self, timeout_millis: float = 30_000, **kw: Any) -> None:
-        self._inner.shutdown(timeout_millis=timeout_millis, **kw)
+    return Guarded()
