@@ -7,6 +7,7 @@ tests/test_otlp_live.py does the same with ``sparseety run`` capturing live.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import socket
 import subprocess
@@ -169,7 +170,7 @@ def test_span_per_closed_stream_with_genai_attributes(rx: Receiver) -> None:
     assert a["gen_ai.operation.name"] == "chat"
     assert "gen_ai.provider.name" not in a  # an OpenAI-compatible API does not say who runs it
     assert a["gen_ai.request.model"] == "llama-70b"
-    assert a["gen_ai.response.model"] == "llama-70b"
+    assert "gen_ai.response.model" not in a  # a streamed reply's model is not carried yet
     assert a["gen_ai.request.stream"] is True
     assert a["gen_ai.response.finish_reasons"] == ["stop"]
     assert a["gen_ai.usage.input_tokens"] == 7
@@ -233,6 +234,30 @@ def test_genai_metrics_units_buckets_and_values(rx: Receiver) -> None:
     usage = {p.attributes["gen_ai.token.type"]: p for p in rx.latest("gen_ai.client.token.usage")}
     assert usage["input"].count == 2 and usage["input"].sum == 16
     assert usage["output"].count == 2 and usage["output"].sum == 8
+
+
+def test_whole_reply_names_response_id_and_model(rx: Receiver) -> None:
+    ev = stream_events(1, chunks=1)
+    opened, resp, chunk, closed = ev
+    assert isinstance(opened, StreamOpened) and isinstance(resp, StreamResponse)
+    assert isinstance(closed, StreamClosed)
+    body = '{"id":"chatcmpl-42","model":"llama-70b-2025","choices":[]}'
+    ev = [
+        dataclasses.replace(opened, request={"model": "llama-70b", "stream": False}),
+        dataclasses.replace(resp, streaming=False, content_type="application/json"),
+        chunk,
+        dataclasses.replace(closed, response_body=body),
+    ]
+    ex, _, _ = exporter(rx.url)
+    ex.observe(ev)
+    ex.close()
+    (s,) = rx.spans
+    a = s.attributes
+    assert a["gen_ai.response.id"] == "chatcmpl-42"
+    assert a["gen_ai.response.model"] == "llama-70b-2025"
+    assert a["gen_ai.request.stream"] is False
+    assert "gen_ai.response.time_to_first_chunk" not in a  # not streamed
+    assert rx.latest("gen_ai.server.time_to_first_token") == []
 
 
 def test_error_stream_has_error_type_and_status(rx: Receiver) -> None:

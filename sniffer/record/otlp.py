@@ -366,9 +366,8 @@ def span_attributes(r: StreamRecord, node: str) -> dict[str, Any]:
         a["gen_ai.provider.name"] = provider
     if r.model is not None:
         a["gen_ai.request.model"] = r.model
-    a["gen_ai.response.model"] = r.response_model or r.model or ""
-    if not r.response_model and not r.model:
-        del a["gen_ai.response.model"]
+    if r.response_model is not None:  # known from a whole reply only (see the README)
+        a["gen_ai.response.model"] = r.response_model
     streamed = r.request_stream if r.request_stream is not None else r.streaming
     a["gen_ai.request.stream"] = bool(streamed)
     if r.response_id is not None:
