@@ -523,3 +523,47 @@ def test_readme_collector_config_is_valid_and_consistent() -> None:
         assert "debug" in pipe["exporters"]
     assert any(e.startswith("prometheusremotewrite") for e in pipes["metrics"]["exporters"])
     assert any(e.startswith(("otlp/tempo", "clickhouse")) for e in pipes["traces"]["exporters"])
+
+
+# ---------------------------------------------------------------- replay
+
+
+def test_replay_exports_like_the_daemon(rx: Receiver, tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "r.db"
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sniffer.cli",
+            "replay",
+            str(ROOT / "pcaps" / "chat_english.pcap"),
+            "--db",
+            str(db),
+            "--otlp-endpoint",
+            rx.url,
+            "--otlp-chunk-events",
+            "-q",
+        ],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    with sqlite3.connect(db) as c:
+        sid, model, t_req, t_end, nchunks = c.execute(
+            "select id, model, t_request, closed_at, chunk_count from streams"
+        ).fetchone()
+        (out,) = c.execute("select output_count from stream_tokens").fetchone()
+    (s,) = rx.spans
+    assert s.name == f"chat {model}"
+    assert s.attributes["sparseety.stream_id"] == sid
+    assert (s.start_ns, s.end_ns) == (int(t_req * 1e9), int(t_end * 1e9))
+    assert s.attributes["sparseety.chunk_count"] == nchunks
+    assert sum(s.attributes["sparseety.tokens_per_chunk"]) == out
+    assert len([e for e in s.events if e[2]["sparseety.chunk.kind"] == "content"]) == nchunks
+    (dur,) = rx.latest("gen_ai.server.request.duration")
+    assert dur.count == 1 and dur.sum == pytest.approx(t_end - t_req)

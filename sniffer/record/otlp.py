@@ -185,6 +185,9 @@ class OtlpOptions:
     log_interval: float = 60.0  # an export failure is logged at most once per interval
     token_wait: float = 30.0  # seconds a span waits for its token figures
     service_name: str = "sparseety"
+    #: replay: wait (up to ``timeout``) for room in the queue instead of dropping,
+    #: while the collector answers (a failing collector turns it back to dropping)
+    block: bool = False
 
 
 # ---------------------------------------------------------------- records
@@ -466,6 +469,7 @@ class OtlpExporter:
         self._early_tokens: dict[int, _Tokens] = {}
         self._stop = threading.Event()
         self._closed = False
+        self._healthy = True
         self._sdk = _Sdk(self, options)  # raises OtlpUnavailable without the SDK
         self._thread = threading.Thread(target=self._run, name="otlp-export", daemon=True)
         self._thread.start()
@@ -492,7 +496,10 @@ class OtlpExporter:
 
     def _put(self, item: StreamRecord | _Tokens) -> None:
         try:
-            self._queue.put_nowait(item)
+            if self.options.block and self._healthy:
+                self._queue.put(item, timeout=self.options.timeout)
+            else:
+                self._queue.put_nowait(item)
         except queue.Full:
             self.dropped += 1
             if self._prom is not None:
@@ -568,6 +575,8 @@ class OtlpExporter:
     # -- failures -----------------------------------------------------------
 
     def _note_failure(self, signal: str, detail: str = "") -> None:
+        if signal == "traces":
+            self._healthy = False
         self.failures[signal] = self.failures.get(signal, 0) + 1
         self._unlogged[signal] = self._unlogged.get(signal, 0) + 1
         if self._prom is not None:
@@ -708,6 +717,7 @@ class _Sdk:
         result = self.span_exporter.export(spans)
         if result is SpanExportResult.SUCCESS:
             self._owner.exported_spans += len(spans)
+            self._owner._healthy = True
         else:
             self._owner._note_failure("traces")
 
