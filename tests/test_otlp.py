@@ -155,7 +155,13 @@ def test_span_per_closed_stream_with_genai_attributes(rx: Receiver) -> None:
     ex.observe(stream_events(1))
     ex.observe(stream_events(2, t0=2000.0, model="llama-70b-sparse", label="sparse"))
     ex.close()
-    assert logs == []
+    assert logs == [
+        (
+            "info",
+            "otlp-stopped",
+            {"spans": 2, "dropped": 0, "failed_span_batches": 0, "failed_metric_batches": 0},
+        )
+    ]
     spans = {s.attributes["sparseety.stream_id"]: s for s in rx.spans}
     assert set(spans) == {1, 2}
     s = spans[1]

@@ -86,6 +86,7 @@ def test_live_streams_become_spans_and_genai_metrics(
     check_exact(d.db, results, label="baseline")
     assert "event=otlp-exporting" in d.log()
     assert "otlp-export-failed" not in d.log()
+    assert "event=otlp-stopped spans=6 dropped=0 failed_span_batches=0" in d.log()
 
     rows = {
         r[0]: r

@@ -459,7 +459,8 @@ class OtlpExporter:
         self._prom = metrics
         self._tracker = _Tracker(chunk_events=options.chunk_events, wait_tokens=wait_tokens)
         self._queue: queue.Queue[StreamRecord | _Tokens] = queue.Queue(max(1, options.queue_size))
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the tracker (capture path)
+        self._count_lock = threading.Lock()  # counters (capture, token, export, reader threads)
         self.dropped = 0
         self.exported_spans = 0
         self.failures: dict[str, int] = {"traces": 0, "metrics": 0}
@@ -501,7 +502,8 @@ class OtlpExporter:
             else:
                 self._queue.put_nowait(item)
         except queue.Full:
-            self.dropped += 1
+            with self._count_lock:
+                self.dropped += 1
             if self._prom is not None:
                 self._prom.add_otlp_drops(1)
 
@@ -577,26 +579,27 @@ class OtlpExporter:
     def _note_failure(self, signal: str, detail: str = "") -> None:
         if signal == "traces":
             self._healthy = False
-        self.failures[signal] = self.failures.get(signal, 0) + 1
-        self._unlogged[signal] = self._unlogged.get(signal, 0) + 1
         if self._prom is not None:
             self._prom.add_otlp_failure(signal)
-        now = time.monotonic()
-        last = self._last_log.get(signal)
-        if last is not None and now - last < self.options.log_interval:
-            return
-        self._last_log[signal] = now
+        with self._count_lock:
+            self.failures[signal] = self.failures.get(signal, 0) + 1
+            self._unlogged[signal] = self._unlogged.get(signal, 0) + 1
+            now = time.monotonic()
+            last = self._last_log.get(signal)
+            if last is not None and now - last < self.options.log_interval:
+                return
+            self._last_log[signal] = now
+            failures, self._unlogged[signal] = self._unlogged[signal], 0
         if self._log is not None:
             self._log(
                 "warning",
                 "otlp-export-failed",
                 signal=signal,
                 endpoint=self.options.endpoint,
-                failures=self._unlogged[signal],
+                failures=failures,
                 detail=detail or "collector unreachable or refused the batch",
                 next_log_in=f"{self.options.log_interval:g}s",
             )
-        self._unlogged[signal] = 0
 
     # -- stop ---------------------------------------------------------------
 
@@ -608,6 +611,15 @@ class OtlpExporter:
         self._stop.set()
         self._thread.join(self.options.timeout + 5.0)
         self._sdk.shutdown()
+        if self._log is not None:
+            self._log(
+                "info",
+                "otlp-stopped",
+                spans=self.exported_spans,
+                dropped=self.dropped,
+                failed_span_batches=self.failures.get("traces", 0),
+                failed_metric_batches=self.failures.get("metrics", 0),
+            )
 
 
 def _with_tokens(r: StreamRecord, t: _Tokens) -> StreamRecord:
