@@ -123,6 +123,8 @@ def stream_events(
             finish_reasons=((0, "stop"),) if state is StreamState.COMPLETE else (),
             usage=usage,
             response_body=None,
+            response_id=f"chatcmpl-{sid}",
+            response_model=f"{model}-served",
         )
     )
     return ev
@@ -176,7 +178,8 @@ def test_span_per_closed_stream_with_genai_attributes(rx: Receiver) -> None:
     assert a["gen_ai.operation.name"] == "chat"
     assert "gen_ai.provider.name" not in a  # an OpenAI-compatible API does not say who runs it
     assert a["gen_ai.request.model"] == "llama-70b"
-    assert "gen_ai.response.model" not in a  # a streamed reply's model is not carried yet
+    assert a["gen_ai.response.model"] == "llama-70b-served"
+    assert a["gen_ai.response.id"] == "chatcmpl-1"
     assert a["gen_ai.request.stream"] is True
     assert a["gen_ai.response.finish_reasons"] == ["stop"]
     assert a["gen_ai.usage.input_tokens"] == 7
@@ -242,25 +245,73 @@ def test_genai_metrics_units_buckets_and_values(rx: Receiver) -> None:
     assert usage["output"].count == 2 and usage["output"].sum == 8
 
 
-def test_whole_reply_names_response_id_and_model(rx: Receiver) -> None:
+@pytest.mark.parametrize(
+    ("path", "items", "rid", "model"),
+    [
+        (
+            "/v1/chat/completions",
+            [
+                '{"id":"chatcmpl-9","model":"llama-70b-0425","choices":'
+                '[{"index":0,"delta":{"content":"Hi"}}]}'
+            ],
+            "chatcmpl-9",
+            "llama-70b-0425",
+        ),
+        (
+            "/v1/messages",
+            [
+                '{"type":"message_start","message":{"id":"msg_1","type":"message",'
+                '"role":"assistant","model":"claude-x-2025","content":[]}}',
+                '{"type":"ping"}',
+            ],
+            "msg_1",
+            "claude-x-2025",
+        ),
+        (
+            "/v1/responses",
+            [
+                '{"type":"response.created","response":{"id":"resp_7",'
+                '"model":"gpt-x","status":"in_progress"}}'
+            ],
+            "resp_7",
+            "gpt-x",
+        ),
+        (
+            "/api/chat",
+            ['{"model":"llama3","message":{"content":"a"},"done":false}'],
+            None,
+            "llama3",
+        ),
+    ],
+)
+def test_dialects_name_the_reply_id_and_model(
+    path: str, items: list[str], rid: str | None, model: str
+) -> None:
+    from sniffer.llm.dialects import select_dialect
+
+    d = select_dialect("POST", path, {"model": "m", "stream": True})
+    assert d is not None
+    for item in items:
+        d.event(item, "message")
+    assert (getattr(d, "response_id", None), getattr(d, "response_model", None)) == (rid, model)
+
+
+def test_whole_reply_is_not_streamed(rx: Receiver) -> None:
     ev = stream_events(1, chunks=1)
     opened, resp, chunk, closed = ev
     assert isinstance(opened, StreamOpened) and isinstance(resp, StreamResponse)
     assert isinstance(closed, StreamClosed)
-    body = '{"id":"chatcmpl-42","model":"llama-70b-2025","choices":[]}'
     ev = [
         dataclasses.replace(opened, request={"model": "llama-70b", "stream": False}),
         dataclasses.replace(resp, streaming=False, content_type="application/json"),
         chunk,
-        dataclasses.replace(closed, response_body=body),
+        closed,
     ]
     ex, _, _ = exporter(rx.url)
     ex.observe(ev)
     ex.close()
     (s,) = rx.spans
     a = s.attributes
-    assert a["gen_ai.response.id"] == "chatcmpl-42"
-    assert a["gen_ai.response.model"] == "llama-70b-2025"
     assert a["gen_ai.request.stream"] is False
     assert "gen_ai.response.time_to_first_chunk" not in a  # not streamed
     assert rx.latest("gen_ai.server.time_to_first_token") == []

@@ -109,6 +109,8 @@ def test_live_streams_become_spans_and_genai_metrics(
         assert a["gen_ai.operation.name"] == "chat"
         assert a["gen_ai.request.model"] == model
         assert a["gen_ai.request.stream"] is True
+        assert a["gen_ai.response.model"] == model  # as the server named it in its chunks
+        assert a["gen_ai.response.id"].startswith("chatcmpl-")
         assert a["gen_ai.response.finish_reasons"] == list(json.loads(finish).values())
         assert a["gen_ai.response.finish_reasons"] in (["stop"], ["length"])
         assert a["gen_ai.response.time_to_first_chunk"] == pytest.approx(t_first - t_req)

@@ -522,6 +522,8 @@ class StreamAssembler:
                 error=x.error,
                 request_bytes=x.req_bytes,
                 response_bytes=x.resp_bytes,
+                response_id=getattr(dialect, "response_id", None),
+                response_model=getattr(dialect, "response_model", None),
             )
         )
 

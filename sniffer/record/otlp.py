@@ -34,7 +34,6 @@ module imports it only when an exporter is built, and raises
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -345,15 +344,8 @@ def _close(r: StreamRecord, ev: StreamClosed) -> None:
     r.finish_reasons = tuple(f for _, f in sorted(ev.finish_reasons))
     r.usage_input, r.usage_output = usage_tokens(ev.usage)
     r.error = ev.error
-    if ev.response_body:  # a whole (non-streamed) reply names its id and model
-        try:
-            body = json.loads(ev.response_body)
-        except ValueError:
-            body = None
-        if isinstance(body, dict):
-            rid, rmodel = body.get("id"), body.get("model")
-            r.response_id = rid if isinstance(rid, str) else None
-            r.response_model = rmodel if isinstance(rmodel, str) else None
+    r.response_id = ev.response_id
+    r.response_model = ev.response_model
 
 
 def span_name(r: StreamRecord) -> str:
@@ -369,7 +361,7 @@ def span_attributes(r: StreamRecord, node: str) -> dict[str, Any]:
         a["gen_ai.provider.name"] = provider
     if r.model is not None:
         a["gen_ai.request.model"] = r.model
-    if r.response_model is not None:  # known from a whole reply only (see the README)
+    if r.response_model is not None:
         a["gen_ai.response.model"] = r.response_model
     streamed = r.request_stream if r.request_stream is not None else r.streaming
     a["gen_ai.request.stream"] = bool(streamed)
