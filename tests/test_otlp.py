@@ -624,3 +624,42 @@ def test_replay_exports_like_the_daemon(rx: Receiver, tmp_path: Path) -> None:
     assert len([e for e in s.events if e[2]["sparseety.chunk.kind"] == "content"]) == nchunks
     (dur,) = rx.latest("gen_ai.server.request.duration")
     assert dur.count == 1 and dur.sum == pytest.approx(t_end - t_req)
+
+
+# ---------------------------------------------------------------- reload
+
+
+def test_reload_keeps_node_and_otlp_settings_and_says_so(tmp_path: Path) -> None:
+    import io
+    import threading
+
+    from sniffer.runtime.config import load_config
+    from sniffer.runtime.daemon import Daemon
+    from sniffer.runtime.log import Log
+    from sniffer.runtime.notify import Notifier
+    from tests.test_daemon import PORT, SEGMENTS, FakeSource, start, wait_for
+
+    cfg_path = tmp_path / "s.toml"
+    db = str(tmp_path / "d.db")
+    cfg_path.write_text(
+        f"node = 'a'\n[capture]\nports = [{PORT}]\n[store]\ndatabase = '{db}'\n"
+        "[otlp]\nqueue_size = 10\n"
+    )
+    gate = threading.Event()
+    src = FakeSource(SEGMENTS, per=10, gate=gate)
+    log = io.StringIO()
+    d = Daemon(
+        load_config(cfg_path),
+        log=Log("info", log),
+        source_factory=lambda _c, _b: src,
+        notifier=Notifier({}),
+        install_signals=False,
+    )
+    r = start(d)
+    cfg_path.write_text(cfg_path.read_text().replace("'a'", "'b'").replace("10", "20"))
+    d.request_reload()
+    assert wait_for(lambda: "event=reloaded" in log.getvalue())
+    gate.set()
+    assert r.stop() == 0
+    assert (d.config.node, d.config.otlp_queue_size) == ("a", 10)
+    assert "event=reload-needs-restart keys=node,otlp_queue_size" in log.getvalue()
