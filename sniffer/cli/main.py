@@ -103,6 +103,8 @@ def main() -> None:
     help="Share of streams whose chunk text is stored (summaries always), as in 'run'.  "
     "[default: 1]",
 )
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option(
     "--otlp-endpoint",
     metavar="URL",
@@ -110,8 +112,6 @@ def main() -> None:
     "as 'run' does (one process; needs pip install 'sparseety[otlp]').",
 )
 @click.option("--otlp-chunk-events", is_flag=True, help="One span event per chunk.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def replay(
     captures: tuple[str, ...],
     db: str,
@@ -124,10 +124,10 @@ def replay(
     no_redact: bool,
     redact_patterns: tuple[str, ...],
     sample_rate: float | None,
-    otlp_endpoint: str | None,
-    otlp_chunk_events: bool,
     quiet: bool,
     as_json: bool,
+    otlp_endpoint: str | None = None,
+    otlp_chunk_events: bool = False,
 ) -> None:
     """Replay pcap/pcapng files (gzip ok) through the pipeline into the database.
 
@@ -139,7 +139,10 @@ def replay(
     Example:
       sparseety replay pcaps/chat_english.pcap --db sparseety.db --label 8000=baseline
     """
+    from sniffer.capture.pcap import CaptureFileError
     from sniffer.record.chain import RecordingChain, RecordingOptions
+    from sniffer.runtime.replay import default_jobs
+    from sniffer.runtime.replay import replay as run_replay
 
     label_map = parse_labels(labels)
     patterns = []
@@ -162,68 +165,7 @@ def replay(
         recording = RecordingChain.from_config(options, tokens=registry, otlp=otlp)
     if otlp is not None:
         jobs = 1  # the exporter's thread lives in this process, not in forked workers
-    try:
-        _replay_files(captures, db, ports, label_map, jobs, recording, registry, quiet, as_json)
-    finally:
-        if otlp is not None:
-            otlp.close()
-            if otlp.dropped or any(otlp.failures.values()):
-                click.echo(
-                    f"sparseety: otlp: {otlp.exported_spans} spans exported, "
-                    f"{otlp.dropped} dropped, {otlp.failures['traces']} failed span batches",
-                    err=True,
-                )
-
-
-def _replay_otlp(endpoint: str | None, chunk_events: bool, *, wait_tokens: bool) -> Any:
-    """The OTLP exporter replay was asked for (flag, else $OTEL_EXPORTER_OTLP_ENDPOINT)."""
-    from sniffer.record.otlp import (
-        OtlpExporter,
-        OtlpOptions,
-        OtlpUnavailable,
-        resolve_endpoint,
-        resolve_headers,
-    )
-
-    url = resolve_endpoint(endpoint or "")
-    if not url:
-        return None
-
-    def log(level: str, event: str, **fields: Any) -> None:
-        extra = " ".join(f"{k}={v}" for k, v in fields.items())
-        click.echo(f"sparseety: {level}: {event} {extra}", err=True)
-
-    try:
-        return OtlpExporter(
-            OtlpOptions(
-                endpoint=url,
-                headers=resolve_headers(()),
-                node=socket.gethostname(),
-                chunk_events=chunk_events,
-                block=True,
-            ),
-            log=log,
-            wait_tokens=wait_tokens,
-        )
-    except OtlpUnavailable as exc:
-        fail(str(exc), 2)
-
-
-def _replay_files(
-    captures: tuple[str, ...],
-    db: str,
-    ports: tuple[int, ...],
-    label_map: dict[int, str],
-    jobs: int | None,
-    recording: Any,
-    registry: Any,
-    quiet: bool,
-    as_json: bool,
-) -> None:
-    from sniffer.capture.pcap import CaptureFileError
-    from sniffer.runtime.replay import default_jobs
-    from sniffer.runtime.replay import replay as run_replay
-
+        click.get_current_context().call_on_close(lambda: _close_otlp(otlp))
     failed = False
     summaries = []
     for path in captures:
@@ -312,6 +254,45 @@ def _replay_files(
 
 
 # -------------------------------------------------------------------- streams
+
+
+def _replay_otlp(endpoint: str | None, chunk_events: bool, *, wait_tokens: bool) -> Any:
+    """The OTLP exporter replay was asked for (flag, else $OTEL_EXPORTER_OTLP_ENDPOINT)."""
+    from sniffer.record.otlp import (
+        OtlpExporter,
+        OtlpOptions,
+        OtlpUnavailable,
+        resolve_endpoint,
+        resolve_headers,
+    )
+
+    url = resolve_endpoint(endpoint or "")
+    if not url:
+        return None
+
+    def log(level: str, event: str, **fields: Any) -> None:
+        extra = " ".join(f"{k}={v}" for k, v in fields.items())
+        click.echo(f"sparseety: {level}: {event} {extra}", err=True)
+
+    try:
+        return OtlpExporter(
+            OtlpOptions(
+                endpoint=url,
+                headers=resolve_headers(()),
+                node=socket.gethostname(),
+                chunk_events=chunk_events,
+                block=True,
+            ),
+            log=log,
+            wait_tokens=wait_tokens,
+        )
+    except OtlpUnavailable as exc:
+        fail(str(exc), 2)
+
+
+def _close_otlp(otlp: Any) -> None:
+    """Export what is left (when the command ends, whatever its exit code)."""
+    otlp.close()
 
 
 @main.command()

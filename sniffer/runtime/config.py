@@ -3,7 +3,7 @@
 Layout (every key optional; the values shown are the defaults)::
 
     log_level = "info"            # debug, info, warning, error
-    node = "<host name>"          # this sidecar's name on spans (and rows, with PostgreSQL)
+    node = "<host name>"          # this sidecar's name, stored on every row (--node)
 
     [capture]
     interface = "lo"
@@ -192,7 +192,7 @@ class Config:
     block_size: int = 1 << 20
     idle_timeout: float = 300.0
     log_level: str = "info"
-    #: this sidecar's name (spans; rows when several sidecars share a database)
+    #: this sidecar's name, stored on every connection, stream and error row
     node: str = field(default_factory=socket.gethostname)
     # [metrics]
     metrics: bool = True
@@ -290,6 +290,8 @@ class Config:
             )
         if not 0 < self.idle_timeout <= 86400 * 7:
             raise ConfigError(f"idle_timeout: {self.idle_timeout} out of range (0, 604800]")
+        if not self.node or len(self.node) > 255 or not self.node.isprintable():
+            raise ConfigError(f"node: {self.node!r} must be 1 to 255 printable characters")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(
                 f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}"
@@ -311,8 +313,6 @@ class Config:
                 raise ConfigError(f"redaction pattern {pname!r}: bad regex: {exc}") from None
         if self.retention_days < 0 or self.retention_batch < 1 or self.retention_interval <= 0:
             raise ConfigError("retention: days >= 0, batch >= 1 and interval > 0")
-        if not self.node or len(self.node) > 255 or any(c.isspace() for c in self.node):
-            raise ConfigError(f"node: {self.node!r} must be 1 to 255 characters, no spaces")
         ep = self.otlp_endpoint
         if ep and not (ep.startswith("http://") or ep.startswith("https://")):
             raise ConfigError(f"otlp endpoint: {ep!r} is not an http:// or https:// URL")
