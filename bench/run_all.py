@@ -19,6 +19,7 @@ ORDER = [
     "bench_tokens.py",
     "bench_verify.py",
     "bench_diff.py",
+    "bench_otlp.py",
     "bench_afpacket.py",
     "bench_live.py",
     "bench_ebpf.py",

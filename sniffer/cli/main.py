@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from contextlib import suppress
 from datetime import UTC, datetime
@@ -104,6 +105,13 @@ def main() -> None:
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--otlp-endpoint",
+    metavar="URL",
+    help="Also export spans and GenAI metrics over OTLP/HTTP to this collector base URL, "
+    "as 'run' does (one process; needs pip install 'sparseety[otlp]').",
+)
+@click.option("--otlp-chunk-events", is_flag=True, help="One span event per chunk.")
 def replay(
     captures: tuple[str, ...],
     db: str,
@@ -118,6 +126,8 @@ def replay(
     sample_rate: float | None,
     quiet: bool,
     as_json: bool,
+    otlp_endpoint: str | None = None,
+    otlp_chunk_events: bool = False,
 ) -> None:
     """Replay pcap/pcapng files (gzip ok) through the pipeline into the database.
 
@@ -155,7 +165,11 @@ def replay(
     )
     with library_errors():
         registry = None if no_tokens else make_registry(tokenizers, default_tokenizer)
-        recording = RecordingChain.from_config(options, tokens=registry)
+        otlp = _replay_otlp(otlp_endpoint, otlp_chunk_events, wait_tokens=not no_tokens)
+        recording = RecordingChain.from_config(options, tokens=registry, otlp=otlp)
+    if otlp is not None:
+        jobs = 1  # the exporter's thread lives in this process, not in forked workers
+        click.get_current_context().call_on_close(lambda: _close_otlp(otlp))
     failed = False
     summaries = []
     for path in captures:
@@ -244,6 +258,45 @@ def replay(
 
 
 # -------------------------------------------------------------------- streams
+
+
+def _replay_otlp(endpoint: str | None, chunk_events: bool, *, wait_tokens: bool) -> Any:
+    """The OTLP exporter replay was asked for (flag, else $OTEL_EXPORTER_OTLP_ENDPOINT)."""
+    from sniffer.record.otlp import (
+        OtlpExporter,
+        OtlpOptions,
+        OtlpUnavailable,
+        resolve_endpoint,
+        resolve_headers,
+    )
+
+    url = resolve_endpoint(endpoint or "")
+    if not url:
+        return None
+
+    def log(level: str, event: str, **fields: Any) -> None:
+        extra = " ".join(f"{k}={v}" for k, v in fields.items())
+        click.echo(f"sparseety: {level}: {event} {extra}", err=True)
+
+    try:
+        return OtlpExporter(
+            OtlpOptions(
+                endpoint=url,
+                headers=resolve_headers(()),
+                node=socket.gethostname(),
+                chunk_events=chunk_events,
+                block=True,
+            ),
+            log=log,
+            wait_tokens=wait_tokens,
+        )
+    except OtlpUnavailable as exc:
+        fail(str(exc), 2)
+
+
+def _close_otlp(otlp: Any) -> None:
+    """Export what is left (when the command ends, whatever its exit code)."""
+    otlp.close()
 
 
 @main.command()

@@ -48,6 +48,9 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
         "sample_rate",
         "default_tokenizer",
         "db_group",
+        "node",
+        "otlp_endpoint",
+        "otlp_queue_size",
     ):
         if options.get(key) is not None:
             overrides[key] = options[key]
@@ -57,6 +60,7 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
         ("no_redact", "redact", False),
         ("no_tokens", "tokens", False),
         ("allow_world_readable", "allow_world_readable", True),
+        ("otlp_chunk_events", "otlp_chunk_events", True),
     ):
         if options.get(flag):
             overrides[key] = value
@@ -83,6 +87,14 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
                 raise ConfigError(f"--tokenizer {item!r} is not PATTERN=SOURCE")
             pairs.append((pattern, source))
         overrides["tokenizers"] = tuple(pairs)
+    if options.get("otlp_headers"):
+        pairs = []
+        for item in options["otlp_headers"]:
+            name, sep, value = item.partition("=")
+            if not sep or not name.strip():
+                raise ConfigError(f"--otlp-header {item!r} is not NAME=VALUE")
+            pairs.append((name.strip(), value))
+        overrides["otlp_headers"] = tuple(pairs)
     for key in ("ports", "pids", "comms"):
         if options.get(key):
             overrides[key] = tuple(options[key])
@@ -169,6 +181,34 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
     is_flag=True,
     help="Start even if the database file is world-readable.",
 )
+@click.option(
+    "--node",
+    metavar="NAME",
+    help="This sidecar's name, on every span (and row).  [default: the host name]",
+)
+@click.option(
+    "--otlp-endpoint",
+    metavar="URL",
+    help="Export spans and GenAI metrics over OTLP/HTTP to this collector base URL "
+    "(e.g. http://127.0.0.1:4318); default: $OTEL_EXPORTER_OTLP_ENDPOINT, else off. "
+    "Needs: pip install 'sparseety[otlp]'.",
+)
+@click.option(
+    "--otlp-header",
+    "otlp_headers",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Header sent with every OTLP export (repeat; adds to $OTEL_EXPORTER_OTLP_HEADERS).",
+)
+@click.option(
+    "--otlp-chunk-events", is_flag=True, help="One span event per streamed chunk (off by default)."
+)
+@click.option(
+    "--otlp-queue-size",
+    type=int,
+    help="Closed streams waiting for OTLP export; beyond it they are dropped and counted.  "
+    "[default: 4096]",
+)
 @click.option("--print-config", is_flag=True, help="Print the effective config as TOML and exit.")
 def run(config_path: str | None, print_config: bool, **options: Any) -> None:
     """Record live: capture the LLM server's traffic and store every streamed chunk.
@@ -187,6 +227,7 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
       sparseety run --config /etc/sparseety/sparseety.toml
       sparseety run --backend ebpf --comm python3 --port 8000
       sparseety run --config my.toml --print-config
+      sparseety run --node gpu-07 --otlp-endpoint http://collector:4318
     """
     try:
         cfg, overrides = build_config(config_path, options)
@@ -200,6 +241,7 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
     from sniffer.capture.afpacket import CaptureError
     from sniffer.capture.ebpf import EbpfError
     from sniffer.llm.tokens import TokenizerLoadError
+    from sniffer.record.otlp import OtlpUnavailable
     from sniffer.runtime.daemon import Daemon
     from sniffer.runtime.features import attach_features
     from sniffer.store.files import InsecureDatabaseFile
@@ -208,7 +250,7 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
         daemon = Daemon(cfg, overrides=overrides)
         try:
             attach_features(daemon)
-        except (InsecureDatabaseFile, TokenizerLoadError, ValueError) as exc:
+        except (InsecureDatabaseFile, TokenizerLoadError, OtlpUnavailable, ValueError) as exc:
             click.echo(f"sparseety: {exc}", err=True)
             sys.exit(2)
         except OSError as exc:

@@ -289,6 +289,8 @@ class StreamClosed:
     error: str | None = None
     request_bytes: int = 0  # body bytes after de-chunking and content decoding
     response_bytes: int = 0
+    response_id: str | None = None  # the reply's id, as the server named it
+    response_model: str | None = None  # the model the server says answered
 
 
 @dataclass(frozen=True, slots=True)

@@ -534,6 +534,8 @@ class StreamAssembler:
                 error=x.error,
                 request_bytes=x.req_bytes,
                 response_bytes=x.resp_bytes,
+                response_id=getattr(x.dialect, "response_id", None),
+                response_model=getattr(x.dialect, "response_model", None),
             )
         )
 

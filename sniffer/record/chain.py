@@ -6,11 +6,15 @@ their configuration and hand it every batch of store events::
     pipeline ─► observers ─► transforms ─► writer
                 (metrics,     (sampler,
                  token         redactor)
-                 collector)
+                 collector,
+                 OTLP export)
 
 * **Observers** see every event as captured: metrics count unsampled streams
   too, and the token collector keeps the text the server sent (token counts
   are computed on it, before redaction rewrites what is stored).
+* The **OTLP exporter** (:mod:`sniffer.record.otlp`, when given) queues each
+  closed LLM stream for export as a span and GenAI metrics (never blocking);
+  the token pass hands it each stream's token figures.
 * **Transforms** decide what is written, in order: the sampler drops the
   chunk text of streams it does not keep, then the redactor rewrites what is
   left.
@@ -47,6 +51,7 @@ if TYPE_CHECKING:
 
     from sniffer.llm.tokens import TokenizerRegistry
     from sniffer.record.metrics import Metrics
+    from sniffer.record.otlp import OtlpExporter
 
 __all__ = [
     "ErrorHook",
@@ -127,6 +132,7 @@ class RecordingChain:
         redactor: Redactor | None = None,
         tokens: TokenizerRegistry | None = None,
         metrics: Metrics | None = None,
+        otlp: OtlpExporter | None = None,
         observers: Iterable[Observer] = (),
         transforms: Iterable[Transform] = (),
         on_error: ErrorHook | None = None,
@@ -137,6 +143,7 @@ class RecordingChain:
         self.redactor = redactor
         self.tokens = tokens
         self.metrics = metrics
+        self.otlp = otlp
         self.on_error = on_error
         self.clock = clock
         #: keeps the text as sent for the token pass (only with ``tokens``)
@@ -152,6 +159,8 @@ class RecordingChain:
             self.observers.append(metrics.observe)
         if self.collector is not None:
             self.observers.append(self._collect)
+        if otlp is not None:
+            self.observers.append(otlp.observe)
         self.observers.extend(observers)
         self.transforms: list[Transform] = []
         if sampler is not None:
@@ -167,6 +176,7 @@ class RecordingChain:
         writer: StoreWriter | None = None,
         *,
         metrics: Metrics | None = None,
+        otlp: OtlpExporter | None = None,
         tokens: TokenizerRegistry | None = None,
         on_error: ErrorHook | None = None,
         clock: Callable[[], float] = time.time,
@@ -176,7 +186,8 @@ class RecordingChain:
         collector when ``tokens`` is on (``tokens`` overrides the registry built
         from ``tokenizers``/``default_tokenizer``; nothing is loaded yet: the
         driver calls ``chain.tokens.preload()`` when a bad tokenizer should
-        fail). ``metrics``, when given, is the first observer."""
+        fail). ``metrics``, when given, is the first observer; ``otlp`` (an
+        :class:`~sniffer.record.otlp.OtlpExporter`) observes after the collector."""
         sampler = None
         if cfg.sample_rate < 1.0 or cfg.boost_threshold > 0:
             sampler = Sampler(
@@ -203,6 +214,7 @@ class RecordingChain:
             redactor=redactor,
             tokens=registry,
             metrics=metrics,
+            otlp=otlp,
             on_error=on_error,
             clock=clock,
         )
@@ -306,12 +318,21 @@ class RecordingChain:
         if not inputs:
             return TokenizeResult()
         result, rows = tokenize_inputs(engine or self._writer().engine, self.tokens, inputs)
-        metrics, sampler = self.metrics, self.sampler
-        if metrics is None and sampler is None:
+        metrics, sampler, otlp = self.metrics, self.sampler, self.otlp
+        if metrics is None and sampler is None and otlp is None:
             return result
         for r in rows:
             if r.error is not None:
+                if otlp is not None:  # the span waits for this: send it without figures
+                    otlp.observe_tokens(r.stream_id, output_tokens=None, prompt_tokens=None)
                 continue
+            if otlp is not None:
+                otlp.observe_tokens(
+                    r.stream_id,
+                    output_tokens=r.output_count,
+                    prompt_tokens=len(r.prompt_ids) if r.prompt_ids is not None else None,
+                    tokens_per_chunk=[n for c in r.choices for n in c.chunk_counts],
+                )
             kinds: dict[str, int] = {}
             for a in r.anomalies:
                 kinds[a.kind] = kinds.get(a.kind, 0) + 1

@@ -51,6 +51,11 @@ sparseety_packets_captured_total                counter     packets the capture 
 sparseety_kernel_drops_total                    counter     packets the kernel ring dropped
 sparseety_queue_drops_total                     counter     packets/batches dropped on a full
                                                             queue
+sparseety_otlp_dropped_total                    counter     closed streams (or their token
+                                                            figures) dropped on a full OTLP
+                                                            export queue
+sparseety_otlp_export_failures_total            counter     OTLP export batches that failed,
+                                                            ``signal`` traces|metrics
 sparseety_open_connections                      gauge       connections being tracked
 sparseety_open_streams                          gauge       streams not yet closed
 sparseety_queue_depth                           gauge       items waiting in the pipeline queue
@@ -366,6 +371,19 @@ class Metrics:
         self.queue_drops = Counter(
             "sparseety_queue_drops", "Items dropped because a queue was full.", registry=r
         )
+        self.otlp_dropped = Counter(
+            "sparseety_otlp_dropped",
+            "Closed streams (or their token figures) dropped because the OTLP export "
+            "queue was full.",
+            registry=r,
+        )
+        self.otlp_failures = Counter(
+            "sparseety_otlp_export_failures",
+            "OTLP export batches that failed (collector unreachable or refusing): "
+            "signal traces or metrics.",
+            ("signal",),
+            registry=r,
+        )
         self.open_connections = Gauge(
             "sparseety_open_connections", "Connections being tracked.", registry=r
         )
@@ -553,6 +571,13 @@ class Metrics:
     def add_queue_drops(self, n: int) -> None:
         if n > 0:
             self.queue_drops.inc(n)
+
+    def add_otlp_drops(self, n: int) -> None:
+        if n > 0:
+            self.otlp_dropped.inc(n)
+
+    def add_otlp_failure(self, signal: str) -> None:
+        self.otlp_failures.labels(signal if signal in ("traces", "metrics") else OTHER).inc()
 
     def add_redactions(self, counts: Mapping[str, int]) -> None:
         """Add redaction counts by kind (e.g. the delta of ``Redactor.counts``)."""

@@ -3,6 +3,7 @@
 Layout (every key optional; the values shown are the defaults)::
 
     log_level = "info"            # debug, info, warning, error
+    node = "<host name>"          # this sidecar's name, stored on every row (--node)
 
     [capture]
     interface = "lo"
@@ -55,6 +56,14 @@ Layout (every key optional; the values shown are the defaults)::
     [limits]                      # Content-Encoding (gzip/deflate) caps per exchange
     max_decoded_bytes = 33554432  # decoded body bytes at most (32 MiB)
     max_expansion_ratio = 100.0   # decoded/encoded at most, past the first MiB
+    [otlp]                        # OpenTelemetry export (needs: pip install 'sparseety[otlp]')
+    endpoint = ""                 # OTLP/HTTP base URL, e.g. "http://collector:4318"
+                                  # ("": OTEL_EXPORTER_OTLP_ENDPOINT if set, else off)
+    headers = {}                  # sent with every export (over OTEL_EXPORTER_OTLP_HEADERS)
+    chunk_events = false          # one span event per chunk
+    queue_size = 4096             # closed streams waiting for export; beyond: dropped, counted
+    timeout = 10.0                # seconds per export, retries included
+    metrics_interval = 10.0       # seconds between metric exports
 
     [files]
     group = ""                    # database files 0640 with this group (default 0600)
@@ -74,6 +83,7 @@ from __future__ import annotations
 
 import mmap
 import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -108,7 +118,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "idle_timeout",
     ),
     "store": ("database", "flush_interval", "batch_size"),
-    "": ("log_level",),
+    "": ("log_level", "node"),
 }
 _SECTION_OF = {key: sec for sec, keys in SECTIONS.items() for key in keys}
 
@@ -138,9 +148,30 @@ TABLES: dict[str, dict[str, str]] = {
         "max_decoded_bytes": "max_decoded_bytes",
         "max_expansion_ratio": "max_expansion_ratio",
     },
+    "otlp": {
+        "endpoint": "otlp_endpoint",
+        "headers": "otlp_headers",
+        "chunk_events": "otlp_chunk_events",
+        "queue_size": "otlp_queue_size",
+        "timeout": "otlp_timeout",
+        "metrics_interval": "otlp_metrics_interval",
+    },
 }
-_BOOL_FIELDS = ("metrics", "metrics_public", "redact", "tokens", "allow_world_readable")
-_INT_FIELDS = ("metrics_max_models", "boost_threshold", "retention_batch", "max_decoded_bytes")
+_BOOL_FIELDS = (
+    "metrics",
+    "metrics_public",
+    "redact",
+    "tokens",
+    "allow_world_readable",
+    "otlp_chunk_events",
+)
+_INT_FIELDS = (
+    "metrics_max_models",
+    "boost_threshold",
+    "retention_batch",
+    "max_decoded_bytes",
+    "otlp_queue_size",
+)
 _FLOAT_FIELDS = (
     "sample_rate",
     "boost_window",
@@ -148,6 +179,8 @@ _FLOAT_FIELDS = (
     "retention_days",
     "retention_interval",
     "max_expansion_ratio",
+    "otlp_timeout",
+    "otlp_metrics_interval",
 )
 
 
@@ -173,6 +206,8 @@ class Config:
     block_size: int = 1 << 20
     idle_timeout: float = 300.0
     log_level: str = "info"
+    #: this sidecar's name, stored on every connection, stream and error row
+    node: str = field(default_factory=socket.gethostname)
     # [metrics]
     metrics: bool = True
     metrics_listen: str = "127.0.0.1:9464"
@@ -200,6 +235,13 @@ class Config:
     # [files]
     db_group: str = ""
     allow_world_readable: bool = False
+    # [otlp]
+    otlp_endpoint: str = ""  # "": OTEL_EXPORTER_OTLP_ENDPOINT, else off
+    otlp_headers: tuple[tuple[str, str], ...] = ()  # (name, value)
+    otlp_chunk_events: bool = False
+    otlp_queue_size: int = 4096
+    otlp_timeout: float = 10.0
+    otlp_metrics_interval: float = 10.0
     #: unknown top-level tables and keys
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: the file this came from, if any (SIGHUP re-reads it)
@@ -269,6 +311,8 @@ class Config:
             )
         if not 0 < self.idle_timeout <= 86400 * 7:
             raise ConfigError(f"idle_timeout: {self.idle_timeout} out of range (0, 604800]")
+        if not self.node or len(self.node) > 255 or not self.node.isprintable():
+            raise ConfigError(f"node: {self.node!r} must be 1 to 255 printable characters")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(
                 f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}"
@@ -290,6 +334,13 @@ class Config:
                 raise ConfigError(f"redaction pattern {pname!r}: bad regex: {exc}") from None
         if self.retention_days < 0 or self.retention_batch < 1 or self.retention_interval <= 0:
             raise ConfigError("retention: days >= 0, batch >= 1 and interval > 0")
+        ep = self.otlp_endpoint
+        if ep and not (ep.startswith("http://") or ep.startswith("https://")):
+            raise ConfigError(f"otlp endpoint: {ep!r} is not an http:// or https:// URL")
+        if not 1 <= self.otlp_queue_size <= 10_000_000:
+            raise ConfigError(f"otlp queue_size: {self.otlp_queue_size} out of range")
+        if not 0 < self.otlp_timeout <= 600 or not 0 < self.otlp_metrics_interval <= 3600:
+            raise ConfigError("otlp: timeout in (0, 600], metrics_interval in (0, 3600]")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -299,6 +350,7 @@ class Config:
         d["comms"] = list(self.comms)
         d["redact_patterns"] = [list(p) for p in self.redact_patterns]
         d["tokenizers"] = [list(p) for p in self.tokenizers]
+        d["otlp_headers"] = [list(p) for p in self.otlp_headers]
         d["extra"] = dict(self.extra)
         return d
 
@@ -395,6 +447,8 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         return _pairs(key, value, where, "name", "regex")
     if key == "tokenizers":
         return _pairs(key, value, where, "pattern", "source")
+    if key == "otlp_headers":
+        return _pairs(key, value, where, "name", "value")
     if key in ("ports", "pids"):
         return tuple(_int(key, v, where) for v in _list(key, value, where))
     if key == "comms":
@@ -510,7 +564,7 @@ def render_toml(cfg: Config) -> str:
 
     It parses back into an equal configuration (``source`` aside).
     """
-    lines = [f"log_level = {_toml_value(cfg.log_level)}", ""]
+    lines = [f"log_level = {_toml_value(cfg.log_level)}", f"node = {_toml_value(cfg.node)}", ""]
     for sec in ("capture", "store"):
         lines.append(f"[{sec}]")
         for key in SECTIONS[sec]:
@@ -526,6 +580,8 @@ def render_toml(cfg: Config) -> str:
             value = getattr(cfg, name)
             if name == "redact_patterns":
                 value = [{"name": n, "regex": r} for n, r in value]
+            elif name == "otlp_headers":
+                value = dict(value)
             lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
     lines.append("[tokenizers]")

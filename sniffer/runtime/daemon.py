@@ -74,6 +74,20 @@ MAX_PENDING_FACTOR = 20
 SLOW_ENV = "SPARSEETY_TEST_SLOW_PIPELINE_MS"
 
 
+#: Options a reload cannot change (logged, the old value kept).
+RESTART_KEYS = (
+    "backend",
+    "database",
+    "node",
+    "otlp_endpoint",
+    "otlp_headers",
+    "otlp_chunk_events",
+    "otlp_queue_size",
+    "otlp_timeout",
+    "otlp_metrics_interval",
+)
+
+
 class Daemon:
     """The live recorder. ``run()`` blocks until SIGTERM/SIGINT (or ``request_stop``).
 
@@ -411,7 +425,7 @@ class Daemon:
             self.log("error", "reload-failed", error=str(exc), kept="previous config")
             self.notifier.notify("READY=1")
             return
-        ignored = [k for k in ("backend", "database") if getattr(new, k) != getattr(old, k)]
+        ignored = [k for k in RESTART_KEYS if getattr(new, k) != getattr(old, k)]
         if ignored:
             self.log("warning", "reload-needs-restart", keys=",".join(ignored))
             new = new.with_overrides({k: getattr(old, k) for k in ignored})

@@ -30,6 +30,7 @@ class Features:
     chain: RecordingChain | None = None
     metrics: Metrics | None = None
     metrics_server: Any = None  # sniffer.record.metrics.MetricsServer
+    otlp: Any = None  # sniffer.record.otlp.OtlpExporter
     workers: list[Periodic] = dataclasses.field(default_factory=list)
 
     @property
@@ -60,7 +61,11 @@ def attach_features(d: Daemon) -> Features:
     * the token pass: a worker thread tokenizes closed streams in batches (off
       the capture path) and writes their token rows, feeding metrics and the
       sampler's boost;
-    * retention: a worker deleting old streams in small batches.
+    * retention: a worker deleting old streams in small batches;
+    * OpenTelemetry export (``otlp_endpoint`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``):
+      an observer of the chain (see :mod:`sniffer.record.otlp`), closed after
+      the workers so that the last token figures reach it. Raises
+      ``OtlpUnavailable`` (saying what to install) without the SDK.
     """
     from sniffer.store.files import db_path, prepare_db_file
 
@@ -84,10 +89,17 @@ def attach_features(d: Daemon) -> Features:
         log("info", "metrics-serving", url=f.metrics_server.url)
         d.on_tick.append(_gauges(metrics))
 
+    otlp = _otlp(cfg, metrics, log)
+    f.otlp = otlp
     previous = d.chain
-    chain = RecordingChain.from_config(
-        cfg, metrics=metrics, on_error=previous.on_error, clock=previous.clock
-    )
+    try:
+        chain = RecordingChain.from_config(
+            cfg, metrics=metrics, otlp=otlp, on_error=previous.on_error, clock=previous.clock
+        )
+    except BaseException:
+        if otlp is not None:
+            otlp.close()
+        raise
     chain.observers.extend(previous.observers)
     chain.transforms.extend(previous.transforms)
     f.chain = chain
@@ -108,11 +120,44 @@ def attach_features(d: Daemon) -> Features:
     def stop() -> None:
         for w in f.workers:
             w.stop()
+        if f.otlp is not None:
+            f.otlp.close()
         if f.metrics_server is not None:
             f.metrics_server.close()
 
     d.on_stop.append(stop)
     return f
+
+
+def _otlp(cfg: Any, metrics: Metrics | None, log: Any) -> Any:
+    """The OTLP exporter ``cfg`` asks for (flag/config key, else the standard
+    environment variables), or None."""
+    from sniffer.record.otlp import resolve_endpoint
+
+    endpoint = resolve_endpoint(cfg.otlp_endpoint)
+    if not endpoint:
+        return None
+    from sniffer.record.otlp import OtlpExporter, OtlpOptions, resolve_headers
+
+    options = OtlpOptions(
+        endpoint=endpoint,
+        headers=resolve_headers(cfg.otlp_headers),
+        node=cfg.node,
+        chunk_events=cfg.otlp_chunk_events,
+        queue_size=cfg.otlp_queue_size,
+        timeout=cfg.otlp_timeout,
+        metrics_interval=cfg.otlp_metrics_interval,
+    )
+    exporter = OtlpExporter(options, log=log, metrics=metrics, wait_tokens=cfg.tokens)
+    log(
+        "info",
+        "otlp-exporting",
+        endpoint=endpoint,
+        node=cfg.node,
+        chunk_events=cfg.otlp_chunk_events,
+        queue_size=cfg.otlp_queue_size,
+    )
+    return exporter
 
 
 def _host_port(listen: str) -> tuple[str, int]:

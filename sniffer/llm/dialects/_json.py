@@ -80,6 +80,10 @@ class JsonDialect:
     implement ``_streamed(obj, data, event_type)`` and ``_whole(obj, body)``."""
 
     name = "json"
+    #: the reply's ``id`` and ``model`` as the server named them (first seen)
+    response_id: str | None = None
+    response_model: str | None = None
+    _named = False  # both looked for and at least one found: stop looking
 
     def event(self, data: str, event_type: str) -> list[Delta]:
         """One SSE event's data, or one NDJSON line (``event_type`` "ndjson")."""
@@ -87,6 +91,8 @@ class JsonDialect:
             obj = loads(data)
         except (ValueError, RecursionError) as exc:
             return self._unparsed(data, event_type, exc)
+        if not self._named and type(obj) is dict:
+            self._name(obj)
         return guarded(self._streamed, data, obj, data, event_type)
 
     def body(self, body: str) -> list[Delta]:
@@ -95,7 +101,24 @@ class JsonDialect:
             obj = loads(body)
         except (ValueError, RecursionError) as exc:
             return invalid(body, f"broken JSON: {exc}")
+        if not self._named and type(obj) is dict:
+            self._name(obj)
         return guarded(self._whole, body, obj, body)
+
+    def _name(self, obj: dict[str, Any]) -> None:
+        """Note the reply's id and model: top level (OpenAI chunks and bodies,
+        Ollama) or in the ``message`` (Anthropic ``message_start``) or
+        ``response`` (Responses ``response.created``) object."""
+        for where in (obj, obj.get("message"), obj.get("response")):
+            if type(where) is not dict:
+                continue
+            rid, model = where.get("id"), where.get("model")
+            if type(model) is str and model:
+                self.response_model = model
+                if type(rid) is str and rid:
+                    self.response_id = rid
+                self._named = True
+                return
 
     def _unparsed(self, data: str, event_type: str, exc: Exception) -> list[Delta]:
         stripped = data.strip()
