@@ -21,6 +21,7 @@ from sniffer.cli.common import (
     fail,
     library_errors,
     make_registry,
+    node_option,
     open_engine,
     parse_labels,
     tokenizer_options,
@@ -102,6 +103,11 @@ def main() -> None:
     help="Share of streams whose chunk text is stored (summaries always), as in 'run'.  "
     "[default: 1]",
 )
+@click.option(
+    "--node",
+    metavar="NAME",
+    help="Node name stored on every row, as 'run --node'.  [default: the host name]",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def replay(
@@ -116,6 +122,7 @@ def replay(
     no_redact: bool,
     redact_patterns: tuple[str, ...],
     sample_rate: float | None,
+    node: str | None,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -185,6 +192,7 @@ def replay(
                         progress=progress,
                         jobs=jobs or default_jobs(),
                         chain=recording,
+                        node=node,
                     )
                 except CaptureFileError as exc:
                     fail(str(exc) if path in str(exc) else f"{path}: {exc}")
@@ -250,8 +258,10 @@ def replay(
 @click.option("--all", "show_all", is_flag=True, help="Include non-LLM HTTP exchanges.")
 @click.option("--limit", type=int, help="At most this many streams.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@node_option
 def streams(
     db: str,
+    node: str | None,
     label: str | None,
     model: str | None,
     state: str | None,
@@ -268,12 +278,13 @@ def streams(
     \b
     Example:
       sparseety streams --db sparseety.db --state gap
+      sparseety streams --db postgresql+psycopg://sparseety@db/sparseety --node gpu-07
     """
     from sniffer.store.queries import list_streams
 
     with library_errors():
         engine = open_engine(db)
-        rows = list_streams(engine, label=label, model=model, state=state, limit=None)
+        rows = list_streams(engine, label=label, model=model, state=state, node=node)
         if not show_all:
             rows = [r for r in rows if (r.get("dialect") or NOT_LLM) != NOT_LLM]
         if limit is not None:
@@ -312,7 +323,8 @@ def streams(
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="The stream row and its chunks as JSON.")
 @click.option("--raw", is_flag=True, help="Show raw event data of chunks we do not model.")
-def show(stream_id: int, db: str, as_json: bool, raw: bool) -> None:
+@node_option
+def show(stream_id: int, db: str, as_json: bool, raw: bool, node: str | None) -> None:
     """Show one stream: request, response, and every chunk with its capture time.
 
     \b
@@ -327,6 +339,9 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool) -> None:
     if s is None:
         fail(f"no stream {stream_id} in {db}")
         return
+    if node is not None and s.get("node") != node:
+        fail(f"stream {stream_id} was captured by node {s.get('node')!r}, not {node!r}")
+        return
     if as_json:
         click.echo(json.dumps(s, indent=2, default=str))
         return
@@ -335,7 +350,8 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool) -> None:
     t0 = s.get("t_request")
     click.echo(
         f"stream {s['id']}  {s.get('client')} → {s.get('server')}  "
-        f"{s.get('method')} {s.get('path')}  label={s.get('label') or '-'}"
+        f"{s.get('method')} {s.get('path')}  label={s.get('label') or '-'}  "
+        f"node={s.get('node') or '-'}"
     )
     click.echo(
         f"  model={s.get('model')} stream={s.get('is_stream')} temperature={s.get('temperature')} "
@@ -395,8 +411,14 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool) -> None:
 )
 @click.option("--label", help="Only streams with this label.")
 @click.option("--stream", "stream_ids", multiple=True, type=int, help="Only this stream (repeat).")
+@node_option
 def export(
-    db: str, fmt: str, output: str | None, label: str | None, stream_ids: tuple[int, ...]
+    db: str,
+    fmt: str,
+    output: str | None,
+    label: str | None,
+    stream_ids: tuple[int, ...],
+    node: str | None,
 ) -> None:
     """Export streams: the seed-compatible JSONL event log, or a CSV summary.
 
@@ -416,9 +438,9 @@ def export(
         fh = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
         try:
             if fmt == "jsonl":
-                n = export_jsonl(engine, fh, stream_ids=ids, label=label)
+                n = export_jsonl(engine, fh, stream_ids=ids, label=label, node=node)
             else:
-                n = export_csv(engine, fh, stream_ids=ids, label=label)
+                n = export_csv(engine, fh, stream_ids=ids, label=label, node=node)
         finally:
             if output:
                 fh.close()
@@ -432,7 +454,8 @@ def export(
 @main.command()
 @db_option
 @click.option("--limit", type=int, default=50, show_default=True)
-def errors(db: str, limit: int) -> None:
+@node_option
+def errors(db: str, limit: int, node: str | None) -> None:
     """List recorded pipeline errors (bad input is recorded, never fatal).
 
     \b
@@ -443,13 +466,45 @@ def errors(db: str, limit: int) -> None:
 
     with library_errors():
         engine = open_engine(db)
-        rows = list_errors(engine, limit=limit)
+        rows = list_errors(engine, limit=limit, node=node)
     if not rows:
         click.echo("no errors")
     for e in rows:
         click.echo(
             f"{_ts(e.get('ts'))} {e.get('stage')}/{e.get('kind')} conn={e.get('connection_id')} "
             f"stream={e.get('stream_id')}: {e.get('message')}"
+        )
+
+
+# ---------------------------------------------------------------------- nodes
+
+
+@main.command()
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def nodes(db: str, as_json: bool) -> None:
+    """List the sidecars (nodes) that wrote streams to the database.
+
+    \b
+    Example:
+      sparseety nodes --db postgresql+psycopg://sparseety@db/sparseety
+    """
+    from sniffer.store.queries import list_nodes
+
+    with library_errors():
+        engine = open_engine(db)
+        rows = list_nodes(engine)
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r))
+        return
+    if not rows:
+        click.echo("no streams")
+        return
+    click.echo(f"{'node':<24} {'streams':>8}  first request         last request")
+    for r in rows:
+        click.echo(
+            f"{(r['node'] or '-')[:24]:<24} {r['streams']:>8}  {_ts(r['first'])}  {_ts(r['last'])}"
         )
 
 
@@ -466,7 +521,8 @@ def errors(db: str, limit: int) -> None:
 )
 @click.option("--batch", type=click.IntRange(1, 100_000), default=500, show_default=True)
 @click.option("--no-vacuum", is_flag=True, help="Do not return the freed pages to the OS.")
-def prune(db: str, older_than: str, batch: int, no_vacuum: bool) -> None:
+@node_option
+def prune(db: str, older_than: str, batch: int, no_vacuum: bool, node: str | None) -> None:
     """Delete old streams (with their chunks, token rows and errors) in small
     transactions, then run an incremental vacuum.
 
@@ -485,7 +541,7 @@ def prune(db: str, older_than: str, batch: int, no_vacuum: bool) -> None:
         raise click.BadParameter(str(exc), param_hint="--older-than") from None
     with library_errors():
         engine = open_engine(db)
-        r = run_prune(engine, age, now=time.time(), batch=batch)
+        r = run_prune(engine, age, now=time.time(), batch=batch, node=node)
         click.echo(
             f"deleted {r.streams} streams, {r.chunks} chunks, {r.errors} errors, "
             f"{r.connections} connections in {r.batches} batches"

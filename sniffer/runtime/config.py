@@ -3,6 +3,7 @@
 Layout (every key optional; the values shown are the defaults)::
 
     log_level = "info"            # debug, info, warning, error
+    node = "<host name>"          # this sidecar's name, stored on every row (--node)
 
     [capture]
     interface = "lo"
@@ -70,6 +71,7 @@ from __future__ import annotations
 
 import mmap
 import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -104,7 +106,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "idle_timeout",
     ),
     "store": ("database", "flush_interval", "batch_size"),
-    "": ("log_level",),
+    "": ("log_level", "node"),
 }
 _SECTION_OF = {key: sec for sec, keys in SECTIONS.items() for key in keys}
 
@@ -164,6 +166,8 @@ class Config:
     block_size: int = 1 << 20
     idle_timeout: float = 300.0
     log_level: str = "info"
+    #: this sidecar's name, stored on every connection, stream and error row
+    node: str = field(default_factory=socket.gethostname)
     # [metrics]
     metrics: bool = True
     metrics_listen: str = "127.0.0.1:9464"
@@ -253,6 +257,8 @@ class Config:
             )
         if not 0 < self.idle_timeout <= 86400 * 7:
             raise ConfigError(f"idle_timeout: {self.idle_timeout} out of range (0, 604800]")
+        if not self.node or len(self.node) > 255 or not self.node.isprintable():
+            raise ConfigError(f"node: {self.node!r} must be 1 to 255 printable characters")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(
                 f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}"
@@ -494,7 +500,7 @@ def render_toml(cfg: Config) -> str:
 
     It parses back into an equal configuration (``source`` aside).
     """
-    lines = [f"log_level = {_toml_value(cfg.log_level)}", ""]
+    lines = [f"log_level = {_toml_value(cfg.log_level)}", f"node = {_toml_value(cfg.node)}", ""]
     for sec in ("capture", "store"):
         lines.append(f"[{sec}]")
         for key in SECTIONS[sec]:
