@@ -446,6 +446,7 @@ class Daemon:
             pipe.reassembler.idle_timeout = new.idle_timeout
         if self._writer is not None:
             self._writer.batch_size = new.batch_size
+            self._writer.node = new.node  # rows buffered from now on
         self.log.level = new.log_level
 
     def _restart_capture(self, new: Config) -> bool:
