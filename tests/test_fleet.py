@@ -86,6 +86,18 @@ def test_migrated_schema_is_the_models(db_url: str) -> None:
     engine.dispose()
 
 
+def test_revisions_constant_is_the_packaged_chain() -> None:
+    """``schema.REVISIONS`` (the fast path's list) is the chain in the package."""
+    from alembic.script import ScriptDirectory
+
+    from sniffer.store.schema import REVISIONS, alembic_config
+
+    script = ScriptDirectory.from_config(alembic_config())
+    chain = [r.revision for r in script.walk_revisions()][::-1]
+    assert tuple(chain) == REVISIONS
+    assert script.get_current_head() == head_revision() == REVISIONS[-1]
+
+
 def _v01_database(url: str, *, text_kept: bool = True) -> Engine:
     """A database as sparseety 0.1 made it (its DDL, frozen in tests/data)."""
     engine = create_engine(url)

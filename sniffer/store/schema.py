@@ -32,15 +32,15 @@ import functools
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config as AlembicConfig
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util.exc import CommandError
-from sqlalchemy import Engine
+from sqlalchemy import Engine, inspect
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
+
+if TYPE_CHECKING:
+    from alembic.config import Config as AlembicConfig
+    from alembic.script import ScriptDirectory
 
 #: Key of the PostgreSQL advisory lock that serialises migrations ("sparseety").
 ADVISORY_LOCK_KEY = 0x5350_4152_5345_4554 & 0x7FFF_FFFF_FFFF_FFFF
@@ -50,6 +50,11 @@ SQLITE_LOCK_WAIT = 120.0
 
 SCRIPT_LOCATION = "sniffer.store:migrations"
 
+#: The revisions of the packaged chain, oldest first. Known without importing
+#: Alembic, so that opening a database at head costs one query and no import
+#: (tests check this against the scripts in ``migrations/versions``).
+REVISIONS = ("0001", "0002")
+
 
 class SchemaTooNew(Exception):
     """The database was migrated by a newer sparseety; this one refuses to touch it."""
@@ -57,6 +62,8 @@ class SchemaTooNew(Exception):
 
 def alembic_config(script_location: str = SCRIPT_LOCATION) -> AlembicConfig:
     """An Alembic configuration without any file, pointing at the packaged migrations."""
+    from alembic.config import Config as AlembicConfig
+
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", script_location)
     return cfg
@@ -64,29 +71,46 @@ def alembic_config(script_location: str = SCRIPT_LOCATION) -> AlembicConfig:
 
 @functools.lru_cache(maxsize=4)
 def _script(script_location: str) -> ScriptDirectory:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config(script_location))
 
 
 def head_revision(script_location: str = SCRIPT_LOCATION) -> str:
     """The latest revision this code knows."""
+    if script_location == SCRIPT_LOCATION:
+        return REVISIONS[-1]
     head = _script(script_location).get_current_head()
     assert head is not None
     return head
 
 
 def current_revision(conn: Connection) -> str | None:
-    """The database's revision; ``None`` for a fresh or a v0.1 database."""
-    return MigrationContext.configure(conn).get_current_revision()
+    """The database's revision (``alembic_version``); ``None`` for a fresh or a
+    v0.1 database."""
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    rows = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars().all()
+    if len(rows) > 1:
+        raise SchemaTooNew(f"the database has several schema heads ({', '.join(rows)})")
+    return str(rows[0]) if rows else None
+
+
+def _known(current: str, script_location: str) -> bool:
+    if script_location == SCRIPT_LOCATION:
+        return current in REVISIONS
+    from alembic.util.exc import CommandError
+
+    try:
+        return _script(script_location).get_revision(current) is not None
+    except CommandError:
+        return False
 
 
 def _check_known(current: str | None, script_location: str) -> None:
     if current is None:
         return
-    try:
-        known = _script(script_location).get_revision(current)
-    except CommandError:
-        known = None
-    if known is None:
+    if not _known(current, script_location):
         raise SchemaTooNew(
             f"the database schema is at revision {current}, newer than this sparseety knows "
             f"(latest {head_revision(script_location)}): upgrade sparseety to use this database"
@@ -131,6 +155,8 @@ def migrate(engine: Engine, *, script_location: str = SCRIPT_LOCATION) -> str | 
         if current == head:
             return head
         _check_known(current, script_location)
+        from alembic import command
+
         cfg = alembic_config(script_location)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
@@ -139,6 +165,7 @@ def migrate(engine: Engine, *, script_location: str = SCRIPT_LOCATION) -> str | 
 
 __all__ = [
     "ADVISORY_LOCK_KEY",
+    "REVISIONS",
     "SchemaTooNew",
     "alembic_config",
     "current_revision",
