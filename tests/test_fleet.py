@@ -463,3 +463,37 @@ def test_postgresql_inserts_use_copy(fresh_pg_url: str) -> None:
     lite = StoreWriter("sqlite://", node="n")
     assert lite.copy is False
     lite.close()
+
+
+def test_no_id_to_be_had_costs_a_segment_not_the_capture(tmp_path: Path) -> None:
+    """Database gone and ids used up: the allocator refuses to guess, the
+    pipeline records the loss and keeps going; numbering resumes afterwards."""
+    from sniffer.core.events import ACK, SYN, ConnectionOpened, PipelineError, Segment
+    from sniffer.core.pipeline import Pipeline, PipelineConfig
+    from sniffer.store.ids import IdsUnavailable
+
+    url = f"sqlite:///{tmp_path / 'ids.db'}"
+    engine = make_engine(url)
+    ids = IdBlocks(engine, "connections", first=1, max_block=1)
+    assert ids() == 1
+    with engine.begin() as conn:  # the database "goes away" for this table
+        conn.exec_driver_sql("ALTER TABLE id_blocks RENAME TO id_blocks_away")
+    with pytest.raises(IdsUnavailable, match="no connections id left"):
+        ids()
+    pipe = Pipeline(PipelineConfig(conn_ids=ids))
+
+    def syn(port: int) -> Segment:
+        return Segment(1.0, "127.0.0.1", port, "127.0.0.1", 8000, 100, 0, SYN, b"")
+
+    out = pipe.feed(syn(40001))
+    assert [type(e) for e in out] == [PipelineError] and "segment dropped" in out[0].message
+    assert pipe.internal_errors == 1 and ids.failures == 2
+    with engine.begin() as conn:  # back
+        conn.exec_driver_sql("ALTER TABLE id_blocks_away RENAME TO id_blocks")
+    data = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    out = pipe.feed(syn(40002))
+    out += pipe.feed(Segment(1.1, "127.0.0.1", 40002, "127.0.0.1", 8000, 101, 1, ACK, data))
+    out += pipe.flush(2.0)
+    opened = [e for e in out if isinstance(e, ConnectionOpened)]
+    assert [e.conn for e in opened] == [2]
+    engine.dispose()

@@ -63,7 +63,18 @@ class Pipeline:
             self.skipped += 1
             return []
         self.segments += 1
-        flows = self.reassembler.feed(seg)
+        try:
+            flows = self.reassembler.feed(seg)
+        except Exception as exc:  # e.g. no connection id to be had: one segment lost
+            self.internal_errors += 1
+            return [
+                PipelineError(
+                    seg.ts,
+                    "reassembly",
+                    "internal",
+                    f"{type(exc).__name__}: {exc} (segment dropped)",
+                )
+            ]
         if not flows:
             return []
         return self._flows(flows)

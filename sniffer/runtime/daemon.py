@@ -177,6 +177,7 @@ class Daemon:
             writer = StoreWriter(cfg.database, batch_size=cfg.batch_size, node=cfg.node)
             self._writer = writer
             self.chain.attach(writer)
+            writer.prefetch_ids()  # ids in hand before the first packet
             # Ids from blocks reserved in the database: unique across sidecars.
             self._pipeline = Pipeline(
                 PipelineConfig(

@@ -25,6 +25,12 @@ most). Ids unused when a process stops are simply skipped. The driver calls
 :meth:`IdBlocks.prefetch` off the hot path (after each flush), which reserves
 the next block while half of the current one is still unused, so that the
 pipeline, which calls the allocator, normally never waits for the database.
+
+When the database is unreachable and the ids in hand run out, the allocator
+raises :class:`IdsUnavailable` instead of guessing an id another writer may
+use: the pipeline records that as a dropped segment or connection (an error
+row and a counter), capture goes on, and numbering resumes with the next
+block once the database answers. Rows could not be written meanwhile anyway.
 """
 
 from __future__ import annotations
@@ -68,6 +74,10 @@ def peek(engine: Engine, kind: str) -> int:
         )
 
 
+class IdsUnavailable(RuntimeError):
+    """No id left in hand and no block could be reserved (the database is unreachable)."""
+
+
 class IdBlocks:
     """A callable handing out ids of one kind from reserved blocks (thread-safe).
 
@@ -88,6 +98,7 @@ class IdBlocks:
         #: blocks reserved, and failed prefetches (the database was unreachable)
         self.blocks = 0
         self.prefetch_failures = 0
+        self.failures = 0  # calls that found no id (IdsUnavailable)
 
     def _reserve(self) -> range:
         block = reserve(self.engine, self.kind, self._size)
@@ -101,7 +112,14 @@ class IdBlocks:
                 if self._spare is not None:
                     self._current, self._spare = self._spare, None
                 else:
-                    self._current = self._reserve()
+                    try:
+                        self._current = self._reserve()
+                    except Exception as exc:
+                        self.failures += 1
+                        raise IdsUnavailable(
+                            f"no {self.kind} id left and none could be reserved: "
+                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                        ) from exc
                 self._pos = 0
             value = self._current[self._pos]
             self._pos += 1
@@ -130,4 +148,12 @@ class IdBlocks:
             return True
 
 
-__all__ = ["FIRST_BLOCK", "KINDS", "MAX_BLOCK", "IdBlocks", "peek", "reserve"]
+__all__ = [
+    "FIRST_BLOCK",
+    "KINDS",
+    "MAX_BLOCK",
+    "IdBlocks",
+    "IdsUnavailable",
+    "peek",
+    "reserve",
+]

@@ -282,6 +282,7 @@ class EbpfSource:
             "open_connections": 0,
             "gaps": 0,
             "gap_bytes": 0,
+            "unnumbered_records": 0,  # dropped: no connection id (database unreachable)
         }
 
     # -- lifecycle -------------------------------------------------------------
@@ -430,9 +431,13 @@ class EbpfSource:
             if c is None:
                 if kind == K_CLOSE and offset == 0 and aux == 0:
                     continue
-                c = self._open_conn(
-                    out, key, ts, family, laddr, lport, raddr, rport, role, tgid, comm
-                )
+                try:
+                    c = self._open_conn(
+                        out, key, ts, family, laddr, lport, raddr, rport, role, tgid, comm
+                    )
+                except Exception:  # no connection id to be had (database away): record lost
+                    self._stats["unnumbered_records"] += 1
+                    continue
             d = direction & 1
             if kind == K_DATA:
                 self._stats["records"] += 1
