@@ -456,6 +456,7 @@ class StoreWriter:
         self._stream_closes: list[dict[str, Any]] = []
         self._pending = 0
         self._closed = False
+        self._closing = False
         self.stats: dict[str, float] = {
             "connections": 0,
             "streams": 0,
@@ -689,6 +690,8 @@ class StoreWriter:
     def prefetch_ids(self) -> None:
         """Reserve the next id blocks while the current ones are still half full
         (never raises; called after every flush, off the capture hot path)."""
+        if self._closing:
+            return
         self.conn_ids.prefetch()
         self.stream_ids.prefetch()
 
@@ -728,6 +731,7 @@ class StoreWriter:
         If the final flush fails, ``StoreError`` is raised and the rows stay
         buffered (``flush`` may be called again).
         """
+        self._closing = True  # no id block reserved for a writer that stops
         self.flush()
         if not self._closed:
             self._closed = True
