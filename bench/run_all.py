@@ -23,8 +23,15 @@ ORDER = [
     "bench_afpacket.py",
     "bench_live.py",
     "bench_ebpf.py",
+    "bench_pg_writers.py",
 ]
-NEEDS_ROOT = {"bench_afpacket.py", "bench_live.py", "bench_ebpf.py", "bench_replay.py"}
+NEEDS_ROOT = {
+    "bench_afpacket.py",
+    "bench_live.py",
+    "bench_ebpf.py",
+    "bench_replay.py",
+    "bench_pg_writers.py",
+}
 
 
 def main() -> int:

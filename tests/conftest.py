@@ -156,3 +156,23 @@ def pg_url() -> Iterator[str]:
             timeout=60,
         )
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_pg_url(pg_url: str) -> Iterator[str]:
+    """A new, empty database on the test PostgreSQL server (dropped afterwards)."""
+    import uuid
+
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    dsn = pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    base, _, query = pg_url.partition("?")
+    url = f"{base.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
+    try:
+        yield url
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

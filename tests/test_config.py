@@ -247,3 +247,23 @@ def test_with_overrides_ignores_none_and_validates() -> None:
         Config().with_overrides({"queue_size": -1})
     with pytest.raises(ConfigError, match="unknown option"):
         Config().with_overrides({"colour": "red"})
+
+
+def test_node_key_flag_and_default(tmp_path: Path) -> None:
+    import socket
+
+    assert Config().node == socket.gethostname()
+    assert parse_config({"node": "gpu-07"}).node == "gpu-07"
+    with pytest.raises(ConfigError, match="node"):
+        parse_config({"node": ""})
+    with pytest.raises(ConfigError, match="node"):
+        parse_config({"node": "a\nb"})
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('node = "from-toml"\n')
+    res = CliRunner().invoke(main, ["run", "--config", str(cfg), "--print-config"])
+    assert res.exit_code == 0 and 'node = "from-toml"' in res.output
+    res = CliRunner().invoke(
+        main, ["run", "--config", str(cfg), "--node", "from-flag", "--print-config"]
+    )
+    assert res.exit_code == 0 and 'node = "from-flag"' in res.output
+    assert parse_config(tomllib.loads(res.output)).node == "from-flag"

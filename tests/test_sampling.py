@@ -280,7 +280,7 @@ def test_sampled_out_streams_are_stored_with_the_flag(tmp_path: Path) -> None:
 
 
 def test_a_database_from_before_the_flag_still_opens(tmp_path: Path) -> None:
-    """create_schema adds streams.text_kept to an existing table (NULL = kept)."""
+    """The migration chain adds streams.text_kept to a v0.1 table without it (NULL = kept)."""
     import sqlite3
 
     from sqlalchemy import inspect, select
@@ -289,10 +289,10 @@ def test_a_database_from_before_the_flag_still_opens(tmp_path: Path) -> None:
     from sniffer.store.writer import make_engine
 
     path = tmp_path / "old.db"
-    engine = make_engine(str(path))
-    engine.dispose()
+    schema = (Path(__file__).parent / "data" / "v01_schema.sqlite.sql").read_text()
     raw = sqlite3.connect(path)
-    raw.execute("ALTER TABLE streams DROP COLUMN text_kept")  # as version 0.1 made it
+    raw.executescript(schema.replace("\ttext_kept BOOLEAN, \n", ""))  # as early v0.1 made it
+    assert "text_kept" not in {r[1] for r in raw.execute("PRAGMA table_info(streams)")}
     raw.execute("INSERT INTO streams (id, label, state) VALUES (1, 'old', 'complete')")
     raw.commit()
     raw.close()

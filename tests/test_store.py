@@ -384,7 +384,7 @@ def test_file_database_is_wal(tmp_path: Path) -> None:
     w.close()
     raw = sqlite3.connect(db)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("1",)
+    assert raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
     raw.close()
 
 
@@ -572,14 +572,12 @@ def test_schema_compiles_for_postgresql() -> None:
         "ix_streams_t_request",
         "ix_streams_state",
         "ix_streams_connection",
+        "ix_streams_node",
     }
 
 
-def test_postgresql_roundtrip(pg_url: str) -> None:
-    PG_URL = pg_url
-    engine = make_engine(PG_URL)
-    metadata.drop_all(engine)
-    engine.dispose()
+def test_postgresql_roundtrip(fresh_pg_url: str) -> None:
+    PG_URL = fresh_pg_url
     w = StoreWriter(PG_URL, batch_size=3)
     w.write_many(realistic_events())
     w.write(ChunkEvent(3, T0, 9, 0, 0, "other", raw="nul\x00 and \ud83d"))
@@ -599,13 +597,11 @@ def test_postgresql_roundtrip(pg_url: str) -> None:
     w.close()
 
 
-def test_replay_into_postgresql_matches_sqlite(pg_url: str, tmp_path: Path) -> None:
+def test_replay_into_postgresql_matches_sqlite(fresh_pg_url: str, tmp_path: Path) -> None:
     """The whole pipeline writes the same rows to PostgreSQL as to SQLite."""
     from sniffer.runtime.replay import replay
 
-    engine = make_engine(pg_url)
-    metadata.drop_all(engine)
-    engine.dispose()
+    pg_url = fresh_pg_url
     pcaps = Path(__file__).resolve().parent.parent / "pcaps"
     lite = str(tmp_path / "lite.db")
     for name in ("n2.pcap", "keepalive_3.pcap", "faults/fault_lost.pcap"):

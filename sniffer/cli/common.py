@@ -26,6 +26,14 @@ def db_option(f: F) -> F:
     )(f)
 
 
+def node_option(f: F) -> F:
+    return click.option(
+        "--node",
+        metavar="NAME",
+        help="Only rows captured by this sidecar ('sparseety run --node'); default: every node.",
+    )(f)
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     click.echo(f"sparseety: {message}", err=True)
     sys.exit(code)

@@ -18,6 +18,7 @@ from sniffer.cli.common import (
     db_option,
     library_errors,
     make_registry,
+    node_option,
     open_engine,
     tokenizer_options,
 )
@@ -175,10 +176,12 @@ def probe(
 )
 @click.option("--varying", is_flag=True, help="List only groups with more than one output.")
 @near_tie_option
+@node_option
 @tokenizer_options
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
 def stats(
     db: str,
+    node: str | None,
     labels: tuple[str, ...],
     model: str | None,
     include_incomplete: bool,
@@ -217,6 +220,7 @@ def stats(
             registry=registry,
             include_incomplete=include_incomplete,
             near_tie_margin=near_tie_margin,
+            node=node,
         )
     if as_json:
         click.echo(json.dumps(stats_json(report), indent=2, ensure_ascii=False))
@@ -229,8 +233,31 @@ def stats(
 
 @click.command()
 @db_option
-@click.option("--baseline", required=True, metavar="LABEL", help="Label of the reference side.")
-@click.option("--candidate", required=True, metavar="LABEL", help="Label of the side under test.")
+@click.option(
+    "--baseline",
+    metavar="LABEL",
+    help="Label of the reference side (may be left out when --baseline-node names it).",
+)
+@click.option(
+    "--candidate",
+    metavar="LABEL",
+    help="Label of the side under test (may be left out when --candidate-node names it).",
+)
+@click.option(
+    "--node",
+    metavar="NAME",
+    help="Only streams captured by this sidecar, on both sides; default: every node.",
+)
+@click.option(
+    "--baseline-node",
+    metavar="NAME",
+    help="Only the baseline streams captured by this node (overrides --node for that side).",
+)
+@click.option(
+    "--candidate-node",
+    metavar="NAME",
+    help="Only the candidate streams captured by this node (overrides --node for that side).",
+)
 @click.option(
     "--pairing",
     type=click.Choice(["index", "modal", "all"]),
@@ -300,8 +327,11 @@ def stats(
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
 def diff(
     db: str,
-    baseline: str,
-    candidate: str,
+    baseline: str | None,
+    candidate: str | None,
+    node: str | None,
+    baseline_node: str | None,
+    candidate_node: str | None,
     pairing: str,
     match_model: bool,
     model: str | None,
@@ -336,6 +366,10 @@ def diff(
     finish_only, or unknown (no logprobs). --reference-model DIR scores both
     sides of the diverged pairs with a local model (surprisal at the fork,
     log-probability of each continuation, the side it prefers).
+    Over a database shared by many sidecars, --node keeps one node's streams
+    and --baseline-node / --candidate-node pick each side's node: a baseline
+    on one node and a candidate on another is a normal diff (the label may
+    then be left out: the node names the side).
 
     --fail-if gates make the exit code 1 when a condition holds, so the
     comparison can gate a rollout. No evidence, no pass: a gate also fails
@@ -348,6 +382,8 @@ def diff(
           --fail-if 'identical_ratio < 0.95' --fail-if 'ttft_ratio > 1.2' --html report.html
       sparseety diff --db sparseety.db --baseline dense --candidate sparse \\
           --fail-if 'substantive_ratio > 0.02' --reference-model ./dense-model
+      sparseety diff --db postgresql+psycopg://sparseety@db/sparseety \\
+          --baseline-node gpu-01 --candidate-node gpu-02
     """
     from sniffer.reports.diff import GateError, diff_json, evaluate_gates, format_diff, parse_gate
     from sniffer.reports.diff import diff as run_diff
@@ -356,6 +392,11 @@ def diff(
         parsed = [parse_gate(g) for g in gates]
     except GateError as exc:
         raise click.BadParameter(str(exc), param_hint="--fail-if") from exc
+    if not (baseline or baseline_node or node) or not (candidate or candidate_node or node):
+        raise click.UsageError(
+            "give --baseline and --candidate labels, or the nodes of the sides "
+            "(--baseline-node / --candidate-node)"
+        )
     if min_pairs is not None and not parsed:
         parsed = [parse_gate(f"pairs < {min_pairs}")]  # --min-pairs alone: a gate of its own
     registry = make_registry(tokenizers, default_tokenizer)
@@ -372,8 +413,11 @@ def diff(
         engine = open_engine(db)
         report = run_diff(
             engine,
-            baseline,
-            candidate,
+            baseline or "",
+            candidate or "",
+            node=node,
+            baseline_node=baseline_node,
+            candidate_node=candidate_node,
             pairing=pairing,
             model=model,
             registry=registry,
@@ -404,7 +448,8 @@ def diff(
             click.echo(f"wrote {html_path}", err=True)
     if report.summary["pairs"] == 0:
         click.echo(
-            f"sparseety: no request seen under both labels {baseline!r} and {candidate!r}",
+            f"sparseety: no request seen under both labels {report.baseline!r} "
+            f"and {report.candidate!r}",
             err=True,
         )
     if any(r.failed for r in results):

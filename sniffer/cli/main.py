@@ -22,6 +22,7 @@ from sniffer.cli.common import (
     fail,
     library_errors,
     make_registry,
+    node_option,
     open_engine,
     parse_labels,
     tokenizer_options,
@@ -103,6 +104,11 @@ def main() -> None:
     help="Share of streams whose chunk text is stored (summaries always), as in 'run'.  "
     "[default: 1]",
 )
+@click.option(
+    "--node",
+    metavar="NAME",
+    help="Node name stored on every row, as 'run --node'.  [default: the host name]",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option(
@@ -124,6 +130,7 @@ def replay(
     no_redact: bool,
     redact_patterns: tuple[str, ...],
     sample_rate: float | None,
+    node: str | None,
     quiet: bool,
     as_json: bool,
     otlp_endpoint: str | None = None,
@@ -203,6 +210,7 @@ def replay(
                         progress=progress,
                         jobs=jobs or default_jobs(),
                         chain=recording,
+                        node=node,
                     )
                 except CaptureFileError as exc:
                     fail(str(exc) if path in str(exc) else f"{path}: {exc}")
@@ -307,8 +315,10 @@ def _close_otlp(otlp: Any) -> None:
 @click.option("--all", "show_all", is_flag=True, help="Include non-LLM HTTP exchanges.")
 @click.option("--limit", type=int, help="At most this many streams.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@node_option
 def streams(
     db: str,
+    node: str | None,
     label: str | None,
     model: str | None,
     state: str | None,
@@ -325,12 +335,13 @@ def streams(
     \b
     Example:
       sparseety streams --db sparseety.db --state gap
+      sparseety streams --db postgresql+psycopg://sparseety@db/sparseety --node gpu-07
     """
     from sniffer.store.queries import list_streams
 
     with library_errors():
         engine = open_engine(db)
-        rows = list_streams(engine, label=label, model=model, state=state, limit=None)
+        rows = list_streams(engine, label=label, model=model, state=state, node=node)
         if not show_all:
             rows = [r for r in rows if (r.get("dialect") or NOT_LLM) != NOT_LLM]
         if limit is not None:
@@ -369,7 +380,8 @@ def streams(
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="The stream row and its chunks as JSON.")
 @click.option("--raw", is_flag=True, help="Show raw event data of chunks we do not model.")
-def show(stream_id: int, db: str, as_json: bool, raw: bool) -> None:
+@node_option
+def show(stream_id: int, db: str, as_json: bool, raw: bool, node: str | None) -> None:
     """Show one stream: request, response, and every chunk with its capture time.
 
     \b
@@ -384,6 +396,9 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool) -> None:
     if s is None:
         fail(f"no stream {stream_id} in {db}")
         return
+    if node is not None and s.get("node") != node:
+        fail(f"stream {stream_id} was captured by node {s.get('node')!r}, not {node!r}")
+        return
     if as_json:
         click.echo(json.dumps(s, indent=2, default=str))
         return
@@ -392,7 +407,8 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool) -> None:
     t0 = s.get("t_request")
     click.echo(
         f"stream {s['id']}  {s.get('client')} → {s.get('server')}  "
-        f"{s.get('method')} {s.get('path')}  label={s.get('label') or '-'}"
+        f"{s.get('method')} {s.get('path')}  label={s.get('label') or '-'}  "
+        f"node={s.get('node') or '-'}"
     )
     click.echo(
         f"  model={s.get('model')} stream={s.get('is_stream')} temperature={s.get('temperature')} "
@@ -452,8 +468,14 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool) -> None:
 )
 @click.option("--label", help="Only streams with this label.")
 @click.option("--stream", "stream_ids", multiple=True, type=int, help="Only this stream (repeat).")
+@node_option
 def export(
-    db: str, fmt: str, output: str | None, label: str | None, stream_ids: tuple[int, ...]
+    db: str,
+    fmt: str,
+    output: str | None,
+    label: str | None,
+    stream_ids: tuple[int, ...],
+    node: str | None,
 ) -> None:
     """Export streams: the seed-compatible JSONL event log, or a CSV summary.
 
@@ -479,9 +501,9 @@ def export(
             fh = sys.stdout
         try:
             if fmt == "jsonl":
-                n = export_jsonl(engine, fh, stream_ids=ids, label=label)
+                n = export_jsonl(engine, fh, stream_ids=ids, label=label, node=node)
             else:
-                n = export_csv(engine, fh, stream_ids=ids, label=label)
+                n = export_csv(engine, fh, stream_ids=ids, label=label, node=node)
         finally:
             if output:
                 fh.close()
@@ -495,7 +517,8 @@ def export(
 @main.command()
 @db_option
 @click.option("--limit", type=int, default=50, show_default=True)
-def errors(db: str, limit: int) -> None:
+@node_option
+def errors(db: str, limit: int, node: str | None) -> None:
     """List recorded pipeline errors (bad input is recorded, never fatal).
 
     \b
@@ -506,13 +529,45 @@ def errors(db: str, limit: int) -> None:
 
     with library_errors():
         engine = open_engine(db)
-        rows = list_errors(engine, limit=limit)
+        rows = list_errors(engine, limit=limit, node=node)
     if not rows:
         click.echo("no errors")
     for e in rows:
         click.echo(
             f"{_ts(e.get('ts'))} {e.get('stage')}/{e.get('kind')} conn={e.get('connection_id')} "
             f"stream={e.get('stream_id')}: {e.get('message')}"
+        )
+
+
+# ---------------------------------------------------------------------- nodes
+
+
+@main.command()
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def nodes(db: str, as_json: bool) -> None:
+    """List the sidecars (nodes) that wrote streams to the database.
+
+    \b
+    Example:
+      sparseety nodes --db postgresql+psycopg://sparseety@db/sparseety
+    """
+    from sniffer.store.queries import list_nodes
+
+    with library_errors():
+        engine = open_engine(db)
+        rows = list_nodes(engine)
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r))
+        return
+    if not rows:
+        click.echo("no streams")
+        return
+    click.echo(f"{'node':<24} {'streams':>8}  first request         last request")
+    for r in rows:
+        click.echo(
+            f"{(r['node'] or '-')[:24]:<24} {r['streams']:>8}  {_ts(r['first'])}  {_ts(r['last'])}"
         )
 
 
@@ -529,7 +584,8 @@ def errors(db: str, limit: int) -> None:
 )
 @click.option("--batch", type=click.IntRange(1, 100_000), default=500, show_default=True)
 @click.option("--no-vacuum", is_flag=True, help="Do not return the freed pages to the OS.")
-def prune(db: str, older_than: str, batch: int, no_vacuum: bool) -> None:
+@node_option
+def prune(db: str, older_than: str, batch: int, no_vacuum: bool, node: str | None) -> None:
     """Delete old streams (with their chunks, token rows and errors) in small
     transactions, then run an incremental vacuum.
 
@@ -548,7 +604,7 @@ def prune(db: str, older_than: str, batch: int, no_vacuum: bool) -> None:
         raise click.BadParameter(str(exc), param_hint="--older-than") from None
     with library_errors():
         engine = open_engine(db)
-        r = run_prune(engine, age, now=time.time(), batch=batch)
+        r = run_prune(engine, age, now=time.time(), batch=batch, node=node)
         click.echo(
             f"deleted {r.streams} streams, {r.chunks} chunks, {r.errors} errors, "
             f"{r.connections} connections in {r.batches} batches"

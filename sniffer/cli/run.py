@@ -44,6 +44,7 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
         "block_size",
         "idle_timeout",
         "log_level",
+        "node",
         "metrics_listen",
         "sample_rate",
         "default_tokenizer",
@@ -133,6 +134,12 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
     "--db",
     "database",
     help="SQLite file or SQLAlchemy URL.  [default: sqlite:///./sparseety.db]",
+)
+@click.option(
+    "--node",
+    metavar="NAME",
+    help="This sidecar's name, stored on every row (readers filter by it with --node); "
+    "for many sidecars writing to one database.  [default: the host name]",
 )
 @click.option("--flush-interval", type=float, help="Seconds between writes at most.  [default: 1]")
 @click.option("--batch-size", type=int, help="Rows per write at most.  [default: 5000]")

@@ -17,6 +17,7 @@ from sniffer.cli.common import (
     fail,
     library_errors,
     make_registry,
+    node_option,
     open_engine,
     parse_tokenizer_specs,
     tokenizer_options,
@@ -183,9 +184,11 @@ def _human(report: Any, show_tokens: bool, verbose: bool) -> None:
     help="Do not tokenize streams without token rows first (they get a warning).",
 )
 @click.option("--all", "include_http", is_flag=True, help="Include non-LLM HTTP exchanges.")
+@node_option
 @tokenizer_options
 def verify(
     db: str,
+    node: str | None,
     stream_ids: tuple[int, ...],
     label: str | None,
     model: str | None,
@@ -220,8 +223,10 @@ def verify(
     """
     from sniffer.reports.verify import verify_db, verify_jsonl
 
-    if jsonl is not None and (stream_ids or label or model or state):
-        raise click.UsageError("--jsonl cannot be combined with --stream/--label/--model/--state")
+    if jsonl is not None and (stream_ids or label or model or state or node):
+        raise click.UsageError(
+            "--jsonl cannot be combined with --stream/--label/--model/--state/--node"
+        )
     with library_errors():
         registry = make_registry(tokenizers, default_tokenizer)
         if jsonl is not None:
@@ -242,6 +247,7 @@ def verify(
                 tokens=show_tokens,
                 tokenize=not no_tokenize,
                 include_http=include_http,
+                node=node,
             )
             found = {v.stream_id for v in report.streams}
             missing = [s for s in stream_ids if s not in found]

@@ -7,7 +7,7 @@ flow events (eBPF capture) and write what it returns to the store.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from sniffer.core.events import CaptureGap, FlowEvent, PipelineError, Segment, StoreEvent
@@ -20,7 +20,11 @@ from sniffer.core.streams import StreamAssembler
 class PipelineConfig:
     conn_id_base: int = 1
     stream_id_base: int = 1
-    id_step: int = 1  # parallel replay: worker k of n uses bases + k and step n
+    id_step: int = 1  # worker k of n uses bases + k and step n
+    #: id sources (``StoreWriter.conn_ids`` / ``stream_ids``: blocks reserved in the
+    #: database, unique across writers); when given, the bases and step are unused
+    conn_ids: Callable[[], int] | None = None
+    stream_ids: Callable[[], int] | None = None
     server_ports: frozenset[int] = frozenset()  # helps orient mid-stream connections
     only_ports: frozenset[int] = frozenset()  # non-empty: ignore segments on other ports
     labels: Mapping[int, str] | None = None  # server port → label
@@ -37,6 +41,7 @@ class Pipeline:
         self.reassembler = Reassembler(
             conn_id_base=cfg.conn_id_base,
             id_step=cfg.id_step,
+            conn_ids=cfg.conn_ids,
             server_ports=cfg.server_ports | cfg.only_ports | frozenset((cfg.labels or {}).keys()),
             idle_timeout=cfg.idle_timeout,
             hole_timeout=cfg.hole_timeout,
@@ -45,7 +50,10 @@ class Pipeline:
             max_decoded_bytes=cfg.max_decoded_bytes, max_expansion_ratio=cfg.max_expansion_ratio
         )
         self.streams = StreamAssembler(
-            stream_id_base=cfg.stream_id_base, id_step=cfg.id_step, labels=cfg.labels
+            stream_id_base=cfg.stream_id_base,
+            id_step=cfg.id_step,
+            stream_ids=cfg.stream_ids,
+            labels=cfg.labels,
         )
         self._only = cfg.only_ports
         self.segments = 0
@@ -59,7 +67,18 @@ class Pipeline:
             self.skipped += 1
             return []
         self.segments += 1
-        flows = self.reassembler.feed(seg)
+        try:
+            flows = self.reassembler.feed(seg)
+        except Exception as exc:  # e.g. no connection id to be had: one segment lost
+            self.internal_errors += 1
+            return [
+                PipelineError(
+                    seg.ts,
+                    "reassembly",
+                    "internal",
+                    f"{type(exc).__name__}: {exc} (segment dropped)",
+                )
+            ]
         if not flows:
             return []
         return self._flows(flows)

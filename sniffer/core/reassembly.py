@@ -94,6 +94,7 @@ count in ``stats.midstream``, per direction), including ``capture_gap``'s.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sniffer.core.events import (
@@ -244,6 +245,7 @@ class Reassembler:
         *,
         conn_id_base: int = 1,
         id_step: int = 1,
+        conn_ids: Callable[[], int] | None = None,
         server_ports: frozenset[int] = frozenset(),
         max_buffer: int = 4 << 20,
         idle_timeout: float = 300.0,
@@ -258,6 +260,8 @@ class Reassembler:
         self.stats = ReassemblyStats()
         self._next_id = conn_id_base
         self._id_step = id_step
+        #: hands out connection ids when given (the store's id blocks); else base + k·step
+        self._conn_ids = conn_ids
         self._halves: dict[_Key, _Half] = {}
         self._conns: dict[int, _Conn] = {}
         self._open = 0
@@ -422,8 +426,11 @@ class Reassembler:
     ) -> _Conn:
         if len(self._conns) >= self.max_connections:
             self._evict(ts, out)
-        conn = _Conn(self._next_id, ts, client, server)
-        self._next_id += self._id_step
+        if self._conn_ids is not None:
+            conn = _Conn(self._conn_ids(), ts, client, server)
+        else:
+            conn = _Conn(self._next_id, ts, client, server)
+            self._next_id += self._id_step
         self._conns[conn.id] = conn
         self._halves[conn.keys[0]] = conn.c2s
         self._halves[conn.keys[1]] = conn.s2c

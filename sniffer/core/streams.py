@@ -16,7 +16,7 @@ stream whole that lost bytes.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,12 +177,15 @@ class StreamAssembler:
         *,
         stream_id_base: int = 1,
         id_step: int = 1,
+        stream_ids: Callable[[], int] | None = None,
         labels: Mapping[int, str] | None = None,
         max_request_body: int = 4 << 20,
         max_response_body: int = 16 << 20,
     ) -> None:
         self._next_id = stream_id_base
         self._id_step = id_step
+        #: hands out stream ids when given (the store's id blocks); else base + k·step
+        self._stream_ids = stream_ids
         self._labels = dict(labels or {})
         self._max_req = max_request_body
         self._max_resp = max_response_body
@@ -300,8 +303,11 @@ class StreamAssembler:
         key = (conn, exchange)
         x = self._ex.get(key)
         if x is None:
-            x = _Exchange(self._next_id, conn, exchange)
-            self._next_id += self._id_step
+            if self._stream_ids is not None:
+                x = _Exchange(self._stream_ids(), conn, exchange)
+            else:
+                x = _Exchange(self._next_id, conn, exchange)
+                self._next_id += self._id_step
             self._ex[key] = x
         return x
 

@@ -729,16 +729,52 @@ def diff(
     match_model: bool = False,
     spans: bool = False,
     near_tie_margin: float = DEFAULT_NEAR_TIE_MARGIN,
+    node: str | None = None,
+    baseline_node: str | None = None,
+    candidate_node: str | None = None,
 ) -> DiffReport:
     """Load both labels' outputs from the store (every state: incomplete streams
-    are counted even when not compared) and compare them."""
-    outputs = load_outputs(
-        engine,
-        labels=[baseline, candidate],
-        model=model,
-        registry=registry,
-        include_incomplete=True,
-    )
+    are counted even when not compared) and compare them.
+
+    ``node`` keeps only the streams one sidecar captured; ``baseline_node`` /
+    ``candidate_node`` select each side's node (a baseline on one node and a
+    candidate on another). A side given by its node alone may have an empty
+    label (``""``: every label of that node). When both sides then have the
+    same name, they are told apart as ``LABEL@NODE``.
+    """
+    b_node = baseline_node or node
+    c_node = candidate_node or node
+    if b_node == c_node and baseline and candidate:
+        outputs = load_outputs(
+            engine,
+            labels=[baseline, candidate],
+            model=model,
+            registry=registry,
+            include_incomplete=True,
+            node=b_node,
+        )
+    else:
+        if not (baseline or b_node) or not (candidate or c_node):
+            raise ValueError("each side needs a label or a node")
+        b_name, c_name = baseline or b_node or "", candidate or c_node or ""
+        if b_name == c_name:
+            if b_node == c_node:
+                raise ValueError("the baseline and the candidate select the same streams")
+            b_name, c_name = f"{b_name}@{b_node or '*'}", f"{c_name}@{c_node or '*'}"
+        outputs = []
+        for side, label, side_node in ((b_name, baseline, b_node), (c_name, candidate, c_node)):
+            part = load_outputs(
+                engine,
+                labels=[label] if label else None,
+                model=model,
+                registry=registry,
+                include_incomplete=True,
+                node=side_node,
+            )
+            for o in part:
+                o.label = side
+            outputs.extend(part)
+        baseline, candidate = b_name, c_name
     return compute_diff(
         outputs,
         baseline,

@@ -129,13 +129,14 @@ def export_jsonl(
     *,
     stream_ids: Iterable[int] | None = None,
     label: str | None = None,
+    node: str | None = None,
 ) -> int:
     """Write the JSONL export of the selected streams to ``out``; returns lines written.
 
     Example: ``with open("run.jsonl", "w") as f: export_jsonl(engine, f, label="run1")``.
     """
     lines = 0
-    for stream in list_streams(engine, label=label, stream_ids=stream_ids):
+    for stream in list_streams(engine, label=label, stream_ids=stream_ids, node=node):
         for record in stream_records(stream, stream_chunks(engine, stream["id"])):
             out.write(_dumps(record))
             out.write("\n")
@@ -209,6 +210,7 @@ def export_csv(
     *,
     stream_ids: Iterable[int] | None = None,
     label: str | None = None,
+    node: str | None = None,
 ) -> int:
     """Write one CSV row per stream (header first) to ``out``; returns data rows written.
 
@@ -217,7 +219,7 @@ def export_csv(
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     rows = 0
-    for stream in list_streams(engine, label=label, stream_ids=stream_ids):
+    for stream in list_streams(engine, label=label, stream_ids=stream_ids, node=node):
         writer.writerow(stream_summary(stream))
         rows += 1
     return rows

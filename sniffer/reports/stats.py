@@ -320,10 +320,13 @@ def load_outputs(
     model: str | None = None,
     registry: TokenizerRegistry | None = None,
     include_incomplete: bool = False,
+    node: str | None = None,
 ) -> list[Output]:
     """Outputs of the LLM streams in the store (``dialect`` other than ``http``),
-    optionally only those with one of ``labels`` / of ``model``."""
+    optionally only those with one of ``labels`` / of ``model`` / captured by ``node``."""
     cond = [streams.c.dialect.is_not(None), streams.c.dialect != NOT_LLM]
+    if node is not None:
+        cond.append(streams.c.node == node)
     if labels is not None:
         cond.append(streams.c.label.in_(list(labels)))
     if model is not None:
@@ -538,8 +541,10 @@ def stats(
     registry: TokenizerRegistry | None = None,
     include_incomplete: bool = False,
     near_tie_margin: float = 0.5,
+    node: str | None = None,
 ) -> StatsReport:
-    """Load outputs from the store and compute their stability report."""
+    """Load outputs from the store (of one ``node``, or all) and compute their
+    stability report."""
     return compute_stats(
         load_outputs(
             engine,
@@ -547,6 +552,7 @@ def stats(
             model=model,
             registry=registry,
             include_incomplete=include_incomplete,
+            node=node,
         ),
         near_tie_margin=near_tie_margin,
     )

@@ -328,6 +328,7 @@ def _select_streams(
     model: str | None,
     state: str | None,
     include_http: bool,
+    node: str | None = None,
 ) -> list[dict[str, Any]]:
     cols = [
         streams.c.id,
@@ -350,6 +351,8 @@ def _select_streams(
         stmt = stmt.where(streams.c.dialect.is_not(None), streams.c.dialect != NOT_LLM)
     if label is not None:
         stmt = stmt.where(streams.c.label == label)
+    if node is not None:
+        stmt = stmt.where(streams.c.node == node)
     if model is not None:
         stmt = stmt.where(streams.c.model == model)
     if state is not None:
@@ -371,6 +374,7 @@ def verify_db(
     tokenize: bool = True,
     include_http: bool = False,
     batch: int = 500,
+    node: str | None = None,
 ) -> VerifyReport:
     """Verify the selected streams (all LLM streams when no filter is given).
 
@@ -388,6 +392,7 @@ def verify_db(
         model=model,
         state=state,
         include_http=include_http,
+        node=node,
     )
     report = VerifyReport(source=str(engine.url))
     if tokenize and rows:

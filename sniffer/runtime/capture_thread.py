@@ -25,12 +25,13 @@ __all__ = ["POLL_TIMEOUT", "CaptureThread", "SourceFactory", "capture_key", "def
 #: How long one capture poll waits for packets (seconds).
 POLL_TIMEOUT = 0.05
 
-#: Makes the (unopened) source for a configuration; the int is the first
-#: connection id the source may assign (eBPF numbers connections itself).
-SourceFactory = Callable[[Config, int], Source]
+#: Makes the (unopened) source for a configuration; the second argument hands
+#: out the connection ids the source may assign (eBPF numbers connections
+#: itself): the store's id blocks, or an int, the first id of a private range.
+SourceFactory = Callable[[Config, int | Callable[[], int]], Source]
 
 
-def default_source(cfg: Config, conn_id_base: int) -> Source:
+def default_source(cfg: Config, conn_ids: int | Callable[[], int]) -> Source:
     """The capture source the config asks for (not opened yet)."""
     if cfg.backend == "ebpf":
         from sniffer.capture.ebpf import EbpfSource
@@ -39,7 +40,8 @@ def default_source(cfg: Config, conn_id_base: int) -> Source:
             ports=cfg.capture_ports,
             pids=cfg.pids,
             comms=cfg.comms,
-            conn_id_base=conn_id_base,
+            conn_id_base=conn_ids if isinstance(conn_ids, int) else 1,
+            conn_ids=None if isinstance(conn_ids, int) else conn_ids,
         )
     from sniffer.capture.afpacket import AfPacketSource
 

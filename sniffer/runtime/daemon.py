@@ -138,7 +138,6 @@ class Daemon:
         self.last_ts = 0.0
         self.started = threading.Event()  # set once capture is active
         self._exit_code = 0
-        self._conn_base = 1
         self._clean = False
 
     # -- hooks -------------------------------------------------------------
@@ -189,14 +188,15 @@ class Daemon:
         )
         thresholds = gc.get_threshold()
         try:
-            writer = StoreWriter(cfg.database, batch_size=cfg.batch_size)
+            writer = StoreWriter(cfg.database, batch_size=cfg.batch_size, node=cfg.node)
             self._writer = writer
             self.chain.attach(writer)
-            conn_base, stream_base = writer.id_bases()
+            writer.prefetch_ids()  # ids in hand before the first packet
+            # Ids from blocks reserved in the database: unique across sidecars.
             self._pipeline = Pipeline(
                 PipelineConfig(
-                    conn_id_base=conn_base,
-                    stream_id_base=stream_base,
+                    conn_ids=writer.conn_ids,
+                    stream_ids=writer.stream_ids,
                     only_ports=frozenset(cfg.capture_ports)
                     if cfg.backend == "packet"
                     else frozenset(),
@@ -207,9 +207,8 @@ class Daemon:
                     max_expansion_ratio=cfg.max_expansion_ratio,
                 )
             )
-            # eBPF connection ids come from the source: give it its own range.
-            self._conn_base = conn_base
-            source = self.source_factory(cfg, conn_base)
+            # eBPF connection ids come from the source: the same id blocks.
+            source = self.source_factory(cfg, writer.conn_ids)
             source.open()
             capture = CaptureThread(source, self._queue, self.stats, log, cfg.backend == "ebpf")
             self._capture = capture
@@ -464,12 +463,14 @@ class Daemon:
             pipe.reassembler.idle_timeout = new.idle_timeout
         if self._writer is not None:
             self._writer.batch_size = new.batch_size
+            self._writer.node = new.node  # rows buffered from now on
         self.log.level = new.log_level
 
     def _restart_capture(self, new: Config) -> bool:
         old = self._capture
         try:
-            source = self.source_factory(new, self._conn_base)
+            assert self._writer is not None
+            source = self.source_factory(new, self._writer.conn_ids)
             source.open()
         except Exception as exc:
             self.log("error", "capture-restart-failed", error=str(exc), kept="previous capture")

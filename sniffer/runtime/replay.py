@@ -10,8 +10,9 @@ token pass runs after the capture has been read).
 With ``jobs > 1`` the connections of the file are split between worker
 processes by their port pair (both directions of a connection always go to
 the same worker), each running the whole pipeline on its share and writing to
-the same database; stream and connection ids interleave (worker k of n takes
-ids base+k, base+k+n, …) so they never collide.
+the same database. Every writer (each worker, and every other replay or
+daemon on the same database) takes its connection and stream ids from blocks
+reserved in the database (``sniffer.store.ids``), so they never collide.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ class ReplayResult:
     seconds: float = 0.0
     states: dict[str, int] = field(default_factory=dict)
     capture_error: str | None = None
-    first_stream_id: int = 0
     jobs: int = 1
     tokenized_streams: int = 0
     tokens: int = 0
@@ -98,6 +98,7 @@ def replay(
     tokens: TokenizerRegistry | None = None,
     redactor: Redactor | None = None,
     chain: RecordingChain | None = None,
+    node: str | None = None,
 ) -> ReplayResult:
     """Replay one capture file into the database ``db`` (a path or SQLAlchemy URL).
 
@@ -105,7 +106,8 @@ def replay(
     observers, transforms and token pass; the writer is attached here. Without
     it, a chain of ``tokens`` and ``redactor`` alone: with ``tokens`` every LLM
     stream is tokenized (on the text as sent, before ``redactor`` rewrites what
-    is stored) and its token rows written.
+    is stored) and its token rows written. ``node`` is stored on every row
+    (default: the host name).
 
     A truncated or corrupt file does not raise: everything before the bad
     offset is processed and stored, and ``capture_error`` says where it broke.
@@ -123,15 +125,12 @@ def replay(
     if chain.tokens is not None:
         chain.tokens.preload()  # a bad tokenizer config fails now, and workers share it
     if jobs > 1 and writer is None and os.path.getsize(path) >= PARALLEL_MIN_BYTES:
-        result = _replay_parallel(path, db, ports, labels, progress, batch_size, jobs, chain)
+        result = _replay_parallel(path, db, ports, labels, progress, batch_size, jobs, chain, node)
     else:
         own = writer is None
-        w = writer if writer is not None else StoreWriter(db, batch_size=batch_size)
+        w = writer if writer is not None else StoreWriter(db, batch_size=batch_size, node=node)
         try:
-            conn_base, stream_base = w.id_bases()
-            result = _replay_part(
-                path, w, ports, labels, progress, 0, 1, conn_base, stream_base, chain
-            )
+            result = _replay_part(path, w, ports, labels, progress, 0, 1, chain)
         finally:
             if own:
                 w.close()
@@ -148,10 +147,9 @@ def _replay_parallel(
     batch_size: int,
     jobs: int,
     chain: RecordingChain,
+    node: str | None,
 ) -> ReplayResult:
-    first = StoreWriter(db, batch_size=batch_size)  # creates the schema once
-    conn_base, stream_base = first.id_bases()
-    first.close()
+    StoreWriter(db, batch_size=batch_size).close()  # migrates the schema once, before forking
     ctx = multiprocessing.get_context("fork")
     workers = []
     for k in range(1, jobs):
@@ -167,20 +165,17 @@ def _replay_parallel(
                 batch_size,
                 k,
                 jobs,
-                conn_base,
-                stream_base,
                 chain,
+                node,
             ),
             daemon=True,
         )
         proc.start()
         send.close()
         workers.append((proc, recv))
-    w = StoreWriter(db, batch_size=batch_size)
+    w = StoreWriter(db, batch_size=batch_size, node=node)
     try:
-        result = _replay_part(
-            path, w, ports, labels, progress, 0, jobs, conn_base, stream_base, chain
-        )
+        result = _replay_part(path, w, ports, labels, progress, 0, jobs, chain)
     finally:
         w.close()
     for proc, recv in workers:
@@ -207,14 +202,13 @@ def _worker(
     batch_size: int,
     k: int,
     n: int,
-    conn_base: int,
-    stream_base: int,
     chain: RecordingChain,
+    node: str | None,
 ) -> None:
     try:
-        w = StoreWriter(db, batch_size=batch_size)
+        w = StoreWriter(db, batch_size=batch_size, node=node)
         try:
-            part = _replay_part(path, w, ports, labels, None, k, n, conn_base, stream_base, chain)
+            part = _replay_part(path, w, ports, labels, None, k, n, chain)
         finally:
             w.close()
         send.send(asdict(part))
@@ -232,20 +226,17 @@ def _replay_part(
     progress: Progress | None,
     k: int,
     n: int,
-    conn_base: int,
-    stream_base: int,
     chain: RecordingChain,
 ) -> ReplayResult:
     """Replay worker k's share of the connections (all of them when n == 1): a hash of
     the port pair, symmetric so both directions land together, and mixed so that
     Linux's same-parity ephemeral ports still spread evenly."""
     reader = read_capture(path)
-    result = ReplayResult(path=str(path), first_stream_id=stream_base)
+    result = ReplayResult(path=str(path))
     pipe = Pipeline(
         PipelineConfig(
-            conn_id_base=conn_base + k,
-            stream_id_base=stream_base + k,
-            id_step=n,
+            conn_ids=w.conn_ids,
+            stream_ids=w.stream_ids,
             only_ports=ports,
             labels=labels,
         )

@@ -98,7 +98,14 @@ def retention_worker(cfg: Config, log: Log) -> Periodic:
     age = cfg.retention_days * 86400.0
 
     def work() -> None:
-        r = prune(engine, age, now=time.time(), batch=cfg.retention_batch, max_batches=20)
+        r = prune(
+            engine,
+            age,
+            now=time.time(),
+            batch=cfg.retention_batch,
+            max_batches=20,
+            node=cfg.node,  # a fleet's sidecars each prune their own rows
+        )
         if r.streams or r.connections:
             v = vacuum(engine)
             log(

@@ -17,6 +17,7 @@ since the Unix epoch (UTC).
     capture         "packet" or "ebpf"
     pid, comm       owning process (eBPF capture only)
     label           free-form run label
+    node            the sidecar that captured it (``--node``, default the host name)
 
 ``streams`` — one row per HTTP request/response exchange.
 
@@ -59,7 +60,8 @@ since the Unix epoch (UTC).
     closed_at       when the stream ended (NULL while open)
     text_kept       False when sampling dropped the chunk text (``--sample-rate``):
                     the stream has no text to compare; NULL in rows written
-                    before the column existed (added on open, read as kept)
+                    before the column existed (read as kept)
+    node            the sidecar that captured it (``--node``, default the host name)
 
 ``chunks`` — one row per streamed event per choice (or a whole non-streaming body).
 
@@ -83,9 +85,16 @@ since the Unix epoch (UTC).
 ``errors`` — every recorded pipeline error (bad input never stops capture).
 
     id, ts, stage ("capture", "reassembly", "http", "sse", "dialect", "store"),
-    kind, message, connection_id, stream_id
+    kind, message, connection_id, stream_id, node
 
-``meta`` — key/value pairs; ``schema_version`` is the schema's version.
+``id_blocks`` — one row per kind of id the pipeline assigns ("connections",
+"streams"): ``next_id`` is the first id nobody has reserved yet. Writers
+reserve blocks of ids from it (``sniffer.store.ids``), so that any number of
+concurrent writers never hand out the same connection or stream id.
+
+``meta`` — key/value pairs; ``schema_version`` is the schema's version
+(informative: the migration chain's revision in ``alembic_version`` is what
+``sniffer.store.schema`` checks).
 
 Foreign keys are not declared: rows arrive in batches from several stages and a
 capture may start mid-connection, so referential order is not guaranteed.
@@ -106,7 +115,7 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 metadata = MetaData()
 
@@ -130,6 +139,7 @@ connections = Table(
     Column("pid", Integer),
     Column("comm", String(64)),
     Column("label", Text),
+    Column("node", String(255)),
 )
 
 streams = Table(
@@ -182,10 +192,12 @@ streams = Table(
     Column("error", Text),
     Column("closed_at", Float),
     Column("text_kept", Boolean),
+    Column("node", String(255)),
     Index("ix_streams_label_model", "label", "model"),
     Index("ix_streams_t_request", "t_request"),
     Index("ix_streams_state", "state"),
     Index("ix_streams_connection", "connection_id"),
+    Index("ix_streams_node", "node", "t_request"),
 )
 
 chunks = Table(
@@ -219,7 +231,15 @@ errors = Table(
     Column("message", Text),
     Column("connection_id", Id),
     Column("stream_id", Id),
+    Column("node", String(255)),
     Index("ix_errors_stream", "stream_id"),
+)
+
+id_blocks = Table(
+    "id_blocks",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("next_id", BigInteger, nullable=False),
 )
 
 meta = Table(
@@ -234,6 +254,7 @@ __all__ = [
     "chunks",
     "connections",
     "errors",
+    "id_blocks",
     "meta",
     "metadata",
     "streams",

@@ -45,9 +45,13 @@ def list_streams(
     state: str | None = None,
     limit: int | None = None,
     stream_ids: Iterable[int] | None = None,
+    node: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Stream rows in ``t_request`` order (then id), optionally filtered."""
+    """Stream rows in ``t_request`` order (then id), optionally filtered
+    (``node``: only the streams that sidecar captured)."""
     stmt = select(streams)
+    if node is not None:
+        stmt = stmt.where(streams.c.node == node)
     if label is not None:
         stmt = stmt.where(streams.c.label == label)
     if model is not None:
@@ -113,6 +117,23 @@ def stream_text(engine: Engine, stream_id: int) -> dict[int, str]:
     return {choice: "".join(texts) for choice, texts in sorted(parts.items())}
 
 
+def list_nodes(engine: Engine) -> list[dict[str, Any]]:
+    """Every node that wrote streams: ``{"node", "streams", "first", "last"}``
+    (capture times of its first and last request), by name."""
+    stmt = (
+        select(
+            streams.c.node,
+            func.count().label("streams"),
+            func.min(streams.c.t_request).label("first"),
+            func.max(streams.c.t_request).label("last"),
+        )
+        .group_by(streams.c.node)
+        .order_by(streams.c.node)
+    )
+    with engine.connect() as conn:
+        return _rows(conn.execute(stmt))
+
+
 def count_rows(engine: Engine) -> dict[str, int]:
     """Number of rows per table: connections, streams, chunks, errors."""
     out: dict[str, int] = {}
@@ -130,9 +151,12 @@ def list_errors(
     *,
     stream_id: int | None = None,
     stage: str | None = None,
+    node: str | None = None,
 ) -> list[dict[str, Any]]:
     """Error rows in chronological order; with ``limit``, the most recent ones."""
     stmt = select(errors)
+    if node is not None:
+        stmt = stmt.where(errors.c.node == node)
     if stream_id is not None:
         stmt = stmt.where(errors.c.stream_id == stream_id)
     if stage is not None:

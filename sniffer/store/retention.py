@@ -15,6 +15,15 @@ long lock) — provided the database was created with ``auto_vacuum =
 INCREMENTAL``; see :func:`ensure_incremental_vacuum`. On other databases it
 does nothing (PostgreSQL's autovacuum does that job).
 
+Transactions stay small on every database: a batch is at most ``batch``
+streams AND at most ``max_rows`` chunk rows (from the streams'
+``event_count``; a single bigger stream still goes alone), so on a shared
+PostgreSQL database a prune never holds row locks on millions of chunks or
+bloats one transaction. With ``node`` only that sidecar's rows (and rows
+written before nodes existed, whose node is NULL) are deleted: the daemons
+of a fleet each prune their own rows and never contend for the same ones;
+``sparseety prune`` without ``--node`` prunes every node's.
+
 Times are capture timestamps (``streams.t_request``, ``connections.opened_at``,
 ``errors.ts``), compared with the ``now`` the caller passes in.
 """
@@ -25,7 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, select
+from sqlalchemy import Engine, and_, delete, exists, or_, select
 
 from sniffer.store.models import chunks, connections, errors, streams
 from sniffer.store.tokens_store import choice_tokens, stream_tokens, token_anomalies
@@ -75,6 +84,8 @@ def prune(
     now: float,
     batch: int = 500,
     max_batches: int | None = None,
+    node: str | None = None,
+    max_rows: int = 20_000,
 ) -> PruneResult:
     """Delete streams with ``t_request < now - older_than`` (and what hangs off them).
 
@@ -87,8 +98,12 @@ def prune(
     if older_than < 0:
         raise ValueError(f"older_than must be >= 0 seconds, got {older_than}")
     batch = max(1, batch)
+    max_rows = max(1, max_rows)
     cutoff = now - older_than
     result = PruneResult()
+    s_mine = [] if node is None else [or_(streams.c.node == node, streams.c.node.is_(None))]
+    c_mine = [] if node is None else [or_(connections.c.node == node, connections.c.node.is_(None))]
+    e_mine = [] if node is None else [or_(errors.c.node == node, errors.c.node.is_(None))]
 
     def budget_left() -> bool:
         return max_batches is None or result.batches < max_batches
@@ -99,16 +114,21 @@ def prune(
             result.done = False
             return result
         with engine.begin() as conn:
-            ids = list(
-                conn.execute(
-                    select(streams.c.id)
-                    .where(streams.c.t_request < cutoff)
-                    .order_by(streams.c.id)
-                    .limit(batch)
-                ).scalars()
-            )
-            if not ids:
+            found = conn.execute(
+                select(streams.c.id, streams.c.event_count)
+                .where(streams.c.t_request < cutoff, *s_mine)
+                .order_by(streams.c.id)
+                .limit(batch)
+            ).all()
+            if not found:
                 break
+            ids: list[int] = []
+            rows = 0
+            for sid, events in found:
+                rows += (events or 0) + 1
+                if ids and rows > max_rows:
+                    break
+                ids.append(sid)
             result.chunks += conn.execute(
                 delete(chunks).where(chunks.c.stream_id.in_(ids))
             ).rowcount
@@ -119,19 +139,22 @@ def prune(
                 conn.execute(delete(table).where(table.c.stream_id.in_(ids)))
             result.streams += conn.execute(delete(streams).where(streams.c.id.in_(ids))).rowcount
         result.batches += 1
-        if len(ids) < batch:
+        if len(found) < batch:
             break
 
     # 2. connections without streams, opened before the cutoff
     # NOT IN over a subquery: SQLite builds the set of referenced connection ids
     # once per statement (streams.connection_id has no index; a correlated
     # NOT EXISTS would scan the streams table once per candidate).
-    orphan = and_(
-        connections.c.opened_at < cutoff,
-        connections.c.id.not_in(
+    # On PostgreSQL NOT IN over a large subquery that does not fit work_mem is
+    # rescanned per row: NOT EXISTS (an anti-join on ix_streams_connection) instead.
+    if engine.dialect.name == "postgresql":
+        unused = ~exists().where(streams.c.connection_id == connections.c.id)
+    else:
+        unused = connections.c.id.not_in(
             select(streams.c.connection_id).where(streams.c.connection_id.is_not(None))
-        ),
-    )
+        )
+    orphan = and_(connections.c.opened_at < cutoff, unused, *c_mine)
     while True:
         if not budget_left():
             result.done = False
@@ -160,7 +183,7 @@ def prune(
             ids = list(
                 conn.execute(
                     select(errors.c.id)
-                    .where(errors.c.stream_id.is_(None), errors.c.ts < cutoff)
+                    .where(errors.c.stream_id.is_(None), errors.c.ts < cutoff, *e_mine)
                     .order_by(errors.c.id)
                     .limit(batch)
                 ).scalars()

@@ -1,8 +1,8 @@
 """Token tables: what the token pass (``sniffer.record.tokenize_pass``) found per stream.
 
-Defined on the same ``MetaData`` as the capture tables (``sniffer.store.models``),
-so ``metadata.create_all`` creates them once this module is imported;
-:func:`create_token_tables` does exactly that and is safe to call repeatedly.
+Defined on the same ``MetaData`` as the capture tables (``sniffer.store.models``);
+created, like them, by the migration chain (``sniffer.store.migrations``), which
+:func:`create_token_tables` runs (safe to call repeatedly).
 
 ``stream_tokens`` — one row per analysed stream (its presence means "done").
 
@@ -143,9 +143,12 @@ _TABLES = (stream_tokens, choice_tokens, token_anomalies)
 
 
 def create_token_tables(engine: Engine) -> None:
-    """Create the token tables if missing (``make_engine`` does it for every table
-    once this module is imported; this is for engines made before that)."""
-    metadata.create_all(engine, tables=list(_TABLES))
+    """Make sure the token tables exist: they are part of the migration chain, so
+    this brings the database to the current schema (``sniffer.store.schema``),
+    under the migration lock; a no-op (one query) when it is there already."""
+    from sniffer.store.schema import migrate
+
+    migrate(engine)
 
 
 def _dumps(value: Any) -> str:

@@ -2,7 +2,8 @@
 
 ``StoreWriter.write`` only buffers; ``flush`` writes the whole batch in ONE
 transaction: first the inserts (connections, streams, chunks, errors — each an
-``executemany`` through a Core ``insert``), then the updates (connection closes,
+``executemany`` through a Core ``insert``, or on PostgreSQL one ``COPY … FROM
+STDIN`` per table through psycopg 3), then the updates (connection closes,
 stream responses, stream closes — each an ``executemany`` of an ``update`` with
 ``bindparam``). An update for a row still buffered in the same batch is merged
 into that row's insert instead, so it costs nothing; an update for a row written
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import operator
 import re
+import socket
 import time
 from collections.abc import Callable, Iterable
 from itertools import chain
@@ -50,15 +52,9 @@ from sniffer.core.events import (
     StreamResponse,
 )
 from sniffer.store.files import db_path, ensure_db_file
-from sniffer.store.models import (
-    SCHEMA_VERSION,
-    chunks,
-    connections,
-    errors,
-    meta,
-    metadata,
-    streams,
-)
+from sniffer.store.ids import IdBlocks
+from sniffer.store.models import chunks, connections, errors, streams
+from sniffer.store.schema import migrate
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -130,35 +126,10 @@ def make_engine(url_or_path: str) -> Engine:
 
 
 def create_schema(engine: Engine) -> None:
-    """Create missing tables (the token tables too) and record the schema version."""
-    import sniffer.store.tokens_store  # noqa: F401  (its tables live on the same metadata)
-
-    metadata.create_all(engine)
-    _add_missing_columns(engine)
-    with engine.begin() as conn:
-        found = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version")).first()
-        if found is None:
-            conn.execute(insert(meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
-
-
-#: Columns added to an existing table since it was first created: a database
-#: written by an older version gets them (NULL in its old rows) when opened.
-_ADDED_COLUMNS = (("streams", "text_kept", "BOOLEAN"),)
-
-
-def _add_missing_columns(engine: Engine) -> None:
-    from sqlalchemy import inspect, text
-
-    insp = inspect(engine)
-    for table, column, sql_type in _ADDED_COLUMNS:
-        have = {c["name"] for c in insp.get_columns(table)}
-        if column not in have:
-            with engine.begin() as conn:
-                try:
-                    conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
-                except SQLAlchemyError:  # another process added it first
-                    if column not in {c["name"] for c in inspect(conn).get_columns(table)}:
-                        raise
+    """Bring the database to this code's schema (``sniffer.store.schema.migrate``):
+    versioned Alembic migrations under a lock; raises ``SchemaTooNew`` for a
+    database a newer sparseety migrated."""
+    migrate(engine)
 
 
 # ---------------------------------------------------------------------------
@@ -243,7 +214,7 @@ def _clean_row(row: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _connection_row(ev: ConnectionOpened, label: str | None) -> dict[str, Any]:
+def _connection_row(ev: ConnectionOpened, label: str | None, node: str) -> dict[str, Any]:
     return {
         "id": ev.conn,
         "client_ip": ev.client[0],
@@ -258,10 +229,11 @@ def _connection_row(ev: ConnectionOpened, label: str | None) -> dict[str, Any]:
         "pid": ev.pid,
         "comm": ev.comm,
         "label": label,
+        "node": node,
     }
 
 
-def _stream_row(ev: StreamOpened) -> dict[str, Any]:
+def _stream_row(ev: StreamOpened, node: str) -> dict[str, Any]:
     req = ev.request if isinstance(ev.request, dict) else {}
     max_tokens = None
     for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
@@ -302,6 +274,7 @@ def _stream_row(ev: StreamOpened) -> dict[str, Any]:
             "event_count": 0,
             "text_len": 0,
             "text_kept": ev.text_kept,
+            "node": node,
         }
     )
     return row
@@ -380,7 +353,7 @@ _CHUNK_COLUMNS = (
     "raw",
     "server_tokens",
 )
-_ERROR_COLUMNS = ("ts", "stage", "kind", "message", "connection_id", "stream_id")
+_ERROR_COLUMNS = ("ts", "stage", "kind", "message", "connection_id", "stream_id", "node")
 _CONNECTION_COLUMNS = tuple(c.name for c in connections.columns)
 _STREAM_COLUMNS = tuple(c.name for c in streams.columns)
 
@@ -392,8 +365,8 @@ _chunk_row: Callable[[ChunkEvent], tuple[Any, ...]] = operator.attrgetter(
 )
 
 
-def _error_row(ev: PipelineError) -> tuple[Any, ...]:
-    return (ev.ts, ev.stage, ev.kind, ev.message, ev.conn, ev.stream)
+def _error_row(ev: PipelineError, node: str) -> tuple[Any, ...]:
+    return (ev.ts, ev.stage, ev.kind, ev.message, ev.conn, ev.stream, node)
 
 
 def _update_stmt(table: Any, columns: Iterable[str]) -> Any:
@@ -418,13 +391,21 @@ _STREAM_CLOSE = _update_stmt(streams, _CLOSE_COLUMNS)
 class StoreWriter:
     """Buffers store events and writes them in batched transactions.
 
+    Every connection, stream and error row carries ``node`` (default: the
+    host name). ``conn_ids`` and ``stream_ids`` hand out ids reserved in
+    blocks from the database (:mod:`sniffer.store.ids`): give them to the
+    pipeline so that no other writer ever uses the same ids.
+
     Example::
 
-        writer = StoreWriter("capture.db")
-        conn_base, stream_base = writer.id_bases()
+        writer = StoreWriter("capture.db", node="gpu-07")
+        pipe = Pipeline(PipelineConfig(conn_ids=writer.conn_ids, stream_ids=writer.stream_ids))
         for ev in events:
             writer.write(ev)
         writer.close()
+
+    On PostgreSQL (psycopg 3) the inserts go through ``COPY … FROM STDIN``
+    (``copy=False``: the driver's pipelined ``executemany``, as on SQLite).
     """
 
     def __init__(
@@ -434,6 +415,8 @@ class StoreWriter:
         batch_size: int = 5000,
         engine: Engine | None = None,
         label: str | None = None,
+        node: str | None = None,
+        copy: bool = True,
     ) -> None:
         self._owns_engine = engine is None
         self.engine: Engine = engine if engine is not None else make_engine(url_or_path)
@@ -442,6 +425,16 @@ class StoreWriter:
         self.batch_size = max(1, batch_size)
         #: label given to connection rows (streams carry their own label)
         self.label = label
+        #: the sidecar's name, stored on every connection, stream and error row
+        self.node: str = node or socket.gethostname()
+        self.conn_ids = IdBlocks(self.engine, "connections")
+        self.stream_ids = IdBlocks(self.engine, "streams")
+        dialect = self.engine.dialect
+        #: COPY for inserts (PostgreSQL through psycopg 3 only)
+        self.copy = copy and dialect.name == "postgresql" and dialect.driver == "psycopg"
+        dbapi = getattr(dialect, "dbapi", None)
+        self._dbapi_data_error: type[BaseException] = getattr(dbapi, "DataError", DataError)
+        self._dbapi_error: type[BaseException] = getattr(dbapi, "Error", SQLAlchemyError)
         self._conn_rows: dict[int, dict[str, Any]] = {}
         self._stream_rows: dict[int, dict[str, Any]] = {}
         self._chunk_rows: list[tuple[Any, ...]] = []
@@ -452,6 +445,7 @@ class StoreWriter:
         self._stream_closes: list[dict[str, Any]] = []
         self._pending = 0
         self._closed = False
+        self._closing = False
         self.stats: dict[str, float] = {
             "connections": 0,
             "streams": 0,
@@ -469,11 +463,9 @@ class StoreWriter:
     # -- ids ---------------------------------------------------------------
 
     def id_bases(self) -> tuple[int, int]:
-        """(next connection id, next stream id): one past every id already used.
-
-        Counts ids in the database and in the unflushed batch, so a replay into
-        the same database never collides with an earlier one. 1 for an empty db.
-        """
+        """(next connection id, next stream id): one past every id in the database
+        and in the unflushed batch. Informative only: ids to hand out come from
+        ``conn_ids`` / ``stream_ids``, which stay unique with concurrent writers."""
         with self.engine.connect() as conn:
             max_conn = conn.execute(select(func.max(connections.c.id))).scalar()
             max_stream = conn.execute(select(func.max(streams.c.id))).scalar()
@@ -496,7 +488,7 @@ class StoreWriter:
         if isinstance(event, ChunkEvent):
             self._chunk_rows.append(_chunk_row(event))
         elif isinstance(event, StreamOpened):
-            self._stream_rows[event.stream] = _stream_row(event)
+            self._stream_rows[event.stream] = _stream_row(event, self.node)
         elif isinstance(event, StreamResponse):
             values = _response_values(event)
             row = self._stream_rows.get(event.stream)
@@ -512,7 +504,7 @@ class StoreWriter:
                 return
             self._stream_closes.append(_bind(event.stream, values))
         elif isinstance(event, ConnectionOpened):
-            self._conn_rows[event.conn] = _connection_row(event, self.label)
+            self._conn_rows[event.conn] = _connection_row(event, self.label, self.node)
         elif isinstance(event, ConnectionClosed):
             values = {"closed_at": event.ts, "close_reason": event.reason}
             crow = self._conn_rows.get(event.conn)
@@ -521,7 +513,7 @@ class StoreWriter:
                 return
             self._conn_closes.append(_bind(event.conn, values))
         elif isinstance(event, PipelineError):
-            self._error_rows.append(_error_row(event))
+            self._error_rows.append(_error_row(event, self.node))
         else:
             return
         self._pending += 1
@@ -556,6 +548,9 @@ class StoreWriter:
     def _insert_many(
         self, conn: Connection, table: Any, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
     ) -> None:
+        if self.copy:
+            self._copy_rows(conn, table.name, columns, rows)
+            return
         sql, order = self._compiled(f"insert:{table.name}", insert(table), columns)
         if order is None:
             # Named parameters (PostgreSQL drivers): the driver's executemany.
@@ -579,6 +574,22 @@ class StoreWriter:
         else:
             idx = [columns.index(c) for c in order]
             conn.exec_driver_sql(sql, [tuple(row[i] for i in idx) for row in rows])
+
+    @staticmethod
+    def _copy_rows(
+        conn: Connection, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
+    ) -> None:
+        """``COPY table (columns) FROM STDIN`` on the transaction's own psycopg
+        connection: the fastest way into PostgreSQL (one round trip per batch,
+        no per-row statement)."""
+        raw: Any = conn.connection.dbapi_connection
+        with (
+            raw.cursor() as cur,
+            cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy,
+        ):
+            write_row = copy.write_row
+            for row in rows:
+                write_row(row)
 
     def _update_many(
         self, conn: Connection, name: str, stmt: Any, rows: list[dict[str, Any]]
@@ -639,17 +650,18 @@ class StoreWriter:
         if self._pending == 0:
             return
         start = time.perf_counter()
+        unencodable = (UnicodeEncodeError, ValueError, DataError, self._dbapi_data_error)
         try:
             unmatched = self._try_flush()
-        except (UnicodeEncodeError, ValueError, DataError):
+        except unencodable:
             # Text the driver cannot take: replace it and retry once.
             self._clean_batch()
             self.stats["cleaned_batches"] += 1
             try:
                 unmatched = self._try_flush()
-            except (SQLAlchemyError, UnicodeEncodeError, ValueError) as exc:
+            except (SQLAlchemyError, self._dbapi_error, UnicodeEncodeError, ValueError) as exc:
                 self._failed(exc)
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, self._dbapi_error) as exc:
             self._failed(exc)
         self.stats["connections"] += len(self._conn_rows)
         self.stats["streams"] += len(self._stream_rows)
@@ -662,6 +674,15 @@ class StoreWriter:
         self.stats["flushes"] += 1
         self.stats["flush_seconds"] += time.perf_counter() - start
         self._clear()
+        self.prefetch_ids()
+
+    def prefetch_ids(self) -> None:
+        """Reserve the next id blocks while the current ones are still half full
+        (never raises; called after every flush, off the capture hot path)."""
+        if self._closing:
+            return
+        self.conn_ids.prefetch()
+        self.stream_ids.prefetch()
 
     def _try_flush(self) -> int:
         with self.engine.begin() as conn:
@@ -699,6 +720,7 @@ class StoreWriter:
         If the final flush fails, ``StoreError`` is raised and the rows stay
         buffered (``flush`` may be called again).
         """
+        self._closing = True  # no id block reserved for a writer that stops
         self.flush()
         if not self._closed:
             self._closed = True

@@ -51,7 +51,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,6 +240,7 @@ class EbpfSource:
         obj_path: str | None = None,
         conn_id_base: int = 1,
         exclude_self: bool = True,
+        conn_ids: Callable[[], int] | None = None,
     ) -> None:
         for p in ports:
             if not 0 < int(p) < 65536:
@@ -256,6 +257,8 @@ class EbpfSource:
         self.obj_path = Path(obj_path) if obj_path else default_obj_path()
         self.exclude_self = exclude_self
         self._next_conn = conn_id_base
+        #: hands out connection ids when given (the store's id blocks)
+        self._conn_ids = conn_ids
         self._lib: ctypes.CDLL | None = None
         self._obj: int | None = None
         self._links: list[int] = []
@@ -279,6 +282,7 @@ class EbpfSource:
             "open_connections": 0,
             "gaps": 0,
             "gap_bytes": 0,
+            "unnumbered_records": 0,  # dropped: no connection id (database unreachable)
         }
 
     # -- lifecycle -------------------------------------------------------------
@@ -427,9 +431,13 @@ class EbpfSource:
             if c is None:
                 if kind == K_CLOSE and offset == 0 and aux == 0:
                     continue
-                c = self._open_conn(
-                    out, key, ts, family, laddr, lport, raddr, rport, role, tgid, comm
-                )
+                try:
+                    c = self._open_conn(
+                        out, key, ts, family, laddr, lport, raddr, rport, role, tgid, comm
+                    )
+                except Exception:  # no connection id to be had (database away): record lost
+                    self._stats["unnumbered_records"] += 1
+                    continue
             d = direction & 1
             if kind == K_DATA:
                 self._stats["records"] += 1
@@ -470,8 +478,11 @@ class EbpfSource:
             server_side = role == R_SERVER
         else:
             server_side = lport <= rport
-        c = _Conn(self._next_conn, key[0], key[1], server_side)
-        self._next_conn += 1
+        if self._conn_ids is not None:
+            c = _Conn(self._conn_ids(), key[0], key[1], server_side)
+        else:
+            c = _Conn(self._next_conn, key[0], key[1], server_side)
+            self._next_conn += 1
         self._conns[key] = c
         self._stats["connections"] += 1
         client, server = (remote, local) if server_side else (local, remote)

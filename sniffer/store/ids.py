@@ -1,0 +1,159 @@
+"""Connection and stream ids that never collide, whatever the number of writers.
+
+The pipeline numbers connections and streams itself (the rows of one stream
+reference its id before anything is written), so ids cannot come from an
+autoincrement column. Instead every writer *reserves blocks* of ids from the
+``id_blocks`` table — the hi/lo ("pooled") scheme of ORMs, with the database
+as the single source of truth:
+
+    UPDATE id_blocks SET next_id = next_id + :size WHERE name = :kind RETURNING next_id
+
+One statement in its own short transaction. PostgreSQL serialises concurrent
+updates of the row (the second waits for the first's commit, then re-reads
+the new value), SQLite takes its write lock: each caller gets a range nobody
+else will ever get, on any number of concurrent sidecars, replay workers or
+restarts (ids are never reused, since ``next_id`` only grows and survives
+restarts in the database). A PostgreSQL ``SEQUENCE`` would serve too, but
+hands out fixed-size blocks (``INCREMENT BY``) and has no SQLite
+equivalent; the counter row gives variable block sizes with one code path
+on both databases.
+
+Block sizes start small (a short replay leaves few unused ids behind: ids
+stay dense in the common one-writer case) and double on each refill up to
+:data:`MAX_BLOCK`, so a busy daemon reserves rarely (every 65,536 ids at
+most). Ids unused when a process stops are simply skipped. The driver calls
+:meth:`IdBlocks.prefetch` off the hot path (after each flush), which reserves
+the next block while half of the current one is still unused, so that the
+pipeline, which calls the allocator, normally never waits for the database.
+
+When the database is unreachable and the ids in hand run out, the allocator
+raises :class:`IdsUnavailable` instead of guessing an id another writer may
+use: the pipeline records that as a dropped segment or connection (an error
+row and a counter), capture goes on, and numbering resumes with the next
+block once the database answers. Rows could not be written meanwhile anyway.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from sqlalchemy import Engine, update
+
+from sniffer.store.models import id_blocks
+
+#: First block a writer reserves, and the largest.
+FIRST_BLOCK = 64
+MAX_BLOCK = 65536
+
+#: The kinds of ids reserved (rows of ``id_blocks``).
+KINDS = ("connections", "streams")
+
+
+def reserve(engine: Engine, kind: str, size: int) -> range:
+    """Reserve ``size`` consecutive ids of ``kind`` (one short transaction)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown id kind {kind!r}")
+    stmt = (
+        update(id_blocks)
+        .where(id_blocks.c.name == kind)
+        .values(next_id=id_blocks.c.next_id + size)
+        .returning(id_blocks.c.next_id)
+    )
+    with engine.begin() as conn:
+        end = conn.execute(stmt).scalar_one()
+    return range(int(end) - size, int(end))
+
+
+def peek(engine: Engine, kind: str) -> int:
+    """The next id of ``kind`` nobody has reserved yet (informative only)."""
+    from sqlalchemy import select
+
+    with engine.connect() as conn:
+        return int(
+            conn.execute(select(id_blocks.c.next_id).where(id_blocks.c.name == kind)).scalar_one()
+        )
+
+
+class IdsUnavailable(RuntimeError):
+    """No id left in hand and no block could be reserved (the database is unreachable)."""
+
+
+class IdBlocks:
+    """A callable handing out ids of one kind from reserved blocks (thread-safe).
+
+    Example: ``ids = IdBlocks(engine, "streams"); first = ids(); second = ids()``.
+    """
+
+    def __init__(
+        self, engine: Engine, kind: str, *, first: int = FIRST_BLOCK, max_block: int = MAX_BLOCK
+    ) -> None:
+        self.engine = engine
+        self.kind = kind
+        self._size = max(1, first)
+        self._max = max(self._size, max_block)
+        self._lock = threading.Lock()
+        self._current: range = range(0)
+        self._pos = 0
+        self._spare: range | None = None
+        #: blocks reserved, and failed prefetches (the database was unreachable)
+        self.blocks = 0
+        self.prefetch_failures = 0
+        self.failures = 0  # calls that found no id (IdsUnavailable)
+
+    def _reserve(self) -> range:
+        block = reserve(self.engine, self.kind, self._size)
+        self.blocks += 1
+        self._size = min(self._size * 2, self._max)
+        return block
+
+    def __call__(self) -> int:
+        with self._lock:
+            if self._pos >= len(self._current):
+                if self._spare is not None:
+                    self._current, self._spare = self._spare, None
+                else:
+                    try:
+                        self._current = self._reserve()
+                    except Exception as exc:
+                        self.failures += 1
+                        raise IdsUnavailable(
+                            f"no {self.kind} id left and none could be reserved: "
+                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                        ) from exc
+                self._pos = 0
+            value = self._current[self._pos]
+            self._pos += 1
+            return value
+
+    @property
+    def remaining(self) -> int:
+        """Ids left without another reservation."""
+        return len(self._current) - self._pos + (len(self._spare) if self._spare else 0)
+
+    def prefetch(self) -> bool:
+        """Reserve the next block now if half of the current one is used.
+
+        Never raises: a database error is counted and retried on the next call
+        (the ids in hand keep the pipeline going meanwhile). True if a block
+        was reserved.
+        """
+        with self._lock:
+            if self._spare is not None or self._pos * 2 < len(self._current):
+                return False
+            try:
+                self._spare = self._reserve()
+            except Exception:
+                self.prefetch_failures += 1
+                return False
+            return True
+
+
+__all__ = [
+    "FIRST_BLOCK",
+    "KINDS",
+    "MAX_BLOCK",
+    "IdBlocks",
+    "IdsUnavailable",
+    "peek",
+    "reserve",
+]
