@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sniffer.resync import (
+from sniffer.core.resync import (
     CHUNKED,
     IDENTITY,
     FramingSync,
@@ -17,7 +17,7 @@ from sniffer.resync import (
     guess_dialect,
     sniff_item_format,
 )
-from sniffer.sse import NdjsonDecoder, SseDecoder
+from sniffer.core.sse import NdjsonDecoder, SseDecoder
 
 TEXTS = ["Hello", " 世界", "，这是", " a test 😀", "\u00e9t\u00e9", " 1\r\n2", "", " end"]
 

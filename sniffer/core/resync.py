@@ -199,7 +199,7 @@ class FramingSync:
         """Unchunked SSE/NDJSON: item lines present and no chunk-size line
         anywhere in :data:`IDENTITY_EVIDENCE` bytes (or in all there is, at the
         end), so a size line still on its way is never decoded as body text."""
-        if sniff_item_format(buf) is None or self._looks_chunked(buf):
+        if sniff_item_format(buf, at_start=False) is None or self._looks_chunked(buf):
             return False
         return final or len(buf) >= IDENTITY_EVIDENCE
 
@@ -216,13 +216,21 @@ class FramingSync:
         return SyncPoint(framing, skipped, rest)
 
 
-def sniff_item_format(data: bytes) -> str | None:
-    """``"sse"`` when the bytes hold an SSE field line after a line end (or at
-    their start), ``"ndjson"`` when they hold a line that starts a JSON object,
-    else ``None``."""
-    for m in re.finditer(rb"(?:^|\n)(data:|event:|\{)", data):
-        return "ndjson" if m[1] == b"{" else "sse"
-    return None
+def sniff_item_format(data: bytes, *, at_start: bool = True) -> str | None:
+    """``"sse"`` when the bytes hold an SSE field line (``data:``, ``event:``)
+    after a line end, ``"ndjson"`` when they hold a line that starts a JSON
+    object after a line end (and no SSE field line before it), else ``None``.
+
+    ``at_start`` says the bytes begin at a line start (a proven chunk boundary):
+    a field line there counts too. A ``{`` there does not decide on its own: a
+    server may split an SSE event across chunks, so a chunk can begin with the
+    JSON of a ``data:`` line; NDJSON needs a second line to show it."""
+    if at_start and re.match(rb"(?:data|event):", data):
+        return "sse"
+    m = re.search(rb"\n(data:|event:|\{)", data)
+    if m is None:
+        return None
+    return "ndjson" if m[1] == b"{" else "sse"
 
 
 class ItemSync:
