@@ -47,10 +47,7 @@ def _events(model: str) -> list[bytes]:
     return out
 
 
-HEAD = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-    b"transfer-encoding: chunked\r\n\r\n"
-)
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
 def _response(events: list[bytes]) -> tuple[bytes, list[int]]:
