@@ -159,3 +159,92 @@ def test_cut_inside_a_utf8_sequence_drops_that_chunk_only() -> None:
     out, _, _ = _run(cut, 7)
     texts = [c.text for c in out if isinstance(c, ChunkEvent) and c.stream == 1 and c.text]
     assert texts == PIECES[i + 1 :]
+
+
+# ---------------------------------------------------------------------------
+# Graceful restart: checkpoint in one pipeline, adopt in the next
+# ---------------------------------------------------------------------------
+
+
+def _conversation(model: str) -> tuple[list[Segment], list[int]]:
+    """Handshake, request, the streamed response (one segment per chunk), FIN.
+    Returns the segments and, per event, the index of the segment carrying it."""
+    from sniffer.core.events import FIN, SYN
+
+    req = _request(model)
+    events = _events(model)
+    resp, _ = _response(events)
+    c_isn, s_isn = 1000, 70000
+    segs = [
+        Segment(1.0, *CLIENT, *SERVER, c_isn, 0, SYN, b""),
+        Segment(1.001, *SERVER, *CLIENT, s_isn, c_isn + 1, SYN | ACK, b""),
+        Segment(1.002, *CLIENT, *SERVER, c_isn + 1, s_isn + 1, ACK, b""),
+        Segment(1.003, *CLIENT, *SERVER, c_isn + 1, s_isn + 1, ACK | PSH, req),
+    ]
+    pieces = [HEAD] + [f"{len(e):x}\r\n".encode() + e + b"\r\n" for e in events] + [b"0\r\n\r\n"]
+    seq, t, where = s_isn + 1, 1.01, []
+    for i, p in enumerate(pieces):
+        if 0 < i <= len(events):
+            where.append(len(segs))
+        segs.append(Segment(t, *SERVER, *CLIENT, seq, c_isn + 1 + len(req), ACK | PSH, p))
+        seq += len(p)
+        t += 0.01
+    segs.append(Segment(t, *CLIENT, *SERVER, c_isn + 1 + len(req), seq, FIN | ACK, b""))
+    segs.append(Segment(t + 0.001, *SERVER, *CLIENT, seq, c_isn + 2 + len(req), FIN | ACK, b""))
+    return segs, where
+
+
+def _restart(stop_at: int, resume_at: int) -> tuple[list[object], list[object], list[int]]:
+    """Pipeline A sees segments [0, stop_at), checkpoints and flushes; pipeline B
+    adopts and sees [resume_at, end): the segments in between were missed."""
+    segs, where = _conversation("m1")
+    a = Pipeline()
+    out_a: list[object] = []
+    for s in segs[:stop_at]:
+        out_a.extend(a.feed(s))
+    entries = json.loads(json.dumps(a.checkpoint()))  # through JSON, as on disk
+    out_a.extend(a.flush(segs[stop_at - 1].ts))
+    b = Pipeline()
+    assert b.adopt(entries, segs[resume_at].ts) == len(entries)
+    out_b: list[object] = []
+    for s in segs[resume_at:]:
+        out_b.extend(b.feed(s))
+    out_b.extend(b.flush(segs[-1].ts + 1))
+    return out_a, out_b, where
+
+
+def test_graceful_restart_continues_the_same_row_with_one_exact_gap() -> None:
+    segs, where = _conversation("m1")
+    stop_at, resume_at = where[3], where[6]  # events 3, 4, 5 sent while no capture ran
+    missed = sum(len(s.payload) for s in segs[stop_at:resume_at])
+    out_a, out_b, _ = _restart(stop_at, resume_at)
+    # the first instance wrote the row and three chunks, and no summary for it
+    assert [type(e).__name__ for e in out_a if isinstance(e, StreamClosed)] == []
+    opened = [e for e in out_a if isinstance(e, StreamOpened)]
+    assert len(opened) == 1
+    sid = opened[0].stream
+    assert [c.text for c in out_a if isinstance(c, ChunkEvent) and c.text] == PIECES[:3]
+    # the second one: no new row, the same stream goes on after the gap
+    assert not [e for e in out_b if isinstance(e, StreamOpened)]
+    chunks_b = [c for c in out_b if isinstance(c, ChunkEvent)]
+    assert {c.stream for c in chunks_b} == {sid}
+    assert [c.text for c in chunks_b if c.text] == PIECES[6:]
+    seqs = [c.seq for c in out_a + out_b if isinstance(c, ChunkEvent)]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    idx = [c.chunk_index for c in out_a + out_b if isinstance(c, ChunkEvent) and c.text]
+    assert idx == list(range(1, len(idx) + 1))
+    (closed,) = [e for e in out_b if isinstance(e, StreamClosed)]
+    assert closed.stream == sid and closed.state is StreamState.GAP and closed.gap
+    assert f"({missed} bytes, 0 more unframed)" in closed.reason
+    first_a = next(c.ts for c in out_a if isinstance(c, ChunkEvent) and c.text)
+    assert closed.t_first_content == first_a  # the TTFT measured before the restart stays
+    assert closed.chunk_count == len(PIECES) - 3 and closed.done_seen
+
+
+def test_graceful_restart_without_missed_bytes_is_complete() -> None:
+    segs, where = _conversation("m1")
+    out_a, out_b, _ = _restart(where[4], where[4])
+    texts = [c.text for c in out_a + out_b if isinstance(c, ChunkEvent) and c.text]
+    assert texts == PIECES
+    (closed,) = [e for e in out_b if isinstance(e, StreamClosed)]
+    assert closed.state is StreamState.COMPLETE and not closed.gap

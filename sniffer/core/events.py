@@ -99,7 +99,7 @@ class FlowGap:
     ts: float
     from_client: bool
     nbytes: int | None
-    reason: str  # "lost", "midstream", "kernel-drop", "overflow", "ebpf-lost"
+    reason: str  # "lost", "midstream", "kernel-drop", "overflow", "ebpf-lost", "restart"
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ import re
 import zlib
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from sniffer.core.events import (
     ConnectionClosed,
@@ -624,6 +625,60 @@ class HttpParser:
     def open_connections(self) -> int:
         return len(self._conns)
 
+    def connection_ids(self) -> list[int]:
+        return list(self._conns)
+
+    def checkpoint(self, conn: int) -> dict[str, Any] | None:
+        """Where a connection stands, for a restarted instance to go on: only a
+        connection whose server is sending a chunked (not content-encoded)
+        response and whose client is between requests qualifies. ``clean``: the
+        chunked decoder stands at a chunk-size line (nothing held)."""
+        c = self._conns.get(conn)
+        if c is None or c.dead or not c.roles_known or c.pending:
+            return None
+        srv, cli = c.dirs[0], c.dirs[1]
+        if cli.in_message or cli.head or cli.hunt is not None:
+            return None
+        if not srv.in_message or srv.decoder is not None or srv.decode_failed:
+            return None
+        chunked = srv.chunked
+        if chunked is None or srv.resync is not None:
+            return None
+        return {
+            "exchange": srv.exchange,
+            "next_exchange": c.next_exchange,
+            "method": srv.method.decode("latin-1"),
+            "clean": chunked.state == _ChunkedBody.SIZE and not chunked.buf,
+        }
+
+    def forget(self, conn: int) -> None:
+        """Drop a connection without ending anything (it was checkpointed)."""
+        self._conns.pop(conn, None)
+
+    def adopt(
+        self, opened: ConnectionOpened, exchange: int, next_exchange: int, method: str, clean: bool
+    ) -> None:
+        """Take over a connection another instance checkpointed inside a chunked
+        response: from a chunk boundary (``clean``) the body goes on as is;
+        otherwise from the next chunk-size line that can be proven."""
+        c = _Conn(opened)
+        c.opened = None  # its row exists: nothing to announce
+        c.roles_known = True
+        c.next_exchange = next_exchange
+        d = c.dirs[0]
+        d.in_message = True
+        d.exchange = exchange
+        d.method = method.encode("latin-1")
+        d.raw = None
+        if clean:
+            d.chunked = _ChunkedBody()
+        else:
+            d.hunt = bytearray()
+            d.resync = FramingSync(chunked_hint=True)
+            d.resync_exchange = exchange
+            d.resync_lost = 0
+        self._conns[opened.conn] = c
+
     def abandon(self, conn: int) -> None:
         """Stop parsing a connection (after an internal error): its bytes are ignored
         from now on; its close still passes through."""
@@ -1027,6 +1082,15 @@ class HttpParser:
             out.append(ev)
             return
         self.stats.gaps += 1
+        if d.resync is not None and d.resync_exchange >= 0:
+            # more bytes lost while looking for the cut message's framing
+            if d.resync_lost is not None and ev.nbytes is not None:
+                d.resync_lost += ev.nbytes
+            else:
+                d.resync_lost = None
+            d.resync = FramingSync(chunked_hint=True)
+            d.hunt = bytearray()
+            return
         if (
             not d.from_client
             and d.in_message

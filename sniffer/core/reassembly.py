@@ -204,6 +204,7 @@ class _Half:
         "pend_ts",
         "prev_data",
         "prev_off",
+        "resume",
     )
 
     def __init__(self, conn: _Conn, from_client: bool, ts: float) -> None:
@@ -229,6 +230,7 @@ class _Half:
         self.ack_target = 0  # offset the peer acknowledged up to, when beyond next_off
         self.prev_off = 0  # the last delivered chunk, to check retransmissions against
         self.prev_data = b""
+        self.resume = False  # adopted from a checkpoint: the first segment shows the gap
 
     def start(self, seq: int) -> None:
         self.next_seq = seq & _MASK
@@ -463,6 +465,8 @@ class Reassembler:
             return
         if h.next_seq < 0:
             self._start_midstream(h, seq, ts, out)
+        elif h.resume:
+            self._resume(h, seq, ts, out)
         d = (seq - h.next_seq) & _MASK
         if d >= _HALF_WRAP:
             d -= _WRAP
@@ -505,6 +509,58 @@ class Reassembler:
             )
             while h.pend_bytes > self.max_buffer and h.pend_offs:
                 self._skip_hole(h, ts, out)
+
+    def _resume(self, h: _Half, seq: int, ts: float, out: list[FlowEvent]) -> None:
+        """First segment of a direction adopted from a checkpoint: the bytes sent
+        between the checkpoint and now were never captured, an exact gap."""
+        h.resume = False
+        h.fast = h.live and h.fin_off is None and not h.ended
+        d = (seq - h.next_seq) & _MASK
+        if 0 < d <= _MAX_WINDOW:
+            self.stats.gaps += 1
+            out.append(FlowGap(h.conn.id, ts, h.from_client, d, "restart"))
+            h.next_seq = seq & _MASK
+            h.next_off += d
+
+    # ------------------------------------------------------------ checkpoints
+
+    def checkpoint(self, conn_id: int) -> tuple[int, int] | None:
+        """(next client→server sequence number, next server→client one) of an open
+        connection with nothing buffered, or None."""
+        c = self._conns.get(conn_id)
+        if c is None or c.closed:
+            return None
+        halves = (c.c2s, c.s2c)
+        if any(h.next_seq < 0 or h.ended or h.pend_offs or h.fin_off is not None for h in halves):
+            return None
+        return c.c2s.next_seq, c.s2c.next_seq
+
+    def forget(self, conn_id: int) -> None:
+        """Drop a connection without closing it (it was checkpointed)."""
+        c = self._conns.get(conn_id)
+        if c is not None:
+            if not c.closed:
+                self._open -= 1
+            self._forget(c)
+
+    def adopt(
+        self, conn_id: int, ts: float, client: Endpoint, server: Endpoint, c2s: int, s2c: int
+    ) -> None:
+        """Take over a connection another instance checkpointed: no
+        ``ConnectionOpened`` (its row exists); each direction goes on at the
+        given sequence number, and the first segment captured shows, exactly,
+        what was missed in between (``FlowGap(reason="restart")``)."""
+        if len(self._conns) >= self.max_connections:
+            self._evict(ts, [])
+        conn = _Conn(conn_id, ts, client, server)
+        self._conns[conn_id] = conn
+        self._halves[conn.keys[0]] = conn.c2s
+        self._halves[conn.keys[1]] = conn.s2c
+        self._open += 1
+        for h, seq in ((conn.c2s, c2s), (conn.s2c, s2c)):
+            h.start(seq)
+            h.fast = False  # the first segment goes through _data (see _resume)
+            h.resume = True
 
     def _check_delivered(
         self, h: _Half, off: int, data: bytes, ts: float, out: list[FlowEvent]

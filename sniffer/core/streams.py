@@ -298,6 +298,113 @@ class StreamAssembler:
             out.append(ev)
         return out
 
+    # ----------------------------------------------------------- checkpoints
+
+    def checkpoint(self, conn: int, exchange: int) -> dict[str, Any] | None:
+        """The state of an open streamed LLM exchange that a restarted instance
+        needs to go on writing the same row (JSON-ready), or None. ``idle``: the
+        item decoder holds nothing (it stands at an event boundary)."""
+        x = self._ex.get((conn, exchange))
+        c = self._conns.get(conn)
+        if x is None or c is None or x.closed or not x.opened or x.dialect is None:
+            return None
+        if x.unguessed is not None or x.sniff is not None or x.resp is None:
+            return None
+        dec = x.decoder if x.decoder is not None else x.ndjson
+        if dec is None:
+            return None
+        o = c.opened
+        return {
+            "stream": x.stream,
+            "client": list(o.client),
+            "server": list(o.server),
+            "capture": o.capture,
+            "dialect": x.dialect.name,
+            "format": "sse" if x.decoder is not None else "ndjson",
+            "idle": dec.idle and x.item_sync is None,
+            "status": x.resp.status,
+            "n": _requested_n(x),
+            "chunk_seq": x.seq,
+            "chunk_idx": {str(k): v for k, v in x.chunk_idx.items()},
+            "chunk_count": x.chunk_count,
+            "event_count": x.event_count,
+            "text_len": x.text_len,
+            "t_first": x.t_first,
+            "t_last": x.t_last,
+            "done_seen": x.done_seen,
+            "finish": {str(k): v for k, v in x.finish.items()},
+            "usage": x.usage,
+            "gap": x.gap,
+            "gap_reason": x.gap_reason,
+            "error": x.error,
+            "req_bytes": x.req_bytes,
+            "resp_bytes": x.resp_bytes,
+            "midway": x.recovered is not None,
+        }
+
+    def forget(self, conn: int) -> None:
+        """Drop a connection and its exchanges without closing them (checkpointed)."""
+        for key in [k for k in self._ex if k[0] == conn]:
+            del self._ex[key]
+        self._conns.pop(conn, None)
+
+    def adopt(self, conn: int, exchange: int, ts: float, st: dict[str, Any]) -> None:
+        """Go on with a stream another instance checkpointed: the same row (no
+        ``StreamOpened``), its counters, a fresh item decoder (and, unless the
+        checkpoint stood at an event boundary, one that first drops bytes up to
+        the next whole item)."""
+        client = (str(st["client"][0]), int(st["client"][1]))
+        server = (str(st["server"][0]), int(st["server"][1]))
+        self._conns[conn] = _Conn(
+            ConnectionOpened(conn, ts, client, server, False, str(st.get("capture", "packet")))
+        )
+        x = _Exchange(int(st["stream"]), conn, exchange)
+        self._ex[(conn, exchange)] = x
+        x.opened = True
+        x.dialect = dialect_by_name(str(st["dialect"]))
+        x.resp = HttpResponse(conn, exchange, ts, int(st["status"]), "", "1.1", ())
+        if st["format"] == "sse":
+            x.decoder = SseDecoder()
+        else:
+            x.ndjson = NdjsonDecoder()
+        if not st["idle"]:
+            x.item_sync = ItemSync(str(st["format"]), at_boundary=False)
+            self._mark_gap(x, "sidecar restarted inside an item")
+        n = int(st.get("n") or 1)
+        if n > 1:
+            x.req_body = bytearray(json.dumps({"n": n}).encode())
+        x.seq = int(st["chunk_seq"])
+        x.chunk_idx = {int(k): int(v) for k, v in st["chunk_idx"].items()}
+        x.chunk_count = int(st["chunk_count"])
+        x.event_count = int(st["event_count"])
+        x.text_len = int(st["text_len"])
+        x.t_first = st["t_first"]
+        x.t_last = st["t_last"]
+        x.done_seen = bool(st["done_seen"])
+        x.finish = {int(k): str(v) for k, v in st["finish"].items()}
+        x.usage = st["usage"]
+        if st["gap"]:
+            self._mark_gap(x, str(st["gap_reason"]))
+        x.error = st["error"]
+        x.req_bytes = int(st["req_bytes"])
+        x.resp_bytes = int(st["resp_bytes"])
+        if st.get("midway"):
+            x.recovered = HttpResync(conn, exchange, ts, CHUNKED, 0, True)
+            x.gap = True
+            x.gap_reason = "started mid-way: capture began inside the response"
+
+    def close_adopted(self, conn: int, ts: float, why: str) -> list[StoreEvent]:
+        """Close the adopted streams of a connection as gapped (a stale checkpoint)."""
+        out: list[StoreEvent] = []
+        for key in [k for k in self._ex if k[0] == conn]:
+            x = self._ex[key]
+            self._mark_gap(x, why)
+            x.resp_end = EndReason.EOF
+            self._close(x, ts, out)
+        self._conns.pop(conn, None)
+        out.append(ConnectionClosed(conn, ts, "restart"))
+        return out
+
     # -------------------------------------------------------------- requests
 
     def _exchange(self, conn: int, exchange: int) -> _Exchange:
