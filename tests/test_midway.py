@@ -173,7 +173,6 @@ def _conversation(model: str) -> tuple[list[Segment], list[int]]:
 
     req = _request(model)
     events = _events(model)
-    resp, _ = _response(events)
     c_isn, s_isn = 1000, 70000
     segs = [
         Segment(1.0, *CLIENT, *SERVER, c_isn, 0, SYN, b""),
@@ -242,7 +241,7 @@ def test_graceful_restart_continues_the_same_row_with_one_exact_gap() -> None:
 
 
 def test_graceful_restart_without_missed_bytes_is_complete() -> None:
-    segs, where = _conversation("m1")
+    _, where = _conversation("m1")
     out_a, out_b, _ = _restart(where[4], where[4])
     texts = [c.text for c in out_a + out_b if isinstance(c, ChunkEvent) and c.text]
     assert texts == PIECES
