@@ -526,12 +526,14 @@ class Reassembler:
 
     def checkpoint(self, conn_id: int) -> tuple[int, int] | None:
         """(next client→server sequence number, next server→client one) of an open
-        connection with nothing buffered, or None."""
+        connection, or None. Bytes buffered beyond a hole (or acknowledged but not
+        captured: the last packets before a stop) are left to the next instance's
+        exact gap, which starts at the first byte not delivered."""
         c = self._conns.get(conn_id)
         if c is None or c.closed:
             return None
         halves = (c.c2s, c.s2c)
-        if any(h.next_seq < 0 or h.ended or h.pend_offs or h.fin_off is not None for h in halves):
+        if any(h.next_seq < 0 or h.ended or h.fin_off is not None for h in halves):
             return None
         return c.c2s.next_seq, c.s2c.next_seq
 
