@@ -12,6 +12,7 @@ signalled.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -171,7 +172,8 @@ def test_daemon_started_late_records_the_tail_of_every_stream(
     assert 0 < recorded < total
 
 
-RESTARTS = 2
+#: Restarts in the live restart test (SPARSEETY_RESTARTS to measure more).
+RESTARTS = int(os.environ.get("SPARSEETY_RESTARTS", "2"))
 
 
 def rows_by_prompt(db: str) -> dict[str, list[dict[str, Any]]]:
@@ -235,15 +237,13 @@ def test_graceful_restart_continues_the_same_rows(tmp_path: Path, procs: list[An
         it = iter(sent)
         assert all(any(g == s for s in it) for g in got), "recorded out of order or invented"
         assert len(got) >= len(certain)
-        missing = [t for ts, t in r.pieces]
-        for t in got:
-            missing.remove(t)
         missed_chunks.append(len(sent) - len(got))
         assert "bytes" in row["reason"]
+        assert f"in {RESTARTS} gaps" in row["reason"], row["reason"]
         missed_bytes.append(int(row["reason"].split("(")[1].split()[0]))
     print(
         f"\nrestart cost over {RESTARTS} restarts x {N_STREAMS} streams "
         f"({DELAY_MS} ms per chunk): chunks lost per stream {missed_chunks}, "
-        f"bytes (first gap) {missed_bytes}, windows "
+        f"bytes lost per stream {missed_bytes}, windows "
         f"{[round(b - a, 2) for a, b in windows]} s"
     )

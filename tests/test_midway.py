@@ -234,7 +234,7 @@ def test_graceful_restart_continues_the_same_row_with_one_exact_gap() -> None:
     assert idx == list(range(1, len(idx) + 1))
     (closed,) = [e for e in out_b if isinstance(e, StreamClosed)]
     assert closed.stream == sid and closed.state is StreamState.GAP and closed.gap
-    assert f"({missed} bytes, 0 more unframed)" in closed.reason
+    assert f"({missed} bytes in 1 gap, 0 more unframed)" in closed.reason
     first_a = next(c.ts for c in out_a if isinstance(c, ChunkEvent) and c.text)
     assert closed.t_first_content == first_a  # the TTFT measured before the restart stays
     assert closed.chunk_count == len(PIECES) - 3 and closed.done_seen

@@ -642,13 +642,23 @@ class HttpParser:
         if not srv.in_message or srv.decoder is not None or srv.decode_failed:
             return None
         chunked = srv.chunked
-        if chunked is None or srv.resync is not None:
+        resuming = srv.resync is not None and srv.resync_exchange == srv.exchange
+        if chunked is None and not resuming:
             return None
         return {
             "exchange": srv.exchange,
             "next_exchange": c.next_exchange,
             "method": srv.method.decode("latin-1"),
-            "clean": chunked.state == _ChunkedBody.SIZE and not chunked.buf,
+            "clean": chunked is not None and chunked.state == _ChunkedBody.SIZE and not chunked.buf,
+            # a gap already being resynchronised: its bytes still count
+            # (and so do the bytes held while looking for the next chunk boundary)
+            "lost": (
+                None
+                if resuming and srv.resync_lost is None
+                else (srv.resync_lost or 0) + srv.resync.held
+                if resuming and srv.resync is not None
+                else 0
+            ),
         }
 
     def forget(self, conn: int) -> None:
@@ -656,7 +666,13 @@ class HttpParser:
         self._conns.pop(conn, None)
 
     def adopt(
-        self, opened: ConnectionOpened, exchange: int, next_exchange: int, method: str, clean: bool
+        self,
+        opened: ConnectionOpened,
+        exchange: int,
+        next_exchange: int,
+        method: str,
+        clean: bool,
+        lost: int | None = 0,
     ) -> None:
         """Take over a connection another instance checkpointed inside a chunked
         response: from a chunk boundary (``clean``) the body goes on as is;
@@ -676,7 +692,7 @@ class HttpParser:
             d.hunt = bytearray()
             d.resync = FramingSync(chunked_hint=True)
             d.resync_exchange = exchange
-            d.resync_lost = 0
+            d.resync_lost = lost
         self._conns[opened.conn] = c
 
     def abandon(self, conn: int) -> None:

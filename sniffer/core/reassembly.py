@@ -535,6 +535,8 @@ class Reassembler:
         halves = (c.c2s, c.s2c)
         if any(h.next_seq < 0 or h.ended or h.fin_off is not None for h in halves):
             return None
+        if c.s2c.resume:
+            return None  # adopted and silent since: over (closed as gapped by flush)
         return c.c2s.next_seq, c.s2c.next_seq
 
     def forget(self, conn_id: int) -> None:
@@ -822,6 +824,12 @@ class Reassembler:
         h.live = False
 
     def _close(self, conn: _Conn, reason: str, ts: float, out: list[FlowEvent]) -> None:
+        if conn.s2c.resume:
+            # adopted from a checkpoint and never heard of again: whatever the
+            # server sent after the checkpoint was missed (count unknown)
+            conn.s2c.resume = False
+            self.stats.gaps += 1
+            out.append(FlowGap(conn.id, ts, False, None, "restart"))
         self._end_half(conn.c2s, reason, ts, out)
         self._end_half(conn.s2c, reason, ts, out)
         conn.closed = True

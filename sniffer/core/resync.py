@@ -165,6 +165,11 @@ class FramingSync:
         self._max_chunk = max_chunk
         self._skipped = 0
 
+    @property
+    def held(self) -> int:
+        """Bytes fed and not yet handed on: held for a decision, or skipped."""
+        return len(self._buf) + self._skipped
+
     def feed(self, data: bytes) -> SyncPoint | None:
         self._buf += bytes(data)
         return self._decide(final=False)

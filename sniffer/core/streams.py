@@ -71,6 +71,8 @@ CREDENTIAL_HEADERS = frozenset(
 )
 CREDENTIAL_PATTERNS = ("*token*", "*secret*", "*key*")
 
+#: Gap reason of a stream adopted from a checkpoint taken inside an item.
+RESTART_ITEM = "sidecar restarted inside an item"
 #: Items of a recovered body held until one of them names its dialect.
 MAX_UNGUESSED_ITEMS = 256
 #: Decoded bytes of a recovered body looked at to tell SSE from NDJSON.
@@ -145,8 +147,10 @@ class _Exchange:
         "finish",
         "gap",
         "gap_reason",
+        "gaps",
         "invalid",
         "item_sync",
+        "lost",
         "ndjson",
         "opened",
         "recovered",
@@ -164,6 +168,7 @@ class _Exchange:
         "t_last",
         "text_len",
         "truncated_event",
+        "unframed",
         "unguessed",
         "usage",
     )
@@ -205,6 +210,10 @@ class _Exchange:
         self.item_sync: ItemSync | None = None  # drops bytes up to the first whole item
         self.sniff: bytearray | None = None  # recovered: bytes until SSE/NDJSON is told
         self.unguessed: list[tuple[float, str, str]] | None = None  # items before the dialect
+        # gaps inside the body, each resumed (lost, restart): count, bytes (None: unknown)
+        self.gaps = 0
+        self.lost: int | None = 0
+        self.unframed = 0  # bytes dropped after those gaps up to a provable boundary
 
 
 class StreamAssembler:
@@ -340,6 +349,9 @@ class StreamAssembler:
             "req_bytes": x.req_bytes,
             "resp_bytes": x.resp_bytes,
             "midway": x.recovered is not None,
+            "gaps": x.gaps,
+            "lost": x.lost,
+            "unframed": x.unframed,
         }
 
     def forget(self, conn: int) -> None:
@@ -369,7 +381,7 @@ class StreamAssembler:
             x.ndjson = NdjsonDecoder()
         if not st["idle"]:
             x.item_sync = ItemSync(str(st["format"]), at_boundary=False)
-            self._mark_gap(x, "sidecar restarted inside an item")
+            self._mark_gap(x, RESTART_ITEM)
         n = int(st.get("n") or 1)
         if n > 1:
             x.req_body = bytearray(json.dumps({"n": n}).encode())
@@ -386,6 +398,9 @@ class StreamAssembler:
         if st["gap"]:
             self._mark_gap(x, str(st["gap_reason"]))
         x.error = st["error"]
+        x.gaps = int(st.get("gaps") or 0)
+        x.lost = None if st.get("lost", 0) is None else int(st.get("lost") or 0)
+        x.unframed = int(st.get("unframed") or 0)
         x.req_bytes = int(st["req_bytes"])
         x.resp_bytes = int(st["resp_bytes"])
         if st.get("midway"):
@@ -573,11 +588,17 @@ class StreamAssembler:
             if not ev.recovered:
                 # Bytes of a known message were lost: its item in flight is cut,
                 # the items after the sync point decode as usual.
-                lost = "unknown" if ev.lost is None else str(ev.lost)
-                self._mark_gap(
-                    x,
-                    f"response bytes lost ({lost} bytes, {ev.skipped} more unframed)",
-                )
+                # every gap adds up: one reason for the row, with the totals
+                x.gaps += 1
+                x.lost = None if ev.lost is None or x.lost is None else x.lost + ev.lost
+                x.unframed += ev.skipped
+                lost = "an unknown number of" if x.lost is None else str(x.lost)
+                if not x.gap or x.gap_reason.startswith(("response bytes lost", RESTART_ITEM)):
+                    x.gap = True
+                    x.gap_reason = (
+                        f"response bytes lost ({lost} bytes in {x.gaps} gap"
+                        f"{'s' if x.gaps > 1 else ''}, {x.unframed} more unframed)"
+                    )
                 if x.decoder is not None:
                     x.decoder = SseDecoder()
                     x.item_sync = ItemSync("sse", at_boundary=at_boundary)
