@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.test_live_e2e import daemon, procs, q, server  # noqa: F401  (fixture)
+from tests.test_live_e2e import daemon, ebpf_loadable, procs, q, server  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -247,3 +247,24 @@ def test_graceful_restart_continues_the_same_rows(tmp_path: Path, procs: list[An
         f"bytes lost per stream {missed_bytes}, windows "
         f"{[round(b - a, 2) for a, b in windows]} s"
     )
+
+
+@pytest.mark.ebpf
+def test_ebpf_daemon_started_late_records_the_tail_of_every_stream(
+    tmp_path: Path,
+    procs: list[Any],  # noqa: F811
+    ebpf_loadable: None,  # noqa: F811
+) -> None:
+    """The same late start with the eBPF backend: sockets first seen mid-way
+    (their byte offsets unknown) are resynchronised the same way."""
+    port = server(procs)
+    results, threads = start_streams(port, "ebpf late")
+    wait_first_chunks(results)
+    d = daemon(procs, tmp_path, "--backend", "ebpf", "--port", str(port))
+    t_active = time.time()
+    for t in threads:
+        t.join(60)
+    assert d.stop() == 0
+    rows = midway_rows(d.db)
+    assert len(rows) == N_STREAMS, q(d.db, "select id, state, client, reason from streams")
+    check_tails(results, rows, t_active)
