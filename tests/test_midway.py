@@ -247,3 +247,29 @@ def test_graceful_restart_without_missed_bytes_is_complete() -> None:
     assert texts == PIECES
     (closed,) = [e for e in out_b if isinstance(e, StreamClosed)]
     assert closed.state is StreamState.COMPLETE and not closed.gap
+
+
+def test_a_midway_stream_is_handed_over_too() -> None:
+    """A stream recovered mid-way and still under way at a graceful stop goes on
+    in the next instance as the same midway row."""
+    segs, where = _conversation("m1")
+    late = segs[where[2] :]  # the capture began at event 2's segment
+    a = Pipeline()
+    out_a: list[object] = []
+    for s in late[: where[5] - where[2]]:
+        out_a.extend(a.feed(s))
+    entries = json.loads(json.dumps(a.checkpoint()))
+    assert len(entries) == 1 and entries[0]["midway"]
+    out_a.extend(a.flush(late[0].ts))
+    b = Pipeline()
+    assert b.adopt(entries, segs[where[5]].ts) == 1
+    out_b: list[object] = []
+    for s in segs[where[5] :]:
+        out_b.extend(b.feed(s))
+    out_b.extend(b.flush(segs[-1].ts + 1))
+    (opened,) = [e for e in out_a + out_b if isinstance(e, StreamOpened)]
+    texts = [c.text for c in out_a + out_b if isinstance(c, ChunkEvent) and c.text]
+    assert texts == PIECES[2:]
+    (closed,) = [e for e in out_b if isinstance(e, StreamClosed)]
+    assert closed.stream == opened.stream and closed.state is StreamState.MIDWAY
+    assert closed.t_first_content is None

@@ -533,8 +533,8 @@ class Reassembler:
         if c is None or c.closed:
             return None
         halves = (c.c2s, c.s2c)
-        if any(h.next_seq < 0 or h.ended or h.fin_off is not None for h in halves):
-            return None
+        if c.s2c.next_seq < 0 or any(h.ended or h.fin_off is not None for h in halves):
+            return None  # (a client direction not seen yet, -1, is fine: mid-way starts)
         if c.s2c.resume:
             return None  # adopted and silent since: over (closed as gapped by flush)
         return c.c2s.next_seq, c.s2c.next_seq
@@ -562,6 +562,8 @@ class Reassembler:
         self._halves[conn.keys[1]] = conn.s2c
         self._open += 1
         for h, seq in ((conn.c2s, c2s), (conn.s2c, s2c)):
+            if seq < 0:
+                continue  # never seen: it starts mid-way when it shows up
             h.start(seq)
             h.fast = False  # the first segment goes through _data (see _resume)
             h.resume = True

@@ -317,7 +317,9 @@ class StreamAssembler:
         c = self._conns.get(conn)
         if x is None or c is None or x.closed or not x.opened or x.dialect is None:
             return None
-        if x.unguessed is not None or x.sniff is not None or x.resp is None:
+        if x.unguessed is not None or x.sniff is not None:
+            return None
+        if x.resp is None and x.recovered is None:
             return None
         dec = x.decoder if x.decoder is not None else x.ndjson
         if dec is None:
@@ -331,7 +333,7 @@ class StreamAssembler:
             "dialect": x.dialect.name,
             "format": "sse" if x.decoder is not None else "ndjson",
             "idle": dec.idle and x.item_sync is None,
-            "status": x.resp.status,
+            "status": x.resp.status if x.resp is not None else None,
             "n": _requested_n(x),
             "chunk_seq": x.seq,
             "chunk_idx": {str(k): v for k, v in x.chunk_idx.items()},
@@ -374,7 +376,8 @@ class StreamAssembler:
         self._ex[(conn, exchange)] = x
         x.opened = True
         x.dialect = dialect_by_name(str(st["dialect"]))
-        x.resp = HttpResponse(conn, exchange, ts, int(st["status"]), "", "1.1", ())
+        if st["status"] is not None:
+            x.resp = HttpResponse(conn, exchange, ts, int(st["status"]), "", "1.1", ())
         if st["format"] == "sse":
             x.decoder = SseDecoder()
         else:
