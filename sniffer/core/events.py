@@ -219,6 +219,7 @@ class HttpResync:
     skipped: int
     recovered: bool
     lost: int | None = None
+    gaps: int = 1  # gaps covered by ``lost`` (several when more came before the sync)
 
 
 HttpEvent = HttpRequest | HttpResponse | HttpBody | HttpEnd | HttpError | HttpResync

@@ -502,6 +502,7 @@ class _Direction:
         "requests",
         "resync",
         "resync_exchange",
+        "resync_gaps",
         "resync_lost",
     )
 
@@ -527,6 +528,7 @@ class _Direction:
         self.resync: FramingSync | None = None
         self.resync_exchange = -1  # the cut message being resumed, or -1 (a new one)
         self.resync_lost: int | None = None  # bytes of the gap that cut it
+        self.resync_gaps = 0  # gaps those bytes were lost in
 
 
 class _Conn:
@@ -651,6 +653,7 @@ class HttpParser:
             "method": srv.method.decode("latin-1"),
             "clean": chunked is not None and chunked.state == _ChunkedBody.SIZE and not chunked.buf,
             # a gap already being resynchronised: its bytes still count
+            "gaps": srv.resync_gaps if resuming else 0,
             # (and so do the bytes held while looking for the next chunk boundary)
             "lost": (
                 None
@@ -673,6 +676,7 @@ class HttpParser:
         method: str,
         clean: bool,
         lost: int | None = 0,
+        gaps: int = 0,
     ) -> None:
         """Take over a connection another instance checkpointed inside a chunked
         response: from a chunk boundary (``clean``) the body goes on as is;
@@ -693,6 +697,7 @@ class HttpParser:
             d.resync = FramingSync(chunked_hint=True)
             d.resync_exchange = exchange
             d.resync_lost = lost
+            d.resync_gaps = gaps
         self._conns[opened.conn] = c
 
     def abandon(self, conn: int) -> None:
@@ -1104,6 +1109,7 @@ class HttpParser:
                 d.resync_lost += ev.nbytes
             else:
                 d.resync_lost = None
+            d.resync_gaps += 1
             d.resync = FramingSync(chunked_hint=True)
             d.hunt = bytearray()
             return
@@ -1122,6 +1128,7 @@ class HttpParser:
             d.resync = FramingSync(chunked_hint=True)
             d.resync_exchange = d.exchange
             d.resync_lost = ev.nbytes
+            d.resync_gaps = 1
             return
         # Whether a body whose head was not seen may follow: the capture began
         # mid-way, or bytes were lost where no known message was under way.
@@ -1148,6 +1155,7 @@ class HttpParser:
         d.resync = FramingSync() if unknown_body else None
         d.resync_exchange = -1
         d.resync_lost = ev.nbytes
+        d.resync_gaps = 1
 
     def _resume_failed(self, c: _Conn, d: _Direction, ts: float, out: list[HttpOutput]) -> None:
         """Stop resynchronising; a message being resumed ends as gapped."""
@@ -1207,7 +1215,16 @@ class HttpParser:
         self.stats.resyncs += 1
         self.stats.resync_skipped += sp.skipped
         out.append(
-            HttpResync(c.id, d.exchange, ts, sp.framing, sp.skipped, recovered, d.resync_lost)
+            HttpResync(
+                c.id,
+                d.exchange,
+                ts,
+                sp.framing,
+                sp.skipped,
+                recovered,
+                d.resync_lost,
+                max(1, d.resync_gaps),
+            )
         )
         if sp.framing == CHUNKED:
             d.chunked = _ChunkedBody()

@@ -160,6 +160,7 @@ class Pipeline:
                     str(http["method"]),
                     bool(http["clean"]),
                     None if http.get("lost", 0) is None else int(http.get("lost") or 0),
+                    int(http.get("gaps") or 0),
                 )
                 self.streams.adopt(conn, exchange, ts, e)
             except (KeyError, TypeError, ValueError, IndexError):

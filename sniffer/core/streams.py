@@ -592,7 +592,7 @@ class StreamAssembler:
                 # Bytes of a known message were lost: its item in flight is cut,
                 # the items after the sync point decode as usual.
                 # every gap adds up: one reason for the row, with the totals
-                x.gaps += 1
+                x.gaps += ev.gaps
                 x.lost = None if ev.lost is None or x.lost is None else x.lost + ev.lost
                 x.unframed += ev.skipped
                 lost = "an unknown number of" if x.lost is None else str(x.lost)
