@@ -306,17 +306,57 @@ def fault_midstream(pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
     port = exp["streams"][0]["client_port"]
     resps = _exchange_ranges(pkts, exp, port)
     assert len(resps) == 3 and resps[0].end is not None
-    _, located = server_bytes(pkts, exp["server_port"], port, lambda s: True)
-    first = [s for off, s in located if off < resps[0].end]
-    cut = first[len(first) // 2].index
+    data, located = server_bytes(pkts, exp["server_port"], port, lambda s: True)
+    first = [(off, s) for off, s in located if off < resps[0].end]
+    cut_off, cut_seg = first[len(first) // 2]
+    cut = cut_seg.index
     return pkts[cut:], derive(
         exp,
         "fault_midstream",
         "keepalive_3 with capture starting in the middle of the FIRST exchange's response "
-        "(no SYN, no first request): exchanges 2 and 3 must be complete",
-        exp["streams"][1:],
-        extra_streams_max=1,
+        "(no SYN, no first request): its tail is recovered from the first chunk that "
+        "starts after the cut (state midway, request fields null, no TTFT); exchanges 2 "
+        "and 3 must be complete",
+        [_recovered_entry(exp["streams"][0], data, resps[0], cut_off), *exp["streams"][1:]],
     )
+
+
+def _recovered_entry(entry: dict[str, Any], data: bytes, resp: Resp, cut: int) -> dict[str, Any]:
+    """What a capture that began at server byte ``cut`` recovers of ``resp``: the
+    events of every chunk whose size line starts at or after the cut (the server
+    writes one whole SSE event per chunk; a chunk whose start was not captured
+    cannot be framed with certainty)."""
+    head_end = data.index(b"\r\n\r\n", resp.start) + 4
+    pos, tail = head_end, bytearray()
+    while True:
+        line_end = data.index(b"\r\n", pos)
+        size = int(data[pos:line_end].split(b";")[0], 16)
+        if size == 0:
+            break
+        chunk = data[line_end + 2 : line_end + 2 + size]
+        if pos >= cut:
+            assert chunk.startswith(b"data:"), chunk[:20]
+            tail += chunk
+        pos = line_end + 2 + size + 2
+    s = summarize_stream(bytes(tail), entry["path"].endswith("/chat/completions"))
+    out = copy.deepcopy(entry)
+    out.update(
+        method=None,
+        path=None,
+        status=None,
+        state="midway",
+        gap=True,
+        done_seen=s["done"],
+        usage=s["usage"],
+        ttft_ms=None,
+        exchange=0,
+    )
+    out.pop("sse_events", None)  # no response head: the harness's SSE count does not apply
+    out["choices"] = {
+        str(k): {"text": c["text"], "finish_reason": c["finish_reason"], "chunks": c["chunks"]}
+        for k, c in sorted(s["choices"].items())
+    }
+    return out
 
 
 def fault_seqwrap(pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:

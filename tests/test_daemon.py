@@ -203,17 +203,55 @@ def test_records_every_stream_with_labels(tmp_path: Path) -> None:
     assert len(stopped) == 1 and "queue_dropped=0" in stopped[0]
 
 
-def test_stop_closes_open_streams_as_truncated(tmp_path: Path) -> None:
-    # Everything up to the middle of the responses: streams are open at stop.
-    half = SEGMENTS[: len(SEGMENTS) // 2]
-    src = FakeSource(half, per=5)
+def test_stop_hands_open_streams_to_the_next_instance(tmp_path: Path) -> None:
+    """SIGTERM with streams under way writes the restart checkpoint and leaves
+    their rows open; the next instance adopts them and, fed the rest of the
+    capture (nothing missed in between), finishes the SAME rows, complete."""
+    half = len(SEGMENTS) // 2
+    src = FakeSource(SEGMENTS[:half], per=5)
     d, db = make(tmp_path, src)
     r = start(d)
     assert src.exhausted.wait(30)
-    assert wait_for(lambda: d.stats.items >= len(half))
+    assert wait_for(lambda: d.stats.items >= half)
     assert r.stop() == 0
-    got = rows(db, "select state, gap from streams")
-    assert got and all(state == "truncated" and gap == 0 for state, gap in got)
+    assert rows(db, "select state, gap from streams") == [("open", 0)] * 4
+    checkpoint = Path(db + ".checkpoint.json")
+    doc = json.loads(checkpoint.read_text())
+    assert len(doc["entries"]) == 4
+    assert {e["http"]["clean"] for e in doc["entries"]} == {True}  # one event per segment
+    ids = rows(db, "select id from streams order by id")
+    log = io.StringIO()
+    src2 = FakeSource(SEGMENTS[half:], per=5)
+    d2, _ = make(tmp_path, src2, log)
+    r2 = start(d2)
+    assert src2.exhausted.wait(30)
+    assert wait_for(lambda: d2.stats.items >= len(SEGMENTS) - half)
+    assert r2.stop() == 0
+    assert not checkpoint.exists()
+    assert "event=checkpoint-adopted" in log.getvalue() and "streams=4" in log.getvalue()
+    assert rows(db, "select id from streams order by id") == ids  # no second row
+    assert rows(db, "select state, gap from streams") == [("complete", 0)] * 4
+    assert stream_texts(db) == expected_texts()
+
+
+def test_a_stale_checkpoint_closes_its_rows_as_gapped(tmp_path: Path) -> None:
+    half = len(SEGMENTS) // 2
+    src = FakeSource(SEGMENTS[:half], per=5)
+    d, db = make(tmp_path, src)
+    r = start(d)
+    assert src.exhausted.wait(30)
+    assert wait_for(lambda: d.stats.items >= half)
+    assert r.stop() == 0
+    checkpoint = Path(db + ".checkpoint.json")
+    doc = json.loads(checkpoint.read_text())
+    doc["written_at"] -= 3600
+    checkpoint.write_text(json.dumps(doc))
+    log = io.StringIO()
+    d2, _ = make(tmp_path, FakeSource([], per=5), log)
+    assert start(d2).stop() == 0
+    assert "event=checkpoint-stale" in log.getvalue()
+    got = rows(db, "select state, gap, reason from streams")
+    assert got == [("gap", 1, "sidecar restarted; checkpoint stale")] * 4
     full = expected_texts()
     for port, text in stream_texts(db).items():
         assert full[port].startswith(text)
@@ -259,7 +297,12 @@ def test_overload_drops_batches_counts_them_and_marks_gaps(
     errs = rows(db, "select stage, kind, message from errors where kind='queue-drop'")
     assert errs and all(stage == "capture" for stage, _, _ in errs)
     assert sum(int(m.split()[0]) for _, _, m in errs) == s.queue_dropped
-    assert rows(db, "select count(*) from streams where gap=1")[0][0] >= 1
+    # (streams still under way at the stop are handed to the next instance in
+    # the restart checkpoint, their gap with them)
+    cp = Path(db + ".checkpoint.json")
+    handed = [e for e in json.loads(cp.read_text())["entries"]] if cp.exists() else []
+    gapped = rows(db, "select count(*) from streams where gap=1")[0][0]
+    assert gapped + sum(1 for e in handed if e["gap"]) >= 1
     assert rows(db, "select count(*) from streams where state='complete' and gap=1")[0][0] == 0
     stopped = next(ln for ln in log.getvalue().splitlines() if "event=stopped" in ln)
     assert f"queue_dropped={s.queue_dropped}" in stopped

@@ -338,8 +338,8 @@ SELF_CHECKED = sorted(
     for p in EXPECTED_FILES.values()
     if p.name.removesuffix(".expected.json")
     not in ("fault_lost", "fault_midstream", "fault_truncated_file")
-    # crafted by scripts/craft_dialect_pcaps.py for other APIs, not by this server
-    and not p.name.startswith("dialect_")
+    # crafted by scripts/craft_dialect_pcaps.py and craft_midway.py, not by this server
+    and not p.name.startswith(("dialect_", "midway_"))
     # synthesized by scripts/craft_faults.py (security group); expected = what is stored
     and not p.name.startswith("sec_")
 )

@@ -311,7 +311,7 @@ def _close_otlp(otlp: Any) -> None:
 @db_option
 @click.option("--label", help="Only streams with this label.")
 @click.option("--model", help="Only streams of this model.")
-@click.option("--state", help="complete, truncated, gap, error or open.")
+@click.option("--state", help="complete, truncated, gap, error, open or midway.")
 @click.option("--all", "show_all", is_flag=True, help="Include non-LLM HTTP exchanges.")
 @click.option("--limit", type=int, help="At most this many streams.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
@@ -331,6 +331,9 @@ def streams(
     \b
     Columns: id, label, state, model, path, status, choices' chunks, characters,
     TTFT (ms from request to first content), duration (ms), finish reasons.
+    A stream recovered mid-way (the capture began inside its response) is in
+    state midway, its path shown as "(mid-way)", with no TTFT; its duration
+    runs from the point where it was picked up.
 
     \b
     Example:
@@ -358,17 +361,27 @@ def streams(
             f"{'chunks':>6} {'chars':>7} {'ttft_ms':>8} {'dur_ms':>8} finish"
         )
         click.echo(header)
+        midway = 0
         for r in rows:
+            path = r.get("path") or "-"
+            if r.get("state") == "midway":
+                midway += 1
+                path = r.get("path") or "(mid-way)"
             finish = r.get("finish_reasons") or ""
             with suppress(ValueError):
                 finish = ",".join(str(v) for v in json.loads(finish).values()) if finish else ""
             click.echo(
                 f"{r['id']:>6} {(r.get('label') or '-')[:9]:<9} {(r.get('state') or '-'):<9} "
-                f"{(r.get('model') or '-')[:18]:<18} {(r.get('path') or '-')[:22]:<22} "
+                f"{(r.get('model') or '-')[:18]:<18} {path[:22]:<22} "
                 f"{r.get('status') or '-':>3} {r.get('chunk_count') or 0:>6} "
                 f"{r.get('text_len') or 0:>7} "
                 f"{_ms(r.get('t_first_content'), r.get('t_request')):>8} "
                 f"{_ms(r.get('t_last_chunk'), r.get('t_request')):>8} {finish}"
+            )
+        if midway:
+            click.echo(
+                f"{midway} stream(s) recovered mid-way: the capture began inside the response; "
+                "request unknown, only the tail recorded, no TTFT"
             )
 
 

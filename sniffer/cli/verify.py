@@ -139,7 +139,10 @@ def _human(report: Any, show_tokens: bool, verbose: bool) -> None:
                 head += " — " + "; ".join(_first_per_kind(v.failures))
             click.echo(head)
             continue
-        head = f"{_mark(v.ok)} {who} {v.model or '-'} {v.state or '-'}: {v.chunks} chunks, {tok}"
+        mark = "◐" if v.ok and v.partial else _mark(v.ok)
+        head = f"{mark} {who} {v.model or '-'} {v.state or '-'}: {v.chunks} chunks, {tok}"
+        if v.partial:
+            head += " (partial: recovered mid-way, only its tail was captured)"
         if v.prompt_tokens is not None and v.prompt_template:
             head += f", prompt {v.prompt_tokens} tokens ({v.prompt_template})"
         if v.failures:
@@ -156,9 +159,12 @@ def _human(report: Any, show_tokens: bool, verbose: bool) -> None:
                 click.echo(f"    choice {ch} first {len(toks)} tokens: {shown}")
     kinds = ", ".join(f"{k} {n}" for k, n in report.kind_counts().items()) or "none"
     nv = report.not_verifiable
+    part = report.partial
     click.echo(
-        f"{len(report.streams)} streams: {len(report.streams) - report.failed - nv} verified, "
+        f"{len(report.streams)} streams: "
+        f"{len(report.streams) - report.failed - nv - part} verified, "
         f"{report.failed} failed, "
+        + (f"{part} partial (recovered mid-way), " if part else "")
         + (f"{nv} not verifiable (text sampled out), " if nv else "")
         + f"{report.warned} with warnings; kinds (streams): {kinds}"
     )
@@ -169,7 +175,10 @@ def _human(report: Any, show_tokens: bool, verbose: bool) -> None:
 @click.option("--stream", "stream_ids", multiple=True, type=int, help="Only this stream (repeat).")
 @click.option("--label", help="Only streams with this label.")
 @click.option("--model", help="Only streams of this model.")
-@click.option("--state", help="Only streams in this state (complete, truncated, gap, error, open).")
+@click.option(
+    "--state",
+    help="Only streams in this state (complete, truncated, gap, error, open, midway).",
+)
 @click.option(
     "--jsonl",
     type=click.Path(exists=True, dir_okay=False, allow_dash=True),

@@ -99,7 +99,7 @@ class FlowGap:
     ts: float
     from_client: bool
     nbytes: int | None
-    reason: str  # "lost", "midstream", "kernel-drop", "overflow", "ebpf-lost"
+    reason: str  # "lost", "midstream", "kernel-drop", "overflow", "ebpf-lost", "restart"
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +202,27 @@ class HttpError:
     message: str
 
 
-HttpEvent = HttpRequest | HttpResponse | HttpBody | HttpEnd | HttpError
+@dataclass(frozen=True, slots=True)
+class HttpResync:
+    """A response body picked up again where its framing could be proven
+    (``core.resync``): after a mid-stream start (``recovered``: a new exchange
+    whose request and head were never seen) or after lost bytes inside a known
+    message (the same exchange goes on, gapped). ``framing`` is ``"chunked"``
+    (the body goes on at a proven chunk-size line) or ``"identity"`` (body
+    bytes until close); ``skipped`` counts the bytes dropped before the sync
+    point, ``lost`` the bytes of the gap when known."""
+
+    conn: int
+    exchange: int
+    ts: float
+    framing: str
+    skipped: int
+    recovered: bool
+    lost: int | None = None
+    gaps: int = 1  # gaps covered by ``lost`` (several when more came before the sync)
+
+
+HttpEvent = HttpRequest | HttpResponse | HttpBody | HttpEnd | HttpError | HttpResync
 
 # ---------------------------------------------------------------------------
 # streams → store, metrics, tokens
@@ -215,6 +235,7 @@ class StreamState(enum.StrEnum):
     TRUNCATED = "truncated"  # connection ended before the stream did (client abort, server cut)
     GAP = "gap"  # bytes were lost: never reported complete
     ERROR = "error"  # HTTP error status, error object, or malformed framing
+    MIDWAY = "midway"  # capture began inside the response body: only its tail was recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +265,7 @@ class StreamOpened:
 class StreamResponse:
     stream: int
     ts: float
-    status: int
+    status: int | None  # None: a body recovered mid-way, its head never seen
     headers: Headers  # credentials removed
     content_type: str
     streaming: bool  # SSE / NDJSON body

@@ -30,6 +30,7 @@ import re
 import zlib
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from sniffer.core.credentials import scrub_error_text
 from sniffer.core.events import (
@@ -46,7 +47,9 @@ from sniffer.core.events import (
     HttpError,
     HttpRequest,
     HttpResponse,
+    HttpResync,
 )
+from sniffer.core.resync import CHUNKED, FramingSync, SyncPoint
 
 HttpOutput = (
     ConnectionOpened
@@ -58,6 +61,7 @@ HttpOutput = (
     | HttpBody
     | HttpEnd
     | HttpError
+    | HttpResync
 )
 
 # A request line or a status line at the start of a line. Used to find the next
@@ -92,6 +96,8 @@ class HttpStats:
     hunted_bytes: int = 0
     desyncs: int = 0
     dead_connections: int = 0
+    resyncs: int = 0  # response bodies picked up mid-way (core.resync)
+    resync_skipped: int = 0  # bytes dropped before their sync points
 
 
 #: Decompression caps per exchange (``HttpParser`` arguments): decoded bytes at
@@ -557,6 +563,10 @@ class _Direction:
         "method",
         "raw",
         "requests",
+        "resync",
+        "resync_exchange",
+        "resync_gaps",
+        "resync_lost",
     )
 
     def __init__(self, from_client: bool) -> None:
@@ -576,6 +586,12 @@ class _Direction:
         self.in_message = False  # head seen, end not yet
         self.decoder: _BodyDecoder | None = None
         self.decode_failed = False
+        # response direction after a mid-stream start or a gap: looking for the
+        # framing of a body already under way (alongside the hunt for a status line)
+        self.resync: FramingSync | None = None
+        self.resync_exchange = -1  # the cut message being resumed, or -1 (a new one)
+        self.resync_lost: int | None = None  # bytes of the gap that cut it
+        self.resync_gaps = 0  # gaps those bytes were lost in
 
 
 class _Conn:
@@ -683,6 +699,79 @@ class HttpParser:
     def open_connections(self) -> int:
         return len(self._conns)
 
+    def connection_ids(self) -> list[int]:
+        return list(self._conns)
+
+    def checkpoint(self, conn: int) -> dict[str, Any] | None:
+        """Where a connection stands, for a restarted instance to go on: only a
+        connection whose server is sending a chunked (not content-encoded)
+        response and whose client is between requests qualifies. ``clean``: the
+        chunked decoder stands at a chunk-size line (nothing held)."""
+        c = self._conns.get(conn)
+        if c is None or c.dead or not c.roles_known or c.pending:
+            return None
+        srv, cli = c.dirs[0], c.dirs[1]
+        if cli.in_message or cli.head or cli.hunt is not None:
+            return None
+        if not srv.in_message or srv.decoder is not None or srv.decode_failed:
+            return None
+        chunked = srv.chunked
+        resuming = srv.resync is not None and srv.resync_exchange == srv.exchange
+        if chunked is None and not resuming:
+            return None
+        return {
+            "exchange": srv.exchange,
+            "next_exchange": c.next_exchange,
+            "method": srv.method.decode("latin-1"),
+            "clean": chunked is not None and chunked.state == _ChunkedBody.SIZE and not chunked.buf,
+            # a gap already being resynchronised: its bytes still count
+            "gaps": srv.resync_gaps if resuming else 0,
+            # (and so do the bytes held while looking for the next chunk boundary)
+            "lost": (
+                None
+                if resuming and srv.resync_lost is None
+                else (srv.resync_lost or 0) + srv.resync.held
+                if resuming and srv.resync is not None
+                else 0
+            ),
+        }
+
+    def forget(self, conn: int) -> None:
+        """Drop a connection without ending anything (it was checkpointed)."""
+        self._conns.pop(conn, None)
+
+    def adopt(
+        self,
+        opened: ConnectionOpened,
+        exchange: int,
+        next_exchange: int,
+        method: str,
+        clean: bool,
+        lost: int | None = 0,
+        gaps: int = 0,
+    ) -> None:
+        """Take over a connection another instance checkpointed inside a chunked
+        response: from a chunk boundary (``clean``) the body goes on as is;
+        otherwise from the next chunk-size line that can be proven."""
+        c = _Conn(opened)
+        c.opened = None  # its row exists: nothing to announce
+        c.roles_known = True
+        c.next_exchange = next_exchange
+        d = c.dirs[0]
+        d.in_message = True
+        d.exchange = exchange
+        d.method = method.encode("latin-1")
+        d.raw = None
+        if clean:
+            d.chunked = _ChunkedBody()
+        else:
+            d.hunt = bytearray()
+            d.resync = FramingSync(chunked_hint=True)
+            d.resync_exchange = exchange
+            d.resync_lost = lost
+            d.resync_gaps = gaps
+        self._conns[opened.conn] = c
+
     def abandon(self, conn: int) -> None:
         """Stop parsing a connection (after an internal error): its bytes are ignored
         from now on; its close still passes through."""
@@ -733,9 +822,16 @@ class HttpParser:
             else:
                 if d.head is None:
                     if d.hunt is not None:
-                        data = self._hunt(c, d, ts, data, out)
-                        if not data or c.dead:
-                            return
+                        if d.resync is not None:
+                            data = self._hunt_or_resync(c, d, ts, data, out)
+                            if not data or c.dead:
+                                return
+                            if d.hunt is None and (d.chunked is not None or d.body is not None):
+                                continue  # resynchronised: a body goes on
+                        else:
+                            data = self._hunt(c, d, ts, data, out)
+                            if not data or c.dead:
+                                return
                     self._start_message(c, d, ts, out)
                 assert d.head is not None
                 if d.raw is not None and len(d.raw) <= self._max_header:
@@ -1081,8 +1177,39 @@ class HttpParser:
             out.append(ev)
             return
         self.stats.gaps += 1
+        if d.resync is not None and d.resync_exchange >= 0:
+            # more bytes lost while looking for the cut message's framing
+            if d.resync_lost is not None and ev.nbytes is not None:
+                d.resync_lost += ev.nbytes
+            else:
+                d.resync_lost = None
+            d.resync_gaps += 1
+            d.resync = FramingSync(chunked_hint=True)
+            d.hunt = bytearray()
+            return
+        if (
+            not d.from_client
+            and d.in_message
+            and d.chunked is not None
+            and d.decoder is None
+            and not d.decode_failed
+        ):
+            # Bytes of a chunked response were lost: resume the same message at
+            # the next chunk-size line that can be proven (or end it as gapped
+            # if none is found, or the next message begins first).
+            d.chunked = None
+            d.hunt = bytearray()
+            d.resync = FramingSync(chunked_hint=True)
+            d.resync_exchange = d.exchange
+            d.resync_lost = ev.nbytes
+            d.resync_gaps = 1
+            return
+        # Whether a body whose head was not seen may follow: the capture began
+        # mid-way, or bytes were lost where no known message was under way.
+        unknown_body = not d.from_client
         if d.in_message:
             self._message_end(c, d, ev.ts, EndReason.GAP, out)
+            unknown_body = False  # what follows is the tail of the message just cut
         elif not d.from_client:
             ex = d.exchange
             if ex < 0 and c.pending and ev.reason != "midstream":
@@ -1091,16 +1218,108 @@ class HttpParser:
                 ex = c.pending.popleft().exchange
             if ex >= 0:
                 out.append(HttpEnd(c.id, ex, ev.ts, False, EndReason.GAP))
+                unknown_body = False
         d.exchange = -1 if not d.from_client else d.exchange
         d.head = None
         d.body = None
         d.decoder = None
         d.chunked = None
         d.hunt = bytearray()
+        # A response body may be under way: look for its framing too.
+        d.resync = FramingSync() if unknown_body else None
+        d.resync_exchange = -1
+        d.resync_lost = ev.nbytes
+        d.resync_gaps = 1
+
+    def _resume_failed(self, c: _Conn, d: _Direction, ts: float, out: list[HttpOutput]) -> None:
+        """Stop resynchronising; a message being resumed ends as gapped."""
+        d.resync = None
+        if d.resync_exchange >= 0:
+            d.resync_exchange = -1
+            if d.in_message:
+                self._message_end(c, d, ts, EndReason.GAP, out)
+
+    def _hunt_or_resync(
+        self, c: _Conn, d: _Direction, ts: float, data: bytes, out: list[HttpOutput]
+    ) -> bytes:
+        """Response direction after a mid-stream start or a gap: the next status
+        line (a new message) or the proven framing of a body under way, whichever
+        comes first. Returns the bytes to parse next (b"" when undecided)."""
+        rs = d.resync
+        assert rs is not None
+        got = self._hunt(c, d, ts, data, out)
+        if d.hunt is None:  # a status line: the body being looked for (if any) is over
+            self._resume_failed(c, d, ts, out)
+            return got
+        if c.dead:
+            d.resync = None
+            return b""
+        sp = rs.feed(data)
+        if sp is None:
+            return b""
+        if sp.framing is None:  # nothing framable within the scan limit: keep hunting
+            self.stats.resync_skipped += sp.skipped
+            self._resume_failed(c, d, ts, out)
+            return b""
+        self._start_recovered(c, d, ts, sp, out)
+        return sp.rest
+
+    def _start_recovered(
+        self, c: _Conn, d: _Direction, ts: float, sp: SyncPoint, out: list[HttpOutput]
+    ) -> None:
+        """The framing of a body under way was found: read it from ``sp.rest`` on,
+        as a new exchange (its head was never seen) or the cut one resumed."""
+        assert sp.framing is not None
+        d.resync = None
+        d.hunt = None
+        d.hunted = 0
+        self._release_opened(c, out)
+        recovered = d.resync_exchange < 0
+        if recovered:
+            ex = c.next_exchange
+            c.next_exchange += 1
+            d.exchange = ex
+            d.in_message = True
+            d.method = b""
+            d.raw = None
+            d.head = None
+            d.decoder = None
+            d.decode_failed = False
+        d.resync_exchange = -1
+        self.stats.resyncs += 1
+        self.stats.resync_skipped += sp.skipped
+        out.append(
+            HttpResync(
+                c.id,
+                d.exchange,
+                ts,
+                sp.framing,
+                sp.skipped,
+                recovered,
+                d.resync_lost,
+                max(1, d.resync_gaps),
+            )
+        )
+        if sp.framing == CHUNKED:
+            d.chunked = _ChunkedBody()
+        else:
+            d.body = _LengthBody(None)
 
     def _end(self, c: _Conn, d: _Direction, ts: float, reason: str, out: list[HttpOutput]) -> None:
         """One direction ended (FIN, RST, idle, end of capture)."""
         end = EndReason.RST if reason == "rst" else EndReason.EOF
+        if d.resync is not None and d.hunt is not None and not c.dead:
+            # The body being looked for ends here: decide with what came.
+            sp = d.resync.finish()
+            if sp.framing is not None:
+                self._start_recovered(c, d, ts, sp, out)
+                if sp.rest:
+                    self._data(c, d, ts, sp.rest, out)
+        if d.resync is not None:
+            if d.resync_exchange >= 0:
+                end = EndReason.GAP  # cut by a gap and never resumed
+            d.resync = None
+            d.resync_exchange = -1
         if d.in_message:
             body = d.body
             if reason == "fin" and body is not None and body.remaining is None:

@@ -9,8 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from sniffer.core.events import CaptureGap, FlowEvent, PipelineError, Segment, StoreEvent
+from sniffer.core.events import (
+    CaptureGap,
+    ConnectionOpened,
+    FlowEvent,
+    PipelineError,
+    Segment,
+    StoreEvent,
+)
 from sniffer.core.http1 import MAX_DECODED_BYTES, MAX_EXPANSION_RATIO, HttpParser
 from sniffer.core.reassembly import Reassembler
 from sniffer.core.streams import StreamAssembler
@@ -122,6 +130,78 @@ class Pipeline:
                         fev.conn,
                     )
                 )
+        return out
+
+    # ----------------------------------------------------------- checkpoints
+
+    def checkpoint(self) -> list[dict[str, Any]]:
+        """Graceful stop: the state of every connection whose server is streaming
+        a chunked LLM response, JSON-ready, for the next instance to ``adopt``.
+        Those connections are dropped from this pipeline WITHOUT closing their
+        streams (a following ``flush`` closes only the others): their rows stay
+        open until the next instance writes their summary at the real end.
+        Packet capture only (sequence numbers); other connections are left alone."""
+        entries: list[dict[str, Any]] = []
+        for conn in self.http.connection_ids():
+            seqs = self.reassembler.checkpoint(conn)
+            if seqs is None:
+                continue
+            http = self.http.checkpoint(conn)
+            if http is None:
+                continue
+            stream = self.streams.checkpoint(conn, int(http["exchange"]))
+            if stream is None:
+                continue
+            entries.append(
+                {"conn": conn, "seq": {"c2s": seqs[0], "s2c": seqs[1]}, "http": http, **stream}
+            )
+        for e in entries:
+            self.reassembler.forget(e["conn"])
+            self.http.forget(e["conn"])
+            self.streams.forget(e["conn"])
+        return entries
+
+    def adopt(self, entries: Iterable[dict[str, Any]], ts: float) -> int:
+        """Take over the connections of a checkpoint (see :meth:`checkpoint`); the
+        first segment of each shows exactly how many bytes were missed. Returns
+        how many were adopted (malformed entries are skipped)."""
+        n = 0
+        for e in entries:
+            try:
+                conn = int(e["conn"])
+                client = (str(e["client"][0]), int(e["client"][1]))
+                server = (str(e["server"][0]), int(e["server"][1]))
+                http = e["http"]
+                exchange = int(http["exchange"])
+                self.reassembler.adopt(
+                    conn, ts, client, server, int(e["seq"]["c2s"]), int(e["seq"]["s2c"])
+                )
+                self.http.adopt(
+                    ConnectionOpened(conn, ts, client, server, False, str(e.get("capture"))),
+                    exchange,
+                    int(http["next_exchange"]),
+                    str(http["method"]),
+                    bool(http["clean"]),
+                    None if http.get("lost", 0) is None else int(http.get("lost") or 0),
+                    int(http.get("gaps") or 0),
+                )
+                self.streams.adopt(conn, exchange, ts, e)
+            except (KeyError, TypeError, ValueError, IndexError):
+                continue
+            n += 1
+        return n
+
+    def close_checkpointed(self, entries: Iterable[dict[str, Any]], ts: float) -> list[StoreEvent]:
+        """A checkpoint too old to adopt: close its streams as gapped (their rows
+        were left open by the instance that wrote it)."""
+        out: list[StoreEvent] = []
+        for e in entries:
+            try:
+                conn = int(e["conn"])
+                self.streams.adopt(conn, int(e["http"]["exchange"]), ts, e)
+            except (KeyError, TypeError, ValueError, IndexError):
+                continue
+            out.extend(self.streams.close_adopted(conn, ts, "sidecar restarted; checkpoint stale"))
         return out
 
     def set_labels(self, labels: Mapping[int, str]) -> None:

@@ -205,6 +205,7 @@ class _Half:
         "pend_ts",
         "prev_data",
         "prev_off",
+        "resume",
     )
 
     def __init__(self, conn: _Conn, from_client: bool, ts: float) -> None:
@@ -230,6 +231,7 @@ class _Half:
         self.ack_target = 0  # offset the peer acknowledged up to, when beyond next_off
         self.prev_off = 0  # the last delivered chunk, to check retransmissions against
         self.prev_data = b""
+        self.resume = False  # adopted from a checkpoint: the first segment shows the gap
 
     def start(self, seq: int) -> None:
         self.next_seq = seq & _MASK
@@ -470,6 +472,8 @@ class Reassembler:
             return
         if h.next_seq < 0:
             self._start_midstream(h, seq, ts, out)
+        elif h.resume:
+            self._resume(h, seq, ts, out)
         d = (seq - h.next_seq) & _MASK
         if d >= _HALF_WRAP:
             d -= _WRAP
@@ -512,6 +516,64 @@ class Reassembler:
             )
             while h.pend_bytes > self.max_buffer and h.pend_offs:
                 self._skip_hole(h, ts, out)
+
+    def _resume(self, h: _Half, seq: int, ts: float, out: list[FlowEvent]) -> None:
+        """First segment of a direction adopted from a checkpoint: the bytes sent
+        between the checkpoint and now were never captured, an exact gap."""
+        h.resume = False
+        h.fast = h.live and h.fin_off is None and not h.ended
+        d = (seq - h.next_seq) & _MASK
+        if 0 < d <= _MAX_WINDOW:
+            self.stats.gaps += 1
+            out.append(FlowGap(h.conn.id, ts, h.from_client, d, "restart"))
+            h.next_seq = seq & _MASK
+            h.next_off += d
+
+    # ------------------------------------------------------------ checkpoints
+
+    def checkpoint(self, conn_id: int) -> tuple[int, int] | None:
+        """(next client→server sequence number, next server→client one) of an open
+        connection, or None. Bytes buffered beyond a hole (or acknowledged but not
+        captured: the last packets before a stop) are left to the next instance's
+        exact gap, which starts at the first byte not delivered."""
+        c = self._conns.get(conn_id)
+        if c is None or c.closed:
+            return None
+        halves = (c.c2s, c.s2c)
+        if c.s2c.next_seq < 0 or any(h.ended or h.fin_off is not None for h in halves):
+            return None  # (a client direction not seen yet, -1, is fine: mid-way starts)
+        if c.s2c.resume:
+            return None  # adopted and silent since: over (closed as gapped by flush)
+        return c.c2s.next_seq, c.s2c.next_seq
+
+    def forget(self, conn_id: int) -> None:
+        """Drop a connection without closing it (it was checkpointed)."""
+        c = self._conns.get(conn_id)
+        if c is not None:
+            if not c.closed:
+                self._open -= 1
+            self._forget(c)
+
+    def adopt(
+        self, conn_id: int, ts: float, client: Endpoint, server: Endpoint, c2s: int, s2c: int
+    ) -> None:
+        """Take over a connection another instance checkpointed: no
+        ``ConnectionOpened`` (its row exists); each direction goes on at the
+        given sequence number, and the first segment captured shows, exactly,
+        what was missed in between (``FlowGap(reason="restart")``)."""
+        if len(self._conns) >= self.max_connections:
+            self._evict(ts, [])
+        conn = _Conn(conn_id, ts, client, server)
+        self._conns[conn_id] = conn
+        self._halves[conn.keys[0]] = conn.c2s
+        self._halves[conn.keys[1]] = conn.s2c
+        self._open += 1
+        for h, seq in ((conn.c2s, c2s), (conn.s2c, s2c)):
+            if seq < 0:
+                continue  # never seen: it starts mid-way when it shows up
+            h.start(seq)
+            h.fast = False  # the first segment goes through _data (see _resume)
+            h.resume = True
 
     def _check_delivered(
         self, h: _Half, off: int, data: bytes, ts: float, out: list[FlowEvent]
@@ -771,6 +833,12 @@ class Reassembler:
         h.live = False
 
     def _close(self, conn: _Conn, reason: str, ts: float, out: list[FlowEvent]) -> None:
+        if conn.s2c.resume:
+            # adopted from a checkpoint and never heard of again: whatever the
+            # server sent after the checkpoint was missed (count unknown)
+            conn.s2c.resume = False
+            self.stats.gaps += 1
+            out.append(FlowGap(conn.id, ts, False, None, "restart"))
         self._end_half(conn.c2s, reason, ts, out)
         self._end_half(conn.s2c, reason, ts, out)
         conn.closed = True

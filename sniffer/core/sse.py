@@ -108,6 +108,12 @@ class _LineDecoder:
         self._utf8_clean = not self._utf8.getstate()[0]
         return text
 
+    @property
+    def idle(self) -> bool:
+        """Nothing is held: the bytes fed so far end exactly at an item boundary
+        (a restarted sidecar can go on from there with a fresh decoder)."""
+        return not self._pieces and not self._discard and not self._utf8.getstate()[0]
+
     def _error(self, message: str) -> None:
         self.errors += 1
         self.last_error = message
@@ -190,6 +196,12 @@ class SseDecoder(_LineDecoder):
         self._plen = 0
         self._reset_event()
         return []
+
+    @property
+    def idle(self) -> bool:
+        """At an event boundary: no partial line, no undispatched field, no CR
+        waiting for its LF."""
+        return super().idle and not self._pending and not self._cr
 
     # -- internals --------------------------------------------------------
 

@@ -40,6 +40,7 @@ from sniffer.core.events import (
     HttpError,
     HttpRequest,
     HttpResponse,
+    HttpResync,
     PipelineError,
     StoreEvent,
     StreamClosed,
@@ -48,8 +49,9 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.core.http1 import HttpOutput
+from sniffer.core.resync import CHUNKED, ItemSync, guess_dialect, sniff_item_format
 from sniffer.core.sse import NdjsonDecoder, SseDecoder
-from sniffer.llm.dialects import select_dialect
+from sniffer.llm.dialects import dialect_by_name, select_dialect
 from sniffer.llm.dialects.base import (
     DONE,
     ERROR,
@@ -60,6 +62,13 @@ from sniffer.llm.dialects.base import (
     Dialect,
     request_fields,
 )
+
+#: Gap reason of a stream adopted from a checkpoint taken inside an item.
+RESTART_ITEM = "sidecar restarted inside an item"
+#: Items of a recovered body held until one of them names its dialect.
+MAX_UNGUESSED_ITEMS = 256
+#: Decoded bytes of a recovered body looked at to tell SSE from NDJSON.
+MAX_SNIFF = 64 * 1024
 
 NDJSON_TYPES = frozenset(
     {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/json-lines"}
@@ -116,9 +125,13 @@ class _Exchange:
         "finish",
         "gap",
         "gap_reason",
+        "gaps",
         "invalid",
+        "item_sync",
+        "lost",
         "ndjson",
         "opened",
+        "recovered",
         "req",
         "req_body",
         "req_bytes",
@@ -127,11 +140,14 @@ class _Exchange:
         "resp_bytes",
         "resp_end",
         "seq",
+        "sniff",
         "stream",
         "t_first",
         "t_last",
         "text_len",
         "truncated_event",
+        "unframed",
+        "unguessed",
         "usage",
     )
 
@@ -167,6 +183,15 @@ class _Exchange:
         self.invalid = 0
         self.truncated_event = False
         self.closed = False
+        # A body picked up mid-way (core.resync): no request, no head.
+        self.recovered: HttpResync | None = None
+        self.item_sync: ItemSync | None = None  # drops bytes up to the first whole item
+        self.sniff: bytearray | None = None  # recovered: bytes until SSE/NDJSON is told
+        self.unguessed: list[tuple[float, str, str]] | None = None  # items before the dialect
+        # gaps inside the body, each resumed (lost, restart): count, bytes (None: unknown)
+        self.gaps = 0
+        self.lost: int | None = 0
+        self.unframed = 0  # bytes dropped after those gaps up to a provable boundary
 
 
 class StreamAssembler:
@@ -265,6 +290,9 @@ class StreamAssembler:
         elif t is HttpError:
             assert isinstance(ev, HttpError)
             self._http_error(ev, out)
+        elif t is HttpResync:
+            assert isinstance(ev, HttpResync)
+            self._resync(ev)
         elif t is ConnectionOpened:
             assert isinstance(ev, ConnectionOpened)
             self._conns[ev.conn] = _Conn(ev)
@@ -297,6 +325,122 @@ class StreamAssembler:
             self._conns.pop(ev.conn, None)
             out.append(ev)
 
+    # ----------------------------------------------------------- checkpoints
+
+    def checkpoint(self, conn: int, exchange: int) -> dict[str, Any] | None:
+        """The state of an open streamed LLM exchange that a restarted instance
+        needs to go on writing the same row (JSON-ready), or None. ``idle``: the
+        item decoder holds nothing (it stands at an event boundary)."""
+        x = self._ex.get((conn, exchange))
+        c = self._conns.get(conn)
+        if x is None or c is None or x.closed or not x.opened or x.dialect is None:
+            return None
+        if x.unguessed is not None or x.sniff is not None:
+            return None
+        if x.resp is None and x.recovered is None:
+            return None
+        dec = x.decoder if x.decoder is not None else x.ndjson
+        if dec is None:
+            return None
+        o = c.opened
+        return {
+            "stream": x.stream,
+            "client": list(o.client),
+            "server": list(o.server),
+            "capture": o.capture,
+            "dialect": x.dialect.name,
+            "format": "sse" if x.decoder is not None else "ndjson",
+            "idle": dec.idle and x.item_sync is None,
+            "status": x.resp.status if x.resp is not None else None,
+            "n": _requested_n(x),
+            "chunk_seq": x.seq,
+            "chunk_idx": {str(k): v for k, v in x.chunk_idx.items()},
+            "chunk_count": x.chunk_count,
+            "event_count": x.event_count,
+            "text_len": x.text_len,
+            "t_first": x.t_first,
+            "t_last": x.t_last,
+            "done_seen": x.done_seen,
+            "finish": {str(k): v for k, v in x.finish.items()},
+            "usage": x.usage,
+            "gap": x.gap,
+            "gap_reason": x.gap_reason,
+            "error": x.error,
+            "req_bytes": x.req_bytes,
+            "resp_bytes": x.resp_bytes,
+            "midway": x.recovered is not None,
+            "gaps": x.gaps,
+            "lost": x.lost,
+            "unframed": x.unframed,
+        }
+
+    def forget(self, conn: int) -> None:
+        """Drop a connection and its exchanges without closing them (checkpointed)."""
+        for key in [k for k in self._ex if k[0] == conn]:
+            del self._ex[key]
+        self._conns.pop(conn, None)
+
+    def adopt(self, conn: int, exchange: int, ts: float, st: dict[str, Any]) -> None:
+        """Go on with a stream another instance checkpointed: the same row (no
+        ``StreamOpened``), its counters, a fresh item decoder (and, unless the
+        checkpoint stood at an event boundary, one that first drops bytes up to
+        the next whole item)."""
+        client = (str(st["client"][0]), int(st["client"][1]))
+        server = (str(st["server"][0]), int(st["server"][1]))
+        self._conns[conn] = _Conn(
+            ConnectionOpened(conn, ts, client, server, False, str(st.get("capture", "packet")))
+        )
+        x = _Exchange(int(st["stream"]), conn, exchange)
+        self._ex[(conn, exchange)] = x
+        x.opened = True
+        x.dialect = dialect_by_name(str(st["dialect"]))
+        if st["status"] is not None:
+            x.resp = HttpResponse(conn, exchange, ts, int(st["status"]), "", "1.1", ())
+        if st["format"] == "sse":
+            x.decoder = SseDecoder()
+        else:
+            x.ndjson = NdjsonDecoder()
+        if not st["idle"]:
+            x.item_sync = ItemSync(str(st["format"]), at_boundary=False)
+            self._mark_gap(x, RESTART_ITEM)
+        n = int(st.get("n") or 1)
+        if n > 1:
+            x.req_body = bytearray(json.dumps({"n": n}).encode())
+        x.seq = int(st["chunk_seq"])
+        x.chunk_idx = {int(k): int(v) for k, v in st["chunk_idx"].items()}
+        x.chunk_count = int(st["chunk_count"])
+        x.event_count = int(st["event_count"])
+        x.text_len = int(st["text_len"])
+        x.t_first = st["t_first"]
+        x.t_last = st["t_last"]
+        x.done_seen = bool(st["done_seen"])
+        x.finish = {int(k): str(v) for k, v in st["finish"].items()}
+        x.usage = st["usage"]
+        if st["gap"]:
+            self._mark_gap(x, str(st["gap_reason"]))
+        x.error = st["error"]
+        x.gaps = int(st.get("gaps") or 0)
+        x.lost = None if st.get("lost", 0) is None else int(st.get("lost") or 0)
+        x.unframed = int(st.get("unframed") or 0)
+        x.req_bytes = int(st["req_bytes"])
+        x.resp_bytes = int(st["resp_bytes"])
+        if st.get("midway"):
+            x.recovered = HttpResync(conn, exchange, ts, CHUNKED, 0, True)
+            x.gap = True
+            x.gap_reason = "started mid-way: capture began inside the response"
+
+    def close_adopted(self, conn: int, ts: float, why: str) -> list[StoreEvent]:
+        """Close the adopted streams of a connection as gapped (a stale checkpoint)."""
+        out: list[StoreEvent] = []
+        for key in [k for k in self._ex if k[0] == conn]:
+            x = self._ex[key]
+            self._mark_gap(x, why)
+            x.resp_end = EndReason.EOF
+            self._close(x, ts, out)
+        self._conns.pop(conn, None)
+        out.append(ConnectionClosed(conn, ts, "restart"))
+        return out
+
     # -------------------------------------------------------------- requests
 
     def _exchange(self, conn: int, exchange: int) -> _Exchange:
@@ -324,9 +468,16 @@ class StreamAssembler:
         if not x.opened:
             self._open(x, out)
 
-    def _open(self, x: _Exchange, out: list[StoreEvent]) -> None:
-        """Emit StreamOpened once the request is known (whole, or as much as came)."""
+    def _open(self, x: _Exchange, out: list[StoreEvent], first_item: str | None = None) -> None:
+        """Emit StreamOpened once the request is known (whole, or as much as came).
+
+        A recovered body (no request seen) opens when its items name the dialect
+        (``first_item``), or at its close: request fields stay empty, only the
+        model is taken from the item where it says."""
         x.opened = True
+        if x.recovered is not None:
+            self._open_recovered(x, out, first_item)
+            return
         c = self._conns.get(x.conn)
         opened = c.opened if c is not None else None
         client = opened.client if opened else ("", 0)
@@ -376,6 +527,36 @@ class StreamAssembler:
             )
         )
 
+    def _open_recovered(self, x: _Exchange, out: list[StoreEvent], item: str | None) -> None:
+        rec = x.recovered
+        assert rec is not None
+        c = self._conns.get(x.conn)
+        opened = c.opened if c is not None else None
+        server = opened.server if opened else ("", 0)
+        model = _model_of(item) if item is not None else None
+        self.stats.streams_opened += 1
+        out.append(
+            StreamOpened(
+                stream=x.stream,
+                conn=x.conn,
+                exchange=x.exchange,
+                ts=rec.ts,
+                client=opened.client if opened else ("", 0),
+                server=server,
+                method="",
+                path="",
+                request_headers=(),
+                request_body=None,
+                request={"model": model} if model is not None else {},
+                dialect=x.dialect.name if x.dialect is not None else NOT_LLM,
+                label=self._labels.get(server[1]),
+                capture=opened.capture if opened else "packet",
+                pid=opened.pid if opened else None,
+                comm=opened.comm if opened else None,
+            )
+        )
+        out.append(StreamResponse(x.stream, rec.ts, None, (), "", True))
+
     # ------------------------------------------------------------- responses
 
     def _response_head(self, x: _Exchange, ev: HttpResponse, out: list[StoreEvent]) -> None:
@@ -401,6 +582,19 @@ class StreamAssembler:
 
     def _response_body(self, x: _Exchange, ts: float, data: bytes, out: list[StoreEvent]) -> None:
         x.resp_bytes += len(data)
+        if x.sniff is not None:
+            data = self._sniff(x, data)
+            if not data:
+                return
+        if x.item_sync is not None:
+            data = x.item_sync.feed(data)
+            if not data:
+                return
+            if x.item_sync.synced:
+                x.item_sync = None
+        if x.unguessed is not None:
+            self._guess(x, ts, data, out)
+            return
         dialect = x.dialect
         if dialect is None:
             return
@@ -414,6 +608,98 @@ class StreamAssembler:
             room = self._max_resp - len(x.body)
             if room > 0:
                 x.body += data[:room]
+
+    # ------------------------------------------------------------ recovered
+
+    def _resync(self, ev: HttpResync) -> None:
+        """A response body picked up again (see ``core.resync``)."""
+        key = (ev.conn, ev.exchange)
+        x = self._ex.get(key)
+        at_boundary = ev.framing == CHUNKED
+        if x is None or not ev.recovered:
+            if x is None:
+                x = self._exchange(ev.conn, ev.exchange)
+            if not ev.recovered:
+                # Bytes of a known message were lost: its item in flight is cut,
+                # the items after the sync point decode as usual.
+                # every gap adds up: one reason for the row, with the totals
+                x.gaps += ev.gaps
+                x.lost = None if ev.lost is None or x.lost is None else x.lost + ev.lost
+                x.unframed += ev.skipped
+                lost = "an unknown number of" if x.lost is None else str(x.lost)
+                if not x.gap or x.gap_reason.startswith(("response bytes lost", RESTART_ITEM)):
+                    x.gap = True
+                    x.gap_reason = (
+                        f"response bytes lost ({lost} bytes in {x.gaps} gap"
+                        f"{'s' if x.gaps > 1 else ''}, {x.unframed} more unframed)"
+                    )
+                if x.decoder is not None:
+                    x.decoder = SseDecoder()
+                    x.item_sync = ItemSync("sse", at_boundary=at_boundary)
+                elif x.ndjson is not None:
+                    x.ndjson = NdjsonDecoder()
+                    x.item_sync = ItemSync("ndjson", at_boundary=at_boundary)
+                else:
+                    x.body = None  # a JSON document with a hole in it is no document
+                return
+        # A body whose request and head were never seen: its items name the dialect.
+        x.recovered = ev
+        x.gap = True
+        x.gap_reason = (
+            f"started mid-way: capture began inside the response "
+            f"({ev.skipped} bytes before the sync point)"
+        )
+        x.sniff = bytearray()
+        x.unguessed = []
+
+    def _sniff(self, x: _Exchange, data: bytes) -> bytes:
+        """Recovered body: hold bytes until they show SSE or NDJSON; then set the
+        decoders up and return what was held."""
+        sniff = x.sniff
+        assert sniff is not None and x.recovered is not None
+        sniff += data
+        at_boundary = x.recovered.framing == CHUNKED
+        fmt = sniff_item_format(bytes(sniff), at_start=at_boundary)
+        if fmt is None:
+            if len(sniff) > MAX_SNIFF:
+                del sniff[: len(sniff) - 16]
+            return b""
+        x.sniff = None
+        if fmt == "sse":
+            x.decoder = SseDecoder()
+        else:
+            x.ndjson = NdjsonDecoder()
+        x.item_sync = ItemSync(fmt, at_boundary=at_boundary)
+        return bytes(sniff)
+
+    def _guess(self, x: _Exchange, ts: float, data: bytes, out: list[StoreEvent]) -> None:
+        """Recovered body: decode items, hold them until one names the dialect,
+        then open the stream and replay them."""
+        pending = x.unguessed
+        assert pending is not None
+        if x.decoder is not None:
+            items = [(sse.data, sse.event) for sse in x.decoder.feed(data)]
+        elif x.ndjson is not None:
+            items = [(line, "ndjson") for line in x.ndjson.feed(data)]
+        else:
+            return
+        for item, event in items:
+            if x.unguessed is None:
+                assert x.dialect is not None
+                self._deltas(x, ts, x.dialect.event(item, event), out)
+                continue
+            name = guess_dialect(event, item)
+            dialect = dialect_by_name(name) if name is not None else None
+            if dialect is None:
+                if len(pending) < MAX_UNGUESSED_ITEMS:
+                    pending.append((ts, item, event))
+                continue
+            x.dialect = dialect
+            x.unguessed = None
+            self._open(x, out, first_item=item)
+            for t0, held, held_event in pending:
+                self._deltas(x, t0, dialect.event(held, held_event), out)
+            self._deltas(x, ts, dialect.event(item, event), out)
 
     def _deltas(self, x: _Exchange, ts: float, deltas: list[Delta], out: list[StoreEvent]) -> None:
         for d in deltas:
@@ -529,7 +815,7 @@ class StreamAssembler:
                 reason=reason,
                 done_seen=x.done_seen,
                 gap=x.gap,
-                t_first_content=x.t_first,
+                t_first_content=x.t_first if x.recovered is None else None,
                 t_last_chunk=x.t_last,
                 chunk_count=x.chunk_count,
                 event_count=x.event_count,
@@ -571,6 +857,9 @@ class StreamAssembler:
 
     def _verdict(self, x: _Exchange, closing_reason: str | None) -> tuple[StreamState, str]:
         """The stream's final state and why. A stream with a gap is never complete."""
+        if x.recovered is not None:
+            ended = "finished" if x.done_seen or x.finish else "not finished"
+            return StreamState.MIDWAY, f"{x.gap_reason}; {ended}"
         if x.gap:
             return StreamState.GAP, x.gap_reason
         end = x.resp_end
@@ -639,6 +928,21 @@ def _shallow(value: Any, limit: int = MAX_FIELD_DEPTH) -> bool:
                 return False
             stack.extend((x, depth + 1) for x in v if isinstance(x, (dict, list)))
     return True
+
+
+def _model_of(item: str) -> str | None:
+    """The model a streamed item names (OpenAI and Ollama chunks, Anthropic's
+    message_start, Responses' response object), if any."""
+    try:
+        obj = json.loads(item)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    for holder in (obj, obj.get("message"), obj.get("response")):
+        if isinstance(holder, dict) and isinstance(holder.get("model"), str):
+            return str(holder["model"])
+    return None
 
 
 def _requested_n(x: _Exchange) -> int:

@@ -116,7 +116,7 @@ TOKEN_BUCKETS = (
 CHAR_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 TOKENS_PER_CHUNK_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32, 64)
 
-STREAM_STATES = ("complete", "client_abort", "truncated", "gap", "error")
+STREAM_STATES = ("complete", "client_abort", "truncated", "gap", "error", "midway")
 ERROR_STAGES = frozenset({"capture", "reassembly", "http", "sse", "dialect", "store", "tokens"})
 
 #: Bounds on remembered streams (a stream never closed must not leak memory).
@@ -181,7 +181,7 @@ class _Open:
 
     def __init__(self, keys: tuple[str, str], t_request: float) -> None:
         self.keys = keys
-        self.t_request = t_request
+        self.t_request: float | None = t_request
         self.streaming = False
         self.ttft_done = False
         self.last: dict[int, float] = {}
@@ -328,7 +328,7 @@ class Metrics:
         )
         self.streams = Counter(
             "sparseety_streams",
-            "Closed streams by state: complete, client_abort, truncated, gap, error.",
+            "Closed streams by state: complete, client_abort, truncated, gap, error, midway.",
             (*lm, "state"),
             registry=r,
         )
@@ -420,6 +420,11 @@ class Metrics:
                     s = self._open.get(ev.stream)
                     if s is not None:
                         s.streaming = ev.streaming
+                        if ev.status is None:
+                            # recovered mid-way (no head seen): its request time
+                            # is unknown, so are TTFT and duration
+                            s.ttft_done = True
+                            s.t_request = None
                 elif t is StreamClosed:
                     assert isinstance(ev, StreamClosed)
                     self._closed_stream(ev)
@@ -455,7 +460,7 @@ class Metrics:
             return
         if not s.ttft_done:
             s.ttft_done = True
-            s.ttft.observe(max(0.0, ts - s.t_request))
+            s.ttft.observe(max(0.0, ts - (s.t_request or ts)))
         prev = s.last.get(ev.choice)
         if prev is not None:
             s.inter_chunk.observe(max(0.0, ts - prev))
@@ -469,7 +474,12 @@ class Metrics:
         else:
             keys = s.keys
             t_request = s.t_request
-            if s.streaming and not s.ttft_done and ev.t_first_content is not None:
+            if (
+                s.streaming
+                and not s.ttft_done
+                and ev.t_first_content is not None
+                and s.t_request is not None
+            ):
                 # The chunks were not seen (observed after sampling): use the summary.
                 s.ttft_done = True
                 s.ttft.observe(max(0.0, ev.t_first_content - s.t_request))

@@ -10,7 +10,7 @@ tokens, n, seed, tools, response format).
 
 What is compared, and what is only counted:
 
-* streams that are not complete (gap, truncated, error, open) are counted per
+* streams that are not complete (gap, truncated, error, open, midway) are counted per
   side (``baseline_incomplete``, ``incomplete_ratio``) and left out of the
   pairs unless ``include_incomplete``;
 * streams whose text was sampled out (``streams.text_kept`` false) are
@@ -244,7 +244,7 @@ class SideStats:
     itl_ms: list[float] = field(default_factory=list)
     tokens_per_chunk: dict[int, int] = field(default_factory=dict)  # tokens → chunks
     streams: int = 0  # streams of this label (all states)
-    incomplete: int = 0  # of which not complete (gap, truncated, error, open)
+    incomplete: int = 0  # of which not complete (gap, truncated, error, open, midway)
     sampled_out: int = 0  # of which the text was sampled out
 
     def add(self, o: Output) -> None:
@@ -486,7 +486,9 @@ def compute_diff(
             if not o.text_kept:
                 st.sampled_out += 1
         key = o.model_pair_key if match_model else o.pair_key
-        if not o.text_kept or not (o.complete or include_incomplete):
+        # a stream recovered mid-way (its request and first tokens unseen) is
+        # never compared, even with include_incomplete
+        if not o.text_kept or not (o.complete or include_incomplete) or o.state == "midway":
             if first:
                 excluded["baseline" if o.label == baseline else "candidate"].append(_excluded(o))
             left_out[o.label][key] = left_out[o.label].get(key, 0) + 1

@@ -21,6 +21,10 @@ text (L); E is measured, as the seed defines it, from the first content chunk
 (``t_last_chunk``, else ``closed_at``), null when no chunk carried content; R
 is the same end minus ``t_request`` (request to end, TTFT included);
 ``complete`` is ``state == "complete"``; its ``captured_at`` is ``closed_at``.
+A stream recovered mid-way (state ``midway``) has null ``method``, ``path``,
+``model`` (unless its chunks named it), ``prompt_len`` and ``stream`` in its
+``request_start``, ``complete: false`` and one more key, ``"midway": true``, in
+its ``stream_done``.
 A stream that never closed gets no ``stream_done``. Times are ISO 8601 in UTC
 with microseconds (``2025-01-01T12:00:00.123456+00:00``).
 """
@@ -120,6 +124,9 @@ def stream_records(
                 "captured_at": iso_utc(stream["closed_at"]),
             }
         )
+        if stream["state"] == "midway":
+            # recovered mid-way: a partial stream (its request_start fields unknown, null)
+            records[-1]["midway"] = True
     return records
 
 

@@ -41,7 +41,9 @@ figures per output:
   text chunks.
 
 By default only streams in state ``complete`` count (a cut or gapped stream
-would look like a different output); ``include_incomplete`` takes them all.
+would look like a different output); ``include_incomplete`` takes them all,
+except streams recovered mid-way (state ``midway``: request and first tokens
+never seen), which are always left out and counted (``midway_left_out``).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 
 from sniffer.core.events import NOT_LLM
 from sniffer.llm.fingerprint import fingerprint
@@ -333,6 +335,8 @@ def load_outputs(
         cond.append(streams.c.model == model)
     if not include_incomplete:
         cond.append(streams.c.state == "complete")
+    else:
+        cond.append(streams.c.state.is_distinct_from("midway"))
     cols = [
         streams.c.id,
         streams.c.label,
@@ -545,7 +549,7 @@ def stats(
 ) -> StatsReport:
     """Load outputs from the store (of one ``node``, or all) and compute their
     stability report."""
-    return compute_stats(
+    report = compute_stats(
         load_outputs(
             engine,
             labels=labels,
@@ -556,6 +560,24 @@ def stats(
         ),
         near_tie_margin=near_tie_margin,
     )
+    report.summary["midway_left_out"] = count_midway(engine, labels=labels, model=model)
+    return report
+
+
+def count_midway(
+    engine: Engine, *, labels: Sequence[str] | None = None, model: str | None = None
+) -> int:
+    """LLM streams recovered mid-way (state ``midway``) that stats leaves out."""
+    cond = [streams.c.state == "midway", streams.c.dialect.is_not(None)]
+    cond.append(streams.c.dialect != NOT_LLM)
+    if labels is not None:
+        cond.append(streams.c.label.in_(list(labels)))
+    if model is not None:
+        cond.append(streams.c.model == model)
+    with engine.connect() as conn:
+        return int(
+            conn.execute(select(func.count()).select_from(streams).where(*cond)).scalar_one()
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -635,6 +657,11 @@ def format_stats(report: StatsReport, *, show_deterministic: bool = True) -> str
         f"seen once): {s['deterministic_groups']} fully deterministic "
         f"({_pct(s['deterministic_ratio'])})"
     )
+    if s.get("midway_left_out"):
+        lines.append(
+            f"  {s['midway_left_out']} streams left out: recovered mid-way (capture began inside "
+            "the response), request and first tokens unknown"
+        )
     if s.get("sampled_out_outputs"):
         lines.append(
             f"  {s['sampled_out_outputs']} outputs left out: their text was sampled out "

@@ -17,6 +17,11 @@ Checks per stream (database):
                      ``streams.reason`` as the detail
 * token anomalies    from ``token_anomalies`` (see ``sniffer.llm.tokens``)
 
+A stream recovered mid-way (state ``midway``: the capture began, or resumed,
+inside its response body) is *partial*, not failed: the ``midway`` finding
+only warns, and the tail that was recorded gets every other check (chunk
+indexes, text, counts, tokens). ``partial`` in the report counts them.
+
 JSONL adds ``delta_len``, ``accumulated_len`` (running length per choice),
 ``chunk_count``/``text_len`` against the ``stream_done`` record,
 ``stream_done_missing``, ``not_complete`` (``complete: false``) and
@@ -30,7 +35,7 @@ content_after_finish, roundtrip, usage_mismatch, server_token_mismatch.
 
 What only WARNS (everything else): replacement_char, straddle,
 multi_token_chunk, unk, tokenizer_default (no tokenizer configured for the
-model), tokenizer_error, prompt_template, usage_missing,
+model), tokenizer_error, prompt_template, usage_missing, midway,
 server_tokens_invalid, not_tokenized, token_error, unknown_record.
 
 Streams whose chunk text was sampled out (``streams.text_kept`` false, see
@@ -158,6 +163,7 @@ class StreamVerdict:
     findings: list[Finding] = field(default_factory=list)
     first_tokens: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
     verifiable: bool = True  # False: the text was sampled out, nothing to check
+    partial: bool = False  # True: recovered mid-way (state midway), only its tail was seen
     prompt_template: str | None = None  # how the prompt tokens were counted
 
     @property
@@ -206,6 +212,7 @@ class StreamVerdict:
             "prompt_tokens": self.prompt_tokens,
             "prompt_template": self.prompt_template,
             "verifiable": self.verifiable,
+            "partial": self.partial,
             "tokens": self.tokens,
             "tokenizer": self.tokenizer,
             "line": self.line,
@@ -237,6 +244,11 @@ class VerifyReport:
         return sum(1 for s in self.streams if s.ok and not s.verifiable)
 
     @property
+    def partial(self) -> int:
+        """Streams recovered mid-way (and that did not fail otherwise)."""
+        return sum(1 for s in self.streams if s.ok and s.verifiable and s.partial)
+
+    @property
     def warned(self) -> int:
         return sum(1 for s in self.streams if s.warnings)
 
@@ -253,9 +265,10 @@ class VerifyReport:
             "source": self.source,
             "ok": self.ok,
             "streams": len(self.streams),
-            "verified": len(self.streams) - self.failed - self.not_verifiable,
+            "verified": len(self.streams) - self.failed - self.not_verifiable - self.partial,
             "failed": self.failed,
             "not_verifiable": self.not_verifiable,
+            "partial": self.partial,
             "warned": self.warned,
             "tokenized": self.tokenized,
             "kinds": self.kind_counts(),
@@ -445,7 +458,10 @@ def _verify_stream(
     )
     # state: complete, or why not
     st = s["state"] or "open"
-    if st != "complete":
+    if st == "midway":
+        v.partial = True
+        v.add("midway", s["reason"] or "recovered mid-way: only the tail was captured")
+    elif st != "complete":
         kind = st if st in ("gap", "truncated", "error", "open") else "not_complete"
         v.add(kind, s["reason"] or f"state {st}")
     elif s["gap"]:
@@ -512,11 +528,14 @@ def _verify_stream(
                 + (" (same length, different text)" if c.text_len == len(joined) else ""),
                 ch,
             )
-    skip = frozenset({"gap"}) if any(f.kind == "gap" for f in v.findings) else frozenset()
+    gapped = any(f.kind in ("gap", "midway") for f in v.findings)
+    skip = frozenset({"gap"}) if gapped else frozenset()
     # The server's end marker arrived and the stream stage judged it complete
     # (e.g. TGI's final event cut by max_new_tokens carries no finish_reason):
     # a missing finish_reason is then worth a warning, not a failure.
-    ended = st == "complete" and bool(s["done_seen"])
+    # A stream recovered mid-way that ended with the end marker: which choices
+    # (blocks) it had before the capture began is unknown, so is a missing finish.
+    ended = st in ("complete", "midway") and bool(s["done_seen"])
     _add_anomalies(v, tr.anomalies, is_default=tr.is_default, skip=skip, ended_by_marker=ended)
     return v
 
@@ -691,7 +710,11 @@ def _jsonl_close(js: _JStream) -> None:
     tl = done.get("total_text_len")
     if tl is not None and tl != js.total:
         v.add("text_len", f"line {ln}: total_text_len {tl}, deltas sum to {js.total}", line=ln)
-    if done.get("gap") is True:
+    if done.get("midway") is True:
+        v.state = "midway"
+        v.partial = True
+        v.add("midway", f"line {ln}: stream_done says midway (recovered tail)", line=ln)
+    elif done.get("gap") is True:
         v.state = "gap"
         v.add("gap", f"line {ln}: stream_done says gap", line=ln)
     elif done.get("complete") is False:

@@ -25,8 +25,12 @@ Threads
     the flags the signal handlers set.
 
 Signals
-    SIGTERM/SIGINT: stop capture, drain the queue, ``pipeline.flush`` (open
-    streams close as truncated), flush and close the writer, exit 0.
+    SIGTERM/SIGINT: stop capture, drain the queue, write the restart checkpoint
+    (packet capture, SQLite: the streams a server is still sending go to
+    ``DB.checkpoint.json``, their rows left open for the next instance, which
+    adopts them at start and goes on writing the same rows after one exact
+    gap), ``pipeline.flush`` (the other open streams close as truncated),
+    flush and close the writer, exit 0.
     SIGHUP: re-read the config file (CLI overrides still win). Labels,
     flush interval, batch size, idle timeout and log level apply at once;
     interface, ports and ring settings restart the capture source (the new one
@@ -42,11 +46,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from sniffer.capture.source import CaptureItem, stats_dict
@@ -72,6 +78,11 @@ STATUS_EVERY = 5.0
 #: Rows the writer may hold while the database refuses them before a batch is dropped.
 MAX_PENDING_FACTOR = 20
 SLOW_ENV = "SPARSEETY_TEST_SLOW_PIPELINE_MS"
+#: The graceful-restart checkpoint file, next to a SQLite database.
+CHECKPOINT_SUFFIX = ".checkpoint.json"
+#: Seconds a checkpoint stays adoptable (a restart by systemd or an upgrade
+#: takes seconds; after this the streams it names are likely over).
+CHECKPOINT_MAX_AGE = 120.0
 
 
 #: Options a reload cannot change (logged, the old value kept).
@@ -208,6 +219,7 @@ class Daemon:
                 )
             )
             # eBPF connection ids come from the source: the same id blocks.
+            self._adopt_checkpoint()
             source = self.source_factory(cfg, writer.conn_ids)
             source.open()
             capture = CaptureThread(source, self._queue, self.stats, log, cfg.backend == "ebpf")
@@ -495,6 +507,57 @@ class Daemon:
 
     # -- shutdown ----------------------------------------------------------
 
+    # -- graceful restart ----------------------------------------------------
+
+    def _write_checkpoint(self) -> None:
+        """Graceful stop: hand the streams under way to the next instance (packet
+        capture only: sequence numbers tell it exactly what it missed)."""
+        pipe = self._pipeline
+        path = checkpoint_path(self.config.database)
+        if pipe is None or path is None or self.config.backend != "packet":
+            return
+        entries = pipe.checkpoint()
+        if not entries:
+            return
+        doc = {"version": 1, "written_at": time.time(), "backend": "packet", "entries": entries}
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, path)
+        except OSError as exc:
+            self.log("error", "checkpoint-failed", path=str(path), error=str(exc))
+            return
+        self.log("info", "checkpoint-written", path=str(path), streams=len(entries))
+
+    def _adopt_checkpoint(self) -> None:
+        """Start: adopt what a gracefully stopped instance handed over; a stale
+        checkpoint (or one this backend cannot follow) closes its streams as gapped."""
+        pipe = self._pipeline
+        path = checkpoint_path(self.config.database)
+        if pipe is None or path is None or not path.exists():
+            return
+        try:
+            doc = json.loads(path.read_text())
+            path.unlink()
+        except (OSError, ValueError) as exc:
+            self.log("warning", "checkpoint-unreadable", path=str(path), error=str(exc))
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return
+        entries = doc.get("entries") if isinstance(doc, dict) else None
+        if not isinstance(entries, list):
+            return
+        now = time.time()
+        age = now - float(doc.get("written_at") or 0)
+        if self.config.backend != "packet" or not 0 <= age <= CHECKPOINT_MAX_AGE:
+            out = pipe.close_checkpointed(entries, now)
+            if out:
+                self._emit(out)
+            self.log("warning", "checkpoint-stale", path=str(path), streams=len(entries), age=age)
+            return
+        n = pipe.adopt(entries, now)
+        self.log("info", "checkpoint-adopted", path=str(path), streams=n, age=round(age, 3))
+
     def _shutdown(self) -> int:
         log = self.log
         self.notifier.notify("STOPPING=1", "STATUS=stopping: flushing")
@@ -517,6 +580,7 @@ class Daemon:
             self._process(final)
         pipe = self._pipeline
         assert pipe is not None
+        self._write_checkpoint()
         out = pipe.flush(self.last_ts or time.time())
         if out:
             self._emit(out)
@@ -555,6 +619,17 @@ class Daemon:
             exit_code=code,
         )
         return code
+
+
+def checkpoint_path(database: str) -> Path | None:
+    """Where the graceful-restart checkpoint of a database lives: a small JSON file
+    next to a SQLite database (``DB.checkpoint.json``); None for a server
+    database (no restart hand-over there: recovery falls back to resync)."""
+    if "://" not in database:
+        return Path(database + CHECKPOINT_SUFFIX)
+    if database.startswith("sqlite:///") and len(database) > len("sqlite:///"):
+        return Path(database[len("sqlite:///") :] + CHECKPOINT_SUFFIX)
+    return None
 
 
 def _slow_from_env() -> float:

@@ -253,8 +253,9 @@ def _stream_row(ev: StreamOpened, node: str) -> dict[str, Any]:
             "comm": ev.comm,
             "client": endpoint_text(ev.client),
             "server": endpoint_text(ev.server),
-            "method": ev.method,
-            "path": ev.path,
+            # a body recovered mid-way has no request: "" → NULL
+            "method": ev.method or None,
+            "path": ev.path or None,
             "dialect": ev.dialect,
             "model": _as_str(req.get("model")),
             "is_stream": _as_bool(req.get("stream")),

@@ -28,6 +28,7 @@ __all__ = [
     "REGISTRY",
     "Factory",
     "Matcher",
+    "dialect_by_name",
     "normalize_path",
     "register",
     "select_dialect",
@@ -38,6 +39,8 @@ __all__ = [
 Matcher = Callable[[str, str, Any], bool]
 Factory = Callable[[], Dialect]
 
+#: name → factory, for dialects named by the stream itself (a body recovered mid-way).
+FACTORIES: dict[str, Factory] = {}
 #: Ordered (matcher, factory) pairs; the first match wins.
 REGISTRY: list[tuple[Matcher, Factory]] = []
 #: Names of the registered dialects, in registration order.
@@ -52,6 +55,13 @@ def register(name: str, matcher: Matcher, factory: Factory, *, insert: bool = Fa
         REGISTRY.append((matcher, factory))
     if name not in KNOWN_DIALECTS:
         KNOWN_DIALECTS.append(name)
+    FACTORIES.setdefault(name, factory)
+
+
+def dialect_by_name(name: str) -> Dialect | None:
+    """A new instance of the dialect registered as ``name``, or None."""
+    factory = FACTORIES.get(name)
+    return factory() if factory is not None else None
 
 
 def normalize_path(target: str) -> str:

@@ -117,7 +117,10 @@ class AnthropicMessages(JsonDialect):
             err = obj.get("error")
             return [Delta(STREAM_LEVEL, ERROR, raw=data, error=_error_message(err or obj))]
         if kind == "content_block_stop":
-            return [Delta(_block_index(obj), OTHER, raw=data)]
+            # a block whose start was not seen (a stream recovered mid-way) still ends
+            index = _block_index(obj)
+            self._blocks.setdefault(index, "")
+            return [Delta(index, OTHER, raw=data)]
         return [Delta(STREAM_LEVEL, OTHER, raw=data)]  # ping, unknown events
 
     def _block_start(self, obj: dict[str, Any], data: str) -> Delta:
@@ -155,6 +158,7 @@ class AnthropicMessages(JsonDialect):
             if type(thinking) is not str:
                 raise _not("delta.thinking", thinking, "a string")
             if thinking:
+                self._blocks.setdefault(index, "thinking")
                 return Delta(index, REASONING, reasoning=thinking)
         elif delta_type == "input_json_delta":
             piece = delta.get("partial_json")

@@ -1,0 +1,270 @@
+"""Late starts and restarts, live on ``lo`` (root): long streams from the real
+fixture server to real httpx clients, with ``sparseety run`` started (or
+restarted) while they are under way.
+
+Every chunk the clients received after capture became active must be recorded,
+in order, as the tail of the right stream (a ``midway`` row: the capture began
+inside its response), and nothing a client did not receive may be recorded.
+Waits are bounded counts of short sleeps; only processes started here are
+signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.test_live_e2e import daemon, ebpf_loadable, procs, q, server  # noqa: F401  (fixtures)
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+#: Streams under way when the daemon starts; tokens each; ms between tokens.
+N_STREAMS = 6
+TOKENS = 90
+DELAY_MS = 100
+#: A chunk received this long after the daemon logged capture-active was
+#: certainly sent after capture began.
+MARGIN = 0.05
+#: The fixture server's model: every stream runs to max_tokens, one token per write.
+MODEL = f"fake-ignoreeos-delay{DELAY_MS}"
+
+
+@dataclass
+class Timed:
+    prompt: str
+    pieces: list[tuple[float, str]] = field(default_factory=list)  # (wall time, text)
+    complete: bool = False
+    error: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(t for _, t in self.pieces)
+
+
+def timed_stream(port: int, prompt: str, out: Timed) -> None:
+    """One chat stream, each content piece stamped with the wall clock at receipt."""
+    try:
+        with (
+            httpx.Client(timeout=60) as c,
+            c.stream(
+                "POST",
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": prompt}],
+                    "stream": True,
+                    "max_tokens": TOKENS,
+                },
+            ) as resp,
+        ):
+            for line in resp.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    out.complete = True
+                    continue
+                for ch in json.loads(data).get("choices") or []:
+                    piece = (ch.get("delta") or {}).get("content") or ""
+                    if piece:
+                        out.pieces.append((time.time(), piece))
+    except Exception as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+
+
+def start_streams(port: int, tag: str) -> tuple[list[Timed], list[threading.Thread]]:
+    results = [Timed(f"{tag} stream {i} about rivers") for i in range(N_STREAMS)]
+    threads = [
+        threading.Thread(target=timed_stream, args=(port, r.prompt, r), daemon=True)
+        for r in results
+    ]
+    for t in threads:
+        t.start()
+    return results, threads
+
+
+def wait_first_chunks(results: list[Timed], n: int = 3) -> None:
+    for _ in range(400):
+        if all(len(r.pieces) >= n for r in results):
+            return
+        time.sleep(0.05)
+    raise AssertionError("streams did not start")
+
+
+def midway_rows(db: str) -> list[dict[str, Any]]:
+    rows = []
+    for sid, _state, gap, client, model, dialect, t_first, method in q(
+        db,
+        "select id, state, gap, client, model, dialect, t_first_content, method from streams "
+        "where state = 'midway'",
+    ):
+        chunks = q(db, "select text, ts from chunks where stream_id=? order by seq", sid)
+        rows.append(
+            {
+                "id": sid,
+                "gap": gap,
+                "client": client,
+                "model": model,
+                "dialect": dialect,
+                "t_first_content": t_first,
+                "method": method,
+                "pieces": [(ts, t) for t, ts in chunks if t],
+            }
+        )
+    return rows
+
+
+def check_tails(results: list[Timed], rows: list[dict[str, Any]], t_active: float) -> int:
+    """Each client's stream has exactly one midway row whose text is a suffix of
+    what the client received and holds every piece received after ``t_active``
+    (+ margin), in order. Returns the pieces recorded."""
+    recorded = 0
+    for r in results:
+        assert r.error is None and r.complete, r
+        after = [t for ts, t in r.pieces if ts >= t_active + MARGIN]
+        assert after, "the stream ended before capture began: test too fast"
+        mine = [
+            row
+            for row in rows
+            if row["pieces"]
+            and r.text.endswith("".join(t for _, t in row["pieces"]))
+            and len(row["pieces"]) >= len(after)
+        ]
+        assert len(mine) == 1, (r.prompt, [len(x["pieces"]) for x in rows])
+        row = mine[0]
+        got = [t for _, t in row["pieces"]]
+        # never invented: the recorded pieces are the client's last pieces, in order
+        assert got == [t for _, t in r.pieces][len(r.pieces) - len(got) :]
+        # every piece received after capture became active is there
+        assert got[len(got) - len(after) :] == after
+        assert row["dialect"] == "openai.chat" and row["model"] == MODEL
+        assert row["gap"] and row["t_first_content"] is None and row["method"] is None
+        recorded += len(got)
+    return recorded
+
+
+def test_daemon_started_late_records_the_tail_of_every_stream(
+    tmp_path: Path,
+    procs: list[Any],  # noqa: F811
+) -> None:
+    port = server(procs)
+    results, threads = start_streams(port, "late")
+    wait_first_chunks(results)
+    d = daemon(procs, tmp_path, "--port", str(port))
+    # daemon() returns once the capture-active line is in the log (polled every
+    # 50 ms): capture was active before this moment
+    t_active = time.time()
+    for t in threads:
+        t.join(60)
+    assert d.stop() == 0
+    rows = midway_rows(d.db)
+    assert len(rows) == N_STREAMS, q(d.db, "select id, state, client, reason from streams")
+    recorded = check_tails(results, rows, t_active)
+    total = sum(len(r.pieces) for r in results)
+    assert 0 < recorded < total
+
+
+#: Restarts in the live restart test (SPARSEETY_RESTARTS to measure more).
+RESTARTS = int(os.environ.get("SPARSEETY_RESTARTS", "2"))
+
+
+def rows_by_prompt(db: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for sid, req, state, gap, reason in q(
+        db,
+        "select id, request_json, state, gap, reason from streams where request_json is not null",
+    ):
+        prompt = json.loads(req)["messages"][0]["content"]
+        chunks = q(db, "select seq, text from chunks where stream_id=? order by seq", sid)
+        out.setdefault(prompt, []).append(
+            {
+                "id": sid,
+                "state": state,
+                "gap": gap,
+                "reason": reason,
+                "texts": [t for _, t in chunks if t],
+            }
+        )
+    return out
+
+
+def test_graceful_restart_continues_the_same_rows(tmp_path: Path, procs: list[Any]) -> None:  # noqa: F811
+    """SIGTERM + start, twice, in the middle of long streams: each stream is ONE
+    row whose chunks are everything the client received except what was sent
+    while no daemon ran, and that gap is exact (bytes) and recorded."""
+    port = server(procs)
+    d = daemon(procs, tmp_path, "--port", str(port))
+    results, threads = start_streams(port, "restart")
+    windows: list[tuple[float, float]] = []  # (SIGTERM sent, capture active again)
+    logs = []
+    for k in range(RESTARTS):
+        wait_first_chunks(results, 15 + 25 * k)
+        t_stop = time.time()
+        assert d.stop() == 0
+        logs.append(d.log())
+        assert "event=checkpoint-written" in logs[-1], logs[-1]
+        d = daemon(procs, tmp_path, "--port", str(port))
+        windows.append((t_stop, time.time()))
+        assert "event=checkpoint-adopted" in d.log()
+    for t in threads:
+        t.join(60)
+    assert d.stop() == 0
+    rows = rows_by_prompt(d.db)
+    missed_chunks, missed_bytes = [], []
+    for r in results:
+        assert r.error is None and r.complete, r
+        assert len(rows.get(r.prompt, [])) == 1, rows.get(r.prompt)  # one row, never two
+        row = rows[r.prompt][0]
+        assert row["state"] == "gap" and row["gap"], row
+        got = row["texts"]
+        sent = [t for _, t in r.pieces]
+        # what a daemon was certainly capturing: received before a SIGTERM, or
+        # after capture was active again
+        certain = [
+            t
+            for ts, t in r.pieces
+            if all(not (stop - MARGIN <= ts <= active + MARGIN) for stop, active in windows)
+        ]
+        # recorded pieces = the client's pieces minus those of the restart windows, in order
+        it = iter(sent)
+        assert all(any(g == s for s in it) for g in got), "recorded out of order or invented"
+        assert len(got) >= len(certain)
+        missed_chunks.append(len(sent) - len(got))
+        assert "bytes" in row["reason"]
+        assert f"in {RESTARTS} gaps" in row["reason"], row["reason"]
+        missed_bytes.append(int(row["reason"].split("(")[1].split()[0]))
+    print(
+        f"\nrestart cost over {RESTARTS} restarts x {N_STREAMS} streams "
+        f"({DELAY_MS} ms per chunk): chunks lost per stream {missed_chunks}, "
+        f"bytes lost per stream {missed_bytes}, windows "
+        f"{[round(b - a, 2) for a, b in windows]} s"
+    )
+
+
+@pytest.mark.ebpf
+def test_ebpf_daemon_started_late_records_the_tail_of_every_stream(
+    tmp_path: Path,
+    procs: list[Any],  # noqa: F811
+    ebpf_loadable: None,  # noqa: F811
+) -> None:
+    """The same late start with the eBPF backend: sockets first seen mid-way
+    (their byte offsets unknown) are resynchronised the same way."""
+    port = server(procs)
+    results, threads = start_streams(port, "ebpf late")
+    wait_first_chunks(results)
+    d = daemon(procs, tmp_path, "--backend", "ebpf", "--port", str(port))
+    t_active = time.time()
+    for t in threads:
+        t.join(60)
+    assert d.stop() == 0
+    rows = midway_rows(d.db)
+    assert len(rows) == N_STREAMS, q(d.db, "select id, state, client, reason from streams")
+    check_tails(results, rows, t_active)
