@@ -17,7 +17,8 @@ exchange on each connection:
 
 ``ttft_ms`` is the difference, in milliseconds rounded to the microsecond of
 the capture clock; ``null`` when the exchange carries no output (or the capture
-does not show its request). Exchanges whose expected result is not exact
+does not show its request). Compressed response bodies are not measured
+(no ``ttft_ms``). Exchanges whose expected result is not exact
 (``check_text`` false: lost or cut bytes) get no ``ttft_ms``.
 
 Usage: ``python scripts/measure_ttft.py [--check] [PCAP ...]`` (default: every
@@ -332,6 +333,8 @@ def measure(pcap: Path, exp: dict[str, Any]) -> dict[tuple[int, int], float | No
             )
             if not 0 <= k < len(reqs) or k >= len(resps):
                 continue
+            if resps[k].headers.get("content-encoding", "identity").lower() != "identity":
+                continue  # compressed body: not read by this route (no ttft_ms is written)
             t_req = c.ready[reqs[k].head_end - 1]
             off = first_output_offset(resps[k])
             if off is None:

@@ -143,7 +143,7 @@ def test_fixture_replays_to_expected(pcap: Path, tmp_path: Path) -> None:
     assert set(exp) <= KNOWN_TOP, set(exp) - KNOWN_TOP
     assert exp["fixture"] == pcap.stem
     assert exp["description"].strip()
-    if "base" in exp:
+    if exp.get("base"):
         assert (PCAPS / f"{exp['base']}.pcap").exists()
     db = str(tmp_path / "f.db")
     result = replay(pcap, db)
@@ -181,7 +181,9 @@ def test_fixture_replays_to_expected(pcap: Path, tmp_path: Path) -> None:
         # the request's "stream" field; for APIs that stream by endpoint or by
         # default (TGI /generate_stream, Ollama) it has none: then the response shows it
         asked = got["is_stream"] if got["is_stream"] is not None else got["streaming"]
-        assert bool(asked) == want["stream"], where
+        # (a request whose head was rejected has no parsed body: no flag to compare)
+        if check or got["is_stream"] is not None:
+            assert bool(asked) == want["stream"], where
         if want.get("status") is not None:
             assert got["status"] == want["status"], where
         accept = want.get("accept_states") or [want["state"]]
@@ -274,10 +276,14 @@ def test_ttft_in_expected_files_is_what_the_capture_shows() -> None:
     import measure_ttft
 
     assert measure_ttft.main(["--check"]) == 0
+    # gzip-encoded bodies are not read by that route (measure_ttft.py says so)
+    compressed = {("sec_gzip_bomb", 40102, 1)}
     measured = [
         s
         for p in FIXTURES
         for s in _expected(p)["streams"]
-        if s.get("check_text", True) and s["state"] == "complete"
+        if s.get("check_text", True)
+        and s["state"] == "complete"
+        and (p.stem, s["client_port"], s["exchange"]) not in compressed
     ]
     assert measured and all("ttft_ms" in s for s in measured)
