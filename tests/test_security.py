@@ -393,7 +393,9 @@ def test_every_command_that_writes_makes_private_files(tmp_path: Path) -> None:
     assert _mode(db) == 0o600
     db2 = tmp_path / "t.db"
     assert (
-        _cli("replay", str(PCAPS / "chat_english.pcap"), "--db", str(db2), "--no-tokens").exit_code
+        _cli(
+            "replay", str(ROOT / "pcaps" / "chat_english.pcap"), "--db", str(db2), "--no-tokens"
+        ).exit_code
         == 0
     )
     assert _cli("tokenize", "--db", str(db2)).exit_code == 0
