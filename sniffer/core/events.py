@@ -191,6 +191,17 @@ class HttpEnd:
 
 
 @dataclass(frozen=True, slots=True)
+class HttpTrailers:
+    """Trailer fields of a message (HTTP/2 trailers, e.g. gRPC's ``grpc-status``)."""
+
+    conn: int
+    exchange: int
+    ts: float
+    from_client: bool
+    headers: Headers
+
+
+@dataclass(frozen=True, slots=True)
 class HttpError:
     """Bad input on a connection; the connection goes on resynchronising."""
 
@@ -202,7 +213,7 @@ class HttpError:
     message: str
 
 
-HttpEvent = HttpRequest | HttpResponse | HttpBody | HttpEnd | HttpError
+HttpEvent = HttpRequest | HttpResponse | HttpBody | HttpEnd | HttpError | HttpTrailers
 
 # ---------------------------------------------------------------------------
 # streams → store, metrics, tokens

@@ -31,6 +31,8 @@ import zlib
 from collections import deque
 from dataclasses import dataclass
 
+from sniffer.core.coding import BodyDecoder as _BodyDecoder
+from sniffer.core.coding import decoder_for as _decoder_for
 from sniffer.core.events import (
     ConnectionClosed,
     ConnectionOpened,
@@ -45,7 +47,9 @@ from sniffer.core.events import (
     HttpError,
     HttpRequest,
     HttpResponse,
+    HttpTrailers,
 )
+from sniffer.core.h2 import H2Conn, H2Stats, looks_like_preface
 
 HttpOutput = (
     ConnectionOpened
@@ -57,6 +61,7 @@ HttpOutput = (
     | HttpBody
     | HttpEnd
     | HttpError
+    | HttpTrailers
 )
 
 # A request line or a status line at the start of a line. Used to find the next
@@ -91,53 +96,6 @@ class HttpStats:
     hunted_bytes: int = 0
     desyncs: int = 0
     dead_connections: int = 0
-
-
-class _BodyDecoder:
-    """Incremental Content-Encoding decoder (gzip, x-gzip, deflate with or without zlib header)."""
-
-    __slots__ = ("_d", "_raw_fallback", "_started", "coding")
-
-    def __init__(self, coding: str) -> None:
-        self.coding = coding
-        self._started = False
-        self._raw_fallback = coding == "deflate"
-        if coding in ("gzip", "x-gzip"):
-            self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        else:
-            self._d = zlib.decompressobj(zlib.MAX_WBITS)
-
-    def feed(self, data: bytes) -> bytes:
-        if not self._started and self._raw_fallback:
-            self._started = True
-            try:
-                return self._d.decompress(data)
-            except zlib.error:
-                # Raw deflate without the zlib header: common in the wild.
-                self._d = zlib.decompressobj(-zlib.MAX_WBITS)
-                return self._d.decompress(data)
-        self._started = True
-        return self._d.decompress(data)
-
-    def flush(self) -> bytes:
-        try:
-            return self._d.flush()
-        except zlib.error:
-            return b""
-
-
-def _decoder_for(headers: Headers) -> tuple[_BodyDecoder | None, str | None]:
-    """The body decoder for a message's Content-Encoding, or an error text."""
-    codings: list[str] = []
-    for name, value in headers:
-        if name == "content-encoding":
-            codings.extend(c.strip().lower() for c in value.split(",") if c.strip())
-    codings = [c for c in codings if c != "identity"]
-    if not codings:
-        return None, None
-    if len(codings) == 1 and codings[0] in ("gzip", "x-gzip", "deflate"):
-        return _BodyDecoder(codings[0]), None
-    return None, f"unsupported content-encoding {', '.join(codings)!r}"
 
 
 _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;[^\r\n]*)?[ \t]*\r\n")
@@ -520,6 +478,7 @@ class _Conn:
         "closed",
         "dead",
         "dirs",
+        "h2",
         "id",
         "next_exchange",
         "opened",
@@ -538,6 +497,14 @@ class _Conn:
         self.pending: deque[_Pending] = deque()
         self.dead = False
         self.closed = False
+        self.h2: H2Conn | None = None  # set when the connection speaks HTTP/2
+
+
+def _upgrades_to_h2c(headers: Headers) -> bool:
+    for name, value in headers:
+        if name == "upgrade" and "h2c" in (v.strip().lower() for v in value.split(",")):
+            return True
+    return False
 
 
 class HttpParser:
@@ -553,6 +520,7 @@ class HttpParser:
         self._conns: dict[int, _Conn] = {}
         self._max_header = max_header_bytes
         self.stats = HttpStats()
+        self.h2_stats = H2Stats()
 
     # ------------------------------------------------------------------ public
 
@@ -567,7 +535,22 @@ class HttpParser:
                 if not c.roles_known:
                     from_client = self._settle_roles(c, from_client, ev.data, out)
                 d = c.dirs[from_client]
-                if d.chunked is not None:
+                if c.h2 is not None:
+                    out.extend(c.h2.data(from_client, ev.ts, ev.data))
+                elif (
+                    from_client
+                    and not d.in_message
+                    and d.body is None
+                    and looks_like_preface(bytes(d.head) + ev.data if d.head else ev.data)
+                ):
+                    # The HTTP/2 connection preface, on any port (prior knowledge).
+                    data = bytes(d.head) + ev.data if d.head else ev.data
+                    d.head = None
+                    d.raw = None
+                    self._release_opened(c, out)
+                    c.h2 = H2Conn(c.id, stats=self.h2_stats)
+                    out.extend(c.h2.data(True, ev.ts, data))
+                elif d.chunked is not None:
                     # Hot path: a streamed body (inlined _data → _chunked_data).
                     rest = self._chunked_data(c, d, ev.ts, ev.data, out)
                     if rest:
@@ -584,14 +567,23 @@ class HttpParser:
             assert isinstance(ev, FlowGap)
             c = self._conns.get(ev.conn)
             if c is not None and not c.dead:
-                self._gap(c, c.dirs[ev.from_client != c.swapped], ev, out)
+                if c.h2 is not None:
+                    fc = ev.from_client != c.swapped
+                    if ev.nbytes is None and ev.reason != "midstream":
+                        out.append(FlowGap(ev.conn, ev.ts, fc, None, ev.reason))
+                    else:
+                        out.extend(c.h2.gap(fc, ev.ts))
+                else:
+                    self._gap(c, c.dirs[ev.from_client != c.swapped], ev, out)
         elif t is FlowEnd:
             assert isinstance(ev, FlowEnd)
             c = self._conns.get(ev.conn)
             if c is not None:
                 self._release_opened(c, out)
                 fc = ev.from_client != c.swapped
-                if not c.dead:
+                if c.h2 is not None:
+                    out.extend(c.h2.end(fc, ev.ts, ev.reason))
+                elif not c.dead:
                     self._end(c, c.dirs[fc], ev.ts, ev.reason, out)
                 out.append(FlowEnd(ev.conn, ev.ts, fc, ev.reason) if c.swapped else ev)
         elif t is ConnectionClosed:
@@ -599,7 +591,9 @@ class HttpParser:
             c = self._conns.pop(ev.conn, None)
             if c is not None:
                 self._release_opened(c, out)
-                if not c.dead:
+                if c.h2 is not None:
+                    out.extend(c.h2.close(ev.ts, ev.reason))
+                elif not c.dead:
                     for d in c.dirs:
                         self._end(c, d, ev.ts, ev.reason, out)
                     for p in c.pending:  # requests never answered
@@ -717,6 +711,20 @@ class HttpParser:
                 self._request(c, d, ts, head, out)
             else:
                 self._response(c, d, ts, head, out)
+                if head.status == 101 and _upgrades_to_h2c(head.headers):
+                    # ``Upgrade: h2c`` accepted: HTTP/2 from the next byte on; the
+                    # request (exchange 0) continues as stream 1.
+                    rest = bytes(buf)
+                    d.head = None
+                    d.raw = None
+                    d.exchange = -1
+                    if c.h2 is None:
+                        c.h2 = H2Conn(c.id, upgraded=True, stats=self.h2_stats)
+                    else:
+                        c.h2.upgrade()
+                    if rest:
+                        out.extend(c.h2.data(False, ts, rest))
+                    return b""
             if d.head is not buf:
                 return b""  # the head ended its message (framing error); the rest went on
             if not d.in_message:
