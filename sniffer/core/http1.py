@@ -49,7 +49,7 @@ from sniffer.core.events import (
     HttpResponse,
     HttpTrailers,
 )
-from sniffer.core.h2 import H2Conn, H2Stats, looks_like_preface
+from sniffer.core.h2 import H2Conn, H2Stats, find_frame_start, looks_like_preface
 
 HttpOutput = (
     ConnectionOpened
@@ -480,6 +480,7 @@ class _Conn:
         "dirs",
         "h2",
         "id",
+        "midstart",
         "next_exchange",
         "opened",
         "pending",
@@ -498,6 +499,14 @@ class _Conn:
         self.dead = False
         self.closed = False
         self.h2: H2Conn | None = None  # set when the connection speaks HTTP/2
+        self.midstart = not opened.syn_seen  # capture began inside the connection
+
+
+def _h2_frames(data: bytes) -> bool:
+    """Bytes of a connection caught mid-way that read as HTTP/2 frames (not HTTP/1)."""
+    if _METHOD_PREFIX.match(data[:32]) or data.startswith(b"HTTP/1."):
+        return False
+    return find_frame_start(data[:65536]) == 0
 
 
 def _upgrades_to_h2c(headers: Headers) -> bool:
@@ -550,6 +559,11 @@ class HttpParser:
                     self._release_opened(c, out)
                     c.h2 = H2Conn(c.id, stats=self.h2_stats)
                     out.extend(c.h2.data(True, ev.ts, data))
+                elif c.midstart and c.next_exchange == 0 and _h2_frames(ev.data):
+                    # Capture began inside an HTTP/2 connection: frames, no preface.
+                    self._release_opened(c, out)
+                    c.h2 = H2Conn(c.id, midstream=True, stats=self.h2_stats)
+                    out.extend(c.h2.data(from_client, ev.ts, ev.data))
                 elif d.chunked is not None:
                     # Hot path: a streamed body (inlined _data → _chunked_data).
                     rest = self._chunked_data(c, d, ev.ts, ev.data, out)
