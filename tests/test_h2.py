@@ -334,3 +334,51 @@ def test_garbage_after_preface_is_an_error_not_a_crash() -> None:
     )
     assert any(isinstance(e, PipelineError) for e in out)
     assert isinstance(out[-1], ConnectionClosed)
+
+
+def upgrade_wire() -> Wire:
+    """``Upgrade: h2c`` between real h2 endpoints: GET /health becomes stream 1,
+    then a chat stream on stream 3."""
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    s = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=False, header_encoding=None)
+    )
+    settings_header = c.initiate_upgrade_connection()
+    wire: Wire = [
+        (
+            True,
+            b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+            b"Upgrade: h2c\r\nHTTP2-Settings: " + settings_header + b"\r\n\r\n",
+        )
+    ]
+    s.initiate_upgrade_connection(settings_header)
+    s.send_headers(1, [(":status", "200"), ("content-type", "application/json")])
+    s.send_data(1, b'{"ok":true}', end_stream=True)
+    wire.append(
+        (False, b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
+         + s.data_to_send())
+    )  # fmt: skip
+    p = Peers.__new__(Peers)
+    p.c, p.s, p.wire = c, s, wire
+    cb = c.data_to_send()
+    p.wire.append((True, cb))
+    s.receive_data(cb)
+    c.receive_data(wire[1][1].split(b"\r\n\r\n", 1)[1])
+    p.pump()
+    one_stream(p, ["up", "graded"])
+    return p.wire
+
+
+def test_upgrade_h2c_continues_exchange_zero_as_stream_one() -> None:
+    out = run(upgrade_wire())
+    ops = of(out, StreamOpened)
+    assert [(o.exchange, o.method, o.path) for o in ops] == [
+        (0, "GET", "/health"),
+        (1, "POST", "/v1/chat/completions"),
+    ]
+    assert [c.text for c in of(out, ChunkEvent) if c.text] == ["up", "graded"]
+    closed = {c.stream: c for c in of(out, StreamClosed)}
+    assert all(c.state is StreamState.COMPLETE for c in closed.values()), closed
+    statuses = [r.status for r in of(out, StreamResponse)]
+    assert statuses == [200, 200]
+    assert not of(out, PipelineError)

@@ -331,11 +331,11 @@ def parse_request_head(lines: list[bytearray]) -> RequestHead:
     return RequestHead(bytes(m["method"]), bytes(m["target"]), version, headers)
 
 
-def parse_response_head(lines: list[bytearray]) -> ResponseHead:
+def parse_response_head(lines: list[bytearray], upgrade_proposed: bool = False) -> ResponseHead:
     """A response head (final or 1xx) from its lines; ``HeadError`` if malformed.
 
-    101 Switching Protocols is refused: the request direction never proposes an
-    upgrade this parser would follow (what comes after is not HTTP/1.1)."""
+    101 Switching Protocols is refused unless the request proposed an upgrade
+    this parser follows (``Upgrade: h2c``, ``upgrade_proposed``), as h11 does."""
     if not lines:
         raise HeadError("no response line received")
     m = _STATUS_LINE.fullmatch(lines[0])
@@ -347,14 +347,14 @@ def parse_response_head(lines: list[bytearray]) -> ResponseHead:
         raise HeadError(
             f"InformationalResponse status_code should be in range [100, 200), not {status}"
         )
-    if status == 101:
+    if status == 101 and not upgrade_proposed:
         raise HeadError("Received server _SWITCH_UPGRADE event without a pending proposal")
     reason = bytes(m["reason"]) if m["reason"] is not None else b""
     return ResponseHead(bytes(m["version"]), status, reason, headers)
 
 
 def read_head(
-    buf: bytearray, from_client: bool, max_size: int
+    buf: bytearray, from_client: bool, max_size: int, upgrade_proposed: bool = False
 ) -> RequestHead | ResponseHead | None:
     """Take the next head out of ``buf``: ``None`` until it is complete,
     ``HeadError`` when the bytes cannot be one (or ``max_size`` bytes still
@@ -366,7 +366,9 @@ def read_head(
         if len(buf) > max_size:
             raise HeadError("Receive buffer too long")
         return None
-    return parse_request_head(lines) if from_client else parse_response_head(lines)
+    if from_client:
+        return parse_request_head(lines)
+    return parse_response_head(lines, upgrade_proposed)
 
 
 class BodyKind(enum.Enum):
@@ -427,11 +429,12 @@ class _LengthBody:
 class _Pending:
     """A request the response direction has still to answer."""
 
-    __slots__ = ("exchange", "method")
+    __slots__ = ("exchange", "h2c", "method")
 
-    def __init__(self, exchange: int, method: bytes) -> None:
+    def __init__(self, exchange: int, method: bytes, h2c: bool = False) -> None:
         self.exchange = exchange
         self.method = method
+        self.h2c = h2c  # the request proposed ``Upgrade: h2c``
 
 
 class _Direction:
@@ -444,6 +447,7 @@ class _Direction:
         "decoder",
         "exchange",
         "from_client",
+        "h2c",
         "head",
         "hunt",
         "hunt_sol",
@@ -458,6 +462,7 @@ class _Direction:
         self.from_client = from_client
         self.head: bytearray | None = None  # not None: reading a head (None: hunting or waiting)
         self.method = b""  # response direction: the method of the request being answered
+        self.h2c = False  # response direction: that request proposed Upgrade: h2c
         self.requests = from_client  # the head being read is a request (fixed when it began)
         self.hunt: bytearray | None = None  # not None: looking for a start line
         self.hunted = 0
@@ -699,6 +704,7 @@ class HttpParser:
             out.append(HttpError(c.id, ex, ts, False, "desync", "response without a request"))
         p = c.pending.popleft()
         d.method = p.method
+        d.h2c = p.h2c
         d.exchange = p.exchange
 
     def _heads(self, c: _Conn, d: _Direction, ts: float, out: list[HttpOutput]) -> bytes:
@@ -708,7 +714,7 @@ class HttpParser:
         buf = d.head
         while buf is not None:
             try:
-                head = read_head(buf, d.requests, self._max_header)
+                head = read_head(buf, d.requests, self._max_header, d.h2c)
             except HeadError as exc:
                 # Rejected head: start again from one byte after its first
                 # byte, so the same bad start line is not taken again.
@@ -725,7 +731,7 @@ class HttpParser:
                 self._request(c, d, ts, head, out)
             else:
                 self._response(c, d, ts, head, out)
-                if head.status == 101 and _upgrades_to_h2c(head.headers):
+                if head.status == 101:
                     # ``Upgrade: h2c`` accepted: HTTP/2 from the next byte on; the
                     # request (exchange 0) continues as stream 1.
                     rest = bytes(buf)
@@ -810,7 +816,7 @@ class HttpParser:
         d.in_message = True
         d.raw = None
         headers = ev.headers
-        c.pending.append(_Pending(ex, ev.method))
+        c.pending.append(_Pending(ex, ev.method, _upgrades_to_h2c(headers)))
         self.stats.requests += 1
         out.append(
             HttpRequest(
