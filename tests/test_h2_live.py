@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,6 @@ from tests.test_live_e2e import (
     check_exact,
     concurrently,
     daemon,
-    procs,  # noqa: F401  (fixture)
     q,
     stored,
 )
@@ -38,6 +38,17 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not have_capture_privilege(), reason="live capture needs root"),
 ]
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes this test started; killed (by PID) if still running at the end."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
 
 
 def h2_server(procs: list[subprocess.Popen[bytes]]) -> int:
