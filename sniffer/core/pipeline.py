@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sniffer.core.events import CaptureGap, FlowEvent, PipelineError, Segment, StoreEvent
+from sniffer.core.events import (
+    CaptureGap,
+    FlowEvent,
+    HttpRequest,
+    PipelineError,
+    Segment,
+    StoreEvent,
+)
+from sniffer.core.grpc import GrpcSplitter
 from sniffer.core.http1 import HttpParser
 from sniffer.core.reassembly import Reassembler
 from sniffer.core.streams import StreamAssembler
@@ -40,6 +48,7 @@ class Pipeline:
             hole_timeout=cfg.hole_timeout,
         )
         self.http = HttpParser()
+        self.grpc = GrpcSplitter()
         self.streams = StreamAssembler(
             stream_id_base=cfg.stream_id_base, id_step=cfg.id_step, labels=cfg.labels
         )
@@ -83,10 +92,15 @@ class Pipeline:
         out: list[StoreEvent] = []
         http = self.http.feed
         streams = self.streams.feed
+        grpc = self.grpc
         for fev in flows:
             try:
                 for hev in http(fev):
-                    out.extend(streams(hev))
+                    if grpc.active or type(hev) is HttpRequest:
+                        for gev in grpc.feed(hev):
+                            out.extend(streams(gev))
+                    else:
+                        out.extend(streams(hev))
             except Exception as exc:  # a bug must cost one connection, never the capture
                 self.internal_errors += 1
                 self.http.abandon(fev.conn)
