@@ -71,9 +71,9 @@ def test_model_stream_infer_each_request_is_a_row(tmp_path: Path, procs: Any) ->
     )
     assert [r[2] for r in rows] == ["ensemble"] * 5
     assert all(r[3] == "complete" for r in rows), rows
-    assert [r[4] for r in rows] == [
-        "/inference.GRPCInferenceService/ModelStreamInfer"
-    ] * 4 + ["/inference.GRPCInferenceService/ModelInfer"]
+    assert [r[4] for r in rows] == ["/inference.GRPCInferenceService/ModelStreamInfer"] * 4 + [
+        "/inference.GRPCInferenceService/ModelInfer"
+    ]
     stored = []
     for sid, *_ in rows:
         chunks = q(d.db, "select text, ts from chunks where stream_id=? order by seq", sid)

@@ -27,7 +27,9 @@ def _bytes_tensor(*items: bytes) -> bytes:
     return b"".join(len(b).to_bytes(4, "little") + b for b in items)
 
 
-def _response(model: str, rid: str, text: str | None, final: bool) -> service_pb2.ModelInferResponse:
+def _response(
+    model: str, rid: str, text: str | None, final: bool
+) -> service_pb2.ModelInferResponse:
     r = service_pb2.ModelInferResponse(model_name=model, id=rid)
     r.parameters["triton_final_response"].bool_param = final
     if text is not None:
@@ -50,12 +52,14 @@ def _prompt(req: service_pb2.ModelInferRequest) -> str:
 
 
 class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def ModelStreamInfer(  # noqa: N802 (gRPC method name)
+    def ModelStreamInfer(
         self, request_iterator: Iterator[service_pb2.ModelInferRequest], context: Any
     ) -> Iterator[service_pb2.ModelStreamInferResponse]:
         for req in request_iterator:
             if req.model_name == "broken":
-                yield service_pb2.ModelStreamInferResponse(error_message="model broken is not ready")
+                yield service_pb2.ModelStreamInferResponse(
+                    error_message="model broken is not ready"
+                )
                 continue
             for w in words_for(_prompt(req)):
                 yield service_pb2.ModelStreamInferResponse(
@@ -65,7 +69,7 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 infer_response=_response(req.model_name, req.id, None, True)
             )
 
-    def ModelInfer(  # noqa: N802
+    def ModelInfer(
         self, request: service_pb2.ModelInferRequest, context: Any
     ) -> service_pb2.ModelInferResponse:
         r = _response(request.model_name, request.id, "".join(words_for(_prompt(request))), True)
