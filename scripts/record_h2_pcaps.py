@@ -33,26 +33,38 @@ from record_pcaps import Dumpcap  # noqa: E402
 from tests.fixture_server import free_port  # noqa: E402
 
 OUT = ROOT / "pcaps" / "h2"
+STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 def _chat(client: httpx.Client, port: int, prompt: str) -> dict[str, Any]:
-    body = {"model": "fake", "stream": True, "max_tokens": 12,
-            "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+    body = {
+        "model": "fake",
+        "stream": True,
+        "max_tokens": 12,
+        "messages": [{"role": "user", "content": prompt}],
+    }
     text = ""
     with client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r:
         for line in r.iter_lines():
             if line.startswith("data:") and line[5:].strip() != "[DONE]":
                 for ch in json.loads(line[5:]).get("choices") or []:
                     text += (ch.get("delta") or {}).get("content") or ""
-    return {"method": "POST", "path": "/v1/chat/completions", "model": "fake",
-            "state": "complete", "text": text, "prompt": prompt}  # fmt: skip
+    return {
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "model": "fake",
+        "state": "complete",
+        "text": text,
+        "prompt": prompt,
+    }
 
 
 def h2c_chat() -> tuple[int, list[dict[str, Any]]]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    srv = subprocess.Popen([sys.executable, "-m", "tests.h2_server", "--port", str(port)],
-                           cwd=ROOT, env=env)  # fmt: skip
+    srv = subprocess.Popen(
+        [sys.executable, "-m", "tests.h2_server", "--port", str(port)], cwd=ROOT, env=env
+    )
     try:
         for _ in range(200):
             try:
@@ -113,20 +125,35 @@ def grpc_stream() -> tuple[int, list[dict[str, Any]]]:
     finally:
         server.stop(0)
     for rid in ids:
-        streams.append({"method": "POST", "path": "/inference.GRPCInferenceService/ModelStreamInfer",
-                        "model": "ensemble", "state": "complete", "text": texts[rid], "id": rid})  # fmt: skip
-    streams.append({"method": "POST", "path": "/inference.GRPCInferenceService/ModelInfer",
-                    "model": "ensemble", "state": "complete",
-                    "text": unary.as_numpy("text_output")[0].decode(), "id": "u1"})  # fmt: skip
+        streams.append(
+            {
+                "method": "POST",
+                "path": STREAM_PATH,
+                "model": "ensemble",
+                "state": "complete",
+                "text": texts[rid],
+                "id": rid,
+            }
+        )
+    streams.append(
+        {
+            "method": "POST",
+            "path": "/inference.GRPCInferenceService/ModelInfer",
+            "model": "ensemble",
+            "state": "complete",
+            "text": unary.as_numpy("text_output")[0].decode(),
+            "id": "u1",
+        }
+    )
     return port, streams
 
 
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     for name, fn, desc in (
-        ("h2c_chat", h2c_chat, "hypercorn over h2c, httpx HTTP/2: 3 concurrent chats, 1 connection"),
-        ("grpc_stream", grpc_stream, "KServe v2 ModelStreamInfer (3 requests) + ModelInfer, grpcio/tritonclient"),
-    ):  # fmt: skip
+        ("h2c_chat", h2c_chat, "hypercorn h2c, httpx HTTP/2: 3 concurrent chats, 1 connection"),
+        ("grpc_stream", grpc_stream, "KServe v2 ModelStreamInfer (3 requests) + ModelInfer"),
+    ):
         port, streams = fn()
         os.chmod(OUT / f"{name}.pcap", 0o644)
         doc = {"fixture": name, "description": desc, "server_port": port, "streams": streams}

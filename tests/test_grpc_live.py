@@ -67,7 +67,8 @@ def test_model_stream_infer_each_request_is_a_row(tmp_path: Path, procs: Any) ->
     assert unary_text == "".join(words_for("unary prompt"))
     rows = q(
         d.db,
-        "select id, dialect, model, state, path from streams where dialect='kserve.infer' order by id",
+        "select id, dialect, model, state, path from streams"
+        " where dialect='kserve.infer' order by id",
     )
     assert [r[2] for r in rows] == ["ensemble"] * 5
     assert all(r[3] == "complete" for r in rows), rows
