@@ -545,8 +545,8 @@ class GrpcSplitter:
 
     def _fail(self, call: _Call, ts: float, from_client: bool, msg: str, out: list[Any]) -> None:
         self.errors += 1
-        targets = [v.ex for v in call.open] if call.kserve else [call.ex]
-        for ex in targets:
+        targets: list[int | None] = [v.ex for v in call.open] if call.kserve else [call.ex]
+        for ex in targets or [None]:  # no request of the call known yet: a connection error
             out.append(HttpError(call.conn, ex, ts, from_client, "grpc", msg))
         if call.kserve:
             for v in call.open:

@@ -1,0 +1,211 @@
+"""gRPC over HTTP/2 (sniffer.core.grpc) and the kserve.infer / grpc.raw dialects.
+
+Wire bytes come from real ``h2`` endpoints carrying gRPC messages built with
+the KServe v2 classes tritonclient ships (service_pb2)."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sniffer.core.events import ChunkEvent, PipelineError, StreamClosed, StreamOpened, StreamState
+from sniffer.core.grpc import ProtoError, bytes_elements, parse_infer, proto_fields
+from tests.test_h2 import Peers, of, run
+
+service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
+
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+UNARY = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def frame(msg: bytes, compressed: bool = False) -> bytes:
+    if compressed:
+        msg = gzip.compress(msg)
+    return bytes([1 if compressed else 0]) + len(msg).to_bytes(4, "big") + msg
+
+
+def call(p: Peers, path: str, extra: list[tuple[str, str]] | None = None) -> int:
+    sid = p.c.get_next_available_stream_id()
+    p.c.send_headers(
+        sid,
+        [(":method", "POST"), (":path", path), (":scheme", "http"), (":authority", "a"),
+         ("content-type", "application/grpc"), ("te", "trailers"), *(extra or [])],
+    )  # fmt: skip
+    p.pump()
+    return sid
+
+
+def infer_request(rid: str, prompt: str = "hi") -> bytes:
+    r = service_pb2.ModelInferRequest(model_name="trtllm", id=rid)
+    t = r.inputs.add()
+    t.name, t.datatype = "text_input", "BYTES"
+    t.shape.append(1)
+    raw = prompt.encode()
+    r.raw_input_contents.append(len(raw).to_bytes(4, "little") + raw)
+    r.parameters["max_tokens"].int64_param = 8
+    return r.SerializeToString()
+
+
+def infer_response(rid: str, text: str | None, final: bool | None, stream: bool = True) -> bytes:
+    r = service_pb2.ModelInferResponse(model_name="trtllm", id=rid)
+    if final is not None:
+        r.parameters["triton_final_response"].bool_param = final
+    if text is not None:
+        o = r.outputs.add()
+        o.name, o.datatype = "text_output", "BYTES"
+        o.shape.append(1)
+        o.contents.bytes_contents.append(text.encode())
+    if not stream:
+        return r.SerializeToString()
+    return service_pb2.ModelStreamInferResponse(infer_response=r).SerializeToString()
+
+
+def respond(p: Peers, sid: int, encoding: str | None = None) -> None:
+    h = [(":status", "200"), ("content-type", "application/grpc")]
+    if encoding:
+        h.append(("grpc-encoding", encoding))
+    p.s.send_headers(sid, h)
+    p.pump()
+
+
+def status(p: Peers, sid: int, code: int = 0, message: str | None = None) -> None:
+    h = [("grpc-status", str(code))]
+    if message:
+        h.append(("grpc-message", message))
+    p.s.send_headers(sid, h, end_stream=True)
+    p.pump()
+
+
+def test_stream_infer_interleaved_requests_each_get_a_row_in_send_order() -> None:
+    p = Peers()
+    sid = call(p, STREAM)
+    p.c.send_data(sid, frame(infer_request("a", "first")) + frame(infer_request("b", "second")))
+    p.pump()
+    respond(p, sid)
+    for w in ("x1", "x2"):
+        p.s.send_data(sid, frame(infer_response("b", "B" + w, False)))
+        p.s.send_data(sid, frame(infer_response("a", "A" + w, False)))
+        p.pump()
+    p.s.send_data(sid, frame(infer_response("a", None, True)))
+    p.s.send_data(sid, frame(infer_response("b", "!", True)))
+    p.c.end_stream(sid)
+    p.pump()
+    status(p, sid)
+    out = run(p.wire)
+    ops = of(out, StreamOpened)
+    assert [o.dialect for o in ops] == ["kserve.infer", "kserve.infer"]
+    assert [json.loads(o.request_body or "")["id"] for o in ops] == ["a", "b"]
+    first = json.loads(ops[0].request_body or "")
+    assert first["text_input"] == "first" and first["parameters"] == {"max_tokens": 8}
+    assert ops[0].request["model"] == "trtllm"
+    texts: dict[int, str] = {}
+    for c in of(out, ChunkEvent):
+        texts[c.stream] = texts.get(c.stream, "") + c.text
+    assert texts == {ops[0].stream: "Ax1Ax2", ops[1].stream: "Bx1Bx2!"}
+    closed = of(out, StreamClosed)
+    assert all(c.state is StreamState.COMPLETE for c in closed), closed
+    assert not of(out, PipelineError)
+
+
+def test_unary_model_infer_gzip_and_status() -> None:
+    p = Peers()
+    sid = call(p, UNARY, [("grpc-encoding", "gzip")])
+    p.c.send_data(sid, frame(infer_request("u"), compressed=True), end_stream=True)
+    p.pump()
+    respond(p, sid, "gzip")
+    p.s.send_data(sid, frame(infer_response("u", "whole text", None, stream=False), True))
+    p.pump()
+    status(p, sid)
+    out = run(p.wire)
+    (op,) = of(out, StreamOpened)
+    assert json.loads(op.request_body or "")["stream"] is False
+    assert [c.text for c in of(out, ChunkEvent) if c.text] == ["whole text"]
+    (closed,) = of(out, StreamClosed)
+    assert closed.state is StreamState.COMPLETE
+
+
+def test_grpc_status_error_ends_open_requests_with_it() -> None:
+    p = Peers()
+    sid = call(p, STREAM)
+    p.c.send_data(sid, frame(infer_request("a")))
+    p.pump()
+    respond(p, sid)
+    p.s.send_data(sid, frame(infer_response("a", "par", False)))
+    p.pump()
+    status(p, sid, 14, "backend gone")
+    out = run(p.wire)
+    (closed,) = of(out, StreamClosed)
+    assert closed.state is StreamState.ERROR
+    assert closed.error is not None and "UNAVAILABLE: backend gone" in closed.error
+
+
+def test_error_message_in_stream_response() -> None:
+    p = Peers()
+    sid = call(p, STREAM)
+    p.c.send_data(sid, frame(infer_request("a")))
+    p.pump()
+    respond(p, sid)
+    err = service_pb2.ModelStreamInferResponse(error_message="model not ready")
+    p.s.send_data(sid, frame(err.SerializeToString()))
+    p.pump()
+    status(p, sid)
+    out = run(p.wire)
+    (closed,) = of(out, StreamClosed)
+    assert closed.state is StreamState.ERROR and closed.error == "model not ready"
+
+
+def test_other_service_messages_are_raw_chunks() -> None:
+    p = Peers()
+    sid = call(p, "/my.pkg.Router/Route")
+    p.c.send_data(sid, frame(b"\x0a\x03abc"), end_stream=True)
+    p.pump()
+    respond(p, sid)
+    p.s.send_data(sid, frame(b"\x08\x01") + frame(b"\x08\x02\x10\x03"))
+    p.pump()
+    status(p, sid)
+    out = run(p.wire)
+    (op,) = of(out, StreamOpened)
+    assert op.dialect == "grpc.raw" and op.path == "/my.pkg.Router/Route"
+    req = json.loads(op.request_body or "")
+    assert req["messages"] == [{"size": 5, "raw": base64.b64encode(b"\x0a\x03abc").decode()}]
+    raws = [json.loads(c.raw or "") for c in of(out, ChunkEvent)]
+    assert [r["size"] for r in raws] == [2, 4]
+    assert base64.b64decode(raws[1]["raw"]) == b"\x08\x02\x10\x03"
+
+
+def test_bad_message_prefix_is_an_error_other_streams_go_on() -> None:
+    p = Peers()
+    bad = call(p, STREAM)
+    p.c.send_data(bad, b"\x07\xff\xff\xff\xff garbage")
+    p.pump()
+    good = call(p, UNARY)
+    p.c.send_data(good, frame(infer_request("g")), end_stream=True)
+    p.pump()
+    respond(p, good)
+    p.s.send_data(good, frame(infer_response("g", "ok", None, stream=False)))
+    p.pump()
+    status(p, good)
+    out = run(p.wire)
+    assert any(e.kind == "grpc" for e in of(out, PipelineError))
+    assert [c.text for c in of(out, ChunkEvent) if c.text] == ["ok"]
+
+
+def test_parse_infer_reads_what_service_pb2_wrote() -> None:
+    m = parse_infer(infer_request("r9", "héllo"), request=True)
+    assert (m.model, m.id, m.tensors["text_input"]) == ("trtllm", "r9", ["héllo".encode()])
+    assert m.parameters == {"max_tokens": 8}
+    assert bytes_elements(b"\x01\x00\x00\x00a\x02\x00\x00\x00bc") == [b"a", b"bc"]
+
+
+@given(st.binary(max_size=200))
+def test_proto_reader_never_raises_anything_else(data: bytes) -> None:
+    try:
+        proto_fields(data)
+        parse_infer(data, request=False)
+    except ProtoError:
+        pass
