@@ -209,3 +209,29 @@ def test_proto_reader_never_raises_anything_else(data: bytes) -> None:
         parse_infer(data, request=False)
     except ProtoError:
         pass
+
+
+def test_configured_output_tensor_name() -> None:
+    from sniffer.core.events import ConnectionClosed, ConnectionOpened, FlowData
+    from sniffer.core.pipeline import Pipeline, PipelineConfig
+    from tests.test_h2 import CLIENT, SERVER
+
+    p = Peers()
+    sid = call(p, UNARY)
+    p.c.send_data(sid, frame(infer_request("u")), end_stream=True)
+    p.pump()
+    respond(p, sid)
+    r = service_pb2.ModelInferResponse(model_name="m", id="u")
+    o = r.outputs.add()
+    o.name, o.datatype = "generated", "BYTES"
+    o.contents.bytes_contents.append(b"custom")
+    p.s.send_data(sid, frame(r.SerializeToString()))
+    p.pump()
+    status(p, sid)
+    flows = [ConnectionOpened(1, 0.5, CLIENT, SERVER, True)]
+    flows += [FlowData(1, 1.0 + i, fc, d) for i, (fc, d) in enumerate(p.wire)]
+    flows.append(ConnectionClosed(1, 99.0, "fin"))
+    default = Pipeline().feed_flows(flows)
+    assert not [c.text for c in of(default, ChunkEvent) if c.text]
+    configured = Pipeline(PipelineConfig(grpc_text_outputs=("generated",))).feed_flows(flows)
+    assert [c.text for c in of(configured, ChunkEvent) if c.text] == ["custom"]

@@ -70,6 +70,7 @@ _MAX_FRAME = (1 << 24) - 1
 _MAX_BLOCK = 1 << 20  # header block (HEADERS + CONTINUATIONs) cap
 _HUNT_KEEP = 1 << 16  # bytes kept while looking for frame boundaries
 _KNOWN_TYPES = 10  # DATA .. CONTINUATION
+_SCAN_OFFSETS = 4096  # offsets tried when looking for a frame boundary (bounded work)
 
 H2Output = HttpRequest | HttpResponse | HttpBody | HttpEnd | HttpError | HttpTrailers
 
@@ -169,11 +170,15 @@ def _plausible(buf: bytes | bytearray, at: int, max_len: int = 1 << 14) -> int |
     return length
 
 
-def find_frame_start(buf: bytes | bytearray, chain: int = 2) -> int | None:
-    """The first offset where ``chain`` plausible frame headers follow each other
-    (or plausible frames run exactly to the end of ``buf``)."""
+def find_frame_start(
+    buf: bytes | bytearray, chain: int = 2, max_offset: int = _SCAN_OFFSETS
+) -> int | None:
+    """The first offset (at most ``max_offset``) where ``chain`` plausible frame
+    headers follow each other, or plausible frames run exactly to the end of
+    ``buf``; at offset 0 a first frame not complete yet also counts (captured
+    segments usually begin at a frame)."""
     n = len(buf)
-    for at in range(max(0, n - 8)):
+    for at in range(min(max(0, n - 8), max_offset + 1)):
         pos = at
         count = 0
         while True:
@@ -187,7 +192,7 @@ def find_frame_start(buf: bytes | bytearray, chain: int = 2) -> int | None:
             if pos > n:
                 break
         if count and pos > n and at == 0:
-            return 0  # a frame that starts the buffer and is not complete yet
+            return 0
     return None
 
 

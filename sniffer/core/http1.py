@@ -511,7 +511,7 @@ def _h2_frames(data: bytes) -> bool:
     """Bytes of a connection caught mid-way that read as HTTP/2 frames (not HTTP/1)."""
     if _METHOD_PREFIX.match(data[:32]) or data.startswith(b"HTTP/1."):
         return False
-    return find_frame_start(data[:65536]) == 0
+    return find_frame_start(data[:65536], max_offset=0) == 0
 
 
 def _upgrades_to_h2c(headers: Headers) -> bool:

@@ -18,7 +18,7 @@ from sniffer.core.events import (
     Segment,
     StoreEvent,
 )
-from sniffer.core.grpc import GrpcSplitter
+from sniffer.core.grpc import TEXT_OUTPUTS, GrpcSplitter
 from sniffer.core.http1 import HttpParser
 from sniffer.core.reassembly import Reassembler
 from sniffer.core.streams import StreamAssembler
@@ -34,6 +34,8 @@ class PipelineConfig:
     labels: Mapping[int, str] | None = None  # server port → label
     idle_timeout: float = 300.0
     hole_timeout: float = 1.0
+    # KServe v2 gRPC: names of the BYTES output tensor that carries the text, tried in order.
+    grpc_text_outputs: tuple[str, ...] = TEXT_OUTPUTS
 
 
 class Pipeline:
@@ -48,7 +50,7 @@ class Pipeline:
             hole_timeout=cfg.hole_timeout,
         )
         self.http = HttpParser()
-        self.grpc = GrpcSplitter()
+        self.grpc = GrpcSplitter(cfg.grpc_text_outputs)
         self.streams = StreamAssembler(
             stream_id_base=cfg.stream_id_base, id_step=cfg.id_step, labels=cfg.labels
         )
