@@ -382,3 +382,22 @@ def test_upgrade_h2c_continues_exchange_zero_as_stream_one() -> None:
     statuses = [r.status for r in of(out, StreamResponse)]
     assert statuses == [200, 200]
     assert not of(out, PipelineError)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.binary(max_size=64)), max_size=20), st.booleans())
+def test_random_frames_never_raise(pieces: list[tuple[bool, bytes]], mid: bool) -> None:
+    """Random frame headers and bodies (after a real preface, or as a mid-connection
+    start): errors are recorded, nothing raises."""
+    h = H2Conn(1, midstream=mid)
+    if not mid:
+        h.data(True, 0.0, PREFACE)
+    for i, (fc, body) in enumerate(pieces):
+        # a frame header whose length matches the body half of the time
+        ftype = body[0] % 11 if body else 0
+        sid = (body[1] % 4) if len(body) > 1 else 1
+        length = len(body) if i % 2 else (body[2] if len(body) > 2 else 0)
+        head = length.to_bytes(3, "big") + bytes([ftype, body[3] if len(body) > 3 else 0])
+        h.data(fc, float(i), head + sid.to_bytes(4, "big") + body)
+    h.gap(True, 99.0)
+    h.close(100.0, "fin")
