@@ -23,7 +23,10 @@ passes through untouched.
   final) ends the virtual exchange.
 * Messages of other gRPC services stay one exchange whose response body is
   NDJSON, one line per message: ``{"size": n, "raw": base64}`` (the
-  ``grpc.raw`` dialect records them as chunks).
+  ``grpc.raw`` dialect records them as chunks). Given a descriptor set
+  (``ProtoCatalog``, from ``protoc --include_imports -o FILE.pb``), a method it
+  describes gets each message decoded too: ``"json"`` holds the message as
+  protobuf's JSON mapping.
 
 Protobuf is read with the small wire-format reader below (varint,
 length-delimited, fixed32/64); no generated classes are needed.
@@ -239,6 +242,58 @@ def _text(m: InferMessage, names: tuple[str, ...]) -> str | None:
     return None
 
 
+# ------------------------------------------------------------ descriptor set
+
+
+class ProtoCatalog:
+    """Message types of the gRPC methods a ``FileDescriptorSet`` describes.
+
+    ``ProtoCatalog(data)`` takes the serialized set (``protoc --include_imports
+    --descriptor_set_out``); ``ValueError`` if it cannot be read."""
+
+    def __init__(self, data: bytes) -> None:
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+        fds = descriptor_pb2.FileDescriptorSet()
+        try:
+            fds.ParseFromString(data)
+            pool = descriptor_pool.DescriptorPool()
+            for f in fds.file:
+                pool.Add(f)
+            self._methods: dict[str, tuple[Any, Any]] = {}
+            for f in fds.file:
+                for svc in f.service:
+                    name = f"{f.package}.{svc.name}" if f.package else svc.name
+                    sd = pool.FindServiceByName(name)
+                    for m in sd.methods:
+                        self._methods[f"/{name}/{m.name}"] = (
+                            message_factory.GetMessageClass(m.input_type),
+                            message_factory.GetMessageClass(m.output_type),
+                        )
+        except Exception as exc:  # protobuf raises several types for a bad set
+            raise ValueError(f"not a usable descriptor set: {exc}") from exc
+
+    @property
+    def methods(self) -> list[str]:
+        return sorted(self._methods)
+
+    def decode(self, path: str, request: bool, msg: bytes) -> dict[str, Any] | None:
+        """The message as protobuf's JSON mapping, or None (unknown method, bad bytes)."""
+        from google.protobuf import json_format
+        from google.protobuf.message import DecodeError
+
+        types = self._methods.get(path)
+        if types is None:
+            return None
+        m = types[0 if request else 1]()
+        try:
+            m.ParseFromString(msg)
+        except DecodeError:
+            return None
+        out: dict[str, Any] = json_format.MessageToDict(m)
+        return out
+
+
 # --------------------------------------------------------------------- calls
 
 
@@ -336,8 +391,11 @@ def is_grpc(headers: Headers) -> bool:
 class GrpcSplitter:
     """HTTP events in, HTTP events out: gRPC calls rewritten as described above."""
 
-    def __init__(self, text_outputs: tuple[str, ...] = TEXT_OUTPUTS) -> None:
+    def __init__(
+        self, text_outputs: tuple[str, ...] = TEXT_OUTPUTS, catalog: ProtoCatalog | None = None
+    ) -> None:
         self._calls: dict[tuple[int, int], _Call] = {}
+        self._catalog = catalog
         self._text_outputs = text_outputs
         self.messages = 0
         self.errors = 0
@@ -425,15 +483,21 @@ class GrpcSplitter:
             self.messages += len(msgs)
             if not call.kserve:
                 lines = b"".join(
-                    json.dumps({"size": len(m), "raw": base64.b64encode(m).decode()}).encode()
-                    + b"\n"
-                    for m in msgs
+                    json.dumps(self._raw(call, False, m)).encode() + b"\n" for m in msgs
                 )
                 if lines:
                     out.append(HttpBody(ev.conn, ev.exchange, ev.ts, False, lines))
                 return
             for msg in msgs:
                 self._infer_response(call, ev.ts, msg, out)
+
+    def _raw(self, call: _Call, request: bool, msg: bytes) -> dict[str, Any]:
+        item: dict[str, Any] = {"size": len(msg), "raw": base64.b64encode(msg).decode()}
+        if self._catalog is not None:
+            decoded = self._catalog.decode(call.req.target.split("?", 1)[0], request, msg)
+            if decoded is not None:
+                item["json"] = decoded
+        return item
 
     def _raw_request(self, call: _Call, ts: float, out: list[Any]) -> None:
         """A non-KServe call's request messages, as one JSON document (once: the
@@ -444,9 +508,7 @@ class GrpcSplitter:
         call.raw_sent = True
         doc = {
             "grpc": call.req.target,
-            "messages": [
-                {"size": len(m), "raw": base64.b64encode(m).decode()} for m in call.raw_req
-            ],
+            "messages": [self._raw(call, True, m) for m in call.raw_req],
         }
         out.append(HttpBody(call.conn, call.ex, ts, True, json.dumps(doc).encode()))
         call.raw_req.clear()

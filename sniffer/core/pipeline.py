@@ -18,7 +18,7 @@ from sniffer.core.events import (
     Segment,
     StoreEvent,
 )
-from sniffer.core.grpc import TEXT_OUTPUTS, GrpcSplitter
+from sniffer.core.grpc import TEXT_OUTPUTS, GrpcSplitter, ProtoCatalog
 from sniffer.core.http1 import HttpParser
 from sniffer.core.reassembly import Reassembler
 from sniffer.core.streams import StreamAssembler
@@ -36,6 +36,8 @@ class PipelineConfig:
     hole_timeout: float = 1.0
     # KServe v2 gRPC: names of the BYTES output tensor that carries the text, tried in order.
     grpc_text_outputs: tuple[str, ...] = TEXT_OUTPUTS
+    # gRPC: a serialized FileDescriptorSet; messages of the methods it describes are decoded.
+    proto_descriptors: bytes | None = None
 
 
 class Pipeline:
@@ -50,7 +52,8 @@ class Pipeline:
             hole_timeout=cfg.hole_timeout,
         )
         self.http = HttpParser()
-        self.grpc = GrpcSplitter(cfg.grpc_text_outputs)
+        catalog = ProtoCatalog(cfg.proto_descriptors) if cfg.proto_descriptors else None
+        self.grpc = GrpcSplitter(cfg.grpc_text_outputs, catalog)
         self.streams = StreamAssembler(
             stream_id_base=cfg.stream_id_base, id_step=cfg.id_step, labels=cfg.labels
         )
