@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -235,3 +236,110 @@ def test_configured_output_tensor_name() -> None:
     assert not [c.text for c in of(default, ChunkEvent) if c.text]
     configured = Pipeline(PipelineConfig(grpc_text_outputs=("generated",))).feed_flows(flows)
     assert [c.text for c in of(configured, ChunkEvent) if c.text] == ["custom"]
+
+
+def _demo_descriptor_set() -> bytes:
+    """``package demo; message Ping {string text = 1; int32 n = 2;}
+    service Router {rpc Route(Ping) returns (Ping);}`` as a FileDescriptorSet."""
+    from google.protobuf import descriptor_pb2
+
+    f = descriptor_pb2.FileDescriptorProto(name="demo.proto", package="demo", syntax="proto3")
+    m = f.message_type.add(name="Ping")
+    m.field.add(name="text", number=1, type=9, label=1)  # TYPE_STRING, LABEL_OPTIONAL
+    m.field.add(name="n", number=2, type=5, label=1)  # TYPE_INT32
+    svc = f.service.add(name="Router")
+    svc.method.add(name="Route", input_type=".demo.Ping", output_type=".demo.Ping")
+    return descriptor_pb2.FileDescriptorSet(file=[f]).SerializeToString()
+
+
+def _ping(text: str, n: int) -> bytes:
+    raw = text.encode()
+    return b"\x0a" + bytes([len(raw)]) + raw + b"\x10" + bytes([n])
+
+
+def _router_wire() -> list[tuple[bool, bytes]]:
+    p = Peers()
+    sid = call(p, "/demo.Router/Route")
+    p.c.send_data(sid, frame(_ping("hello", 1)), end_stream=True)
+    p.pump()
+    respond(p, sid)
+    p.s.send_data(sid, frame(_ping("world", 2)) + frame(_ping("again", 3)))
+    p.pump()
+    status(p, sid)
+    return p.wire
+
+
+def _to_pcap(wire: list[tuple[bool, bytes]], path: str, sport: int = 50051) -> None:
+    from scapy.layers.inet import IP, TCP
+    from scapy.layers.l2 import Ether
+    from scapy.utils import wrpcap
+
+    seq = {True: 1000, False: 9000}
+    ports = {True: (41000, sport), False: (sport, 41000)}
+    pkts = []
+
+    def pkt(fc: bool, flags: str, payload: bytes = b"") -> None:
+        src, dst = ports[fc]
+        p = (
+            Ether()
+            / IP(src="127.0.0.1", dst="127.0.0.1")
+            / TCP(sport=src, dport=dst, flags=flags, seq=seq[fc], ack=seq[not fc])
+            / payload
+        )
+        p.time = 1.0 + len(pkts) / 1000
+        seq[fc] += len(payload) + (1 if ("S" in flags or "F" in flags) else 0)
+        pkts.append(p)
+
+    pkt(True, "S")
+    pkt(False, "SA")
+    pkt(True, "A")
+    for fc, data in wire:
+        for i in range(0, len(data), 1400):
+            pkt(fc, "PA", data[i : i + 1400])
+    pkt(True, "FA")
+    pkt(False, "FA")
+    pkt(True, "A")
+    wrpcap(path, pkts)
+
+
+def test_descriptor_set_decodes_other_services(tmp_path: Any) -> None:
+    from sniffer.core.events import ConnectionClosed, ConnectionOpened, FlowData
+    from sniffer.core.pipeline import Pipeline, PipelineConfig
+    from tests.test_h2 import CLIENT, SERVER
+
+    wire = _router_wire()
+    flows = [ConnectionOpened(1, 0.5, CLIENT, SERVER, True)]
+    flows += [FlowData(1, 1.0 + i, fc, d) for i, (fc, d) in enumerate(wire)]
+    flows.append(ConnectionClosed(1, 99.0, "fin"))
+    out = Pipeline(PipelineConfig(proto_descriptors=_demo_descriptor_set())).feed_flows(flows)
+    (op,) = of(out, StreamOpened)
+    assert json.loads(op.request_body or "")["messages"][0]["json"] == {"text": "hello", "n": 1}
+    decoded = [json.loads(c.raw or "")["json"] for c in of(out, ChunkEvent)]
+    assert decoded == [{"text": "world", "n": 2}, {"text": "again", "n": 3}]
+
+
+def test_cli_replay_with_proto(tmp_path: Any) -> None:
+    import sqlite3
+
+    from click.testing import CliRunner
+
+    from sniffer.cli import main as cli
+
+    pcap = str(tmp_path / "router.pcap")
+    _to_pcap(_router_wire(), pcap)
+    pb = tmp_path / "demo.pb"
+    pb.write_bytes(_demo_descriptor_set())
+    db = str(tmp_path / "r.db")
+    res = CliRunner().invoke(
+        cli, ["replay", pcap, "--db", db, "--proto", str(pb), "--no-tokens", "-q"]
+    )
+    assert res.exit_code == 0, res.output
+    with sqlite3.connect(db) as c:
+        (dialect,) = c.execute("select dialect from streams").fetchone()
+        raws = [json.loads(r) for (r,) in c.execute("select raw from chunks order by seq")]
+    assert dialect == "grpc.raw"
+    assert [r["json"] for r in raws] == [{"text": "world", "n": 2}, {"text": "again", "n": 3}]
+    bad = tmp_path / "bad.pb"
+    bad.write_bytes(b"\xff\xff not a descriptor set")
+    res = CliRunner().invoke(cli, ["replay", pcap, "--db", db, "--proto", str(bad)])
+    assert res.exit_code == 2 and "--proto" in res.output

@@ -102,6 +102,14 @@ def main() -> None:
     help="Share of streams whose chunk text is stored (summaries always), as in 'run'.  "
     "[default: 1]",
 )
+@click.option(
+    "--proto",
+    "proto_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Protobuf descriptor set (protoc --include_imports -o FILE.pb): decode the "
+    "messages of the gRPC methods it describes.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def replay(
@@ -116,6 +124,7 @@ def replay(
     no_redact: bool,
     redact_patterns: tuple[str, ...],
     sample_rate: float | None,
+    proto_file: str | None,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -149,6 +158,16 @@ def replay(
         redact_patterns=tuple(patterns),
         tokens=not no_tokens,
     )
+    proto: bytes | None = None
+    if proto_file is not None:
+        from sniffer.core.grpc import ProtoCatalog
+
+        with open(proto_file, "rb") as fh:
+            proto = fh.read()
+        try:
+            ProtoCatalog(proto)
+        except ValueError as exc:
+            raise click.BadParameter(f"{proto_file}: {exc}", param_hint="--proto") from exc
     with library_errors():
         registry = None if no_tokens else make_registry(tokenizers, default_tokenizer)
         recording = RecordingChain.from_config(options, tokens=registry)
@@ -185,6 +204,7 @@ def replay(
                         progress=progress,
                         jobs=jobs or default_jobs(),
                         chain=recording,
+                        proto=proto,
                     )
                 except CaptureFileError as exc:
                     fail(str(exc) if path in str(exc) else f"{path}: {exc}")

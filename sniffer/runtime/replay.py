@@ -98,6 +98,7 @@ def replay(
     tokens: TokenizerRegistry | None = None,
     redactor: Redactor | None = None,
     chain: RecordingChain | None = None,
+    proto: bytes | None = None,
 ) -> ReplayResult:
     """Replay one capture file into the database ``db`` (a path or SQLAlchemy URL).
 
@@ -110,6 +111,8 @@ def replay(
     A truncated or corrupt file does not raise: everything before the bad
     offset is processed and stored, and ``capture_error`` says where it broke.
     A file that is not a capture at all raises ``CaptureFileError``.
+    ``proto`` is a serialized protobuf descriptor set: messages of the gRPC
+    methods it describes are decoded (``sniffer.core.grpc``).
     """
     started = time.perf_counter()
     read_capture(path).close()  # not a capture at all: raise before any work
@@ -120,14 +123,14 @@ def replay(
     if chain.tokens is not None:
         chain.tokens.preload()  # a bad tokenizer config fails now, and workers share it
     if jobs > 1 and writer is None and os.path.getsize(path) >= PARALLEL_MIN_BYTES:
-        result = _replay_parallel(path, db, ports, labels, progress, batch_size, jobs, chain)
+        result = _replay_parallel(path, db, ports, labels, progress, batch_size, jobs, chain, proto)
     else:
         own = writer is None
         w = writer if writer is not None else StoreWriter(db, batch_size=batch_size)
         try:
             conn_base, stream_base = w.id_bases()
             result = _replay_part(
-                path, w, ports, labels, progress, 0, 1, conn_base, stream_base, chain
+                path, w, ports, labels, progress, 0, 1, conn_base, stream_base, chain, proto
             )
         finally:
             if own:
@@ -145,6 +148,7 @@ def _replay_parallel(
     batch_size: int,
     jobs: int,
     chain: RecordingChain,
+    proto: bytes | None = None,
 ) -> ReplayResult:
     first = StoreWriter(db, batch_size=batch_size)  # creates the schema once
     conn_base, stream_base = first.id_bases()
@@ -167,6 +171,7 @@ def _replay_parallel(
                 conn_base,
                 stream_base,
                 chain,
+                proto,
             ),
             daemon=True,
         )
@@ -176,7 +181,7 @@ def _replay_parallel(
     w = StoreWriter(db, batch_size=batch_size)
     try:
         result = _replay_part(
-            path, w, ports, labels, progress, 0, jobs, conn_base, stream_base, chain
+            path, w, ports, labels, progress, 0, jobs, conn_base, stream_base, chain, proto
         )
     finally:
         w.close()
@@ -207,11 +212,14 @@ def _worker(
     conn_base: int,
     stream_base: int,
     chain: RecordingChain,
+    proto: bytes | None = None,
 ) -> None:
     try:
         w = StoreWriter(db, batch_size=batch_size)
         try:
-            part = _replay_part(path, w, ports, labels, None, k, n, conn_base, stream_base, chain)
+            part = _replay_part(
+                path, w, ports, labels, None, k, n, conn_base, stream_base, chain, proto
+            )
         finally:
             w.close()
         send.send(asdict(part))
@@ -232,6 +240,7 @@ def _replay_part(
     conn_base: int,
     stream_base: int,
     chain: RecordingChain,
+    proto: bytes | None = None,
 ) -> ReplayResult:
     """Replay worker k's share of the connections (all of them when n == 1): a hash of
     the port pair, symmetric so both directions land together, and mixed so that
@@ -245,6 +254,7 @@ def _replay_part(
             id_step=n,
             only_ports=ports,
             labels=labels,
+            proto_descriptors=proto,
         )
     )
     # The pipeline makes many short-lived objects and no cycles worth chasing
