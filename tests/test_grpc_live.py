@@ -82,3 +82,46 @@ def test_model_stream_infer_each_request_is_a_row(tmp_path: Path, procs: Any) ->
         first = q(d.db, "select t_request, t_first_content from streams where id=?", sid)[0]
         assert first[0] <= first[1]
     assert stored == [texts[f"req-{i}"] for i in range(4)] + [unary_text]
+
+
+def test_other_grpc_service_decoded_with_proto(tmp_path: Path, procs: Any) -> None:  # noqa: F811
+    """A grpcio service with no generated code (raw bytes handlers), the daemon
+    given its descriptor set with ``--proto``: each message stored as JSON."""
+    from concurrent import futures
+
+    import grpc
+
+    from tests.test_grpc import _demo_descriptor_set, _ping
+
+    def route(request: bytes, context: Any) -> bytes:
+        return _ping("pong " + request[2 : 2 + request[1]].decode(), 7)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    handler = grpc.method_handlers_generic_handler(
+        "demo.Router", {"Route": grpc.unary_unary_rpc_method_handler(route)}
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    pb = tmp_path / "demo.pb"
+    pb.write_bytes(_demo_descriptor_set())
+    try:
+        d = daemon(procs, tmp_path, "--port", str(port), "--proto", str(pb))
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            reply = ch.unary_unary("/demo.Router/Route")(_ping("hi", 1), timeout=10)
+        assert reply == _ping("pong hi", 7)
+        assert d.stop() == 0
+    finally:
+        server.stop(0)
+    rows = q(d.db, "select id, dialect, state, request_json from streams")
+    assert len(rows) == 1 and rows[0][1] == "grpc.raw" and rows[0][2] == "complete", rows
+    import json
+
+    assert json.loads(rows[0][3])["messages"][0]["json"] == {"text": "hi", "n": 1}
+    raws = [
+        json.loads(r)
+        for (r,) in q(d.db, "select raw from chunks where stream_id=? order by seq", rows[0][0])
+    ]
+    assert raws[0]["json"] == {"text": "pong hi", "n": 7}
+    assert raws[1] == {"grpc_status": 0, "grpc_message": ""}

@@ -48,6 +48,7 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
         "sample_rate",
         "default_tokenizer",
         "db_group",
+        "grpc_proto",
     ):
         if options.get(key) is not None:
             overrides[key] = options[key]
@@ -169,6 +170,12 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
     is_flag=True,
     help="Start even if the database file is world-readable.",
 )
+@click.option(
+    "--proto",
+    "grpc_proto",
+    metavar="FILE.pb",
+    help="Protobuf descriptor set: decode the messages of the gRPC methods it describes.",
+)
 @click.option("--print-config", is_flag=True, help="Print the effective config as TOML and exit.")
 def run(config_path: str | None, print_config: bool, **options: Any) -> None:
     """Record live: capture the LLM server's traffic and store every streamed chunk.
@@ -190,6 +197,10 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
     """
     try:
         cfg, overrides = build_config(config_path, options)
+        if cfg.grpc_proto:
+            from sniffer.runtime.daemon import read_proto
+
+            read_proto(cfg.grpc_proto)  # an unusable descriptor set stops here
     except ConfigError as exc:
         click.echo(f"sparseety: config error: {exc}", err=True)
         sys.exit(2)

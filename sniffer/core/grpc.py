@@ -23,7 +23,8 @@ passes through untouched.
   final) ends the virtual exchange.
 * Messages of other gRPC services stay one exchange whose response body is
   NDJSON, one line per message: ``{"size": n, "raw": base64}`` (the
-  ``grpc.raw`` dialect records them as chunks). Given a descriptor set
+  ``grpc.raw`` dialect records them as chunks), then a last line
+  ``{"grpc_status": code, "grpc_message": text}``. Given a descriptor set
   (``ProtoCatalog``, from ``protoc --include_imports -o FILE.pb``), a method it
   describes gets each message decoded too: ``"json"`` holds the message as
   protobuf's JSON mapping.
@@ -576,6 +577,10 @@ class GrpcSplitter:
             return
         call.status_seen = True
         code = int(status) if status.strip().isdigit() else 2
+        if not call.kserve:
+            # The call's end, as the last NDJSON line (grpc.raw: DONE or ERROR).
+            end = {"grpc_status": code, "grpc_message": _header(headers, "grpc-message") or ""}
+            out.append(HttpBody(call.conn, call.ex, ts, False, json.dumps(end).encode() + b"\n"))
         if code != 0:
             message = _header(headers, "grpc-message") or ""
             text = f"{GRPC_STATUS.get(code, code)}" + (f": {message}" if message else "")

@@ -52,6 +52,10 @@ Layout (every key optional; the values shown are the defaults)::
     [tokenizers]                  # model (exact or glob) → dir, tokenizer.json or cached hub id
     "deepseek-*" = "/models/deepseek/tokenizer.json"
 
+    [grpc]                        # gRPC calls over HTTP/2 (see sniffer.core.grpc)
+    proto = ""                    # descriptor set (protoc --include_imports -o FILE.pb): decode
+    text_outputs = ["text_output", "output", "OUTPUT0"]  # KServe v2 text tensor names, in order
+
     [files]
     group = ""                    # database files 0640 with this group (default 0600)
     allow_world_readable = false  # refuse to start on a world-readable database file
@@ -130,6 +134,7 @@ TABLES: dict[str, dict[str, str]] = {
     },
     "tokens": {"enabled": "tokens", "default": "default_tokenizer"},
     "files": {"group": "db_group", "allow_world_readable": "allow_world_readable"},
+    "grpc": {"proto": "grpc_proto", "text_outputs": "grpc_text_outputs"},
 }
 _BOOL_FIELDS = ("metrics", "metrics_public", "redact", "tokens", "allow_world_readable")
 _INT_FIELDS = ("metrics_max_models", "boost_threshold", "retention_batch")
@@ -188,6 +193,9 @@ class Config:
     # [files]
     db_group: str = ""
     allow_world_readable: bool = False
+    # [grpc]
+    grpc_proto: str = ""
+    grpc_text_outputs: tuple[str, ...] = ("text_output", "output", "OUTPUT0")
     #: unknown top-level tables and keys
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: the file this came from, if any (SIGHUP re-reads it)
@@ -274,6 +282,8 @@ class Config:
                 raise ConfigError(f"redaction pattern {pname!r}: bad regex: {exc}") from None
         if self.retention_days < 0 or self.retention_batch < 1 or self.retention_interval <= 0:
             raise ConfigError("retention: days >= 0, batch >= 1 and interval > 0")
+        if not self.grpc_text_outputs or not all(self.grpc_text_outputs):
+            raise ConfigError("grpc text_outputs: at least one non-empty tensor name")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -281,6 +291,7 @@ class Config:
         d["labels"] = {str(k): v for k, v in sorted(self.labels.items())}
         d["pids"] = list(self.pids)
         d["comms"] = list(self.comms)
+        d["grpc_text_outputs"] = list(self.grpc_text_outputs)
         d["redact_patterns"] = [list(p) for p in self.redact_patterns]
         d["tokenizers"] = [list(p) for p in self.tokenizers]
         d["extra"] = dict(self.extra)
@@ -381,7 +392,7 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         return _pairs(key, value, where, "pattern", "source")
     if key in ("ports", "pids"):
         return tuple(_int(key, v, where) for v in _list(key, value, where))
-    if key == "comms":
+    if key in ("comms", "grpc_text_outputs"):
         return tuple(_str(key, v, where) for v in _list(key, value, where))
     if key == "labels":
         return _labels(value, where)

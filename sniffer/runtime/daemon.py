@@ -189,6 +189,8 @@ class Daemon:
                     server_ports=frozenset(cfg.capture_ports),
                     labels=dict(cfg.labels),
                     idle_timeout=cfg.idle_timeout,
+                    grpc_text_outputs=cfg.grpc_text_outputs,
+                    proto_descriptors=read_proto(cfg.grpc_proto),
                 )
             )
             # eBPF connection ids come from the source: give it its own range.
@@ -538,6 +540,21 @@ class Daemon:
             exit_code=code,
         )
         return code
+
+
+def read_proto(path: str) -> bytes | None:
+    """The descriptor set named by ``[grpc] proto`` ("" → None); ConfigError if unusable."""
+    if not path:
+        return None
+    from sniffer.core.grpc import ProtoCatalog
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        ProtoCatalog(data)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"grpc proto {path}: {exc}") from None
+    return data
 
 
 def _slow_from_env() -> float:

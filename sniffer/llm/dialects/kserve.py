@@ -11,7 +11,9 @@ Mapping: ``text_output`` (non-empty) → CONTENT; ``final`` → FINISH
 (``finish_reason`` "stop") then a stream-level DONE; ``error`` → ERROR.
 
 ``grpc.raw``: messages of any other gRPC service, one NDJSON line each
-(``{"size": n, "raw": base64}``), kept as OTHER chunks with the line as ``raw``.
+(``{"size": n, "raw": base64}``, plus ``"json"`` with a descriptor set), kept as
+OTHER chunks with the line as ``raw``; the last line ``{"grpc_status": …}`` is
+DONE (status 0) or ERROR.
 """
 
 from __future__ import annotations
@@ -57,6 +59,11 @@ class GrpcRaw(JsonDialect):
     name = "grpc.raw"
 
     def _streamed(self, obj: Any, data: str, event_type: str) -> list[Delta]:
+        if type(obj) is dict and "grpc_status" in obj:
+            if obj["grpc_status"] == 0:
+                return [Delta(STREAM_LEVEL, DONE, raw=data)]
+            message = f"grpc-status {obj['grpc_status']}: {obj.get('grpc_message') or ''}"
+            return [Delta(STREAM_LEVEL, ERROR, raw=data, error=message.rstrip(": "))]
         return [Delta(0, OTHER, raw=data)]
 
     def _whole(self, obj: Any, body: str) -> list[Delta]:
