@@ -29,6 +29,7 @@ from tests.test_live_e2e import (
     check_exact,
     concurrently,
     daemon,
+    ebpf_loadable,  # noqa: F401  (fixture)
     q,
     stored,
 )
@@ -169,3 +170,17 @@ def test_h2c_upgrade(tmp_path: Path, procs: list[Any]) -> None:
     assert ("GET", "/health", "complete", 200) in rows, rows
     got = stored(d.db)["upgrade prompt"]
     assert got["text"] == text and got["state"] == "complete"
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("ebpf_loadable")
+def test_h2c_over_the_ebpf_backend(tmp_path: Path, procs: list[Any]) -> None:
+    """The eBPF backend's flows go through the same parser: the bytes say HTTP/2."""
+    port = h2_server(procs)
+    d = daemon(procs, tmp_path, "--backend", "ebpf", "--port", str(port))
+    with httpx.Client(http1=False, http2=True, timeout=30) as client:
+        jobs = [(lambda i=i: h2_stream(client, port, f"ebpf h2 {i}", 15 + i)) for i in range(4)]
+        results = concurrently(jobs)
+    assert d.stop() == 0
+    check_exact(d.db, results)
+    assert {c for (c,) in q(d.db, "select distinct capture from streams")} == {"ebpf"}
