@@ -21,6 +21,7 @@ import time
 
 import h2.config
 import h2.connection
+import h2.settings
 
 from sniffer.core.events import ChunkEvent, ConnectionClosed, ConnectionOpened, FlowData, FlowEvent
 from sniffer.core.pipeline import Pipeline
@@ -57,6 +58,7 @@ def h2_wire(streams: int, chunks: int, grpc: bool = False) -> list[tuple[bool, b
 
     c.initiate_connection()
     s.initiate_connection()
+    s.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: max(100, streams)})
     pump()
     body = json.dumps(
         {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
