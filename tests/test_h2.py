@@ -401,3 +401,34 @@ def test_random_frames_never_raise(pieces: list[tuple[bool, bytes]], mid: bool) 
         h.data(fc, float(i), head + sid.to_bytes(4, "big") + body)
     h.gap(True, 99.0)
     h.close(100.0, "fin")
+
+
+def test_lost_frame_marks_open_streams_and_recording_goes_on() -> None:
+    """A server write lost (exact gap): the streams open then can never be
+    complete, but frames after the gap are found again and still recorded."""
+    p = Peers()
+    a = p.request(CHAT)
+    b = p.request(CHAT)
+    p.respond_head(a)
+    p.respond_head(b)
+    p.sse(a, chunk("a1"))
+    p.sse(b, chunk("b1"))
+    lost_at = len(p.wire)
+    p.sse(a, chunk("a2"))  # this write is lost
+    p.sse(b, chunk("b2"))
+    p.sse(a, chunk(finish="stop"), end=True)
+    p.sse(b, chunk(finish="stop"), end=True)
+    (fc, lost), *_ = p.wire[lost_at:]
+    assert not fc
+    flows: list[FlowEvent] = [ConnectionOpened(1, 0.5, CLIENT, SERVER, True)]
+    for i, (fc, data) in enumerate(p.wire):
+        if i == lost_at:
+            flows.append(FlowGap(1, 1.0 + i / 100, False, len(lost), "lost"))
+        else:
+            flows.append(FlowData(1, 1.0 + i / 100, fc, data))
+    flows.append(ConnectionClosed(1, 5.0, "fin"))
+    out = Pipeline().feed_flows(flows)
+    texts = [c.text for c in of(out, ChunkEvent) if c.text]
+    assert texts == ["a1", "b1", "b2"]
+    closed = of(out, StreamClosed)
+    assert len(closed) == 2 and all(c.state is StreamState.GAP for c in closed)

@@ -45,6 +45,7 @@ from typing import Any
 from sniffer.core.events import (
     ConnectionClosed,
     EndReason,
+    FlowGap,
     Headers,
     HttpBody,
     HttpEnd,
@@ -421,6 +422,10 @@ class GrpcSplitter:
                 assert isinstance(ev, ConnectionClosed)
                 for key in [k for k in self._calls if k[0] == ev.conn]:
                     del self._calls[key]
+            elif t is FlowGap and self._calls:
+                assert isinstance(ev, FlowGap)
+                if ev.nbytes is not None or ev.reason == "midstream":
+                    return self._lost(ev)
             return [ev]
         ex = getattr(ev, "exchange", None)
         found = self._calls.get((getattr(ev, "conn", -1), ex if ex is not None else -1))
@@ -455,6 +460,21 @@ class GrpcSplitter:
             self._fail(
                 call, getattr(ev, "ts", 0.0), getattr(ev, "from_client", False), str(exc), out
             )
+        return out
+
+    def _lost(self, ev: FlowGap) -> list[Any]:
+        """Bytes of the connection were lost: the message framing of its calls is
+        broken (a length prefix may be gone), so they end here as gaps."""
+        out: list[Any] = [ev]
+        for key in [k for k in self._calls if k[0] == ev.conn]:
+            call = self._calls.pop(key)
+            if call.kserve:
+                for v in call.open:
+                    if not v.responded:
+                        out.append(HttpResponse(call.conn, v.ex, ev.ts, 200, "", "2", NDJSON))
+                    out.append(HttpEnd(call.conn, v.ex, ev.ts, False, EndReason.GAP))
+            else:
+                out.append(HttpEnd(call.conn, call.ex, ev.ts, False, EndReason.GAP))
         return out
 
     # ------------------------------------------------------------------ parts

@@ -27,7 +27,8 @@ into stream 1). Trailers (a second HEADERS block) come out as ``HttpTrailers``.
 
 Loss and late starts: after a gap, or when the capture began mid-connection,
 a direction's frame boundaries are found again by looking for a chain of
-plausible frame headers, and its HPACK table is *unsynced*: header blocks keep
+plausible frame headers; the streams then open are marked as gapped (never
+complete) but not ended, and its HPACK table is *unsynced*: header blocks keep
 being decoded (literal fields and entries added since are right), and a block
 that refers to an entry the observer never saw is recorded as an
 ``HttpError(kind="hpack")`` on that stream, whose exchange is then ended as an
@@ -258,18 +259,16 @@ class H2Conn:
         return out
 
     def gap(self, from_client: bool, ts: float) -> list[H2Output]:
-        """Bytes of this direction were lost: every stream open in it lost data."""
-        out: list[H2Output] = []
+        """Bytes of this direction were lost: drop the partial frame and find frame
+        boundaries again. Which streams lost frames is unknown, so none is ended
+        here: the caller marks every open exchange of the connection as gapped
+        (a ``FlowGap``), and they go on recording what still comes."""
         d = self.dirs[from_client]
         d.buf.clear()
         d.preface = False
         d.block = None
         self._unsync(d)
-        for s in list(self.streams.values()):
-            side = s.client if from_client else s.server
-            if not side.ended and not s.broken:
-                self._end_side(s, from_client, ts, EndReason.GAP, out)
-        return out
+        return []
 
     def end(self, from_client: bool, ts: float, reason: str) -> list[H2Output]:
         """One direction ended: its open stream halves end (EOF or RST)."""

@@ -588,10 +588,12 @@ class HttpParser:
             if c is not None and not c.dead:
                 if c.h2 is not None:
                     fc = ev.from_client != c.swapped
-                    if ev.nbytes is None and ev.reason != "midstream":
-                        out.append(FlowGap(ev.conn, ev.ts, fc, None, ev.reason))
-                    else:
+                    if ev.nbytes is not None or ev.reason == "midstream":
+                        # Known loss in this direction: find frame boundaries again.
                         out.extend(c.h2.gap(fc, ev.ts))
+                    # Which streams' frames were lost is unknown: every open
+                    # exchange of the connection is marked (streams), none ended.
+                    out.append(FlowGap(ev.conn, ev.ts, fc, ev.nbytes, ev.reason))
                 else:
                     self._gap(c, c.dirs[ev.from_client != c.swapped], ev, out)
         elif t is FlowEnd:
