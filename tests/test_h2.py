@@ -432,3 +432,25 @@ def test_lost_frame_marks_open_streams_and_recording_goes_on() -> None:
     assert texts == ["a1", "b1", "b2"]
     closed = of(out, StreamClosed)
     assert len(closed) == 2 and all(c.state is StreamState.GAP for c in closed)
+
+
+def test_midstream_with_roles_guessed_wrong_is_reoriented() -> None:
+    """No handshake, no preface, and the reassembler's guess of the client is the
+    server: the first request's :method shows the roles; rows are oriented right."""
+    p = Peers()
+    one_stream(p, ["x", "y"])
+    wire = list(p.wire)
+    fc0, first = wire[0]
+    assert fc0 and first.startswith(PREFACE)
+    wire[0] = (True, first[len(PREFACE) :])  # capture began just after the preface
+    flows: list[FlowEvent] = [ConnectionOpened(1, 0.5, SERVER, CLIENT, False)]  # wrong way
+    flows += [FlowData(1, 1.0 + i / 100, not fc, d) for i, (fc, d) in enumerate(wire)]
+    flows.append(ConnectionClosed(1, 3.0, "fin"))
+    out = Pipeline().feed_flows(flows)
+    (opened,) = of(out, ConnectionOpened)
+    assert (opened.client, opened.server) == (CLIENT, SERVER)
+    (op,) = of(out, StreamOpened)
+    assert (op.client, op.server, op.dialect) == (CLIENT, SERVER, "openai.chat")
+    assert [c.text for c in of(out, ChunkEvent) if c.text] == ["x", "y"]
+    (closed,) = of(out, StreamClosed)
+    assert closed.state is StreamState.COMPLETE, closed.reason

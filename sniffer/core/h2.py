@@ -217,6 +217,10 @@ class H2Conn:
             self._unsync(self.dirs[1])
         self.streams: dict[int, _Stream] = {}
         self.goaway_last: int | None = None
+        # Mid-connection start: which side is the client is a guess until a header
+        # block shows it (a request's :method, a response's :status).
+        self.orient_pending = midstream
+        self.flipped = False  # set when that guess was wrong; the caller reorients
         if upgraded:
             self.upgrade()
 
@@ -327,6 +331,8 @@ class H2Conn:
                 pos += 9 + length
                 self.stats.frames += 1
                 self._frame(d, from_client, ts, frame, out)
+                if self.flipped and self.dirs[not from_client] is d:
+                    from_client = not from_client  # this direction is the other side
         finally:
             mv.release()
         if pos:
@@ -452,6 +458,13 @@ class H2Conn:
                 pseudo[name] = value
             else:
                 headers.append((name, value))
+        if self.orient_pending and (":method" in pseudo or ":status" in pseudo):
+            self.orient_pending = False
+            if (":method" in pseudo) != from_client:
+                # The guess was the wrong way round: swap the directions' state.
+                self.dirs = (self.dirs[1], self.dirs[0])
+                self.flipped = True
+                from_client = not from_client
         s = self.streams.get(sid)
         if s is None:
             if sid % 2 == 0:

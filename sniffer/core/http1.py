@@ -550,7 +550,7 @@ class HttpParser:
                     from_client = self._settle_roles(c, from_client, ev.data, out)
                 d = c.dirs[from_client]
                 if c.h2 is not None:
-                    out.extend(c.h2.data(from_client, ev.ts, ev.data))
+                    self._h2_data(c, from_client, ev.ts, ev.data, out)
                 elif (
                     from_client
                     and not d.in_message
@@ -566,9 +566,9 @@ class HttpParser:
                     out.extend(c.h2.data(True, ev.ts, data))
                 elif c.midstart and c.next_exchange == 0 and _h2_frames(ev.data):
                     # Capture began inside an HTTP/2 connection: frames, no preface.
-                    self._release_opened(c, out)
+                    # ConnectionOpened waits until a header block shows the roles.
                     c.h2 = H2Conn(c.id, midstream=True, stats=self.h2_stats)
-                    out.extend(c.h2.data(from_client, ev.ts, ev.data))
+                    self._h2_data(c, from_client, ev.ts, ev.data, out)
                 elif d.chunked is not None:
                     # Hot path: a streamed body (inlined _data → _chunked_data).
                     rest = self._chunked_data(c, d, ev.ts, ev.data, out)
@@ -632,6 +632,25 @@ class HttpParser:
         c = self._conns.get(conn)
         if c is not None:
             c.dead = True
+
+    # ------------------------------------------------------------------ http/2
+
+    def _h2_data(
+        self, c: _Conn, from_client: bool, ts: float, data: bytes, out: list[HttpOutput]
+    ) -> None:
+        h2 = c.h2
+        assert h2 is not None
+        evs = h2.data(from_client, ts, data)
+        if h2.flipped:
+            # A header block showed the roles the other way round (no handshake seen).
+            h2.flipped = False
+            c.swapped = not c.swapped
+            c.dirs = (c.dirs[1], c.dirs[0])
+            c.dirs[0].from_client = False
+            c.dirs[1].from_client = True
+        if evs or not h2.orient_pending:
+            self._release_opened(c, out)
+        out.extend(evs)
 
     # ----------------------------------------------------------------- roles
 
