@@ -16,6 +16,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ORDER = [
     "bench_replay.py",
+    "bench_h2.py",
     "bench_tokens.py",
     "bench_verify.py",
     "bench_diff.py",

@@ -29,7 +29,9 @@ CONFIGURED = TokenizerRegistry([TokenizerSpec("ds-*", str(default_tokenizer_dir(
 
 
 # Every fixture by name: the recordings in pcaps/ and the crafted faults in pcaps/faults/.
-FIXTURE_PATHS = {p.stem: p for p in PCAPS.rglob("*.pcap")}
+FIXTURE_PATHS = {
+    p.stem: p for p in PCAPS.rglob("*.pcap") if p.with_suffix(".expected.json").exists()
+}
 
 
 def _expected(name: str) -> dict[str, Any]:

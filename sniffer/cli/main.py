@@ -109,6 +109,14 @@ def main() -> None:
     metavar="NAME",
     help="Node name stored on every row, as 'run --node'.  [default: the host name]",
 )
+@click.option(
+    "--proto",
+    "proto_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Protobuf descriptor set (protoc --include_imports -o FILE.pb): decode the "
+    "messages of the gRPC methods it describes.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option(
@@ -131,6 +139,7 @@ def replay(
     redact_patterns: tuple[str, ...],
     sample_rate: float | None,
     node: str | None,
+    proto_file: str | None,
     quiet: bool,
     as_json: bool,
     otlp_endpoint: str | None = None,
@@ -170,6 +179,16 @@ def replay(
         redact_patterns=tuple(patterns),
         tokens=not no_tokens,
     )
+    proto: bytes | None = None
+    if proto_file is not None:
+        from sniffer.core.grpc import ProtoCatalog
+
+        with open(proto_file, "rb") as fh:
+            proto = fh.read()
+        try:
+            ProtoCatalog(proto)
+        except ValueError as exc:
+            raise click.BadParameter(f"{proto_file}: {exc}", param_hint="--proto") from exc
     with library_errors():
         registry = None if no_tokens else make_registry(tokenizers, default_tokenizer)
         otlp = _replay_otlp(otlp_endpoint, otlp_chunk_events, wait_tokens=not no_tokens)
@@ -211,6 +230,7 @@ def replay(
                         jobs=jobs or default_jobs(),
                         chain=recording,
                         node=node,
+                        proto=proto,
                     )
                 except CaptureFileError as exc:
                     fail(str(exc) if path in str(exc) else f"{path}: {exc}")

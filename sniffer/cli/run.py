@@ -52,6 +52,7 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
         "node",
         "otlp_endpoint",
         "otlp_queue_size",
+        "grpc_proto",
     ):
         if options.get(key) is not None:
             overrides[key] = options[key]
@@ -216,6 +217,12 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
     help="Closed streams waiting for OTLP export; beyond it they are dropped and counted.  "
     "[default: 4096]",
 )
+@click.option(
+    "--proto",
+    "grpc_proto",
+    metavar="FILE.pb",
+    help="Protobuf descriptor set: decode the messages of the gRPC methods it describes.",
+)
 @click.option("--print-config", is_flag=True, help="Print the effective config as TOML and exit.")
 def run(config_path: str | None, print_config: bool, **options: Any) -> None:
     """Record live: capture the LLM server's traffic and store every streamed chunk.
@@ -238,6 +245,10 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
     """
     try:
         cfg, overrides = build_config(config_path, options)
+        if cfg.grpc_proto:
+            from sniffer.runtime.daemon import read_proto
+
+            read_proto(cfg.grpc_proto)  # an unusable descriptor set stops here
     except ConfigError as exc:
         click.echo(f"sparseety: config error: {exc}", err=True)
         sys.exit(2)

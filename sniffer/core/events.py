@@ -191,6 +191,17 @@ class HttpEnd:
 
 
 @dataclass(frozen=True, slots=True)
+class HttpTrailers:
+    """Trailer fields of a message (HTTP/2 trailers, e.g. gRPC's ``grpc-status``)."""
+
+    conn: int
+    exchange: int
+    ts: float
+    from_client: bool
+    headers: Headers
+
+
+@dataclass(frozen=True, slots=True)
 class HttpError:
     """Bad input on a connection; the connection goes on resynchronising."""
 
@@ -222,7 +233,7 @@ class HttpResync:
     gaps: int = 1  # gaps covered by ``lost`` (several when more came before the sync)
 
 
-HttpEvent = HttpRequest | HttpResponse | HttpBody | HttpEnd | HttpError | HttpResync
+HttpEvent = HttpRequest | HttpResponse | HttpBody | HttpEnd | HttpError | HttpResync | HttpTrailers
 
 # ---------------------------------------------------------------------------
 # streams → store, metrics, tokens

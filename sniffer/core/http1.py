@@ -32,6 +32,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from sniffer.core.coding import (
+    MAX_DECODED_BYTES,
+    MAX_EXPANSION_RATIO,
+)
+from sniffer.core.coding import BodyDecoder as _BodyDecoder
+from sniffer.core.coding import decoder_for as _decoder_for
 from sniffer.core.credentials import scrub_error_text
 from sniffer.core.events import (
     ConnectionClosed,
@@ -48,7 +54,9 @@ from sniffer.core.events import (
     HttpRequest,
     HttpResponse,
     HttpResync,
+    HttpTrailers,
 )
+from sniffer.core.h2 import H2Conn, H2Stats, find_frame_start, looks_like_preface
 from sniffer.core.resync import CHUNKED, FramingSync, SyncPoint
 
 HttpOutput = (
@@ -62,6 +70,7 @@ HttpOutput = (
     | HttpEnd
     | HttpError
     | HttpResync
+    | HttpTrailers
 )
 
 # A request line or a status line at the start of a line. Used to find the next
@@ -98,115 +107,6 @@ class HttpStats:
     dead_connections: int = 0
     resyncs: int = 0  # response bodies picked up mid-way (core.resync)
     resync_skipped: int = 0  # bytes dropped before their sync points
-
-
-#: Decompression caps per exchange (``HttpParser`` arguments): decoded bytes at
-#: most, and decoded/encoded ratio at most once past ``RATIO_FLOOR`` decoded bytes.
-MAX_DECODED_BYTES = 32 << 20
-MAX_EXPANSION_RATIO = 100
-RATIO_FLOOR = 1 << 20
-
-
-class DecodeLimit(zlib.error):
-    """A body expanded past a decompression cap (recorded as a ``decode`` error)."""
-
-
-class _BodyDecoder:
-    """Incremental Content-Encoding decoder (gzip, x-gzip, deflate with or without
-    zlib header), capped: it never produces more than ``max_bytes`` in all, nor
-    more than ``max_ratio`` times the encoded bytes seen (after the first
-    ``RATIO_FLOOR`` bytes), so a bomb costs at most that much work; past a cap
-    ``feed`` raises :class:`DecodeLimit` and decoding of the message stops."""
-
-    __slots__ = (
-        "_d",
-        "_raw_fallback",
-        "_started",
-        "coding",
-        "max_bytes",
-        "max_ratio",
-        "n_in",
-        "n_out",
-    )
-
-    def __init__(
-        self,
-        coding: str,
-        max_bytes: int = MAX_DECODED_BYTES,
-        max_ratio: float = MAX_EXPANSION_RATIO,
-    ) -> None:
-        self.coding = coding
-        self.max_bytes = max_bytes
-        self.max_ratio = max_ratio
-        self.n_in = 0
-        self.n_out = 0
-        self._started = False
-        self._raw_fallback = coding == "deflate"
-        if coding in ("gzip", "x-gzip"):
-            self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        else:
-            self._d = zlib.decompressobj(zlib.MAX_WBITS)
-
-    def _allowed(self) -> int:
-        by_ratio = max(RATIO_FLOOR, int(self.n_in * self.max_ratio))
-        return min(self.max_bytes, by_ratio) - self.n_out
-
-    def _run(self, data: bytes) -> bytes:
-        allowed = self._allowed()
-        if allowed <= 0:
-            raise self._limit()
-        out = self._d.decompress(data, allowed)
-        self.n_out += len(out)
-        if self._d.unconsumed_tail:
-            raise self._limit()
-        return out
-
-    def _limit(self) -> DecodeLimit:
-        if self.n_out >= self.max_bytes:
-            return DecodeLimit(f"decoded body over the cap of {self.max_bytes} bytes")
-        return DecodeLimit(
-            f"body expands more than {self.max_ratio:g}:1 "
-            f"({self.n_in} encoded bytes gave {self.n_out}); decoding stopped"
-        )
-
-    def feed(self, data: bytes) -> bytes:
-        self.n_in += len(data)
-        if not self._started and self._raw_fallback:
-            self._started = True
-            try:
-                return self._run(data)
-            except DecodeLimit:
-                raise
-            except zlib.error:
-                # Raw deflate without the zlib header: common in the wild.
-                self._d = zlib.decompressobj(-zlib.MAX_WBITS)
-                self.n_out = 0
-                return self._run(data)
-        self._started = True
-        return self._run(data)
-
-    def flush(self) -> bytes:
-        try:
-            allowed = self._allowed()
-            return self._d.flush(allowed) if allowed > 0 else b""
-        except zlib.error:
-            return b""
-
-
-def _decoder_for(
-    headers: Headers, max_bytes: int = MAX_DECODED_BYTES, max_ratio: float = MAX_EXPANSION_RATIO
-) -> tuple[_BodyDecoder | None, str | None]:
-    """The body decoder for a message's Content-Encoding, or an error text."""
-    codings: list[str] = []
-    for name, value in headers:
-        if name == "content-encoding":
-            codings.extend(c.strip().lower() for c in value.split(",") if c.strip())
-    codings = [c for c in codings if c != "identity"]
-    if not codings:
-        return None, None
-    if len(codings) == 1 and codings[0] in ("gzip", "x-gzip", "deflate"):
-        return _BodyDecoder(codings[0], max_bytes, max_ratio), None
-    return None, f"unsupported content-encoding {', '.join(codings)!r}"
 
 
 _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;[^\r\n]*)?[ \t]*\r\n")
@@ -442,11 +342,11 @@ def parse_request_head(lines: list[bytearray]) -> RequestHead:
     return RequestHead(bytes(m["method"]), bytes(m["target"]), version, headers)
 
 
-def parse_response_head(lines: list[bytearray]) -> ResponseHead:
+def parse_response_head(lines: list[bytearray], upgrade_proposed: bool = False) -> ResponseHead:
     """A response head (final or 1xx) from its lines; ``HeadError`` if malformed.
 
-    101 Switching Protocols is refused: the request direction never proposes an
-    upgrade this parser would follow (what comes after is not HTTP/1.1)."""
+    101 Switching Protocols is refused unless the request proposed an upgrade
+    this parser follows (``Upgrade: h2c``, ``upgrade_proposed``), as h11 does."""
     if not lines:
         raise HeadError("no response line received")
     m = _STATUS_LINE.fullmatch(lines[0])
@@ -458,14 +358,14 @@ def parse_response_head(lines: list[bytearray]) -> ResponseHead:
         raise HeadError(
             f"InformationalResponse status_code should be in range [100, 200), not {status}"
         )
-    if status == 101:
+    if status == 101 and not upgrade_proposed:
         raise HeadError("Received server _SWITCH_UPGRADE event without a pending proposal")
     reason = bytes(m["reason"]) if m["reason"] is not None else b""
     return ResponseHead(bytes(m["version"]), status, reason, headers)
 
 
 def read_head(
-    buf: bytearray, from_client: bool, max_size: int
+    buf: bytearray, from_client: bool, max_size: int, upgrade_proposed: bool = False
 ) -> RequestHead | ResponseHead | None:
     """Take the next head out of ``buf``: ``None`` until it is complete,
     ``HeadError`` when the bytes cannot be one (or ``max_size`` bytes still
@@ -477,7 +377,9 @@ def read_head(
         if len(buf) > max_size:
             raise HeadError("Receive buffer too long")
         return None
-    return parse_request_head(lines) if from_client else parse_response_head(lines)
+    if from_client:
+        return parse_request_head(lines)
+    return parse_response_head(lines, upgrade_proposed)
 
 
 class BodyKind(enum.Enum):
@@ -538,11 +440,12 @@ class _LengthBody:
 class _Pending:
     """A request the response direction has still to answer."""
 
-    __slots__ = ("exchange", "method")
+    __slots__ = ("exchange", "h2c", "method")
 
-    def __init__(self, exchange: int, method: bytes) -> None:
+    def __init__(self, exchange: int, method: bytes, h2c: bool = False) -> None:
         self.exchange = exchange
         self.method = method
+        self.h2c = h2c  # the request proposed ``Upgrade: h2c``
 
 
 class _Direction:
@@ -555,6 +458,7 @@ class _Direction:
         "decoder",
         "exchange",
         "from_client",
+        "h2c",
         "head",
         "hunt",
         "hunt_sol",
@@ -573,6 +477,7 @@ class _Direction:
         self.from_client = from_client
         self.head: bytearray | None = None  # not None: reading a head (None: hunting or waiting)
         self.method = b""  # response direction: the method of the request being answered
+        self.h2c = False  # response direction: that request proposed Upgrade: h2c
         self.requests = from_client  # the head being read is a request (fixed when it began)
         self.hunt: bytearray | None = None  # not None: looking for a start line
         self.hunted = 0
@@ -599,7 +504,9 @@ class _Conn:
         "closed",
         "dead",
         "dirs",
+        "h2",
         "id",
+        "midstart",
         "next_exchange",
         "opened",
         "pending",
@@ -617,6 +524,22 @@ class _Conn:
         self.pending: deque[_Pending] = deque()
         self.dead = False
         self.closed = False
+        self.h2: H2Conn | None = None  # set when the connection speaks HTTP/2
+        self.midstart = not opened.syn_seen  # capture began inside the connection
+
+
+def _h2_frames(data: bytes) -> bool:
+    """Bytes of a connection caught mid-way that read as HTTP/2 frames (not HTTP/1)."""
+    if _METHOD_PREFIX.match(data[:32]) or data.startswith(b"HTTP/1."):
+        return False
+    return find_frame_start(data[:65536], max_offset=0) == 0
+
+
+def _upgrades_to_h2c(headers: Headers) -> bool:
+    for name, value in headers:
+        if name == "upgrade" and "h2c" in (v.strip().lower() for v in value.split(",")):
+            return True
+    return False
 
 
 class HttpParser:
@@ -640,6 +563,7 @@ class HttpParser:
         self._max_decoded = max_decoded_bytes
         self._max_ratio = max_expansion_ratio
         self.stats = HttpStats()
+        self.h2_stats = H2Stats()
 
     # ------------------------------------------------------------------ public
 
@@ -655,7 +579,27 @@ class HttpParser:
                 if not c.roles_known:
                     from_client = self._settle_roles(c, from_client, ev.data, out)
                 d = c.dirs[from_client]
-                if d.chunked is not None:
+                if c.h2 is not None:
+                    self._h2_data(c, from_client, ev.ts, ev.data, out)
+                elif (
+                    from_client
+                    and not d.in_message
+                    and d.body is None
+                    and looks_like_preface(bytes(d.head) + ev.data if d.head else ev.data)
+                ):
+                    # The HTTP/2 connection preface, on any port (prior knowledge).
+                    data = bytes(d.head) + ev.data if d.head else ev.data
+                    d.head = None
+                    d.raw = None
+                    self._release_opened(c, out)
+                    c.h2 = H2Conn(c.id, stats=self.h2_stats)
+                    out.extend(c.h2.data(True, ev.ts, data))
+                elif c.midstart and c.next_exchange == 0 and _h2_frames(ev.data):
+                    # Capture began inside an HTTP/2 connection: frames, no preface.
+                    # ConnectionOpened waits until a header block shows the roles.
+                    c.h2 = H2Conn(c.id, midstream=True, stats=self.h2_stats)
+                    self._h2_data(c, from_client, ev.ts, ev.data, out)
+                elif d.chunked is not None:
                     # Hot path: a streamed body (inlined _data → _chunked_data).
                     rest = self._chunked_data(c, d, ev.ts, ev.data, out)
                     if rest:
@@ -672,14 +616,25 @@ class HttpParser:
             assert isinstance(ev, FlowGap)
             c = self._conns.get(ev.conn)
             if c is not None and not c.dead:
-                self._gap(c, c.dirs[ev.from_client != c.swapped], ev, out)
+                if c.h2 is not None:
+                    fc = ev.from_client != c.swapped
+                    if ev.nbytes is not None or ev.reason == "midstream":
+                        # Known loss in this direction: find frame boundaries again.
+                        out.extend(c.h2.gap(fc, ev.ts))
+                    # Which streams' frames were lost is unknown: every open
+                    # exchange of the connection is marked (streams), none ended.
+                    out.append(FlowGap(ev.conn, ev.ts, fc, ev.nbytes, ev.reason))
+                else:
+                    self._gap(c, c.dirs[ev.from_client != c.swapped], ev, out)
         elif t is FlowEnd:
             assert isinstance(ev, FlowEnd)
             c = self._conns.get(ev.conn)
             if c is not None:
                 self._release_opened(c, out)
                 fc = ev.from_client != c.swapped
-                if not c.dead:
+                if c.h2 is not None:
+                    out.extend(c.h2.end(fc, ev.ts, ev.reason))
+                elif not c.dead:
                     self._end(c, c.dirs[fc], ev.ts, ev.reason, out)
                 out.append(FlowEnd(ev.conn, ev.ts, fc, ev.reason) if c.swapped else ev)
         elif t is ConnectionClosed:
@@ -687,7 +642,9 @@ class HttpParser:
             c = self._conns.pop(ev.conn, None)
             if c is not None:
                 self._release_opened(c, out)
-                if not c.dead:
+                if c.h2 is not None:
+                    out.extend(c.h2.close(ev.ts, ev.reason))
+                elif not c.dead:
                     for d in c.dirs:
                         self._end(c, d, ev.ts, ev.reason, out)
                     for p in c.pending:  # requests never answered
@@ -779,6 +736,25 @@ class HttpParser:
         if c is not None:
             c.dead = True
 
+    # ------------------------------------------------------------------ http/2
+
+    def _h2_data(
+        self, c: _Conn, from_client: bool, ts: float, data: bytes, out: list[HttpOutput]
+    ) -> None:
+        h2 = c.h2
+        assert h2 is not None
+        evs = h2.data(from_client, ts, data)
+        if h2.flipped:
+            # A header block showed the roles the other way round (no handshake seen).
+            h2.flipped = False
+            c.swapped = not c.swapped
+            c.dirs = (c.dirs[1], c.dirs[0])
+            c.dirs[0].from_client = False
+            c.dirs[1].from_client = True
+        if evs or not h2.orient_pending:
+            self._release_opened(c, out)
+        out.extend(evs)
+
     # ----------------------------------------------------------------- roles
 
     def _release_opened(self, c: _Conn, out: list[HttpOutput]) -> None:
@@ -859,6 +835,7 @@ class HttpParser:
             out.append(HttpError(c.id, ex, ts, False, "desync", "response without a request"))
         p = c.pending.popleft()
         d.method = p.method
+        d.h2c = p.h2c
         d.exchange = p.exchange
 
     def _heads(self, c: _Conn, d: _Direction, ts: float, out: list[HttpOutput]) -> bytes:
@@ -868,7 +845,7 @@ class HttpParser:
         buf = d.head
         while buf is not None:
             try:
-                head = read_head(buf, d.requests, self._max_header)
+                head = read_head(buf, d.requests, self._max_header, d.h2c)
             except HeadError as exc:
                 # Rejected head: start again from one byte after its first
                 # byte, so the same bad start line is not taken again.
@@ -885,6 +862,20 @@ class HttpParser:
                 self._request(c, d, ts, head, out)
             else:
                 self._response(c, d, ts, head, out)
+                if head.status == 101:
+                    # ``Upgrade: h2c`` accepted: HTTP/2 from the next byte on; the
+                    # request (exchange 0) continues as stream 1.
+                    rest = bytes(buf)
+                    d.head = None
+                    d.raw = None
+                    d.exchange = -1
+                    if c.h2 is None:
+                        c.h2 = H2Conn(c.id, upgraded=True, stats=self.h2_stats)
+                    else:
+                        c.h2.upgrade()
+                    if rest:
+                        out.extend(c.h2.data(False, ts, rest))
+                    return b""
             if d.head is not buf:
                 return b""  # the head ended its message (framing error); the rest went on
             if not d.in_message:
@@ -956,7 +947,7 @@ class HttpParser:
         d.in_message = True
         d.raw = None
         headers = ev.headers
-        c.pending.append(_Pending(ex, ev.method))
+        c.pending.append(_Pending(ex, ev.method, _upgrades_to_h2c(headers)))
         self.stats.requests += 1
         out.append(
             HttpRequest(

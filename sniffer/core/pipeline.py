@@ -15,10 +15,12 @@ from sniffer.core.events import (
     CaptureGap,
     ConnectionOpened,
     FlowEvent,
+    HttpRequest,
     PipelineError,
     Segment,
     StoreEvent,
 )
+from sniffer.core.grpc import TEXT_OUTPUTS, GrpcSplitter, ProtoCatalog
 from sniffer.core.http1 import MAX_DECODED_BYTES, MAX_EXPANSION_RATIO, HttpParser
 from sniffer.core.reassembly import Reassembler
 from sniffer.core.streams import StreamAssembler
@@ -40,6 +42,10 @@ class PipelineConfig:
     hole_timeout: float = 1.0
     max_decoded_bytes: int = MAX_DECODED_BYTES  # Content-Encoding caps, per exchange
     max_expansion_ratio: float = MAX_EXPANSION_RATIO
+    # KServe v2 gRPC: names of the BYTES output tensor that carries the text, tried in order.
+    grpc_text_outputs: tuple[str, ...] = TEXT_OUTPUTS
+    # gRPC: a serialized FileDescriptorSet; messages of the methods it describes are decoded.
+    proto_descriptors: bytes | None = None
 
 
 class Pipeline:
@@ -57,6 +63,8 @@ class Pipeline:
         self.http = HttpParser(
             max_decoded_bytes=cfg.max_decoded_bytes, max_expansion_ratio=cfg.max_expansion_ratio
         )
+        catalog = ProtoCatalog(cfg.proto_descriptors) if cfg.proto_descriptors else None
+        self.grpc = GrpcSplitter(cfg.grpc_text_outputs, catalog)
         self.streams = StreamAssembler(
             stream_id_base=cfg.stream_id_base,
             id_step=cfg.id_step,
@@ -114,10 +122,15 @@ class Pipeline:
         out: list[StoreEvent] = []
         http = self.http.feed
         streams = self.streams.feed
+        grpc = self.grpc
         for fev in flows:
             try:
                 for hev in http(fev):
-                    out.extend(streams(hev))
+                    if grpc.active or type(hev) is HttpRequest:
+                        for gev in grpc.feed(hev):
+                            out.extend(streams(gev))
+                    else:
+                        out.extend(streams(hev))
             except Exception as exc:  # a bug must cost one connection, never the capture
                 self.internal_errors += 1
                 self.http.abandon(fev.conn)

@@ -64,6 +64,9 @@ Layout (every key optional; the values shown are the defaults)::
     queue_size = 4096             # closed streams waiting for export; beyond: dropped, counted
     timeout = 10.0                # seconds per export, retries included
     metrics_interval = 10.0       # seconds between metric exports
+    [grpc]                        # gRPC calls over HTTP/2 (see sniffer.core.grpc)
+    proto = ""                    # descriptor set (protoc --include_imports -o FILE.pb): decode
+    text_outputs = ["text_output", "output", "OUTPUT0"]  # KServe v2 text tensor names, in order
 
     [files]
     group = ""                    # database files 0640 with this group (default 0600)
@@ -156,6 +159,7 @@ TABLES: dict[str, dict[str, str]] = {
         "timeout": "otlp_timeout",
         "metrics_interval": "otlp_metrics_interval",
     },
+    "grpc": {"proto": "grpc_proto", "text_outputs": "grpc_text_outputs"},
 }
 _BOOL_FIELDS = (
     "metrics",
@@ -242,6 +246,9 @@ class Config:
     otlp_queue_size: int = 4096
     otlp_timeout: float = 10.0
     otlp_metrics_interval: float = 10.0
+    # [grpc]
+    grpc_proto: str = ""
+    grpc_text_outputs: tuple[str, ...] = ("text_output", "output", "OUTPUT0")
     #: unknown top-level tables and keys
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: the file this came from, if any (SIGHUP re-reads it)
@@ -341,6 +348,8 @@ class Config:
             raise ConfigError(f"otlp queue_size: {self.otlp_queue_size} out of range")
         if not 0 < self.otlp_timeout <= 600 or not 0 < self.otlp_metrics_interval <= 3600:
             raise ConfigError("otlp: timeout in (0, 600], metrics_interval in (0, 3600]")
+        if not self.grpc_text_outputs or not all(self.grpc_text_outputs):
+            raise ConfigError("grpc text_outputs: at least one non-empty tensor name")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -348,6 +357,7 @@ class Config:
         d["labels"] = {str(k): v for k, v in sorted(self.labels.items())}
         d["pids"] = list(self.pids)
         d["comms"] = list(self.comms)
+        d["grpc_text_outputs"] = list(self.grpc_text_outputs)
         d["redact_patterns"] = [list(p) for p in self.redact_patterns]
         d["tokenizers"] = [list(p) for p in self.tokenizers]
         d["otlp_headers"] = [list(p) for p in self.otlp_headers]
@@ -451,7 +461,7 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         return _pairs(key, value, where, "name", "value")
     if key in ("ports", "pids"):
         return tuple(_int(key, v, where) for v in _list(key, value, where))
-    if key == "comms":
+    if key in ("comms", "grpc_text_outputs"):
         return tuple(_str(key, v, where) for v in _list(key, value, where))
     if key == "labels":
         return _labels(value, where)

@@ -216,6 +216,8 @@ class Daemon:
                     idle_timeout=cfg.idle_timeout,
                     max_decoded_bytes=cfg.max_decoded_bytes,
                     max_expansion_ratio=cfg.max_expansion_ratio,
+                    grpc_text_outputs=cfg.grpc_text_outputs,
+                    proto_descriptors=read_proto(cfg.grpc_proto),
                 )
             )
             # eBPF connection ids come from the source: the same id blocks.
@@ -630,6 +632,21 @@ def checkpoint_path(database: str) -> Path | None:
     if database.startswith("sqlite:///") and len(database) > len("sqlite:///"):
         return Path(database[len("sqlite:///") :] + CHECKPOINT_SUFFIX)
     return None
+
+
+def read_proto(path: str) -> bytes | None:
+    """The descriptor set named by ``[grpc] proto`` ("" → None); ConfigError if unusable."""
+    if not path:
+        return None
+    from sniffer.core.grpc import ProtoCatalog
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        ProtoCatalog(data)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"grpc proto {path}: {exc}") from None
+    return data
 
 
 def _slow_from_env() -> float:

@@ -99,6 +99,7 @@ def replay(
     redactor: Redactor | None = None,
     chain: RecordingChain | None = None,
     node: str | None = None,
+    proto: bytes | None = None,
 ) -> ReplayResult:
     """Replay one capture file into the database ``db`` (a path or SQLAlchemy URL).
 
@@ -112,6 +113,8 @@ def replay(
     A truncated or corrupt file does not raise: everything before the bad
     offset is processed and stored, and ``capture_error`` says where it broke.
     A file that is not a capture at all raises ``CaptureFileError``.
+    ``proto`` is a serialized protobuf descriptor set: messages of the gRPC
+    methods it describes are decoded (``sniffer.core.grpc``).
     """
     started = time.perf_counter()
     read_capture(path).close()  # not a capture at all: raise before any work
@@ -125,12 +128,14 @@ def replay(
     if chain.tokens is not None:
         chain.tokens.preload()  # a bad tokenizer config fails now, and workers share it
     if jobs > 1 and writer is None and os.path.getsize(path) >= PARALLEL_MIN_BYTES:
-        result = _replay_parallel(path, db, ports, labels, progress, batch_size, jobs, chain, node)
+        result = _replay_parallel(
+            path, db, ports, labels, progress, batch_size, jobs, chain, node, proto
+        )
     else:
         own = writer is None
         w = writer if writer is not None else StoreWriter(db, batch_size=batch_size, node=node)
         try:
-            result = _replay_part(path, w, ports, labels, progress, 0, 1, chain)
+            result = _replay_part(path, w, ports, labels, progress, 0, 1, chain, proto)
         finally:
             if own:
                 w.close()
@@ -148,6 +153,7 @@ def _replay_parallel(
     jobs: int,
     chain: RecordingChain,
     node: str | None,
+    proto: bytes | None = None,
 ) -> ReplayResult:
     StoreWriter(db, batch_size=batch_size).close()  # migrates the schema once, before forking
     ctx = multiprocessing.get_context("fork")
@@ -167,6 +173,7 @@ def _replay_parallel(
                 jobs,
                 chain,
                 node,
+                proto,
             ),
             daemon=True,
         )
@@ -175,7 +182,7 @@ def _replay_parallel(
         workers.append((proc, recv))
     w = StoreWriter(db, batch_size=batch_size, node=node)
     try:
-        result = _replay_part(path, w, ports, labels, progress, 0, jobs, chain)
+        result = _replay_part(path, w, ports, labels, progress, 0, jobs, chain, proto)
     finally:
         w.close()
     for proc, recv in workers:
@@ -204,11 +211,12 @@ def _worker(
     n: int,
     chain: RecordingChain,
     node: str | None,
+    proto: bytes | None = None,
 ) -> None:
     try:
         w = StoreWriter(db, batch_size=batch_size, node=node)
         try:
-            part = _replay_part(path, w, ports, labels, None, k, n, chain)
+            part = _replay_part(path, w, ports, labels, None, k, n, chain, proto)
         finally:
             w.close()
         send.send(asdict(part))
@@ -227,6 +235,7 @@ def _replay_part(
     k: int,
     n: int,
     chain: RecordingChain,
+    proto: bytes | None = None,
 ) -> ReplayResult:
     """Replay worker k's share of the connections (all of them when n == 1): a hash of
     the port pair, symmetric so both directions land together, and mixed so that
@@ -239,6 +248,7 @@ def _replay_part(
             stream_ids=w.stream_ids,
             only_ports=ports,
             labels=labels,
+            proto_descriptors=proto,
         )
     )
     # The pipeline makes many short-lived objects and no cycles worth chasing

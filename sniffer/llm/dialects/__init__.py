@@ -18,6 +18,7 @@ from typing import Any
 
 from sniffer.llm.dialects.anthropic import AnthropicMessages
 from sniffer.llm.dialects.base import Dialect
+from sniffer.llm.dialects.kserve import GrpcRaw, KServeInfer
 from sniffer.llm.dialects.ollama import OllamaChat, OllamaGenerate
 from sniffer.llm.dialects.openai import OpenAIChat, OpenAICompletions
 from sniffer.llm.dialects.responses import OpenAIResponses
@@ -125,6 +126,21 @@ register(AnthropicMessages.name, _anthropic_messages, AnthropicMessages)
 register(TgiGenerate.name, _tgi_generate, TgiGenerate)
 register(OllamaGenerate.name, _ollama_generate, OllamaGenerate)
 register(OllamaChat.name, _ollama_chat, OllamaChat)
+
+
+def _kserve_infer(method: str, path: str, request: Any) -> bool:
+    return _is_post(method) and path in (
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        "/inference.GRPCInferenceService/ModelInfer",
+    )
+
+
+def _grpc_raw(method: str, path: str, request: Any) -> bool:
+    return isinstance(request, dict) and isinstance(request.get("grpc"), str)
+
+
+register(KServeInfer.name, _kserve_infer, KServeInfer)
+register(GrpcRaw.name, _grpc_raw, GrpcRaw)
 
 
 def select_dialect(method: str, path: str, request: Any) -> Dialect | None:

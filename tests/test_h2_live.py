@@ -1,0 +1,186 @@
+"""HTTP/2 live on ``lo`` (root): hypercorn serving the fixture app over h2c,
+httpx as an HTTP/2 client (prior knowledge, and ``Upgrade: h2c`` by hand), the
+daemon capturing; the database must hold what the clients received."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import httpx
+import pytest
+
+from sniffer.capture.afpacket import have_capture_privilege
+from tests.fixture_server import free_port
+from tests.test_live_e2e import (
+    ROOT,
+    Result,
+    body,
+    check_exact,
+    concurrently,
+    daemon,
+    ebpf_loadable,  # noqa: F401  (fixture)
+    q,
+    stored,
+)
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.slow,
+    pytest.mark.skipif(not have_capture_privilege(), reason="live capture needs root"),
+]
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes this test started; killed (by PID) if still running at the end."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+def h2_server(procs: list[subprocess.Popen[bytes]]) -> int:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tests.h2_server", "--port", str(port)], cwd=ROOT, env=env
+    )
+    procs.append(p)
+    for _ in range(400):
+        try:
+            with httpx.Client(http1=False, http2=True, timeout=2) as c:
+                if c.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    return port
+        except httpx.HTTPError:
+            pass
+        if p.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise AssertionError("hypercorn did not come up")
+
+
+def h2_stream(client: httpx.Client, port: int, prompt: str, max_tokens: int = 30) -> Result:
+    r = Result(prompt)
+    try:
+        with client.stream(
+            "POST",
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json=body(prompt, "fake-delay2", max_tokens),
+            headers={"authorization": "Bearer sk-test"},
+        ) as resp:
+            assert resp.http_version == "HTTP/2"
+            for line in resp.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    r.complete = True
+                    continue
+                for ch in json.loads(data).get("choices") or []:
+                    piece = (ch.get("delta") or {}).get("content") or ""
+                    if piece:
+                        r.text += piece
+                        r.chunks += 1
+    except Exception as exc:
+        r.error = f"{type(exc).__name__}: {exc}"
+    return r
+
+
+def test_h2c_prior_knowledge_concurrent_streams_on_one_connection(
+    tmp_path: Path, procs: list[Any]
+) -> None:
+    port = h2_server(procs)
+    d = daemon(procs, tmp_path, "--port", str(port))
+    with httpx.Client(http1=False, http2=True, timeout=30) as client:
+        jobs = [(lambda i=i: h2_stream(client, port, f"h2 prompt {i}", 20 + i)) for i in range(6)]
+        results = concurrently(jobs)
+    assert d.stop() == 0
+    check_exact(d.db, results)
+    rows = q(d.db, "select distinct connection_id from streams where method='POST'")
+    assert len(rows) == 1  # six streams, one HTTP/2 connection
+    assert "sk-test" not in "".join(str(r) for r in q(d.db, "select request_headers from streams"))
+
+
+def test_h2c_upgrade(tmp_path: Path, procs: list[Any]) -> None:
+    """``Upgrade: h2c`` on a GET (the request becomes stream 1), then a streamed
+    chat on stream 3 of the same connection, driven by a real h2 client."""
+    port = h2_server(procs)
+    d = daemon(procs, tmp_path, "--port", str(port))
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    settings = conn.initiate_upgrade_connection()
+    text = ""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(
+            b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+            b"Upgrade: h2c\r\nHTTP2-Settings: " + settings + b"\r\n\r\n"
+        )
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += s.recv(65536)
+        head, rest = buf.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        s.sendall(conn.data_to_send())
+        events = list(conn.receive_data(rest))
+        payload = json.dumps(body("upgrade prompt", "fake-delay2", 20)).encode()
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(
+            sid,
+            [(":method", "POST"), (":path", "/v1/chat/completions"), (":scheme", "http"),
+             (":authority", "x"), ("content-type", "application/json")],
+        )  # fmt: skip
+        conn.send_data(sid, payload, end_stream=True)
+        s.sendall(conn.data_to_send())
+        done = False
+        raw = b""
+        while not done:
+            data = s.recv(65536)
+            if not data:
+                break
+            for ev in [*events, *conn.receive_data(data)]:
+                if isinstance(ev, h2.events.DataReceived):
+                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                    if ev.stream_id == sid:
+                        raw += ev.data
+                if isinstance(ev, h2.events.StreamEnded) and ev.stream_id == sid:
+                    done = True
+            events = []
+            s.sendall(conn.data_to_send())
+        conn.close_connection()
+        s.sendall(conn.data_to_send())
+    for line in raw.decode().splitlines():
+        if line.startswith("data:") and line[5:].strip() != "[DONE]":
+            for ch in json.loads(line[5:]).get("choices") or []:
+                text += (ch.get("delta") or {}).get("content") or ""
+    assert d.stop() == 0
+    assert text
+    rows = q(d.db, "select method, path, state, status from streams order by id")
+    assert ("GET", "/health", "complete", 200) in rows, rows
+    got = stored(d.db)["upgrade prompt"]
+    assert got["text"] == text and got["state"] == "complete"
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("ebpf_loadable")
+def test_h2c_over_the_ebpf_backend(tmp_path: Path, procs: list[Any]) -> None:
+    """The eBPF backend's flows go through the same parser: the bytes say HTTP/2."""
+    port = h2_server(procs)
+    d = daemon(procs, tmp_path, "--backend", "ebpf", "--port", str(port))
+    with httpx.Client(http1=False, http2=True, timeout=30) as client:
+        jobs = [(lambda i=i: h2_stream(client, port, f"ebpf h2 {i}", 15 + i)) for i in range(4)]
+        results = concurrently(jobs)
+    assert d.stop() == 0
+    check_exact(d.db, results)
+    assert {c for (c,) in q(d.db, "select distinct capture from streams")} == {"ebpf"}
