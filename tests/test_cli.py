@@ -44,8 +44,9 @@ def text_of(name: str, i: int = 0) -> str:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """chat_english (stream 1), keepalive_3 (2–4), error_midstream (5),
-    reasoning_tools (6–7), labelled by server port like a user would."""
+    """chat_english (stream 1), keepalive_3, error_midstream, reasoning_tools,
+    labelled by server port like a user would (each replay takes its own id
+    block: look ids up with :func:`ids`)."""
     db = str(tmp_path_factory.mktemp("cli") / "demo.db")
     for name in ("chat_english", "keepalive_3", "error_midstream", "reasoning_tools"):
         port = expected(name)["server_port"]
@@ -54,6 +55,15 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> str:
         )
         assert res.exit_code == 0, res.output
     return db
+
+
+def ids(db: str, label: str) -> list[int]:
+    """Stream ids of one label, in capture order."""
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT id FROM streams WHERE label = ? ORDER BY id", (label,))
+        return [r[0] for r in rows]
 
 
 # ----------------------------------------------------------------- replay
@@ -199,10 +209,10 @@ def test_show_prints_the_request_and_every_chunk(demo: str) -> None:
 
 
 def test_show_tool_calls_and_errors(demo: str) -> None:
-    tools = cli("show", "7", "--db", demo).output
+    tools = cli("show", str(ids(demo, "reasoning_tools")[1]), "--db", demo).output
     call = expected("reasoning_tools")["streams"][1]["choices"]["0"]["tool_calls"][0]
     assert call["id"] in tools and call["name"] in tools and "reasoning" in tools
-    err = cli("show", "5", "--db", demo).output
+    err = cli("show", str(ids(demo, "error_midstream")[0]), "--db", demo).output
     message = expected("error_midstream")["streams"][0]["error"]["message"]
     assert f"  error: {message}" in err.splitlines()
 
@@ -241,7 +251,7 @@ def test_export_to_a_file_filtered_by_label(demo: str, tmp_path: Path) -> None:
     records = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert f"wrote {len(records)} records to {out}" in res.output
     starts = [r["stream_id"] for r in records if r["event"] == "request_start"]
-    assert starts == [2, 3, 4]
+    assert starts == ids(demo, "keepalive_3") and len(starts) == 3
 
 
 def test_export_csv_one_row_per_stream(demo: str) -> None:

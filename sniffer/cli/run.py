@@ -190,11 +190,6 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
     help="Start even if the database file is world-readable.",
 )
 @click.option(
-    "--node",
-    metavar="NAME",
-    help="This sidecar's name, on every span (and row).  [default: the host name]",
-)
-@click.option(
     "--otlp-endpoint",
     metavar="URL",
     help="Export spans and GenAI metrics over OTLP/HTTP to this collector base URL "
