@@ -216,6 +216,7 @@ def test_stop_hands_open_streams_to_the_next_instance(tmp_path: Path) -> None:
     assert r.stop() == 0
     assert rows(db, "select state, gap from streams") == [("open", 0)] * 4
     checkpoint = Path(db + ".checkpoint.json")
+    assert checkpoint.stat().st_mode & 0o777 == 0o600  # private, like the database
     doc = json.loads(checkpoint.read_text())
     assert len(doc["entries"]) == 4
     assert {e["http"]["clean"] for e in doc["entries"]} == {True}  # one event per segment
@@ -243,6 +244,7 @@ def test_a_stale_checkpoint_closes_its_rows_as_gapped(tmp_path: Path) -> None:
     assert wait_for(lambda: d.stats.items >= half)
     assert r.stop() == 0
     checkpoint = Path(db + ".checkpoint.json")
+    assert checkpoint.stat().st_mode & 0o777 == 0o600  # private, like the database
     doc = json.loads(checkpoint.read_text())
     doc["written_at"] -= 3600
     checkpoint.write_text(json.dumps(doc))

@@ -65,6 +65,7 @@ from sniffer.runtime.config import Config, ConfigError, load_config
 from sniffer.runtime.log import Log
 from sniffer.runtime.notify import Notifier
 from sniffer.runtime.stats import DaemonStats
+from sniffer.store.files import InsecureDatabaseFile, open_private
 from sniffer.store.writer import StoreError, StoreWriter
 
 __all__ = ["SLOW_ENV", "Daemon", "run_daemon"]
@@ -524,9 +525,11 @@ class Daemon:
         doc = {"version": 1, "written_at": time.time(), "backend": "packet", "entries": entries}
         tmp = path.with_name(path.name + ".tmp")
         try:
-            tmp.write_text(json.dumps(doc))
+            # private like the database: it names endpoints and request fields
+            with os.fdopen(open_private(str(tmp)), "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(doc))
             os.replace(tmp, path)
-        except OSError as exc:
+        except (OSError, InsecureDatabaseFile) as exc:
             self.log("error", "checkpoint-failed", path=str(path), error=str(exc))
             return
         self.log("info", "checkpoint-written", path=str(path), streams=len(entries))
