@@ -29,6 +29,22 @@ def _parse_labels(values: tuple[str, ...]) -> dict[int, str]:
     return out
 
 
+def _pairs(
+    items: tuple[str, ...], flag: str, form: str, *, header: bool = False
+) -> tuple[tuple[str, str], ...]:
+    """``A=B`` options as pairs; ``ConfigError`` names the flag and the form.
+    A header keeps an empty value and loses the spaces around its name."""
+    pairs = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if header:
+            name = name.strip()
+        if not sep or not name or (not value and not header):
+            raise ConfigError(f"{flag} {item!r} is not {form}")
+        pairs.append((name, value))
+    return tuple(pairs)
+
+
 def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Config, dict[str, Any]]:
     """The effective config: defaults ← TOML file ← CLI flags. Returns it and the
     overrides (re-applied on SIGHUP). Raises :class:`ConfigError`."""
@@ -73,30 +89,13 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
             overrides["retention_days"] = parse_age(options["retention"]) / 86400.0
         except ValueError as exc:
             raise ConfigError(f"--retention: {exc}") from None
-    if options.get("redact_patterns"):
-        pairs = []
-        for item in options["redact_patterns"]:
-            name, sep, regex = item.partition("=")
-            if not sep or not name or not regex:
-                raise ConfigError(f"--redact-pattern {item!r} is not NAME=REGEX")
-            pairs.append((name, regex))
-        overrides["redact_patterns"] = tuple(pairs)
-    if options.get("tokenizers"):
-        pairs = []
-        for item in options["tokenizers"]:
-            pattern, sep, source = item.partition("=")
-            if not sep or not pattern or not source:
-                raise ConfigError(f"--tokenizer {item!r} is not PATTERN=SOURCE")
-            pairs.append((pattern, source))
-        overrides["tokenizers"] = tuple(pairs)
-    if options.get("otlp_headers"):
-        pairs = []
-        for item in options["otlp_headers"]:
-            name, sep, value = item.partition("=")
-            if not sep or not name.strip():
-                raise ConfigError(f"--otlp-header {item!r} is not NAME=VALUE")
-            pairs.append((name.strip(), value))
-        overrides["otlp_headers"] = tuple(pairs)
+    for key, flag, form in (
+        ("redact_patterns", "--redact-pattern", "NAME=REGEX"),
+        ("tokenizers", "--tokenizer", "PATTERN=SOURCE"),
+        ("otlp_headers", "--otlp-header", "NAME=VALUE"),
+    ):
+        if options.get(key):
+            overrides[key] = _pairs(options[key], flag, form, header=key == "otlp_headers")
     for key in ("ports", "pids", "comms"):
         if options.get(key):
             overrides[key] = tuple(options[key])
