@@ -27,7 +27,6 @@ from sniffer.cli.common import (
     parse_labels,
     tokenizer_options,
 )
-from sniffer.core.events import NOT_LLM
 
 
 def _ts(ts: float | None) -> str:
@@ -360,13 +359,14 @@ def streams(
       sparseety streams --db sparseety.db --state gap
       sparseety streams --db postgresql+psycopg://sparseety@db/sparseety --node gpu-07
     """
+    from sniffer.store.models import PLAIN_HTTP
     from sniffer.store.queries import list_streams
 
     with library_errors():
         engine = open_engine(db)
         rows = list_streams(engine, label=label, model=model, state=state, node=node)
         if not show_all:
-            rows = [r for r in rows if (r.get("dialect") or NOT_LLM) != NOT_LLM]
+            rows = [r for r in rows if (r.get("dialect") or PLAIN_HTTP) != PLAIN_HTTP]
         if limit is not None:
             rows = rows[:limit]
         if as_json:

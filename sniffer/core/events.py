@@ -12,8 +12,10 @@ no stage reads a clock.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage
 
 # ---------------------------------------------------------------------------
 # capture → reassembly
@@ -59,10 +61,6 @@ class CaptureGap(NamedTuple):
 # ---------------------------------------------------------------------------
 # reassembly → http1 (also produced directly by the eBPF backend)
 # ---------------------------------------------------------------------------
-
-
-#: The ``dialect`` of an exchange that is not an LLM stream (plain HTTP).
-NOT_LLM = "http"
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,8 +261,8 @@ class StreamOpened:
     path: str
     request_headers: Headers  # credentials already removed
     request_body: str | None  # text of the request body (JSON as sent), None if absent
-    request: dict[str, Any] = field(default_factory=dict)  # parsed request fields
-    dialect: str = NOT_LLM  # "openai.chat", "openai.completions", … or NOT_LLM
+    request: RequestSummary = EMPTY_REQUEST  # the request fields, typed
+    dialect: str | None = None  # "openai.chat", "openai.completions", …; None: not an LLM stream
     label: str | None = None
     capture: str = "packet"
     pid: int | None = None
@@ -297,7 +295,7 @@ class ChunkEvent:
     tool_calls: str | None = None  # JSON text of the tool_calls delta
     finish_reason: str | None = None
     logprobs: str | None = None  # JSON text of the server-reported logprobs
-    usage: str | None = None  # JSON text of the usage object
+    usage: Usage | None = None  # the usage object this chunk carried
     raw: str | None = None  # the event data as received, for kinds we do not model
     server_tokens: str | None = None  # JSON list of server-reported tokens (TGI token objects)
 
@@ -316,7 +314,7 @@ class StreamClosed:
     event_count: int  # all chunk events
     text_len: int  # characters of content (all choices)
     finish_reasons: tuple[tuple[int, str], ...]  # (choice, finish_reason)
-    usage: str | None  # JSON text of the last usage object
+    usage: Usage | None  # the last usage object of the stream
     response_body: str | None  # non-streaming bodies (capped), else None
     error: str | None = None
     request_bytes: int = 0  # body bytes after de-chunking and content decoding

@@ -27,7 +27,6 @@ from sniffer.core.credentials import (
     scrub_url,
 )
 from sniffer.core.events import (
-    NOT_LLM,
     ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
@@ -60,8 +59,8 @@ from sniffer.llm.dialects.base import (
     STREAM_LEVEL,
     Delta,
     Dialect,
-    request_fields,
 )
+from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage
 
 #: Gap reason of a stream adopted from a checkpoint taken inside an item.
 RESTART_ITEM = "sidecar restarted inside an item"
@@ -176,7 +175,7 @@ class _Exchange:
         self.t_last: float | None = None
         self.done_seen = False
         self.finish: dict[int, str] = {}
-        self.usage: str | None = None
+        self.usage: Usage | None = None
         self.gap = False
         self.gap_reason = ""
         self.error: str | None = None
@@ -362,7 +361,7 @@ class StreamAssembler:
             "t_last": x.t_last,
             "done_seen": x.done_seen,
             "finish": {str(k): v for k, v in x.finish.items()},
-            "usage": x.usage,
+            "usage": x.usage.raw if x.usage is not None else None,
             "gap": x.gap,
             "gap_reason": x.gap_reason,
             "error": x.error,
@@ -415,7 +414,7 @@ class StreamAssembler:
         x.t_last = st["t_last"]
         x.done_seen = bool(st["done_seen"])
         x.finish = {int(k): str(v) for k, v in st["finish"].items()}
-        x.usage = st["usage"]
+        x.usage = _checkpoint_usage(st["usage"])
         if st["gap"]:
             self._mark_gap(x, str(st["gap_reason"]))
         x.error = st["error"]
@@ -500,10 +499,10 @@ class StreamAssembler:
         path = scrub_url(target.split("?", 1)[0])
         try:
             x.dialect = select_dialect(method, target, parsed) if req else None
-            fields = {k: v for k, v in request_fields(parsed).items() if _shallow(v)}
+            summary = RequestSummary.parse(parsed)
         except Exception as exc:  # odd input must cost this exchange only
             x.dialect = None
-            fields = {}
+            summary = EMPTY_REQUEST
             self._fault(x, req.ts if req else 0.0, f"request: {type(exc).__name__}", out)
         self.stats.streams_opened += 1
         out.append(
@@ -518,8 +517,8 @@ class StreamAssembler:
                 path=path,
                 request_headers=scrub_headers(req.headers) if req else (),
                 request_body=body_text,
-                request=fields,
-                dialect=x.dialect.name if x.dialect is not None else NOT_LLM,
+                request=summary,
+                dialect=x.dialect.name if x.dialect is not None else None,
                 label=self._labels.get(server[1]),
                 capture=opened.capture if opened else "packet",
                 pid=opened.pid if opened else None,
@@ -547,8 +546,8 @@ class StreamAssembler:
                 path="",
                 request_headers=(),
                 request_body=None,
-                request={"model": model} if model is not None else {},
-                dialect=x.dialect.name if x.dialect is not None else NOT_LLM,
+                request=RequestSummary(model=model) if model is not None else EMPTY_REQUEST,
+                dialect=x.dialect.name if x.dialect is not None else None,
                 label=self._labels.get(server[1]),
                 capture=opened.capture if opened else "packet",
                 pid=opened.pid if opened else None,
@@ -911,23 +910,18 @@ class StreamAssembler:
         return sum(1 for c in x.finish if c != STREAM_LEVEL) >= _requested_n(x)
 
 
-#: Nesting allowed in a stored request field (``temperature: [[[…]]]`` is dropped:
-#: every later stage may walk it recursively).
-MAX_FIELD_DEPTH = 16
-
-
-def _shallow(value: Any, limit: int = MAX_FIELD_DEPTH) -> bool:
-    """True when ``value`` (parsed JSON) nests at most ``limit`` levels (iterative)."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        v, depth = stack.pop()
-        if isinstance(v, dict):
-            v = list(v.values())
-        if isinstance(v, list):
-            if depth >= limit:
-                return False
-            stack.extend((x, depth + 1) for x in v if isinstance(x, (dict, list)))
-    return True
+def _checkpoint_usage(value: Any) -> Usage | None:
+    """A checkpoint's usage: the usage object (JSON text in checkpoints written
+    before usage was typed)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            return None
+    try:
+        return Usage.parse(value)
+    except ValueError:
+        return None
 
 
 def _model_of(item: str) -> str | None:

@@ -78,6 +78,8 @@ from typing import Any
 
 from tokenizers import Encoding, Tokenizer, decoders
 
+from sniffer.llm.values import Usage
+
 __all__ = [
     "DEFAULT_NAME",
     "MAX_ANOMALIES_PER_KIND",
@@ -580,14 +582,14 @@ class ChunkInput:
 @dataclass(frozen=True, slots=True)
 class StreamInput:
     """One stream to analyse. ``request`` is the parsed JSON request body (it
-    must hold ``messages``/``prompt`` for prompt tokens); ``usage`` the parsed
-    last usage object."""
+    must hold ``messages``/``prompt`` for prompt tokens); ``usage`` the
+    stream's last usage object."""
 
     stream_id: int
     model: str | None
     request: dict[str, Any]
     chunks: Sequence[ChunkInput]
-    usage: dict[str, Any] | None
+    usage: Usage | None
     gap: bool
     done_seen: bool
     include_usage_requested: bool
@@ -1123,14 +1125,6 @@ def _server_token_anomalies(
         )
 
 
-def _usage_int(usage: dict[str, Any], *keys: str) -> int | None:
-    for k in keys:
-        v = usage.get(k)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    return None
-
-
 def _usage(
     s: StreamInput,
     have_prompt: bool,
@@ -1139,20 +1133,20 @@ def _usage(
     anomalies: _Anomalies,
 ) -> dict[str, int]:
     """Server usage minus own counts. ``completion_tokens`` excludes the reported
-    ``completion_tokens_details.reasoning_tokens`` (reasoning text is not tokenized here)."""
-    if s.usage is None:
+    ``completion_tokens_details.reasoning_tokens`` (reasoning text is not tokenized here).
+    A usage that is not a JSON object counts as none; Ollama's evaluation
+    counters are not compared (``Usage.tokenizer_counts``)."""
+    usage = s.usage
+    if usage is None or not usage.is_object:
         if s.include_usage_requested:
             anomalies.add(
                 "usage_missing", _STREAM, None, "stream_options.include_usage but no usage"
             )
         return {}
-    if not isinstance(s.usage, dict):
-        return {}
     diff: dict[str, int] = {}
-    completion = _usage_int(s.usage, "completion_tokens", "output_tokens")
+    prompt, completion = usage.tokenizer_counts()
     if completion is not None:
-        details = s.usage.get("completion_tokens_details") or s.usage.get("output_tokens_details")
-        reasoning = _usage_int(details, "reasoning_tokens") if isinstance(details, dict) else None
+        reasoning = usage.reasoning_tokens
         reported = completion - (reasoning or 0)
         own = sum(len(v) for v in output_ids.values())
         diff["completion_tokens"] = reported - own
@@ -1164,7 +1158,6 @@ def _usage(
                 None,
                 f"completion_tokens: server {reported}{note}, counted {own}",
             )
-    prompt = _usage_int(s.usage, "prompt_tokens", "input_tokens")
     if prompt is not None and have_prompt:
         diff["prompt_tokens"] = prompt - prompt_count
         if prompt != prompt_count:

@@ -89,7 +89,6 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.llm.dialects.base import OUTPUT_KINDS
-from sniffer.store.writer import usage_tokens
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464
@@ -434,8 +433,7 @@ class Metrics:
                     self.parse_errors.labels(stage).inc()
 
     def _opened(self, ev: StreamOpened) -> None:
-        model = ev.request.get("model") if isinstance(ev.request, dict) else None
-        keys = self._bound(ev.label, model if isinstance(model, str) else None)
+        keys = self._bound(ev.label, ev.request.model)
         if len(self._open) >= MAX_OPEN_STREAMS:
             del self._open[next(iter(self._open))]
         s = _Open(keys, ev.ts)
@@ -488,7 +486,9 @@ class Metrics:
         if t_request is not None:
             self.duration.labels(*keys).observe(max(0.0, ev.ts - t_request))
         self.output_chars.labels(*keys).observe(ev.text_len)
-        prompt, completion = usage_tokens(ev.usage)
+        usage = ev.usage
+        prompt = usage.prompt_tokens if usage is not None else None
+        completion = usage.completion_tokens if usage is not None else None
         if prompt:
             self.server_usage.labels(*keys, "prompt").inc(prompt)
         if completion:

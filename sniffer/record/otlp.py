@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sniffer.core.events import (
-    NOT_LLM,
     ChunkEvent,
     StoreEvent,
     StreamClosed,
@@ -55,7 +54,6 @@ from sniffer.core.events import (
 )
 from sniffer.llm.dialects.base import OUTPUT_KINDS
 from sniffer.record.metrics import stream_state
-from sniffer.store.writer import usage_tokens
 
 if TYPE_CHECKING:
     from sniffer.record.metrics import Metrics
@@ -284,22 +282,19 @@ class _Tracker:
                     self._chunk(r, ev)
             elif t is StreamOpened:
                 assert isinstance(ev, StreamOpened)
-                if ev.dialect == NOT_LLM:
+                if ev.dialect is None:  # not an LLM stream
                     continue
                 if len(opened) >= MAX_OPEN:
                     del opened[next(iter(opened))]
-                req = ev.request if isinstance(ev.request, dict) else {}
-                model = req.get("model")
-                stream = req.get("stream")
                 opened[ev.stream] = StreamRecord(
                     stream=ev.stream,
                     t_request=ev.ts,
                     t_end=ev.ts,
                     dialect=ev.dialect,
-                    model=model if isinstance(model, str) else None,
+                    model=ev.request.model,
                     label=ev.label,
                     server=ev.server,
-                    request_stream=stream if isinstance(stream, bool) else None,
+                    request_stream=ev.request.stream,
                     waits_tokens=self.wait_tokens,
                 )
             elif t is StreamResponse:
@@ -342,7 +337,10 @@ def _close(r: StreamRecord, ev: StreamClosed) -> None:
     r.event_count = ev.event_count
     r.t_first_content = ev.t_first_content
     r.finish_reasons = tuple(f for _, f in sorted(ev.finish_reasons))
-    r.usage_input, r.usage_output = usage_tokens(ev.usage)
+    if ev.usage is not None:
+        r.usage_input, r.usage_output = ev.usage.prompt_tokens, ev.usage.completion_tokens
+    else:
+        r.usage_input = r.usage_output = None
     r.error = ev.error
     r.response_id = ev.response_id
     r.response_model = ev.response_model

@@ -461,22 +461,13 @@ class Redactor:
                 out = new
         return out
 
-    def _value(self, v: Any) -> Any:
-        if isinstance(v, str):
-            return self.text(v)
-        if isinstance(v, list):
-            return [self._value(x) for x in v]
-        if isinstance(v, dict):
-            return {k: self._value(x) for k, x in v.items()}
-        return v
-
     # ---------------------------------------------------------------- events
 
     def event(self, ev: StoreEvent) -> StoreEvent:
         """The event with its text fields redacted (the same object when unchanged).
 
-        ``StreamOpened``: ``request_body`` and the string values of ``request``
-        (except ``model``); ``ChunkEvent``: ``text``, ``reasoning``,
+        ``StreamOpened``: ``request_body`` (its typed ``request`` holds no free
+        text); ``ChunkEvent``: ``text``, ``reasoning``,
         ``tool_calls``, ``logprobs``, ``raw``; ``StreamClosed``: ``response_body``
         and ``error``; ``PipelineError``: ``message``. Headers are not touched
         here: credentials are removed upstream and again by the store writer.
@@ -509,16 +500,11 @@ class Redactor:
             )
         if t is StreamOpened:
             assert isinstance(ev, StreamOpened)
+            # ev.request holds no free text: the model name and typed numbers
             body = self.json_text(ev.request_body)
-            try:
-                request = {
-                    k: (v if k == "model" else self._value(v)) for k, v in ev.request.items()
-                }
-            except RecursionError:  # nested deeper than the stream stage allows
-                request = {k: v for k, v in ev.request.items() if isinstance(v, (int, float))}
-            if body is ev.request_body and request == ev.request:
+            if body is ev.request_body:
                 return ev
-            return replace(ev, request_body=body, request=request)
+            return replace(ev, request_body=body)
         if t is StreamClosed:
             assert isinstance(ev, StreamClosed)
             response_body = self.json_text(ev.response_body)

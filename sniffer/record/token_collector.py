@@ -24,8 +24,9 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from sniffer.core.events import NOT_LLM, ChunkEvent, StoreEvent, StreamClosed, StreamOpened
+from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamOpened
 from sniffer.llm.tokens import ChunkInput, StreamInput
+from sniffer.llm.values import Usage
 from sniffer.record.redact import Redactor, redact_choice_texts
 
 #: Chunk texts of an open stream are joined into one string every this many
@@ -107,7 +108,7 @@ class TokenCollector:
         self._windows = redactor.clone() if redactor is not None else None
         self._spans = redactor.clone() if redactor is not None else None
         self._open: dict[int, _Open] = {}
-        self._ready: deque[tuple[int, _Open, str | None, bool, bool]] = deque()
+        self._ready: deque[tuple[int, _Open, Usage | None, bool, bool]] = deque()
         self._max_open = max_open
         self._max_chunks = max_chunks
         self.dropped_streams = 0  # not tracked: too many open at once
@@ -130,18 +131,17 @@ class TokenCollector:
                 s.add(ev)
             elif t is StreamOpened:
                 assert isinstance(ev, StreamOpened)
-                if ev.dialect == NOT_LLM:
+                if ev.dialect is None:  # not an LLM stream
                     continue
                 if len(opened) >= self._max_open:
                     self.dropped_streams += 1
                     continue
                 request = _json(ev.request_body)
-                model = ev.request.get("model")
                 mask_prompt = False
                 if self._windows is not None and ev.request_body:
                     mask_prompt = bool(self._windows.edits(ev.request_body)[1])
                 opened[ev.stream] = _Open(
-                    model if isinstance(model, str) else None,
+                    ev.request.model,
                     request if isinstance(request, dict) else {},
                     mask_prompt,
                 )
@@ -154,9 +154,8 @@ class TokenCollector:
                 # ending together) the ChunkInputs exist for one batch at a time.
                 self._ready.append((ev.stream, s, ev.usage, ev.gap, ev.done_seen))
 
-    def _build(self, item: tuple[int, _Open, str | None, bool, bool]) -> StreamInput:
-        stream_id, s, usage_text, gap, done_seen = item
-        usage = _json(usage_text)
+    def _build(self, item: tuple[int, _Open, Usage | None, bool, bool]) -> StreamInput:
+        stream_id, s, usage, gap, done_seen = item
         so = s.request.get("stream_options")
         chunks = s.chunks()
         stored, masks = self._redacted(chunks)
@@ -165,7 +164,7 @@ class TokenCollector:
             model=s.model,
             request=s.request,
             chunks=chunks,
-            usage=usage if isinstance(usage, dict) else None,
+            usage=usage,
             gap=gap or s.truncated,
             done_seen=done_seen,
             include_usage_requested=isinstance(so, dict) and so.get("include_usage") is True,

@@ -37,7 +37,6 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from sniffer.core.events import NOT_LLM
 from sniffer.llm.tokens import (
     ChunkInput,
     ChunkTokens,
@@ -49,7 +48,8 @@ from sniffer.llm.tokens import (
     analyze_streams,
     parse_server_tokens,
 )
-from sniffer.store.models import chunks, streams
+from sniffer.llm.values import Usage
+from sniffer.store.models import PLAIN_HTTP, chunks, streams
 from sniffer.store.tokens_store import (
     ChoiceTokenRow,
     StreamTokenRow,
@@ -105,7 +105,7 @@ def _pending_filter() -> Any:
         streams.c.closed_at.is_not(None),
         streams.c.state != "open",
         streams.c.dialect.is_not(None),
-        streams.c.dialect != NOT_LLM,
+        streams.c.dialect != PLAIN_HTTP,
         stream_tokens.c.stream_id.is_(None),
     )
 
@@ -161,7 +161,7 @@ def _inputs(
         request = _json(s.get("request_json"))
         if not isinstance(request, dict):
             request = {}
-        usage = _json(s.get("usage"))
+        usage = Usage.loads(s.get("usage"))
         so = request.get("stream_options")
         include_usage = isinstance(so, dict) and so.get("include_usage") is True
         cs = by_stream.get(s["id"], [])
@@ -171,7 +171,7 @@ def _inputs(
                 model=s.get("model"),
                 request=request,
                 chunks=cs,
-                usage=usage if isinstance(usage, dict) else None,
+                usage=usage,
                 gap=bool(s.get("gap")),
                 done_seen=bool(s.get("done_seen")),
                 include_usage_requested=include_usage,

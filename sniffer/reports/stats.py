@@ -58,12 +58,11 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from sniffer.core.events import NOT_LLM
 from sniffer.llm.fingerprint import fingerprint
 from sniffer.llm.logprobs import TokenLogprob, output_logprobs
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
 from sniffer.reports.align import longest_common_prefix
-from sniffer.store.models import chunks, streams
+from sniffer.store.models import PLAIN_HTTP, chunks, streams
 from sniffer.store.tokens_store import choice_tokens
 
 __all__ = [
@@ -326,7 +325,7 @@ def load_outputs(
 ) -> list[Output]:
     """Outputs of the LLM streams in the store (``dialect`` other than ``http``),
     optionally only those with one of ``labels`` / of ``model`` / captured by ``node``."""
-    cond = [streams.c.dialect.is_not(None), streams.c.dialect != NOT_LLM]
+    cond = [streams.c.dialect.is_not(None), streams.c.dialect != PLAIN_HTTP]
     if node is not None:
         cond.append(streams.c.node == node)
     if labels is not None:
@@ -569,7 +568,7 @@ def count_midway(
 ) -> int:
     """LLM streams recovered mid-way (state ``midway``) that stats leaves out."""
     cond = [streams.c.state == "midway", streams.c.dialect.is_not(None)]
-    cond.append(streams.c.dialect != NOT_LLM)
+    cond.append(streams.c.dialect != PLAIN_HTTP)
     if labels is not None:
         cond.append(streams.c.label.in_(list(labels)))
     if model is not None:

@@ -63,7 +63,6 @@ from typing import Any, Literal
 
 from sqlalchemy import Engine, select
 
-from sniffer.core.events import NOT_LLM
 from sniffer.llm.tokens import (
     ChunkInput,
     StreamInput,
@@ -73,7 +72,7 @@ from sniffer.llm.tokens import (
     prompt_method,
 )
 from sniffer.record.tokenize_pass import text_hash, tokenize_db
-from sniffer.store.models import chunks, streams
+from sniffer.store.models import PLAIN_HTTP, chunks, streams
 from sniffer.store.tokens_store import (
     ChoiceTokenRow,
     StreamTokenRow,
@@ -361,7 +360,7 @@ def _select_streams(
     if stream_ids is not None:
         stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
     elif not include_http:
-        stmt = stmt.where(streams.c.dialect.is_not(None), streams.c.dialect != NOT_LLM)
+        stmt = stmt.where(streams.c.dialect.is_not(None), streams.c.dialect != PLAIN_HTTP)
     if label is not None:
         stmt = stmt.where(streams.c.label == label)
     if node is not None:

@@ -28,6 +28,7 @@ since the Unix epoch (UTC).
     client, server  "IP:PORT" ("[IPv6]:PORT" for IPv6)
     method, path
     dialect         "openai.chat", "openai.completions", "anthropic", … or "http"
+                    (``PLAIN_HTTP``: not an LLM stream, ``StreamOpened.dialect`` None)
     model, is_stream, temperature, top_p, max_tokens, n, seed, prompt_len
                     from the request body (is_stream is the request's "stream";
                     max_tokens also takes max_completion_tokens / max_output_tokens;
@@ -51,8 +52,9 @@ since the Unix epoch (UTC).
     finish_reasons  JSON object {"<choice>": "<finish_reason>"}
     usage           JSON text of the last usage object
     prompt_tokens, completion_tokens
-                    from usage (prompt_tokens/completion_tokens or
-                    input_tokens/output_tokens)
+                    from usage (prompt_tokens/completion_tokens,
+                    input_tokens/output_tokens or Ollama's
+                    prompt_eval_count/eval_count: ``sniffer.llm.values.Usage``)
     response_body   the body of a non-streaming reply (capped upstream)
     request_bytes, response_bytes
                     body bytes after de-chunking and content decoding
@@ -116,6 +118,10 @@ from sqlalchemy import (
 )
 
 SCHEMA_VERSION = 2
+
+#: ``streams.dialect`` of an exchange that is not an LLM stream (plain HTTP):
+#: the store's spelling of ``StreamOpened.dialect is None``.
+PLAIN_HTTP = "http"
 
 metadata = MetaData()
 

@@ -51,13 +51,11 @@ from sniffer.core.events import (
     StreamOpened,
     StreamResponse,
 )
+from sniffer.llm.values import Usage
 from sniffer.store.files import db_path, ensure_db_file
 from sniffer.store.ids import IdBlocks
-from sniffer.store.models import chunks, connections, errors, streams
+from sniffer.store.models import PLAIN_HTTP, chunks, connections, errors, streams
 from sniffer.store.schema import migrate
-
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
 
 _UNENCODABLE = re.compile("[\ud800-\udfff\x00]")
 
@@ -133,60 +131,17 @@ def create_schema(engine: Engine) -> None:
 
 
 # ---------------------------------------------------------------------------
-# value coercion: request fields come from untrusted JSON
+# typed LLM values → JSON (only the store serialises them)
 # ---------------------------------------------------------------------------
 
-
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value if _INT64_MIN <= value <= _INT64_MAX else None
+#: Compact JSON, non-ASCII kept as is: the text the dialects store for the
+#: nested objects they pass through as text (tool calls, logprobs).
+_dumps: Callable[[Any], str] = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
-def _as_float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        result = float(value)
-    except OverflowError:
-        return None
-    return result if result == result and abs(result) != float("inf") else None
-
-
-def _as_bool(value: Any) -> bool | None:
-    return value if isinstance(value, bool) else None
-
-
-def _as_str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def usage_tokens(usage: str | None) -> tuple[int | None, int | None]:
-    """(prompt, completion) token counts from a usage JSON text, if present.
-
-    Accepts OpenAI (``prompt_tokens``/``completion_tokens``), Responses and
-    Anthropic (``input_tokens``/``output_tokens``) and Ollama
-    (``prompt_eval_count``/``eval_count``).
-    """
-    if not usage:
-        return None, None
-    try:
-        obj = json.loads(usage)
-    except (ValueError, RecursionError):
-        return None, None
-    if not isinstance(obj, dict):
-        return None, None
-    prompt: int | None = None
-    completion: int | None = None
-    for key in ("prompt_tokens", "input_tokens", "prompt_eval_count"):
-        prompt = _as_int(obj.get(key))
-        if prompt is not None:
-            break
-    for key in ("completion_tokens", "output_tokens", "eval_count"):
-        completion = _as_int(obj.get(key))
-        if completion is not None:
-            break
-    return prompt, completion
+def usage_json(usage: Usage | None) -> str | None:
+    """The usage object as stored (``streams.usage``, ``chunks.usage``)."""
+    return None if usage is None else _dumps(usage.raw)
 
 
 def _clean_text(value: str) -> str:
@@ -234,12 +189,7 @@ def _connection_row(ev: ConnectionOpened, label: str | None, node: str) -> dict[
 
 
 def _stream_row(ev: StreamOpened, node: str) -> dict[str, Any]:
-    req = ev.request if isinstance(ev.request, dict) else {}
-    max_tokens = None
-    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
-        max_tokens = _as_int(req.get(key))
-        if max_tokens is not None:
-            break
+    req = ev.request
     row: dict[str, Any] = dict.fromkeys(_RESPONSE_COLUMNS)
     row.update(dict.fromkeys(_CLOSE_COLUMNS))
     row.update(
@@ -256,15 +206,15 @@ def _stream_row(ev: StreamOpened, node: str) -> dict[str, Any]:
             # a body recovered mid-way has no request: "" → NULL
             "method": ev.method or None,
             "path": ev.path or None,
-            "dialect": ev.dialect,
-            "model": _as_str(req.get("model")),
-            "is_stream": _as_bool(req.get("stream")),
-            "temperature": _as_float(req.get("temperature")),
-            "top_p": _as_float(req.get("top_p")),
-            "max_tokens": max_tokens,
-            "n": _as_int(req.get("n")),
-            "seed": _as_int(req.get("seed")),
-            "prompt_len": _as_int(req.get("prompt_len")),
+            "dialect": ev.dialect if ev.dialect is not None else PLAIN_HTTP,
+            "model": req.model,
+            "is_stream": req.stream,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "max_tokens": req.max_tokens,
+            "n": req.n,
+            "seed": req.seed,
+            "prompt_len": req.prompt_len,
             "request_json": ev.request_body,
             "request_headers": headers_json(ev.request_headers),
             "t_request": ev.ts,
@@ -315,7 +265,7 @@ def _response_values(ev: StreamResponse) -> dict[str, Any]:
 
 
 def _close_values(ev: StreamClosed) -> dict[str, Any]:
-    prompt, completion = usage_tokens(ev.usage)
+    usage = ev.usage
     return {
         "state": ev.state.value if hasattr(ev.state, "value") else str(ev.state),
         "reason": ev.reason,
@@ -327,9 +277,9 @@ def _close_values(ev: StreamClosed) -> dict[str, Any]:
         "event_count": ev.event_count,
         "text_len": ev.text_len,
         "finish_reasons": json.dumps({str(c): r for c, r in ev.finish_reasons}),
-        "usage": ev.usage,
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
+        "usage": usage_json(usage),
+        "prompt_tokens": usage.prompt_tokens if usage is not None else None,
+        "completion_tokens": usage.completion_tokens if usage is not None else None,
         "response_body": ev.response_body,
         "request_bytes": ev.request_bytes,
         "response_bytes": ev.response_bytes,
@@ -354,6 +304,7 @@ _CHUNK_COLUMNS = (
     "raw",
     "server_tokens",
 )
+_USAGE_AT = _CHUNK_COLUMNS.index("usage")
 _ERROR_COLUMNS = ("ts", "stage", "kind", "message", "connection_id", "stream_id", "node")
 _CONNECTION_COLUMNS = tuple(c.name for c in connections.columns)
 _STREAM_COLUMNS = tuple(c.name for c in streams.columns)
@@ -487,7 +438,10 @@ class StoreWriter:
         Raises ``StoreError`` only from that automatic flush (the batch is kept).
         """
         if isinstance(event, ChunkEvent):
-            self._chunk_rows.append(_chunk_row(event))
+            chunk = _chunk_row(event)
+            if event.usage is not None:  # rare: the typed usage becomes its JSON here
+                chunk = (*chunk[:_USAGE_AT], usage_json(event.usage), *chunk[_USAGE_AT + 1 :])
+            self._chunk_rows.append(chunk)
         elif isinstance(event, StreamOpened):
             self._stream_rows[event.stream] = _stream_row(event, self.node)
         elif isinstance(event, StreamResponse):

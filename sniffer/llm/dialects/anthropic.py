@@ -62,6 +62,7 @@ from sniffer.llm.dialects.base import (
     Delta,
 )
 from sniffer.llm.dialects.responses import tool_call_delta
+from sniffer.llm.values import Usage
 
 __all__ = ["AnthropicMessages"]
 
@@ -110,7 +111,7 @@ class AnthropicMessages(JsonDialect):
             usage = message.get("usage")
             if type(usage) is dict:
                 self._usage = dict(usage)
-            return [Delta(STREAM_LEVEL, ROLE, usage=_dumps(usage) if usage is not None else None)]
+            return [Delta(STREAM_LEVEL, ROLE, usage=Usage.parse(usage))]
         if kind == "message_stop":
             return [Delta(STREAM_LEVEL, DONE)]
         if kind == "error" or obj.get("error") is not None:
@@ -179,15 +180,16 @@ class AnthropicMessages(JsonDialect):
             self._usage.update({k: v for k, v in usage.items() if v is not None})
         elif usage is not None:
             raise _not("usage", usage, "an object")
-        usage_text = _dumps(self._usage) if self._usage else None
+        # a copy: self._usage goes on changing
+        usage_value = Usage.parse(dict(self._usage)) if self._usage else None
         stop = delta.get("stop_reason")
         if stop is None:
-            return [Delta(STREAM_LEVEL, USAGE, usage=usage_text)]
+            return [Delta(STREAM_LEVEL, USAGE, usage=usage_value)]
         if type(stop) is not str:
             raise _not("delta.stop_reason", stop, "a string")
         targets = sorted(self._blocks) or [0]
         return [
-            Delta(i, FINISH, finish_reason=stop, usage=usage_text if i == targets[-1] else None)
+            Delta(i, FINISH, finish_reason=stop, usage=usage_value if i == targets[-1] else None)
             for i in targets
         ]
 
@@ -214,7 +216,7 @@ class AnthropicMessages(JsonDialect):
             out.append(Delta(0, FINISH if stop is not None else OTHER, finish_reason=stop))
         usage = obj.get("usage")
         if usage is not None:
-            out[-1] = replace(out[-1], usage=_dumps(usage))
+            out[-1] = replace(out[-1], usage=Usage.parse(usage))
         return out
 
 

@@ -9,7 +9,9 @@ adding the stream id, capture time and chunk numbering.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
+
+from sniffer.llm.values import Usage
 
 #: ``Delta.choice`` for items that belong to the stream rather than a choice:
 #: a usage-only chunk, ``[DONE]``, an error object, an unparseable event.
@@ -41,7 +43,7 @@ class Delta:
     tool_calls: str | None = None  # JSON text
     finish_reason: str | None = None
     logprobs: str | None = None  # JSON text, as the server sent it
-    usage: str | None = None  # JSON text
+    usage: Usage | None = None  # parsed once here; the store writes its JSON
     raw: str | None = None  # the item as received, for INVALID / OTHER / ERROR
     error: str | None = None  # message for ERROR / INVALID
     server_tokens: str | None = None  # JSON list of server-reported token ids/texts (TGI)
@@ -60,50 +62,3 @@ class Dialect(Protocol):
     def body(self, body: str) -> list[Delta]:
         """A whole non-streaming response body."""
         ...
-
-
-def request_fields(body: Any) -> dict[str, Any]:
-    """The request parameters every dialect understands, from a parsed JSON body.
-
-    ``prompt_len`` is the number of messages for chat-style requests and 1 for a
-    prompt string (the seed log's convention). Sampling parameters nested the
-    way TGI (``parameters``) and Ollama (``options``) send them are lifted to
-    the same names; Anthropic's ``system`` counts as one more message.
-    """
-    if not isinstance(body, dict):
-        return {}
-    out: dict[str, Any] = {}
-    for key in (
-        "model",
-        "stream",
-        "temperature",
-        "top_p",
-        "top_k",
-        "max_tokens",
-        "max_completion_tokens",
-        "max_output_tokens",
-        "n",
-        "seed",
-        "stream_options",
-        "logprobs",
-        "top_logprobs",
-    ):
-        if key in body:
-            out[key] = body[key]
-    nested = body.get("parameters") if isinstance(body.get("parameters"), dict) else None
-    if nested is None and isinstance(body.get("options"), dict):
-        nested = body["options"]
-    if nested is not None:  # TGI "parameters", Ollama "options"
-        for key in ("temperature", "top_p", "top_k", "seed"):
-            if key in nested and key not in out:
-                out[key] = nested[key]
-        for key in ("max_new_tokens", "num_predict"):
-            if key in nested and "max_tokens" not in out:
-                out["max_tokens"] = nested[key]
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        out["prompt_len"] = len(messages) + (1 if body.get("system") else 0)
-    elif "prompt" in body or "input" in body or "inputs" in body:
-        prompt = body.get("prompt", body.get("input", body.get("inputs")))
-        out["prompt_len"] = len(prompt) if isinstance(prompt, list) else 1
-    return out

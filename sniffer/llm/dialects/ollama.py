@@ -49,6 +49,7 @@ from sniffer.llm.dialects.base import (
     TOOL_CALL,
     Delta,
 )
+from sniffer.llm.values import Usage
 
 __all__ = ["TIMING_FIELDS", "OllamaChat", "OllamaGenerate"]
 
@@ -134,14 +135,14 @@ class _OllamaBase(JsonDialect):
         if done is not None and type(done) is not bool:
             raise _not("done", done, "a boolean")
         finish: str | None = None
-        usage: str | None = None
+        usage: Usage | None = None
         if done:
             reason = obj.get("done_reason")
             if reason is not None and type(reason) is not str:
                 raise _not("done_reason", reason, "a string")
             finish = reason
             timings = {k: obj[k] for k in TIMING_FIELDS if obj.get(k) is not None}
-            usage = _dumps(timings) if timings else None
+            usage = Usage.parse(timings) if timings else None
         raw: str | None = None
         if text:
             kind = CONTENT

@@ -50,6 +50,7 @@ from sniffer.llm.dialects.base import (
     USAGE,
     Delta,
 )
+from sniffer.llm.values import Usage
 
 __all__ = ["OpenAIChat", "OpenAICompletions"]
 
@@ -82,7 +83,7 @@ def _slow_delta(
     tool_calls: str | None,
     finish_reason: str | None,
     logprobs: str | None,
-    usage: str | None,
+    usage: Usage | None,
     raw: str | None,
 ) -> Delta:
     return Delta(
@@ -99,7 +100,7 @@ def _slow_delta(
 
 
 _DeltaMaker = Callable[
-    [int, str, str, str, str | None, str | None, str | None, str | None, str | None], Delta
+    [int, str, str, str, str | None, str | None, str | None, Usage | None, str | None], Delta
 ]
 
 
@@ -119,7 +120,7 @@ def _fast_delta_maker() -> _DeltaMaker:
         tool_calls: str | None,
         finish_reason: str | None,
         logprobs: str | None,
-        usage: str | None,
+        usage: Usage | None,
         raw: str | None,
     ) -> Delta:
         d: Delta = new(Delta)
@@ -189,34 +190,34 @@ class _OpenAIBase(JsonDialect):
         timings = get("timings")
         if timings is not None:
             usage = _with_timings(usage, timings)
-        usage_text: str | None = None if usage is None else _dumps(usage)
+        usage_value = Usage.parse(usage)
         if not choices:
             if choices is not None and type(choices) is not list:
                 raise _not("choices", choices, "an array")
-            if usage_text is not None:
-                return [Delta(STREAM_LEVEL, USAGE, usage=usage_text)]
+            if usage_value is not None:
+                return [Delta(STREAM_LEVEL, USAGE, usage=usage_value)]
             return [Delta(STREAM_LEVEL, OTHER, raw=data)]
         if type(choices) is not list:
             raise _not("choices", choices, "an array")
         read = self._choice
         if len(choices) == 1:  # the usual case
             if stream:
-                return [read(choices[0], 0, data, True, usage_text)]
+                return [read(choices[0], 0, data, True, usage_value)]
             out = [read(choices[0], 0, data, False, None)]
         else:
             last = len(choices) - 1 if stream else -1
             out = [
-                read(choice, position, data, stream, usage_text if position == last else None)
+                read(choice, position, data, stream, usage_value if position == last else None)
                 for position, choice in enumerate(choices)
             ]
             if stream:
                 return out
-        if usage_text is not None:
-            out.append(Delta(STREAM_LEVEL, USAGE, usage=usage_text))
+        if usage_value is not None:
+            out.append(Delta(STREAM_LEVEL, USAGE, usage=usage_value))
         return out
 
     def _choice(
-        self, choice: Any, position: int, data: str, stream: bool, usage: str | None
+        self, choice: Any, position: int, data: str, stream: bool, usage: Usage | None
     ) -> Delta:
         """One entry of ``choices``; ``usage`` (streaming only) goes on its Delta."""
         raise NotImplementedError
@@ -235,7 +236,7 @@ class OpenAIChat(_OpenAIBase):
     name = "openai.chat"
 
     def _choice(
-        self, choice: Any, position: int, data: str, stream: bool, usage: str | None
+        self, choice: Any, position: int, data: str, stream: bool, usage: Usage | None
     ) -> Delta:
         if type(choice) is not dict:
             raise _not(f"choices[{position}]", choice, "an object")
@@ -300,7 +301,7 @@ class OpenAICompletions(_OpenAIBase):
     name = "openai.completions"
 
     def _choice(
-        self, choice: Any, position: int, data: str, stream: bool, usage: str | None
+        self, choice: Any, position: int, data: str, stream: bool, usage: Usage | None
     ) -> Delta:
         if type(choice) is not dict:
             raise _not(f"choices[{position}]", choice, "an object")

@@ -58,6 +58,7 @@ from sniffer.llm.dialects.base import (
     TOOL_CALL,
     Delta,
 )
+from sniffer.llm.values import Usage
 
 __all__ = ["OpenAIResponses", "responses_finish_reason", "tool_call_delta"]
 
@@ -184,7 +185,7 @@ class OpenAIResponses(JsonDialect):
         if kind == "response.failed":
             finish = "failed"
         usage = response.get("usage")
-        usage_text = None if usage is None else _dumps(usage)
+        usage_value = Usage.parse(usage)
         outputs = set(self._outputs)
         output = response.get("output")
         if type(output) is list:
@@ -193,7 +194,7 @@ class OpenAIResponses(JsonDialect):
             outputs.add(0)
         order = sorted(outputs)
         out = [
-            Delta(i, FINISH, finish_reason=finish, usage=usage_text if i == order[-1] else None)
+            Delta(i, FINISH, finish_reason=finish, usage=usage_value if i == order[-1] else None)
             for i in order
         ]
         if kind == "response.failed":
@@ -225,7 +226,7 @@ class OpenAIResponses(JsonDialect):
             out.append(Delta(0, FINISH if finish is not None else OTHER, finish_reason=finish))
         usage = obj.get("usage")
         if usage is not None:
-            out[-1] = replace(out[-1], usage=_dumps(usage))
+            out[-1] = replace(out[-1], usage=Usage.parse(usage))
         if obj.get("status") == "failed" or err is not None:
             message = _error_message(err) if err is not None else "response failed"
             out.append(Delta(STREAM_LEVEL, ERROR, raw=body, error=message))

@@ -49,6 +49,7 @@ from sniffer.llm.dialects.base import (
     STREAM_LEVEL,
     Delta,
 )
+from sniffer.llm.values import Usage
 
 __all__ = ["TgiGenerate"]
 
@@ -61,8 +62,8 @@ def _error(obj: dict[str, Any], raw: str) -> Delta:
     return Delta(STREAM_LEVEL, ERROR, raw=raw, error=message)
 
 
-def _details(obj: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(finish_reason, usage JSON) from an object's ``details``."""
+def _details(obj: dict[str, Any]) -> tuple[str | None, Usage | None]:
+    """(finish_reason, usage) from an object's ``details``."""
     details = obj.get("details")
     if details is None:
         return None, None
@@ -76,7 +77,7 @@ def _details(obj: dict[str, Any]) -> tuple[str | None, str | None]:
         usage["prompt_tokens"] = details["input_length"]
     if type(details.get("generated_tokens")) is int:
         usage["completion_tokens"] = details["generated_tokens"]
-    return finish, (_dumps(usage) if usage else None)
+    return finish, (Usage.parse(usage) if usage else None)
 
 
 class TgiGenerate(JsonDialect):

@@ -1,0 +1,287 @@
+"""The typed LLM values the dialect and stream stages hand downstream.
+
+An LLM request and a usage block are parsed once, where they are understood,
+into the small immutable values below; every later stage (writer, metrics,
+OTLP, token analysis, reports) reads their fields. Only the store turns them
+back into JSON.
+
+* :class:`Usage`: the server's token counts under any dialect's names, with
+  the usage object as the server sent it (``raw``) for the store.
+* :class:`RequestSummary`: the request parameters the store and the exporters
+  use, coerced from untrusted JSON once.
+
+"Not an LLM stream" is ``StreamOpened.dialect is None``; the output kinds are
+``sniffer.llm.dialects.base.OUTPUT_KINDS``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+__all__ = ["RequestSummary", "Usage", "as_bool", "as_float", "as_int", "as_str"]
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+# ---------------------------------------------------------------------------
+# coercion of untrusted JSON values
+# ---------------------------------------------------------------------------
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` when it is a JSON integer that fits a 64-bit column (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if _INT64_MIN <= value <= _INT64_MAX else None
+
+
+def as_float(value: Any) -> float | None:
+    """``value`` as a finite float when it is a JSON number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        result = float(value)
+    except OverflowError:
+        return None
+    return result if result == result and abs(result) != float("inf") else None
+
+
+def as_bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def as_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _first_int(obj: dict[str, Any], keys: tuple[str, ...]) -> tuple[int | None, str | None]:
+    for key in keys:
+        value = as_int(obj.get(key))
+        if value is not None:
+            return value, key
+    return None, None
+
+
+# ---------------------------------------------------------------------------
+# usage
+# ---------------------------------------------------------------------------
+
+#: Where each dialect puts its counts, in the order they are looked for:
+#: OpenAI chat/completions and TGI (as the TGI dialect names them), Responses
+#: and Anthropic, Ollama.
+PROMPT_KEYS = ("prompt_tokens", "input_tokens", "prompt_eval_count")
+COMPLETION_KEYS = ("completion_tokens", "output_tokens", "eval_count")
+#: Ollama's evaluation counters. ``prompt_eval_count`` leaves out a prompt
+#: prefix the server had cached, so the token check does not compare them with
+#: its own counts (:meth:`Usage.tokenizer_counts`).
+EVAL_COUNTERS = frozenset({"prompt_eval_count", "eval_count"})
+
+
+#: A usage object nested deeper than this is bad input (the store could not
+#: serialise it): :meth:`Usage.parse` raises ``ValueError``.
+MAX_USAGE_DEPTH = 64
+
+
+def _too_deep(value: Any) -> bool:
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if type(v) is dict:
+            v = v.values()
+        elif type(v) is not list:
+            continue
+        if depth >= MAX_USAGE_DEPTH:
+            return True
+        stack.extend((x, depth + 1) for x in v if type(x) is dict or type(x) is list)
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A server-reported usage block, parsed once (:meth:`parse`).
+
+    ``raw`` is the object as the server sent it (the dialect's merged object
+    for Anthropic, the counts and timings for Ollama and TGI); the store
+    serialises it. ``prompt_tokens``/``completion_tokens`` are read under
+    every dialect's names (:data:`PROMPT_KEYS`, :data:`COMPLETION_KEYS`: the
+    first that holds an integer wins; ``prompt_key``/``completion_key`` name
+    it); ``reasoning_tokens`` from ``completion_tokens_details`` or
+    ``output_tokens_details``. A usage that is not a JSON object keeps ``raw``
+    and has no counts.
+
+    >>> u = Usage.parse({"prompt_eval_count": 26, "eval_count": 9})
+    >>> (u.prompt_tokens, u.completion_tokens, u.tokenizer_counts())
+    (26, 9, (None, None))
+    """
+
+    raw: Any = field(hash=False)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    total_tokens: int | None = None
+    prompt_key: str | None = None
+    completion_key: str | None = None
+
+    @classmethod
+    def parse(cls, obj: Any) -> Usage | None:
+        """The usage in a parsed JSON value; None for JSON ``null`` (no usage).
+        Raises ``ValueError`` for an object nested absurdly deep (bad input:
+        the dialect records it as an INVALID item)."""
+        if obj is None:
+            return None
+        if _too_deep(obj):
+            raise ValueError(f"usage nests deeper than {MAX_USAGE_DEPTH} levels")
+        if type(obj) is not dict:
+            return cls(obj)
+        prompt, pkey = _first_int(obj, PROMPT_KEYS)
+        completion, ckey = _first_int(obj, COMPLETION_KEYS)
+        details = obj.get("completion_tokens_details") or obj.get("output_tokens_details")
+        reasoning = as_int(details.get("reasoning_tokens")) if isinstance(details, dict) else None
+        return cls(obj, prompt, completion, reasoning, as_int(obj.get("total_tokens")), pkey, ckey)
+
+    @classmethod
+    def loads(cls, text: str | None) -> Usage | None:
+        """The usage in a stored JSON text (``streams.usage``); None when there
+        is none or it does not parse."""
+        if not text:
+            return None
+        try:
+            return cls.parse(json.loads(text))
+        except (ValueError, RecursionError):
+            return None
+
+    @property
+    def is_object(self) -> bool:
+        """The server sent a JSON object (anything else carries no counts)."""
+        return type(self.raw) is dict
+
+    def tokenizer_counts(self) -> tuple[int | None, int | None]:
+        """(prompt, completion) to compare with a tokenizer's own counts: the
+        OpenAI, Responses, Anthropic and TGI counts, not Ollama's evaluation
+        counters (:data:`EVAL_COUNTERS`)."""
+        prompt = None if self.prompt_key in EVAL_COUNTERS else self.prompt_tokens
+        completion = None if self.completion_key in EVAL_COUNTERS else self.completion_tokens
+        return prompt, completion
+
+
+# ---------------------------------------------------------------------------
+# request summary
+# ---------------------------------------------------------------------------
+
+_TOP_LEVEL = (
+    "model",
+    "stream",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "n",
+    "seed",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+)
+
+
+def request_fields(body: Any) -> dict[str, Any]:
+    """The request parameters every dialect understands, from a parsed JSON
+    body, as sent (untrusted values; :meth:`RequestSummary.parse` types them).
+
+    ``prompt_len`` is the number of messages for chat-style requests and 1 for a
+    prompt string (the seed log's convention). Sampling parameters nested the
+    way TGI (``parameters``) and Ollama (``options``) send them are lifted to
+    the same names; Anthropic's ``system`` counts as one more message.
+    """
+    if not isinstance(body, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for key in _TOP_LEVEL:
+        if key in body:
+            out[key] = body[key]
+    nested = body.get("parameters") if isinstance(body.get("parameters"), dict) else None
+    if nested is None and isinstance(body.get("options"), dict):
+        nested = body["options"]
+    if nested is not None:  # TGI "parameters", Ollama "options"
+        for key in ("temperature", "top_p", "top_k", "seed"):
+            if key in nested and key not in out:
+                out[key] = nested[key]
+        for key in ("max_new_tokens", "num_predict"):
+            if key in nested and "max_tokens" not in out:
+                out["max_tokens"] = nested[key]
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        out["prompt_len"] = len(messages) + (1 if body.get("system") else 0)
+    elif "prompt" in body or "input" in body or "inputs" in body:
+        prompt = body.get("prompt", body.get("input", body.get("inputs")))
+        out["prompt_len"] = len(prompt) if isinstance(prompt, list) else 1
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSummary:
+    """What the store and the exporters use of an LLM request, typed once.
+
+    Every field is None when the request did not send it with a usable type
+    (a string ``temperature``, an integer beyond 64 bits, …). ``max_tokens``
+    is the first integer of ``max_tokens``, ``max_completion_tokens`` and
+    ``max_output_tokens`` (TGI's ``max_new_tokens`` and Ollama's
+    ``num_predict`` count as ``max_tokens``); ``include_usage`` is
+    ``stream_options.include_usage is true``.
+
+    >>> r = RequestSummary.parse({"model": "m", "messages": [{}, {}], "temperature": 0})
+    >>> (r.model, r.temperature, r.prompt_len, r.stream)
+    ('m', 0.0, 2, None)
+    """
+
+    model: str | None = None
+    stream: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    n: int | None = None
+    seed: int | None = None
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    prompt_len: int | None = None
+    include_usage: bool = False
+
+    @classmethod
+    def parse(cls, body: Any) -> RequestSummary:
+        """The summary of a parsed JSON request body (anything: a non-object
+        gives an empty summary)."""
+        f = request_fields(body)
+        if not f:
+            return EMPTY_REQUEST
+        max_tokens, _ = _first_int(f, ("max_tokens", "max_completion_tokens", "max_output_tokens"))
+        logprobs = f.get("logprobs")
+        so = f.get("stream_options")
+        return cls(
+            model=as_str(f.get("model")),
+            stream=as_bool(f.get("stream")),
+            temperature=as_float(f.get("temperature")),
+            top_p=as_float(f.get("top_p")),
+            top_k=as_int(f.get("top_k")),
+            max_tokens=max_tokens,
+            n=as_int(f.get("n")),
+            seed=as_int(f.get("seed")),
+            logprobs=logprobs if isinstance(logprobs, bool) else as_int(logprobs),
+            top_logprobs=as_int(f.get("top_logprobs")),
+            prompt_len=as_int(f.get("prompt_len")),
+            include_usage=isinstance(so, dict) and so.get("include_usage") is True,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields that are set, by name (``include_usage`` only when true)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if not self.include_usage:
+            del out["include_usage"]
+        return {k: v for k, v in out.items() if v is not None}
+
+
+#: The summary of a request with nothing usable in it.
+EMPTY_REQUEST = RequestSummary()
