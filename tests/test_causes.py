@@ -16,6 +16,7 @@ from sniffer.cli import main
 from sniffer.core.events import ChunkEvent, StreamClosed, StreamOpened, StreamResponse, StreamState
 from sniffer.llm.logprobs import output_logprobs, parse_logprobs, token_starts
 from sniffer.llm.tokens import TokenizerRegistry
+from sniffer.llm.values import RequestSummary
 from sniffer.reports.causes import classify
 from sniffer.reports.diff import compute_diff
 from sniffer.reports.stats import build_outputs, compute_stats
@@ -71,7 +72,7 @@ class Writer:
                 path="/v1/chat/completions",
                 request_headers=(),
                 request_body=json.dumps(body),
-                request={"model": model},
+                request=RequestSummary(model=model),
                 dialect="openai.chat",
                 label=label,
             )

@@ -26,6 +26,8 @@ from sniffer.llm.dialects.base import (
     Delta,
 )
 from sniffer.llm.dialects.openai import OpenAIChat, OpenAICompletions
+from sniffer.llm.values import Usage
+from sniffer.store.writer import usage_json
 
 
 def js(obj: Any) -> str:
@@ -54,6 +56,7 @@ def choice(
 
 USAGE_OBJ = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
 USAGE_TEXT = js(USAGE_OBJ)
+USAGE_VALUE = Usage.parse(USAGE_OBJ)
 
 
 def run(dialect: OpenAIChat | OpenAICompletions, events: list[str]) -> list[Delta]:
@@ -90,18 +93,18 @@ def test_vllm_openai_stream_with_role_prelude_usage_and_done() -> None:
     ]
     assert "".join(d.text for d in out) == "Hello"
     assert out[3].finish_reason == "stop"
-    assert out[4].usage == USAGE_TEXT
+    assert usage_json(out[4].usage) == USAGE_TEXT
     assert all(d.raw is None for d in out)  # raw only for kinds we do not model
 
 
 def test_usage_chunk_with_null_choices() -> None:
     out = OpenAIChat().event(js({"choices": None, "usage": USAGE_OBJ}), "message")
-    assert out == [Delta(STREAM_LEVEL, USAGE, usage=USAGE_TEXT)]
+    assert out == [Delta(STREAM_LEVEL, USAGE, usage=USAGE_VALUE)]
 
 
 def test_usage_chunk_without_choices_key() -> None:
     out = OpenAIChat().event(js({"usage": USAGE_OBJ}), "message")
-    assert out == [Delta(STREAM_LEVEL, USAGE, usage=USAGE_TEXT)]
+    assert out == [Delta(STREAM_LEVEL, USAGE, usage=USAGE_VALUE)]
 
 
 def test_transformers_serve_usage_inside_finish_chunk_no_done() -> None:
@@ -115,7 +118,7 @@ def test_transformers_serve_usage_inside_finish_chunk_no_done() -> None:
     assert kinds(out) == [(0, CONTENT), (0, CONTENT), (0, FINISH)]
     assert out[0].text == "漢"  # content wins over role in the same delta
     assert out[0].usage is None and out[1].usage is None
-    assert out[2].usage == USAGE_TEXT
+    assert usage_json(out[2].usage) == USAGE_TEXT
     assert out[2].finish_reason == "length"
 
 
@@ -125,7 +128,10 @@ def test_vllm_continuous_usage_on_every_chunk() -> None:
         chat_chunk(choice({"content": "b"}), usage={"completion_tokens": 2}),
     ]
     out = run(OpenAIChat(), events)
-    assert [d.usage for d in out] == ['{"completion_tokens":1}', '{"completion_tokens":2}']
+    assert [usage_json(d.usage) for d in out] == [
+        '{"completion_tokens":1}',
+        '{"completion_tokens":2}',
+    ]
     assert [d.kind for d in out] == [CONTENT, CONTENT]
 
 
@@ -153,7 +159,7 @@ def test_n2_interleaved_choices() -> None:
     ]
     text = {c: "".join(d.text for d in out if d.choice == c) for c in (0, 1)}
     assert text == {0: "yw", 1: "xz"}
-    assert out[-1].usage == USAGE_TEXT and out[-2].usage is None
+    assert usage_json(out[-1].usage) == USAGE_TEXT and out[-2].usage is None
     assert out[-1].finish_reason == "length"
 
 
@@ -445,7 +451,7 @@ def test_chat_body() -> None:
             finish_reason="tool_calls",
         ),
         Delta(2, FINISH, finish_reason="length"),
-        Delta(STREAM_LEVEL, USAGE, usage=USAGE_TEXT),
+        Delta(STREAM_LEVEL, USAGE, usage=USAGE_VALUE),
     ]
 
 
@@ -468,7 +474,7 @@ def test_completions_body() -> None:
     assert OpenAICompletions().body(body) == [
         Delta(0, CONTENT, text="a", finish_reason="stop"),
         Delta(1, CONTENT, text="b", finish_reason="length", logprobs='{"tokens":["b"]}'),
-        Delta(STREAM_LEVEL, USAGE, usage=USAGE_TEXT),
+        Delta(STREAM_LEVEL, USAGE, usage=USAGE_VALUE),
     ]
 
 
@@ -564,7 +570,7 @@ def test_fast_delta_constructor_matches_dataclass() -> None:
     from sniffer.llm.dialects import openai as mod
 
     assert mod._delta is not mod._slow_delta  # Delta's fields are the expected ones
-    args = (1, CONTENT, "t", "r", "[]", "stop", "{}", "{}", None)
+    args = (1, CONTENT, "t", "r", "[]", "stop", "{}", Usage.parse({}), None)
     fast, slow = mod._delta(*args), mod._slow_delta(*args)
     assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
     with pytest.raises(AttributeError):

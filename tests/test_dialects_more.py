@@ -45,9 +45,15 @@ from sniffer.llm.dialects.openai import OpenAIChat
 from sniffer.llm.dialects.responses import OpenAIResponses
 from sniffer.llm.dialects.tgi import TgiGenerate
 from sniffer.llm.tokens import ServerToken, parse_server_tokens
-from sniffer.store.writer import usage_tokens
+from sniffer.llm.values import Usage
+from sniffer.store.writer import usage_json
 
 AnyDialect = OpenAIResponses | AnthropicMessages | TgiGenerate | OllamaGenerate | OllamaChat
+
+
+def counts(usage: Usage | None) -> tuple[int | None, int | None]:
+    """(prompt, completion) the store writes for a usage."""
+    return (None, None) if usage is None else (usage.prompt_tokens, usage.completion_tokens)
 
 
 def js(obj: Any) -> str:
@@ -293,7 +299,7 @@ def test_responses_text_stream() -> None:
     finishes = [d for d in deltas if d.kind == FINISH]
     assert [(d.choice, d.finish_reason) for d in finishes] == [(0, "completed"), (1, "completed")]
     assert finishes[0].usage is None
-    assert finishes[1].usage is not None and json.loads(finishes[1].usage) == RESP_USAGE
+    assert finishes[1].usage is not None and finishes[1].usage.raw == RESP_USAGE
     assert deltas[-1] == Delta(STREAM_LEVEL, DONE)
     others = [d for d in deltas if d.kind == OTHER]
     assert others and all(d.raw for d in others)
@@ -467,7 +473,7 @@ def test_responses_nonstream_body() -> None:
     assert deltas[1].text == "Hello world"
     assert all(d.finish_reason == "completed" for d in deltas)
     assert tool_args(deltas, 2) == (["f"], '{"a":1}')
-    assert deltas[-1].usage is not None and json.loads(deltas[-1].usage) == RESP_USAGE
+    assert deltas[-1].usage is not None and deltas[-1].usage.raw == RESP_USAGE
     assert all(d.usage is None for d in deltas[:-1])
 
 
@@ -493,7 +499,7 @@ def test_responses_exchange_is_complete() -> None:
     assert closed.state is StreamState.COMPLETE, closed.reason
     assert closed.done_seen
     assert closed.finish_reasons == ((0, "completed"), (1, "completed"))
-    assert usage_tokens(closed.usage) == (12, 20)
+    assert counts(closed.usage) == (12, 20)
     assert [c.chunk_index for c in chunks if c.text] == [1, 2, 3, 4]
     assert closed.text_len == len("Hi there, friend.")
     # TTFT is the reasoning delta (output), not the created/added events
@@ -590,7 +596,7 @@ def anthropic_thinking_text_stream() -> list[tuple[str, str]]:
 def test_anthropic_thinking_then_text() -> None:
     deltas = run(AnthropicMessages(), anthropic_thinking_text_stream())
     assert deltas[0].kind == ROLE and deltas[0].choice == STREAM_LEVEL
-    assert deltas[0].usage is not None and json.loads(deltas[0].usage) == START_USAGE
+    assert deltas[0].usage is not None and deltas[0].usage.raw == START_USAGE
     assert "".join(d.reasoning for d in deltas if d.choice == 0) == "Let me think."
     assert text_of(deltas, 1) == "Hello! 你好 👋🏽"
     assert [d.kind for d in deltas if d.choice == 1] == [
@@ -605,9 +611,9 @@ def test_anthropic_thinking_then_text() -> None:
     # every block seen ends with the stop reason; the usage goes on the last one
     assert [(d.choice, d.finish_reason) for d in finish] == [(0, "end_turn"), (1, "end_turn")]
     assert finish[0].usage is None and finish[1].usage is not None
-    merged = json.loads(finish[1].usage)
+    merged = finish[1].usage.raw
     assert merged == {**START_USAGE, "output_tokens": 15}
-    assert usage_tokens(finish[1].usage) == (25, 15)
+    assert counts(finish[1].usage) == (25, 15)
     assert deltas[-1] == Delta(STREAM_LEVEL, DONE)
     signature = [d for d in deltas if d.raw and "signature_delta" in d.raw]
     assert len(signature) == 1 and signature[0].kind == OTHER
@@ -672,7 +678,7 @@ def test_anthropic_finish_without_blocks_goes_to_block_0() -> None:
     out = d.event(
         js({"type": "message_delta", "delta": {}, "usage": {"output_tokens": 3}}), "message_delta"
     )
-    assert out[0].kind == USAGE and out[0].usage == js({"output_tokens": 3})
+    assert out[0].kind == USAGE and usage_json(out[0].usage) == js({"output_tokens": 3})
 
 
 def test_anthropic_errors_and_bad_input() -> None:
@@ -729,7 +735,7 @@ def test_anthropic_nonstream_body() -> None:
     ]
     assert deltas[1].text == "Sure: "
     assert tool_args(deltas, 2) == (["calc"], '{"x":2}')
-    assert usage_tokens(deltas[-1].usage) == (10, 30)
+    assert counts(deltas[-1].usage) == (10, 30)
     err = AnthropicMessages().body(
         js({"type": "error", "error": {"type": "not_found_error", "message": "no model"}})
     )
@@ -756,7 +762,7 @@ def test_anthropic_exchange_complete_and_error() -> None:
     )
     assert closed.state is StreamState.COMPLETE, closed.reason
     assert closed.done_seen and closed.finish_reasons == ((0, "end_turn"), (1, "end_turn"))
-    assert usage_tokens(closed.usage) == (25, 15)
+    assert counts(closed.usage) == (25, 15)
     assert [c.chunk_index for c in chunks if c.choice == 1 and c.text] == [1, 2, 3]
     # an overloaded error mid-stream: error state even though a stop followed
     events = anthropic_thinking_text_stream()
@@ -817,7 +823,7 @@ def test_tgi_stream() -> None:
     last = deltas[3]
     assert last.logprobs is None and last.text == "" and last.raw  # special token kept in raw only
     assert last.finish_reason == "eos_token"
-    assert last.usage is not None and json.loads(last.usage) == {
+    assert last.usage is not None and last.usage.raw == {
         "prompt_tokens": 7,
         "completion_tokens": 4,
     }
@@ -890,7 +896,7 @@ def test_tgi_generate_body() -> None:
     assert (d.choice, d.kind, d.text, d.finish_reason) == (0, CONTENT, "Deep learning", "eos_token")
     assert d.server_tokens is not None and json.loads(d.server_tokens) == tokens
     assert d.logprobs is not None and json.loads(d.logprobs) == tokens[:2]
-    assert usage_tokens(d.usage) == (None, 3)
+    assert counts(d.usage) == (None, 3)
     (listed,) = TgiGenerate().body(js([{"generated_text": "x"}]))
     assert listed.kind == CONTENT and listed.text == "x" and listed.finish_reason is None
     err = TgiGenerate().body(
@@ -996,10 +1002,8 @@ def test_ollama_generate_stream() -> None:
     assert text_of(deltas, 0) == "The sky is blue"
     fin = deltas[4]
     assert fin.finish_reason == "stop"
-    assert (
-        fin.usage is not None and json.loads(fin.usage) == OLLAMA_TIMINGS
-    )  # own names, no context
-    assert usage_tokens(fin.usage) == (26, 5)
+    assert fin.usage is not None and fin.usage.raw == OLLAMA_TIMINGS  # own names, no context
+    assert counts(fin.usage) == (26, 5)
 
 
 def test_ollama_chat_stream_thinking() -> None:
@@ -1075,7 +1079,7 @@ def test_ollama_nonstream_bodies() -> None:
     )
     (d,) = OllamaGenerate().body(gen)
     assert (d.kind, d.text, d.finish_reason) == (CONTENT, "The sky is blue.", "stop")
-    assert d.usage is not None and json.loads(d.usage) == OLLAMA_TIMINGS
+    assert d.usage is not None and d.usage.raw == OLLAMA_TIMINGS
     chat = js(
         {
             "model": "m",
@@ -1106,7 +1110,7 @@ def test_ollama_exchange_ndjson() -> None:
     )
     assert closed.state is StreamState.COMPLETE, closed.reason
     assert closed.done_seen and closed.finish_reasons == ((0, "stop"),)
-    assert usage_tokens(closed.usage) == (26, 5)
+    assert counts(closed.usage) == (26, 5)
     assert "".join(c.text for c in chunks) == "The sky is blue"
     # the server died before "done": truncated (the last line lacks its newline but
     # the body ended cleanly: it is still parsed)
@@ -1134,7 +1138,7 @@ def test_ollama_exchange_nonstream() -> None:
     )
     assert closed.state is StreamState.COMPLETE
     assert [(c.kind, c.text, c.chunk_index) for c in chunks] == [(CONTENT, "Hi!", 1)]
-    assert usage_tokens(closed.usage) == (26, 5)
+    assert counts(closed.usage) == (26, 5)
 
 
 # ---------------------------------------------------------------------------
@@ -1164,12 +1168,16 @@ def test_llamacpp_timings_kept_in_usage() -> None:
     )
     (d,) = OpenAIChat().event(last, "message")
     assert d.kind == FINISH and d.usage is not None
-    usage = json.loads(d.usage)
+    usage = d.usage.raw
     assert usage["timings"] == TIMINGS and usage["prompt_tokens"] == 9
-    assert usage_tokens(d.usage) == (9, 3)
+    assert counts(d.usage) == (9, 3)
     # timings alone on a choice-less chunk: a stream-level usage delta
     (t,) = OpenAIChat().event(js({"choices": [], "timings": TIMINGS}), "message")
-    assert t.kind == USAGE and t.choice == STREAM_LEVEL and t.usage == js({"timings": TIMINGS})
+    assert (
+        t.kind == USAGE
+        and t.choice == STREAM_LEVEL
+        and usage_json(t.usage) == js({"timings": TIMINGS})
+    )
 
 
 def test_llamacpp_ping_comments_ignored() -> None:
@@ -1195,7 +1203,7 @@ def test_vllm_continuous_usage_stats() -> None:
 
     items = [chunk("A", 1), chunk("B", 2), chunk("", 3, "stop")]
     deltas = run(OpenAIChat(), [("message", i) for i in items])
-    assert [usage_tokens(d.usage) for d in deltas] == [(5, 1), (5, 2), (5, 3)]
+    assert [counts(d.usage) for d in deltas] == [(5, 1), (5, 2), (5, 3)]
     wire = "".join(f"data: {i}\n\n" for i in [*items, "[DONE]"]).encode()
     chunks, closed = exchange(
         "/v1/chat/completions",
@@ -1207,8 +1215,8 @@ def test_vllm_continuous_usage_stats() -> None:
         "text/event-stream",
         [wire],
     )
-    assert [usage_tokens(c.usage) for c in chunks if c.usage] == [(5, 1), (5, 2), (5, 3)]
-    assert usage_tokens(closed.usage) == (5, 3)
+    assert [counts(c.usage) for c in chunks if c.usage] == [(5, 1), (5, 2), (5, 3)]
+    assert counts(closed.usage) == (5, 3)
     assert closed.state is StreamState.COMPLETE
 
 

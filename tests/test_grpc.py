@@ -103,7 +103,7 @@ def test_stream_infer_interleaved_requests_each_get_a_row_in_send_order() -> Non
     assert [json.loads(o.request_body or "")["id"] for o in ops] == ["a", "b"]
     first = json.loads(ops[0].request_body or "")
     assert first["text_input"] == "first" and first["parameters"] == {"max_tokens": 8}
-    assert ops[0].request["model"] == "trtllm"
+    assert ops[0].request.model == "trtllm"
     texts: dict[int, str] = {}
     for c in of(out, ChunkEvent):
         texts[c.stream] = texts.get(c.stream, "") + c.text

@@ -27,6 +27,7 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.core.pipeline import Pipeline, PipelineConfig
+from sniffer.llm.values import RequestSummary, Usage
 from sniffer.record.metrics import Metrics, check_bind_host, stream_state
 from sniffer.runtime.replay import replay
 from sniffer.store.writer import StoreWriter
@@ -85,7 +86,7 @@ def opened(
         path="/v1/chat/completions",
         request_headers=(),
         request_body="{}",
-        request={} if model is None else {"model": model},
+        request=RequestSummary(model=model),
         dialect="openai.chat",
         label=label,
     )
@@ -98,7 +99,7 @@ def closed(
     reason: str = "complete",
     t_first: float | None = None,
     text_len: int = 0,
-    usage: str | None = None,
+    usage: Usage | None = None,
 ) -> StreamClosed:
     return StreamClosed(
         stream=sid,
@@ -128,13 +129,13 @@ def chat_stream(sid: int, t: float, model: str = "m", label: str = "a") -> list[
         ChunkEvent(sid, t + 0.25, 2, 0, 2, "content", text="lo"),
         ChunkEvent(sid, t + 0.4, 3, 0, 3, "content", text=" you"),
         ChunkEvent(sid, t + 0.4, 4, 0, 0, "finish", finish_reason="stop"),
-        ChunkEvent(sid, t + 0.41, 5, -1, 0, "usage", usage='{"prompt_tokens":7}'),
+        ChunkEvent(sid, t + 0.41, 5, -1, 0, "usage", usage=Usage.parse({"prompt_tokens": 7})),
         closed(
             sid,
             t + 0.5,
             t_first=t + 0.2,
             text_len=9,
-            usage='{"prompt_tokens":7,"completion_tokens":3}',
+            usage=Usage.parse({"prompt_tokens": 7, "completion_tokens": 3}),
         ),
     ]
 

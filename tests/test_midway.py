@@ -21,6 +21,7 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.core.pipeline import Pipeline
+from sniffer.llm.values import RequestSummary
 
 CLIENT = ("127.0.0.1", 45000)
 SERVER = ("127.0.0.1", 8000)
@@ -127,7 +128,7 @@ def test_capture_beginning_at_any_byte_recovers_exactly_the_later_events(
             by_stream.setdefault(e.stream, []).append(e)
     # the second exchange: parsed normally, complete
     normal = [o for o in opened if o.method == "POST"]
-    assert len(normal) == 1 and normal[0].request["model"] == "m2"
+    assert len(normal) == 1 and normal[0].request.model == "m2"
     assert closed[normal[0].stream].state is StreamState.COMPLETE
     assert [c.text for c in by_stream[normal[0].stream] if c.text] == _texts(_events("m2"))
     recovered = [o for o in opened if o.method == ""]
@@ -137,7 +138,7 @@ def test_capture_beginning_at_any_byte_recovers_exactly_the_later_events(
         return
     assert len(recovered) == 1, (cut, opened)
     rec = recovered[0]
-    assert rec.dialect == "openai.chat" and rec.request == {"model": "m1"}
+    assert rec.dialect == "openai.chat" and rec.request == RequestSummary(model="m1")
     assert rec.client == CLIENT and rec.server == SERVER
     assert rec.exchange < normal[0].exchange
     got = [c.text for c in by_stream[rec.stream] if c.text]

@@ -20,7 +20,6 @@ import pytest
 import yaml
 
 from sniffer.core.events import (
-    NOT_LLM,
     ChunkEvent,
     StoreEvent,
     StreamClosed,
@@ -28,6 +27,7 @@ from sniffer.core.events import (
     StreamResponse,
     StreamState,
 )
+from sniffer.llm.values import RequestSummary, Usage
 from sniffer.record.chain import RecordingChain
 from sniffer.record.metrics import Metrics
 from sniffer.record.otlp import (
@@ -58,6 +58,9 @@ def rx() -> Iterator[Receiver]:
     r.close()
 
 
+USAGE_7_3 = Usage.parse({"prompt_tokens": 7, "completion_tokens": 3})
+
+
 def stream_events(
     sid: int,
     *,
@@ -66,8 +69,8 @@ def stream_events(
     status: int = 200,
     state: StreamState = StreamState.COMPLETE,
     chunks: int = 3,
-    usage: str | None = '{"prompt_tokens":7,"completion_tokens":3}',
-    dialect: str = "openai.chat",
+    usage: Usage | None = USAGE_7_3,
+    dialect: str | None = "openai.chat",
     label: str | None = "baseline",
 ) -> list[StoreEvent]:
     ev: list[StoreEvent] = [
@@ -82,7 +85,7 @@ def stream_events(
             path="/v1/chat/completions",
             request_headers=(),
             request_body=f'{{"model":"{model}","stream":true}}',
-            request={"model": model, "stream": True},
+            request=RequestSummary(model=model, stream=True),
             dialect=dialect,
             label=label,
         ),
@@ -213,7 +216,9 @@ def test_genai_metrics_units_buckets_and_values(rx: Receiver) -> None:
     ex, _, _ = exporter(rx.url)
     ex.observe(stream_events(1))
     ex.observe(
-        stream_events(2, t0=2000.0, chunks=5, usage='{"prompt_tokens":9,"completion_tokens":5}')
+        stream_events(
+            2, t0=2000.0, chunks=5, usage=Usage.loads('{"prompt_tokens":9,"completion_tokens":5}')
+        )
     )
     ex.close()
     want = {
@@ -302,7 +307,7 @@ def test_whole_reply_is_not_streamed(rx: Receiver) -> None:
     assert isinstance(opened, StreamOpened) and isinstance(resp, StreamResponse)
     assert isinstance(closed, StreamClosed)
     ev = [
-        dataclasses.replace(opened, request={"model": "llama-70b", "stream": False}),
+        dataclasses.replace(opened, request=RequestSummary(model="llama-70b", stream=False)),
         dataclasses.replace(resp, streaming=False, content_type="application/json"),
         chunk,
         closed,
@@ -335,7 +340,7 @@ def test_anthropic_names_its_provider_and_non_llm_exchanges_have_no_span(
 ) -> None:
     ex, _, _ = exporter(rx.url)
     ex.observe(stream_events(1, dialect="anthropic.messages", model="claude-x"))
-    ex.observe(stream_events(2, dialect=NOT_LLM, model="x"))  # e.g. a health check
+    ex.observe(stream_events(2, dialect=None, model="x"))  # e.g. a health check
     ex.close()
     (s,) = rx.spans
     assert s.attributes["gen_ai.provider.name"] == "anthropic"

@@ -19,6 +19,7 @@ from sniffer.core.events import (
     StreamResponse,
     StreamState,
 )
+from sniffer.llm.values import RequestSummary
 from sniffer.record.redact import Redactor, id_checksum_ok, luhn_ok
 
 T0 = 1_700_000_000.0
@@ -268,7 +269,7 @@ def test_disabled_changes_nothing() -> None:
 # ---------------------------------------------------------------- events
 
 
-def opened(body: str, request: dict[str, object]) -> StreamOpened:
+def opened(body: str, request: RequestSummary) -> StreamOpened:
     return StreamOpened(
         stream=1,
         conn=1,
@@ -296,12 +297,14 @@ def test_stream_opened_body_and_request_fields() -> None:
         },
         ensure_ascii=False,
     )
-    ev = opened(body, {"model": "qwen-1.1.1.1", "prompt_len": 1, "stop": ["13812345678"]})
+    ev = opened(body, RequestSummary.parse(json.loads(body)))
     out = Redactor().event(ev)
     assert isinstance(out, StreamOpened)
     parsed = json.loads(out.request_body or "")
     assert parsed["messages"][0]["content"] == "我的手机号是<PHONE>，邮箱 <EMAIL>"
-    assert out.request == {"model": "qwen-1.1.1.1", "prompt_len": 1, "stop": ["<PHONE>"]}
+    # the typed request holds no free text: the model name is kept as sent
+    assert out.request is ev.request
+    assert out.request == RequestSummary(model="qwen-1.1.1.1", prompt_len=1)
     assert out.request_headers == ev.request_headers
     assert ev.request_body == body  # the input event is untouched
 
@@ -334,7 +337,9 @@ def test_unchanged_events_are_the_same_objects() -> None:
     r = Redactor()
     evs: list[StoreEvent] = [
         ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True),
-        opened('{"model":"m","messages":[{"role":"user","content":"hi"}]}', {"model": "m"}),
+        opened(
+            '{"model":"m","messages":[{"role":"user","content":"hi"}]}', RequestSummary(model="m")
+        ),
         StreamResponse(1, T0, 200, (), "text/event-stream", True),
         ChunkEvent(1, T0, 0, 0, 1, "content", text="hello"),
         PipelineError(T0, "http", "framing", "bad chunk size"),
@@ -374,7 +379,7 @@ def test_stream_closed_and_pipeline_error() -> None:
 def test_user_pattern_applies_to_json_text_even_across_syntax() -> None:
     r = Redactor([(r'"secret":\s*"[^"]*"', "S"), (r"acme-[0-9]+", "CUSTOMER")])
     body = '{"model":"m","messages":[{"role":"user","content":"for acme-42"}],"secret": "abc"}'
-    out = r.event(opened(body, {"model": "m"}))
+    out = r.event(opened(body, RequestSummary(model="m")))
     assert isinstance(out, StreamOpened)
     assert out.request_body == (
         '{"model":"m","messages":[{"role":"user","content":"for <CUSTOMER>"}],<S>}'

@@ -20,6 +20,7 @@ from sniffer.core.events import (
     StreamResponse,
     StreamState,
 )
+from sniffer.llm.values import RequestSummary
 from sniffer.store.models import chunks, connections, errors, streams
 from sniffer.store.retention import (
     ensure_incremental_vacuum,
@@ -72,7 +73,7 @@ def _stream(sid: int, conn: int, t: float, nchunks: int, nerrors: int) -> list[S
             path="/v1/chat/completions",
             request_headers=(),
             request_body='{"model":"m"}',
-            request={"model": "m"},
+            request=RequestSummary(model="m"),
             dialect="openai.chat",
         ),
         StreamResponse(sid, t + 0.01, 200, (), "text/event-stream", True),

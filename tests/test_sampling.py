@@ -23,6 +23,7 @@ from sniffer.core.events import (
     StreamResponse,
     StreamState,
 )
+from sniffer.llm.values import RequestSummary
 from sniffer.record.sampling import Sampler, stream_fraction
 
 T0 = 1_700_000_000.0
@@ -41,7 +42,7 @@ def opened(i: int, ts: float | None = None, stream: int | None = None) -> Stream
         path="/v1/chat/completions",
         request_headers=(),
         request_body=f'{{"model":"m","messages":[{{"role":"user","content":"q{i}"}}]}}',
-        request={"model": "m"},
+        request=RequestSummary(model="m"),
         dialect="openai.chat",
     )
 

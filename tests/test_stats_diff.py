@@ -7,6 +7,7 @@ replay with two labels, then stats and diff.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import os
@@ -20,6 +21,7 @@ import pytest
 
 from sniffer.core.events import ChunkEvent, StreamClosed, StreamOpened, StreamResponse, StreamState
 from sniffer.llm.tokens import TokenizerRegistry
+from sniffer.llm.values import RequestSummary
 from sniffer.reports.diff import (
     GateError,
     compute_diff,
@@ -80,7 +82,7 @@ class Db:
                 path="/v1/chat/completions",
                 request_headers=(),
                 request_body=json.dumps(body),
-                request={k: v for k, v in body.items() if k != "messages"} | {"prompt_len": 1},
+                request=dataclasses.replace(RequestSummary.parse(body), prompt_len=1),
                 dialect="openai.chat",
                 label=label,
             )

@@ -25,6 +25,7 @@ from sniffer.core.events import (
     StreamResponse,
     StreamState,
 )
+from sniffer.llm.values import RequestSummary, Usage
 from sniffer.store import queries
 from sniffer.store.models import chunks, connections, errors, metadata, streams
 from sniffer.store.writer import (
@@ -33,7 +34,6 @@ from sniffer.store.writer import (
     endpoint_text,
     is_credential_header,
     make_engine,
-    usage_tokens,
 )
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20+00:00
@@ -81,15 +81,15 @@ def realistic_events() -> list[StoreEvent]:
             path="/v1/chat/completions",
             request_headers=req_headers,
             request_body=body1,
-            request={
-                "model": "tiny",
-                "stream": True,
-                "n": 2,
-                "temperature": 0.5,
-                "max_completion_tokens": 16,
-                "seed": 7,
-                "prompt_len": 2,
-            },
+            request=RequestSummary(
+                model="tiny",
+                stream=True,
+                n=2,
+                temperature=0.5,
+                max_tokens=16,
+                seed=7,
+                prompt_len=2,
+            ),
             dialect="openai.chat",
             label="run1",
         ),
@@ -113,7 +113,7 @@ def realistic_events() -> list[StoreEvent]:
         ChunkEvent(1, T0 + 0.625, 4, 0, 2, "content", "lo"),
         ChunkEvent(1, T0 + 0.625, 5, 1, 2, "content", "jour", finish_reason="stop"),
         ChunkEvent(1, T0 + 0.75, 6, 0, 0, "finish", finish_reason="length"),
-        ChunkEvent(1, T0 + 0.75, 7, -1, 0, "usage", usage=USAGE_1),
+        ChunkEvent(1, T0 + 0.75, 7, -1, 0, "usage", usage=Usage.loads(USAGE_1)),
         ChunkEvent(1, T0 + 0.875, 8, -1, 0, "done", raw="[DONE]"),
         StreamClosed(
             stream=1,
@@ -128,7 +128,7 @@ def realistic_events() -> list[StoreEvent]:
             event_count=9,
             text_len=12,
             finish_reasons=((0, "length"), (1, "stop")),
-            usage=USAGE_1,
+            usage=Usage.loads(USAGE_1),
             response_body=None,
         ),
         StreamOpened(
@@ -142,7 +142,7 @@ def realistic_events() -> list[StoreEvent]:
             path="/v1/completions",
             request_headers=(("content-type", "application/json"),),
             request_body='{"model":"tiny","prompt":"Once","max_tokens":5,"stream":false}',
-            request={"model": "tiny", "prompt_len": 1, "max_tokens": 5, "stream": False},
+            request=RequestSummary(model="tiny", prompt_len=1, max_tokens=5, stream=False),
             dialect="openai.completions",
             label="run1",
         ),
@@ -151,7 +151,13 @@ def realistic_events() -> list[StoreEvent]:
         ),
         ChunkEvent(2, T0 + 1.25, 0, 0, 1, "content", "upon a time", finish_reason="length"),
         ChunkEvent(
-            2, T0 + 1.25, 1, -1, 0, "usage", usage='{"prompt_tokens":1,"completion_tokens":3}'
+            2,
+            T0 + 1.25,
+            1,
+            -1,
+            0,
+            "usage",
+            usage=Usage.loads('{"prompt_tokens":1,"completion_tokens":3}'),
         ),
         StreamClosed(
             stream=2,
@@ -166,7 +172,7 @@ def realistic_events() -> list[StoreEvent]:
             event_count=2,
             text_len=11,
             finish_reasons=((0, "length"),),
-            usage='{"prompt_tokens":1,"completion_tokens":3}',
+            usage=Usage.loads('{"prompt_tokens":1,"completion_tokens":3}'),
             response_body='{"choices":[{"index":0,"text":"upon a time","finish_reason":"length"}]}',
         ),
         ConnectionClosed(1, T0 + 1.5, "fin"),
@@ -182,7 +188,9 @@ def realistic_events() -> list[StoreEvent]:
             path="/v1/chat/completions",
             request_headers=(("content-type", "application/json"),),
             request_body='{"model":"tiny","messages":[{"role":"user","content":"x"}],"stream":true}',
-            request={"model": "tiny", "stream": True, "prompt_len": 1, "temperature": "hot"},
+            request=RequestSummary.parse(
+                {"model": "tiny", "stream": True, "messages": [{}], "temperature": "hot"}
+            ),
             dialect="openai.chat",
             label="run2",
         ),
@@ -470,15 +478,17 @@ def test_untrusted_request_fields_are_coerced() -> None:
             path="/v1/chat/completions",
             request_headers=(),
             request_body=None,
-            request={
-                "model": 5,
-                "stream": "yes",
-                "temperature": True,
-                "top_p": float("nan"),
-                "n": "2",
-                "seed": 2**70,
-                "max_output_tokens": 9,
-            },
+            request=RequestSummary.parse(
+                {
+                    "model": 5,
+                    "stream": "yes",
+                    "temperature": True,
+                    "top_p": float("nan"),
+                    "n": "2",
+                    "seed": 2**70,
+                    "max_output_tokens": 9,
+                }
+            ),
         )
     )
     w.flush()
@@ -528,23 +538,6 @@ def test_automatic_flush_raises_store_error() -> None:
     w.write(ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True))
     with pytest.raises(StoreError):
         w.write(ChunkEvent(9, T0, 0, 0, 1, "content", "x"))
-
-
-@pytest.mark.parametrize(
-    ("usage", "expected"),
-    [
-        ('{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}', (3, 5)),
-        ('{"input_tokens":4,"output_tokens":6}', (4, 6)),
-        ('{"output_tokens":6}', (None, 6)),
-        ('{"prompt_eval_count":2,"eval_count":1}', (2, 1)),
-        ('{"prompt_tokens":"3","completion_tokens":true}', (None, None)),
-        ("[1,2]", (None, None)),
-        ("{broken", (None, None)),
-        (None, (None, None)),
-    ],
-)
-def test_usage_tokens(usage: str | None, expected: tuple[int | None, int | None]) -> None:
-    assert usage_tokens(usage) == expected
 
 
 def test_endpoint_text() -> None:

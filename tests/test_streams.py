@@ -166,7 +166,7 @@ def test_usage_in_the_finish_chunk_and_no_done_is_complete() -> None:
     )
     c = closed(out)
     assert c.state is StreamState.COMPLETE and not c.done_seen
-    assert c.usage is not None and json.loads(c.usage)["completion_tokens"] == 1
+    assert c.usage is not None and c.usage.completion_tokens == 1
 
 
 def test_a_gap_is_never_complete() -> None:
@@ -277,8 +277,8 @@ def test_request_fields_label_and_no_credentials() -> None:
     assert opened.path == "/v1/chat/completions"
     assert opened.dialect == "openai.chat"
     assert opened.label == "sparse"
-    assert opened.request["temperature"] == 0 and opened.request["seed"] == 7
-    assert opened.request["prompt_len"] == 1
+    assert opened.request.temperature == 0 and opened.request.seed == 7
+    assert opened.request.prompt_len == 1
     names = {n for n, _ in opened.request_headers}
     assert names == {"host", "content-type"}
 

@@ -14,6 +14,7 @@ from sqlalchemy import Engine, func, select
 
 from sniffer.core.events import ChunkEvent, StreamClosed, StreamOpened, StreamState
 from sniffer.llm.tokens import DEFAULT_NAME, TokenizerRegistry
+from sniffer.llm.values import RequestSummary, Usage
 from sniffer.record.tokenize_pass import (
     TokenizeResult,
     _write,
@@ -57,7 +58,7 @@ def write_stream(
     gap: bool = False,
     done: bool = True,
     close: bool = True,
-    dialect: str = "openai.chat",
+    dialect: str | None = "openai.chat",
     indexes: Sequence[int] | None = None,
     chunk_count: int | None = None,
     text_len: int | None = None,
@@ -83,7 +84,7 @@ def write_stream(
             "/v1/chat/completions",
             (),
             json.dumps(req),
-            {"model": model, "stream": True},
+            RequestSummary(model=model, stream=True),
             dialect,
         )
     )
@@ -104,7 +105,7 @@ def write_stream(
         w.write(ChunkEvent(sid, sid + 0.6, seq, choice, len(pieces) + k + 1, "content", p))
     if usage is not None:
         seq += 1
-        w.write(ChunkEvent(sid, sid + 0.7, seq, -1, 0, "usage", usage=json.dumps(usage)))
+        w.write(ChunkEvent(sid, sid + 0.7, seq, -1, 0, "usage", usage=Usage.parse(usage)))
     if done:
         seq += 1
         w.write(ChunkEvent(sid, sid + 0.8, seq, -1, 0, "done"))
@@ -124,7 +125,7 @@ def write_stream(
                 seq + 1,
                 text_len if text_len is not None else sum(map(len, all_text)),
                 ((choice, finish),) if finish else (),
-                json.dumps(usage) if usage is not None else None,
+                Usage.parse(usage),
                 None,
             )
         )
@@ -170,7 +171,7 @@ def test_real_texts_tokenized_per_chunk(engine: Engine) -> None:
 def test_open_and_http_streams_are_skipped_then_picked_up(engine: Engine) -> None:
     with StoreWriter("", engine=engine) as w:
         write_stream(w, 1, ENGLISH, close=False)
-        write_stream(w, 2, ENGLISH, dialect="http")
+        write_stream(w, 2, ENGLISH, dialect=None)
         write_stream(w, 3, ENGLISH)
     r = tokenize_db(engine, REGISTRY)
     assert r.streams == 1

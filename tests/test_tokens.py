@@ -37,6 +37,7 @@ from sniffer.llm.tokens import (
     default_tokenizer_dir,
     parse_server_tokens,
 )
+from sniffer.llm.values import Usage
 
 ENGLISH = (
     "The quick brown fox jumps over the lazy dog. It's 2024-06-01, isn't it?  "
@@ -83,7 +84,7 @@ def stream(
         model=model,
         request=request if request is not None else {"model": model},
         chunks=chunks,
-        usage=usage,
+        usage=Usage.parse(usage),
         gap=gap,
         done_seen=done,
         include_usage_requested=include_usage,

@@ -221,7 +221,7 @@ def request_fields(body: Any) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class RequestSummary:
     """What the store and the exporters use of an LLM request, typed once.
 
@@ -281,6 +281,10 @@ class RequestSummary:
         if not self.include_usage:
             del out["include_usage"]
         return {k: v for k, v in out.items() if v is not None}
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
+        return f"RequestSummary({inner})"
 
 
 #: The summary of a request with nothing usable in it.
