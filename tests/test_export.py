@@ -85,9 +85,7 @@ def test_streams_in_request_order_not_id_order() -> None:
     w = StoreWriter(":memory:")
     for sid, ts in ((7, T0 + 5), (5, T0 + 9), (6, T0 + 1)):
         w.write(
-            StreamOpened(
-                sid, 1, 0, ts, ("127.0.0.1", 1), ("127.0.0.1", 2), "GET", "/", (), None
-            )
+            StreamOpened(sid, 1, 0, ts, ("127.0.0.1", 1), ("127.0.0.1", 2), "GET", "/", (), None)
         )
         w.write(ChunkEvent(sid, ts, 0, 0, 1, "content", "x"))
         w.write(
