@@ -26,6 +26,7 @@ from sniffer.core.events import (
 )
 from sniffer.core.http1 import HttpOutput
 from sniffer.core.streams import StreamAssembler, is_credential, scrub_headers
+from sniffer.llm.values import RequestSummary, Usage
 
 CLIENT = ("127.0.0.1", 40000)
 SERVER = ("127.0.0.1", 8001)
@@ -329,3 +330,34 @@ def test_client_closing_right_after_done_is_still_complete() -> None:
         ]
     )
     assert closed(out).state is StreamState.TRUNCATED
+
+
+def test_an_exchange_no_dialect_claims_opens_with_dialect_none() -> None:
+    out = run(
+        [
+            HttpRequest(1, 0, 1.0, "GET", "/v1/models", "1.1", (("host", "x"),)),
+            HttpEnd(1, 0, 1.0, True, EndReason.COMPLETE),
+            head(headers=(("content-type", "application/json"),)),
+            end(3.0),
+        ]
+    )
+    opened = next(e for e in out if isinstance(e, StreamOpened))
+    assert opened.dialect is None
+    assert opened.request == RequestSummary()
+
+
+def test_usage_is_parsed_once_and_travels_typed_to_the_close() -> None:
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    out = run(
+        [
+            *chat_request(),
+            head(),
+            sse(3.0, delta("hi")),
+            sse(4.0, {"choices": [], "usage": usage}),
+            end(5.0),
+        ]
+    )
+    (chunk,) = [e for e in out if isinstance(e, ChunkEvent) and e.usage is not None]
+    assert isinstance(chunk.usage, Usage) and chunk.usage.raw == usage
+    assert closed(out).usage is chunk.usage
+    assert (chunk.usage.prompt_tokens, chunk.usage.completion_tokens) == (3, 2)

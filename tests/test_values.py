@@ -1,0 +1,405 @@
+"""Typed LLM values (sniffer.llm.values): usage and request summary, parsed once."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+from typing import Any
+
+import pytest
+
+from sniffer.core.events import StreamOpened
+from sniffer.llm.dialects.anthropic import AnthropicMessages
+from sniffer.llm.dialects.base import OUTPUT_KINDS, STREAM_LEVEL
+from sniffer.llm.dialects.ollama import OllamaChat, OllamaGenerate
+from sniffer.llm.dialects.openai import OpenAIChat, OpenAICompletions
+from sniffer.llm.dialects.responses import OpenAIResponses
+from sniffer.llm.dialects.tgi import TgiGenerate
+from sniffer.llm.tokens import ChunkInput, StreamInput, TokenizerRegistry, analyze_streams
+from sniffer.llm.values import EMPTY_REQUEST, MAX_USAGE_DEPTH, RequestSummary, Usage
+from sniffer.store.models import PLAIN_HTTP
+from sniffer.store.writer import StoreWriter, usage_json
+
+
+def js(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+# ---------------------------------------------------------------- Usage.parse
+
+
+@pytest.mark.parametrize(
+    ("raw", "prompt", "completion"),
+    [
+        # OpenAI chat / completions (and TGI, whose dialect names them so)
+        ({"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}, 3, 5),
+        # Responses, Anthropic
+        ({"input_tokens": 4, "output_tokens": 6}, 4, 6),
+        ({"output_tokens": 6}, None, 6),
+        # Ollama: the store writes its evaluation counters as token counts
+        ({"prompt_eval_count": 2, "eval_count": 1, "total_duration": 5}, 2, 1),
+        # wrong types are no counts; the first usable name wins
+        ({"prompt_tokens": "3", "completion_tokens": True}, None, None),
+        ({"prompt_tokens": "3", "input_tokens": 7}, 7, None),
+        ({"prompt_tokens": 2**70, "prompt_eval_count": 9}, 9, None),  # beyond a 64-bit column
+        ([1, 2], None, None),
+        ("x", None, None),
+    ],
+)
+def test_usage_counts_under_every_dialects_names(
+    raw: Any, prompt: int | None, completion: int | None
+) -> None:
+    u = Usage.parse(raw)
+    assert u is not None and u.raw is raw
+    assert (u.prompt_tokens, u.completion_tokens) == (prompt, completion)
+    assert u.is_object is isinstance(raw, dict)
+
+
+def test_usage_null_is_none() -> None:
+    assert Usage.parse(None) is None
+    assert Usage.loads(None) is None and Usage.loads("") is None
+    assert Usage.loads("{broken") is None
+    u = Usage.loads('{"prompt_tokens":1}')
+    assert u is not None and u.prompt_tokens == 1
+
+
+def test_usage_reasoning_and_total() -> None:
+    u = Usage.parse(
+        {
+            "prompt_tokens": 5,
+            "completion_tokens": 9,
+            "total_tokens": 14,
+            "completion_tokens_details": {"reasoning_tokens": 4},
+        }
+    )
+    assert u is not None and (u.reasoning_tokens, u.total_tokens) == (4, 14)
+    r = Usage.parse({"output_tokens": 9, "output_tokens_details": {"reasoning_tokens": 2}})
+    assert r is not None and r.reasoning_tokens == 2
+
+
+def test_usage_tokenizer_counts_leave_out_ollama_eval_counters() -> None:
+    """The store reads Ollama's counters (the old writer decoder did); the
+    token check does not compare them (the old token decoder did not)."""
+    ollama = Usage.parse({"prompt_eval_count": 26, "eval_count": 9})
+    assert ollama is not None
+    assert (ollama.prompt_tokens, ollama.completion_tokens) == (26, 9)
+    assert ollama.tokenizer_counts() == (None, None)
+    openai = Usage.parse({"prompt_tokens": 26, "completion_tokens": 9})
+    assert openai is not None and openai.tokenizer_counts() == (26, 9)
+    anthropic = Usage.parse({"input_tokens": 26, "output_tokens": 9})
+    assert anthropic is not None and anthropic.tokenizer_counts() == (26, 9)
+
+
+def test_usage_is_immutable_hashable_and_pickles() -> None:
+    u = Usage.parse({"prompt_tokens": 1, "completion_tokens": 2})
+    assert u is not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        u.prompt_tokens = 5  # type: ignore[misc]
+    assert hash(u) == hash(Usage.parse({"prompt_tokens": 1, "completion_tokens": 2}))
+    assert pickle.loads(pickle.dumps(u)) == u
+    assert not hasattr(u, "__dict__")
+
+
+def test_usage_nested_absurdly_deep_is_bad_input() -> None:
+    deep: Any = 1
+    for _ in range(MAX_USAGE_DEPTH + 1):
+        deep = {"x": deep}
+    with pytest.raises(ValueError, match="deeper"):
+        Usage.parse(deep)
+    # a dialect records it as an INVALID item instead of raising
+    (d,) = OpenAIChat().event(js({"choices": [], "usage": deep}), "message")
+    assert d.kind == "invalid" and d.usage is None
+
+
+# --------------------------------------------- every dialect's usage, parsed once
+
+
+def _usage_of(deltas: list[Any]) -> Usage:
+    found = [d.usage for d in deltas if d.usage is not None]
+    assert found, deltas
+    return found[-1]
+
+
+def test_every_dialect_hands_a_typed_usage_with_its_counts() -> None:
+    cases: list[tuple[Any, str, tuple[int | None, int | None]]] = [
+        (
+            OpenAIChat(),
+            js({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}),
+            (7, 3),
+        ),
+        (
+            OpenAICompletions(),
+            js(
+                {
+                    "choices": [{"index": 0, "text": "x", "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 2, "completion_tokens": 1},
+                }
+            ),
+            (2, 1),
+        ),
+        (
+            OllamaGenerate(),
+            js(
+                {
+                    "model": "m",
+                    "response": "",
+                    "done": True,
+                    "prompt_eval_count": 26,
+                    "eval_count": 9,
+                }
+            ),
+            (26, 9),
+        ),
+        (
+            OllamaChat(),
+            js(
+                {
+                    "model": "m",
+                    "message": {"role": "assistant", "content": ""},
+                    "done": True,
+                    "prompt_eval_count": 4,
+                    "eval_count": 5,
+                }
+            ),
+            (4, 5),
+        ),
+        (
+            TgiGenerate(),
+            js(
+                {
+                    "token": {"id": 1, "text": "x", "logprob": 0.0, "special": False},
+                    "generated_text": "x",
+                    "details": {
+                        "finish_reason": "length",
+                        "generated_tokens": 1,
+                        "input_length": 3,
+                    },
+                }
+            ),
+            (3, 1),
+        ),
+    ]
+    for dialect, item, counts in cases:
+        u = _usage_of(
+            dialect.event(item, "ndjson" if "Ollama" in type(dialect).__name__ else "message")
+        )
+        assert (u.prompt_tokens, u.completion_tokens) == counts, type(dialect).__name__
+
+
+def test_anthropic_usage_is_a_snapshot_of_the_merged_counts() -> None:
+    a = AnthropicMessages()
+    start = a.event(
+        js(
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "m1",
+                    "model": "c",
+                    "usage": {"input_tokens": 25, "output_tokens": 1},
+                },
+            }
+        ),
+        "message_start",
+    )
+    first = a.event(
+        js({"type": "message_delta", "delta": {}, "usage": {"output_tokens": 7}}), "message_delta"
+    )
+    last = a.event(
+        js(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn"},
+                "usage": {"output_tokens": 15},
+            }
+        ),
+        "message_delta",
+    )
+    assert _usage_of(start).raw == {"input_tokens": 25, "output_tokens": 1}
+    u1, u2 = _usage_of(first), _usage_of(last)
+    assert (u1.prompt_tokens, u1.completion_tokens) == (25, 7)  # not changed by the later delta
+    assert (u2.prompt_tokens, u2.completion_tokens) == (25, 15)
+
+
+def test_responses_usage() -> None:
+    body = js(
+        {
+            "id": "r",
+            "model": "m",
+            "status": "completed",
+            "output": [
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "hi"}],
+                }
+            ],
+            "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7},
+        }
+    )
+    u = _usage_of(OpenAIResponses().body(body))
+    assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (5, 2, 7)
+
+
+def test_store_writes_the_usage_json_the_dialect_received() -> None:
+    raw = {"prompt_tokens": 1, "completion_tokens": 2, "timings": {"predicted_ms": 1.5}, "名": "é"}
+    assert usage_json(Usage.parse(raw)) == js(raw)
+    assert usage_json(Usage.parse([1, 2])) == "[1,2]"
+    assert usage_json(None) is None
+
+
+# ------------------------------------------- the two old decoders, both kept
+
+
+def _analyze(usage: Usage | None) -> dict[str, int]:
+    registry = TokenizerRegistry()
+    s = StreamInput(
+        stream_id=1,
+        model="deepseek-v4",
+        request={"model": "deepseek-v4", "messages": [{"role": "user", "content": "hi"}]},
+        chunks=[ChunkInput(1, 0, "Hello there", "stop", None)],
+        usage=usage,
+        gap=False,
+        done_seen=True,
+        include_usage_requested=False,
+    )
+    (res,) = analyze_streams(registry, [s])
+    return dict(res.usage_diff)
+
+
+def test_token_check_compares_openai_and_anthropic_counts_not_ollama_counters() -> None:
+    assert set(_analyze(Usage.parse({"prompt_tokens": 1, "completion_tokens": 50}))) == {
+        "prompt_tokens",
+        "completion_tokens",
+    }
+    assert set(_analyze(Usage.parse({"input_tokens": 1, "output_tokens": 50}))) == {
+        "prompt_tokens",
+        "completion_tokens",
+    }
+    assert _analyze(Usage.parse({"prompt_eval_count": 1, "eval_count": 50})) == {}
+    assert _analyze(Usage.parse([1])) == {}
+
+
+def test_store_keeps_ollama_counts_in_the_token_columns(tmp_path: Any) -> None:
+    from sniffer.core.events import StreamClosed, StreamState
+    from sniffer.store import queries
+
+    w = StoreWriter(str(tmp_path / "t.db"))
+    w.write(_opened(1, None))
+    w.write(
+        StreamClosed(
+            1, 1.0, StreamState.COMPLETE, "ok", True, False, None, None, 0, 0, 0, (),
+            Usage.parse({"prompt_eval_count": 26, "eval_count": 9}), None,
+        )
+    )  # fmt: skip
+    w.flush()
+    row = queries.get_stream(w.engine, 1)
+    w.close()
+    assert row is not None
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (26, 9)
+    assert row["usage"] == '{"prompt_eval_count":26,"eval_count":9}'
+    assert row["dialect"] == PLAIN_HTTP  # dialect None is stored as before
+
+
+# ---------------------------------------------------------------- RequestSummary
+
+
+def test_request_summary_types_untrusted_fields_once() -> None:
+    r = RequestSummary.parse(
+        {
+            "model": "m",
+            "stream": True,
+            "temperature": 0,
+            "top_p": "high",
+            "top_k": 40,
+            "max_completion_tokens": 16,
+            "n": 2,
+            "seed": 2**70,
+            "logprobs": True,
+            "top_logprobs": 3,
+            "stream_options": {"include_usage": True},
+            "messages": [{}, {}],
+        }
+    )
+    assert r == RequestSummary(
+        model="m",
+        stream=True,
+        temperature=0.0,
+        top_k=40,
+        max_tokens=16,
+        n=2,
+        logprobs=True,
+        top_logprobs=3,
+        prompt_len=2,
+        include_usage=True,
+    )
+    assert r.as_dict() == {
+        "model": "m",
+        "stream": True,
+        "temperature": 0.0,
+        "top_k": 40,
+        "max_tokens": 16,
+        "n": 2,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "prompt_len": 2,
+        "include_usage": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # TGI parameters, Ollama options: lifted to the same names
+        (
+            {"inputs": "x", "parameters": {"temperature": 0.5, "max_new_tokens": 9, "seed": 1}},
+            RequestSummary(temperature=0.5, max_tokens=9, seed=1, prompt_len=1),
+        ),
+        (
+            {"model": "l", "prompt": "x", "options": {"num_predict": 4, "top_k": 5}},
+            RequestSummary(model="l", max_tokens=4, top_k=5, prompt_len=1),
+        ),
+        # Anthropic system counts as a message; Responses max_output_tokens
+        (
+            {"model": "c", "system": "s", "messages": [{}], "max_tokens": 10},
+            RequestSummary(model="c", max_tokens=10, prompt_len=2),
+        ),
+        (
+            {"model": "r", "input": "x", "max_output_tokens": 7},
+            RequestSummary(model="r", max_tokens=7, prompt_len=1),
+        ),
+        # completions logprobs is a number; an invalid max_tokens falls through
+        (
+            {"prompt": ["a", "b"], "logprobs": 5, "max_tokens": "9", "max_completion_tokens": 3},
+            RequestSummary(logprobs=5, max_tokens=3, prompt_len=2),
+        ),
+        ({"temperature": [[[[1]]]], "stream_options": {"include_usage": "yes"}}, EMPTY_REQUEST),
+        ([1, 2], EMPTY_REQUEST),
+        (None, EMPTY_REQUEST),
+    ],
+)
+def test_request_summary_per_dialect(body: Any, expected: RequestSummary) -> None:
+    assert RequestSummary.parse(body) == expected
+
+
+def test_request_summary_is_immutable() -> None:
+    r = RequestSummary(model="m")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.model = "x"  # type: ignore[misc]
+    assert repr(r) == "RequestSummary(model='m')"
+    assert pickle.loads(pickle.dumps(r)) == r
+
+
+# ---------------------------------------------------------------- dialect None
+
+
+def _opened(sid: int, dialect: str | None) -> StreamOpened:
+    return StreamOpened(
+        sid, 1, 0, 0.0, ("127.0.0.1", 1), ("127.0.0.1", 2), "GET", "/", (), None, dialect=dialect
+    )
+
+
+def test_not_an_llm_stream_is_dialect_none() -> None:
+    ev = _opened(1, None)
+    assert ev.dialect is None and ev.request is EMPTY_REQUEST
+    assert STREAM_LEVEL == -1 and {"content", "reasoning", "tool_call"} == OUTPUT_KINDS
