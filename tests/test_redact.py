@@ -464,3 +464,64 @@ def test_email_local_part_limits() -> None:
     assert r.text("y" * 64 + "@example.com") == "<EMAIL>"
     assert r.text("a@b.cn,c@d.cn") == "<EMAIL>,<EMAIL>"
     assert r.text("@example.com") == "@example.com"
+
+
+# ------------------------------------------- logprobs: strings only, never numbers
+
+#: "-0.4111111111111111": the digits after the point are a Luhn-valid card
+#: number (4111 1111 1111 1111); the token id and byte values are numbers too.
+LOGPROBS = json.dumps(
+    {
+        "content": [
+            {
+                "token": " card 4111111111111111",
+                "id": 4111111111111111,
+                "logprob": -0.4111111111111111,
+                "bytes": [52, 49, 49, 49],
+                "top_logprobs": [{"token": "x", "logprob": -13.812345678}],
+            }
+        ]
+    },
+    separators=(",", ":"),
+)
+
+
+def test_logprobs_numbers_are_never_redacted() -> None:
+    """Regression: card-number redaction rewrote digits inside log-probabilities
+    (and token ids), so the stored logprobs no longer parsed as numbers and
+    diff's cause classes fell to "unknown"."""
+    r = Redactor()
+    out = r.tokens_json(LOGPROBS)
+    assert out is not None
+    parsed = json.loads(out)
+    entry = parsed["content"][0]
+    assert entry["token"] == " card <CARD>"  # the text-bearing string is redacted
+    assert entry["id"] == 4111111111111111
+    assert entry["logprob"] == -0.4111111111111111
+    assert entry["bytes"] == [52, 49, 49, 49]
+    assert entry["top_logprobs"][0]["logprob"] == -13.812345678
+    assert r.counts == {"CARD": 1}
+    # other JSON fields keep the documented number redaction
+    assert Redactor().json_text('{"tel":13812345678}') == '{"tel":"<PHONE>"}'
+
+
+def test_chunk_logprobs_keep_their_numbers_in_both_redaction_steps() -> None:
+    from sniffer.record.redact import StreamRedactor
+
+    lp = json.dumps(
+        {"content": [{"token": "a", "logprob": -0.4111111111111111, "bytes": [97]}]},
+        separators=(",", ":"),
+    )
+    ev = ChunkEvent(1, T0, 0, 0, 1, "content", "a", logprobs=lp)
+    out = Redactor().event(ev)
+    assert isinstance(out, ChunkEvent) and out.logprobs == lp
+    red = StreamRedactor(Redactor())
+    stored = [*red.events([ev]), *red.flush()]
+    (chunk,) = [e for e in stored if isinstance(e, ChunkEvent)]
+    assert chunk.logprobs == lp
+
+
+def test_user_patterns_in_logprobs_touch_strings_only() -> None:
+    r = Redactor([(r"[0-9]{4}", "NUM")])
+    out = r.tokens_json('{"content":[{"token":"pin 1234","logprob":-0.1234567,"bytes":[1234]}]}')
+    assert out == '{"content":[{"token":"pin <NUM>","logprob":-0.1234567,"bytes":[1234]}]}'

@@ -62,7 +62,8 @@ What it does not catch:
 * A value longer than :data:`LOOKBEHIND` split over chunks; tool-call argument
   fragments split over chunks (each is redacted on its own).
 * JSON escapes. ``request_body``, ``tool_calls``, ``raw``, ``logprobs`` and
-  ``response_body`` are redacted as JSON text (:meth:`Redactor.json_text`):
+  ``response_body`` are redacted as JSON text (:meth:`Redactor.json_text`;
+  in ``logprobs`` only the strings, never a number: :meth:`Redactor.tokens_json`):
   inside string literals, and numbers in value position (``{"tel":
   13812345678}`` becomes ``{"tel": "<PHONE>"}``), so valid JSON stays valid.
   A digit written as a ``\\u0031`` escape is not seen. A USER pattern runs
@@ -406,15 +407,16 @@ class Redactor:
     def _opt(self, s: str | None) -> str | None:
         return self.text(s) if s else s
 
-    def json_text(self, s: str | None) -> str | None:
+    def json_text(self, s: str | None, *, numbers: bool = True) -> str | None:
         """JSON text, redacted so that it stays valid JSON.
 
         Values of secret-named fields are replaced first (at any depth, see
         ``sniffer.credentials.scrub_json_secrets``; always, like secret-shaped
-        strings). Built-in patterns apply inside string literals, and to numbers in value
-        position (a match there becomes a quoted placeholder); text outside
-        tokens (all of it, when the JSON is broken) is redacted as plain text.
-        User patterns then run over the whole text.
+        strings). Built-in patterns apply inside string literals, and (unless
+        ``numbers`` is false) to numbers in value position (a match there
+        becomes a quoted placeholder); text outside tokens (all of it, when the
+        JSON is broken) is redacted as plain text. User patterns then run over
+        the whole text.
         """
         if not s:
             return s
@@ -422,10 +424,15 @@ class Redactor:
         if n:
             self.counts[SECRET] += n
             s = scrubbed
-        if (self.enabled and _PRECHECK.search(s) is not None) or _SECRET_PRE.search(s) is not None:
+        # numbers=False: user patterns run inside the strings too, not over the text
+        users = not numbers and bool(self._extra)
+        if (
+            (self.enabled and (users or _PRECHECK.search(s) is not None))
+            or _SECRET_PRE.search(s) is not None
+        ):
             parts: list[str] = []
             pos = 0
-            builtins = self._builtins
+            builtins = self._builtins if numbers else self.text
             for m in _JSON_TOKEN.finditer(s):
                 start, end = m.span()
                 if start > pos:
@@ -435,13 +442,17 @@ class Redactor:
                     inner = tok[1:-1]
                     red = builtins(inner)
                     parts.append(tok if red is inner else f'"{red}"')
+                elif not numbers:  # a delimiter, then a number, kept
+                    parts.append(tok)
                 else:  # a delimiter, then a number
                     num = tok[1:].strip()
                     red = builtins(num)
                     parts.append(tok if red is num else tok.replace(num, f'"{red}"'))
                 pos = end
             tail = s[pos:]
-            if pos == 0 and _JSON_NUMBER.fullmatch(tail):  # a bare number document
+            if pos == 0 and _JSON_NUMBER.fullmatch(tail) and not numbers:
+                parts.append(tail)
+            elif pos == 0 and _JSON_NUMBER.fullmatch(tail):  # a bare number document
                 num = tail.strip()
                 red = builtins(num)
                 parts.append(tail if red is num else tail.replace(num, f'"{red}"'))
@@ -452,7 +463,7 @@ class Redactor:
                 out = s
         else:
             out = s
-        if not self.enabled:
+        if not self.enabled or not numbers:
             return out
         for compiled, label, placeholder in self._extra:
             new, n = compiled.subn(placeholder, out)
@@ -460,6 +471,15 @@ class Redactor:
                 self.counts[label] += n
                 out = new
         return out
+
+    def tokens_json(self, s: str | None) -> str | None:
+        """Server token JSON (logprobs): its strings (token texts) redacted as
+        by :meth:`json_text` (user patterns too, inside the strings only), its
+        numbers (log-probabilities, token ids, byte values) never. A 16-digit
+        run inside a log-probability such as ``-0.4111111111111111`` passes the
+        Luhn check as often as any number does; taking it for a card number
+        corrupted the stored logprobs."""
+        return self.json_text(s, numbers=False)
 
     # ---------------------------------------------------------------- events
 
@@ -480,7 +500,7 @@ class Redactor:
             text = self.text(ev.text)
             reasoning = self.text(ev.reasoning)
             tool_calls = self.json_text(ev.tool_calls)
-            logprobs = self.json_text(ev.logprobs)
+            logprobs = self.tokens_json(ev.logprobs)
             raw = self.json_text(ev.raw)
             if (
                 text is ev.text
@@ -845,7 +865,7 @@ class StreamRedactor:
                 server_tokens = _mask_tokens_json(ev.server_tokens)
                 raw = None
             else:
-                logprobs = red.json_text(ev.logprobs)
+                logprobs = red.tokens_json(ev.logprobs)
                 server_tokens = ev.server_tokens
                 raw = red.json_text(ev.raw)
             if (
