@@ -426,10 +426,9 @@ class Redactor:
             s = scrubbed
         # numbers=False: user patterns run inside the strings too, not over the text
         users = not numbers and bool(self._extra)
-        if (
-            (self.enabled and (users or _PRECHECK.search(s) is not None))
-            or _SECRET_PRE.search(s) is not None
-        ):
+        if (self.enabled and (users or _PRECHECK.search(s) is not None)) or _SECRET_PRE.search(
+            s
+        ) is not None:
             parts: list[str] = []
             pos = 0
             builtins = self._builtins if numbers else self.text
