@@ -20,7 +20,17 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["RequestSummary", "Usage", "as_bool", "as_float", "as_int", "as_str"]
+__all__ = [
+    "EMPTY_REQUEST",
+    "MAX_USAGE_DEPTH",
+    "RequestSummary",
+    "Usage",
+    "as_bool",
+    "as_float",
+    "as_int",
+    "as_str",
+    "request_fields",
+]
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
