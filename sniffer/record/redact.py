@@ -407,7 +407,7 @@ class Redactor:
     def _opt(self, s: str | None) -> str | None:
         return self.text(s) if s else s
 
-    def json_text(self, s: str | None, *, numbers: bool = True) -> str | None:
+    def json_text(self, s: str | None, numbers: bool = True) -> str | None:
         """JSON text, redacted so that it stays valid JSON.
 
         Values of secret-named fields are replaced first (at any depth, see
@@ -499,7 +499,7 @@ class Redactor:
             text = self.text(ev.text)
             reasoning = self.text(ev.reasoning)
             tool_calls = self.json_text(ev.tool_calls)
-            logprobs = self.tokens_json(ev.logprobs)
+            logprobs = self.json_text(ev.logprobs, False)  # tokens_json, without a call more
             raw = self.json_text(ev.raw)
             if (
                 text is ev.text
@@ -864,7 +864,7 @@ class StreamRedactor:
                 server_tokens = _mask_tokens_json(ev.server_tokens)
                 raw = None
             else:
-                logprobs = red.tokens_json(ev.logprobs)
+                logprobs = red.json_text(ev.logprobs, False)  # tokens_json, without a call more
                 server_tokens = ev.server_tokens
                 raw = red.json_text(ev.raw)
             if (

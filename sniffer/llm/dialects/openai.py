@@ -190,7 +190,8 @@ class _OpenAIBase(JsonDialect):
         timings = get("timings")
         if timings is not None:
             usage = _with_timings(usage, timings)
-        usage_value = Usage.parse(usage)
+        # per chunk: no call when there is no usage (the common case)
+        usage_value = None if usage is None else Usage.parse(usage)
         if not choices:
             if choices is not None and type(choices) is not list:
                 raise _not("choices", choices, "an array")

@@ -185,7 +185,7 @@ class OpenAIResponses(JsonDialect):
         if kind == "response.failed":
             finish = "failed"
         usage = response.get("usage")
-        usage_value = Usage.parse(usage)
+        usage_value = None if usage is None else Usage.parse(usage)
         outputs = set(self._outputs)
         output = response.get("output")
         if type(output) is list:
