@@ -26,8 +26,9 @@ Threads
 
 Signals
     SIGTERM/SIGINT: stop capture, drain the queue, write the restart checkpoint
-    (SQLite: the streams a server is still sending go to
-    ``DB.checkpoint.json``, their rows left open for the next instance, which
+    (the streams a server is still sending go to ``DB.checkpoint.json`` next
+    to a SQLite database, or to this node's row of the ``checkpoints`` table of
+    a server database; their rows are left open for the next instance, which
     adopts them at start and goes on writing the same rows after one exact
     gap: TCP sequence numbers from the packets with packet capture, from the
     sockets themselves with eBPF), ``pipeline.flush`` (the other open streams
@@ -56,6 +57,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from sniffer.capture.source import CaptureItem, stats_dict
 from sniffer.core.events import CaptureGap, FlowEvent, Segment, StoreEvent
 from sniffer.core.pipeline import Pipeline, PipelineConfig
@@ -66,6 +69,7 @@ from sniffer.runtime.config import Config, ConfigError, load_config
 from sniffer.runtime.log import Log
 from sniffer.runtime.notify import Notifier
 from sniffer.runtime.stats import DaemonStats
+from sniffer.store.checkpoints import save_checkpoint, take_checkpoint
 from sniffer.store.files import InsecureDatabaseFile, open_private
 from sniffer.store.writer import StoreError, StoreWriter
 
@@ -520,11 +524,12 @@ class Daemon:
     def _write_checkpoint(self, source: object | None) -> list[int]:
         """Graceful stop: hand the streams under way to the next instance (TCP
         sequence numbers tell it exactly what it missed: the packets' with
-        packet capture, the sockets' own with eBPF). Returns the connection ids
-        handed over."""
+        packet capture, the sockets' own with eBPF). SQLite: a private file
+        next to the database; a server database: this node's row of the
+        ``checkpoints`` table. Returns the connection ids handed over."""
         pipe = self._pipeline
-        path = checkpoint_path(self.config.database)
-        if pipe is None or path is None:
+        writer = self._writer
+        if pipe is None or writer is None:
             return []
         positions = None
         if self.config.backend == "ebpf":
@@ -541,30 +546,43 @@ class Daemon:
             "backend": self.config.backend,
             "entries": entries,
         }
-        tmp = path.with_name(path.name + ".tmp")
+        path = checkpoint_path(self.config.database)
+        where = str(path) if path is not None else f"table checkpoints, node {writer.node}"
         try:
-            # private like the database: it names endpoints and request fields
-            with os.fdopen(open_private(str(tmp)), "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(doc))
-            os.replace(tmp, path)
-        except (OSError, InsecureDatabaseFile) as exc:
-            self.log("error", "checkpoint-failed", path=str(path), error=str(exc))
+            if path is None:
+                save_checkpoint(writer.engine, writer.node, doc)
+            else:
+                tmp = path.with_name(path.name + ".tmp")
+                # private like the database: it names endpoints and request fields
+                with os.fdopen(open_private(str(tmp)), "w", encoding="utf-8") as fh:
+                    fh.write(json.dumps(doc))
+                os.replace(tmp, path)
+        except (OSError, InsecureDatabaseFile, SQLAlchemyError) as exc:
+            self.log("error", "checkpoint-failed", path=where, error=str(exc))
             # the pipeline dropped them: close their rows now rather than never
             out = pipe.close_checkpointed(entries, time.time())
             if out:
                 self._emit(out)
             return []
-        self.log("info", "checkpoint-written", path=str(path), streams=len(entries))
+        self.log("info", "checkpoint-written", path=where, streams=len(entries))
         return [int(e["conn"]) for e in entries]
 
-    def _adopt_checkpoint(self) -> list[dict[str, Any]]:
-        """Start: adopt what a gracefully stopped instance handed over; a stale
-        checkpoint (or one this backend cannot follow) closes its streams as
-        gapped. Returns the entries adopted."""
-        pipe = self._pipeline
+    def _read_checkpoint(self) -> tuple[str, Any] | None:
+        """(where, document) of the checkpoint left for this instance, removed
+        as it is read; None when there is none."""
+        writer = self._writer
+        assert writer is not None
         path = checkpoint_path(self.config.database)
-        if pipe is None or path is None or not path.exists():
-            return []
+        if path is None:
+            where = f"table checkpoints, node {writer.node}"
+            try:
+                doc = take_checkpoint(writer.engine, writer.node)
+            except (SQLAlchemyError, ValueError) as exc:
+                self.log("warning", "checkpoint-unreadable", path=where, error=str(exc))
+                return None
+            return None if doc is None else (where, doc)
+        if not path.exists():
+            return None
         try:
             doc = json.loads(path.read_text())
             path.unlink()
@@ -572,7 +590,20 @@ class Daemon:
             self.log("warning", "checkpoint-unreadable", path=str(path), error=str(exc))
             with contextlib.suppress(OSError):
                 path.unlink()
+            return None
+        return str(path), doc
+
+    def _adopt_checkpoint(self) -> list[dict[str, Any]]:
+        """Start: adopt what a gracefully stopped instance handed over; a stale
+        checkpoint (or one this backend cannot follow) closes its streams as
+        gapped. Returns the entries adopted."""
+        pipe = self._pipeline
+        if pipe is None:
             return []
+        found = self._read_checkpoint()
+        if found is None:
+            return []
+        where, doc = found
         entries = doc.get("entries") if isinstance(doc, dict) else None
         if not isinstance(entries, list):
             return []
@@ -583,10 +614,10 @@ class Daemon:
             out = pipe.close_checkpointed(entries, now)
             if out:
                 self._emit(out)
-            self.log("warning", "checkpoint-stale", path=str(path), streams=len(entries), age=age)
+            self.log("warning", "checkpoint-stale", path=where, streams=len(entries), age=age)
             return []
         n = pipe.adopt(entries, now)
-        self.log("info", "checkpoint-adopted", path=str(path), streams=n, age=round(age, 3))
+        self.log("info", "checkpoint-adopted", path=where, streams=n, age=round(age, 3))
         return [e for e in entries if isinstance(e, dict)]
 
     def _shutdown(self) -> int:
@@ -671,7 +702,7 @@ class Daemon:
 def checkpoint_path(database: str) -> Path | None:
     """Where the graceful-restart checkpoint of a database lives: a small JSON file
     next to a SQLite database (``DB.checkpoint.json``); None for a server
-    database (no restart hand-over there: recovery falls back to resync)."""
+    database (the checkpoint is then the node's row of the ``checkpoints`` table)."""
     if "://" not in database:
         return Path(database + CHECKPOINT_SUFFIX)
     if database.startswith("sqlite:///") and len(database) > len("sqlite:///"):
