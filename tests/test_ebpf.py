@@ -297,6 +297,19 @@ def test_checkpoint_positions_and_adoption_give_an_exact_restart_gap() -> None:
     assert [o.conn for o in of(evs, ConnectionOpened)] == [900]
 
 
+def test_records_without_sequence_numbers_continue_after_a_gap_of_unknown_size() -> None:
+    """An object built before records carried TCP sequence numbers (aux 0): the
+    adopted socket still continues its connection, after a gap of unknown size,
+    and a further checkpoint does not invent a position for it."""
+    src = EbpfSource()
+    src.adopt([(7, {"sk": SK, "local": ["127.0.0.1", 8000], "remote": ["127.0.0.1", 50000],
+                    "server_side": True, "seq": [100, 200]})])  # fmt: skip
+    evs = feed(src, [rec(K_DATA, D_SENT, 0, b"tail")])
+    assert not of(evs, ConnectionOpened)
+    assert [(g.conn, g.nbytes, g.reason) for g in of(evs, FlowGap)] == [(7, None, "restart")]
+    assert src.checkpoint_positions()[7]["seq"] == [None, 200]
+
+
 def test_adopted_socket_never_heard_of_again_ends_as_gapped() -> None:
     src = EbpfSource()
     src.adopt([(7, {"sk": SK, "local": ["127.0.0.1", 8000], "remote": ["127.0.0.1", 1],

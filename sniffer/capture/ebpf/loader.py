@@ -558,11 +558,12 @@ class EbpfSource:
             seq: list[int | None] = []
             for d in (D_SENT, D_RECV):
                 base = c.seq0[d]
-                if base is None and c.resume is not None:
-                    base = c.resume[d]  # adopted, nothing seen since: still where it was
-                    seq.append(base)
+                if base is None:
+                    # adopted and this direction not seen since: still where it was
+                    then = c.resume[d] if c.resume is not None else None
+                    seq.append(then if then is not None and then >= 0 else None)
                     continue
-                seq.append(None if base is None else (base + c.expected[d]) & _SEQ_MASK)
+                seq.append((base + c.expected[d]) & _SEQ_MASK)
             local, remote = c.endpoints
             out[c.conn] = {
                 "sk": c.sk,
