@@ -228,6 +228,8 @@ def test_graceful_restart_continues_the_same_rows(
         t_stop = time.time()
         assert d.stop() == 0
         logs.append(d.log())
+        (tmp_path / f"instance{k}.log").write_text(logs[-1])  # kept for a post-mortem
+        (tmp_path / f"checkpoint{k}.json").write_bytes(Path(d.db + ".checkpoint.json").read_bytes())
         assert "event=checkpoint-written" in logs[-1], logs[-1]
         d = daemon(procs, tmp_path, *args)
         windows.append((t_stop, time.time()))
