@@ -310,6 +310,18 @@ def test_records_without_sequence_numbers_continue_after_a_gap_of_unknown_size()
     assert src.checkpoint_positions()[7]["seq"] == [None, 200]
 
 
+def test_adopted_socket_not_heard_from_yet_is_handed_over_again() -> None:
+    """An instance stopped moments after it started, before an adopted socket
+    sent anything: the socket goes to the next instance as it came."""
+    pos = {"sk": SK, "local": ["127.0.0.1", 8000], "remote": ["127.0.0.1", 1],
+           "server_side": True, "seq": [1, 2]}  # fmt: skip
+    src = EbpfSource()
+    src.adopt([(7, pos)])
+    assert src.checkpoint_positions() == {7: pos}
+    src.forget([7])
+    assert src.finish() == []
+
+
 def test_adopted_socket_never_heard_of_again_ends_as_gapped() -> None:
     src = EbpfSource()
     src.adopt([(7, {"sk": SK, "local": ["127.0.0.1", 8000], "remote": ["127.0.0.1", 1],

@@ -261,7 +261,10 @@ def test_graceful_restart_continues_the_same_rows(
         assert len(got) >= len(certain), (row["reason"], got, sent, windows, r.pieces)
         missed_chunks.append(len(sent) - len(got))
         assert "bytes" in row["reason"]
-        assert f"in {RESTARTS} gaps" in row["reason"], row["reason"]
+        # one gap per restart, or fewer: a stream silent through an instance
+        # that lived a moment is handed over again, and its gap spans both
+        gaps = int(row["reason"].split(" gap")[0].rsplit(" ", 1)[1])
+        assert 1 <= gaps <= RESTARTS, row["reason"]
         missed_bytes.append(int(row["reason"].split("(")[1].split()[0]))
     print(
         f"\n{backend}: restart cost over {RESTARTS} restarts x {N_STREAMS} streams "

@@ -275,6 +275,38 @@ def test_a_midway_stream_is_handed_over_too() -> None:
     assert closed.t_first_content is None
 
 
+def test_a_connection_silent_through_a_short_instance_is_handed_over_again() -> None:
+    """The second instance stops before the adopted connection sent anything: it
+    hands it over again as it came, and the third goes on with the same row."""
+    segs, where = _conversation("m1")
+    a = Pipeline()
+    out: list[object] = []
+    for s in segs[: where[3]]:
+        out.extend(a.feed(s))
+    entries = json.loads(json.dumps(a.checkpoint(now=10.0)))
+    b = Pipeline()
+    assert b.adopt(entries, 10.0) == 1
+    again = json.loads(json.dumps(b.checkpoint(now=10.5)))
+    assert [(e["stream"], e["seq"]) for e in again] == [(e["stream"], e["seq"]) for e in entries]
+    out.extend(b.flush(10.5))
+    assert not [e for e in out if isinstance(e, StreamClosed)]
+    c = Pipeline()
+    assert c.adopt(again, segs[where[5]].ts) == 1
+    for s in segs[where[5] :]:
+        out.extend(c.feed(s))
+    out.extend(c.flush(segs[-1].ts + 1))
+    assert len([e for e in out if isinstance(e, StreamOpened)]) == 1
+    (closed,) = [e for e in out if isinstance(e, StreamClosed)]
+    assert closed.state is StreamState.GAP
+    assert [x.text for x in out if isinstance(x, ChunkEvent) and x.text] == (
+        PIECES[:3] + PIECES[5:]
+    )
+    # silent for longer than RESUME_SILENCE after its adoption: over
+    d = Pipeline()
+    assert d.adopt(entries, 10.0) == 1
+    assert d.checkpoint(now=100.0) == []
+
+
 def test_two_restarts_in_a_row_add_up_exactly() -> None:
     """The second stop comes before the first gap could be resynchronised: the
     bytes held then count as lost, and the row says two gaps."""

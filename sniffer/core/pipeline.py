@@ -148,7 +148,7 @@ class Pipeline:
     # ----------------------------------------------------------- checkpoints
 
     def checkpoint(
-        self, flow_positions: Mapping[int, dict[str, Any]] | None = None
+        self, flow_positions: Mapping[int, dict[str, Any]] | None = None, now: float | None = None
     ) -> list[dict[str, Any]]:
         """Graceful stop: the state of every connection whose server is streaming
         a chunked LLM response, JSON-ready, for the next instance to ``adopt``.
@@ -157,10 +157,12 @@ class Pipeline:
         open until the next instance writes their summary at the real end.
         Packet capture: the reassembler's sequence numbers (``seq``); eBPF: the
         source's ``flow_positions`` (connection id → socket and TCP sequence
-        numbers, kept as ``ebpf``). Other connections are left alone."""
+        numbers, kept as ``ebpf``). Other connections are left alone. ``now``
+        (wall clock): a connection adopted moments ago and not heard from since
+        is handed over again rather than ended."""
         entries: list[dict[str, Any]] = []
         for conn in self.http.connection_ids():
-            seqs = self.reassembler.checkpoint(conn)
+            seqs = self.reassembler.checkpoint(conn, now)
             pos = flow_positions.get(conn) if flow_positions is not None else None
             if seqs is None and pos is None:
                 continue

@@ -537,7 +537,7 @@ class Daemon:
             if get is None:
                 return []
             positions = get()
-        entries = pipe.checkpoint(positions)
+        entries = pipe.checkpoint(positions, time.time())
         if not entries:
             return []
         doc = {

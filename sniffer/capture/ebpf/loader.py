@@ -105,6 +105,9 @@ _SEQ_MASK = 0xFFFFFFFF
 #: A restart gap larger than this is not believed (sequence numbers wrapped,
 #: or the address was reused by another socket): recorded as of unknown size.
 _MAX_RESTART_GAP = 1 << 30
+#: Seconds an adopted socket may stay silent and still be handed over again
+#: (an instance stopped right after it started; after that it is over).
+RESUME_SILENCE = 60.0
 #: struct conn: off[2], lost[2], serial, role (+ padding)
 CONN = struct.Struct("<QQQQIB3x")
 # TCP states (include/net/tcp_states.h) that end in TCP_CLOSE by a reset/abort.
@@ -572,6 +575,17 @@ class EbpfSource:
                 "server_side": c.server_side,
                 "seq": seq,
             }
+        now = time.monotonic()
+        for sk, a in self._adopted.items():
+            if now - a["at"] <= RESUME_SILENCE:
+                # adopted and not heard from yet: still where it was
+                out[a["conn"]] = {
+                    "sk": sk,
+                    "local": list(a["local"]),
+                    "remote": list(a["remote"]),
+                    "server_side": a["server_side"],
+                    "seq": list(a["seq"]),
+                }
         return out
 
     def forget(self, conns: Sequence[int]) -> None:
@@ -580,6 +594,8 @@ class EbpfSource:
         ids = set(conns)
         for key in [k for k, c in self._conns.items() if c.conn in ids]:
             del self._conns[key]
+        for sk in [sk for sk, a in self._adopted.items() if a["conn"] in ids]:
+            del self._adopted[sk]
 
     def adopt(self, entries: Sequence[tuple[int, dict[str, Any]]]) -> int:
         """(connection id, ``checkpoint_positions`` entry) pairs from a previous
@@ -595,6 +611,7 @@ class EbpfSource:
                     "remote": (str(pos["remote"][0]), int(pos["remote"][1])),
                     "server_side": bool(pos["server_side"]),
                     "seq": [seq[0], seq[1]],
+                    "at": time.monotonic(),
                 }
             except (KeyError, TypeError, ValueError, IndexError):
                 continue
