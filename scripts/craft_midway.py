@@ -28,9 +28,10 @@ read from those events by the per-API readers below, themselves checked
 against the full exchange's ground truth (``craft_dialect_pcaps``). The
 finish reason, the end marker and usage come from the last events, which every
 cut here leaves in place. The recovered stream is a row in state ``midway``,
-``gap`` true, request fields (method, path, status, model where the events do
-not carry it) null, and no TTFT. The second exchange on the connection is
-parsed normally and is ``complete``.
+``gap`` true, request fields (method, path, status) null, the model the
+recovered events name (null when none does: Anthropic names it in
+message_start only, TGI never), and no TTFT. The second exchange on the
+connection is parsed normally and is ``complete``.
 
 Usage: ``python scripts/craft_midway.py [--out DIR]``; then run
 ``scripts/measure_ttft.py`` (it fills ``ttft_ms`` of the complete streams).
@@ -239,6 +240,24 @@ def tail_choices(
     return out
 
 
+def tail_model(ex: cdp.Exchange, first: int) -> str | None:
+    """The model the first recovered item naming one names (top level: OpenAI
+    chunks, Ollama; ``message``: Anthropic message_start; ``response``: the
+    Responses lifecycle events, ``response.completed`` among them), or None
+    when no item from write ``first`` on names one (TGI never does)."""
+    for w in ex.writes[first:]:
+        try:
+            obj = json.loads(w) if ex.path.startswith("/api/") else json.loads(_sse_item(w)[1])
+        except ValueError:
+            continue  # [DONE]
+        if not isinstance(obj, dict):
+            continue
+        for holder in (obj, obj.get("message"), obj.get("response")):
+            if isinstance(holder, dict) and isinstance(holder.get("model"), str):
+                return str(holder["model"])
+    return None
+
+
 def check_reader(ex: cdp.Exchange, reader: Callable[[bytes], list[Piece]]) -> None:
     """The reader gives back the full exchange's ground truth from all its writes."""
     full = tail_choices(ex, reader, 0)
@@ -420,11 +439,13 @@ def build(
         conv = conversation(ex, cport, port, cdp.T0 + seed * 10 + i, seed)
         pkts += cut_capture(conv, port, offset)
         kinds.append(f"{kind}@{offset}")
+        model = tail_model(ex, first)
+        assert model == ex.request.get("model") or not model_in_items, (name, model)
         streams.append(
             {
                 "method": None,
                 "path": None,
-                "model": ex.request.get("model") if model_in_items else None,
+                "model": model,
                 "stream": True,
                 "status": None,
                 "client_port": cport,

@@ -259,6 +259,63 @@ def test_a_stale_checkpoint_closes_its_rows_as_gapped(tmp_path: Path) -> None:
         assert full[port].startswith(text)
 
 
+def test_stop_hands_open_streams_over_through_postgresql(fresh_pg_url: str) -> None:
+    """With a PostgreSQL store the checkpoint is this node's row of the
+    ``checkpoints`` table (a fleet shares the database: another node's
+    checkpoint is not touched): the next instance on the node reads and
+    deletes it and finishes the SAME rows."""
+    from sqlalchemy import create_engine, text
+
+    from sniffer.store.checkpoints import save_checkpoint
+
+    def pg_rows(sql: str) -> list[tuple[Any, ...]]:
+        with engine.connect() as c:
+            return [tuple(r) for r in c.execute(text(sql)).all()]
+
+    def make_pg(source: FakeSource, log: io.StringIO) -> Daemon:
+        config = Config(database=fresh_pg_url, ports=(PORT,), flush_interval=0.05, node="gpu-1")
+        return Daemon(
+            config,
+            log=Log("debug", log),
+            source_factory=lambda _cfg, _base: source,
+            notifier=Notifier({}),
+            install_signals=False,
+        )
+
+    engine = create_engine(fresh_pg_url)
+    half = len(SEGMENTS) // 2
+    src = FakeSource(SEGMENTS[:half], per=5)
+    d = make_pg(src, io.StringIO())
+    r = start(d)
+    assert src.exhausted.wait(30)
+    assert wait_for(lambda: d.stats.items >= half)
+    assert r.stop() == 0
+    assert pg_rows("select state, gap from streams") == [("open", False)] * 4
+    (payload,) = pg_rows("select payload from checkpoints where node = 'gpu-1'")[0]
+    assert len(json.loads(payload)["entries"]) == 4
+    save_checkpoint(engine, "gpu-2", {"entries": []})  # another sidecar's
+    ids = pg_rows("select id from streams order by id")
+    log = io.StringIO()
+    src2 = FakeSource(SEGMENTS[half:], per=5)
+    d2 = make_pg(src2, log)
+    r2 = start(d2)
+    assert src2.exhausted.wait(30)
+    assert wait_for(lambda: d2.stats.items >= len(SEGMENTS) - half)
+    assert r2.stop() == 0
+    assert "event=checkpoint-adopted" in log.getvalue() and "streams=4" in log.getvalue()
+    assert pg_rows("select node from checkpoints") == [("gpu-2",)]
+    assert pg_rows("select id from streams order by id") == ids  # no second row
+    assert pg_rows("select state, gap from streams") == [("complete", False)] * 4
+    texts = {
+        int(client.rsplit(":", 1)[1]): "".join(
+            t for (t,) in pg_rows(f"select text from chunks where stream_id={sid} order by seq")
+        )
+        for sid, client in pg_rows("select id, client from streams")
+    }
+    assert texts == expected_texts()
+    engine.dispose()
+
+
 def test_rows_are_written_before_stop(tmp_path: Path) -> None:
     src = FakeSource(SEGMENTS, per=50)
     d, db = make(tmp_path, src)

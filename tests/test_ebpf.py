@@ -29,6 +29,7 @@ from sniffer.capture.ebpf.loader import (
     R_CLIENT,
     R_SERVER,
     R_UNKNOWN,
+    SEQ_KNOWN,
     _tracefs_ready,
     _try_mount_tracefs,
 )
@@ -251,6 +252,85 @@ def test_property_records_rebuild_stream_with_exact_gaps(
     lost = sum(b - a for i, (a, b) in enumerate(itertools.pairwise(bounds)) if i in drops)
     assert src.stats()["gap_bytes"] == lost
     assert isinstance(evs[-1], ConnectionClosed)
+
+
+def test_checkpoint_positions_and_adoption_give_an_exact_restart_gap() -> None:
+    """A restarted instance's offsets start at 0 again; the sockets' TCP sequence
+    numbers (``aux``) tie them to the previous instance's: the same connection
+    id goes on, after a gap of exactly the bytes moved while no instance ran."""
+    seq_sent, seq_recv = 0xFFFF_FF00, 5000  # the send side wraps during the test
+    old = EbpfSource(conn_id_base=7)
+    feed(
+        old,
+        [
+            rec(K_DATA, D_RECV, 0, b"POST / HTTP/1.1\r\n\r\n", aux=SEQ_KNOWN | seq_recv),
+            rec(K_DATA, D_SENT, 0, b"x" * 200, aux=SEQ_KNOWN | seq_sent),
+        ],
+    )
+    pos = old.checkpoint_positions()
+    assert list(pos) == [7]
+    p = pos[7]
+    assert p["sk"] == SK and p["server_side"] is True
+    assert p["local"] == ["127.0.0.1", 8000] and p["remote"] == ["127.0.0.1", 50000]
+    assert p["seq"] == [(seq_sent + 200) & 0xFFFFFFFF, seq_recv + 19]
+    old.forget([7])
+    assert old.finish() == []  # handed over: not closed
+
+    new = EbpfSource(conn_id_base=500)
+    assert new.adopt([(7, p)]) == 1
+    # the server wrote 300 bytes while no program was attached: the new map's
+    # offset 0 is 300 bytes further on
+    base = (seq_sent + 500) & 0xFFFFFFFF
+    evs = feed(new, [rec(K_DATA, D_SENT, 0, b"tail", aux=SEQ_KNOWN | base, serial=1)])
+    assert not of(evs, ConnectionOpened)
+    assert [(g.conn, g.from_client, g.nbytes, g.reason) for g in of(evs, FlowGap)] == [
+        (7, False, 300, "restart")
+    ]
+    assert [(d.conn, d.data) for d in of(evs, FlowData)] == [(7, b"tail")]
+    # the request direction is still where it was: no gap when it shows up
+    evs = feed(new, [rec(K_DATA, D_RECV, 0, b"GET", aux=SEQ_KNOWN | (seq_recv + 19))])
+    assert not of(evs, FlowGap)
+    # another socket at the same address (reused) is a new connection
+    other = EbpfSource(conn_id_base=900)
+    other.adopt([(7, {**p, "remote": ["127.0.0.1", 50001]})])
+    evs = feed(other, [rec(K_DATA, D_SENT, 0, b"x", aux=SEQ_KNOWN | base)])
+    assert [o.conn for o in of(evs, ConnectionOpened)] == [900]
+
+
+def test_records_without_sequence_numbers_continue_after_a_gap_of_unknown_size() -> None:
+    """An object built before records carried TCP sequence numbers (aux 0): the
+    adopted socket still continues its connection, after a gap of unknown size,
+    and a further checkpoint does not invent a position for it."""
+    src = EbpfSource()
+    src.adopt([(7, {"sk": SK, "local": ["127.0.0.1", 8000], "remote": ["127.0.0.1", 50000],
+                    "server_side": True, "seq": [100, 200]})])  # fmt: skip
+    evs = feed(src, [rec(K_DATA, D_SENT, 0, b"tail")])
+    assert not of(evs, ConnectionOpened)
+    assert [(g.conn, g.nbytes, g.reason) for g in of(evs, FlowGap)] == [(7, None, "restart")]
+    assert src.checkpoint_positions()[7]["seq"] == [None, 200]
+
+
+def test_adopted_socket_not_heard_from_yet_is_handed_over_again() -> None:
+    """An instance stopped moments after it started, before an adopted socket
+    sent anything: the socket goes to the next instance as it came."""
+    pos = {"sk": SK, "local": ["127.0.0.1", 8000], "remote": ["127.0.0.1", 1],
+           "server_side": True, "seq": [1, 2]}  # fmt: skip
+    src = EbpfSource()
+    src.adopt([(7, pos)])
+    assert src.checkpoint_positions() == {7: pos}
+    src.forget([7])
+    assert src.finish() == []
+
+
+def test_adopted_socket_never_heard_of_again_ends_as_gapped() -> None:
+    src = EbpfSource()
+    src.adopt([(7, {"sk": SK, "local": ["127.0.0.1", 8000], "remote": ["127.0.0.1", 1],
+                    "server_side": True, "seq": [1, 2]})])  # fmt: skip
+    evs = src.finish()
+    assert [(type(e).__name__, e.conn) for e in evs][-1] == ("ConnectionClosed", 7)
+    assert [(g.from_client, g.nbytes, g.reason) for g in of(evs, FlowGap)] == [
+        (False, None, "restart")
+    ]
 
 
 def test_constructor_validates() -> None:

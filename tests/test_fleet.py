@@ -78,7 +78,7 @@ def test_migrated_schema_is_the_models(db_url: str) -> None:
         assert compare_metadata(ctx, metadata) == []
         assert ctx.get_current_revision() == head_revision()
         assert conn.execute(text("SELECT value FROM meta WHERE key='schema_version'")).scalar() == (
-            "2"
+            "3"
         )
         rows = dict(conn.execute(select(id_blocks.c.name, id_blocks.c.next_id)).all())
     assert rows == {"connections": 1, "streams": 1}

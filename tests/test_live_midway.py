@@ -49,7 +49,7 @@ class Timed:
         return "".join(t for _, t in self.pieces)
 
 
-def timed_stream(port: int, prompt: str, out: Timed) -> None:
+def timed_stream(port: int, prompt: str, out: Timed, tokens: int = TOKENS) -> None:
     """One chat stream, each content piece stamped with the wall clock at receipt."""
     try:
         with (
@@ -61,7 +61,7 @@ def timed_stream(port: int, prompt: str, out: Timed) -> None:
                     "model": MODEL,
                     "messages": [{"role": "user", "content": prompt}],
                     "stream": True,
-                    "max_tokens": TOKENS,
+                    "max_tokens": tokens,
                 },
             ) as resp,
         ):
@@ -80,10 +80,12 @@ def timed_stream(port: int, prompt: str, out: Timed) -> None:
         out.error = f"{type(exc).__name__}: {exc}"
 
 
-def start_streams(port: int, tag: str) -> tuple[list[Timed], list[threading.Thread]]:
+def start_streams(
+    port: int, tag: str, tokens: int = TOKENS
+) -> tuple[list[Timed], list[threading.Thread]]:
     results = [Timed(f"{tag} stream {i} about rivers") for i in range(N_STREAMS)]
     threads = [
-        threading.Thread(target=timed_stream, args=(port, r.prompt, r), daemon=True)
+        threading.Thread(target=timed_stream, args=(port, r.prompt, r, tokens), daemon=True)
         for r in results
     ]
     for t in threads:
@@ -174,6 +176,9 @@ def test_daemon_started_late_records_the_tail_of_every_stream(
 
 #: Restarts in the live restart test (SPARSEETY_RESTARTS to measure more).
 RESTARTS = int(os.environ.get("SPARSEETY_RESTARTS", "2"))
+#: Tokens of each stream of the restart test: 40 before the last restart, then
+#: room for restart windows of up to ~6 s at 100 ms a token.
+RESTART_TOKENS = 25 * RESTARTS + 80
 
 
 def rows_by_prompt(db: str) -> dict[str, list[dict[str, Any]]]:
@@ -196,13 +201,26 @@ def rows_by_prompt(db: str) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def test_graceful_restart_continues_the_same_rows(tmp_path: Path, procs: list[Any]) -> None:  # noqa: F811
+@pytest.mark.parametrize("backend", ["packet", pytest.param("ebpf", marks=pytest.mark.ebpf)])
+def test_graceful_restart_continues_the_same_rows(
+    tmp_path: Path,
+    procs: list[Any],  # noqa: F811
+    request: pytest.FixtureRequest,
+    backend: str,
+) -> None:
     """SIGTERM + start, twice, in the middle of long streams: each stream is ONE
     row whose chunks are everything the client received except what was sent
-    while no daemon ran, and that gap is exact (bytes) and recorded."""
+    while no daemon ran, and that gap is exact (bytes) and recorded. With eBPF
+    the gap is sized by the sockets' own sequence numbers (the program's byte
+    offsets start again at 0 in every instance)."""
+    if backend == "ebpf":
+        request.getfixturevalue("ebpf_loadable")
     port = server(procs)
-    d = daemon(procs, tmp_path, "--port", str(port))
-    results, threads = start_streams(port, "restart")
+    args = ("--backend", backend, "--port", str(port))
+    d = daemon(procs, tmp_path, *args)
+    # a stream outlives every restart window (eBPF start-up, loading and
+    # attaching the program, takes longer than opening a packet socket)
+    results, threads = start_streams(port, "restart", RESTART_TOKENS)
     windows: list[tuple[float, float]] = []  # (SIGTERM sent, capture active again)
     logs = []
     for k in range(RESTARTS):
@@ -210,14 +228,18 @@ def test_graceful_restart_continues_the_same_rows(tmp_path: Path, procs: list[An
         t_stop = time.time()
         assert d.stop() == 0
         logs.append(d.log())
+        (tmp_path / f"instance{k}.log").write_text(logs[-1])  # kept for a post-mortem
+        (tmp_path / f"checkpoint{k}.json").write_bytes(Path(d.db + ".checkpoint.json").read_bytes())
         assert "event=checkpoint-written" in logs[-1], logs[-1]
-        d = daemon(procs, tmp_path, "--port", str(port))
+        d = daemon(procs, tmp_path, *args)
         windows.append((t_stop, time.time()))
         assert "event=checkpoint-adopted" in d.log()
     for t in threads:
         t.join(60)
     assert d.stop() == 0
     rows = rows_by_prompt(d.db)
+    # no second row for any stream (a recovered body would be a midway row)
+    assert not q(d.db, "select id, client, reason from streams where state = 'midway'")
     missed_chunks, missed_bytes = [], []
     for r in results:
         assert r.error is None and r.complete, r
@@ -236,13 +258,16 @@ def test_graceful_restart_continues_the_same_rows(tmp_path: Path, procs: list[An
         # recorded pieces = the client's pieces minus those of the restart windows, in order
         it = iter(sent)
         assert all(any(g == s for s in it) for g in got), "recorded out of order or invented"
-        assert len(got) >= len(certain)
+        assert len(got) >= len(certain), (row["reason"], got, sent, windows, r.pieces)
         missed_chunks.append(len(sent) - len(got))
         assert "bytes" in row["reason"]
-        assert f"in {RESTARTS} gaps" in row["reason"], row["reason"]
+        # one gap per restart, or fewer: a stream silent through an instance
+        # that lived a moment is handed over again, and its gap spans both
+        gaps = int(row["reason"].split(" gap")[0].rsplit(" ", 1)[1])
+        assert 1 <= gaps <= RESTARTS, row["reason"]
         missed_bytes.append(int(row["reason"].split("(")[1].split()[0]))
     print(
-        f"\nrestart cost over {RESTARTS} restarts x {N_STREAMS} streams "
+        f"\n{backend}: restart cost over {RESTARTS} restarts x {N_STREAMS} streams "
         f"({DELAY_MS} ms per chunk): chunks lost per stream {missed_chunks}, "
         f"bytes lost per stream {missed_bytes}, windows "
         f"{[round(b - a, 2) for a, b in windows]} s"

@@ -276,6 +276,38 @@ def test_a_midway_stream_is_handed_over_too() -> None:
     assert closed.t_first_content is None
 
 
+def test_a_connection_silent_through_a_short_instance_is_handed_over_again() -> None:
+    """The second instance stops before the adopted connection sent anything: it
+    hands it over again as it came, and the third goes on with the same row."""
+    segs, where = _conversation("m1")
+    a = Pipeline()
+    out: list[object] = []
+    for s in segs[: where[3]]:
+        out.extend(a.feed(s))
+    entries = json.loads(json.dumps(a.checkpoint(now=10.0)))
+    b = Pipeline()
+    assert b.adopt(entries, 10.0) == 1
+    again = json.loads(json.dumps(b.checkpoint(now=10.5)))
+    assert [(e["stream"], e["seq"]) for e in again] == [(e["stream"], e["seq"]) for e in entries]
+    out.extend(b.flush(10.5))
+    assert not [e for e in out if isinstance(e, StreamClosed)]
+    c = Pipeline()
+    assert c.adopt(again, segs[where[5]].ts) == 1
+    for s in segs[where[5] :]:
+        out.extend(c.feed(s))
+    out.extend(c.flush(segs[-1].ts + 1))
+    assert len([e for e in out if isinstance(e, StreamOpened)]) == 1
+    (closed,) = [e for e in out if isinstance(e, StreamClosed)]
+    assert closed.state is StreamState.GAP
+    assert [x.text for x in out if isinstance(x, ChunkEvent) and x.text] == (
+        PIECES[:3] + PIECES[5:]
+    )
+    # silent for longer than RESUME_SILENCE after its adoption: over
+    d = Pipeline()
+    assert d.adopt(entries, 10.0) == 1
+    assert d.checkpoint(now=100.0) == []
+
+
 def test_two_restarts_in_a_row_add_up_exactly() -> None:
     """The second stop comes before the first gap could be resynchronised: the
     bytes held then count as lost, and the row says two gaps."""
@@ -301,3 +333,62 @@ def test_two_restarts_in_a_row_add_up_exactly() -> None:
     )
     (closed,) = [e for e in out if isinstance(e, StreamClosed)]
     assert f"({missed} bytes in 2 gaps, 0 more unframed)" in closed.reason
+
+
+# ---------------------------------------------------------------------------
+# The model of a midway row: from the recovered chunks, written at close
+# ---------------------------------------------------------------------------
+
+
+def _opened(stream: int, model: str | None) -> StreamOpened:
+    return StreamOpened(
+        stream=stream,
+        conn=1,
+        exchange=stream,
+        ts=1.0,
+        client=CLIENT,
+        server=SERVER,
+        method="" if model is None else "POST",
+        path="" if model is None else "/v1/responses",
+        request_headers=(),
+        request_body=None,
+        request={} if model is None else {"model": model},
+        dialect="openai.responses",
+        label=None,
+        capture="packet",
+    )
+
+
+def _closed(stream: int, state: StreamState, model: str | None) -> StreamClosed:
+    return StreamClosed(
+        stream, 2.0, state, "x", True, state == StreamState.MIDWAY, None, 2.0, 1, 1, 1, (), None,
+        None, response_model=model,
+    )  # fmt: skip
+
+
+def test_midway_row_model_comes_from_the_chunks_at_close(tmp_path: object) -> None:
+    """A midway row is inserted before any chunk names the model (Responses name
+    it in ``response.completed``): the close fills it, whether the row is still
+    in the writer's batch or already in the database. A row with a request
+    keeps the model the request asked for."""
+    from pathlib import Path
+
+    from sqlalchemy import select
+
+    from sniffer.store.models import streams
+    from sniffer.store.writer import StoreWriter
+
+    w = StoreWriter(str(Path(str(tmp_path)) / "m.db"))
+    w.write(_opened(101, None))  # closed in the same batch
+    w.write(_opened(102, None))  # closed after a flush: the UPDATE path
+    w.write(_opened(103, "asked-model"))  # a full exchange: request model kept
+    w.write(_opened(104, None))  # midway, no chunk named a model: stays null
+    w.write(_closed(101, StreamState.MIDWAY, "gpt-4.1-mini"))
+    w.flush()
+    w.write(_closed(102, StreamState.MIDWAY, "gpt-4.1-mini"))
+    w.write(_closed(103, StreamState.COMPLETE, "served-model"))
+    w.write(_closed(104, StreamState.MIDWAY, None))
+    w.close()
+    with w.engine.connect() as c:
+        got = dict(c.execute(select(streams.c.id, streams.c.model)).all())
+    assert got == {101: "gpt-4.1-mini", 102: "gpt-4.1-mini", 103: "asked-model", 104: None}

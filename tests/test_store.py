@@ -392,7 +392,7 @@ def test_file_database_is_wal(tmp_path: Path) -> None:
     w.close()
     raw = sqlite3.connect(db)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+    assert raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
     raw.close()
 
 

@@ -1159,7 +1159,7 @@ class HttpParser:
         return rest
 
     def _gap(self, c: _Conn, d: _Direction, ev: FlowGap, out: list[HttpOutput]) -> None:
-        if ev.nbytes is None and ev.reason != "midstream":
+        if ev.nbytes is None and ev.reason not in ("midstream", "restart"):
             # Capture lost packets somewhere (kernel or queue drops): every open
             # exchange is possibly gapped, but this connection's framing may be
             # intact. The streams stage marks them; parsing goes on.

@@ -147,17 +147,24 @@ class Pipeline:
 
     # ----------------------------------------------------------- checkpoints
 
-    def checkpoint(self) -> list[dict[str, Any]]:
+    def checkpoint(
+        self, flow_positions: Mapping[int, dict[str, Any]] | None = None, now: float | None = None
+    ) -> list[dict[str, Any]]:
         """Graceful stop: the state of every connection whose server is streaming
         a chunked LLM response, JSON-ready, for the next instance to ``adopt``.
         Those connections are dropped from this pipeline WITHOUT closing their
         streams (a following ``flush`` closes only the others): their rows stay
         open until the next instance writes their summary at the real end.
-        Packet capture only (sequence numbers); other connections are left alone."""
+        Packet capture: the reassembler's sequence numbers (``seq``); eBPF: the
+        source's ``flow_positions`` (connection id → socket and TCP sequence
+        numbers, kept as ``ebpf``). Other connections are left alone. ``now``
+        (wall clock): a connection adopted moments ago and not heard from since
+        is handed over again rather than ended."""
         entries: list[dict[str, Any]] = []
         for conn in self.http.connection_ids():
-            seqs = self.reassembler.checkpoint(conn)
-            if seqs is None:
+            seqs = self.reassembler.checkpoint(conn, now)
+            pos = flow_positions.get(conn) if flow_positions is not None else None
+            if seqs is None and pos is None:
                 continue
             http = self.http.checkpoint(conn)
             if http is None:
@@ -165,9 +172,10 @@ class Pipeline:
             stream = self.streams.checkpoint(conn, int(http["exchange"]))
             if stream is None:
                 continue
-            entries.append(
-                {"conn": conn, "seq": {"c2s": seqs[0], "s2c": seqs[1]}, "http": http, **stream}
+            where: dict[str, Any] = (
+                {"seq": {"c2s": seqs[0], "s2c": seqs[1]}} if seqs is not None else {"ebpf": pos}
             )
+            entries.append({"conn": conn, **where, "http": http, **stream})
         for e in entries:
             self.reassembler.forget(e["conn"])
             self.http.forget(e["conn"])
@@ -176,7 +184,8 @@ class Pipeline:
 
     def adopt(self, entries: Iterable[dict[str, Any]], ts: float) -> int:
         """Take over the connections of a checkpoint (see :meth:`checkpoint`); the
-        first segment of each shows exactly how many bytes were missed. Returns
+        first segment of each shows exactly how many bytes were missed (eBPF
+        entries: give their ``ebpf`` positions to the source's ``adopt``). Returns
         how many were adopted (malformed entries are skipped)."""
         n = 0
         for e in entries:
@@ -186,9 +195,10 @@ class Pipeline:
                 server = (str(e["server"][0]), int(e["server"][1]))
                 http = e["http"]
                 exchange = int(http["exchange"])
-                self.reassembler.adopt(
-                    conn, ts, client, server, int(e["seq"]["c2s"]), int(e["seq"]["s2c"])
-                )
+                if "seq" in e:  # packet capture (eBPF: the source picks the socket up)
+                    self.reassembler.adopt(
+                        conn, ts, client, server, int(e["seq"]["c2s"]), int(e["seq"]["s2c"])
+                    )
                 self.http.adopt(
                     ConnectionOpened(conn, ts, client, server, False, str(e.get("capture"))),
                     exchange,

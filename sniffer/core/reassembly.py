@@ -122,6 +122,9 @@ _HALF_WRAP = 1 << 31
 #: Largest distance ahead of the expected byte that a segment or an ACK may be
 #: (the largest scaled TCP window); beyond it the number is treated as bogus.
 _MAX_WINDOW = 1 << 30
+#: Seconds an adopted connection may stay silent and still be handed over again
+#: at the next graceful stop (see ``Reassembler.checkpoint``).
+RESUME_SILENCE = 60.0
 #: Capture seconds a closed connection stays known, so that late ACKs and
 #: retransmissions after its close are recognised instead of opening a new one.
 _CLOSED_LINGER = 10.0
@@ -531,18 +534,21 @@ class Reassembler:
 
     # ------------------------------------------------------------ checkpoints
 
-    def checkpoint(self, conn_id: int) -> tuple[int, int] | None:
+    def checkpoint(self, conn_id: int, now: float | None = None) -> tuple[int, int] | None:
         """(next client→server sequence number, next server→client one) of an open
         connection, or None. Bytes buffered beyond a hole (or acknowledged but not
         captured: the last packets before a stop) are left to the next instance's
-        exact gap, which starts at the first byte not delivered."""
+        exact gap, which starts at the first byte not delivered. A connection
+        adopted and silent since is handed over again (same numbers) when it
+        was adopted less than ``RESUME_SILENCE`` seconds before ``now`` (an
+        instance stopped right after it started), else it is over."""
         c = self._conns.get(conn_id)
         if c is None or c.closed:
             return None
         halves = (c.c2s, c.s2c)
         if c.s2c.next_seq < 0 or any(h.ended or h.fin_off is not None for h in halves):
             return None  # (a client direction not seen yet, -1, is fine: mid-way starts)
-        if c.s2c.resume:
+        if c.s2c.resume and (now is None or now - c.last_ts > RESUME_SILENCE):
             return None  # adopted and silent since: over (closed as gapped by flush)
         return c.c2s.next_seq, c.s2c.next_seq
 

@@ -482,6 +482,10 @@ class Metrics:
                 s.ttft_done = True
                 s.ttft.observe(max(0.0, ev.t_first_content - s.t_request))
         state = stream_state(ev)
+        if state == "midway" and ev.response_model and keys[1] == NONE:
+            # a row recovered mid-way: its model is the one the chunks named
+            # (the store writes it at close too)
+            keys = self._bound(keys[0], ev.response_model)
         self.streams.labels(*keys, state).inc()
         if t_request is not None:
             self.duration.labels(*keys).observe(max(0.0, ev.ts - t_request))

@@ -26,11 +26,13 @@ Threads
 
 Signals
     SIGTERM/SIGINT: stop capture, drain the queue, write the restart checkpoint
-    (packet capture, SQLite: the streams a server is still sending go to
-    ``DB.checkpoint.json``, their rows left open for the next instance, which
+    (the streams a server is still sending go to ``DB.checkpoint.json`` next
+    to a SQLite database, or to this node's row of the ``checkpoints`` table of
+    a server database; their rows are left open for the next instance, which
     adopts them at start and goes on writing the same rows after one exact
-    gap), ``pipeline.flush`` (the other open streams close as truncated),
-    flush and close the writer, exit 0.
+    gap: TCP sequence numbers from the packets with packet capture, from the
+    sockets themselves with eBPF), ``pipeline.flush`` (the other open streams
+    close as truncated), flush and close the writer, exit 0.
     SIGHUP: re-read the config file (CLI overrides still win). Labels,
     flush interval, batch size, idle timeout and log level apply at once;
     interface, ports and ring settings restart the capture source (the new one
@@ -55,6 +57,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from sniffer.capture.source import CaptureItem, stats_dict
 from sniffer.core.events import CaptureGap, FlowEvent, Segment, StoreEvent
 from sniffer.core.pipeline import Pipeline, PipelineConfig
@@ -65,6 +69,7 @@ from sniffer.runtime.config import Config, ConfigError, load_config
 from sniffer.runtime.log import Log
 from sniffer.runtime.notify import Notifier
 from sniffer.runtime.stats import DaemonStats
+from sniffer.store.checkpoints import save_checkpoint, take_checkpoint
 from sniffer.store.files import InsecureDatabaseFile, open_private
 from sniffer.store.writer import StoreError, StoreWriter
 
@@ -222,8 +227,12 @@ class Daemon:
                 )
             )
             # eBPF connection ids come from the source: the same id blocks.
-            self._adopt_checkpoint()
+            handed = self._adopt_checkpoint()
             source = self.source_factory(cfg, writer.conn_ids)
+            adopt_sockets = getattr(source, "adopt", None)
+            if handed and adopt_sockets is not None:
+                # eBPF: the sockets must be known before the first record
+                adopt_sockets([(int(e["conn"]), e["ebpf"]) for e in handed if "ebpf" in e])
             source.open()
             capture = CaptureThread(source, self._queue, self.stats, log, cfg.backend == "ebpf")
             self._capture = capture
@@ -512,35 +521,68 @@ class Daemon:
 
     # -- graceful restart ----------------------------------------------------
 
-    def _write_checkpoint(self) -> None:
-        """Graceful stop: hand the streams under way to the next instance (packet
-        capture only: sequence numbers tell it exactly what it missed)."""
+    def _write_checkpoint(self, source: object | None) -> list[int]:
+        """Graceful stop: hand the streams under way to the next instance (TCP
+        sequence numbers tell it exactly what it missed: the packets' with
+        packet capture, the sockets' own with eBPF). SQLite: a private file
+        next to the database; a server database: this node's row of the
+        ``checkpoints`` table. Returns the connection ids handed over."""
         pipe = self._pipeline
-        path = checkpoint_path(self.config.database)
-        if pipe is None or path is None or self.config.backend != "packet":
-            return
-        entries = pipe.checkpoint()
+        writer = self._writer
+        if pipe is None or writer is None:
+            return []
+        positions = None
+        if self.config.backend == "ebpf":
+            get = getattr(source, "checkpoint_positions", None)
+            if get is None:
+                return []
+            positions = get()
+        entries = pipe.checkpoint(positions, time.time())
         if not entries:
-            return
-        doc = {"version": 1, "written_at": time.time(), "backend": "packet", "entries": entries}
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            # private like the database: it names endpoints and request fields
-            with os.fdopen(open_private(str(tmp)), "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(doc))
-            os.replace(tmp, path)
-        except (OSError, InsecureDatabaseFile) as exc:
-            self.log("error", "checkpoint-failed", path=str(path), error=str(exc))
-            return
-        self.log("info", "checkpoint-written", path=str(path), streams=len(entries))
-
-    def _adopt_checkpoint(self) -> None:
-        """Start: adopt what a gracefully stopped instance handed over; a stale
-        checkpoint (or one this backend cannot follow) closes its streams as gapped."""
-        pipe = self._pipeline
+            return []
+        doc = {
+            "version": 1,
+            "written_at": time.time(),
+            "backend": self.config.backend,
+            "entries": entries,
+        }
         path = checkpoint_path(self.config.database)
-        if pipe is None or path is None or not path.exists():
-            return
+        where = str(path) if path is not None else f"table checkpoints, node {writer.node}"
+        try:
+            if path is None:
+                save_checkpoint(writer.engine, writer.node, doc)
+            else:
+                tmp = path.with_name(path.name + ".tmp")
+                # private like the database: it names endpoints and request fields
+                with os.fdopen(open_private(str(tmp)), "w", encoding="utf-8") as fh:
+                    fh.write(json.dumps(doc))
+                os.replace(tmp, path)
+        except (OSError, InsecureDatabaseFile, SQLAlchemyError) as exc:
+            self.log("error", "checkpoint-failed", path=where, error=str(exc))
+            # the pipeline dropped them: close their rows now rather than never
+            out = pipe.close_checkpointed(entries, time.time())
+            if out:
+                self._emit(out)
+            return []
+        self.log("info", "checkpoint-written", path=where, streams=len(entries))
+        return [int(e["conn"]) for e in entries]
+
+    def _read_checkpoint(self) -> tuple[str, Any] | None:
+        """(where, document) of the checkpoint left for this instance, removed
+        as it is read; None when there is none."""
+        writer = self._writer
+        assert writer is not None
+        path = checkpoint_path(self.config.database)
+        if path is None:
+            where = f"table checkpoints, node {writer.node}"
+            try:
+                doc = take_checkpoint(writer.engine, writer.node)
+            except (SQLAlchemyError, ValueError) as exc:
+                self.log("warning", "checkpoint-unreadable", path=where, error=str(exc))
+                return None
+            return None if doc is None else (where, doc)
+        if not path.exists():
+            return None
         try:
             doc = json.loads(path.read_text())
             path.unlink()
@@ -548,32 +590,54 @@ class Daemon:
             self.log("warning", "checkpoint-unreadable", path=str(path), error=str(exc))
             with contextlib.suppress(OSError):
                 path.unlink()
-            return
+            return None
+        return str(path), doc
+
+    def _adopt_checkpoint(self) -> list[dict[str, Any]]:
+        """Start: adopt what a gracefully stopped instance handed over; a stale
+        checkpoint (or one this backend cannot follow) closes its streams as
+        gapped. Returns the entries adopted."""
+        pipe = self._pipeline
+        if pipe is None:
+            return []
+        found = self._read_checkpoint()
+        if found is None:
+            return []
+        where, doc = found
         entries = doc.get("entries") if isinstance(doc, dict) else None
         if not isinstance(entries, list):
-            return
+            return []
         now = time.time()
         age = now - float(doc.get("written_at") or 0)
-        if self.config.backend != "packet" or not 0 <= age <= CHECKPOINT_MAX_AGE:
+        backend = doc.get("backend", "packet")
+        if backend != self.config.backend or not 0 <= age <= CHECKPOINT_MAX_AGE:
             out = pipe.close_checkpointed(entries, now)
             if out:
                 self._emit(out)
-            self.log("warning", "checkpoint-stale", path=str(path), streams=len(entries), age=age)
-            return
+            self.log("warning", "checkpoint-stale", path=where, streams=len(entries), age=age)
+            return []
         n = pipe.adopt(entries, now)
-        self.log("info", "checkpoint-adopted", path=str(path), streams=n, age=round(age, 3))
+        self.log("info", "checkpoint-adopted", path=where, streams=n, age=round(age, 3))
+        return [e for e in entries if isinstance(e, dict)]
 
     def _shutdown(self) -> int:
         log = self.log
         self.notifier.notify("STOPPING=1", "STATUS=stopping: flushing")
         capture = self._capture
         final: list[CaptureItem] = []
+        drain = getattr(capture.source, "drain", None) if capture is not None else None
         if capture is not None:
             capture.join(5.0)
             if capture.loss.pending:
                 final = capture.loss.marker()
-            with contextlib.suppress(Exception):
-                final += list(capture.source.finish())
+            if drain is None:
+                with contextlib.suppress(Exception):
+                    final += list(capture.source.finish())
+            else:
+                # eBPF: the records still in the ring now; the sockets' ends
+                # after the checkpoint (which keeps the streams under way open)
+                with contextlib.suppress(Exception):
+                    final += list(drain())
         # Drain what was queued before the stop (bounded by the queue size).
         for _ in range(self.config.queue_size + 1):
             try:
@@ -585,7 +649,16 @@ class Daemon:
             self._process(final)
         pipe = self._pipeline
         assert pipe is not None
-        self._write_checkpoint()
+        handed = self._write_checkpoint(capture.source if capture is not None else None)
+        if drain is not None and capture is not None:
+            forget = getattr(capture.source, "forget", None)
+            if forget is not None:
+                forget(handed)
+            ends: list[CaptureItem] = []
+            with contextlib.suppress(Exception):
+                ends = list(capture.source.finish())
+            if ends:
+                self._process(ends)
         out = pipe.flush(self.last_ts or time.time())
         if out:
             self._emit(out)
@@ -629,7 +702,7 @@ class Daemon:
 def checkpoint_path(database: str) -> Path | None:
     """Where the graceful-restart checkpoint of a database lives: a small JSON file
     next to a SQLite database (``DB.checkpoint.json``); None for a server
-    database (no restart hand-over there: recovery falls back to resync)."""
+    database (the checkpoint is then the node's row of the ``checkpoints`` table)."""
     if "://" not in database:
         return Path(database + CHECKPOINT_SUFFIX)
     if database.startswith("sqlite:///") and len(database) > len("sqlite:///"):

@@ -94,6 +94,11 @@ since the Unix epoch (UTC).
 reserve blocks of ids from it (``sniffer.store.ids``), so that any number of
 concurrent writers never hand out the same connection or stream id.
 
+``checkpoints`` — the graceful-restart checkpoint of a sidecar stopped with
+streams under way, one row per node (server databases; a SQLite database keeps
+it in a file next to it): ``node``, ``written_at``, ``payload`` (JSON).
+Written on SIGTERM, read and deleted by the next instance on that node.
+
 ``meta`` — key/value pairs; ``schema_version`` is the schema's version
 (informative: the migration chain's revision in ``alembic_version`` is what
 ``sniffer.store.schema`` checks).
@@ -117,7 +122,7 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: ``streams.dialect`` of an exchange that is not an LLM stream (plain HTTP):
 #: the store's spelling of ``StreamOpened.dialect is None``.
@@ -248,6 +253,14 @@ id_blocks = Table(
     Column("next_id", BigInteger, nullable=False),
 )
 
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("node", String(255), primary_key=True),
+    Column("written_at", Float, nullable=False),
+    Column("payload", Text, nullable=False),
+)
+
 meta = Table(
     "meta",
     metadata,
@@ -257,6 +270,7 @@ meta = Table(
 
 __all__ = [
     "SCHEMA_VERSION",
+    "checkpoints",
     "chunks",
     "connections",
     "errors",

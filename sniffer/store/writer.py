@@ -50,6 +50,7 @@ from sniffer.core.events import (
     StreamClosed,
     StreamOpened,
     StreamResponse,
+    StreamState,
 )
 from sniffer.llm.values import Usage
 from sniffer.store.files import db_path, ensure_db_file
@@ -285,6 +286,9 @@ def _close_values(ev: StreamClosed) -> dict[str, Any]:
         "response_bytes": ev.response_bytes,
         "error": ev.error,
         "closed_at": ev.ts,
+        # a row recovered mid-way has no request: its model is the one the
+        # recovered chunks name (None leaves the column as it is)
+        "model": ev.response_model if ev.state == StreamState.MIDWAY else None,
     }
 
 
@@ -337,7 +341,9 @@ def _bind(row_id: int, values: dict[str, Any]) -> dict[str, Any]:
 
 _CONN_CLOSE = _update_stmt(connections, ("closed_at", "close_reason"))
 _STREAM_RESPONSE = _update_stmt(streams, _RESPONSE_COLUMNS)
-_STREAM_CLOSE = _update_stmt(streams, _CLOSE_COLUMNS)
+_STREAM_CLOSE = _update_stmt(streams, _CLOSE_COLUMNS).values(
+    model=func.coalesce(streams.c.model, bindparam("b_model"))
+)
 
 
 class StoreWriter:
@@ -455,6 +461,8 @@ class StoreWriter:
             values = _close_values(event)
             row = self._stream_rows.get(event.stream)
             if row is not None:
+                if row["model"] is not None:
+                    values["model"] = row["model"]
                 row.update(values)
                 return
             self._stream_closes.append(_bind(event.stream, values))

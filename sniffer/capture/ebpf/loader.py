@@ -40,6 +40,20 @@ once, so a loss is reported even before a later record reveals the jump (the
 later jump is then not reported twice). A connection first seen without its
 opening handshake (it predates the capture) starts with a
 ``FlowGap(nbytes=None, reason="midstream")`` in both directions.
+
+Graceful restart: the offsets count from where THIS program first saw the
+socket, so a new instance's offsets say nothing of what the old one saw. Every
+data record therefore also carries (``aux``) the TCP sequence number of its
+direction's offset 0, read from the socket itself (``write_seq`` after a send,
+``copied_seq`` after a read): a count the kernel keeps for the socket's whole
+life. ``checkpoint_positions`` gives, per open connection, the socket (its
+``struct sock`` address and endpoints) and the sequence number of the next byte
+per direction; ``adopt`` (before ``open``) takes such positions from the
+previous instance: the first records of an adopted socket continue the SAME
+connection id (no ``ConnectionOpened``, no "midstream" gap) after a
+``FlowGap(reason="restart")`` of exactly the bytes the application moved
+while no program was attached (``nbytes=None`` when a direction's position is
+unknown).
 """
 
 from __future__ import annotations
@@ -85,6 +99,15 @@ R_UNKNOWN, R_CLIENT, R_SERVER = 0, 1, 2
 F_PIDS, F_COMMS, F_PORTS, F_DEDUPE = 1, 2, 4, 8
 C_LOST_RECORDS, C_LOST_BYTES, C_READ_ERRORS, C_SERIAL, C_IOV_TRUNC = 0, 1, 2, 3, 4
 C_NSLOTS = 8
+#: K_DATA aux: SEQ_KNOWN | TCP sequence number of the direction's offset 0
+SEQ_KNOWN = 1 << 32
+_SEQ_MASK = 0xFFFFFFFF
+#: A restart gap larger than this is not believed (sequence numbers wrapped,
+#: or the address was reused by another socket): recorded as of unknown size.
+_MAX_RESTART_GAP = 1 << 30
+#: Seconds an adopted socket may stay silent and still be handed over again
+#: (an instance stopped right after it started; after that it is over).
+RESUME_SILENCE = 60.0
 #: struct conn: off[2], lost[2], serial, role (+ padding)
 CONN = struct.Struct("<QQQQIB3x")
 # TCP states (include/net/tcp_states.h) that end in TCP_CLOSE by a reset/abort.
@@ -215,6 +238,12 @@ class _Conn:
     lost_reported: list[int] = field(default_factory=lambda: [0, 0])
     prereported: list[int] = field(default_factory=lambda: [0, 0])
     ended: list[bool] = field(default_factory=lambda: [False, False])
+    #: TCP sequence number of offset 0 per direction (from the records), if known
+    seq0: list[int | None] = field(default_factory=lambda: [None, None])
+    #: adopted: the previous instance's next sequence number per direction, until
+    #: the first record of that direction shows the gap (None: unknown)
+    resume: list[int | None] | None = None
+    endpoints: tuple[Endpoint, Endpoint] = (("", 0), ("", 0))  # (local, remote)
 
     def from_client(self, direction: int) -> bool:
         return (direction == D_RECV) == self.server_side
@@ -267,6 +296,8 @@ class EbpfSource:
         self._cb: Any = None  # keeps the ctypes callback alive
         self._raw: list[bytes] = []
         self._conns: dict[tuple[int, int], _Conn] = {}
+        #: sockets handed over by a previous instance (``adopt``), by sk
+        self._adopted: dict[int, dict[str, Any]] = {}
         self._map_fds: dict[str, int] = {}
         self._clock = 0.0
         self._last_ts = 0.0
@@ -428,6 +459,8 @@ class EbpfSource:
             self._last_ts = max(self._last_ts, ts)
             key = (sk, serial)
             c = self._conns.get(key)
+            if c is None and self._adopted:
+                c = self._adopt_conn(out, key, ts, family, laddr, lport, raddr, rport)
             if c is None:
                 if kind == K_CLOSE and offset == 0 and aux == 0:
                     continue
@@ -441,14 +474,23 @@ class EbpfSource:
             d = direction & 1
             if kind == K_DATA:
                 self._stats["records"] += 1
+                if aux & SEQ_KNOWN and c.seq0[d] is None:
+                    c.seq0[d] = aux & _SEQ_MASK
+                if c.resume is not None:
+                    self._resume(out, c, d, offset, ts)
                 data = self._check_offset(out, c, d, offset, ts, rec[HDR.size : HDR.size + length])
                 if data:
                     self._stats["bytes"] += len(data)
                     out.append(FlowData(c.conn, ts, c.from_client(d), data))
             elif kind in (K_EOF, K_SHUTDOWN):
+                if c.resume is not None:
+                    self._resume(out, c, d, None, ts)
                 self._check_offset(out, c, d, offset, ts, b"")
                 self._end(out, c, d, ts, "fin")
             elif kind == K_CLOSE:
+                if c.resume is not None:
+                    self._resume(out, c, D_SENT, None, ts)
+                    self._resume(out, c, D_RECV, None, ts)
                 self._check_offset(out, c, D_SENT, offset, ts, b"")
                 self._check_offset(out, c, D_RECV, aux, ts, b"")
                 self._close(out, c, ts, "rst" if state in _RST_FROM else "fin")
@@ -484,6 +526,7 @@ class EbpfSource:
             c = _Conn(self._next_conn, key[0], key[1], server_side)
             self._next_conn += 1
         self._conns[key] = c
+        c.endpoints = (local, remote)
         self._stats["connections"] += 1
         client, server = (remote, local) if server_side else (local, remote)
         name = comm.split(b"\0", 1)[0].decode("utf-8", "replace") or None
@@ -503,6 +546,135 @@ class EbpfSource:
             for d in (D_RECV, D_SENT):
                 out.append(FlowGap(c.conn, ts, c.from_client(d), None, "midstream"))
         return c
+
+    # -- graceful restart --------------------------------------------------------
+
+    def checkpoint_positions(self) -> dict[int, dict[str, Any]]:
+        """Per open connection id, what a restarted instance needs to pick the
+        socket up (JSON-ready): its ``struct sock`` address, endpoints, which
+        end the traced socket is, and the TCP sequence number of the next byte
+        per direction (sent, received; None when no record showed it)."""
+        out: dict[int, dict[str, Any]] = {}
+        for c in self._conns.values():
+            if c.ended[D_SENT] or c.ended[D_RECV]:
+                continue
+            seq: list[int | None] = []
+            for d in (D_SENT, D_RECV):
+                base = c.seq0[d]
+                if base is None:
+                    # adopted and this direction not seen since: still where it was
+                    then = c.resume[d] if c.resume is not None else None
+                    seq.append(then if then is not None and then >= 0 else None)
+                    continue
+                seq.append((base + c.expected[d]) & _SEQ_MASK)
+            local, remote = c.endpoints
+            out[c.conn] = {
+                "sk": c.sk,
+                "local": list(local),
+                "remote": list(remote),
+                "server_side": c.server_side,
+                "seq": seq,
+            }
+        now = time.monotonic()
+        for sk, a in self._adopted.items():
+            if now - a["at"] <= RESUME_SILENCE:
+                # adopted and not heard from yet: still where it was
+                out[a["conn"]] = {
+                    "sk": sk,
+                    "local": list(a["local"]),
+                    "remote": list(a["remote"]),
+                    "server_side": a["server_side"],
+                    "seq": list(a["seq"]),
+                }
+        return out
+
+    def forget(self, conns: Sequence[int]) -> None:
+        """Drop these connections without ending them (checkpointed): ``finish``
+        leaves them open for the next instance."""
+        ids = set(conns)
+        for key in [k for k, c in self._conns.items() if c.conn in ids]:
+            del self._conns[key]
+        for sk in [sk for sk, a in self._adopted.items() if a["conn"] in ids]:
+            del self._adopted[sk]
+
+    def adopt(self, entries: Sequence[tuple[int, dict[str, Any]]]) -> int:
+        """(connection id, ``checkpoint_positions`` entry) pairs from a previous
+        instance: records of those sockets continue those connection ids. Call
+        before ``open``. Returns how many were taken (malformed ones are skipped)."""
+        n = 0
+        for conn, pos in entries:
+            try:
+                seq = [None if v is None else int(v) & _SEQ_MASK for v in pos["seq"]]
+                self._adopted[int(pos["sk"])] = {
+                    "conn": int(conn),
+                    "local": (str(pos["local"][0]), int(pos["local"][1])),
+                    "remote": (str(pos["remote"][0]), int(pos["remote"][1])),
+                    "server_side": bool(pos["server_side"]),
+                    "seq": [seq[0], seq[1]],
+                    "at": time.monotonic(),
+                }
+            except (KeyError, TypeError, ValueError, IndexError):
+                continue
+            n += 1
+        return n
+
+    def _adopt_conn(
+        self,
+        out: list[FlowEvent],
+        key: tuple[int, int],
+        ts: float,
+        family: int,
+        laddr: bytes,
+        lport: int,
+        raddr: bytes,
+        rport: int,
+    ) -> _Conn | None:
+        """The first record of a socket a previous instance handed over: the
+        same connection id, nothing opened (its row exists)."""
+        a = self._adopted.get(key[0])
+        if a is None:
+            return None
+        local: Endpoint = (_addr(family, laddr), lport)
+        remote: Endpoint = (_addr(family, raddr), rport)
+        if (local, remote) != (a["local"], a["remote"]):
+            return None  # the address now belongs to another socket
+        del self._adopted[key[0]]
+        c = _Conn(a["conn"], key[0], key[1], a["server_side"])
+        c.endpoints = (local, remote)
+        c.resume = list(a["seq"])
+        self._conns[key] = c
+        self._stats["connections"] += 1
+        return c
+
+    def _resume(
+        self, out: list[FlowEvent], c: _Conn, d: int, offset: int | None, ts: float
+    ) -> None:
+        """First record of direction ``d`` of an adopted socket: what the
+        application moved while no instance ran, exactly when both sequence
+        numbers are known."""
+        assert c.resume is not None
+        then = c.resume[d]
+        if then == -1:
+            return  # already resumed
+        c.resume[d] = -1
+        if all(v == -1 for v in c.resume):
+            c.resume = None
+        base = c.seq0[d]
+        nbytes: int | None = None
+        if then is None:
+            # the previous instance never saw this direction: as if it began now
+            out.append(FlowGap(c.conn, ts, c.from_client(d), None, "midstream"))
+            return
+        if base is not None and offset is not None:
+            nbytes = (base + offset - then) & _SEQ_MASK
+            if nbytes == 0:
+                return
+            if nbytes > _MAX_RESTART_GAP:
+                nbytes = None
+        self._stats["gaps"] += 1
+        if nbytes is not None:
+            self._stats["gap_bytes"] += nbytes
+        out.append(FlowGap(c.conn, ts, c.from_client(d), nbytes, "restart"))
 
     def _gap(self, out: list[FlowEvent], c: _Conn, d: int, ts: float, nbytes: int) -> None:
         self._stats["gaps"] += 1
@@ -602,10 +774,25 @@ class EbpfSource:
 
     def finish(self) -> list[FlowEvent]:
         """End every open connection (reason "eof"): call once capture is over."""
-        out: list[FlowEvent] = []
-        self._consume(out)
+        out: list[FlowEvent] = self.drain()
         for c in list(self._conns.values()):
             self._close(out, c, self._last_ts, "eof")
+        ts = self._last_ts or time.time()
+        for a in self._adopted.values():
+            # handed over and never heard of again: whatever the server sent
+            # after the checkpoint was missed (count unknown)
+            conn = a["conn"]
+            out.append(FlowGap(conn, ts, False, None, "restart"))
+            out.append(FlowEnd(conn, ts, True, "eof"))
+            out.append(FlowEnd(conn, ts, False, "eof"))
+            out.append(ConnectionClosed(conn, ts, "eof"))
+        self._adopted.clear()
+        return out
+
+    def drain(self) -> list[FlowEvent]:
+        """The flow events of the records still in the ring (capture stopped)."""
+        out: list[FlowEvent] = []
+        self._consume(out)
         return out
 
     # -- reporting -------------------------------------------------------------

@@ -39,6 +39,8 @@ char LICENSE[] SEC("license") = "GPL";
 #define K_EOF 2      /* a read returned 0: the peer's bytes ended (dir = RECV) */
 #define K_SHUTDOWN 3 /* this socket sent its FIN (dir = SENT) */
 #define K_CLOSE 4    /* socket reached TCP_CLOSE; offset = sent, aux = received */
+/* K_DATA aux: SEQ_KNOWN | TCP sequence number of the direction's offset 0 */
+#define SEQ_KNOWN (1ULL << 32)
 
 /* directions, from the traced process's point of view */
 #define D_SENT 0
@@ -342,6 +344,18 @@ static __always_inline void fill_task(struct rec_hdr *h, int fd)
 	bpf_get_current_comm(h->comm, sizeof(h->comm));
 }
 
+/* The socket's sequence number just past the bytes the application has
+ * written (write_seq) or read (copied_seq): after the syscall, its own bytes
+ * included. */
+static __always_inline __u32 tcp_seq_after(struct sock *sk, __u8 dir)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+
+	if (dir == D_SENT)
+		return BPF_CORE_READ(tp, write_seq);
+	return BPF_CORE_READ(tp, copied_seq);
+}
+
 static __always_inline struct conn *get_conn(__u64 sk)
 {
 	struct conn *c = bpf_map_lookup_elem(&conns, &sk);
@@ -500,6 +514,10 @@ static __always_inline int on_exit(long ret)
 	}
 	r->h.kind = K_DATA;
 	base = __sync_fetch_and_add(&c->off[p.dir & 1], (__u64)ret);
+	/* The TCP sequence number of this direction's offset 0 (bit 32: known):
+	 * the socket's own byte count, which outlives this program. A restarted
+	 * sidecar compares it with the checkpoint's to size the bytes it missed. */
+	r->h.aux = SEQ_KNOWN | (__u32)(tcp_seq_after(sk, p.dir) - (__u32)ret - (__u32)base);
 	if (!p.vec) {
 		emit_buffer(p.sk, p.dir, p.buf, ret, base);
 		return 0;
