@@ -307,14 +307,21 @@ class RecordingChain:
         with self._collector_lock:
             return self.collector.ready
 
-    def tokenize(self, *, limit: int | None = None, engine: Engine | None = None) -> TokenizeResult:
-        """Tokenize (at most ``limit``) closed streams the collector holds and
-        write their token rows (through ``engine``, default the writer's); feed
-        token metrics and the sampler's anomaly boost."""
+    def tokenize(
+        self,
+        *,
+        limit: int | None = None,
+        max_chunks: int | None = None,
+        engine: Engine | None = None,
+    ) -> TokenizeResult:
+        """Tokenize (at most ``limit`` streams, ``max_chunks`` chunks past the
+        first stream) closed streams the collector holds and write their token
+        rows (through ``engine``, default the writer's); feed token metrics and
+        the sampler's anomaly boost."""
         if self.collector is None or self.tokens is None:
             return TokenizeResult()
         with self._collector_lock:
-            inputs = self.collector.take(limit)
+            inputs = self.collector.take(limit, max_chunks)
         if not inputs:
             return TokenizeResult()
         result, rows = tokenize_inputs(engine or self._writer().engine, self.tokens, inputs)

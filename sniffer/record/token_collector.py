@@ -199,11 +199,17 @@ class TokenCollector:
         assert self._spans is not None
         return [(s, e) for s, e, _ in self._spans.edits(text)[1]]
 
-    def take(self, limit: int | None = None) -> list[StreamInput]:
-        """Closed streams not yet taken, oldest first (at most ``limit``)."""
+    def take(self, limit: int | None = None, max_chunks: int | None = None) -> list[StreamInput]:
+        """Closed streams not yet taken, oldest first: at most ``limit`` streams
+        and, past the first, at most ``max_chunks`` chunks in all (many short
+        streams make one batch; a burst of long ones stays flat in memory)."""
         out: list[StreamInput] = []
         ready = self._ready
+        chunks = 0
         while ready and (limit is None or len(out) < limit):
+            if max_chunks is not None and out and chunks + len(ready[0][1]) > max_chunks:
+                break
+            chunks += len(ready[0][1])
             out.append(self._build(ready.popleft()))
         return out
 

@@ -18,8 +18,11 @@ from sniffer.runtime.log import Log
 
 __all__ = ["Periodic", "retention_worker", "token_worker", "trim_heap"]
 
-#: Closed streams per token pass call (small: a burst of closes stays flat in memory).
-TOKEN_BATCH = 50
+#: Closed streams per token pass call, and chunks per call past its first
+#: stream: many short streams make one batch (each batch has fixed costs: a
+#: transaction, encoder calls), a burst of long ones stays flat in memory.
+TOKEN_BATCH = 500
+TOKEN_CHUNKS = 10_000
 
 _LIBC: Any = None
 
@@ -82,9 +85,13 @@ def token_worker(chain: RecordingChain, database: str, log: Log) -> Periodic:
     engine = make_engine(database)
 
     def work() -> None:
-        while chain.tokens_ready:
-            chain.tokenize(limit=TOKEN_BATCH, engine=engine)
-            trim_heap()
+        if not chain.tokens_ready:
+            return
+        for _ in range(10_000):  # bounded: what closes meanwhile waits for the next call
+            if not chain.tokens_ready:
+                break
+            chain.tokenize(limit=TOKEN_BATCH, max_chunks=TOKEN_CHUNKS, engine=engine)
+        trim_heap()  # once per call: malloc_trim walks the whole heap (~2 ms)
 
     return Periodic("tokens", 2.0, work, log)
 
