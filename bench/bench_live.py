@@ -36,6 +36,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -302,8 +303,20 @@ def memory(conns: int, events: int, rate: float, *extra: str) -> None:
             idle = _status_kb(d.pid, "VmRSS")
             c0 = _cpu(d.pid)
             seconds = events / (rate / conns)
+            curve: list[int] = []
+            done = threading.Event()
+
+            def sample() -> None:
+                while not done.wait(0.5) and len(curve) < 10_000:
+                    curve.append(_status_kb(d.pid, "VmRSS"))
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
             got, secs = asyncio.run(_drive(port, conns, rate, seconds))
+            streaming = max(curve, default=0)
             cpu = _settle(d.pid) - c0
+            done.set()
+            sampler.join(5)
             peak = _status_kb(d.pid, "VmHWM")
             st = _stop_daemon(d, log)
             with sqlite3.connect(db) as c:
@@ -322,7 +335,12 @@ def memory(conns: int, events: int, rate: float, *extra: str) -> None:
         f"{streams} streams, {stored} of {got} events stored, {tokens} tokenized; "
         f"kernel drops {st.get('kernel_drops', '?')}, queue loss {st.get('queue_dropped', '?')}"
     )
-    print(f"daemon CPU {cpu:.2f} s: {cpu / max(got, 1) * 1e6:.1f} us per chunk event")
+    print(
+        f"max queue {st.get('max_queue', '?')} batches; "
+        f"RSS while streaming at most {streaming / 1024:.0f} MB, after the closes at most "
+        f"{max(curve, default=0) / 1024:.0f} MB; "
+        f"daemon CPU {cpu:.2f} s: {cpu / max(got, 1) * 1e6:.1f} us per chunk event"
+    )
 
 
 def _settle(pid: int, limit: float = 60.0) -> float:

@@ -1,7 +1,7 @@
 """Run ``python -m sniffer.cli ...`` with cProfile in every thread (bench only).
 
 ``SPARSEETY_BENCH_PROFILE=DIR python bench/profiled.py run --port ...``: each
-thread's profile is dumped to ``DIR/<thread name>.prof`` when it ends (the
+thread's profile is dumped to ``DIR/<pid>/<thread name>.prof`` when it ends (the
 daemon joins its threads when it stops). Optionally, with
 ``SPARSEETY_BENCH_TRACEMALLOC=DIR``, tracemalloc snapshots are taken every 30 s
 into ``DIR/snap-N.pickle`` for diffing (what grows per stream).
@@ -50,6 +50,7 @@ def main() -> None:
     snap_dir = os.environ.get("SPARSEETY_BENCH_TRACEMALLOC")
     main_prof = None
     if prof_dir:
+        prof_dir = str(Path(prof_dir) / str(os.getpid()))  # one daemon run per directory
         out = Path(prof_dir)
         out.mkdir(parents=True, exist_ok=True)
         main_prof = cProfile.Profile()
