@@ -35,7 +35,7 @@ def _wrap_threads(out: Path) -> None:
 
 
 def _snapshots(out: Path, every: float) -> None:
-    tracemalloc.start(8)
+    tracemalloc.start(int(os.environ.get("SPARSEETY_BENCH_TM_FRAMES", "8")))
 
     def loop() -> None:
         for i in range(10_000):

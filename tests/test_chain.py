@@ -213,3 +213,57 @@ def test_parallel_replay_workers_each_write_through_the_chain(
     assert rows(one, "select count(*) from chunks") == [(0,)]
     tok = "select output_count from stream_tokens order by 1"
     assert rows(two, tok) == rows(one, tok)
+
+
+def _many(copies: int) -> list[StoreEvent]:
+    """The capture's events ``copies`` times over, each copy with other stream ids."""
+    from dataclasses import replace
+
+    events = _events()
+    out: list[StoreEvent] = []
+    for k in range(copies):
+        out += [
+            replace(e, stream=e.stream + 1000 * k) if hasattr(e, "stream") else e for e in events
+        ]
+    return out
+
+
+def test_closed_streams_leave_no_per_stream_state_behind(tmp_path: Path) -> None:
+    """A daemon closing ~30 streams/s for hours must not grow: once its streams
+    have closed and the token pass has run, every per-stream map is empty
+    (metrics drop a closed stream's entry when its token figures arrive)."""
+    events = _many(5)
+    opened = {e.stream for e in events if isinstance(e, StreamOpened)}
+    assert opened and {e.stream for e in events if isinstance(e, StreamClosed)} == opened
+    m = Metrics()
+    chain = RecordingChain.from_config(RecordingOptions(), metrics=m)
+    chain.attach(StoreWriter(str(tmp_path / "c.db")))
+    for i in range(0, len(events), 7):  # batches as the daemon hands them over
+        chain.write(events[i : i + 7])
+    chain.flush()
+    while chain.tokens_ready:
+        chain.tokenize(limit=1, max_chunks=1)
+    assert chain.collector is not None and chain.collector.open_streams == 0
+    sr = chain.stream_redactor
+    assert sr is not None and sr.held == 0
+    assert not sr._choices and not sr._streams and not sr._order and not sr._removed
+    assert m.tracked_streams == 0 and not m._closed
+    # label children are cached per label set, not per stream
+    assert len(m._children) < 40
+    chain.close()
+
+
+def test_token_batches_are_bounded_by_chunks_past_their_first_stream(tmp_path: Path) -> None:
+    events = _many(3)
+    chain = RecordingChain.from_config(RecordingOptions())
+    chain.attach(StoreWriter(str(tmp_path / "c.db")))
+    chain.write(events)
+    chain.flush()
+    assert chain.collector is not None
+    n = chain.tokens_ready
+    assert n >= 2
+    first = chain.collector.take(limit=100, max_chunks=1)
+    assert len(first) == 1  # one stream always goes, however long
+    rest = chain.collector.take(limit=100)
+    assert len(rest) == n - 1
+    chain.close()
