@@ -723,6 +723,9 @@ def _mask_tokens_json(text: str | None) -> str | None:
         return json.dumps(MASK)
 
 
+_EMPTY = ("", False)
+
+
 class _Choice:
     __slots__ = ("events", "reasoning", "slots", "text")
 
@@ -792,7 +795,11 @@ class StreamRedactor:
                 c.events.append(ev)
                 c.slots.append(slot)
                 c.text.push(ev.text)
-                c.reasoning.push(ev.reasoning)
+                rw = c.reasoning
+                if ev.reasoning or rw.pending:
+                    rw.push(ev.reasoning)
+                else:  # what push + advance do with an empty text and nothing pending
+                    rw.decided.append(_EMPTY)
                 q = self._order.get(ev.stream)
                 if q is None:
                     q = self._order[ev.stream] = deque()
@@ -842,9 +849,24 @@ class StreamRedactor:
             )
 
     def _release(self, c: _Choice, final: bool) -> None:
-        c.text.advance(final)
-        c.reasoning.advance(final)
-        n = min(len(c.text.decided), len(c.reasoning.decided))
+        tw, rw = c.text, c.reasoning
+        # advance() only where it would do something (the same test it starts
+        # with, inlined: this runs for every chunk event)
+        if tw.pending and (
+            final
+            or not tw.pending_len
+            or tw.pending_len >= tw.lookbehind + STEP
+            or len(tw.pending) > tw.max_held
+        ):
+            tw.advance(final)
+        if rw.pending and (
+            final
+            or not rw.pending_len
+            or rw.pending_len >= rw.lookbehind + STEP
+            or len(rw.pending) > rw.max_held
+        ):
+            rw.advance(final)
+        n = min(len(tw.decided), len(rw.decided))
         if not n:
             return
         texts = c.text.take(n)
