@@ -915,10 +915,21 @@ def redact_choice_texts(
     """What :class:`StreamRedactor` stores for one choice's chunk texts (in
     order): the stored texts, and the redacted spans of the joined original
     text. For the token pass, which sees the text as sent."""
+    if not redactor._extra:
+        joined = "".join(texts)
+        # Both pre-checks are plain searches: no match in the whole text, none
+        # in any window of it, so nothing to redact (prose without digits).
+        if _SECRET_PRE.search(joined) is None and (
+            not redactor.enabled or _PRECHECK.search(joined) is None
+        ):
+            return list(texts), []
     w = TextWindow(redactor)
+    due = w.lookbehind + STEP
     for t in texts:
         w.push(t)
-        w.advance()
+        # advance() where it would do something (its own first test, inlined)
+        if not w.pending_len or w.pending_len >= due or len(w.pending) > w.max_held:
+            w.advance()
     w.advance(final=True)
     return [t for t, _ in w.decided], w.spans
 
