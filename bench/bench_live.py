@@ -133,7 +133,19 @@ def _start_daemon(port: int, db: str, log: str, *extra: str) -> subprocess.Popen
     head = [str(ROOT / "bench" / "profiled.py")] if PROFILE_ENV else ["-m", "sniffer.cli"]
     with open(log, "wb") as fh:
         p = subprocess.Popen(
-            [sys.executable, *head, "run", "--port", str(port), "--db", db, *extra],
+            [
+                sys.executable,
+                *head,
+                "run",
+                "--port",
+                str(port),
+                "--db",
+                db,
+                # a port of its own: several benchmarks (or helpers) may run at once
+                "--metrics-listen",
+                f"127.0.0.1:{free_port()}",
+                *extra,
+            ],
             cwd=ROOT,
             stderr=fh,
             env={**os.environ, "PYTHONPATH": str(ROOT), **PROFILE_ENV},
