@@ -4,7 +4,8 @@
    ``--serve``) streams small events to N loopback connections at rising total
    rates while ``sparseety run`` records them. Per rate: kernel drops and queue
    loss (from the daemon's exit line), chunk rows stored versus events sent,
-   and the daemon's CPU (utime+stime from /proc/PID/stat) per second.
+   and the daemon's CPU (utime+stime from /proc/PID/stat) per second while
+   the load runs, and per event once it has caught up (token pass included).
 2. Serving overhead: client-observed TTFB and total time (p50/p99) of
    streaming requests to the fixture server with the daemon off, on, and with
    a logging forwarding proxy (bench/proxy.py) in the path instead.
@@ -175,7 +176,7 @@ def sweep(conns: int, rates: list[float], seconds: float, *extra: str) -> None:
         print(f"\n1. Zero-drop sweep: {conns} connections, {seconds:.0f} s per rate")
         print(
             f"{'target ev/s':>11} {'sent ev/s':>10} {'kernel drops':>12} {'queue loss':>10} "
-            f"{'stored':>8} {'of sent':>8} {'daemon CPU %':>12}"
+            f"{'stored':>8} {'of sent':>8} {'daemon CPU %':>12} {'us/event':>8} {'max queue':>9}"
         )
         best = 0.0
         with tempfile.TemporaryDirectory() as tmp:
@@ -186,6 +187,7 @@ def sweep(conns: int, rates: list[float], seconds: float, *extra: str) -> None:
                 got, secs = asyncio.run(_drive(port, conns, rate, seconds))
                 time.sleep(0.5)
                 cpu = (_cpu(d.pid) - c0) / (time.monotonic() - t0) * 100
+                total = _settle(d.pid) - c0  # token pass included
                 st = _stop_daemon(d, log)
                 with sqlite3.connect(db) as c:
                     stored = c.execute(
@@ -196,7 +198,8 @@ def sweep(conns: int, rates: list[float], seconds: float, *extra: str) -> None:
                     best = max(best, got / secs)
                 print(
                     f"{rate:>11,.0f} {got / secs:>10,.0f} {kd:>12} {ql:>10} {stored:>8} "
-                    f"{stored / max(got, 1):>8.1%} {cpu:>12.0f}"
+                    f"{stored / max(got, 1):>8.1%} {cpu:>12.0f} {total / max(got, 1) * 1e6:>8.1f} "
+                    f"{st.get('max_queue', '?'):>9}"
                 )
         print(f"highest lossless rate: {best:,.0f} SSE events/s over {conns} connections")
     finally:
