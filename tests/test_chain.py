@@ -267,3 +267,51 @@ def test_token_batches_are_bounded_by_chunks_past_their_first_stream(tmp_path: P
     rest = chain.collector.take(limit=100)
     assert len(rest) == n - 1
     chain.close()
+
+
+def _token_rows(db: Path) -> list[tuple[object, ...]]:
+    return rows(
+        db,
+        "select s.stream_id, s.prompt_ids, c.choice, c.text_len, c.text_hash, c.output_ids "
+        "from stream_tokens s join choice_tokens c using (stream_id) order by 1, 3",
+    )
+
+
+def test_streams_the_redactor_found_clean_skip_the_replay_with_the_same_rows(
+    tmp_path: Path,
+) -> None:
+    """The redaction transform tells the token collector which closed streams
+    had nothing redacted; their token rows are those the replay gives."""
+    from dataclasses import replace
+
+    events = _many(2)
+    # the second copy's output carries an email address split over two chunks
+    chunks = [e for e in events if isinstance(e, ChunkEvent) and e.stream >= 1000 and e.text]
+    assert len(chunks) >= 2
+    pii = {id(chunks[0]): "write to bob.smith@exa", id(chunks[1]): "mple.com today "}
+    events = [replace(e, text=pii[id(e)]) if id(e) in pii else e for e in events]
+    results = []
+    for track in (True, False):
+        db = tmp_path / f"{track}.db"
+        chain = RecordingChain.from_config(RecordingOptions())
+        assert chain.stream_redactor is not None and chain.stream_redactor.track_clean
+        chain.stream_redactor.track_clean = track
+        chain.attach(StoreWriter(str(db)))
+        chain.write(events)
+        chain.flush()
+        assert chain.collector is not None
+        clean = {sid for sid, s in chain.collector._ready_by_id.items() if s.clean}
+        opened = {e.stream for e in events if isinstance(e, StreamOpened)}
+        assert clean == ({i for i in opened if i < 1000} if track else set())
+        chain.tokenize()
+        chain.close()
+        results.append(_token_rows(db))
+    assert results[0] == results[1] and results[0]
+    # the redacted stream's ids are masked where the address was
+    masked = [r for r in results[0] if r[0] >= 1000]
+    assert masked and "-1" in str(masked[0][5])
+
+
+def test_a_sampler_before_the_redactor_turns_the_clean_hand_over_off() -> None:
+    chain = RecordingChain.from_config(RecordingOptions(sample_rate=0.5))
+    assert chain.stream_redactor is not None and not chain.stream_redactor.track_clean

@@ -168,6 +168,11 @@ class RecordingChain:
         if redactor is not None:
             self.transforms.append(self._redact)
         self.transforms.extend(transforms)
+        if self.collector is not None and self.stream_redactor is not None and sampler is None:
+            # The redactor sees every chunk text as sent (no sampler blanks any
+            # before it): it tells the collector which streams had nothing
+            # redacted, so the token pass does not replay their look-behind.
+            self.stream_redactor.track_clean = True
 
     @classmethod
     def from_config(
@@ -248,6 +253,11 @@ class RecordingChain:
         redactor = self.redactor
         assert redactor is not None and self.stream_redactor is not None
         events = self.stream_redactor.events(events)
+        if self.stream_redactor.track_clean and self.collector is not None:
+            clean = self.stream_redactor.take_clean()
+            if clean:
+                with self._collector_lock:
+                    self.collector.mark_clean(clean)
         if self.metrics is not None and redactor.counts:
             seen = self._seen_redactions
             delta = {k: v - seen.get(k, 0) for k, v in redactor.counts.items()}

@@ -759,6 +759,10 @@ class StreamRedactor:
         self._streams: dict[int, list[int]] = {}
         self._order: dict[int, deque[list[StoreEvent | None]]] = {}
         self._removed: dict[int, int] = {}  # stream → text characters removed
+        #: streams closed since the last ``take_clean()`` whose chunk text
+        #: (every choice) had nothing redacted (only kept when ``track_clean``)
+        self.track_clean = False
+        self._clean: list[int] = []
 
     @property
     def counts(self) -> Counter[str]:
@@ -808,8 +812,14 @@ class StreamRedactor:
                 self._drain(q, out)
             elif t is StreamClosed:
                 assert isinstance(ev, StreamClosed)
+                clean = True
                 for choice in self._streams.pop(ev.stream, ()):
-                    self._release(self._choices.pop((ev.stream, choice)), True)
+                    c = self._choices.pop((ev.stream, choice))
+                    self._release(c, True)
+                    if c.text.spans:
+                        clean = False
+                if clean and self.track_clean:
+                    self._clean.append(ev.stream)
                 q = self._order.pop(ev.stream, None)
                 if q:
                     self._drain(q, out)
@@ -821,6 +831,13 @@ class StreamRedactor:
                 out.append(closed)
             else:
                 out.append(red.event(ev))
+        return out
+
+    def take_clean(self) -> list[int]:
+        """Streams closed since the last call whose chunk text had nothing
+        redacted (with ``track_clean`` set)."""
+        out = self._clean
+        self._clean = []
         return out
 
     def flush(self) -> list[StoreEvent]:

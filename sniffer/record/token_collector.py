@@ -43,6 +43,7 @@ class _Open:
     __slots__ = (
         "blocks",
         "choices",
+        "clean",
         "extra",
         "lens",
         "mask_prompt",
@@ -64,6 +65,9 @@ class _Open:
         self.extra: dict[int, tuple[str | None, str | None]] = {}
         self.truncated = False
         self.mask_prompt = mask_prompt
+        #: the recording chain's redaction found nothing in this stream's text:
+        #: the token pass need not replay it (see ``TokenCollector.mark_clean``)
+        self.clean = False
 
     def add(self, ev: ChunkEvent) -> None:
         if ev.finish_reason is not None or ev.logprobs is not None:
@@ -108,6 +112,7 @@ class TokenCollector:
         self._spans = redactor.clone() if redactor is not None else None
         self._open: dict[int, _Open] = {}
         self._ready: deque[tuple[int, _Open, str | None, bool, bool]] = deque()
+        self._ready_by_id: dict[int, _Open] = {}  # the same streams, to mark clean
         self._max_open = max_open
         self._max_chunks = max_chunks
         self.dropped_streams = 0  # not tracked: too many open at once
@@ -153,13 +158,17 @@ class TokenCollector:
                 # Kept compact until taken: at a burst of closes (1,000 streams
                 # ending together) the ChunkInputs exist for one batch at a time.
                 self._ready.append((ev.stream, s, ev.usage, ev.gap, ev.done_seen))
+                self._ready_by_id[ev.stream] = s
 
     def _build(self, item: tuple[int, _Open, str | None, bool, bool]) -> StreamInput:
         stream_id, s, usage_text, gap, done_seen = item
         usage = _json(usage_text)
         so = s.request.get("stream_options")
         chunks = s.chunks()
-        stored, masks = self._redacted(chunks)
+        if s.clean and not s.truncated:
+            stored, masks = None, None  # what the replay would find: nothing
+        else:
+            stored, masks = self._redacted(chunks)
         return StreamInput(
             stream_id=stream_id,
             model=s.model,
@@ -210,8 +219,23 @@ class TokenCollector:
             if max_chunks is not None and out and chunks + len(ready[0][1]) > max_chunks:
                 break
             chunks += len(ready[0][1])
-            out.append(self._build(ready.popleft()))
+            item = ready.popleft()
+            self._ready_by_id.pop(item[0], None)
+            out.append(self._build(item))
         return out
+
+    def mark_clean(self, streams: Iterable[int]) -> None:
+        """These closed streams' chunk texts went through the recording chain's
+        :class:`~sniffer.record.redact.StreamRedactor` (the same look-behind
+        over the same texts) and it redacted nothing: their token rows need no
+        masks and store the text as sent, so the pass skips the replay. Only
+        valid when every chunk text reached the redactor unchanged (no
+        sampler before it); streams already taken are ignored."""
+        by_id = self._ready_by_id
+        for stream in streams:
+            s = by_id.get(stream)
+            if s is not None:
+                s.clean = True
 
     @property
     def ready(self) -> int:
