@@ -22,7 +22,7 @@ __all__ = ["Periodic", "limit_arenas", "retention_worker", "token_worker", "trim
 #: stream: many short streams make one batch (each batch has fixed costs: a
 #: transaction, encoder calls), a burst of long ones stays flat in memory.
 TOKEN_BATCH = 500
-TOKEN_CHUNKS = 5_000
+TOKEN_CHUNKS = 2_000
 
 _LIBC: Any = None
 
