@@ -4,13 +4,25 @@
    ``--serve``) streams small events to N loopback connections at rising total
    rates while ``sparseety run`` records them. Per rate: kernel drops and queue
    loss (from the daemon's exit line), chunk rows stored versus events sent,
-   and the daemon's CPU (utime+stime from /proc/PID/stat) per second.
+   and the daemon's CPU (utime+stime from /proc/PID/stat) per second while
+   the load runs, and per event once it has caught up (token pass included).
 2. Serving overhead: client-observed TTFB and total time (p50/p99) of
    streaming requests to the fixture server with the daemon off, on, and with
    a logging forwarding proxy (bench/proxy.py) in the path instead.
 3. Memory at scale: 1,000 concurrent streams (the paced SSE server) through
    ``sparseety run``; the daemon's RSS when idle and at its peak (VmHWM from
-   /proc/PID/status), and what it stored.
+   /proc/PID/status), its CPU per chunk event, and what it stored.
+4. Short streams (``--only short``): many short streams (5 events each, a
+   few at a time), the daemon's CPU per event and per stream; the fixed cost
+   of a stream is its CPU less that of its events at the long-stream rate
+   (measured first, 64 long streams).
+5. Soak (``--only soak``, not in the default run): ~30 streams/s for
+   ``--soak-seconds``; the daemon's RSS at intervals and its slope over the
+   last third (what grows per stream).
+
+``--profile DIR`` runs the daemon under ``bench/profiled.py`` (cProfile in
+every thread, one ``.prof`` per thread in DIR); ``--tracemalloc DIR`` takes
+tracemalloc snapshots in the daemon every 30 s.
 
 Every loop is bounded by a count and every wait by a timeout.
 """
@@ -25,6 +37,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -113,13 +126,30 @@ def _cpu(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / CLK
 
 
+#: set by --profile / --tracemalloc: environment for bench/profiled.py
+PROFILE_ENV: dict[str, str] = {}
+
+
 def _start_daemon(port: int, db: str, log: str, *extra: str) -> subprocess.Popen[bytes]:
+    head = [str(ROOT / "bench" / "profiled.py")] if PROFILE_ENV else ["-m", "sniffer.cli"]
     with open(log, "wb") as fh:
         p = subprocess.Popen(
-            [sys.executable, "-m", "sniffer.cli", "run", "--port", str(port), "--db", db, *extra],
+            [
+                sys.executable,
+                *head,
+                "run",
+                "--port",
+                str(port),
+                "--db",
+                db,
+                # a port of its own: several benchmarks (or helpers) may run at once
+                "--metrics-listen",
+                f"127.0.0.1:{free_port()}",
+                *extra,
+            ],
             cwd=ROOT,
             stderr=fh,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": str(ROOT), **PROFILE_ENV},
         )
     for _ in range(400):
         if "capture-active" in Path(log).read_text():
@@ -146,7 +176,7 @@ def sweep(conns: int, rates: list[float], seconds: float, *extra: str) -> None:
         print(f"\n1. Zero-drop sweep: {conns} connections, {seconds:.0f} s per rate")
         print(
             f"{'target ev/s':>11} {'sent ev/s':>10} {'kernel drops':>12} {'queue loss':>10} "
-            f"{'stored':>8} {'of sent':>8} {'daemon CPU %':>12}"
+            f"{'stored':>8} {'of sent':>8} {'daemon CPU %':>12} {'us/event':>8} {'max queue':>9}"
         )
         best = 0.0
         with tempfile.TemporaryDirectory() as tmp:
@@ -157,6 +187,7 @@ def sweep(conns: int, rates: list[float], seconds: float, *extra: str) -> None:
                 got, secs = asyncio.run(_drive(port, conns, rate, seconds))
                 time.sleep(0.5)
                 cpu = (_cpu(d.pid) - c0) / (time.monotonic() - t0) * 100
+                total = _settle(d.pid) - c0  # token pass included
                 st = _stop_daemon(d, log)
                 with sqlite3.connect(db) as c:
                     stored = c.execute(
@@ -167,7 +198,8 @@ def sweep(conns: int, rates: list[float], seconds: float, *extra: str) -> None:
                     best = max(best, got / secs)
                 print(
                     f"{rate:>11,.0f} {got / secs:>10,.0f} {kd:>12} {ql:>10} {stored:>8} "
-                    f"{stored / max(got, 1):>8.1%} {cpu:>12.0f}"
+                    f"{stored / max(got, 1):>8.1%} {cpu:>12.0f} {total / max(got, 1) * 1e6:>8.1f} "
+                    f"{st.get('max_queue', '?'):>9}"
                 )
         print(f"highest lossless rate: {best:,.0f} SSE events/s over {conns} connections")
     finally:
@@ -284,9 +316,22 @@ def memory(conns: int, events: int, rate: float, *extra: str) -> None:
             d = _start_daemon(port, db, log, *extra)
             time.sleep(1.0)
             idle = _status_kb(d.pid, "VmRSS")
+            c0 = _cpu(d.pid)
             seconds = events / (rate / conns)
+            curve: list[int] = []
+            done = threading.Event()
+
+            def sample() -> None:
+                while not done.wait(0.5) and len(curve) < 10_000:
+                    curve.append(_status_kb(d.pid, "VmRSS"))
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
             got, secs = asyncio.run(_drive(port, conns, rate, seconds))
-            time.sleep(1.0)
+            streaming = max(curve, default=0)
+            cpu = _settle(d.pid) - c0
+            done.set()
+            sampler.join(5)
             peak = _status_kb(d.pid, "VmHWM")
             st = _stop_daemon(d, log)
             with sqlite3.connect(db) as c:
@@ -305,6 +350,139 @@ def memory(conns: int, events: int, rate: float, *extra: str) -> None:
         f"{streams} streams, {stored} of {got} events stored, {tokens} tokenized; "
         f"kernel drops {st.get('kernel_drops', '?')}, queue loss {st.get('queue_dropped', '?')}"
     )
+    print(
+        f"max queue {st.get('max_queue', '?')} batches; "
+        f"RSS while streaming at most {streaming / 1024:.0f} MB, after the closes at most "
+        f"{max(curve, default=0) / 1024:.0f} MB; "
+        f"daemon CPU {cpu:.2f} s: {cpu / max(got, 1) * 1e6:.1f} us per chunk event"
+    )
+
+
+def _settle(pid: int, limit: float = 60.0) -> float:
+    """The daemon's CPU time once it has caught up (token pass included): CPU
+    readings 2.5 s apart (the token pass runs every 2 s) that no longer move
+    (bounded by ``limit`` seconds)."""
+    last = _cpu(pid)
+    for _ in range(int(limit / 2.5)):
+        time.sleep(2.5)
+        now = _cpu(pid)
+        if now - last < 0.02:
+            return now
+        last = now
+    return last
+
+
+async def _short_streams(port: int, streams: int, events: int, concurrency: int) -> int:
+    """``streams`` streams of ``events`` events, ``concurrency`` at a time."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> int:
+        async with sem:
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            body = b'{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+            w.write(
+                b"POST /v1/chat/completions?rate=2000&n=%d&conn=%d HTTP/1.1\r\nhost: x\r\n"
+                b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (events, i, len(body), body)
+            )
+            await w.drain()
+            got = 0
+            while data := await r.read(65536):
+                got += data.count(b"data: {")
+            w.close()
+            return got
+
+    got = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(streams))), 600)
+    return sum(got)
+
+
+def short(streams: int, events: int, concurrency: int, *extra: str) -> None:
+    """CPU per event of long streams, then of many short ones: the per-stream cost."""
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], cwd=ROOT)
+    try:
+        time.sleep(1.0)
+        with tempfile.TemporaryDirectory() as tmp:
+            d = _start_daemon(port, f"{tmp}/l.db", f"{tmp}/l.log", *extra)
+            c0 = _cpu(d.pid)
+            long_got, _ = asyncio.run(_drive(port, 64, 20000.0, 4.0))
+            long_cpu = _settle(d.pid) - c0
+            _stop_daemon(d, f"{tmp}/l.log")
+            d = _start_daemon(port, f"{tmp}/s.db", f"{tmp}/s.log", *extra)
+            c0 = _cpu(d.pid)
+            got = asyncio.run(_short_streams(port, streams, events, concurrency))
+            cpu = _settle(d.pid) - c0
+            st = _stop_daemon(d, f"{tmp}/s.log")
+            with sqlite3.connect(f"{tmp}/s.db") as c:
+                n = c.execute("select count(*) from streams").fetchone()[0]
+                stored = c.execute("select count(*) from chunks where kind='content'").fetchone()[0]
+                tokens = c.execute("select count(*) from stream_tokens").fetchone()[0]
+    finally:
+        srv.terminate()
+        srv.wait(10)
+    per_ev = long_cpu / max(long_got, 1)
+    per_stream = cpu / max(streams, 1)
+    print(f"\n4. Short streams: {streams} streams x {events} events, {concurrency} at a time")
+    print(f"long streams (64 x {long_got // 64}): {per_ev * 1e6:.1f} us CPU per chunk event")
+    print(
+        f"short streams: {cpu / max(got, 1) * 1e6:.1f} us CPU per chunk event, "
+        f"{per_stream * 1e3:.2f} ms per stream, of which fixed "
+        f"{(per_stream - events * per_ev) * 1e3:.2f} ms; {n} streams, {stored} of {got} events, "
+        f"{tokens} tokenized; kernel drops {st.get('kernel_drops', '?')}, "
+        f"queue loss {st.get('queue_dropped', '?')}"
+    )
+
+
+def soak(seconds: float, per_second: float, events: int, *extra: str) -> None:
+    """~``per_second`` streams/s of ``events`` events for ``seconds``: RSS over time."""
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], cwd=ROOT)
+    samples: list[tuple[float, int]] = []
+    try:
+        time.sleep(1.0)
+        with tempfile.TemporaryDirectory() as tmp:
+            db, log = f"{tmp}/k.db", f"{tmp}/k.log"
+            d = _start_daemon(port, db, log, *extra)
+            c0 = _cpu(d.pid)
+
+            async def drive() -> int:
+                t0 = time.monotonic()
+                total = int(seconds * per_second)
+                tasks: list[asyncio.Task[int]] = []
+                every = max(1.0, seconds / 20)
+                next_sample = 0.0
+                for i in range(total):
+                    due = t0 + i / per_second
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))
+                    tasks.append(asyncio.create_task(_short_streams(port, 1, events, 1)))
+                    el = time.monotonic() - t0
+                    if el >= next_sample:
+                        samples.append((el, _status_kb(d.pid, "VmRSS")))
+                        next_sample += every
+                got = sum(await asyncio.wait_for(asyncio.gather(*tasks), 120))
+                return got
+
+            got = asyncio.run(drive())
+            cpu = _settle(d.pid) - c0
+            samples.append((seconds, _status_kb(d.pid, "VmRSS")))
+            peak = _status_kb(d.pid, "VmHWM")
+            st = _stop_daemon(d, log)
+            with sqlite3.connect(db) as c:
+                n = c.execute("select count(*) from streams").fetchone()[0]
+    finally:
+        srv.terminate()
+        srv.wait(10)
+    print(
+        f"\n5. Soak: {per_second:.0f} streams/s x {events} events for {seconds:.0f} s "
+        f"({n} streams stored, {got} events; kernel drops {st.get('kernel_drops', '?')}, "
+        f"queue loss {st.get('queue_dropped', '?')})"
+    )
+    print("  ".join(f"{t:.0f}s:{kb / 1024:.1f}" for t, kb in samples) + " (RSS MB)")
+    third = [(t, kb) for t, kb in samples if t >= seconds * 2 / 3]
+    if len(third) >= 2:
+        slope = (third[-1][1] - third[0][1]) / 1024
+        print(f"RSS over the last third: {slope:+.2f} MB; peak {peak / 1024:.0f} MB")
+    print(f"daemon CPU {cpu:.1f} s: {cpu / max(got, 1) * 1e6:.1f} us per chunk event")
 
 
 def main() -> None:
@@ -318,7 +496,15 @@ def main() -> None:
     p.add_argument("--mem-conns", type=int, default=1000)
     p.add_argument("--mem-events", type=int, default=100, help="events per stream")
     p.add_argument("--mem-rate", type=float, default=5000.0, help="events/s in all")
-    p.add_argument("--only", choices=("sweep", "overhead", "memory"))
+    p.add_argument("--short-streams", type=int, default=2000)
+    p.add_argument("--short-events", type=int, default=5, help="events per short stream")
+    p.add_argument("--short-concurrency", type=int, default=16)
+    p.add_argument("--soak-seconds", type=float, default=600.0)
+    p.add_argument("--soak-rate", type=float, default=30.0, help="streams per second")
+    p.add_argument("--soak-events", type=int, default=20, help="events per soak stream")
+    p.add_argument("--profile", help="cProfile the daemon: one .prof per thread in this dir")
+    p.add_argument("--tracemalloc", help="tracemalloc snapshots of the daemon in this dir")
+    p.add_argument("--only", choices=("sweep", "overhead", "memory", "short", "soak"))
     p.add_argument("--daemon-arg", action="append", default=[], help="extra option for run")
     a = p.parse_args()
     if a.serve:
@@ -326,12 +512,20 @@ def main() -> None:
         return
     if os.geteuid() != 0:
         raise SystemExit("bench_live needs root (packet capture)")
+    if a.profile:
+        PROFILE_ENV["SPARSEETY_BENCH_PROFILE"] = str(Path(a.profile).resolve())
+    if a.tracemalloc:
+        PROFILE_ENV["SPARSEETY_BENCH_TRACEMALLOC"] = str(Path(a.tracemalloc).resolve())
     if a.only in (None, "sweep"):
         sweep(a.conns, [float(r) for r in a.rates.split(",")], a.seconds, *a.daemon_arg)
     if a.only in (None, "overhead"):
         overhead(a.requests, a.concurrency)
     if a.only in (None, "memory"):
         memory(a.mem_conns, a.mem_events, a.mem_rate, *a.daemon_arg)
+    if a.only in (None, "short"):
+        short(a.short_streams, a.short_events, a.short_concurrency, *a.daemon_arg)
+    if a.only == "soak":
+        soak(a.soak_seconds, a.soak_rate, a.soak_events, *a.daemon_arg)
 
 
 if __name__ == "__main__":

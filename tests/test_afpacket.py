@@ -448,7 +448,7 @@ def test_describe() -> None:
     src.open()
     try:
         assert src.describe().startswith("iface=lo backend=tpacket_v3 filter='tcp port 8000")
-        assert "ring=32x1024KiB" in src.describe()  # default ring: 32 blocks of 1 MiB
+        assert "ring=32x512KiB" in src.describe()  # default ring: 32 blocks of 512 KiB
         assert src.fileno >= 0
     finally:
         src.close()

@@ -213,3 +213,135 @@ def test_parallel_replay_workers_each_write_through_the_chain(
     assert rows(one, "select count(*) from chunks") == [(0,)]
     tok = "select output_count from stream_tokens order by 1"
     assert rows(two, tok) == rows(one, tok)
+
+
+def _many(copies: int) -> list[StoreEvent]:
+    """The capture's events ``copies`` times over, each copy with other stream ids."""
+    from dataclasses import replace
+
+    events = _events()
+    out: list[StoreEvent] = []
+    for k in range(copies):
+        out += [
+            replace(e, stream=e.stream + 1000 * k) if hasattr(e, "stream") else e for e in events
+        ]
+    return out
+
+
+def test_closed_streams_leave_no_per_stream_state_behind(tmp_path: Path) -> None:
+    """A daemon closing ~30 streams/s for hours must not grow: once its streams
+    have closed and the token pass has run, every per-stream map is empty
+    (metrics drop a closed stream's entry when its token figures arrive)."""
+    events = _many(5)
+    opened = {e.stream for e in events if isinstance(e, StreamOpened)}
+    assert opened and {e.stream for e in events if isinstance(e, StreamClosed)} == opened
+    m = Metrics()
+    chain = RecordingChain.from_config(RecordingOptions(), metrics=m)
+    chain.attach(StoreWriter(str(tmp_path / "c.db")))
+    for i in range(0, len(events), 7):  # batches as the daemon hands them over
+        chain.write(events[i : i + 7])
+    chain.flush()
+    while chain.tokens_ready:
+        chain.tokenize(limit=1, max_chunks=1)
+    assert chain.collector is not None and chain.collector.open_streams == 0
+    sr = chain.stream_redactor
+    assert sr is not None and sr.held == 0
+    assert not sr._choices and not sr._streams and not sr._order and not sr._removed
+    assert m.tracked_streams == 0 and not m._closed
+    # label children are cached per label set, not per stream
+    assert len(m._children) < 40
+    chain.close()
+
+
+def test_token_batches_are_bounded_by_chunks_past_their_first_stream(tmp_path: Path) -> None:
+    events = _many(3)
+    chain = RecordingChain.from_config(RecordingOptions())
+    chain.attach(StoreWriter(str(tmp_path / "c.db")))
+    chain.write(events)
+    chain.flush()
+    assert chain.collector is not None
+    n = chain.tokens_ready
+    assert n >= 2
+    first = chain.collector.take(limit=100, max_chunks=1)
+    assert len(first) == 1  # one stream always goes, however long
+    rest = chain.collector.take(limit=100)
+    assert len(rest) == n - 1
+    chain.close()
+
+
+def _token_rows(db: Path) -> list[tuple[object, ...]]:
+    return rows(
+        db,
+        "select s.stream_id, s.prompt_ids, c.choice, c.text_len, c.text_hash, c.output_ids "
+        "from stream_tokens s join choice_tokens c using (stream_id) order by 1, 3",
+    )
+
+
+def test_streams_the_redactor_found_clean_skip_the_replay_with_the_same_rows(
+    tmp_path: Path,
+) -> None:
+    """The redaction transform tells the token collector which closed streams
+    had nothing redacted; their token rows are those the replay gives."""
+    from dataclasses import replace
+
+    events = _many(2)
+    # the second copy's output carries an email address split over two chunks
+    chunks = [e for e in events if isinstance(e, ChunkEvent) and e.stream >= 1000 and e.text]
+    assert len(chunks) >= 2
+    pii = {id(chunks[0]): "write to bob.smith@exa", id(chunks[1]): "mple.com today "}
+    events = [replace(e, text=pii[id(e)]) if id(e) in pii else e for e in events]
+    results = []
+    for track in (True, False):
+        db = tmp_path / f"{track}.db"
+        chain = RecordingChain.from_config(RecordingOptions())
+        assert chain.stream_redactor is not None and chain.stream_redactor.track_clean
+        chain.stream_redactor.track_clean = track
+        chain.attach(StoreWriter(str(db)))
+        chain.write(events)
+        chain.flush()
+        assert chain.collector is not None
+        clean = {sid for sid, s in chain.collector._ready_by_id.items() if s.clean}
+        opened = {e.stream for e in events if isinstance(e, StreamOpened)}
+        assert clean == ({i for i in opened if i < 1000} if track else set())
+        chain.tokenize()
+        chain.close()
+        results.append(_token_rows(db))
+    assert results[0] == results[1] and results[0]
+    # the redacted stream's ids are masked where the address was
+    masked = [r for r in results[0] if r[0] >= 1000]
+    assert masked and "-1" in str(masked[0][5])
+
+
+def test_a_sampler_before_the_redactor_turns_the_clean_hand_over_off() -> None:
+    chain = RecordingChain.from_config(RecordingOptions(sample_rate=0.5))
+    assert chain.stream_redactor is not None and not chain.stream_redactor.track_clean
+
+
+def test_forgotten_connections_are_freed_without_the_cycle_collector() -> None:
+    """The daemon's GC thresholds make full collections rare: a connection the
+    reassembly forgets must be freed by reference counting (no cycles), or
+    RSS grows by ~1.6 KB per stream until the next full collection."""
+    import gc
+
+    from sniffer.capture.pcap import read_capture
+    from sniffer.core.pipeline import Pipeline
+
+    segs = list(read_capture(PCAP))
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        pipe = Pipeline()
+        for s in segs:
+            pipe.feed(s)
+        pipe.expire(segs[-1].ts + 5_000)  # idle ones close ...
+        pipe.expire(segs[-1].ts + 10_000)  # ... and closed ones are forgotten
+        assert pipe.open_connections == 0
+        gc.collect()
+        kinds = {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not kinds & {"_Conn", "_Half"}
+    del pipe

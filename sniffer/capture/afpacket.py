@@ -140,7 +140,7 @@ class AfPacketSource:
         ports: Sequence[int] | None = (8000,),
         *,
         ring_blocks: int = 32,
-        block_size: int = 1 << 20,
+        block_size: int = 1 << 19,
         frame_size: int = 1 << 16,
         block_timeout_ms: int = 20,
         rcvbuf: int = 64 << 20,

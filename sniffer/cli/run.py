@@ -147,7 +147,7 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
     "--queue-size", type=int, help="Capture→pipeline queue length, in batches.  [default: 1024]"
 )
 @click.option("--ring-blocks", type=int, help="packet: ring blocks.  [default: 32]")
-@click.option("--block-size", type=int, help="packet: bytes per ring block.  [default: 1048576]")
+@click.option("--block-size", type=int, help="packet: bytes per ring block.  [default: 524288]")
 @click.option(
     "--idle-timeout", type=float, help="Seconds before an idle connection closes.  [default: 300]"
 )

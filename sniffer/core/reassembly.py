@@ -460,6 +460,11 @@ class Reassembler:
         for key, half in zip(conn.keys, (conn.c2s, conn.s2c), strict=True):
             if self._halves.get(key) is half:
                 del self._halves[key]
+            # Break the cycles (half -> conn -> half, half -> peer -> half) so
+            # that reference counting frees the connection now: the daemon's GC
+            # thresholds make full collections rare, and forgotten connections
+            # (with their buffers) piled up until one (~1.6 KB per stream).
+            del half.conn, half.peer
 
     # ------------------------------------------------------------ data path
 

@@ -168,6 +168,11 @@ class RecordingChain:
         if redactor is not None:
             self.transforms.append(self._redact)
         self.transforms.extend(transforms)
+        if self.collector is not None and self.stream_redactor is not None and sampler is None:
+            # The redactor sees every chunk text as sent (no sampler blanks any
+            # before it): it tells the collector which streams had nothing
+            # redacted, so the token pass does not replay their look-behind.
+            self.stream_redactor.track_clean = True
 
     @classmethod
     def from_config(
@@ -248,6 +253,11 @@ class RecordingChain:
         redactor = self.redactor
         assert redactor is not None and self.stream_redactor is not None
         events = self.stream_redactor.events(events)
+        if self.stream_redactor.track_clean and self.collector is not None:
+            clean = self.stream_redactor.take_clean()
+            if clean:
+                with self._collector_lock:
+                    self.collector.mark_clean(clean)
         if self.metrics is not None and redactor.counts:
             seen = self._seen_redactions
             delta = {k: v - seen.get(k, 0) for k, v in redactor.counts.items()}
@@ -307,14 +317,21 @@ class RecordingChain:
         with self._collector_lock:
             return self.collector.ready
 
-    def tokenize(self, *, limit: int | None = None, engine: Engine | None = None) -> TokenizeResult:
-        """Tokenize (at most ``limit``) closed streams the collector holds and
-        write their token rows (through ``engine``, default the writer's); feed
-        token metrics and the sampler's anomaly boost."""
+    def tokenize(
+        self,
+        *,
+        limit: int | None = None,
+        max_chunks: int | None = None,
+        engine: Engine | None = None,
+    ) -> TokenizeResult:
+        """Tokenize (at most ``limit`` streams, ``max_chunks`` chunks past the
+        first stream) closed streams the collector holds and write their token
+        rows (through ``engine``, default the writer's); feed token metrics and
+        the sampler's anomaly boost."""
         if self.collector is None or self.tokens is None:
             return TokenizeResult()
         with self._collector_lock:
-            inputs = self.collector.take(limit)
+            inputs = self.collector.take(limit, max_chunks)
         if not inputs:
             return TokenizeResult()
         result, rows = tokenize_inputs(engine or self._writer().engine, self.tokens, inputs)

@@ -191,7 +191,7 @@ class _Open:
         self.chunks: Any = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Closed:
     keys: tuple[str, str]
     complete: bool
@@ -265,6 +265,7 @@ class Metrics:
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self._bound = _Bounded(max_labels, max_models)
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._clock = clock
         self._started = clock()
         self._last_flush: float | None = None
@@ -432,20 +433,30 @@ class Metrics:
                     stage = ev.stage if ev.stage in ERROR_STAGES else OTHER
                     self.parse_errors.labels(stage).inc()
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached: prometheus_client's ``labels()``
+        validates and locks on every call (several per stream). The label
+        values are bounded (``_Bounded``, states, kinds), so is the cache."""
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def _opened(self, ev: StreamOpened) -> None:
         keys = self._bound(ev.label, ev.request.model)
         if len(self._open) >= MAX_OPEN_STREAMS:
             del self._open[next(iter(self._open))]
         s = _Open(keys, ev.ts)
-        s.ttft = self.ttft.labels(*keys)
-        s.inter_chunk = self.inter_chunk.labels(*keys)
-        s.chunks = self.chunk_events.labels(*keys)
+        s.ttft = self._child(self.ttft, *keys)
+        s.inter_chunk = self._child(self.inter_chunk, *keys)
+        s.chunks = self._child(self.chunk_events, *keys)
         self._open[ev.stream] = s
 
     def _chunk(self, ev: ChunkEvent) -> None:
         s = self._open.get(ev.stream)
         if s is None:
-            self.chunk_events.labels(NONE, NONE).inc()
+            self._child(self.chunk_events, NONE, NONE).inc()
             return
         s.chunks.inc()
         if ev.kind not in OUTPUT_KINDS:
@@ -486,17 +497,17 @@ class Metrics:
             # a row recovered mid-way: its model is the one the chunks named
             # (the store writes it at close too)
             keys = self._bound(keys[0], ev.response_model)
-        self.streams.labels(*keys, state).inc()
+        self._child(self.streams, *keys, state).inc()
         if t_request is not None:
-            self.duration.labels(*keys).observe(max(0.0, ev.ts - t_request))
-        self.output_chars.labels(*keys).observe(ev.text_len)
+            self._child(self.duration, *keys).observe(max(0.0, ev.ts - t_request))
+        self._child(self.output_chars, *keys).observe(ev.text_len)
         usage = ev.usage
         prompt = usage.prompt_tokens if usage is not None else None
         completion = usage.completion_tokens if usage is not None else None
         if prompt:
-            self.server_usage.labels(*keys, "prompt").inc(prompt)
+            self._child(self.server_usage, *keys, "prompt").inc(prompt)
         if completion:
-            self.server_usage.labels(*keys, "completion").inc(completion)
+            self._child(self.server_usage, *keys, "completion").inc(completion)
         if len(self._closed) >= MAX_RECENT_CLOSED:
             self._closed.popitem(last=False)
         self._closed[ev.stream] = _Closed(
@@ -526,7 +537,9 @@ class Metrics:
         ``label`` / ``model``. ``anomalies`` maps kind → count.
         """
         with self._lock:
-            closed = self._closed.get(stream)
+            # popped: the token figures come once per stream, and a daemon closing
+            # 30 streams/s must not hold 10,000 of these (RSS grew for 5 minutes)
+            closed = self._closed.pop(stream, None)
             opened = self._open.get(stream)
             if closed is not None:
                 keys = closed.keys
@@ -535,8 +548,8 @@ class Metrics:
             else:
                 keys = self._bound(label, model)
             if output_tokens is not None and output_tokens >= 0:
-                self.output_tokens.labels(*keys).inc(output_tokens)
-                self.token_usage.labels(*keys, "output").observe(output_tokens)
+                self._child(self.output_tokens, *keys).inc(output_tokens)
+                self._child(self.token_usage, *keys, "output").observe(output_tokens)
                 if (
                     closed is not None
                     and closed.complete
@@ -545,17 +558,17 @@ class Metrics:
                     and closed.t_last_output is not None
                 ):
                     span = closed.t_last_output - closed.t_first_output
-                    self.tpot.labels(*keys).observe(max(0.0, span) / (output_tokens - 1))
+                    self._child(self.tpot, *keys).observe(max(0.0, span) / (output_tokens - 1))
             if prompt_tokens is not None and prompt_tokens >= 0:
-                self.prompt_tokens.labels(*keys).inc(prompt_tokens)
-                self.token_usage.labels(*keys, "input").observe(prompt_tokens)
+                self._child(self.prompt_tokens, *keys).inc(prompt_tokens)
+                self._child(self.token_usage, *keys, "input").observe(prompt_tokens)
             if tokens_per_chunk:
-                child = self.tokens_per_chunk.labels(*keys)
+                child = self._child(self.tokens_per_chunk, *keys)
                 for n in tokens_per_chunk:
                     child.observe(n)
             for kind, count in (anomalies or {}).items():
                 if count > 0:
-                    self.anomalies.labels(*keys, self._kind(kind)).inc(count)
+                    self._child(self.anomalies, *keys, self._kind(kind)).inc(count)
 
     def _kind(self, kind: str) -> str:
         if kind in self._kinds:

@@ -728,6 +728,9 @@ def _mask_tokens_json(text: str | None) -> str | None:
         return json.dumps(MASK)
 
 
+_EMPTY = ("", False)
+
+
 class _Choice:
     __slots__ = ("events", "reasoning", "slots", "text")
 
@@ -761,6 +764,10 @@ class StreamRedactor:
         self._streams: dict[int, list[int]] = {}
         self._order: dict[int, deque[list[StoreEvent | None]]] = {}
         self._removed: dict[int, int] = {}  # stream → text characters removed
+        #: streams closed since the last ``take_clean()`` whose chunk text
+        #: (every choice) had nothing redacted (only kept when ``track_clean``)
+        self.track_clean = False
+        self._clean: list[int] = []
 
     @property
     def counts(self) -> Counter[str]:
@@ -797,7 +804,11 @@ class StreamRedactor:
                 c.events.append(ev)
                 c.slots.append(slot)
                 c.text.push(ev.text)
-                c.reasoning.push(ev.reasoning)
+                rw = c.reasoning
+                if ev.reasoning or rw.pending:
+                    rw.push(ev.reasoning)
+                else:  # what push + advance do with an empty text and nothing pending
+                    rw.decided.append(_EMPTY)
                 q = self._order.get(ev.stream)
                 if q is None:
                     q = self._order[ev.stream] = deque()
@@ -806,8 +817,14 @@ class StreamRedactor:
                 self._drain(q, out)
             elif t is StreamClosed:
                 assert isinstance(ev, StreamClosed)
+                clean = True
                 for choice in self._streams.pop(ev.stream, ()):
-                    self._release(self._choices.pop((ev.stream, choice)), True)
+                    c = self._choices.pop((ev.stream, choice))
+                    self._release(c, True)
+                    if c.text.spans:
+                        clean = False
+                if clean and self.track_clean:
+                    self._clean.append(ev.stream)
                 q = self._order.pop(ev.stream, None)
                 if q:
                     self._drain(q, out)
@@ -819,6 +836,13 @@ class StreamRedactor:
                 out.append(closed)
             else:
                 out.append(red.event(ev))
+        return out
+
+    def take_clean(self) -> list[int]:
+        """Streams closed since the last call whose chunk text had nothing
+        redacted (with ``track_clean`` set)."""
+        out = self._clean
+        self._clean = []
         return out
 
     def flush(self) -> list[StoreEvent]:
@@ -847,9 +871,24 @@ class StreamRedactor:
             )
 
     def _release(self, c: _Choice, final: bool) -> None:
-        c.text.advance(final)
-        c.reasoning.advance(final)
-        n = min(len(c.text.decided), len(c.reasoning.decided))
+        tw, rw = c.text, c.reasoning
+        # advance() only where it would do something (the same test it starts
+        # with, inlined: this runs for every chunk event)
+        if tw.pending and (
+            final
+            or not tw.pending_len
+            or tw.pending_len >= tw.lookbehind + STEP
+            or len(tw.pending) > tw.max_held
+        ):
+            tw.advance(final)
+        if rw.pending and (
+            final
+            or not rw.pending_len
+            or rw.pending_len >= rw.lookbehind + STEP
+            or len(rw.pending) > rw.max_held
+        ):
+            rw.advance(final)
+        n = min(len(tw.decided), len(rw.decided))
         if not n:
             return
         texts = c.text.take(n)
@@ -898,10 +937,21 @@ def redact_choice_texts(
     """What :class:`StreamRedactor` stores for one choice's chunk texts (in
     order): the stored texts, and the redacted spans of the joined original
     text. For the token pass, which sees the text as sent."""
+    if not redactor._extra:
+        joined = "".join(texts)
+        # Both pre-checks are plain searches: no match in the whole text, none
+        # in any window of it, so nothing to redact (prose without digits).
+        if _SECRET_PRE.search(joined) is None and (
+            not redactor.enabled or _PRECHECK.search(joined) is None
+        ):
+            return list(texts), []
     w = TextWindow(redactor)
+    due = w.lookbehind + STEP
     for t in texts:
         w.push(t)
-        w.advance()
+        # advance() where it would do something (its own first test, inlined)
+        if not w.pending_len or w.pending_len >= due or len(w.pending) > w.max_held:
+            w.advance()
     w.advance(final=True)
     return [t for t, _ in w.decided], w.spans
 

@@ -31,8 +31,10 @@ from sniffer.record.redact import Redactor, redact_choice_texts
 
 #: Chunk texts of an open stream are joined into one string every this many
 #: chunks: a long-lived small string per chunk would pin the allocator's pools
-#: (1,000 open streams made the daemon's RSS grow ~300 bytes per event).
-_JOIN_EVERY = 64
+#: (1,000 open streams made the daemon's RSS grow ~300 bytes per event). 16,
+#: not 64: up to 64 strings of ~60 bytes held per open stream cost ~2 MB more
+#: at 1,000 streams than the extra joins save.
+_JOIN_EVERY = 16
 
 
 class _Open:
@@ -44,6 +46,7 @@ class _Open:
     __slots__ = (
         "blocks",
         "choices",
+        "clean",
         "extra",
         "lens",
         "mask_prompt",
@@ -65,6 +68,9 @@ class _Open:
         self.extra: dict[int, tuple[str | None, str | None]] = {}
         self.truncated = False
         self.mask_prompt = mask_prompt
+        #: the recording chain's redaction found nothing in this stream's text:
+        #: the token pass need not replay it (see ``TokenCollector.mark_clean``)
+        self.clean = False
 
     def add(self, ev: ChunkEvent) -> None:
         if ev.finish_reason is not None or ev.logprobs is not None:
@@ -109,6 +115,7 @@ class TokenCollector:
         self._spans = redactor.clone() if redactor is not None else None
         self._open: dict[int, _Open] = {}
         self._ready: deque[tuple[int, _Open, Usage | None, bool, bool]] = deque()
+        self._ready_by_id: dict[int, _Open] = {}  # the same streams, to mark clean
         self._max_open = max_open
         self._max_chunks = max_chunks
         self.dropped_streams = 0  # not tracked: too many open at once
@@ -153,12 +160,16 @@ class TokenCollector:
                 # Kept compact until taken: at a burst of closes (1,000 streams
                 # ending together) the ChunkInputs exist for one batch at a time.
                 self._ready.append((ev.stream, s, ev.usage, ev.gap, ev.done_seen))
+                self._ready_by_id[ev.stream] = s
 
     def _build(self, item: tuple[int, _Open, Usage | None, bool, bool]) -> StreamInput:
         stream_id, s, usage, gap, done_seen = item
         so = s.request.get("stream_options")
         chunks = s.chunks()
-        stored, masks = self._redacted(chunks)
+        if s.clean and not s.truncated:
+            stored, masks = None, None  # what the replay would find: nothing
+        else:
+            stored, masks = self._redacted(chunks)
         return StreamInput(
             stream_id=stream_id,
             model=s.model,
@@ -198,13 +209,34 @@ class TokenCollector:
         assert self._spans is not None
         return [(s, e) for s, e, _ in self._spans.edits(text)[1]]
 
-    def take(self, limit: int | None = None) -> list[StreamInput]:
-        """Closed streams not yet taken, oldest first (at most ``limit``)."""
+    def take(self, limit: int | None = None, max_chunks: int | None = None) -> list[StreamInput]:
+        """Closed streams not yet taken, oldest first: at most ``limit`` streams
+        and, past the first, at most ``max_chunks`` chunks in all (many short
+        streams make one batch; a burst of long ones stays flat in memory)."""
         out: list[StreamInput] = []
         ready = self._ready
+        chunks = 0
         while ready and (limit is None or len(out) < limit):
-            out.append(self._build(ready.popleft()))
+            if max_chunks is not None and out and chunks + len(ready[0][1]) > max_chunks:
+                break
+            chunks += len(ready[0][1])
+            item = ready.popleft()
+            self._ready_by_id.pop(item[0], None)
+            out.append(self._build(item))
         return out
+
+    def mark_clean(self, streams: Iterable[int]) -> None:
+        """These closed streams' chunk texts went through the recording chain's
+        :class:`~sniffer.record.redact.StreamRedactor` (the same look-behind
+        over the same texts) and it redacted nothing: their token rows need no
+        masks and store the text as sent, so the pass skips the replay. Only
+        valid when every chunk text reached the redactor unchanged (no
+        sampler before it); streams already taken are ignored."""
+        by_id = self._ready_by_id
+        for stream in streams:
+            s = by_id.get(stream)
+            if s is not None:
+                s.clean = True
 
     @property
     def ready(self) -> int:

@@ -28,6 +28,7 @@ import gc
 import hashlib
 import json
 import re
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -530,6 +531,10 @@ def _account(result: TokenizeResult, rows: list[StreamTokenRow]) -> None:
             result.anomaly_kinds[a.kind] = result.anomaly_kinds.get(a.kind, 0) + 1
 
 
+#: Engines whose token tables :func:`tokenize_inputs` has checked.
+_MIGRATED: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
 def tokenize_inputs(
     engine: Engine,
     registry: TokenizerRegistry,
@@ -539,8 +544,14 @@ def tokenize_inputs(
 ) -> tuple[TokenizeResult, list[StreamTokenRow]]:
     """Tokenize streams collected from the event stream (``TokenCollector``: the
     text as the server sent it, before redaction) and write their token rows.
-    Returns what was done and the rows written (for metrics)."""
-    create_token_tables(engine)
+    Returns what was done and the rows written (for metrics).
+
+    The schema check (``create_token_tables``, one query and a table
+    reflection) runs once per engine: the daemon's token worker calls this
+    every few seconds with the same engine."""
+    if engine not in _MIGRATED:
+        create_token_tables(engine)
+        _MIGRATED.add(engine)
     result = TokenizeResult()
     written: list[StreamTokenRow] = []
     for i in range(0, len(inputs), max(1, batch)):

@@ -13,7 +13,7 @@ Layout (every key optional; the values shown are the defaults)::
     comms = []                    # ... or these process names (15 bytes at most)
     queue_size = 1024             # capture → pipeline queue, in BATCHES of segments
     ring_blocks = 32              # packet: TPACKET_V3 ring blocks ...
-    block_size = 1048576          # ... of this many bytes (a multiple of the page size)
+    block_size = 524288           # ... of this many bytes (a multiple of the page size)
     idle_timeout = 300.0          # seconds without a packet before a connection is closed
 
     [store]
@@ -206,8 +206,10 @@ class Config:
     flush_interval: float = 1.0
     batch_size: int = 5000
     queue_size: int = 1024
-    ring_blocks: int = 32  # 32 MiB: lossless at 40k ev/s; the ring is all resident
-    block_size: int = 1 << 20
+    # 16 MiB, all resident (counted in RSS): lossless at 40k ev/s on 64
+    # connections (bench_live.py sweep); 32 MiB cost 16 MB of RSS for nothing there
+    ring_blocks: int = 32
+    block_size: int = 1 << 19
     idle_timeout: float = 300.0
     log_level: str = "info"
     #: this sidecar's name, stored on every connection, stream and error row

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sniffer.record.chain import RecordingChain
-from sniffer.runtime.workers import Periodic, retention_worker, token_worker, trim_heap
+from sniffer.runtime.workers import (
+    Periodic,
+    limit_arenas,
+    retention_worker,
+    token_worker,
+    trim_heap,
+)
 
 if TYPE_CHECKING:
     from sniffer.record.metrics import Metrics
@@ -72,6 +78,7 @@ def attach_features(d: Daemon) -> Features:
     cfg = d.config
     log = d.log
     f = Features()
+    limit_arenas()  # before any of the daemon's threads start
     path = db_path(cfg.database)
     if path is not None:
         prepare_db_file(

@@ -16,19 +16,18 @@ from sniffer.record.chain import RecordingChain
 from sniffer.runtime.config import Config
 from sniffer.runtime.log import Log
 
-__all__ = ["Periodic", "retention_worker", "token_worker", "trim_heap"]
+__all__ = ["Periodic", "limit_arenas", "retention_worker", "token_worker", "trim_heap"]
 
-#: Closed streams per token pass call (small: a burst of closes stays flat in memory).
-TOKEN_BATCH = 50
+#: Closed streams per token pass call, and chunks per call past its first
+#: stream: many short streams make one batch (each batch has fixed costs: a
+#: transaction, encoder calls), a burst of long ones stays flat in memory.
+TOKEN_BATCH = 500
+TOKEN_CHUNKS = 2_000
 
 _LIBC: Any = None
 
 
-def trim_heap() -> None:
-    """Give freed heap memory back to the OS (glibc ``malloc_trim``; a no-op
-    elsewhere). The tokenizer's JSON parse and each token batch free tens of
-    MB that glibc would otherwise keep mapped: this is what keeps the daemon's
-    peak RSS down with 1,000 streams open (see ``bench/bench_live.py``)."""
+def _libc() -> Any:
     global _LIBC
     if _LIBC is None:
         try:
@@ -37,10 +36,35 @@ def trim_heap() -> None:
 
             _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
             _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+            _LIBC.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
         except (OSError, AttributeError):
             _LIBC = False
-    if _LIBC:
-        _LIBC.malloc_trim(0)
+    return _LIBC
+
+
+#: glibc ``mallopt`` parameter: most malloc arenas.
+_M_ARENA_MAX = -8
+
+
+def limit_arenas(n: int = 2) -> None:
+    """At most ``n`` glibc malloc arenas (default: 8 per core). The capture,
+    processing and token threads each got their own arena, each keeping its
+    freed memory mapped: with two, peak RSS at 1,000 streams is ~4 MB lower
+    (``bench/bench_live.py --only memory``); the GIL serialises them anyway.
+    Call before the threads start. A no-op without glibc."""
+    libc = _libc()
+    if libc:
+        libc.mallopt(_M_ARENA_MAX, n)
+
+
+def trim_heap() -> None:
+    """Give freed heap memory back to the OS (glibc ``malloc_trim``; a no-op
+    elsewhere). The tokenizer's JSON parse and each token batch free tens of
+    MB that glibc would otherwise keep mapped: this is what keeps the daemon's
+    peak RSS down with 1,000 streams open (see ``bench/bench_live.py``)."""
+    libc = _libc()
+    if libc:
+        libc.malloc_trim(0)
 
 
 class Periodic:
@@ -82,9 +106,13 @@ def token_worker(chain: RecordingChain, database: str, log: Log) -> Periodic:
     engine = make_engine(database)
 
     def work() -> None:
-        while chain.tokens_ready:
-            chain.tokenize(limit=TOKEN_BATCH, engine=engine)
-            trim_heap()
+        if not chain.tokens_ready:
+            return
+        for _ in range(10_000):  # bounded: what closes meanwhile waits for the next call
+            if not chain.tokens_ready:
+                break
+            chain.tokenize(limit=TOKEN_BATCH, max_chunks=TOKEN_CHUNKS, engine=engine)
+        trim_heap()  # once per call: malloc_trim walks the whole heap (~2 ms)
 
     return Periodic("tokens", 2.0, work, log)
 
