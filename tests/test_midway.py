@@ -352,7 +352,7 @@ def _opened(stream: int, model: str | None) -> StreamOpened:
         path="" if model is None else "/v1/responses",
         request_headers=(),
         request_body=None,
-        request={} if model is None else {"model": model},
+        request=RequestSummary() if model is None else RequestSummary(model=model),
         dialect="openai.responses",
         label=None,
         capture="packet",
