@@ -547,6 +547,8 @@ MAX_HELD = 256
 #: have arrived (so each character is scanned ~3 times, not once per chunk).
 STEP = 64
 _LABEL = re.compile(r"<([^<>\s]+)>")
+#: A decided empty chunk text that no redaction touched.
+_UNTOUCHED_EMPTY = ("", False)
 #: What replaces the token strings of a chunk whose text was redacted.
 MASK = f"<{REDACTED}>"
 
@@ -598,7 +600,7 @@ class TextWindow:
         if not pending:
             return
         if not self.pending_len:  # only empty texts: nothing to look behind for
-            self.decided.extend(("", False) for _ in pending)
+            self.decided.extend([_UNTOUCHED_EMPTY] * len(pending))
             pending.clear()
             return
         if (
@@ -609,7 +611,7 @@ class TextWindow:
             return  # not enough new text to decide anything worth a scan
         window = "".join(pending) if len(pending) > 1 else pending[0]
         if not window:
-            self.decided.extend(("", False) for _ in pending)
+            self.decided.extend([_UNTOUCHED_EMPTY] * len(pending))
             pending.clear()
             self.pending_len = 0
             return
@@ -791,12 +793,35 @@ class StreamRedactor:
                 slot: list[StoreEvent | None] = [None]
                 c.events.append(ev)
                 c.slots.append(slot)
-                c.text.push(ev.text)
-                c.reasoning.push(ev.reasoning)
+                tw = c.text
+                text = ev.text
+                tw.pending.append(text)
+                tw.pending_len += len(text)
+                rw = c.reasoning
+                reasoning = ev.reasoning
+                rw.pending.append(reasoning)
+                rw.pending_len += len(reasoning)
                 q = self._order.get(ev.stream)
                 if q is None:
                     q = self._order[ev.stream] = deque()
                 q.append(slot)
+                n = tw.pending_len
+                if (
+                    n
+                    and n < tw.lookbehind + STEP
+                    and len(tw.pending) <= tw.max_held
+                    and not tw.decided
+                ):
+                    # Hot path: the text window's advance() would decide nothing,
+                    # so _release would release nothing; only the reasoning
+                    # window's own step is left (the same as its advance()).
+                    n = rw.pending_len
+                    if not n:
+                        rw.decided.extend([_UNTOUCHED_EMPTY] * len(rw.pending))
+                        rw.pending.clear()
+                    elif n >= rw.lookbehind + STEP or len(rw.pending) > rw.max_held:
+                        rw.advance()
+                    continue
                 self._release(c, False)
                 self._drain(q, out)
             elif t is StreamClosed:
@@ -894,9 +919,14 @@ def redact_choice_texts(
     order): the stored texts, and the redacted spans of the joined original
     text. For the token pass, which sees the text as sent."""
     w = TextWindow(redactor)
+    pending = w.pending
+    scan_at = w.lookbehind + STEP
+    max_held = w.max_held
     for t in texts:
-        w.push(t)
-        w.advance()
+        pending.append(t)
+        n = w.pending_len = w.pending_len + len(t)
+        if not n or n >= scan_at or len(pending) > max_held:  # else advance() is a no-op
+            w.advance()
     w.advance(final=True)
     return [t for t, _ in w.decided], w.spans
 
