@@ -771,25 +771,29 @@ class StreamRedactor:
     def events(self, events: Iterable[StoreEvent]) -> list[StoreEvent]:
         out: list[StoreEvent] = []
         red = self.redactor
+        choices = self._choices
+        order = self._order
         for ev in events:
             t = type(ev)
             if t is ChunkEvent:
                 assert isinstance(ev, ChunkEvent)
-                if ev.choice < 0:
+                stream = ev.stream
+                choice = ev.choice
+                if choice < 0:
                     new = red.event(ev)
                     assert isinstance(new, ChunkEvent)
                     self._account(ev, new)
-                    q = self._order.get(ev.stream)
+                    q = order.get(stream)
                     if q:
                         q.append([new])
                     else:
                         out.append(new)
                     continue
-                key = (ev.stream, ev.choice)
-                c = self._choices.get(key)
+                key = (stream, choice)
+                c = choices.get(key)
                 if c is None:
-                    c = self._choices[key] = _Choice(red)
-                    self._streams.setdefault(ev.stream, []).append(ev.choice)
+                    c = choices[key] = _Choice(red)
+                    self._streams.setdefault(stream, []).append(choice)
                 slot: list[StoreEvent | None] = [None]
                 c.events.append(ev)
                 c.slots.append(slot)
@@ -801,9 +805,9 @@ class StreamRedactor:
                 reasoning = ev.reasoning
                 rw.pending.append(reasoning)
                 rw.pending_len += len(reasoning)
-                q = self._order.get(ev.stream)
+                q = order.get(stream)
                 if q is None:
-                    q = self._order[ev.stream] = deque()
+                    q = order[stream] = deque()
                 q.append(slot)
                 n = tw.pending_len
                 if (
@@ -878,15 +882,16 @@ class StreamRedactor:
         for ev, slot, (text, t_hit), (reasoning, r_hit) in zip(
             c.events[:n], c.slots[:n], texts, reasonings, strict=True
         ):
-            tool_calls = red.json_text(ev.tool_calls)
+            # (json_text of None or "" is the value itself: skip the call)
+            tool_calls = red.json_text(ev.tool_calls) if ev.tool_calls else ev.tool_calls
             if t_hit or r_hit:
                 logprobs = _mask_tokens_json(ev.logprobs)
                 server_tokens = _mask_tokens_json(ev.server_tokens)
                 raw = None
             else:
-                logprobs = red.json_text(ev.logprobs)
+                logprobs = red.json_text(ev.logprobs) if ev.logprobs else ev.logprobs
                 server_tokens = ev.server_tokens
-                raw = red.json_text(ev.raw)
+                raw = red.json_text(ev.raw) if ev.raw else ev.raw
             if (
                 text is ev.text
                 and reasoning is ev.reasoning
