@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 from sniffer.capture.pcap import CaptureFileError, read_capture
-from sniffer.core.events import PipelineError
+from sniffer.core.events import PipelineError, StoreEvent
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.record.chain import RecordingChain
@@ -36,6 +36,9 @@ Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 #: Capture-time interval between idle-connection sweeps during a replay.
 EXPIRE_EVERY = 10.0
+
+#: Store events handed to the recording chain at once (see ``_replay_part``).
+WRITE_EVERY = 512
 
 #: Below this file size a replay runs in one process whatever ``jobs`` says.
 PARALLEL_MIN_BYTES = 8 << 20
@@ -262,19 +265,31 @@ def _replay_part(
         feed = pipe.feed
         next_expire = 0.0
         ts = 0.0
+        # What the pipeline makes goes to the chain in batches of a few hundred
+        # events, not one call per packet: every step of the chain handles a
+        # batch exactly as the same events one call at a time, in order.
+        batch: list[StoreEvent] = []
         for count, seg in enumerate(reader, 1):
             if n == 1 or _share(seg.sport ^ seg.dport, n) == k:
                 out = feed(seg)
                 if out:
-                    write_many(out)
+                    batch += out
+                    if len(batch) >= WRITE_EVERY:
+                        write_many(batch)
+                        batch = []
             if count & 0x3FFF == 0:
                 ts = seg.ts
                 if ts >= next_expire:
                     if next_expire:
+                        if batch:
+                            write_many(batch)
+                            batch = []
                         write_many(pipe.expire(ts))
                     next_expire = ts + EXPIRE_EVERY
                 if progress is not None:
                     progress(reader.offset, reader.size)
+        if batch:
+            write_many(batch)
         last = reader.stats.last_ts or ts
         out = pipe.flush(last)
         if reader.error is not None and k == 0:
