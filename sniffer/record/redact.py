@@ -75,9 +75,11 @@ from __future__ import annotations
 
 import copy
 import re
+from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from itertools import accumulate, repeat
 from typing import Any
 
 from sniffer.core.credentials import (
@@ -622,11 +624,23 @@ class TextWindow:
             _, edits = red.edits(window)
         finally:
             red.counts = saved
-        ends: list[int] = []
-        e = 0
-        for t in pending:
-            e += len(t)
-            ends.append(e)
+        ends = list(accumulate(map(len, pending)))
+        if not edits:
+            # Nothing to redact (the usual case): the same decisions as below,
+            # without the per-chunk loops.
+            if final:
+                k = len(pending)
+            else:
+                k = bisect_right(ends, len(window) - self.lookbehind)
+                k = max(k, len(pending) - self.max_held)
+            if k <= 0:
+                return
+            limit = ends[k - 1]
+            self.decided.extend(zip(pending[:k], repeat(False)))
+            self.base += limit
+            self.pending_len -= limit
+            del pending[:k]
+            return
         if final:
             k = len(pending)
         else:
