@@ -161,28 +161,35 @@ def _replay_parallel(
     StoreWriter(db, batch_size=batch_size).close()  # migrates the schema once, before forking
     ctx = multiprocessing.get_context("fork")
     workers = []
-    for k in range(1, jobs):
-        recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=_worker,
-            args=(
-                send,
-                path,
-                db,
-                ports,
-                labels,
-                batch_size,
-                k,
-                jobs,
-                chain,
-                node,
-                proto,
-            ),
-            daemon=True,
-        )
-        proc.start()
-        send.close()
-        workers.append((proc, recv))
+    # What the parent holds now (modules, the tokenizer registry) outlives the
+    # workers: frozen while they fork, their collections never visit it, so they
+    # leave its pages shared instead of copying them on write.
+    gc.freeze()
+    try:
+        for k in range(1, jobs):
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_worker,
+                args=(
+                    send,
+                    path,
+                    db,
+                    ports,
+                    labels,
+                    batch_size,
+                    k,
+                    jobs,
+                    chain,
+                    node,
+                    proto,
+                ),
+                daemon=True,
+            )
+            proc.start()
+            send.close()
+            workers.append((proc, recv))
+    finally:
+        gc.unfreeze()
     w = StoreWriter(db, batch_size=batch_size, node=node)
     try:
         result = _replay_part(path, w, ports, labels, progress, 0, jobs, chain, proto)
