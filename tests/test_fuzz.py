@@ -37,11 +37,12 @@ def test_a_dropped_connection_counts_as_a_crash(monkeypatch: object) -> None:
 
     corpus = load_corpus(ROOT / "pcaps")
 
-    def broken(self: StreamAssembler, ev: object) -> list[object]:
+    def broken(self: StreamAssembler, ev: object, out: object = None) -> list[object]:
         raise RecursionError("injected")
 
     mp = pytest.MonkeyPatch()
     mp.setattr(StreamAssembler, "feed", broken)
+    mp.setattr(StreamAssembler, "feed_into", broken)  # what the pipeline calls
     try:
         with pytest.raises(Crash, match="dropped a connection"):
             run_flows(corpus.flows[0], [])

@@ -121,16 +121,16 @@ class Pipeline:
     def _flows(self, flows: Iterable[FlowEvent]) -> list[StoreEvent]:
         out: list[StoreEvent] = []
         http = self.http.feed
-        streams = self.streams.feed
+        streams = self.streams.feed_into
         grpc = self.grpc
         for fev in flows:
             try:
                 for hev in http(fev):
                     if grpc.active or type(hev) is HttpRequest:
                         for gev in grpc.feed(hev):
-                            out.extend(streams(gev))
+                            streams(gev, out)
                     else:
-                        out.extend(streams(hev))
+                        streams(hev, out)
             except Exception as exc:  # a bug must cost one connection, never the capture
                 self.internal_errors += 1
                 self.http.abandon(fev.conn)

@@ -228,11 +228,15 @@ class StreamAssembler:
 
     def feed(self, ev: HttpOutput) -> list[StoreEvent]:
         out: list[StoreEvent] = []
+        self.feed_into(ev, out)
+        return out
+
+    def feed_into(self, ev: HttpOutput, out: list[StoreEvent]) -> None:
+        """``feed``, appending to ``out`` (the pipeline's list: no list per event)."""
         try:
             self._feed(ev, out)
         except Exception as exc:  # RecursionError, MemoryError, a bug: this exchange only
             self._contain(ev, exc, out)
-        return out
 
     def _contain(self, ev: HttpOutput, exc: BaseException, out: list[StoreEvent]) -> None:
         """An exception inside the stage while handling ``ev``: recorded on its
@@ -310,6 +314,7 @@ class StreamAssembler:
                     self._mark_gap(x, f"capture lost packets ({ev.reason})")
         elif t is ConnectionClosed:
             assert isinstance(ev, ConnectionClosed)
+            mark = len(out)  # ``out`` may already hold other events' output
             for key in [k for k in self._ex if k[0] == ev.conn]:
                 x = self._ex[key]
                 if x.resp_end is None:
@@ -318,7 +323,9 @@ class StreamAssembler:
                     self._close(x, ev.ts, out, closing_reason=ev.reason)
                 except Exception as exc:
                     self._fault(x, ev.ts, f"{type(exc).__name__} while closing", out)
-                    if not any(type(e) is StreamClosed and e.stream == x.stream for e in out):
+                    if not any(
+                        type(e) is StreamClosed and e.stream == x.stream for e in out[mark:]
+                    ):
                         x.closed = False
                         self._close(x, ev.ts, out, closing_reason=ev.reason)
             self._conns.pop(ev.conn, None)

@@ -76,9 +76,11 @@ from __future__ import annotations
 
 import copy
 import re
+from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from itertools import accumulate, repeat
 from typing import Any
 
 from sniffer.core.credentials import (
@@ -552,6 +554,8 @@ MAX_HELD = 256
 #: have arrived (so each character is scanned ~3 times, not once per chunk).
 STEP = 64
 _LABEL = re.compile(r"<([^<>\s]+)>")
+#: A decided empty chunk text that no redaction touched.
+_UNTOUCHED_EMPTY = ("", False)
 #: What replaces the token strings of a chunk whose text was redacted.
 MASK = f"<{REDACTED}>"
 
@@ -603,7 +607,7 @@ class TextWindow:
         if not pending:
             return
         if not self.pending_len:  # only empty texts: nothing to look behind for
-            self.decided.extend(("", False) for _ in pending)
+            self.decided.extend([_UNTOUCHED_EMPTY] * len(pending))
             pending.clear()
             return
         if (
@@ -614,7 +618,7 @@ class TextWindow:
             return  # not enough new text to decide anything worth a scan
         window = "".join(pending) if len(pending) > 1 else pending[0]
         if not window:
-            self.decided.extend(("", False) for _ in pending)
+            self.decided.extend([_UNTOUCHED_EMPTY] * len(pending))
             pending.clear()
             self.pending_len = 0
             return
@@ -625,11 +629,23 @@ class TextWindow:
             _, edits = red.edits(window)
         finally:
             red.counts = saved
-        ends: list[int] = []
-        e = 0
-        for t in pending:
-            e += len(t)
-            ends.append(e)
+        ends = list(accumulate(map(len, pending)))
+        if not edits:
+            # Nothing to redact (the usual case): the same decisions as below,
+            # without the per-chunk loops.
+            if final:
+                k = len(pending)
+            else:
+                k = bisect_right(ends, len(window) - self.lookbehind)
+                k = max(k, len(pending) - self.max_held)
+            if k <= 0:
+                return
+            limit = ends[k - 1]
+            self.decided.extend(zip(pending[:k], repeat(False)))
+            self.base += limit
+            self.pending_len -= limit
+            del pending[:k]
+            return
         if final:
             k = len(pending)
         else:
@@ -781,38 +797,61 @@ class StreamRedactor:
     def events(self, events: Iterable[StoreEvent]) -> list[StoreEvent]:
         out: list[StoreEvent] = []
         red = self.redactor
+        choices = self._choices
+        order = self._order
         for ev in events:
             t = type(ev)
             if t is ChunkEvent:
                 assert isinstance(ev, ChunkEvent)
-                if ev.choice < 0:
+                stream = ev.stream
+                choice = ev.choice
+                if choice < 0:
                     new = red.event(ev)
                     assert isinstance(new, ChunkEvent)
                     self._account(ev, new)
-                    q = self._order.get(ev.stream)
+                    q = order.get(stream)
                     if q:
                         q.append([new])
                     else:
                         out.append(new)
                     continue
-                key = (ev.stream, ev.choice)
-                c = self._choices.get(key)
+                key = (stream, choice)
+                c = choices.get(key)
                 if c is None:
-                    c = self._choices[key] = _Choice(red)
-                    self._streams.setdefault(ev.stream, []).append(ev.choice)
+                    c = choices[key] = _Choice(red)
+                    self._streams.setdefault(stream, []).append(choice)
                 slot: list[StoreEvent | None] = [None]
                 c.events.append(ev)
                 c.slots.append(slot)
-                c.text.push(ev.text)
+                tw = c.text
+                text = ev.text
+                tw.pending.append(text)
+                tw.pending_len += len(text)
                 rw = c.reasoning
-                if ev.reasoning or rw.pending:
-                    rw.push(ev.reasoning)
-                else:  # what push + advance do with an empty text and nothing pending
-                    rw.decided.append(_EMPTY)
-                q = self._order.get(ev.stream)
+                reasoning = ev.reasoning
+                rw.pending.append(reasoning)
+                rw.pending_len += len(reasoning)
+                q = order.get(stream)
                 if q is None:
-                    q = self._order[ev.stream] = deque()
+                    q = order[stream] = deque()
                 q.append(slot)
+                n = tw.pending_len
+                if (
+                    n
+                    and n < tw.lookbehind + STEP
+                    and len(tw.pending) <= tw.max_held
+                    and not tw.decided
+                ):
+                    # Hot path: the text window's advance() would decide nothing,
+                    # so _release would release nothing; only the reasoning
+                    # window's own step is left (the same as its advance()).
+                    n = rw.pending_len
+                    if not n:
+                        rw.decided.extend([_UNTOUCHED_EMPTY] * len(rw.pending))
+                        rw.pending.clear()
+                    elif n >= rw.lookbehind + STEP or len(rw.pending) > rw.max_held:
+                        rw.advance()
+                    continue
                 self._release(c, False)
                 self._drain(q, out)
             elif t is StreamClosed:
@@ -897,15 +936,18 @@ class StreamRedactor:
         for ev, slot, (text, t_hit), (reasoning, r_hit) in zip(
             c.events[:n], c.slots[:n], texts, reasonings, strict=True
         ):
-            tool_calls = red.json_text(ev.tool_calls)
+            # (json_text of None or "" is the value itself: skip the call)
+            tool_calls = red.json_text(ev.tool_calls) if ev.tool_calls else ev.tool_calls
             if t_hit or r_hit:
                 logprobs = _mask_tokens_json(ev.logprobs)
                 server_tokens = _mask_tokens_json(ev.server_tokens)
                 raw = None
             else:
-                logprobs = red.json_text(ev.logprobs, False)  # tokens_json, without a call more
+                logprobs = (
+                    red.json_text(ev.logprobs, False) if ev.logprobs else ev.logprobs
+                )  # tokens_json
                 server_tokens = ev.server_tokens
-                raw = red.json_text(ev.raw)
+                raw = red.json_text(ev.raw) if ev.raw else ev.raw
             if (
                 text is ev.text
                 and reasoning is ev.reasoning
@@ -946,11 +988,13 @@ def redact_choice_texts(
         ):
             return list(texts), []
     w = TextWindow(redactor)
-    due = w.lookbehind + STEP
+    pending = w.pending
+    scan_at = w.lookbehind + STEP
+    max_held = w.max_held
     for t in texts:
-        w.push(t)
-        # advance() where it would do something (its own first test, inlined)
-        if not w.pending_len or w.pending_len >= due or len(w.pending) > w.max_held:
+        pending.append(t)
+        n = w.pending_len = w.pending_len + len(t)
+        if not n or n >= scan_at or len(pending) > max_held:  # else advance() is a no-op
             w.advance()
     w.advance(final=True)
     return [t for t, _ in w.decided], w.spans

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 from sniffer.capture.pcap import CaptureFileError, read_capture
-from sniffer.core.events import PipelineError
+from sniffer.core.events import PipelineError, StoreEvent
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.record.chain import RecordingChain
@@ -36,6 +36,9 @@ Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 #: Capture-time interval between idle-connection sweeps during a replay.
 EXPIRE_EVERY = 10.0
+
+#: Store events handed to the recording chain at once (see ``_replay_part``).
+WRITE_EVERY = 512
 
 #: Below this file size a replay runs in one process whatever ``jobs`` says.
 PARALLEL_MIN_BYTES = 8 << 20
@@ -158,28 +161,35 @@ def _replay_parallel(
     StoreWriter(db, batch_size=batch_size).close()  # migrates the schema once, before forking
     ctx = multiprocessing.get_context("fork")
     workers = []
-    for k in range(1, jobs):
-        recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=_worker,
-            args=(
-                send,
-                path,
-                db,
-                ports,
-                labels,
-                batch_size,
-                k,
-                jobs,
-                chain,
-                node,
-                proto,
-            ),
-            daemon=True,
-        )
-        proc.start()
-        send.close()
-        workers.append((proc, recv))
+    # What the parent holds now (modules, the tokenizer registry) outlives the
+    # workers: frozen while they fork, their collections never visit it, so they
+    # leave its pages shared instead of copying them on write.
+    gc.freeze()
+    try:
+        for k in range(1, jobs):
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_worker,
+                args=(
+                    send,
+                    path,
+                    db,
+                    ports,
+                    labels,
+                    batch_size,
+                    k,
+                    jobs,
+                    chain,
+                    node,
+                    proto,
+                ),
+                daemon=True,
+            )
+            proc.start()
+            send.close()
+            workers.append((proc, recv))
+    finally:
+        gc.unfreeze()
     w = StoreWriter(db, batch_size=batch_size, node=node)
     try:
         result = _replay_part(path, w, ports, labels, progress, 0, jobs, chain, proto)
@@ -262,19 +272,31 @@ def _replay_part(
         feed = pipe.feed
         next_expire = 0.0
         ts = 0.0
+        # What the pipeline makes goes to the chain in batches of a few hundred
+        # events, not one call per packet: every step of the chain handles a
+        # batch exactly as the same events one call at a time, in order.
+        batch: list[StoreEvent] = []
         for count, seg in enumerate(reader, 1):
             if n == 1 or _share(seg.sport ^ seg.dport, n) == k:
                 out = feed(seg)
                 if out:
-                    write_many(out)
+                    batch += out
+                    if len(batch) >= WRITE_EVERY:
+                        write_many(batch)
+                        batch = []
             if count & 0x3FFF == 0:
                 ts = seg.ts
                 if ts >= next_expire:
                     if next_expire:
+                        if batch:
+                            write_many(batch)
+                            batch = []
                         write_many(pipe.expire(ts))
                     next_expire = ts + EXPIRE_EVERY
                 if progress is not None:
                     progress(reader.offset, reader.size)
+        if batch:
+            write_many(batch)
         last = reader.stats.last_ts or ts
         out = pipe.flush(last)
         if reader.error is not None and k == 0:

@@ -484,8 +484,17 @@ class StoreWriter:
             self.flush()
 
     def write_many(self, events: Iterable[StoreEvent]) -> None:
+        # Chunk rows (nearly every event) inline; the rest through write().
+        write = self.write
+        batch_size = self.batch_size
         for ev in events:
-            self.write(ev)
+            if type(ev) is ChunkEvent:
+                self._chunk_rows.append(_chunk_row(ev))
+                self._pending += 1
+                if self._pending >= batch_size:
+                    self.flush()
+            else:
+                write(ev)
 
     # -- flushing ----------------------------------------------------------
 
