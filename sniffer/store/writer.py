@@ -488,7 +488,7 @@ class StoreWriter:
         write = self.write
         batch_size = self.batch_size
         for ev in events:
-            if type(ev) is ChunkEvent:
+            if type(ev) is ChunkEvent and ev.usage is None:
                 self._chunk_rows.append(_chunk_row(ev))
                 self._pending += 1
                 if self._pending >= batch_size:
