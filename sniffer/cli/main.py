@@ -290,6 +290,8 @@ def replay(
 
 def _replay_otlp(endpoint: str | None, chunk_events: bool, *, wait_tokens: bool) -> Any:
     """The OTLP exporter replay was asked for (flag, else $OTEL_EXPORTER_OTLP_ENDPOINT)."""
+    if not (endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")).strip():
+        return None  # export off: the exporter's module (and prometheus_client) stays unloaded
     from sniffer.record.otlp import (
         OtlpExporter,
         OtlpOptions,
