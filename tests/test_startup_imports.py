@@ -62,9 +62,9 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A one-stream database at the schema head."""
     d = tmp_path_factory.mktemp("startup")
     path = d / "s.db"
+    args = ["replay", "-q", "--no-tokens", str(PCAP), "--db", str(path)]
     subprocess.run(
-        [sys.executable, "-m", "sniffer.cli", "replay", "-q", "--no-tokens", str(PCAP)]
-        + ["--db", str(path)],
+        [sys.executable, "-m", "sniffer.cli", *args],
         cwd=d,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         check=True,
