@@ -43,7 +43,7 @@ def _ms(a: float | None, b: float | None) -> str:
 
 
 def _build_name() -> str:
-    """Which build runs, "compiled" or "pure", without importing the hot modules (``--help`` stays lean)."""
+    """Which build runs, "compiled" or "pure", without importing the hot modules."""
     from importlib.util import find_spec
 
     from sniffer import COMPILED_MODULES
