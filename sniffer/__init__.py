@@ -15,10 +15,14 @@ __version__ = "0.1.0"
 #: pure-Python source of each stays the reference.
 COMPILED_MODULES = (
     "sniffer.core.coding",
+    "sniffer.core.events",
     "sniffer.core.http1",
+    "sniffer.core.pipeline",
     "sniffer.core.reassembly",
     "sniffer.core.sse",
     "sniffer.core.streams",
+    "sniffer.capture.packet",
+    "sniffer.record.redact",
 )
 
 

@@ -50,6 +50,12 @@ CORE_TESTS = [
     "tests/test_pipeline.py",
     "tests/test_pcap.py",
     "tests/test_peer_pcaps.py",
+    "tests/test_packet.py",
+    "tests/test_redact.py",
+    "tests/test_chain.py",
+    "tests/test_dialect_openai.py",
+    "tests/test_dialects_more.py",
+    "tests/test_fixtures.py",
 ]
 
 
