@@ -20,6 +20,7 @@ compiler is missing.
 from __future__ import annotations
 
 import filecmp
+import json
 import os
 import shutil
 import subprocess
@@ -205,3 +206,31 @@ def test_opt_out_and_broken_compiler_give_a_pure_wheel(
     assert _extensions(_wheel(src, tmp_path / "pure", SPARSEETY_PURE="1")) == []
     shutil.rmtree(src / "build", ignore_errors=True)
     assert _extensions(_wheel(src, tmp_path / "nocc", CC="false", LDSHARED="false")) == []
+
+
+def test_editable_build_stays_pure(tmp_path: Path) -> None:
+    """``pip install -e``: the build backend's editable hook compiles nothing and
+    asks for no mypy (no compiler needed; runs everywhere, a few seconds)."""
+    src = _copy_tree(tmp_path)
+    hooks = (
+        "import json, sys; sys.path.insert(0, 'buildsys'); import sparseety_build as b; "
+        "out = sys.argv[1]; "  # the hooks rewrite sys.argv
+        "reqs = b.get_requires_for_build_editable(); "
+        "name = b.build_editable(out); "
+        "print(json.dumps([reqs, name]))"
+    )
+    out = tmp_path / "editable"
+    out.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-c", hooks, str(out)],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reqs, name = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not any(r.startswith("mypy") for r in reqs)
+    assert name.endswith("-py3-none-any.whl")
+    assert _extensions(out / name) == []
+    assert not list((src / "sniffer").rglob("*.so")) and not (src / "build").exists()
