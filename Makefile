@@ -2,11 +2,12 @@
 PYTHON ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: help install deps test lint pcaps bench fuzz ebpf clean
+.PHONY: help install deps test test-compiled lint pcaps bench fuzz ebpf clean
 
 help:
 	@echo "make install  - install sparseety (pip) and the Debian packages it uses"
 	@echo "make test     - install what the tests need, then lint and run the whole test suite"
+	@echo "make test-compiled - build the compiled (mypyc) wheel, test it against the pure build"
 	@echo "make lint     - ruff, mypy and the import layering contract (lint-imports)"
 	@echo "make pcaps    - re-record the fixtures in pcaps/ from real loopback traffic"
 	@echo "make bench    - benchmarks (replay vs tshark, live capture, tokens, diff); prints figures"
@@ -34,6 +35,10 @@ test: deps
 	-$(MAKE) --no-print-directory ebpf
 	$(MAKE) --no-print-directory lint
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+
+# The compiled build alone (make test runs it too, under CI=true).
+test-compiled:
+	SPARSEETY_TEST_COMPILED=1 $(PYTHON) -m pytest -q $(PYTEST_ARGS) tests/test_compiled_build.py
 
 pcaps:
 	$(PYTHON) scripts/record_pcaps.py

@@ -46,11 +46,17 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _timed(cmd: list[str]) -> tuple[float, float]:
+def _timed(cmd: list[str], **kw: object) -> tuple[float, float]:
     """Wall and CPU seconds of one child process."""
     cpu0 = _children_cpu()
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        cmd,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        **kw,  # type: ignore[call-overload]
+    )
     return time.perf_counter() - t0, _children_cpu() - cpu0
 
 
@@ -61,7 +67,29 @@ def main() -> int:
     ap.add_argument(
         "--no-tokens", action="store_true", help="also time both replays with --no-tokens"
     )
+    ap.add_argument(
+        "--python",
+        help="Interpreter that replays, with its installed sparseety (e.g. a venv holding the "
+        "compiled wheel). Default: this one, on this tree's source.",
+    )
     ns = ap.parse_args()
+    ns.capture = ns.capture.resolve()  # the replays run in a scratch folder
+    # Where the replay's sniffer comes from: this tree, or what --python has installed.
+    env = dict(os.environ)
+    if ns.python:
+        env.pop("PYTHONPATH", None)
+    else:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    python = ns.python or sys.executable
+    build = subprocess.run(
+        [python, "-c", "import sniffer; print(sniffer.build_info()['build'], sniffer.__file__)"],
+        env=env,
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    print(f"build: {build}", flush=True)
     if not ns.capture.exists():
         print(f"recording {ns.capture} …", flush=True)
         record(ns.capture)
@@ -75,7 +103,7 @@ def main() -> int:
         "tshark", "-r", str(ns.capture), "-d", f"tcp.port=={port},http",
         "-Y", "http", "-T", "fields", "-e", "http.file_data",
     ]  # fmt: skip
-    base = [sys.executable, "-m", "sniffer.cli", "replay", "-q", "--json", str(ns.capture)]
+    base = [python, "-m", "sniffer.cli", "replay", "-q", "--json", str(ns.capture)]
     jobs = default_jobs()
     variants = {
         "tshark http.file_data": tshark,
@@ -94,7 +122,7 @@ def main() -> int:
                 db = os.path.join(tmp, f"r{run}-{i}.db")
                 if name.startswith("replay"):
                     cmd = [*cmd, "--db", db]
-                wall, cpu = _timed(cmd)
+                wall, cpu = _timed(cmd, env=env, cwd=tmp)
                 if name not in best or wall < best[name][0]:
                     best[name] = (wall, cpu)
                 if name.startswith("replay"):

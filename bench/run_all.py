@@ -15,6 +15,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ORDER = [
+    "bench_startup.py",
     "bench_replay.py",
     "bench_h2.py",
     "bench_tokens.py",

@@ -10,3 +10,33 @@ metrics, token collector, sampling, redaction) → ``store`` (the database).
 """
 
 __version__ = "0.1.0"
+
+#: The modules an optional compiled build (mypyc, ``setup.py``) compiles; the
+#: pure-Python source of each stays the reference.
+COMPILED_MODULES = (
+    "sniffer.core.coding",
+    "sniffer.core.events",
+    "sniffer.core.http1",
+    "sniffer.core.pipeline",
+    "sniffer.core.reassembly",
+    "sniffer.core.sse",
+    "sniffer.core.streams",
+    "sniffer.capture.packet",
+    "sniffer.record.redact",
+)
+
+
+def build_info() -> dict[str, object]:
+    """Which build runs: ``{"build": "compiled" | "pure", "compiled": [modules]}``.
+
+    A module counts as compiled when it was loaded from an extension module
+    (``.so``/``.pyd``) instead of its ``.py`` source. Imports the hot modules.
+    """
+    import importlib
+
+    compiled = []
+    for name in COMPILED_MODULES:
+        origin = getattr(importlib.import_module(name), "__file__", None) or ""
+        if not origin.endswith((".py", ".pyc")):
+            compiled.append(name)
+    return {"build": "compiled" if compiled else "pure", "compiled": compiled}

@@ -41,8 +41,23 @@ def _ms(a: float | None, b: float | None) -> str:
     return f"{(a - b) * 1000:.1f}"
 
 
+def _build_name() -> str:
+    """Which build runs, "compiled" or "pure", without importing the hot modules."""
+    from importlib.util import find_spec
+
+    from sniffer import COMPILED_MODULES
+
+    spec = find_spec(COMPILED_MODULES[0])
+    origin = spec.origin if spec is not None and spec.origin else ""
+    return "pure" if origin.endswith(".py") else "compiled"
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="sparseety")
+@click.version_option(
+    __version__,
+    prog_name="sparseety",
+    message="%(prog)s, version %(version)s (" + _build_name() + " build)",
+)
 def main() -> None:
     """SparSEEty: record, token by token, what an LLM server streamed back.
 
@@ -289,6 +304,8 @@ def replay(
 
 def _replay_otlp(endpoint: str | None, chunk_events: bool, *, wait_tokens: bool) -> Any:
     """The OTLP exporter replay was asked for (flag, else $OTEL_EXPORTER_OTLP_ENDPOINT)."""
+    if not (endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")).strip():
+        return None  # export off: the exporter's module (and prometheus_client) stays unloaded
     from sniffer.record.otlp import (
         OtlpExporter,
         OtlpOptions,

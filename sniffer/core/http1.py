@@ -30,7 +30,7 @@ import re
 import zlib
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from sniffer.core.coding import (
     MAX_DECODED_BYTES,
@@ -130,7 +130,12 @@ class _ChunkedBody:
 
     __slots__ = ("buf", "remaining", "state")
 
-    SIZE, DATA, CRLF, TRAILER = range(4)
+    # One name per line, typed ClassVar: compiled (mypyc) code accepts neither
+    # tuple assignment in a class body nor an instance attribute read through the class.
+    SIZE: ClassVar[int] = 0
+    DATA: ClassVar[int] = 1
+    CRLF: ClassVar[int] = 2
+    TRAILER: ClassVar[int] = 3
 
     def __init__(self) -> None:
         self.buf = b""
@@ -528,6 +533,13 @@ class _Conn:
         self.midstart = not opened.syn_seen  # capture began inside the connection
 
 
+def _resynced_into_body(d: _Direction) -> bool:
+    """The hunt ended in a body. A function of its own: at the call site, type
+    narrowing says ``hunt`` is a bytearray and no body is under way, which the
+    call just changed (compiled code, mypyc, would trust the narrowed types)."""
+    return d.hunt is None and (d.chunked is not None or d.body is not None)
+
+
 def _h2_frames(data: bytes) -> bool:
     """Bytes of a connection caught mid-way that read as HTTP/2 frames (not HTTP/1)."""
     if _METHOD_PREFIX.match(data[:32]) or data.startswith(b"HTTP/1."):
@@ -802,7 +814,7 @@ class HttpParser:
                             data = self._hunt_or_resync(c, d, ts, data, out)
                             if not data or c.dead:
                                 return
-                            if d.hunt is None and (d.chunked is not None or d.body is not None):
+                            if _resynced_into_body(d):
                                 continue  # resynchronised: a body goes on
                         else:
                             data = self._hunt(c, d, ts, data, out)

@@ -60,14 +60,20 @@ class SseEvent:
 # A frozen dataclass's __init__ goes through object.__setattr__ once per field,
 # which costs about as much as the rest of decoding an event. The hot path sets
 # the slots through their descriptors instead (same object, half the cost).
+# Compiled (mypyc), the class is native: its own __init__ is the fast way, and
+# vars() (not ``SseEvent.__dict__``, which compiled code cannot read) holds
+# getset descriptors instead of slot members.
 _new_object = object.__new__
-_set_event = SseEvent.__dict__["event"].__set__
-_set_data = SseEvent.__dict__["data"].__set__
-_set_id = SseEvent.__dict__["id"].__set__
-_set_retry = SseEvent.__dict__["retry"].__set__
+_SLOTS = type(vars(SseEvent)["event"]).__name__ == "member_descriptor"
+_set_event = vars(SseEvent)["event"].__set__
+_set_data = vars(SseEvent)["data"].__set__
+_set_id = vars(SseEvent)["id"].__set__
+_set_retry = vars(SseEvent)["retry"].__set__
 
 
 def _make_event(event: str, data: str, id: str | None, retry: int | None) -> SseEvent:
+    if not _SLOTS:
+        return SseEvent(event, data, id, retry)
     ev: SseEvent = _new_object(SseEvent)
     _set_event(ev, event)
     _set_data(ev, data)

@@ -74,9 +74,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tokenizers import Encoding, Tokenizer, decoders
+if TYPE_CHECKING:  # imported where used: a command that loads no tokenizer skips it
+    from tokenizers import Encoding, Tokenizer
 
 from sniffer.llm.values import Usage
 
@@ -187,6 +188,8 @@ class LoadedTokenizer:
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
         unk = getattr(tokenizer.model, "unk_token", None)
         self.unk_id: int | None = tokenizer.token_to_id(unk) if isinstance(unk, str) else None
+        from tokenizers import decoders
+
         self.byte_level: bool = isinstance(tokenizer.decoder, decoders.ByteLevel)
 
     @property
@@ -508,6 +511,8 @@ def _load(source: str, name: str) -> LoadedTokenizer:
 
 
 def _load_file(path: Path, name: str) -> LoadedTokenizer:
+    from tokenizers import Tokenizer
+
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as exc:
@@ -519,6 +524,8 @@ def _load_file(path: Path, name: str) -> LoadedTokenizer:
 
 
 def _load_dir(path: Path, name: str) -> LoadedTokenizer:
+    from tokenizers import Tokenizer
+
     chat = _load_chat(path) if _has_chat_template(path) else None
     if (path / "tokenizer.json").is_file():
         try:

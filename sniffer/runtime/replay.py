@@ -128,9 +128,15 @@ def replay(
         )
     elif tokens is not None or redactor is not None:
         raise ValueError("replay: give tokens and redactor through the chain")
+    parallel = jobs > 1 and writer is None and os.path.getsize(path) >= PARALLEL_MIN_BYTES
     if chain.tokens is not None:
-        chain.tokens.preload()  # a bad tokenizer config fails now, and workers share it
-    if jobs > 1 and writer is None and os.path.getsize(path) >= PARALLEL_MIN_BYTES:
+        if parallel:
+            chain.tokens.preload()  # loaded once, before forking: the workers share it
+        else:
+            # A bad configured tokenizer fails now; the built-in default loads at
+            # first use (the token pass), not before the first packet.
+            chain.tokens.preload_configured()
+    if parallel:
         result = _replay_parallel(
             path, db, ports, labels, progress, batch_size, jobs, chain, node, proto
         )

@@ -1,0 +1,178 @@
+"""Start-up: wall and CPU seconds from process start to each command's first useful work.
+
+"First useful work", per command (issue #16 asks for <= 0.15 s):
+
+- ``replay``: the first packet of the capture handed to the pipeline (a probe
+  wraps ``read_capture``; the database exists and is at the schema head).
+- ``replay --no-tokens``: the same, without a tokenizer.
+- ``run``: the capture source about to open (a probe wraps
+  ``AfPacketSource.open`` and exits there; no root needed).
+- ``streams``, ``stats``, ``verify``, ``show``: the whole command on a
+  one-stream database (its work is one or two queries).
+- ``--help``: the whole command.
+
+Each figure is the best of ``--runs`` child processes, with byte-code cached
+(``PYTHONPYCACHEPREFIX`` in a temporary directory, written by a first
+warm-up run), so it is what an installed package costs. CPU is the child's
+user+system time up to that point (``time.process_time`` in the child at the
+probe, or rusage for whole commands). It also prints which build runs
+(``sniffer.build_info()``: compiled or pure).
+
+    python bench/bench_startup.py [--runs 5] [--capture pcaps/chat_english.pcap]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: Runs in the child: installs the probe for ``mode``, then runs the CLI.
+PROBE = r"""
+import json, os, sys, time
+mode, out = sys.argv[1], sys.argv[2]
+sys.argv = ["sparseety", *sys.argv[3:]]
+
+def hit(what):
+    with open(out, "w") as fh:
+        json.dump({"wall": time.time(), "cpu": time.process_time(), "what": what,
+                   "modules": sorted(sys.modules)}, fh)
+    os._exit(0)
+
+if mode == "first-packet":
+    import sniffer.capture.pcap as pcap
+    real = pcap.read_capture
+    calls = [0]
+
+    class Reader:
+        def __init__(self, inner):
+            self._inner = inner
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+        def __iter__(self):
+            for seg in self._inner:
+                hit("first packet")
+                yield seg
+
+    def read_capture(path):
+        return Reader(real(path))
+
+    pcap.read_capture = read_capture
+elif mode == "capture-open":
+    import sniffer.capture.afpacket as afp
+    afp.AfPacketSource.open = lambda self: hit("capture open")
+
+from sniffer.cli import entry_point
+try:
+    entry_point()
+finally:
+    hit("exit")
+"""
+
+
+def _env(cache: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = cache
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.pop("CI", None)
+    return env
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def measure(mode: str, args: list[str], env: dict[str, str], tmp: str) -> tuple[float, float, str]:
+    """(wall, cpu, what) from process start to the probe (or to exit)."""
+    out = os.path.join(tmp, "probe.json")
+    if os.path.exists(out):
+        os.unlink(out)
+    cpu0 = _children_cpu()
+    t0 = time.time()
+    subprocess.run(
+        [sys.executable, "-c", PROBE, mode, out, *args],
+        env=env,
+        cwd=tmp,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
+    t1 = time.time()
+    cpu = _children_cpu() - cpu0
+    with open(out) as fh:
+        rec = json.load(fh)
+    if mode == "whole" or rec["what"] == "exit":
+        return t1 - t0, cpu, "whole command"
+    return rec["wall"] - t0, rec["cpu"], rec["what"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--capture", default=str(REPO / "pcaps" / "chat_english.pcap"))
+    ap.add_argument("--json", action="store_true", help="Print the figures as JSON.")
+    ns = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = _env(os.path.join(tmp, "pycache"))
+        db = os.path.join(tmp, "s.db")
+        build = subprocess.run(
+            [sys.executable, "-c", "import sniffer; print(sniffer.build_info()['build'])"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        # Fills the database (schema at head, one stream) and the byte-code cache.
+        subprocess.run(
+            [sys.executable, "-m", "sniffer.cli", "replay", "-q", ns.capture, "--db", db],
+            env=env,
+            cwd=tmp,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        cases: list[tuple[str, str, list[str]]] = [
+            ("--help", "whole", ["--help"]),
+            ("replay", "first-packet", ["replay", "-q", ns.capture, "--db", db]),
+            (
+                "replay --no-tokens",
+                "first-packet",
+                ["replay", "-q", "--no-tokens", ns.capture, "--db", db],
+            ),
+            ("streams", "whole", ["streams", "--db", db]),
+            ("stats", "whole", ["stats", "--db", db]),
+            ("verify", "whole", ["verify", "--db", db]),
+            ("run", "capture-open", ["run", "--db", db, "--no-metrics"]),
+        ]
+        rows = []
+        for name, mode, args in cases:
+            measure(mode, args, env, tmp)  # warm-up: byte-code cache, page cache
+            best: tuple[float, float, str] | None = None
+            for _ in range(ns.runs):
+                m = measure(mode, args, env, tmp)
+                if best is None or m[1] < best[1]:
+                    best = m
+            assert best is not None
+            rows.append({"command": name, "wall": best[0], "cpu": best[1], "until": best[2]})
+    if ns.json:
+        print(json.dumps({"build": build, "startup": rows}, indent=2))
+        return 0
+    print(f"build: {build}; best of {ns.runs}, seconds from process start (target <= 0.15)")
+    print(f"{'command':<22} {'wall':>7} {'cpu':>7}  until")
+    for r in rows:
+        print(f"{r['command']:<22} {r['wall']:7.3f} {r['cpu']:7.3f}  {r['until']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

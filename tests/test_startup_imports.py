@@ -1,0 +1,113 @@
+"""Start-up stays lean: commands import only what they use (issue #16).
+
+Not timed (timings belong to bench/bench_startup.py): each case runs the CLI
+in a fresh interpreter and checks which heavy libraries ended up in
+``sys.modules``. A module-level import of one of them in the wrong place
+(``transformers``, ``torch``, ``scapy``, OpenTelemetry, Alembic, ...) fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PCAP = REPO / "pcaps" / "chat_english.pcap"
+
+#: Never needed by these commands.
+NEVER = ("transformers", "torch", "scapy", "opentelemetry", "alembic", "google.protobuf")
+
+RUN = r"""
+import json, sys
+argv, out = sys.argv[1:-1], sys.argv[-1]
+sys.argv = ["sparseety", *argv]
+from sniffer.cli import entry_point
+try:
+    entry_point()
+except SystemExit:
+    pass
+with open(out, "w") as fh:
+    json.dump(sorted(sys.modules), fh)
+"""
+
+
+def loaded(args: list[str], tmp_path: Path) -> set[str]:
+    out = tmp_path / "modules.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN, *args, str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.exists(), proc.stderr
+    return set(json.loads(out.read_text()))
+
+
+def heavy(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(n for n in names if n in modules or any(m.startswith(n + ".") for m in modules))
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-stream database at the schema head."""
+    d = tmp_path_factory.mktemp("startup")
+    path = d / "s.db"
+    args = ["replay", "-q", "--no-tokens", str(PCAP), "--db", str(path)]
+    subprocess.run(
+        [sys.executable, "-m", "sniffer.cli", *args],
+        cwd=d,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+        capture_output=True,
+    )
+    return path
+
+
+@pytest.mark.parametrize("args", [["--help"], ["replay", "--help"], ["run", "--help"]])
+def test_help_imports_no_library(args: list[str], tmp_path: Path) -> None:
+    mods = loaded(args, tmp_path)
+    assert heavy(mods, (*NEVER, "sqlalchemy", "tokenizers", "prometheus_client", "h2")) == []
+
+
+def test_replay_without_tokens(db: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "r.db"
+    shutil.copy(db, copy)
+    mods = loaded(["replay", "-q", "--no-tokens", str(PCAP), "--db", str(copy)], tmp_path)
+    assert "sniffer.core.pipeline" in mods  # it did replay
+    # No exporter asked for: neither OTLP nor the metrics library; no tokenizer.
+    assert heavy(mods, (*NEVER, "tokenizers", "prometheus_client", "sniffer.record.otlp")) == []
+
+
+def test_replay_with_tokens_at_schema_head(db: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "r.db"
+    shutil.copy(db, copy)
+    mods = loaded(["replay", "-q", str(PCAP), "--db", str(copy)], tmp_path)
+    assert "tokenizers" in mods  # the token pass ran
+    assert heavy(mods, NEVER) == []  # schema at head: no Alembic
+
+
+@pytest.mark.parametrize("command", ["streams", "stats", "verify"])
+def test_readers(command: str, db: Path, tmp_path: Path) -> None:
+    mods = loaded([command, "--db", str(db)], tmp_path)
+    assert "sqlalchemy" in mods  # it did read the database
+    assert heavy(mods, (*NEVER, "prometheus_client", "sniffer.record.otlp")) == []
+
+
+def test_streams_loads_no_tokenizer(db: Path, tmp_path: Path) -> None:
+    mods = loaded(["streams", "--db", str(db)], tmp_path)
+    assert heavy(mods, ("tokenizers", "sniffer.llm.tokens")) == []
+
+
+def test_run_print_config(tmp_path: Path) -> None:
+    mods = loaded(["run", "--print-config"], tmp_path)
+    assert heavy(mods, (*NEVER, "sqlalchemy", "tokenizers", "prometheus_client")) == []
