@@ -34,6 +34,7 @@ from sniffer.core.events import (  # noqa: E402
     StreamState,
 )
 from sniffer.llm.tokens import TokenizerRegistry  # noqa: E402
+from sniffer.llm.values import RequestSummary  # noqa: E402
 from sniffer.reports.diff import compute_diff, diff  # noqa: E402
 from sniffer.reports.stats import load_outputs  # noqa: E402
 from sniffer.store.writer import StoreWriter, make_engine  # noqa: E402
@@ -87,7 +88,7 @@ def _stream(
             path="/v1/chat/completions",
             request_headers=(),
             request_body=json.dumps(body),
-            request={"model": "fake", "temperature": 0, "prompt_len": 1},
+            request=RequestSummary(model="fake", temperature=0.0, prompt_len=1),
             dialect="openai.chat",
             label=label,
         )

@@ -29,6 +29,7 @@ from sniffer.core.events import (
     StreamResponse,
     StreamState,
 )
+from sniffer.llm.values import RequestSummary, Usage
 from sniffer.record.metrics import Metrics
 from sniffer.record.otlp import OtlpExporter, OtlpOptions
 
@@ -52,7 +53,7 @@ def events(streams: int, chunks: int) -> list[list[StoreEvent]]:
                     path="/v1/chat/completions",
                     request_headers=(),
                     request_body='{"model":"m","stream":true}',
-                    request={"model": "llama-70b", "stream": True},
+                    request=RequestSummary(model="llama-70b", stream=True),
                     dialect="openai.chat",
                     label="baseline",
                 )
@@ -76,7 +77,7 @@ def events(streams: int, chunks: int) -> list[list[StoreEvent]]:
                     event_count=chunks,
                     text_len=4 * chunks,
                     finish_reasons=((0, "stop"),),
-                    usage=f'{{"prompt_tokens":12,"completion_tokens":{chunks}}}',
+                    usage=Usage.parse({"prompt_tokens": 12, "completion_tokens": chunks}),
                     response_body=None,
                 )
             )

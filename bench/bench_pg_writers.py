@@ -21,6 +21,7 @@ import argparse
 import glob
 import multiprocessing
 import os
+import queue
 import shutil
 import subprocess
 import tempfile
@@ -40,6 +41,7 @@ from sniffer.core.events import (
     StreamResponse,
     StreamState,
 )
+from sniffer.llm.values import RequestSummary
 from sniffer.store.writer import StoreWriter, make_engine
 
 WORDS = [
@@ -118,7 +120,7 @@ def capture(writer: StoreWriter, streams: int, chunks: int) -> Iterator[StoreEve
         yield ConnectionOpened(conn, t, cli, srv, True)
         yield StreamOpened(
             sid, conn, 0, t, cli, srv, "POST", "/v1/chat/completions", (), body,
-            {"model": "tiny", "stream": True}, "openai.chat",
+            RequestSummary(model="tiny", stream=True), "openai.chat",
         )  # fmt: skip
         yield StreamResponse(sid, t, 200, (("content-type", "text/event-stream"),), "sse", True)
         text = 0
@@ -160,7 +162,16 @@ def run(url: str, writers: int, streams: int, chunks: int, batch: int, copy: boo
         p.start()
     start.wait()
     t0 = time.perf_counter()
-    results = [out.get(timeout=900) for _ in procs]
+    results = []
+    while len(results) < len(procs):
+        try:
+            results.append(out.get(timeout=1))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:  # a writer failed (its traceback is above): do not wait for it
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"a writer process exited with {dead[0]}") from None
     wall = time.perf_counter() - t0
     for p in procs:
         p.join()

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from sniffer.llm.tokens import ChunkInput, StreamInput, TokenizerRegistry, analyze_streams
+from sniffer.llm.values import Usage
 
 ENGLISH = [
     "the",
@@ -116,7 +117,7 @@ def make_streams(n_streams: int, n_chunks: int, seed: int = 7) -> list[StreamInp
                 model="deepseek-v4",
                 request=request,
                 chunks=chunks,
-                usage={"prompt_tokens": 60, "completion_tokens": 60},
+                usage=Usage.parse({"prompt_tokens": 60, "completion_tokens": 60}),
                 gap=False,
                 done_seen=True,
                 include_usage_requested=True,
