@@ -21,6 +21,7 @@ import time
 
 import h2.config
 import h2.connection
+import h2.events
 import h2.settings
 
 from sniffer.core.events import ChunkEvent, ConnectionClosed, ConnectionOpened, FlowData, FlowEvent
@@ -46,12 +47,12 @@ def h2_wire(streams: int, chunks: int, grpc: bool = False) -> list[tuple[bool, b
             if cb:
                 wire.append((True, cb))
                 for ev in s.receive_data(cb):
-                    if hasattr(ev, "flow_controlled_length") and ev.stream_id:
+                    if isinstance(ev, h2.events.DataReceived) and ev.stream_id:
                         s.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
             if sb:
                 wire.append((False, sb))
                 for ev in c.receive_data(sb):
-                    if hasattr(ev, "flow_controlled_length") and ev.stream_id:
+                    if isinstance(ev, h2.events.DataReceived) and ev.stream_id:
                         c.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
             if not cb and not sb:
                 return

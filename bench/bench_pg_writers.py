@@ -162,7 +162,7 @@ def run(url: str, writers: int, streams: int, chunks: int, batch: int, copy: boo
         p.start()
     start.wait()
     t0 = time.perf_counter()
-    results = []
+    results: list[tuple[str, float, int, int]] = []
     while len(results) < len(procs):
         try:
             results.append(out.get(timeout=1))

@@ -49,9 +49,9 @@ def bench_classify() -> None:
                 alts = [(t, -0.1), (" zz", -0.2), *((rng.choice(words), -3.0) for _ in range(3))]
                 chunk_rows.append((sid, 0, t, float(i), None, _lp(t, -0.1, alts)))
     outs = build_outputs(rows, chunk_rows, TokenizerRegistry())
-    t = time.perf_counter()
+    t0 = time.perf_counter()
     causes = [classify(outs[i], outs[i + 1]).cause for i in range(0, len(outs), 2)]
-    dt = time.perf_counter() - t
+    dt = time.perf_counter() - t0
     print(f"classify: {PAIRS} pairs of {TOKENS} tokens (top-5 logprobs) in {dt:.2f} s = "
           f"{PAIRS / dt:,.0f} pairs/s; {causes.count('near_tie')} near ties")  # fmt: skip
 

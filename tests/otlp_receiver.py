@@ -93,7 +93,7 @@ class Receiver:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def hold(self) -> None:
         self._go.clear()
