@@ -18,20 +18,21 @@ database, with COPY (the default path) and with psycopg's pipelined
 from __future__ import annotations
 
 import argparse
-import glob
 import multiprocessing
 import os
 import queue
-import shutil
-import subprocess
-import tempfile
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-from sniffer.core.events import (
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sniffer.core.events import (  # noqa: E402
     ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
@@ -41,8 +42,9 @@ from sniffer.core.events import (
     StreamResponse,
     StreamState,
 )
-from sniffer.llm.values import RequestSummary
-from sniffer.store.writer import StoreWriter, make_engine
+from sniffer.llm.values import RequestSummary  # noqa: E402
+from sniffer.store.writer import StoreWriter, make_engine  # noqa: E402
+from tests.pg_server import throwaway_postgres, why_no_server  # noqa: E402
 
 WORDS = [
     "the",
@@ -63,39 +65,17 @@ WORDS = [
 
 
 @contextmanager
-def throwaway_postgres() -> Iterator[str]:
+def server_url() -> Iterator[str]:
+    """SPARSEETY_BENCH_PG_URL, or a throwaway local server (tests/pg_server.py)."""
     url = os.environ.get("SPARSEETY_BENCH_PG_URL")
     if url:
         yield url
         return
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if not found or os.geteuid() != 0:
-        raise SystemExit("skipped: needs root and Debian's postgresql (or SPARSEETY_BENCH_PG_URL)")
-    bindir = os.path.dirname(found[-1])
-    base = tempfile.mkdtemp(prefix="sparseety-bench-pg-")
-    os.chmod(base, 0o755)
-    data, sock = os.path.join(base, "data"), os.path.join(base, "sock")
-    os.mkdir(sock)
-    shutil.chown(base, "postgres")
-    shutil.chown(sock, "postgres")
-
-    def as_pg(*cmd: str) -> None:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", *cmd],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            timeout=120,
-        )
-
-    as_pg(f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
-    opts = f"-c listen_addresses='' -c unix_socket_directories='{sock}' -c max_connections=50"
-    log = os.path.join(base, "log")
-    as_pg(f"{bindir}/pg_ctl", "-D", data, "-w", "-l", log, "-o", opts, "start")
-    try:
-        yield f"postgresql+psycopg://postgres@/postgres?host={sock}"
-    finally:
-        as_pg(f"{bindir}/pg_ctl", "-D", data, "-m", "fast", "stop")
-        shutil.rmtree(base, ignore_errors=True)
+    why = why_no_server()
+    if why is not None:
+        raise SystemExit(f"skipped: {why} (or set SPARSEETY_BENCH_PG_URL)")
+    with throwaway_postgres("sparseety-bench-pg-", "-c max_connections=50") as url:
+        yield url
 
 
 def fresh_database(server_url: str) -> str:
@@ -201,7 +181,7 @@ def main() -> None:
         f"{args.streams} streams x {args.chunks} chunks per writer, batches of {args.batch} "
         f"rows, {os.cpu_count()} CPUs (writers and server share them)"
     )
-    with throwaway_postgres() as server:
+    with server_url() as server:
         for copy in (True, False):
             for writers in (1, 4):
                 run(fresh_database(server), writers, args.streams, args.chunks, args.batch, copy)

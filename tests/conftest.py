@@ -21,15 +21,12 @@ only on a Unix socket, as the ``postgres`` user, and stopped at the end.
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
-import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
 
 import pytest
+
+from tests.pg_server import throwaway_postgres, why_no_server
 
 #: Marker → what the marked tests need, for the CI failure message.
 REQUIREMENTS = {
@@ -69,18 +66,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     )
 
 
-def _pg_bin() -> str | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    return os.path.dirname(found[-1]) if found else None
-
-
 def _why_no_pg() -> str | None:
     if os.environ.get("SPARSEETY_TEST_PG_URL"):
         return None
-    if _pg_bin() is None:
-        return "no PostgreSQL server binaries (apt-get install postgresql; make test does)"
-    if os.geteuid() != 0:
-        return "starting a throwaway PostgreSQL server needs root (runuser -u postgres)"
+    why = why_no_server()
+    if why is not None:
+        return why
     try:
         import psycopg  # noqa: F401
     except ImportError:
@@ -98,64 +89,8 @@ def pg_url() -> Iterator[str]:
     why = _why_no_pg()
     if why is not None:
         pytest.skip(why)
-    bindir = _pg_bin()
-    assert bindir is not None
-    base = tempfile.mkdtemp(prefix="sparseety-pg-")
-    os.chmod(base, 0o755)
-    data, sock = os.path.join(base, "data"), os.path.join(base, "sock")
-    os.mkdir(sock)
-    shutil.chown(base, "postgres")
-    shutil.chown(sock, "postgres")
-
-    def as_pg(*cmd: str) -> None:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", *cmd],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            timeout=120,
-        )
-
-    as_pg(f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
-    as_pg(
-        f"{bindir}/pg_ctl",
-        "-D",
-        data,
-        "-w",
-        "-t",
-        "60",
-        "-l",
-        os.path.join(base, "log"),
-        "-o",
-        f"-c listen_addresses='' -c unix_socket_directories='{sock}' -c fsync=off",
-        "start",
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(os.path.join(sock, ".s.PGSQL.5432")):
-            if time.monotonic() > deadline:
-                raise RuntimeError("PostgreSQL did not open its socket")
-            time.sleep(0.1)
-        yield f"postgresql+psycopg://postgres@/postgres?host={sock}"
-    finally:
-        subprocess.run(
-            [
-                "runuser",
-                "-u",
-                "postgres",
-                "--",
-                f"{bindir}/pg_ctl",
-                "-D",
-                data,
-                "-m",
-                "fast",
-                "stop",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=60,
-        )
-        shutil.rmtree(base, ignore_errors=True)
+    with throwaway_postgres("sparseety-pg-", "-c fsync=off") as server:
+        yield server
 
 
 @pytest.fixture
