@@ -744,8 +744,6 @@ def _mask_tokens_json(text: str | None) -> str | None:
         return json.dumps(MASK)
 
 
-_EMPTY = ("", False)
-
 
 class _Choice:
     __slots__ = ("events", "reasoning", "slots", "text")
