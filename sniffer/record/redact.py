@@ -744,7 +744,6 @@ def _mask_tokens_json(text: str | None) -> str | None:
         return json.dumps(MASK)
 
 
-
 class _Choice:
     __slots__ = ("events", "reasoning", "slots", "text")
 
