@@ -26,8 +26,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.pg_server import throwaway_postgres, why_no_server
-
 #: Marker → what the marked tests need, for the CI failure message.
 REQUIREMENTS = {
     "root": "root (packet sockets, BPF)",
@@ -69,6 +67,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def _why_no_pg() -> str | None:
     if os.environ.get("SPARSEETY_TEST_PG_URL"):
         return None
+    # imported here: tests/test_ci_rule.py runs a copy of this file on its own
+    from tests.pg_server import why_no_server
+
     why = why_no_server()
     if why is not None:
         return why
@@ -89,6 +90,8 @@ def pg_url() -> Iterator[str]:
     why = _why_no_pg()
     if why is not None:
         pytest.skip(why)
+    from tests.pg_server import throwaway_postgres
+
     with throwaway_postgres("sparseety-pg-", "-c fsync=off") as server:
         yield server
 
