@@ -322,6 +322,27 @@ def test_adopted_socket_not_heard_from_yet_is_handed_over_again() -> None:
     assert src.finish() == []
 
 
+def test_records_after_the_checkpoint_are_left_to_the_next_instance() -> None:
+    """The streams go on while an instance stops: records its sockets write
+    after the checkpoint (drained by ``finish``) belong to the next instance,
+    which counts them in its restart gap. Seen live: they opened a second,
+    empty "midway" connection for the handed-over stream."""
+    for adopted in (False, True):
+        src = EbpfSource(conn_id_base=100)
+        if adopted:  # handed over to this instance and not heard from yet
+            src.adopt([(7, {"sk": SK, "local": ["127.0.0.1", 8000],
+                            "remote": ["127.0.0.1", 50000], "server_side": True,
+                            "seq": [1, 2]})])  # fmt: skip
+        else:
+            feed(src, [rec(K_DATA, D_SENT, 0, b"x" * 10, aux=SEQ_KNOWN | 1)])
+        conn = 7 if adopted else 100
+        assert list(src.checkpoint_positions()) == [conn]
+        src.forget([conn])
+        src._raw.append(rec(K_DATA, D_SENT, 10, b"late", aux=SEQ_KNOWN | 1))
+        assert src.finish() == []
+        assert src.stats()["handed_records"] == 1
+
+
 def test_adopted_socket_never_heard_of_again_ends_as_gapped() -> None:
     src = EbpfSource()
     src.adopt([(7, {"sk": SK, "local": ["127.0.0.1", 8000], "remote": ["127.0.0.1", 1],
