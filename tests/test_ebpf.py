@@ -354,6 +354,24 @@ def test_adopted_socket_never_heard_of_again_ends_as_gapped() -> None:
     ]
 
 
+def test_adopted_socket_silent_for_the_idle_timeout_ends_during_the_run() -> None:
+    """A stream that ended while no instance ran leaves no record to see: its
+    row is ended as gapped once the socket has been silent for the idle
+    timeout, not left open until the daemon stops (days, for a sidecar)."""
+    src = EbpfSource(idle_timeout=30.0)
+    src.adopt([(7, {"sk": SK, "local": ["127.0.0.1", 8000], "remote": ["127.0.0.1", 1],
+                    "server_side": True, "seq": [1, 2]})])  # fmt: skip
+    at = src._adopted[SK]["at"]
+    out: list[FlowEvent] = []
+    src._expire_adopted(out, at + 29.0)
+    assert out == []
+    src._next_expiry = 0.0
+    src._expire_adopted(out, at + 30.0)
+    assert [(type(e).__name__, e.conn) for e in out][-1] == ("ConnectionClosed", 7)
+    assert [(g.nbytes, g.reason) for g in of(out, FlowGap)] == [(None, "restart")]
+    assert src.checkpoint_positions() == {} and src.finish() == []
+
+
 def test_constructor_validates() -> None:
     with pytest.raises(ValueError):
         EbpfSource(ports=[0])

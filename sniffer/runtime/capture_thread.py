@@ -42,6 +42,7 @@ def default_source(cfg: Config, conn_ids: int | Callable[[], int]) -> Source:
             comms=cfg.comms,
             conn_id_base=conn_ids if isinstance(conn_ids, int) else 1,
             conn_ids=None if isinstance(conn_ids, int) else conn_ids,
+            idle_timeout=cfg.idle_timeout,
         )
     from sniffer.capture.afpacket import AfPacketSource
 

@@ -270,6 +270,7 @@ class EbpfSource:
         conn_id_base: int = 1,
         exclude_self: bool = True,
         conn_ids: Callable[[], int] | None = None,
+        idle_timeout: float = 300.0,
     ) -> None:
         for p in ports:
             if not 0 < int(p) < 65536:
@@ -285,6 +286,10 @@ class EbpfSource:
         self.ring_bytes = ring_bytes
         self.obj_path = Path(obj_path) if obj_path else default_obj_path()
         self.exclude_self = exclude_self
+        #: an adopted socket silent this long (seconds) is taken for closed
+        #: while no instance ran: its row ends as gapped
+        self.idle_timeout = idle_timeout
+        self._next_expiry = 0.0
         self._next_conn = conn_id_base
         #: hands out connection ids when given (the store's id blocks)
         self._conn_ids = conn_ids
@@ -443,7 +448,27 @@ class EbpfSource:
         out: list[FlowEvent] = []
         self._process(out)
         self._check_counters(out)
+        if self._adopted:
+            self._expire_adopted(out, time.monotonic())
         return out
+
+    def _expire_adopted(self, out: list[FlowEvent], now: float) -> None:
+        """End the adopted sockets silent for ``idle_timeout``: they closed while
+        no instance ran (no record will ever come), or went idle like any
+        connection the idle timeout ends. Checked at most once a second."""
+        if now < self._next_expiry:
+            return
+        self._next_expiry = now + 1.0
+        for sk in [sk for sk, a in self._adopted.items() if now - a["at"] >= self.idle_timeout]:
+            self._end_adopted(out, self._adopted.pop(sk)["conn"], self._last_ts or time.time())
+
+    @staticmethod
+    def _end_adopted(out: list[FlowEvent], conn: int, ts: float) -> None:
+        # whatever the server sent after the checkpoint was missed (count unknown)
+        out.append(FlowGap(conn, ts, False, None, "restart"))
+        out.append(FlowEnd(conn, ts, True, "eof"))
+        out.append(FlowEnd(conn, ts, False, "eof"))
+        out.append(ConnectionClosed(conn, ts, "eof"))
 
     def _consume(self, out: list[FlowEvent]) -> None:
         if self._rb is not None and self._lib is not None:
@@ -792,13 +817,8 @@ class EbpfSource:
             self._close(out, c, self._last_ts, "eof")
         ts = self._last_ts or time.time()
         for a in self._adopted.values():
-            # handed over and never heard of again: whatever the server sent
-            # after the checkpoint was missed (count unknown)
-            conn = a["conn"]
-            out.append(FlowGap(conn, ts, False, None, "restart"))
-            out.append(FlowEnd(conn, ts, True, "eof"))
-            out.append(FlowEnd(conn, ts, False, "eof"))
-            out.append(ConnectionClosed(conn, ts, "eof"))
+            # handed over and never heard of again
+            self._end_adopted(out, a["conn"], ts)
         self._adopted.clear()
         return out
 
