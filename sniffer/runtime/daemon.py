@@ -265,7 +265,7 @@ class Daemon:
                     self._capture.source.close()
             if self._writer is not None and not self._clean:
                 with contextlib.suppress(Exception):
-                    self._writer.engine.dispose()
+                    self._writer.dispose()
 
     def _loop(self) -> None:
         q = self._queue
