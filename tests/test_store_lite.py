@@ -122,3 +122,30 @@ def test_writer_start_imports_no_sqlalchemy(tmp_path: Path) -> None:
         check=True,
     ).stdout.strip()
     assert out == "False"
+
+
+def test_queries_read_the_same_rows_without_sqlalchemy(tmp_path: Path) -> None:
+    """``list_streams`` / ``get_stream`` on a SQLite file opened with the stdlib driver
+    give exactly what they give through an engine (booleans as ``bool``, same order)."""
+    from sniffer.store.queries import get_stream, list_streams
+    from sniffer.store.writer import open_store
+
+    path = tmp_path / "s.db"
+    for capture in ("concurrent_4.pcap", "n2.pcap", "error_midstream.pcap"):
+        replay(REPO / "pcaps" / capture, str(path))
+    store = open_store(str(path))
+    assert isinstance(store, lite.SqliteFile)
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        every = list_streams(engine)
+        assert every and list_streams(store) == every
+        assert any(isinstance(r["gap"], bool) for r in every)
+        for kw in ({"state": "complete"}, {"limit": 2}, {"stream_ids": [2, 3]}, {"node": "x"}):
+            assert list_streams(store, **kw) == list_streams(engine, **kw), kw  # type: ignore[arg-type]
+        assert list_streams(store, stream_ids=[]) == list_streams(engine, stream_ids=[]) == []
+        for r in every:
+            assert get_stream(store, r["id"]) == get_stream(engine, r["id"])
+        assert get_stream(store, 10**9) is None
+    finally:
+        store.close()
+        engine.dispose()

@@ -24,6 +24,7 @@ from sniffer.cli.common import (
     make_registry,
     node_option,
     open_engine,
+    open_store,
     parse_labels,
     tokenizer_options,
 )
@@ -380,8 +381,8 @@ def streams(
     from sniffer.store.queries import list_streams
 
     with library_errors():
-        engine = open_engine(db)
-        rows = list_streams(engine, label=label, model=model, state=state, node=node)
+        store = open_store(db)
+        rows = list_streams(store, label=label, model=model, state=state, node=node)
         if not show_all:
             rows = [r for r in rows if (r.get("dialect") or PLAIN_HTTP) != PLAIN_HTTP]
         if limit is not None:
@@ -441,8 +442,7 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool, node: str | None) ->
     from sniffer.store.queries import get_stream
 
     with library_errors():
-        engine = open_engine(db)
-        s = get_stream(engine, stream_id)
+        s = get_stream(open_store(db), stream_id)
     if s is None:
         fail(f"no stream {stream_id} in {db}")
         return

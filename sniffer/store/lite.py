@@ -120,6 +120,15 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "errors": ("id", "ts", "stage", "kind", "message", "connection_id", "stream_id", "node"),
 }
 
+#: Boolean columns (stored 0/1; SQLAlchemy reads them back as ``bool``, and so
+#: does :meth:`SqliteFile.select`).
+BOOLEAN_COLUMNS: dict[str, frozenset[str]] = {
+    "connections": frozenset({"syn_seen"}),
+    "streams": frozenset({"is_stream", "streaming", "done_seen", "gap", "text_kept"}),
+    "chunks": frozenset(),
+    "errors": frozenset(),
+}
+
 #: ``(table, set columns in table order, coalesced columns)`` of an UPDATE by id:
 #: its positional parameters are ``b_<column>`` for each set column, then ``b_id``.
 UpdateSpec = tuple[str, tuple[str, ...], tuple[str, ...]]
@@ -227,6 +236,48 @@ class SqliteFile:
             row = self._connection().execute(sql, params).fetchone()
         return None if row is None else row[0]
 
+    def select(
+        self,
+        table: str,
+        where: Sequence[tuple[str, Any]] = (),
+        order_by: Sequence[str] = ("id",),
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Whole rows of ``table`` as dicts (as ``sniffer.store.queries`` returns
+        them): ``where`` pairs are ``column = value``, or ``column IN (values)``
+        for a list."""
+        cols = TABLE_COLUMNS[table]
+        clauses: list[str] = []
+        params: list[Any] = []
+        for col, value in where:
+            if isinstance(value, list):
+                if not value:
+                    return []
+                clauses.append(f"{table}.{col} IN ({', '.join('?' * len(value))})")
+                params.extend(value)
+            else:
+                clauses.append(f"{table}.{col} = ?")
+                params.append(value)
+        sql = f"SELECT {', '.join(f'{table}.{c}' for c in cols)} FROM {table}"
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
+        sql += " ORDER BY " + ", ".join(f"{table}.{c}" for c in order_by)
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self._lock:
+            rows = self._connection().execute(sql, params).fetchall()
+        flags = [i for i, c in enumerate(cols) if c in BOOLEAN_COLUMNS[table]]
+        out = []
+        for row in rows:
+            d = dict(zip(cols, row, strict=True))
+            for i in flags:
+                v = row[i]
+                if v is not None:
+                    d[cols[i]] = bool(v)
+            out.append(d)
+        return out
+
     def reserve(self, kind: str, size: int) -> int:
         """Move the ``id_blocks`` row ``kind`` on by ``size``; returns its new ``next_id``
         (the statement ``sniffer.store.ids.reserve`` runs, in one transaction)."""
@@ -248,6 +299,7 @@ class SqliteFile:
 
 
 __all__ = [
+    "BOOLEAN_COLUMNS",
     "PLAIN_HTTP",
     "TABLE_COLUMNS",
     "SqliteFile",

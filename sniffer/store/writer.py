@@ -155,6 +155,21 @@ def _sqlite_file(url_or_path: str) -> str | None:
     return db_path(url_or_path)
 
 
+def open_store(url_or_path: str) -> SqliteFile | Engine:
+    """The database for reading: a SQLite file at the schema head through the
+    standard library's driver (``sniffer.store.lite``: the queries that take one,
+    ``list_streams``, ``get_stream``, run without SQLAlchemy); anything else an
+    engine (``make_engine``: migrated first, as every command does)."""
+    path = _sqlite_file(url_or_path)
+    if path is None:
+        return make_engine(url_or_path)
+    store, engine = _open_sqlite(url_or_path, path)
+    if engine is None:
+        return store
+    store.close()
+    return engine
+
+
 def _open_sqlite(url_or_path: str, path: str) -> tuple[SqliteFile, Engine | None]:
     """Open a SQLite file for writing without SQLAlchemy when its schema is at head
     (one query); otherwise migrate it first through ``make_engine`` (returned)."""
