@@ -377,7 +377,7 @@ def streams(
       sparseety streams --db sparseety.db --state gap
       sparseety streams --db postgresql+psycopg://sparseety@db/sparseety --node gpu-07
     """
-    from sniffer.store.models import PLAIN_HTTP
+    from sniffer.store.lite import PLAIN_HTTP
     from sniffer.store.queries import list_streams
 
     with library_errors():
