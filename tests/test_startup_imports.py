@@ -89,6 +89,8 @@ def test_replay_without_tokens(db: Path, tmp_path: Path) -> None:
     # A SQLite file at the schema head is written through the stdlib driver.
     assert "sniffer.store.lite" in mods
     assert heavy(mods, ("sqlalchemy",)) == []
+    # Other commands' modules stay unloaded (the group loads them when named).
+    assert heavy(mods, ("sniffer.cli.run", "sniffer.cli.compare", "sniffer.cli.verify")) == []
 
 
 def test_replay_with_tokens_at_schema_head(db: Path, tmp_path: Path) -> None:
