@@ -1,6 +1,10 @@
 """Schema creation and upgrades: Alembic migrations, run under a lock.
 
-Every process that opens the store (``make_engine``) calls :func:`migrate`:
+Every process that opens the store (``make_engine``) calls :func:`migrate`.
+A SQLite file opened by the writer or ``open_store`` is first checked with
+the standard library's driver (``sniffer.store.lite.revision``, one query, no
+SQLAlchemy); only a file that is not at head comes here.
+
 
 1. Without any lock, read the database's revision (``alembic_version``). At
    this code's head: done (the common case costs one query).
