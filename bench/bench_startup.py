@@ -150,6 +150,7 @@ def main() -> int:
                 ["replay", "-q", "--no-tokens", ns.capture, "--db", db],
             ),
             ("streams", "whole", ["streams", "--db", db]),
+            ("show", "whole", ["show", "1", "--db", db]),
             ("stats", "whole", ["stats", "--db", db]),
             ("verify", "whole", ["verify", "--db", db]),
             ("run", "capture-open", ["run", "--db", db, "--no-metrics"]),

@@ -86,6 +86,11 @@ def test_replay_without_tokens(db: Path, tmp_path: Path) -> None:
     assert "sniffer.core.pipeline" in mods  # it did replay
     # No exporter asked for: neither OTLP nor the metrics library; no tokenizer.
     assert heavy(mods, (*NEVER, "tokenizers", "prometheus_client", "sniffer.record.otlp")) == []
+    # A SQLite file at the schema head is written through the stdlib driver.
+    assert "sniffer.store.lite" in mods
+    assert heavy(mods, ("sqlalchemy",)) == []
+    # Other commands' modules stay unloaded (the group loads them when named).
+    assert heavy(mods, ("sniffer.cli.run", "sniffer.cli.compare", "sniffer.cli.verify")) == []
 
 
 def test_replay_with_tokens_at_schema_head(db: Path, tmp_path: Path) -> None:
@@ -96,11 +101,19 @@ def test_replay_with_tokens_at_schema_head(db: Path, tmp_path: Path) -> None:
     assert heavy(mods, NEVER) == []  # schema at head: no Alembic
 
 
-@pytest.mark.parametrize("command", ["streams", "stats", "verify"])
+@pytest.mark.parametrize("command", ["stats", "verify"])
 def test_readers(command: str, db: Path, tmp_path: Path) -> None:
     mods = loaded([command, "--db", str(db)], tmp_path)
     assert "sqlalchemy" in mods  # it did read the database
     assert heavy(mods, (*NEVER, "prometheus_client", "sniffer.record.otlp")) == []
+
+
+@pytest.mark.parametrize("command", [["streams"], ["show", "1"]])
+def test_sqlite_readers_need_no_sqlalchemy(command: list[str], db: Path, tmp_path: Path) -> None:
+    """A SQLite file at the schema head is read through the stdlib driver."""
+    mods = loaded([*command, "--db", str(db)], tmp_path)
+    assert {"sqlite3", "sniffer.store.lite", "sniffer.store.queries"} <= mods  # it did read
+    assert heavy(mods, (*NEVER, "sqlalchemy", "prometheus_client", "sniffer.record.otlp")) == []
 
 
 def test_streams_loads_no_tokenizer(db: Path, tmp_path: Path) -> None:

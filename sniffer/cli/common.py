@@ -61,6 +61,16 @@ def open_engine(db: str) -> Any:
     return make_engine(db)
 
 
+def open_store(db: str) -> Any:
+    """Like ``open_engine``, for the queries that also read a SQLite file at the
+    schema head without SQLAlchemy (``sniffer.store.writer.open_store``)."""
+    from sniffer.store.writer import open_store as store_open
+
+    if "://" not in db and not os.path.lexists(db):
+        fail(f"no database at {db!r} (run 'sparseety replay' or 'sparseety run' first)")
+    return store_open(db)
+
+
 def parse_labels(values: tuple[str, ...]) -> dict[int, str]:
     """``PORT=NAME`` pairs → {port: name}."""
     out: dict[int, str] = {}

@@ -24,6 +24,7 @@ from sniffer.cli.common import (
     make_registry,
     node_option,
     open_engine,
+    open_store,
     parse_labels,
     tokenizer_options,
 )
@@ -52,7 +53,27 @@ def _build_name() -> str:
     return "pure" if origin.endswith(".py") else "compiled"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _LazyGroup(click.Group):
+    """A group whose commands in ``LAZY_COMMANDS`` are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in LAZY_COMMANDS:
+            import importlib
+
+            command = getattr(importlib.import_module(LAZY_COMMANDS[cmd_name]), cmd_name)
+            assert isinstance(command, click.Command)
+            self.add_command(command)
+        return command
+
+
+@click.group(
+    cls=_LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(
     __version__,
     prog_name="sparseety",
@@ -376,12 +397,12 @@ def streams(
       sparseety streams --db sparseety.db --state gap
       sparseety streams --db postgresql+psycopg://sparseety@db/sparseety --node gpu-07
     """
-    from sniffer.store.models import PLAIN_HTTP
+    from sniffer.store.lite import PLAIN_HTTP
     from sniffer.store.queries import list_streams
 
     with library_errors():
-        engine = open_engine(db)
-        rows = list_streams(engine, label=label, model=model, state=state, node=node)
+        store = open_store(db)
+        rows = list_streams(store, label=label, model=model, state=state, node=node)
         if not show_all:
             rows = [r for r in rows if (r.get("dialect") or PLAIN_HTTP) != PLAIN_HTTP]
         if limit is not None:
@@ -441,8 +462,7 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool, node: str | None) ->
     from sniffer.store.queries import get_stream
 
     with library_errors():
-        engine = open_engine(db)
-        s = get_stream(engine, stream_id)
+        s = get_stream(open_store(db), stream_id)
     if s is None:
         fail(f"no stream {stream_id} in {db}")
         return
@@ -665,13 +685,17 @@ def prune(db: str, older_than: str, batch: int, no_vacuum: bool, node: str | Non
                 click.echo(f"vacuum: {v.freed_pages} pages freed ({v.page_size} bytes each)")
 
 
-# Commands that live in their own modules (after ``main`` exists).
-from sniffer.cli.compare import diff, probe, stats  # noqa: E402
-from sniffer.cli.run import run  # noqa: E402
-from sniffer.cli.verify import tokenize, verify  # noqa: E402
-
-for _command in (run, verify, tokenize, probe, stats, diff):
-    main.add_command(_command)
+#: Commands that live in their own modules: loaded when named on the command
+#: line (or listed by ``--help``), so that ``replay`` does not import ``run``'s
+#: configuration machinery nor the report modules' (issue #16: start-up).
+LAZY_COMMANDS = {
+    "run": "sniffer.cli.run",
+    "verify": "sniffer.cli.verify",
+    "tokenize": "sniffer.cli.verify",
+    "probe": "sniffer.cli.compare",
+    "stats": "sniffer.cli.compare",
+    "diff": "sniffer.cli.compare",
+}
 
 
 def entry_point() -> None:

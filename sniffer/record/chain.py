@@ -43,7 +43,6 @@ from sniffer.core.events import StoreEvent
 from sniffer.record.redact import Redactor, StreamRedactor
 from sniffer.record.sampling import Sampler
 from sniffer.record.token_collector import TokenCollector
-from sniffer.record.tokenize_pass import TokenizeResult, tokenize_inputs
 from sniffer.store.writer import StoreWriter
 
 if TYPE_CHECKING:
@@ -52,6 +51,7 @@ if TYPE_CHECKING:
     from sniffer.llm.tokens import TokenizerRegistry
     from sniffer.record.metrics import Metrics
     from sniffer.record.otlp import OtlpExporter
+    from sniffer.record.tokenize_pass import TokenizeResult
 
 __all__ = [
     "ErrorHook",
@@ -328,6 +328,10 @@ class RecordingChain:
         first stream) closed streams the collector holds and write their token
         rows (through ``engine``, default the writer's); feed token metrics and
         the sampler's anomaly boost."""
+        # The token pass (and SQLAlchemy, which it queries through) loads at the
+        # first pass, not before the first packet.
+        from sniffer.record.tokenize_pass import TokenizeResult, tokenize_inputs
+
         if self.collector is None or self.tokens is None:
             return TokenizeResult()
         with self._collector_lock:

@@ -53,7 +53,6 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.llm.dialects.base import OUTPUT_KINDS
-from sniffer.record.metrics import stream_state
 
 if TYPE_CHECKING:
     from sniffer.record.metrics import Metrics
@@ -327,6 +326,8 @@ class _Tracker:
 
 
 def _close(r: StreamRecord, ev: StreamClosed) -> None:
+    from sniffer.record.metrics import stream_state  # prometheus_client: not at start-up
+
     r.t_end = ev.ts
     r.state = stream_state(ev)
     if ev.state is StreamState.OPEN:

@@ -57,8 +57,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from sniffer.capture.source import CaptureItem, stats_dict
 from sniffer.core.events import CaptureGap, FlowEvent, Segment, StoreEvent
 from sniffer.core.pipeline import Pipeline, PipelineConfig
@@ -265,7 +263,7 @@ class Daemon:
                     self._capture.source.close()
             if self._writer is not None and not self._clean:
                 with contextlib.suppress(Exception):
-                    self._writer.engine.dispose()
+                    self._writer.dispose()
 
     def _loop(self) -> None:
         q = self._queue
@@ -548,6 +546,11 @@ class Daemon:
         }
         path = checkpoint_path(self.config.database)
         where = str(path) if path is not None else f"table checkpoints, node {writer.node}"
+        failures: tuple[type[BaseException], ...] = (OSError, InsecureDatabaseFile)
+        if path is None:  # a server database (SQLAlchemy): its errors too
+            from sqlalchemy.exc import SQLAlchemyError
+
+            failures = (*failures, SQLAlchemyError)
         try:
             if path is None:
                 save_checkpoint(writer.engine, writer.node, doc)
@@ -557,7 +560,7 @@ class Daemon:
                 with os.fdopen(open_private(str(tmp)), "w", encoding="utf-8") as fh:
                     fh.write(json.dumps(doc))
                 os.replace(tmp, path)
-        except (OSError, InsecureDatabaseFile, SQLAlchemyError) as exc:
+        except failures as exc:
             self.log("error", "checkpoint-failed", path=where, error=str(exc))
             # the pipeline dropped them: close their rows now rather than never
             out = pipe.close_checkpointed(entries, time.time())
@@ -575,6 +578,8 @@ class Daemon:
         path = checkpoint_path(self.config.database)
         if path is None:
             where = f"table checkpoints, node {writer.node}"
+            from sqlalchemy.exc import SQLAlchemyError
+
             try:
                 doc = take_checkpoint(writer.engine, writer.node)
             except (SQLAlchemyError, ValueError) as exc:

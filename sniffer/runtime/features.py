@@ -113,8 +113,11 @@ def attach_features(d: Daemon) -> Features:
     if not cfg.redact:
         log("warning", "redaction-off", note="prompts and outputs are stored as captured")
     if chain.tokens is not None:
-        chain.tokens.preload()  # a bad tokenizer config fails at start, with its message
-        trim_heap()  # the tokenizer's JSON parse leaves ~20 MB freed but mapped
+        # A bad tokenizer config fails at start, with its message; the built-in
+        # default loads at the first token pass (in the token thread), not
+        # before the capture opens (issue #16: start-up).
+        chain.tokens.preload_configured()
+        trim_heap()  # a tokenizer's JSON parse leaves ~20 MB freed but mapped
         f.workers.append(token_worker(chain, cfg.database, log))
     d.chain = chain
 

@@ -18,19 +18,23 @@ reserved in the database (``sniffer.store.ids``), so they never collide.
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from sniffer.capture.pcap import CaptureFileError, read_capture
 from sniffer.core.events import PipelineError, StoreEvent
 from sniffer.core.pipeline import Pipeline, PipelineConfig
-from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.record.chain import RecordingChain
 from sniffer.record.redact import Redactor
 from sniffer.store.writer import StoreWriter
+
+if TYPE_CHECKING:
+    import multiprocessing.connection
+
+    from sniffer.llm.tokens import TokenizerRegistry
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -165,6 +169,8 @@ def _replay_parallel(
     proto: bytes | None = None,
 ) -> ReplayResult:
     StoreWriter(db, batch_size=batch_size).close()  # migrates the schema once, before forking
+    import multiprocessing  # only here: one process needs none of it
+
     ctx = multiprocessing.get_context("fork")
     workers = []
     # What the parent holds now (modules, the tokenizer registry) outlives the

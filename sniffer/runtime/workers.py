@@ -100,14 +100,18 @@ class Periodic:
 
 
 def token_worker(chain: RecordingChain, database: str, log: Log) -> Periodic:
-    """Tokenize the streams ``chain`` saw close, in batches, through its own engine."""
-    from sniffer.store.writer import make_engine
-
-    engine = make_engine(database)
+    """Tokenize the streams ``chain`` saw close, in batches, through its own engine
+    (made at the first pass, in this thread: SQLAlchemy is not loaded at start-up)."""
+    engines: list[Any] = []
 
     def work() -> None:
         if not chain.tokens_ready:
             return
+        if not engines:
+            from sniffer.store.writer import make_engine
+
+            engines.append(make_engine(database))
+        engine = engines[0]
         for _ in range(10_000):  # bounded: what closes meanwhile waits for the next call
             if not chain.tokens_ready:
                 break

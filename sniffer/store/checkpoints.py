@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, delete, insert, select
-
-from sniffer.store.models import checkpoints
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 __all__ = ["save_checkpoint", "take_checkpoint"]
 
 
 def save_checkpoint(engine: Engine, node: str, doc: dict[str, Any]) -> None:
     """Replace ``node``'s checkpoint with ``doc`` (JSON-ready), in one transaction."""
+    from sqlalchemy import delete, insert
+
+    from sniffer.store.models import checkpoints
+
     written_at = float(doc.get("written_at") or time.time())
     with engine.begin() as conn:
         conn.execute(delete(checkpoints).where(checkpoints.c.node == node))
@@ -39,6 +42,10 @@ def take_checkpoint(engine: Engine, node: str) -> dict[str, Any] | None:
     """``node``'s checkpoint, deleted in the same transaction (an instance
     adopts it once), or None. Raises ``ValueError`` for a payload that is not a
     JSON object (the row is deleted all the same)."""
+    from sqlalchemy import delete, select
+
+    from sniffer.store.models import checkpoints
+
     with engine.begin() as conn:
         row = conn.execute(select(checkpoints.c.payload).where(checkpoints.c.node == node)).first()
         if row is None:

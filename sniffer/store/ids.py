@@ -36,10 +36,12 @@ block once the database answers. Rows could not be written meanwhile anyway.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, update
+from sniffer.store.lite import SqliteFile
 
-from sniffer.store.models import id_blocks
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 #: First block a writer reserves, and the largest.
 FIRST_BLOCK = 64
@@ -49,10 +51,18 @@ MAX_BLOCK = 65536
 KINDS = ("connections", "streams")
 
 
-def reserve(engine: Engine, kind: str, size: int) -> range:
-    """Reserve ``size`` consecutive ids of ``kind`` (one short transaction)."""
+def reserve(engine: Engine | SqliteFile, kind: str, size: int) -> range:
+    """Reserve ``size`` consecutive ids of ``kind`` (one short transaction) through a
+    SQLAlchemy engine or a SQLite file opened without it (``sniffer.store.lite``)."""
     if kind not in KINDS:
         raise ValueError(f"unknown id kind {kind!r}")
+    if isinstance(engine, SqliteFile):
+        end = engine.reserve(kind, size)
+        return range(end - size, end)
+    from sqlalchemy import update
+
+    from sniffer.store.models import id_blocks
+
     stmt = (
         update(id_blocks)
         .where(id_blocks.c.name == kind)
@@ -67,6 +77,8 @@ def reserve(engine: Engine, kind: str, size: int) -> range:
 def peek(engine: Engine, kind: str) -> int:
     """The next id of ``kind`` nobody has reserved yet (informative only)."""
     from sqlalchemy import select
+
+    from sniffer.store.models import id_blocks
 
     with engine.connect() as conn:
         return int(
@@ -85,7 +97,12 @@ class IdBlocks:
     """
 
     def __init__(
-        self, engine: Engine, kind: str, *, first: int = FIRST_BLOCK, max_block: int = MAX_BLOCK
+        self,
+        engine: Engine | SqliteFile,
+        kind: str,
+        *,
+        first: int = FIRST_BLOCK,
+        max_block: int = MAX_BLOCK,
     ) -> None:
         self.engine = engine
         self.kind = kind

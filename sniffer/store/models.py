@@ -122,11 +122,14 @@ from sqlalchemy import (
     Text,
 )
 
+from sniffer.store.lite import PLAIN_HTTP as _PLAIN_HTTP
+
 SCHEMA_VERSION = 3
 
 #: ``streams.dialect`` of an exchange that is not an LLM stream (plain HTTP):
-#: the store's spelling of ``StreamOpened.dialect is None``.
-PLAIN_HTTP = "http"
+#: the store's spelling of ``StreamOpened.dialect is None`` (defined in ``lite``,
+#: which the writers import without SQLAlchemy).
+PLAIN_HTTP = _PLAIN_HTTP
 
 metadata = MetaData()
 

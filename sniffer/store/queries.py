@@ -10,11 +10,15 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, func, select
+from sniffer.store.lite import SqliteFile
 
-from sniffer.store.models import chunks, connections, errors, streams
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+# SQLAlchemy loads inside the functions that query through it: ``list_streams``
+# and ``get_stream`` on a SQLite file opened without it (``open_store``) never do.
 
 #: Stream columns that hold JSON text.
 STREAM_JSON_COLUMNS = ("request_headers", "response_headers", "finish_reasons", "usage")
@@ -38,7 +42,7 @@ def json_columns(
 
 
 def list_streams(
-    engine: Engine,
+    engine: Engine | SqliteFile,
     *,
     label: str | None = None,
     model: str | None = None,
@@ -49,6 +53,19 @@ def list_streams(
 ) -> list[dict[str, Any]]:
     """Stream rows in ``t_request`` order (then id), optionally filtered
     (``node``: only the streams that sidecar captured)."""
+    if isinstance(engine, SqliteFile):
+        where: list[tuple[str, Any]] = [
+            (col, value)
+            for col, value in (("node", node), ("label", label), ("model", model), ("state", state))
+            if value is not None
+        ]
+        if stream_ids is not None:
+            where.append(("id", list(stream_ids)))
+        return engine.select("streams", where, ("t_request", "id"), limit)
+    from sqlalchemy import select
+
+    from sniffer.store.models import streams
+
     stmt = select(streams)
     if node is not None:
         stmt = stmt.where(streams.c.node == node)
@@ -69,14 +86,30 @@ def list_streams(
 
 def stream_chunks(engine: Engine, stream_id: int) -> list[dict[str, Any]]:
     """Chunk rows of one stream in capture order (``seq``)."""
+    from sqlalchemy import select
+
+    from sniffer.store.models import chunks
+
     stmt = select(chunks).where(chunks.c.stream_id == stream_id).order_by(chunks.c.seq, chunks.c.id)
     with engine.connect() as conn:
         return _rows(conn.execute(stmt))
 
 
-def get_stream(engine: Engine, stream_id: int) -> dict[str, Any] | None:
+def get_stream(engine: Engine | SqliteFile, stream_id: int) -> dict[str, Any] | None:
     """The stream row plus ``"chunks"`` (ordered by seq) and ``"errors"`` of that
     stream; ``None`` if there is no such stream."""
+    if isinstance(engine, SqliteFile):
+        found = engine.select("streams", [("id", stream_id)])
+        if not found:
+            return None
+        out = found[0]
+        out["chunks"] = engine.select("chunks", [("stream_id", stream_id)], ("seq", "id"))
+        out["errors"] = engine.select("errors", [("stream_id", stream_id)], ("ts", "id"))
+        return out
+    from sqlalchemy import select
+
+    from sniffer.store.models import chunks, errors, streams
+
     with engine.connect() as conn:
         row = conn.execute(select(streams).where(streams.c.id == stream_id)).first()
         if row is None:
@@ -104,6 +137,10 @@ def stream_text(engine: Engine, stream_id: int) -> dict[int, str]:
 
     Only choices that carried text appear.
     """
+    from sqlalchemy import select
+
+    from sniffer.store.models import chunks
+
     stmt = (
         select(chunks.c.choice, chunks.c.text)
         .where(chunks.c.stream_id == stream_id)
@@ -120,6 +157,10 @@ def stream_text(engine: Engine, stream_id: int) -> dict[int, str]:
 def list_nodes(engine: Engine) -> list[dict[str, Any]]:
     """Every node that wrote streams: ``{"node", "streams", "first", "last"}``
     (capture times of its first and last request), by name."""
+    from sqlalchemy import func, select
+
+    from sniffer.store.models import streams
+
     stmt = (
         select(
             streams.c.node,
@@ -136,6 +177,10 @@ def list_nodes(engine: Engine) -> list[dict[str, Any]]:
 
 def count_rows(engine: Engine) -> dict[str, int]:
     """Number of rows per table: connections, streams, chunks, errors."""
+    from sqlalchemy import func, select
+
+    from sniffer.store.models import chunks, connections, errors, streams
+
     out: dict[str, int] = {}
     with engine.connect() as conn:
         for table in (connections, streams, chunks, errors):
@@ -154,6 +199,10 @@ def list_errors(
     node: str | None = None,
 ) -> list[dict[str, Any]]:
     """Error rows in chronological order; with ``limit``, the most recent ones."""
+    from sqlalchemy import select
+
+    from sniffer.store.models import errors
+
     stmt = select(errors)
     if node is not None:
         stmt = stmt.where(errors.c.node == node)
@@ -172,6 +221,10 @@ def list_errors(
 
 def get_connection(engine: Engine, connection_id: int) -> dict[str, Any] | None:
     """One connection row, or ``None``."""
+    from sqlalchemy import select
+
+    from sniffer.store.models import connections
+
     with engine.connect() as conn:
         row = conn.execute(select(connections).where(connections.c.id == connection_id)).first()
     return None if row is None else dict(row._mapping)

@@ -1,6 +1,10 @@
 """Schema creation and upgrades: Alembic migrations, run under a lock.
 
-Every process that opens the store (``make_engine``) calls :func:`migrate`:
+Every process that opens the store (``make_engine``) calls :func:`migrate`.
+A SQLite file opened by the writer or ``open_store`` is first checked with
+the standard library's driver (``sniffer.store.lite.revision``, one query, no
+SQLAlchemy); only a file that is not at head comes here.
+
 
 1. Without any lock, read the database's revision (``alembic_version``). At
    this code's head: done (the common case costs one query).
@@ -34,13 +38,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, inspect
-from sqlalchemy.engine import Connection
-from sqlalchemy.exc import OperationalError
-
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
     from alembic.script import ScriptDirectory
+    from sqlalchemy import Engine
+    from sqlalchemy.engine import Connection
 
 #: Key of the PostgreSQL advisory lock that serialises migrations ("sparseety").
 ADVISORY_LOCK_KEY = 0x5350_4152_5345_4554 & 0x7FFF_FFFF_FFFF_FFFF
@@ -88,6 +90,8 @@ def head_revision(script_location: str = SCRIPT_LOCATION) -> str:
 def current_revision(conn: Connection) -> str | None:
     """The database's revision (``alembic_version``); ``None`` for a fresh or a
     v0.1 database."""
+    from sqlalchemy import inspect
+
     if not inspect(conn).has_table("alembic_version"):
         return None
     rows = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars().all()
@@ -120,6 +124,8 @@ def _check_known(current: str | None, script_location: str) -> None:
 @contextmanager
 def _locked(engine: Engine) -> Iterator[Connection]:
     """A connection inside a transaction that holds the migration lock."""
+    from sqlalchemy.exc import OperationalError
+
     with engine.connect() as conn:
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY})")

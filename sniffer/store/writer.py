@@ -31,12 +31,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from itertools import chain
-from typing import Any
-
-from sqlalchemy import Engine, bindparam, create_engine, event, func, insert, select, update
-from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DataError, SQLAlchemyError
-from sqlalchemy.pool import StaticPool
+from typing import TYPE_CHECKING, Any
 
 from sniffer.core.credentials import is_credential_header
 from sniffer.core.events import (
@@ -55,8 +50,19 @@ from sniffer.core.events import (
 from sniffer.llm.values import Usage
 from sniffer.store.files import db_path, ensure_db_file
 from sniffer.store.ids import IdBlocks
-from sniffer.store.models import PLAIN_HTTP, chunks, connections, errors, streams
-from sniffer.store.schema import migrate
+from sniffer.store.lite import (
+    PLAIN_HTTP,
+    TABLE_COLUMNS,
+    SqliteFile,
+    UpdateSpec,
+    insert_sql,
+    update_spec,
+    update_sql,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+    from sqlalchemy.engine import Connection
 
 _UNENCODABLE = re.compile("[\ud800-\udfff\x00]")
 
@@ -90,6 +96,9 @@ def make_engine(url_or_path: str) -> Engine:
     keys off and a 5 s busy timeout. The tables are created if missing.
     Example: ``make_engine("capture.db")``, ``make_engine("postgresql+psycopg://…")``.
     """
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.pool import StaticPool
+
     url = url_or_path if "://" in url_or_path else f"sqlite:///{url_or_path}"
     if url.startswith("sqlite"):
         memory = _is_sqlite_memory(url) or url_or_path == ":memory:"
@@ -128,7 +137,53 @@ def create_schema(engine: Engine) -> None:
     """Bring the database to this code's schema (``sniffer.store.schema.migrate``):
     versioned Alembic migrations under a lock; raises ``SchemaTooNew`` for a
     database a newer sparseety migrated."""
+    from sniffer.store.schema import migrate
+
     migrate(engine)
+
+
+def _sqlite_file(url_or_path: str) -> str | None:
+    """The file of a SQLite path or plain ``sqlite:///`` URL the writer can open with
+    the standard library's driver (``sniffer.store.lite``); None for anything else
+    (PostgreSQL, in-memory, a URL with options)."""
+    if "://" in url_or_path and (
+        not url_or_path.startswith("sqlite:///")
+        or "?" in url_or_path
+        or "mode=memory" in url_or_path
+    ):
+        return None
+    return db_path(url_or_path)
+
+
+def open_store(url_or_path: str) -> SqliteFile | Engine:
+    """The database for reading: a SQLite file at the schema head through the
+    standard library's driver (``sniffer.store.lite``: the queries that take one,
+    ``list_streams``, ``get_stream``, run without SQLAlchemy); anything else an
+    engine (``make_engine``: migrated first, as every command does)."""
+    path = _sqlite_file(url_or_path)
+    if path is None:
+        return make_engine(url_or_path)
+    store, engine = _open_sqlite(url_or_path, path)
+    if engine is None:
+        return store
+    store.close()
+    return engine
+
+
+def _open_sqlite(url_or_path: str, path: str) -> tuple[SqliteFile, Engine | None]:
+    """Open a SQLite file for writing without SQLAlchemy when its schema is at head
+    (one query); otherwise migrate it first through ``make_engine`` (returned)."""
+    from sniffer.store.schema import REVISIONS
+
+    ensure_db_file(path)  # created 0600 before SQLite opens it; no symlink
+    store = SqliteFile(path)
+    try:
+        if store.revision() == REVISIONS[-1]:
+            return store, None
+        return store, make_engine(url_or_path)  # migrates, or refuses a newer schema
+    except BaseException:
+        store.close()
+        raise
 
 
 # ---------------------------------------------------------------------------
@@ -310,8 +365,8 @@ _CHUNK_COLUMNS = (
 )
 _USAGE_AT = _CHUNK_COLUMNS.index("usage")
 _ERROR_COLUMNS = ("ts", "stage", "kind", "message", "connection_id", "stream_id", "node")
-_CONNECTION_COLUMNS = tuple(c.name for c in connections.columns)
-_STREAM_COLUMNS = tuple(c.name for c in streams.columns)
+_CONNECTION_COLUMNS = TABLE_COLUMNS["connections"]
+_STREAM_COLUMNS = TABLE_COLUMNS["streams"]
 
 
 #: A chunk row in ``_CHUNK_COLUMNS`` order, built in C (this is the hot path):
@@ -325,25 +380,40 @@ def _error_row(ev: PipelineError, node: str) -> tuple[Any, ...]:
     return (ev.ts, ev.stage, ev.kind, ev.message, ev.conn, ev.stream, node)
 
 
-def _update_stmt(table: Any, columns: Iterable[str]) -> Any:
-    return (
-        update(table)
-        .where(table.c.id == bindparam("b_id"))
-        .values({c: bindparam(f"b_{c}") for c in columns})
-    )
-
-
 def _bind(row_id: int, values: dict[str, Any]) -> dict[str, Any]:
     out = {f"b_{k}": v for k, v in values.items()}
     out["b_id"] = row_id
     return out
 
 
-_CONN_CLOSE = _update_stmt(connections, ("closed_at", "close_reason"))
-_STREAM_RESPONSE = _update_stmt(streams, _RESPONSE_COLUMNS)
-_STREAM_CLOSE = _update_stmt(streams, _CLOSE_COLUMNS).values(
-    model=func.coalesce(streams.c.model, bindparam("b_model"))
-)
+#: The UPDATEs a flush runs for rows written by an earlier batch (by id).
+_UPDATES: dict[str, UpdateSpec] = {
+    "conn_close": update_spec("connections", ("closed_at", "close_reason")),
+    "stream_response": update_spec("streams", _RESPONSE_COLUMNS),
+    "stream_close": update_spec("streams", _CLOSE_COLUMNS, coalesce=("model",)),
+}
+
+
+def _update_stmt(spec: UpdateSpec) -> Any:
+    """The SQLAlchemy statement of an UPDATE spec (non-SQLite dialects compile it)."""
+    from sqlalchemy import bindparam, func, update
+
+    from sniffer.store import models
+
+    name, columns, coalesce = spec
+    table = getattr(models, name)
+    return (
+        update(table)
+        .where(table.c.id == bindparam("b_id"))
+        .values(
+            {
+                c: func.coalesce(table.c[c], bindparam(f"b_{c}"))
+                if c in coalesce
+                else bindparam(f"b_{c}")
+                for c in columns
+            }
+        )
+    )
 
 
 class StoreWriter:
@@ -364,6 +434,11 @@ class StoreWriter:
 
     On PostgreSQL (psycopg 3) the inserts go through ``COPY … FROM STDIN``
     (``copy=False``: the driver's pipelined ``executemany``, as on SQLite).
+
+    A SQLite file (a path or a plain ``sqlite:///`` URL, no ``engine`` given) is
+    written through the standard library's driver (``sniffer.store.lite``):
+    opening it costs one query and no SQLAlchemy import when its schema is at
+    head. ``engine`` is then made on first use (the token pass, the reports).
     """
 
     def __init__(
@@ -376,23 +451,48 @@ class StoreWriter:
         node: str | None = None,
         copy: bool = True,
     ) -> None:
+        self._url = url_or_path
         self._owns_engine = engine is None
-        self.engine: Engine = engine if engine is not None else make_engine(url_or_path)
-        if engine is not None:
+        self._engine: Engine | None = engine
+        #: the SQLite file written without SQLAlchemy (None: rows go through ``engine``)
+        self._lite: SqliteFile | None = None
+        path = _sqlite_file(url_or_path) if engine is None else None
+        if path is not None:
+            self._lite, self._engine = _open_sqlite(url_or_path, path)
+        elif engine is None:
+            self._engine = make_engine(url_or_path)
+        else:
             create_schema(engine)
         self.batch_size = max(1, batch_size)
         #: label given to connection rows (streams carry their own label)
         self.label = label
         #: the sidecar's name, stored on every connection, stream and error row
         self.node: str = node or socket.gethostname()
-        self.conn_ids = IdBlocks(self.engine, "connections")
-        self.stream_ids = IdBlocks(self.engine, "streams")
-        dialect = self.engine.dialect
-        #: COPY for inserts (PostgreSQL through psycopg 3 only)
-        self.copy = copy and dialect.name == "postgresql" and dialect.driver == "psycopg"
-        dbapi = getattr(dialect, "dbapi", None)
-        self._dbapi_data_error: type[BaseException] = getattr(dbapi, "DataError", DataError)
-        self._dbapi_error: type[BaseException] = getattr(dbapi, "Error", SQLAlchemyError)
+        ids_db: Engine | SqliteFile = self._lite if self._lite is not None else self.engine
+        self.conn_ids = IdBlocks(ids_db, "connections")
+        self.stream_ids = IdBlocks(ids_db, "streams")
+        #: errors of a batch the driver cannot encode (cleaned and retried once),
+        #: and of a batch the database rejects
+        self._data_errors: tuple[type[BaseException], ...]
+        self._db_errors: tuple[type[BaseException], ...]
+        if self._lite is not None:
+            import sqlite3
+
+            self.dialect_name = "sqlite"
+            self.copy = False
+            self._data_errors = (sqlite3.DataError,)
+            self._db_errors = (sqlite3.Error,)
+        else:
+            from sqlalchemy.exc import DataError, SQLAlchemyError
+
+            dialect = self.engine.dialect
+            #: the database's dialect ("sqlite", "postgresql")
+            self.dialect_name = dialect.name
+            #: COPY for inserts (PostgreSQL through psycopg 3 only)
+            self.copy = copy and dialect.name == "postgresql" and dialect.driver == "psycopg"
+            dbapi = getattr(dialect, "dbapi", None)
+            self._data_errors = (DataError, getattr(dbapi, "DataError", DataError))
+            self._db_errors = (SQLAlchemyError, getattr(dbapi, "Error", SQLAlchemyError))
         self._conn_rows: dict[int, dict[str, Any]] = {}
         self._stream_rows: dict[int, dict[str, Any]] = {}
         self._chunk_rows: list[tuple[Any, ...]] = []
@@ -418,15 +518,31 @@ class StoreWriter:
             "discarded_rows": 0,
         }
 
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine of the database (made on first use for a SQLite file
+        the writer opened without it)."""
+        if self._engine is None:
+            self._engine = make_engine(self._url)
+        return self._engine
+
     # -- ids ---------------------------------------------------------------
 
     def id_bases(self) -> tuple[int, int]:
         """(next connection id, next stream id): one past every id in the database
         and in the unflushed batch. Informative only: ids to hand out come from
         ``conn_ids`` / ``stream_ids``, which stay unique with concurrent writers."""
-        with self.engine.connect() as conn:
-            max_conn = conn.execute(select(func.max(connections.c.id))).scalar()
-            max_stream = conn.execute(select(func.max(streams.c.id))).scalar()
+        if self._lite is not None:
+            max_conn = self._lite.scalar("SELECT max(connections.id) FROM connections")
+            max_stream = self._lite.scalar("SELECT max(streams.id) FROM streams")
+        else:
+            from sqlalchemy import func, select
+
+            from sniffer.store.models import connections, streams
+
+            with self.engine.connect() as conn:
+                max_conn = conn.execute(select(func.max(connections.c.id))).scalar()
+                max_stream = conn.execute(select(func.max(streams.c.id))).scalar()
         conn_ids = [max_conn or 0, *self._conn_rows]
         stream_ids = [max_stream or 0, *self._stream_rows]
         return max(conn_ids) + 1, max(stream_ids) + 1
@@ -499,35 +615,54 @@ class StoreWriter:
     # -- flushing ----------------------------------------------------------
 
     def _compiled(
-        self, name: str, stmt: Any, columns: tuple[str, ...] | None
+        self, name: str, columns: tuple[str, ...] | None
     ) -> tuple[str, tuple[str, ...] | None]:
-        """SQL text for the engine's dialect, and the parameter order if positional.
+        """SQL text for the database's dialect, and the parameter order if positional,
+        of ``insert:<table>`` (``columns``) or of an update of ``_UPDATES``.
 
-        Compiled once per writer; executed with ``exec_driver_sql`` so that no
+        Made once per writer; executed with ``exec_driver_sql`` so that no
         per-row parameter processing happens in SQLAlchemy (72k chunk rows go
-        straight to the driver's ``executemany``).
+        straight to the driver's ``executemany``). On a SQLite file opened
+        without SQLAlchemy, the text is the one SQLAlchemy compiles for SQLite.
         """
         found = self._sql.get(name)
         if found is None:
-            compiled = stmt.compile(
-                dialect=self.engine.dialect, column_keys=columns, for_executemany=True
-            )
-            order = tuple(compiled.positiontup) if compiled.positional else None
-            found = (str(compiled), order)
+            kind, _, table = name.partition(":")
+            stmt: Any
+            if self._lite is not None:
+                if kind == "insert":
+                    assert columns is not None
+                    found = (insert_sql(table, columns), columns)
+                else:
+                    found = update_sql(_UPDATES[name])
+            else:
+                if kind == "insert":
+                    from sqlalchemy import insert
+
+                    from sniffer.store import models
+
+                    stmt = insert(getattr(models, table))
+                else:
+                    stmt = _update_stmt(_UPDATES[name])
+                compiled = stmt.compile(
+                    dialect=self.engine.dialect, column_keys=columns, for_executemany=True
+                )
+                order = tuple(compiled.positiontup) if compiled.positional else None
+                found = (str(compiled), order)
             self._sql[name] = found
         return found
 
     def _insert_many(
-        self, conn: Connection, table: Any, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
+        self, conn: Connection, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
     ) -> None:
         if self.copy:
-            self._copy_rows(conn, table.name, columns, rows)
+            self._copy_rows(conn, table, columns, rows)
             return
-        sql, order = self._compiled(f"insert:{table.name}", insert(table), columns)
+        sql, order = self._compiled(f"insert:{table}", columns)
         if order is None:
             # Named parameters (PostgreSQL drivers): the driver's executemany.
             conn.exec_driver_sql(sql, [dict(zip(columns, row, strict=True)) for row in rows])
-        elif order == columns and self.engine.dialect.name == "sqlite" and len(rows) > 1:
+        elif order == columns and self.dialect_name == "sqlite" and len(rows) > 1:
             # Several rows per INSERT (999 parameters at most, the limit of old
             # SQLite builds): about 40 % faster than one row per statement.
             per = max(1, 999 // len(columns))
@@ -563,11 +698,9 @@ class StoreWriter:
             for row in rows:
                 write_row(row)
 
-    def _update_many(
-        self, conn: Connection, name: str, stmt: Any, rows: list[dict[str, Any]]
-    ) -> int:
+    def _update_many(self, conn: Connection, name: str, rows: list[dict[str, Any]]) -> int:
         """Run an UPDATE for every row; returns how many rows matched nothing."""
-        sql, order = self._compiled(name, stmt, None)
+        sql, order = self._compiled(name, None)
         if order is None:
             result = conn.exec_driver_sql(sql, rows)
         else:
@@ -580,24 +713,22 @@ class StoreWriter:
         if self._conn_rows:
             cols = _CONNECTION_COLUMNS
             rows = [tuple(r[c] for c in cols) for r in self._conn_rows.values()]
-            self._insert_many(conn, connections, cols, rows)
+            self._insert_many(conn, "connections", cols, rows)
         if self._stream_rows:
             cols = _STREAM_COLUMNS
             rows = [tuple(r[c] for c in cols) for r in self._stream_rows.values()]
-            self._insert_many(conn, streams, cols, rows)
+            self._insert_many(conn, "streams", cols, rows)
         if self._chunk_rows:
-            self._insert_many(conn, chunks, _CHUNK_COLUMNS, self._chunk_rows)
+            self._insert_many(conn, "chunks", _CHUNK_COLUMNS, self._chunk_rows)
         if self._error_rows:
-            self._insert_many(conn, errors, _ERROR_COLUMNS, self._error_rows)
+            self._insert_many(conn, "errors", _ERROR_COLUMNS, self._error_rows)
         unmatched = 0
         if self._conn_closes:
-            unmatched += self._update_many(conn, "conn_close", _CONN_CLOSE, self._conn_closes)
+            unmatched += self._update_many(conn, "conn_close", self._conn_closes)
         if self._stream_responses:
-            unmatched += self._update_many(
-                conn, "stream_response", _STREAM_RESPONSE, self._stream_responses
-            )
+            unmatched += self._update_many(conn, "stream_response", self._stream_responses)
         if self._stream_closes:
-            unmatched += self._update_many(conn, "stream_close", _STREAM_CLOSE, self._stream_closes)
+            unmatched += self._update_many(conn, "stream_close", self._stream_closes)
         return unmatched
 
     def _clean_batch(self) -> None:
@@ -622,7 +753,16 @@ class StoreWriter:
         if self._pending == 0:
             return
         start = time.perf_counter()
-        unencodable = (UnicodeEncodeError, ValueError, DataError, self._dbapi_data_error)
+        unencodable: tuple[type[BaseException], ...] = (
+            UnicodeEncodeError,
+            ValueError,
+            *self._data_errors,
+        )
+        retry_failed: tuple[type[BaseException], ...] = (
+            *self._db_errors,
+            UnicodeEncodeError,
+            ValueError,
+        )
         try:
             unmatched = self._try_flush()
         except unencodable:
@@ -631,9 +771,9 @@ class StoreWriter:
             self.stats["cleaned_batches"] += 1
             try:
                 unmatched = self._try_flush()
-            except (SQLAlchemyError, self._dbapi_error, UnicodeEncodeError, ValueError) as exc:
+            except retry_failed as exc:
                 self._failed(exc)
-        except (SQLAlchemyError, self._dbapi_error) as exc:
+        except self._db_errors as exc:
             self._failed(exc)
         self.stats["connections"] += len(self._conn_rows)
         self.stats["streams"] += len(self._stream_rows)
@@ -657,6 +797,9 @@ class StoreWriter:
         self.stream_ids.prefetch()
 
     def _try_flush(self) -> int:
+        if self._lite is not None:
+            with self._lite.begin() as tx:
+                return self._execute_batch(tx)  # type: ignore[arg-type]  # its exec_driver_sql
         with self.engine.begin() as conn:
             return self._execute_batch(conn)
 
@@ -696,8 +839,14 @@ class StoreWriter:
         self.flush()
         if not self._closed:
             self._closed = True
-            if self._owns_engine:
-                self.engine.dispose()
+            self.dispose()
+
+    def dispose(self) -> None:
+        """Release the database connections this writer opened (nothing is flushed)."""
+        if self._lite is not None:
+            self._lite.close()
+        if self._owns_engine and self._engine is not None:
+            self._engine.dispose()
 
     def __enter__(self) -> StoreWriter:
         return self

@@ -1,0 +1,311 @@
+"""A SQLite file store through the standard library's driver, without SQLAlchemy.
+
+Importing SQLAlchemy costs more CPU than a command's whole start-up should
+(issue #16: <= 0.15 s to the first useful work). The writers already send
+their rows straight to the driver (``executemany`` with tuples), so on a
+SQLite file they need SQLAlchemy for nothing but its statement text, the
+schema check and the id blocks. This module does those three with
+``sqlite3``:
+
+- :func:`connect` opens the file with the pragmas ``make_engine`` sets, in the
+  same order (a database file is the same whichever opened it first);
+- :func:`revision` reads the schema revision with one query (the Alembic
+  ``alembic_version`` table): a store at head needs nothing else; anything
+  else goes through ``sniffer.store.schema.migrate`` (SQLAlchemy + Alembic);
+- :class:`SqliteFile` runs a writer's transactions and reserves id blocks;
+- :data:`TABLE_COLUMNS` and :func:`insert_sql` / :func:`update_sql` give the
+  statement text SQLAlchemy compiles for SQLite (a test compares them).
+
+PostgreSQL, in-memory SQLite, migrations and the reports keep SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+#: ``streams.dialect`` of an exchange that is not an LLM stream (plain HTTP):
+#: the store's spelling of ``StreamOpened.dialect is None`` (``models.PLAIN_HTTP``).
+PLAIN_HTTP = "http"
+
+#: Columns of the tables the writers fill, in table order (``sniffer.store.models``;
+#: a test checks they match).
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "connections": (
+        "id",
+        "client_ip",
+        "client_port",
+        "server_ip",
+        "server_port",
+        "opened_at",
+        "closed_at",
+        "close_reason",
+        "syn_seen",
+        "capture",
+        "pid",
+        "comm",
+        "label",
+        "node",
+    ),
+    "streams": (
+        "id",
+        "connection_id",
+        "exchange",
+        "label",
+        "capture",
+        "pid",
+        "comm",
+        "client",
+        "server",
+        "method",
+        "path",
+        "dialect",
+        "model",
+        "is_stream",
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "n",
+        "seed",
+        "prompt_len",
+        "request_json",
+        "request_headers",
+        "status",
+        "response_headers",
+        "content_type",
+        "streaming",
+        "t_request",
+        "t_response",
+        "t_first_content",
+        "t_last_chunk",
+        "state",
+        "reason",
+        "done_seen",
+        "gap",
+        "chunk_count",
+        "event_count",
+        "text_len",
+        "finish_reasons",
+        "usage",
+        "prompt_tokens",
+        "completion_tokens",
+        "response_body",
+        "request_bytes",
+        "response_bytes",
+        "error",
+        "closed_at",
+        "text_kept",
+        "node",
+    ),
+    "chunks": (
+        "id",
+        "stream_id",
+        "seq",
+        "choice",
+        "chunk_index",
+        "kind",
+        "ts",
+        "text",
+        "reasoning",
+        "tool_calls",
+        "finish_reason",
+        "logprobs",
+        "usage",
+        "raw",
+        "server_tokens",
+    ),
+    "errors": ("id", "ts", "stage", "kind", "message", "connection_id", "stream_id", "node"),
+}
+
+#: Boolean columns (stored 0/1; SQLAlchemy reads them back as ``bool``, and so
+#: does :meth:`SqliteFile.select`).
+BOOLEAN_COLUMNS: dict[str, frozenset[str]] = {
+    "connections": frozenset({"syn_seen"}),
+    "streams": frozenset({"is_stream", "streaming", "done_seen", "gap", "text_kept"}),
+    "chunks": frozenset(),
+    "errors": frozenset(),
+}
+
+#: ``(table, set columns in table order, coalesced columns)`` of an UPDATE by id:
+#: its positional parameters are ``b_<column>`` for each set column, then ``b_id``.
+UpdateSpec = tuple[str, tuple[str, ...], tuple[str, ...]]
+
+
+def insert_sql(table: str, columns: Sequence[str]) -> str:
+    """``INSERT INTO table (a, b) VALUES (?, ?)``: positional, in ``columns`` order."""
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+
+def update_spec(table: str, columns: Sequence[str], coalesce: Sequence[str] = ()) -> UpdateSpec:
+    """The columns an UPDATE by id sets, in table order (as SQLAlchemy renders them).
+    A ``coalesce`` column keeps a value already there (``coalesce(col, ?)``)."""
+    wanted = {*columns, *coalesce}
+    ordered = tuple(c for c in TABLE_COLUMNS[table] if c in wanted)
+    return table, ordered, tuple(coalesce)
+
+
+def update_sql(spec: UpdateSpec) -> tuple[str, tuple[str, ...]]:
+    """The UPDATE text of ``spec`` and its parameter order (``b_<column>``…, ``b_id``)."""
+    table, ordered, coalesce = spec
+    sets = ", ".join(
+        f"{c}=coalesce({table}.{c}, ?)" if c in coalesce else f"{c}=?" for c in ordered
+    )
+    order = (*(f"b_{c}" for c in ordered), "b_id")
+    return f"UPDATE {table} SET {sets} WHERE {table}.id = ?", order
+
+
+def connect(path: str) -> sqlite3.Connection:
+    """Open the SQLite file ``path`` as ``make_engine`` does: WAL, ``synchronous=NORMAL``,
+    foreign keys off, a 5 s busy timeout (``auto_vacuum`` first, for a new file).
+    The caller has created the file (``ensure_db_file``)."""
+    conn = sqlite3.connect(path, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=OFF")
+        conn.execute("PRAGMA busy_timeout=5000")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def revision(conn: sqlite3.Connection) -> str | None:
+    """The schema revision (``alembic_version``); None when it is missing, empty or
+    ambiguous (``migrate`` then decides what to do)."""
+    try:
+        rows = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+    except sqlite3.OperationalError:  # no such table: fresh or v0.1 database
+        return None
+    return str(rows[0][0]) if len(rows) == 1 else None
+
+
+class _Transaction:
+    """What a writer's flush needs of a connection: ``exec_driver_sql`` (executemany)."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def exec_driver_sql(self, sql: str, params: Any) -> sqlite3.Cursor:
+        if isinstance(params, list):
+            return self._conn.executemany(sql, params)
+        return self._conn.execute(sql, params)
+
+
+class SqliteFile:
+    """One SQLite file opened with the standard library's driver (thread-safe: one
+    connection, one transaction at a time). ``name`` is the dialect's."""
+
+    name = "sqlite"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._conn: sqlite3.Connection | None = connect(path)
+        self._lock = threading.RLock()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = connect(self.path)
+        return self._conn
+
+    def revision(self) -> str | None:
+        with self._lock:
+            return revision(self._connection())
+
+    @contextmanager
+    def begin(self) -> Iterator[_Transaction]:
+        """A transaction: committed when the block ends, rolled back if it raises."""
+        with self._lock:
+            conn = self._connection()
+            try:
+                yield _Transaction(conn)
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+
+    def scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """The first column of the first row of a query (None without a row)."""
+        with self._lock:
+            row = self._connection().execute(sql, params).fetchone()
+        return None if row is None else row[0]
+
+    def select(
+        self,
+        table: str,
+        where: Sequence[tuple[str, Any]] = (),
+        order_by: Sequence[str] = ("id",),
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Whole rows of ``table`` as dicts (as ``sniffer.store.queries`` returns
+        them): ``where`` pairs are ``column = value``, or ``column IN (values)``
+        for a list."""
+        cols = TABLE_COLUMNS[table]
+        clauses: list[str] = []
+        params: list[Any] = []
+        for col, value in where:
+            if isinstance(value, list):
+                if not value:
+                    return []
+                clauses.append(f"{table}.{col} IN ({', '.join('?' * len(value))})")
+                params.extend(value)
+            else:
+                clauses.append(f"{table}.{col} = ?")
+                params.append(value)
+        sql = f"SELECT {', '.join(f'{table}.{c}' for c in cols)} FROM {table}"
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
+        sql += " ORDER BY " + ", ".join(f"{table}.{c}" for c in order_by)
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self._lock:
+            rows = self._connection().execute(sql, params).fetchall()
+        flags = [i for i, c in enumerate(cols) if c in BOOLEAN_COLUMNS[table]]
+        out = []
+        for row in rows:
+            d = dict(zip(cols, row, strict=True))
+            for i in flags:
+                v = row[i]
+                if v is not None:
+                    d[cols[i]] = bool(v)
+            out.append(d)
+        return out
+
+    def reserve(self, kind: str, size: int) -> int:
+        """Move the ``id_blocks`` row ``kind`` on by ``size``; returns its new ``next_id``
+        (the statement ``sniffer.store.ids.reserve`` runs, in one transaction)."""
+        with self.begin() as tx:
+            rows = tx.exec_driver_sql(
+                "UPDATE id_blocks SET next_id=(id_blocks.next_id + ?) "
+                "WHERE id_blocks.name = ? RETURNING id_blocks.next_id",
+                (size, kind),
+            ).fetchall()
+        if len(rows) != 1:
+            raise LookupError(f"{len(rows)} id_blocks rows named {kind!r}")
+        return int(rows[0][0])
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+__all__ = [
+    "BOOLEAN_COLUMNS",
+    "PLAIN_HTTP",
+    "TABLE_COLUMNS",
+    "SqliteFile",
+    "connect",
+    "insert_sql",
+    "revision",
+    "update_spec",
+    "update_sql",
+]
