@@ -21,11 +21,11 @@ from __future__ import annotations
 import json
 from array import array
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamOpened
-from sniffer.llm.tokens import ChunkInput, StreamInput
+from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput
 from sniffer.llm.values import Usage
 from sniffer.record.redact import Redactor, redact_choice_texts
 
@@ -41,7 +41,7 @@ class _Open:
     """An open stream's chunks, kept compact (1,000 open streams of hundreds of
     chunks each must not cost objects per chunk): seq, choice and text length
     in arrays, the texts joined in blocks, finish reasons and logprobs only
-    where present. ``chunks()`` builds the ``ChunkInput`` list when taken."""
+    where present. ``chunks()`` hands them over as ``ChunkColumns``."""
 
     __slots__ = (
         "blocks",
@@ -87,16 +87,11 @@ class _Open:
     def __len__(self) -> int:
         return len(self.lens)
 
-    def chunks(self) -> list[ChunkInput]:
-        extra = self.extra
-        none = (None, None)
-        text = "".join([*self.blocks, *self.tail])
-        out: list[ChunkInput] = []
-        pos = 0
-        for i, (seq, choice, n) in enumerate(zip(self.seqs, self.choices, self.lens, strict=True)):
-            out.append(ChunkInput(seq, choice, text[pos : pos + n], *extra.get(i, none)))
-            pos += n
-        return out
+    def chunks(self) -> ChunkColumns:
+        """The chunks as columns (the analysis builds no object per chunk)."""
+        return ChunkColumns(
+            self.seqs, self.choices, self.lens, "".join([*self.blocks, *self.tail]), self.extra
+        )
 
 
 class TokenCollector:
@@ -158,7 +153,7 @@ class TokenCollector:
                 if s is None:
                     continue
                 # Kept compact until taken: at a burst of closes (1,000 streams
-                # ending together) the ChunkInputs exist for one batch at a time.
+                # ending together) the texts are joined for one batch at a time.
                 self._ready.append((ev.stream, s, ev.usage, ev.gap, ev.done_seen))
                 self._ready_by_id[ev.stream] = s
 
@@ -186,7 +181,7 @@ class TokenCollector:
         )
 
     def _redacted(
-        self, chunks: list[ChunkInput]
+        self, chunks: Sequence[ChunkInput]
     ) -> tuple[dict[int, str] | None, dict[int, list[tuple[int, int]]] | None]:
         """Per choice that had something redacted: the stored text and the spans."""
         red = self._windows
