@@ -32,7 +32,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import compress, groupby, repeat
+from itertools import chain, compress, groupby, repeat
 from operator import is_not, or_
 from typing import Any
 
@@ -408,7 +408,7 @@ def _straddle_seqs(cc: ChoiceChunks | None) -> tuple[int, ...]:
     """The seq of each straddling token's chunk (repeated per token)."""
     if cc is None or not any(cc.straddles):
         return ()
-    return tuple([seq for seq, n in zip(cc.seqs, cc.straddles, strict=True) if n for _ in range(n)])
+    return tuple(chain.from_iterable(map(repeat, cc.seqs, cc.straddles)))
 
 
 def _logprobs(chunks: Sequence[ChunkInput], choice: int) -> list[str]:
