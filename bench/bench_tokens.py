@@ -18,7 +18,13 @@ import statistics
 import time
 from collections.abc import Callable
 
-from sniffer.llm.tokens import ChunkInput, StreamInput, TokenizerRegistry, analyze_streams
+from sniffer.llm.tokens import (
+    ChunkColumns,
+    ChunkInput,
+    StreamInput,
+    TokenizerRegistry,
+    analyze_streams,
+)
 from sniffer.llm.values import Usage
 
 ENGLISH = [
@@ -170,6 +176,11 @@ def main() -> None:
     out_min, out_med = best(lambda: analyze_streams(registry, bare), args.repeat)
     out_cpu = min(CPU)
     ana_min, ana_med = best(lambda: analyze_streams(registry, streams), args.repeat)
+    ana_cpu = min(CPU)
+    # what the token collector hands over: the chunks in columns
+    cols = [dataclasses.replace(s, chunks=ChunkColumns.of(s.chunks)) for s in streams]
+    col_min, col_med = best(lambda: analyze_streams(registry, cols), args.repeat)
+    col_cpu = min(CPU)
 
     res = analyze_streams(registry, streams)
     dist: dict[int, int] = {}
@@ -201,6 +212,12 @@ def main() -> None:
         f"analyze_streams, full (+ {args.streams} chat prompts of ~200 chars): "
         f"{ana_min * 1e3:.1f} ms best, {ana_med * 1e3:.1f} ms median "
         f"-> {n_chunks / ana_min:,.0f} chunks/s"
+    )
+    print(
+        f"  CPU {ana_cpu * 1e3:.0f} ms = {ana_cpu / n_chunks * 1e6:.2f} us per chunk; "
+        f"on ChunkColumns (the collector's form): {col_min * 1e3:.1f} ms best, "
+        f"{col_med * 1e3:.1f} ms median, CPU {col_cpu * 1e3:.0f} ms "
+        f"= {col_cpu / n_chunks * 1e6:.2f} us per chunk"
     )
     print(f"tokens per chunk: {dict(sorted(dist.items()))}; straddling tokens: {straddles}")
 

@@ -3,10 +3,19 @@
 1. Tokenizer path: encode throughput (tokens/s) of the default DeepSeek-V4
    tokenizer on the texts of the capture.
 2. Replay of the backbone capture (``bench/out/bench.pcap``; record it with
-   ``python -m bench.capture``) with tokenization off, then the token pass on
-   the same database (what ``replay`` without ``--no-tokens`` adds), then
-   ``verify`` of the whole database. Target: the token pass adds at most 25 %
-   to the replay time.
+   ``python -m bench.capture``) in one process with tokenization off, then the
+   token pass on the same database (``tokenize_db``: what ``sparseety
+   tokenize`` does), then ``verify`` of the whole database. Target: the token
+   pass adds at most 25 % to the replay.
+3. Replay with tokens on (the default): what the recording chain's token
+   collector costs on the capture path (``observe``, per chunk event) and what
+   its token pass costs after the capture (``chain.tokenize``: the same
+   analysis on the texts the collector kept, without reading them back).
+
+Every figure is given as CPU time of this process (``time.process_time``,
+all threads: the tokenizer's Rust batch encoder may use several) and as wall
+time; on a shared machine the CPU figures are the ones to compare. The best
+of ``--repeat`` runs is reported, the median in brackets.
 
     python -m bench.bench_verify [--pcap bench/out/bench.pcap] [--repeat 3]
 """
@@ -14,19 +23,75 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 
+from sniffer.core.events import StoreEvent
 from sniffer.llm.tokens import TokenizerRegistry
-from sniffer.record.tokenize_pass import tokenize_db
+from sniffer.record.chain import RecordingChain, RecordingOptions
+from sniffer.record.tokenize_pass import TokenizeResult, tokenize_db
 from sniffer.reports.verify import verify_db
 from sniffer.runtime.replay import replay
 from sniffer.store.models import chunks
 from sniffer.store.writer import make_engine
+
+T = TypeVar("T")
+
+
+class Clock:
+    """CPU and wall seconds of each timed run."""
+
+    def __init__(self) -> None:
+        self.cpu: list[float] = []
+        self.wall: list[float] = []
+
+    def time(self, fn: Callable[[], T]) -> T:
+        c0, w0 = time.process_time(), time.perf_counter()
+        out = fn()
+        self.cpu.append(time.process_time() - c0)
+        self.wall.append(time.perf_counter() - w0)
+        return out
+
+    def best(self) -> float:
+        return min(self.cpu)
+
+    def __str__(self) -> str:
+        return (
+            f"{min(self.cpu):.3f} s CPU [{statistics.median(self.cpu):.3f}], "
+            f"{min(self.wall):.3f} s wall [{statistics.median(self.wall):.3f}]"
+        )
+
+
+def timed_chain(registry: TokenizerRegistry, observe: Clock, tokenize: Clock) -> RecordingChain:
+    """The default recording chain, with its collector's ``observe`` and its
+    token pass timed."""
+    chain = RecordingChain.from_config(RecordingOptions(), tokens=registry)
+    collect = chain._collect
+    spent = [0.0, 0.0]
+
+    def timed_collect(events: list[StoreEvent]) -> None:
+        c0, w0 = time.process_time(), time.perf_counter()
+        collect(events)
+        spent[0] += time.process_time() - c0
+        spent[1] += time.perf_counter() - w0
+
+    chain.observers = [timed_collect if o == collect else o for o in chain.observers]
+    run_pass = chain.tokenize
+
+    def timed_tokenize(**kw: Any) -> TokenizeResult:
+        observe.cpu.append(spent[0])
+        observe.wall.append(spent[1])
+        return tokenize.time(functools.partial(run_pass, **kw))
+
+    chain.tokenize = timed_tokenize  # type: ignore[method-assign]
+    return chain
 
 
 def main() -> None:
@@ -44,24 +109,19 @@ def main() -> None:
     tok = registry.default()
     print(f"tokenizer load: {time.perf_counter() - t0:.2f} s ({tok})")
 
-    replay_s: list[float] = []
-    pass_s: list[float] = []
-    verify_s: list[float] = []
-    tokens = streams = nchunks = 0
+    replay_t, pass_t, verify_t = Clock(), Clock(), Clock()
+    on_t, observe_t, chain_pass_t = Clock(), Clock(), Clock()
+    tokens = streams = nchunks = events = 0
     texts: list[str] = []
     for _ in range(args.repeat):
         with tempfile.TemporaryDirectory() as tmp:
             db = str(Path(tmp) / "b.db")
-            r = replay(pcap, db)
-            replay_s.append(r.seconds)
+            r = replay_t.time(functools.partial(replay, pcap, db))
+            events = r.chunk_events
             engine = make_engine(db)
-            t0 = time.perf_counter()
-            res = tokenize_db(engine, registry, batch=args.batch)
-            pass_s.append(time.perf_counter() - t0)
+            res = pass_t.time(functools.partial(tokenize_db, engine, registry, batch=args.batch))
             tokens, streams, nchunks = res.tokens, res.streams, res.chunks
-            t0 = time.perf_counter()
-            report = verify_db(engine, registry, tokenize=False)
-            verify_s.append(time.perf_counter() - t0)
+            report = verify_t.time(functools.partial(verify_db, engine, registry, tokenize=False))
             if not texts:
                 with engine.connect() as conn:
                     parts: dict[tuple[int, int], list[str]] = {}
@@ -78,26 +138,37 @@ def main() -> None:
                     f"{report.failed} failed, kinds {report.kind_counts()}"
                 )
             engine.dispose()
+            db2 = str(Path(tmp) / "on.db")
+            chain = timed_chain(registry, observe_t, chain_pass_t)
+            on_t.time(functools.partial(replay, pcap, db2, chain=chain))
 
-    enc: list[float] = []
+    enc = Clock()
     n = 0
     for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        n = sum(len(ids) for ids in tok.encode_batch(texts))
-        enc.append(time.perf_counter() - t0)
-    e = statistics.median(enc)
+        n = sum(len(ids) for ids in enc.time(functools.partial(tok.encode_batch, texts)))
+    print(f"encode_batch of {len(texts)} texts, {n} tokens: {enc} = {n / enc.best():,.0f} tokens/s")
+    rp, tp = replay_t.best(), pass_t.best()
+    print(f"replay (tokens off, 1 process): {replay_t}")
     print(
-        f"encode_batch of {len(texts)} texts: {n} tokens in {e * 1000:.1f} ms "
-        f"= {n / e:,.0f} tokens/s"
+        f"token pass (tokenize_db): {pass_t} for {streams} streams, {nchunks} chunks, "
+        f"{tokens} tokens = {tp / events * 1e6:.2f} us CPU per chunk event"
     )
-    rp, tp, vp = (statistics.median(x) for x in (replay_s, pass_s, verify_s))
-    print(f"replay (tokens off): {rp:.2f} s   (runs: {', '.join(f'{x:.2f}' for x in replay_s)})")
+    print(f"replay + token pass: +{tp / rp * 100:.1f} % of the replay's CPU (target <= 25 %)")
+    print(f"verify (already tokenized): {verify_t}")
+    op, cp = observe_t.best(), chain_pass_t.best()
+    print(f"replay with tokens on: {on_t}")
     print(
-        f"token pass: {tp:.2f} s for {streams} streams, {nchunks} chunks, {tokens} tokens "
-        f"= {tokens / tp:,.0f} tokens/s, {nchunks / tp:,.0f} chunks/s"
+        f"  token collector on the capture path: {observe_t} = "
+        f"{op / events * 1e6:.2f} us CPU per chunk event"
     )
-    print(f"replay + token pass: {rp + tp:.2f} s = +{tp / rp * 100:.1f} % (target <= 25 %)")
-    print(f"verify (already tokenized): {vp:.2f} s")
+    print(
+        f"  its token pass (chain.tokenize): {chain_pass_t} = "
+        f"{cp / events * 1e6:.2f} us CPU per chunk event"
+    )
+    print(
+        f"  together: {(op + cp) / events * 1e6:.2f} us CPU per chunk event, "
+        f"+{(op + cp) / rp * 100:.1f} % of the tokens-off replay's CPU"
+    )
 
 
 if __name__ == "__main__":

@@ -263,3 +263,27 @@ def test_random_splits_through_the_db(tmp_path_factory: Any, text: str, cuts: li
     assert [t for _, ids in per for t in ids] == list(c.output_ids)
     assert c.text_hash == text_hash(text)
     engine.dispose()
+
+
+def test_token_rows_on_postgresql_match_sqlite(engine: Engine, fresh_pg_url: str) -> None:
+    """The rows go straight through the driver's executemany (positional on
+    SQLite, named on psycopg): both databases read back the same rows."""
+    ds = REGISTRY.default()
+    ids = ds.encode_batch(["Hello world!"])[0]
+    lp = [json.dumps({"content": [{"token": ds.token_text(i)}]}) for i in ids]
+    pg = make_engine(fresh_pg_url)
+    try:
+        got = []
+        for eng in (engine, pg):
+            with StoreWriter("", engine=eng) as w:
+                write_stream(w, 1, ENGLISH, usage={"prompt_tokens": 1, "completion_tokens": 9})
+                write_stream(w, 2, ["Hello", " world", "!"], logprobs=lp)
+                write_stream(w, 3, EMOJI, finish=None)
+            result = tokenize_db(eng, REGISTRY)
+            assert result.streams == 3 and not result.write_errors
+            got.append(read_stream_tokens(eng, [1, 2, 3]))
+        assert got[0] == got[1] and len(got[0]) == 3
+        assert got[0][2].choices[0].server_tokens is not None
+        assert got[0][1].anomalies and got[0][1].is_default is True
+    finally:
+        pg.dispose()

@@ -70,11 +70,12 @@ import re
 import threading
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from itertools import accumulate, repeat
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate, compress, islice, repeat
+from operator import gt, itemgetter, le, sub
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 if TYPE_CHECKING:  # imported where used: a command that loads no tokenizer skips it
     from tokenizers import Encoding, Tokenizer
@@ -85,6 +86,8 @@ __all__ = [
     "DEFAULT_NAME",
     "MAX_ANOMALIES_PER_KIND",
     "Anomaly",
+    "ChoiceChunks",
+    "ChunkColumns",
     "ChunkInput",
     "ChunkTokens",
     "LoadedTokenizer",
@@ -586,6 +589,98 @@ class ChunkInput:
     logprobs: str | None  # JSON text as stored
 
 
+class ChunkColumns(Sequence[ChunkInput]):
+    """A stream's chunks in columns, as the token collector keeps them: seq,
+    choice and text length per chunk, all texts joined into one string, and
+    ``(finish_reason, logprobs)`` only for the chunks that carry one (keyed by
+    position). The analysis reads the columns and builds no object per chunk;
+    indexing or iterating builds the ``ChunkInput`` values (once)."""
+
+    __slots__ = ("_items", "choices", "extra", "lens", "seqs", "text")
+
+    def __init__(
+        self,
+        seqs: Sequence[int],
+        choices: Sequence[int],
+        lens: Sequence[int],
+        text: str,
+        extra: Mapping[int, tuple[str | None, str | None]],
+    ) -> None:
+        self.seqs = seqs
+        self.choices = choices
+        self.lens = lens
+        self.text = text
+        self.extra = extra
+        self._items: list[ChunkInput] | None = None
+
+    @classmethod
+    def of(cls, chunks: Sequence[ChunkInput]) -> ChunkColumns:
+        """The columns of ``chunks`` (in the order given)."""
+        if isinstance(chunks, ChunkColumns):
+            return chunks
+        texts = [c.text for c in chunks]
+        extra = {
+            i: (c.finish_reason, c.logprobs)
+            for i, c in enumerate(chunks)
+            if c.finish_reason is not None or c.logprobs is not None
+        }
+        return cls(
+            [c.seq for c in chunks],
+            [c.choice for c in chunks],
+            list(map(len, texts)),
+            "".join(texts),
+            extra,
+        )
+
+    def _list(self) -> list[ChunkInput]:
+        items = self._items
+        if items is None:
+            extra = self.extra
+            none = (None, None)
+            text = self.text
+            items = []
+            pos = 0
+            for i, (seq, choice, n) in enumerate(
+                zip(self.seqs, self.choices, self.lens, strict=True)
+            ):
+                items.append(ChunkInput(seq, choice, text[pos : pos + n], *extra.get(i, none)))
+                pos += n
+            self._items = items
+        return items
+
+    def __len__(self) -> int:
+        return len(self.lens)
+
+    @overload
+    def __getitem__(self, i: int) -> ChunkInput: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[ChunkInput]: ...
+    def __getitem__(self, i: int | slice) -> ChunkInput | list[ChunkInput]:
+        return self._list()[i]
+
+    def __iter__(self) -> Iterator[ChunkInput]:
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ChunkColumns):
+            return self._list() == other._list()
+        if isinstance(other, list | tuple):
+            return self._list() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ChunkColumns({self._list()!r})"
+
+    def in_seq_order(self) -> ChunkColumns:
+        """These chunks sorted by seq (stably): ``self`` when they already are."""
+        seqs = self.seqs
+        if all(map(le, seqs, islice(seqs, 1, None))):
+            return self
+        return ChunkColumns.of(sorted(self._list(), key=_seq))
+
+
 @dataclass(frozen=True, slots=True)
 class StreamInput:
     """One stream to analyse. ``request`` is the parsed JSON request body (it
@@ -633,16 +728,83 @@ class Anomaly:
 
 
 @dataclass(frozen=True, slots=True)
+class ChoiceChunks:
+    """One choice's text chunks in columns: seq, tokens attributed and
+    straddling tokens per chunk (seq order), and the choice's full text."""
+
+    seqs: Sequence[int]
+    counts: Sequence[int]
+    straddles: Sequence[int]
+    text: str
+
+
+class _ChunkTokensView(Sequence[ChunkTokens]):
+    """``StreamTokens.chunks``: the ``ChunkTokens`` values, built on first use
+    from the per-choice columns (the token pass reads the columns instead)."""
+
+    __slots__ = ("_items", "_output_ids", "_per_choice")
+
+    def __init__(
+        self, output_ids: Mapping[int, tuple[int, ...]], per_choice: Mapping[int, ChoiceChunks]
+    ) -> None:
+        self._output_ids = output_ids
+        self._per_choice = per_choice
+        self._items: tuple[ChunkTokens, ...] | None = None
+
+    def _tuple(self) -> tuple[ChunkTokens, ...]:
+        items = self._items
+        if items is None:
+            out: list[ChunkTokens] = []
+            for ch, cc in self._per_choice.items():
+                ids = self._output_ids[ch]
+                pos = 0
+                for seq, n, st in zip(cc.seqs, cc.counts, cc.straddles, strict=True):
+                    out.append(ChunkTokens(seq, ch, ids[pos : pos + n], st))
+                    pos += n
+            if len(self._per_choice) > 1:
+                out.sort(key=_chunk_seq)
+            items = self._items = tuple(out)
+        return items
+
+    def __len__(self) -> int:
+        return len(self._tuple())
+
+    @overload
+    def __getitem__(self, i: int) -> ChunkTokens: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[ChunkTokens, ...]: ...
+    def __getitem__(self, i: int | slice) -> ChunkTokens | tuple[ChunkTokens, ...]:
+        return self._tuple()[i]
+
+    def __iter__(self) -> Iterator[ChunkTokens]:
+        return iter(self._tuple())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _ChunkTokensView):
+            return self._tuple() == other._tuple()
+        if isinstance(other, tuple | list):
+            return self._tuple() == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._tuple())
+
+
+@dataclass(frozen=True, slots=True)
 class StreamTokens:
     stream_id: int
     tokenizer: str
     prompt_ids: tuple[int, ...]
     output_ids: dict[int, tuple[int, ...]]  # choice → ids of the full text
-    chunks: tuple[ChunkTokens, ...]  # in seq order
+    chunks: Sequence[ChunkTokens]  # in seq order
     tokens_per_chunk: dict[int, int]  # tokens attributed → number of text chunks
     server_tokens: dict[int, tuple[str, ...]]  # choice → token texts the server reported
     anomalies: tuple[Anomaly, ...]
     usage_diff: dict[str, int]  # field → server-reported minus counted
+    #: choice → its text chunks in columns (what ``chunks`` is built from)
+    per_choice: dict[int, ChoiceChunks] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------
@@ -671,53 +833,85 @@ def attribute_chunks(
 
 
 _StraddleT = tuple[int, int, int]  # Straddle as a plain tuple (hot path)
+_START = itemgetter(0)
+_END = itemgetter(1)
+
+
+def _slices(ids: tuple[int, ...], counts: list[int]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = []
+    pos = 0
+    for n in counts:
+        out.append(ids[pos : pos + n])
+        pos += n
+    return out
 
 
 def _attribute(
     pieces: Sequence[str], ids: tuple[int, ...], offsets: Sequence[tuple[int, int]]
 ) -> tuple[list[tuple[int, ...]], list[_StraddleT]]:
-    n = len(pieces)
-    if n == 0:
-        return [], []
-    ends = list(accumulate(map(len, pieces)))
-    starts = [o[0] for o in offsets]
-    if starts != sorted(starts):  # never seen; keep the per-token walk for safety
-        return _attribute_walk(ids, offsets, ends)
-    # Token starts are sorted: the tokens of piece j are a slice, cut where
-    # the starts reach the piece's end. Only the last token of a piece can
-    # reach past its end (tokens cover disjoint byte ranges, in order).
-    last = n - 1
-    straddles: list[_StraddleT] = []
-    per: list[tuple[int, ...]] = []
-    lo = 0
-    for j in range(last):
-        end = ends[j]
-        hi = bisect_left(starts, end, lo)
-        per.append(ids[lo:hi])
-        if hi > lo:
-            tail = offsets[hi - 1][1]
-            if tail > end:
-                straddles.append((hi - 1, j, min(bisect_left(ends, tail, j), last)))
-        lo = hi
-    per.append(ids[lo:])
-    return per, straddles
+    """Per-piece token ids and straddles (see :func:`attribute_chunks`)."""
+    counts, straddles = _attribute_counts([len(p) for p in pieces], len(ids), offsets)
+    return _slices(ids, counts), straddles
 
 
 def _attribute_walk(
     ids: tuple[int, ...], offsets: Sequence[tuple[int, int]], ends: list[int]
 ) -> tuple[list[tuple[int, ...]], list[_StraddleT]]:
+    """:func:`_attribute` by walking token by token (the reference)."""
+    counts, straddles = _attribute_counts_walk(offsets, ends)
+    return _slices(ids, counts), straddles
+
+
+def _attribute_counts(
+    lens: Sequence[int], n_ids: int, offsets: Sequence[tuple[int, int]]
+) -> tuple[list[int], list[_StraddleT]]:
+    """Tokens attributed to each piece (given by its length) of a text whose
+    encoding has ``n_ids`` tokens at ``offsets``, and the straddling tokens
+    (token index, piece it starts in, piece it ends in)."""
+    n = len(lens)
+    if n == 0:
+        return [], []
+    ends = list(accumulate(lens))
+    starts = list(map(_START, offsets))
+    if starts != sorted(starts):  # never seen; keep the per-token walk for safety
+        return _attribute_counts_walk(offsets, ends)
+    # Token starts are sorted: the tokens of piece j are a slice, cut where
+    # the starts reach the piece's end (bisected for every piece at C speed).
+    # Only the last token of a piece can reach past its end (tokens cover
+    # disjoint byte ranges, in order).
+    last = n - 1
+    his = list(map(bisect_left, repeat(starts, last), ends))  # cut after piece j < last
+    bounds = [0, *his, n_ids]
+    counts = list(map(sub, islice(bounds, 1, None), bounds))
+    if not last or not n_ids:
+        return counts, []
+    tails = list(map(_END, offsets))
+    # piece j's last token ends past the piece: hi - 1 is -1 for an empty
+    # slice at the start (filtered out by its count below)
+    reach = map(gt, map(tails.__getitem__, map(sub, his, repeat(1))), ends)
+    straddles: list[_StraddleT] = []
+    for j in compress(range(last), reach):
+        if counts[j]:
+            k = his[j] - 1
+            straddles.append((k, j, min(bisect_left(ends, tails[k], j), last)))
+    return counts, straddles
+
+
+def _attribute_counts_walk(
+    offsets: Sequence[tuple[int, int]], ends: list[int]
+) -> tuple[list[int], list[_StraddleT]]:
     n = len(ends)
-    out: list[list[int]] = [[] for _ in range(n)]
+    counts = [0] * n
     straddles: list[_StraddleT] = []
     j = 0
     last = n - 1
     for k, (start, end) in enumerate(offsets):
         while j < last and ends[j] <= start:
             j += 1
-        out[j].append(ids[k])
+        counts[j] += 1
         if end > ends[j] and j < last:
             straddles.append((k, j, min(bisect_left(ends, end), last)))
-    return [tuple(p) for p in out], straddles
+    return counts, straddles
 
 
 # ---------------------------------------------------------------------------
@@ -838,14 +1032,22 @@ class _Anomalies:
 
 
 @dataclass(slots=True)
+class _Choice:
+    """One choice's text chunks (seq order), in columns."""
+
+    seqs: list[int]
+    lens: list[int]  # all > 0
+    text: str  # their texts joined
+
+
+@dataclass(slots=True)
 class _Prepared:
     stream: StreamInput
     name: str
     tok: LoadedTokenizer
     pre: list[Anomaly]  # anomalies found before tokenizing
-    ordered: list[ChunkInput]  # all chunks in seq order
-    choices: dict[int, list[ChunkInput]]  # choice → text chunks in seq order
-    texts: dict[int, str]
+    ordered: ChunkColumns  # all chunks in seq order
+    choices: dict[int, _Choice]  # choice → its text chunks, in order of first text
     plan: _PromptPlan | None
 
 
@@ -877,6 +1079,43 @@ def analyze_streams(
             gc.enable()
 
 
+def _ordered(chunks: Sequence[ChunkInput]) -> ChunkColumns:
+    """The chunks in seq order (a stable sort), in columns."""
+    if isinstance(chunks, ChunkColumns):
+        return chunks.in_seq_order()
+    return ChunkColumns.of(sorted(chunks, key=_seq))
+
+
+def _split_choices(cols: ChunkColumns) -> dict[int, _Choice]:
+    """Choice → its chunks with text (choice >= 0, non-empty text), in seq order;
+    choices in the order their first text came."""
+    lens, choices = cols.lens, cols.choices
+    values = set(choices)
+    own = [v for v in values if v >= 0]
+    if len(own) == 1 and (len(values) == 1 or not any(compress(lens, map(gt, repeat(0), choices)))):
+        # The common case: one choice, and no stream-level chunk carries text,
+        # so the choice's text is all the text (no object per chunk).
+        if all(lens):
+            seqs, ls = list(cols.seqs), list(lens)
+        else:
+            nz = list(map(bool, lens))
+            seqs, ls = list(compress(cols.seqs, nz)), list(compress(lens, nz))
+        return {own[0]: _Choice(seqs, ls, cols.text)} if ls else {}
+    parts: dict[int, tuple[list[int], list[int], list[str]]] = {}
+    text = cols.text
+    pos = 0
+    for seq, ch, n in zip(cols.seqs, choices, lens, strict=True):
+        if n and ch >= 0:
+            got = parts.get(ch)
+            if got is None:
+                got = parts[ch] = ([], [], [])
+            got[0].append(seq)
+            got[1].append(n)
+            got[2].append(text[pos : pos + n])
+        pos += n
+    return {ch: _Choice(s, ls, "".join(ts)) for ch, (s, ls, ts) in parts.items()}
+
+
 def _analyze(registry: TokenizerRegistry, streams: Sequence[StreamInput]) -> list[StreamTokens]:
     prepared: list[_Prepared] = []
     for s in streams:
@@ -886,20 +1125,12 @@ def _analyze(registry: TokenizerRegistry, streams: Sequence[StreamInput]) -> lis
         except TokenizerLoadError as exc:
             name, tok = registry.default_name, registry.default()
             pre.append(Anomaly("tokenizer_error", _STREAM, None, str(exc)))
-        ordered = sorted(s.chunks, key=_seq)
-        choices: dict[int, list[ChunkInput]] = {}
-        for c in ordered:
-            if c.text and c.choice >= 0:
-                got = choices.get(c.choice)
-                if got is None:
-                    choices[c.choice] = [c]
-                else:
-                    got.append(c)
-        texts = {ch: "".join([c.text for c in cs]) for ch, cs in choices.items()}
+        ordered = _ordered(s.chunks)
+        choices = _split_choices(ordered)
         plan = tok._prompt_plan(s.request) if isinstance(s.request, dict) else None
         if plan is not None and plan.error is not None:
             pre.append(Anomaly("prompt_template", _STREAM, None, plan.error))
-        prepared.append(_Prepared(s, name, tok, pre, ordered, choices, texts, plan))
+        prepared.append(_Prepared(s, name, tok, pre, ordered, choices, plan))
 
     groups: dict[int, list[int]] = {}
     for i, p in enumerate(prepared):
@@ -908,8 +1139,8 @@ def _analyze(registry: TokenizerRegistry, streams: Sequence[StreamInput]) -> lis
     results: list[StreamTokens | None] = [None] * len(prepared)
     for members in groups.values():
         tok = prepared[members[0]].tok
-        keys = [(i, ch) for i in members for ch in prepared[i].texts]
-        encodings = tok._encode([prepared[i].texts[ch] for i, ch in keys], False)
+        keys = [(i, ch) for i in members for ch in prepared[i].choices]
+        encodings = tok._encode([prepared[i].choices[ch].text for i, ch in keys], False)
         all_ids = [e.ids for e in encodings]
         decoded = tok.decode_batch(all_ids)
         prompts = tok._prompt_ids_batch([prepared[i].plan for i in members])
@@ -935,22 +1166,22 @@ def _assemble(
     s, tok = p.stream, p.tok
     anomalies = _Anomalies(p.pre)
     output_ids: dict[int, tuple[int, ...]] = {}
-    chunk_tokens: list[ChunkTokens] = []
+    per_choice: dict[int, ChoiceChunks] = {}
     dist: dict[int, int] = {}
     server_tokens: dict[int, tuple[str, ...]] = {}
     late = _finish_anomalies(s, p.ordered, p.choices, anomalies)
 
-    for ch, cs in p.choices.items():
+    for ch, cc in p.choices.items():
         ids, offsets, decoded = enc_of[(index, ch)]
-        text = p.texts[ch]
+        text = cc.text
+        seqs = cc.seqs
         output_ids[ch] = ids
-        per_piece, straddles = _attribute([c.text for c in cs], ids, offsets)
-        counts = list(map(len, per_piece))
+        counts, straddles = _attribute_counts(cc.lens, len(ids), offsets)
         hist = Counter(counts)
         for n, m in hist.items():
             dist[n] = dist.get(n, 0) + m
 
-        straddle_count = [0] * len(cs)
+        straddle_count = [0] * len(seqs)
         for _, first, _ in straddles:
             straddle_count[first] += 1
         for k, first, end_chunk in straddles[: anomalies.take("straddle", ch, len(straddles))]:
@@ -961,12 +1192,10 @@ def _assemble(
                     ch,
                     k,
                     f"chars {s0}-{e0} span chunk_index {first + 1}..{end_chunk + 1} "
-                    f"(seq {cs[first].seq}..{cs[end_chunk].seq})",
+                    f"(seq {seqs[first]}..{seqs[end_chunk]})",
                 )
             )
-        chunk_tokens.extend(
-            map(ChunkTokens, [c.seq for c in cs], repeat(ch), per_piece, straddle_count)
-        )
+        per_choice[ch] = ChoiceChunks(seqs, counts, straddle_count, text)
 
         multi = sum(m for n, m in hist.items() if n > 1)
         if multi:
@@ -975,8 +1204,8 @@ def _assemble(
                 "multi_token_chunk",
                 ch,
                 sum(counts[:ci]),
-                f"{multi} of {len(cs)} chunks carry more than one token "
-                f"(first: chunk_index {ci + 1}, seq {cs[ci].seq})",
+                f"{multi} of {len(seqs)} chunks carry more than one token "
+                f"(first: chunk_index {ci + 1}, seq {seqs[ci]})",
             )
 
         late_seq = late[ch][0] if ch in late else None
@@ -988,25 +1217,26 @@ def _assemble(
                 return k if k >= 0 else None
 
             char = 0
-            for ci, c in enumerate(cs):
-                bad = c.text.find("\ufffd")
+            for ci, (seq, n) in enumerate(zip(seqs, cc.lens, strict=True)):
+                piece = text[char : char + n]
+                bad = piece.find("\ufffd")
                 if bad >= 0:
                     anomalies.add(
                         "replacement_char",
                         ch,
                         token_at(char + bad),
-                        f"U+FFFD x{c.text.count(chr(0xFFFD))} in chunk_index {ci + 1} "
-                        f"(seq {c.seq}) at char {char + bad}",
+                        f"U+FFFD x{piece.count(chr(0xFFFD))} in chunk_index {ci + 1} "
+                        f"(seq {seq}) at char {char + bad}",
                     )
-                if c.seq == late_seq:
+                if seq == late_seq:
                     anomalies.add(
                         "content_after_finish",
                         ch,
                         token_at(char),
                         f"{len(late[ch])} chunk(s) with text after finish "
-                        f"(first: chunk_index {ci + 1}, seq {c.seq})",
+                        f"(first: chunk_index {ci + 1}, seq {seq})",
                     )
-                char += len(c.text)
+                char += n
 
         if tok.unk_id is not None and tok.unk_id in ids:
             for k, t in enumerate(ids):
@@ -1026,18 +1256,17 @@ def _assemble(
     usage_diff = _usage(s, p.plan is not None, len(prompt), output_ids, anomalies)
     if s.gap:
         anomalies.add("gap", _STREAM, None, "capture lost bytes of this stream")
-    if len(p.choices) > 1:
-        chunk_tokens.sort(key=_chunk_seq)
     return StreamTokens(
         stream_id=s.stream_id,
         tokenizer=p.name,
         prompt_ids=tuple(prompt),
         output_ids=output_ids,
-        chunks=tuple(chunk_tokens),
+        chunks=_ChunkTokensView(output_ids, per_choice),
         tokens_per_chunk=dict(sorted(dist.items())),
         server_tokens=server_tokens,
         anomalies=anomalies.result(),
         usage_diff=usage_diff,
+        per_choice=per_choice,
     )
 
 
@@ -1054,25 +1283,30 @@ def _first_difference(a: str, b: str) -> int:
 
 def _finish_anomalies(
     s: StreamInput,
-    ordered: list[ChunkInput],
-    choices: dict[int, list[ChunkInput]],
+    ordered: ChunkColumns,
+    choices: dict[int, _Choice],
     anomalies: _Anomalies,
 ) -> dict[int, list[int]]:
     """Adds ``finish_missing``; returns choice → seqs of text chunks after its finish."""
     finished: dict[int, int] = {}  # choice → seq of its first finish
     stream_finish: int | None = None  # seq of the first stream-level finish
     after: dict[int, list[int]] = {}
-    for c in ordered:
-        if c.finish_reason is None and not finished and stream_finish is None:
-            continue  # fast path: nothing finished yet
-        done_at = finished.get(c.choice, stream_finish)
-        if c.text and c.choice >= 0 and done_at is not None and c.seq > done_at:
-            after.setdefault(c.choice, []).append(c.seq)
-        if c.finish_reason is not None:
-            if c.choice < 0:
-                stream_finish = c.seq if stream_finish is None else stream_finish
-            else:
-                finished.setdefault(c.choice, c.seq)
+    extra = ordered.extra
+    # Nothing happens before the first finish: start the walk there.
+    first = min((i for i, (fr, _) in extra.items() if fr is not None), default=None)
+    if first is not None:
+        seqs, chs, lens = ordered.seqs, ordered.choices, ordered.lens
+        for i in range(first, len(lens)):
+            seq, choice = seqs[i], chs[i]
+            done_at = finished.get(choice, stream_finish)
+            if lens[i] and choice >= 0 and done_at is not None and seq > done_at:
+                after.setdefault(choice, []).append(seq)
+            got = extra.get(i)
+            if got is not None and got[0] is not None:
+                if choice < 0:
+                    stream_finish = seq if stream_finish is None else stream_finish
+                else:
+                    finished.setdefault(choice, seq)
     n = s.request.get("n") if isinstance(s.request, dict) else None
     wanted = n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 1024 else 1
     if stream_finish is None:
@@ -1088,26 +1322,29 @@ def _finish_anomalies(
 
 
 def _server_token_anomalies(
-    ordered: list[ChunkInput],
+    ordered: ChunkColumns,
     tok: LoadedTokenizer,
     output_ids: dict[int, tuple[int, ...]],
     server_tokens: dict[int, tuple[str, ...]],
     anomalies: _Anomalies,
 ) -> None:
     reported: dict[int, list[ServerToken]] = {}
-    for c in ordered:
-        if c.logprobs is None or c.choice < 0:
+    extra = ordered.extra
+    for i in sorted(extra):
+        logprobs = extra[i][1]
+        choice = ordered.choices[i]
+        if logprobs is None or choice < 0:
             continue
-        parsed = parse_server_tokens(c.logprobs)
+        parsed = parse_server_tokens(logprobs)
         if parsed is None:
             anomalies.add(
                 "server_tokens_invalid",
-                c.choice,
+                choice,
                 None,
-                f"seq {c.seq}: logprobs not understood: {c.logprobs[:80]!r}",
+                f"seq {ordered.seqs[i]}: logprobs not understood: {logprobs[:80]!r}",
             )
             continue
-        reported.setdefault(c.choice, []).extend(parsed)
+        reported.setdefault(choice, []).extend(parsed)
     for ch, toks in reported.items():
         if not toks:
             continue

@@ -21,11 +21,11 @@ from __future__ import annotations
 import json
 from array import array
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamOpened
-from sniffer.llm.tokens import ChunkInput, StreamInput
+from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput
 from sniffer.llm.values import Usage
 from sniffer.record.redact import Redactor, redact_choice_texts
 
@@ -41,25 +41,26 @@ class _Open:
     """An open stream's chunks, kept compact (1,000 open streams of hundreds of
     chunks each must not cost objects per chunk): seq, choice and text length
     in arrays, the texts joined in blocks, finish reasons and logprobs only
-    where present. ``chunks()`` builds the ``ChunkInput`` list when taken."""
+    where present. ``chunks()`` hands them over as ``ChunkColumns``."""
 
     __slots__ = (
         "blocks",
+        "body",
         "choices",
         "clean",
         "extra",
         "lens",
-        "mask_prompt",
         "model",
-        "request",
         "seqs",
         "tail",
         "truncated",
     )
 
-    def __init__(self, model: str | None, request: dict[str, Any], mask_prompt: bool) -> None:
+    def __init__(self, model: str | None, body: str | None) -> None:
         self.model = model
-        self.request = request
+        #: the request body as sent: parsed (and checked for redaction) by the
+        #: token pass, off the capture path
+        self.body = body
         self.seqs = array("q")
         self.choices = array("l")
         self.lens = array("l")
@@ -67,36 +68,18 @@ class _Open:
         self.tail: list[str] = []
         self.extra: dict[int, tuple[str | None, str | None]] = {}
         self.truncated = False
-        self.mask_prompt = mask_prompt
         #: the recording chain's redaction found nothing in this stream's text:
         #: the token pass need not replay it (see ``TokenCollector.mark_clean``)
         self.clean = False
 
-    def add(self, ev: ChunkEvent) -> None:
-        if ev.finish_reason is not None or ev.logprobs is not None:
-            self.extra[len(self.lens)] = (ev.finish_reason, ev.logprobs)
-        self.seqs.append(ev.seq)
-        self.choices.append(ev.choice)
-        self.lens.append(len(ev.text))
-        tail = self.tail
-        tail.append(ev.text)
-        if len(tail) >= _JOIN_EVERY:
-            self.blocks.append("".join(tail))
-            tail.clear()
-
     def __len__(self) -> int:
         return len(self.lens)
 
-    def chunks(self) -> list[ChunkInput]:
-        extra = self.extra
-        none = (None, None)
-        text = "".join([*self.blocks, *self.tail])
-        out: list[ChunkInput] = []
-        pos = 0
-        for i, (seq, choice, n) in enumerate(zip(self.seqs, self.choices, self.lens, strict=True)):
-            out.append(ChunkInput(seq, choice, text[pos : pos + n], *extra.get(i, none)))
-            pos += n
-        return out
+    def chunks(self) -> ChunkColumns:
+        """The chunks as columns (the analysis builds no object per chunk)."""
+        return ChunkColumns(
+            self.seqs, self.choices, self.lens, "".join([*self.blocks, *self.tail]), self.extra
+        )
 
 
 class TokenCollector:
@@ -122,49 +105,55 @@ class TokenCollector:
         self.capped_streams = 0  # more chunks than max_chunks: the rest not tokenized
 
     def observe(self, events: Iterable[StoreEvent]) -> None:
+        # The capture path: per chunk, three array appends and a text kept.
         opened = self._open
+        max_chunks = self._max_chunks
         for ev in events:
-            t = type(ev)
-            if t is ChunkEvent:
-                assert isinstance(ev, ChunkEvent)
+            if isinstance(ev, ChunkEvent):
                 s = opened.get(ev.stream)
                 if s is None:
                     continue
-                if len(s) >= self._max_chunks:
+                lens = s.lens
+                n = len(lens)
+                if n >= max_chunks:
                     if not s.truncated:
                         s.truncated = True
                         self.capped_streams += 1
                     continue
-                s.add(ev)
-            elif t is StreamOpened:
-                assert isinstance(ev, StreamOpened)
+                if ev.finish_reason is not None or ev.logprobs is not None:
+                    s.extra[n] = (ev.finish_reason, ev.logprobs)
+                s.seqs.append(ev.seq)
+                s.choices.append(ev.choice)
+                text = ev.text
+                lens.append(len(text))
+                tail = s.tail
+                tail.append(text)
+                if len(tail) >= _JOIN_EVERY:
+                    s.blocks.append("".join(tail))
+                    tail.clear()
+            elif isinstance(ev, StreamOpened):
                 if ev.dialect is None:  # not an LLM stream
                     continue
                 if len(opened) >= self._max_open:
                     self.dropped_streams += 1
                     continue
-                request = _json(ev.request_body)
-                mask_prompt = False
-                if self._windows is not None and ev.request_body:
-                    mask_prompt = bool(self._windows.edits(ev.request_body)[1])
-                opened[ev.stream] = _Open(
-                    ev.request.model,
-                    request if isinstance(request, dict) else {},
-                    mask_prompt,
-                )
-            elif t is StreamClosed:
-                assert isinstance(ev, StreamClosed)
+                opened[ev.stream] = _Open(ev.request.model, ev.request_body)
+            elif isinstance(ev, StreamClosed):
                 s = opened.pop(ev.stream, None)
                 if s is None:
                     continue
                 # Kept compact until taken: at a burst of closes (1,000 streams
-                # ending together) the ChunkInputs exist for one batch at a time.
+                # ending together) the texts are joined for one batch at a time.
                 self._ready.append((ev.stream, s, ev.usage, ev.gap, ev.done_seen))
                 self._ready_by_id[ev.stream] = s
 
     def _build(self, item: tuple[int, _Open, Usage | None, bool, bool]) -> StreamInput:
         stream_id, s, usage, gap, done_seen = item
-        so = s.request.get("stream_options")
+        body = s.body
+        parsed = _json(body)
+        request: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+        mask_prompt = bool(self._windows is not None and body and self._windows.edits(body)[1])
+        so = request.get("stream_options")
         chunks = s.chunks()
         if s.clean and not s.truncated:
             stored, masks = None, None  # what the replay would find: nothing
@@ -173,7 +162,7 @@ class TokenCollector:
         return StreamInput(
             stream_id=stream_id,
             model=s.model,
-            request=s.request,
+            request=request,
             chunks=chunks,
             usage=usage,
             gap=gap or s.truncated,
@@ -182,11 +171,11 @@ class TokenCollector:
             stored_texts=stored,
             masks=masks,
             redact=self._redact_spans if self._spans is not None else None,
-            mask_prompt=s.mask_prompt,
+            mask_prompt=mask_prompt,
         )
 
     def _redacted(
-        self, chunks: list[ChunkInput]
+        self, chunks: Sequence[ChunkInput]
     ) -> tuple[dict[int, str] | None, dict[int, list[tuple[int, int]]] | None]:
         """Per choice that had something redacted: the stored text and the spans."""
         red = self._windows

@@ -30,17 +30,19 @@ import json
 import re
 import weakref
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import groupby, starmap
+from itertools import chain, compress, groupby, repeat
+from operator import is_not, or_
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from sniffer.llm.tokens import (
+    ChoiceChunks,
+    ChunkColumns,
     ChunkInput,
-    ChunkTokens,
     LoadedTokenizer,
     StreamInput,
     StreamTokens,
@@ -155,7 +157,7 @@ def _seq(c: ChunkInput) -> int:
 
 
 def _inputs(
-    stream_rows: Sequence[dict[str, Any]], by_stream: dict[int, list[ChunkInput]]
+    stream_rows: Sequence[dict[str, Any]], by_stream: Mapping[int, Sequence[ChunkInput]]
 ) -> list[StreamInput]:
     out: list[StreamInput] = []
     for s in stream_rows:
@@ -212,19 +214,23 @@ def _chunk_tuples(engine: Engine, conn: Connection, ids: list[int]) -> list[tupl
 def _inputs_from_tuples(
     stream_rows: Sequence[dict[str, Any]], chunk_rows: Sequence[tuple[Any, ...]]
 ) -> list[StreamInput]:
-    by_stream: dict[int, list[ChunkInput]] = {
-        sid: list(starmap(ChunkInput, map(_tail, group)))
-        for sid, group in groupby(chunk_rows, key=_first)
+    by_stream: dict[int, Sequence[ChunkInput]] = {
+        sid: _columns(list(group)) for sid, group in groupby(chunk_rows, key=_first)
     }
     return _inputs(stream_rows, by_stream)
 
 
+def _columns(rows: list[tuple[Any, ...]]) -> ChunkColumns:
+    """(stream_id, seq, choice, text, finish_reason, logprobs) rows of one
+    stream, as chunk columns (no object per chunk)."""
+    _, seqs, choices, texts, finishes, logprobs = zip(*rows, strict=True)
+    flagged = map(or_, map(is_not, finishes, repeat(None)), map(is_not, logprobs, repeat(None)))
+    extra = {i: (finishes[i], logprobs[i]) for i in compress(range(len(rows)), flagged)}
+    return ChunkColumns(seqs, choices, list(map(len, texts)), "".join(texts), extra)
+
+
 def _first(row: tuple[Any, ...]) -> Any:
     return row[0]
-
-
-def _tail(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    return row[1:]
 
 
 def _tokenizer_for(registry: TokenizerRegistry, model: str | None) -> LoadedTokenizer:
@@ -314,13 +320,7 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
     ``text_len``/``text_hash`` describe the text as stored; anomaly details
     that quote text lose their quotes. Counts keep their length.
     """
-    per_choice: dict[int, list[ChunkTokens]] = {}
-    if len(st.output_ids) == 1:  # the common case: one choice, no per-chunk dispatch
-        per_choice[next(iter(st.output_ids))] = list(st.chunks)
-    else:
-        for ct in st.chunks:
-            per_choice.setdefault(ct.choice, []).append(ct)
-    text_of = {c.seq: c.text for c in inp.chunks if c.text and c.choice >= 0}
+    per_choice = st.per_choice
     mismatch: dict[int, int | None] = {}
     for a in st.anomalies:
         if a.kind == "server_token_mismatch" and a.choice not in mismatch:
@@ -333,8 +333,10 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
     choices: list[ChoiceTokenRow] = []
     for ch in sorted(st.output_ids):
         ids = st.output_ids[ch]
-        rows = per_choice.get(ch, [])
-        text = "".join([text_of[ct.seq] for ct in rows])
+        cc = per_choice.get(ch)
+        text = cc.text if cc is not None else ""
+        seqs = tuple(cc.seqs) if cc is not None else ()
+        counts = tuple(cc.counts) if cc is not None else ()
         spans = masks.get(ch)
         if spans:
             tok = tok or _tokenizer_for(registry, inp.model)
@@ -345,9 +347,8 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
         if server_texts is not None:
             tok = tok or _tokenizer_for(registry, inp.model)
             reported = []
-            for c in inp.chunks:
-                if c.choice == ch and c.logprobs is not None:
-                    reported.extend(parse_server_tokens(c.logprobs) or [])
+            for logprobs in _logprobs(inp.chunks, ch):
+                reported.extend(parse_server_tokens(logprobs) or [])
             server_ids = tuple(tok.server_token_id(t) for t in reported)
             if redact is not None:
                 joined_matches = "".join(server_texts) == text
@@ -362,18 +363,15 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
                         for k, i in enumerate(server_ids)
                     )
         stored_text = stored.get(ch, text)
-        counts = tuple([len(ct.token_ids) for ct in rows])
         choices.append(
             ChoiceTokenRow(
                 choice=ch,
                 text_len=len(stored_text),
                 text_hash=text_hash(stored_text),
                 output_ids=ids,
-                chunk_seqs=tuple([ct.seq for ct in rows]),
+                chunk_seqs=seqs,
                 chunk_counts=counts,
-                straddle_seqs=tuple(
-                    [ct.seq for ct in rows if ct.straddles for _ in range(ct.straddles)]
-                ),
+                straddle_seqs=_straddle_seqs(cc),
                 tokens_per_chunk=dict(sorted(Counter(counts).items())),
                 server_tokens=server_texts,
                 server_ids=server_ids,
@@ -404,6 +402,24 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
         choices=tuple(choices),
         anomalies=tuple(TokenAnomalyRow(a.choice, a.kind, a.position, a.detail) for a in anomalies),
     )
+
+
+def _straddle_seqs(cc: ChoiceChunks | None) -> tuple[int, ...]:
+    """The seq of each straddling token's chunk (repeated per token)."""
+    if cc is None or not any(cc.straddles):
+        return ()
+    return tuple(chain.from_iterable(map(repeat, cc.seqs, cc.straddles)))
+
+
+def _logprobs(chunks: Sequence[ChunkInput], choice: int) -> list[str]:
+    """The logprobs texts of a choice's chunks, in the order given."""
+    if isinstance(chunks, ChunkColumns):
+        choices = chunks.choices
+        extra = chunks.extra
+        return [
+            lp for i in sorted(extra) if (lp := extra[i][1]) is not None and choices[i] == choice
+        ]
+    return [c.logprobs for c in chunks if c.choice == choice and c.logprobs is not None]
 
 
 def _error_row(registry: TokenizerRegistry, inp: StreamInput, exc: BaseException) -> StreamTokenRow:

@@ -201,39 +201,100 @@ class StreamTokenRow:
         return sum(len(c.output_ids) for c in self.choices)
 
 
-def _stream_values(r: StreamTokenRow) -> dict[str, Any]:
-    return {
-        "stream_id": r.stream_id,
-        "tokenizer": r.tokenizer,
-        "is_default": r.is_default,
-        "prompt_count": None if r.prompt_ids is None else len(r.prompt_ids),
-        "prompt_ids": None if r.prompt_ids is None else _dumps(list(r.prompt_ids)),
-        "output_count": r.output_count,
-        "usage_diff": _dumps(r.usage_diff),
-        "tokens_per_chunk": _dumps({str(k): v for k, v in r.tokens_per_chunk.items()}),
-        "anomaly_count": r.anomaly_count,
-        "error": r.error,
-    }
+_STREAM_COLUMNS = (
+    "stream_id",
+    "tokenizer",
+    "is_default",
+    "prompt_count",
+    "prompt_ids",
+    "output_count",
+    "usage_diff",
+    "tokens_per_chunk",
+    "anomaly_count",
+    "error",
+)
+_CHOICE_COLUMNS = (
+    "stream_id",
+    "choice",
+    "text_len",
+    "text_hash",
+    "token_count",
+    "output_ids",
+    "chunk_seqs",
+    "chunk_counts",
+    "straddles",
+    "straddle_seqs",
+    "tokens_per_chunk",
+    "server_count",
+    "server_tokens",
+    "server_ids",
+    "server_mismatch",
+)
+_ANOMALY_COLUMNS = ("stream_id", "choice", "kind", "position", "detail")
 
 
-def _choice_values(stream_id: int, c: ChoiceTokenRow) -> dict[str, Any]:
-    return {
-        "stream_id": stream_id,
-        "choice": c.choice,
-        "text_len": c.text_len,
-        "text_hash": c.text_hash,
-        "token_count": len(c.output_ids),
-        "output_ids": _dumps(list(c.output_ids)),
-        "chunk_seqs": _dumps(list(c.chunk_seqs)),
-        "chunk_counts": _dumps(list(c.chunk_counts)),
-        "straddles": len(c.straddle_seqs),
-        "straddle_seqs": _dumps(list(c.straddle_seqs)),
-        "tokens_per_chunk": _dumps({str(k): v for k, v in c.tokens_per_chunk.items()}),
-        "server_count": None if c.server_tokens is None else len(c.server_tokens),
-        "server_tokens": None if c.server_tokens is None else _dumps(list(c.server_tokens)),
-        "server_ids": None if c.server_ids is None else _dumps(list(c.server_ids)),
-        "server_mismatch": c.server_mismatch,
-    }
+def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
+    return (
+        r.stream_id,
+        r.tokenizer,
+        r.is_default,
+        None if r.prompt_ids is None else len(r.prompt_ids),
+        None if r.prompt_ids is None else _dumps(list(r.prompt_ids)),
+        r.output_count,
+        _dumps(r.usage_diff),
+        _dumps({str(k): v for k, v in r.tokens_per_chunk.items()}),
+        r.anomaly_count,
+        r.error,
+    )
+
+
+def _choice_values(stream_id: int, c: ChoiceTokenRow) -> tuple[Any, ...]:
+    return (
+        stream_id,
+        c.choice,
+        c.text_len,
+        c.text_hash,
+        len(c.output_ids),
+        _dumps(list(c.output_ids)),
+        _dumps(list(c.chunk_seqs)),
+        _dumps(list(c.chunk_counts)),
+        len(c.straddle_seqs),
+        _dumps(list(c.straddle_seqs)),
+        _dumps({str(k): v for k, v in c.tokens_per_chunk.items()}),
+        None if c.server_tokens is None else len(c.server_tokens),
+        None if c.server_tokens is None else _dumps(list(c.server_tokens)),
+        None if c.server_ids is None else _dumps(list(c.server_ids)),
+        c.server_mismatch,
+    )
+
+
+#: (dialect name, table name) → (INSERT text, parameter order or None if named)
+_INSERTS: dict[tuple[str, str], tuple[str, tuple[str, ...] | None]] = {}
+
+
+def _insert_rows(
+    conn: Connection, table: Table, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
+) -> None:
+    """``executemany`` of positional rows straight through the driver: the
+    INSERT is compiled once per dialect, and SQLAlchemy builds no parameter
+    dict per row (the columns' types need no bind processing)."""
+    dialect = conn.dialect
+    key = (dialect.name, table.name)
+    found = _INSERTS.get(key)
+    if found is None:
+        compiled = insert(table).compile(
+            dialect=dialect, column_keys=list(columns), for_executemany=True
+        )
+        order = tuple(compiled.positiontup or ()) if compiled.positional else None
+        found = _INSERTS[key] = (str(compiled), order)
+    sql, order = found
+    if order is None:  # named parameters (PostgreSQL drivers)
+        conn.exec_driver_sql(sql, [dict(zip(columns, row, strict=True)) for row in rows])
+    elif order == columns:
+        conn.exec_driver_sql(sql, rows)
+    else:
+        idx = [columns.index(c) for c in order]
+        conn.exec_driver_sql(sql, [tuple([row[i] for i in idx]) for row in rows])
 
 
 def write_token_rows(conn: Connection, rows: Sequence[StreamTokenRow]) -> None:
@@ -244,23 +305,15 @@ def write_token_rows(conn: Connection, rows: Sequence[StreamTokenRow]) -> None:
     """
     if not rows:
         return
-    conn.execute(insert(stream_tokens), [_stream_values(r) for r in rows])
+    _insert_rows(conn, stream_tokens, _STREAM_COLUMNS, [_stream_values(r) for r in rows])
     choice_rows = [_choice_values(r.stream_id, c) for r in rows for c in r.choices]
     if choice_rows:
-        conn.execute(insert(choice_tokens), choice_rows)
+        _insert_rows(conn, choice_tokens, _CHOICE_COLUMNS, choice_rows)
     anomaly_rows = [
-        {
-            "stream_id": r.stream_id,
-            "choice": a.choice,
-            "kind": a.kind,
-            "position": a.position,
-            "detail": a.detail,
-        }
-        for r in rows
-        for a in r.anomalies
+        (r.stream_id, a.choice, a.kind, a.position, a.detail) for r in rows for a in r.anomalies
     ]
     if anomaly_rows:
-        conn.execute(insert(token_anomalies), anomaly_rows)
+        _insert_rows(conn, token_anomalies, _ANOMALY_COLUMNS, anomaly_rows)
 
 
 def delete_token_rows(conn: Connection, stream_ids: Iterable[int] | None = None) -> None:
