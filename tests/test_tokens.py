@@ -36,6 +36,7 @@ from sniffer.llm.tokens import (
     attribute_chunks,
     default_tokenizer_dir,
     parse_server_tokens,
+    prompt_method,
 )
 from sniffer.llm.values import Usage
 
@@ -780,3 +781,31 @@ def test_module_is_sans_io() -> None:
     )
     # transformers is imported only when a chat template has to be loaded
     assert out.stdout.strip() == "[]"
+
+
+def test_template_info_reads_files_without_loading(tmp_path: Path) -> None:
+    """``verify`` names the prompt method of streams already tokenized: the
+    registry answers from the files, loading nothing, and agrees with the
+    loaded tokenizers."""
+    build_wordlevel(tmp_path / "chat", chat_template="{{ messages[0]['content'] }}")
+    plain = build_wordlevel(tmp_path / "plain")
+    specs = [
+        TokenizerSpec("chat", str(tmp_path / "chat")),
+        TokenizerSpec("chat-file", str(tmp_path / "chat" / "tokenizer.json")),
+        TokenizerSpec("plain", str(plain)),
+    ]
+    registry = TokenizerRegistry(specs)
+    models = ["chat", "chat-file", "plain", "other"]
+    infos = [registry.template_info(m) for m in models]
+    assert registry._loaded == {}  # nothing loaded
+    assert [has for _, has in infos] == [True, True, False, False]
+    loaded = TokenizerRegistry(specs)
+    for m, info in zip(models, infos, strict=True):
+        name, tok = loaded.resolve(m)
+        assert info == (name, tok.has_chat_template) == (tok.name, tok.has_chat_template)
+        assert loaded.template_info(m) == info  # from the loaded one
+    request = {"messages": [{"role": "user", "content": "the cat"}]}
+    assert prompt_method(infos[0], request) == "chat template"
+    assert prompt_method(infos[2], request) == prompt_method(loaded.resolve("plain")[1], request)
+    with pytest.raises(TokenizerLoadError):
+        TokenizerRegistry([TokenizerSpec("x", str(tmp_path / "missing"))]).template_info("x")

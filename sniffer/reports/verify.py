@@ -320,11 +320,11 @@ def _first_tokens(
 
 def _prompt_method(registry: TokenizerRegistry, model: str | None, raw: Any) -> str | None:
     try:
-        tok = registry.resolve(model)[1]
+        info = registry.template_info(model)
         request = json.loads(raw) if isinstance(raw, str) else None
     except (TokenizerLoadError, ValueError):
         return None
-    return prompt_method(tok, request)
+    return prompt_method(info, request)
 
 
 # ---------------------------------------------------------------------------
