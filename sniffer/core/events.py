@@ -312,6 +312,7 @@ class StreamResponse:
     streaming: bool  # SSE / NDJSON body
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class ChunkEvent:
     """One streamed chunk for one choice (or the whole body of a non-streaming reply)."""

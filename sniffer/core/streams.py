@@ -605,8 +605,9 @@ class StreamAssembler:
         if dialect is None:
             return
         if x.decoder is not None:
-            for sse in x.decoder.feed(data):
-                self._deltas(x, ts, dialect.event(sse.data, sse.event), out)
+            event = dialect.event
+            for etype, item, _id, _retry in x.decoder.feed(data):
+                self._deltas(x, ts, event(item, etype), out)
         elif x.ndjson is not None:
             for line in x.ndjson.feed(data):
                 self._deltas(x, ts, dialect.event(line, "ndjson"), out)
@@ -708,11 +709,22 @@ class StreamAssembler:
             self._deltas(x, ts, dialect.event(item, event), out)
 
     def _deltas(self, x: _Exchange, ts: float, deltas: list[Delta], out: list[StoreEvent]) -> None:
+        append = out.append
         for d in deltas:
-            kind = d.kind
-            choice = d.choice
+            (
+                choice,
+                kind,
+                text,
+                reasoning,
+                tool_calls,
+                finish_reason,
+                logprobs,
+                usage,
+                raw,
+                error,
+                server_tokens,
+            ) = d
             index = 0
-            text = d.text
             if text:
                 index = x.chunk_idx.get(choice, 0) + 1
                 x.chunk_idx[choice] = index
@@ -720,44 +732,47 @@ class StreamAssembler:
                 x.text_len += len(text)
             if x.t_first is None and kind in OUTPUT_KINDS:
                 x.t_first = ts
-            if d.finish_reason is not None:
-                x.finish[choice] = d.finish_reason
-            if d.usage is not None:
-                x.usage = d.usage
+            if finish_reason is not None:
+                x.finish[choice] = finish_reason
+            if usage is not None:
+                x.usage = usage
             if kind == DONE:
                 x.done_seen = True
             elif kind == ERROR:
-                x.error = d.error or "error object in stream"
+                x.error = error or "error object in stream"
             elif kind == INVALID:
                 x.invalid += 1
                 self._count_error("dialect")
-                out.append(
+                append(
                     PipelineError(
-                        ts, "dialect", "invalid", d.error or "unparseable item", x.conn, x.stream
+                        ts, "dialect", "invalid", error or "unparseable item", x.conn, x.stream
                     )
                 )
-            x.t_last = ts
-            x.event_count += 1
-            out.append(
+            seq = x.seq
+            append(
                 ChunkEvent(
                     x.stream,
                     ts,
-                    x.seq,
+                    seq,
                     choice,
                     index,
                     kind,
                     text,
-                    d.reasoning,
-                    d.tool_calls,
-                    d.finish_reason,
-                    d.logprobs,
-                    d.usage,
-                    d.raw,
-                    d.server_tokens,
+                    reasoning,
+                    tool_calls,
+                    finish_reason,
+                    logprobs,
+                    usage,
+                    raw,
+                    server_tokens,
                 )
             )
-            x.seq += 1
-        self.stats.chunk_events += len(deltas)
+            x.seq = seq + 1
+        n = len(deltas)
+        if n:
+            x.t_last = ts
+            x.event_count += n
+            self.stats.chunk_events += n
 
     def _response_end(self, x: _Exchange, ev: HttpEnd, out: list[StoreEvent]) -> None:
         x.resp_end = ev.reason

@@ -29,8 +29,6 @@ Each item's JSON is parsed once and only the fields present are re-serialised.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import fields
 from typing import Any
 
 from sniffer.llm.dialects._json import JsonDialect
@@ -56,26 +54,10 @@ __all__ = ["OpenAIChat", "OpenAICompletions"]
 
 _DONE = "[DONE]"
 
-# A frozen dataclass's __init__ sets each of Delta's 11 fields through
-# object.__setattr__; on the hot path (one Delta per streamed chunk) setting the
-# slots through their descriptors halves that cost. Falls back to the normal
-# constructor if Delta's fields ever change.
-_DELTA_FIELDS = (
-    "choice",
-    "kind",
-    "text",
-    "reasoning",
-    "tool_calls",
-    "finish_reason",
-    "logprobs",
-    "usage",
-    "raw",
-    "error",
-    "server_tokens",
-)
+_new_tuple = tuple.__new__
 
 
-def _slow_delta(
+def _delta(
     choice: int,
     kind: str,
     text: str,
@@ -86,62 +68,25 @@ def _slow_delta(
     usage: Usage | None,
     raw: str | None,
 ) -> Delta:
-    return Delta(
-        choice,
-        kind,
-        text=text,
-        reasoning=reasoning,
-        tool_calls=tool_calls,
-        finish_reason=finish_reason,
-        logprobs=logprobs,
-        usage=usage,
-        raw=raw,
+    """``Delta(choice, kind, text, …, raw)`` built in one C call: the hot path
+    (one per streamed chunk) skips the named tuple's keyword-handling
+    ``__new__``; ``error`` and ``server_tokens`` are None."""
+    return _new_tuple(
+        Delta,
+        (
+            choice,
+            kind,
+            text,
+            reasoning,
+            tool_calls,
+            finish_reason,
+            logprobs,
+            usage,
+            raw,
+            None,
+            None,
+        ),
     )
-
-
-_DeltaMaker = Callable[
-    [int, str, str, str, str | None, str | None, str | None, Usage | None, str | None], Delta
-]
-
-
-def _fast_delta_maker() -> _DeltaMaker:
-    if tuple(f.name for f in fields(Delta)) != _DELTA_FIELDS or not hasattr(Delta, "__slots__"):
-        return _slow_delta
-    new = object.__new__
-    s_choice, s_kind, s_text, s_reasoning, s_tool, s_finish, s_lp, s_usage, s_raw, s_err, s_tok = (
-        Delta.__dict__[name].__set__ for name in _DELTA_FIELDS
-    )
-
-    def make(
-        choice: int,
-        kind: str,
-        text: str,
-        reasoning: str,
-        tool_calls: str | None,
-        finish_reason: str | None,
-        logprobs: str | None,
-        usage: Usage | None,
-        raw: str | None,
-    ) -> Delta:
-        d: Delta = new(Delta)
-        s_choice(d, choice)
-        s_kind(d, kind)
-        s_text(d, text)
-        s_reasoning(d, reasoning)
-        s_tool(d, tool_calls)
-        s_finish(d, finish_reason)
-        s_lp(d, logprobs)
-        s_usage(d, usage)
-        s_raw(d, raw)
-        s_err(d, None)
-        s_tok(d, None)
-        return d
-
-    return make
-
-
-#: ``_delta(choice, kind, text, reasoning, tool_calls, finish_reason, logprobs, usage, raw)``
-_delta: _DeltaMaker = _fast_delta_maker()
 
 
 def _with_timings(usage: Any, timings: Any) -> Any:
