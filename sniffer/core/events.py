@@ -2,10 +2,12 @@
 
 capture ──Segment──► reassembly ──Conn*/Flow*──► http1 ──Http*──► streams ──Stream*/Chunk──► store
 
-Every value is immutable. ``Segment`` is a ``NamedTuple`` because one is made per
-captured packet (a frozen dataclass costs about three times as much to build,
-which matters at 150k packets/s); everything downstream is a frozen, slotted
-dataclass. Times are capture timestamps (float seconds since the Unix epoch):
+Every value is immutable. ``Segment``, ``FlowData`` and ``HttpBody`` are
+``NamedTuple``s because one is made per captured packet or body piece (a frozen
+dataclass costs several times as much to build, which matters at 150k
+packets/s; the hot paths build them with ``tuple.__new__``, one C call);
+everything else is a frozen, slotted dataclass (``ChunkEvent``, one per chunk,
+with a faster ``__init__``). Times are capture timestamps (float seconds since the Unix epoch):
 no stage reads a clock.
 """
 
@@ -105,10 +107,11 @@ class ConnectionOpened:
     comm: str | None = None
 
 
-@_slot_init
-@dataclass(frozen=True, slots=True)
-class FlowData:
-    """In-order bytes of one direction of a connection."""
+class FlowData(NamedTuple):
+    """In-order bytes of one direction of a connection.
+
+    A ``NamedTuple`` like ``Segment`` (one per data packet): the reassembler
+    builds it with ``tuple.__new__`` in one C call."""
 
     conn: int
     ts: float  # capture time of the packet that delivered the last of these bytes
@@ -191,10 +194,11 @@ class HttpResponse:
     informational: bool = False  # 1xx: more heads follow for this exchange
 
 
-@_slot_init
-@dataclass(frozen=True, slots=True)
-class HttpBody:
-    """A piece of a message body, de-chunked and content-decoded (gzip, deflate)."""
+class HttpBody(NamedTuple):
+    """A piece of a message body, de-chunked and content-decoded (gzip, deflate).
+
+    A ``NamedTuple`` (one per body piece, i.e. per streamed chunk): the parsers
+    build it with ``tuple.__new__`` in one C call."""
 
     conn: int
     exchange: int
