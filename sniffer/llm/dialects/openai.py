@@ -29,11 +29,15 @@ Each item's JSON is parsed once and only the fields present are re-serialised.
 
 from __future__ import annotations
 
+from json import loads as _json_loads
 from typing import Any
 
-from sniffer.llm.dialects._json import JsonDialect
+from sniffer.llm.dialects._json import FastDecodeError as _FastDecodeError
+from sniffer.llm.dialects._json import JsonDialect, Shape
 from sniffer.llm.dialects._json import dumps as _dumps
 from sniffer.llm.dialects._json import error_message as _error_message
+from sniffer.llm.dialects._json import fast_loads as _fast_loads
+from sniffer.llm.dialects._json import invalid as _invalid
 from sniffer.llm.dialects._json import not_a as _not
 from sniffer.llm.dialects.base import (
     CONTENT,
@@ -105,10 +109,25 @@ class _OpenAIBase(JsonDialect):
     name = "openai"
 
     def event(self, data: str, event_type: str) -> list[Delta]:
-        """One SSE event's data (or NDJSON line)."""
+        """One SSE event's data (or NDJSON line): ``JsonDialect.event`` with its
+        calls inlined (one per streamed chunk)."""
         if data == _DONE:
             return [Delta(STREAM_LEVEL, DONE)]
-        return super().event(data, event_type)
+        try:
+            try:
+                obj = _fast_loads(data)
+            except _FastDecodeError:
+                obj = _json_loads(data)  # NaN, Infinity, lone surrogates
+        except (ValueError, RecursionError) as exc:
+            return self._unparsed(data, event_type, exc)
+        if not self._named and type(obj) is dict:
+            self._name(obj)
+        try:
+            return self._chunk(obj, data, True)
+        except Shape as exc:
+            return _invalid(data, str(exc))
+        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
+            return _invalid(data, f"{type(exc).__name__}: {exc}")
 
     def _unparsed(self, data: str, event_type: str, exc: Exception) -> list[Delta]:
         if data.strip() == _DONE:
