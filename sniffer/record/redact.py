@@ -933,6 +933,15 @@ class StreamRedactor:
         for ev, slot, (text, t_hit), (reasoning, r_hit) in zip(
             c.events[:n], c.slots[:n], texts, reasonings, strict=True
         ):
+            if (
+                text is ev.text
+                and reasoning is ev.reasoning
+                and not (t_hit or r_hit or ev.tool_calls or ev.logprobs or ev.raw)
+            ):
+                # The usual chunk: its texts untouched and no JSON field to look
+                # at (json_text of None or "" is the value itself): as it came.
+                slot[0] = ev
+                continue
             # (json_text of None or "" is the value itself: skip the call)
             tool_calls = red.json_text(ev.tool_calls) if ev.tool_calls else ev.tool_calls
             if t_hit or r_hit:
