@@ -234,6 +234,16 @@ class StreamAssembler:
     def feed_into(self, ev: HttpOutput, out: list[StoreEvent]) -> None:
         """``feed``, appending to ``out`` (the pipeline's list: no list per event)."""
         try:
+            if type(ev) is HttpBody:  # the hot path (one per streamed chunk), inlined
+                assert isinstance(ev, HttpBody)
+                conn, exchange, ts, from_client, data = ev
+                x = self._ex.get((conn, exchange))
+                if x is not None:
+                    if from_client:
+                        self._request_body(x, data)
+                    else:
+                        self._response_body(x, ts, data, out)
+                return
             self._feed(ev, out)
         except Exception as exc:  # RecursionError, MemoryError, a bug: this exchange only
             self._contain(ev, exc, out)
