@@ -54,7 +54,13 @@ from sniffer.llm.dialects.base import (
 )
 from sniffer.llm.values import Usage
 
-__all__ = ["OpenAIChat", "OpenAICompletions"]
+__all__ = ["CHAT", "COMPLETIONS", "OpenAIChat", "OpenAICompletions"]
+
+#: The dialects' names, as module constants: the registry reads these, never
+#: ``OpenAIChat.name`` (compiled with mypyc, a class attribute that instances
+#: override is not readable through the class).
+CHAT = "openai.chat"
+COMPLETIONS = "openai.completions"
 
 _DONE = "[DONE]"
 
@@ -198,7 +204,7 @@ def _index(choice: dict[str, Any], position: int) -> int:
 class OpenAIChat(_OpenAIBase):
     """``POST /v1/chat/completions``: ``choices[].delta`` streamed, ``choices[].message`` whole."""
 
-    name = "openai.chat"
+    name = CHAT
 
     def _choice(
         self, choice: Any, position: int, data: str, stream: bool, usage: Usage | None
@@ -263,7 +269,7 @@ class OpenAIChat(_OpenAIBase):
 class OpenAICompletions(_OpenAIBase):
     """``POST /v1/completions``: ``choices[].text``, streamed or whole."""
 
-    name = "openai.completions"
+    name = COMPLETIONS
 
     def _choice(
         self, choice: Any, position: int, data: str, stream: bool, usage: Usage | None
