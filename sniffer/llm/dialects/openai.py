@@ -211,7 +211,9 @@ class OpenAIChat(_OpenAIBase):
     ) -> Delta:
         if type(choice) is not dict:
             raise _not(f"choices[{position}]", choice, "an object")
-        index = _index(choice, position)
+        index = choice.get("index", position)  # _index(), inlined: one per streamed chunk
+        if type(index) is not int or index < 0:
+            raise _not(f"choices[{position}].index", index, "a non-negative integer")
         key = "delta" if stream else "message"
         msg = choice.get(key)
         if msg is None:
@@ -253,16 +255,21 @@ class OpenAIChat(_OpenAIBase):
         else:
             kind = OTHER
             raw = data
-        return _delta(
-            index,
-            kind,
-            content or "",
-            reasoning or "",
-            tool_text,
-            finish,
-            logprobs_text,
-            usage,
-            raw,
+        return _new_tuple(  # _delta(), inlined
+            Delta,
+            (
+                index,
+                kind,
+                content or "",
+                reasoning or "",
+                tool_text,
+                finish,
+                logprobs_text,
+                usage,
+                raw,
+                None,
+                None,
+            ),
         )
 
 
