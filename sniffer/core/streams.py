@@ -27,7 +27,6 @@ from sniffer.core.credentials import (
     scrub_url,
 )
 from sniffer.core.events import (
-    ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
     EndReason,
@@ -46,6 +45,7 @@ from sniffer.core.events import (
     StreamOpened,
     StreamResponse,
     StreamState,
+    new_chunk_event,
 )
 from sniffer.core.http1 import HttpOutput
 from sniffer.core.resync import CHUNKED, ItemSync, guess_dialect, sniff_item_format
@@ -760,7 +760,7 @@ class StreamAssembler:
                 )
             seq = x.seq
             append(
-                ChunkEvent(
+                new_chunk_event(
                     x.stream,
                     ts,
                     seq,
