@@ -23,6 +23,7 @@ COMPILED_MODULES = (
     "sniffer.core.streams",
     "sniffer.capture.packet",
     "sniffer.record.redact",
+    "sniffer.llm.dialects.openai",
 )
 
 

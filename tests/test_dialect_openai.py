@@ -566,12 +566,24 @@ def test_normalize_path() -> None:
     assert normalize_path("//") == "/"
 
 
-def test_fast_delta_constructor_matches_dataclass() -> None:
+def test_fast_delta_constructor_matches_delta() -> None:
     from sniffer.llm.dialects import openai as mod
 
-    assert mod._delta is not mod._slow_delta  # Delta's fields are the expected ones
     args = (1, CONTENT, "t", "r", "[]", "stop", "{}", Usage.parse({}), None)
-    fast, slow = mod._delta(*args), mod._slow_delta(*args)
+    fast = mod._delta(*args)
+    slow = Delta(
+        1,
+        CONTENT,
+        text="t",
+        reasoning="r",
+        tool_calls="[]",
+        finish_reason="stop",
+        logprobs="{}",
+        usage=Usage.parse({}),
+        raw=None,
+    )
+    assert type(fast) is Delta
     assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert fast.error is None and fast.server_tokens is None
     with pytest.raises(AttributeError):
         fast.text = "x"  # type: ignore[misc]

@@ -397,6 +397,10 @@ class GrpcSplitter:
         self, text_outputs: tuple[str, ...] = TEXT_OUTPUTS, catalog: ProtoCatalog | None = None
     ) -> None:
         self._calls: dict[tuple[int, int], _Call] = {}
+        #: the calls in progress (the same dict for the splitter's life, never
+        #: rebound): empty means ``feed`` has nothing to rewrite but requests.
+        #: Read by the pipeline once per batch instead of ``active`` per event.
+        self.open_calls: dict[tuple[int, int], _Call] = self._calls
         self._catalog = catalog
         self._text_outputs = text_outputs
         self.messages = 0

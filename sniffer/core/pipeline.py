@@ -123,10 +123,11 @@ class Pipeline:
         http = self.http.feed
         streams = self.streams.feed_into
         grpc = self.grpc
+        calls = grpc.open_calls  # non-empty: gRPC calls in progress (grpc.active)
         for fev in flows:
             try:
                 for hev in http(fev):
-                    if grpc.active or type(hev) is HttpRequest:
+                    if calls or type(hev) is HttpRequest:
                         for gev in grpc.feed(hev):
                             streams(gev, out)
                     else:

@@ -116,6 +116,8 @@ from sniffer.core.events import (
 
 __all__ = ["Reassembler", "ReassemblyStats"]
 
+#: builds a NamedTuple event (FlowData, HttpBody) in one C call on the hot path
+_new_tuple = tuple.__new__
 _MASK = 0xFFFFFFFF
 _WRAP = 1 << 32
 _HALF_WRAP = 1 << 31
@@ -320,7 +322,7 @@ class Reassembler:
                 h.prev_off = off + n - _PREV_MAX
                 h.prev_data = payload[-_PREV_MAX:]
             self.stats.bytes_delivered += n
-            out.append(FlowData(h.conn_id, ts, h.from_client, payload))
+            out.append(_new_tuple(FlowData, (h.conn_id, ts, h.from_client, payload)))
         else:
             self._data(h, seq, payload, ts, out)
             if h.ack_target > h.next_off:
@@ -782,7 +784,7 @@ class Reassembler:
         h.prev_off = h.next_off - len(keep)
         h.prev_data = keep
         self.stats.bytes_delivered += len(data)
-        out.append(FlowData(h.conn.id, ts, h.from_client, data))
+        out.append(_new_tuple(FlowData, (h.conn.id, ts, h.from_client, data)))
 
     # ------------------------------------------------------------- closing
 

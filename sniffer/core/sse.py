@@ -32,7 +32,7 @@ half event ever reaches a dialect).
 from __future__ import annotations
 
 import codecs
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["DEFAULT_MAX_LINE", "NdjsonDecoder", "SseDecoder", "SseEvent"]
 
@@ -42,13 +42,16 @@ DEFAULT_MAX_LINE = 8 * 1024 * 1024
 _BOM = "\ufeff"
 
 
-@dataclass(frozen=True, slots=True)
-class SseEvent:
+class SseEvent(NamedTuple):
     """One dispatched server-sent event.
 
     ``id`` is the last event id in effect when the event was dispatched (it
     persists across events); ``retry`` is the reconnection time given in this
     event's own field block, if any.
+
+    A ``NamedTuple`` (immutable, compared by value) because one is made per
+    streamed event: the decoder builds it in one C call (``tuple.__new__``),
+    where a frozen dataclass sets each field through a Python-level call.
     """
 
     event: str = "message"
@@ -57,29 +60,11 @@ class SseEvent:
     retry: int | None = None
 
 
-# A frozen dataclass's __init__ goes through object.__setattr__ once per field,
-# which costs about as much as the rest of decoding an event. The hot path sets
-# the slots through their descriptors instead (same object, half the cost).
-# Compiled (mypyc), the class is native: its own __init__ is the fast way, and
-# vars() (not ``SseEvent.__dict__``, which compiled code cannot read) holds
-# getset descriptors instead of slot members.
-_new_object = object.__new__
-_SLOTS = type(vars(SseEvent)["event"]).__name__ == "member_descriptor"
-_set_event = vars(SseEvent)["event"].__set__
-_set_data = vars(SseEvent)["data"].__set__
-_set_id = vars(SseEvent)["id"].__set__
-_set_retry = vars(SseEvent)["retry"].__set__
+_new_tuple = tuple.__new__
 
 
 def _make_event(event: str, data: str, id: str | None, retry: int | None) -> SseEvent:
-    if not _SLOTS:
-        return SseEvent(event, data, id, retry)
-    ev: SseEvent = _new_object(SseEvent)
-    _set_event(ev, event)
-    _set_data(ev, data)
-    _set_id(ev, id)
-    _set_retry(ev, retry)
-    return ev
+    return _new_tuple(SseEvent, (event, data, id, retry))
 
 
 def _new_utf8_decoder() -> codecs.IncrementalDecoder:
@@ -217,6 +202,23 @@ class SseDecoder(_LineDecoder):
         self._poisoned = True
 
     def _text(self, text: str) -> list[SseEvent]:
+        if (
+            text[-2:] == "\n\n"
+            and text[:5] == "data:"
+            and self._started
+            and not (self._cr or self._discard or self._pieces or self._pending)
+            and "\r" not in text
+            and len(text) <= self.max_line
+        ):
+            # Fastest path: exactly one event made of one data line (a server's
+            # usual write), at an event boundary; what the fast path below does
+            # for it, without splitting.
+            value = text[5:-2]
+            if "\n" not in value:
+                if value[:1] == " ":
+                    value = value[1:]
+                self.events += 1
+                return [_new_tuple(SseEvent, ("message", value, self.last_event_id, None))]
         if not self._started:
             self._started = True
             if text[0] == _BOM:
@@ -264,7 +266,7 @@ class SseDecoder(_LineDecoder):
                 value = block[5:]
                 if value[:1] == " ":
                     value = value[1:]
-                out.append(_make_event("message", value, last_id, None))
+                out.append(_new_tuple(SseEvent, ("message", value, last_id, None)))
                 fast += 1
             else:
                 for line in block.split("\n"):

@@ -27,7 +27,6 @@ from sniffer.core.credentials import (
     scrub_url,
 )
 from sniffer.core.events import (
-    ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
     EndReason,
@@ -46,6 +45,7 @@ from sniffer.core.events import (
     StreamOpened,
     StreamResponse,
     StreamState,
+    new_chunk_event,
 )
 from sniffer.core.http1 import HttpOutput
 from sniffer.core.resync import CHUNKED, ItemSync, guess_dialect, sniff_item_format
@@ -234,6 +234,16 @@ class StreamAssembler:
     def feed_into(self, ev: HttpOutput, out: list[StoreEvent]) -> None:
         """``feed``, appending to ``out`` (the pipeline's list: no list per event)."""
         try:
+            if type(ev) is HttpBody:  # the hot path (one per streamed chunk), inlined
+                assert isinstance(ev, HttpBody)
+                conn, exchange, ts, from_client, data = ev
+                x = self._ex.get((conn, exchange))
+                if x is not None:
+                    if from_client:
+                        self._request_body(x, data)
+                    else:
+                        self._response_body(x, ts, data, out)
+                return
             self._feed(ev, out)
         except Exception as exc:  # RecursionError, MemoryError, a bug: this exchange only
             self._contain(ev, exc, out)
@@ -605,8 +615,9 @@ class StreamAssembler:
         if dialect is None:
             return
         if x.decoder is not None:
-            for sse in x.decoder.feed(data):
-                self._deltas(x, ts, dialect.event(sse.data, sse.event), out)
+            event = dialect.event
+            for etype, item, _id, _retry in x.decoder.feed(data):
+                self._deltas(x, ts, event(item, etype), out)
         elif x.ndjson is not None:
             for line in x.ndjson.feed(data):
                 self._deltas(x, ts, dialect.event(line, "ndjson"), out)
@@ -708,11 +719,22 @@ class StreamAssembler:
             self._deltas(x, ts, dialect.event(item, event), out)
 
     def _deltas(self, x: _Exchange, ts: float, deltas: list[Delta], out: list[StoreEvent]) -> None:
+        append = out.append
         for d in deltas:
-            kind = d.kind
-            choice = d.choice
+            (
+                choice,
+                kind,
+                text,
+                reasoning,
+                tool_calls,
+                finish_reason,
+                logprobs,
+                usage,
+                raw,
+                error,
+                server_tokens,
+            ) = d
             index = 0
-            text = d.text
             if text:
                 index = x.chunk_idx.get(choice, 0) + 1
                 x.chunk_idx[choice] = index
@@ -720,44 +742,47 @@ class StreamAssembler:
                 x.text_len += len(text)
             if x.t_first is None and kind in OUTPUT_KINDS:
                 x.t_first = ts
-            if d.finish_reason is not None:
-                x.finish[choice] = d.finish_reason
-            if d.usage is not None:
-                x.usage = d.usage
+            if finish_reason is not None:
+                x.finish[choice] = finish_reason
+            if usage is not None:
+                x.usage = usage
             if kind == DONE:
                 x.done_seen = True
             elif kind == ERROR:
-                x.error = d.error or "error object in stream"
+                x.error = error or "error object in stream"
             elif kind == INVALID:
                 x.invalid += 1
                 self._count_error("dialect")
-                out.append(
+                append(
                     PipelineError(
-                        ts, "dialect", "invalid", d.error or "unparseable item", x.conn, x.stream
+                        ts, "dialect", "invalid", error or "unparseable item", x.conn, x.stream
                     )
                 )
-            x.t_last = ts
-            x.event_count += 1
-            out.append(
-                ChunkEvent(
+            seq = x.seq
+            append(
+                new_chunk_event(
                     x.stream,
                     ts,
-                    x.seq,
+                    seq,
                     choice,
                     index,
                     kind,
                     text,
-                    d.reasoning,
-                    d.tool_calls,
-                    d.finish_reason,
-                    d.logprobs,
-                    d.usage,
-                    d.raw,
-                    d.server_tokens,
+                    reasoning,
+                    tool_calls,
+                    finish_reason,
+                    logprobs,
+                    usage,
+                    raw,
+                    server_tokens,
                 )
             )
-            x.seq += 1
-        self.stats.chunk_events += len(deltas)
+            x.seq = seq + 1
+        n = len(deltas)
+        if n:
+            x.t_last = ts
+            x.event_count += n
+            self.stats.chunk_events += n
 
     def _response_end(self, x: _Exchange, ev: HttpEnd, out: list[StoreEvent]) -> None:
         x.resp_end = ev.reason

@@ -826,8 +826,13 @@ class StreamRedactor:
                 tw.pending_len += len(text)
                 rw = c.reasoning
                 reasoning = ev.reasoning
-                rw.pending.append(reasoning)
-                rw.pending_len += len(reasoning)
+                if reasoning or rw.pending:
+                    rw.pending.append(reasoning)
+                    rw.pending_len += len(reasoning)
+                else:
+                    # No reasoning text, none pending: decided at once, as
+                    # advance() would (the usual chunk of a model that does not reason)
+                    rw.decided.append(_UNTOUCHED_EMPTY)
                 q = order.get(stream)
                 if q is None:
                     q = order[stream] = deque()
@@ -842,12 +847,13 @@ class StreamRedactor:
                     # Hot path: the text window's advance() would decide nothing,
                     # so _release would release nothing; only the reasoning
                     # window's own step is left (the same as its advance()).
-                    n = rw.pending_len
-                    if not n:
-                        rw.decided.extend([_UNTOUCHED_EMPTY] * len(rw.pending))
-                        rw.pending.clear()
-                    elif n >= rw.lookbehind + STEP or len(rw.pending) > rw.max_held:
-                        rw.advance()
+                    if rw.pending:
+                        n = rw.pending_len
+                        if not n:
+                            rw.decided.extend([_UNTOUCHED_EMPTY] * len(rw.pending))
+                            rw.pending.clear()
+                        elif n >= rw.lookbehind + STEP or len(rw.pending) > rw.max_held:
+                            rw.advance()
                     continue
                 self._release(c, False)
                 self._drain(q, out)
@@ -933,6 +939,15 @@ class StreamRedactor:
         for ev, slot, (text, t_hit), (reasoning, r_hit) in zip(
             c.events[:n], c.slots[:n], texts, reasonings, strict=True
         ):
+            if (
+                text is ev.text
+                and reasoning is ev.reasoning
+                and not (t_hit or r_hit or ev.tool_calls or ev.logprobs or ev.raw)
+            ):
+                # The usual chunk: its texts untouched and no JSON field to look
+                # at (json_text of None or "" is the value itself): as it came.
+                slot[0] = ev
+                continue
             # (json_text of None or "" is the value itself: skip the call)
             tool_calls = red.json_text(ev.tool_calls) if ev.tool_calls else ev.tool_calls
             if t_hit or r_hit:

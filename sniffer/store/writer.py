@@ -600,17 +600,28 @@ class StoreWriter:
             self.flush()
 
     def write_many(self, events: Iterable[StoreEvent]) -> None:
-        # Chunk rows (nearly every event) inline; the rest through write().
+        # Chunk rows (nearly every event) inline, with the pending count and the
+        # row list's append held in locals (re-read after anything that may
+        # flush, which starts new buffers); the rest through write().
         write = self.write
         batch_size = self.batch_size
+        append = self._chunk_rows.append
+        pending = self._pending
         for ev in events:
             if type(ev) is ChunkEvent and ev.usage is None:
-                self._chunk_rows.append(_chunk_row(ev))
-                self._pending += 1
-                if self._pending >= batch_size:
+                append(_chunk_row(ev))
+                pending += 1
+                if pending >= batch_size:
+                    self._pending = pending
                     self.flush()
+                    pending = self._pending
+                    append = self._chunk_rows.append
             else:
+                self._pending = pending
                 write(ev)
+                pending = self._pending
+                append = self._chunk_rows.append
+        self._pending = pending
 
     # -- flushing ----------------------------------------------------------
 

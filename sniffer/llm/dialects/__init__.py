@@ -20,7 +20,7 @@ from sniffer.llm.dialects.anthropic import AnthropicMessages
 from sniffer.llm.dialects.base import Dialect
 from sniffer.llm.dialects.kserve import GrpcRaw, KServeInfer
 from sniffer.llm.dialects.ollama import OllamaChat, OllamaGenerate
-from sniffer.llm.dialects.openai import OpenAIChat, OpenAICompletions
+from sniffer.llm.dialects.openai import CHAT, COMPLETIONS, OpenAIChat, OpenAICompletions
 from sniffer.llm.dialects.responses import OpenAIResponses
 from sniffer.llm.dialects.tgi import TgiGenerate
 
@@ -92,8 +92,8 @@ def _openai_completions(method: str, path: str, request: Any) -> bool:
     return _is_post(method) and path in ("/v1/completions", "/completions")
 
 
-register(OpenAIChat.name, _openai_chat, OpenAIChat)
-register(OpenAICompletions.name, _openai_completions, OpenAICompletions)
+register(CHAT, _openai_chat, OpenAIChat)
+register(COMPLETIONS, _openai_completions, OpenAICompletions)
 
 
 def _openai_responses(method: str, path: str, request: Any) -> bool:

@@ -41,7 +41,6 @@ block: text → CONTENT, thinking → REASONING, tool_use → TOOL_CALL (the who
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from sniffer.llm.dialects._json import JsonDialect
@@ -216,7 +215,7 @@ class AnthropicMessages(JsonDialect):
             out.append(Delta(0, FINISH if stop is not None else OTHER, finish_reason=stop))
         usage = obj.get("usage")
         if usage is not None:
-            out[-1] = replace(out[-1], usage=Usage.parse(usage))
+            out[-1] = out[-1]._replace(usage=Usage.parse(usage))
         return out
 
 

@@ -8,8 +8,7 @@ adding the stream id, capture time and chunk numbering.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from sniffer.llm.values import Usage
 
@@ -34,8 +33,14 @@ OTHER = "other"  # parsed, but nothing we model (keep-alive, metadata events)
 OUTPUT_KINDS = frozenset({CONTENT, REASONING, TOOL_CALL})
 
 
-@dataclass(frozen=True, slots=True)
-class Delta:
+class Delta(NamedTuple):
+    """What a dialect extracts from one item for one choice (or the stream).
+
+    A ``NamedTuple``, not a frozen dataclass: one is made per streamed chunk and
+    only read once, by the streams stage, which unpacks it (a tuple is built in
+    one C call; a frozen dataclass sets its 11 fields one Python call each).
+    Change a field with ``delta._replace(...)``."""
+
     choice: int
     kind: str
     text: str = ""

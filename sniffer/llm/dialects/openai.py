@@ -29,13 +29,15 @@ Each item's JSON is parsed once and only the fields present are re-serialised.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import fields
+from json import loads as _json_loads
 from typing import Any
 
-from sniffer.llm.dialects._json import JsonDialect
+from sniffer.llm.dialects._json import FastDecodeError as _FastDecodeError
+from sniffer.llm.dialects._json import JsonDialect, Shape
 from sniffer.llm.dialects._json import dumps as _dumps
 from sniffer.llm.dialects._json import error_message as _error_message
+from sniffer.llm.dialects._json import fast_loads as _fast_loads
+from sniffer.llm.dialects._json import invalid as _invalid
 from sniffer.llm.dialects._json import not_a as _not
 from sniffer.llm.dialects.base import (
     CONTENT,
@@ -52,30 +54,20 @@ from sniffer.llm.dialects.base import (
 )
 from sniffer.llm.values import Usage
 
-__all__ = ["OpenAIChat", "OpenAICompletions"]
+__all__ = ["CHAT", "COMPLETIONS", "OpenAIChat", "OpenAICompletions"]
+
+#: The dialects' names, as module constants: the registry reads these, never
+#: ``OpenAIChat.name`` (compiled with mypyc, a class attribute that instances
+#: override is not readable through the class).
+CHAT = "openai.chat"
+COMPLETIONS = "openai.completions"
 
 _DONE = "[DONE]"
 
-# A frozen dataclass's __init__ sets each of Delta's 11 fields through
-# object.__setattr__; on the hot path (one Delta per streamed chunk) setting the
-# slots through their descriptors halves that cost. Falls back to the normal
-# constructor if Delta's fields ever change.
-_DELTA_FIELDS = (
-    "choice",
-    "kind",
-    "text",
-    "reasoning",
-    "tool_calls",
-    "finish_reason",
-    "logprobs",
-    "usage",
-    "raw",
-    "error",
-    "server_tokens",
-)
+_new_tuple = tuple.__new__
 
 
-def _slow_delta(
+def _delta(
     choice: int,
     kind: str,
     text: str,
@@ -86,62 +78,25 @@ def _slow_delta(
     usage: Usage | None,
     raw: str | None,
 ) -> Delta:
-    return Delta(
-        choice,
-        kind,
-        text=text,
-        reasoning=reasoning,
-        tool_calls=tool_calls,
-        finish_reason=finish_reason,
-        logprobs=logprobs,
-        usage=usage,
-        raw=raw,
+    """``Delta(choice, kind, text, …, raw)`` built in one C call: the hot path
+    (one per streamed chunk) skips the named tuple's keyword-handling
+    ``__new__``; ``error`` and ``server_tokens`` are None."""
+    return _new_tuple(
+        Delta,
+        (
+            choice,
+            kind,
+            text,
+            reasoning,
+            tool_calls,
+            finish_reason,
+            logprobs,
+            usage,
+            raw,
+            None,
+            None,
+        ),
     )
-
-
-_DeltaMaker = Callable[
-    [int, str, str, str, str | None, str | None, str | None, Usage | None, str | None], Delta
-]
-
-
-def _fast_delta_maker() -> _DeltaMaker:
-    if tuple(f.name for f in fields(Delta)) != _DELTA_FIELDS or not hasattr(Delta, "__slots__"):
-        return _slow_delta
-    new = object.__new__
-    s_choice, s_kind, s_text, s_reasoning, s_tool, s_finish, s_lp, s_usage, s_raw, s_err, s_tok = (
-        Delta.__dict__[name].__set__ for name in _DELTA_FIELDS
-    )
-
-    def make(
-        choice: int,
-        kind: str,
-        text: str,
-        reasoning: str,
-        tool_calls: str | None,
-        finish_reason: str | None,
-        logprobs: str | None,
-        usage: Usage | None,
-        raw: str | None,
-    ) -> Delta:
-        d: Delta = new(Delta)
-        s_choice(d, choice)
-        s_kind(d, kind)
-        s_text(d, text)
-        s_reasoning(d, reasoning)
-        s_tool(d, tool_calls)
-        s_finish(d, finish_reason)
-        s_lp(d, logprobs)
-        s_usage(d, usage)
-        s_raw(d, raw)
-        s_err(d, None)
-        s_tok(d, None)
-        return d
-
-    return make
-
-
-#: ``_delta(choice, kind, text, reasoning, tool_calls, finish_reason, logprobs, usage, raw)``
-_delta: _DeltaMaker = _fast_delta_maker()
 
 
 def _with_timings(usage: Any, timings: Any) -> Any:
@@ -160,10 +115,25 @@ class _OpenAIBase(JsonDialect):
     name = "openai"
 
     def event(self, data: str, event_type: str) -> list[Delta]:
-        """One SSE event's data (or NDJSON line)."""
+        """One SSE event's data (or NDJSON line): ``JsonDialect.event`` with its
+        calls inlined (one per streamed chunk)."""
         if data == _DONE:
             return [Delta(STREAM_LEVEL, DONE)]
-        return super().event(data, event_type)
+        try:
+            try:
+                obj = _fast_loads(data)
+            except _FastDecodeError:
+                obj = _json_loads(data)  # NaN, Infinity, lone surrogates
+        except (ValueError, RecursionError) as exc:
+            return self._unparsed(data, event_type, exc)
+        if not self._named and type(obj) is dict:
+            self._name(obj)
+        try:
+            return self._chunk(obj, data, True)
+        except Shape as exc:
+            return _invalid(data, str(exc))
+        except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
+            return _invalid(data, f"{type(exc).__name__}: {exc}")
 
     def _unparsed(self, data: str, event_type: str, exc: Exception) -> list[Delta]:
         if data.strip() == _DONE:
@@ -234,14 +204,16 @@ def _index(choice: dict[str, Any], position: int) -> int:
 class OpenAIChat(_OpenAIBase):
     """``POST /v1/chat/completions``: ``choices[].delta`` streamed, ``choices[].message`` whole."""
 
-    name = "openai.chat"
+    name = CHAT
 
     def _choice(
         self, choice: Any, position: int, data: str, stream: bool, usage: Usage | None
     ) -> Delta:
         if type(choice) is not dict:
             raise _not(f"choices[{position}]", choice, "an object")
-        index = _index(choice, position)
+        index = choice.get("index", position)  # _index(), inlined: one per streamed chunk
+        if type(index) is not int or index < 0:
+            raise _not(f"choices[{position}].index", index, "a non-negative integer")
         key = "delta" if stream else "message"
         msg = choice.get(key)
         if msg is None:
@@ -283,23 +255,28 @@ class OpenAIChat(_OpenAIBase):
         else:
             kind = OTHER
             raw = data
-        return _delta(
-            index,
-            kind,
-            content or "",
-            reasoning or "",
-            tool_text,
-            finish,
-            logprobs_text,
-            usage,
-            raw,
+        return _new_tuple(  # _delta(), inlined
+            Delta,
+            (
+                index,
+                kind,
+                content or "",
+                reasoning or "",
+                tool_text,
+                finish,
+                logprobs_text,
+                usage,
+                raw,
+                None,
+                None,
+            ),
         )
 
 
 class OpenAICompletions(_OpenAIBase):
     """``POST /v1/completions``: ``choices[].text``, streamed or whole."""
 
-    name = "openai.completions"
+    name = COMPLETIONS
 
     def _choice(
         self, choice: Any, position: int, data: str, stream: bool, usage: Usage | None

@@ -39,7 +39,6 @@ last one the usage. A failed response adds ERROR.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from sniffer.llm.dialects._json import JsonDialect
@@ -226,7 +225,7 @@ class OpenAIResponses(JsonDialect):
             out.append(Delta(0, FINISH if finish is not None else OTHER, finish_reason=finish))
         usage = obj.get("usage")
         if usage is not None:
-            out[-1] = replace(out[-1], usage=Usage.parse(usage))
+            out[-1] = out[-1]._replace(usage=Usage.parse(usage))
         if obj.get("status") == "failed" or err is not None:
             message = _error_message(err) if err is not None else "response failed"
             out.append(Delta(STREAM_LEVEL, ERROR, raw=body, error=message))
