@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-import pytest
-
 from sniffer.core.events import (
     ChunkEvent,
     ConnectionClosed,
@@ -363,21 +361,3 @@ def test_usage_is_parsed_once_and_travels_typed_to_the_close() -> None:
     assert isinstance(chunk.usage, Usage) and chunk.usage.raw == usage
     assert closed(out).usage is chunk.usage
     assert (chunk.usage.prompt_tokens, chunk.usage.completion_tokens) == (3, 2)
-
-
-def test_new_chunk_event_is_a_chunk_event() -> None:
-    """The fast constructor the streams stage uses makes the very value
-    ``ChunkEvent(...)`` makes: same type, equal, same hash and repr, frozen."""
-    import dataclasses
-    import pickle
-
-    from sniffer.core.events import ChunkEvent, new_chunk_event
-
-    args = (7, 1.5, 3, 0, 2, "content", "abc", "", None, "stop", "{}", None, None, "[1]")
-    fast, slow = new_chunk_event(*args), ChunkEvent(*args)
-    assert type(fast) is ChunkEvent
-    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
-    assert dataclasses.replace(fast, text="x") == dataclasses.replace(slow, text="x")
-    assert pickle.loads(pickle.dumps(fast)) == slow
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        fast.text = "y"  # type: ignore[misc]

@@ -14,7 +14,6 @@ no stage reads a clock.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, NamedTuple, TypeVar
 
@@ -336,44 +335,6 @@ class ChunkEvent:
     usage: Usage | None = None  # the usage object this chunk carried
     raw: str | None = None  # the event data as received, for kinds we do not model
     server_tokens: str | None = None  # JSON list of server-reported tokens (TGI token objects)
-
-
-def _twin_maker(cls: type[_T]) -> Callable[..., _T]:
-    """A constructor for the frozen, slotted dataclass ``cls`` (positional
-    arguments, all of them) about three times as fast as its ``__init__``: a
-    plain slotted "twin" class with the same slots is built with ordinary
-    attribute stores, then its ``__class__`` is set to ``cls`` (allowed between
-    classes of the same layout); the result is an ordinary, frozen ``cls``
-    instance (equality, hashing, repr, ``replace`` untouched). Falls back to
-    ``cls`` itself where that assignment is refused (a compiled build)."""
-    names: tuple[str, ...] = tuple(vars(cls)["__slots__"])
-    scope: dict[str, Any] = {}
-    stores = "".join(f"        self.{n} = {n}\n" for n in names)
-    exec(
-        f"class _Twin:\n    __slots__ = {names!r}\n"
-        f"    def __init__(self, {', '.join(names)}):\n{stores}",
-        scope,
-    )
-    twin = scope["_Twin"]
-
-    def make(*args: Any) -> _T:
-        obj = twin(*args)
-        obj.__class__ = cls
-        return obj
-
-    try:
-        probe = make(*range(len(names)))
-    except TypeError:
-        return cls
-    if not isinstance(probe, cls):  # pragma: no cover - defensive
-        return cls
-    return make
-
-
-#: ``new_chunk_event(stream, ts, seq, choice, chunk_index, kind, text, reasoning,
-#: tool_calls, finish_reason, logprobs, usage, raw, server_tokens)``: a
-#: ``ChunkEvent`` (all 14 fields, in order), built the fast way (one per chunk).
-new_chunk_event: Callable[..., ChunkEvent] = _twin_maker(ChunkEvent)
 
 
 @dataclass(frozen=True, slots=True)

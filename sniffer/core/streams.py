@@ -27,6 +27,7 @@ from sniffer.core.credentials import (
     scrub_url,
 )
 from sniffer.core.events import (
+    ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
     EndReason,
@@ -45,7 +46,6 @@ from sniffer.core.events import (
     StreamOpened,
     StreamResponse,
     StreamState,
-    new_chunk_event,
 )
 from sniffer.core.http1 import HttpOutput
 from sniffer.core.resync import CHUNKED, ItemSync, guess_dialect, sniff_item_format
@@ -760,7 +760,7 @@ class StreamAssembler:
                 )
             seq = x.seq
             append(
-                new_chunk_event(
+                ChunkEvent(
                     x.stream,
                     ts,
                     seq,
