@@ -332,7 +332,12 @@ def test_metrics_scrape_matches_database(tmp_path: Path, procs: list[Any]) -> No
     for _ in range(200):  # streams flushed and tokenized (token worker: every 2 s)
         scraped = _scrape(url)
         done = _metric(scraped, "gen_ai_client_token_usage_count", gen_ai_token_type="output")
-        if _metric(scraped, "sparseety_streams_total", state="complete") >= 6 and done >= 6:
+        ticked = _metric(scraped, "sparseety_packets_captured_total")  # set once a tick
+        if (
+            _metric(scraped, "sparseety_streams_total", state="complete") >= 6
+            and done >= 6
+            and ticked > 0
+        ):
             break
         time.sleep(0.1)
     assert d.stop() == 0
