@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice, repeat
 from operator import gt, itemgetter, le, sub
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 if TYPE_CHECKING:  # imported where used: a command that loads no tokenizer skips it
     from tokenizers import Encoding, Tokenizer
@@ -619,14 +619,60 @@ class ChunkInput:
     logprobs: str | None  # JSON text as stored
 
 
-class ChunkColumns(Sequence[ChunkInput]):
+_V = TypeVar("_V")
+
+
+class _BuiltOnFirstUse(Sequence[_V]):
+    """A sequence whose values ``_build`` makes on first use, once (the token
+    pass reads the columns behind them instead). It equals another of its kind,
+    a list or a tuple with the same values; a slice is of ``_build``'s type."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: Sequence[_V] | None = None
+
+    def _build(self) -> Sequence[_V]:
+        raise NotImplementedError
+
+    def _values(self) -> Sequence[_V]:
+        items = self._items
+        if items is None:
+            items = self._items = self._build()
+        return items
+
+    def __len__(self) -> int:
+        return len(self._values())
+
+    @overload
+    def __getitem__(self, i: int) -> _V: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[_V]: ...
+    def __getitem__(self, i: int | slice) -> _V | Sequence[_V]:
+        return self._values()[i]
+
+    def __iter__(self) -> Iterator[_V]:
+        return iter(self._values())
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is type(self):
+            assert isinstance(other, _BuiltOnFirstUse)
+            return list(self._values()) == list(other._values())
+        if isinstance(other, list | tuple):
+            return list(self._values()) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class ChunkColumns(_BuiltOnFirstUse[ChunkInput]):
     """A stream's chunks in columns, as the token collector keeps them: seq,
     choice and text length per chunk, all texts joined into one string, and
     ``(finish_reason, logprobs)`` only for the chunks that carry one (keyed by
     position). The analysis reads the columns and builds no object per chunk;
     indexing or iterating builds the ``ChunkInput`` values (once)."""
 
-    __slots__ = ("_items", "choices", "extra", "lens", "seqs", "text")
+    __slots__ = ("choices", "extra", "lens", "seqs", "text")
 
     def __init__(
         self,
@@ -641,7 +687,7 @@ class ChunkColumns(Sequence[ChunkInput]):
         self.lens = lens
         self.text = text
         self.extra = extra
-        self._items: list[ChunkInput] | None = None
+        super().__init__()
 
     @classmethod
     def of(cls, chunks: Sequence[ChunkInput]) -> ChunkColumns:
@@ -662,53 +708,29 @@ class ChunkColumns(Sequence[ChunkInput]):
             extra,
         )
 
-    def _list(self) -> list[ChunkInput]:
-        items = self._items
-        if items is None:
-            extra = self.extra
-            none = (None, None)
-            text = self.text
-            items = []
-            pos = 0
-            for i, (seq, choice, n) in enumerate(
-                zip(self.seqs, self.choices, self.lens, strict=True)
-            ):
-                items.append(ChunkInput(seq, choice, text[pos : pos + n], *extra.get(i, none)))
-                pos += n
-            self._items = items
+    def _build(self) -> list[ChunkInput]:
+        extra = self.extra
+        none = (None, None)
+        text = self.text
+        items = []
+        pos = 0
+        for i, (seq, choice, n) in enumerate(zip(self.seqs, self.choices, self.lens, strict=True)):
+            items.append(ChunkInput(seq, choice, text[pos : pos + n], *extra.get(i, none)))
+            pos += n
         return items
 
     def __len__(self) -> int:
         return len(self.lens)
 
-    @overload
-    def __getitem__(self, i: int) -> ChunkInput: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[ChunkInput]: ...
-    def __getitem__(self, i: int | slice) -> ChunkInput | list[ChunkInput]:
-        return self._list()[i]
-
-    def __iter__(self) -> Iterator[ChunkInput]:
-        return iter(self._list())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, ChunkColumns):
-            return self._list() == other._list()
-        if isinstance(other, list | tuple):
-            return self._list() == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
-        return f"ChunkColumns({self._list()!r})"
+        return f"ChunkColumns({list(self._values())!r})"
 
     def in_seq_order(self) -> ChunkColumns:
         """These chunks sorted by seq (stably): ``self`` when they already are."""
         seqs = self.seqs
         if all(map(le, seqs, islice(seqs, 1, None))):
             return self
-        return ChunkColumns.of(sorted(self._list(), key=_seq))
+        return ChunkColumns.of(sorted(self._values(), key=_seq))
 
 
 @dataclass(frozen=True, slots=True)
@@ -768,58 +790,33 @@ class ChoiceChunks:
     text: str
 
 
-class _ChunkTokensView(Sequence[ChunkTokens]):
+class _ChunkTokensView(_BuiltOnFirstUse[ChunkTokens]):
     """``StreamTokens.chunks``: the ``ChunkTokens`` values, built on first use
     from the per-choice columns (the token pass reads the columns instead)."""
 
-    __slots__ = ("_items", "_output_ids", "_per_choice")
+    __slots__ = ("_output_ids", "_per_choice")
 
     def __init__(
         self, output_ids: Mapping[int, tuple[int, ...]], per_choice: Mapping[int, ChoiceChunks]
     ) -> None:
         self._output_ids = output_ids
         self._per_choice = per_choice
-        self._items: tuple[ChunkTokens, ...] | None = None
+        super().__init__()
 
-    def _tuple(self) -> tuple[ChunkTokens, ...]:
-        items = self._items
-        if items is None:
-            out: list[ChunkTokens] = []
-            for ch, cc in self._per_choice.items():
-                ids = self._output_ids[ch]
-                pos = 0
-                for seq, n, st in zip(cc.seqs, cc.counts, cc.straddles, strict=True):
-                    out.append(ChunkTokens(seq, ch, ids[pos : pos + n], st))
-                    pos += n
-            if len(self._per_choice) > 1:
-                out.sort(key=_chunk_seq)
-            items = self._items = tuple(out)
-        return items
-
-    def __len__(self) -> int:
-        return len(self._tuple())
-
-    @overload
-    def __getitem__(self, i: int) -> ChunkTokens: ...
-    @overload
-    def __getitem__(self, i: slice) -> tuple[ChunkTokens, ...]: ...
-    def __getitem__(self, i: int | slice) -> ChunkTokens | tuple[ChunkTokens, ...]:
-        return self._tuple()[i]
-
-    def __iter__(self) -> Iterator[ChunkTokens]:
-        return iter(self._tuple())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, _ChunkTokensView):
-            return self._tuple() == other._tuple()
-        if isinstance(other, tuple | list):
-            return self._tuple() == tuple(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
+    def _build(self) -> tuple[ChunkTokens, ...]:
+        out: list[ChunkTokens] = []
+        for ch, cc in self._per_choice.items():
+            ids = self._output_ids[ch]
+            pos = 0
+            for seq, n, st in zip(cc.seqs, cc.counts, cc.straddles, strict=True):
+                out.append(ChunkTokens(seq, ch, ids[pos : pos + n], st))
+                pos += n
+        if len(self._per_choice) > 1:
+            out.sort(key=_chunk_seq)
+        return tuple(out)
 
     def __repr__(self) -> str:
-        return repr(self._tuple())
+        return repr(tuple(self._values()))
 
 
 @dataclass(frozen=True, slots=True)

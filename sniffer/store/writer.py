@@ -347,24 +347,10 @@ def _close_values(ev: StreamClosed) -> dict[str, Any]:
     }
 
 
-_CHUNK_COLUMNS = (
-    "stream_id",
-    "seq",
-    "choice",
-    "chunk_index",
-    "kind",
-    "ts",
-    "text",
-    "reasoning",
-    "tool_calls",
-    "finish_reason",
-    "logprobs",
-    "usage",
-    "raw",
-    "server_tokens",
-)
+#: Columns a chunk row fills (the id is the database's), in table order.
+_CHUNK_COLUMNS = tuple(c for c in TABLE_COLUMNS["chunks"] if c != "id")
 _USAGE_AT = _CHUNK_COLUMNS.index("usage")
-_ERROR_COLUMNS = ("ts", "stage", "kind", "message", "connection_id", "stream_id", "node")
+_ERROR_COLUMNS = tuple(c for c in TABLE_COLUMNS["errors"] if c != "id")
 _CONNECTION_COLUMNS = TABLE_COLUMNS["connections"]
 _STREAM_COLUMNS = TABLE_COLUMNS["streams"]
 
