@@ -336,3 +336,37 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
                 args.append(db if a == "/tmp/demo.db" else a)
         res = cli(*args)
         assert res.exit_code == 0, (argv, res.output[-500:])
+
+
+def test_the_console_script_keeps_exit_codes_and_flushes_all_output(
+    demo: str, tmp_path: Path
+) -> None:
+    """``python -m sniffer.cli`` ends its process itself once a command is done
+    (``_exit_quickly``, no interpreter teardown): every byte written to a pipe
+    still arrives, and the exit codes stay what click and the commands say."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def run(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "sniffer.cli", *args],
+            capture_output=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+        )
+
+    piped = run("export", "--db", demo)
+    assert piped.returncode == 0, piped.stderr
+    out = tmp_path / "export.jsonl"
+    assert run("export", "--db", demo, "-o", str(out)).returncode == 0
+    assert piped.stdout == out.read_bytes()
+    assert len(piped.stdout) > 10_000  # more than one buffer's worth went through the pipe
+
+    assert run("no-such-command").returncode == 2  # click's usage error
+    bad = run("replay", str(TRUNCATED), "--db", str(tmp_path / "t.db"), "-q")
+    assert bad.returncode == 1  # the command's own code (a truncated capture)
+    assert b"truncated" in bad.stdout + bad.stderr

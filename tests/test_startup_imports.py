@@ -23,17 +23,20 @@ PCAP = REPO / "pcaps" / "chat_english.pcap"
 #: Never needed by these commands.
 NEVER = ("transformers", "torch", "scapy", "opentelemetry", "alembic", "google.protobuf")
 
+# The modules are listed by an atexit handler: the console script ends the
+# process itself once the command is done (``_exit_quickly``), after running them.
 RUN = r"""
-import json, sys
+import atexit, json, sys
 argv, out = sys.argv[1:-1], sys.argv[-1]
 sys.argv = ["sparseety", *argv]
+
+def dump():
+    with open(out, "w") as fh:
+        json.dump(sorted(sys.modules), fh)
+
+atexit.register(dump)
 from sniffer.cli import entry_point
-try:
-    entry_point()
-except SystemExit:
-    pass
-with open(out, "w") as fh:
-    json.dump(sorted(sys.modules), fh)
+entry_point()
 """
 
 

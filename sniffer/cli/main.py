@@ -6,10 +6,12 @@ errors become a one-line message and a non-zero exit code (2 for usage errors).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
 import sys
+import threading
 from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -700,13 +702,40 @@ LAZY_COMMANDS = {
 
 def entry_point() -> None:
     """The ``sparseety`` console script: ``main`` plus a quiet exit when the
-    reader of stdout goes away (``sparseety export | head``)."""
+    reader of stdout goes away (``sparseety export | head``), and a quick one
+    otherwise (``_exit_quickly``)."""
     try:
-        main()
+        try:
+            main()
+        except SystemExit as exc:
+            _exit_quickly(exc)
+            raise
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's final flush must not fail again
         sys.exit(141)
+
+
+def _exit_quickly(exc: SystemExit) -> None:
+    """End the process without the interpreter's teardown, when nothing needs it.
+
+    A command's work is done when ``main`` raises ``SystemExit``; what Python
+    would still do is run the ``atexit`` handlers (logging's, multiprocessing's,
+    coverage's), flush the standard streams, then free every module and object
+    one by one, which after a replay costs 0.1–0.25 s of CPU (issue #16). This
+    does the first two and skips the third. It returns, leaving the normal exit,
+    when another thread is still running (Python joins non-daemon threads at
+    exit), or the exit code is not a number (``sys.exit("message")`` prints it).
+    """
+    code = exc.code
+    if code is None:
+        code = 0
+    if type(code) is not int or threading.active_count() > 1:
+        return
+    atexit._run_exitfuncs()
+    sys.stdout.flush()  # a reader that went away raises here: the caller's handler
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
