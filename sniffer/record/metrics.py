@@ -71,13 +71,17 @@ from __future__ import annotations
 import ipaddress
 import threading
 import time
+from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import prometheus_client.metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import start_http_server
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from sniffer.core.events import (
     ChunkEvent,
@@ -122,6 +126,7 @@ ERROR_STAGES = frozenset({"capture", "reassembly", "http", "sse", "dialect", "st
 MAX_OPEN_STREAMS = 100_000
 MAX_RECENT_CLOSED = 10_000
 MAX_KINDS = 64
+INF = float("inf")
 OTHER = "other"
 NONE = "none"
 
@@ -160,6 +165,164 @@ class _Bounded:
                 return lab, OTHER
             models.add(mod)
         return lab, mod
+
+
+def _use_created() -> bool:
+    """Whether prometheus_client emits ``_created`` series (it does unless
+    ``PROMETHEUS_DISABLE_CREATED_SERIES`` is set or ``disable_created_metrics()``
+    was called): ours follow the same switch as its own metrics."""
+    return bool(getattr(prometheus_client.metrics, "_use_created", True))
+
+
+class _CounterChild:
+    """One label set of a :class:`_Counter`."""
+
+    __slots__ = ("created", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.created = time.time()
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self.value += amount
+
+
+class _HistogramChild:
+    """One label set of a :class:`_Histogram`: how many observations fell in
+    each bucket (not cumulative; the last bucket is +Inf) and their sum."""
+
+    __slots__ = ("bounds", "counts", "created", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, amount: float) -> None:
+        # the first bucket whose upper bound is >= amount, as prometheus_client's
+        # (the values observed here are never NaN)
+        self.counts[bisect_left(self.bounds, amount)] += 1
+        self.sum += amount
+
+
+class _Family:
+    """A labelled counter or histogram fed under its owner's lock.
+
+    prometheus_client's ``Counter`` and ``Histogram`` take a mutex on every
+    ``inc``/``observe`` (a histogram observation: two) and scan the bucket
+    bounds; :class:`Metrics` already holds its own lock whenever it observes,
+    so its per-chunk metrics are plain numbers in these children instead,
+    read at scrape time by :meth:`collect` (a prometheus_client collector,
+    registered in the owner's registry where the metric would have been). The
+    exposition is the one prometheus_client's metric would give: same names,
+    HELP and TYPE, label sets in creation order, values, and ``_created``.
+
+    ``labels`` must be called, and the child it returns used, with ``lock``
+    held; :meth:`collect` takes it to read the children.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        *,
+        registry: CollectorRegistry,
+        lock: threading.Lock,
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._lock = lock
+        self._children: dict[tuple[str, ...], Any] = {}
+        registry.register(self)
+
+    def describe(self) -> list[Metric]:
+        return [self._family()]
+
+    def _family(self) -> Metric:
+        raise NotImplementedError
+
+    def collect(self) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+class _Counter(_Family):
+    """A labelled counter (see :class:`_Family`); the name without ``_total``."""
+
+    def labels(self, *values: str) -> _CounterChild:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = _CounterChild()
+        return child  # type: ignore[no-any-return]
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            rows = [(values, c.value, c.created) for values, c in self._children.items()]
+        created = _use_created()
+        family = self._family()
+        for values, value, t in rows:
+            family.add_metric(values, value, created=t if created else None)
+        yield family
+
+
+class _Histogram(_Family):
+    """A labelled histogram (see :class:`_Family`); ``buckets`` as
+    prometheus_client's (+Inf added when missing)."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        *,
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+        lock: threading.Lock,
+    ) -> None:
+        bounds = [float(b) for b in buckets]
+        if bounds != sorted(bounds):
+            raise ValueError("Buckets not in sorted order")
+        if bounds[-1] != INF:
+            bounds.append(INF)
+        self.bounds = tuple(bounds)
+        self._le = [floatToGoString(b) for b in bounds]
+        super().__init__(name, documentation, labelnames, registry=registry, lock=lock)
+
+    def labels(self, *values: str) -> _HistogramChild:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = _HistogramChild(self.bounds)
+        return child  # type: ignore[no-any-return]
+
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            rows = [
+                (values, list(h.counts), h.sum, h.created) for values, h in self._children.items()
+            ]
+        created = _use_created()
+        family = self._family()
+        for values, counts, total, t in rows:
+            buckets = []
+            acc = 0.0
+            for le, n in zip(self._le, counts, strict=True):
+                acc += n
+                buckets.append((le, acc))
+            family.add_metric(values, buckets, total)
+            if created:
+                family.add_sample(
+                    self.name + "_created", dict(zip(self.labelnames, values, strict=True)), t
+                )
+        yield family
 
 
 class _Open:
@@ -276,88 +439,107 @@ class Metrics:
         r = self.registry
         lm = ("label", "model")
 
-        self.ttft = Histogram(
+        self.ttft = _Histogram(
             "gen_ai_server_time_to_first_token_seconds",
             "Time from the request head to the first chunk carrying content, reasoning "
             "or a tool call (streamed responses; capture time).",
             lm,
             buckets=TTFT_BUCKETS,
             registry=r,
+            lock=self._lock,
         )
-        self.tpot = Histogram(
+        self.tpot = _Histogram(
             "gen_ai_server_time_per_output_token_seconds",
             "Per complete stream: (last - first output chunk time) / (output tokens - 1).",
             lm,
             buckets=TPOT_BUCKETS,
             registry=r,
+            lock=self._lock,
         )
-        self.inter_chunk = Histogram(
+        self.inter_chunk = _Histogram(
             "sparseety_inter_chunk_seconds",
             "Time between consecutive output chunks of one choice (capture time).",
             lm,
             buckets=INTER_CHUNK_BUCKETS,
             registry=r,
+            lock=self._lock,
         )
-        self.duration = Histogram(
+        self.duration = _Histogram(
             "gen_ai_server_request_duration_seconds",
             "Time from the request head to the end of the response stream (capture time).",
             lm,
             buckets=DURATION_BUCKETS,
             registry=r,
+            lock=self._lock,
         )
-        self.token_usage = Histogram(
+        self.token_usage = _Histogram(
             "gen_ai_client_token_usage",
             "Tokens per stream by our tokenizer: gen_ai_token_type input (prompt) or output.",
             (*lm, "gen_ai_token_type"),
             buckets=TOKEN_BUCKETS,
             registry=r,
+            lock=self._lock,
         )
-        self.output_chars = Histogram(
+        self.output_chars = _Histogram(
             "sparseety_output_characters",
             "Characters of content per stream (all choices).",
             lm,
             buckets=CHAR_BUCKETS,
             registry=r,
+            lock=self._lock,
         )
-        self.tokens_per_chunk = Histogram(
+        self.tokens_per_chunk = _Histogram(
             "sparseety_tokens_per_chunk",
             "Tokens attributed to each text-carrying chunk.",
             lm,
             buckets=TOKENS_PER_CHUNK_BUCKETS,
             registry=r,
+            lock=self._lock,
         )
-        self.streams = Counter(
+        self.streams = _Counter(
             "sparseety_streams",
             "Closed streams by state: complete, client_abort, truncated, gap, error, midway.",
             (*lm, "state"),
             registry=r,
+            lock=self._lock,
         )
-        self.chunk_events = Counter(
-            "sparseety_chunk_events", "Chunk events (all kinds).", lm, registry=r
+        self.chunk_events = _Counter(
+            "sparseety_chunk_events", "Chunk events (all kinds).", lm, registry=r, lock=self._lock
         )
-        self.output_tokens = Counter(
-            "sparseety_output_tokens", "Output tokens (our tokenizer).", lm, registry=r
+        self.output_tokens = _Counter(
+            "sparseety_output_tokens",
+            "Output tokens (our tokenizer).",
+            lm,
+            registry=r,
+            lock=self._lock,
         )
-        self.prompt_tokens = Counter(
-            "sparseety_prompt_tokens", "Prompt tokens (our tokenizer).", lm, registry=r
+        self.prompt_tokens = _Counter(
+            "sparseety_prompt_tokens",
+            "Prompt tokens (our tokenizer).",
+            lm,
+            registry=r,
+            lock=self._lock,
         )
-        self.server_usage = Counter(
+        self.server_usage = _Counter(
             "sparseety_server_usage_tokens",
             "Tokens the server reported in its usage object: type prompt or completion.",
             (*lm, "type"),
             registry=r,
+            lock=self._lock,
         )
-        self.anomalies = Counter(
+        self.anomalies = _Counter(
             "sparseety_chunk_anomalies",
             "Token-layer anomalies by kind (straddle, replacement_char, usage_mismatch, ...).",
             (*lm, "kind"),
             registry=r,
+            lock=self._lock,
         )
-        self.parse_errors = Counter(
+        self.parse_errors = _Counter(
             "sparseety_parse_errors",
             "Recorded pipeline errors by stage (capture, reassembly, http, sse, dialect, store).",
             ("stage",),
             registry=r,
+            lock=self._lock,
         )
         self.redactions = Counter(
             "sparseety_redactions", "Redacted items by kind.", ("kind",), registry=r
