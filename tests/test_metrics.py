@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import sqlite3
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import Counter, Histogram, disable_created_metrics, enable_created_metrics
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sniffer.capture.pcap import read_capture
@@ -27,7 +33,9 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.core.pipeline import Pipeline, PipelineConfig
+from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.llm.values import RequestSummary, Usage
+from sniffer.record.chain import RecordingChain, RecordingOptions
 from sniffer.record.metrics import Metrics, check_bind_host, stream_state
 from sniffer.runtime.replay import replay
 from sniffer.store.writer import StoreWriter
@@ -518,3 +526,194 @@ def test_same_events_as_the_store(tmp_path: Path) -> None:
     with Tee(str(tmp_path / "t.db")) as w:
         replay(path, "", writer=w)
     assert seen == pipeline_events(path)
+
+
+# ------------------------------------- our counters/histograms vs prometheus_client's
+
+Feed = list[tuple[str, Any]]  # ("events", batch) or ("tokens", (stream, kwargs))
+
+
+class _Recording(Metrics):
+    """Metrics keeping the token figures the recording chain hands over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int, dict[str, Any]]] = []
+
+    def observe_tokens(self, stream: int, **kw: Any) -> None:
+        self.calls.append((stream, kw))
+        super().observe_tokens(stream, **kw)
+
+
+@pytest.fixture(scope="module")
+def real_feed(tmp_path_factory: pytest.TempPathFactory) -> Feed:
+    """Every fixture capture's pipeline events (batches of 64) and, after each
+    capture, the token figures the chain's token pass gives its streams."""
+    tmp = tmp_path_factory.mktemp("feed")
+    tokens = TokenizerRegistry()  # loaded once for every capture
+    feed: Feed = []
+    for i, path in enumerate(PCAPS):
+        events = pipeline_events(path)
+        rec = _Recording()
+        chain = RecordingChain.from_config(RecordingOptions(), metrics=rec, tokens=tokens)
+        chain.attach(StoreWriter(str(tmp / f"{i}.db")))
+        chain.write(list(events))
+        chain.flush()
+        for _ in range(len(events) + 1):  # bounded: each pass takes at least one stream
+            if not chain.tokens_ready:
+                break
+            chain.tokenize(limit=4)
+        chain.close()
+        feed += [("events", events[j : j + 64]) for j in range(0, len(events), 64)]
+        feed += [("tokens", call) for call in rec.calls]
+    figures = [item[1] for kind, item in feed if kind == "tokens"]
+    assert len(figures) > 50
+    assert sum(len(kw["tokens_per_chunk"]) for kw in figures) > 1000
+    assert any(kw["anomalies"] for kw in figures)
+    return feed
+
+
+def reference_metrics(monkeypatch: pytest.MonkeyPatch) -> Metrics:
+    """A Metrics whose counters and histograms are prometheus_client's own."""
+    import sniffer.record.metrics as mod
+
+    def histogram(
+        name: str, doc: str, labelnames: Any, *, buckets: Any, registry: Any, lock: Any
+    ) -> Histogram:
+        return Histogram(name, doc, labelnames, buckets=buckets, registry=registry)
+
+    def counter(name: str, doc: str, labelnames: Any, *, registry: Any, lock: Any) -> Counter:
+        return Counter(name, doc, labelnames, registry=registry)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(mod, "_Histogram", histogram)
+        mp.setattr(mod, "_Counter", counter)
+        ref = Metrics()
+    assert isinstance(ref.inter_chunk, Histogram) and isinstance(ref.chunk_events, Counter)
+    return ref
+
+
+def feed_both(feed: Feed, *metrics: Metrics) -> None:
+    for m in metrics:
+        for kind, item in feed:
+            if kind == "events":
+                m.observe(item)
+            else:
+                stream, kw = item
+                m.observe_tokens(stream, **kw)
+        m.add_packets(7)
+        m.add_redactions({"EMAIL": 2})
+
+
+def masked(text: bytes) -> tuple[str, list[float]]:
+    """The exposition without the wall-clock figures (``_created`` values and
+    the flush age), and those ``_created`` values."""
+    created: list[float] = []
+
+    def keep(m: re.Match[str]) -> str:
+        created.append(float(m.group(2)))
+        return m.group(1) + " T"
+
+    out = re.sub(r"^(\S+_created(?:\{.*\})?) (\S+)$", keep, text.decode(), flags=re.M)
+    out = re.sub(r"^(sparseety_last_flush_age_seconds) \S+$", r"\1 X", out, flags=re.M)
+    return out, created
+
+
+def test_exposition_is_prometheus_clients_on_real_events(
+    real_feed: Feed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Our plain-number counters and histograms expose exactly what
+    prometheus_client's Counter/Histogram fed the same observations expose:
+    the text (and OpenMetrics) exposition, line for line, but for the
+    wall-clock ``_created`` values, which are creation times in both."""
+    t0 = time.time()
+    ref = reference_metrics(monkeypatch)
+    new = Metrics()
+    assert not isinstance(new.inter_chunk, Histogram)
+    feed_both(real_feed, new, ref)
+    t1 = time.time()
+    new_text, new_created = masked(new.render())
+    ref_text, ref_created = masked(ref.render())
+    assert new_text == ref_text
+    assert len(new_created) == len(ref_created) > 20
+    assert all(t0 <= t <= t1 for t in new_created)
+    new_om, _ = masked(openmetrics_latest(new.registry))
+    ref_om, _ = masked(openmetrics_latest(ref.registry))
+    assert new_om == ref_om
+    # and as parsed samples, every per-chunk family has values
+    smp = samples(new.render())
+    for name in (
+        "sparseety_chunk_events_total",
+        "sparseety_inter_chunk_seconds_count",
+        "sparseety_tokens_per_chunk_count",
+        "gen_ai_client_token_usage_count",
+        "sparseety_chunk_anomalies_total",
+    ):
+        assert total(smp, name) > 0, name
+    ref_smp = samples(ref.render())
+    assert {k for k in smp} == {k for k in ref_smp}
+    for k, v in smp.items():
+        if not k[0].endswith("_created") and k[0] != "sparseety_last_flush_age_seconds":
+            assert v == ref_smp[k], k
+
+
+def test_edge_values_land_in_the_same_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values on bucket bounds, zero, past the last bound; negative counts raise."""
+    ref = reference_metrics(monkeypatch)
+    new = Metrics()
+    values = [0, 1, 2, 3, 4, 5, 6, 7, 8, 16, 17, 64, 65, 10**9]
+    for m in (new, ref):
+        m.observe_tokens(1, output_tokens=0, prompt_tokens=4194305, tokens_per_chunk=values)
+        m.observe_tokens(2, output_tokens=1, prompt_tokens=0, tokens_per_chunk=[0.5, 63.9])
+        with pytest.raises(ValueError):
+            m.observe([closed(3, T0, usage=Usage.parse({"prompt_tokens": -2}))])
+    assert masked(new.render())[0] == masked(ref.render())[0]
+
+
+def test_created_series_follow_prometheus_clients_switch() -> None:
+    m = Metrics()
+    m.observe(chat_stream(1, T0))
+    m.add_packets(1)
+    assert b"sparseety_inter_chunk_seconds_created{" in m.render()
+    disable_created_metrics()
+    try:
+        text = m.render()
+    finally:
+        enable_created_metrics()
+    assert b"_created" not in text
+    assert b"sparseety_inter_chunk_seconds_count{" in text
+
+
+def test_scrapes_while_observing(real_feed: Feed) -> None:
+    """A scrape (HTTP server thread) runs while the capture and token threads
+    observe: every scrape parses, counts never go backwards, and each
+    histogram's count is its +Inf bucket."""
+    m = Metrics()
+    stop = threading.Event()
+    seen: list[float] = []
+    errors: list[BaseException] = []
+
+    def scraper() -> None:
+        try:
+            for _ in range(10_000):
+                if stop.is_set():
+                    return
+                smp = samples(m.render())
+                seen.append(total(smp, "sparseety_chunk_events_total"))
+                for (name, labels), v in smp.items():
+                    if name.endswith("_count"):
+                        inf = (name[: -len("_count")] + "_bucket", (*labels, ("le", "+Inf")))
+                        assert smp[(inf[0], tuple(sorted(inf[1])))] == v
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=scraper)
+    thread.start()
+    try:
+        for _ in range(3):
+            feed_both(real_feed, m)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not errors
+    assert len(seen) >= 2 and seen == sorted(seen)

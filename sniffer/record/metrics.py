@@ -8,7 +8,17 @@ calls :meth:`Metrics.observe_tokens` per stream, and the daemon sets the
 gauges and counters it owns (queue, drops, packets, flushes).
 
 All durations come from capture timestamps carried on the events; the only
-clock read here is the scrape-time age of the last flush.
+clock reads here are the scrape-time age of the last flush and each label
+set's creation time (its ``_created`` series).
+
+Cost: ``observe`` runs for every chunk event of the capture path and
+``observe_tokens`` once per chunk of the token thread, both under
+``Metrics``' own lock. So the counters and histograms they feed are not
+prometheus_client ``Counter``/``Histogram`` objects (a mutex per ``inc``, two
+and a bucket scan per ``observe``) but plain numbers (``_Counter``,
+``_Histogram``), exposed at scrape time by a collector in the same registry
+with the exposition those objects would give. The daemon-owned figures,
+updated from other threads, stay prometheus_client's.
 
 Label sets are bounded: ``label`` is the server label (``None`` → ``"none"``),
 ``model`` the request's ``model`` (``None`` → ``"none"``); past ``max_models``
@@ -75,7 +85,7 @@ from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import prometheus_client.metrics
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -208,14 +218,17 @@ class _HistogramChild:
         self.sum += amount
 
 
-class _Family:
+Child = TypeVar("Child", _CounterChild, _HistogramChild)
+
+
+class _Family(Generic[Child]):
     """A labelled counter or histogram fed under its owner's lock.
 
     prometheus_client's ``Counter`` and ``Histogram`` take a mutex on every
     ``inc``/``observe`` (a histogram observation: two) and scan the bucket
     bounds; :class:`Metrics` already holds its own lock whenever it observes,
-    so its per-chunk metrics are plain numbers in these children instead,
-    read at scrape time by :meth:`collect` (a prometheus_client collector,
+    so the metrics it feeds are plain numbers in these children instead, read
+    at scrape time by :meth:`collect` (a prometheus_client collector,
     registered in the owner's registry where the metric would have been). The
     exposition is the one prometheus_client's metric would give: same names,
     HELP and TYPE, label sets in creation order, values, and ``_created``.
@@ -237,11 +250,20 @@ class _Family:
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
         self._lock = lock
-        self._children: dict[tuple[str, ...], Any] = {}
+        self._children: dict[tuple[str, ...], Child] = {}
         registry.register(self)
+
+    def labels(self, *values: str) -> Child:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._new_child()
+        return child
 
     def describe(self) -> list[Metric]:
         return [self._family()]
+
+    def _new_child(self) -> Child:
+        raise NotImplementedError
 
     def _family(self) -> Metric:
         raise NotImplementedError
@@ -250,14 +272,11 @@ class _Family:
         raise NotImplementedError
 
 
-class _Counter(_Family):
+class _Counter(_Family[_CounterChild]):
     """A labelled counter (see :class:`_Family`); the name without ``_total``."""
 
-    def labels(self, *values: str) -> _CounterChild:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = _CounterChild()
-        return child  # type: ignore[no-any-return]
+    def _new_child(self) -> _CounterChild:
+        return _CounterChild()
 
     def _family(self) -> CounterMetricFamily:
         return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
@@ -272,7 +291,7 @@ class _Counter(_Family):
         yield family
 
 
-class _Histogram(_Family):
+class _Histogram(_Family[_HistogramChild]):
     """A labelled histogram (see :class:`_Family`); ``buckets`` as
     prometheus_client's (+Inf added when missing)."""
 
@@ -295,11 +314,8 @@ class _Histogram(_Family):
         self._le = [floatToGoString(b) for b in bounds]
         super().__init__(name, documentation, labelnames, registry=registry, lock=lock)
 
-    def labels(self, *values: str) -> _HistogramChild:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = _HistogramChild(self.bounds)
-        return child  # type: ignore[no-any-return]
+    def _new_child(self) -> _HistogramChild:
+        return _HistogramChild(self.bounds)
 
     def _family(self) -> HistogramMetricFamily:
         return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
@@ -315,7 +331,7 @@ class _Histogram(_Family):
             buckets = []
             acc = 0.0
             for le, n in zip(self._le, counts, strict=True):
-                acc += n
+                acc += n  # cumulative, as floats: prometheus_client's values exactly
                 buckets.append((le, acc))
             family.add_metric(values, buckets, total)
             if created:
@@ -616,9 +632,10 @@ class Metrics:
                     self.parse_errors.labels(stage).inc()
 
     def _child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, cached: prometheus_client's ``labels()``
-        validates and locks on every call (several per stream). The label
-        values are bounded (``_Bounded``, states, kinds), so is the cache."""
+        """``metric.labels(*labels)``, through one cache for every metric (a
+        prometheus_client metric's ``labels()`` validates and locks on every
+        call). The label values are bounded (``_Bounded``, states, kinds), so
+        is the cache."""
         key = (metric, labels)
         child = self._children.get(key)
         if child is None:
