@@ -11,8 +11,8 @@ All durations come from capture timestamps carried on the events; the only
 clock reads here are the scrape-time age of the last flush and each label
 set's creation time (its ``_created`` series).
 
-Cost: ``observe`` runs for every chunk event of the capture path and
-``observe_tokens`` once per chunk of the token thread, both under
+Cost: ``observe`` handles every chunk event of the capture path and
+``observe_tokens`` a value per chunk in the token thread, both under
 ``Metrics``' own lock. So the counters and histograms they feed are not
 prometheus_client ``Counter``/``Histogram`` objects (a mutex per ``inc``, two
 and a bucket scan per ``observe``) but plain numbers (``_Counter``,
