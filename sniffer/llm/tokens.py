@@ -219,6 +219,14 @@ class LoadedTokenizer:
             return []
         return self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
 
+    def _encode_ids(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]:
+        """Token ids of each text, without the offsets (``encode_batch_fast``,
+        tokenizers >= 0.20, does not track them: ~20 % less work)."""
+        if not texts:
+            return []
+        encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        return [e.ids for e in encode(list(texts), add_special_tokens=add_special_tokens)]
+
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``; a run of masked ids (negative: what redaction
         removed, see ``tokenize_pass.MASKED_ID``) decodes to ``<REDACTED>``."""
@@ -248,7 +256,13 @@ class LoadedTokenizer:
             return []
         if any(ids and min(ids) < 0 for ids in batch):
             return [self.decode(ids) for ids in batch]
-        return self._tok.decode_batch([list(ids) for ids in batch], skip_special_tokens=False)
+        return self._decode_ids(batch)
+
+    def _decode_ids(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        """The texts of token id sequences that hold no masked (negative) id."""
+        if not batch:
+            return []
+        return self._tok.decode_batch(list(batch), skip_special_tokens=False)
 
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(i)
@@ -341,14 +355,14 @@ class LoadedTokenizer:
                 texts[plan.add_special_tokens].extend(
                     s for s in plan.segments if isinstance(s, str)
                 )
-        encoded = {flag: iter(self._encode(ts, flag)) for flag, ts in texts.items()}
+        encoded = {flag: iter(self._encode_ids(ts, flag)) for flag, ts in texts.items()}
         out: list[list[int]] = []
         for plan in plans:
             ids: list[int] = []
             if plan is not None:
                 for seg in plan.segments:
                     if isinstance(seg, str):
-                        ids.extend(next(encoded[plan.add_special_tokens]).ids)
+                        ids.extend(next(encoded[plan.add_special_tokens]))
                     else:
                         ids.extend(seg)
             out.append(ids)
@@ -782,12 +796,15 @@ class Anomaly:
 @dataclass(frozen=True, slots=True)
 class ChoiceChunks:
     """One choice's text chunks in columns: seq, tokens attributed and
-    straddling tokens per chunk (seq order), and the choice's full text."""
+    straddling tokens per chunk (seq order), and the choice's full text;
+    ``tokens_per_chunk`` is the distribution of ``counts`` (tokens → chunks
+    with that many, by tokens)."""
 
     seqs: Sequence[int]
     counts: Sequence[int]
     straddles: Sequence[int]
     text: str
+    tokens_per_chunk: dict[int, int] = field(default_factory=dict)
 
 
 class _ChunkTokensView(_BuiltOnFirstUse[ChunkTokens]):
@@ -1145,13 +1162,19 @@ def _split_choices(cols: ChunkColumns) -> dict[int, _Choice]:
 
 def _analyze(registry: TokenizerRegistry, streams: Sequence[StreamInput]) -> list[StreamTokens]:
     prepared: list[_Prepared] = []
+    # model → (name, tokenizer, tokenizer_error anomaly): resolved once per batch
+    resolved: dict[str | None, tuple[str, LoadedTokenizer, Anomaly | None]] = {}
     for s in streams:
-        pre: list[Anomaly] = []
-        try:
-            name, tok = registry.resolve(s.model)
-        except TokenizerLoadError as exc:
-            name, tok = registry.default_name, registry.default()
-            pre.append(Anomaly("tokenizer_error", _STREAM, None, str(exc)))
+        got = resolved.get(s.model)
+        if got is None:
+            try:
+                got = (*registry.resolve(s.model), None)
+            except TokenizerLoadError as exc:
+                failed = Anomaly("tokenizer_error", _STREAM, None, str(exc))
+                got = (registry.default_name, registry.default(), failed)
+            resolved[s.model] = got
+        name, tok, error = got
+        pre: list[Anomaly] = [] if error is None else [error]
         ordered = _ordered(s.chunks)
         choices = _split_choices(ordered)
         plan = tok._prompt_plan(s.request) if isinstance(s.request, dict) else None
@@ -1169,7 +1192,7 @@ def _analyze(registry: TokenizerRegistry, streams: Sequence[StreamInput]) -> lis
         keys = [(i, ch) for i in members for ch in prepared[i].choices]
         encodings = tok._encode([prepared[i].choices[ch].text for i, ch in keys], False)
         all_ids = [e.ids for e in encodings]
-        decoded = tok.decode_batch(all_ids)
+        decoded = tok._decode_ids(all_ids)  # an encoding's ids are never masked
         prompts = tok._prompt_ids_batch([prepared[i].plan for i in members])
         enc_of: dict[tuple[int, int], _Encoded] = {
             key: (tuple(ids), e.offsets, dec)
@@ -1204,7 +1227,7 @@ def _assemble(
         seqs = cc.seqs
         output_ids[ch] = ids
         counts, straddles = _attribute_counts(cc.lens, len(ids), offsets)
-        hist = Counter(counts)
+        hist = dict(sorted(Counter(counts).items()))
         for n, m in hist.items():
             dist[n] = dist.get(n, 0) + m
 
@@ -1222,7 +1245,7 @@ def _assemble(
                     f"(seq {seqs[first]}..{seqs[end_chunk]})",
                 )
             )
-        per_choice[ch] = ChoiceChunks(seqs, counts, straddle_count, text)
+        per_choice[ch] = ChoiceChunks(seqs, counts, straddle_count, text, hist)
 
         multi = sum(m for n, m in hist.items() if n > 1)
         if multi:

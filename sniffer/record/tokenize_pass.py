@@ -29,11 +29,10 @@ import hashlib
 import json
 import re
 import weakref
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, compress, groupby, repeat
-from operator import is_not, or_
+from operator import is_not, itemgetter, or_
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, func, select
@@ -211,11 +210,15 @@ def _chunk_tuples(engine: Engine, conn: Connection, ids: list[int]) -> list[tupl
         cur.close()
 
 
+#: the stream id of a chunk tuple (a C-level key: called once per chunk)
+_STREAM_ID = itemgetter(0)
+
+
 def _inputs_from_tuples(
     stream_rows: Sequence[dict[str, Any]], chunk_rows: Sequence[tuple[Any, ...]]
 ) -> list[StreamInput]:
     by_stream: dict[int, Sequence[ChunkInput]] = {
-        sid: _columns(list(group)) for sid, group in groupby(chunk_rows, key=_first)
+        sid: _columns(list(group)) for sid, group in groupby(chunk_rows, key=_STREAM_ID)
     }
     return _inputs(stream_rows, by_stream)
 
@@ -227,10 +230,6 @@ def _columns(rows: list[tuple[Any, ...]]) -> ChunkColumns:
     flagged = map(or_, map(is_not, finishes, repeat(None)), map(is_not, logprobs, repeat(None)))
     extra = {i: (finishes[i], logprobs[i]) for i in compress(range(len(rows)), flagged)}
     return ChunkColumns(seqs, choices, list(map(len, texts)), "".join(texts), extra)
-
-
-def _first(row: tuple[Any, ...]) -> Any:
-    return row[0]
 
 
 def _tokenizer_for(registry: TokenizerRegistry, model: str | None) -> LoadedTokenizer:
@@ -372,7 +371,7 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
                 chunk_seqs=seqs,
                 chunk_counts=counts,
                 straddle_seqs=_straddle_seqs(cc),
-                tokens_per_chunk=dict(sorted(Counter(counts).items())),
+                tokens_per_chunk=cc.tokens_per_chunk if cc is not None else {},
                 server_tokens=server_texts,
                 server_ids=server_ids,
                 server_mismatch=mismatch.get(ch),

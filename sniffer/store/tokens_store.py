@@ -152,9 +152,11 @@ def create_token_tables(engine: Engine) -> None:
 
 
 def _dumps(value: Any) -> str:
-    """Compact JSON (orjson: token id lists are the bulk of a token pass's writes)."""
+    """Compact JSON of a list, tuple or dict (orjson: token id lists are the
+    bulk of a token pass's writes). Integer dict keys become strings, as
+    ``json`` makes them."""
     try:
-        text: str = _orjson.dumps(value).decode()
+        text: str = _orjson.dumps(value, option=_orjson.OPT_NON_STR_KEYS).decode()
         return text
     except (TypeError, _orjson.JSONEncodeError):  # what orjson refuses, json may take
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
@@ -239,10 +241,10 @@ def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
         r.tokenizer,
         r.is_default,
         None if r.prompt_ids is None else len(r.prompt_ids),
-        None if r.prompt_ids is None else _dumps(list(r.prompt_ids)),
+        None if r.prompt_ids is None else _dumps(r.prompt_ids),
         r.output_count,
         _dumps(r.usage_diff),
-        _dumps({str(k): v for k, v in r.tokens_per_chunk.items()}),
+        _dumps(r.tokens_per_chunk),
         r.anomaly_count,
         r.error,
     )
@@ -255,15 +257,15 @@ def _choice_values(stream_id: int, c: ChoiceTokenRow) -> tuple[Any, ...]:
         c.text_len,
         c.text_hash,
         len(c.output_ids),
-        _dumps(list(c.output_ids)),
-        _dumps(list(c.chunk_seqs)),
-        _dumps(list(c.chunk_counts)),
+        _dumps(c.output_ids),
+        _dumps(c.chunk_seqs),
+        _dumps(c.chunk_counts),
         len(c.straddle_seqs),
-        _dumps(list(c.straddle_seqs)),
-        _dumps({str(k): v for k, v in c.tokens_per_chunk.items()}),
+        _dumps(c.straddle_seqs),
+        _dumps(c.tokens_per_chunk),
         None if c.server_tokens is None else len(c.server_tokens),
-        None if c.server_tokens is None else _dumps(list(c.server_tokens)),
-        None if c.server_ids is None else _dumps(list(c.server_ids)),
+        None if c.server_tokens is None else _dumps(c.server_tokens),
+        None if c.server_ids is None else _dumps(c.server_ids),
         c.server_mismatch,
     )
 
