@@ -241,6 +241,39 @@ def test_usage_and_server_tokens_stored(engine: Engine) -> None:
     assert kinds == ["server_token_mismatch", "usage_mismatch"]
 
 
+def test_stored_json_text_is_compact_with_string_keys(engine: Engine) -> None:
+    # the exact text of the JSON columns (verify and other tools read it back)
+    ds = REGISTRY.default()
+    pieces = ["hello world", " foo", " bar"]
+    with StoreWriter("", engine=engine) as w:
+        write_stream(w, 1, pieces, usage={"prompt_tokens": 1, "completion_tokens": 3})
+    tokenize_db(engine, REGISTRY)
+    with engine.connect() as conn:
+        stream_row = conn.exec_driver_sql(
+            "SELECT prompt_ids, usage_diff, tokens_per_chunk FROM stream_tokens"
+        ).one()
+        choice_row = conn.exec_driver_sql(
+            "SELECT output_ids, chunk_seqs, chunk_counts, straddle_seqs, tokens_per_chunk,"
+            " server_tokens, server_ids FROM choice_tokens"
+        ).one()
+    ids = ds.encode_batch(["".join(pieces)])[0]
+    prompt = ds.prompt_ids({"messages": [{"role": "user", "content": "Say something."}]})
+    assert tuple(stream_row) == (
+        json.dumps(prompt, separators=(",", ":")),
+        f'{{"completion_tokens":-1,"prompt_tokens":{1 - len(prompt)}}}',
+        '{"1":2,"2":1}',
+    )
+    assert tuple(choice_row) == (
+        json.dumps(ids, separators=(",", ":")),
+        "[1,2,3]",
+        "[2,1,1]",
+        "[]",
+        '{"1":2,"2":1}',
+        None,
+        None,
+    )
+
+
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

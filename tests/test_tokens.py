@@ -203,6 +203,7 @@ def test_multi_token_chunks_distribution(ds: LoadedTokenizer) -> None:
     res = analyze_one(stream(chunks_of(["hello world", " foo", " bar"])))
     assert [c.token_ids for c in res.chunks] == [(33310, 2058), (52735,), (4758,)]
     assert res.tokens_per_chunk == {1: 2, 2: 1}
+    assert res.per_choice[0].tokens_per_chunk == {1: 2, 2: 1}
     assert res.anomalies == (
         Anomaly(
             "multi_token_chunk",
@@ -559,6 +560,10 @@ def test_prompt_fallback_and_completions(ds: LoadedTokenizer) -> None:
     assert ds.prompt_ids({"prompt": ["a b", "c"]}) == two[0] + two[1]
     assert ds.prompt_ids({"input": "hi"}) == ds.encode_batch(["hi"])[0]
     assert ds.prompt_ids({"model": "x"}) == []
+    # ids without offsets (encode_batch_fast) are the ids with them, special tokens too
+    texts = [ENGLISH, CHINESE, EMOJI, CODE, "<｜begin▁of▁sentence｜>hi"]
+    for special in (False, True):
+        assert ds._encode_ids(texts, special) == [e.ids for e in ds._encode(texts, special)]
 
 
 # ---------------------------------------------------------------------------
@@ -694,6 +699,18 @@ def test_unknown_hub_id_fails_clearly_offline(
     assert "nobody-here/no-such-model-0" in res.anomalies[0].detail
 
 
+def test_failed_tokenizer_is_reported_on_every_stream_of_a_batch(tmp_path: Path) -> None:
+    # the pass resolves each model once per batch: every stream still says why
+    registry = TokenizerRegistry([TokenizerSpec("x-*", str(tmp_path / "nope.json"))])
+    models = ["x-1", "deepseek-v4", "x-1", "x-2"]
+    batch = [stream(chunks_of(["hello"]), model=m, stream_id=i) for i, m in enumerate(models, 1)]
+    results = analyze_streams(registry, batch)
+    assert [r.tokenizer for r in results] == [DEFAULT_NAME] * 4
+    failed = ["tokenizer_error"]
+    assert [kinds(r) for r in results] == [failed, [], failed, failed]
+    assert results == [analyze_one(s, registry) for s in batch]
+
+
 def test_missing_path_fails_clearly(tmp_path: Path) -> None:
     registry = TokenizerRegistry([TokenizerSpec("x", str(tmp_path / "nope" / "tokenizer.json"))])
     with pytest.raises(TokenizerLoadError, match="no such file or directory"):
@@ -748,6 +765,12 @@ def test_interleaved_choices() -> None:
         1: tuple(ds.encode_batch(["你好"])[0]),
     }
     assert [(c.seq, c.choice) for c in res.chunks] == [(0, 0), (1, 1), (2, 0), (3, 1)]
+    # each choice's distribution of tokens per chunk, and the stream's: their sum
+    assert {ch: cc.tokens_per_chunk for ch, cc in res.per_choice.items()} == {
+        0: {1: 2},
+        1: {0: 1, 1: 1},
+    }
+    assert res.tokens_per_chunk == {0: 1, 1: 3}
     # 你好 is one token starting in seq 1: seq 3 gets none and it straddles
     assert res.chunks[1].straddles == 1 and res.chunks[3].token_ids == ()
     assert kinds(res) == ["straddle"]
