@@ -1247,7 +1247,7 @@ def _assemble(
             )
         per_choice[ch] = ChoiceChunks(seqs, counts, straddle_count, text, hist)
 
-        multi = sum(m for n, m in hist.items() if n > 1)
+        multi = len(counts) - hist.get(0, 0) - hist.get(1, 0)  # chunks with 2+ tokens
         if multi:
             ci = next(i for i, n in enumerate(counts) if n > 1)
             anomalies.add(
