@@ -246,7 +246,7 @@ def test_closed_streams_leave_no_per_stream_state_behind(tmp_path: Path) -> None
     assert chain.collector is not None and chain.collector.open_streams == 0
     sr = chain.stream_redactor
     assert sr is not None and sr.held == 0
-    assert not sr._choices and not sr._streams and not sr._order and not sr._removed
+    assert not sr._streams and not sr._removed
     assert m.tracked_streams == 0 and not m._closed
     # label children are cached per label set, not per stream
     assert len(m._children) < 40

@@ -101,10 +101,17 @@ REDACTED = "REDACTED"
 _PRECHECK = re.compile(r"[0-9@]")
 
 #: Secret-shaped strings (``sniffer.credentials.SECRET_SHAPES``), and a cheap
-#: pre-check that any of them may be present.
+#: pre-check that any of them may be present: ``sk-``, ``[Bb]earer`` (any case
+#: after the B), ``A[GIKNRS][A-Z]A``, ``AIza``, ``gh[pousr]_``, ``github_pat_``,
+#: ``xox`` or ``eyJ``. Only whether it finds something counts. Like
+#: ``_DIGITS_RE`` it starts with ONE character class, a rare character of each
+#: prefix, which the regex engine scans for in C; each alternative then checks
+#: the rest around it (a leading alternation is tried at every character, about
+#: six times the cost on plain text).
 _SECRETS = tuple((re.compile(p), r) for p, r in SECRET_SHAPES)
 _SECRET_PRE = re.compile(
-    r"sk-|[Bb][Ee][Aa][Rr][Ee][Rr]|A[GIKNRS][A-Z]A|gh[pousr]_|github_pat_|AIza|xox|eyJ"
+    r"[ABJ_bkx](?:(?<=sk)-|(?<=[Bb])[Ee][Aa][Rr][Ee][Rr]|(?<=A)(?:[GIKNRS][A-Z]A|Iza)"
+    r"|(?<=gh[pousr]_)|(?<=github_)pat_|(?<=x)ox|(?<=eyJ))"
 )
 
 #: An edit of a text: (start, end, replacement), start/end in ORIGINAL coordinates.
@@ -554,8 +561,6 @@ MAX_HELD = 256
 #: have arrived (so each character is scanned ~3 times, not once per chunk).
 STEP = 64
 _LABEL = re.compile(r"<([^<>\s]+)>")
-#: A decided empty chunk text that no redaction touched.
-_UNTOUCHED_EMPTY = ("", False)
 #: What replaces the token strings of a chunk whose text was redacted.
 MASK = f"<{REDACTED}>"
 
@@ -569,7 +574,8 @@ class TextWindow:
     pending texts are redacted together, and a chunk is decided when at least
     ``lookbehind`` characters follow it and no redacted span crosses its end
     (``final``: decide them all). ``decided`` then holds, per chunk, its stored
-    text and whether a redaction touched it; ``spans`` the redacted spans in
+    text and ``touched`` whether a redaction touched it (an untouched chunk's
+    stored text is the very string pushed); ``spans`` the redacted spans in
     the coordinates of the choice's whole ORIGINAL text. The result depends on
     the sequence of texts only, so a token pass that replays the same chunks
     gets exactly the stored texts.
@@ -583,7 +589,9 @@ class TextWindow:
         "pending",
         "pending_len",
         "redactor",
+        "scan_at",
         "spans",
+        "touched",
     )
 
     def __init__(
@@ -592,9 +600,12 @@ class TextWindow:
         self.redactor = redactor
         self.lookbehind = lookbehind
         self.max_held = max_held
+        #: pending characters from which advance() scans (below it, it returns at once)
+        self.scan_at = lookbehind + STEP
         self.pending: list[str] = []
         self.pending_len = 0
-        self.decided: list[tuple[str, bool]] = []
+        self.decided: list[str] = []
+        self.touched: list[bool] = []
         self.base = 0
         self.spans: list[tuple[int, int]] = []
 
@@ -607,19 +618,13 @@ class TextWindow:
         if not pending:
             return
         if not self.pending_len:  # only empty texts: nothing to look behind for
-            self.decided.extend([_UNTOUCHED_EMPTY] * len(pending))
-            pending.clear()
+            self._decide_untouched(len(pending))
             return
-        if (
-            not final
-            and self.pending_len < self.lookbehind + STEP
-            and len(pending) <= self.max_held
-        ):
+        if not final and self.pending_len < self.scan_at and len(pending) <= self.max_held:
             return  # not enough new text to decide anything worth a scan
         window = "".join(pending) if len(pending) > 1 else pending[0]
         if not window:
-            self.decided.extend([_UNTOUCHED_EMPTY] * len(pending))
-            pending.clear()
+            self._decide_untouched(len(pending))
             self.pending_len = 0
             return
         red = self.redactor
@@ -641,10 +646,9 @@ class TextWindow:
             if k <= 0:
                 return
             limit = ends[k - 1]
-            self.decided.extend(zip(pending[:k], repeat(False)))
+            self._decide_untouched(k)
             self.base += limit
             self.pending_len -= limit
-            del pending[:k]
             return
         if final:
             k = len(pending)
@@ -668,11 +672,13 @@ class TextWindow:
         start = 0
         ei = 0
         n_edits = len(edits)
+        decided = self.decided
+        touched = self.touched
         for i in range(k):
-            t = pending[i]
             end = ends[i]
             if ei >= n_edits or edits[ei][0] >= end:
-                self.decided.append((t, False))
+                decided.append(pending[i])
+                touched.append(False)
                 start = end
                 continue
             parts: list[str] = []
@@ -691,7 +697,8 @@ class TextWindow:
                 j += 1
             if pos < end:
                 parts.append(window[pos:end])
-            self.decided.append(("".join(parts), True))
+            decided.append("".join(parts))
+            touched.append(True)
             # edits that ended inside this chunk are done
             while ei < n_edits and edits[ei][1] <= end:
                 ei += 1
@@ -704,10 +711,20 @@ class TextWindow:
         self.pending_len -= limit
         del pending[:k]
 
-    def take(self, n: int) -> list[tuple[str, bool]]:
-        out = self.decided[:n]
+    def _decide_untouched(self, k: int) -> None:
+        """The first ``k`` pending texts, decided as they are."""
+        pending = self.pending
+        self.decided += pending[:k]
+        self.touched += repeat(False, k)
+        del pending[:k]
+
+    def take(self, n: int) -> tuple[list[str], list[bool]]:
+        """The first ``n`` decided texts and their touched flags, removed."""
+        texts = self.decided[:n]
+        touched = self.touched[:n]
         del self.decided[:n]
-        return out
+        del self.touched[:n]
+        return texts, touched
 
 
 def _mask_tokens_json(text: str | None) -> str | None:
@@ -745,13 +762,102 @@ def _mask_tokens_json(text: str | None) -> str | None:
 
 
 class _Choice:
-    __slots__ = ("events", "reasoning", "slots", "text")
+    """The held chunk events of one (stream, choice) and its two look-behinds."""
 
-    def __init__(self, redactor: Redactor) -> None:
-        self.events: list[ChunkEvent] = []
-        self.slots: list[list[StoreEvent | None]] = []  # where each decided event goes
+    __slots__ = ("events", "given", "index", "ready", "reasoning", "text")
+
+    def __init__(self, redactor: Redactor, index: int) -> None:
+        self.index = index  # creation order among all choices (flush releases in it)
+        self.events: list[ChunkEvent] = []  # taken in, text not decided yet
+        self.ready: list[ChunkEvent] = []  # decided (as stored), behind earlier events
+        self.given = 0  # events given out so far
         self.text = TextWindow(redactor)
-        self.reasoning = TextWindow(redactor)
+        #: made at the choice's first reasoning text: until then every event's
+        #: reasoning is "" and decided at once, untouched
+        self.reasoning: TextWindow | None = None
+
+    def taken(self) -> int:
+        """Events taken in so far."""
+        return self.given + len(self.ready) + len(self.events)
+
+
+class _Run:
+    """Consecutive held chunk events of one stream from one source: the next
+    events of ``choice`` up to its ``end``-th taken in (-1 while the run is the
+    stream's last and still growing), or, when ``choice`` is None, stream-level
+    chunk events (already redacted, waiting behind the runs before them)."""
+
+    __slots__ = ("choice", "end", "events")
+
+    def __init__(self, choice: _Choice | None) -> None:
+        self.choice = choice
+        self.end = -1
+        self.events: list[StoreEvent] = []
+
+
+class _Stream:
+    """A stream's choices and its held chunk events, in the order they came, as runs."""
+
+    __slots__ = ("choices", "last", "runs")
+
+    def __init__(self) -> None:
+        self.choices: dict[int, _Choice] = {}
+        self.runs: deque[_Run] = deque()
+        #: the choice whose run is last (None: no run, or a stream-level one)
+        self.last: _Choice | None = None
+
+    def hold(self, c: _Choice) -> None:
+        """Start a run for ``c``, whose event just came after another source's."""
+        runs = self.runs
+        if runs:
+            self._close(runs[-1])
+        runs.append(_Run(c))
+        self.last = c
+
+    def hold_level(self, ev: StoreEvent) -> None:
+        """A stream-level chunk event, redacted, behind the held ones (runs is not empty)."""
+        runs = self.runs
+        tail = runs[-1]
+        if tail.choice is not None:
+            self._close(tail)
+            tail = _Run(None)
+            runs.append(tail)
+            self.last = None
+        tail.events.append(ev)
+
+    @staticmethod
+    def _close(run: _Run) -> None:
+        if run.choice is not None and run.end < 0:
+            run.end = run.choice.taken()
+
+    def drain(self, out: list[StoreEvent]) -> None:
+        """Give out the decided events that no undecided one precedes."""
+        runs = self.runs
+        while runs:
+            run = runs[0]
+            c = run.choice
+            if c is None:
+                out += run.events
+                runs.popleft()
+                continue
+            ready = c.ready
+            k = len(ready) if run.end < 0 else min(len(ready), run.end - c.given)
+            if k:
+                if k == len(ready):
+                    out += ready
+                    ready.clear()
+                else:
+                    out += ready[:k]
+                    del ready[:k]
+                c.given += k
+            if run.end < 0:
+                if not c.events:  # all given: nothing of the stream is held
+                    runs.popleft()
+                    self.last = None
+                return
+            if c.given < run.end:
+                return
+            runs.popleft()
 
 
 class StreamRedactor:
@@ -769,13 +875,17 @@ class StreamRedactor:
     bytes → null, ids → -1, alternatives dropped) and ``raw`` dropped.
     ``StreamClosed.text_len`` is the length of the text as stored.
     Sans-IO; ``counts`` are the wrapped redactor's.
+
+    Cost: an event is appended to its choice's held list and its text to the
+    look-behind; the stream's order is kept as runs of one source (one run for
+    the usual stream of one choice), not per event. Every ``STEP`` characters
+    or so the window is scanned and the decided events are given out together.
     """
 
     def __init__(self, redactor: Redactor) -> None:
         self.redactor = redactor
-        self._choices: dict[tuple[int, int], _Choice] = {}
-        self._streams: dict[int, list[int]] = {}
-        self._order: dict[int, deque[list[StoreEvent | None]]] = {}
+        self._streams: dict[int, _Stream] = {}
+        self._made = 0  # choices made so far
         self._removed: dict[int, int] = {}  # stream → text characters removed
         #: streams closed since the last ``take_clean()`` whose chunk text
         #: (every choice) had nothing redacted (only kept when ``track_clean``)
@@ -789,87 +899,83 @@ class StreamRedactor:
     @property
     def held(self) -> int:
         """Chunk events taken in and not yet given out."""
-        return sum(len(q) for q in self._order.values())
+        n = 0
+        for s in self._streams.values():
+            for c in s.choices.values():
+                n += len(c.events) + len(c.ready)
+            for run in s.runs:
+                n += len(run.events)
+        return n
 
     def events(self, events: Iterable[StoreEvent]) -> list[StoreEvent]:
         out: list[StoreEvent] = []
         red = self.redactor
-        choices = self._choices
-        order = self._order
+        streams = self._streams
         for ev in events:
             t = type(ev)
             if t is ChunkEvent:
                 assert isinstance(ev, ChunkEvent)
-                stream = ev.stream
                 choice = ev.choice
+                s = streams.get(ev.stream)
                 if choice < 0:
                     new = red.event(ev)
                     assert isinstance(new, ChunkEvent)
                     self._account(ev, new)
-                    q = order.get(stream)
-                    if q:
-                        q.append([new])
+                    if s is not None and s.runs:
+                        s.hold_level(new)
                     else:
                         out.append(new)
                     continue
-                key = (stream, choice)
-                c = choices.get(key)
+                if s is None:
+                    s = streams[ev.stream] = _Stream()
+                c = s.choices.get(choice)
                 if c is None:
-                    c = choices[key] = _Choice(red)
-                    self._streams.setdefault(stream, []).append(choice)
-                slot: list[StoreEvent | None] = [None]
+                    c = s.choices[choice] = _Choice(red, self._made)
+                    self._made += 1
                 c.events.append(ev)
-                c.slots.append(slot)
+                if s.last is not c:
+                    s.hold(c)
                 tw = c.text
                 text = ev.text
                 tw.pending.append(text)
                 tw.pending_len += len(text)
                 rw = c.reasoning
                 reasoning = ev.reasoning
-                if reasoning or rw.pending:
+                if rw is None:
+                    if reasoning:
+                        rw = self._start_reasoning(c)
+                        rw.pending.append(reasoning)
+                        rw.pending_len += len(reasoning)
+                elif reasoning or rw.pending:
                     rw.pending.append(reasoning)
                     rw.pending_len += len(reasoning)
                 else:
                     # No reasoning text, none pending: decided at once, as
-                    # advance() would (the usual chunk of a model that does not reason)
-                    rw.decided.append(_UNTOUCHED_EMPTY)
-                q = order.get(stream)
-                if q is None:
-                    q = order[stream] = deque()
-                q.append(slot)
+                    # advance() would
+                    rw.decided.append(reasoning)
+                    rw.touched.append(False)
                 n = tw.pending_len
-                if (
-                    n
-                    and n < tw.lookbehind + STEP
-                    and len(tw.pending) <= tw.max_held
-                    and not tw.decided
-                ):
+                if n and n < tw.scan_at and len(tw.pending) <= tw.max_held and not tw.decided:
                     # Hot path: the text window's advance() would decide nothing,
                     # so _release would release nothing; only the reasoning
                     # window's own step is left (the same as its advance()).
-                    if rw.pending:
-                        n = rw.pending_len
-                        if not n:
-                            rw.decided.extend([_UNTOUCHED_EMPTY] * len(rw.pending))
-                            rw.pending.clear()
-                        elif n >= rw.lookbehind + STEP or len(rw.pending) > rw.max_held:
-                            rw.advance()
+                    if rw is not None and rw.pending and _due(rw):
+                        rw.advance()
                     continue
                 self._release(c, False)
-                self._drain(q, out)
+                s.drain(out)
             elif t is StreamClosed:
                 assert isinstance(ev, StreamClosed)
                 clean = True
-                for choice in self._streams.pop(ev.stream, ()):
-                    c = self._choices.pop((ev.stream, choice))
-                    self._release(c, True)
-                    if c.text.spans:
-                        clean = False
+                s = streams.pop(ev.stream, None)
+                if s is not None:
+                    for c in s.choices.values():
+                        self._release(c, True)
+                        if c.text.spans:
+                            clean = False
+                    s.drain(out)
                 if clean and self.track_clean:
                     self._clean.append(ev.stream)
-                q = self._order.pop(ev.stream, None)
-                if q:
-                    self._drain(q, out)
                 removed = self._removed.pop(ev.stream, 0)
                 closed = red.event(ev)
                 assert isinstance(closed, StreamClosed)
@@ -890,21 +996,24 @@ class StreamRedactor:
     def flush(self) -> list[StoreEvent]:
         """Everything still held (end of capture without stream closes)."""
         out: list[StoreEvent] = []
-        for c in self._choices.values():
+        choices = [c for s in self._streams.values() for c in s.choices.values()]
+        choices.sort(key=_made_at)  # redaction counts in the order choices came
+        for c in choices:
             self._release(c, True)
-        for q in self._order.values():
-            self._drain(q, out)
-        self._choices.clear()
+        for s in self._streams.values():
+            s.drain(out)
         self._streams.clear()
-        self._order.clear()
         return out
 
     @staticmethod
-    def _drain(q: deque[list[StoreEvent | None]], out: list[StoreEvent]) -> None:
-        while q and q[0][0] is not None:
-            ev = q.popleft()[0]
-            assert ev is not None
-            out.append(ev)
+    def _start_reasoning(c: _Choice) -> TextWindow:
+        """The reasoning window of ``c``, at its first reasoning text: the events
+        held before it had "" reasoning, decided untouched."""
+        rw = c.reasoning = TextWindow(c.text.redactor)
+        k = len(c.events) - 1  # held before this event
+        rw.decided += repeat("", k)
+        rw.touched += repeat(False, k)
+        return rw
 
     def _account(self, old: ChunkEvent, new: ChunkEvent) -> None:
         if new.text is not old.text and len(new.text) != len(old.text):
@@ -913,76 +1022,95 @@ class StreamRedactor:
             )
 
     def _release(self, c: _Choice, final: bool) -> None:
+        """Move ``c``'s events whose text and reasoning are decided to ``c.ready``, as stored."""
         tw, rw = c.text, c.reasoning
         # advance() only where it would do something (the same test it starts
-        # with, inlined: this runs for every chunk event)
-        if tw.pending and (
-            final
-            or not tw.pending_len
-            or tw.pending_len >= tw.lookbehind + STEP
-            or len(tw.pending) > tw.max_held
-        ):
+        # with, inlined: this runs often)
+        if tw.pending and (final or _due(tw)):
             tw.advance(final)
-        if rw.pending and (
-            final
-            or not rw.pending_len
-            or rw.pending_len >= rw.lookbehind + STEP
-            or len(rw.pending) > rw.max_held
-        ):
-            rw.advance(final)
-        n = min(len(tw.decided), len(rw.decided))
+        if rw is None:
+            n = len(tw.decided)  # every held event's reasoning is "", decided
+        else:
+            if rw.pending and (final or _due(rw)):
+                rw.advance(final)
+            n = min(len(tw.decided), len(rw.decided))
         if not n:
             return
-        texts = c.text.take(n)
-        reasonings = c.reasoning.take(n)
-        red = self.redactor
-        for ev, slot, (text, t_hit), (reasoning, r_hit) in zip(
-            c.events[:n], c.slots[:n], texts, reasonings, strict=True
-        ):
-            if (
-                text is ev.text
-                and reasoning is ev.reasoning
-                and not (t_hit or r_hit or ev.tool_calls or ev.logprobs or ev.raw)
-            ):
-                # The usual chunk: its texts untouched and no JSON field to look
-                # at (json_text of None or "" is the value itself): as it came.
-                slot[0] = ev
-                continue
-            # (json_text of None or "" is the value itself: skip the call)
-            tool_calls = red.json_text(ev.tool_calls) if ev.tool_calls else ev.tool_calls
-            if t_hit or r_hit:
-                logprobs = _mask_tokens_json(ev.logprobs)
-                server_tokens = _mask_tokens_json(ev.server_tokens)
-                raw = None
-            else:
-                logprobs = (
-                    red.json_text(ev.logprobs, False) if ev.logprobs else ev.logprobs
-                )  # tokens_json
-                server_tokens = ev.server_tokens
-                raw = red.json_text(ev.raw) if ev.raw else ev.raw
-            if (
-                text is ev.text
-                and reasoning is ev.reasoning
-                and tool_calls is ev.tool_calls
-                and logprobs is ev.logprobs
-                and server_tokens is ev.server_tokens
-                and raw is ev.raw
-            ):
-                slot[0] = ev
-                continue
-            new = replace(
-                ev,
-                text=text,
-                reasoning=reasoning,
-                tool_calls=tool_calls,
-                logprobs=logprobs,
-                server_tokens=server_tokens,
-                raw=raw,
-            )
-            self._account(ev, new)
-            slot[0] = new
+        texts, t_hits = tw.take(n)
+        events = c.events[:n]
         del c.events[:n]
-        del c.slots[:n]
+        ready = c.ready
+        if rw is None:
+            if True not in t_hits:
+                # The usual case: texts untouched (each the string that came),
+                # reasoning "": only the JSON fields may need a look.
+                for ev in events:
+                    if ev.tool_calls or ev.logprobs or ev.raw:
+                        ready.append(self._redacted(ev, ev.text, False, ev.reasoning, False))
+                    else:
+                        ready.append(ev)
+                return
+            reasonings: Iterable[str] = (ev.reasoning for ev in events)
+            r_hits: Iterable[bool] = repeat(False)
+        else:
+            reasonings, r_hits = rw.take(n)
+        for ev, text, t_hit, reasoning, r_hit in zip(
+            events, texts, t_hits, reasonings, r_hits, strict=False
+        ):
+            ready.append(self._redacted(ev, text, t_hit, reasoning, r_hit))
+
+    def _redacted(
+        self, ev: ChunkEvent, text: str, t_hit: bool, reasoning: str, r_hit: bool
+    ) -> ChunkEvent:
+        """``ev`` as stored, given its decided text and reasoning."""
+        if (
+            text is ev.text
+            and reasoning is ev.reasoning
+            and not (t_hit or r_hit or ev.tool_calls or ev.logprobs or ev.raw)
+        ):
+            # Texts untouched and no JSON field to look at (json_text of None
+            # or "" is the value itself): as it came.
+            return ev
+        red = self.redactor
+        # (json_text of None or "" is the value itself: skip the call)
+        tool_calls = red.json_text(ev.tool_calls) if ev.tool_calls else ev.tool_calls
+        if t_hit or r_hit:
+            logprobs = _mask_tokens_json(ev.logprobs)
+            server_tokens = _mask_tokens_json(ev.server_tokens)
+            raw = None
+        else:
+            logprobs = red.json_text(ev.logprobs, False) if ev.logprobs else ev.logprobs
+            server_tokens = ev.server_tokens
+            raw = red.json_text(ev.raw) if ev.raw else ev.raw
+        if (
+            text is ev.text
+            and reasoning is ev.reasoning
+            and tool_calls is ev.tool_calls
+            and logprobs is ev.logprobs
+            and server_tokens is ev.server_tokens
+            and raw is ev.raw
+        ):
+            return ev
+        new = replace(
+            ev,
+            text=text,
+            reasoning=reasoning,
+            tool_calls=tool_calls,
+            logprobs=logprobs,
+            server_tokens=server_tokens,
+            raw=raw,
+        )
+        self._account(ev, new)
+        return new
+
+
+def _due(w: TextWindow) -> bool:
+    """Whether ``w.advance()`` would do something (``w.pending`` not empty)."""
+    return not w.pending_len or w.pending_len >= w.scan_at or len(w.pending) > w.max_held
+
+
+def _made_at(c: _Choice) -> int:
+    return c.index
 
 
 def redact_choice_texts(
@@ -1001,7 +1129,7 @@ def redact_choice_texts(
             return list(texts), []
     w = TextWindow(redactor)
     pending = w.pending
-    scan_at = w.lookbehind + STEP
+    scan_at = w.scan_at
     max_held = w.max_held
     for t in texts:
         pending.append(t)
@@ -1009,7 +1137,7 @@ def redact_choice_texts(
         if not n or n >= scan_at or len(pending) > max_held:  # else advance() is a no-op
             w.advance()
     w.advance(final=True)
-    return [t for t, _ in w.decided], w.spans
+    return w.decided, w.spans
 
 
 __all__ = [
