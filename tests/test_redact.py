@@ -4,6 +4,8 @@ events, JSON validity, disabled mode."""
 from __future__ import annotations
 
 import json
+import random
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +22,7 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.llm.values import RequestSummary
-from sniffer.record.redact import Redactor, id_checksum_ok, luhn_ok
+from sniffer.record.redact import Redactor, TextWindow, id_checksum_ok, luhn_ok
 
 T0 = 1_700_000_000.0
 
@@ -525,3 +527,68 @@ def test_user_patterns_in_logprobs_touch_strings_only() -> None:
     r = Redactor([(r"[0-9]{4}", "NUM")])
     out = r.tokens_json('{"content":[{"token":"pin 1234","logprob":-0.1234567,"bytes":[1234]}]}')
     assert out == '{"content":[{"token":"pin <NUM>","logprob":-0.1234567,"bytes":[1234]}]}'
+
+
+# ------------------------------------------------- look-behind over chunks
+
+
+_PIECES = ["138 1234 5678", "a@b.co", "sk-abcdefghijklmnopqrstu", "10.0.0.1", "word", " ", "9", "@"]
+_PIECES += ["plain words, no digits ", "x"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_text_window_rescans_only_new_text(seed: int) -> None:
+    """TextWindow skips the scan of text an earlier scan found nothing in:
+    the same decisions, spans and counts as a window that scans everything
+    (a user pattern that never matches makes every scan run), whatever the
+    chunk sizes, look-behind and held-chunk bound (forced decisions leave a
+    few clean characters, then the next scan must still see the new ones)."""
+    rnd = random.Random(seed)
+    for _ in range(1000):
+        text = "".join(rnd.choice(_PIECES) for _ in range(rnd.randint(0, 40)))
+        pieces, pos = [], 0
+        while pos < len(text):
+            n = rnd.randint(0, 30)
+            pieces.append(text[pos : pos + n])
+            pos += n
+        lookbehind, max_held = rnd.randint(0, 40), rnd.randint(1, 6)
+        results = []
+        for red in (Redactor(), Redactor([("(?!)", "NEVER")])):
+            w = TextWindow(red, lookbehind=lookbehind, max_held=max_held)
+            for p in pieces:
+                w.push(p)
+                w.advance()
+            w.advance(final=True)
+            results.append((w.decided, w.touched, w.spans, dict(red.counts)))
+        assert results[0] == results[1], (pieces, lookbehind, max_held)
+
+
+_SECRET_PREFIXES = (
+    r"sk-|[Bb][Ee][Aa][Rr][Ee][Rr]|A[GIKNRS][A-Z]A|gh[pousr]_|github_pat_|AIza|xox|eyJ"
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="skKAaBbEeRrGIzNShpousr_tiy-xJ@7 .", max_size=16))
+def test_pre_checks_find_what_the_plain_alternation_finds(text: str) -> None:
+    """The pre-checks start with one character class (a fast scan); they must
+    find something exactly when the plain prefix list (or a digit or "@") does."""
+    from sniffer.record.redact import _EDIT_PRE, _SECRET_PRE
+
+    secret = re.search(_SECRET_PREFIXES, text) is not None
+    assert (_SECRET_PRE.search(text) is not None) == secret
+    assert (_EDIT_PRE.search(text) is not None) == (secret or re.search("[0-9@]", text) is not None)
+
+
+def test_json_text_skips_plain_pieces_but_not_user_patterns_in_tokens() -> None:
+    r = Redactor([("oo", "OO")])
+    doc = '{"model":"foo","messages":[{"content":"call 138 1234 5678"}],"max_tokens":60}'
+    assert r.json_text(doc) == (
+        '{"model":"f<OO>","messages":[{"content":"call <PHONE>"}],"max_tokens":60}'
+    )
+    assert r.tokens_json('[{"token":"foo 13812345678","logprob":-0.5}]') == (
+        '[{"token":"f<OO> <PHONE>","logprob":-0.5}]'
+    )
+    assert Redactor(enabled=False).json_text(
+        '{"a":"sk-abcdefghijklmnopqrstuvwx 138 1234 5678"}'
+    ) == ('{"a":"<SECRET> 138 1234 5678"}')

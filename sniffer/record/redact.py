@@ -109,10 +109,16 @@ _PRECHECK = re.compile(r"[0-9@]")
 #: the rest around it (a leading alternation is tried at every character, about
 #: six times the cost on plain text).
 _SECRETS = tuple((re.compile(p), r) for p, r in SECRET_SHAPES)
-_SECRET_PRE = re.compile(
-    r"[ABJ_bkx](?:(?<=sk)-|(?<=[Bb])[Ee][Aa][Rr][Ee][Rr]|(?<=A)(?:[GIKNRS][A-Z]A|Iza)"
-    r"|(?<=gh[pousr]_)|(?<=github_)pat_|(?<=x)ox|(?<=eyJ))"
+_SECRET_PRE_ALTS = (
+    r"(?<=sk)-|(?<=[Bb])[Ee][Aa][Rr][Ee][Rr]|(?<=A)(?:[GIKNRS][A-Z]A|Iza)"
+    r"|(?<=gh[pousr]_)|(?<=github_)pat_|(?<=x)ox|(?<=eyJ)"
 )
+_SECRET_PRE = re.compile(f"[ABJ_bkx](?:{_SECRET_PRE_ALTS})")
+#: The longest text ``_SECRET_PRE`` finds (``github_pat_``).
+_SECRET_PRE_MAX = 11
+#: ``_SECRET_PRE`` or ``_PRECHECK`` in one search: where an edit may start when
+#: personal-data redaction is on (``Redactor.may_edit``).
+_EDIT_PRE = re.compile(f"[0-9@ABJ_bkx](?:(?<=[0-9@])|{_SECRET_PRE_ALTS})")
 
 #: An edit of a text: (start, end, replacement), start/end in ORIGINAL coordinates.
 Edit = tuple[int, int, str]
@@ -403,6 +409,15 @@ class Redactor:
                     cur, edits = _merge(cur, edits, new)
         return (s if not edits else cur), edits
 
+    def may_edit(self, s: str) -> bool:
+        """False when :meth:`edits` surely leaves ``s`` as it is: no secret
+        prefix, no digit or "@" (when enabled), no user pattern to run."""
+        return bool(self._extra) or self._edit_pre().search(s) is not None
+
+    def _edit_pre(self) -> re.Pattern[str]:
+        """What the built-in patterns need to find before they can match."""
+        return _EDIT_PRE if self.enabled else _SECRET_PRE
+
     def _builtins(self, s: str) -> str:
         return self.edits(s, user=False)[0]
 
@@ -435,20 +450,23 @@ class Redactor:
             s = scrubbed
         # numbers=False: user patterns run inside the strings too, not over the text
         users = not numbers and bool(self._extra)
-        if (self.enabled and (users or _PRECHECK.search(s) is not None)) or _SECRET_PRE.search(
-            s
-        ) is not None:
+        pre = self._edit_pre()
+        if (self.enabled and users) or pre.search(s) is not None:
             parts: list[str] = []
             pos = 0
             builtins = self._builtins if numbers else self.text
+            # A piece ``pre`` finds nothing in is left as it is without the call
+            # (the usual key, short value, brace): unless user patterns run in it.
+            look = None if users else pre.search
             for m in _JSON_TOKEN.finditer(s):
                 start, end = m.span()
                 if start > pos:
-                    parts.append(builtins(s[pos:start]))
+                    gap = s[pos:start]
+                    parts.append(gap if look and look(gap) is None else builtins(gap))
                 tok = m.group()
                 if tok[0] == '"':
                     inner = tok[1:-1]
-                    red = builtins(inner)
+                    red = inner if look and look(inner) is None else builtins(inner)
                     parts.append(tok if red is inner else f'"{red}"')
                 elif not numbers:  # a delimiter, then a number, kept
                     parts.append(tok)
@@ -465,7 +483,7 @@ class Redactor:
                 red = builtins(num)
                 parts.append(tail if red is num else tail.replace(num, f'"{red}"'))
             else:
-                parts.append(builtins(tail))
+                parts.append(tail if look and look(tail) is None else builtins(tail))
             out = "".join(parts)
             if out == s:
                 out = s
@@ -583,6 +601,7 @@ class TextWindow:
 
     __slots__ = (
         "base",
+        "clear",
         "decided",
         "lookbehind",
         "max_held",
@@ -604,6 +623,9 @@ class TextWindow:
         self.scan_at = lookbehind + STEP
         self.pending: list[str] = []
         self.pending_len = 0
+        #: leading pending characters known to hold nothing an edit could start
+        #: from (scanned by may_edit; 0 when unknown)
+        self.clear = 0
         self.decided: list[str] = []
         self.touched: list[bool] = []
         self.base = 0
@@ -629,11 +651,20 @@ class TextWindow:
             return
         red = self.redactor
         saved = red.counts
-        red.counts = Counter()  # counted below, once a chunk is decided
-        try:
-            _, edits = red.edits(window)
-        finally:
-            red.counts = saved
+        # The text before ``clear`` was scanned by an earlier call and nothing
+        # there could start an edit: only what came since needs a look (from a
+        # secret prefix's length before it, for one that straddles the two).
+        start = self.clear - _SECRET_PRE_MAX + 1
+        if red.may_edit(window[start:] if start > 0 else window):
+            red.counts = Counter()  # counted below, once a chunk is decided
+            try:
+                _, edits = red.edits(window)
+            finally:
+                red.counts = saved
+            self.clear = 0
+        else:
+            edits = []
+            self.clear = self.pending_len
         ends = list(accumulate(map(len, pending)))
         if not edits:
             # Nothing to redact (the usual case): the same decisions as below,
@@ -649,6 +680,7 @@ class TextWindow:
             self._decide_untouched(k)
             self.base += limit
             self.pending_len -= limit
+            self.clear = max(0, self.clear - limit)
             return
         if final:
             k = len(pending)
@@ -709,6 +741,7 @@ class TextWindow:
                 saved.update(_LABEL.findall(repl))
         self.base += limit
         self.pending_len -= limit
+        self.clear = 0
         del pending[:k]
 
     def _decide_untouched(self, k: int) -> None:
