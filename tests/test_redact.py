@@ -22,7 +22,14 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.llm.values import RequestSummary
-from sniffer.record.redact import Redactor, TextWindow, id_checksum_ok, luhn_ok
+from sniffer.record.redact import (
+    Redactor,
+    StreamRedactor,
+    TextWindow,
+    id_checksum_ok,
+    luhn_ok,
+    redact_choice_texts,
+)
 
 T0 = 1_700_000_000.0
 
@@ -592,3 +599,62 @@ def test_json_text_skips_plain_pieces_but_not_user_patterns_in_tokens() -> None:
     assert Redactor(enabled=False).json_text(
         '{"a":"sk-abcdefghijklmnopqrstuvwx 138 1234 5678"}'
     ) == ('{"a":"<SECRET> 138 1234 5678"}')
+
+
+def _closed(stream: int, text_len: int) -> StreamClosed:
+    return StreamClosed(
+        stream, 1.0, StreamState("complete"), "complete", True, False, 0.0, 1.0, 1, 1,
+        text_len, ((0, "stop"),), None, None,
+    )  # fmt: skip
+
+
+def _cut(rnd: random.Random, words: list[str]) -> str:
+    return "".join(rnd.choice(words) for _ in range(rnd.randint(0, 3)))[: rnd.randint(0, 12)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stream_redactor_keeps_each_stream_in_order_whatever_the_interleaving(seed: int) -> None:
+    """Several choices per stream, stream-level chunks, reasoning that starts
+    mid-choice, values split over chunks, streams interleaved, batches of any
+    size, some streams never closed (flush): each stream's chunks come out once,
+    in the order they came, each choice's stored text and reasoning are what
+    redact_choice_texts gives for it, and nothing stays held."""
+    rnd = random.Random(seed)
+    words = ["138 1234 5678", "a@b.co", "sk-abcdefghijklmnopqrstuvwx", "word ", "", " ", "日本"]
+    red = StreamRedactor(Redactor())
+    events: list[StoreEvent] = []
+    pieces: dict[tuple[int, int, str], list[str]] = {}
+    streams = {s: 0 for s in range(1, 6)}
+    while streams:
+        s = rnd.choice(list(streams))
+        seq = streams[s]
+        if seq >= 40 or rnd.random() < 0.02:
+            del streams[s]
+            if s != 5:  # stream 5 is never closed: flush gives it out
+                events.append(_closed(s, 0))
+            continue
+        streams[s] = seq + 1
+        choice = rnd.choice([0, 0, 1, 2, -1])
+        text = _cut(rnd, words)
+        reasoning = _cut(rnd, words) if choice >= 0 and seq > 10 and s % 2 else ""
+        events.append(ChunkEvent(s, 0.0, seq, choice, seq + 1, "content", text, reasoning))
+        if choice >= 0:
+            pieces.setdefault((s, choice, "text"), []).append(text)
+            pieces.setdefault((s, choice, "reasoning"), []).append(reasoning)
+    out: list[StoreEvent] = []
+    i = 0
+    while i < len(events):
+        n = rnd.choice([1, 1, 3, 20])
+        out += red.events(events[i : i + n])
+        i += n
+    out += red.flush()
+    assert red.held == 0
+    chunks = [e for e in out if isinstance(e, ChunkEvent)]
+    sent = [e for e in events if isinstance(e, ChunkEvent)]
+    assert sorted((c.stream, c.seq) for c in chunks) == sorted((c.stream, c.seq) for c in sent)
+    for s in range(1, 6):
+        assert [c.seq for c in chunks if c.stream == s] == [c.seq for c in sent if c.stream == s]
+    for (s, choice, channel), texts in pieces.items():
+        stored, _ = redact_choice_texts(Redactor(), texts)
+        got = [getattr(c, channel) for c in chunks if c.stream == s and c.choice == choice]
+        assert got == stored
