@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -370,3 +371,24 @@ def test_the_console_script_keeps_exit_codes_and_flushes_all_output(
     bad = run("replay", str(TRUNCATED), "--db", str(tmp_path / "t.db"), "-q")
     assert bad.returncode == 1  # the command's own code (a truncated capture)
     assert b"truncated" in bad.stdout + bad.stderr
+
+
+def test_replay_redact_pattern_replaces_what_the_regex_matches(tmp_path: Path) -> None:
+    """``--redact-pattern NAME=REGEX``: the text the regex matches is stored as
+    ``<NAME>`` (the chain once handed the pair to the redactor the other way
+    round, so the name was searched for and the regex became the placeholder)."""
+    db = str(tmp_path / "r.db")
+    res = cli(
+        "replay", str(PCAPS / "chat_english.pcap"), "--db", db, "-q", "--no-tokens",
+        "--redact-pattern", r"BIRD=[Bb]ird",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    captured = text_of("chat_english")
+    assert "Bird" in captured and "<BIRD>" not in captured
+    with sqlite3.connect(db) as conn:
+        stored = "".join(
+            t for (t,) in conn.execute("SELECT text FROM chunks WHERE text IS NOT NULL ORDER BY id")
+        )
+    assert "<BIRD>" in stored
+    assert "Bird" not in stored and "bird" not in stored
+    assert stored.replace("<BIRD>", "") == re.sub("[Bb]ird", "", captured)

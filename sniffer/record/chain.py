@@ -201,7 +201,11 @@ class RecordingChain:
                 boost_window=cfg.boost_window,
                 boost_period=cfg.boost_period,
             )
-        redactor = Redactor(cfg.redact_patterns, enabled=cfg.redact)
+        # The configuration holds (name, regex) as the user wrote NAME=REGEX;
+        # Redactor takes (regex, name).
+        redactor = Redactor(
+            [(regex, name) for name, regex in cfg.redact_patterns], enabled=cfg.redact
+        )
         registry = None
         if cfg.tokens:
             if tokens is not None:
