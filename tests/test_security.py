@@ -173,6 +173,39 @@ def test_json_secret_fields_at_any_depth_without_recursion() -> None:
     assert n == 1 and "K3" not in out
 
 
+#: Field names the pre-checks of scrub_json_secrets must tell apart: secret
+#: ones, usage/limit fields that only look like one, and odd spellings.
+_FIELDS = st.sampled_from(
+    [
+        "model", "max_tokens", "max_completion_tokens", "prompt_tokens", "total_tokens",
+        "api_key", "password", "accessToken", "token", "auth", "x", 'a\\"max_tokens',
+        'max_tokens\\"', "max_tokens_secret", "secret", "tokens", "reasoning_tokens",
+        "pa\u017fsword", "cl\u00e9", "API_KEY",
+    ]
+)  # fmt: skip
+_JSON_VALUES = st.recursive(
+    st.none() | st.integers() | st.sampled_from(["v", "max_tokens", "sk", 'q"max_tokens"']),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_FIELDS, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=st.dictionaries(_FIELDS, _JSON_VALUES, max_size=5), cut=st.integers(0, 400))
+def test_json_pre_checks_skip_only_bodies_the_full_scan_leaves_alone(
+    doc: dict[str, Any], cut: int
+) -> None:
+    """The pre-checks (no hint; or hints only in usage and limit fields such as
+    ``max_tokens``) return a body unchanged only where the full scan would
+    have: on JSON documents (ASCII-escaped or not) and on truncated ones."""
+    from sniffer.core.credentials import _scrub_json
+
+    text = json.dumps(doc)
+    raw = json.dumps(doc, ensure_ascii=False)  # non-ASCII field names as they are
+    for t in (text, text[:cut], raw, raw[:cut]):
+        assert scrub_json_secrets(t) == _scrub_json(t)
+
+
 def test_url_userinfo_and_credential_query() -> None:
     assert (
         scrub_url("http://admin:pw@h:1/v1/x?api_key=K&q=2&token=T&max_tokens=3")
