@@ -62,7 +62,7 @@ def test_writer_through_the_stdlib_driver_leaves_the_same_database(
     batches: closes and responses become UPDATEs of rows of earlier batches."""
     paths = [tmp_path / "lite.db", tmp_path / "sa.db"]
     for i, path in enumerate(paths):
-        StoreWriter(str(path)).close()  # fresh file: migrated (SQLAlchemy + Alembic)
+        StoreWriter(str(path)).close()  # fresh file: created at head
         engine = create_engine(f"sqlite:///{path}") if i else None
         w = StoreWriter(str(path), engine=engine, node="n", batch_size=3)
         assert (w._lite is not None) == (i == 0)
@@ -149,3 +149,144 @@ def test_queries_read_the_same_rows_without_sqlalchemy(tmp_path: Path) -> None:
     finally:
         store.close()
         engine.dispose()
+
+
+def _schema(path: Path) -> dict[str, object]:
+    """What a new file holds: every sqlite_master entry with its SQL (by name: the
+    migrations create the indexes in an order that varies), the rows of the tables
+    the chain fills, and the pragmas a file keeps."""
+    conn = sqlite3.connect(path)
+    try:
+        return {
+            "master": sorted(
+                conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+            ),
+            "rows": {
+                t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall())  # noqa: S608
+                for t in ("alembic_version", "meta", "id_blocks", "checkpoints")
+            },
+            "pragmas": [
+                conn.execute(f"PRAGMA {p}").fetchone()[0]
+                for p in ("auto_vacuum", "journal_mode", "user_version")
+            ],
+        }
+    finally:
+        conn.close()
+
+
+def test_new_file_schema_is_what_alembic_creates(tmp_path: Path) -> None:
+    """A new SQLite file is created at head with the stdlib driver
+    (``lite.create_schema``): the very tables, indexes, SQL text, rows and pragmas
+    the migration chain leaves, so the two cannot drift."""
+    from sniffer.store.files import ensure_db_file
+    from sniffer.store.schema import migrate
+    from sniffer.store.writer import make_engine
+
+    alembic = tmp_path / "alembic.db"
+    ensure_db_file(str(alembic))
+    conn = lite.connect(str(alembic))  # the same pragmas, then the migration chain
+    conn.close()
+    engine = create_engine(f"sqlite:///{alembic}")
+    try:
+        assert migrate(engine) is None  # it did create the schema from scratch
+    finally:
+        engine.dispose()
+
+    by_writer = tmp_path / "writer.db"
+    StoreWriter(str(by_writer)).close()
+    by_engine = tmp_path / "engine.db"
+    make_engine(str(by_engine)).dispose()
+    expected = _schema(alembic)
+    assert expected["rows"]["alembic_version"] == [(REVISIONS[-1],)]  # type: ignore[index]
+    assert expected["pragmas"] == [2, "wal", 0]
+    assert _schema(by_writer) == expected
+    assert _schema(by_engine) == expected
+    assert (by_writer.stat().st_mode & 0o777) == 0o600
+
+
+def test_new_file_created_without_alembic(tmp_path: Path) -> None:
+    """Opening a new file for writing imports neither SQLAlchemy nor Alembic."""
+    path = tmp_path / "new.db"
+    code = (
+        "import sys; from sniffer.store.writer import StoreWriter; "
+        f"w = StoreWriter({str(path)!r}); w.conn_ids(); w.close(); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'alembic'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert out == "[]"
+    store = lite.SqliteFile(str(path))
+    try:
+        assert store.revision() == REVISIONS[-1]
+    finally:
+        store.close()
+
+
+def test_create_schema_leaves_other_files_to_the_migrations(tmp_path: Path) -> None:
+    """A file that holds anything (here an older revision) is not touched: create_schema
+    says False, and the writer migrates it through Alembic."""
+    path = tmp_path / "old.db"
+    StoreWriter(str(path)).close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE checkpoints")
+    conn.execute("UPDATE alembic_version SET version_num = '0002'")
+    conn.commit()
+    conn.close()
+    conn = lite.connect(str(path))
+    try:
+        assert lite.create_schema(conn) is False
+        assert lite.revision(conn) == "0002"
+    finally:
+        conn.close()
+    StoreWriter(str(path)).close()  # migrated to head
+    fresh = tmp_path / "fresh.db"
+    StoreWriter(str(fresh)).close()
+    assert _schema(path)["master"] == _schema(fresh)["master"]
+
+
+CREATE_RACE = r"""
+import sys, time
+from sniffer.store.writer import StoreWriter
+start = float(sys.argv[2])
+while time.time() < start:
+    time.sleep(0.001)
+w = StoreWriter(sys.argv[1])
+print(w.conn_ids())
+w.close()
+"""
+
+
+def test_processes_creating_one_new_file_at_once(tmp_path: Path) -> None:
+    """Several processes open the same new file at the same moment: one creates the
+    schema under the write lock, the others find it at head; every writer gets its
+    own id blocks and the file is the schema Alembic would create."""
+    import time
+
+    path = tmp_path / "race.db"
+    start = str(time.time() + 1.5)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CREATE_RACE, str(path), start],
+            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        outs.append(out.strip())
+    assert len(set(outs)) == 4  # distinct id blocks
+    reference = tmp_path / "ref.db"
+    StoreWriter(str(reference)).close()
+    got, want = _schema(path), _schema(reference)
+    assert (got["master"], got["pragmas"]) == (want["master"], want["pragmas"])
+    assert got["rows"]["id_blocks"] == [("connections", 1 + 4 * 64), ("streams", 1)]  # type: ignore[index]

@@ -9,6 +9,10 @@ schema check and the id blocks. This module does those three with
 
 - :func:`connect` opens the file with the pragmas ``make_engine`` sets, in the
   same order (a database file is the same whichever opened it first);
+- :func:`create_schema` creates the schema at head in a new, empty file: the
+  statements of :data:`SCHEMA_DDL` are the text the migration chain leaves in
+  ``sqlite_master`` (a test compares the two), and the ``alembic_version`` row
+  is stamped, so Alembic sees a file it created itself;
 - :func:`revision` reads the schema revision with one query (the Alembic
   ``alembic_version`` table): a store at head needs nothing else; anything
   else goes through ``sniffer.store.schema.migrate`` (SQLAlchemy + Alembic);
@@ -16,16 +20,19 @@ schema check and the id blocks. This module does those three with
 - :data:`TABLE_COLUMNS` and :func:`insert_sql` / :func:`update_sql` give the
   statement text SQLAlchemy compiles for SQLite (a test compares them).
 
-PostgreSQL, in-memory SQLite, migrations and the reports keep SQLAlchemy.
+PostgreSQL, in-memory SQLite and the migration of older files keep SQLAlchemy.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+from sniffer.store.schema import REVISIONS, SQLITE_LOCK_WAIT
 
 #: ``streams.dialect`` of an exchange that is not an LLM stream (plain HTTP):
 #: the store's spelling of ``StreamOpened.dialect is None`` (``models.PLAIN_HTTP``).
@@ -184,6 +191,248 @@ def revision(conn: sqlite3.Connection) -> str | None:
     return str(rows[0][0]) if len(rows) == 1 else None
 
 
+def _table(name: str, *lines: str) -> str:
+    """``CREATE TABLE`` text as SQLAlchemy renders it for SQLite, one column a line."""
+    return f"CREATE TABLE {name} (\n\t" + ", \n\t".join(lines) + "\n)"
+
+
+#: The schema at the head revision, as the migration chain (``sniffer.store.migrations``)
+#: leaves it in ``sqlite_master``, statement for statement: 0001 creates the tables,
+#: 0002 appends ``node`` with ``ALTER TABLE … ADD COLUMN`` (SQLite appends the column
+#: to the stored text, hence ``label TEXT, node VARCHAR(255)`` on one line) and adds
+#: ``id_blocks``, 0003 adds ``checkpoints``. A test checks the text against what
+#: Alembic creates, so the two cannot drift: a new migration must change both.
+SCHEMA_DDL: tuple[str, ...] = (
+    _table(
+        "alembic_version",
+        "version_num VARCHAR(32) NOT NULL",
+        "CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)",
+    ),
+    _table(
+        "connections",
+        "id INTEGER NOT NULL",
+        "client_ip VARCHAR(64)",
+        "client_port INTEGER",
+        "server_ip VARCHAR(64)",
+        "server_port INTEGER",
+        "opened_at FLOAT",
+        "closed_at FLOAT",
+        "close_reason VARCHAR(16)",
+        "syn_seen BOOLEAN",
+        "capture VARCHAR(16)",
+        "pid INTEGER",
+        "comm VARCHAR(64)",
+        "label TEXT, node VARCHAR(255)",
+        "PRIMARY KEY (id)",
+    ),
+    _table(
+        "streams",
+        "id INTEGER NOT NULL",
+        "connection_id INTEGER",
+        "exchange INTEGER",
+        "label TEXT",
+        "capture VARCHAR(16)",
+        "pid INTEGER",
+        "comm VARCHAR(64)",
+        "client VARCHAR(80)",
+        "server VARCHAR(80)",
+        "method TEXT",
+        "path TEXT",
+        "dialect VARCHAR(64)",
+        "model TEXT",
+        "is_stream BOOLEAN",
+        "temperature FLOAT",
+        "top_p FLOAT",
+        "max_tokens BIGINT",
+        "n INTEGER",
+        "seed BIGINT",
+        "prompt_len INTEGER",
+        "request_json TEXT",
+        "request_headers TEXT",
+        "status INTEGER",
+        "response_headers TEXT",
+        "content_type TEXT",
+        "streaming BOOLEAN",
+        "t_request FLOAT",
+        "t_response FLOAT",
+        "t_first_content FLOAT",
+        "t_last_chunk FLOAT",
+        "state VARCHAR(16)",
+        "reason TEXT",
+        "done_seen BOOLEAN",
+        "gap BOOLEAN",
+        "chunk_count INTEGER",
+        "event_count INTEGER",
+        "text_len BIGINT",
+        "finish_reasons TEXT",
+        "usage TEXT",
+        "prompt_tokens BIGINT",
+        "completion_tokens BIGINT",
+        "response_body TEXT",
+        "request_bytes BIGINT",
+        "response_bytes BIGINT",
+        "error TEXT",
+        "closed_at FLOAT",
+        "text_kept BOOLEAN, node VARCHAR(255)",
+        "PRIMARY KEY (id)",
+    ),
+    "CREATE INDEX ix_streams_state ON streams (state)",
+    "CREATE INDEX ix_streams_t_request ON streams (t_request)",
+    "CREATE INDEX ix_streams_connection ON streams (connection_id)",
+    "CREATE INDEX ix_streams_label_model ON streams (label, model)",
+    _table(
+        "chunks",
+        "id INTEGER NOT NULL",
+        "stream_id INTEGER NOT NULL",
+        "seq INTEGER NOT NULL",
+        "choice INTEGER",
+        "chunk_index INTEGER",
+        "kind VARCHAR(16)",
+        "ts FLOAT",
+        "text TEXT",
+        "reasoning TEXT",
+        "tool_calls TEXT",
+        "finish_reason TEXT",
+        "logprobs TEXT",
+        "usage TEXT",
+        "raw TEXT",
+        "server_tokens TEXT",
+        "PRIMARY KEY (id)",
+    ),
+    "CREATE INDEX ix_chunks_stream_seq ON chunks (stream_id, seq)",
+    _table(
+        "errors",
+        "id INTEGER NOT NULL",
+        "ts FLOAT",
+        "stage VARCHAR(32)",
+        "kind VARCHAR(64)",
+        "message TEXT",
+        "connection_id INTEGER",
+        "stream_id INTEGER, node VARCHAR(255)",
+        "PRIMARY KEY (id)",
+    ),
+    "CREATE INDEX ix_errors_stream ON errors (stream_id)",
+    _table("meta", '"key" VARCHAR(64) NOT NULL', "value TEXT", 'PRIMARY KEY ("key")'),
+    _table(
+        "stream_tokens",
+        "stream_id INTEGER NOT NULL",
+        "tokenizer TEXT",
+        "is_default BOOLEAN",
+        "prompt_count INTEGER",
+        "prompt_ids TEXT",
+        "output_count INTEGER",
+        "usage_diff TEXT",
+        "tokens_per_chunk TEXT",
+        "anomaly_count INTEGER",
+        "error TEXT",
+        "PRIMARY KEY (stream_id)",
+    ),
+    _table(
+        "choice_tokens",
+        "stream_id INTEGER NOT NULL",
+        "choice INTEGER NOT NULL",
+        "text_len INTEGER",
+        "text_hash VARCHAR(32)",
+        "token_count INTEGER",
+        "output_ids TEXT",
+        "chunk_seqs TEXT",
+        "chunk_counts TEXT",
+        "straddles INTEGER",
+        "straddle_seqs TEXT",
+        "tokens_per_chunk TEXT",
+        "server_count INTEGER",
+        "server_tokens TEXT",
+        "server_ids TEXT",
+        "server_mismatch INTEGER",
+        "PRIMARY KEY (stream_id, choice)",
+    ),
+    _table(
+        "token_anomalies",
+        "id INTEGER NOT NULL",
+        "stream_id INTEGER NOT NULL",
+        "choice INTEGER",
+        "kind VARCHAR(32)",
+        "position INTEGER",
+        "detail TEXT",
+        "PRIMARY KEY (id)",
+    ),
+    "CREATE INDEX ix_token_anomalies_kind ON token_anomalies (kind)",
+    "CREATE INDEX ix_token_anomalies_stream ON token_anomalies (stream_id)",
+    "CREATE INDEX ix_streams_node ON streams (node, t_request)",
+    _table(
+        "id_blocks",
+        "name VARCHAR(32) NOT NULL",
+        "next_id BIGINT NOT NULL",
+        "PRIMARY KEY (name)",
+    ),
+    _table(
+        "checkpoints",
+        "node VARCHAR(255) NOT NULL",
+        "written_at FLOAT NOT NULL",
+        "payload TEXT NOT NULL",
+        "PRIMARY KEY (node)",
+    ),
+)
+
+#: The rows the migration chain writes into a new database: the informative
+#: ``meta.schema_version`` (``models.SCHEMA_VERSION``), the id counters (one past
+#: the largest id: 1 in an empty file) and the Alembic revision stamp.
+SCHEMA_ROWS: tuple[str, ...] = (
+    "INSERT INTO meta (\"key\", value) VALUES ('schema_version', '3')",
+    "INSERT INTO id_blocks (name, next_id) VALUES ('connections', 1), ('streams', 1)",
+    f"INSERT INTO alembic_version (version_num) VALUES ('{REVISIONS[-1]}')",
+)
+
+
+def _begin_immediate(conn: sqlite3.Connection) -> None:
+    """Take the database's write lock (``BEGIN IMMEDIATE``), retried while another
+    process holds it, for up to ``SQLITE_LOCK_WAIT`` seconds (as a migration does)."""
+    deadline = time.monotonic() + SQLITE_LOCK_WAIT
+    while True:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def create_schema(conn: sqlite3.Connection) -> bool:
+    """Create the schema at head in a new file, without SQLAlchemy or Alembic.
+
+    Runs under the write lock and looks again inside it: of several processes
+    creating one new file at once, one creates it and the others find it at
+    head. Returns True when the file is at head (created here or found so);
+    False when it already holds something else (an older schema, or a v0.1 file:
+    ``sniffer.store.schema.migrate`` upgrades it), in which case nothing is done.
+    ``conn`` comes from :func:`connect` (``auto_vacuum`` set before any table).
+    """
+    _begin_immediate(conn)
+    try:
+        if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+            at_head = revision(conn) == REVISIONS[-1]
+            conn.rollback()
+            return at_head
+        for sql in (*SCHEMA_DDL, *SCHEMA_ROWS):
+            conn.execute(sql)
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    return True
+
+
+def create_new_file(path: str) -> None:
+    """Create the schema at head in the new, empty SQLite file ``path`` (see
+    :func:`create_schema`; a file that holds anything is left as it is)."""
+    conn = connect(path)
+    try:
+        create_schema(conn)
+    finally:
+        conn.close()
+
+
 class _Transaction:
     """What a writer's flush needs of a connection: ``exec_driver_sql`` (executemany)."""
 
@@ -217,6 +466,11 @@ class SqliteFile:
     def revision(self) -> str | None:
         with self._lock:
             return revision(self._connection())
+
+    def create_schema(self) -> bool:
+        """:func:`create_schema` on this file: True when it is (now) at head."""
+        with self._lock:
+            return create_schema(self._connection())
 
     @contextmanager
     def begin(self) -> Iterator[_Transaction]:
@@ -301,9 +555,13 @@ class SqliteFile:
 __all__ = [
     "BOOLEAN_COLUMNS",
     "PLAIN_HTTP",
+    "SCHEMA_DDL",
+    "SCHEMA_ROWS",
     "TABLE_COLUMNS",
     "SqliteFile",
     "connect",
+    "create_new_file",
+    "create_schema",
     "insert_sql",
     "revision",
     "update_spec",

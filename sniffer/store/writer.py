@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 import re
 import socket
 import time
@@ -55,6 +56,7 @@ from sniffer.store.lite import (
     TABLE_COLUMNS,
     SqliteFile,
     UpdateSpec,
+    create_new_file,
     insert_sql,
     update_spec,
     update_sql,
@@ -93,7 +95,9 @@ def make_engine(url_or_path: str) -> Engine:
     then get the same mode); a symlink at the path is refused
     (``sniffer.store.files.ensure_db_file``).
     SQLite connections get WAL (file databases), ``synchronous=NORMAL``, foreign
-    keys off and a 5 s busy timeout. The tables are created if missing.
+    keys off and a 5 s busy timeout. The tables are created if missing: a new,
+    empty SQLite file at head with the standard library's driver
+    (``sniffer.store.lite.create_schema``), anything else by the migrations.
     Example: ``make_engine("capture.db")``, ``make_engine("postgresql+psycopg://…")``.
     """
     from sqlalchemy import create_engine, event
@@ -105,6 +109,8 @@ def make_engine(url_or_path: str) -> Engine:
         path = None if memory else db_path(url_or_path)
         if path is not None:
             ensure_db_file(path)  # created 0600 before SQLite opens it; no symlink
+            if os.path.getsize(path) == 0:  # new: created at head without Alembic
+                create_new_file(path)
         if memory:
             engine = create_engine(
                 url,
@@ -172,13 +178,14 @@ def open_store(url_or_path: str) -> SqliteFile | Engine:
 
 def _open_sqlite(url_or_path: str, path: str) -> tuple[SqliteFile, Engine | None]:
     """Open a SQLite file for writing without SQLAlchemy when its schema is at head
-    (one query); otherwise migrate it first through ``make_engine`` (returned)."""
+    (one query) or the file is new (created at head, ``lite.create_schema``);
+    otherwise migrate it first through ``make_engine`` (returned)."""
     from sniffer.store.schema import REVISIONS
 
     ensure_db_file(path)  # created 0600 before SQLite opens it; no symlink
     store = SqliteFile(path)
     try:
-        if store.revision() == REVISIONS[-1]:
+        if store.revision() == REVISIONS[-1] or store.create_schema():
             return store, None
         return store, make_engine(url_or_path)  # migrates, or refuses a newer schema
     except BaseException:
