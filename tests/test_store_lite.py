@@ -162,7 +162,7 @@ def _schema(path: Path) -> dict[str, object]:
                 conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
             ),
             "rows": {
-                t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall())  # noqa: S608
+                t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall())
                 for t in ("alembic_version", "meta", "id_blocks", "checkpoints")
             },
             "pragmas": [

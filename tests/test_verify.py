@@ -316,3 +316,87 @@ def test_seed_log_bad_json_and_missing_done() -> None:
     assert {"bad_record", "accumulated_len", "index_gap"} <= kinds(v1, "fail")
     assert any(f.line == 4 for f in v1.findings if f.kind == "bad_record")
     assert kinds(v2, "fail") == {"stream_done_missing"}
+
+
+# ------------------------------------------- SQLite through the stdlib driver
+
+
+def test_stdlib_path_gives_the_same_report(fixture_dbs: dict[str, Path]) -> None:
+    """``verify`` reads a SQLite file at head without SQLAlchemy (``open_store``):
+    the report is the one the engine gives, whatever the filters, on every fixture."""
+    from sniffer.store.lite import SqliteFile
+    from sniffer.store.writer import open_store
+
+    cases: list[dict[str, Any]] = [
+        {},
+        {"tokens": True},
+        {"include_http": True},
+        {"state": "complete"},
+        {"label": "nope"},
+        {"node": "nope"},
+        {"model": "fake"},
+        {"stream_ids": [2, 1, 999]},
+        {"stream_ids": []},
+        {"tokenize": False, "batch": 1},
+    ]
+    for name in ALL_FIXTURES:
+        store = open_store(str(fixture_dbs[name]))
+        assert isinstance(store, SqliteFile)
+        engine = make_engine(str(fixture_dbs[name]))
+        verify_db(engine, REGISTRY, include_http=True)  # token rows written first
+        try:
+            for kw in cases:
+                got = verify_db(store, REGISTRY, **kw).to_dict()
+                assert got == verify_db(engine, REGISTRY, **kw).to_dict(), (name, kw)
+        finally:
+            store.close()
+            engine.dispose()
+
+
+def test_stdlib_path_tokenizes_what_is_missing(tmp_path: Path) -> None:
+    """Streams without token rows are tokenized first on both paths (the stdlib path
+    counts them with the token pass's own filter and only then opens an engine)."""
+    from sniffer.record.tokenize_pass import pending_count
+    from sniffer.reports.verify import _pending
+    from sniffer.store.lite import SqliteFile
+
+    reports = []
+    for i in range(2):
+        db = tmp_path / f"{i}.db"
+        for name in ("n2", "fffd", "client_abort", "keepalive_3", "fault_lost"):
+            replay(FIXTURE_PATHS[name], str(db))  # no token pass
+        engine = make_engine(str(db))
+        store = SqliteFile(str(db))
+        try:
+            listed = verify_db(store, REGISTRY, tokenize=False, include_http=True)
+            ids = [v.stream_id for v in listed.streams if v.stream_id is not None]
+            assert _pending(store, ids) == pending_count(engine) > 0
+            reports.append(verify_db(store if i else engine, REGISTRY).to_dict())
+            assert _pending(store, ids) == pending_count(engine) == 0
+        finally:
+            store.close()
+            engine.dispose()
+    assert reports[0]["tokenized"] > 0
+    assert reports[0].pop("source").endswith("/0.db")
+    assert reports[1].pop("source") == f"sqlite:///{tmp_path / '1.db'}"
+    assert reports[0] == reports[1]
+
+
+def test_token_rows_read_without_sqlalchemy(fixture_dbs: dict[str, Path]) -> None:
+    from sniffer.record.tokenize_pass import text_hash as pass_hash
+    from sniffer.store.lite import SqliteFile
+    from sniffer.store.token_rows import read_token_rows, text_hash
+    from sniffer.store.tokens_store import read_stream_tokens
+
+    for name in ALL_FIXTURES:
+        store = SqliteFile(str(fixture_dbs[name]))
+        engine = make_engine(str(fixture_dbs[name]))
+        try:
+            ids = [*range(1, 12), 10**6]
+            got = read_token_rows(store, ids)
+            assert got == read_stream_tokens(engine, ids), name
+        finally:
+            store.close()
+            engine.dispose()
+    for text in ("", "abc", "中文 🙂", "\ud83d lone surrogate"):
+        assert text_hash(text) == pass_hash(text)

@@ -19,6 +19,7 @@ from sniffer.cli.common import (
     make_registry,
     node_option,
     open_engine,
+    open_store,
     parse_tokenizer_specs,
     tokenizer_options,
 )
@@ -245,7 +246,7 @@ def verify(
                 with open(jsonl, encoding="utf-8", errors="replace") as fh:
                     report = verify_jsonl(fh, registry, tokens=show_tokens, source=jsonl)
         else:
-            engine = open_engine(db)
+            engine = open_store(db)  # a SQLite file at head: no SQLAlchemy
             report = verify_db(
                 engine,
                 registry,

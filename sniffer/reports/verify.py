@@ -59,9 +59,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from sqlalchemy import Engine, select
+from typing import TYPE_CHECKING, Any, Literal
 
 from sniffer.llm.tokens import (
     ChunkInput,
@@ -71,14 +69,21 @@ from sniffer.llm.tokens import (
     analyze_streams,
     prompt_method,
 )
-from sniffer.record.tokenize_pass import text_hash, tokenize_db
-from sniffer.store.models import PLAIN_HTTP, chunks, streams
-from sniffer.store.tokens_store import (
+from sniffer.store.lite import PLAIN_HTTP, SqliteFile
+from sniffer.store.token_rows import (
     ChoiceTokenRow,
     StreamTokenRow,
     TokenAnomalyRow,
-    read_stream_tokens,
+    read_token_rows,
+    text_hash,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+# A SQLite file at the schema head (``sniffer.store.writer.open_store``) is read
+# through the standard library's driver; SQLAlchemy loads only for an engine
+# (PostgreSQL, ...) or when streams must be tokenized first.
 
 __all__ = [
     "FAIL_KINDS",
@@ -332,8 +337,30 @@ def _prompt_method(registry: TokenizerRegistry, model: str | None, raw: Any) -> 
 # ---------------------------------------------------------------------------
 
 
+#: The stream columns verify reads, in this order.
+_STREAM_COLUMNS = (
+    "id",
+    "label",
+    "model",
+    "dialect",
+    "state",
+    "reason",
+    "done_seen",
+    "gap",
+    "chunk_count",
+    "text_len",
+    "text_kept",
+    "request_json",
+)
+_STREAM_FLAGS = ("done_seen", "gap", "text_kept")
+
+
+def _in(ids: Sequence[int]) -> str:
+    return f"({', '.join('?' * len(ids))})"
+
+
 def _select_streams(
-    engine: Engine,
+    engine: Engine | SqliteFile,
     *,
     stream_ids: Sequence[int] | None,
     label: str | None,
@@ -342,21 +369,21 @@ def _select_streams(
     include_http: bool,
     node: str | None = None,
 ) -> list[dict[str, Any]]:
-    cols = [
-        streams.c.id,
-        streams.c.label,
-        streams.c.model,
-        streams.c.dialect,
-        streams.c.state,
-        streams.c.reason,
-        streams.c.done_seen,
-        streams.c.gap,
-        streams.c.chunk_count,
-        streams.c.text_len,
-        streams.c.text_kept,
-        streams.c.request_json,
-    ]
-    stmt = select(*cols)
+    if isinstance(engine, SqliteFile):
+        return _select_sqlite(
+            engine,
+            stream_ids=stream_ids,
+            label=label,
+            model=model,
+            state=state,
+            include_http=include_http,
+            node=node,
+        )
+    from sqlalchemy import select
+
+    from sniffer.store.models import streams
+
+    stmt = select(*(streams.c[c] for c in _STREAM_COLUMNS))
     if stream_ids is not None:
         stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
     elif not include_http:
@@ -374,8 +401,122 @@ def _select_streams(
         return [dict(m) for m in conn.execute(stmt).mappings()]
 
 
+def _select_sqlite(
+    store: SqliteFile,
+    *,
+    stream_ids: Sequence[int] | None,
+    label: str | None,
+    model: str | None,
+    state: str | None,
+    include_http: bool,
+    node: str | None,
+) -> list[dict[str, Any]]:
+    """``_select_streams`` through the stdlib driver (booleans read back as ``bool``)."""
+    where: list[str] = []
+    params: list[Any] = []
+    if stream_ids is not None:
+        if not stream_ids:
+            return []
+        where.append(f"id IN {_in(stream_ids)}")
+        params.extend(stream_ids)
+    elif not include_http:
+        where.append("dialect IS NOT NULL AND dialect != ?")
+        params.append(PLAIN_HTTP)
+    for col, value in (("label", label), ("node", node), ("model", model), ("state", state)):
+        if value is not None:
+            where.append(f"{col} = ?")
+            params.append(value)
+    sql = f"SELECT {', '.join(_STREAM_COLUMNS)} FROM streams"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    out = []
+    for row in store.query(sql + " ORDER BY t_request, id", params):
+        d = dict(zip(_STREAM_COLUMNS, row, strict=True))
+        for col in _STREAM_FLAGS:
+            if d[col] is not None:
+                d[col] = bool(d[col])
+        out.append(d)
+    return out
+
+
+def _pending(store: SqliteFile, ids: Sequence[int]) -> int:
+    """How many of these streams the token pass would tokenize (closed LLM streams
+    without a token row: ``sniffer.record.tokenize_pass``'s pending filter)."""
+    count = 0
+    for start in range(0, len(ids), 500):
+        part = ids[start : start + 500]
+        count += store.scalar(
+            "SELECT count(*) FROM streams LEFT OUTER JOIN stream_tokens "
+            "ON stream_tokens.stream_id = streams.id "
+            "WHERE streams.closed_at IS NOT NULL AND streams.state != 'open' "
+            "AND streams.dialect IS NOT NULL AND streams.dialect != ? "
+            f"AND stream_tokens.stream_id IS NULL AND streams.id IN {_in(part)}",
+            [PLAIN_HTTP, *part],
+        )
+    return count
+
+
+def _tokenize(
+    engine: Engine | SqliteFile, registry: TokenizerRegistry, ids: list[int], batch: int
+) -> int:
+    """Tokenize the streams among ``ids`` that have no token rows; how many it did.
+    A SQLite file with none to do needs no engine (nor SQLAlchemy)."""
+    if isinstance(engine, SqliteFile):
+        if not _pending(engine, ids):
+            return 0
+        from sniffer.store.writer import make_engine
+
+        made = make_engine(engine.url)
+        try:
+            return _tokenize(made, registry, ids, batch)
+        finally:
+            made.dispose()
+    from sniffer.record.tokenize_pass import tokenize_db
+
+    return tokenize_db(engine, registry, batch=batch, stream_ids=ids).streams
+
+
+def _chunks_and_tokens(
+    engine: Engine | SqliteFile, ids: list[int]
+) -> tuple[dict[int, list[tuple[int, int, int, str]]], dict[int, StreamTokenRow]]:
+    """(seq, choice, chunk_index, text) of the chunks of these streams in capture
+    order, and their token rows."""
+    by_stream: dict[int, list[tuple[int, int, int, str]]] = {}
+    if isinstance(engine, SqliteFile):
+        rows = engine.query(
+            "SELECT stream_id, seq, choice, chunk_index, text FROM chunks "
+            f"WHERE stream_id IN {_in(ids)} ORDER BY stream_id, seq, id",
+            ids,
+        )
+        token_rows = read_token_rows(engine, ids)
+    else:
+        from sqlalchemy import select
+
+        from sniffer.store.models import chunks
+        from sniffer.store.tokens_store import read_stream_tokens
+
+        with engine.connect() as conn:
+            rows = conn.execute(
+                select(
+                    chunks.c.stream_id,
+                    chunks.c.seq,
+                    chunks.c.choice,
+                    chunks.c.chunk_index,
+                    chunks.c.text,
+                )
+                .where(chunks.c.stream_id.in_(ids))
+                .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
+            ).all()
+            token_rows = read_stream_tokens(conn, ids)
+    for sid, seq, choice, idx, text in rows:
+        by_stream.setdefault(sid, []).append(
+            (seq, choice if choice is not None else -1, idx or 0, text or "")
+        )
+    return by_stream, token_rows
+
+
 def verify_db(
-    engine: Engine,
+    engine: Engine | SqliteFile,
     registry: TokenizerRegistry,
     *,
     stream_ids: Sequence[int] | None = None,
@@ -390,6 +531,8 @@ def verify_db(
 ) -> VerifyReport:
     """Verify the selected streams (all LLM streams when no filter is given).
 
+    ``engine`` is an engine, or a SQLite file at the schema head opened with the
+    standard library's driver (``sniffer.store.writer.open_store``): the same report.
     With ``tokenize`` (the default), closed streams without token rows are
     tokenized first (:func:`sniffer.record.tokenize_pass.tokenize_db`, which writes
     their rows); without it they get a ``not_tokenized`` warning. ``tokens``
@@ -408,28 +551,10 @@ def verify_db(
     )
     report = VerifyReport(source=str(engine.url))
     if tokenize and rows:
-        done = tokenize_db(engine, registry, batch=batch, stream_ids=[r["id"] for r in rows])
-        report.tokenized = done.streams
+        report.tokenized = _tokenize(engine, registry, [r["id"] for r in rows], batch)
     for start in range(0, len(rows), batch):
         part = rows[start : start + batch]
-        ids = [r["id"] for r in part]
-        by_stream: dict[int, list[tuple[int, int, int, str]]] = {}
-        with engine.connect() as conn:
-            for sid, seq, choice, idx, text in conn.execute(
-                select(
-                    chunks.c.stream_id,
-                    chunks.c.seq,
-                    chunks.c.choice,
-                    chunks.c.chunk_index,
-                    chunks.c.text,
-                )
-                .where(chunks.c.stream_id.in_(ids))
-                .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
-            ):
-                by_stream.setdefault(sid, []).append(
-                    (seq, choice if choice is not None else -1, idx or 0, text or "")
-                )
-            token_rows = read_stream_tokens(conn, ids)
+        by_stream, token_rows = _chunks_and_tokens(engine, [r["id"] for r in part])
         for r in part:
             v = _verify_stream(r, by_stream.get(r["id"], []), token_rows.get(r["id"]))
             if v.prompt_tokens is not None:

@@ -484,6 +484,16 @@ class SqliteFile:
                 raise
             conn.commit()
 
+    @property
+    def url(self) -> str:
+        """The file's SQLAlchemy URL (what ``str(make_engine(path).url)`` says)."""
+        return f"sqlite:///{self.path}"
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """All rows of a query, as the driver returns them (tuples; booleans as 0/1)."""
+        with self._lock:
+            return self._connection().execute(sql, params).fetchall()
+
     def scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """The first column of the first row of a query (None without a row)."""
         with self._lock:

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson as _orjson
@@ -76,6 +75,13 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 
 from sniffer.store.models import Id, metadata
+from sniffer.store.token_rows import (  # the row values live without SQLAlchemy
+    ChoiceTokenRow,
+    StreamTokenRow,
+    TokenAnomalyRow,
+    _int_keys,
+    _loads,
+)
 
 __all__ = [
     "ChoiceTokenRow",
@@ -160,47 +166,6 @@ def _dumps(value: Any) -> str:
         return text
     except (TypeError, _orjson.JSONEncodeError):  # what orjson refuses, json may take
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-@dataclass(frozen=True, slots=True)
-class ChoiceTokenRow:
-    choice: int
-    text_len: int
-    text_hash: str
-    output_ids: tuple[int, ...]
-    chunk_seqs: tuple[int, ...]
-    chunk_counts: tuple[int, ...]
-    straddle_seqs: tuple[int, ...]
-    tokens_per_chunk: dict[int, int]
-    server_tokens: tuple[str, ...] | None = None
-    server_ids: tuple[int | None, ...] | None = None
-    server_mismatch: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TokenAnomalyRow:
-    choice: int
-    kind: str
-    position: int | None
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class StreamTokenRow:
-    stream_id: int
-    tokenizer: str | None
-    is_default: bool
-    prompt_ids: tuple[int, ...] | None
-    usage_diff: dict[str, int] = field(default_factory=dict)
-    tokens_per_chunk: dict[int, int] = field(default_factory=dict)
-    anomaly_count: int = 0
-    error: str | None = None
-    choices: tuple[ChoiceTokenRow, ...] = ()
-    anomalies: tuple[TokenAnomalyRow, ...] = ()
-
-    @property
-    def output_count(self) -> int:
-        return sum(len(c.output_ids) for c in self.choices)
 
 
 _STREAM_COLUMNS = (
@@ -326,27 +291,6 @@ def delete_token_rows(conn: Connection, stream_ids: Iterable[int] | None = None)
         if stream_ids is not None:
             stmt = stmt.where(table.c.stream_id.in_(list(stream_ids)))
         conn.execute(stmt)
-
-
-def _loads(text: str | None, default: Any) -> Any:
-    if text is None:
-        return default
-    try:
-        return json.loads(text)
-    except ValueError:
-        return default
-
-
-def _int_keys(d: Any) -> dict[int, int]:
-    if not isinstance(d, dict):
-        return {}
-    out: dict[int, int] = {}
-    for k, v in d.items():
-        try:
-            out[int(k)] = int(v)
-        except (TypeError, ValueError):
-            continue
-    return dict(sorted(out.items()))
 
 
 def read_stream_tokens(
