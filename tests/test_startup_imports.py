@@ -104,24 +104,59 @@ def test_replay_with_tokens_at_schema_head(db: Path, tmp_path: Path) -> None:
     assert heavy(mods, NEVER) == []  # schema at head: no Alembic
 
 
-@pytest.mark.parametrize("command", ["stats", "verify"])
-def test_readers(command: str, db: Path, tmp_path: Path) -> None:
-    mods = loaded([command, "--db", str(db)], tmp_path)
-    assert "sqlalchemy" in mods  # it did read the database
-    assert heavy(mods, (*NEVER, "prometheus_client", "sniffer.record.otlp")) == []
-
-
-@pytest.mark.parametrize("command", [["streams"], ["show", "1"]])
-def test_sqlite_readers_need_no_sqlalchemy(command: list[str], db: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("command", "reader"),
+    [
+        (["streams"], "sniffer.store.queries"),
+        (["show", "1"], "sniffer.store.queries"),
+        (["stats"], "sniffer.reports.stats"),
+        (["verify", "--no-tokenize"], "sniffer.reports.verify"),
+    ],
+)
+def test_sqlite_readers_need_no_sqlalchemy(
+    command: list[str], reader: str, db: Path, tmp_path: Path
+) -> None:
     """A SQLite file at the schema head is read through the stdlib driver."""
     mods = loaded([*command, "--db", str(db)], tmp_path)
-    assert {"sqlite3", "sniffer.store.lite", "sniffer.store.queries"} <= mods  # it did read
+    assert {"sqlite3", "sniffer.store.lite", reader} <= mods  # it did read
     assert heavy(mods, (*NEVER, "sqlalchemy", "prometheus_client", "sniffer.record.otlp")) == []
 
 
 def test_streams_loads_no_tokenizer(db: Path, tmp_path: Path) -> None:
     mods = loaded(["streams", "--db", str(db)], tmp_path)
     assert heavy(mods, ("tokenizers", "sniffer.llm.tokens")) == []
+
+
+def test_stats_without_repeats_loads_no_tokenizer(db: Path, tmp_path: Path) -> None:
+    """stats encodes only outputs it compares: one stream, nothing to compare."""
+    mods = loaded(["stats", "--db", str(db)], tmp_path)
+    assert "sniffer.reports.stats" in mods  # it did run
+    assert heavy(mods, ("tokenizers",)) == []
+
+
+def test_verify_of_a_tokenized_file_loads_no_tokenizer(db: Path, tmp_path: Path) -> None:
+    """verify reads the token rows the pass stored; it tokenizes (SQLAlchemy, the
+    tokenizer) only streams that have none."""
+    copy = tmp_path / "v.db"
+    args = ["replay", "-q", "--no-tokens", str(PCAP), "--db", str(copy)]
+    subprocess.run(
+        [sys.executable, "-m", "sniffer.cli", *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+        capture_output=True,
+    )
+    first = loaded(["verify", "--db", str(copy)], tmp_path)  # no token rows: tokenizes
+    assert {"tokenizers", "sqlalchemy"} <= first
+    again = loaded(["verify", "--db", str(copy)], tmp_path)
+    assert heavy(again, ("tokenizers", "sqlalchemy")) == []
+
+
+def test_replay_into_a_new_file_needs_no_alembic(tmp_path: Path) -> None:
+    """A new SQLite file is created at the schema head with the stdlib driver."""
+    mods = loaded(["replay", "-q", "--no-tokens", str(PCAP), "--db", "new.db"], tmp_path)
+    assert "sniffer.core.pipeline" in mods and (tmp_path / "new.db").exists()
+    assert heavy(mods, (*NEVER, "sqlalchemy", "tokenizers")) == []
 
 
 def test_run_print_config(tmp_path: Path) -> None:

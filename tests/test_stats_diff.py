@@ -919,3 +919,102 @@ def test_end_to_end_with_the_daemon_capturing_both_ports(tmp_path: Path) -> None
     res = _diff_cli(db, "--baseline", "baseline", "--candidate", "sparse",
                     "--fail-if", "identical_ratio < 0.95")  # fmt: skip
     assert res.exit_code == 1 and "verdict: FAIL" in res.output
+
+
+# ------------------------------------------- SQLite through the stdlib driver
+
+#: Fixtures replayed into the comparison database: several dialects (whole-message
+#: ones too), n > 1, server tokens (TGI), logprobs, errors, cut and mid-way streams.
+STDLIB_FIXTURES = (
+    "chat_english",
+    "chat_cjk",
+    "n2",
+    "include_usage",
+    "dialect_responses_stream",
+    "dialect_anthropic_stream",
+    "dialect_tgi_stream",
+    "dialect_ollama_stream",
+    "error_midstream",
+    "client_abort",
+    "keepalive_3",
+    "fffd",
+)
+
+
+@pytest.fixture(scope="module")
+def replayed_db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Every fixture twice under label ``a`` (repeats: groups to compare) and once
+    under ``b`` (a singleton each); one extra stream with a different text."""
+    db = str(tmp_path_factory.mktemp("stdlib") / "r.db")
+    for name in STDLIB_FIXTURES:
+        for label in ("a", "a", "b"):
+            _replay_as(name, db, label)
+    extra = Db(Path(db))
+    extra.next_id = 10_000
+    extra.stream("a", "p1", A)
+    extra.stream("a", "p1", B)
+    extra.close()
+    return db
+
+
+def test_stats_through_the_stdlib_driver_is_the_same(replayed_db: str) -> None:
+    """``stats`` reads a SQLite file at head without SQLAlchemy (``open_store``):
+    outputs, report, text and JSON are what the engine gives, whatever the filters."""
+    from sniffer.reports.stats import count_midway
+    from sniffer.store.lite import SqliteFile
+    from sniffer.store.writer import open_store
+
+    store = open_store(replayed_db)
+    assert isinstance(store, SqliteFile)
+    engine = make_engine(replayed_db)
+    cases: list[dict[str, Any]] = [
+        {},
+        {"include_incomplete": True},
+        {"labels": ["a"]},
+        {"labels": ["b", "zz"], "include_incomplete": True},
+        {"labels": []},
+        {"model": "fake"},
+        {"node": "nope"},
+    ]
+    try:
+        for kw in cases:
+            outs = load_outputs(store, registry=REGISTRY, **kw)
+            assert outs == load_outputs(engine, registry=REGISTRY, **kw), kw
+            a, b = stats(store, registry=REGISTRY, **kw), stats(engine, registry=REGISTRY, **kw)
+            assert stats_json(a) == stats_json(b), kw
+            assert format_stats(a) == format_stats(b), kw
+            if "node" not in kw:
+                assert count_midway(store, labels=kw.get("labels"), model=kw.get("model")) == (
+                    count_midway(engine, labels=kw.get("labels"), model=kw.get("model"))
+                )
+        report = stats(store, registry=REGISTRY, include_incomplete=True)
+        assert report.groups and not all(g.deterministic for g in report.groups)
+        assert any(o.server_ids for o in load_outputs(store, registry=REGISTRY))
+        assert report.summary["midway_left_out"] == count_midway(engine)
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def test_stats_encodes_only_the_outputs_it_compares(replayed_db: str, tmp_path: Path) -> None:
+    """``stats`` tokenizes only outputs that share their fingerprint (repeats_only):
+    the report is the one of encoding everything, and a store without repeats is
+    reported without loading the built-in default tokenizer."""
+    from sniffer.reports.stats import compute_stats
+
+    engine = make_engine(replayed_db)
+    for kw in ({}, {"include_incomplete": True}, {"labels": ["b"]}):
+        everything = compute_stats(load_outputs(engine, registry=REGISTRY, **kw))
+        everything.summary["midway_left_out"] = stats(engine, registry=REGISTRY, **kw).summary[
+            "midway_left_out"
+        ]
+        assert stats_json(stats(engine, registry=REGISTRY, **kw)) == stats_json(everything)
+    engine.dispose()
+
+    db = Db(tmp_path / "single.db")
+    db.stream("a", "p1", A)
+    db.stream("a", "p2", B)
+    fresh = TokenizerRegistry()
+    report = stats(make_engine(db.close()), registry=fresh)
+    assert report.singletons == 2 and not report.groups
+    assert fresh._loaded == {}  # nothing to compare: no tokenizer loaded

@@ -20,6 +20,7 @@ from sniffer.cli.common import (
     make_registry,
     node_option,
     open_engine,
+    open_store,
     tokenizer_options,
 )
 
@@ -212,7 +213,7 @@ def stats(
 
     registry = make_registry(tokenizers, default_tokenizer)
     with library_errors():
-        engine = open_engine(db)
+        engine = open_store(db)  # a SQLite file at head: no SQLAlchemy
         report = run_stats(
             engine,
             labels=list(labels) or None,

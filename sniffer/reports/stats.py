@@ -40,6 +40,11 @@ figures per output:
   by the tokens that came after the first chunk; ``None`` with fewer than two
   text chunks.
 
+``stats`` compares only outputs that share their fingerprint with another one:
+it encodes only those (``build_outputs(..., repeats_only=True)``), so a store
+without repeats is reported without loading the built-in default tokenizer
+(the outputs it leaves out keep ``ids == ()``; the report is the same).
+
 By default only streams in state ``complete`` count (a cut or gapped stream
 would look like a different output); ``include_incomplete`` takes them all,
 except streams recovered mid-way (state ``midway``: request and first tokens
@@ -54,16 +59,19 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any
-
-from sqlalchemy import Engine, func, select
+from typing import TYPE_CHECKING, Any
 
 from sniffer.llm.fingerprint import fingerprint
 from sniffer.llm.logprobs import TokenLogprob, output_logprobs
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
 from sniffer.reports.align import longest_common_prefix
-from sniffer.store.models import PLAIN_HTTP, chunks, streams
-from sniffer.store.tokens_store import choice_tokens
+from sniffer.store.lite import PLAIN_HTTP, SqliteFile
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+# A SQLite file at the schema head (``sniffer.store.writer.open_store``) is read
+# through the standard library's driver; SQLAlchemy loads only for an engine.
 
 __all__ = [
     "PREVIEW_CHARS",
@@ -187,17 +195,30 @@ def _tokenizer(registry: TokenizerRegistry, model: str | None) -> LoadedTokenize
         return None
 
 
+def _lazy_default(registry: TokenizerRegistry, model: str | None) -> bool:
+    """``model`` gets the built-in default tokenizer (none configured for it, no
+    default given): the one :func:`_tokenizer` may load late, or not at all."""
+    return registry.match(model) is None and registry.default_source is None
+
+
 def build_outputs(
     stream_rows: Iterable[Mapping[str, Any]],
     chunk_rows: Iterable[Sequence[Any]],
     registry: TokenizerRegistry,
     server_rows: Iterable[Sequence[Any]] = (),
+    *,
+    repeats_only: bool = False,
 ) -> list[Output]:
     """Outputs from ``streams`` rows and chunk tuples ``(stream_id, choice, text,
     ts, finish_reason[, logprobs])`` in (stream_id, seq) order; ``server_rows`` are
     ``(stream_id, choice, server_tokens, server_ids)`` JSON texts of the token
     pass. Pure apart from the registry loading tokenizers on first use (a
-    configured tokenizer that fails raises TokenizerLoadError)."""
+    configured tokenizer that fails raises TokenizerLoadError).
+
+    ``repeats_only``: token ids, timings and the tokenizer only for the outputs
+    :func:`compute_stats` compares (text kept, fingerprint shared with another
+    such output); the others keep ``ids == ()`` and no tokenizer, and the built-in
+    default tokenizer loads only if an output to encode needs it."""
     texts: dict[int, dict[int, list[tuple[str, float | None]]]] = {}
     finishes: dict[int, dict[int, str]] = {}
     lps: dict[tuple[int, int], list[str | None]] = {}  # logprobs of each chunk, in order
@@ -231,7 +252,7 @@ def build_outputs(
         pfp = fingerprint(row, with_label=False, with_model=False)
         mfp = fingerprint(row, with_label=False)
         model = row.get("model")
-        if model not in toks:
+        if model not in toks and not (repeats_only and _lazy_default(registry, model)):
             toks[model] = _tokenizer(registry, model)
         by_choice = texts.get(sid, {})
         finish = _finish_map(row.get("finish_reasons"))
@@ -273,7 +294,7 @@ def build_outputs(
                 ttft=ttft,
                 itl=None,
                 tokens_per_chunk=(),
-                tokenizer=toks[model],
+                tokenizer=toks.get(model),
                 model_pair_key=mfp.key,
                 dialect=dialect,
                 text_kept=kept,
@@ -285,6 +306,15 @@ def build_outputs(
             )
             pending.append((out, pieces))
 
+    if repeats_only:
+        shared = Counter(o.key for o, _ in pending if o.text_kept)
+        for out, _ in pending:
+            if not out.text_kept or shared[out.key] < 2:
+                out.tokenizer = None
+            elif out.model not in toks:  # the built-in default, left until needed
+                out.tokenizer = toks[out.model] = _tokenizer(registry, out.model)
+            else:
+                out.tokenizer = toks[out.model]
     by_tok: dict[int, list[int]] = {}
     for i, (out, _) in enumerate(pending):
         if out.tokenizer is not None and out.text:
@@ -314,17 +344,103 @@ def build_outputs(
     return [p[0] for p in pending]
 
 
-def load_outputs(
+#: The stream columns the outputs are built from, in this order.
+_STREAM_COLUMNS = (
+    "id",
+    "label",
+    "model",
+    "request_json",
+    "temperature",
+    "top_p",
+    "seed",
+    "n",
+    "max_tokens",
+    "t_request",
+    "t_first_content",
+    "finish_reasons",
+    "state",
+    "dialect",
+    "text_kept",
+)
+
+
+def _sqlite_where(
+    labels: Sequence[str] | None,
+    model: str | None,
+    include_incomplete: bool,
+    node: str | None,
+) -> tuple[str, list[Any]]:
+    """The stream filter of :func:`load_outputs` as SQLite text and parameters."""
+    where = ["streams.dialect IS NOT NULL", "streams.dialect != ?"]
+    params: list[Any] = [PLAIN_HTTP]
+    if node is not None:
+        where.append("streams.node = ?")
+        params.append(node)
+    if labels is not None:
+        where.append(f"streams.label IN ({', '.join('?' * len(labels))})")
+        params.extend(labels)
+    if model is not None:
+        where.append("streams.model = ?")
+        params.append(model)
+    if not include_incomplete:
+        where.append("streams.state = 'complete'")
+    else:
+        where.append("streams.state IS NOT 'midway'")  # NULL included: IS DISTINCT FROM
+    return " AND ".join(where), params
+
+
+def _load_sqlite(
+    store: SqliteFile,
+    labels: Sequence[str] | None,
+    model: str | None,
+    include_incomplete: bool,
+    node: str | None,
+) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
+    """Stream rows, chunk tuples and server token tuples through the stdlib driver."""
+    if labels is not None and not labels:
+        return [], [], []
+    where, params = _sqlite_where(labels, model, include_incomplete, node)
+    rows = []
+    for values in store.query(
+        f"SELECT {', '.join(_STREAM_COLUMNS)} FROM streams WHERE {where} "
+        "ORDER BY streams.t_request, streams.id",
+        params,
+    ):
+        row = dict(zip(_STREAM_COLUMNS, values, strict=True))
+        if row["text_kept"] is not None:
+            row["text_kept"] = bool(row["text_kept"])
+        rows.append(row)
+    chunk_rows = store.query(
+        "SELECT chunks.stream_id, chunks.choice, chunks.text, chunks.ts, "
+        "chunks.finish_reason, chunks.logprobs FROM chunks "
+        f"JOIN streams ON streams.id = chunks.stream_id WHERE {where} AND "
+        "(chunks.text != '' OR chunks.finish_reason IS NOT NULL OR chunks.logprobs IS NOT NULL) "
+        "ORDER BY chunks.stream_id, chunks.seq, chunks.id",
+        params,
+    )
+    server_rows = store.query(
+        "SELECT choice_tokens.stream_id, choice_tokens.choice, choice_tokens.server_tokens, "
+        "choice_tokens.server_ids FROM choice_tokens "
+        f"JOIN streams ON streams.id = choice_tokens.stream_id WHERE {where} "
+        "AND choice_tokens.server_count IS NOT NULL",
+        params,
+    )
+    return rows, chunk_rows, server_rows
+
+
+def _load_engine(
     engine: Engine,
-    *,
-    labels: Sequence[str] | None = None,
-    model: str | None = None,
-    registry: TokenizerRegistry | None = None,
-    include_incomplete: bool = False,
-    node: str | None = None,
-) -> list[Output]:
-    """Outputs of the LLM streams in the store (``dialect`` other than ``http``),
-    optionally only those with one of ``labels`` / of ``model`` / captured by ``node``."""
+    labels: Sequence[str] | None,
+    model: str | None,
+    include_incomplete: bool,
+    node: str | None,
+) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
+    """Stream rows, chunk tuples and server token tuples through SQLAlchemy."""
+    from sqlalchemy import select
+
+    from sniffer.store.models import chunks, streams
+    from sniffer.store.tokens_store import choice_tokens
+
     cond = [streams.c.dialect.is_not(None), streams.c.dialect != PLAIN_HTTP]
     if node is not None:
         cond.append(streams.c.node == node)
@@ -336,23 +452,7 @@ def load_outputs(
         cond.append(streams.c.state == "complete")
     else:
         cond.append(streams.c.state.is_distinct_from("midway"))
-    cols = [
-        streams.c.id,
-        streams.c.label,
-        streams.c.model,
-        streams.c.request_json,
-        streams.c.temperature,
-        streams.c.top_p,
-        streams.c.seed,
-        streams.c.n,
-        streams.c.max_tokens,
-        streams.c.t_request,
-        streams.c.t_first_content,
-        streams.c.finish_reasons,
-        streams.c.state,
-        streams.c.dialect,
-        streams.c.text_kept,
-    ]
+    cols = [streams.c[c] for c in _STREAM_COLUMNS]
     s_stmt = select(*cols).where(*cond).order_by(streams.c.t_request, streams.c.id)
     c_stmt = (
         select(
@@ -385,9 +485,38 @@ def load_outputs(
     )
     with engine.connect() as conn:
         rows = [dict(r._mapping) for r in conn.execute(s_stmt)]
-        chunk_rows = conn.execute(c_stmt).tuples().all()
-        server_rows = conn.execute(t_stmt).tuples().all()
-    return build_outputs(rows, chunk_rows, registry or TokenizerRegistry(), server_rows)
+        chunk_rows = list(conn.execute(c_stmt).tuples().all())
+        server_rows = list(conn.execute(t_stmt).tuples().all())
+    return rows, chunk_rows, server_rows
+
+
+def load_outputs(
+    engine: Engine | SqliteFile,
+    *,
+    labels: Sequence[str] | None = None,
+    model: str | None = None,
+    registry: TokenizerRegistry | None = None,
+    include_incomplete: bool = False,
+    node: str | None = None,
+    repeats_only: bool = False,
+) -> list[Output]:
+    """Outputs of the LLM streams in the store (``dialect`` other than ``http``),
+    optionally only those with one of ``labels`` / of ``model`` / captured by ``node``.
+    ``engine`` is an engine, or a SQLite file at the schema head opened with the
+    standard library's driver (``sniffer.store.writer.open_store``): the same outputs.
+    ``repeats_only``: see :func:`build_outputs`."""
+    if isinstance(engine, SqliteFile):
+        loaded = _load_sqlite(engine, labels, model, include_incomplete, node)
+    else:
+        loaded = _load_engine(engine, labels, model, include_incomplete, node)
+    rows, chunk_rows, server_rows = loaded
+    return build_outputs(
+        rows,
+        chunk_rows,
+        registry or TokenizerRegistry(),
+        server_rows,
+        repeats_only=repeats_only,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -537,7 +666,7 @@ def _summary(groups: Sequence[Group], singletons: int) -> dict[str, Any]:
 
 
 def stats(
-    engine: Engine,
+    engine: Engine | SqliteFile,
     *,
     labels: Sequence[str] | None = None,
     model: str | None = None,
@@ -556,6 +685,7 @@ def stats(
             registry=registry,
             include_incomplete=include_incomplete,
             node=node,
+            repeats_only=True,  # only what compute_stats compares is encoded
         ),
         near_tie_margin=near_tie_margin,
     )
@@ -564,9 +694,30 @@ def stats(
 
 
 def count_midway(
-    engine: Engine, *, labels: Sequence[str] | None = None, model: str | None = None
+    engine: Engine | SqliteFile,
+    *,
+    labels: Sequence[str] | None = None,
+    model: str | None = None,
 ) -> int:
     """LLM streams recovered mid-way (state ``midway``) that stats leaves out."""
+    if isinstance(engine, SqliteFile):
+        if labels is not None and not labels:
+            return 0
+        where = ["state = 'midway'", "dialect IS NOT NULL", "dialect != ?"]
+        params: list[Any] = [PLAIN_HTTP]
+        if labels is not None:
+            where.append(f"label IN ({', '.join('?' * len(labels))})")
+            params.extend(labels)
+        if model is not None:
+            where.append("model = ?")
+            params.append(model)
+        return int(
+            engine.scalar(f"SELECT count(*) FROM streams WHERE {' AND '.join(where)}", params)
+        )
+    from sqlalchemy import func, select
+
+    from sniffer.store.models import streams
+
     cond = [streams.c.state == "midway", streams.c.dialect.is_not(None)]
     cond.append(streams.c.dialect != PLAIN_HTTP)
     if labels is not None:

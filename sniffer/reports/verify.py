@@ -482,6 +482,7 @@ def _chunks_and_tokens(
     """(seq, choice, chunk_index, text) of the chunks of these streams in capture
     order, and their token rows."""
     by_stream: dict[int, list[tuple[int, int, int, str]]] = {}
+    rows: Sequence[Any]
     if isinstance(engine, SqliteFile):
         rows = engine.query(
             "SELECT stream_id, seq, choice, chunk_index, text FROM chunks "
