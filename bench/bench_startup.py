@@ -5,10 +5,18 @@
 - ``replay``: the first packet of the capture handed to the pipeline (a probe
   wraps ``read_capture``; the database exists and is at the schema head).
 - ``replay --no-tokens``: the same, without a tokenizer.
+- ``replay (new file)``: the same into a database file that does not exist yet
+  (deleted before every run): its schema is created first.
 - ``run``: the capture source about to open (a probe wraps
   ``AfPacketSource.open`` and exits there; no root needed).
 - ``streams``, ``stats``, ``verify``, ``show``: the whole command on a
-  one-stream database (its work is one or two queries).
+  one-stream database (its work is one or two queries; ``verify`` reads the
+  token rows the replay stored, ``stats`` has no repeats to compare).
+- ``stats (repeats)``: on a database holding the capture twice (one group of
+  two outputs to compare), to its first useful work: the outputs read from the
+  store (a probe wraps ``build_outputs``); then the whole command, which loads
+  and runs the tokenizer to compare them (``stats`` encodes the stored text:
+  token ids, fork position and fork text need the tokenizer).
 - ``--help``: the whole command.
 
 Each figure is the best of ``--runs`` child processes, with byte-code cached
@@ -66,6 +74,9 @@ if mode == "first-packet":
         return Reader(real(path))
 
     pcap.read_capture = read_capture
+elif mode == "outputs-read":
+    import sniffer.reports.stats as stats_mod
+    stats_mod.build_outputs = lambda *a, **k: hit("outputs read")
 elif mode == "capture-open":
     import sniffer.capture.afpacket as afp
     afp.AfPacketSource.open = lambda self: hit("capture open")
@@ -92,11 +103,17 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def measure(mode: str, args: list[str], env: dict[str, str], tmp: str) -> tuple[float, float, str]:
-    """(wall, cpu, what) from process start to the probe (or to exit)."""
+def measure(
+    mode: str, args: list[str], env: dict[str, str], tmp: str, fresh: str | None = None
+) -> tuple[float, float, str]:
+    """(wall, cpu, what) from process start to the probe (or to exit); ``fresh``:
+    a database file deleted first (with its -wal/-shm)."""
     out = os.path.join(tmp, "probe.json")
     if os.path.exists(out):
         os.unlink(out)
+    for path in (fresh, f"{fresh}-wal", f"{fresh}-shm") if fresh else ():
+        if os.path.exists(path):
+            os.unlink(path)
     cpu0 = _children_cpu()
     t0 = time.time()
     subprocess.run(
@@ -132,35 +149,51 @@ def main() -> int:
             text=True,
             check=False,
         ).stdout.strip()
-        # Fills the database (schema at head, one stream) and the byte-code cache.
-        subprocess.run(
-            [sys.executable, "-m", "sniffer.cli", "replay", "-q", ns.capture, "--db", db],
-            env=env,
-            cwd=tmp,
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        cases: list[tuple[str, str, list[str]]] = [
-            ("--help", "whole", ["--help"]),
-            ("replay", "first-packet", ["replay", "-q", ns.capture, "--db", db]),
+        new_db = os.path.join(tmp, "new.db")
+        twice = os.path.join(tmp, "twice.db")
+        # Fill the databases (schema at head; one stream, and the capture twice)
+        # and the byte-code cache.
+        for target, times in ((db, 1), (twice, 2)):
+            fill = ["replay", "-q", ns.capture, "--db", target]
+            for _ in range(times):
+                subprocess.run(
+                    [sys.executable, "-m", "sniffer.cli", *fill],
+                    env=env,
+                    cwd=tmp,
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+        # (name, probe mode, arguments, database deleted before each run)
+        cases: list[tuple[str, str, list[str], str | None]] = [
+            ("--help", "whole", ["--help"], None),
+            ("replay", "first-packet", ["replay", "-q", ns.capture, "--db", db], None),
             (
                 "replay --no-tokens",
                 "first-packet",
                 ["replay", "-q", "--no-tokens", ns.capture, "--db", db],
+                None,
             ),
-            ("streams", "whole", ["streams", "--db", db]),
-            ("show", "whole", ["show", "1", "--db", db]),
-            ("stats", "whole", ["stats", "--db", db]),
-            ("verify", "whole", ["verify", "--db", db]),
-            ("run", "capture-open", ["run", "--db", db, "--no-metrics"]),
+            (
+                "replay (new file)",
+                "first-packet",
+                ["replay", "-q", ns.capture, "--db", new_db],
+                new_db,
+            ),
+            ("streams", "whole", ["streams", "--db", db], None),
+            ("show", "whole", ["show", "1", "--db", db], None),
+            ("stats", "whole", ["stats", "--db", db], None),
+            ("stats (repeats)", "outputs-read", ["stats", "--db", twice], None),
+            ("stats (repeats)", "whole", ["stats", "--db", twice], None),
+            ("verify", "whole", ["verify", "--db", db], None),
+            ("run", "capture-open", ["run", "--db", db, "--no-metrics"], None),
         ]
         rows = []
-        for name, mode, args in cases:
-            measure(mode, args, env, tmp)  # warm-up: byte-code cache, page cache
+        for name, mode, args, fresh in cases:
+            measure(mode, args, env, tmp, fresh)  # warm-up: byte-code cache, page cache
             best: tuple[float, float, str] | None = None
             for _ in range(ns.runs):
-                m = measure(mode, args, env, tmp)
+                m = measure(mode, args, env, tmp, fresh)
                 if best is None or m[1] < best[1]:
                     best = m
             assert best is not None

@@ -357,8 +357,8 @@ def test_stdlib_path_tokenizes_what_is_missing(tmp_path: Path) -> None:
     """Streams without token rows are tokenized first on both paths (the stdlib path
     counts them with the token pass's own filter and only then opens an engine)."""
     from sniffer.record.tokenize_pass import pending_count
-    from sniffer.reports.verify import _pending
     from sniffer.store.lite import SqliteFile
+    from sniffer.store.queries import untokenized_count
 
     reports = []
     for i in range(2):
@@ -370,9 +370,9 @@ def test_stdlib_path_tokenizes_what_is_missing(tmp_path: Path) -> None:
         try:
             listed = verify_db(store, REGISTRY, tokenize=False, include_http=True)
             ids = [v.stream_id for v in listed.streams if v.stream_id is not None]
-            assert _pending(store, ids) == pending_count(engine) > 0
+            assert untokenized_count(store, ids) == pending_count(engine) > 0
             reports.append(verify_db(store if i else engine, REGISTRY).to_dict())
-            assert _pending(store, ids) == pending_count(engine) == 0
+            assert untokenized_count(store, ids) == pending_count(engine) == 0
         finally:
             store.close()
             engine.dispose()

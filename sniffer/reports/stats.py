@@ -65,7 +65,8 @@ from sniffer.llm.fingerprint import fingerprint
 from sniffer.llm.logprobs import TokenLogprob, output_logprobs
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
 from sniffer.reports.align import longest_common_prefix
-from sniffer.store.lite import PLAIN_HTTP, SqliteFile
+from sniffer.store import queries
+from sniffer.store.lite import SqliteFile
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -344,152 +345,6 @@ def build_outputs(
     return [p[0] for p in pending]
 
 
-#: The stream columns the outputs are built from, in this order.
-_STREAM_COLUMNS = (
-    "id",
-    "label",
-    "model",
-    "request_json",
-    "temperature",
-    "top_p",
-    "seed",
-    "n",
-    "max_tokens",
-    "t_request",
-    "t_first_content",
-    "finish_reasons",
-    "state",
-    "dialect",
-    "text_kept",
-)
-
-
-def _sqlite_where(
-    labels: Sequence[str] | None,
-    model: str | None,
-    include_incomplete: bool,
-    node: str | None,
-) -> tuple[str, list[Any]]:
-    """The stream filter of :func:`load_outputs` as SQLite text and parameters."""
-    where = ["streams.dialect IS NOT NULL", "streams.dialect != ?"]
-    params: list[Any] = [PLAIN_HTTP]
-    if node is not None:
-        where.append("streams.node = ?")
-        params.append(node)
-    if labels is not None:
-        where.append(f"streams.label IN ({', '.join('?' * len(labels))})")
-        params.extend(labels)
-    if model is not None:
-        where.append("streams.model = ?")
-        params.append(model)
-    if not include_incomplete:
-        where.append("streams.state = 'complete'")
-    else:
-        where.append("streams.state IS NOT 'midway'")  # NULL included: IS DISTINCT FROM
-    return " AND ".join(where), params
-
-
-def _load_sqlite(
-    store: SqliteFile,
-    labels: Sequence[str] | None,
-    model: str | None,
-    include_incomplete: bool,
-    node: str | None,
-) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
-    """Stream rows, chunk tuples and server token tuples through the stdlib driver."""
-    if labels is not None and not labels:
-        return [], [], []
-    where, params = _sqlite_where(labels, model, include_incomplete, node)
-    rows = []
-    for values in store.query(
-        f"SELECT {', '.join(_STREAM_COLUMNS)} FROM streams WHERE {where} "
-        "ORDER BY streams.t_request, streams.id",
-        params,
-    ):
-        row = dict(zip(_STREAM_COLUMNS, values, strict=True))
-        if row["text_kept"] is not None:
-            row["text_kept"] = bool(row["text_kept"])
-        rows.append(row)
-    chunk_rows = store.query(
-        "SELECT chunks.stream_id, chunks.choice, chunks.text, chunks.ts, "
-        "chunks.finish_reason, chunks.logprobs FROM chunks "
-        f"JOIN streams ON streams.id = chunks.stream_id WHERE {where} AND "
-        "(chunks.text != '' OR chunks.finish_reason IS NOT NULL OR chunks.logprobs IS NOT NULL) "
-        "ORDER BY chunks.stream_id, chunks.seq, chunks.id",
-        params,
-    )
-    server_rows = store.query(
-        "SELECT choice_tokens.stream_id, choice_tokens.choice, choice_tokens.server_tokens, "
-        "choice_tokens.server_ids FROM choice_tokens "
-        f"JOIN streams ON streams.id = choice_tokens.stream_id WHERE {where} "
-        "AND choice_tokens.server_count IS NOT NULL",
-        params,
-    )
-    return rows, chunk_rows, server_rows
-
-
-def _load_engine(
-    engine: Engine,
-    labels: Sequence[str] | None,
-    model: str | None,
-    include_incomplete: bool,
-    node: str | None,
-) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
-    """Stream rows, chunk tuples and server token tuples through SQLAlchemy."""
-    from sqlalchemy import select
-
-    from sniffer.store.models import chunks, streams
-    from sniffer.store.tokens_store import choice_tokens
-
-    cond = [streams.c.dialect.is_not(None), streams.c.dialect != PLAIN_HTTP]
-    if node is not None:
-        cond.append(streams.c.node == node)
-    if labels is not None:
-        cond.append(streams.c.label.in_(list(labels)))
-    if model is not None:
-        cond.append(streams.c.model == model)
-    if not include_incomplete:
-        cond.append(streams.c.state == "complete")
-    else:
-        cond.append(streams.c.state.is_distinct_from("midway"))
-    cols = [streams.c[c] for c in _STREAM_COLUMNS]
-    s_stmt = select(*cols).where(*cond).order_by(streams.c.t_request, streams.c.id)
-    c_stmt = (
-        select(
-            chunks.c.stream_id,
-            chunks.c.choice,
-            chunks.c.text,
-            chunks.c.ts,
-            chunks.c.finish_reason,
-            chunks.c.logprobs,
-        )
-        .join(streams, streams.c.id == chunks.c.stream_id)
-        .where(*cond)
-        .where(
-            (chunks.c.text != "")
-            | chunks.c.finish_reason.is_not(None)
-            | chunks.c.logprobs.is_not(None)
-        )
-        .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
-    )
-    t_stmt = (
-        select(
-            choice_tokens.c.stream_id,
-            choice_tokens.c.choice,
-            choice_tokens.c.server_tokens,
-            choice_tokens.c.server_ids,
-        )
-        .join(streams, streams.c.id == choice_tokens.c.stream_id)
-        .where(*cond)
-        .where(choice_tokens.c.server_count.is_not(None))
-    )
-    with engine.connect() as conn:
-        rows = [dict(r._mapping) for r in conn.execute(s_stmt)]
-        chunk_rows = list(conn.execute(c_stmt).tuples().all())
-        server_rows = list(conn.execute(t_stmt).tuples().all())
-    return rows, chunk_rows, server_rows
-
-
 def load_outputs(
     engine: Engine | SqliteFile,
     *,
@@ -505,11 +360,9 @@ def load_outputs(
     ``engine`` is an engine, or a SQLite file at the schema head opened with the
     standard library's driver (``sniffer.store.writer.open_store``): the same outputs.
     ``repeats_only``: see :func:`build_outputs`."""
-    if isinstance(engine, SqliteFile):
-        loaded = _load_sqlite(engine, labels, model, include_incomplete, node)
-    else:
-        loaded = _load_engine(engine, labels, model, include_incomplete, node)
-    rows, chunk_rows, server_rows = loaded
+    rows, chunk_rows, server_rows = queries.output_rows(
+        engine, labels=labels, model=model, include_incomplete=include_incomplete, node=node
+    )
     return build_outputs(
         rows,
         chunk_rows,
@@ -700,34 +553,7 @@ def count_midway(
     model: str | None = None,
 ) -> int:
     """LLM streams recovered mid-way (state ``midway``) that stats leaves out."""
-    if isinstance(engine, SqliteFile):
-        if labels is not None and not labels:
-            return 0
-        where = ["state = 'midway'", "dialect IS NOT NULL", "dialect != ?"]
-        params: list[Any] = [PLAIN_HTTP]
-        if labels is not None:
-            where.append(f"label IN ({', '.join('?' * len(labels))})")
-            params.extend(labels)
-        if model is not None:
-            where.append("model = ?")
-            params.append(model)
-        return int(
-            engine.scalar(f"SELECT count(*) FROM streams WHERE {' AND '.join(where)}", params)
-        )
-    from sqlalchemy import func, select
-
-    from sniffer.store.models import streams
-
-    cond = [streams.c.state == "midway", streams.c.dialect.is_not(None)]
-    cond.append(streams.c.dialect != PLAIN_HTTP)
-    if labels is not None:
-        cond.append(streams.c.label.in_(list(labels)))
-    if model is not None:
-        cond.append(streams.c.model == model)
-    with engine.connect() as conn:
-        return int(
-            conn.execute(select(func.count()).select_from(streams).where(*cond)).scalar_one()
-        )
+    return queries.count_midway(engine, labels=labels, model=model)
 
 
 # ---------------------------------------------------------------------------

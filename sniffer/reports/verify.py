@@ -69,14 +69,9 @@ from sniffer.llm.tokens import (
     analyze_streams,
     prompt_method,
 )
-from sniffer.store.lite import PLAIN_HTTP, SqliteFile
-from sniffer.store.token_rows import (
-    ChoiceTokenRow,
-    StreamTokenRow,
-    TokenAnomalyRow,
-    read_token_rows,
-    text_hash,
-)
+from sniffer.store import queries
+from sniffer.store.lite import SqliteFile
+from sniffer.store.token_rows import ChoiceTokenRow, StreamTokenRow, TokenAnomalyRow, text_hash
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -337,132 +332,13 @@ def _prompt_method(registry: TokenizerRegistry, model: str | None, raw: Any) -> 
 # ---------------------------------------------------------------------------
 
 
-#: The stream columns verify reads, in this order.
-_STREAM_COLUMNS = (
-    "id",
-    "label",
-    "model",
-    "dialect",
-    "state",
-    "reason",
-    "done_seen",
-    "gap",
-    "chunk_count",
-    "text_len",
-    "text_kept",
-    "request_json",
-)
-_STREAM_FLAGS = ("done_seen", "gap", "text_kept")
-
-
-def _in(ids: Sequence[int]) -> str:
-    return f"({', '.join('?' * len(ids))})"
-
-
-def _select_streams(
-    engine: Engine | SqliteFile,
-    *,
-    stream_ids: Sequence[int] | None,
-    label: str | None,
-    model: str | None,
-    state: str | None,
-    include_http: bool,
-    node: str | None = None,
-) -> list[dict[str, Any]]:
-    if isinstance(engine, SqliteFile):
-        return _select_sqlite(
-            engine,
-            stream_ids=stream_ids,
-            label=label,
-            model=model,
-            state=state,
-            include_http=include_http,
-            node=node,
-        )
-    from sqlalchemy import select
-
-    from sniffer.store.models import streams
-
-    stmt = select(*(streams.c[c] for c in _STREAM_COLUMNS))
-    if stream_ids is not None:
-        stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
-    elif not include_http:
-        stmt = stmt.where(streams.c.dialect.is_not(None), streams.c.dialect != PLAIN_HTTP)
-    if label is not None:
-        stmt = stmt.where(streams.c.label == label)
-    if node is not None:
-        stmt = stmt.where(streams.c.node == node)
-    if model is not None:
-        stmt = stmt.where(streams.c.model == model)
-    if state is not None:
-        stmt = stmt.where(streams.c.state == state)
-    stmt = stmt.order_by(streams.c.t_request, streams.c.id)
-    with engine.connect() as conn:
-        return [dict(m) for m in conn.execute(stmt).mappings()]
-
-
-def _select_sqlite(
-    store: SqliteFile,
-    *,
-    stream_ids: Sequence[int] | None,
-    label: str | None,
-    model: str | None,
-    state: str | None,
-    include_http: bool,
-    node: str | None,
-) -> list[dict[str, Any]]:
-    """``_select_streams`` through the stdlib driver (booleans read back as ``bool``)."""
-    where: list[str] = []
-    params: list[Any] = []
-    if stream_ids is not None:
-        if not stream_ids:
-            return []
-        where.append(f"id IN {_in(stream_ids)}")
-        params.extend(stream_ids)
-    elif not include_http:
-        where.append("dialect IS NOT NULL AND dialect != ?")
-        params.append(PLAIN_HTTP)
-    for col, value in (("label", label), ("node", node), ("model", model), ("state", state)):
-        if value is not None:
-            where.append(f"{col} = ?")
-            params.append(value)
-    sql = f"SELECT {', '.join(_STREAM_COLUMNS)} FROM streams"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    out = []
-    for row in store.query(sql + " ORDER BY t_request, id", params):
-        d = dict(zip(_STREAM_COLUMNS, row, strict=True))
-        for col in _STREAM_FLAGS:
-            if d[col] is not None:
-                d[col] = bool(d[col])
-        out.append(d)
-    return out
-
-
-def _pending(store: SqliteFile, ids: Sequence[int]) -> int:
-    """How many of these streams the token pass would tokenize (closed LLM streams
-    without a token row: ``sniffer.record.tokenize_pass``'s pending filter)."""
-    count = 0
-    for start in range(0, len(ids), 500):
-        part = ids[start : start + 500]
-        count += store.scalar(
-            "SELECT count(*) FROM streams LEFT OUTER JOIN stream_tokens "
-            "ON stream_tokens.stream_id = streams.id "
-            "WHERE streams.closed_at IS NOT NULL AND streams.state != 'open' "
-            "AND streams.dialect IS NOT NULL AND streams.dialect != ? "
-            f"AND stream_tokens.stream_id IS NULL AND streams.id IN {_in(part)}",
-            [PLAIN_HTTP, *part],
-        )
-    return count
-
-
 def _tokenize(
     engine: Engine | SqliteFile, registry: TokenizerRegistry, ids: list[int], batch: int
 ) -> int:
     """Tokenize the streams among ``ids`` that have no token rows; how many it did.
     A SQLite file with none to do needs no engine (nor SQLAlchemy)."""
     if isinstance(engine, SqliteFile):
-        if not _pending(engine, ids):
+        if not queries.untokenized_count(engine, ids):
             return 0
         from sniffer.store.writer import make_engine
 
@@ -474,46 +350,6 @@ def _tokenize(
     from sniffer.record.tokenize_pass import tokenize_db
 
     return tokenize_db(engine, registry, batch=batch, stream_ids=ids).streams
-
-
-def _chunks_and_tokens(
-    engine: Engine | SqliteFile, ids: list[int]
-) -> tuple[dict[int, list[tuple[int, int, int, str]]], dict[int, StreamTokenRow]]:
-    """(seq, choice, chunk_index, text) of the chunks of these streams in capture
-    order, and their token rows."""
-    by_stream: dict[int, list[tuple[int, int, int, str]]] = {}
-    rows: Sequence[Any]
-    if isinstance(engine, SqliteFile):
-        rows = engine.query(
-            "SELECT stream_id, seq, choice, chunk_index, text FROM chunks "
-            f"WHERE stream_id IN {_in(ids)} ORDER BY stream_id, seq, id",
-            ids,
-        )
-        token_rows = read_token_rows(engine, ids)
-    else:
-        from sqlalchemy import select
-
-        from sniffer.store.models import chunks
-        from sniffer.store.tokens_store import read_stream_tokens
-
-        with engine.connect() as conn:
-            rows = conn.execute(
-                select(
-                    chunks.c.stream_id,
-                    chunks.c.seq,
-                    chunks.c.choice,
-                    chunks.c.chunk_index,
-                    chunks.c.text,
-                )
-                .where(chunks.c.stream_id.in_(ids))
-                .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
-            ).all()
-            token_rows = read_stream_tokens(conn, ids)
-    for sid, seq, choice, idx, text in rows:
-        by_stream.setdefault(sid, []).append(
-            (seq, choice if choice is not None else -1, idx or 0, text or "")
-        )
-    return by_stream, token_rows
 
 
 def verify_db(
@@ -541,7 +377,7 @@ def verify_db(
 
     Example: ``verify_db(make_engine("capture.db"), TokenizerRegistry(), label="run1").ok``
     """
-    rows = _select_streams(
+    rows = queries.verify_streams(
         engine,
         stream_ids=stream_ids,
         label=label,
@@ -555,7 +391,13 @@ def verify_db(
         report.tokenized = _tokenize(engine, registry, [r["id"] for r in rows], batch)
     for start in range(0, len(rows), batch):
         part = rows[start : start + batch]
-        by_stream, token_rows = _chunks_and_tokens(engine, [r["id"] for r in part])
+        ids = [r["id"] for r in part]
+        by_stream: dict[int, list[tuple[int, int, int, str]]] = {}
+        for sid, seq, choice, idx, text in queries.chunk_texts(engine, ids):
+            by_stream.setdefault(sid, []).append(
+                (seq, choice if choice is not None else -1, idx or 0, text or "")
+            )
+        token_rows = queries.token_rows(engine, ids)
         for r in part:
             v = _verify_stream(r, by_stream.get(r["id"], []), token_rows.get(r["id"]))
             if v.prompt_tokens is not None:
