@@ -13,10 +13,11 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sniffer.store.lite import PLAIN_HTTP, SqliteFile
-from sniffer.store.token_rows import StreamTokenRow, read_token_rows
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
+
+    from sniffer.store.token_rows import StreamTokenRow
 
 # SQLAlchemy loads inside the functions that query through it: ``list_streams``,
 # ``get_stream`` and the queries of ``verify`` and ``stats`` on a SQLite file
@@ -371,6 +372,8 @@ def chunk_texts(engine: Engine | SqliteFile, stream_ids: Sequence[int]) -> list[
 def token_rows(engine: Engine | SqliteFile, stream_ids: Iterable[int]) -> dict[int, StreamTokenRow]:
     """The token pass's rows of these streams (``sniffer.store.token_rows``)."""
     if isinstance(engine, SqliteFile):
+        from sniffer.store.token_rows import read_token_rows
+
         return read_token_rows(engine, stream_ids)
     from sniffer.store.tokens_store import read_stream_tokens
 
