@@ -22,6 +22,8 @@ __all__ = [
     "ChoiceTokenRow",
     "StreamTokenRow",
     "TokenAnomalyRow",
+    "int_keys",
+    "json_or",
     "read_token_rows",
     "text_hash",
 ]
@@ -74,7 +76,8 @@ def text_hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
-def _loads(text: str | None, default: Any) -> Any:
+def json_or(text: str | None, default: Any) -> Any:
+    """The JSON value of ``text``; ``default`` for NULL or text that is not JSON."""
     if text is None:
         return default
     try:
@@ -83,7 +86,8 @@ def _loads(text: str | None, default: Any) -> Any:
         return default
 
 
-def _int_keys(d: Any) -> dict[int, int]:
+def int_keys(d: Any) -> dict[int, int]:
+    """A JSON object as ``{int: int}``, sorted by key (entries that are not, dropped)."""
     if not isinstance(d, dict):
         return {}
     out: dict[int, int] = {}
@@ -115,18 +119,18 @@ def read_token_rows(store: SqliteFile, stream_ids: Iterable[int]) -> dict[int, S
             "ORDER BY stream_id, choice",
             part,
         ):
-            server = _loads(row[9], None)
-            server_ids = _loads(row[10], None)
+            server = json_or(row[9], None)
+            server_ids = json_or(row[10], None)
             choices.setdefault(row[0], []).append(
                 ChoiceTokenRow(
                     choice=row[1],
                     text_len=row[2] or 0,
                     text_hash=row[3] or "",
-                    output_ids=tuple(_loads(row[4], [])),
-                    chunk_seqs=tuple(_loads(row[5], [])),
-                    chunk_counts=tuple(_loads(row[6], [])),
-                    straddle_seqs=tuple(_loads(row[7], [])),
-                    tokens_per_chunk=_int_keys(_loads(row[8], {})),
+                    output_ids=tuple(json_or(row[4], [])),
+                    chunk_seqs=tuple(json_or(row[5], [])),
+                    chunk_counts=tuple(json_or(row[6], [])),
+                    straddle_seqs=tuple(json_or(row[7], [])),
+                    tokens_per_chunk=int_keys(json_or(row[8], {})),
                     server_tokens=None if server is None else tuple(server),
                     server_ids=None if server_ids is None else tuple(server_ids),
                     server_mismatch=row[11],
@@ -148,15 +152,15 @@ def read_token_rows(store: SqliteFile, stream_ids: Iterable[int]) -> dict[int, S
             part,
         ):
             sid = row[0]
-            prompt = _loads(row[3], None)
-            usage = _loads(row[4], {})
+            prompt = json_or(row[3], None)
+            usage = json_or(row[4], {})
             out[sid] = StreamTokenRow(
                 stream_id=sid,
                 tokenizer=row[1],
                 is_default=bool(row[2]),
                 prompt_ids=None if prompt is None else tuple(prompt),
                 usage_diff=usage if isinstance(usage, dict) else {},
-                tokens_per_chunk=_int_keys(_loads(row[5], {})),
+                tokens_per_chunk=int_keys(json_or(row[5], {})),
                 anomaly_count=row[6] or 0,
                 error=row[7],
                 choices=tuple(choices.get(sid, ())),

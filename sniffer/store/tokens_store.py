@@ -79,9 +79,9 @@ from sniffer.store.token_rows import (  # the row values live without SQLAlchemy
     ChoiceTokenRow,
     StreamTokenRow,
     TokenAnomalyRow,
-    _int_keys,
-    _loads,
 )
+from sniffer.store.token_rows import int_keys as _int_keys
+from sniffer.store.token_rows import json_or as _loads
 
 __all__ = [
     "ChoiceTokenRow",
