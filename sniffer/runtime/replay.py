@@ -168,7 +168,8 @@ def _replay_parallel(
     node: str | None,
     proto: bytes | None = None,
 ) -> ReplayResult:
-    StoreWriter(db, batch_size=batch_size).close()  # migrates the schema once, before forking
+    # the file is created (or migrated) once, before forking
+    StoreWriter(db, batch_size=batch_size).close()
     import multiprocessing  # only here: one process needs none of it
 
     ctx = multiprocessing.get_context("fork")
