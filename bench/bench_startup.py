@@ -81,11 +81,12 @@ elif mode == "capture-open":
     import sniffer.capture.afpacket as afp
     afp.AfPacketSource.open = lambda self: hit("capture open")
 
+# atexit: the console script ends the process itself once the command is done
+# (sniffer.cli.main._exit_quickly), after running the atexit handlers
+import atexit
+atexit.register(hit, "exit")
 from sniffer.cli import entry_point
-try:
-    entry_point()
-finally:
-    hit("exit")
+entry_point()
 """
 
 
