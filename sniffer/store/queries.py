@@ -69,15 +69,7 @@ def list_streams(
 
     from sniffer.store.models import streams
 
-    stmt = select(streams)
-    if node is not None:
-        stmt = stmt.where(streams.c.node == node)
-    if label is not None:
-        stmt = stmt.where(streams.c.label == label)
-    if model is not None:
-        stmt = stmt.where(streams.c.model == model)
-    if state is not None:
-        stmt = stmt.where(streams.c.state == state)
+    stmt = _equal(select(streams), streams, node=node, label=label, model=model, state=state)
     if stream_ids is not None:
         stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
     stmt = stmt.order_by(streams.c.t_request, streams.c.id)
@@ -85,6 +77,15 @@ def list_streams(
         stmt = stmt.limit(limit)
     with engine.connect() as conn:
         return _rows(conn.execute(stmt))
+
+
+def _equal(stmt: Any, table: Any, **filters: Any) -> Any:
+    """``stmt`` narrowed to the rows of ``table`` whose columns equal the given
+    values (a ``None`` value filters nothing)."""
+    for col, value in filters.items():
+        if value is not None:
+            stmt = stmt.where(table.c[col] == value)
+    return stmt
 
 
 def stream_chunks(engine: Engine, stream_id: int) -> list[dict[str, Any]]:
@@ -312,14 +313,7 @@ def verify_streams(
         stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
     elif not include_http:
         stmt = stmt.where(streams.c.dialect.is_not(None), streams.c.dialect != PLAIN_HTTP)
-    if label is not None:
-        stmt = stmt.where(streams.c.label == label)
-    if node is not None:
-        stmt = stmt.where(streams.c.node == node)
-    if model is not None:
-        stmt = stmt.where(streams.c.model == model)
-    if state is not None:
-        stmt = stmt.where(streams.c.state == state)
+    stmt = _equal(stmt, streams, label=label, node=node, model=model, state=state)
     stmt = stmt.order_by(streams.c.t_request, streams.c.id)
     with engine.connect() as conn:
         return [dict(m) for m in conn.execute(stmt).mappings()]
