@@ -368,6 +368,16 @@ def test_the_console_script_keeps_exit_codes_and_flushes_all_output(
     assert len(piped.stdout) > 10_000  # more than one buffer's worth went through the pipe
 
     assert run("no-such-command").returncode == 2  # click's usage error
+    # under a profiler the process exits the normal way: the profile gets written
+    prof = tmp_path / "cli.prof"
+    profiled = subprocess.run(
+        [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "sniffer.cli", "--help"],
+        capture_output=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert profiled.returncode == 0 and prof.stat().st_size > 0
     bad = run("replay", str(TRUNCATED), "--db", str(tmp_path / "t.db"), "-q")
     assert bad.returncode == 1  # the command's own code (a truncated capture)
     assert b"truncated" in bad.stdout + bad.stderr

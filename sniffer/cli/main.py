@@ -725,12 +725,19 @@ def _exit_quickly(exc: SystemExit) -> None:
     one by one, which after a replay costs 0.1–0.25 s of CPU (issue #16). This
     does the first two and skips the third. It returns, leaving the normal exit,
     when another thread is still running (Python joins non-daemon threads at
-    exit), or the exit code is not a number (``sys.exit("message")`` prints it).
+    exit), the exit code is not a number (``sys.exit("message")`` prints it),
+    or a profiler or tracer runs (``python -m cProfile``, coverage: they write
+    their results after the command returns).
     """
     code = exc.code
     if code is None:
         code = 0
-    if type(code) is not int or threading.active_count() > 1:
+    if (
+        type(code) is not int
+        or threading.active_count() > 1
+        or sys.getprofile() is not None
+        or sys.gettrace() is not None
+    ):
         return
     atexit._run_exitfuncs()
     sys.stdout.flush()  # a reader that went away raises here: the caller's handler
