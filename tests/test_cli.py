@@ -368,6 +368,14 @@ def test_the_console_script_keeps_exit_codes_and_flushes_all_output(
     assert len(piped.stdout) > 10_000  # more than one buffer's worth went through the pipe
 
     assert run("no-such-command").returncode == 2  # click's usage error
+    # the connections a command left open are closed as the teardown would have:
+    # the last one checkpoints the WAL, and the database is one file again
+    db = tmp_path / "w.db"
+    chat = str(PCAPS / "chat_english.pcap")
+    assert run("replay", chat, "--db", str(db), "-q", "--no-tokens").returncode == 0
+    for command in ("verify", "stats", "streams"):
+        assert run(command, "--db", str(db)).returncode == 0, command
+        assert sorted(p.name for p in tmp_path.glob("w.db*")) == ["w.db"], command
     # under a profiler the process exits the normal way: the profile gets written
     prof = tmp_path / "cli.prof"
     profiled = subprocess.run(

@@ -7,6 +7,7 @@ errors become a one-line message and a non-zero exit code (2 for usage errors).
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import socket
@@ -739,6 +740,15 @@ def _exit_quickly(exc: SystemExit) -> None:
         or sys.gettrace() is not None
     ):
         return
+    # What the command's frames still held (kept alive by this exception's
+    # traceback) and what reference cycles hold (a sqlite3 connection and its
+    # statement cache, a SQLAlchemy engine's pool) is finalized now, as the
+    # teardown would have: the last connection to a SQLite file, closed,
+    # checkpoints its WAL and removes the -wal file, so the database is again
+    # the one file users copy.
+    exc.__traceback__ = None
+    exc.__context__ = None
+    gc.collect()
     atexit._run_exitfuncs()
     sys.stdout.flush()  # a reader that went away raises here: the caller's handler
     sys.stderr.flush()
