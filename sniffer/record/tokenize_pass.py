@@ -25,7 +25,6 @@ Pure except the database: no clock, no logging, no printing.
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import re
 import weakref
@@ -52,6 +51,7 @@ from sniffer.llm.tokens import (
 )
 from sniffer.llm.values import Usage
 from sniffer.store.models import PLAIN_HTTP, chunks, streams
+from sniffer.store.token_rows import text_hash
 from sniffer.store.tokens_store import (
     ChoiceTokenRow,
     StreamTokenRow,
@@ -86,11 +86,6 @@ class TokenizeResult:
     skipped: int = 0  # streams another pass wrote first
     write_errors: list[str] = field(default_factory=list)  # batches the database refused
     anomaly_kinds: dict[str, int] = field(default_factory=dict)
-
-
-def text_hash(text: str) -> str:
-    """The ``choice_tokens.text_hash`` of a text: blake2b-128 hex of its UTF-8 bytes."""
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def _json(text: str | None) -> Any:

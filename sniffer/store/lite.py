@@ -433,6 +433,11 @@ def create_new_file(path: str) -> None:
         conn.close()
 
 
+def in_list(values: Sequence[Any]) -> str:
+    """``(?, ?, …)``: the placeholders of an ``IN`` list of ``values``."""
+    return f"({', '.join('?' * len(values))})"
+
+
 class _Transaction:
     """What a writer's flush needs of a connection: ``exec_driver_sql`` (executemany)."""
 
@@ -572,6 +577,7 @@ __all__ = [
     "connect",
     "create_new_file",
     "create_schema",
+    "in_list",
     "insert_sql",
     "revision",
     "update_spec",

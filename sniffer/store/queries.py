@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sniffer.store.lite import PLAIN_HTTP, SqliteFile
+from sniffer.store.lite import in_list as _in
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -237,10 +238,6 @@ def get_connection(engine: Engine, connection_id: int) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------
 # verify and stats: a SQLite file at head through the stdlib driver, or an engine
 # ---------------------------------------------------------------------------
-
-
-def _in(ids: Sequence[Any]) -> str:
-    return f"({', '.join('?' * len(ids))})"
 
 
 #: The stream columns ``verify`` reads, in this order (booleans as ``bool``).

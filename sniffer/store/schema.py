@@ -3,8 +3,9 @@
 Every process that opens the store (``make_engine``) calls :func:`migrate`.
 A SQLite file opened by the writer or ``open_store`` is first checked with
 the standard library's driver (``sniffer.store.lite.revision``, one query, no
-SQLAlchemy); only a file that is not at head comes here.
-
+SQLAlchemy), and a new, empty one is created at head there
+(``sniffer.store.lite.create_schema``); only a file that holds an older schema
+comes here.
 
 1. Without any lock, read the database's revision (``alembic_version``). At
    this code's head: done (the common case costs one query).

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sniffer.store.lite import in_list as _in
+
 if TYPE_CHECKING:
     from sniffer.store.lite import SqliteFile
 
@@ -97,10 +99,6 @@ def int_keys(d: Any) -> dict[int, int]:
         except (TypeError, ValueError):
             continue
     return dict(sorted(out.items()))
-
-
-def _in(ids: list[int]) -> str:
-    return f"({', '.join('?' * len(ids))})"
 
 
 def read_token_rows(store: SqliteFile, stream_ids: Iterable[int]) -> dict[int, StreamTokenRow]:
