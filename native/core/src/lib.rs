@@ -1,0 +1,19 @@
+//! SparSEEty's native core: the per-packet path (frames → reassembly →
+//! HTTP/1 framing → SSE/NDJSON → OpenAI chunk extraction → event values).
+//!
+//! Pure Rust and sans-IO like the Python stages it mirrors (`sniffer/core`,
+//! `sniffer/capture/packet.py`): bytes in, values out, no clock, no I/O.
+//! The Python stages are the reference; both must produce identical stores.
+//! No `unsafe` (the workspace forbids it); every buffer is capped and every
+//! size that comes off the wire is checked before arithmetic.
+
+/// The version of the native core, reported by `sparseety --version`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn version_is_set() {
+        assert!(!super::VERSION.is_empty());
+    }
+}

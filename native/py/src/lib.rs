@@ -1,0 +1,11 @@
+//! `sniffer._native`: the PyO3 boundary of the native core. Conversions only;
+//! the parsing lives in `sparseety-core`.
+
+use pyo3::prelude::*;
+
+/// The private extension module `sniffer._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", sparseety_core::VERSION)?;
+    Ok(())
+}
