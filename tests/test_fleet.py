@@ -25,7 +25,7 @@ from sqlalchemy import Engine, create_engine, select, text
 
 from sniffer.store import queries
 from sniffer.store.ids import IdBlocks, peek, reserve
-from sniffer.store.models import chunks, connections, id_blocks, metadata, streams
+from sniffer.store.models import SCHEMA_VERSION, chunks, connections, id_blocks, metadata, streams
 from sniffer.store.retention import prune
 from sniffer.store.schema import SchemaTooNew, head_revision, migrate
 from sniffer.store.writer import StoreWriter, make_engine
@@ -77,9 +77,8 @@ def test_migrated_schema_is_the_models(db_url: str) -> None:
         ctx = MigrationContext.configure(conn, opts={"compare_type": False})
         assert compare_metadata(ctx, metadata) == []
         assert ctx.get_current_revision() == head_revision()
-        assert conn.execute(text("SELECT value FROM meta WHERE key='schema_version'")).scalar() == (
-            "3"
-        )
+        version = conn.execute(text("SELECT value FROM meta WHERE key='schema_version'")).scalar()
+        assert version == str(SCHEMA_VERSION)
         rows = dict(conn.execute(select(id_blocks.c.name, id_blocks.c.next_id)).all())
     assert rows == {"connections": 1, "streams": 1}
     assert migrate(engine) == head_revision()  # at head: nothing to do

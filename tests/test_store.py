@@ -27,7 +27,7 @@ from sniffer.core.events import (
 )
 from sniffer.llm.values import RequestSummary, Usage
 from sniffer.store import queries
-from sniffer.store.models import chunks, connections, errors, metadata, streams
+from sniffer.store.models import SCHEMA_VERSION, chunks, connections, errors, metadata, streams
 from sniffer.store.writer import (
     StoreError,
     StoreWriter,
@@ -392,7 +392,9 @@ def test_file_database_is_wal(tmp_path: Path) -> None:
     w.close()
     raw = sqlite3.connect(db)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+    assert raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (
+        str(SCHEMA_VERSION),
+    )
     raw.close()
 
 

@@ -234,6 +234,7 @@ def test_create_schema_leaves_other_files_to_the_migrations(tmp_path: Path) -> N
     StoreWriter(str(path)).close()
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE checkpoints")
+    conn.execute("ALTER TABLE streams DROP COLUMN flags")
     conn.execute("UPDATE alembic_version SET version_num = '0002'")
     conn.commit()
     conn.close()

@@ -6,6 +6,8 @@ import json
 from collections.abc import Sequence
 
 from sniffer.core.events import (
+    FLAG_TEXT,
+    LOSSY_FLAGS,
     ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
@@ -20,9 +22,11 @@ from sniffer.core.events import (
     PipelineError,
     StoreEvent,
     StreamClosed,
+    StreamFlag,
     StreamOpened,
     StreamResponse,
     StreamState,
+    stream_flags,
 )
 from sniffer.core.http1 import HttpOutput
 from sniffer.core.streams import StreamAssembler, is_credential, scrub_headers
@@ -361,3 +365,46 @@ def test_usage_is_parsed_once_and_travels_typed_to_the_close() -> None:
     assert isinstance(chunk.usage, Usage) and chunk.usage.raw == usage
     assert closed(out).usage is chunk.usage
     assert (chunk.usage.prompt_tokens, chunk.usage.completion_tokens) == (3, 2)
+
+
+# ------------------------------------------------------------------ flags
+
+
+def _chat(*chunk_times: float, end_ts: float = 9.0) -> list[HttpOutput]:
+    """A complete chat stream whose content chunks come at ``chunk_times``."""
+    return [
+        *chat_request(),
+        head(),
+        *(sse(t, delta(f"w{i}")) for i, t in enumerate(chunk_times)),
+        sse(chunk_times[-1], delta(finish_reason="stop"), "[DONE]"),
+        end(end_ts),
+    ]
+
+
+def test_a_clock_going_backwards_flags_the_stream_and_keeps_it() -> None:
+    """A capture timestamp earlier than the one before (a stepped clock, a merged
+    capture) keeps every chunk as captured, and the stream says so in its flags
+    (a warning: nothing was lost)."""
+    steady = closed(run(_chat(3.0, 4.0, 5.0)))
+    assert steady.flags == () and steady.state is StreamState.COMPLETE
+    back = run(_chat(3.0, 2.5, 5.0))
+    c = closed(back)
+    assert c.flags == (StreamFlag.CLOCK_BACKWARDS,)
+    assert c.state is StreamState.COMPLETE and c.text_len == len("w0w1w2")
+    assert [e.ts for e in back if isinstance(e, ChunkEvent) and e.text] == [3.0, 2.5, 5.0]
+    # a close before the request (a negative duration) is caught too, and one
+    # before the last chunk
+    c = closed(run(_chat(3.0, 4.0, end_ts=0.9)))
+    assert StreamFlag.CLOCK_BACKWARDS in c.flags
+    assert closed(run(_chat(3.0, 4.0, end_ts=3.5))).flags == (StreamFlag.CLOCK_BACKWARDS,)
+    assert StreamFlag.CLOCK_BACKWARDS not in LOSSY_FLAGS
+
+
+def test_flags_are_named_once_and_read_back_from_the_column() -> None:
+    assert set(FLAG_TEXT) == set(StreamFlag)
+    assert stream_flags(None) == [] and stream_flags("") == []
+    assert stream_flags('["clock-backwards", "from-a-newer-writer"]') == [
+        StreamFlag.CLOCK_BACKWARDS,
+        "from-a-newer-writer",
+    ]
+    assert stream_flags("not json") == ["not json"]

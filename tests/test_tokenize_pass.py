@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
 
-from sniffer.core.events import ChunkEvent, StreamClosed, StreamOpened, StreamState
+from sniffer.core.events import ChunkEvent, StreamClosed, StreamFlag, StreamOpened, StreamState
 from sniffer.llm.tokens import DEFAULT_NAME, TokenizerRegistry
 from sniffer.llm.values import RequestSummary, Usage
 from sniffer.record.tokenize_pass import (
@@ -64,6 +64,7 @@ def write_stream(
     text_len: int | None = None,
     logprobs: Sequence[str | None] | None = None,
     late: Sequence[str] = (),
+    flags: Sequence[StreamFlag] = (),
 ) -> None:
     """One stream as the pipeline would write it: role prelude, content deltas,
     finish chunk, optional usage chunk, [DONE], close."""
@@ -127,6 +128,7 @@ def write_stream(
                 ((choice, finish),) if finish else (),
                 Usage.parse(usage),
                 None,
+                flags=tuple(flags),
             )
         )
 

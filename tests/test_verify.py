@@ -13,12 +13,12 @@ from sqlalchemy import Engine, update
 
 from sniffer.cli.verify import tokenize as tokenize_cmd
 from sniffer.cli.verify import verify as verify_cmd
-from sniffer.core.events import StreamState
+from sniffer.core.events import LOSSY_FLAGS, StreamFlag, StreamState
 from sniffer.llm.tokens import TokenizerRegistry, TokenizerSpec, default_tokenizer_dir
 from sniffer.reports.export import export_jsonl
 from sniffer.reports.verify import StreamVerdict, verify_db, verify_jsonl
 from sniffer.runtime.replay import replay
-from sniffer.store.models import chunks
+from sniffer.store.models import chunks, streams
 from sniffer.store.writer import StoreWriter, make_engine
 from tests.test_tokenize_pass import CHINESE, EMOJI, ENGLISH, write_stream
 
@@ -180,6 +180,25 @@ def test_gap_stream(engine: Engine) -> None:
     v = one(engine, CONFIGURED)
     assert kinds(v, "fail") == {"gap", "finish_missing"}
     assert sum(1 for f in v.findings if f.kind == "gap") == 1  # not repeated by the token pass
+
+
+def test_every_stream_flag_is_a_finding_and_lossy_ones_fail(engine: Engine) -> None:
+    """``streams.flags`` comes back from the store; each flag is a finding of its
+    name, failing the stream exactly when it is in ``LOSSY_FLAGS``; a flag this
+    code does not know (a newer writer's) warns."""
+    with StoreWriter("", engine=engine) as w:
+        for sid, flag in enumerate(StreamFlag, start=1):
+            write_stream(w, sid, ENGLISH, model="ds-v4", flags=[flag])
+    verdicts = verify_db(engine, CONFIGURED).streams
+    assert len(verdicts) == len(StreamFlag)
+    for flag, v in zip(StreamFlag, verdicts, strict=True):
+        assert str(flag) in kinds(v, "fail" if flag in LOSSY_FLAGS else "warn"), v.findings
+        assert kinds(v, "fail") == ({str(flag)} if flag in LOSSY_FLAGS else set())
+        assert v.ok is (flag not in LOSSY_FLAGS)
+    with engine.begin() as conn:
+        conn.execute(update(streams).values(flags='["clock-backwards", "newer-flag"]'))
+    for v in verify_db(engine, CONFIGURED).streams:
+        assert {"clock-backwards", "newer-flag"} <= kinds(v, "warn")
 
 
 def test_index_gap_counts_and_lengths(engine: Engine) -> None:

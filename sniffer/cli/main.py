@@ -462,6 +462,7 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool, node: str | None) ->
     Example:
       sparseety show 12 --db sparseety.db
     """
+    from sniffer.core.events import FLAG_TEXT, stream_flags
     from sniffer.store.queries import get_stream
 
     with library_errors():
@@ -491,6 +492,9 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool, node: str | None) ->
         f"  status={s.get('status')} content-type={s.get('content_type')} state={s.get('state')} "
         f"({s.get('reason')}) done={bool(s.get('done_seen'))} gap={bool(s.get('gap'))}"
     )
+    flags = stream_flags(s.get("flags"))
+    if flags:
+        click.echo(f"  flags: {', '.join(f'{f} ({FLAG_TEXT.get(f, f)})' for f in flags)}")
     click.echo(
         f"  request at {_ts(t0)}  headers +{_ms(s.get('t_response'), t0)} ms  first content "
         f"+{_ms(s.get('t_first_content'), t0)} ms  last chunk +{_ms(s.get('t_last_chunk'), t0)} ms"

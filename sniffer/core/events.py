@@ -14,6 +14,7 @@ no stage reads a clock.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, NamedTuple, TypeVar
 
@@ -337,6 +338,43 @@ class ChunkEvent:
     server_tokens: str | None = None  # JSON list of server-reported tokens (TGI token objects)
 
 
+class StreamFlag(enum.StrEnum):
+    """Something the tool noticed about a stream that its state does not say,
+    stored in ``streams.flags`` (in the order first seen) and reported by
+    ``verify``. A flag in :data:`LOSSY_FLAGS` means the tool dropped or could not
+    trust data of the stream: ``verify`` fails the stream, whatever its state.
+    The others mark odd input the tool kept as it came (a warning)."""
+
+    #: the capture clock went backwards inside the exchange (a later packet has
+    #: an earlier timestamp): durations and gaps computed from it are not real
+    CLOCK_BACKWARDS = "clock-backwards"
+
+
+#: Flags that fail ``verify`` (data dropped or ambiguous); the rest warn.
+LOSSY_FLAGS: frozenset[StreamFlag] = frozenset()
+
+#: What each flag means, for ``verify``'s findings and ``show``.
+FLAG_TEXT: dict[str, str] = {
+    StreamFlag.CLOCK_BACKWARDS: "the capture clock went backwards during the exchange",
+}
+
+
+def stream_flags(column: str | None) -> list[StreamFlag | str]:
+    """The flags of a ``streams.flags`` value (JSON list or NULL), known ones as
+    :class:`StreamFlag`; a name this code does not know (a newer writer's) is
+    kept as its text."""
+    if not column:
+        return []
+    try:
+        names = json.loads(column)
+    except ValueError:
+        return [column]
+    if not isinstance(names, list):
+        return [str(names)]
+    known = StreamFlag._value2member_map_
+    return [StreamFlag(n) if n in known else str(n) for n in names]
+
+
 @dataclass(frozen=True, slots=True)
 class StreamClosed:
     stream: int
@@ -358,6 +396,7 @@ class StreamClosed:
     response_bytes: int = 0
     response_id: str | None = None  # the reply's id, as the server named it
     response_model: str | None = None  # the model the server says answered
+    flags: tuple[StreamFlag, ...] = ()  # in the order first seen
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from sniffer.core.events import (
     PipelineError,
     StoreEvent,
     StreamClosed,
+    StreamFlag,
     StreamOpened,
     StreamResponse,
     StreamState,
@@ -122,6 +123,7 @@ class _Exchange:
         "event_count",
         "exchange",
         "finish",
+        "flags",
         "gap",
         "gap_reason",
         "gaps",
@@ -191,6 +193,7 @@ class _Exchange:
         self.gaps = 0
         self.lost: int | None = 0
         self.unframed = 0  # bytes dropped after those gaps up to a provable boundary
+        self.flags: list[StreamFlag] = []  # StreamClosed.flags, in the order first seen
 
 
 class StreamAssembler:
@@ -388,6 +391,7 @@ class StreamAssembler:
             "gaps": x.gaps,
             "lost": x.lost,
             "unframed": x.unframed,
+            "flags": [str(f) for f in x.flags],
         }
 
     def forget(self, conn: int) -> None:
@@ -438,6 +442,8 @@ class StreamAssembler:
         x.gaps = int(st.get("gaps") or 0)
         x.lost = None if st.get("lost", 0) is None else int(st.get("lost") or 0)
         x.unframed = int(st.get("unframed") or 0)
+        known = StreamFlag._value2member_map_
+        x.flags = [StreamFlag(f) for f in st.get("flags") or () if f in known]
         x.req_bytes = int(st["req_bytes"])
         x.resp_bytes = int(st["resp_bytes"])
         if st.get("midway"):
@@ -780,6 +786,9 @@ class StreamAssembler:
             x.seq = seq + 1
         n = len(deltas)
         if n:
+            t_last = x.t_last
+            if t_last is not None and ts < t_last:
+                self._flag(x, StreamFlag.CLOCK_BACKWARDS)
             x.t_last = ts
             x.event_count += n
             self.stats.chunk_events += n
@@ -813,6 +822,23 @@ class StreamAssembler:
             )
         )
 
+    def _check_clock(self, x: _Exchange, ts: float) -> None:
+        """At the close: a capture clock that went backwards across the exchange
+        (the close before the last chunk or the request, the response head before
+        the request) flags it; chunks already compared as they came."""
+        back = x.t_last is not None and ts < x.t_last
+        req = x.req
+        if req is not None:
+            back = back or ts < req.ts or (x.resp is not None and x.resp.ts < req.ts)
+        if back:
+            self._flag(x, StreamFlag.CLOCK_BACKWARDS)
+
+    @staticmethod
+    def _flag(x: _Exchange, flag: StreamFlag) -> None:
+        """Note what the stream's state does not say (``StreamClosed.flags``)."""
+        if flag not in x.flags:
+            x.flags.append(flag)
+
     def _mark_gap(self, x: _Exchange, why: str) -> None:
         if not x.gap:
             x.gap = True
@@ -835,6 +861,7 @@ class StreamAssembler:
         except Exception as exc:  # deep JSON, memory: this exchange ends in error
             response_body = None
             self._fault(x, ts, f"{type(exc).__name__} in the response body", out)
+        self._check_clock(x, ts)
         state, reason = self._verdict(x, closing_reason)
         self.stats.streams_closed += 1
         self.stats.states[state.value] = self.stats.states.get(state.value, 0) + 1
@@ -859,6 +886,7 @@ class StreamAssembler:
                 response_bytes=x.resp_bytes,
                 response_id=getattr(x.dialect, "response_id", None),
                 response_model=getattr(x.dialect, "response_model", None),
+                flags=tuple(x.flags),
             )
         )
 

@@ -177,6 +177,7 @@ CSV_COLUMNS = (
     "prompt_tokens",
     "completion_tokens",
     "error",
+    "flags",
 )
 
 
@@ -208,6 +209,7 @@ def stream_summary(stream: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens": stream["prompt_tokens"],
         "completion_tokens": stream["completion_tokens"],
         "error": stream["error"],
+        "flags": stream.get("flags"),
     }
 
 

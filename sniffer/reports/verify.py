@@ -16,6 +16,9 @@ Checks per stream (database):
                      the kind (``gap``, ``truncated``, ``error``, ``open``) and
                      ``streams.reason`` as the detail
 * token anomalies    from ``token_anomalies`` (see ``sniffer.llm.tokens``)
+* flags              each of ``streams.flags`` (``sniffer.core.events.StreamFlag``)
+                     is a finding of its own name: those in ``LOSSY_FLAGS`` (the
+                     tool dropped or could not trust data of the stream) fail it
 
 A stream recovered mid-way (state ``midway``: the capture began, or resumed,
 inside its response body) is *partial*, not failed: the ``midway`` finding
@@ -31,12 +34,14 @@ token analysis on the logged deltas (no prompt, no usage in the log).
 What FAILS a stream (:data:`FAIL_KINDS`): gap, truncated, error, open,
 not_complete, stream_done_missing, index_gap, text_len, text_mismatch,
 chunk_count, delta_len, accumulated_len, bad_record, finish_missing,
-content_after_finish, roundtrip, usage_mismatch, server_token_mismatch.
+content_after_finish, roundtrip, usage_mismatch, server_token_mismatch, and
+the stream flags in ``LOSSY_FLAGS``.
 
 What only WARNS (everything else): replacement_char, straddle,
 multi_token_chunk, unk, tokenizer_default (no tokenizer configured for the
 model), tokenizer_error, prompt_template, usage_missing, midway,
-server_tokens_invalid, not_tokenized, token_error, unknown_record.
+server_tokens_invalid, not_tokenized, token_error, unknown_record, and the
+other stream flags (``clock-backwards``).
 
 Streams whose chunk text was sampled out (``streams.text_kept`` false, see
 ``sparseety run --sample-rate``) are *not verifiable*: there is no text to
@@ -61,6 +66,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from sniffer.core.events import FLAG_TEXT, LOSSY_FLAGS, stream_flags
 from sniffer.llm.tokens import (
     ChunkInput,
     StreamInput,
@@ -111,6 +117,7 @@ FAIL_KINDS = frozenset(
         "usage_mismatch",
         "server_token_mismatch",
     }
+    | {str(f) for f in LOSSY_FLAGS}
 )
 
 #: Kinds that fail only when the tokenizer was configured for the model.
@@ -433,6 +440,8 @@ def _verify_stream(
         v.add(kind, s["reason"] or f"state {st}")
     elif s["gap"]:
         v.add("gap", "marked complete but bytes were lost")
+    for flag in stream_flags(s.get("flags")):
+        v.add(str(flag), FLAG_TEXT.get(flag, flag))
     if s.get("text_kept") is False:
         v.verifiable = False
         return v

@@ -106,6 +106,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
         "closed_at",
         "text_kept",
         "node",
+        "flags",
     ),
     "chunks": (
         "id",
@@ -200,8 +201,9 @@ def _table(name: str, *lines: str) -> str:
 #: leaves it in ``sqlite_master``, statement for statement: 0001 creates the tables,
 #: 0002 appends ``node`` with ``ALTER TABLE … ADD COLUMN`` (SQLite appends the column
 #: to the stored text, hence ``label TEXT, node VARCHAR(255)`` on one line) and adds
-#: ``id_blocks``, 0003 adds ``checkpoints``. A test checks the text against what
-#: Alembic creates, so the two cannot drift: a new migration must change both.
+#: ``id_blocks``, 0003 adds ``checkpoints``, 0004 appends ``streams.flags``. A test
+#: checks the text against what Alembic creates, so the two cannot drift: a new
+#: migration must change both.
 SCHEMA_DDL: tuple[str, ...] = (
     _table(
         "alembic_version",
@@ -273,7 +275,7 @@ SCHEMA_DDL: tuple[str, ...] = (
         "response_bytes BIGINT",
         "error TEXT",
         "closed_at FLOAT",
-        "text_kept BOOLEAN, node VARCHAR(255)",
+        "text_kept BOOLEAN, node VARCHAR(255), flags TEXT",
         "PRIMARY KEY (id)",
     ),
     "CREATE INDEX ix_streams_state ON streams (state)",
@@ -378,7 +380,7 @@ SCHEMA_DDL: tuple[str, ...] = (
 #: ``meta.schema_version`` (``models.SCHEMA_VERSION``), the id counters (one past
 #: the largest id: 1 in an empty file) and the Alembic revision stamp.
 SCHEMA_ROWS: tuple[str, ...] = (
-    "INSERT INTO meta (\"key\", value) VALUES ('schema_version', '3')",
+    "INSERT INTO meta (\"key\", value) VALUES ('schema_version', '4')",
     "INSERT INTO id_blocks (name, next_id) VALUES ('connections', 1), ('streams', 1)",
     f"INSERT INTO alembic_version (version_num) VALUES ('{REVISIONS[-1]}')",
 )

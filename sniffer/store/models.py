@@ -64,6 +64,10 @@ since the Unix epoch (UTC).
                     the stream has no text to compare; NULL in rows written
                     before the column existed (read as kept)
     node            the sidecar that captured it (``--node``, default the host name)
+    flags           JSON list of what the tool noticed that the state does not say
+                    (``sniffer.core.events.StreamFlag``: data it dropped or could
+                    not trust, odd input it kept), in the order first seen; NULL
+                    when none (and in rows written before the column existed)
 
 ``chunks`` — one row per streamed event per choice (or a whole non-streaming body).
 
@@ -124,7 +128,7 @@ from sqlalchemy import (
 
 from sniffer.store.lite import PLAIN_HTTP as _PLAIN_HTTP
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: ``streams.dialect`` of an exchange that is not an LLM stream (plain HTTP):
 #: the store's spelling of ``StreamOpened.dialect is None`` (defined in ``lite``,
@@ -207,6 +211,7 @@ streams = Table(
     Column("closed_at", Float),
     Column("text_kept", Boolean),
     Column("node", String(255)),
+    Column("flags", Text),
     Index("ix_streams_label_model", "label", "model"),
     Index("ix_streams_t_request", "t_request"),
     Index("ix_streams_state", "state"),

@@ -254,6 +254,7 @@ VERIFY_STREAM_COLUMNS = (
     "text_len",
     "text_kept",
     "request_json",
+    "flags",
 )
 _VERIFY_FLAGS = ("done_seen", "gap", "text_kept")
 

@@ -314,6 +314,7 @@ _CLOSE_COLUMNS = (
     "response_bytes",
     "error",
     "closed_at",
+    "flags",
 )
 
 
@@ -348,6 +349,7 @@ def _close_values(ev: StreamClosed) -> dict[str, Any]:
         "response_bytes": ev.response_bytes,
         "error": ev.error,
         "closed_at": ev.ts,
+        "flags": json.dumps([str(f) for f in ev.flags]) if ev.flags else None,
         # a row recovered mid-way has no request: its model is the one the
         # recovered chunks name (None leaves the column as it is)
         "model": ev.response_model if ev.state == StreamState.MIDWAY else None,
