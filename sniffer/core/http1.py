@@ -21,6 +21,15 @@ message there. The message that was cut is ended with ``EndReason.GAP`` (or
 Responses are paired with requests in order. A response that arrives when no
 request is pending is parsed as the answer to an unseen GET and reported with
 an ``HttpError(kind="desync")``.
+
+HTTP/2 takes the connection over (``core.h2``) on a client preface that opens
+it (prior knowledge) or on the ``101`` answering a request that carried
+``Upgrade: h2c``, at any position on a keep-alive connection (``Upgrade``
+below holds the states of that offer, ``_upgrade`` its transitions): the
+client's bytes after that request are held until the server's answer shows
+which protocol they are (a preface may be pipelined before the 101), the
+upgraded request is HTTP/2 stream 1's, and later streams are the exchanges
+after it.
 """
 
 from __future__ import annotations
@@ -95,6 +104,8 @@ MAX_BODY_LENGTH = (1 << 62) - 1
 #: builds a NamedTuple event (FlowData, HttpBody) in one C call on the hot path
 _new_tuple = tuple.__new__
 _HUNT_KEEP = 8192  # bytes kept while hunting, so a start line split across segments is found
+#: bytes held while an ``Upgrade: h2c`` offer waits for its answer (then taken as refused)
+MAX_UPGRADE_HELD = 1 << 20
 _DEAD_AFTER = 1 << 20  # hunted this many bytes without finding HTTP: stop looking
 
 
@@ -109,6 +120,7 @@ class HttpStats:
     dead_connections: int = 0
     resyncs: int = 0  # response bodies picked up mid-way (core.resync)
     resync_skipped: int = 0  # bytes dropped before their sync points
+    upgrades: int = 0  # connections switched to HTTP/2 by a 101 (Upgrade: h2c)
 
 
 _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;[^\r\n]*)?[ \t]*\r\n")
@@ -444,6 +456,27 @@ class _LengthBody:
         self.remaining = remaining
 
 
+class Upgrade(enum.Enum):
+    """Where a connection's ``Upgrade: h2c`` offer stands (RFC 9110 §7.8,
+    RFC 7540 §3.2). Transitions: ``HttpParser._upgrade``."""
+
+    NONE = "none"  # no offer in flight
+    OFFERED = "offered"  # the request carrying it is being sent; not answered yet
+    AWAITING = "awaiting"  # that request is whole, its answer not seen: client bytes held
+    EARLY = "early"  # 101 before the request was whole: server bytes held until it is
+
+
+class _Step(enum.Enum):
+    """What moves an ``Upgrade`` on."""
+
+    OFFER = "offer"  # a request head carrying Upgrade: h2c
+    REQUEST_END = "request-end"  # that request ended
+    SWITCH = "switch"  # the server answered it 101
+    REFUSE = "refuse"  # the server answered it with a final response
+    CLOSE = "close"  # the connection closed with the offer in flight
+    OVERFLOW = "overflow"  # more than MAX_UPGRADE_HELD bytes held
+
+
 class _Pending:
     """A request the response direction has still to answer."""
 
@@ -512,6 +545,8 @@ class _Conn:
         "dead",
         "dirs",
         "h2",
+        "held",
+        "held_bytes",
         "id",
         "midstart",
         "next_exchange",
@@ -519,6 +554,8 @@ class _Conn:
         "pending",
         "roles_known",
         "swapped",
+        "upgrade",
+        "upgrade_exchange",
     )
 
     def __init__(self, opened: ConnectionOpened) -> None:
@@ -533,6 +570,12 @@ class _Conn:
         self.closed = False
         self.h2: H2Conn | None = None  # set when the connection speaks HTTP/2
         self.midstart = not opened.syn_seen  # capture began inside the connection
+        self.upgrade = Upgrade.NONE
+        self.upgrade_exchange = -1  # the exchange of the request carrying the offer
+        # flow events of the direction held while the offer waits (AWAITING: the
+        # client's, EARLY: the server's), as received (not reoriented)
+        self.held: list[FlowEvent] = []
+        self.held_bytes = 0
 
 
 def _resynced_into_body(d: _Direction) -> bool:
@@ -547,6 +590,19 @@ def _h2_frames(data: bytes) -> bool:
     if _METHOD_PREFIX.match(data[:32]) or data.startswith(b"HTTP/1."):
         return False
     return find_frame_start(data[:65536], max_offset=0) == 0
+
+
+def _held_start(held: list[FlowEvent]) -> bytes | None:
+    """The first bytes held (up to 64) before any loss, or None if none."""
+    start = b""
+    for ev in held:
+        if type(ev) is not FlowData:
+            break
+        assert isinstance(ev, FlowData)
+        start += ev.data[: 64 - len(start)]
+        if len(start) >= 64:
+            break
+    return start or None
 
 
 def _upgrades_to_h2c(headers: Headers) -> bool:
@@ -583,6 +639,10 @@ class HttpParser:
 
     def feed(self, ev: FlowEvent) -> list[HttpOutput]:
         out: list[HttpOutput] = []
+        self._flow(ev, out)
+        return out
+
+    def _flow(self, ev: FlowEvent, out: list[HttpOutput]) -> None:
         t = type(ev)
         if t is FlowData:
             assert isinstance(ev, FlowData)
@@ -595,13 +655,17 @@ class HttpParser:
                 d = c.dirs[from_client]
                 if c.h2 is not None:
                     self._h2_data(c, from_client, ev.ts, ev.data, out)
+                elif c.upgrade is not Upgrade.NONE and self._hold(c, from_client, ev, out):
+                    pass  # an Upgrade: h2c offer waits for its answer
                 elif (
                     from_client
+                    and c.next_exchange == 0
                     and not d.in_message
                     and d.body is None
                     and looks_like_preface(bytes(d.head) + ev.data if d.head else ev.data)
                 ):
-                    # The HTTP/2 connection preface, on any port (prior knowledge).
+                    # The HTTP/2 connection preface opening a connection, on any
+                    # port (prior knowledge).
                     data = bytes(d.head) + ev.data if d.head else ev.data
                     d.head = None
                     d.raw = None
@@ -638,6 +702,10 @@ class HttpParser:
                     # Which streams' frames were lost is unknown: every open
                     # exchange of the connection is marked (streams), none ended.
                     out.append(FlowGap(ev.conn, ev.ts, fc, ev.nbytes, ev.reason))
+                elif c.upgrade is not Upgrade.NONE and self._hold(
+                    c, ev.from_client != c.swapped, ev, out
+                ):
+                    pass
                 else:
                     self._gap(c, c.dirs[ev.from_client != c.swapped], ev, out)
         elif t is FlowEnd:
@@ -646,6 +714,8 @@ class HttpParser:
             if c is not None:
                 self._release_opened(c, out)
                 fc = ev.from_client != c.swapped
+                if c.upgrade is not Upgrade.NONE and self._hold(c, fc, ev, out):
+                    return  # passed on when the held events are
                 if c.h2 is not None:
                     out.extend(c.h2.end(fc, ev.ts, ev.reason))
                 elif not c.dead:
@@ -653,6 +723,9 @@ class HttpParser:
                 out.append(FlowEnd(ev.conn, ev.ts, fc, ev.reason) if c.swapped else ev)
         elif t is ConnectionClosed:
             assert isinstance(ev, ConnectionClosed)
+            c = self._conns.get(ev.conn)
+            if c is not None and c.upgrade is not Upgrade.NONE:
+                self._upgrade(c, _Step.CLOSE, ev.ts, out)
             c = self._conns.pop(ev.conn, None)
             if c is not None:
                 self._release_opened(c, out)
@@ -664,7 +737,6 @@ class HttpParser:
                     for p in c.pending:  # requests never answered
                         out.append(HttpEnd(c.id, p.exchange, ev.ts, False, EndReason.EOF))
             out.append(ev)
-        return out
 
     @property
     def open_connections(self) -> int:
@@ -679,7 +751,7 @@ class HttpParser:
         response and whose client is between requests qualifies. ``clean``: the
         chunked decoder stands at a chunk-size line (nothing held)."""
         c = self._conns.get(conn)
-        if c is None or c.dead or not c.roles_known or c.pending:
+        if c is None or c.dead or not c.roles_known or c.pending or c.upgrade is not Upgrade.NONE:
             return None
         srv, cli = c.dirs[0], c.dirs[1]
         if cli.in_message or cli.head or cli.hunt is not None:
@@ -769,6 +841,124 @@ class HttpParser:
             self._release_opened(c, out)
         out.extend(evs)
 
+    # ------------------------------------------------------------ h2c upgrade
+
+    def _hold(self, c: _Conn, from_client: bool, ev: FlowEvent, out: list[HttpOutput]) -> bool:
+        """Keep ``ev`` back if its direction waits on the connection's upgrade
+        offer (see ``Upgrade``); False if it is to be parsed now."""
+        if c.upgrade is Upgrade.OFFERED or from_client != (c.upgrade is Upgrade.AWAITING):
+            return False
+        c.held.append(ev)
+        if type(ev) is FlowData:
+            assert isinstance(ev, FlowData)
+            c.held_bytes += len(ev.data)
+            if c.held_bytes > MAX_UPGRADE_HELD:
+                self._upgrade(c, _Step.OVERFLOW, ev.ts, out)
+        return True
+
+    def _upgrade(
+        self,
+        c: _Conn,
+        step: _Step,
+        ts: float,
+        out: list[HttpOutput],
+        exchange: int = -1,
+        rest: bytes = b"",
+    ) -> None:
+        """Every transition of an ``Upgrade: h2c`` offer. ``exchange``: the
+        request carrying it (OFFER); ``rest``: the server's bytes after its 101
+        (SWITCH)."""
+        state = c.upgrade
+        if step is _Step.OFFER:
+            c.upgrade = Upgrade.OFFERED
+            c.upgrade_exchange = exchange
+        elif step is _Step.REQUEST_END:
+            if state is Upgrade.OFFERED:
+                c.upgrade = Upgrade.AWAITING  # the client's next bytes wait for the answer
+            elif state is Upgrade.EARLY:
+                self._switch(c, ts, out)
+        elif step is _Step.SWITCH:
+            if state is Upgrade.OFFERED:
+                # 101 before the request was whole: the request is read to its
+                # end as HTTP/1.1, the server's frames wait until then.
+                c.upgrade = Upgrade.EARLY
+                if rest:
+                    self._hold(c, False, FlowData(c.id, ts, c.swapped, rest), out)
+            else:
+                c.upgrade_exchange = exchange
+                self._switch(c, ts, out)
+                if rest:
+                    self._h2_data(c, False, ts, rest, out)
+        elif step is _Step.REFUSE:
+            if state is not Upgrade.NONE:
+                c.upgrade = Upgrade.NONE
+                self._release_held(c, ts, out, "the server refused the upgrade")
+        elif step is _Step.CLOSE:
+            if state is Upgrade.EARLY:
+                self._switch(c, ts, out)
+            elif state is not Upgrade.NONE:
+                c.upgrade = Upgrade.NONE
+                self._release_held(c, ts, out, None)
+        elif state is Upgrade.EARLY:  # OVERFLOW: the server did switch
+            self._error_conn(c, ts, True, "h2c", "request not whole after the 101", out)
+            self._switch(c, ts, out)
+        elif state is Upgrade.AWAITING:  # OVERFLOW: no answer after all these bytes
+            c.upgrade = Upgrade.NONE
+            msg = (
+                f"over {MAX_UPGRADE_HELD} bytes from the client before the answer to "
+                "its Upgrade: h2c request: read as HTTP/1.1"
+            )
+            self._error_conn(c, ts, True, "h2c", msg, out)
+            self._release_held(c, ts, out, None)
+
+    def _switch(self, c: _Conn, ts: float, out: list[HttpOutput]) -> None:
+        """The server switched to HTTP/2: the upgraded request is stream 1's, and
+        the held bytes (the client's: its preface, pipelined before the 101;
+        or the server's frames) are HTTP/2."""
+        client_held = c.upgrade is Upgrade.AWAITING
+        c.upgrade = Upgrade.NONE
+        c.h2 = H2Conn(c.id, upgraded=True, base=c.upgrade_exchange, stats=self.h2_stats)
+        self.stats.upgrades += 1
+        held, c.held, c.held_bytes = c.held, [], 0
+        first = _held_start(held) if client_held else None
+        if first is not None and not looks_like_preface(first) and _METHOD_PREFIX.match(first):
+            msg = (
+                "HTTP/1.1 request pipelined after an Upgrade: h2c request; the server "
+                "switched to HTTP/2 and reads it as such"
+            )
+            self._error_conn(c, ts, True, "h2c", msg, out)
+            c.h2.no_preface()
+        for ev in held:
+            self._flow(ev, out)
+
+    def _release_held(
+        self, c: _Conn, ts: float, out: list[HttpOutput], refused: str | None
+    ) -> None:
+        """No switch: the held client bytes are HTTP/1.1 after all (a request
+        pipelined after the offer is recorded: had the server switched, it would
+        have read it as HTTP/2)."""
+        held, c.held, c.held_bytes = c.held, [], 0
+        first = _held_start(held)
+        if refused is not None and first:
+            what = (
+                "HTTP/2 connection preface"
+                if looks_like_preface(first)
+                else "HTTP/1.1 request pipelined"
+                if _METHOD_PREFIX.match(first)
+                else "bytes"
+            )
+            msg = f"{what} sent before the answer to an Upgrade: h2c request ({refused})"
+            self._error_conn(c, ts, True, "h2c", msg, out)
+        for ev in held:
+            self._flow(ev, out)
+
+    def _error_conn(
+        self, c: _Conn, ts: float, from_client: bool, kind: str, msg: str, out: list[HttpOutput]
+    ) -> None:
+        """An error of the connection, not of one exchange."""
+        self.stats.errors += 1
+        out.append(HttpError(c.id, None, ts, from_client, kind, msg))
+
     # ----------------------------------------------------------------- roles
 
     def _release_opened(self, c: _Conn, out: list[HttpOutput]) -> None:
@@ -805,6 +995,13 @@ class HttpParser:
     def _data(self, c: _Conn, d: _Direction, ts: float, data: bytes, out: list[HttpOutput]) -> None:
         """Bytes of one direction, in order: bodies, heads, the next messages."""
         while data and not c.dead:
+            if c.h2 is not None:  # a message just ended switched the connection
+                self._h2_data(c, d.from_client, ts, data, out)
+                return
+            if c.upgrade is not Upgrade.NONE and self._hold(
+                c, d.from_client, FlowData(c.id, ts, d.from_client != c.swapped, data), out
+            ):
+                return
             if d.chunked is not None:
                 data = self._chunked_data(c, d, ts, data, out)
             elif d.body is not None:
@@ -878,18 +1075,18 @@ class HttpParser:
                 self._response(c, d, ts, head, out)
                 if head.status == 101:
                     # ``Upgrade: h2c`` accepted: HTTP/2 from the next byte on; the
-                    # request (exchange 0) continues as stream 1.
+                    # request continues as stream 1.
                     rest = bytes(buf)
+                    ex = d.exchange
                     d.head = None
                     d.raw = None
                     d.exchange = -1
-                    if c.h2 is None:
-                        c.h2 = H2Conn(c.id, upgraded=True, stats=self.h2_stats)
-                    else:
-                        c.h2.upgrade()
-                    if rest:
-                        out.extend(c.h2.data(False, ts, rest))
+                    d.h2c = False
+                    self._upgrade(c, _Step.SWITCH, ts, out, exchange=ex, rest=rest)
                     return b""
+                if d.h2c and d.in_message:  # a final answer: the offer is refused
+                    d.h2c = False
+                    self._upgrade(c, _Step.REFUSE, ts, out)
             if d.head is not buf:
                 return b""  # the head ended its message (framing error); the rest went on
             if not d.in_message:
@@ -961,7 +1158,10 @@ class HttpParser:
         d.in_message = True
         d.raw = None
         headers = ev.headers
-        c.pending.append(_Pending(ex, ev.method, _upgrades_to_h2c(headers)))
+        h2c = _upgrades_to_h2c(headers)
+        c.pending.append(_Pending(ex, ev.method, h2c))
+        if h2c:
+            self._upgrade(c, _Step.OFFER, ts, out, exchange=ex)
         self.stats.requests += 1
         out.append(
             HttpRequest(
@@ -1074,6 +1274,7 @@ class HttpParser:
         if d.decode_failed and reason is EndReason.COMPLETE:
             reason = EndReason.ERROR
         out.append(HttpEnd(c.id, d.exchange, ts, d.from_client, reason))
+        ex = d.exchange
         d.decoder = None
         d.decode_failed = False
         d.in_message = False
@@ -1081,6 +1282,8 @@ class HttpParser:
         d.body = None
         d.chunked = None
         d.exchange = -1
+        if d.from_client and c.upgrade is not Upgrade.NONE and ex == c.upgrade_exchange:
+            self._upgrade(c, _Step.REQUEST_END, ts, out)
 
     # ------------------------------------------------------------- recovery
 
