@@ -524,6 +524,47 @@ def test_101_before_the_upgrade_request_is_whole() -> None:
     assert not of(out, PipelineError)
 
 
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_preface_after_http1_requests_switches_once_they_are_answered(pipelined: bool) -> None:
+    """A client preface (prior knowledge) after HTTP/1.1 requests on the
+    connection (hypercorn switches there): the HTTP/1.1 answers still due are
+    read as HTTP/1.1 first; stream 1 is the next exchange."""
+    p = Peers()
+    one_stream(p, ["s", "1"])
+    one_stream(p, ["s", "3"])
+    (fc, preface), *h2_rest = p.wire
+    assert fc and preface.startswith(PREFACE)
+    reqs = [(True, h1_request()), (True, h1_request())]
+    resps = [(False, h1_sse(["a"])), (False, h1_sse(["b"]))]
+    if pipelined:  # both answers still due when the preface comes
+        wire: Wire = [*reqs, (True, preface), *resps, *h2_rest]
+    else:
+        wire = [reqs[0], resps[0], reqs[1], resps[1], (True, preface), *h2_rest]
+    out = run(wire)
+    assert rows(out) == complete([(0, "a"), (1, "b"), (2, "s1"), (3, "s3")])
+    assert not of(out, PipelineError)
+
+
+def test_refused_upgrade_with_a_pipelined_preface() -> None:
+    """The client pipelines its preface after an ``Upgrade: h2c`` request that
+    the server refuses (hypercorn refuses it on a request with a body, then
+    takes the preface as prior knowledge after its answer): the answer is
+    HTTP/1.1, HTTP/2 follows; the pipelined preface is recorded."""
+    p = Peers()
+    one_stream(p, ["after"])
+    (_, preface), *h2_rest = p.wire
+    wire: Wire = [
+        (True, h1_request(UPGRADE_HEADERS)),
+        (True, preface),
+        (False, h1_sse(["re", "fused"])),
+        *h2_rest,
+    ]
+    out = run(wire)
+    assert rows(out) == complete([(0, "refused"), (1, "after")])
+    (err,) = of(out, PipelineError)
+    assert err.kind == "h2c" and "preface" in err.message and err.stream is None
+
+
 def test_client_bytes_over_the_hold_cap_are_read_as_http1() -> None:
     """No answer to the offer while the client sends on: past the cap the bytes
     are read as HTTP/1.1 (the requests in them are rows), with an error."""

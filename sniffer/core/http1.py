@@ -457,13 +457,15 @@ class _LengthBody:
 
 
 class Upgrade(enum.Enum):
-    """Where a connection's ``Upgrade: h2c`` offer stands (RFC 9110 §7.8,
-    RFC 7540 §3.2). Transitions: ``HttpParser._upgrade``."""
+    """Where a connection's switch to HTTP/2 stands: an ``Upgrade: h2c`` offer
+    (RFC 9110 §7.8, RFC 7540 §3.2) or a client preface sent after HTTP/1.1
+    requests (prior knowledge). Transitions: ``HttpParser._upgrade``."""
 
-    NONE = "none"  # no offer in flight
-    OFFERED = "offered"  # the request carrying it is being sent; not answered yet
+    NONE = "none"  # no switch in flight
+    OFFERED = "offered"  # the request carrying the offer is being sent; not answered yet
     AWAITING = "awaiting"  # that request is whole, its answer not seen: client bytes held
     EARLY = "early"  # 101 before the request was whole: server bytes held until it is
+    PRIOR = "prior"  # a preface with HTTP/1.1 answers still due: client bytes held till then
 
 
 class _Step(enum.Enum):
@@ -473,7 +475,9 @@ class _Step(enum.Enum):
     REQUEST_END = "request-end"  # that request ended
     SWITCH = "switch"  # the server answered it 101
     REFUSE = "refuse"  # the server answered it with a final response
-    CLOSE = "close"  # the connection closed with the offer in flight
+    PREFACE = "preface"  # the client began a message with the HTTP/2 preface
+    ANSWERED = "answered"  # the server ended an answer and none is due any more
+    CLOSE = "close"  # the connection closed with a switch in flight
     OVERFLOW = "overflow"  # more than MAX_UPGRADE_HELD bytes held
 
 
@@ -659,19 +663,16 @@ class HttpParser:
                     pass  # an Upgrade: h2c offer waits for its answer
                 elif (
                     from_client
-                    and c.next_exchange == 0
                     and not d.in_message
                     and d.body is None
                     and looks_like_preface(bytes(d.head) + ev.data if d.head else ev.data)
                 ):
-                    # The HTTP/2 connection preface opening a connection, on any
-                    # port (prior knowledge).
+                    # The HTTP/2 connection preface, on any port (prior knowledge).
                     data = bytes(d.head) + ev.data if d.head else ev.data
                     d.head = None
                     d.raw = None
                     self._release_opened(c, out)
-                    c.h2 = H2Conn(c.id, stats=self.h2_stats)
-                    out.extend(c.h2.data(True, ev.ts, data))
+                    self._upgrade(c, _Step.PREFACE, ev.ts, out, rest=data)
                 elif c.midstart and c.next_exchange == 0 and _h2_frames(ev.data):
                     # Capture began inside an HTTP/2 connection: frames, no preface.
                     # ConnectionOpened waits until a header block shows the roles.
@@ -724,6 +725,14 @@ class HttpParser:
         elif t is ConnectionClosed:
             assert isinstance(ev, ConnectionClosed)
             c = self._conns.get(ev.conn)
+            if c is not None and c.upgrade is Upgrade.PRIOR and not c.dead:
+                # The HTTP/1.1 answers still due end here, then the held HTTP/2.
+                self._release_opened(c, out)
+                for d in c.dirs:
+                    self._end(c, d, ev.ts, ev.reason, out)
+                for p in c.pending:
+                    out.append(HttpEnd(c.id, p.exchange, ev.ts, False, EndReason.EOF))
+                c.pending.clear()
             if c is not None and c.upgrade is not Upgrade.NONE:
                 self._upgrade(c, _Step.CLOSE, ev.ts, out)
             c = self._conns.pop(ev.conn, None)
@@ -844,9 +853,11 @@ class HttpParser:
     # ------------------------------------------------------------ h2c upgrade
 
     def _hold(self, c: _Conn, from_client: bool, ev: FlowEvent, out: list[HttpOutput]) -> bool:
-        """Keep ``ev`` back if its direction waits on the connection's upgrade
-        offer (see ``Upgrade``); False if it is to be parsed now."""
-        if c.upgrade is Upgrade.OFFERED or from_client != (c.upgrade is Upgrade.AWAITING):
+        """Keep ``ev`` back if its direction waits on a switch in flight (see
+        ``Upgrade``: the server's in EARLY, the client's in AWAITING and PRIOR);
+        False if it is to be parsed now."""
+        state = c.upgrade
+        if state is Upgrade.OFFERED or from_client != (state is not Upgrade.EARLY):
             return False
         c.held.append(ev)
         if type(ev) is FlowData:
@@ -865,9 +876,10 @@ class HttpParser:
         exchange: int = -1,
         rest: bytes = b"",
     ) -> None:
-        """Every transition of an ``Upgrade: h2c`` offer. ``exchange``: the
-        request carrying it (OFFER); ``rest``: the server's bytes after its 101
-        (SWITCH)."""
+        """Every transition of a switch to HTTP/2 (``Upgrade``). ``exchange``:
+        the request carrying the offer (OFFER) or answered by the 101 (SWITCH);
+        ``rest``: the server's bytes after its 101 (SWITCH), the client's from
+        its preface on (PREFACE)."""
         state = c.upgrade
         if step is _Step.OFFER:
             c.upgrade = Upgrade.OFFERED
@@ -885,6 +897,7 @@ class HttpParser:
                 if rest:
                     self._hold(c, False, FlowData(c.id, ts, c.swapped, rest), out)
             else:
+                c.upgrade = Upgrade.AWAITING
                 c.upgrade_exchange = exchange
                 self._switch(c, ts, out)
                 if rest:
@@ -893,15 +906,22 @@ class HttpParser:
             if state is not Upgrade.NONE:
                 c.upgrade = Upgrade.NONE
                 self._release_held(c, ts, out, "the server refused the upgrade")
+        elif step is _Step.PREFACE:
+            # HTTP/2 from the client on; the server goes on answering the
+            # HTTP/1.1 requests before it first (stream 1 is the next exchange).
+            c.upgrade = Upgrade.PRIOR
+            c.upgrade_exchange = c.next_exchange
+            self._hold(c, True, FlowData(c.id, ts, not c.swapped, rest), out)
+            self._upgrade(c, _Step.ANSWERED, ts, out)
+        elif step is _Step.ANSWERED:
+            if state is Upgrade.PRIOR and not c.pending and not c.dirs[False].in_message:
+                self._switch(c, ts, out)
         elif step is _Step.CLOSE:
-            if state is Upgrade.EARLY:
+            if state in (Upgrade.EARLY, Upgrade.PRIOR):
                 self._switch(c, ts, out)
             elif state is not Upgrade.NONE:
                 c.upgrade = Upgrade.NONE
                 self._release_held(c, ts, out, None)
-        elif state is Upgrade.EARLY:  # OVERFLOW: the server did switch
-            self._error_conn(c, ts, True, "h2c", "request not whole after the 101", out)
-            self._switch(c, ts, out)
         elif state is Upgrade.AWAITING:  # OVERFLOW: no answer after all these bytes
             c.upgrade = Upgrade.NONE
             msg = (
@@ -910,17 +930,29 @@ class HttpParser:
             )
             self._error_conn(c, ts, True, "h2c", msg, out)
             self._release_held(c, ts, out, None)
+        elif state is not Upgrade.NONE:  # OVERFLOW, EARLY or PRIOR: HTTP/2 it is
+            msg = (
+                f"over {MAX_UPGRADE_HELD} bytes held while the "
+                + ("upgraded request was not whole" if state is Upgrade.EARLY else "server")
+                + " still answered HTTP/1.1 requests: switched to HTTP/2"
+            )
+            self._error_conn(c, ts, state is Upgrade.EARLY, "h2c", msg, out)
+            self._switch(c, ts, out)
 
     def _switch(self, c: _Conn, ts: float, out: list[HttpOutput]) -> None:
-        """The server switched to HTTP/2: the upgraded request is stream 1's, and
-        the held bytes (the client's: its preface, pipelined before the 101;
-        or the server's frames) are HTTP/2."""
-        client_held = c.upgrade is Upgrade.AWAITING
+        """The connection speaks HTTP/2 from here on: after a 101 (the upgraded
+        request is stream 1's) or a client preface (stream 1 is the next
+        exchange); the held bytes (the client's: its preface, sent before the
+        101 or before the last HTTP/1.1 answer; or the server's frames) are
+        HTTP/2."""
+        state = c.upgrade
+        upgraded = state is not Upgrade.PRIOR
         c.upgrade = Upgrade.NONE
-        c.h2 = H2Conn(c.id, upgraded=True, base=c.upgrade_exchange, stats=self.h2_stats)
-        self.stats.upgrades += 1
+        c.h2 = H2Conn(c.id, upgraded=upgraded, base=c.upgrade_exchange, stats=self.h2_stats)
+        if upgraded:
+            self.stats.upgrades += 1
         held, c.held, c.held_bytes = c.held, [], 0
-        first = _held_start(held) if client_held else None
+        first = _held_start(held) if state is Upgrade.AWAITING else None
         if first is not None and not looks_like_preface(first) and _METHOD_PREFIX.match(first):
             msg = (
                 "HTTP/1.1 request pipelined after an Upgrade: h2c request; the server "
@@ -934,7 +966,7 @@ class HttpParser:
     def _release_held(
         self, c: _Conn, ts: float, out: list[HttpOutput], refused: str | None
     ) -> None:
-        """No switch: the held client bytes are HTTP/1.1 after all (a request
+        """No switch: the held client bytes are parsed as they come (a request
         pipelined after the offer is recorded: had the server switched, it would
         have read it as HTTP/2)."""
         held, c.held, c.held_bytes = c.held, [], 0
@@ -1282,8 +1314,11 @@ class HttpParser:
         d.body = None
         d.chunked = None
         d.exchange = -1
-        if d.from_client and c.upgrade is not Upgrade.NONE and ex == c.upgrade_exchange:
-            self._upgrade(c, _Step.REQUEST_END, ts, out)
+        if c.upgrade is not Upgrade.NONE:
+            if not d.from_client:
+                self._upgrade(c, _Step.ANSWERED, ts, out)
+            elif ex == c.upgrade_exchange:
+                self._upgrade(c, _Step.REQUEST_END, ts, out)
 
     # ------------------------------------------------------------- recovery
 
@@ -1302,6 +1337,8 @@ class HttpParser:
             # The response to this exchange could not be parsed.
             out.append(HttpEnd(c.id, d.exchange, ts, False, EndReason.ERROR))
             d.exchange = -1
+            if c.upgrade is not Upgrade.NONE:
+                self._upgrade(c, _Step.ANSWERED, ts, out)
         d.head = None
 
     def _malformed(
