@@ -256,6 +256,41 @@ def test_rst_stream_truncates_that_stream_only() -> None:
     assert states[ops[1]].state is StreamState.COMPLETE
 
 
+@pytest.mark.parametrize("whole", [True, False])
+def test_reset_after_the_whole_content_length_keeps_the_response(whole: bool) -> None:
+    """curl resets a stream with STREAM_CLOSED once it has read the body its
+    Content-Length announced (before the server's END_STREAM): that response is
+    whole; a reset before the last byte still cuts it (recorded)."""
+    p = Peers()
+    sid = p.request({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    answer = {
+        "id": "c1",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Whole."},
+                     "finish_reason": "stop"}],
+    }  # fmt: skip
+    raw = json.dumps(answer).encode()
+    p.s.send_headers(
+        sid,
+        [(":status", "200"), ("content-type", "application/json"),
+         ("content-length", str(len(raw)))],
+    )  # fmt: skip
+    p.s.send_data(sid, raw if whole else raw[:-1])
+    p.pump()
+    p.c.reset_stream(sid, error_code=5)  # STREAM_CLOSED
+    p.pump()
+    out = run(p.wire)
+    (closed,) = of(out, StreamClosed)
+    if whole:
+        assert closed.state is StreamState.COMPLETE, closed.reason
+        assert [c.text for c in of(out, ChunkEvent) if c.text] == ["Whole."]
+        assert not of(out, PipelineError)
+    else:
+        assert closed.state is not StreamState.COMPLETE
+        assert [e.message for e in of(out, PipelineError)] == ["RST_STREAM STREAM_CLOSED"]
+
+
 def test_goaway_and_rst_with_error_are_recorded() -> None:
     p = Peers()
     a = p.request(CHAT)

@@ -119,13 +119,20 @@ class H2Stats:
 class _Side:
     """One half (client or server) of one HTTP/2 stream."""
 
-    __slots__ = ("decode_failed", "decoder", "ended", "heads")
+    __slots__ = ("decode_failed", "decoder", "ended", "heads", "length", "received")
 
     def __init__(self) -> None:
         self.heads = 0  # header blocks seen (final head, then trailers)
         self.ended = False
         self.decoder: _BodyDecoder | None = None
         self.decode_failed = False
+        self.length: int | None = None  # the head's Content-Length
+        self.received = 0  # DATA payload bytes so far
+
+    @property
+    def whole(self) -> bool:
+        """All the body its Content-Length announced has arrived."""
+        return self.length is not None and self.received == self.length
 
 
 class _Stream:
@@ -383,6 +390,7 @@ class H2Conn:
             if side.ended:
                 return
             if frame.data:
+                side.received += len(frame.data)
                 self._body(s, side, from_client, ts, bytes(frame.data), out)
             if "END_STREAM" in frame.flags:
                 self._end_side(s, from_client, ts, EndReason.COMPLETE, out)
@@ -426,7 +434,12 @@ class H2Conn:
             if s is None:
                 return
             code = frame.error_code
-            if code not in (0, 8):  # NO_ERROR, CANCEL: ordinary ends
+            # A response whose Content-Length is all there is whole, whatever
+            # the reset (curl resets an upgraded stream 1 with STREAM_CLOSED
+            # once it has read its body).
+            whole = s.server.whole and not s.server.ended
+            if code not in (0, 8) and not (whole and code == 5):
+                # (NO_ERROR, CANCEL: ordinary ends)
                 self._error(
                     s.exchange,
                     from_client,
@@ -438,7 +451,8 @@ class H2Conn:
             for fc in (True, False):
                 side = s.client if fc else s.server
                 if not side.ended and not s.broken:
-                    self._end_side(s, fc, ts, EndReason.RST, out)
+                    why = EndReason.COMPLETE if whole and not fc else EndReason.RST
+                    self._end_side(s, fc, ts, why, out)
             self.streams.pop(s.id, None)
         elif t is GoAwayFrame:
             assert isinstance(frame, GoAwayFrame)
@@ -536,6 +550,9 @@ class H2Conn:
             out.append(HttpResponse(self.conn, s.exchange, ts, status, "", "2", hdrs, info))
             if info:
                 return
+        for name, value in hdrs:
+            if name == "content-length" and value.isdigit() and len(value) < 20:
+                side.length = int(value)
         side.decoder, err = _decoder_for(hdrs)
         side.decode_failed = err is not None
         if err is not None:
