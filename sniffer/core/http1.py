@@ -643,10 +643,6 @@ class HttpParser:
 
     def feed(self, ev: FlowEvent) -> list[HttpOutput]:
         out: list[HttpOutput] = []
-        self._flow(ev, out)
-        return out
-
-    def _flow(self, ev: FlowEvent, out: list[HttpOutput]) -> None:
         t = type(ev)
         if t is FlowData:
             assert isinstance(ev, FlowData)
@@ -716,7 +712,7 @@ class HttpParser:
                 self._release_opened(c, out)
                 fc = ev.from_client != c.swapped
                 if c.upgrade is not Upgrade.NONE and self._hold(c, fc, ev, out):
-                    return  # passed on when the held events are
+                    return out  # passed on when the held events are
                 if c.h2 is not None:
                     out.extend(c.h2.end(fc, ev.ts, ev.reason))
                 elif not c.dead:
@@ -746,6 +742,7 @@ class HttpParser:
                     for p in c.pending:  # requests never answered
                         out.append(HttpEnd(c.id, p.exchange, ev.ts, False, EndReason.EOF))
             out.append(ev)
+        return out
 
     @property
     def open_connections(self) -> int:
@@ -961,7 +958,7 @@ class HttpParser:
             self._error_conn(c, ts, True, "h2c", msg, out)
             c.h2.no_preface()
         for ev in held:
-            self._flow(ev, out)
+            out.extend(self.feed(ev))
 
     def _release_held(
         self, c: _Conn, ts: float, out: list[HttpOutput], refused: str | None
@@ -982,7 +979,7 @@ class HttpParser:
             msg = f"{what} sent before the answer to an Upgrade: h2c request ({refused})"
             self._error_conn(c, ts, True, "h2c", msg, out)
         for ev in held:
-            self._flow(ev, out)
+            out.extend(self.feed(ev))
 
     def _error_conn(
         self, c: _Conn, ts: float, from_client: bool, kind: str, msg: str, out: list[HttpOutput]
