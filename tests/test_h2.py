@@ -291,6 +291,27 @@ def test_reset_after_the_whole_content_length_keeps_the_response(whole: bool) ->
         assert [e.message for e in of(out, PipelineError)] == ["RST_STREAM STREAM_CLOSED"]
 
 
+def test_a_content_length_of_non_ascii_digits_is_no_length() -> None:
+    """``²`` is a digit to ``str.isdigit`` (latin-1 header bytes) but no number:
+    the response is read without a length, nothing raises."""
+    import hpack
+    from hyperframe.frame import DataFrame, HeadersFrame
+
+    h = H2Conn(1)
+    h.data(True, 0.0, PREFACE)
+    req = HeadersFrame(1, hpack.Encoder().encode([(":method", "GET"), (":path", "/")]))
+    req.flags.add("END_HEADERS")
+    req.flags.add("END_STREAM")
+    h.data(True, 0.1, req.serialize())
+    block = hpack.Encoder().encode([(b":status", b"200"), (b"content-length", b"\xb2")])
+    head = HeadersFrame(1, block)
+    head.flags.add("END_HEADERS")
+    body = DataFrame(1, b"x")
+    body.flags.add("END_STREAM")
+    evs = h.data(False, 0.2, head.serialize() + body.serialize())
+    assert [type(e).__name__ for e in evs] == ["HttpResponse", "HttpBody", "HttpEnd"]
+
+
 def test_goaway_and_rst_with_error_are_recorded() -> None:
     p = Peers()
     a = p.request(CHAT)

@@ -434,7 +434,7 @@ class H2Conn:
             if s is None:
                 return
             code = frame.error_code
-            # A response whose Content-Length is all there is whole, whatever
+            # A response whose whole Content-Length has arrived is whole, whatever
             # the reset (curl resets an upgraded stream 1 with STREAM_CLOSED
             # once it has read its body).
             whole = s.server.whole and not s.server.ended
@@ -551,7 +551,7 @@ class H2Conn:
             if info:
                 return
         for name, value in hdrs:
-            if name == "content-length" and value.isdigit() and len(value) < 20:
+            if name == "content-length" and value.isascii() and value.isdigit() and len(value) < 20:
                 side.length = int(value)
         side.decoder, err = _decoder_for(hdrs)
         side.decode_failed = err is not None
