@@ -803,6 +803,99 @@ SECURITY_FIXTURES: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] =
 ]
 
 
+# ---------------------------------------------------------------------------
+# h2c upgrades on a keep-alive connection: HTTP/1.1 exchanges, then a request
+# carrying ``Upgrade: h2c`` answered on HTTP/2 stream 1, then more streams; the
+# bytes come from real h2 endpoints (scripts/h2c_wire.py), the expected result
+# from the pieces the server streamed.
+# ---------------------------------------------------------------------------
+
+
+def _wire_packets(client_port: int, wire: list[tuple[bool, bytes]], t0: float) -> list[Packet]:
+    """One TCP connection on 127.0.0.1 carrying ``wire`` (each write in
+    MSS-sized segments, in the order sent), handshake and FINs around it."""
+    from scapy.layers.l2 import Ether
+
+    cli, srv = ("127.0.0.1", client_port), ("127.0.0.1", SEC_SERVER_PORT)
+    seq = {True: 999, False: 4999}
+    pkts: list[Packet] = []
+    t = [t0]
+
+    def emit(from_client: bool, flags: str, payload: bytes = b"") -> None:
+        a, b = (cli, srv) if from_client else (srv, cli)
+        tcp = TCP(sport=a[1], dport=b[1], flags=flags, seq=seq[from_client])
+        if "A" in flags:
+            tcp.ack = seq[not from_client]
+        p = Ether() / IP(src=a[0], dst=b[0]) / tcp
+        if payload:
+            p = p / Raw(payload)
+        p.time = t[0]
+        t[0] += 0.001
+        pkts.append(p)
+        grow = len(payload) + (1 if "S" in flags or "F" in flags else 0)
+        seq[from_client] = (seq[from_client] + grow) % MOD
+
+    emit(True, "S")
+    emit(False, "SA")
+    emit(True, "A")
+    for from_client, data in wire:
+        for i in range(0, len(data), 16000):
+            emit(from_client, "PA", data[i : i + 16000])
+    emit(True, "FA")
+    emit(False, "FA")
+    emit(True, "A")
+    return pkts
+
+
+def _h2c_fixture(
+    name: str, description: str, port: int, before: int, preface_first: bool, t0: float
+) -> tuple[list[Packet], dict[str, Any]]:
+    from h2c_wire import upgrade_wire
+
+    up = upgrade_wire(before, port=SEC_SERVER_PORT, preface_first=preface_first, after=2)
+    streams = []
+    for ex, pieces in enumerate(up.pieces):
+        entry = _sec_stream(port, ex, "".join(pieces), len(pieces))
+        entry["sse_events"] = len(pieces) + 2  # the pieces, the finish chunk, [DONE]
+        streams.append(entry)
+    return _wire_packets(port, up.wire, t0), _sec_expected(name, description, streams)
+
+
+def h2c_upgrade_second(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """``Upgrade: h2c`` on the second request of a keep-alive connection."""
+    return _h2c_fixture(
+        "h2c_upgrade_second",
+        "keep-alive: an HTTP/1.1 chat stream, then a chat request with Upgrade: h2c "
+        "answered on HTTP/2 stream 1 after a 101 (exchange 1), then chats on streams 3 "
+        "and 5 (exchanges 2, 3)",
+        40111,
+        1,
+        False,
+        SEC_T0 + 50,
+    )
+
+
+def h2c_preface_first(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """The client's preface pipelined before the server's 101, on the third request."""
+    return _h2c_fixture(
+        "h2c_preface_first",
+        "keep-alive: two HTTP/1.1 chat streams, then a chat request with Upgrade: h2c "
+        "whose client sends its HTTP/2 preface before the server's 101 (pipelined); "
+        "stream 1 answers it (exchange 2), then chats on streams 3 and 5",
+        40112,
+        2,
+        True,
+        SEC_T0 + 60,
+    )
+
+
+#: Crafted protocol cases (not faults of a base recording).
+H2C_FIXTURES: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
+    h2c_upgrade_second,
+    h2c_preface_first,
+]
+
+
 FAULTS: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
     fault_reorder,
     fault_dup,
@@ -818,11 +911,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pcaps", type=Path, default=REPO / "pcaps", help="the recorded base fixtures")
     ap.add_argument("--out", type=Path, default=FAULTS_DIR, help="where the faults are written")
     ap.add_argument(
-        "--security-only", action="store_true", help="only the security fixtures (sec_*)"
+        "--security-only",
+        action="store_true",
+        help="only the synthesized fixtures (sec_*, h2c_*: no base recording needed)",
     )
     ns = ap.parse_args(argv)
     ns.out.mkdir(parents=True, exist_ok=True)
-    for make in SECURITY_FIXTURES:
+    for make in SECURITY_FIXTURES + H2C_FIXTURES:
         pkts, expected = make(ns.pcaps)
         name = expected["fixture"]
         wrpcap(str(ns.out / f"{name}.pcap"), pkts)

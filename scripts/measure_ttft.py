@@ -15,6 +15,13 @@ exchange on each connection:
   documented fields (OpenAI chat and completions, Responses, Anthropic
   Messages, TGI, Ollama); for a non-streamed body, when its last byte arrives;
 
+A connection that switches to HTTP/2 (``Upgrade: h2c``: the 101, then frames;
+the client's preface right after its upgrade request) goes on with its HTTP/2
+streams: stream 1 answers the upgraded request, streams 3, 5, … are the next
+exchanges; a request's time is then when its header block's last frame
+became readable, and the body is what the DATA frames carry (frame headers,
+padding and HPACK read here, with the ``hpack`` package).
+
 ``ttft_ms`` is the difference, in milliseconds rounded to the microsecond of
 the capture clock; ``null`` when the exchange carries no output (or the capture
 does not show its request). Compressed response bodies are not measured
@@ -35,12 +42,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import hpack
 from scapy.layers.inet import IP, TCP
 from scapy.layers.inet6 import IPv6
 from scapy.utils import PcapReader
 
 REPO = Path(__file__).resolve().parents[1]
 MOD = 1 << 32
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
 @dataclass
@@ -126,6 +135,8 @@ def parse_messages(
 ) -> list[Message]:
     out: list[Message] = []
     while pos < len(data):
+        if not responses and data.startswith(PREFACE, pos):
+            break  # HTTP/2 from here on (h2c_streams)
         head_end = data.find(b"\r\n\r\n", pos)
         if head_end < 0:
             break
@@ -176,10 +187,60 @@ def parse_messages(
         else:
             end = head_end
         out.append(Message(head_end, headers, status, bytes(body), raw, end))
-        if end is None:
+        if end is None or status == 101:  # after a 101: HTTP/2 (h2c_streams)
             break
         pos = end
     return out
+
+
+def _frames(data: bytes, pos: int) -> list[tuple[int, int, int, int, int]]:
+    """HTTP/2 frames from ``pos``: (type, flags, stream, payload start, payload end)."""
+    out = []
+    while pos + 9 <= len(data):
+        length = int.from_bytes(data[pos : pos + 3], "big")
+        if pos + 9 + length > len(data):
+            break
+        sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+        out.append((data[pos + 3], data[pos + 4], sid, pos + 9, pos + 9 + length))
+        pos += 9 + length
+    return out
+
+
+def h2c_streams(
+    c: bytes, c_at: int, s: bytes, s_at: int
+) -> tuple[dict[int, int], dict[int, Message]]:
+    """After an h2c switch (the client's preface at ``c_at``, the server's frames
+    at ``s_at``): per client stream, the offset of its request head's last byte;
+    per stream, the server's response (headers, DATA payload with raw offsets)."""
+    heads: dict[int, int] = {}
+    for ftype, flags, sid, _, end in _frames(c, c_at + len(PREFACE)):
+        if ftype in (1, 9) and flags & 0x4 and sid not in heads:  # END_HEADERS
+            heads[sid] = end - 1
+    resps: dict[int, Message] = {}
+    dec = hpack.Decoder()
+    block = b""
+    for ftype, flags, sid, start, end in _frames(s, s_at):
+        if ftype in (1, 9):  # HEADERS, CONTINUATION
+            if ftype == 1:
+                pad = s[start] if flags & 0x8 else 0
+                start += (1 if flags & 0x8 else 0) + (5 if flags & 0x20 else 0)
+                block = s[start : end - pad]
+            else:
+                block += s[start:end]
+            if flags & 0x4:
+                fields = {k.lower(): v for k, v in dec.decode(block)}
+                status = int(fields.get(":status", "0"))
+                if sid not in resps and status >= 200:
+                    resps[sid] = Message(end, fields, status, b"", [], None)
+        elif ftype == 0 and sid in resps:  # DATA
+            pad = s[start] if flags & 0x8 else 0
+            start += 1 if flags & 0x8 else 0
+            m = resps[sid]
+            m.body += s[start : end - pad]
+            m.body_raw += range(start, end - pad)
+            if flags & 0x1:
+                m.end = end
+    return heads, resps
 
 
 def _text(v: Any) -> bool:
@@ -321,21 +382,29 @@ def measure(pcap: Path, exp: dict[str, Any]) -> dict[tuple[int, int], float | No
         # a capture that began inside a response shows its tail first: skip to a status line
         skip = 0 if s.data.startswith(b"HTTP/1.") else s.data.find(b"\r\nHTTP/1.") + 2
         resps = parse_messages(bytes(s.data), True, methods, skip)
+        req_ends = [r.head_end - 1 for r in reqs]
+        if resps and resps[-1].status == 101 and len(resps) == len(reqs):
+            # h2c: the upgraded request is answered on stream 1, then streams 3, 5, …
+            heads, answers = h2c_streams(
+                bytes(c.data), reqs[-1].end or 0, bytes(s.data), resps[-1].end or 0
+            )
+            resps = [*resps[:-1], *(answers[sid] for sid in sorted(answers) if sid % 2)]
+            req_ends += [heads[sid] for sid in sorted(heads) if sid > 1]
         for want in exp["streams"]:
             if want["client_port"] != port:
                 continue
             ex = want["exchange"]
             # a capture that began mid-connection shows neither the first exchanges
             # nor their requests: pair the exchanges it does show from the end
-            shown = len(reqs)
+            shown = len(req_ends)
             k = ex - (
                 max(w["exchange"] for w in exp["streams"] if w["client_port"] == port) + 1 - shown
             )
-            if not 0 <= k < len(reqs) or k >= len(resps):
+            if not 0 <= k < len(req_ends) or k >= len(resps):
                 continue
             if resps[k].headers.get("content-encoding", "identity").lower() != "identity":
                 continue  # compressed body: not read by this route (no ttft_ms is written)
-            t_req = c.ready[reqs[k].head_end - 1]
+            t_req = c.ready[req_ends[k]]
             off = first_output_offset(resps[k])
             if off is None:
                 out[(port, ex)] = None

@@ -340,8 +340,8 @@ SELF_CHECKED = sorted(
     not in ("fault_lost", "fault_midstream", "fault_truncated_file")
     # crafted by scripts/craft_dialect_pcaps.py and craft_midway.py, not by this server
     and not p.name.startswith(("dialect_", "midway_"))
-    # synthesized by scripts/craft_faults.py (security group); expected = what is stored
-    and not p.name.startswith("sec_")
+    # synthesized by scripts/craft_faults.py (security and h2c groups; h2c is HTTP/2)
+    and not p.name.startswith(("sec_", "h2c_"))
 )
 
 

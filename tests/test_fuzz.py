@@ -24,9 +24,22 @@ def test_mutate_keeps_the_capture_header_and_applies_ops() -> None:
 def test_short_campaign_finds_nothing(tmp_path: Path) -> None:
     report = campaign(400, timeout=30.0, out=tmp_path, derandomize=True)
     assert report.cases == 400
-    assert set(report.by_kind) == {"capture", "flows", "json"}
+    assert set(report.by_kind) == {"capture", "flows", "json", "upgrade"}
     assert not report.crashes, report.crashes
     assert report.hangs == 0
+
+
+def test_every_upgrade_case_gives_the_rows_the_server_streamed() -> None:
+    """Each upgrade position (0-3 HTTP/1.1 exchanges before, 0-2 streams after),
+    preface side and variant, unmutated and cut at two offsets per write: the
+    campaign's oracle holds (the texts per exchange, the h2c errors due)."""
+    from fuzz import UPGRADE_VARIANTS, run_upgrade, upgrade_case
+
+    seen = set()
+    for seed in range(4 * 3 * 2 * len(UPGRADE_VARIANTS)):
+        seen.add(upgrade_case(seed)[0])
+        run_upgrade(seed, [], [0.31, 0.77], 1)
+    assert seen == set(UPGRADE_VARIANTS)
 
 
 def test_a_dropped_connection_counts_as_a_crash(monkeypatch: object) -> None:

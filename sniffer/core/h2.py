@@ -21,9 +21,17 @@ PING, PRIORITY and SETTINGS (but its header-table size) are read and ignored.
 Each HTTP/2 stream becomes one exchange, emitted as the same ``HttpRequest`` /
 ``HttpResponse`` / ``HttpBody`` / ``HttpEnd`` / ``HttpError`` events as
 HTTP/1.1 (``version="2"``), so every dialect works unchanged. The exchange
-number is stream-scoped: client stream ``n`` is exchange ``n // 2`` (stream 1
-is exchange 0, which is also the HTTP/1.1 request an ``Upgrade: h2c`` turns
-into stream 1). Trailers (a second HEADERS block) come out as ``HttpTrailers``.
+number is stream-scoped: client stream ``n`` is exchange ``base + n // 2``,
+where ``base`` is the exchange of stream 1: the first exchange of the
+connection for prior knowledge, and for ``Upgrade: h2c`` the HTTP/1.1 request
+that carried the upgrade (RFC 7540 §3.2: that request is stream 1's, its
+response comes on stream 1), numbered after the HTTP/1.1 exchanges before it on
+a keep-alive connection. Trailers (a second HEADERS block) come out as
+``HttpTrailers``.
+
+After an upgrade the client must begin with the connection preface: other
+bytes, or a client side that ends before it, are an ``HttpError(kind="h2c")``
+(the frames are then looked for as after a loss).
 
 Loss and late starts: after a gap, or when the capture began mid-connection,
 a direction's frame boundaries are found again by looking for a chain of
@@ -99,10 +107,6 @@ def looks_like_preface(data: bytes) -> bool:
     return n >= 4 and data[:n] == PREFACE[:n]
 
 
-def exchange_of(stream_id: int) -> int:
-    return stream_id // 2
-
-
 @dataclass(slots=True)
 class H2Stats:
     frames: int = 0
@@ -115,21 +119,28 @@ class H2Stats:
 class _Side:
     """One half (client or server) of one HTTP/2 stream."""
 
-    __slots__ = ("decode_failed", "decoder", "ended", "heads")
+    __slots__ = ("decode_failed", "decoder", "ended", "heads", "length", "received")
 
     def __init__(self) -> None:
         self.heads = 0  # header blocks seen (final head, then trailers)
         self.ended = False
         self.decoder: _BodyDecoder | None = None
         self.decode_failed = False
+        self.length: int | None = None  # the head's Content-Length
+        self.received = 0  # DATA payload bytes so far
+
+    @property
+    def whole(self) -> bool:
+        """All the body its Content-Length announced has arrived."""
+        return self.length is not None and self.received == self.length
 
 
 class _Stream:
     __slots__ = ("broken", "client", "exchange", "id", "server")
 
-    def __init__(self, sid: int) -> None:
+    def __init__(self, sid: int, exchange: int) -> None:
         self.id = sid
-        self.exchange = exchange_of(sid)
+        self.exchange = exchange
         self.client = _Side()
         self.server = _Side()
         self.broken = False  # headers undecodable: the exchange was ended as an error
@@ -207,8 +218,11 @@ class H2Conn:
         upgraded: bool = False,
         midstream: bool = False,
         stats: H2Stats | None = None,
+        base: int = 0,
     ) -> None:
         self.conn = conn
+        self.base = base  # the exchange of stream 1
+        self.upgraded = upgraded
         self.stats = stats if stats is not None else H2Stats()
         # index by from_client
         self.dirs = (_Dir(False, not midstream), _Dir(not midstream, not midstream))
@@ -225,12 +239,23 @@ class H2Conn:
             self.upgrade()
 
     def upgrade(self) -> None:
-        """The HTTP/1.1 request (exchange 0) became stream 1, its request side done."""
+        """The HTTP/1.1 request (exchange ``base``) became stream 1, its request side done."""
         s = self.streams.get(1)
         if s is None:
             s = self._stream(1)
         s.client.heads = 1
         s.client.ended = True
+
+    def exchange_of(self, stream_id: int) -> int:
+        return self.base + stream_id // 2
+
+    def no_preface(self) -> None:
+        """The caller found (and recorded) that the client's bytes do not begin
+        with the preface: look for frame boundaries in them instead."""
+        d = self.dirs[True]
+        if d.preface:
+            d.preface = False
+            self._unsync(d)
 
     # ----------------------------------------------------------------- input
 
@@ -241,10 +266,13 @@ class H2Conn:
         if d.preface:
             n = min(len(d.buf), len(PREFACE))
             if d.buf[:n] != PREFACE[:n]:
-                self.stats.errors += 1
-                out.append(HttpError(self.conn, None, ts, True, "h2", "bad connection preface"))
+                if self.upgraded:
+                    msg = "no HTTP/2 connection preface from the client after the h2c upgrade"
+                    self._error(None, True, ts, "h2c", msg, out)
+                else:
+                    self._error(None, True, ts, "h2", "bad connection preface", out)
                 d.preface = False
-                self._lose_sync(d)
+                self._unsync(d)
             elif len(d.buf) < len(PREFACE):
                 return out
             else:
@@ -277,6 +305,14 @@ class H2Conn:
     def end(self, from_client: bool, ts: float, reason: str) -> list[H2Output]:
         """One direction ended: its open stream halves end (EOF or RST)."""
         out: list[H2Output] = []
+        d = self.dirs[from_client]
+        if from_client and d.preface:
+            d.preface = False
+            if self.upgraded:
+                msg = "the client ended without its HTTP/2 connection preface after the h2c upgrade"
+                self._error(None, True, ts, "h2c", msg, out)
+            else:
+                self._error(None, True, ts, "h2", "the client ended inside the preface", out)
         why = EndReason.RST if reason == "rst" else EndReason.EOF
         for s in list(self.streams.values()):
             side = s.client if from_client else s.server
@@ -319,7 +355,7 @@ class H2Conn:
                     out.append(
                         HttpError(
                             self.conn,
-                            exchange_of(sid) if sid else None,
+                            self.exchange_of(sid) if sid else None,
                             ts,
                             from_client,
                             "h2",
@@ -354,6 +390,7 @@ class H2Conn:
             if side.ended:
                 return
             if frame.data:
+                side.received += len(frame.data)
                 self._body(s, side, from_client, ts, bytes(frame.data), out)
             if "END_STREAM" in frame.flags:
                 self._end_side(s, from_client, ts, EndReason.COMPLETE, out)
@@ -368,14 +405,19 @@ class H2Conn:
             assert isinstance(frame, ContinuationFrame)
             if d.block is None or abs(d.block_sid) != frame.stream_id:
                 self._error(
-                    exchange_of(frame.stream_id), from_client, ts, "h2", "stray CONTINUATION", out
+                    self.exchange_of(frame.stream_id),
+                    from_client,
+                    ts,
+                    "h2",
+                    "stray CONTINUATION",
+                    out,
                 )
                 d.block = None
                 return
             d.block += frame.data
             if len(d.block) > _MAX_BLOCK:
                 self._error(
-                    exchange_of(frame.stream_id),
+                    self.exchange_of(frame.stream_id),
                     from_client,
                     ts,
                     "h2",
@@ -392,7 +434,12 @@ class H2Conn:
             if s is None:
                 return
             code = frame.error_code
-            if code not in (0, 8):  # NO_ERROR, CANCEL: ordinary ends
+            # A response whose whole Content-Length has arrived is whole, whatever
+            # the reset (curl resets an upgraded stream 1 with STREAM_CLOSED
+            # once it has read its body).
+            whole = s.server.whole and not s.server.ended
+            if code not in (0, 8) and not (whole and code == 5):
+                # (NO_ERROR, CANCEL: ordinary ends)
                 self._error(
                     s.exchange,
                     from_client,
@@ -404,7 +451,8 @@ class H2Conn:
             for fc in (True, False):
                 side = s.client if fc else s.server
                 if not side.ended and not s.broken:
-                    self._end_side(s, fc, ts, EndReason.RST, out)
+                    why = EndReason.COMPLETE if whole and not fc else EndReason.RST
+                    self._end_side(s, fc, ts, why, out)
             self.streams.pop(s.id, None)
         elif t is GoAwayFrame:
             assert isinstance(frame, GoAwayFrame)
@@ -502,6 +550,9 @@ class H2Conn:
             out.append(HttpResponse(self.conn, s.exchange, ts, status, "", "2", hdrs, info))
             if info:
                 return
+        for name, value in hdrs:
+            if name == "content-length" and value.isascii() and value.isdigit() and len(value) < 20:
+                side.length = int(value)
         side.decoder, err = _decoder_for(hdrs)
         side.decode_failed = err is not None
         if err is not None:
@@ -512,7 +563,7 @@ class H2Conn:
     # ------------------------------------------------------------------ misc
 
     def _stream(self, sid: int) -> _Stream:
-        s = _Stream(sid)
+        s = _Stream(sid, self.exchange_of(sid))
         self.streams[sid] = s
         self.stats.streams += 1
         return s

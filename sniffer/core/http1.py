@@ -21,6 +21,15 @@ message there. The message that was cut is ended with ``EndReason.GAP`` (or
 Responses are paired with requests in order. A response that arrives when no
 request is pending is parsed as the answer to an unseen GET and reported with
 an ``HttpError(kind="desync")``.
+
+HTTP/2 takes the connection over (``core.h2``) on a client preface that opens
+it (prior knowledge) or on the ``101`` answering a request that carried
+``Upgrade: h2c``, at any position on a keep-alive connection (``Upgrade``
+below holds the states of that offer, ``_upgrade`` its transitions): the
+client's bytes after that request are held until the server's answer shows
+which protocol they are (a preface may be pipelined before the 101), the
+upgraded request is HTTP/2 stream 1's, and later streams are the exchanges
+after it.
 """
 
 from __future__ import annotations
@@ -95,6 +104,8 @@ MAX_BODY_LENGTH = (1 << 62) - 1
 #: builds a NamedTuple event (FlowData, HttpBody) in one C call on the hot path
 _new_tuple = tuple.__new__
 _HUNT_KEEP = 8192  # bytes kept while hunting, so a start line split across segments is found
+#: bytes held while an ``Upgrade: h2c`` offer waits for its answer (then taken as refused)
+MAX_UPGRADE_HELD = 1 << 20
 _DEAD_AFTER = 1 << 20  # hunted this many bytes without finding HTTP: stop looking
 
 
@@ -109,6 +120,7 @@ class HttpStats:
     dead_connections: int = 0
     resyncs: int = 0  # response bodies picked up mid-way (core.resync)
     resync_skipped: int = 0  # bytes dropped before their sync points
+    upgrades: int = 0  # connections switched to HTTP/2 by a 101 (Upgrade: h2c)
 
 
 _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;[^\r\n]*)?[ \t]*\r\n")
@@ -444,6 +456,31 @@ class _LengthBody:
         self.remaining = remaining
 
 
+class Upgrade(enum.Enum):
+    """Where a connection's switch to HTTP/2 stands: an ``Upgrade: h2c`` offer
+    (RFC 9110 §7.8, RFC 7540 §3.2) or a client preface sent after HTTP/1.1
+    requests (prior knowledge). Transitions: ``HttpParser._upgrade``."""
+
+    NONE = "none"  # no switch in flight
+    OFFERED = "offered"  # the request carrying the offer is being sent; not answered yet
+    AWAITING = "awaiting"  # that request is whole, its answer not seen: client bytes held
+    EARLY = "early"  # 101 before the request was whole: server bytes held until it is
+    PRIOR = "prior"  # a preface with HTTP/1.1 answers still due: client bytes held till then
+
+
+class _Step(enum.Enum):
+    """What moves an ``Upgrade`` on."""
+
+    OFFER = "offer"  # a request head carrying Upgrade: h2c
+    REQUEST_END = "request-end"  # that request ended
+    SWITCH = "switch"  # the server answered it 101
+    REFUSE = "refuse"  # the server answered it with a final response
+    PREFACE = "preface"  # the client began a message with the HTTP/2 preface
+    ANSWERED = "answered"  # the server ended an answer and none is due any more
+    CLOSE = "close"  # the connection closed with a switch in flight
+    OVERFLOW = "overflow"  # more than MAX_UPGRADE_HELD bytes held
+
+
 class _Pending:
     """A request the response direction has still to answer."""
 
@@ -512,6 +549,8 @@ class _Conn:
         "dead",
         "dirs",
         "h2",
+        "held",
+        "held_bytes",
         "id",
         "midstart",
         "next_exchange",
@@ -519,6 +558,8 @@ class _Conn:
         "pending",
         "roles_known",
         "swapped",
+        "upgrade",
+        "upgrade_exchange",
     )
 
     def __init__(self, opened: ConnectionOpened) -> None:
@@ -533,6 +574,12 @@ class _Conn:
         self.closed = False
         self.h2: H2Conn | None = None  # set when the connection speaks HTTP/2
         self.midstart = not opened.syn_seen  # capture began inside the connection
+        self.upgrade = Upgrade.NONE
+        self.upgrade_exchange = -1  # the exchange of the request carrying the offer
+        # flow events of the direction held while the offer waits (AWAITING: the
+        # client's, EARLY: the server's), as received (not reoriented)
+        self.held: list[FlowEvent] = []
+        self.held_bytes = 0
 
 
 def _resynced_into_body(d: _Direction) -> bool:
@@ -547,6 +594,19 @@ def _h2_frames(data: bytes) -> bool:
     if _METHOD_PREFIX.match(data[:32]) or data.startswith(b"HTTP/1."):
         return False
     return find_frame_start(data[:65536], max_offset=0) == 0
+
+
+def _held_start(held: list[FlowEvent]) -> bytes | None:
+    """The first bytes held (up to 64) before any loss, or None if none."""
+    start = b""
+    for ev in held:
+        if type(ev) is not FlowData:
+            break
+        assert isinstance(ev, FlowData)
+        start += ev.data[: 64 - len(start)]
+        if len(start) >= 64:
+            break
+    return start or None
 
 
 def _upgrades_to_h2c(headers: Headers) -> bool:
@@ -595,6 +655,8 @@ class HttpParser:
                 d = c.dirs[from_client]
                 if c.h2 is not None:
                     self._h2_data(c, from_client, ev.ts, ev.data, out)
+                elif c.upgrade is not Upgrade.NONE and self._hold(c, from_client, ev, out):
+                    pass  # an Upgrade: h2c offer waits for its answer
                 elif (
                     from_client
                     and not d.in_message
@@ -606,8 +668,7 @@ class HttpParser:
                     d.head = None
                     d.raw = None
                     self._release_opened(c, out)
-                    c.h2 = H2Conn(c.id, stats=self.h2_stats)
-                    out.extend(c.h2.data(True, ev.ts, data))
+                    self._upgrade(c, _Step.PREFACE, ev.ts, out, rest=data)
                 elif c.midstart and c.next_exchange == 0 and _h2_frames(ev.data):
                     # Capture began inside an HTTP/2 connection: frames, no preface.
                     # ConnectionOpened waits until a header block shows the roles.
@@ -638,6 +699,10 @@ class HttpParser:
                     # Which streams' frames were lost is unknown: every open
                     # exchange of the connection is marked (streams), none ended.
                     out.append(FlowGap(ev.conn, ev.ts, fc, ev.nbytes, ev.reason))
+                elif c.upgrade is not Upgrade.NONE and self._hold(
+                    c, ev.from_client != c.swapped, ev, out
+                ):
+                    pass
                 else:
                     self._gap(c, c.dirs[ev.from_client != c.swapped], ev, out)
         elif t is FlowEnd:
@@ -646,6 +711,8 @@ class HttpParser:
             if c is not None:
                 self._release_opened(c, out)
                 fc = ev.from_client != c.swapped
+                if c.upgrade is not Upgrade.NONE and self._hold(c, fc, ev, out):
+                    return out  # passed on when the held events are
                 if c.h2 is not None:
                     out.extend(c.h2.end(fc, ev.ts, ev.reason))
                 elif not c.dead:
@@ -653,6 +720,17 @@ class HttpParser:
                 out.append(FlowEnd(ev.conn, ev.ts, fc, ev.reason) if c.swapped else ev)
         elif t is ConnectionClosed:
             assert isinstance(ev, ConnectionClosed)
+            c = self._conns.get(ev.conn)
+            if c is not None and c.upgrade is Upgrade.PRIOR and not c.dead:
+                # The HTTP/1.1 answers still due end here, then the held HTTP/2.
+                self._release_opened(c, out)
+                for d in c.dirs:
+                    self._end(c, d, ev.ts, ev.reason, out)
+                for p in c.pending:
+                    out.append(HttpEnd(c.id, p.exchange, ev.ts, False, EndReason.EOF))
+                c.pending.clear()
+            if c is not None and c.upgrade is not Upgrade.NONE:
+                self._upgrade(c, _Step.CLOSE, ev.ts, out)
             c = self._conns.pop(ev.conn, None)
             if c is not None:
                 self._release_opened(c, out)
@@ -679,7 +757,7 @@ class HttpParser:
         response and whose client is between requests qualifies. ``clean``: the
         chunked decoder stands at a chunk-size line (nothing held)."""
         c = self._conns.get(conn)
-        if c is None or c.dead or not c.roles_known or c.pending:
+        if c is None or c.dead or not c.roles_known or c.pending or c.upgrade is not Upgrade.NONE:
             return None
         srv, cli = c.dirs[0], c.dirs[1]
         if cli.in_message or cli.head or cli.hunt is not None:
@@ -769,6 +847,147 @@ class HttpParser:
             self._release_opened(c, out)
         out.extend(evs)
 
+    # ------------------------------------------------------------ h2c upgrade
+
+    def _hold(self, c: _Conn, from_client: bool, ev: FlowEvent, out: list[HttpOutput]) -> bool:
+        """Keep ``ev`` back if its direction waits on a switch in flight (see
+        ``Upgrade``: the server's in EARLY, the client's in AWAITING and PRIOR);
+        False if it is to be parsed now."""
+        state = c.upgrade
+        if state is Upgrade.OFFERED or from_client != (state is not Upgrade.EARLY):
+            return False
+        c.held.append(ev)
+        if type(ev) is FlowData:
+            assert isinstance(ev, FlowData)
+            c.held_bytes += len(ev.data)
+            if c.held_bytes > MAX_UPGRADE_HELD:
+                self._upgrade(c, _Step.OVERFLOW, ev.ts, out)
+        return True
+
+    def _upgrade(
+        self,
+        c: _Conn,
+        step: _Step,
+        ts: float,
+        out: list[HttpOutput],
+        exchange: int = -1,
+        rest: bytes = b"",
+    ) -> None:
+        """Every transition of a switch to HTTP/2 (``Upgrade``). ``exchange``:
+        the request carrying the offer (OFFER) or answered by the 101 (SWITCH);
+        ``rest``: the server's bytes after its 101 (SWITCH), the client's from
+        its preface on (PREFACE)."""
+        state = c.upgrade
+        if step is _Step.OFFER:
+            c.upgrade = Upgrade.OFFERED
+            c.upgrade_exchange = exchange
+        elif step is _Step.REQUEST_END:
+            if state is Upgrade.OFFERED:
+                c.upgrade = Upgrade.AWAITING  # the client's next bytes wait for the answer
+            elif state is Upgrade.EARLY:
+                self._switch(c, ts, out)
+        elif step is _Step.SWITCH:
+            if state is Upgrade.OFFERED:
+                # 101 before the request was whole: the request is read to its
+                # end as HTTP/1.1, the server's frames wait until then.
+                c.upgrade = Upgrade.EARLY
+                if rest:
+                    self._hold(c, False, FlowData(c.id, ts, c.swapped, rest), out)
+            else:
+                c.upgrade = Upgrade.AWAITING
+                c.upgrade_exchange = exchange
+                self._switch(c, ts, out)
+                if rest:
+                    self._h2_data(c, False, ts, rest, out)
+        elif step is _Step.REFUSE:
+            if state is not Upgrade.NONE:
+                c.upgrade = Upgrade.NONE
+                self._release_held(c, ts, out, "the server refused the upgrade")
+        elif step is _Step.PREFACE:
+            # HTTP/2 from the client on; the server goes on answering the
+            # HTTP/1.1 requests before it first (stream 1 is the next exchange).
+            c.upgrade = Upgrade.PRIOR
+            c.upgrade_exchange = c.next_exchange
+            self._hold(c, True, FlowData(c.id, ts, not c.swapped, rest), out)
+            self._upgrade(c, _Step.ANSWERED, ts, out)
+        elif step is _Step.ANSWERED:
+            if state is Upgrade.PRIOR and not c.pending and not c.dirs[False].in_message:
+                self._switch(c, ts, out)
+        elif step is _Step.CLOSE:
+            if state in (Upgrade.EARLY, Upgrade.PRIOR):
+                self._switch(c, ts, out)
+            elif state is not Upgrade.NONE:
+                c.upgrade = Upgrade.NONE
+                self._release_held(c, ts, out, None)
+        elif state is Upgrade.AWAITING:  # OVERFLOW: no answer after all these bytes
+            c.upgrade = Upgrade.NONE
+            msg = (
+                f"over {MAX_UPGRADE_HELD} bytes from the client before the answer to "
+                "its Upgrade: h2c request: read as HTTP/1.1"
+            )
+            self._error_conn(c, ts, True, "h2c", msg, out)
+            self._release_held(c, ts, out, None)
+        elif state is not Upgrade.NONE:  # OVERFLOW, EARLY or PRIOR: HTTP/2 it is
+            msg = (
+                f"over {MAX_UPGRADE_HELD} bytes held while the "
+                + ("upgraded request was not whole" if state is Upgrade.EARLY else "server")
+                + " still answered HTTP/1.1 requests: switched to HTTP/2"
+            )
+            self._error_conn(c, ts, state is Upgrade.EARLY, "h2c", msg, out)
+            self._switch(c, ts, out)
+
+    def _switch(self, c: _Conn, ts: float, out: list[HttpOutput]) -> None:
+        """The connection speaks HTTP/2 from here on: after a 101 (the upgraded
+        request is stream 1's) or a client preface (stream 1 is the next
+        exchange); the held bytes (the client's: its preface, sent before the
+        101 or before the last HTTP/1.1 answer; or the server's frames) are
+        HTTP/2."""
+        state = c.upgrade
+        upgraded = state is not Upgrade.PRIOR
+        c.upgrade = Upgrade.NONE
+        c.h2 = H2Conn(c.id, upgraded=upgraded, base=c.upgrade_exchange, stats=self.h2_stats)
+        if upgraded:
+            self.stats.upgrades += 1
+        held, c.held, c.held_bytes = c.held, [], 0
+        first = _held_start(held) if state is Upgrade.AWAITING else None
+        if first is not None and not looks_like_preface(first) and _METHOD_PREFIX.match(first):
+            msg = (
+                "HTTP/1.1 request pipelined after an Upgrade: h2c request; the server "
+                "switched to HTTP/2 and reads it as such"
+            )
+            self._error_conn(c, ts, True, "h2c", msg, out)
+            c.h2.no_preface()
+        for ev in held:
+            out.extend(self.feed(ev))
+
+    def _release_held(
+        self, c: _Conn, ts: float, out: list[HttpOutput], refused: str | None
+    ) -> None:
+        """No switch: the held client bytes are parsed as they come (a request
+        pipelined after the offer is recorded: had the server switched, it would
+        have read it as HTTP/2)."""
+        held, c.held, c.held_bytes = c.held, [], 0
+        first = _held_start(held)
+        if refused is not None and first:
+            what = (
+                "HTTP/2 connection preface"
+                if looks_like_preface(first)
+                else "HTTP/1.1 request pipelined"
+                if _METHOD_PREFIX.match(first)
+                else "bytes"
+            )
+            msg = f"{what} sent before the answer to an Upgrade: h2c request ({refused})"
+            self._error_conn(c, ts, True, "h2c", msg, out)
+        for ev in held:
+            out.extend(self.feed(ev))
+
+    def _error_conn(
+        self, c: _Conn, ts: float, from_client: bool, kind: str, msg: str, out: list[HttpOutput]
+    ) -> None:
+        """An error of the connection, not of one exchange."""
+        self.stats.errors += 1
+        out.append(HttpError(c.id, None, ts, from_client, kind, msg))
+
     # ----------------------------------------------------------------- roles
 
     def _release_opened(self, c: _Conn, out: list[HttpOutput]) -> None:
@@ -805,6 +1024,13 @@ class HttpParser:
     def _data(self, c: _Conn, d: _Direction, ts: float, data: bytes, out: list[HttpOutput]) -> None:
         """Bytes of one direction, in order: bodies, heads, the next messages."""
         while data and not c.dead:
+            if c.h2 is not None:  # a message just ended switched the connection
+                self._h2_data(c, d.from_client, ts, data, out)
+                return
+            if c.upgrade is not Upgrade.NONE and self._hold(
+                c, d.from_client, FlowData(c.id, ts, d.from_client != c.swapped, data), out
+            ):
+                return
             if d.chunked is not None:
                 data = self._chunked_data(c, d, ts, data, out)
             elif d.body is not None:
@@ -878,18 +1104,18 @@ class HttpParser:
                 self._response(c, d, ts, head, out)
                 if head.status == 101:
                     # ``Upgrade: h2c`` accepted: HTTP/2 from the next byte on; the
-                    # request (exchange 0) continues as stream 1.
+                    # request continues as stream 1.
                     rest = bytes(buf)
+                    ex = d.exchange
                     d.head = None
                     d.raw = None
                     d.exchange = -1
-                    if c.h2 is None:
-                        c.h2 = H2Conn(c.id, upgraded=True, stats=self.h2_stats)
-                    else:
-                        c.h2.upgrade()
-                    if rest:
-                        out.extend(c.h2.data(False, ts, rest))
+                    d.h2c = False
+                    self._upgrade(c, _Step.SWITCH, ts, out, exchange=ex, rest=rest)
                     return b""
+                if d.h2c and d.in_message:  # a final answer: the offer is refused
+                    d.h2c = False
+                    self._upgrade(c, _Step.REFUSE, ts, out)
             if d.head is not buf:
                 return b""  # the head ended its message (framing error); the rest went on
             if not d.in_message:
@@ -961,7 +1187,10 @@ class HttpParser:
         d.in_message = True
         d.raw = None
         headers = ev.headers
-        c.pending.append(_Pending(ex, ev.method, _upgrades_to_h2c(headers)))
+        h2c = _upgrades_to_h2c(headers)
+        c.pending.append(_Pending(ex, ev.method, h2c))
+        if h2c:
+            self._upgrade(c, _Step.OFFER, ts, out, exchange=ex)
         self.stats.requests += 1
         out.append(
             HttpRequest(
@@ -1074,6 +1303,7 @@ class HttpParser:
         if d.decode_failed and reason is EndReason.COMPLETE:
             reason = EndReason.ERROR
         out.append(HttpEnd(c.id, d.exchange, ts, d.from_client, reason))
+        ex = d.exchange
         d.decoder = None
         d.decode_failed = False
         d.in_message = False
@@ -1081,6 +1311,11 @@ class HttpParser:
         d.body = None
         d.chunked = None
         d.exchange = -1
+        if c.upgrade is not Upgrade.NONE:
+            if not d.from_client:
+                self._upgrade(c, _Step.ANSWERED, ts, out)
+            elif ex == c.upgrade_exchange:
+                self._upgrade(c, _Step.REQUEST_END, ts, out)
 
     # ------------------------------------------------------------- recovery
 
@@ -1099,6 +1334,8 @@ class HttpParser:
             # The response to this exchange could not be parsed.
             out.append(HttpEnd(c.id, d.exchange, ts, False, EndReason.ERROR))
             d.exchange = -1
+            if c.upgrade is not Upgrade.NONE:
+                self._upgrade(c, _Step.ANSWERED, ts, out)
         d.head = None
 
     def _malformed(
