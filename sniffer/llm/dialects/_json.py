@@ -91,6 +91,8 @@ class JsonDialect:
 
     def event(self, data: str, event_type: str) -> list[Delta]:
         """One SSE event's data, or one NDJSON line (``event_type`` "ndjson")."""
+        if not data:  # an empty event (what _unparsed makes of it, without the exception)
+            return [Delta(STREAM_LEVEL, OTHER, raw=data)]
         try:
             obj = loads(data)
         except (ValueError, RecursionError) as exc:

@@ -119,6 +119,8 @@ class _OpenAIBase(JsonDialect):
         calls inlined (one per streamed chunk)."""
         if data == _DONE:
             return [Delta(STREAM_LEVEL, DONE)]
+        if not data:  # an empty event (what _unparsed makes of it, without two exceptions)
+            return [Delta(STREAM_LEVEL, OTHER, raw=data)]
         try:
             try:
                 obj = _fast_loads(data)
