@@ -857,7 +857,9 @@ def _cap_chunk(content: str | None = None, finish: str | None = None, role: bool
     )
 
 
-def _cap_sse_response(body: bytes, gzipped: bool = False, ctype: str = "text/event-stream") -> bytes:
+def _cap_sse_response(
+    body: bytes, gzipped: bool = False, ctype: str = "text/event-stream"
+) -> bytes:
     """A chunked streamed response carrying ``body`` (gzip-encoded if asked)."""
     if gzipped:
         body = _gzip(body)
@@ -950,7 +952,12 @@ def cap_ndjson_line(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
             obj["done_reason"] = "stop"
         return json.dumps(obj)
 
-    lines = [line("Lines"), line(_noise(CAP_LINE + 4096, seed=2)), line(" survive."), line("", True)]
+    lines = [
+        line("Lines"),
+        line(_noise(CAP_LINE + 4096, seed=2)),
+        line(" survive."),
+        line("", True),
+    ]
     body = "".join(f"{x}\n" for x in lines).encode()
     response = _cap_sse_response(body, gzipped=True, ctype="application/x-ndjson")
     request = json.dumps(

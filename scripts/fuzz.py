@@ -320,7 +320,9 @@ CAP_LINE, CAP_QUIET, CAP_REQUEST = 96, 12, 256
 
 def _cap_item(content: str, ndjson: bool) -> str:
     if ndjson:
-        return f'{{"model":"m","message":{{"role":"assistant","content":"{content}"}},"done":false}}'
+        return (
+            f'{{"model":"m","message":{{"role":"assistant","content":"{content}"}},"done":false}}'
+        )
     return f'{{"choices":[{{"index":0,"delta":{{"content":"{content}"}}}}]}}'
 
 
@@ -355,15 +357,17 @@ def run_caps(
             after = after or (done and n > 0)
             quiet += n
         elif not done:
-            lines.append('{"model":"m","message":{"content":""},"done":true}' if ndjson else "data: [DONE]")
+            lines.append(
+                '{"model":"m","message":{"content":""},"done":true}' if ndjson else "data: [DONE]"
+            )
             done = True
     body = "".join(line + ("\n" if ndjson else "\n\n") for line in lines).encode()
-    request = b'{"model":"m","stream":true,"n":1,"messages":[{"content":"' + b"p" * request_len + b'"}]}'
+    request = (
+        b'{"model":"m","stream":true,"n":1,"messages":[{"content":"' + b"p" * request_len + b'"}]}'
+    )
     ctype = "application/x-ndjson" if ndjson else "text/event-stream"
     path = "/api/chat" if ndjson else "/v1/chat/completions"
-    a = StreamAssembler(
-        max_line=CAP_LINE, max_quiet_events=CAP_QUIET, max_request_body=CAP_REQUEST
-    )
+    a = StreamAssembler(max_line=CAP_LINE, max_quiet_events=CAP_QUIET, max_request_body=CAP_REQUEST)
     out: list[StoreEvent] = []
     at = sorted({int(c * len(body)) for c in cuts})
     pieces = [body[i:j] for i, j in zip([0, *at], [*at, len(body)], strict=True)]

@@ -148,18 +148,19 @@ class _Exchange:
         "gap_reason",
         "gaps",
         "invalid",
-        "overlong",
-        "quiet",
-        "requested_n",
         "item_sync",
         "lost",
         "ndjson",
         "opened",
+        "overlong",
+        "quiet",
         "recovered",
         "req",
         "req_body",
         "req_bytes",
+        "req_cut",
         "req_end",
+        "requested_n",
         "resp",
         "resp_bytes",
         "resp_end",
@@ -182,6 +183,7 @@ class _Exchange:
         self.req: HttpRequest | None = None
         self.req_body = bytearray()
         self.req_bytes = 0
+        self.req_cut = False  # request bytes past the cap were dropped
         self.req_end: EndReason | None = None
         self.opened = False
         self.dialect: Dialect | None = None
@@ -512,8 +514,12 @@ class StreamAssembler:
     def _request_body(self, x: _Exchange, data: bytes) -> None:
         x.req_bytes += len(data)
         room = self._max_req - len(x.req_body)
+        if room >= len(data):
+            x.req_body += data
+            return
         if room > 0:
             x.req_body += data[:room]
+        x.req_cut = True
 
     def _request_end(self, x: _Exchange, ev: HttpEnd, out: list[StoreEvent]) -> None:
         x.req_end = ev.reason
@@ -539,7 +545,7 @@ class StreamAssembler:
         req = x.req
         body_text: str | None = None
         parsed: Any = None
-        cut = x.req_bytes > len(x.req_body)
+        cut = x.req_cut
         if x.req_body:
             body_text = x.req_body.decode("utf-8", "replace")
             if cut:
@@ -980,7 +986,7 @@ class StreamAssembler:
             response_body = None
             self._fault(x, ts, f"{type(exc).__name__} in the response body", out)
         self._check_clock(x, ts)
-        if x.req_bytes > len(x.req_body):
+        if x.req_cut:
             self._request_cut(x, ts, out, None)
         state, reason = self._verdict(x, closing_reason)
         self.stats.streams_closed += 1

@@ -253,7 +253,7 @@ class _Unread:
 UNREAD: Any = _Unread()
 
 _WS = re.compile(r"[ \t\n\r]*")
-#: What may follow a whole JSON value (not the end of the text: "0.7" cut to "0").
+#: What may follow a whole JSON number (not the end of the text: "0.7" cut to "0").
 _AFTER_VALUE = frozenset({",", "}", " ", "\t", "\n", "\r"})
 _DECODER = json.JSONDecoder()
 #: Top-level keys :func:`scan_request` reads at most (a request has tens; a
@@ -261,46 +261,52 @@ _DECODER = json.JSONDecoder()
 MAX_SCANNED_KEYS = 1024
 
 
+def _skip_ws(text: str, pos: int) -> int:
+    m = _WS.match(text, pos)
+    return m.end() if m is not None else pos
+
+
 def scan_request(text: str) -> dict[str, Any]:
     """The top-level keys of the START of a JSON object (a request body cut by a
     size cap), each with its value when that is whole in ``text``. It stops at
     the first value the text ends inside (or a number at the very end, which
     the cut may have shortened: that key gets :data:`UNREAD`), at the first
-    thing that is not JSON and after :data:`MAX_SCANNED_KEYS` keys. Each value is read whole by the standard library's
-    decoder (C speed, bounded nesting), so keys inside nested values or strings
-    are never taken for top-level ones. Linear in ``len(text)`` on any input.
+    thing that is not JSON and after :data:`MAX_SCANNED_KEYS` keys. Each value
+    is read whole by the standard library's decoder (C speed, bounded
+    nesting), so keys inside nested values or strings are never taken for
+    top-level ones. Linear in ``len(text)`` on any input.
 
     >>> scan_request('{"model": "m", "stream": true, "messages": [{"content": "a}b')
     {'model': 'm', 'stream': True, 'messages': UNREAD}
     """
     out: dict[str, Any] = {}
-    ws, decode = _WS.match, _DECODER.raw_decode
-    pos = ws(text).end()
+    decode = _DECODER.raw_decode
+    pos = _skip_ws(text, 0)
     if text[pos : pos + 1] != "{":
         return out
     pos += 1
     for _ in range(MAX_SCANNED_KEYS):
-        pos = ws(text, pos).end()
+        pos = _skip_ws(text, pos)
         if text[pos : pos + 1] != '"':
             return out
         try:
             key, pos = decode(text, pos)
         except ValueError:
             return out
-        pos = ws(text, pos).end()
+        pos = _skip_ws(text, pos)
         if text[pos : pos + 1] != ":":
             return out
-        pos = ws(text, pos + 1).end()
+        pos = _skip_ws(text, pos + 1)
         try:
             value, end = decode(text, pos)
         except (ValueError, RecursionError):  # the cut is inside it, or it is not JSON
             out[key] = UNREAD
             return out
-        if text[end : end + 1] not in _AFTER_VALUE:
-            out[key] = UNREAD
+        if text[end : end + 1] not in _AFTER_VALUE and type(value) in (int, float):
+            out[key] = UNREAD  # a number the cut may have shortened
             return out
         out[key] = value
-        pos = ws(text, end).end()
+        pos = _skip_ws(text, end)
         if text[pos : pos + 1] != ",":
             return out
         pos += 1

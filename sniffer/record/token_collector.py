@@ -22,9 +22,8 @@ import json
 from array import array
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any
-
 from dataclasses import replace
+from typing import Any
 
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamFlag, StreamOpened
 from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput
