@@ -32,6 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_pcaps import summarize_stream, write_expected
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sniffer.core.sse import DEFAULT_MAX_LINE
+from sniffer.core.streams import MAX_QUIET_EVENTS, MAX_REQUEST_BODY
+
 REPO = Path(__file__).resolve().parents[1]
 #: Where every crafted fault fixture (capture and expected file) is written.
 FAULTS_DIR = REPO / "pcaps" / "faults"
@@ -814,10 +818,10 @@ SECURITY_FIXTURES: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] =
 # small. The expected values are what this script put on the wire.
 # ---------------------------------------------------------------------------
 
-#: The sniffer's caps these fixtures go past (configuration, not output).
-CAP_LINE = 8 * 1024 * 1024  # sniffer.core.sse.DEFAULT_MAX_LINE
-CAP_REQUEST = 4 << 20  # sniffer.core.streams.MAX_REQUEST_BODY
-CAP_QUIET = 10_000  # sniffer.core.streams.MAX_QUIET_EVENTS
+#: The sniffer's caps these fixtures go past (its configuration, not its output).
+CAP_LINE = DEFAULT_MAX_LINE
+CAP_REQUEST = MAX_REQUEST_BODY
+CAP_QUIET = MAX_QUIET_EVENTS
 CAP_T0 = SEC_T0 + 100
 
 
