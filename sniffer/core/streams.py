@@ -877,9 +877,8 @@ class StreamAssembler:
 
     def _capped(self, x: _Exchange, d: Delta) -> bool:
         """A delta of a :data:`QUIET_KINDS` kind: when it carries nothing but
-        ``raw`` it counts towards :data:`MAX_QUIET_EVENTS`; past the cap it
-        changes the stream's state as it would (end marker, invalid count) but
-        is not stored (True)."""
+        ``raw`` it counts towards :data:`MAX_QUIET_EVENTS`; past the cap it is
+        not stored (True), an unparseable item still counted as one."""
         if (
             d.text
             or d.reasoning
