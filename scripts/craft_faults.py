@@ -32,6 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_pcaps import summarize_stream, write_expected
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sniffer.core.sse import DEFAULT_MAX_LINE
+from sniffer.core.streams import MAX_QUIET_EVENTS, MAX_REQUEST_BODY
+
 REPO = Path(__file__).resolve().parents[1]
 #: Where every crafted fault fixture (capture and expected file) is written.
 FAULTS_DIR = REPO / "pcaps" / "faults"
@@ -896,6 +900,298 @@ H2C_FIXTURES: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
 ]
 
 
+# ---------------------------------------------------------------------------
+# Caps and end markers (issue 24): synthesized like the security fixtures.
+# ``cap_NAME.pcap``: one exchange past one of the sniffer's caps (an item line
+# over the decoders' line cap, a request body over the request cap, a flood of
+# events carrying no output) or with items after ``data: [DONE]``, then a
+# canary stream on another connection whose text must come out exact. Long
+# bodies travel gzip-encoded (a real server's Content-Encoding), their noise
+# tuned to stay under the sniffer's expansion-ratio cap, so the files stay
+# small. The expected values are what this script put on the wire.
+# ---------------------------------------------------------------------------
+
+#: The sniffer's caps these fixtures go past (its configuration, not its output).
+CAP_LINE = DEFAULT_MAX_LINE
+CAP_REQUEST = MAX_REQUEST_BODY
+CAP_QUIET = MAX_QUIET_EVENTS
+CAP_T0 = SEC_T0 + 100
+
+
+def _noise(n: int, seed: int) -> str:
+    """``n`` letters, mostly "a" with a sprinkling of others at seeded places:
+    gzip shrinks them about 60:1 (under the sniffer's 100:1 expansion cap)."""
+    import random
+
+    r = random.Random(seed)
+    buf = bytearray(b"a" * n)
+    for _ in range(n // 160):
+        buf[r.randrange(n)] = r.choice(b"bcdefghijklmnopqrstuvwxyz")
+    return buf.decode()
+
+
+def _gzip(body: bytes) -> bytes:
+    import gzip
+
+    packed = gzip.compress(body, compresslevel=6, mtime=0)
+    assert len(body) / len(packed) < 95, "too compressible for the expansion cap"
+    return packed
+
+
+def _cap_chunk(content: str | None = None, finish: str | None = None, role: bool = False) -> str:
+    delta: dict[str, Any] = {}
+    if role:
+        delta["role"] = "assistant"
+    if content is not None:
+        delta["content"] = content
+    return json.dumps(
+        {
+            "id": "c9",
+            "object": "chat.completion.chunk",
+            "model": "fake",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+    )
+
+
+def _cap_sse_response(
+    body: bytes, gzipped: bool = False, ctype: str = "text/event-stream"
+) -> bytes:
+    """A chunked streamed response carrying ``body`` (gzip-encoded if asked)."""
+    if gzipped:
+        body = _gzip(body)
+    step = 60_000
+    chunked = b"".join(
+        f"{len(body[i : i + step]):x}\r\n".encode() + body[i : i + step] + b"\r\n"
+        for i in range(0, len(body), step)
+    )
+    enc = b"content-encoding: gzip\r\n" if gzipped else b""
+    return (
+        f"HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\n".encode()
+        + enc
+        + b"transfer-encoding: chunked\r\n\r\n"
+        + chunked
+        + b"0\r\n\r\n"
+    )
+
+
+def _cap_events(items: list[str]) -> bytes:
+    return b"".join(f"data: {i}\n\n".encode() for i in items)
+
+
+CANARY = ["The", " canary", " sings", " on", "."]
+
+
+def _cap_fixture(
+    name: str,
+    description: str,
+    port: int,
+    flow: tuple[bytes, bytes],
+    entry: dict[str, Any],
+    **extra: Any,
+) -> tuple[list[Packet], dict[str, Any]]:
+    """The exchange on ``port``, then the canary stream on ``port + 1``."""
+    canary = _sec_stream(port + 1, 0, "".join(CANARY), len(CANARY), flags=[])
+    exp = _sec_expected(name, description, [entry, canary], **extra)
+    pkts = _sec_packets(port, [flow], CAP_T0) + _sec_packets(
+        port + 1, [(_sec_request(_sec_chat("canary")), _sec_sse(CANARY))], CAP_T0 + 5
+    )
+    return pkts, exp
+
+
+def cap_sse_line(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """An SSE content event whose data line is over the line cap, between
+    ordinary content events: that event is dropped, the stream says so."""
+    port = 40201
+    long_text = _noise(CAP_LINE + 4096, seed=1)
+    items = [
+        _cap_chunk("Before", role=True),
+        _cap_chunk(" the"),
+        _cap_chunk(long_text),
+        _cap_chunk(" after."),
+        _cap_chunk(finish="stop"),
+        "[DONE]",
+    ]
+    response = _cap_sse_response(_cap_events(items), gzipped=True)
+    entry = _sec_stream(
+        port,
+        0,
+        "Before the after.",
+        3,
+        flags=["item-over-cap"],
+        stream_errors=["sse/line"],
+    )
+    return _cap_fixture(
+        "cap_sse_line",
+        f"an SSE content event of {len(items[2])} characters (over the "
+        f"{CAP_LINE}-character line cap) between ordinary ones, gzip-encoded: it is "
+        "dropped, the stream is flagged item-over-cap (verify fails it) with an sse "
+        "error row; a canary stream on another connection is exact",
+        port,
+        (_sec_request(_sec_chat("long")), response),
+        entry,
+        errors_min=1,
+    )
+
+
+def cap_ndjson_line(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """An Ollama chat NDJSON line over the line cap between ordinary lines."""
+    port = 40203
+
+    def line(content: str, done: bool = False) -> str:
+        obj: dict[str, Any] = {
+            "model": "fake",
+            "created_at": "2026-01-01T00:00:00Z",
+            "message": {"role": "assistant", "content": content},
+            "done": done,
+        }
+        if done:
+            obj["done_reason"] = "stop"
+        return json.dumps(obj)
+
+    lines = [
+        line("Lines"),
+        line(_noise(CAP_LINE + 4096, seed=2)),
+        line(" survive."),
+        line("", True),
+    ]
+    body = "".join(f"{x}\n" for x in lines).encode()
+    response = _cap_sse_response(body, gzipped=True, ctype="application/x-ndjson")
+    request = json.dumps(
+        {"model": "fake", "messages": [{"role": "user", "content": "long"}], "stream": True}
+    ).encode()
+    entry = _sec_stream(
+        port,
+        0,
+        "Lines survive.",
+        2,
+        path="/api/chat",
+        done_seen=True,
+        flags=["item-over-cap"],
+        stream_errors=["ndjson/line"],
+    )
+    return _cap_fixture(
+        "cap_ndjson_line",
+        f"an Ollama /api/chat NDJSON line of {len(lines[1])} characters (over the "
+        f"{CAP_LINE}-character line cap) between ordinary lines, gzip-encoded: it is "
+        "dropped, the stream is flagged item-over-cap (verify fails it) with an ndjson "
+        "error row; a canary stream on another connection is exact",
+        port,
+        (_sec_request(request, "/api/chat"), response),
+        entry,
+        errors_min=1,
+    )
+
+
+def cap_empty_events(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """More empty SSE events (``data:`` and a blank line) than the stream stage
+    stores per stream, between the content and the finish."""
+    port = 40205
+    quiet = CAP_QUIET + 2000
+    body = (
+        _cap_events([_cap_chunk("Quiet", role=True), _cap_chunk(" please.")])
+        + b"data:\n\n" * quiet
+        + _cap_events([_cap_chunk(finish="stop"), "[DONE]"])
+    )
+    entry = _sec_stream(
+        port,
+        0,
+        "Quiet please.",
+        2,
+        flags=["events-capped"],
+        stream_errors=["streams/events-capped"],
+        quiet_events=quiet,
+    )
+    return _cap_fixture(
+        "cap_empty_events",
+        f"{quiet} empty SSE events (data: and a blank line, no output) between the "
+        f"content and the finish, over the {CAP_QUIET} stored per stream: the rest are "
+        "counted in an events-capped error row, the stream is complete and flagged "
+        "events-capped (a warning); a canary stream on another connection is exact",
+        port,
+        (_sec_request(_sec_chat("quiet")), _cap_sse_response(body)),
+        entry,
+        errors_min=1,
+    )
+
+
+def cap_request_cut(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """A request body over the request cap (a long prompt, gzip-encoded), its
+    parameters before the messages."""
+    port = 40207
+    params = {
+        "model": "fake",
+        "stream": True,
+        "temperature": 0.25,
+        "top_p": 0.5,
+        "n": 1,
+        "max_tokens": 77,
+        "seed": 42,
+        "stream_options": {"include_usage": False},
+    }
+    body = {**params, "messages": [{"role": "user", "content": _noise(CAP_REQUEST, seed=3)}]}
+    raw = json.dumps(body).encode()
+    packed = _gzip(raw)
+    pieces = ["Long", " prompt,", " short", " answer."]
+    entry = _sec_stream(
+        port,
+        0,
+        "".join(pieces),
+        len(pieces),
+        request={k: params[k] for k in ("temperature", "top_p", "n", "max_tokens", "seed")},
+        flags=["request-cut"],
+        stream_errors=["streams/request-cut"],
+    )
+    return _cap_fixture(
+        "cap_request_cut",
+        f"a request body of {len(raw)} bytes (over the {CAP_REQUEST}-byte request cap; "
+        "gzip-encoded) whose parameters come before the long prompt: model, stream "
+        "and the sampling parameters are read from the part kept, the stream is "
+        "flagged request-cut (a warning) with an error row; the response is exact; a "
+        "canary stream on another connection is exact",
+        port,
+        (
+            _sec_request(packed, extra=b"Content-Encoding: gzip\r\n"),
+            _sec_sse(pieces),
+        ),
+        entry,
+        errors_min=1,
+    )
+
+
+def cap_after_done(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """Content events (and a second end marker) after ``data: [DONE]``."""
+    port = 40209
+    after = [_cap_chunk(" Ghost"), _cap_chunk(" text."), "[DONE]"]
+    items = [
+        _cap_chunk("Done", role=True),
+        _cap_chunk(" is done."),
+        _cap_chunk(finish="stop"),
+        "[DONE]",
+        *after,
+    ]
+    entry = _sec_stream(port, 0, "Done is done.", 2, flags=["after-done"], after_done=after)
+    return _cap_fixture(
+        "cap_after_done",
+        "two content events and a second [DONE] after data: [DONE]: the answer is "
+        "what came before the marker; the rest is stored apart (chunk kind "
+        "after_done, raw as sent) and the stream is flagged after-done (a warning); a "
+        "canary stream on another connection is exact",
+        port,
+        (_sec_request(_sec_chat("after")), _cap_sse_response(_cap_events(items))),
+        entry,
+    )
+
+
+CAP_FIXTURES: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
+    cap_sse_line,
+    cap_ndjson_line,
+    cap_empty_events,
+    cap_request_cut,
+    cap_after_done,
+]
+
+
 FAULTS: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
     fault_reorder,
     fault_dup,
@@ -915,8 +1211,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the synthesized fixtures (sec_*, h2c_*: no base recording needed)",
     )
+    ap.add_argument("--caps-only", action="store_true", help="only the cap fixtures (cap_*)")
     ns = ap.parse_args(argv)
     ns.out.mkdir(parents=True, exist_ok=True)
+    for make in CAP_FIXTURES:
+        pkts, expected = make(ns.pcaps)
+        name = expected["fixture"]
+        wrpcap(str(ns.out / f"{name}.pcap"), pkts)
+        write_expected(ns.out / f"{name}.expected.json", expected)
+        print(f"{name:22s} {len(pkts):5d} packets  (synthesized)")
+    if ns.caps_only:
+        return 0
     for make in SECURITY_FIXTURES + H2C_FIXTURES:
         pkts, expected = make(ns.pcaps)
         name = expected["fixture"]

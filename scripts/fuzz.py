@@ -21,6 +21,13 @@ Three kinds of case, from a seed corpus taken from ``pcaps/``:
   HTTP/1.1 request pipelined after the offer; each write cut at random
   offsets, one in four mutated. Unmutated, the rows are checked against what
   the server streamed (a wrong row is a crash too).
+* ``caps``: a chat stream (SSE or NDJSON) built at the stream stage's caps,
+  lowered for the run (line cap, events without output, request body): item
+  lines at and just over the line cap, floods of empty events around the
+  events cap, items after the end marker, a request body around its cap, its
+  bytes cut at random points. Besides crashing nothing, the stream must carry
+  exactly the flags the generator knows it earned, and its text must be the
+  content of the items that were neither over the cap nor after the marker.
 
 A crash is an exception escaping the chain, a connection dropped by the
 pipeline's last-resort handler (``internal_errors``), a stream opened but never
@@ -60,14 +67,22 @@ from sniffer.core.events import (  # noqa: E402
     ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
+    EndReason,
     FlowData,
     FlowEvent,
+    HttpBody,
+    HttpEnd,
+    HttpRequest,
+    HttpResponse,
     PipelineError,
+    StoreEvent,
     StreamClosed,
+    StreamFlag,
     StreamOpened,
 )
 from sniffer.core.pipeline import Pipeline  # noqa: E402
 from sniffer.core.reassembly import Reassembler  # noqa: E402
+from sniffer.core.streams import StreamAssembler  # noqa: E402
 from sniffer.llm.dialects import REGISTRY  # noqa: E402
 from sniffer.record.redact import Redactor, StreamRedactor, _mask_tokens_json  # noqa: E402
 from sniffer.record.token_collector import TokenCollector  # noqa: E402
@@ -422,6 +437,106 @@ def run_json(item: str) -> None:
     _mask_tokens_json(item)
 
 
+#: The caps of the ``caps`` cases, lowered from the defaults so that a case
+#: costs kilobytes: line cap (characters), events without output, request bytes.
+CAP_LINE, CAP_QUIET, CAP_REQUEST = 96, 12, 256
+
+
+def _cap_item(content: str, ndjson: bool) -> str:
+    if ndjson:
+        return (
+            f'{{"model":"m","message":{{"role":"assistant","content":"{content}"}},"done":false}}'
+        )
+    return f'{{"choices":[{{"index":0,"delta":{{"content":"{content}"}}}}]}}'
+
+
+def run_caps(
+    ndjson: bool, plan: list[tuple[str, int]], request_len: int, cuts: list[float]
+) -> None:
+    """One ``caps`` case: ``plan`` is the body, in order: ("text", n) a content
+    item whose line is ``CAP_LINE - 2 + n`` characters long (n in 0..4: at and
+    just over the cap), ("empty", n) n events without output, ("done", 0) the
+    end marker (what follows comes after it)."""
+    header = len(_cap_item("", ndjson)) + (0 if ndjson else len("data: "))  # around the content
+    lines: list[str] = []
+    text: list[str] = []
+    over = after = False
+    quiet = 0
+    done = False
+    for what, n in plan:
+        if what == "text":
+            content = "x" * (CAP_LINE - 2 + n - header)
+            line = _cap_item(content, ndjson)
+            if not ndjson:
+                line = "data: " + line
+            lines.append(line)
+            if len(line) > CAP_LINE:  # dropped by the decoder, before or after the marker
+                over = True
+            elif done:
+                after, quiet = True, quiet + 1
+            else:
+                text.append(content)
+        elif what == "empty":
+            lines += ["{}" if ndjson else "data:"] * n
+            after = after or (done and n > 0)
+            quiet += n
+        elif not done:
+            lines.append(
+                '{"model":"m","message":{"content":""},"done":true}' if ndjson else "data: [DONE]"
+            )
+            done = True
+    body = "".join(line + ("\n" if ndjson else "\n\n") for line in lines).encode()
+    request = (
+        b'{"model":"m","stream":true,"n":1,"messages":[{"content":"' + b"p" * request_len + b'"}]}'
+    )
+    ctype = "application/x-ndjson" if ndjson else "text/event-stream"
+    path = "/api/chat" if ndjson else "/v1/chat/completions"
+    a = StreamAssembler(max_line=CAP_LINE, max_quiet_events=CAP_QUIET, max_request_body=CAP_REQUEST)
+    out: list[StoreEvent] = []
+    at = sorted({int(c * len(body)) for c in cuts})
+    pieces = [body[i:j] for i, j in zip([0, *at], [*at, len(body)], strict=True)]
+    for ev in (
+        ConnectionOpened(1, 0.0, ("127.0.0.1", 1), ("127.0.0.1", 2), True),
+        HttpRequest(1, 0, 1.0, "POST", path, "1.1", ()),
+        HttpBody(1, 0, 1.0, True, request),
+        HttpEnd(1, 0, 1.0, True, EndReason.COMPLETE),
+        HttpResponse(1, 0, 2.0, 200, "OK", "1.1", (("content-type", ctype),)),
+        *(HttpBody(1, 0, 3.0, False, p) for p in pieces if p),
+        HttpEnd(1, 0, 4.0, False, EndReason.COMPLETE),
+    ):
+        a.feed_into(ev, out)
+    closed = [e for e in out if isinstance(e, StreamClosed)]
+    if len(closed) != 1:
+        raise Crash(f"{len(closed)} StreamClosed")
+    c = closed[0]
+    # an NDJSON done line carries no output either, but it is the marker, not quiet
+    want = {
+        StreamFlag.ITEM_OVER_CAP: over,
+        StreamFlag.EVENTS_CAPPED: quiet > CAP_QUIET,
+        StreamFlag.AFTER_DONE: after,
+        StreamFlag.REQUEST_CUT: len(request) > CAP_REQUEST,
+    }
+    got = {f: f in c.flags for f in want}
+    if got != want:
+        raise Crash(f"flags {sorted(c.flags)}, expected {sorted(f for f, v in want.items() if v)}")
+    stored = "".join(e.text for e in out if isinstance(e, ChunkEvent))
+    if stored != "".join(text) or c.text_len != len(stored):
+        raise Crash(f"text of {len(stored)} characters, expected {len(''.join(text))}")
+    rows = sum(1 for e in out if isinstance(e, ChunkEvent) and e.kind in ("other", "after_done"))
+    if rows > CAP_QUIET:
+        raise Crash(f"{rows} rows of events without output stored (cap {CAP_QUIET})")
+
+
+_CAP_PLAN = st.lists(
+    st.one_of(
+        st.tuples(st.just("text"), st.integers(0, 4)),
+        st.tuples(st.just("empty"), st.integers(0, 2 * CAP_QUIET)),
+        st.tuples(st.just("done"), st.just(0)),
+    ),
+    max_size=10,
+)
+
+
 # ------------------------------------------------------------------- campaign
 
 
@@ -488,14 +603,20 @@ def campaign(
         suppress_health_check=list(HealthCheck),
     )
     @given(
-        kind=st.sampled_from(("capture", "flows", "flows", "flows", "json", "upgrade")),
+        kind=st.sampled_from(("capture", "flows", "flows", "flows", "json", "upgrade", "caps")),
         seed=st.integers(0, 10_000),
         ops=MUTATIONS,
         cuts=st.lists(st.floats(0.0, 1.0, allow_nan=False), max_size=6),
         which=st.integers(0, 10_000),
+        plan=_CAP_PLAN,
     )
     def one(
-        kind: str, seed: int, ops: list[tuple[str, float, int]], cuts: list[float], which: int
+        kind: str,
+        seed: int,
+        ops: list[tuple[str, float, int]],
+        cuts: list[float],
+        which: int,
+        plan: list[tuple[str, int]],
     ) -> None:
         report.cases += 1
         report.by_kind[kind] += 1
@@ -522,6 +643,10 @@ def campaign(
             elif kind == "upgrade":
                 data = f"upgrade seed={seed} which={which} ops={ops} cuts={cuts}".encode()
                 run_upgrade(seed, ops, cuts, which)
+            elif kind == "caps":
+                request_len = CAP_REQUEST - 60 + seed % 120  # around the request cap
+                data = repr((seed % 2, plan, request_len, cuts)).encode()
+                run_caps(seed % 2 == 1, plan, request_len, cuts)
             else:
                 item = corpus.items[seed % len(corpus.items)]
                 data = mutate(item.encode(), ops).decode("utf-8", "replace")

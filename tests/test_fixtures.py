@@ -62,6 +62,11 @@ KNOWN_STREAM = {
     "error",
     "check_text",
     "ttft_ms",
+    "flags",
+    "stream_errors",
+    "quiet_events",
+    "request",
+    "after_done",
 }
 KNOWN_CHOICE = {
     "text",
@@ -262,11 +267,33 @@ def test_fixture_replays_to_expected(pcap: Path, tmp_path: Path) -> None:
             assert ttft_ms == pytest.approx(want["ttft_ms"], abs=0.0011), where
         elif "ttft_ms" in want and check:
             assert got["t_first_content"] is None, where
+        _check_caps(want, got, detail, where)
     extra = len(rows) - len(exp["streams"])
     assert extra <= exp.get("extra_streams_max", 0), [r["path"] for r in rows]
     assert count_rows(engine)["errors"] >= exp.get("errors_min", 0)
     if exp.get("capture_error"):
         assert result.capture_error is not None
+
+
+def _check_caps(
+    want: dict[str, Any], got: dict[str, Any], detail: dict[str, Any], where: str
+) -> None:
+    """The fields of the cap fixtures (scripts/craft_faults.py, ``cap_*``)."""
+    if "flags" in want:
+        assert json.loads(got["flags"] or "[]") == want["flags"], where
+    if "stream_errors" in want:
+        kinds = sorted(f"{e['stage']}/{e['kind']}" for e in detail["errors"])
+        assert kinds == sorted(want["stream_errors"]), (where, detail["errors"])
+    if "quiet_events" in want:
+        # every event carrying no output is counted, stored or not
+        (capped,) = [e for e in detail["errors"] if e["kind"] == "events-capped"]
+        assert f" of {want['quiet_events']} events" in capped["message"], where
+    for name, value in (want.get("request") or {}).items():
+        assert got[name] == value, (where, name)
+    if "after_done" in want:
+        apart = [c["raw"] for c in detail["chunks"] if c["kind"] == "after_done"]
+        assert apart == want["after_done"], where
+        assert all(not c["text"] for c in detail["chunks"] if c["kind"] == "after_done")
 
 
 def test_ttft_in_expected_files_is_what_the_capture_shows() -> None:
@@ -277,7 +304,11 @@ def test_ttft_in_expected_files_is_what_the_capture_shows() -> None:
 
     assert measure_ttft.main(["--check"]) == 0
     # gzip-encoded bodies are not read by that route (measure_ttft.py says so)
-    compressed = {("sec_gzip_bomb", 40102, 1)}
+    compressed = {
+        ("sec_gzip_bomb", 40102, 1),
+        ("cap_sse_line", 40201, 0),
+        ("cap_ndjson_line", 40203, 0),
+    }
     measured = [
         s
         for p in FIXTURES

@@ -24,7 +24,7 @@ def test_mutate_keeps_the_capture_header_and_applies_ops() -> None:
 def test_short_campaign_finds_nothing(tmp_path: Path) -> None:
     report = campaign(400, timeout=30.0, out=tmp_path, derandomize=True)
     assert report.cases == 400
-    assert set(report.by_kind) == {"capture", "flows", "json", "upgrade"}
+    assert set(report.by_kind) == {"capture", "flows", "json", "upgrade", "caps"}
     assert not report.crashes, report.crashes
     assert report.hangs == 0
 

@@ -252,6 +252,32 @@ def test_line_cap_overflow_drops_event_and_recovers() -> None:
         assert d.events == 2
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=8),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=6),
+)
+def test_every_line_over_the_cap_is_counted_once_however_it_is_split(
+    lengths: list[int], cuts: list[int]
+) -> None:
+    """``overlong`` (what the streams stage flags ``item-over-cap``) counts each
+    line longer than the cap exactly once, wherever the feeds split it; lines at
+    the cap are kept. Both decoders."""
+    cap = 16
+    lines = [b"data: " + b"x" * n for n in lengths]  # 6 + n characters
+    over = sum(1 for line in lines if len(line) > cap)
+    raw = b"".join(line + b"\n\n" for line in lines)
+    at = sorted({min(c, len(raw)) for c in cuts})
+    pieces = [raw[i:j] for i, j in zip([0, *at], [*at, len(raw)], strict=True)]
+    out, d = decode(pieces, max_line=cap)
+    assert d.overlong == over and d.errors == over
+    assert len(out) == len(lines) - over
+    nd = NdjsonDecoder(max_line=cap)
+    kept = [x for p in pieces for x in nd.feed(p)] + nd.close()
+    assert nd.overlong == over and nd.errors == over
+    assert kept == [line.decode() for line in lines if len(line) <= cap]
+
+
 def test_line_cap_exact_length_is_kept() -> None:
     cap = 16
     line = b"data: " + b"y" * (cap - 6)  # exactly cap characters

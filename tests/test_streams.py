@@ -408,3 +408,169 @@ def test_flags_are_named_once_and_read_back_from_the_column() -> None:
         "from-a-newer-writer",
     ]
     assert stream_flags("not json") == ["not json"]
+
+
+# ------------------------------------------------------------------ caps (#24)
+
+
+def _errors(out: Sequence[StoreEvent]) -> list[tuple[str, str]]:
+    return [(e.stage, e.kind) for e in out if isinstance(e, PipelineError)]
+
+
+def _chunks(out: Sequence[StoreEvent]) -> list[ChunkEvent]:
+    return [e for e in out if isinstance(e, ChunkEvent)]
+
+
+def test_an_sse_line_over_the_cap_is_dropped_and_fails_the_stream() -> None:
+    """The event whose line is over the decoders' line cap is dropped; the stream
+    (complete on the wire) carries the lossy flag and an sse error row."""
+    long = delta("x" * 200)
+    events = [
+        *chat_request(),
+        head(),
+        sse(3.0, delta("a"), long, delta("b"), long),
+        sse(4.0, delta(finish_reason="stop"), "[DONE]"),
+        end(5.0),
+    ]
+    out = run(events, max_line=100)
+    c = closed(out)
+    assert c.state is StreamState.COMPLETE and c.text_len == 2
+    assert c.flags == (StreamFlag.ITEM_OVER_CAP,) and StreamFlag.ITEM_OVER_CAP in LOSSY_FLAGS
+    (err,) = [e for e in out if isinstance(e, PipelineError)]
+    assert (err.stage, err.kind) == ("sse", "line") and err.message.startswith("2 errors")
+    assert closed(run(events)).flags == ()  # under the default cap: nothing dropped
+
+
+def _ollama(lines: Sequence[str], ts: float = 3.0) -> list[HttpOutput]:
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    return [
+        HttpRequest(1, 0, 1.0, "POST", "/api/chat", "1.1", (("host", "x"),)),
+        HttpBody(1, 0, 1.0, True, raw),
+        HttpEnd(1, 0, 1.0, True, EndReason.COMPLETE),
+        head(headers=(("content-type", "application/x-ndjson"),)),
+        HttpBody(1, 0, ts, False, "".join(f"{x}\n" for x in lines).encode()),
+        end(ts + 1),
+    ]
+
+
+def _ollama_line(content: str, done: bool = False) -> str:
+    obj: dict[str, object] = {"model": "m", "message": {"role": "assistant", "content": content}}
+    obj["done"] = done
+    if done:
+        obj["done_reason"] = "stop"
+    return json.dumps(obj)
+
+
+def test_an_ndjson_line_over_the_cap_is_dropped_with_an_error_row_and_a_flag() -> None:
+    """Before #24 the NDJSON decoder's errors were never read: the line vanished."""
+    lines = [_ollama_line("a"), _ollama_line("y" * 300), _ollama_line("b"), _ollama_line("", True)]
+    out = run(_ollama(lines), max_line=120)
+    c = closed(out)
+    assert c.state is StreamState.COMPLETE and c.text_len == 2
+    assert c.flags == (StreamFlag.ITEM_OVER_CAP,)
+    assert _errors(out) == [("ndjson", "line")]
+    assert closed(run(_ollama(lines))).flags == ()
+
+
+def test_events_without_output_past_the_cap_are_counted_not_stored() -> None:
+    """A flood of empty events, keep-alives and role preludes costs at most the
+    cap in rows; the count is in the events-capped error row; events carrying
+    output (content, logprobs on an empty delta, usage, finish) are never capped."""
+    cap = 5
+    lp = {"content": [{"token": "\ufffd", "logprob": -0.1}]}
+    events = [
+        *chat_request(),
+        head(),
+        sse(3.0, delta("", role="assistant"), *([""] * 8), "not json", delta("Hi")),
+        sse(3.5, *({"choices": [{"index": 0, "delta": {"content": ""}, "logprobs": lp}]},) * 3),
+        sse(3.6, *([""] * 4), {"choices": [], "usage": {"prompt_tokens": 1}}),
+        sse(4.0, delta(finish_reason="stop"), "[DONE]"),
+        end(5.0),
+    ]
+    out = run(events, max_quiet_events=cap)
+    c = closed(out)
+    kinds = [e.kind for e in _chunks(out)]
+    assert kinds.count("role") + kinds.count("other") + kinds.count("invalid") == cap + 3
+    # the 3 "other" deltas with logprobs are output: stored past the cap
+    assert sum(1 for e in _chunks(out) if e.logprobs) == 3
+    assert kinds[-3:] == ["usage", "finish", "done"] and "content" in kinds
+    assert c.state is StreamState.COMPLETE and c.text_len == 2 and c.done_seen
+    assert c.flags == (StreamFlag.EVENTS_CAPPED,)
+    assert c.event_count == len(kinds)
+    (err,) = [e for e in out if isinstance(e, PipelineError) and e.kind == "events-capped"]
+    assert err.message.startswith(f"9 of {cap + 9} events")  # 1 role, 12 empty, 1 not json
+    # the unparseable item came past the cap: counted, neither chunk nor error row
+    assert "invalid" not in kinds and ("dialect", "invalid") not in _errors(out)
+    assert closed(run(events)).flags == ()  # default cap: all stored
+
+
+def test_items_after_done_are_stored_apart_not_in_the_answer() -> None:
+    """Clients stop at [DONE]: what follows is stored as after_done chunks (raw,
+    stream-level, no index), changes neither text, counts, finish nor usage,
+    and flags the stream."""
+    ghost = delta(" ghost", finish_reason="length")
+    events = [
+        *chat_request(),
+        head(),
+        sse(3.0, delta("Hi")),
+        sse(4.0, delta(finish_reason="stop"), "[DONE]", ghost),
+        sse(4.5, {"choices": [], "usage": {"prompt_tokens": 9}}, "[DONE]"),
+        end(5.0),
+    ]
+    out = run(events)
+    c = closed(out)
+    assert (c.text_len, c.chunk_count, c.finish_reasons, c.usage) == (2, 1, ((0, "stop"),), None)
+    assert c.flags == (StreamFlag.AFTER_DONE,) and c.state is StreamState.COMPLETE
+    assert c.t_last_chunk == 4.0
+    apart = [e for e in _chunks(out) if e.kind == "after_done"]
+    assert [e.raw for e in apart] == [
+        json.dumps(ghost),
+        json.dumps({"choices": [], "usage": {"prompt_tokens": 9}}),
+        "[DONE]",
+    ]
+    assert all(e.choice == -1 and e.chunk_index == 0 and e.text == "" for e in apart)
+    assert [e.seq for e in _chunks(out)] == list(range(len(_chunks(out))))
+    # past the events cap they are counted too
+    capped = closed(run(events, max_quiet_events=1))
+    assert capped.flags == (StreamFlag.AFTER_DONE, StreamFlag.EVENTS_CAPPED)
+
+
+def test_a_request_over_the_cap_is_read_from_its_start_and_flagged() -> None:
+    """A long prompt: the parameters before it are read from the part kept
+    (``values.scan_request``), ``n`` among them drives the verdict; the stream is
+    flagged request-cut with an error row naming what was read."""
+    body = {
+        "model": "m",
+        "stream": True,
+        "n": 2,
+        "temperature": 0.5,
+        "max_completion_tokens": 9,
+        "messages": [{"role": "user", "content": "p" * 500}],
+        "seed": 3,  # after the cut: unknown
+    }
+    raw = json.dumps(body).encode()  # in this order: the prompt, then seed
+    events = [
+        HttpRequest(1, 0, 1.0, "POST", "/v1/chat/completions", "1.1", (("host", "x"),)),
+        HttpBody(1, 0, 1.0, True, raw[:100]),
+        HttpBody(1, 0, 1.0, True, raw[100:]),
+        HttpEnd(1, 0, 1.0, True, EndReason.COMPLETE),
+        head(),
+        sse(3.0, delta("a"), delta("b", index=1)),
+        sse(4.0, delta(finish_reason="stop")),
+        end(5.0),
+    ]
+    out = run(events, max_request_body=300)
+    (opened,) = [e for e in out if isinstance(e, StreamOpened)]
+    assert opened.request == RequestSummary(
+        model="m", stream=True, n=2, temperature=0.5, max_tokens=9
+    )
+    assert opened.dialect == "openai.chat" and opened.request_body is not None
+    assert len(opened.request_body) == 300
+    c = closed(out)
+    assert c.flags == (StreamFlag.REQUEST_CUT,)
+    # n = 2 read from the cut body: one finished choice of two is not complete
+    assert c.state is StreamState.TRUNCATED
+    (err,) = [e for e in out if isinstance(e, PipelineError)]
+    assert err.kind == "request-cut" and "model, stream, temperature" in err.message
+    whole = run(events)
+    assert closed(whole).flags == () and not _errors(whole)

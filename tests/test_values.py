@@ -8,6 +8,8 @@ import pickle
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sniffer.core.events import StreamOpened
 from sniffer.llm.dialects.anthropic import AnthropicMessages
@@ -17,7 +19,15 @@ from sniffer.llm.dialects.openai import OpenAIChat, OpenAICompletions
 from sniffer.llm.dialects.responses import OpenAIResponses
 from sniffer.llm.dialects.tgi import TgiGenerate
 from sniffer.llm.tokens import ChunkInput, StreamInput, TokenizerRegistry, analyze_streams
-from sniffer.llm.values import EMPTY_REQUEST, MAX_USAGE_DEPTH, RequestSummary, Usage
+from sniffer.llm.values import (
+    EMPTY_REQUEST,
+    MAX_SCANNED_KEYS,
+    MAX_USAGE_DEPTH,
+    UNREAD,
+    RequestSummary,
+    Usage,
+    scan_request,
+)
 from sniffer.store.models import PLAIN_HTTP
 from sniffer.store.writer import StoreWriter, usage_json
 
@@ -403,3 +413,79 @@ def test_not_an_llm_stream_is_dialect_none() -> None:
     ev = _opened(1, None)
     assert ev.dialect is None and ev.request is EMPTY_REQUEST
     assert STREAM_LEVEL == -1 and {"content", "reasoning", "tool_call"} == OUTPUT_KINDS
+
+
+# ------------------------------------------- the start of a cut request (#24)
+
+_json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**20), max_value=10**20),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(alphabet='ab"\\{}[]:,\u00e9\u4e2d \n', max_size=12),
+)
+_json_value = st.recursive(
+    _json_leaf,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from(["model", "n", "stream", 'k"}']), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
+_request_keys = ["model", "stream", "messages", "n", "temperature", "stream_options", "seed"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    body=st.dictionaries(st.sampled_from(_request_keys), _json_value, min_size=1),
+    compact=st.booleans(),
+    data=st.data(),
+)
+def test_scan_request_reads_exactly_the_whole_top_level_values_of_any_prefix(
+    body: dict[str, Any], compact: bool, data: st.DataObject
+) -> None:
+    """Cut anywhere, the scan gives the object's first keys in order, each with
+    its value when it was read (never a wrong one, never a nested key); the
+    whole text gives the whole object."""
+    text = json.dumps(body, separators=(",", ":") if compact else (", ", ": "))
+    assert scan_request(text) == body
+    for cut in data.draw(st.lists(st.integers(0, len(text)), max_size=12)):
+        got = scan_request(text[:cut])
+        assert list(got) == list(body)[: len(got)], text[:cut]
+        for key, value in got.items():
+            assert value is UNREAD or value == body[key], (text[:cut], key)
+
+
+def test_scan_request_on_hostile_starts() -> None:
+    assert scan_request("") == {} and scan_request("[1, 2") == {} and scan_request("{") == {}
+    assert scan_request('{"n": 2, "temperature": 0.7') == {"n": 2, "temperature": UNREAD}
+    assert scan_request('{"n": 2, "stream": tru') == {"n": 2, "stream": UNREAD}
+    # nesting deeper than the decoder goes: that value is unread, no exception
+    assert scan_request('{"n": 1, "x": ' + "[" * 100_000) == {"n": 1, "x": UNREAD}
+    # a number too long for int(): unread
+    assert scan_request('{"seed": ' + "9" * 5000 + ', "n": 1}')["seed"] is UNREAD
+    # keys inside strings and nested objects are not top-level keys
+    got = scan_request('{"messages": [{"model": "evil", "content": "\\"n\\": 9"}], "model": "m"')
+    assert got == {"messages": [{"model": "evil", "content": '"n": 9'}], "model": "m"}
+    # at most MAX_SCANNED_KEYS keys are read
+    many = "{" + ",".join(f'"k{i}": {i}' for i in range(3 * MAX_SCANNED_KEYS)) + ","
+    assert len(scan_request(many)) == MAX_SCANNED_KEYS
+
+
+def test_a_cut_request_gives_the_summary_of_its_start() -> None:
+    text = json.dumps(
+        {
+            "model": "m",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_output_tokens": 5,
+            "top_p": 0.9,
+            "messages": [{"role": "user", "content": "x" * 100}],
+            "temperature": 0.1,
+        }
+    )[:-40]
+    summary = RequestSummary.parse(scan_request(text))
+    assert summary == RequestSummary(
+        model="m", stream=True, include_usage=True, max_tokens=5, top_p=0.9
+    )
+    assert summary.prompt_len is None  # the messages were cut: not counted

@@ -44,7 +44,17 @@ ALL_FIXTURES = sorted(FIXTURE_PATHS)
 COMPLETE = [
     n
     for n in ALL_FIXTURES
-    if _expected(n)["streams"] and all(s["state"] == "complete" for s in _expected(n)["streams"])
+    if _expected(n)["streams"]
+    and all(
+        s["state"] == "complete" and not set(s.get("flags") or ()) & LOSSY_FLAGS
+        for s in _expected(n)["streams"]
+    )
+]
+#: Fixtures with a stream complete on the wire that the tool dropped data of.
+LOSSY = [
+    n
+    for n in ALL_FIXTURES
+    if any(set(s.get("flags") or ()) & LOSSY_FLAGS for s in _expected(n)["streams"])
 ]
 
 
@@ -80,6 +90,17 @@ def test_every_complete_fixture_verifies(fixture_dbs: dict[str, Path], name: str
     for v in report.streams:
         assert "tokenizer_default" in kinds(v, "warn")
         assert v.tokens is not None and v.tokenizer == "default:deepseek-v4"
+
+
+@pytest.mark.parametrize("name", LOSSY)
+def test_a_stream_the_tool_dropped_an_item_of_fails_by_its_flag(
+    fixture_dbs: dict[str, Path], name: str
+) -> None:
+    """cap_sse_line, cap_ndjson_line: complete on the wire, an item over the line
+    cap dropped: verify fails that stream on the flag alone, passes the canary."""
+    flagged, canary = verify_db(make_engine(str(fixture_dbs[name])), REGISTRY).streams
+    assert kinds(flagged, "fail") == {"item-over-cap"} and not flagged.ok
+    assert flagged.state == "complete" and canary.ok
 
 
 def test_fault_lost_fails_with_gap(fixture_dbs: dict[str, Path]) -> None:

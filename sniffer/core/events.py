@@ -348,14 +348,61 @@ class StreamFlag(enum.StrEnum):
     #: the capture clock went backwards inside the exchange (a later packet has
     #: an earlier timestamp): durations and gaps computed from it are not real
     CLOCK_BACKWARDS = "clock-backwards"
+    #: an SSE line or NDJSON line longer than the decoders' line cap
+    #: (``sniffer.core.sse.DEFAULT_MAX_LINE``) was dropped with its item
+    ITEM_OVER_CAP = "item-over-cap"
+    #: more events that carry no output (role preludes, keep-alives, metadata,
+    #: unparseable items, anything after the end marker) than the stream
+    #: stage keeps per stream (``sniffer.core.streams.MAX_QUIET_EVENTS``): the
+    #: rest were counted (the ``events-capped`` error row), not stored
+    EVENTS_CAPPED = "events-capped"
+    #: the request body was longer than the stream stage keeps
+    #: (``sniffer.core.streams.MAX_REQUEST_BODY``): the stored request is its
+    #: start, and its parameters were read from that part only
+    REQUEST_CUT = "request-cut"
+    #: the server sent items after its end marker (``data: [DONE]``): clients
+    #: stop reading there, so they are stored apart (chunk kind ``after_done``)
+    #: and are not part of the answer
+    AFTER_DONE = "after-done"
+    #: the stream had more chunk events than the token collector keeps per
+    #: stream (``sniffer.record.token_collector.MAX_CHUNKS``): token ids were
+    #: computed for the first of them only
+    TOKENS_CAPPED = "tokens-capped"
 
 
 #: Flags that fail ``verify`` (data dropped or ambiguous); the rest warn.
-LOSSY_FLAGS: frozenset[StreamFlag] = frozenset()
+#: ``item-over-cap`` drops an item, which may have carried output. The others
+#: lose no output: ``events-capped`` counts events that carry none,
+#: ``request-cut`` keeps the response whole, ``after-done`` keeps what came
+#: after the end marker apart, ``tokens-capped`` stores every chunk (only the
+#: token analysis stops at the cap).
+LOSSY_FLAGS: frozenset[StreamFlag] = frozenset({StreamFlag.ITEM_OVER_CAP})
 
 #: What each flag means, for ``verify``'s findings and ``show``.
 FLAG_TEXT: dict[str, str] = {
     StreamFlag.CLOCK_BACKWARDS: "the capture clock went backwards during the exchange",
+    StreamFlag.ITEM_OVER_CAP: (
+        "an SSE or NDJSON line over the line cap was dropped with its item: "
+        "the stored stream may lack output the server sent"
+    ),
+    StreamFlag.EVENTS_CAPPED: (
+        "events carrying no output past the per-stream cap were counted, not stored "
+        "(the count is in the events-capped error row); no output was dropped"
+    ),
+    StreamFlag.REQUEST_CUT: (
+        "the request body was over the cap: its start is stored and its parameters "
+        "were read from that part (the response is whole)"
+    ),
+    StreamFlag.AFTER_DONE: (
+        "the server sent items after its end marker: stored apart (kind after_done), "
+        "not part of the answer, as clients stop reading at the marker"
+    ),
+    StreamFlag.TOKENS_CAPPED: (
+        "more chunk events than the token collector keeps per stream: token ids cover "
+        "the first of them only; the chunks are stored whole (the tool's own cap, "
+        "nothing lost on the wire or in the store), so the token checks that need "
+        "every token are skipped"
+    ),
 }
 
 

@@ -2,7 +2,8 @@
 
 Both decoders are sans-IO: bytes in, decoded items out. They never raise on bad
 input. Malformed bytes become U+FFFD, an over-long line is dropped and counted
-(``errors``/``last_error``) and decoding resynchronises at the next line end.
+(``overlong``, and in ``errors``/``last_error``) and decoding resynchronises at
+the next line end.
 "Need more data" is simply an empty list.
 
 SSE follows the WHATWG HTML "event stream interpretation" rules:
@@ -77,6 +78,8 @@ class _LineDecoder:
     def __init__(self, max_line: int) -> None:
         self.max_line = max_line
         self.errors = 0
+        #: lines dropped for being longer than ``max_line`` (each also an error)
+        self.overlong = 0
         self.last_error: str | None = None
         self.closed = False
         self._utf8 = _new_utf8_decoder()
@@ -110,6 +113,7 @@ class _LineDecoder:
         self.last_error = message
 
     def _overflow(self, length: int) -> None:
+        self.overlong += 1
         self._error(f"line longer than {self.max_line} characters ({length}+) dropped")
 
     def _hold(self, text: str) -> None:

@@ -50,18 +50,21 @@ from sniffer.core.events import (
 )
 from sniffer.core.http1 import HttpOutput
 from sniffer.core.resync import CHUNKED, ItemSync, guess_dialect, sniff_item_format
-from sniffer.core.sse import NdjsonDecoder, SseDecoder
+from sniffer.core.sse import DEFAULT_MAX_LINE, NdjsonDecoder, SseDecoder
 from sniffer.llm.dialects import dialect_by_name, select_dialect
 from sniffer.llm.dialects.base import (
+    AFTER_DONE,
     DONE,
     ERROR,
     INVALID,
+    OTHER,
     OUTPUT_KINDS,
+    ROLE,
     STREAM_LEVEL,
     Delta,
     Dialect,
 )
-from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage
+from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage, scan_request
 
 #: Gap reason of a stream adopted from a checkpoint taken inside an item.
 RESTART_ITEM = "sidecar restarted inside an item"
@@ -69,6 +72,23 @@ RESTART_ITEM = "sidecar restarted inside an item"
 MAX_UNGUESSED_ITEMS = 256
 #: Decoded bytes of a recovered body looked at to tell SSE from NDJSON.
 MAX_SNIFF = 64 * 1024
+#: Request body bytes kept per exchange (stored and parsed); past it the
+#: stream is flagged ``request-cut`` and its parameters are read from the start.
+MAX_REQUEST_BODY = 4 << 20
+#: Non-streamed response body bytes kept per exchange.
+MAX_RESPONSE_BODY = 16 << 20
+#: Chunk rows of events that carry no output (role preludes, keep-alives,
+#: metadata, unparseable items: :data:`QUIET_KINDS` with nothing but ``raw``;
+#: and every item after the end marker) stored per stream. Past it they are
+#: counted, not stored (flag ``events-capped``): 10,000 is far above what a real
+#: stream sends (a role prelude per choice, a ping every few seconds), and
+#: bounds a flood of empty events (``data:`` blank lines, 7 bytes each) to a
+#: few MB of rows. Output (content, reasoning, tool calls, finish, usage,
+#: logprobs, server tokens, errors) is never capped this way.
+MAX_QUIET_EVENTS = 10_000
+#: Delta kinds that may carry no output (see :data:`MAX_QUIET_EVENTS`); the
+#: end marker is not one (it comes once: what follows it is after-done).
+QUIET_KINDS = frozenset({ROLE, OTHER, INVALID})
 
 NDJSON_TYPES = frozenset(
     {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/json-lines"}
@@ -132,11 +152,15 @@ class _Exchange:
         "lost",
         "ndjson",
         "opened",
+        "overlong",
+        "quiet",
         "recovered",
         "req",
         "req_body",
         "req_bytes",
+        "req_cut",
         "req_end",
+        "requested_n",
         "resp",
         "resp_bytes",
         "resp_end",
@@ -159,6 +183,7 @@ class _Exchange:
         self.req: HttpRequest | None = None
         self.req_body = bytearray()
         self.req_bytes = 0
+        self.req_cut = False  # request bytes past the cap were dropped
         self.req_end: EndReason | None = None
         self.opened = False
         self.dialect: Dialect | None = None
@@ -182,6 +207,9 @@ class _Exchange:
         self.gap_reason = ""
         self.error: str | None = None
         self.invalid = 0
+        self.overlong = 0  # lines over the cap dropped by decoders since replaced
+        self.quiet = 0  # events carrying no output, stored or not (MAX_QUIET_EVENTS)
+        self.requested_n = 1  # the request's n (choices the stream must finish)
         self.truncated_event = False
         self.closed = False
         # A body picked up mid-way (core.resync): no request, no head.
@@ -206,8 +234,10 @@ class StreamAssembler:
         id_step: int = 1,
         stream_ids: Callable[[], int] | None = None,
         labels: Mapping[int, str] | None = None,
-        max_request_body: int = 4 << 20,
-        max_response_body: int = 16 << 20,
+        max_request_body: int = MAX_REQUEST_BODY,
+        max_response_body: int = MAX_RESPONSE_BODY,
+        max_quiet_events: int = MAX_QUIET_EVENTS,
+        max_line: int = DEFAULT_MAX_LINE,
     ) -> None:
         self._next_id = stream_id_base
         self._id_step = id_step
@@ -216,6 +246,8 @@ class StreamAssembler:
         self._labels = dict(labels or {})
         self._max_req = max_request_body
         self._max_resp = max_response_body
+        self._max_quiet = max_quiet_events
+        self._max_line = max_line  # the SSE/NDJSON decoders' line cap
         self._conns: dict[int, _Conn] = {}
         self._ex: dict[tuple[int, int], _Exchange] = {}
         self.stats = StreamStats()
@@ -371,7 +403,7 @@ class StreamAssembler:
             "format": "sse" if x.decoder is not None else "ndjson",
             "idle": dec.idle and x.item_sync is None,
             "status": x.resp.status if x.resp is not None else None,
-            "n": _requested_n(x),
+            "n": x.requested_n,
             "chunk_seq": x.seq,
             "chunk_idx": {str(k): v for k, v in x.chunk_idx.items()},
             "chunk_count": x.chunk_count,
@@ -392,6 +424,8 @@ class StreamAssembler:
             "lost": x.lost,
             "unframed": x.unframed,
             "flags": [str(f) for f in x.flags],
+            "quiet": x.quiet,
+            "overlong": x.overlong + dec.overlong,
         }
 
     def forget(self, conn: int) -> None:
@@ -417,15 +451,15 @@ class StreamAssembler:
         if st["status"] is not None:
             x.resp = HttpResponse(conn, exchange, ts, int(st["status"]), "", "1.1", ())
         if st["format"] == "sse":
-            x.decoder = SseDecoder()
+            x.decoder = SseDecoder(self._max_line)
         else:
-            x.ndjson = NdjsonDecoder()
+            x.ndjson = NdjsonDecoder(self._max_line)
         if not st["idle"]:
             x.item_sync = ItemSync(str(st["format"]), at_boundary=False)
             self._mark_gap(x, RESTART_ITEM)
-        n = int(st.get("n") or 1)
-        if n > 1:
-            x.req_body = bytearray(json.dumps({"n": n}).encode())
+        x.requested_n = max(1, int(st.get("n") or 1))
+        x.quiet = int(st.get("quiet") or 0)
+        x.overlong = int(st.get("overlong") or 0)
         x.seq = int(st["chunk_seq"])
         x.chunk_idx = {int(k): int(v) for k, v in st["chunk_idx"].items()}
         x.chunk_count = int(st["chunk_count"])
@@ -480,8 +514,12 @@ class StreamAssembler:
     def _request_body(self, x: _Exchange, data: bytes) -> None:
         x.req_bytes += len(data)
         room = self._max_req - len(x.req_body)
+        if room >= len(data):
+            x.req_body += data
+            return
         if room > 0:
             x.req_body += data[:room]
+        x.req_cut = True
 
     def _request_end(self, x: _Exchange, ev: HttpEnd, out: list[StoreEvent]) -> None:
         x.req_end = ev.reason
@@ -507,16 +545,21 @@ class StreamAssembler:
         req = x.req
         body_text: str | None = None
         parsed: Any = None
+        cut = x.req_cut
         if x.req_body:
             body_text = x.req_body.decode("utf-8", "replace")
-            try:
-                parsed = json.loads(body_text)
-            except ValueError:
-                parsed = None
-            except RecursionError:  # nested deeper than the parser goes
-                parsed = None
-                ts = x.req.ts if x.req else 0.0
-                self._fault(x, ts, "request body: JSON nested too deep", out)
+            if cut:
+                # the start of a longer JSON document: read its top-level keys
+                parsed = scan_request(body_text)
+            else:
+                try:
+                    parsed = json.loads(body_text)
+                except ValueError:
+                    parsed = None
+                except RecursionError:  # nested deeper than the parser goes
+                    parsed = None
+                    ts = x.req.ts if x.req else 0.0
+                    self._fault(x, ts, "request body: JSON nested too deep", out)
         method = req.method if req else ""
         target = req.target if req else ""
         path = scrub_url(target.split("?", 1)[0])
@@ -527,6 +570,10 @@ class StreamAssembler:
             x.dialect = None
             summary = EMPTY_REQUEST
             self._fault(x, req.ts if req else 0.0, f"request: {type(exc).__name__}", out)
+        n = summary.n
+        x.requested_n = n if n is not None and n > 0 else 1
+        if cut:
+            self._request_cut(x, req.ts if req else 0.0, out, summary)
         self.stats.streams_opened += 1
         out.append(
             StreamOpened(
@@ -548,6 +595,25 @@ class StreamAssembler:
                 comm=opened.comm if opened else None,
             )
         )
+
+    def _request_cut(
+        self, x: _Exchange, ts: float, out: list[StoreEvent], summary: RequestSummary | None
+    ) -> None:
+        """The request body went past the cap (at the open, or later): flagged
+        ``request-cut``, with an error row naming what was read of it."""
+        if StreamFlag.REQUEST_CUT in x.flags:
+            return
+        self._flag(x, StreamFlag.REQUEST_CUT)
+        self._count_error("streams")
+        more = "+" if x.req_end is None else ""  # still coming when the stream opened
+        message = f"request body of {x.req_bytes}{more} bytes cut at the {self._max_req}-byte cap"
+        if summary is None:
+            message += " after the stream opened"
+        elif summary.as_dict():
+            message += f"; read from the part kept: {', '.join(summary.as_dict())}"
+        else:
+            message += "; no parameter found in the part kept"
+        out.append(PipelineError(ts, "streams", "request-cut", message, x.conn, x.stream))
 
     def _open_recovered(self, x: _Exchange, out: list[StoreEvent], item: str | None) -> None:
         rec = x.recovered
@@ -591,10 +657,10 @@ class StreamAssembler:
         streaming = False
         if x.dialect is not None:
             if ctype == "text/event-stream":
-                x.decoder = SseDecoder()
+                x.decoder = SseDecoder(self._max_line)
                 streaming = True
             elif ctype in NDJSON_TYPES:
-                x.ndjson = NdjsonDecoder()
+                x.ndjson = NdjsonDecoder(self._max_line)
                 streaming = True
             else:
                 x.body = bytearray()
@@ -623,10 +689,16 @@ class StreamAssembler:
         if x.decoder is not None:
             event = dialect.event
             for etype, item, _id, _retry in x.decoder.feed(data):
-                self._deltas(x, ts, event(item, etype), out)
+                if x.done_seen:
+                    self._after_done(x, ts, item, out)
+                else:
+                    self._deltas(x, ts, event(item, etype), out)
         elif x.ndjson is not None:
             for line in x.ndjson.feed(data):
-                self._deltas(x, ts, dialect.event(line, "ndjson"), out)
+                if x.done_seen:
+                    self._after_done(x, ts, line, out)
+                else:
+                    self._deltas(x, ts, dialect.event(line, "ndjson"), out)
         elif x.body is not None:
             room = self._max_resp - len(x.body)
             if room > 0:
@@ -657,10 +729,12 @@ class StreamAssembler:
                         f"{'s' if x.gaps > 1 else ''}, {x.unframed} more unframed)"
                     )
                 if x.decoder is not None:
-                    x.decoder = SseDecoder()
+                    x.overlong += x.decoder.overlong
+                    x.decoder = SseDecoder(self._max_line)
                     x.item_sync = ItemSync("sse", at_boundary=at_boundary)
                 elif x.ndjson is not None:
-                    x.ndjson = NdjsonDecoder()
+                    x.overlong += x.ndjson.overlong
+                    x.ndjson = NdjsonDecoder(self._max_line)
                     x.item_sync = ItemSync("ndjson", at_boundary=at_boundary)
                 else:
                     x.body = None  # a JSON document with a hole in it is no document
@@ -689,9 +763,9 @@ class StreamAssembler:
             return b""
         x.sniff = None
         if fmt == "sse":
-            x.decoder = SseDecoder()
+            x.decoder = SseDecoder(self._max_line)
         else:
-            x.ndjson = NdjsonDecoder()
+            x.ndjson = NdjsonDecoder(self._max_line)
         x.item_sync = ItemSync(fmt, at_boundary=at_boundary)
         return bytes(sniff)
 
@@ -709,7 +783,10 @@ class StreamAssembler:
         for item, event in items:
             if x.unguessed is None:
                 assert x.dialect is not None
-                self._deltas(x, ts, x.dialect.event(item, event), out)
+                if x.done_seen:
+                    self._after_done(x, ts, item, out)
+                else:
+                    self._deltas(x, ts, x.dialect.event(item, event), out)
                 continue
             name = guess_dialect(event, item)
             dialect = dialect_by_name(name) if name is not None else None
@@ -720,12 +797,15 @@ class StreamAssembler:
             x.dialect = dialect
             x.unguessed = None
             self._open(x, out, first_item=item)
-            for t0, held, held_event in pending:
-                self._deltas(x, t0, dialect.event(held, held_event), out)
-            self._deltas(x, ts, dialect.event(item, event), out)
+            for t0, held, held_event in [*pending, (ts, item, event)]:
+                if x.done_seen:
+                    self._after_done(x, t0, held, out)
+                else:
+                    self._deltas(x, t0, dialect.event(held, held_event), out)
 
     def _deltas(self, x: _Exchange, ts: float, deltas: list[Delta], out: list[StoreEvent]) -> None:
         append = out.append
+        seq0 = x.seq
         for d in deltas:
             (
                 choice,
@@ -740,6 +820,8 @@ class StreamAssembler:
                 error,
                 server_tokens,
             ) = d
+            if kind in QUIET_KINDS and self._capped(x, d):
+                continue
             index = 0
             if text:
                 index = x.chunk_idx.get(choice, 0) + 1
@@ -784,7 +866,7 @@ class StreamAssembler:
                 )
             )
             x.seq = seq + 1
-        n = len(deltas)
+        n = x.seq - seq0
         if n:
             t_last = x.t_last
             if t_last is not None and ts < t_last:
@@ -792,6 +874,47 @@ class StreamAssembler:
             x.t_last = ts
             x.event_count += n
             self.stats.chunk_events += n
+
+    def _capped(self, x: _Exchange, d: Delta) -> bool:
+        """A delta of a :data:`QUIET_KINDS` kind: when it carries nothing but
+        ``raw`` it counts towards :data:`MAX_QUIET_EVENTS`; past the cap it is
+        not stored (True), an unparseable item still counted as one."""
+        if (
+            d.text
+            or d.reasoning
+            or d.tool_calls is not None
+            or d.finish_reason is not None
+            or d.logprobs is not None
+            or d.usage is not None
+            or d.server_tokens is not None
+        ):
+            return False
+        x.quiet += 1
+        if x.quiet <= self._max_quiet:
+            return False
+        if d.kind == INVALID:
+            x.invalid += 1
+            self._count_error("dialect")
+        return True
+
+    def _after_done(self, x: _Exchange, ts: float, item: str, out: list[StoreEvent]) -> None:
+        """An item after the end marker: clients have stopped reading, so it is
+        no part of the answer. Stored as it came (``raw``, kind ``after_done``,
+        stream-level, no chunk index), the stream flagged ``after-done``; it
+        changes no state and counts towards :data:`MAX_QUIET_EVENTS`."""
+        self._flag(x, StreamFlag.AFTER_DONE)
+        x.quiet += 1
+        if x.quiet > self._max_quiet:
+            return
+        seq = x.seq
+        out.append(
+            ChunkEvent(
+                x.stream, ts, seq, STREAM_LEVEL, 0, AFTER_DONE, "", "", None, None, None, None, item
+            )
+        )
+        x.seq = seq + 1
+        x.event_count += 1
+        self.stats.chunk_events += 1
 
     def _response_end(self, x: _Exchange, ev: HttpEnd, out: list[StoreEvent]) -> None:
         x.resp_end = ev.reason
@@ -862,6 +985,8 @@ class StreamAssembler:
             response_body = None
             self._fault(x, ts, f"{type(exc).__name__} in the response body", out)
         self._check_clock(x, ts)
+        if x.req_cut:
+            self._request_cut(x, ts, out, None)
         state, reason = self._verdict(x, closing_reason)
         self.stats.streams_closed += 1
         self.stats.states[state.value] = self.stats.states.get(state.value, 0) + 1
@@ -898,17 +1023,45 @@ class StreamAssembler:
             if x.decoder is not None:
                 x.decoder.close()
                 x.truncated_event = x.decoder.truncated_event
+                x.overlong += x.decoder.overlong
                 if x.decoder.errors:
                     self._count_error("sse")
                     out.append(
                         PipelineError(
-                            ts, "sse", "line", x.decoder.last_error or "", x.conn, x.stream
+                            ts, "sse", "line", _decoder_errors(x.decoder), x.conn, x.stream
                         )
                     )
             elif x.ndjson is not None:
                 if x.resp_end is EndReason.COMPLETE:
                     for line in x.ndjson.close():
-                        self._deltas(x, ts, dialect.event(line, "ndjson"), out)
+                        if x.done_seen:
+                            self._after_done(x, ts, line, out)
+                        else:
+                            self._deltas(x, ts, dialect.event(line, "ndjson"), out)
+                x.overlong += x.ndjson.overlong
+                if x.ndjson.errors:
+                    self._count_error("ndjson")
+                    out.append(
+                        PipelineError(
+                            ts, "ndjson", "line", _decoder_errors(x.ndjson), x.conn, x.stream
+                        )
+                    )
+            if x.overlong:
+                self._flag(x, StreamFlag.ITEM_OVER_CAP)
+            if x.quiet > self._max_quiet:
+                self._flag(x, StreamFlag.EVENTS_CAPPED)
+                self._count_error("streams")
+                out.append(
+                    PipelineError(
+                        ts,
+                        "streams",
+                        "events-capped",
+                        f"{x.quiet - self._max_quiet} of {x.quiet} events carrying no output "
+                        f"counted, not stored (cap: {self._max_quiet} per stream)",
+                        x.conn,
+                        x.stream,
+                    )
+                )
             elif x.body is not None and x.resp_end is EndReason.COMPLETE and x.body:
                 response_body = x.body.decode("utf-8", "replace")
                 self._deltas(x, ts, dialect.body(response_body), out)
@@ -955,7 +1108,7 @@ class StreamAssembler:
                 return StreamState.ERROR, "response body is not valid JSON"
             return StreamState.COMPLETE, "complete"
         # A streamed LLM response: every choice must finish (or [DONE] arrive).
-        n = _requested_n(x)
+        n = x.requested_n
         finished = sum(1 for c in x.finish if c != STREAM_LEVEL)
         if finished >= n or (x.done_seen and finished > 0):
             return StreamState.COMPLETE, "complete"
@@ -967,7 +1120,7 @@ class StreamAssembler:
 
     @staticmethod
     def _all_finished(x: _Exchange) -> bool:
-        return sum(1 for c in x.finish if c != STREAM_LEVEL) >= _requested_n(x)
+        return sum(1 for c in x.finish if c != STREAM_LEVEL) >= x.requested_n
 
 
 def _checkpoint_usage(value: Any) -> Usage | None:
@@ -999,12 +1152,7 @@ def _model_of(item: str) -> str | None:
     return None
 
 
-def _requested_n(x: _Exchange) -> int:
-    if not x.req_body:
-        return 1
-    try:
-        body = json.loads(x.req_body)
-    except (ValueError, RecursionError):
-        return 1
-    n = body.get("n", 1) if isinstance(body, dict) else 1
-    return n if isinstance(n, int) and n > 0 else 1
+def _decoder_errors(dec: SseDecoder | NdjsonDecoder) -> str:
+    """The error row of an item decoder: its last error, and how many there were."""
+    last = dec.last_error or ""
+    return last if dec.errors == 1 else f"{dec.errors} errors, the last: {last}"

@@ -769,6 +769,10 @@ class StreamInput:
     masks: Mapping[int, Sequence[tuple[int, int]]] | None = None
     redact: Callable[[str], list[tuple[int, int]]] | None = None
     mask_prompt: bool = False
+    #: ``chunks`` is the start of the stream only (the token collector's cap,
+    #: flag ``tokens-capped``): the checks that need every chunk (finish
+    #: reasons, usage counts) are not made
+    capped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -1219,7 +1223,7 @@ def _assemble(
     per_choice: dict[int, ChoiceChunks] = {}
     dist: dict[int, int] = {}
     server_tokens: dict[int, tuple[str, ...]] = {}
-    late = _finish_anomalies(s, p.ordered, p.choices, anomalies)
+    late = _finish_anomalies(s, p.ordered, p.choices, anomalies) if not s.capped else {}
 
     for ch, cc in p.choices.items():
         ids, offsets, decoded = enc_of[(index, ch)]
@@ -1303,7 +1307,9 @@ def _assemble(
             )
 
     _server_token_anomalies(p.ordered, tok, output_ids, server_tokens, anomalies)
-    usage_diff = _usage(s, p.plan is not None, len(prompt), output_ids, anomalies)
+    usage_diff = (
+        _usage(s, p.plan is not None, len(prompt), output_ids, anomalies) if not s.capped else {}
+    )
     if s.gap:
         anomalies.add("gap", _STREAM, None, "capture lost bytes of this stream")
     return StreamTokens(

@@ -17,12 +17,14 @@ back into JSON.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = [
     "EMPTY_REQUEST",
     "MAX_USAGE_DEPTH",
+    "UNREAD",
     "RequestSummary",
     "Usage",
     "as_bool",
@@ -30,6 +32,7 @@ __all__ = [
     "as_int",
     "as_str",
     "request_fields",
+    "scan_request",
 ]
 
 _INT64_MIN = -(2**63)
@@ -228,6 +231,85 @@ def request_fields(body: Any) -> dict[str, Any]:
     elif "prompt" in body or "input" in body or "inputs" in body:
         prompt = body.get("prompt", body.get("input", body.get("inputs")))
         out["prompt_len"] = len(prompt) if isinstance(prompt, list) else 1
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the start of a cut request body
+# ---------------------------------------------------------------------------
+
+
+class _Unread:
+    """The value of a top-level key :func:`scan_request` saw but did not read."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNREAD"
+
+
+#: The value of a key :func:`scan_request` found but could not read (the cut
+#: ends inside it): present (``"messages" in body`` holds), of no usable type.
+UNREAD: Any = _Unread()
+
+_WS = re.compile(r"[ \t\n\r]*")
+#: What may follow a whole JSON number (not the end of the text: "0.7" cut to "0").
+_AFTER_VALUE = frozenset({",", "}", " ", "\t", "\n", "\r"})
+_DECODER = json.JSONDecoder()
+#: Top-level keys :func:`scan_request` reads at most (a request has tens; a
+#: hostile body of 700,000 one-character keys would cost seconds).
+MAX_SCANNED_KEYS = 1024
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    m = _WS.match(text, pos)
+    return m.end() if m is not None else pos
+
+
+def scan_request(text: str) -> dict[str, Any]:
+    """The top-level keys of the START of a JSON object (a request body cut by a
+    size cap), each with its value when that is whole in ``text``. It stops at
+    the first value the text ends inside (or a number at the very end, which
+    the cut may have shortened: that key gets :data:`UNREAD`), at the first
+    thing that is not JSON and after :data:`MAX_SCANNED_KEYS` keys. Each value
+    is read whole by the standard library's decoder (C speed, bounded
+    nesting), so keys inside nested values or strings are never taken for
+    top-level ones. Linear in ``len(text)`` on any input.
+
+    >>> scan_request('{"model": "m", "stream": true, "messages": [{"content": "a}b')
+    {'model': 'm', 'stream': True, 'messages': UNREAD}
+    """
+    out: dict[str, Any] = {}
+    decode = _DECODER.raw_decode
+    pos = _skip_ws(text, 0)
+    if text[pos : pos + 1] != "{":
+        return out
+    pos += 1
+    for _ in range(MAX_SCANNED_KEYS):
+        pos = _skip_ws(text, pos)
+        if text[pos : pos + 1] != '"':
+            return out
+        try:
+            key, pos = decode(text, pos)
+        except ValueError:
+            return out
+        pos = _skip_ws(text, pos)
+        if text[pos : pos + 1] != ":":
+            return out
+        pos = _skip_ws(text, pos + 1)
+        try:
+            value, end = decode(text, pos)
+        except (ValueError, RecursionError):  # the cut is inside it, or it is not JSON
+            out[key] = UNREAD
+            return out
+        if text[end : end + 1] not in _AFTER_VALUE and type(value) in (int, float):
+            out[key] = UNREAD  # a number the cut may have shortened
+            return out
+        out[key] = value
+        pos = _skip_ws(text, end)
+        if text[pos : pos + 1] != ",":
+            return out
+        pos += 1
     return out
 
 

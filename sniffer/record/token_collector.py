@@ -22,9 +22,10 @@ import json
 from array import array
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamOpened
+from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamFlag, StreamOpened
 from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput
 from sniffer.llm.values import Usage
 from sniffer.record.redact import Redactor, redact_choice_texts
@@ -35,6 +36,11 @@ from sniffer.record.redact import Redactor, redact_choice_texts
 #: not 64: up to 64 strings of ~60 bytes held per open stream cost ~2 MB more
 #: at 1,000 streams than the extra joins save.
 _JOIN_EVERY = 16
+#: Chunk events of one stream the collector keeps (their texts are held in
+#: memory until the stream closes). Past it the stream's tokens are computed
+#: for the first ``MAX_CHUNKS`` only and its close is flagged ``tokens-capped``
+#: (the tool's own cap: every chunk is still stored).
+MAX_CHUNKS = 200_000
 
 
 class _Open:
@@ -89,7 +95,7 @@ class TokenCollector:
         self,
         *,
         max_open: int = 100_000,
-        max_chunks: int = 200_000,
+        max_chunks: int = MAX_CHUNKS,
         redactor: Redactor | None = None,
     ) -> None:
         # Own copies: counts stay the recording chain's, and the token worker
@@ -105,6 +111,10 @@ class TokenCollector:
         self.capped_streams = 0  # more chunks than max_chunks: the rest not tokenized
 
     def observe(self, events: Iterable[StoreEvent]) -> None:
+        """Keep what the token pass needs of a batch. The close of a stream that
+        had more than ``max_chunks`` chunk events is flagged ``tokens-capped``:
+        in ``events`` (a list: the batch the store writes next), the
+        ``StreamClosed`` is replaced by one carrying the flag."""
         # The capture path: per chunk, three array appends and a text kept.
         opened = self._open
         max_chunks = self._max_chunks
@@ -142,6 +152,9 @@ class TokenCollector:
                 s = opened.pop(ev.stream, None)
                 if s is None:
                     continue
+                if s.truncated and isinstance(events, list):
+                    flagged = replace(ev, flags=(*ev.flags, StreamFlag.TOKENS_CAPPED))
+                    events[events.index(ev)] = flagged  # rare: a linear search is fine
                 # Kept compact until taken: at a burst of closes (1,000 streams
                 # ending together) the texts are joined for one batch at a time.
                 self._ready.append((ev.stream, s, ev.usage, ev.gap, ev.done_seen))
@@ -165,13 +178,14 @@ class TokenCollector:
             request=request,
             chunks=chunks,
             usage=usage,
-            gap=gap or s.truncated,
+            gap=gap,
             done_seen=done_seen,
             include_usage_requested=isinstance(so, dict) and so.get("include_usage") is True,
             stored_texts=stored,
             masks=masks,
             redact=self._redact_spans if self._spans is not None else None,
             mask_prompt=mask_prompt,
+            capped=s.truncated,
         )
 
     def _redacted(

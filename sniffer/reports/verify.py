@@ -35,13 +35,15 @@ What FAILS a stream (:data:`FAIL_KINDS`): gap, truncated, error, open,
 not_complete, stream_done_missing, index_gap, text_len, text_mismatch,
 chunk_count, delta_len, accumulated_len, bad_record, finish_missing,
 content_after_finish, roundtrip, usage_mismatch, server_token_mismatch, and
-the stream flags in ``LOSSY_FLAGS``.
+the stream flags in ``LOSSY_FLAGS`` (``item-over-cap``).
 
 What only WARNS (everything else): replacement_char, straddle,
 multi_token_chunk, unk, tokenizer_default (no tokenizer configured for the
 model), tokenizer_error, prompt_template, usage_missing, midway,
 server_tokens_invalid, not_tokenized, token_error, unknown_record, and the
-other stream flags (``clock-backwards``).
+other stream flags (``clock-backwards``, ``events-capped``, ``request-cut``,
+``after-done``, ``tokens-capped``; a ``tokens-capped`` stream's token rows
+cover the start of its text, which is what its text check compares).
 
 Streams whose chunk text was sampled out (``streams.text_kept`` false, see
 ``sparseety run --sample-rate``) are *not verifiable*: there is no text to
@@ -66,7 +68,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from sniffer.core.events import FLAG_TEXT, LOSSY_FLAGS, stream_flags
+from sniffer.core.events import FLAG_TEXT, LOSSY_FLAGS, StreamFlag, stream_flags
 from sniffer.llm.tokens import (
     ChunkInput,
     StreamInput,
@@ -491,9 +493,13 @@ def _verify_stream(
             f"no tokenizer configured for model {s['model']!r}; used {tr.tokenizer}",
         )
     stored = {c.choice: c for c in tr.choices}
+    # tokens-capped: the token rows hold the start of each choice's text only
+    capped = StreamFlag.TOKENS_CAPPED in stream_flags(s.get("flags"))
     for ch in sorted(set(stored) | set(texts)):
         joined = "".join(texts.get(ch, []))
         c = stored.get(ch)
+        if capped and c is not None and c.text_len <= len(joined):
+            joined = joined[: c.text_len]
         if c is None:
             v.add("text_mismatch", f"choice {ch}: {len(joined)} characters, no stored text", ch)
         elif c.text_len != len(joined) or c.text_hash != text_hash(joined):

@@ -78,7 +78,8 @@ since the Unix epoch (UTC).
                     stream-level events (usage-only chunk, [DONE], errors)
     chunk_index     1, 2, 3 … per (stream, choice) for chunks carrying text, else 0
     kind            "role", "content", "reasoning", "tool_call", "finish",
-                    "usage", "error", "done", "other"
+                    "usage", "error", "done", "other", "invalid", "after_done"
+                    (an item after the end marker, kept in raw: not the answer)
     ts              capture time of the packet that completed the event
     text            content delta (what a client appends)
     reasoning       reasoning delta

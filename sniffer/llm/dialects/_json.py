@@ -79,6 +79,10 @@ def guarded(fn: Callable[..., list[Delta]], raw: str, *args: Any) -> list[Delta]
         return invalid(raw, f"{type(exc).__name__}: {exc}")
 
 
+#: What an empty item (``data:`` and a blank line) is: nothing we model.
+_EMPTY_EVENT = Delta(STREAM_LEVEL, OTHER, raw="")
+
+
 class JsonDialect:
     """``event``/``body`` for dialects whose items are JSON documents. Subclasses
     implement ``_streamed(obj, data, event_type)`` and ``_whole(obj, body)``."""
@@ -91,6 +95,8 @@ class JsonDialect:
 
     def event(self, data: str, event_type: str) -> list[Delta]:
         """One SSE event's data, or one NDJSON line (``event_type`` "ndjson")."""
+        if not data:  # an empty event (what _unparsed makes of it, without the exception)
+            return [_EMPTY_EVENT]
         try:
             obj = loads(data)
         except (ValueError, RecursionError) as exc:

@@ -29,6 +29,9 @@ DONE = "done"
 ERROR = "error"
 INVALID = "invalid"  # the item could not be parsed (broken JSON, wrong shape)
 OTHER = "other"  # parsed, but nothing we model (keep-alive, metadata events)
+#: Not a dialect's: the streams stage stores an item that came after the end
+#: marker as a chunk of this kind (``raw`` only), apart from the answer.
+AFTER_DONE = "after_done"
 
 OUTPUT_KINDS = frozenset({CONTENT, REASONING, TOOL_CALL})
 

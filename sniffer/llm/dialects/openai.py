@@ -63,6 +63,8 @@ CHAT = "openai.chat"
 COMPLETIONS = "openai.completions"
 
 _DONE = "[DONE]"
+#: What an empty event (``data:`` and a blank line) is: nothing we model.
+_EMPTY_EVENT = Delta(STREAM_LEVEL, OTHER, raw="")
 
 _new_tuple = tuple.__new__
 
@@ -119,6 +121,8 @@ class _OpenAIBase(JsonDialect):
         calls inlined (one per streamed chunk)."""
         if data == _DONE:
             return [Delta(STREAM_LEVEL, DONE)]
+        if not data:  # an empty event (what _unparsed makes of it, without two exceptions)
+            return [_EMPTY_EVENT]
         try:
             try:
                 obj = _fast_loads(data)

@@ -1,0 +1,81 @@
+"""The token collector (sniffer.record.token_collector): its own cap is named as
+what it is (``tokens-capped``), not reported as bytes lost on the wire."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamFlag, StreamState
+from sniffer.llm.tokens import TokenizerRegistry, analyze_streams
+from sniffer.record.chain import RecordingChain, RecordingOptions
+from sniffer.record.token_collector import MAX_CHUNKS, TokenCollector
+from sniffer.reports.verify import verify_db
+from sniffer.runtime.replay import replay
+from sniffer.store.queries import get_stream
+from sniffer.store.writer import make_engine
+from tests.test_streams import chat_request, delta, end, head, run, sse
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _stream(n: int) -> list[StoreEvent]:
+    """The store events of a complete chat stream of ``n`` content chunks and a
+    usage block counting them (one token each: single letters)."""
+    return run(
+        [
+            *chat_request(),
+            head(),
+            sse(3.0, *(delta("a") for _ in range(n))),
+            sse(4.0, delta(finish_reason="stop")),
+            sse(4.1, {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n}}),
+            sse(4.2, "[DONE]"),
+            end(5.0),
+        ]
+    )
+
+
+def test_a_stream_past_the_cap_is_flagged_not_gapped() -> None:
+    events = _stream(10)
+    collector = TokenCollector(max_chunks=4)
+    collector.observe(events)
+    (closed,) = [e for e in events if isinstance(e, StreamClosed)]
+    assert closed.flags == (StreamFlag.TOKENS_CAPPED,) and not closed.gap
+    assert collector.capped_streams == 1
+    (s,) = collector.take()
+    assert s.capped and not s.gap and len(s.chunks) == 4
+    (res,) = analyze_streams(TokenizerRegistry(), [s])
+    kinds = {a.kind for a in res.anomalies}
+    # no "capture lost bytes", and no judgement on the part not collected
+    assert not kinds & {"gap", "usage_mismatch", "finish_missing"}, res.anomalies
+    # under the cap: no flag, the usage compared
+    whole = _stream(10)
+    TokenCollector(max_chunks=MAX_CHUNKS).observe(whole)
+    assert [e.flags for e in whole if isinstance(e, StreamClosed)] == [()]
+
+
+def test_replay_past_the_collector_cap_verifies_with_a_warning(tmp_path: Path) -> None:
+    """Through the recording chain and the store: the flag is stored, verify
+    reports it as a warning and passes the stream (its chunks are whole)."""
+    chain = RecordingChain.from_config(RecordingOptions())
+    chain.collector = TokenCollector(max_chunks=3)
+    db = str(tmp_path / "c.db")
+    replay(ROOT / "pcaps" / "chat_english.pcap", db, chain=chain)
+    engine = make_engine(db)
+    row = get_stream(engine, 1)
+    assert row is not None and row["state"] == StreamState.COMPLETE.value
+    assert json.loads(row["flags"]) == ["tokens-capped"]
+    assert sum(1 for c in row["chunks"] if c["text"]) > 3
+    (v,) = verify_db(engine, TokenizerRegistry()).streams
+    assert v.ok, v.findings
+    assert "tokens-capped" in {f.kind for f in v.findings if f.level == "warn"}
+    assert not {f.kind for f in v.findings} & {"gap", "text_mismatch"}
+
+
+def test_chunk_events_are_kept_up_to_the_cap() -> None:
+    events = _stream(6)
+    collector = TokenCollector(max_chunks=5)
+    collector.observe(events)
+    (s,) = collector.take()
+    kept = [e for e in events if isinstance(e, ChunkEvent)][:5]
+    assert [c.seq for c in s.chunks] == [e.seq for e in kept]
