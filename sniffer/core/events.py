@@ -159,8 +159,13 @@ class FlowAnomaly:
     conn: int
     ts: float
     from_client: bool
-    kind: str  # "overlap-mismatch", "buffer-cap", "out-of-window", "after-fin", "out-of-order"
+    kind: str  # "overlap-mismatch", "buffer-cap", "out-of-window", "after-fin"
     detail: str = ""
+    #: "overlap-mismatch": where the two copies differ, as offsets in this
+    #: direction's byte stream (0 = its first data byte): the first overlap found
+    #: to differ, ``length`` bytes from ``offset``; -1 and 0 for the other kinds
+    offset: int = -1
+    length: int = 0
 
 
 FlowEvent = ConnectionOpened | FlowData | FlowGap | FlowEnd | ConnectionClosed | FlowAnomaly
@@ -268,7 +273,33 @@ class HttpResync:
     gaps: int = 1  # gaps covered by ``lost`` (several when more came before the sync)
 
 
-HttpEvent = HttpRequest | HttpResponse | HttpBody | HttpEnd | HttpError | HttpResync | HttpTrailers
+@dataclass(frozen=True, slots=True)
+class HttpAnomaly:
+    """A :class:`FlowAnomaly` of the reassembler, attributed by the HTTP stage to
+    the exchange whose bytes it touched (see ``HttpParser``'s rule): ``exchange``
+    None when it cannot be told (an HTTP/2 connection, whose frames interleave
+    the exchanges: every exchange open on the connection; no exchange at all)."""
+
+    conn: int
+    exchange: int | None
+    ts: float
+    from_client: bool  # the direction, oriented as the HTTP stage settled the roles
+    kind: str  # the FlowAnomaly's
+    detail: str = ""
+    offset: int = -1
+    length: int = 0
+
+
+HttpEvent = (
+    HttpRequest
+    | HttpResponse
+    | HttpBody
+    | HttpEnd
+    | HttpError
+    | HttpResync
+    | HttpTrailers
+    | HttpAnomaly
+)
 
 # ---------------------------------------------------------------------------
 # streams → store, metrics, tokens
@@ -348,14 +379,21 @@ class StreamFlag(enum.StrEnum):
     #: the capture clock went backwards inside the exchange (a later packet has
     #: an earlier timestamp): durations and gaps computed from it are not real
     CLOCK_BACKWARDS = "clock-backwards"
+    #: TCP bytes of the exchange arrived twice with different content: the
+    #: reassembler kept the first copy, the endpoint's application may have
+    #: read the other (the classic evasion of a passive sniffer); the
+    #: ``errors`` rows (stage ``reassembly``) say where and which copy was kept
+    OVERLAP_MISMATCH = "overlap-mismatch"
 
 
 #: Flags that fail ``verify`` (data dropped or ambiguous); the rest warn.
-LOSSY_FLAGS: frozenset[StreamFlag] = frozenset()
+LOSSY_FLAGS: frozenset[StreamFlag] = frozenset({StreamFlag.OVERLAP_MISMATCH})
 
 #: What each flag means, for ``verify``'s findings and ``show``.
 FLAG_TEXT: dict[str, str] = {
     StreamFlag.CLOCK_BACKWARDS: "the capture clock went backwards during the exchange",
+    StreamFlag.OVERLAP_MISMATCH: "TCP bytes arrived twice with different content (the first "
+    "copy was kept; the endpoint may have read the other)",
 }
 
 

@@ -34,6 +34,7 @@ from sniffer.core.events import (
     FlowEnd,
     FlowGap,
     Headers,
+    HttpAnomaly,
     HttpBody,
     HttpEnd,
     HttpError,
@@ -69,6 +70,25 @@ RESTART_ITEM = "sidecar restarted inside an item"
 MAX_UNGUESSED_ITEMS = 256
 #: Decoded bytes of a recovered body looked at to tell SSE from NDJSON.
 MAX_SNIFF = 64 * 1024
+#: ``errors`` rows written per connection for one kind of TCP anomaly; past it
+#: they are counted, and one row at the connection's close says how many more.
+MAX_ANOMALY_ROWS = 16
+#: Closed exchanges of a connection remembered, so that an anomaly touching
+#: their bytes after their close still names their stream in its row.
+_CLOSED_KEPT = 4
+
+#: The TCP anomalies (``FlowAnomaly.kind``) that make a stream's bytes doubtful,
+#: and the flag they give it. The others leave the stored bytes right: a
+#: buffer cap declares a gap (the stream says so), a segment out of the window
+#: or after the FIN is dropped as the receiver drops it.
+ANOMALY_FLAGS: dict[str, StreamFlag] = {"overlap-mismatch": StreamFlag.OVERLAP_MISMATCH}
+
+#: What the ``errors`` row of each anomaly kind says it did.
+_ANOMALY_TEXT = {
+    "buffer-cap": "the out-of-order buffer overflowed its cap: the oldest hole was declared lost",
+    "out-of-window": "a segment far beyond the expected sequence number was dropped",
+    "after-fin": "data after the FIN was dropped",
+}
 
 NDJSON_TYPES = frozenset(
     {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/json-lines"}
@@ -96,15 +116,20 @@ class StreamStats:
     streams_closed: int = 0
     chunk_events: int = 0
     errors: dict[str, int] = field(default_factory=dict)  # by stage
+    anomalies: dict[str, int] = field(default_factory=dict)  # TCP anomalies by kind
     states: dict[str, int] = field(default_factory=dict)  # closed streams by state
 
 
 class _Conn:
-    __slots__ = ("client_end", "opened")
+    __slots__ = ("anomaly_rows", "client_end", "closed", "early", "opened")
 
     def __init__(self, opened: ConnectionOpened) -> None:
         self.opened = opened
         self.client_end: str | None = None  # "fin"/"rst" once the client's side ended
+        self.anomaly_rows: dict[str, int] = {}  # TCP anomalies seen, by kind
+        # anomalies of a request whose head has not come yet (its exchange is not known)
+        self.early: list[HttpAnomaly] = []
+        self.closed: dict[int, int] = {}  # exchange → stream of the last ones closed
 
 
 class _Exchange:
@@ -290,6 +315,12 @@ class StreamAssembler:
             assert isinstance(ev, HttpRequest)
             x = self._exchange(ev.conn, ev.exchange)
             x.req = ev
+            c = self._conns.get(ev.conn)
+            if c is not None and c.early:
+                early = [a for a in c.early if a.exchange == ev.exchange]
+                c.early = [a for a in c.early if a.exchange != ev.exchange]
+                for a in early:
+                    self._anomaly(a, out, defer=False)
         elif t is HttpEnd:
             assert isinstance(ev, HttpEnd)
             x = self._ex.get((ev.conn, ev.exchange))
@@ -327,6 +358,9 @@ class StreamAssembler:
                     self._mark_gap(x, f"capture lost packets ({ev.reason})")
         elif t is ConnectionClosed:
             assert isinstance(ev, ConnectionClosed)
+            c = self._conns.get(ev.conn)
+            if c is not None:
+                self._anomalies_at_close(c, ev.ts, out)
             mark = len(out)  # ``out`` may already hold other events' output
             for key in [k for k in self._ex if k[0] == ev.conn]:
                 x = self._ex[key]
@@ -343,6 +377,80 @@ class StreamAssembler:
                         self._close(x, ev.ts, out, closing_reason=ev.reason)
             self._conns.pop(ev.conn, None)
             out.append(ev)
+        elif t is HttpAnomaly:
+            assert isinstance(ev, HttpAnomaly)
+            self._count_anomaly(ev.kind)
+            self._anomaly(ev, out)
+
+    # ------------------------------------------------------------- anomalies
+
+    def _count_anomaly(self, kind: str) -> None:
+        self.stats.anomalies[kind] = self.stats.anomalies.get(kind, 0) + 1
+
+    def _anomaly(self, ev: HttpAnomaly, out: list[StoreEvent], defer: bool = True) -> None:
+        """A TCP anomaly (counted once, by the caller): flag the exchange(s) it
+        touched when it makes their bytes doubtful, and record it (at most
+        ``MAX_ANOMALY_ROWS`` rows per connection and kind)."""
+        c = self._conns.get(ev.conn)
+        flag = ANOMALY_FLAGS.get(ev.kind)
+        stream: int | None = None
+        closed = False
+        if ev.exchange is None:  # HTTP/2: every exchange open on the connection
+            for x in self._ex.values():
+                if x.conn == ev.conn and not x.closed and flag is not None:
+                    self._flag(x, flag)
+        else:
+            x = self._ex.get((ev.conn, ev.exchange))
+            if x is not None:
+                stream = x.stream
+                if flag is not None:
+                    self._flag(x, flag)
+            elif c is not None and ev.exchange in c.closed:
+                stream = c.closed[ev.exchange]
+                closed = True
+            elif defer and c is not None and ev.from_client and len(c.early) < MAX_ANOMALY_ROWS:
+                c.early.append(ev)  # the request's head is still to come: wait for it
+                return
+        if c is not None:
+            seen = c.anomaly_rows.get(ev.kind, 0) + 1
+            c.anomaly_rows[ev.kind] = seen
+            if seen > MAX_ANOMALY_ROWS:
+                return
+        side = "client" if ev.from_client else "server"
+        if ev.kind == "overlap-mismatch" and ev.offset >= 0:
+            message = (
+                f"{side} bytes {ev.offset}..{ev.offset + ev.length} ({ev.length} bytes; offsets "
+                "in that direction's byte stream) arrived twice with different content: the "
+                "first copy was kept, the later one dropped"
+            )
+        else:
+            what = _ANOMALY_TEXT.get(ev.kind, ev.kind)
+            message = f"{side}: {what}" + (f" ({ev.detail})" if ev.detail else "")
+        if closed:
+            message += "; its stream had already closed (not flagged)"
+        self._count_error("reassembly")
+        out.append(PipelineError(ev.ts, "reassembly", ev.kind, message, ev.conn, stream))
+
+    def _anomalies_at_close(self, c: _Conn, ts: float, out: list[StoreEvent]) -> None:
+        """The connection closes: anomalies whose request never came are recorded
+        without a stream, and the rows not written one by one are summed up."""
+        early, c.early = c.early, []
+        for a in early:
+            self._anomaly(a, out, defer=False)
+        conn = c.opened.conn
+        for kind, seen in c.anomaly_rows.items():
+            if seen > MAX_ANOMALY_ROWS:
+                self._count_error("reassembly")
+                out.append(
+                    PipelineError(
+                        ts,
+                        "reassembly",
+                        kind,
+                        f"{seen - MAX_ANOMALY_ROWS} more on this connection (the first "
+                        f"{MAX_ANOMALY_ROWS} were recorded one by one)",
+                        conn,
+                    )
+                )
 
     # ----------------------------------------------------------- checkpoints
 
@@ -853,6 +961,12 @@ class StreamAssembler:
             return
         x.closed = True
         self._ex.pop((x.conn, x.exchange), None)
+        c = self._conns.get(x.conn)
+        if c is not None:
+            kept = c.closed
+            kept[x.exchange] = x.stream
+            if len(kept) > _CLOSED_KEPT:
+                del kept[next(iter(kept))]
         if not x.opened:
             self._open(x, out)
         response_body: str | None = None
