@@ -293,6 +293,7 @@ def replay(
             "tokens": r.tokens,
             "token_anomalies": r.token_anomalies,
             "redactions": r.redactions,
+            "reassembly": r.reassembly,
         }
         summaries.append(summary)
         if r.capture_error:
@@ -315,6 +316,9 @@ def replay(
             )
         if r.redactions:
             click.echo(f"  redacted: {r.redactions:,} matches")
+        tcp = ", ".join(f"{k} {v:,}" for k, v in r.reassembly.items() if v)
+        if tcp:
+            click.echo(f"  tcp reassembly: {tcp}")
         if r.capture_error:
             click.echo(f"  capture error: {r.capture_error} (everything before it was stored)")
     if as_json:

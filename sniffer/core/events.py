@@ -170,6 +170,27 @@ class FlowAnomaly:
 
 FlowEvent = ConnectionOpened | FlowData | FlowGap | FlowEnd | ConnectionClosed | FlowAnomaly
 
+#: What ``Pipeline.reassembly_counts`` counts (``replay --json``'s
+#: ``reassembly``, ``/metrics``' ``sparseety_reassembly_events_total{kind}``):
+#: segments carrying bytes already seen (``retransmission``), of which those
+#: whose bytes differ from the first copy (``overlap-mismatch``), segments
+#: buffered ahead of a hole (``out-of-order``), out-of-order buffers over their
+#: cap (``buffer-cap``), segments dropped as beyond the window
+#: (``out-of-window``) or after the FIN (``after-fin``), holes declared lost
+#: (``gap``), directions first seen without their SYN (``midstream``), SYNs
+#: that replaced a known connection (``port-reuse``).
+REASSEMBLY_KINDS = (
+    "retransmission",
+    "overlap-mismatch",
+    "out-of-order",
+    "buffer-cap",
+    "out-of-window",
+    "after-fin",
+    "gap",
+    "midstream",
+    "port-reuse",
+)
+
 # ---------------------------------------------------------------------------
 # http1 → streams
 # ---------------------------------------------------------------------------

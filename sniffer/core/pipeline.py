@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sniffer.core.events import (
+    REASSEMBLY_KINDS,
     CaptureGap,
     ConnectionOpened,
     FlowEvent,
@@ -24,27 +25,6 @@ from sniffer.core.grpc import TEXT_OUTPUTS, GrpcSplitter, ProtoCatalog
 from sniffer.core.http1 import MAX_DECODED_BYTES, MAX_EXPANSION_RATIO, HttpParser
 from sniffer.core.reassembly import Reassembler
 from sniffer.core.streams import StreamAssembler
-
-#: What :meth:`Pipeline.reassembly_counts` counts (``replay --json``'s
-#: ``reassembly``, ``/metrics``' ``sparseety_reassembly_events_total{kind}``):
-#: segments carrying bytes already seen (``retransmission``), of which those
-#: whose bytes differ from the first copy (``overlap-mismatch``), segments
-#: buffered ahead of a hole (``out-of-order``), out-of-order buffers over their
-#: cap (``buffer-cap``), segments dropped as beyond the window
-#: (``out-of-window``) or after the FIN (``after-fin``), holes declared lost
-#: (``gap``), directions first seen without their SYN (``midstream``), SYNs
-#: that replaced a known connection (``port-reuse``).
-REASSEMBLY_KINDS = (
-    "retransmission",
-    "overlap-mismatch",
-    "out-of-order",
-    "buffer-cap",
-    "out-of-window",
-    "after-fin",
-    "gap",
-    "midstream",
-    "port-reuse",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,11 +242,11 @@ class Pipeline:
         return self.streams.open_streams
 
     def reassembly_counts(self) -> dict[str, int]:
-        """The TCP reassembly counters so far, by :data:`REASSEMBLY_KINDS`
-        (monotonic for one pipeline), and ``lost-bytes``: bytes declared lost."""
+        """The TCP reassembly counters so far, by ``REASSEMBLY_KINDS`` (in that
+        order; monotonic for one pipeline), and ``lost-bytes``: bytes declared lost."""
         r = self.reassembler.stats
         seen = self.streams.stats.anomalies
-        return {
+        counts = {
             "retransmission": r.retransmissions,
             "overlap-mismatch": r.overlaps_inconsistent,
             "out-of-order": r.out_of_order,
@@ -276,8 +256,10 @@ class Pipeline:
             "gap": r.gaps,
             "midstream": r.midstream,
             "port-reuse": r.port_reuse,
-            "lost-bytes": r.gap_bytes,
         }
+        assert tuple(counts) == REASSEMBLY_KINDS
+        counts["lost-bytes"] = r.gap_bytes
+        return counts
 
     @property
     def open_connections(self) -> int:

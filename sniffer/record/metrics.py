@@ -61,6 +61,14 @@ sparseety_packets_captured_total                counter     packets the capture 
 sparseety_kernel_drops_total                    counter     packets the kernel ring dropped
 sparseety_queue_drops_total                     counter     packets/batches dropped on a full
                                                             queue
+sparseety_reassembly_events_total               counter     TCP reassembly events by ``kind``
+                                                            (``core.events.REASSEMBLY_KINDS``):
+                                                            retransmission, overlap-mismatch
+                                                            (bytes that arrived twice with
+                                                            different content), out-of-order,
+                                                            buffer-cap, out-of-window, after-fin,
+                                                            gap, midstream, port-reuse
+sparseety_reassembly_lost_bytes_total           counter     bytes the reassembler declared lost
 sparseety_otlp_dropped_total                    counter     closed streams (or their token
                                                             figures) dropped on a full OTLP
                                                             export queue
@@ -94,6 +102,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricF
 from prometheus_client.utils import floatToGoString
 
 from sniffer.core.events import (
+    REASSEMBLY_KINDS,
     ChunkEvent,
     PipelineError,
     StoreEvent,
@@ -569,6 +578,21 @@ class Metrics:
         self.queue_drops = Counter(
             "sparseety_queue_drops", "Items dropped because a queue was full.", registry=r
         )
+        self.reassembly = Counter(
+            "sparseety_reassembly_events",
+            "TCP reassembly events by kind: retransmission, overlap-mismatch (bytes that "
+            "arrived twice with different content), out-of-order, buffer-cap, out-of-window, "
+            "after-fin, gap, midstream, port-reuse.",
+            ("kind",),
+            registry=r,
+        )
+        for kind in REASSEMBLY_KINDS:  # every kind from the start (0): rate() needs a baseline
+            self.reassembly.labels(kind)
+        self.reassembly_lost = Counter(
+            "sparseety_reassembly_lost_bytes",
+            "Bytes the TCP reassembler declared lost (holes in what was captured).",
+            registry=r,
+        )
         self.otlp_dropped = Counter(
             "sparseety_otlp_dropped",
             "Closed streams (or their token figures) dropped because the OTLP export "
@@ -797,6 +821,17 @@ class Metrics:
     def add_queue_drops(self, n: int) -> None:
         if n > 0:
             self.queue_drops.inc(n)
+
+    def add_reassembly(self, counts: Mapping[str, int]) -> None:
+        """Add TCP reassembly counts by kind (deltas of
+        ``Pipeline.reassembly_counts``; ``lost-bytes``: lost bytes)."""
+        for kind, n in counts.items():
+            if n <= 0:
+                continue
+            if kind == "lost-bytes":
+                self.reassembly_lost.inc(n)
+            else:
+                self.reassembly.labels(kind if kind in REASSEMBLY_KINDS else OTHER).inc(n)
 
     def add_otlp_drops(self, n: int) -> None:
         if n > 0:
