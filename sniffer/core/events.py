@@ -470,6 +470,17 @@ class PipelineError:
     stream: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class StreamFlagged:
+    """A flag found after the stream closed (TCP bytes of its response that came
+    again, different, after its last byte): the stream's whole flag list now,
+    written over ``streams.flags``."""
+
+    stream: int
+    ts: float
+    flags: tuple[StreamFlag, ...]
+
+
 StoreEvent = (
     ConnectionOpened
     | ConnectionClosed
@@ -478,4 +489,5 @@ StoreEvent = (
     | ChunkEvent
     | StreamClosed
     | PipelineError
+    | StreamFlagged
 )

@@ -45,6 +45,7 @@ from sniffer.core.events import (
     StoreEvent,
     StreamClosed,
     StreamFlag,
+    StreamFlagged,
     StreamOpened,
     StreamResponse,
     StreamState,
@@ -74,7 +75,7 @@ MAX_SNIFF = 64 * 1024
 #: they are counted, and one row at the connection's close says how many more.
 MAX_ANOMALY_ROWS = 16
 #: Closed exchanges of a connection remembered, so that an anomaly touching
-#: their bytes after their close still names their stream in its row.
+#: their bytes after their close still names and flags their stream.
 _CLOSED_KEPT = 4
 
 #: The TCP anomalies (``FlowAnomaly.kind``) that make a stream's bytes doubtful,
@@ -129,7 +130,8 @@ class _Conn:
         self.anomaly_rows: dict[str, int] = {}  # TCP anomalies seen, by kind
         # anomalies of a request whose head has not come yet (its exchange is not known)
         self.early: list[HttpAnomaly] = []
-        self.closed: dict[int, int] = {}  # exchange → stream of the last ones closed
+        # exchange → (stream, flags) of the last ones closed
+        self.closed: dict[int, tuple[int, tuple[StreamFlag, ...]]] = {}
 
 
 class _Exchange:
@@ -394,7 +396,7 @@ class StreamAssembler:
         c = self._conns.get(ev.conn)
         flag = ANOMALY_FLAGS.get(ev.kind)
         stream: int | None = None
-        closed = False
+        late = False
         if ev.exchange is None:  # HTTP/2: every exchange open on the connection
             for x in self._ex.values():
                 if x.conn == ev.conn and not x.closed and flag is not None:
@@ -406,8 +408,13 @@ class StreamAssembler:
                 if flag is not None:
                     self._flag(x, flag)
             elif c is not None and ev.exchange in c.closed:
-                stream = c.closed[ev.exchange]
-                closed = True
+                # (a copy of its last bytes after the close: the row is flagged now)
+                stream, flags = c.closed[ev.exchange]
+                if flag is not None and flag not in flags:
+                    flags = (*flags, flag)
+                    c.closed[ev.exchange] = (stream, flags)
+                    out.append(StreamFlagged(stream, ev.ts, flags))
+                    late = True
             elif defer and c is not None and ev.from_client and len(c.early) < MAX_ANOMALY_ROWS:
                 c.early.append(ev)  # the request's head is still to come: wait for it
                 return
@@ -426,8 +433,8 @@ class StreamAssembler:
         else:
             what = _ANOMALY_TEXT.get(ev.kind, ev.kind)
             message = f"{side}: {what}" + (f" ({ev.detail})" if ev.detail else "")
-        if closed:
-            message += "; its stream had already closed (not flagged)"
+        if late:
+            message += " (after its stream closed)"
         self._count_error("reassembly")
         out.append(PipelineError(ev.ts, "reassembly", ev.kind, message, ev.conn, stream))
 
@@ -961,12 +968,6 @@ class StreamAssembler:
             return
         x.closed = True
         self._ex.pop((x.conn, x.exchange), None)
-        c = self._conns.get(x.conn)
-        if c is not None:
-            kept = c.closed
-            kept[x.exchange] = x.stream
-            if len(kept) > _CLOSED_KEPT:
-                del kept[next(iter(kept))]
         if not x.opened:
             self._open(x, out)
         response_body: str | None = None
@@ -976,6 +977,12 @@ class StreamAssembler:
             response_body = None
             self._fault(x, ts, f"{type(exc).__name__} in the response body", out)
         self._check_clock(x, ts)
+        c = self._conns.get(x.conn)
+        if c is not None:
+            kept = c.closed
+            kept[x.exchange] = (x.stream, tuple(x.flags))
+            if len(kept) > _CLOSED_KEPT:
+                del kept[next(iter(kept))]
         state, reason = self._verdict(x, closing_reason)
         self.stats.streams_closed += 1
         self.stats.states[state.value] = self.stats.states.get(state.value, 0) + 1
