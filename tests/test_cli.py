@@ -91,6 +91,21 @@ def test_replay_json_summary(tmp_path: Path) -> None:
     assert s["capture_error"] is None and s["tokens"] > 0 and s["packets"] > 0
 
 
+def test_replay_reports_the_tcp_reassembly_counters(tmp_path: Path) -> None:
+    """``--json`` carries the reassembler's counters by kind (the fixture's
+    expected counts come from the segments its script put on the wire); the
+    text summary names those that are not zero."""
+    fixture = PCAPS / "faults" / "fault_overlap_mismatch.pcap"
+    want = json.loads(fixture.with_suffix(".expected.json").read_text())["reassembly"]
+    res = cli("replay", str(fixture), "--db", str(tmp_path / "t.db"), "-q", "--json", "--no-tokens")
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)["reassembly"]
+    assert {k: got[k] for k in want} == want and got["overlap-mismatch"] == 2
+    assert got["lost-bytes"] == 0 and got["buffer-cap"] == 0
+    text = cli("replay", str(fixture), "--db", str(tmp_path / "u.db"), "-q", "--no-tokens")
+    assert "  tcp reassembly: retransmission 5, overlap-mismatch 2, out-of-order 2" in text.output
+
+
 def test_replay_of_a_truncated_file_stores_what_it_could_and_exits_1(tmp_path: Path) -> None:
     db = str(tmp_path / "t.db")
     res = cli("replay", str(TRUNCATED), "--db", db, "-q", "--no-tokens")

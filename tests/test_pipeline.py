@@ -105,11 +105,13 @@ def _chat_exchange(words: list[str]) -> tuple[bytes, bytes]:
 Send = tuple[bool, int, bytes]  # (from client, byte offset of the direction, payload)
 
 
-def _conversation(sends: list[Send], lengths: dict[bool, int]) -> list[StoreEvent]:
+def _conversation(
+    sends: list[Send], lengths: dict[bool, int], pipe: Pipeline | None = None
+) -> list[StoreEvent]:
     """The pipeline's output for a connection whose data segments are ``sends``
     (each ACK acknowledging what the other side sent in order so far), between
     a handshake and a FIN from each side."""
-    pipe = Pipeline()
+    pipe = pipe or Pipeline()
     prefix = {True: 0, False: 0}
     out: list[StoreEvent] = []
     ts = 1.0
