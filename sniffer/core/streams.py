@@ -398,9 +398,9 @@ class StreamAssembler:
         stream: int | None = None
         late = False
         if ev.exchange is None:  # HTTP/2: every exchange open on the connection
-            for x in self._ex.values():
-                if x.conn == ev.conn and not x.closed and flag is not None:
-                    self._flag(x, flag)
+            for y in self._ex.values():
+                if y.conn == ev.conn and not y.closed and flag is not None:
+                    self._flag(y, flag)
         else:
             x = self._ex.get((ev.conn, ev.exchange))
             if x is not None:

@@ -350,8 +350,13 @@ def build_outputs(
             out.tokens_per_chunk = tuple(counts)
             t0, t1 = pieces[0][1], pieces[-1][1]
             after_first = len(ids) - counts[0] if counts else 0
-            timed = len(pieces) >= 2 and t0 is not None and t1 is not None
-            if timed and after_first > 0 and not out.clock_backwards:
+            if (
+                len(pieces) >= 2
+                and t0 is not None
+                and t1 is not None
+                and after_first > 0
+                and not out.clock_backwards
+            ):
                 out.itl = (t1 - t0) / after_first
     return [p[0] for p in pending]
 
