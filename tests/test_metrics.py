@@ -503,11 +503,13 @@ def test_scrape_after_replay_matches_the_database(replayed: tuple[str, Metrics, 
     assert len(db_models) > 5
     assert by_label(smp, "sparseety_streams_total", "model") == db_models
 
-    # TTFT: streamed responses with a first output chunk.
+    # TTFT: streamed responses with a first output chunk (not one before the
+    # request: a capture clock that went backwards, fault_clock_backwards)
     n_ttft, sum_ttft = q(
         "SELECT count(*), sum(t_first_content - t_request) FROM streams "
-        "WHERE streaming AND t_first_content IS NOT NULL"
+        "WHERE streaming AND t_first_content >= t_request"
     ).fetchone()
+    assert q("SELECT count(*) FROM streams WHERE t_first_content < t_request").fetchone()[0]
     assert n_ttft > 20
     assert total(smp, "gen_ai_server_time_to_first_token_seconds_count") == n_ttft
     assert total(smp, "gen_ai_server_time_to_first_token_seconds_sum") == pytest.approx(
@@ -515,10 +517,12 @@ def test_scrape_after_replay_matches_the_database(replayed: tuple[str, Metrics, 
     )
 
     # End-to-end duration: every closed stream whose request time is known (not
-    # one recovered mid-way); output characters: every closed stream.
+    # one recovered mid-way), but those flagged clock-backwards; output
+    # characters: every closed stream.
     n_closed, sum_dur = q(
         "SELECT count(*), sum(closed_at - t_request) FROM streams "
-        "WHERE state NOT IN ('open', 'midway')"
+        "WHERE state NOT IN ('open', 'midway') "
+        "AND coalesce(flags, '') NOT LIKE '%clock-backwards%'"
     ).fetchone()
     (chars,) = q("SELECT sum(text_len) FROM streams WHERE state != 'open'").fetchone()
     assert db_states["midway"] >= 1

@@ -7,7 +7,9 @@ so a process — or a test — can hold several. The daemon calls
 calls :meth:`Metrics.observe_tokens` per stream, and the daemon sets the
 gauges and counters it owns (queue, drops, packets, flushes).
 
-All durations come from capture timestamps carried on the events; the only
+All durations come from capture timestamps carried on the events (a capture
+clock that went backwards makes none: a negative TTFT or inter-chunk gap is
+not observed, nor the duration of a stream flagged ``clock-backwards``); the only
 clock reads here are the scrape-time age of the last flush and each label
 set's creation time (its ``_created`` series).
 
@@ -107,6 +109,7 @@ from sniffer.core.events import (
     PipelineError,
     StoreEvent,
     StreamClosed,
+    StreamFlag,
     StreamOpened,
     StreamResponse,
     StreamState,
@@ -692,10 +695,12 @@ class Metrics:
             return
         if not s.ttft_done:
             s.ttft_done = True
-            s.ttft.observe(max(0.0, ts - (s.t_request or ts)))
+            ttft = ts - (s.t_request or ts)
+            if ttft >= 0:  # (negative: the capture clock went backwards)
+                s.ttft.observe(ttft)
         prev = s.last.get(ev.choice)
-        if prev is not None:
-            s.inter_chunk.observe(max(0.0, ts - prev))
+        if prev is not None and ts >= prev:
+            s.inter_chunk.observe(ts - prev)
         s.last[ev.choice] = ts
 
     def _closed_stream(self, ev: StreamClosed) -> None:
@@ -714,15 +719,20 @@ class Metrics:
             ):
                 # The chunks were not seen (observed after sampling): use the summary.
                 s.ttft_done = True
-                s.ttft.observe(max(0.0, ev.t_first_content - s.t_request))
+                if ev.t_first_content >= s.t_request:
+                    s.ttft.observe(ev.t_first_content - s.t_request)
         state = stream_state(ev)
         if state == "midway" and ev.response_model and keys[1] == NONE:
             # a row recovered mid-way: its model is the one the chunks named
             # (the store writes it at close too)
             keys = self._bound(keys[0], ev.response_model)
         self._child(self.streams, *keys, state).inc()
-        if t_request is not None:
-            self._child(self.duration, *keys).observe(max(0.0, ev.ts - t_request))
+        if (
+            t_request is not None
+            and ev.ts >= t_request
+            and StreamFlag.CLOCK_BACKWARDS not in ev.flags
+        ):
+            self._child(self.duration, *keys).observe(ev.ts - t_request)
         self._child(self.output_chars, *keys).observe(ev.text_len)
         usage = ev.usage
         prompt = usage.prompt_tokens if usage is not None else None
