@@ -799,6 +799,281 @@ def sec_pii(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
     return _sec_packets(port, flows, SEC_T0 + 40), exp
 
 
+# ---------------------------------------------------------------------------
+# TCP ambiguity and clock fixtures (issue 24): synthesized segment by segment,
+# no base capture. The expected results come from the segments as put on the
+# wire, read by a model of TCP of this script's own (``_WireLog``): the first
+# copy of every byte is what is stored (the reassembler's documented rule), a
+# segment carrying bytes that already arrived is a retransmission, one of them
+# whose bytes differ is an overlap mismatch, one starting beyond the bytes
+# received so far is out of order.
+# ---------------------------------------------------------------------------
+
+TCP_SERVER_PORT = 18498
+
+
+class _WireLog:
+    """What one direction of a connection put on the wire: the first copy of
+    every byte, and the counts of the TCP model above."""
+
+    def __init__(self) -> None:
+        self.first: dict[int, int] = {}  # offset → the byte that arrived first
+        self.prefix = 0  # bytes received contiguously from offset 0
+        self.retransmission = 0
+        self.mismatch = 0
+        self.out_of_order = 0
+
+    def add(self, off: int, payload: bytes) -> None:
+        seen = [i for i in range(off, off + len(payload)) if i in self.first]
+        if seen:
+            self.retransmission += 1
+            if any(self.first[i] != payload[i - off] for i in seen):
+                self.mismatch += 1
+        if off > self.prefix:
+            self.out_of_order += 1
+        for i, b in enumerate(payload):
+            self.first.setdefault(off + i, b)
+        while self.prefix in self.first:
+            self.prefix += 1
+
+    def stream(self) -> bytes:
+        """The direction's bytes as stored (first copies, up to the first hole)."""
+        return bytes(self.first[i] for i in range(self.prefix))
+
+
+class _Wire:
+    """One TCP connection on 127.0.0.1 built segment by segment: each data
+    segment is placed at a byte offset of its direction, so retransmissions,
+    overlaps and reordering are exactly what the fixture says. Capture times
+    advance by ``step`` per packet unless a segment says otherwise."""
+
+    def __init__(self, client_port: int, t0: float, step: float = 0.001) -> None:
+        self.client_port = client_port
+        self.isn = {True: 1000 + client_port, False: 5000 + client_port}
+        self.length = {True: 0, False: 0}  # bytes sent so far per direction
+        self.fin = {True: False, False: False}
+        self.log = {True: _WireLog(), False: _WireLog()}
+        self.t = t0
+        self.step = step
+        self.pkts: list[Packet] = []
+
+    def _emit(self, from_client: bool, flags: str, seq: int, payload: bytes = b"") -> None:
+        from scapy.layers.l2 import Ether
+
+        cli, srv = ("127.0.0.1", self.client_port), ("127.0.0.1", TCP_SERVER_PORT)
+        a, b = (cli, srv) if from_client else (srv, cli)
+        # the cumulative ACK: what the other direction delivered in order (and its FIN)
+        other = not from_client
+        ack = (self.isn[other] + 1 + self.log[other].prefix + self.fin[other]) % MOD
+        p = Ether() / IP(src=a[0], dst=b[0]) / TCP(sport=a[1], dport=b[1], flags=flags, seq=seq)
+        if "A" in flags:
+            p[TCP].ack = ack
+        if payload:
+            p = p / Raw(payload)
+        p.time = self.t
+        self.t += self.step
+        self.pkts.append(p)
+
+    def open(self) -> _Wire:
+        self._emit(True, "S", self.isn[True])
+        self._emit(False, "SA", self.isn[False])
+        self._emit(True, "A", self.isn[True] + 1)
+        return self
+
+    def segment(self, from_client: bool, off: int, payload: bytes) -> None:
+        """A data segment at byte ``off`` of its direction (as put on the wire)."""
+        self.log[from_client].add(off, payload)
+        self.length[from_client] = max(self.length[from_client], off + len(payload))
+        self._emit(from_client, "PA", (self.isn[from_client] + 1 + off) % MOD, payload)
+
+    def send(self, from_client: bool, data: bytes, mss: int = 16000) -> None:
+        """``data`` in order, after what this direction sent so far."""
+        start = self.length[from_client]
+        for i in range(0, len(data), mss):
+            self.segment(from_client, start + i, data[i : i + mss])
+
+    def close(self) -> list[Packet]:
+        for fc in (True, False):
+            assert self.log[fc].prefix == self.length[fc], "a hole before the FIN"
+            self._emit(fc, "FA", (self.isn[fc] + 1 + self.length[fc]) % MOD)
+            self.fin[fc] = True
+        self._emit(True, "A", (self.isn[True] + 2 + self.length[True]) % MOD)
+        return self.pkts
+
+    def counts(self) -> dict[str, int]:
+        """This connection's retransmissions, mismatches, out-of-order segments."""
+        logs = self.log.values()
+        return {
+            "retransmission": sum(g.retransmission for g in logs),
+            "overlap-mismatch": sum(g.mismatch for g in logs),
+            "out-of-order": sum(g.out_of_order for g in logs),
+        }
+
+
+def _tcp_sse(pieces: list[str]) -> bytes:
+    """An SSE chat response, one HTTP chunk per event (as servers write them)."""
+    head, _, chunked = _sec_sse(pieces).partition(b"\r\n\r\n")
+    events = [e + b"\n\n" for e in _dechunk(chunked).split(b"\n\n") if e]
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)
+    return head + b"\r\n\r\n" + chunks + b"0\r\n\r\n"
+
+
+def _dechunk(chunked: bytes) -> bytes:
+    out, pos = bytearray(), 0
+    while True:
+        line_end = chunked.index(b"\r\n", pos)
+        size = int(chunked[pos:line_end], 16)
+        if size == 0:
+            return bytes(out)
+        out += chunked[line_end + 2 : line_end + 2 + size]
+        pos = line_end + 2 + size + 2
+
+
+def _altered(data: bytes, at: int) -> bytes:
+    """``data`` with one letter at or after ``at`` changed (same length)."""
+    i = next(k for k in range(at, len(data)) if chr(data[k]).isalpha())
+    return data[:i] + (b"Z" if data[i : i + 1] != b"Z" else b"Q") + data[i + 1 :]
+
+
+def _tcp_entry(
+    wire: _Wire, exchange: int, resp_start: int, resp_end: int, **kw: Any
+) -> dict[str, Any]:
+    """A stream entry from the response bytes as stored (first copies)."""
+    data = wire.log[False].stream()[resp_start:resp_end]
+    (resp,) = parse_responses(data)
+    s = summarize_stream(resp.body, True)
+    entry = _sec_stream(wire.client_port, exchange, "", 0, **kw)
+    entry["choices"] = {
+        str(k): {"text": c["text"], "finish_reason": c["finish_reason"], "chunks": c["chunks"]}
+        for k, c in sorted(s["choices"].items())
+    }
+    entry["done_seen"] = s["done"]
+    return entry
+
+
+def fault_overlap_mismatch(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """TCP bytes that arrive twice with different content (Ptacek & Newsham's
+    evasion of a passive sniffer) on a keep-alive connection: in the request of
+    exchange 0 (a retransmission overlapping the start of its last segment, one
+    letter changed), in the response of exchange 1 (a retransmission of a
+    buffered out-of-order segment's end, one letter changed, reaching into the
+    next segment's bytes); exchange 2 clean. A canary stream on another
+    connection has exact retransmissions only."""
+    port = 40201
+    w = _Wire(port, SEC_T0 + 50).open()
+    req0 = _sec_request(_sec_chat("What is the capital of France?"))
+    k = len(req0) - 20
+    w.segment(True, 0, req0[:k])
+    w.segment(True, k, req0[k:])
+    w.segment(True, k - 8, _altered(req0[k - 8 :], 8))  # starts 8 bytes before the last segment
+    pieces0 = ["Paris", " is", " the", " capital."]
+    w.send(False, _tcp_sse(pieces0))
+    ends = [len(w.log[False].stream())]
+    w.send(True, _sec_request(_sec_chat("And of Italy?")))
+    pieces1 = ["Rome", " is", " the", " capital", " of", " Italy."]
+    resp1 = _tcp_sse(pieces1)
+    base = w.length[False]
+    cuts = [0, len(resp1) // 4, len(resp1) // 2, 3 * len(resp1) // 4, len(resp1)]
+    r = [(base + cuts[i], resp1[cuts[i] : cuts[i + 1]]) for i in range(4)]
+    assert all(len(piece) < 1024 for _, piece in r)  # compared within one delivered chunk
+    w.segment(False, *r[0])
+    w.segment(False, *r[2])  # ahead of a hole: buffered
+    h = len(r[2][1]) // 2
+    w.segment(False, r[2][0] + h, _altered(r[2][1][h:], 0) + r[3][1][:10])
+    w.segment(False, *r[1])
+    w.segment(False, *r[3])
+    ends.append(w.length[False])
+    w.send(True, _sec_request(_sec_chat("Thanks.")))
+    pieces2 = ["You", " are", " welcome."]
+    w.send(False, _tcp_sse(pieces2))
+    ends.append(w.length[False])
+    a = w.close()
+
+    canary = _Wire(port + 1, SEC_T0 + 50.0005).open()
+    canary.send(True, _sec_request(_sec_chat("canary")))
+    pieces_c = ["The", " canary", " sings", " on."]
+    resp_c = _tcp_sse(pieces_c)
+    q = len(resp_c) // 3
+    canary.segment(False, 0, resp_c[:q])
+    canary.segment(False, 0, resp_c[:q])  # an exact duplicate
+    canary.segment(False, q, resp_c[q:])
+    canary.segment(False, q // 2, resp_c[q // 2 : q + 10])  # exact, spanning a boundary
+    b = canary.close()
+
+    assert w.log[True].mismatch == 1 and w.log[False].mismatch == 1
+    streams = [
+        _tcp_entry(w, 0, 0, ends[0], flags=["overlap-mismatch"]),
+        _tcp_entry(w, 1, ends[0], ends[1], flags=["overlap-mismatch"]),
+        _tcp_entry(w, 2, ends[1], ends[2], flags=[]),
+        _tcp_entry(canary, 0, 0, len(resp_c), flags=[]),
+    ]
+    # the stored text is the first copy's: the texts the server sent
+    assert [s["choices"]["0"]["text"] for s in streams] == [
+        "".join(x) for x in (pieces0, pieces1, pieces2, pieces_c)
+    ]
+    counts = {k: w.counts()[k] + canary.counts()[k] for k in w.counts()}
+    exp = _sec_expected(
+        "fault_overlap_mismatch",
+        "TCP bytes that arrive twice with different content on a keep-alive connection: "
+        "the request of exchange 0 and the response of exchange 1 (a buffered segment) "
+        "each get a retransmission with one letter changed; the first copy is stored, "
+        "both streams are flagged overlap-mismatch with an errors row each; exchange 2 "
+        "and a canary stream on another connection (exact retransmissions) stay clean",
+        streams,
+        errors_min=2,
+        error_kinds={"reassembly:overlap-mismatch": counts["overlap-mismatch"]},
+        reassembly=counts,
+    )
+    exp["server_port"] = TCP_SERVER_PORT
+    return sorted(a + b, key=lambda p: float(p.time)), exp
+
+
+def fault_clock_backwards(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """The capture clock steps back 2 s between the request of exchange 0 and
+    its response (its TTFT and duration come out negative: not real), then runs
+    on steadily: exchange 1 on the same connection and a canary stream on
+    another connection are unaffected."""
+    port = 40203
+    t0 = SEC_T0 + 60
+    w = _Wire(port, t0).open()
+    w.send(True, _sec_request(_sec_chat("What time is it?")))
+    w.t -= 2.0  # the clock steps back (NTP, a merged capture)
+    pieces0 = ["It", " is", " noon."]
+    w.send(False, _tcp_sse(pieces0), mss=120)
+    end0 = w.length[False]
+    w.send(True, _sec_request(_sec_chat("Thanks.")))
+    pieces1 = ["Any", " time."]
+    w.send(False, _tcp_sse(pieces1), mss=120)
+    a = w.close()
+    canary = _Wire(port + 1, w.t + 0.01).open()
+    canary.send(True, _sec_request(_sec_chat("canary")))
+    pieces_c = ["Tick", " tock."]
+    canary.send(False, _tcp_sse(pieces_c), mss=120)
+    b = canary.close()
+    streams = [
+        _tcp_entry(w, 0, 0, end0, flags=["clock-backwards"]),
+        _tcp_entry(w, 1, end0, w.length[False], flags=[]),
+        _tcp_entry(canary, 0, 0, canary.length[False], flags=[]),
+    ]
+    exp = _sec_expected(
+        "fault_clock_backwards",
+        "the capture clock steps back 2 s between the request of exchange 0 and its "
+        "response: the chunks are stored as captured, the stream flagged clock-backwards "
+        "(its negative TTFT and duration are not real); exchange 1 and a canary stream on "
+        "another connection are unaffected",
+        streams,
+    )
+    exp["server_port"] = TCP_SERVER_PORT
+    return a + b, exp
+
+
+#: Crafted TCP and clock fixtures (``--only`` takes their names).
+TCP_FIXTURES: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
+    fault_overlap_mismatch,
+    fault_clock_backwards,
+]
+
+
 SECURITY_FIXTURES: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
     sec_deep_json,
     sec_gzip_bomb,
@@ -1212,8 +1487,28 @@ def main(argv: list[str] | None = None) -> int:
         help="only the synthesized fixtures (sec_*, h2c_*: no base recording needed)",
     )
     ap.add_argument("--caps-only", action="store_true", help="only the cap fixtures (cap_*)")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        help="only these synthesized fixtures (sec_*, h2c_*, cap_* and the TCP/clock ones)",
+    )
     ns = ap.parse_args(argv)
     ns.out.mkdir(parents=True, exist_ok=True)
+    if ns.only:
+        makers = {
+            m.__name__: m for m in [*SECURITY_FIXTURES, *H2C_FIXTURES, *TCP_FIXTURES, *CAP_FIXTURES]
+        }
+        unknown = set(ns.only) - set(makers)
+        if unknown:
+            print(f"unknown fixtures: {sorted(unknown)}", file=sys.stderr)
+            return 2
+        for name in ns.only:
+            pkts, expected = makers[name](ns.pcaps)
+            wrpcap(str(ns.out / f"{name}.pcap"), pkts)
+            write_expected(ns.out / f"{name}.expected.json", expected)
+            print(f"{name:22s} {len(pkts):5d} packets  (synthesized)")
+        return 0
     for make in CAP_FIXTURES:
         pkts, expected = make(ns.pcaps)
         name = expected["fixture"]
@@ -1222,7 +1517,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:22s} {len(pkts):5d} packets  (synthesized)")
     if ns.caps_only:
         return 0
-    for make in SECURITY_FIXTURES + H2C_FIXTURES:
+    for make in [*SECURITY_FIXTURES, *H2C_FIXTURES, *TCP_FIXTURES]:
         pkts, expected = make(ns.pcaps)
         name = expected["fixture"]
         wrpcap(str(ns.out / f"{name}.pcap"), pkts)

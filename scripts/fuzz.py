@@ -28,6 +28,12 @@ Three kinds of case, from a seed corpus taken from ``pcaps/``:
   bytes cut at random points. Besides crashing nothing, the stream must carry
   exactly the flags the generator knows it earned, and its text must be the
   content of the items that were neither over the cap nor after the marker.
+* ``overlaps``: the TCP segments of a capture with overlapping retransmissions
+  inserted (a random part of a data segment sent again right after it), of the
+  same bytes or with one byte changed. Beyond crashes this checks an oracle:
+  the stored streams (states, texts, counts) are those of the capture without
+  them, and only the changed copies give ``overlap-mismatch`` (at least one on
+  a capture clean of retransmissions, none with the same bytes).
 
 A crash is an exception escaping the chain, a connection dropped by the
 pipeline's last-resort handler (``internal_errors``), a stream opened but never
@@ -75,9 +81,11 @@ from sniffer.core.events import (  # noqa: E402
     HttpRequest,
     HttpResponse,
     PipelineError,
+    Segment,
     StoreEvent,
     StreamClosed,
     StreamFlag,
+    StreamFlagged,
     StreamOpened,
 )
 from sniffer.core.pipeline import Pipeline  # noqa: E402
@@ -153,6 +161,7 @@ _MUTATION = st.tuples(
     st.integers(0, 4096),
 )
 MUTATIONS = st.lists(_MUTATION, min_size=1, max_size=6)
+_FRACTION = st.floats(0.0, 0.999, allow_nan=False)
 
 
 def mutate(data: bytes, ops: list[tuple[str, float, int]], floor: int = 0) -> bytes:
@@ -185,6 +194,10 @@ class Corpus:
     captures: list[bytes] = field(default_factory=list)
     flows: list[list[FlowEvent]] = field(default_factory=list)
     items: list[str] = field(default_factory=list)
+    segments: list[list[Segment]] = field(default_factory=list)
+    #: per capture in ``segments``: what it stores, and whether it carries
+    #: retransmissions or gaps of its own (then a changed copy may go unseen)
+    baselines: list[tuple[Any, bool]] = field(default_factory=list)
 
 
 def load_corpus(pcaps: Path) -> Corpus:
@@ -194,6 +207,13 @@ def load_corpus(pcaps: Path) -> Corpus:
         if not path.exists():
             continue
         c.captures.append(path.read_bytes())
+        segs = list(read_capture(path))
+        c.segments.append(segs)
+        pipe = Pipeline()
+        events = [ev for seg in segs for ev in pipe.feed(seg)]
+        events += pipe.flush(segs[-1].ts if segs else 0.0)
+        counts = pipe.reassembly_counts()
+        c.baselines.append((_stored(events), bool(counts["retransmission"] or counts["gap"])))
         r = Reassembler()
         flows: list[FlowEvent] = []
         last = 0.0
@@ -424,6 +444,73 @@ def run_upgrade(
         raise Crash(f"upgrade {variant} seed {seed}: errors {errors[:2]}")
 
 
+def _stored(events: list[Any]) -> list[tuple[Any, ...]]:
+    """What the store keeps of each stream, but for capture times and flags."""
+    texts: dict[int, list[str]] = {}
+    for ev in events:
+        if type(ev) is ChunkEvent:
+            texts.setdefault(ev.stream, []).append(ev.text)
+    return [
+        (e.stream, e.state, e.reason, e.text_len, e.chunk_count, texts.get(e.stream, []))
+        for e in events
+        if type(e) is StreamClosed
+    ]
+
+
+def run_overlaps(
+    segs: list[Segment], baseline: tuple[Any, bool], plan: list[tuple[float, float, float, bool]]
+) -> None:
+    """``segs`` with, after each data segment the plan picks, a copy of part of
+    it (``(which, start, length, changed)`` as fractions)."""
+    data = [i for i, s in enumerate(segs) if s.payload]
+    if not data:
+        return
+    extra: dict[int, list[Segment]] = {}
+    changed = 0
+    for which, start, length, alter in plan:
+        i = data[int(which * len(data)) % len(data)]
+        seg = segs[i]
+        n = len(seg.payload)
+        a = int(start * n) % n
+        b = a + 1 + int(length * (n - a - 1))
+        piece = seg.payload[a:b]
+        if alter:
+            piece = bytes([piece[0] ^ 0x20]) + piece[1:]
+            changed += 1
+        extra.setdefault(i, []).append(seg._replace(seq=(seg.seq + a) & 0xFFFFFFFF, payload=piece))
+    pipe = Pipeline()
+    red = Redactor()
+    chain, col = StreamRedactor(red), TokenCollector(redactor=red)
+    acc = [0, 0]
+    events: list[Any] = []
+    for i, seg in enumerate(segs):
+        for s in (seg, *extra.get(i, ())):
+            out = pipe.feed(s)
+            if out:
+                _count(out, acc)
+                _chain(pipe, out, chain, col)
+                events += out
+    out = pipe.flush(segs[-1].ts)
+    _count(out, acc)
+    _chain(pipe, out, chain, col)
+    events += out
+    chain.events(chain.flush())
+    col.take()
+    _check(pipe, acc[0], acc[1], chain)
+    want, dirty = baseline
+    if _stored(events) != want:
+        raise Crash("overlapping retransmissions changed what is stored")
+    mismatches = pipe.reassembly_counts()["overlap-mismatch"]
+    if not changed and mismatches:
+        raise Crash("the same bytes again gave an overlap mismatch")
+    if changed and not dirty and not mismatches:
+        raise Crash("a changed copy gave no overlap mismatch")
+    rows = sum(1 for e in events if type(e) is PipelineError and e.kind == "overlap-mismatch")
+    flagged = any(type(e) in (StreamClosed, StreamFlagged) and e.flags for e in events)
+    if mismatches and not (rows and flagged):
+        raise Crash("an overlap mismatch left no errors row or no flag")
+
+
 def run_json(item: str) -> None:
     for _match, factory in REGISTRY:
         dialect = factory()
@@ -603,12 +690,17 @@ def campaign(
         suppress_health_check=list(HealthCheck),
     )
     @given(
-        kind=st.sampled_from(("capture", "flows", "flows", "flows", "json", "upgrade", "caps")),
+        kind=st.sampled_from(
+            ("capture", "flows", "flows", "flows", "json", "upgrade", "caps", "overlaps")
+        ),
         seed=st.integers(0, 10_000),
         ops=MUTATIONS,
         cuts=st.lists(st.floats(0.0, 1.0, allow_nan=False), max_size=6),
         which=st.integers(0, 10_000),
         plan=_CAP_PLAN,
+        oplan=st.lists(
+            st.tuples(_FRACTION, _FRACTION, _FRACTION, st.booleans()), min_size=1, max_size=4
+        ),
     )
     def one(
         kind: str,
@@ -617,6 +709,7 @@ def campaign(
         cuts: list[float],
         which: int,
         plan: list[tuple[str, int]],
+        oplan: list[tuple[float, float, float, bool]],
     ) -> None:
         report.cases += 1
         report.by_kind[kind] += 1
@@ -647,6 +740,10 @@ def campaign(
                 request_len = CAP_REQUEST - 60 + seed % 120  # around the request cap
                 data = repr((seed % 2, plan, request_len, cuts)).encode()
                 run_caps(seed % 2 == 1, plan, request_len, cuts)
+            elif kind == "overlaps":
+                k = seed % len(corpus.segments)
+                data = repr(oplan).encode() + b"\n" + corpus.captures[k]
+                run_overlaps(corpus.segments[k], corpus.baselines[k], oplan)
             else:
                 item = corpus.items[seed % len(corpus.items)]
                 data = mutate(item.encode(), ops).decode("utf-8", "replace")

@@ -91,6 +91,38 @@ def test_replay_json_summary(tmp_path: Path) -> None:
     assert s["capture_error"] is None and s["tokens"] > 0 and s["packets"] > 0
 
 
+def test_replay_reports_the_tcp_reassembly_counters(tmp_path: Path) -> None:
+    """``--json`` carries the reassembler's counters by kind (the fixture's
+    expected counts come from the segments its script put on the wire); the
+    text summary names those that are not zero."""
+    fixture = PCAPS / "faults" / "fault_overlap_mismatch.pcap"
+    want = json.loads(fixture.with_suffix(".expected.json").read_text())["reassembly"]
+    res = cli("replay", str(fixture), "--db", str(tmp_path / "t.db"), "-q", "--json", "--no-tokens")
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)["reassembly"]
+    assert {k: got[k] for k in want} == want and got["overlap-mismatch"] == 2
+    assert got["lost-bytes"] == 0 and got["buffer-cap"] == 0
+    text = cli("replay", str(fixture), "--db", str(tmp_path / "u.db"), "-q", "--no-tokens")
+    assert "  tcp reassembly: retransmission 5, overlap-mismatch 2, out-of-order 2" in text.output
+
+
+def test_streams_do_not_show_a_negative_ttft_as_real(tmp_path: Path) -> None:
+    """A stream flagged clock-backwards (its response captured 2 s before its
+    request) shows "(clock)" for TTFT and duration, and a note says why."""
+    db = str(tmp_path / "c.db")
+    fixture = PCAPS / "faults" / "fault_clock_backwards.pcap"
+    assert cli("replay", str(fixture), "--db", db, "-q", "--no-tokens").exit_code == 0
+    res = cli("streams", "--db", db)
+    assert res.exit_code == 0
+    lines = res.output.splitlines()
+    rows = [ln for ln in lines[1:] if "/v1/chat/completions" in ln]
+    assert len(rows) == 3 and sum("(clock)  (clock)" in ln for ln in rows) == 1
+    assert not re.search(r" -\d", res.output)  # no negative figure anywhere
+    assert "1 stream(s) flagged clock-backwards" in res.output
+    shown = cli("show", "1", "--db", db)
+    assert "flags: clock-backwards (the capture clock went backwards" in shown.output
+
+
 def test_replay_of_a_truncated_file_stores_what_it_could_and_exits_1(tmp_path: Path) -> None:
     db = str(tmp_path / "t.db")
     res = cli("replay", str(TRUNCATED), "--db", db, "-q", "--no-tokens")

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sniffer.capture.pcap import read_capture
-from sniffer.core.events import ConnectionOpened, HttpBody, HttpResponse
+from sniffer.core.events import ConnectionOpened, HttpBody, HttpResponse, stream_flags
 from sniffer.core.pipeline import Pipeline
 from sniffer.core.sse import SseDecoder
 from sniffer.runtime.replay import replay
-from sniffer.store.queries import count_rows, get_stream, list_streams
+from sniffer.store.queries import count_rows, get_stream, list_errors, list_streams
 from sniffer.store.writer import make_engine
 
 PCAPS = Path(__file__).resolve().parent.parent / "pcaps"
@@ -42,6 +42,8 @@ KNOWN_TOP = {
     "errors_min",
     "extra_streams_max",
     "capture_error",
+    "error_kinds",
+    "reassembly",
 }
 KNOWN_STREAM = {
     "method",
@@ -268,9 +270,18 @@ def test_fixture_replays_to_expected(pcap: Path, tmp_path: Path) -> None:
         elif "ttft_ms" in want and check:
             assert got["t_first_content"] is None, where
         _check_caps(want, got, detail, where)
+        # the stream's flags, in the order first seen; an exact entry has none unless said
+        if "flags" in want or check:
+            assert stream_flags(got["flags"]) == want.get("flags", []), where
     extra = len(rows) - len(exp["streams"])
     assert extra <= exp.get("extra_streams_max", 0), [r["path"] for r in rows]
     assert count_rows(engine)["errors"] >= exp.get("errors_min", 0)
+    if "error_kinds" in exp:  # "stage:kind" → how many errors rows, exactly
+        got_kinds = Counter(f"{e['stage']}:{e['kind']}" for e in list_errors(engine))
+        for key, n in exp["error_kinds"].items():
+            assert got_kinds.get(key, 0) == n, (pcap.name, key, got_kinds)
+    for kind, n in exp.get("reassembly", {}).items():  # the TCP counters, exactly
+        assert result.reassembly[kind] == n, (pcap.name, kind, result.reassembly)
     if exp.get("capture_error"):
         assert result.capture_error is not None
 

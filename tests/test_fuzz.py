@@ -24,7 +24,7 @@ def test_mutate_keeps_the_capture_header_and_applies_ops() -> None:
 def test_short_campaign_finds_nothing(tmp_path: Path) -> None:
     report = campaign(400, timeout=30.0, out=tmp_path, derandomize=True)
     assert report.cases == 400
-    assert set(report.by_kind) == {"capture", "flows", "json", "upgrade", "caps"}
+    assert set(report.by_kind) == {"capture", "flows", "json", "upgrade", "caps", "overlaps"}
     assert not report.crashes, report.crashes
     assert report.hangs == 0
 
@@ -59,5 +59,28 @@ def test_a_dropped_connection_counts_as_a_crash(monkeypatch: object) -> None:
     try:
         with pytest.raises(Crash, match="dropped a connection"):
             run_flows(corpus.flows[0], [])
+    finally:
+        mp.undo()
+
+
+def test_the_overlap_oracle_sees_a_changed_copy_and_a_lost_flag() -> None:
+    """The ``overlaps`` cases' oracle: the same bytes again store the same and
+    flag nothing; a changed copy must be seen, flagged and recorded (here the
+    flag is taken away: the case fails)."""
+    import pytest
+    from fuzz import Crash, load_corpus, run_overlaps
+
+    from sniffer.core import streams
+
+    corpus = load_corpus(ROOT / "pcaps")
+    k = next(i for i, (_, dirty) in enumerate(corpus.baselines) if not dirty)
+    segs, base = corpus.segments[k], corpus.baselines[k]
+    run_overlaps(segs, base, [(0.5, 0.2, 0.5, False), (0.9, 0.0, 0.99, False)])
+    run_overlaps(segs, base, [(0.5, 0.2, 0.5, True)])
+    mp = pytest.MonkeyPatch()
+    mp.setattr(streams, "ANOMALY_FLAGS", {})
+    try:
+        with pytest.raises(Crash, match="no errors row or no flag"):
+            run_overlaps(segs, base, [(0.5, 0.2, 0.5, True)])
     finally:
         mp.undo()

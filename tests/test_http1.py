@@ -13,10 +13,12 @@ from sniffer.core.events import (
     ConnectionClosed,
     ConnectionOpened,
     EndReason,
+    FlowAnomaly,
     FlowData,
     FlowEnd,
     FlowEvent,
     FlowGap,
+    HttpAnomaly,
     HttpBody,
     HttpEnd,
     HttpError,
@@ -383,3 +385,56 @@ def test_any_segmentation_gives_the_same_messages(data: st.DataObject) -> None:
             events.append(FlowData(1, 1.0, from_client, payload[a:b]))
     assert summary(run(events)) == whole
     assert [r[3] for r in whole if r[0] == "end"] == [EndReason.COMPLETE.value] * 6
+
+
+# ------------------------------------------------------------ TCP anomalies
+
+
+def _touched(p: HttpParser, from_client: bool, conn: int = 1) -> int | None:
+    """The exchange an overlap mismatch on this direction is attributed to now."""
+    (a,) = p.feed(FlowAnomaly(conn, 9.0, from_client, "overlap-mismatch", "d", 10, 4))
+    assert isinstance(a, HttpAnomaly)
+    assert (a.conn, a.ts, a.from_client, a.kind, a.detail, a.offset, a.length) == (
+        conn,
+        9.0,
+        from_client,
+        "overlap-mismatch",
+        "d",
+        10,
+        4,
+    )
+    return a.exchange
+
+
+def test_a_tcp_anomaly_names_the_exchange_whose_bytes_it_touched() -> None:
+    """The rule: the message being read on that direction (a request head not
+    yet complete: the exchange it will be), else the last one that ended there,
+    else the next one."""
+    p = HttpParser()
+    run([opened()], p)
+    assert _touched(p, True) == 0 and _touched(p, False) is None  # nothing read, nothing asked
+    run([c2s(REQ[:20])], p)
+    assert _touched(p, True) == 0  # a head being read: the exchange it will be
+    run([c2s(REQ[20:])], p)
+    assert _touched(p, True) == 0  # between messages: the last one
+    assert _touched(p, False) == 0  # the answer to the oldest pending request
+    run([s2c(SSE_HEAD + b"5\r\nhello\r\n")], p)
+    assert _touched(p, False) == 0  # a response being read
+    run([c2s(REQ), s2c(b"0\r\n\r\n")], p)
+    assert _touched(p, True) == 1 and _touched(p, False) == 0  # last ended on each side
+    run([s2c(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")], p)
+    assert _touched(p, False) == 1
+    run([c2s(b"GET /x HTTP/1.1\r\n")], p)
+    assert _touched(p, True) == 2 and _touched(p, False) == 1
+
+
+def test_a_tcp_anomaly_is_oriented_as_the_roles_settled_and_h2_names_no_exchange() -> None:
+    p = HttpParser()
+    # no handshake: the reassembler guessed the roles the wrong way round
+    run([opened(syn=False), s2c(REQ)], p)
+    (a,) = p.feed(FlowAnomaly(1, 9.0, False, "overlap-mismatch"))
+    assert isinstance(a, HttpAnomaly) and a.from_client and a.exchange == 0
+    h2 = HttpParser()
+    run([opened(2), c2s(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", conn=2)], h2)
+    assert _touched(h2, True, conn=2) is None  # frames interleave the exchanges
+    assert _touched(HttpParser(), True, conn=7) is None  # a connection never seen

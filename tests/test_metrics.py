@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sniffer.capture.pcap import read_capture
 from sniffer.core.events import (
+    REASSEMBLY_KINDS,
     ChunkEvent,
     ConnectionClosed,
     ConnectionOpened,
@@ -357,6 +358,50 @@ def test_daemon_figures_and_flush_age_at_scrape_time() -> None:
     assert total(samples(m.render()), "sparseety_last_flush_age_seconds") == 5.5
 
 
+def test_reassembly_counters_from_the_pipeline_through_the_daemon_hook() -> None:
+    """The pipeline's TCP counters reach /metrics: one family by kind (every
+    kind there from the start), lost bytes apart; the daemon's once-a-second
+    hook adds what grew, and a new pipeline (its totals start again) counts on."""
+    from types import SimpleNamespace
+
+    from sniffer.runtime.features import _gauges
+    from tests.test_pipeline import LENGTHS, REQUEST, RESPONSE, _conversation, _in_order
+
+    m = Metrics()
+    smp = samples(m.render())
+    assert by_label(smp, "sparseety_reassembly_events_total", "kind") == dict.fromkeys(
+        REASSEMBLY_KINDS, 0.0
+    )
+    assert total(smp, "sparseety_reassembly_lost_bytes_total") == 0
+    stats = SimpleNamespace(items=0, kernel_dropped=0, queue_dropped=0)
+    daemon = SimpleNamespace(stats=stats, open_connections=0, open_streams=0, queue_depth=0)
+    hook = _gauges(m)
+    counts = [{"retransmission": 2, "overlap-mismatch": 1, "gap": 1, "lost-bytes": 40}]
+    daemon.reassembly_counts = lambda: counts[-1]
+    hook(daemon)
+    hook(daemon)  # nothing grew: nothing added
+    counts.append({"retransmission": 5, "overlap-mismatch": 1, "gap": 1, "lost-bytes": 40})
+    hook(daemon)
+    counts.append({"retransmission": 1, "overlap-mismatch": 0, "gap": 0, "lost-bytes": 0})
+    hook(daemon)  # a new pipeline
+    got = by_label(samples(m.render()), "sparseety_reassembly_events_total", "kind")
+    assert {k: v for k, v in got.items() if v} == {
+        "retransmission": 6,
+        "overlap-mismatch": 1,
+        "gap": 1,
+    }
+    assert total(samples(m.render()), "sparseety_reassembly_lost_bytes_total") == 40
+    # and what a real pipeline counts, by the same names
+    sends = _in_order(REQUEST, RESPONSE, [50])
+    sends.insert(3, (False, 0, RESPONSE[:50]))  # an exact retransmission
+    pipe = Pipeline()
+    _conversation(sends, LENGTHS, pipe)
+    m2 = Metrics()
+    m2.add_reassembly(pipe.reassembly_counts())
+    got = by_label(samples(m2.render()), "sparseety_reassembly_events_total", "kind")
+    assert got == {**dict.fromkeys(REASSEMBLY_KINDS, 0.0), "retransmission": 1.0}
+
+
 def test_registries_are_independent() -> None:
     a, b = Metrics(), Metrics()
     a.add_packets(5)
@@ -458,11 +503,13 @@ def test_scrape_after_replay_matches_the_database(replayed: tuple[str, Metrics, 
     assert len(db_models) > 5
     assert by_label(smp, "sparseety_streams_total", "model") == db_models
 
-    # TTFT: streamed responses with a first output chunk.
+    # TTFT: streamed responses with a first output chunk (not one before the
+    # request: a capture clock that went backwards, fault_clock_backwards)
     n_ttft, sum_ttft = q(
         "SELECT count(*), sum(t_first_content - t_request) FROM streams "
-        "WHERE streaming AND t_first_content IS NOT NULL"
+        "WHERE streaming AND t_first_content >= t_request"
     ).fetchone()
+    assert q("SELECT count(*) FROM streams WHERE t_first_content < t_request").fetchone()[0]
     assert n_ttft > 20
     assert total(smp, "gen_ai_server_time_to_first_token_seconds_count") == n_ttft
     assert total(smp, "gen_ai_server_time_to_first_token_seconds_sum") == pytest.approx(
@@ -470,10 +517,12 @@ def test_scrape_after_replay_matches_the_database(replayed: tuple[str, Metrics, 
     )
 
     # End-to-end duration: every closed stream whose request time is known (not
-    # one recovered mid-way); output characters: every closed stream.
+    # one recovered mid-way), but those flagged clock-backwards; output
+    # characters: every closed stream.
     n_closed, sum_dur = q(
         "SELECT count(*), sum(closed_at - t_request) FROM streams "
-        "WHERE state NOT IN ('open', 'midway')"
+        "WHERE state NOT IN ('open', 'midway') "
+        "AND coalesce(flags, '') NOT LIKE '%clock-backwards%'"
     ).fetchone()
     (chars,) = q("SELECT sum(text_len) FROM streams WHERE state != 'open'").fetchone()
     assert db_states["midway"] >= 1
@@ -603,6 +652,7 @@ def feed_both(feed: Feed, *metrics: Metrics) -> None:
                 m.observe_tokens(stream, **kw)
         m.add_packets(7)
         m.add_redactions({"EMAIL": 2})
+        m.add_reassembly({"retransmission": 4, "overlap-mismatch": 1, "lost-bytes": 10})
 
 
 def masked(text: bytes) -> tuple[str, list[float]]:

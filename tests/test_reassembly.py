@@ -185,6 +185,45 @@ def test_overlap_inconsistent_first_copy_wins_buffered() -> None:
     assert data(ev) == b"01234567"
 
 
+def test_overlap_mismatch_says_where_the_copies_differ() -> None:
+    """The anomaly carries the overlap found to differ as byte offsets of its
+    direction (offset 0: the first data byte): the range two copies share, in
+    delivered bytes or buffered ones; the first copy is what is delivered."""
+    r = Reassembler()
+    p = Peer()
+    p.handshake(r)
+    r.feed(p.c(1.0, 0, data=b"POST / HTTP/1.1\r\n"))
+    # a retransmission overlapping the END of the delivered segment, then new bytes
+    ev = r.feed(p.c(1.1, 7, data=b"XTTP/1.1\r\nHost"))
+    (a,) = of(ev, FlowAnomaly)
+    assert (a.from_client, a.offset, a.length) == (True, 7, 10)
+    assert a.detail == "bytes 7..17 differ from the first copy"
+    assert data(ev) == b"Host"
+    # buffered: a piece ahead of a hole, then a copy overlapping its START
+    r.feed(p.s(2.0, 10, data=b"klmnop"))
+    ev = r.feed(p.s(2.1, 6, data=b"ghijKL"))
+    (a,) = of(ev, FlowAnomaly)
+    assert (a.from_client, a.offset, a.length) == (False, 10, 2)
+    assert data(r.feed(p.s(2.2, 0, data=b"abcdef"))) == b"abcdefghijklmnop"
+    assert r.stats.overlaps_inconsistent == 2 and r.stats.retransmissions == 2
+
+
+def test_overlaps_with_the_same_bytes_are_retransmissions_without_anomaly() -> None:
+    """Partial overlaps at the start and at the end of segments, delivered and
+    buffered, with identical bytes: counted as retransmissions, nothing else."""
+    r = Reassembler()
+    p = Peer()
+    p.handshake(r)
+    r.feed(p.s(1.0, 0, data=b"abcdef"))
+    r.feed(p.s(1.1, 12, data=b"mnop"))  # ahead of a hole
+    out = r.feed(p.s(1.2, 4, data=b"efgh"))  # overlaps the end of a delivered segment
+    out += r.feed(p.s(1.3, 10, data=b"klmn"))  # overlaps the start of a buffered one
+    out += r.feed(p.s(1.4, 8, data=b"ij"))
+    assert of(out, FlowAnomaly) == []
+    assert data(out) == b"ghijklmnop"
+    assert r.stats.retransmissions == 2 and r.stats.overlaps_inconsistent == 0
+
+
 def test_overlap_spanning_several_buffered_pieces() -> None:
     r = Reassembler()
     p = Peer()

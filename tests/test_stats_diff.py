@@ -508,6 +508,28 @@ def test_one_capture_under_two_labels_compares_identical(
         assert js["summary"]["prompts"] == 2
 
 
+def test_a_clock_that_went_backwards_gives_no_timings(tmp_path: Path) -> None:
+    """fault_clock_backwards: the capture clock stepped back 2 s between one
+    request and its response (TTFT -1997 ms as captured). Its output's TTFT and
+    ITL are left out of diff's figures, counted as such; the texts compare."""
+    db = str(tmp_path / "clock.db")
+    for label in ("a", "b"):
+        _replay_as("faults/fault_clock_backwards", db, label)
+    outs = load_outputs(make_engine(db), registry=REGISTRY)
+    flagged = [o for o in outs if o.clock_backwards]
+    assert len(flagged) == 2 and all(o.ttft is None and o.itl is None for o in flagged)
+    assert all(o.ttft is not None and o.ttft > 0 for o in outs if not o.clock_backwards)
+    res = _cli("diff", "--db", db, "--baseline", "a", "--candidate", "b", "--json")
+    js = json.loads(res.stdout)
+    for side in js["sides"].values():
+        assert side["clock_backwards"] == 1 and side["outputs"] == 3
+        assert side["ttft_ms"]["count"] == 2 and side["ttft_ms"]["min"] > 0
+    assert js["summary"]["identical_ratio"] == 1.0
+    text = _cli("diff", "--db", db, "--baseline", "a", "--candidate", "b").output
+    assert "(1 without timings: the capture clock went backwards)" in text
+    assert "-1997" not in text
+
+
 def test_sampled_out_run_is_counted_never_compared(tmp_path: Path) -> None:
     """The daemon's chain: Sampler before the writer. A run with every stream
     sampled out has no text to compare: the gate fails, verify says why."""

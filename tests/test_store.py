@@ -21,6 +21,8 @@ from sniffer.core.events import (
     PipelineError,
     StoreEvent,
     StreamClosed,
+    StreamFlag,
+    StreamFlagged,
     StreamOpened,
     StreamResponse,
     StreamState,
@@ -349,6 +351,27 @@ def test_stream_closed_in_a_later_batch() -> None:
     assert (row["state"], row["status"], row["chunk_count"]) == ("gap", 200, 2)
     assert w.stats["updates"] == 3  # response, close, connection close of conn 2
     assert w.stats["unmatched_updates"] == 0
+
+
+def test_a_flag_found_after_the_close_is_written_over_the_rows_flags() -> None:
+    """``StreamFlagged`` (bytes of a response that came again, different, after
+    its close) sets the row's flags, whether the close is still buffered, in the
+    same batch's update, or already written; the other columns stay."""
+    both = (StreamFlag.CLOCK_BACKWARDS, StreamFlag.OVERLAP_MISMATCH)
+    events = realistic_events()
+    close = next(i for i, e in enumerate(events) if isinstance(e, StreamClosed) and e.stream == 3)
+    for flush_at in (close + 1, close, 0):  # already written, an update in this batch, one insert
+        w = memory_writer()
+        w.write_many(events[:flush_at])
+        w.flush()
+        w.write_many(events[flush_at : close + 1])
+        w.write(StreamFlagged(3, T0 + 9, both))
+        w.write_many(events[close + 1 :])
+        w.flush()
+        row = queries.get_stream(w.engine, 3)
+        assert row is not None and row["state"] == "gap", flush_at
+        assert json.loads(row["flags"]) == ["clock-backwards", "overlap-mismatch"], flush_at
+        assert w.stats["unmatched_updates"] == 0
 
 
 def test_update_for_unknown_row_is_counted_not_raised() -> None:

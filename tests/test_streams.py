@@ -15,6 +15,7 @@ from sniffer.core.events import (
     FlowEnd,
     FlowGap,
     Headers,
+    HttpAnomaly,
     HttpBody,
     HttpEnd,
     HttpRequest,
@@ -23,13 +24,19 @@ from sniffer.core.events import (
     StoreEvent,
     StreamClosed,
     StreamFlag,
+    StreamFlagged,
     StreamOpened,
     StreamResponse,
     StreamState,
     stream_flags,
 )
 from sniffer.core.http1 import HttpOutput
-from sniffer.core.streams import StreamAssembler, is_credential, scrub_headers
+from sniffer.core.streams import (
+    MAX_ANOMALY_ROWS,
+    StreamAssembler,
+    is_credential,
+    scrub_headers,
+)
 from sniffer.llm.values import RequestSummary, Usage
 
 CLIENT = ("127.0.0.1", 40000)
@@ -574,3 +581,110 @@ def test_a_request_over_the_cap_is_read_from_its_start_and_flagged() -> None:
     assert err.kind == "request-cut" and "model, stream, temperature" in err.message
     whole = run(events)
     assert closed(whole).flags == () and not _errors(whole)
+
+
+# ------------------------------------------------------------ TCP anomalies
+
+
+def overlap(ts: float, from_client: bool, exchange: int | None = 0) -> HttpAnomaly:
+    return HttpAnomaly(
+        1, exchange, ts, from_client, "overlap-mismatch", "bytes 30..34 differ", 30, 4
+    )
+
+
+def errors_of(out: Sequence[StoreEvent], stage: str = "reassembly") -> list[PipelineError]:
+    return [e for e in out if isinstance(e, PipelineError) and e.stage == stage]
+
+
+def test_overlap_mismatch_flags_its_exchange_and_records_which_copy_was_kept() -> None:
+    """Bytes that arrived twice with different content, in the request or the
+    response: the stream is flagged (lossy: the stored copy may not be what the
+    endpoint read) and one errors row says where and which copy was kept."""
+    assert StreamFlag.OVERLAP_MISMATCH in LOSSY_FLAGS
+    for from_client in (True, False):
+        a = StreamAssembler()
+        out = a.feed(ConnectionOpened(1, 0.5, CLIENT, SERVER, True))
+        for ev in [*_chat(3.0, 4.0)[:4], overlap(3.5, from_client), *_chat(3.0, 4.0)[4:]]:
+            out += a.feed(ev)
+        c = closed(out)
+        assert c.flags == (StreamFlag.OVERLAP_MISMATCH,)
+        assert c.state is StreamState.COMPLETE and c.text_len == len("w0w1")  # the first copy
+        (err,) = errors_of(out)
+        side = "client" if from_client else "server"
+        assert (err.kind, err.conn, err.stream, err.ts) == ("overlap-mismatch", 1, c.stream, 3.5)
+        assert err.message.startswith(f"{side} bytes 30..34 (4 bytes")
+        assert "the first copy was kept" in err.message
+        assert a.stats.anomalies == {"overlap-mismatch": 1} and a.stats.errors["reassembly"] == 1
+
+
+def test_other_tcp_anomalies_are_recorded_and_counted_but_do_not_flag() -> None:
+    """A segment beyond the window or after the FIN is dropped as the receiver
+    drops it; a buffer cap declares a gap the stream shows anyway: none makes
+    the stored bytes doubtful."""
+    events = _chat(3.0, 4.0)
+    kinds = ("out-of-window", "after-fin", "buffer-cap")
+    anomalies = [HttpAnomaly(1, 0, 3.5, False, k, "x") for k in kinds]
+    a = StreamAssembler()
+    out: list[StoreEvent] = []
+    for ev in [ConnectionOpened(1, 0.5, CLIENT, SERVER, True), *events[:4], *anomalies]:
+        out += a.feed(ev)
+    for ev in events[4:]:
+        out += a.feed(ev)
+    assert closed(out).flags == ()
+    assert [e.kind for e in errors_of(out)] == list(kinds)
+    assert a.stats.anomalies == dict.fromkeys(kinds, 1)
+
+
+def test_anomaly_rows_are_capped_per_connection_and_kind() -> None:
+    """A flood of anomalies (a hostile sender) costs a bounded number of rows:
+    past the cap they are counted and summed up in one row at the close."""
+    n = MAX_ANOMALY_ROWS + 5
+    events = _chat(3.0, 4.0)
+    out = run([*events[:4], *(overlap(3.5, False) for _ in range(n)), *events[4:], _close(9.5)])
+    rows = errors_of(out)
+    assert len(rows) == MAX_ANOMALY_ROWS + 1
+    assert rows[-1].message.startswith("5 more on this connection")
+    assert rows[-1].stream is None and rows[-1].conn == 1
+
+
+def test_anomaly_before_the_request_head_waits_for_its_exchange() -> None:
+    """An overlap inside a request head not yet complete names an exchange the
+    streams stage does not know yet: it is applied when the request comes (and
+    recorded without a stream if it never does)."""
+    out = run([overlap(0.9, True), *_chat(3.0, 4.0)])
+    c = closed(out)
+    assert c.flags == (StreamFlag.OVERLAP_MISMATCH,)
+    assert [e.stream for e in errors_of(out)] == [c.stream]
+    orphan = run([overlap(0.9, True, exchange=5), _close(2.0)])
+    (err,) = errors_of(orphan)
+    assert err.stream is None and err.kind == "overlap-mismatch"
+
+
+def test_anomaly_after_its_stream_closed_flags_the_closed_row() -> None:
+    """The response's last segment again, different, after the stream closed
+    (the evasion that alters the final bytes): the row is flagged then, its
+    flags so far kept."""
+    out = run([*_chat(3.0, 2.5), overlap(9.5, False), overlap(9.6, False)])
+    c = closed(out)
+    assert c.flags == (StreamFlag.CLOCK_BACKWARDS,)
+    (late,) = [e for e in out if isinstance(e, StreamFlagged)]
+    assert late == StreamFlagged(
+        c.stream, 9.5, (StreamFlag.CLOCK_BACKWARDS, StreamFlag.OVERLAP_MISMATCH)
+    )
+    assert out.index(late) > out.index(c)
+    errs = errors_of(out)
+    assert [e.stream for e in errs] == [c.stream] * 2
+    assert errs[0].message.endswith("(after its stream closed)")
+
+
+def test_anomaly_without_an_exchange_flags_every_open_exchange_of_its_connection() -> None:
+    """HTTP/2: the frames of several exchanges interleave on one direction."""
+    events = _chat(3.0, 4.0)
+    out = run([*events[:4], overlap(3.5, False, exchange=None), *events[4:]])
+    assert closed(out).flags == (StreamFlag.OVERLAP_MISMATCH,)
+    (err,) = errors_of(out)
+    assert err.stream is None
+
+
+def _close(ts: float) -> ConnectionClosed:
+    return ConnectionClosed(1, ts, "fin")

@@ -111,6 +111,25 @@ def test_fault_lost_fails_with_gap(fixture_dbs: dict[str, Path]) -> None:
     assert result.exit_code == 1 and "gap" in result.output and "✗" in result.output
 
 
+def test_overlap_mismatch_fails_the_flagged_streams_only(fixture_dbs: dict[str, Path]) -> None:
+    """Bytes that arrived twice with different content fail their stream in
+    verify (the stored copy may not be what the endpoint read), though its state
+    is complete; the clean exchange after them and the canary pass."""
+    report = verify_db(make_engine(str(fixture_dbs["fault_overlap_mismatch"])), REGISTRY)
+    assert [v.state for v in report.streams] == ["complete"] * 4
+    flagged = [v for v in report.streams if "overlap-mismatch" in kinds(v, "fail")]
+    assert len(flagged) == 2 and all(kinds(v, "fail") == {"overlap-mismatch"} for v in flagged)
+    assert sum(v.ok for v in report.streams) == 2 and not report.ok
+    # a clock that went backwards only warns: the fixture verifies
+    clock = verify_db(make_engine(str(fixture_dbs["fault_clock_backwards"])), REGISTRY)
+    assert clock.ok
+    warned = [
+        "clock-backwards" in kinds(v, "warn")
+        for v in sorted(clock.streams, key=lambda v: v.stream_id or 0)
+    ]
+    assert warned == [True, False, False]  # exchange 0 only
+
+
 def test_client_abort_fails_truncated(fixture_dbs: dict[str, Path]) -> None:
     (v,) = verify_db(make_engine(str(fixture_dbs["client_abort"])), REGISTRY).streams
     assert v.state == "truncated"

@@ -293,6 +293,7 @@ def replay(
             "tokens": r.tokens,
             "token_anomalies": r.token_anomalies,
             "redactions": r.redactions,
+            "reassembly": r.reassembly,
         }
         summaries.append(summary)
         if r.capture_error:
@@ -315,6 +316,9 @@ def replay(
             )
         if r.redactions:
             click.echo(f"  redacted: {r.redactions:,} matches")
+        tcp = ", ".join(f"{k} {v:,}" for k, v in r.reassembly.items() if v)
+        if tcp:
+            click.echo(f"  tcp reassembly: {tcp}")
         if r.capture_error:
             click.echo(f"  capture error: {r.capture_error} (everything before it was stored)")
     if as_json:
@@ -400,6 +404,7 @@ def streams(
       sparseety streams --db sparseety.db --state gap
       sparseety streams --db postgresql+psycopg://sparseety@db/sparseety --node gpu-07
     """
+    from sniffer.core.events import StreamFlag, stream_flags
     from sniffer.store.lite import PLAIN_HTTP
     from sniffer.store.queries import list_streams
 
@@ -423,8 +428,14 @@ def streams(
         )
         click.echo(header)
         midway = 0
+        clock = 0
         for r in rows:
             path = r.get("path") or "-"
+            ttft = _ms(r.get("t_first_content"), r.get("t_request"))
+            dur = _ms(r.get("t_last_chunk"), r.get("t_request"))
+            if StreamFlag.CLOCK_BACKWARDS in stream_flags(r.get("flags")):
+                clock += 1  # a difference of its times is no duration
+                ttft = dur = "(clock)"
             if r.get("state") == "midway":
                 midway += 1
                 path = r.get("path") or "(mid-way)"
@@ -436,8 +447,12 @@ def streams(
                 f"{(r.get('model') or '-')[:18]:<18} {path[:22]:<22} "
                 f"{r.get('status') or '-':>3} {r.get('chunk_count') or 0:>6} "
                 f"{r.get('text_len') or 0:>7} "
-                f"{_ms(r.get('t_first_content'), r.get('t_request')):>8} "
-                f"{_ms(r.get('t_last_chunk'), r.get('t_request')):>8} {finish}"
+                f"{ttft:>8} {dur:>8} {finish}"
+            )
+        if clock:
+            click.echo(
+                f"{clock} stream(s) flagged clock-backwards: the capture clock went backwards "
+                "during them; TTFT and duration not shown"
             )
         if midway:
             click.echo(

@@ -159,11 +159,37 @@ class FlowAnomaly:
     conn: int
     ts: float
     from_client: bool
-    kind: str  # "overlap-mismatch", "buffer-cap", "out-of-window", "after-fin", "out-of-order"
+    kind: str  # "overlap-mismatch", "buffer-cap", "out-of-window", "after-fin"
     detail: str = ""
+    #: "overlap-mismatch": where the two copies differ, as offsets in this
+    #: direction's byte stream (0 = its first data byte): the first overlap found
+    #: to differ, ``length`` bytes from ``offset``; -1 and 0 for the other kinds
+    offset: int = -1
+    length: int = 0
 
 
 FlowEvent = ConnectionOpened | FlowData | FlowGap | FlowEnd | ConnectionClosed | FlowAnomaly
+
+#: What ``Pipeline.reassembly_counts`` counts (``replay --json``'s
+#: ``reassembly``, ``/metrics``' ``sparseety_reassembly_events_total{kind}``):
+#: segments carrying bytes already seen (``retransmission``), of which those
+#: whose bytes differ from the first copy (``overlap-mismatch``), segments
+#: buffered ahead of a hole (``out-of-order``), out-of-order buffers over their
+#: cap (``buffer-cap``), segments dropped as beyond the window
+#: (``out-of-window``) or after the FIN (``after-fin``), holes declared lost
+#: (``gap``), directions first seen without their SYN (``midstream``), SYNs
+#: that replaced a known connection (``port-reuse``).
+REASSEMBLY_KINDS = (
+    "retransmission",
+    "overlap-mismatch",
+    "out-of-order",
+    "buffer-cap",
+    "out-of-window",
+    "after-fin",
+    "gap",
+    "midstream",
+    "port-reuse",
+)
 
 # ---------------------------------------------------------------------------
 # http1 → streams
@@ -268,7 +294,33 @@ class HttpResync:
     gaps: int = 1  # gaps covered by ``lost`` (several when more came before the sync)
 
 
-HttpEvent = HttpRequest | HttpResponse | HttpBody | HttpEnd | HttpError | HttpResync | HttpTrailers
+@dataclass(frozen=True, slots=True)
+class HttpAnomaly:
+    """A :class:`FlowAnomaly` of the reassembler, attributed by the HTTP stage to
+    the exchange whose bytes it touched (see ``HttpParser``'s rule): ``exchange``
+    None when it cannot be told (an HTTP/2 connection, whose frames interleave
+    the exchanges: every exchange open on the connection; no exchange at all)."""
+
+    conn: int
+    exchange: int | None
+    ts: float
+    from_client: bool  # the direction, oriented as the HTTP stage settled the roles
+    kind: str  # the FlowAnomaly's
+    detail: str = ""
+    offset: int = -1
+    length: int = 0
+
+
+HttpEvent = (
+    HttpRequest
+    | HttpResponse
+    | HttpBody
+    | HttpEnd
+    | HttpError
+    | HttpResync
+    | HttpTrailers
+    | HttpAnomaly
+)
 
 # ---------------------------------------------------------------------------
 # streams → store, metrics, tokens
@@ -368,15 +420,23 @@ class StreamFlag(enum.StrEnum):
     #: stream (``sniffer.record.token_collector.MAX_CHUNKS``): token ids were
     #: computed for the first of them only
     TOKENS_CAPPED = "tokens-capped"
+    #: TCP bytes of the exchange arrived twice with different content: the
+    #: reassembler kept the first copy, the endpoint's application may have
+    #: read the other (the classic evasion of a passive sniffer); the
+    #: ``errors`` rows (stage ``reassembly``) say where and which copy was kept
+    OVERLAP_MISMATCH = "overlap-mismatch"
 
 
 #: Flags that fail ``verify`` (data dropped or ambiguous); the rest warn.
-#: ``item-over-cap`` drops an item, which may have carried output. The others
+#: ``item-over-cap`` drops an item, which may have carried output;
+#: ``overlap-mismatch`` stores bytes the endpoint may not have read. The others
 #: lose no output: ``events-capped`` counts events that carry none,
 #: ``request-cut`` keeps the response whole, ``after-done`` keeps what came
 #: after the end marker apart, ``tokens-capped`` stores every chunk (only the
 #: token analysis stops at the cap).
-LOSSY_FLAGS: frozenset[StreamFlag] = frozenset({StreamFlag.ITEM_OVER_CAP})
+LOSSY_FLAGS: frozenset[StreamFlag] = frozenset(
+    {StreamFlag.ITEM_OVER_CAP, StreamFlag.OVERLAP_MISMATCH}
+)
 
 #: What each flag means, for ``verify``'s findings and ``show``.
 FLAG_TEXT: dict[str, str] = {
@@ -403,6 +463,8 @@ FLAG_TEXT: dict[str, str] = {
         "nothing lost on the wire or in the store), so the token checks that need "
         "every token are skipped"
     ),
+    StreamFlag.OVERLAP_MISMATCH: "TCP bytes arrived twice with different content (the first "
+    "copy was kept; the endpoint may have read the other)",
 }
 
 
@@ -458,6 +520,17 @@ class PipelineError:
     stream: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class StreamFlagged:
+    """A flag found after the stream closed (TCP bytes of its response that came
+    again, different, after its last byte): the stream's whole flag list now,
+    written over ``streams.flags``."""
+
+    stream: int
+    ts: float
+    flags: tuple[StreamFlag, ...]
+
+
 StoreEvent = (
     ConnectionOpened
     | ConnectionClosed
@@ -466,4 +539,5 @@ StoreEvent = (
     | ChunkEvent
     | StreamClosed
     | PipelineError
+    | StreamFlagged
 )

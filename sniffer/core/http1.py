@@ -30,6 +30,22 @@ client's bytes after that request are held until the server's answer shows
 which protocol they are (a preface may be pipelined before the 101), the
 upgraded request is HTTP/2 stream 1's, and later streams are the exchanges
 after it.
+
+A ``FlowAnomaly`` of the reassembler (TCP bytes that arrived twice with
+different content, a segment out of the window, …) becomes an ``HttpAnomaly``
+naming the exchange whose bytes it touched, by one rule: on that direction,
+
+1. the message being read (its head or body; a request head not yet complete:
+   the exchange it will be), else
+2. the last message that ended on that direction (between two messages the
+   compared bytes are those just delivered: a retransmission of the message's
+   last segment), else
+3. the next one (the first request; the answer to the oldest pending request).
+
+Bytes buffered beyond a hole may belong to a later message of a keep-alive
+connection than the rule says (the rule does not map byte offsets to
+messages). On an HTTP/2 connection, whose frames interleave its exchanges, no
+exchange is named (``None``: every exchange open on the connection).
 """
 
 from __future__ import annotations
@@ -52,11 +68,13 @@ from sniffer.core.events import (
     ConnectionClosed,
     ConnectionOpened,
     EndReason,
+    FlowAnomaly,
     FlowData,
     FlowEnd,
     FlowEvent,
     FlowGap,
     Headers,
+    HttpAnomaly,
     HttpBody,
     HttpEnd,
     HttpError,
@@ -80,6 +98,7 @@ HttpOutput = (
     | HttpError
     | HttpResync
     | HttpTrailers
+    | HttpAnomaly
 )
 
 # A request line or a status line at the start of a line. Used to find the next
@@ -508,6 +527,7 @@ class _Direction:
         "hunt_sol",
         "hunted",
         "in_message",
+        "last_exchange",
         "method",
         "raw",
         "requests",
@@ -532,6 +552,7 @@ class _Direction:
         )
         self.chunked: _ChunkedBody | None = None  # set while a chunked body is read
         self.exchange = -1  # exchange of the message being parsed
+        self.last_exchange = -1  # exchange of the last message that ended here
         self.in_message = False  # head seen, end not yet
         self.decoder: _BodyDecoder | None = None
         self.decode_failed = False
@@ -587,6 +608,20 @@ def _resynced_into_body(d: _Direction) -> bool:
     narrowing says ``hunt`` is a bytearray and no body is under way, which the
     call just changed (compiled code, mypyc, would trust the narrowed types)."""
     return d.hunt is None and (d.chunked is not None or d.body is not None)
+
+
+def _exchange_touched(c: _Conn, d: _Direction) -> int | None:
+    """The exchange a TCP anomaly on direction ``d`` is attributed to (the
+    module docstring's rule), or None when there is none."""
+    if d.exchange >= 0:  # a message being read (a response: from its first byte)
+        return d.exchange
+    if d.from_client and d.head is not None:  # a request head not yet complete
+        return c.next_exchange
+    if d.last_exchange >= 0:
+        return d.last_exchange
+    if d.from_client:
+        return c.next_exchange
+    return c.pending[0].exchange if c.pending else None
 
 
 def _h2_frames(data: bytes) -> bool:
@@ -742,7 +777,24 @@ class HttpParser:
                     for p in c.pending:  # requests never answered
                         out.append(HttpEnd(c.id, p.exchange, ev.ts, False, EndReason.EOF))
             out.append(ev)
+        elif t is FlowAnomaly:
+            assert isinstance(ev, FlowAnomaly)
+            self._anomaly(ev, out)
         return out
+
+    def _anomaly(self, ev: FlowAnomaly, out: list[HttpOutput]) -> None:
+        """A TCP anomaly, handed on with the exchange it touched (the module
+        docstring's rule); counted and recorded by the streams stage."""
+        c = self._conns.get(ev.conn)
+        fc = ev.from_client
+        exchange: int | None = None
+        if c is not None:
+            fc = ev.from_client != c.swapped
+            if c.h2 is None and not c.dead:
+                exchange = _exchange_touched(c, c.dirs[fc])
+        out.append(
+            HttpAnomaly(ev.conn, exchange, ev.ts, fc, ev.kind, ev.detail, ev.offset, ev.length)
+        )
 
     @property
     def open_connections(self) -> int:
@@ -1304,6 +1356,7 @@ class HttpParser:
             reason = EndReason.ERROR
         out.append(HttpEnd(c.id, d.exchange, ts, d.from_client, reason))
         ex = d.exchange
+        d.last_exchange = d.exchange
         d.decoder = None
         d.decode_failed = False
         d.in_message = False
@@ -1460,6 +1513,7 @@ class HttpParser:
                 ex = c.pending.popleft().exchange
             if ex >= 0:
                 out.append(HttpEnd(c.id, ex, ev.ts, False, EndReason.GAP))
+                d.last_exchange = ex
                 unknown_body = False
         d.exchange = -1 if not d.from_client else d.exchange
         d.head = None
@@ -1571,6 +1625,7 @@ class HttpParser:
         elif not d.from_client and d.exchange >= 0:
             # The server stopped before answering this exchange.
             out.append(HttpEnd(c.id, d.exchange, ts, False, end))
+            d.last_exchange = d.exchange
             d.exchange = -1
         d.head = None
         d.body = None

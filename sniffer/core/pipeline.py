@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sniffer.core.events import (
+    REASSEMBLY_KINDS,
     CaptureGap,
     ConnectionOpened,
     FlowEvent,
@@ -239,6 +240,26 @@ class Pipeline:
     @property
     def open_streams(self) -> int:
         return self.streams.open_streams
+
+    def reassembly_counts(self) -> dict[str, int]:
+        """The TCP reassembly counters so far, by ``REASSEMBLY_KINDS`` (in that
+        order; monotonic for one pipeline), and ``lost-bytes``: bytes declared lost."""
+        r = self.reassembler.stats
+        seen = self.streams.stats.anomalies
+        counts = {
+            "retransmission": r.retransmissions,
+            "overlap-mismatch": r.overlaps_inconsistent,
+            "out-of-order": r.out_of_order,
+            "buffer-cap": r.buffer_cap_hits,
+            "out-of-window": seen.get("out-of-window", 0),
+            "after-fin": seen.get("after-fin", 0),
+            "gap": r.gaps,
+            "midstream": r.midstream,
+            "port-reuse": r.port_reuse,
+        }
+        assert tuple(counts) == REASSEMBLY_KINDS
+        counts["lost-bytes"] = r.gap_bytes
+        return counts
 
     @property
     def open_connections(self) -> int:

@@ -611,6 +611,8 @@ class Reassembler:
                 h.from_client,
                 "overlap-mismatch",
                 f"bytes {a}..{b} differ from the first copy",
+                a,
+                b - a,
             )
         )
 

@@ -34,6 +34,7 @@ from sniffer.core.events import (
     FlowEnd,
     FlowGap,
     Headers,
+    HttpAnomaly,
     HttpBody,
     HttpEnd,
     HttpError,
@@ -44,6 +45,7 @@ from sniffer.core.events import (
     StoreEvent,
     StreamClosed,
     StreamFlag,
+    StreamFlagged,
     StreamOpened,
     StreamResponse,
     StreamState,
@@ -89,6 +91,25 @@ MAX_QUIET_EVENTS = 10_000
 #: Delta kinds that may carry no output (see :data:`MAX_QUIET_EVENTS`); the
 #: end marker is not one (it comes once: what follows it is after-done).
 QUIET_KINDS = frozenset({ROLE, OTHER, INVALID})
+#: ``errors`` rows written per connection for one kind of TCP anomaly; past it
+#: they are counted, and one row at the connection's close says how many more.
+MAX_ANOMALY_ROWS = 16
+#: Closed exchanges of a connection remembered, so that an anomaly touching
+#: their bytes after their close still names and flags their stream.
+_CLOSED_KEPT = 4
+
+#: The TCP anomalies (``FlowAnomaly.kind``) that make a stream's bytes doubtful,
+#: and the flag they give it. The others leave the stored bytes right: a
+#: buffer cap declares a gap (the stream says so), a segment out of the window
+#: or after the FIN is dropped as the receiver drops it.
+ANOMALY_FLAGS: dict[str, StreamFlag] = {"overlap-mismatch": StreamFlag.OVERLAP_MISMATCH}
+
+#: What the ``errors`` row of each anomaly kind says it did.
+_ANOMALY_TEXT = {
+    "buffer-cap": "the out-of-order buffer overflowed its cap: the oldest hole was declared lost",
+    "out-of-window": "a segment far beyond the expected sequence number was dropped",
+    "after-fin": "data after the FIN was dropped",
+}
 
 NDJSON_TYPES = frozenset(
     {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/json-lines"}
@@ -116,15 +137,21 @@ class StreamStats:
     streams_closed: int = 0
     chunk_events: int = 0
     errors: dict[str, int] = field(default_factory=dict)  # by stage
+    anomalies: dict[str, int] = field(default_factory=dict)  # TCP anomalies by kind
     states: dict[str, int] = field(default_factory=dict)  # closed streams by state
 
 
 class _Conn:
-    __slots__ = ("client_end", "opened")
+    __slots__ = ("anomaly_rows", "client_end", "closed", "early", "opened")
 
     def __init__(self, opened: ConnectionOpened) -> None:
         self.opened = opened
         self.client_end: str | None = None  # "fin"/"rst" once the client's side ended
+        self.anomaly_rows: dict[str, int] = {}  # TCP anomalies seen, by kind
+        # anomalies of a request whose head has not come yet (its exchange is not known)
+        self.early: list[HttpAnomaly] = []
+        # exchange → (stream, flags) of the last ones closed
+        self.closed: dict[int, tuple[int, tuple[StreamFlag, ...]]] = {}
 
 
 class _Exchange:
@@ -322,6 +349,12 @@ class StreamAssembler:
             assert isinstance(ev, HttpRequest)
             x = self._exchange(ev.conn, ev.exchange)
             x.req = ev
+            c = self._conns.get(ev.conn)
+            if c is not None and c.early:
+                early = [a for a in c.early if a.exchange == ev.exchange]
+                c.early = [a for a in c.early if a.exchange != ev.exchange]
+                for a in early:
+                    self._anomaly(a, out, defer=False)
         elif t is HttpEnd:
             assert isinstance(ev, HttpEnd)
             x = self._ex.get((ev.conn, ev.exchange))
@@ -359,6 +392,9 @@ class StreamAssembler:
                     self._mark_gap(x, f"capture lost packets ({ev.reason})")
         elif t is ConnectionClosed:
             assert isinstance(ev, ConnectionClosed)
+            c = self._conns.get(ev.conn)
+            if c is not None:
+                self._anomalies_at_close(c, ev.ts, out)
             mark = len(out)  # ``out`` may already hold other events' output
             for key in [k for k in self._ex if k[0] == ev.conn]:
                 x = self._ex[key]
@@ -375,6 +411,85 @@ class StreamAssembler:
                         self._close(x, ev.ts, out, closing_reason=ev.reason)
             self._conns.pop(ev.conn, None)
             out.append(ev)
+        elif t is HttpAnomaly:
+            assert isinstance(ev, HttpAnomaly)
+            self._count_anomaly(ev.kind)
+            self._anomaly(ev, out)
+
+    # ------------------------------------------------------------- anomalies
+
+    def _count_anomaly(self, kind: str) -> None:
+        self.stats.anomalies[kind] = self.stats.anomalies.get(kind, 0) + 1
+
+    def _anomaly(self, ev: HttpAnomaly, out: list[StoreEvent], defer: bool = True) -> None:
+        """A TCP anomaly (counted once, by the caller): flag the exchange(s) it
+        touched when it makes their bytes doubtful, and record it (at most
+        ``MAX_ANOMALY_ROWS`` rows per connection and kind)."""
+        c = self._conns.get(ev.conn)
+        flag = ANOMALY_FLAGS.get(ev.kind)
+        stream: int | None = None
+        late = False
+        if ev.exchange is None:  # HTTP/2: every exchange open on the connection
+            for y in self._ex.values():
+                if y.conn == ev.conn and not y.closed and flag is not None:
+                    self._flag(y, flag)
+        else:
+            x = self._ex.get((ev.conn, ev.exchange))
+            if x is not None:
+                stream = x.stream
+                if flag is not None:
+                    self._flag(x, flag)
+            elif c is not None and ev.exchange in c.closed:
+                # (a copy of its last bytes after the close: the row is flagged now)
+                stream, flags = c.closed[ev.exchange]
+                if flag is not None and flag not in flags:
+                    flags = (*flags, flag)
+                    c.closed[ev.exchange] = (stream, flags)
+                    out.append(StreamFlagged(stream, ev.ts, flags))
+                    late = True
+            elif defer and c is not None and ev.from_client and len(c.early) < MAX_ANOMALY_ROWS:
+                c.early.append(ev)  # the request's head is still to come: wait for it
+                return
+        if c is not None:
+            seen = c.anomaly_rows.get(ev.kind, 0) + 1
+            c.anomaly_rows[ev.kind] = seen
+            if seen > MAX_ANOMALY_ROWS:
+                return
+        side = "client" if ev.from_client else "server"
+        if ev.kind == "overlap-mismatch" and ev.offset >= 0:
+            message = (
+                f"{side} bytes {ev.offset}..{ev.offset + ev.length} ({ev.length} bytes; offsets "
+                "in that direction's byte stream) arrived twice with different content: the "
+                "first copy was kept, the later one dropped"
+            )
+        else:
+            what = _ANOMALY_TEXT.get(ev.kind, ev.kind)
+            message = f"{side}: {what}" + (f" ({ev.detail})" if ev.detail else "")
+        if late:
+            message += " (after its stream closed)"
+        self._count_error("reassembly")
+        out.append(PipelineError(ev.ts, "reassembly", ev.kind, message, ev.conn, stream))
+
+    def _anomalies_at_close(self, c: _Conn, ts: float, out: list[StoreEvent]) -> None:
+        """The connection closes: anomalies whose request never came are recorded
+        without a stream, and the rows not written one by one are summed up."""
+        early, c.early = c.early, []
+        for a in early:
+            self._anomaly(a, out, defer=False)
+        conn = c.opened.conn
+        for kind, seen in c.anomaly_rows.items():
+            if seen > MAX_ANOMALY_ROWS:
+                self._count_error("reassembly")
+                out.append(
+                    PipelineError(
+                        ts,
+                        "reassembly",
+                        kind,
+                        f"{seen - MAX_ANOMALY_ROWS} more on this connection (the first "
+                        f"{MAX_ANOMALY_ROWS} were recorded one by one)",
+                        conn,
+                    )
+                )
 
     # ----------------------------------------------------------- checkpoints
 
@@ -987,6 +1102,12 @@ class StreamAssembler:
         self._check_clock(x, ts)
         if x.req_cut:
             self._request_cut(x, ts, out, None)
+        c = self._conns.get(x.conn)
+        if c is not None:
+            kept = c.closed
+            kept[x.exchange] = (x.stream, tuple(x.flags))
+            if len(kept) > _CLOSED_KEPT:
+                del kept[next(iter(kept))]
         state, reason = self._verdict(x, closing_reason)
         self.stats.streams_closed += 1
         self.stats.states[state.value] = self.stats.states.get(state.value, 0) + 1

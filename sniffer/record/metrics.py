@@ -7,7 +7,9 @@ so a process — or a test — can hold several. The daemon calls
 calls :meth:`Metrics.observe_tokens` per stream, and the daemon sets the
 gauges and counters it owns (queue, drops, packets, flushes).
 
-All durations come from capture timestamps carried on the events; the only
+All durations come from capture timestamps carried on the events (a capture
+clock that went backwards makes none: a negative TTFT or inter-chunk gap is
+not observed, nor the duration of a stream flagged ``clock-backwards``); the only
 clock reads here are the scrape-time age of the last flush and each label
 set's creation time (its ``_created`` series).
 
@@ -61,6 +63,14 @@ sparseety_packets_captured_total                counter     packets the capture 
 sparseety_kernel_drops_total                    counter     packets the kernel ring dropped
 sparseety_queue_drops_total                     counter     packets/batches dropped on a full
                                                             queue
+sparseety_reassembly_events_total               counter     TCP reassembly events by ``kind``
+                                                            (``core.events.REASSEMBLY_KINDS``):
+                                                            retransmission, overlap-mismatch
+                                                            (bytes that arrived twice with
+                                                            different content), out-of-order,
+                                                            buffer-cap, out-of-window, after-fin,
+                                                            gap, midstream, port-reuse
+sparseety_reassembly_lost_bytes_total           counter     bytes the reassembler declared lost
 sparseety_otlp_dropped_total                    counter     closed streams (or their token
                                                             figures) dropped on a full OTLP
                                                             export queue
@@ -94,10 +104,12 @@ from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricF
 from prometheus_client.utils import floatToGoString
 
 from sniffer.core.events import (
+    REASSEMBLY_KINDS,
     ChunkEvent,
     PipelineError,
     StoreEvent,
     StreamClosed,
+    StreamFlag,
     StreamOpened,
     StreamResponse,
     StreamState,
@@ -569,6 +581,21 @@ class Metrics:
         self.queue_drops = Counter(
             "sparseety_queue_drops", "Items dropped because a queue was full.", registry=r
         )
+        self.reassembly = Counter(
+            "sparseety_reassembly_events",
+            "TCP reassembly events by kind: retransmission, overlap-mismatch (bytes that "
+            "arrived twice with different content), out-of-order, buffer-cap, out-of-window, "
+            "after-fin, gap, midstream, port-reuse.",
+            ("kind",),
+            registry=r,
+        )
+        for kind in REASSEMBLY_KINDS:  # every kind from the start (0): rate() needs a baseline
+            self.reassembly.labels(kind)
+        self.reassembly_lost = Counter(
+            "sparseety_reassembly_lost_bytes",
+            "Bytes the TCP reassembler declared lost (holes in what was captured).",
+            registry=r,
+        )
         self.otlp_dropped = Counter(
             "sparseety_otlp_dropped",
             "Closed streams (or their token figures) dropped because the OTLP export "
@@ -668,10 +695,12 @@ class Metrics:
             return
         if not s.ttft_done:
             s.ttft_done = True
-            s.ttft.observe(max(0.0, ts - (s.t_request or ts)))
+            ttft = ts - (s.t_request or ts)
+            if ttft >= 0:  # (negative: the capture clock went backwards)
+                s.ttft.observe(ttft)
         prev = s.last.get(ev.choice)
-        if prev is not None:
-            s.inter_chunk.observe(max(0.0, ts - prev))
+        if prev is not None and ts >= prev:
+            s.inter_chunk.observe(ts - prev)
         s.last[ev.choice] = ts
 
     def _closed_stream(self, ev: StreamClosed) -> None:
@@ -690,15 +719,20 @@ class Metrics:
             ):
                 # The chunks were not seen (observed after sampling): use the summary.
                 s.ttft_done = True
-                s.ttft.observe(max(0.0, ev.t_first_content - s.t_request))
+                if ev.t_first_content >= s.t_request:
+                    s.ttft.observe(ev.t_first_content - s.t_request)
         state = stream_state(ev)
         if state == "midway" and ev.response_model and keys[1] == NONE:
             # a row recovered mid-way: its model is the one the chunks named
             # (the store writes it at close too)
             keys = self._bound(keys[0], ev.response_model)
         self._child(self.streams, *keys, state).inc()
-        if t_request is not None:
-            self._child(self.duration, *keys).observe(max(0.0, ev.ts - t_request))
+        if (
+            t_request is not None
+            and ev.ts >= t_request
+            and StreamFlag.CLOCK_BACKWARDS not in ev.flags
+        ):
+            self._child(self.duration, *keys).observe(ev.ts - t_request)
         self._child(self.output_chars, *keys).observe(ev.text_len)
         usage = ev.usage
         prompt = usage.prompt_tokens if usage is not None else None
@@ -797,6 +831,17 @@ class Metrics:
     def add_queue_drops(self, n: int) -> None:
         if n > 0:
             self.queue_drops.inc(n)
+
+    def add_reassembly(self, counts: Mapping[str, int]) -> None:
+        """Add TCP reassembly counts by kind (deltas of
+        ``Pipeline.reassembly_counts``; ``lost-bytes``: lost bytes)."""
+        for kind, n in counts.items():
+            if n <= 0:
+                continue
+            if kind == "lost-bytes":
+                self.reassembly_lost.inc(n)
+            else:
+                self.reassembly.labels(kind if kind in REASSEMBLY_KINDS else OTHER).inc(n)
 
     def add_otlp_drops(self, n: int) -> None:
         if n > 0:

@@ -246,9 +246,11 @@ class SideStats:
     streams: int = 0  # streams of this label (all states)
     incomplete: int = 0  # of which not complete (gap, truncated, error, open, midway)
     sampled_out: int = 0  # of which the text was sampled out
+    clock_backwards: int = 0  # outputs whose timings are left out (flagged clock-backwards)
 
     def add(self, o: Output) -> None:
         self.outputs += 1
+        self.clock_backwards += o.clock_backwards
         if o.ttft is not None:
             self.ttft_ms.append(o.ttft * 1000.0)
         if o.itl is not None:
@@ -269,6 +271,7 @@ class SideStats:
             "streams": self.streams,
             "incomplete": self.incomplete,
             "sampled_out": self.sampled_out,
+            "clock_backwards": self.clock_backwards,
             "ttft_ms": _dist(self.ttft_ms),
             "itl_ms": _dist(self.itl_ms),
             "tokens_per_chunk_mean": self.tokens_per_chunk_mean(),
@@ -1279,6 +1282,11 @@ def format_diff(
             f"{tag:<9} {side.label}: {side.outputs} outputs, TTFT p50 {_f(t['p50'], 1)} ms "
             f"p90 {_f(t['p90'], 1)} ms, ITL p50 {_f(i['p50'], 2)} ms, "
             f"tokens/chunk {_f(side.tokens_per_chunk_mean(), 2)}"
+            + (
+                f" ({side.clock_backwards} without timings: the capture clock went backwards)"
+                if side.clock_backwards
+                else ""
+            )
         )
     lines.append(
         f"ratios (candidate/baseline): TTFT {_f(s['ttft_ratio'])}, ITL {_f(s['itl_ratio'])}, "

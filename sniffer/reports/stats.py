@@ -40,6 +40,10 @@ figures per output:
   by the tokens that came after the first chunk; ``None`` with fewer than two
   text chunks.
 
+Both are ``None`` for a stream flagged ``clock-backwards`` (the capture clock
+went backwards during it: a difference of its times is not a duration);
+``Output.clock_backwards`` says so, and the reports count such outputs.
+
 ``stats`` compares only outputs that share their fingerprint with another one:
 it encodes only those (``build_outputs(..., repeats_only=True)``), so a store
 without repeats is reported without loading the built-in default tokenizer
@@ -61,6 +65,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
+from sniffer.core.events import StreamFlag, stream_flags
 from sniffer.llm.fingerprint import fingerprint
 from sniffer.llm.logprobs import TokenLogprob, output_logprobs
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
@@ -128,6 +133,7 @@ class Output:
     logprobs: tuple[TokenLogprob, ...] | None = field(default=None, repr=False)
     request_json: str | None = field(default=None, repr=False)  # the request body
     cause: str | None = None  # stats: why this variant differs from the modal one
+    clock_backwards: bool = False  # flagged: its timings are left out (ttft, itl None)
 
     @property
     def complete(self) -> bool:
@@ -271,7 +277,10 @@ def build_outputs(
             plan = [(ch, by_choice.get(ch, []), finish.get(ch)) for ch in choices]
         t_req = row.get("t_request")
         t_first = row.get("t_first_content")
+        clock = StreamFlag.CLOCK_BACKWARDS in stream_flags(row.get("flags"))
         ttft = t_first - t_req if t_first is not None and t_req is not None else None
+        if clock:
+            ttft = None  # not a duration: the clock went backwards
         for ch, pieces, fin in plan:
             text = "".join(p[0] for p in pieces)
             whole = dialect in WHOLE_MESSAGE_DIALECTS
@@ -304,6 +313,7 @@ def build_outputs(
                 server_starts=starts,
                 logprobs=logprobs,
                 request_json=row.get("request_json"),
+                clock_backwards=clock,
             )
             pending.append((out, pieces))
 
@@ -340,7 +350,13 @@ def build_outputs(
             out.tokens_per_chunk = tuple(counts)
             t0, t1 = pieces[0][1], pieces[-1][1]
             after_first = len(ids) - counts[0] if counts else 0
-            if len(pieces) >= 2 and t0 is not None and t1 is not None and after_first > 0:
+            if (
+                len(pieces) >= 2
+                and t0 is not None
+                and t1 is not None
+                and after_first > 0
+                and not out.clock_backwards
+            ):
                 out.itl = (t1 - t0) / after_first
     return [p[0] for p in pending]
 

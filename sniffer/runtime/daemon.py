@@ -182,6 +182,10 @@ class Daemon:
     def open_streams(self) -> int:
         return self._pipeline.open_streams if self._pipeline is not None else 0
 
+    def reassembly_counts(self) -> dict[str, int]:
+        """The pipeline's TCP reassembly counters (``Pipeline.reassembly_counts``)."""
+        return self._pipeline.reassembly_counts() if self._pipeline is not None else {}
+
     @property
     def queue_depth(self) -> int:
         """Batches waiting between the capture thread and the processing thread."""

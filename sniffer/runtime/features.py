@@ -178,6 +178,7 @@ def _host_port(listen: str) -> tuple[str, int]:
 def _gauges(metrics: Metrics) -> Any:
     """The once-a-second hook that copies the daemon's counters into ``metrics``."""
     last = {"items": 0, "kernel": 0, "queue": 0}
+    tcp: dict[str, int] = {}
 
     def gauges(daemon: Daemon) -> None:
         s = daemon.stats
@@ -185,6 +186,14 @@ def _gauges(metrics: Metrics) -> Any:
         metrics.add_kernel_drops(s.kernel_dropped - last["kernel"])
         metrics.add_queue_drops(s.queue_dropped - last["queue"])
         last.update(items=s.items, kernel=s.kernel_dropped, queue=s.queue_dropped)
+        counts = daemon.reassembly_counts()
+        delta = {}
+        for k, v in counts.items():
+            prev = tcp.get(k, 0)
+            delta[k] = v - prev if v >= prev else v  # below: a new pipeline, from zero
+        metrics.add_reassembly(delta)
+        tcp.clear()
+        tcp.update(counts)
         metrics.set_open(daemon.open_connections, daemon.open_streams)
         metrics.set_queue_depth(daemon.queue_depth)
 

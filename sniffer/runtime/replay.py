@@ -65,6 +65,8 @@ class ReplayResult:
     token_anomalies: int = 0
     token_seconds: float = 0.0
     redactions: int = 0
+    #: TCP reassembly counters (``Pipeline.reassembly_counts``: kind → count)
+    reassembly: dict[str, int] = field(default_factory=dict)
 
     @property
     def packets_per_second(self) -> float:
@@ -86,6 +88,8 @@ class ReplayResult:
         self.token_anomalies += other.token_anomalies
         self.token_seconds = max(self.token_seconds, other.token_seconds)
         self.redactions += other.redactions
+        for k, v in other.reassembly.items():
+            self.reassembly[k] = self.reassembly.get(k, 0) + v
 
 
 def default_jobs() -> int:
@@ -336,6 +340,7 @@ def _replay_part(
     result.chunk_events = st.chunk_events
     result.streams = st.streams_closed
     result.states = dict(st.states)
+    result.reassembly = pipe.reassembly_counts()
     result.errors = (
         sum(st.errors.values()) + pipe.internal_errors + (result.capture_error is not None)
     )

@@ -389,6 +389,7 @@ OUTPUT_STREAM_COLUMNS = (
     "state",
     "dialect",
     "text_kept",
+    "flags",
 )
 
 

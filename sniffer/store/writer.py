@@ -44,6 +44,7 @@ from sniffer.core.events import (
     PipelineError,
     StoreEvent,
     StreamClosed,
+    StreamFlagged,
     StreamOpened,
     StreamResponse,
     StreamState,
@@ -386,6 +387,7 @@ _UPDATES: dict[str, UpdateSpec] = {
     "conn_close": update_spec("connections", ("closed_at", "close_reason")),
     "stream_response": update_spec("streams", _RESPONSE_COLUMNS),
     "stream_close": update_spec("streams", _CLOSE_COLUMNS, coalesce=("model",)),
+    "stream_flags": update_spec("streams", ("flags",)),
 }
 
 
@@ -496,6 +498,7 @@ class StoreWriter:
         self._conn_closes: list[dict[str, Any]] = []
         self._stream_responses: list[dict[str, Any]] = []
         self._stream_closes: list[dict[str, Any]] = []
+        self._stream_flags: list[dict[str, Any]] = []  # flags found after a close
         self._pending = 0
         self._closed = False
         self._closing = False
@@ -588,6 +591,13 @@ class StoreWriter:
             self._conn_closes.append(_bind(event.conn, values))
         elif isinstance(event, PipelineError):
             self._error_rows.append(_error_row(event, self.node))
+        elif isinstance(event, StreamFlagged):
+            flags = {"flags": json.dumps([str(f) for f in event.flags]) if event.flags else None}
+            row = self._stream_rows.get(event.stream)
+            if row is not None:
+                row.update(flags)
+                return
+            self._stream_flags.append(_bind(event.stream, flags))  # after the close's update
         else:
             return
         self._pending += 1
@@ -735,6 +745,8 @@ class StoreWriter:
             unmatched += self._update_many(conn, "stream_response", self._stream_responses)
         if self._stream_closes:
             unmatched += self._update_many(conn, "stream_close", self._stream_closes)
+        if self._stream_flags:
+            unmatched += self._update_many(conn, "stream_flags", self._stream_flags)
         return unmatched
 
     def _clean_batch(self) -> None:
@@ -745,6 +757,7 @@ class StoreWriter:
             *self._conn_closes,
             *self._stream_responses,
             *self._stream_closes,
+            *self._stream_flags,
         ):
             _clean_row(drow)
         self._chunk_rows = [_clean_tuple(t) for t in self._chunk_rows]
@@ -786,7 +799,10 @@ class StoreWriter:
         self.stats["chunks"] += len(self._chunk_rows)
         self.stats["errors"] += len(self._error_rows)
         self.stats["updates"] += (
-            len(self._conn_closes) + len(self._stream_responses) + len(self._stream_closes)
+            len(self._conn_closes)
+            + len(self._stream_responses)
+            + len(self._stream_closes)
+            + len(self._stream_flags)
         )
         self.stats["unmatched_updates"] += unmatched
         self.stats["flushes"] += 1
@@ -825,6 +841,7 @@ class StoreWriter:
         self._conn_closes = []
         self._stream_responses = []
         self._stream_closes = []
+        self._stream_flags = []
         self._pending = 0
 
     def discard(self) -> int:
