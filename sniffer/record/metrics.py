@@ -142,7 +142,20 @@ CHAR_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 TOKENS_PER_CHUNK_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32, 64)
 
 STREAM_STATES = ("complete", "client_abort", "truncated", "gap", "error", "midway")
-ERROR_STAGES = frozenset({"capture", "reassembly", "http", "sse", "dialect", "store", "tokens"})
+ERROR_STAGES = frozenset(
+    {
+        "capture",
+        "reassembly",
+        "http",
+        "sse",
+        "ndjson",
+        "dialect",
+        "streams",
+        "store",
+        "tokens",
+        "pipeline",
+    }
+)
 
 #: Bounds on remembered streams (a stream never closed must not leak memory).
 MAX_OPEN_STREAMS = 100_000
