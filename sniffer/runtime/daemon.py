@@ -356,7 +356,7 @@ class Daemon:
         self.stats.store_events += len(events)
         try:
             self.chain.write(events)
-        except StoreError as exc:
+        except Exception as exc:  # StoreError; anything else must not stop the capture
             self._store_failed(exc)
 
     def _chain_failed(self, role: str, name: str, exc: Exception) -> None:
@@ -369,10 +369,14 @@ class Daemon:
             self.log("error", "sink-failed", sink=name, error=error, count=self.stats.sink_errors)
 
     def _store_failed(self, exc: Exception) -> None:
+        """The writer raised: ``StoreError`` (the database cannot take writes; the
+        batch is kept) or, were the writer to fail in a way it does not expect,
+        anything else: logged and counted, and capture goes on."""
         writer = self._writer
         assert writer is not None
         self.stats.store_errors += 1
-        self.log("error", "store-failed", error=str(exc), pending=writer.pending)
+        error = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+        self.log("error", "store-failed", error=error, pending=writer.pending)
         if writer.pending > writer.batch_size * MAX_PENDING_FACTOR:
             dropped = writer.discard()
             self.stats.store_discarded += dropped
@@ -384,9 +388,13 @@ class Daemon:
             return
         try:
             self.chain.flush()
-        except StoreError as exc:
+        except Exception as exc:  # StoreError; anything else must not stop the capture
             self._store_failed(exc)
             return
+        refused = int(writer.stats["rejected_rows"])  # this flush's and earlier automatic ones'
+        if refused > self.stats.store_rejected:
+            self.log("error", "store-rejected", rows=refused - self.stats.store_rejected)
+            self.stats.store_rejected = refused
         self._hooks(self.on_flush)
 
     def _hooks(self, hooks: Sequence[Callable[..., None]], *args: Any) -> None:
@@ -674,9 +682,10 @@ class Daemon:
         self._clean = True
         try:
             self.chain.close()
-        except StoreError as exc:
+        except Exception as exc:  # StoreError, or anything the writer did not expect
             self.stats.store_errors += 1
-            log("error", "store-failed", error=str(exc), pending=writer.pending)
+            error = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+            log("error", "store-failed", error=error, pending=writer.pending)
             code = code or 1
         s = self.stats
         cap_stats: dict[str, Any] = {}
@@ -697,6 +706,7 @@ class Daemon:
             max_queue=s.max_queue,
             sink_errors=s.sink_errors,
             store_errors=s.store_errors,
+            store_rejected=int(writer.stats["rejected_rows"]),
             streams=writer.stats.get("streams"),
             chunks=writer.stats.get("chunks"),
             exit_code=code,
