@@ -140,6 +140,10 @@ class Daemon:
         self.on_tick: list[Callable[[Daemon], None]] = []
         #: called after every writer flush
         self.on_flush: list[Callable[[], None]] = []
+        #: called once capture is active, the database open at this code's schema:
+        #: background work on the database starts here (the token and retention
+        #: workers), so none of it runs against a database ``run`` refuses
+        self.on_start: list[Callable[[], None]] = []
         #: called once at shutdown, after the pipeline flushed, before the writer closes
         self.on_stop: list[Callable[[], None]] = []
         self.stats = DaemonStats()
@@ -235,6 +239,7 @@ class Daemon:
             capture = CaptureThread(source, self._queue, self.stats, log, cfg.backend == "ebpf")
             self._capture = capture
             capture.start()
+            self._hooks(self.on_start)
             # Many short-lived objects per packet and no cycles worth chasing.
             gc.set_threshold(100_000, 50, 100)
             log(
