@@ -255,6 +255,29 @@ def test_every_payload_byte_once(host: str, backend: str) -> None:
     assert stats.bytes > len(conv.sent_c2s) + len(conv.sent_s2c)
 
 
+def test_finish_returns_what_no_poll_has_returned_yet(backend: str) -> None:
+    """At a stop the capture thread polls no more; ``finish`` reads what the
+    kernel still holds: here a whole conversation still in the ring's open
+    block (its timeout is long) or in the socket's queue, never polled. Without
+    it the last packets before a stop were lost (issue #24: a live test's last
+    streams stored truncated under load)."""
+    srv = free_listener("127.0.0.1")
+    port = srv.getsockname()[1]
+    src = open_source(port, backend, block_timeout_ms=400)
+    try:
+        with srv:
+            conv = converse(srv, MESSAGES)
+        items = src.finish()
+        assert fins_both_ways(port)(items)
+        assert src.finish() == []  # nothing twice
+    finally:
+        src.close()
+    segs = segments(items)
+    check_stream(segs, conv.client, ("127.0.0.1", port), conv.sent_c2s, conv.retrans_c2s)
+    check_stream(segs, ("127.0.0.1", port), conv.client, conv.sent_s2c, conv.retrans_s2c)
+    assert src.finish() == []  # closed: nothing, no error
+
+
 def test_all_ports_and_several_ports(backend: str) -> None:
     a, b, c = free_listener("127.0.0.1"), free_listener("127.0.0.1"), free_listener("127.0.0.1")
     pa, pb, pc = (x.getsockname()[1] for x in (a, b, c))

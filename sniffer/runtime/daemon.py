@@ -649,8 +649,11 @@ class Daemon:
             if capture.loss.pending:
                 final = capture.loss.marker()
             if drain is None:
-                with contextlib.suppress(Exception):
-                    final += list(capture.source.finish())
+                # packets: what the ring still holds (the last packets before the
+                # stop); not while a stuck capture thread may still poll it
+                if not capture.thread.is_alive():
+                    with contextlib.suppress(Exception):
+                        final += list(capture.source.finish())
             else:
                 # eBPF: the records still in the ring now; the sockets' ends
                 # after the checkpoint (which keeps the streams under way open)
