@@ -280,8 +280,8 @@ class LoadedTokenizer:
             return tok.id
         m = _TOKEN_ID_TEXT.match(tok.text)
         if m:
-            i = int(m.group(1))
-            return i if in_range(i, TOKEN_ID_RANGE) else None
+            tid = int(m.group(1))
+            return tid if in_range(tid, TOKEN_ID_RANGE) else None
         raw = tok.raw if tok.raw is not None else tok.text.encode("utf-8", "surrogatepass")
         if self.byte_level:
             i = self._tok.token_to_id(_bytes_to_byte_level(raw))
