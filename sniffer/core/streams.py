@@ -60,7 +60,7 @@ from sniffer.llm.dialects.base import (
     Delta,
     Dialect,
 )
-from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage
+from sniffer.llm.values import EMPTY_REQUEST, REQUEST_RANGES, RequestSummary, Usage
 
 #: Gap reason of a stream adopted from a checkpoint taken inside an item.
 RESTART_ITEM = "sidecar restarted inside an item"
@@ -992,4 +992,5 @@ def _requested_n(x: _Exchange) -> int:
     except (ValueError, RecursionError):
         return 1
     n = body.get("n", 1) if isinstance(body, dict) else 1
-    return n if isinstance(n, int) and n > 0 else 1
+    # an n wider than its column is not a count of choices (RequestSummary drops it)
+    return n if isinstance(n, int) and 0 < n <= REQUEST_RANGES["n"][1] else 1
