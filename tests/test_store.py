@@ -783,3 +783,35 @@ def test_json_columns(written: StoreWriter) -> None:
     s1 = queries.json_columns(queries.list_streams(written.engine, limit=1)[0])
     assert s1["finish_reasons"] == {"0": "length", "1": "stop"}
     assert s1["usage"]["total_tokens"] == 13
+
+
+def test_replay_goes_on_past_a_row_the_database_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replay of the capture with 2^63 as a chat choice index and an Anthropic
+    block index, with the dialects' index range widened (as a dialect that
+    missed the check would): those chunk rows are refused and recorded, the
+    rest of the capture, the canary stream included, is stored and replay
+    succeeds (issue #24: it exited 1 with 0 streams stored)."""
+    import sniffer.llm.dialects._json as dialect_json
+    import sniffer.llm.dialects.openai as openai
+    from sniffer.runtime.replay import replay
+
+    monkeypatch.setattr(openai, "INDEX_MAX", 2**70)
+    monkeypatch.setattr(dialect_json, "INDEX_MAX", 2**70)
+    pcap = Path(__file__).resolve().parent.parent / "pcaps" / "faults" / "sec_big_int.pcap"
+    expected = json.loads(pcap.with_suffix(".expected.json").read_text())
+    db = str(tmp_path / "r.db")
+    result = replay(pcap, db, tokens=None)
+    assert result.streams == 5
+    engine = make_engine(db)
+    refused = [e for e in queries.list_errors(engine) if e["kind"] == "row-rejected"]
+    # the chat chunk; the Anthropic delta and the finish the message_delta gives its block
+    assert len(refused) == 3 and all(e["stage"] == "store" for e in refused)
+    assert all("OverflowError" in e["message"] for e in refused)
+    rows = queries.list_streams(engine)
+    assert len(rows) == 5
+    canary = next(w for w in expected["streams"] if w["client_port"] == 40106)
+    (row,) = [r for r in rows if r["client"].endswith(":40106")]
+    assert row["state"] == "complete"
+    assert queries.stream_text(engine, row["id"]) == {0: canary["choices"]["0"]["text"]}
