@@ -526,10 +526,12 @@ def _writer_on(where: str, tmp_path: Path, request: pytest.FixtureRequest) -> St
 def _bad_rows(stream: int) -> list[StoreEvent]:
     """Rows no database takes: a chunk whose choice is 2^63 (wider than any
     integer column: "Python int too large to convert to SQLite INTEGER",
-    PostgreSQL "out of range"), a connection whose id is already stored, and a
-    close whose typed usage holds a count of 2^64."""
+    PostgreSQL "out of range"), a chunk holding a value no driver binds (a
+    dict), a connection whose id is already stored, and a close whose typed
+    usage holds a count of 2^64."""
     return [
         ChunkEvent(stream, T0 + 5, 99, 2**63, 1, "content", "never"),
+        ChunkEvent(stream, T0 + 5, 98, 0, 0, "other", raw={"a": 1}),  # type: ignore[arg-type]
         ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True),  # duplicate id
         StreamClosed(
             stream=stream,
@@ -564,10 +566,10 @@ def test_refused_rows_become_error_rows_and_the_rest_is_stored(
     w.flush()
     rest = events[2:]
     bad = _bad_rows(stream=1)
-    w.write_many([bad[2], *rest[:5], bad[0], *rest[5:], bad[1]])
+    w.write_many([bad[3], *rest[:5], bad[0], *rest[5:9], bad[1], *rest[9:], bad[2]])
     w.flush()  # raises nothing
     assert w.pending == 0
-    assert w.stats["rejected_rows"] == 3 and w.stats["isolated_batches"] == 1
+    assert w.stats["rejected_rows"] == 4 and w.stats["isolated_batches"] == 1
     assert w.stats["lost_error_rows"] == 0
     reference = memory_writer()
     reference.write_many(events)
@@ -578,8 +580,9 @@ def test_refused_rows_become_error_rows_and_the_rest_is_stored(
     assert got["chunks"] == want["chunks"]
     refused = [e for e in got["errors"] if e[1] == "store"]
     assert got["errors"] == sorted(want["errors"] + refused, key=repr)
-    assert len(refused) == 3
+    assert len(refused) == 4
     assert {e[2] for e in refused} == {"row-rejected"}
+    assert sum(e[3].startswith("chunks row refused") for e in refused) == 2
     by_part = {e[3].split(" row ")[0]: e for e in refused}
     assert set(by_part) == {"chunks", "connections", "update stream_close"}
     assert by_part["chunks"][5] == 1 and by_part["chunks"][0] == T0 + 5
