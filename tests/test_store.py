@@ -650,6 +650,7 @@ def test_database_failure_while_isolating_keeps_what_is_left(tmp_path: Path) -> 
     with pytest.raises(StoreError, match="locked"):
         w.flush()
     assert w.pending == 2  # the error row, and the refused chunk's error row
+    assert w.stats["rejected_rows"] == 1
     w.flush()
     engine = make_engine(str(tmp_path / "i.db"))
     assert queries.stream_text(engine, 9) == {0: "ok"}

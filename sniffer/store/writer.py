@@ -885,6 +885,7 @@ class StoreWriter:
                         self._set_parts(remaining)
                         self._error_rows += [self._refused_row(*r) for r in refused]
                         self._pending += len(refused)
+                        self.stats["rejected_rows"] += len(refused)
                         self._failed(exc)
                     if len(group) == 1:
                         refused.append((part, group[0], exc))
