@@ -794,6 +794,12 @@ def test_json_columns(written: StoreWriter) -> None:
     assert s1["usage"]["total_tokens"] == 13
 
 
+def count_errors(db: str) -> int:
+    with sqlite3.connect(db) as c:
+        n: int = c.execute("SELECT count(*) FROM errors").fetchone()[0]
+    return n
+
+
 def test_replay_goes_on_past_a_row_the_database_refuses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -813,6 +819,7 @@ def test_replay_goes_on_past_a_row_the_database_refuses(
     db = str(tmp_path / "r.db")
     result = replay(pcap, db, tokens=None)
     assert result.streams == 5
+    assert result.errors == count_errors(db)  # the summary counts the error rows
     engine = make_engine(db)
     refused = [e for e in queries.list_errors(engine) if e["kind"] == "row-rejected"]
     # the chat chunk; the Anthropic delta and the finish the message_delta gives its block

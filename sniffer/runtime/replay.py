@@ -337,7 +337,10 @@ def _replay_part(
     result.streams = st.streams_closed
     result.states = dict(st.states)
     result.errors = (
-        sum(st.errors.values()) + pipe.internal_errors + (result.capture_error is not None)
+        sum(st.errors.values())
+        + pipe.internal_errors
+        + (result.capture_error is not None)
+        + int(w.stats["rejected_rows"])  # rows the database refused: error rows too
     )
     return result
 

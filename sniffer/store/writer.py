@@ -931,6 +931,7 @@ class StoreWriter:
         try:
             with self._transaction() as conn:
                 self._write_part(conn, "errors", rows, copy=False)
+            self.stats["errors"] += len(rows)
             return
         except Exception:
             if len(rows) == 1:
@@ -940,6 +941,7 @@ class StoreWriter:
             try:
                 with self._transaction() as conn:
                     self._write_part(conn, "errors", [row], copy=False)
+                self.stats["errors"] += 1
             except Exception:
                 self.stats["lost_error_rows"] += 1
 
