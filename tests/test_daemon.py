@@ -364,7 +364,8 @@ def test_integers_past_the_columns_cost_their_rows_only(tmp_path: Path) -> None:
     r = start(d)
     assert src.exhausted.wait(30)
     assert wait_for(lambda: d.stats.items >= len(segments))
-    assert wait_for(lambda: len(rows(db, "select id from streams where closed_at is not null")) == 5)
+    closed = "select id from streams where closed_at is not null"
+    assert wait_for(lambda: len(rows(db, closed)) == 5)
     assert r.thread.is_alive()  # still capturing
     assert r.stop() == 0
     texts = {

@@ -75,7 +75,7 @@ def test_ints_cases_catch_an_integer_that_reaches_the_store_unchecked(
         mp = pytest.MonkeyPatch()
         mp.setattr(openai, "INDEX_MAX", 2**70)
         try:
-            with pytest.raises(Crash, match="refused|wider"):
+            with pytest.raises(Crash, match=r"refused|wider"):
                 store.run(x, items + x.items[1:], x.request)
         finally:
             mp.undo()
