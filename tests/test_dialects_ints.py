@@ -484,3 +484,16 @@ def test_grpc_status_of_any_length_is_a_code(status: str) -> None:
         assert closed.state is StreamState.ERROR
         expected = "UNAVAILABLE" if status == "14" else "UNKNOWN"
         assert closed.error is not None and expected in closed.error
+
+
+def test_a_token_spelled_id_is_not_a_token_id() -> None:
+    """OpenAI completions' ``top_logprobs`` map token strings to
+    log-probabilities: a token spelled ``id`` or ``token_id`` there is text,
+    not an integer to hold to a range."""
+    item = (
+        '{"choices":[{"index":0,"text":"id","logprobs":{"tokens":["id"],'
+        '"token_logprobs":[-0.1],"top_logprobs":[{"id":-0.1,"token_id":-2.5}],'
+        '"text_offset":[0]}}]}'
+    )
+    (delta,) = OpenAICompletions().event(item, "message")
+    assert delta.kind != INVALID and delta.text == "id"

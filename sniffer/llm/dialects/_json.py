@@ -88,12 +88,23 @@ def count_at(obj: dict[str, Any], key: str, where: str) -> int | None:
     return check_int(obj.get(key), COUNT_RANGE, where)
 
 
+def _token_object(item: Any) -> bool:
+    """``item`` is a token object (``{"token"|"text": str, "logprob": number, "id"?}``),
+    not a map of token strings to log-probabilities (OpenAI completions'
+    ``top_logprobs``, where a token may well be spelled ``id``)."""
+    if type(item) is not dict:
+        return False
+    text = item.get("token", item.get("text"))
+    return type(text) is str and type(item.get("logprob")) in (int, float)
+
+
 def check_token_ids(logprobs: Any, where: str) -> None:
     """Hold the token ids of a logprobs value to :data:`~sniffer.llm.values.TOKEN_ID_RANGE`
-    (``OutOfRange`` otherwise): the ``id``/``token_id`` of each token object in
-    a list, in an OpenAI ``content``/``refusal`` list, and of their
-    ``top_logprobs``/``top_tokens`` alternatives. Other values pass (kept as
-    JSON text, read by ``sniffer.llm.logprobs``)."""
+    (``OutOfRange`` otherwise): the ``id``/``token_id`` of each token object
+    (:func:`_token_object`) in a list, in an OpenAI ``content``/``refusal``
+    list, or the value itself (TGI), and of their ``top_logprobs``/``top_tokens``
+    alternatives. Other values pass (kept as JSON text, read by
+    ``sniffer.llm.logprobs``)."""
     if type(logprobs) is dict:
         items: Any = [logprobs]
         for key in ("content", "refusal"):
@@ -104,7 +115,7 @@ def check_token_ids(logprobs: Any, where: str) -> None:
     else:
         return
     for item in items:
-        if type(item) is not dict:
+        if not _token_object(item):
             continue
         for key in ("id", "token_id"):
             check_int(item.get(key), TOKEN_ID_RANGE, f"{where}.{key}")
@@ -112,7 +123,7 @@ def check_token_ids(logprobs: Any, where: str) -> None:
             alts = item.get(key)
             if type(alts) is list:
                 for alt in alts:
-                    if type(alt) is dict:
+                    if _token_object(alt):
                         for k in ("id", "token_id"):
                             check_int(alt.get(k), TOKEN_ID_RANGE, f"{where}.{key}.{k}")
 
