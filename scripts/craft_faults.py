@@ -1072,6 +1072,213 @@ TCP_FIXTURES: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
     fault_overlap_mismatch,
     fault_clock_backwards,
 ]
+#: Integers at the edges of the store's column widths (issue #24): 2^63 is one
+#: past SQLite's INTEGER and PostgreSQL's BIGINT, 2^31 one past PostgreSQL's INTEGER.
+BIG = 2**63
+
+
+def _sse_body(datas: list[str], named: bool = False) -> bytes:
+    """An SSE response, chunked, one event per data string (``named``: an
+    ``event:`` line with the data's ``type``, as Anthropic sends)."""
+    events = []
+    for d in datas:
+        name = json.loads(d).get("type") if named and d.startswith("{") else None
+        events.append((f"event: {name}\n" if name else "") + f"data: {d}\n\n")
+    chunked = b"".join(f"{len(e.encode()):x}\r\n".encode() + e.encode() + b"\r\n" for e in events)
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n" + chunked + b"0\r\n\r\n"
+    )
+
+
+def _chat_chunk(index: Any, content: str | None = None, finish: str | None = None) -> str:
+    delta = {} if content is None else {"content": content}
+    choice = {"index": index, "delta": delta, "finish_reason": finish}
+    return json.dumps(
+        {"id": "c9", "object": "chat.completion.chunk", "model": "fake", "choices": [choice]}
+    )
+
+
+def sec_big_int(_pcaps: Path) -> tuple[list[Packet], dict[str, Any]]:
+    """Integers wider than their columns from the server and the client, on one
+    keep-alive connection, and an ordinary "canary" stream on another: a chat
+    chunk whose ``choices[0].index`` is 2^63 and a usage chunk whose counts are
+    2^63 and 2^64 (OpenAI), a content block ``index`` of 2^63 (Anthropic), a
+    token id of 2^63 (TGI), a request whose ``n``, ``seed`` and ``max_tokens``
+    are 2^63, 2^64 and 2^63. Each such item is recorded as invalid (an error
+    row); the rest of each stream and the canary are stored exactly."""
+    port = 40105
+    openai = [
+        json.dumps(
+            {
+                "id": "c9",
+                "object": "chat.completion.chunk",
+                "model": "fake",
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Before"}}],
+            }
+        ),
+        _chat_chunk(BIG, "LOST"),
+        _chat_chunk(0, " after"),
+        _chat_chunk(0, None, "stop"),
+        json.dumps(
+            {
+                "id": "c9",
+                "object": "chat.completion.chunk",
+                "model": "fake",
+                "choices": [],
+                "usage": {"prompt_tokens": BIG, "completion_tokens": 2 * BIG, "total_tokens": 3},
+            }
+        ),
+        "[DONE]",
+    ]
+    usage_in = {"input_tokens": 7, "output_tokens": 1}
+    anthropic = [
+        json.dumps(
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "m9",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "fake",
+                    "content": [],
+                    "usage": usage_in,
+                },
+            }
+        ),
+        json.dumps(
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            }
+        ),
+        json.dumps(
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": "Hi"},
+            }
+        ),
+        json.dumps(
+            {
+                "type": "content_block_delta",
+                "index": BIG,
+                "delta": {"type": "text_delta", "text": "LOST"},
+            }
+        ),
+        json.dumps(
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": " there"},
+            }
+        ),
+        json.dumps({"type": "content_block_stop", "index": 0}),
+        json.dumps(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn"},
+                "usage": {"output_tokens": 2},
+            }
+        ),
+        json.dumps({"type": "message_stop"}),
+    ]
+    tgi = [
+        json.dumps(
+            {
+                "index": 1,
+                "token": {"id": 15043, "text": "Hel", "logprob": -0.1, "special": False},
+                "generated_text": None,
+                "details": None,
+            }
+        ),
+        json.dumps(
+            {
+                "index": 2,
+                "token": {"id": BIG, "text": "LOST", "logprob": -0.2, "special": False},
+                "generated_text": None,
+                "details": None,
+            }
+        ),
+        json.dumps(
+            {
+                "index": 3,
+                "token": {"id": 29877, "text": "lo", "logprob": -0.3, "special": False},
+                "generated_text": "HelLOSTlo",
+                "details": {"finish_reason": "length", "generated_tokens": 3, "input_length": 2},
+            }
+        ),
+    ]
+    wide_request = _sec_chat("count", stream=False, n=BIG, seed=2 * BIG, max_tokens=BIG)
+    fine = {
+        "id": "c10",
+        "object": "chat.completion",
+        "model": "fake",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Fine."},
+                "finish_reason": "stop",
+            }
+        ],
+    }
+    anthropic_req = json.dumps(
+        {
+            "model": "fake",
+            "stream": True,
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    ).encode()
+    tgi_req = json.dumps(
+        {"inputs": "Hel", "parameters": {"max_new_tokens": 3, "details": True}}
+    ).encode()
+    flows = [
+        (_sec_request(_sec_chat("hi")), _sse_body(openai)),
+        (_sec_request(anthropic_req, "/v1/messages"), _sse_body(anthropic, named=True)),
+        (_sec_request(tgi_req, "/generate_stream"), _sse_body(tgi)),
+        (_sec_request(wide_request), _sec_json_response(fine)),
+    ]
+    canary_pieces = ["The", " canary", " still", " sings."]
+    flows2 = [(_sec_request(_sec_chat("canary")), _sec_sse(canary_pieces))]
+    chat = _sec_stream(port, 0, "Before after", 2)
+    messages = _sec_stream(
+        port,
+        1,
+        "Hi there",
+        2,
+        path="/v1/messages",
+        usage={"prompt_tokens": 7, "completion_tokens": 2},
+        server_usage={"input_tokens": 7, "output_tokens": 2},
+    )
+    messages["choices"]["0"]["finish_reason"] = "end_turn"
+    generate = _sec_stream(
+        port,
+        2,
+        "Hello",
+        2,
+        path="/generate_stream",
+        model=None,
+        done_seen=True,
+        usage={"prompt_tokens": 2, "completion_tokens": 3},
+        server_usage=None,
+    )
+    generate["choices"]["0"]["finish_reason"] = "length"
+    wide = _sec_stream(port, 3, "Fine.", 1, stream=False, done_seen=False)
+    canary = _sec_stream(port + 1, 0, "".join(canary_pieces), len(canary_pieces))
+    exp = _sec_expected(
+        "sec_big_int",
+        "integers past the store's column widths: a chat chunk with choices[0].index 2^63 and a "
+        "usage chunk with counts 2^63 and 2^64, an Anthropic content block index 2^63, a TGI "
+        "token id 2^63, a request with n 2^63, seed 2^64, max_tokens 2^63 (each such item an "
+        "error row, the rest stored); a canary stream on another connection, complete",
+        [chat, messages, generate, wide, canary],
+        errors_min=5,
+    )
+    pkts = _sec_packets(port, flows, SEC_T0 + 50) + _sec_packets(port + 1, flows2, SEC_T0 + 50.0005)
+    pkts.sort(key=lambda p: float(p.time))
+    return pkts, exp
 
 
 SECURITY_FIXTURES: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] = [
@@ -1079,6 +1286,7 @@ SECURITY_FIXTURES: list[Callable[[Path], tuple[list[Packet], dict[str, Any]]]] =
     sec_gzip_bomb,
     sec_secrets,
     sec_pii,
+    sec_big_int,
 ]
 
 
@@ -1523,7 +1731,7 @@ def main(argv: list[str] | None = None) -> int:
         wrpcap(str(ns.out / f"{name}.pcap"), pkts)
         write_expected(ns.out / f"{name}.expected.json", expected)
         print(f"{name:22s} {len(pkts):5d} packets  (synthesized)")
-    if ns.security_only:
+    if ns.security_only or ns.only:
         return 0
     for fault in FAULTS:
         pkts, expected = fault(ns.pcaps)

@@ -34,10 +34,18 @@ Three kinds of case, from a seed corpus taken from ``pcaps/``:
   the stored streams (states, texts, counts) are those of the capture without
   them, and only the changed copies give ``overlap-mismatch`` (at least one on
   a capture clean of retransmissions, none with the same bytes).
+* ``ints``: one or all of the integers in the JSON of a bundled stream's item
+  (and of its request) set to a value at the edge of a width (2^31-1, 2^31,
+  2^32, 2^63-1, 2^63, 2^64, -1, -2^63-1, 10^30, 1e400, a boolean), the exchange
+  re-framed and put through the pipeline into a real SQLite store beside an
+  unchanged "canary" copy on another connection (issue #24).
 
 A crash is an exception escaping the chain, a connection dropped by the
 pipeline's last-resort handler (``internal_errors``), a stream opened but never
-closed, or text still held by the redactor after the flush. A hang is a case
+closed, or text still held by the redactor after the flush; for ``ints`` also
+a row the database refused (an integer that reached the writer unchecked), an
+integer stored outside its column's width on PostgreSQL (32-bit ``Integer``,
+64-bit ``BigInteger``), or a canary stored differently from a clean run. A hang is a case
 running longer than ``--timeout`` seconds (SIGALRM). Crashing inputs are saved
 to ``--out``. Prints cases, crashes, hangs, max RSS and time; exit code 1 when
 anything crashed or hung.
@@ -111,6 +119,25 @@ SEEDS = (
     "sec_secrets",
     "include_usage",
     "fault_lost",
+)
+
+#: The bundled streams whose items the ``ints`` cases edit: every dialect,
+#: n > 1, usage chunks, logprobs (token ids), reasoning and tool calls.
+INT_SEEDS = (
+    "n2",
+    "include_usage",
+    "completions",
+    "reasoning_tools",
+    "llamacpp_style",
+    "dialect_anthropic_stream",
+    "dialect_anthropic_nonstream",
+    "dialect_responses_stream",
+    "dialect_responses_nonstream",
+    "dialect_tgi_stream",
+    "dialect_tgi_nonstream",
+    "dialect_ollama_stream",
+    "dialect_ollama_nonstream",
+    "sec_pii",
 )
 
 #: Tokens inserted by mutation: HTTP framing, SSE syntax, hostile JSON.
@@ -190,6 +217,18 @@ def mutate(data: bytes, ops: list[tuple[str, float, int]], floor: int = 0) -> by
 
 
 @dataclass
+class Exchange:
+    """A bundled stream's exchange, as the fuzzer re-frames it: the request's
+    path and JSON body, the response's content type and its items (SSE data,
+    NDJSON lines, or one JSON body)."""
+
+    path: str
+    request: str
+    ctype: str
+    items: list[str]
+
+
+@dataclass
 class Corpus:
     captures: list[bytes] = field(default_factory=list)
     flows: list[list[FlowEvent]] = field(default_factory=list)
@@ -198,22 +237,17 @@ class Corpus:
     #: per capture in ``segments``: what it stores, and whether it carries
     #: retransmissions or gaps of its own (then a changed copy may go unseen)
     baselines: list[tuple[Any, bool]] = field(default_factory=list)
+    exchanges: list[Exchange] = field(default_factory=list)
 
 
 def load_corpus(pcaps: Path) -> Corpus:
     c = Corpus()
-    for name in SEEDS:
+    for name in dict.fromkeys((*SEEDS, *INT_SEEDS)):
         path = pcaps / f"{name}.pcap"
         if not path.exists():
+            path = pcaps / "faults" / f"{name}.pcap"
+        if not path.exists():
             continue
-        c.captures.append(path.read_bytes())
-        segs = list(read_capture(path))
-        c.segments.append(segs)
-        pipe = Pipeline()
-        events = [ev for seg in segs for ev in pipe.feed(seg)]
-        events += pipe.flush(segs[-1].ts if segs else 0.0)
-        counts = pipe.reassembly_counts()
-        c.baselines.append((_stored(events), bool(counts["retransmission"] or counts["gap"])))
         r = Reassembler()
         flows: list[FlowEvent] = []
         last = 0.0
@@ -221,7 +255,19 @@ def load_corpus(pcaps: Path) -> Corpus:
             flows.extend(r.feed(seg))
             last = seg.ts
         flows.extend(r.flush(last))
+        if name in INT_SEEDS:
+            c.exchanges.extend(_exchanges(flows))
+        if name not in SEEDS:
+            continue
+        c.captures.append(path.read_bytes())
         c.flows.append(flows)
+        segs = list(read_capture(path))
+        c.segments.append(segs)
+        pipe = Pipeline()
+        events = [ev for seg in segs for ev in pipe.feed(seg)]
+        events += pipe.flush(segs[-1].ts if segs else 0.0)
+        counts = pipe.reassembly_counts()
+        c.baselines.append((_stored(events), bool(counts["retransmission"] or counts["gap"])))
         for ev in flows:
             if isinstance(ev, FlowData):
                 for line in bytes(ev.data).split(b"\n"):
@@ -229,6 +275,39 @@ def load_corpus(pcaps: Path) -> Corpus:
                         c.items.append(line[6:].decode("utf-8", "replace"))
     c.items = c.items[:200]
     return c
+
+
+def _exchanges(flows: list[FlowEvent]) -> list[Exchange]:
+    """The exchanges of one capture's flows, read with the sniffer's own HTTP
+    stage (a seed, not a result under test)."""
+    from sniffer.core.events import HttpBody, HttpRequest, HttpResponse
+    from sniffer.core.http1 import HttpParser
+
+    http = HttpParser()
+    heads: dict[tuple[int, int], list[Any]] = {}
+    for flow in flows:
+        for ev in http.feed(flow):
+            key = (ev.conn, getattr(ev, "exchange", -1))
+            entry = heads.setdefault(key, ["", bytearray(), "", bytearray()])
+            if isinstance(ev, HttpRequest):
+                entry[0] = ev.target
+            elif isinstance(ev, HttpResponse) and not ev.informational:
+                entry[2] = dict(ev.headers).get("content-type", "").split(";")[0]
+            elif isinstance(ev, HttpBody):
+                entry[1 if ev.from_client else 3] += ev.data
+    out: list[Exchange] = []
+    for path, req, ctype, body in heads.values():
+        text = bytes(body).decode("utf-8", "replace")
+        if not path or not req or not text:
+            continue
+        if ctype == "text/event-stream":
+            items = [ln[5:].lstrip(" ") for ln in text.splitlines() if ln.startswith("data:")]
+        elif "ndjson" in ctype:
+            items = [ln for ln in text.splitlines() if ln.strip()]
+        else:
+            items = [text]
+        out.append(Exchange(path, bytes(req).decode("utf-8", "replace"), ctype, items))
+    return out
 
 
 # ---------------------------------------------------------------------- cases
@@ -624,6 +703,206 @@ _CAP_PLAN = st.lists(
 )
 
 
+#: Integers at the edges of every width (and what a float or a boolean does
+#: where an integer goes): the store's 32- and 64-bit columns, the tokenizers'
+#: 32-bit unsigned ids, JSON numbers no column holds.
+INT_EDGES: tuple[Any, ...] = (
+    0,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**63 - 1,
+    2**63,
+    2**64,
+    -1,
+    -(2**31) - 1,
+    -(2**63) - 1,
+    10**30,
+    float("inf"),
+    True,
+)
+
+
+def _int_paths(obj: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Where a parsed JSON value holds integers (not booleans)."""
+    out: list[tuple[Any, ...]] = []
+    stack = [(obj, path)]
+    while stack:
+        v, p = stack.pop()
+        if type(v) is int:
+            out.append(p)
+        elif type(v) is dict:
+            stack.extend((x, (*p, k)) for k, x in v.items())
+        elif type(v) is list:
+            stack.extend((x, (*p, i)) for i, x in enumerate(v))
+    return sorted(out, key=repr)
+
+
+def _set(obj: Any, path: tuple[Any, ...], value: Any) -> None:
+    for key in path[:-1]:
+        obj = obj[key]
+    obj[path[-1]] = value
+
+
+def edge_ints(text: str, which: int, every: bool) -> str:
+    """``text`` (JSON) with one integer (``every``: all of them) set to an edge value."""
+    import json
+
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text
+    paths = _int_paths(obj)
+    if not paths:
+        return text
+    chosen = paths if every else [paths[which % len(paths)]]
+    for k, path in enumerate(chosen):
+        _set(obj, path, INT_EDGES[(which + k) % len(INT_EDGES)])
+    return json.dumps(obj)  # inf as Infinity, which Python's parser (the fallback) reads
+
+
+def _framed(x: Exchange, items: list[str], request: str) -> tuple[bytes, bytes]:
+    """The exchange as HTTP/1.1 bytes: the request with a Content-Length, the
+    response chunked (one chunk per SSE event / NDJSON line) or with a Content-Length."""
+    body = request.encode()
+    req = (
+        f"POST {x.path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    if x.ctype == "text/event-stream" or "ndjson" in x.ctype:
+        sse = x.ctype == "text/event-stream"
+        pieces = [(f"data: {i}\n\n" if sse else f"{i}\n").encode() for i in items]
+        chunked = b"".join(f"{len(p):x}\r\n".encode() + p + b"\r\n" for p in pieces)
+        resp = (
+            (
+                f"HTTP/1.1 200 OK\r\ncontent-type: {x.ctype}\r\ntransfer-encoding: chunked\r\n\r\n"
+            ).encode()
+            + chunked
+            + b"0\r\n\r\n"
+        )
+    else:
+        data = items[0].encode() if items else b""
+        resp = (
+            f"HTTP/1.1 200 OK\r\ncontent-type: {x.ctype or 'application/json'}\r\n"
+            f"content-length: {len(data)}\r\n\r\n"
+        ).encode() + data
+    return req, resp
+
+
+#: what a clean run of each bundled exchange stores (by ``id()`` of the exchange)
+_CLEAN: dict[int, list[Any]] = {}
+
+
+class IntStore:
+    """One SQLite file for the ``ints`` cases (ids from its blocks, so that
+    cases never collide), and the checks on what each case stored."""
+
+    def __init__(self, tmpdir: str) -> None:
+        from sniffer.store.models import metadata
+        from sniffer.store.writer import StoreWriter
+
+        self.writer = StoreWriter(os.path.join(tmpdir, "ints.db"))
+        self.rejected = 0.0
+        #: (table, column, lo, hi): the width of every integer column on PostgreSQL
+        self.widths: list[tuple[str, str, int, int]] = []
+        for table in ("streams", "chunks", "errors", "connections"):
+            for col in metadata.tables[table].columns:
+                kind = type(col.type).__name__
+                if kind == "Integer":
+                    self.widths.append((table, col.name, -(2**31), 2**31 - 1))
+                elif kind == "BigInteger":
+                    self.widths.append((table, col.name, -(2**63), 2**63 - 1))
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def run(self, x: Exchange, items: list[str], request: str) -> None:
+        from sniffer.core.events import ConnectionClosed, ConnectionOpened
+        from sniffer.core.pipeline import PipelineConfig
+
+        w = self.writer
+        pipe = Pipeline(PipelineConfig(conn_ids=w.conn_ids, stream_ids=w.stream_ids))
+        bad, canary = w.conn_ids(), w.conn_ids()
+        flows: list[FlowEvent] = []
+        ts = 1.0
+        for conn, port, its, req in (
+            (bad, 40001, items, request),
+            (canary, 40002, x.items, x.request),
+        ):
+            wire = _framed(x, its, req)
+            flows.append(ConnectionOpened(conn, ts, ("127.0.0.1", port), ("127.0.0.1", 8000), True))
+            flows.append(FlowData(conn, ts + 0.1, True, wire[0]))
+            flows.append(FlowData(conn, ts + 0.2, False, wire[1]))
+            flows.append(ConnectionClosed(conn, ts + 0.3, "fin"))
+        out = pipe.feed_flows(flows) + pipe.flush(ts + 1)
+        if pipe.internal_errors:
+            raise Crash(f"pipeline dropped a connection: {_LAST_INTERNAL[0][:120]}")
+        closed = {e.stream: e for e in out if isinstance(e, StreamClosed)}
+        opened = {e.stream: e.conn for e in out if isinstance(e, StreamOpened)}
+        if set(closed) != set(opened):
+            raise Crash("a stream opened and never closed")
+        w.write_many(out)
+        w.flush()
+        if w.stats["rejected_rows"] != self.rejected:
+            self.rejected = w.stats["rejected_rows"]
+            raise Crash("the database refused a row: an integer reached the store unchecked")
+        streams = ",".join(str(s) for s in opened)
+        lite = w._lite
+        assert lite is not None
+        for table, col, lo, hi in self.widths:
+            key = {"streams": "id", "connections": "id"}.get(table, "stream_id")
+            ids = ",".join(str(c) for c in (bad, canary)) if table == "connections" else streams
+            if not ids:
+                continue
+            got = lite.query(f"SELECT min({col}), max({col}) FROM {table} WHERE {key} IN ({ids})")
+            low, high = got[0]
+            if low is not None and not lo <= low <= high <= hi:
+                raise Crash(f"{table}.{col} holds {low}..{high}, wider than its column")
+        # the canary is stored as a clean run stores it
+        mine = [e for s, e in closed.items() if opened[s] == canary]
+        clean = IntStore.clean(x)
+        got = [(e.state, e.text_len, e.chunk_count, e.finish_reasons) for e in mine]
+        if got != clean:
+            raise Crash(f"canary stored as {got}, a clean run gives {clean}")
+
+    @staticmethod
+    def clean(x: Exchange) -> list[Any]:
+        """What a clean run of exchange ``x`` alone stores (cached)."""
+        from sniffer.core.events import ConnectionClosed, ConnectionOpened
+
+        found = _CLEAN.get(id(x))
+        if found is None:
+            req, resp = _framed(x, x.items, x.request)
+            flows: list[FlowEvent] = [
+                ConnectionOpened(1, 1.0, ("127.0.0.1", 40002), ("127.0.0.1", 8000), True),
+                FlowData(1, 1.1, True, req),
+                FlowData(1, 1.2, False, resp),
+                ConnectionClosed(1, 1.3, "fin"),
+            ]
+            pipe = Pipeline()
+            out = pipe.feed_flows(flows) + pipe.flush(2.0)
+            found = [
+                (e.state, e.text_len, e.chunk_count, e.finish_reasons)
+                for e in out
+                if isinstance(e, StreamClosed)
+            ]
+            _CLEAN[id(x)] = found
+        return found
+
+
+def run_ints(store: IntStore, x: Exchange, which: int, every: bool, request: bool) -> None:
+    """One bundled exchange with integers at the edges (one item, or its request)."""
+    items = list(x.items)
+    req = x.request
+    if request:
+        req = edge_ints(req, which, every)
+    elif items:
+        k = which % len(items)
+        items[k] = edge_ints(items[k], which // len(items), every)
+    store.run(x, items, req)
+
+
 # ------------------------------------------------------------------- campaign
 
 
@@ -666,6 +945,7 @@ def campaign(
     tmpdir = tempfile.mkdtemp(
         prefix="sparseety-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
     )
+    ints = IntStore(tmpdir)
     use_alarm = hasattr(signal, "setitimer")
     if use_alarm:
         old = signal.signal(signal.SIGALRM, _alarm)
@@ -691,7 +971,18 @@ def campaign(
     )
     @given(
         kind=st.sampled_from(
-            ("capture", "flows", "flows", "flows", "json", "upgrade", "caps", "overlaps")
+            (
+                "capture",
+                "flows",
+                "flows",
+                "flows",
+                "json",
+                "upgrade",
+                "caps",
+                "overlaps",
+                "ints",
+                "ints",
+            )
         ),
         seed=st.integers(0, 10_000),
         ops=MUTATIONS,
@@ -744,6 +1035,10 @@ def campaign(
                 k = seed % len(corpus.segments)
                 data = repr(oplan).encode() + b"\n" + corpus.captures[k]
                 run_overlaps(corpus.segments[k], corpus.baselines[k], oplan)
+            elif kind == "ints":
+                x = corpus.exchanges[seed % len(corpus.exchanges)]
+                data = f"{x.path}\n{x.request}\n" + "\n".join(x.items)
+                run_ints(ints, x, which, every=len(cuts) == 6, request=len(cuts) == 1)
             else:
                 item = corpus.items[seed % len(corpus.items)]
                 data = mutate(item.encode(), ops).decode("utf-8", "replace")
@@ -766,6 +1061,7 @@ def campaign(
     finally:
         if use_alarm:
             signal.signal(signal.SIGALRM, old)
+        ints.close()
         for f in Path(tmpdir).iterdir():
             f.unlink()
         os.rmdir(tmpdir)

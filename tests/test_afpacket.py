@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -253,6 +254,94 @@ def test_every_payload_byte_once(host: str, backend: str) -> None:
         truncated=0,
     )
     assert stats.bytes > len(conv.sent_c2s) + len(conv.sent_s2c)
+
+
+def test_finish_returns_what_no_poll_has_returned_yet(backend: str) -> None:
+    """At a stop the capture thread polls no more; ``finish`` reads what the
+    kernel still holds: here a whole conversation still in the ring's open
+    block (its timeout is long) or in the socket's queue, never polled. Without
+    it the last packets before a stop were lost (issue #24: a live test's last
+    streams stored truncated under load)."""
+    srv = free_listener("127.0.0.1")
+    port = srv.getsockname()[1]
+    src = open_source(port, backend, block_timeout_ms=400)
+    try:
+        with srv:
+            conv = converse(srv, MESSAGES)
+        items = src.finish()
+        assert fins_both_ways(port)(items)
+        assert src.finish() == []  # nothing twice
+    finally:
+        src.close()
+    segs = segments(items)
+    check_stream(segs, conv.client, ("127.0.0.1", port), conv.sent_c2s, conv.retrans_c2s)
+    check_stream(segs, ("127.0.0.1", port), conv.client, conv.sent_s2c, conv.retrans_s2c)
+    assert src.finish() == []  # closed: nothing, no error
+
+
+def test_a_stopped_daemon_stores_the_packets_still_in_the_ring(tmp_path: Path) -> None:
+    """The daemon, capturing on ``lo`` through a ring whose blocks are handed
+    over 2 s after their first packet (or when full), is stopped right after
+    an SSE exchange: its packets are all still in the open block, never
+    polled. The stop reads them (``finish``): the stream is stored complete,
+    not lost (before, a stop under load lost a stream's last packets)."""
+    import io
+    import json
+    import sqlite3
+    import threading
+
+    from sniffer.runtime.config import Config
+    from sniffer.runtime.daemon import Daemon
+    from sniffer.runtime.log import Log
+    from sniffer.runtime.notify import Notifier
+
+    srv = free_listener("127.0.0.1")
+    port = srv.getsockname()[1]
+    db = str(tmp_path / "ring.db")
+    cfg = Config(database=db, ports=(port,), flush_interval=0.05)
+    d = Daemon(
+        cfg,
+        log=Log("debug", io.StringIO()),
+        source_factory=lambda _cfg, _ids: AfPacketSource(
+            "lo", (port,), ring_blocks=8, block_size=1 << 20, block_timeout_ms=2000
+        ),
+        notifier=Notifier({}),
+        install_signals=False,
+    )
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(d.run()), daemon=True)
+    runner.start()
+    assert d.started.wait(30)
+    body = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+    events = [
+        {"choices": [{"index": 0, "delta": {"content": "ring"}}]},
+        {"choices": [{"index": 0, "delta": {"content": " kept"}, "finish_reason": "stop"}]},
+    ]
+    sse = b"".join(b"data: %s\n\n" % json.dumps(e).encode() for e in events)
+    sse += b"data: [DONE]\n\n"
+    with srv:
+        converse(
+            srv,
+            [
+                (
+                    True,
+                    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body),
+                ),
+                (
+                    False,
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(sse), sse),
+                ),
+            ],
+        )
+    d.request_stop()  # before the ring's block is handed over
+    runner.join(60)
+    assert codes == [0]
+    with sqlite3.connect(db) as c:
+        assert c.execute("select state from streams").fetchall() == [("complete",)]
+        texts = c.execute("select text from chunks where chunk_index > 0 order by seq")
+        assert "".join(t for (t,) in texts) == "ring kept"
 
 
 def test_all_ports_and_several_ports(backend: str) -> None:

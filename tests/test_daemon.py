@@ -326,6 +326,68 @@ def test_rows_are_written_before_stop(tmp_path: Path) -> None:
     assert r.stop() == 0
 
 
+BIG_INT = ROOT / "pcaps" / "faults" / "sec_big_int.pcap"
+BIG_INT_EXPECTED = json.loads(BIG_INT.with_suffix(".expected.json").read_text())
+
+
+def test_integers_past_the_columns_cost_their_rows_only(tmp_path: Path) -> None:
+    """Issue #24: one integer >= 2^63 from a server made the sidecar exit
+    ("Python int too large to convert to C long"). Live, from the capture with
+    such integers on one connection and a canary stream on another: every
+    stream is stored, each bad item is an error row, the daemon keeps running
+    and stops with 0. A row that still reaches the writer with an integer wider
+    than its column (injected here by a transform) is refused alone: an error
+    row and a log line, not the end of the batch."""
+    segments = list(read_capture(BIG_INT))
+    src = FakeSource(segments, per=3)
+    log = io.StringIO()
+    db = str(tmp_path / "d.db")
+    config = Config(database=db, ports=(BIG_INT_EXPECTED["server_port"],), flush_interval=0.05)
+    d = Daemon(
+        config,
+        log=Log("debug", log),
+        source_factory=lambda _cfg, _base: src,
+        notifier=Notifier({}),
+        install_signals=False,
+    )
+    injected: list[int] = []
+
+    def inject(events: list[StoreEvent]) -> list[StoreEvent]:
+        chunks = [e for e in events if isinstance(e, ChunkEvent)]
+        if chunks and not injected:
+            injected.append(chunks[0].stream)
+            bad = ChunkEvent(chunks[0].stream, chunks[0].ts, 10_000, 2**63, 1, "content", "x")
+            return [*events, bad]
+        return events
+
+    d.chain.transforms.append(inject)
+    r = start(d)
+    assert src.exhausted.wait(30)
+    assert wait_for(lambda: d.stats.items >= len(segments))
+    closed = "select id from streams where closed_at is not null"
+    assert wait_for(lambda: len(rows(db, closed)) == 5)
+    assert r.thread.is_alive()  # still capturing
+    assert r.stop() == 0
+    texts = {
+        (int(client.rsplit(":", 1)[1]), exchange): text
+        for client, exchange, text in rows(
+            db,
+            "select client, exchange, group_concat(text, '') from "
+            "(select s.client, s.exchange, s.id, c.text from streams s join chunks c "
+            "on c.stream_id = s.id where c.chunk_index > 0 order by s.id, c.seq) group by id",
+        )
+    }
+    for want in BIG_INT_EXPECTED["streams"]:
+        key = (want["client_port"], want["exchange"])
+        assert texts.get(key, "") == want["choices"]["0"]["text"], key
+    kinds = [k for (k,) in rows(db, "select kind from errors order by id")]
+    assert kinds.count("invalid") == 4 and kinds.count("out-of-range") == 1
+    assert kinds.count("row-rejected") == 1
+    assert rows(db, "select stream_id from errors where kind='row-rejected'") == [(injected[0],)]
+    assert "event=store-rejected rows=1" in log.getvalue()
+    assert "store_rejected=1" in log.getvalue()
+
+
 def test_overload_drops_batches_counts_them_and_marks_gaps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -235,6 +235,53 @@ def test_older_code_refuses_a_newer_schema(db_url: str, tmp_path: Path) -> None:
         assert "newer than this sparseety" in lines[0] and "upgrade sparseety" in lines[0]
 
 
+def test_no_background_worker_runs_against_a_refused_schema(tmp_path: Path) -> None:
+    """The one-line refusal of a newer schema was followed, in 5 of 6 runs under
+    load, by a ``tokens-failed`` line: ``attach_features`` started the token
+    worker before the daemon opened (and refused) the database, and its first
+    pass, 0.5 s later, opened it too. The workers start once the daemon has
+    opened the database and the capture is active: a refused database starts
+    none, whatever the timing."""
+    import io
+
+    from sniffer.runtime.config import Config
+    from sniffer.runtime.daemon import Daemon
+    from sniffer.runtime.features import attach_features
+    from sniffer.runtime.log import Log
+    from sniffer.runtime.notify import Notifier
+
+    url = f"sqlite:///{tmp_path / 'newer.db'}"
+    engine = make_engine(url)
+    migrate(engine, script_location=newer_migrations(tmp_path))
+    engine.dispose()
+    with pytest.raises(SchemaTooNew):
+        make_engine(url)
+    opened: list[int] = []
+
+    class Source:
+        def open(self) -> None:
+            opened.append(1)
+
+    log = io.StringIO()
+    cfg = Config(database=url, ports=(9,), metrics=False)
+    d = Daemon(
+        cfg,
+        log=Log("debug", log),
+        source_factory=lambda _cfg, _ids: Source(),
+        notifier=Notifier({}),
+        install_signals=False,
+    )
+    feats = attach_features(d)
+    assert [w.thread.name for w in feats.workers] == ["tokens"]
+    with pytest.raises(SchemaTooNew):
+        d.run()
+    assert not opened
+    assert all(w.thread.ident is None for w in feats.workers)  # never started
+    assert "failed" not in log.getvalue()
+    for hook in d.on_stop:  # stopping workers that never started is a no-op
+        hook()
+
+
 def test_an_upgraded_sidecar_migrates_in_place(db_url: str, tmp_path: Path) -> None:
     """Rows written at this revision survive the next one's migration."""
     from sniffer.runtime.replay import replay

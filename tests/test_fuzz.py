@@ -24,7 +24,15 @@ def test_mutate_keeps_the_capture_header_and_applies_ops() -> None:
 def test_short_campaign_finds_nothing(tmp_path: Path) -> None:
     report = campaign(400, timeout=30.0, out=tmp_path, derandomize=True)
     assert report.cases == 400
-    assert set(report.by_kind) == {"capture", "flows", "json", "upgrade", "caps", "overlaps"}
+    assert set(report.by_kind) == {
+        "capture",
+        "flows",
+        "json",
+        "upgrade",
+        "caps",
+        "overlaps",
+        "ints",
+    }
     assert not report.crashes, report.crashes
     assert report.hangs == 0
 
@@ -84,3 +92,36 @@ def test_the_overlap_oracle_sees_a_changed_copy_and_a_lost_flag() -> None:
             run_overlaps(segs, base, [(0.5, 0.2, 0.5, True)])
     finally:
         mp.undo()
+
+
+def test_ints_cases_catch_an_integer_that_reaches_the_store_unchecked(
+    tmp_path: Path, monkeypatch: object
+) -> None:
+    """The ``ints`` check fails a case whose integer got past a dialect's range
+    (here the chat index check widened to 2^70): stored wider than its column."""
+    import json
+
+    import pytest
+    from fuzz import Crash, IntStore, edge_ints, load_corpus
+
+    import sniffer.llm.dialects.openai as openai
+
+    corpus = load_corpus(ROOT / "pcaps")
+    (x,) = [x for x in corpus.exchanges[:40] if x.path == "/v1/chat/completions"][:1]
+    first = json.loads(x.items[0])
+    assert "index" in first["choices"][0]
+    edited = edge_ints(x.items[0], 0, every=True)
+    assert edited != x.items[0]
+    store = IntStore(str(tmp_path))
+    try:
+        items = [json.dumps({**first, "choices": [{**first["choices"][0], "index": 2**63}]})]
+        store.run(x, items + x.items[1:], x.request)  # the range holds: nothing to report
+        mp = pytest.MonkeyPatch()
+        mp.setattr(openai, "INDEX_MAX", 2**70)
+        try:
+            with pytest.raises(Crash, match=r"refused|wider"):
+                store.run(x, items + x.items[1:], x.request)
+        finally:
+            mp.undo()
+    finally:
+        store.close()

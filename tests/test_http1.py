@@ -438,3 +438,61 @@ def test_a_tcp_anomaly_is_oriented_as_the_roles_settled_and_h2_names_no_exchange
     run([opened(2), c2s(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", conn=2)], h2)
     assert _touched(h2, True, conn=2) is None  # frames interleave the exchanges
     assert _touched(HttpParser(), True, conn=7) is None  # a connection never seen
+
+
+# Chunk extensions (RFC 9112 §7.1.1: ``chunk-size *( ";" ext-name [ "=" ext-val ] )``,
+# ext-val a token or a quoted string, which may hold ";"), on data chunks and on
+# the last chunk, with trailers after it. A decoder without the extension rule
+# turns every such body into an error.
+EXT_BODY = [b'data: {"a": 1}\n\n', b'data: {"b": 22}\n\n', b"data: [DONE]\n\n"]
+EXT_CHUNKED = (
+    b"%x;foo=bar\r\n%s\r\n" % (len(EXT_BODY[0]), EXT_BODY[0])
+    + b'%x;foo="q;x";n=1 \r\n%s\r\n' % (len(EXT_BODY[1]), EXT_BODY[1])
+    + b"%x\r\n%s\r\n" % (len(EXT_BODY[2]), EXT_BODY[2])
+    + b'0;final="yes;really"\r\nx-checksum: abc\r\nx-other: 1\r\n\r\n'
+)
+EXT_CONVERSATION: list[tuple[bool, bytes]] = [
+    (True, REQ),
+    (False, SSE_HEAD + EXT_CHUNKED),
+    # the next exchange on the keep-alive connection: the decoder ended where the body did
+    (True, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"),
+    (False, SSE_HEAD + b"1a;foo=bar\r\n" + b"data: after extensions!!\n\n\r\n" + b"0\r\n\r\n"),
+]
+EXT_EXPECTED = [
+    ("req", 0, "POST", "/v1/chat/completions"),
+    ("end", 0, True, "complete", b"{}"),
+    ("resp", 0, 200, False),
+    ("end", 0, False, "complete", b"".join(EXT_BODY)),
+    ("req", 1, "GET", "/v1/models"),
+    ("end", 1, True, "complete", b""),
+    ("resp", 1, 200, False),
+    ("end", 1, False, "complete", b"data: after extensions!!\n\n"),
+]
+
+
+def test_chunk_extensions_and_trailers_are_skipped() -> None:
+    assert len(b"data: after extensions!!\n\n") == 0x1A
+    whole = run([opened()] + [FlowData(1, 1.0, d, b) for d, b in EXT_CONVERSATION])
+    assert summary(whole) == EXT_EXPECTED
+    assert not [e for e in whole if isinstance(e, HttpError)]
+    # one chunk per read (the decoder's fast path), extension included
+    per_chunk = [opened(), c2s(REQ), s2c(SSE_HEAD)]
+    rest = EXT_CHUNKED
+    while rest:
+        cut = rest.find(b"\r\n", rest.find(b"\r\n") + 2) + 2 if not rest.startswith(b"0") else 0
+        piece, rest = (rest[:cut], rest[cut:]) if cut else (rest, b"")
+        per_chunk.append(s2c(piece))
+    assert summary(run(per_chunk)) == EXT_EXPECTED[:4]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_chunk_extensions_at_any_segmentation(data: st.DataObject) -> None:
+    events: list[FlowEvent] = [opened()]
+    for from_client, payload in EXT_CONVERSATION:
+        cuts = sorted(
+            data.draw(st.lists(st.integers(1, len(payload) - 1), max_size=8, unique=True))
+        )
+        for a, b in zip([0, *cuts], [*cuts, len(payload)], strict=True):
+            events.append(FlowData(1, 1.0, from_client, payload[a:b]))
+    assert summary(run(events)) == EXT_EXPECTED

@@ -254,6 +254,37 @@ def test_a_value_split_anywhere_over_chunks_is_caught(value: str) -> None:
             assert spans and all(text[s:e] for s, e in spans)
 
 
+#: Plain prose: nothing in it to redact.
+_PROSE = "the quick brown fox jumps over the lazy dog and runs away " * 5
+
+
+@pytest.mark.parametrize("value", _VALUES[:2])
+def test_a_value_split_over_the_scan_window_is_caught(value: str) -> None:
+    """A phone number or an e-mail address split over two chunks, after prose
+    of every length up to past the scan window: whenever the window is
+    scanned with only the value's first part in it, that part must be held
+    back (the look-behind) until the rest came, not stored in clear (issue
+    #24: a look-behind of 0 survived the suite, whose texts were shorter than
+    the window)."""
+    r = Redactor()
+    tail = " and more."
+    for n in range(1, len(_PROSE)):
+        prose = _PROSE[:n]
+        whole = r.text(prose + value + tail)
+        assert value not in whole
+        for i in range(1, len(value)):
+            pieces = [prose, value[:i], value[i:], tail]
+            stored, _ = redact_choice_texts(r, pieces)
+            assert "".join(stored) == whole, (n, i)
+            red = StreamRedactor(r)
+            out: list[Any] = []
+            for seq, p in enumerate(pieces):
+                out += red.events([ChunkEvent(1, 0.0, seq, 0, seq + 1, "content", p)])
+            out += red.flush()
+            text = "".join(e.text for e in out if isinstance(e, ChunkEvent))
+            assert text == whole, (n, i)
+
+
 def test_stream_redactor_holds_then_writes_and_fixes_text_len() -> None:
     red = StreamRedactor(Redactor())
     pieces = ["Call ", "138", " 1234", " 5678", " now."]

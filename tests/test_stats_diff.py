@@ -180,6 +180,33 @@ def test_stats_groups_variants_and_fork(db: Db) -> None:
     assert g.distinct == 2 and g.fork_position == len(ids_of("".join(A[:3])))
 
 
+def test_same_text_with_another_finish_reason_is_not_deterministic(db: Db) -> None:
+    """Issue #24: two repeats with the same text, one ended by the model
+    (``stop``), one cut at max_tokens (``length``), are two variants, the second
+    of cause ``finish_only``; diff's modal output counts the finish reason too."""
+    # the first of each side is its minority: the modal output is not the first
+    db.stream("baseline", "p1", A, finish="length")
+    for _ in range(2):
+        db.stream("baseline", "p1", A, finish="stop")
+    db.stream("sparse", "p1", A, finish="stop")
+    for _ in range(2):
+        db.stream("sparse", "p1", A, finish="length")
+    engine = make_engine(db.close())
+    report = stats(engine, registry=REGISTRY)
+    by_label = {g.label: g for g in report.groups}
+    base = by_label["baseline"]
+    assert not base.deterministic and base.distinct == 2 and base.outputs == 3
+    assert [v.count for v in base.variants] == [2, 1]
+    assert [v.cause for v in base.variants] == [None, "finish_only"]
+    assert report.summary["deterministic_groups"] == 0
+    assert report.summary["variant_causes"]["finish_only"] == 2
+    assert "fully deterministic" in format_stats(report)
+    # the modal output of each side is its most frequent (text, finish) pair
+    outs = load_outputs(engine, registry=REGISTRY)
+    (pair,) = compute_diff(outs, "baseline", "sparse", pairing="modal").pairs
+    assert (pair.baseline_finish, pair.candidate_finish) == ("stop", "length")
+
+
 def test_diff_all_and_modal_pairing(db: Db) -> None:
     for _ in range(2):
         db.stream("baseline", "p1", A, ttft=0.1, gap=0.02)

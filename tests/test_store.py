@@ -536,33 +536,152 @@ def test_lone_surrogates_are_replaced_not_fatal() -> None:
     assert queries.list_errors(w.engine)[0]["message"] == "bad \ufffd item"
 
 
-def test_rejected_batch_is_kept_then_discarded() -> None:
-    w = memory_writer()
-    w.write(ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True))
+def _writer_on(where: str, tmp_path: Path, request: pytest.FixtureRequest) -> StoreWriter:
+    """A writer on a SQLite file (the standard library's driver), an in-memory
+    SQLite database (SQLAlchemy) or a fresh PostgreSQL database (COPY)."""
+    if where == "file":
+        w = StoreWriter(str(tmp_path / "w.db"))
+        assert w._lite is not None
+        return w
+    if where == "memory":
+        return memory_writer()
+    return StoreWriter(request.getfixturevalue("fresh_pg_url"))
+
+
+def _bad_rows(stream: int) -> list[StoreEvent]:
+    """Rows no database takes: a chunk whose choice is 2^63 (wider than any
+    integer column: "Python int too large to convert to SQLite INTEGER",
+    PostgreSQL "out of range"), a chunk holding a value no driver binds (a
+    dict), a connection whose id is already stored, and a close whose typed
+    usage holds a count of 2^64."""
+    return [
+        ChunkEvent(stream, T0 + 5, 99, 2**63, 1, "content", "never"),
+        ChunkEvent(stream, T0 + 5, 98, 0, 0, "other", raw={"a": 1}),  # type: ignore[arg-type]
+        ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True),  # duplicate id
+        StreamClosed(
+            stream=stream,
+            ts=T0 + 6,
+            state=StreamState.COMPLETE,
+            reason="x",
+            done_seen=True,
+            gap=False,
+            t_first_content=None,
+            t_last_chunk=None,
+            chunk_count=0,
+            event_count=0,
+            text_len=0,
+            finish_reasons=(),
+            usage=Usage({"prompt_tokens": 2**64}, prompt_tokens=2**64),
+            response_body=None,
+        ),
+    ]
+
+
+@pytest.mark.parametrize("where", ["file", "memory", "pg"])
+def test_refused_rows_become_error_rows_and_the_rest_is_stored(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """One row the database refuses costs that row only: the batch is written
+    in parts, the refused rows become "store" error rows naming their stream,
+    everything else lands (issue #24: one integer >= 2^63 stopped the writer)."""
+    events = realistic_events()
+    w = _writer_on(where, tmp_path, request)
+    assert isinstance(events[1], StreamOpened) and events[1].stream == 1
+    w.write_many(events[:2])  # connection 1 and stream 1, stored before the bad batch
     w.flush()
-    w.write(ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True))  # duplicate id
+    rest = events[2:]
+    bad = _bad_rows(stream=1)
+    w.write_many([bad[3], *rest[:5], bad[0], *rest[5:9], bad[1], *rest[9:], bad[2]])
+    w.flush()  # raises nothing
+    assert w.pending == 0
+    assert w.stats["rejected_rows"] == 4 and w.stats["isolated_batches"] == 1
+    assert w.stats["lost_error_rows"] == 0
+    reference = memory_writer()
+    reference.write_many(events)
+    reference.flush()
+    got, want = dump(w.engine), dump(reference.engine)
+    assert got["connections"] == want["connections"]
+    assert got["streams"] == want["streams"]
+    assert got["chunks"] == want["chunks"]
+    refused = [e for e in got["errors"] if e[1] == "store"]
+    assert got["errors"] == sorted(want["errors"] + refused, key=repr)
+    assert len(refused) == 4
+    assert {e[2] for e in refused} == {"row-rejected"}
+    assert sum(e[3].startswith("chunks row refused") for e in refused) == 2
+    by_part = {e[3].split(" row ")[0]: e for e in refused}
+    assert set(by_part) == {"chunks", "connections", "update stream_close"}
+    assert by_part["chunks"][5] == 1 and by_part["chunks"][0] == T0 + 5
+    assert by_part["connections"][4] == 1
+    assert by_part["update stream_close"][5] == 1
+    w.close()
+
+
+def test_refused_rows_in_an_automatic_flush() -> None:
+    """The flush ``write`` starts at ``batch_size`` rows does the same."""
+    w = memory_writer(batch_size=4)
+    w.write(ChunkEvent(7, T0, 0, 0, 1, "content", "a"))
+    w.write(ChunkEvent(7, T0, 1, 2**63, 1, "content", "b"))
+    w.write(ChunkEvent(7, T0, 2, 0, 2, "content", "c"))
+    w.write(ChunkEvent(7, T0, 3, 0, 3, "content", "d"))  # flushes
+    assert w.pending == 0
+    assert queries.stream_text(w.engine, 7) == {0: "acd"}
+    assert [e["kind"] for e in queries.list_errors(w.engine)] == ["row-rejected"]
+
+
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_database_failure_keeps_the_batch(where: str, tmp_path: Path) -> None:
+    """A database that cannot take writes at all (here a table missing: an
+    OperationalError, as for a locked or unreachable one) is not a bad row: the
+    batch is rolled back and kept (``StoreError``); flush again or discard."""
+    w = memory_writer() if where == "memory" else StoreWriter(str(tmp_path / "k.db"))
     w.write(ChunkEvent(9, T0, 0, 0, 1, "content", "x"))
-    with pytest.raises(StoreError, match=r"UNIQUE.*kept"):
+    w.write(ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True))
+    if w._lite is not None:
+        with w._lite.begin() as tx:
+            tx.exec_driver_sql("ALTER TABLE chunks RENAME TO chunks_away", ())
+    else:
+        with w.engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE chunks RENAME TO chunks_away")
+    with pytest.raises(StoreError, match=r"no such table.*kept"):
         w.flush()
     assert w.pending == 2  # rolled back, kept
-    assert queries.count_rows(w.engine)["chunks"] == 0
+    assert w.stats["rejected_rows"] == 0 and w.stats["failed_flushes"] == 1
     with pytest.raises(StoreError):
+        w.write(ChunkEvent(9, T0, 1, 0, 2, "content", "y"))
         w.flush()
-    assert w.discard() == 2
-    assert w.pending == 0
-    w.write(ChunkEvent(9, T0, 0, 0, 1, "content", "y"))
-    w.flush()
-    assert queries.stream_text(w.engine, 9) == {0: "y"}
-    assert w.stats["failed_flushes"] == 2 and w.stats["discarded_rows"] == 2
+    assert w.discard() == 3
+    assert w.stats["discarded_rows"] == 3
 
 
-def test_automatic_flush_raises_store_error() -> None:
-    w = memory_writer(batch_size=2)
-    w.write(ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True))
+def test_database_failure_while_isolating_keeps_what_is_left(tmp_path: Path) -> None:
+    """The database failing while a refused batch is written in parts: the
+    parts written stay written, the rest (and the error rows of the rows
+    refused so far) stay buffered for the next flush: nothing twice, nothing lost."""
+    w = StoreWriter(str(tmp_path / "i.db"))
+    assert w._lite is not None
+    w.write(ChunkEvent(9, T0, 0, 2**63, 1, "content", "bad"))
+    w.write(ChunkEvent(9, T0, 1, 0, 1, "content", "ok"))
+    w.write(PipelineError(T0, "http", "x", "an error row", stream=9))
+    real = w._write_part
+    calls = {"errors": 0}
+
+    def failing(conn: Any, part: str, items: list[Any], copy: bool = True) -> int:
+        if part == "errors" and calls["errors"] == 0:
+            calls["errors"] += 1
+            raise sqlite3.OperationalError("database is locked")
+        return real(conn, part, items, copy)
+
+    w._write_part = failing  # type: ignore[method-assign]
+    with pytest.raises(StoreError, match="locked"):
+        w.flush()
+    assert w.pending == 2  # the error row, and the refused chunk's error row
+    assert w.stats["rejected_rows"] == 1
     w.flush()
-    w.write(ConnectionOpened(1, T0, ("127.0.0.1", 1), ("127.0.0.1", 2), True))
-    with pytest.raises(StoreError):
-        w.write(ChunkEvent(9, T0, 0, 0, 1, "content", "x"))
+    engine = make_engine(str(tmp_path / "i.db"))
+    assert queries.stream_text(engine, 9) == {0: "ok"}
+    kinds = sorted(e["kind"] for e in queries.list_errors(engine))
+    assert kinds == ["row-rejected", "x"]
+    w.close()
 
 
 def test_endpoint_text() -> None:
@@ -622,7 +741,12 @@ def test_replay_into_postgresql_matches_sqlite(fresh_pg_url: str, tmp_path: Path
     pg_url = fresh_pg_url
     pcaps = Path(__file__).resolve().parent.parent / "pcaps"
     lite = str(tmp_path / "lite.db")
-    for name in ("n2.pcap", "keepalive_3.pcap", "faults/fault_lost.pcap"):
+    for name in (
+        "n2.pcap",
+        "keepalive_3.pcap",
+        "faults/fault_lost.pcap",
+        "faults/sec_big_int.pcap",  # integers past the columns: recorded, not stored
+    ):
         replay(pcaps / name, pg_url)
         replay(pcaps / name, lite)
     pg, sq = make_engine(pg_url), make_engine(lite)
@@ -693,3 +817,42 @@ def test_json_columns(written: StoreWriter) -> None:
     s1 = queries.json_columns(queries.list_streams(written.engine, limit=1)[0])
     assert s1["finish_reasons"] == {"0": "length", "1": "stop"}
     assert s1["usage"]["total_tokens"] == 13
+
+
+def count_errors(db: str) -> int:
+    with sqlite3.connect(db) as c:
+        n: int = c.execute("SELECT count(*) FROM errors").fetchone()[0]
+    return n
+
+
+def test_replay_goes_on_past_a_row_the_database_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replay of the capture with 2^63 as a chat choice index and an Anthropic
+    block index, with the dialects' index range widened (as a dialect that
+    missed the check would): those chunk rows are refused and recorded, the
+    rest of the capture, the canary stream included, is stored and replay
+    succeeds (issue #24: it exited 1 with 0 streams stored)."""
+    import sniffer.llm.dialects._json as dialect_json
+    import sniffer.llm.dialects.openai as openai
+    from sniffer.runtime.replay import replay
+
+    monkeypatch.setattr(openai, "INDEX_MAX", 2**70)
+    monkeypatch.setattr(dialect_json, "INDEX_MAX", 2**70)
+    pcap = Path(__file__).resolve().parent.parent / "pcaps" / "faults" / "sec_big_int.pcap"
+    expected = json.loads(pcap.with_suffix(".expected.json").read_text())
+    db = str(tmp_path / "r.db")
+    result = replay(pcap, db, tokens=None)
+    assert result.streams == 5
+    assert result.errors == count_errors(db)  # the summary counts the error rows
+    engine = make_engine(db)
+    refused = [e for e in queries.list_errors(engine) if e["kind"] == "row-rejected"]
+    # the chat chunk; the Anthropic delta and the finish the message_delta gives its block
+    assert len(refused) == 3 and all(e["stage"] == "store" for e in refused)
+    assert all("OverflowError" in e["message"] for e in refused)
+    rows = queries.list_streams(engine)
+    assert len(rows) == 5
+    canary = next(w for w in expected["streams"] if w["client_port"] == 40106)
+    (row,) = [r for r in rows if r["client"].endswith(":40106")]
+    assert row["state"] == "complete"
+    assert queries.stream_text(engine, row["id"]) == {0: canary["choices"]["0"]["text"]}

@@ -81,6 +81,9 @@ _ETHERNET_LIKE = frozenset((ARPHRD_ETHER, ARPHRD_LOOPBACK))
 STATS_INTERVAL = 0.5
 #: Most frames one poll() returns with the recv backend.
 RECV_BATCH = 8192
+#: ``finish`` waits this much past the block timeout for the kernel to hand
+#: over the last block (its timer is not exact to the millisecond)
+FINISH_MARGIN_MS = 10
 #: Receive buffer of the recv backend: the largest frame lo or a GRO NIC makes.
 RECV_BUFSIZE = 1 << 18
 
@@ -501,9 +504,25 @@ class AfPacketSource:
     # ------------------------------------------------------------------ teardown
 
     def finish(self) -> list[Segment | CaptureGap]:
-        """Nothing: the ring holds no state between polls (part of the ``Source``
-        protocol; the eBPF source returns its open connections' ends here)."""
-        return []
+        """At a stop, what the kernel captured that no poll has returned yet:
+        the last moments before the stop (part of the ``Source`` protocol; the
+        eBPF source returns its open connections' ends here). A TPACKET_V3
+        block is handed over when full or ``block_timeout_ms`` after its first
+        packet, and a capture thread told to stop ends without polling again,
+        so the packets of the last streams may still be in the ring (or the
+        socket's queue): read until a wait of one block timeout brings nothing
+        (at most the ring's size in polls). Call it from one thread, once the
+        capture thread has stopped."""
+        if self._sock is None:
+            return []
+        out: list[Segment | CaptureGap] = []
+        wait = (self._block_timeout_ms + FINISH_MARGIN_MS) / 1000 if self._mm is not None else 0.0
+        for _ in range(self._ring_blocks + 2):
+            batch = self.poll(wait)
+            if not batch:
+                break
+            out += batch
+        return out
 
     def close(self) -> None:
         """Unmap the ring and close the socket. Safe to call more than once."""

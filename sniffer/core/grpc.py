@@ -600,7 +600,9 @@ class GrpcSplitter:
         if status is None or call.status_seen:
             return
         call.status_seen = True
-        code = int(status) if status.strip().isdigit() else 2
+        digits = status.strip()
+        # a status code is a small number (0-16); anything else is UNKNOWN (2)
+        code = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 9 else 2
         if not call.kserve:
             # The call's end, as the last NDJSON line (grpc.raw: DONE or ERROR).
             end = {"grpc_status": code, "grpc_message": _header(headers, "grpc-message") or ""}

@@ -539,11 +539,11 @@ class H2Conn:
                 hdrs = (("host", pseudo[":authority"]), *hdrs)
             out.append(HttpRequest(self.conn, s.exchange, ts, method, target, "2", hdrs))
         else:
-            try:
-                status = int(pseudo.get(":status", ""))
-            except ValueError:
+            code = pseudo.get(":status", "")
+            if len(code) != 3 or not code.isascii() or not code.isdigit():  # RFC 9113 §8.3.2
                 self._broken(s, from_client, ts, "response without a valid :status", out)
                 return
+            status = int(code)
             info = 100 <= status < 200
             if not info:
                 side.heads = 1

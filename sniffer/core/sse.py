@@ -39,6 +39,10 @@ __all__ = ["DEFAULT_MAX_LINE", "NdjsonDecoder", "SseDecoder", "SseEvent"]
 
 #: Longest line (in decoded characters, line end excluded) a decoder keeps.
 DEFAULT_MAX_LINE = 8 * 1024 * 1024
+#: A ``retry:`` value longer than this (a reconnection time past 31 years of
+#: milliseconds) is ignored: Python refuses to convert a number of more than
+#: 4300 digits, and nothing reads one that large.
+MAX_RETRY_DIGITS = 12
 
 _BOM = "\ufeff"
 
@@ -330,7 +334,12 @@ class SseDecoder(_LineDecoder):
         elif name == "id":
             if "\0" not in value:
                 self.last_event_id = value
-        elif name == "retry" and value.isascii() and value.isdigit():
+        elif (
+            name == "retry"
+            and len(value) <= MAX_RETRY_DIGITS
+            and value.isascii()
+            and value.isdigit()
+        ):
             self._retry = self.retry = int(value)
         # other field names are ignored
 

@@ -710,6 +710,19 @@ class StreamAssembler:
                 comm=opened.comm if opened else None,
             )
         )
+        if summary.out_of_range:  # left out of the row: an integer wider than its column
+            self._count_error("streams")
+            fields = ", ".join(summary.out_of_range)
+            out.append(
+                PipelineError(
+                    req.ts if req else 0.0,
+                    "streams",
+                    "out-of-range",
+                    f"request: {fields}: an integer out of range, not stored",
+                    x.conn,
+                    x.stream,
+                )
+            )
 
     def _request_cut(
         self, x: _Exchange, ts: float, out: list[StoreEvent], summary: RequestSummary | None

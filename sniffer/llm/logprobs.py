@@ -27,6 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sniffer.llm.values import TOKEN_ID_RANGE, in_range
+
 __all__ = ["Alternative", "TokenLogprob", "output_logprobs", "parse_logprobs", "token_starts"]
 
 
@@ -95,7 +97,7 @@ def _openai_item(item: Any) -> TokenLogprob | None:
     text = item.get("token", item.get("text"))
     raw = _raw(item.get("bytes"))
     tid = item.get("id")
-    tid = tid if isinstance(tid, int) and not isinstance(tid, bool) else None
+    tid = tid if in_range(tid, TOKEN_ID_RANGE) else None
     if not isinstance(text, str):
         if raw is None:
             return None

@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 if TYPE_CHECKING:  # imported where used: a command that loads no tokenizer skips it
     from tokenizers import Encoding, Tokenizer
 
-from sniffer.llm.values import Usage
+from sniffer.llm.values import TOKEN_ID_RANGE, Usage, in_range
 
 __all__ = [
     "DEFAULT_NAME",
@@ -113,7 +113,7 @@ MAX_ANOMALIES_PER_KIND = 32
 
 _STREAM = -1  # Anomaly.choice for stream-level anomalies (dialects.base.STREAM_LEVEL)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
-_TOKEN_ID_TEXT = re.compile(r"^token_id:(\d+)$")
+_TOKEN_ID_TEXT = re.compile(r"^token_id:(\d{1,12})$")
 
 
 class TokenizerLoadError(Exception):
@@ -280,7 +280,8 @@ class LoadedTokenizer:
             return tok.id
         m = _TOKEN_ID_TEXT.match(tok.text)
         if m:
-            return int(m.group(1))
+            tid = int(m.group(1))
+            return tid if in_range(tid, TOKEN_ID_RANGE) else None
         raw = tok.raw if tok.raw is not None else tok.text.encode("utf-8", "surrogatepass")
         if self.byte_level:
             i = self._tok.token_to_id(_bytes_to_byte_level(raw))
@@ -1019,12 +1020,12 @@ def _server_token(item: Any) -> ServerToken | None:
     if isinstance(item, str):
         return ServerToken(item)
     if _is_int(item):
-        return ServerToken(f"token_id:{item}", item)
+        return ServerToken(f"token_id:{item}", item) if in_range(item, TOKEN_ID_RANGE) else None
     if not isinstance(item, dict):
         return None
     text = item.get("token", item.get("text"))
     tid = item.get("id", item.get("token_id"))
-    tid = tid if _is_int(tid) else None
+    tid = tid if in_range(tid, TOKEN_ID_RANGE) else None
     raw_list = item.get("bytes")
     raw: bytes | None = None
     if isinstance(raw_list, list) and all(_is_int(b) and 0 <= b < 256 for b in raw_list):

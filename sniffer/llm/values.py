@@ -22,32 +22,117 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = [
+    "COUNT_RANGE",
     "EMPTY_REQUEST",
+    "INDEX_MAX",
+    "INDEX_RANGE",
+    "INT32_MAX",
+    "INT32_MIN",
+    "INT64_MAX",
+    "INT64_MIN",
     "MAX_USAGE_DEPTH",
+    "REQUEST_RANGES",
+    "TOKEN_ID_RANGE",
     "UNREAD",
+    "OutOfRange",
     "RequestSummary",
     "Usage",
     "as_bool",
     "as_float",
     "as_int",
     "as_str",
+    "check_int",
+    "in_range",
     "request_fields",
     "scan_request",
 ]
 
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
+# ---------------------------------------------------------------------------
+# the range of every integer that comes off the wire
+# ---------------------------------------------------------------------------
 
-# ---------------------------------------------------------------------------
-# coercion of untrusted JSON values
-# ---------------------------------------------------------------------------
+#: The widths of the store's integer columns (``sniffer.store.models``):
+#: ``Integer`` is 32-bit signed on PostgreSQL, ``BigInteger`` (and every SQLite
+#: INTEGER) 64-bit signed. A driver refuses a Python integer wider than its
+#: column (``OverflowError``, "integer out of range").
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+#: An integer read off the wire is held to the range of the column it lands
+#: in before it becomes a typed value; out of range, the item it came in is
+#: bad input (recorded with an error on its stream), never a number clamped
+#: into range. A choice, content block or output index: ``chunks.choice``
+#: (``Integer``), never negative (-1 is ``STREAM_LEVEL``).
+INDEX_MAX = INT32_MAX
+INDEX_RANGE = (0, INDEX_MAX)
+#: A count a server reports (usage tokens, cached tokens, Ollama's nanosecond
+#: durations): ``streams.prompt_tokens`` / ``completion_tokens`` (``BigInteger``).
+COUNT_RANGE = (0, INT64_MAX)
+#: A token id (logprobs, TGI tokens, a prompt of ids): the tokenizers' ids are
+#: 32-bit unsigned; kept inside JSON text, compared with the tokenizer's.
+TOKEN_ID_RANGE = (0, 2**32 - 1)
+#: The request fields :class:`RequestSummary` types, by the column they land
+#: in (``streams.n`` is ``Integer``; ``max_tokens`` and ``seed`` ``BigInteger``;
+#: the others have no column: the 64-bit integers of OTLP attributes).
+REQUEST_RANGES: dict[str, tuple[int, int]] = {
+    "n": (INT32_MIN, INT32_MAX),
+    "max_tokens": (INT64_MIN, INT64_MAX),
+    "max_completion_tokens": (INT64_MIN, INT64_MAX),
+    "max_output_tokens": (INT64_MIN, INT64_MAX),
+    "seed": (INT64_MIN, INT64_MAX),
+    "top_k": (INT64_MIN, INT64_MAX),
+    "top_logprobs": (INT64_MIN, INT64_MAX),
+    "logprobs": (INT64_MIN, INT64_MAX),
+    "prompt_len": (INT32_MIN, INT32_MAX),
+}
+
+
+class OutOfRange(ValueError):
+    """A JSON integer outside the range of what it is (:func:`check_int`)."""
+
+
+def in_range(value: Any, bounds: tuple[int, int]) -> bool:
+    """``value`` is a JSON integer (not a bool) within ``bounds`` (inclusive)."""
+    return type(value) is int and bounds[0] <= value <= bounds[1]
+
+
+def _shown(value: int | float) -> str:
+    text = str(value)
+    return text if len(text) <= 30 else f"{text[:12]}… ({len(text)} digits)"
+
+
+def check_int(value: Any, bounds: tuple[int, int], where: str) -> int | None:
+    """``value`` when it is a JSON integer within ``bounds``; None when it is
+    not an integer at all (a string, a bool, null, a float within the bounds:
+    the caller decides what that means); raises :class:`OutOfRange` for a
+    number outside them: an integer, or a float (infinity from ``1e400``, and
+    an integer too wide for the fast JSON parser, which reads one past 64 bits
+    as a float).
+
+    >>> check_int(3, INDEX_RANGE, "index"), check_int("3", INDEX_RANGE, "index")
+    (3, None)
+    >>> check_int(2**63, INDEX_RANGE, "index")
+    Traceback (most recent call last):
+    ...
+    sniffer.llm.values.OutOfRange: index is 9223372036854775808, out of range [0, 2147483647]
+    """
+    t = type(value)
+    if t is int:
+        if bounds[0] <= value <= bounds[1]:
+            return value
+    elif t is not float or bounds[0] <= value <= bounds[1]:
+        return None
+    lo, hi = bounds
+    raise OutOfRange(f"{where} is {_shown(value)}, out of range [{lo}, {hi}]")
 
 
 def as_int(value: Any) -> int | None:
     """``value`` when it is a JSON integer that fits a 64-bit column (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int):
         return None
-    return value if _INT64_MIN <= value <= _INT64_MAX else None
+    return value if INT64_MIN <= value <= INT64_MAX else None
 
 
 def as_float(value: Any) -> float | None:
@@ -90,6 +175,29 @@ COMPLETION_KEYS = ("completion_tokens", "output_tokens", "eval_count")
 #: prefix the server had cached, so the token check does not compare them with
 #: its own counts (:meth:`Usage.tokenizer_counts`).
 EVAL_COUNTERS = frozenset({"prompt_eval_count", "eval_count"})
+#: Other counts of a usage object, checked (:data:`COUNT_RANGE`) though not
+#: typed: the totals and the cache counts of OpenAI (in ``*_details``) and
+#: Anthropic (top level).
+OTHER_COUNT_KEYS = ("total_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+DETAIL_KEYS = (
+    "prompt_tokens_details",
+    "completion_tokens_details",
+    "input_tokens_details",
+    "output_tokens_details",
+)
+
+
+def _counts(
+    obj: dict[str, Any], keys: tuple[str, ...], where: str
+) -> tuple[int | None, str | None]:
+    """The first of ``keys`` that holds an integer count, and its key; raises
+    :class:`OutOfRange` for a count outside :data:`COUNT_RANGE` under any of them."""
+    found: tuple[int | None, str | None] = (None, None)
+    for key in keys:
+        value = check_int(obj.get(key), COUNT_RANGE, f"{where}.{key}")
+        if value is not None and found[0] is None:
+            found = (value, key)
+    return found
 
 
 #: A usage object nested deeper than this is bad input (the store could not
@@ -140,16 +248,24 @@ class Usage:
     @classmethod
     def parse(cls, obj: Any) -> Usage | None:
         """The usage in a parsed JSON value; None for JSON ``null`` (no usage).
-        Raises ``ValueError`` for an object nested absurdly deep (bad input:
-        the dialect records it as an INVALID item)."""
+        Raises ``ValueError`` for an object nested absurdly deep, and
+        :class:`OutOfRange` for a count (tokens, cached tokens, the totals) that
+        is an integer outside :data:`COUNT_RANGE` (bad input: the dialect
+        records it as an INVALID item)."""
         if obj is None:
             return None
         if _too_deep(obj):
             raise ValueError(f"usage nests deeper than {MAX_USAGE_DEPTH} levels")
         if type(obj) is not dict:
             return cls(obj)
-        prompt, pkey = _first_int(obj, PROMPT_KEYS)
-        completion, ckey = _first_int(obj, COMPLETION_KEYS)
+        prompt, pkey = _counts(obj, PROMPT_KEYS, "usage")
+        completion, ckey = _counts(obj, COMPLETION_KEYS, "usage")
+        _counts(obj, OTHER_COUNT_KEYS, "usage")  # checked; total_tokens is typed below
+        for key in DETAIL_KEYS:  # reasoning, cached, audio, prediction tokens
+            detail = obj.get(key)
+            if type(detail) is dict:
+                for name, value in detail.items():
+                    check_int(value, COUNT_RANGE, f"usage.{key}.{name}")
         details = obj.get("completion_tokens_details") or obj.get("output_tokens_details")
         reasoning = as_int(details.get("reasoning_tokens")) if isinstance(details, dict) else None
         return cls(obj, prompt, completion, reasoning, as_int(obj.get("total_tokens")), pkey, ckey)
@@ -318,7 +434,8 @@ class RequestSummary:
     """What the store and the exporters use of an LLM request, typed once.
 
     Every field is None when the request did not send it with a usable type
-    (a string ``temperature``, an integer beyond 64 bits, …). ``max_tokens``
+    (a string ``temperature``, …) or sent an integer outside the field's range
+    (:data:`REQUEST_RANGES`: then its name is in ``out_of_range``). ``max_tokens``
     is the first integer of ``max_tokens``, ``max_completion_tokens`` and
     ``max_output_tokens`` (TGI's ``max_new_tokens`` and Ollama's
     ``num_predict`` count as ``max_tokens``); ``include_usage`` is
@@ -341,6 +458,9 @@ class RequestSummary:
     top_logprobs: int | None = None
     prompt_len: int | None = None
     include_usage: bool = False
+    #: the fields that were integers outside their range (:data:`REQUEST_RANGES`),
+    #: left None: the streams stage records an error for them
+    out_of_range: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, body: Any) -> RequestSummary:
@@ -349,7 +469,26 @@ class RequestSummary:
         f = request_fields(body)
         if not f:
             return EMPTY_REQUEST
-        max_tokens, _ = _first_int(f, ("max_tokens", "max_completion_tokens", "max_output_tokens"))
+        bad: list[str] = []
+
+        def integer(key: str) -> int | None:
+            value = f.get(key)
+            if type(value) is not int:
+                return None
+            lo, hi = REQUEST_RANGES[key]
+            if lo <= value <= hi:
+                return value
+            bad.append(key)
+            return None
+
+        max_tokens = next(
+            (
+                v
+                for v in map(integer, ("max_tokens", "max_completion_tokens", "max_output_tokens"))
+                if v is not None
+            ),
+            None,
+        )
         logprobs = f.get("logprobs")
         so = f.get("stream_options")
         return cls(
@@ -357,14 +496,15 @@ class RequestSummary:
             stream=as_bool(f.get("stream")),
             temperature=as_float(f.get("temperature")),
             top_p=as_float(f.get("top_p")),
-            top_k=as_int(f.get("top_k")),
+            top_k=integer("top_k"),
             max_tokens=max_tokens,
-            n=as_int(f.get("n")),
-            seed=as_int(f.get("seed")),
-            logprobs=logprobs if isinstance(logprobs, bool) else as_int(logprobs),
-            top_logprobs=as_int(f.get("top_logprobs")),
-            prompt_len=as_int(f.get("prompt_len")),
+            n=integer("n"),
+            seed=integer("seed"),
+            logprobs=logprobs if isinstance(logprobs, bool) else integer("logprobs"),
+            top_logprobs=integer("top_logprobs"),
+            prompt_len=integer("prompt_len"),
             include_usage=isinstance(so, dict) and so.get("include_usage") is True,
+            out_of_range=tuple(bad),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -372,6 +512,8 @@ class RequestSummary:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         if not self.include_usage:
             del out["include_usage"]
+        if not self.out_of_range:
+            del out["out_of_range"]
         return {k: v for k, v in out.items() if v is not None}
 
     def __repr__(self) -> str:

@@ -315,7 +315,9 @@ class DiffReport:
 
 
 def _seq_key(o: Output) -> Any:
-    return (o.text, o.server_ids)
+    """An output's text, server ids and finish reason: the modal output is the
+    most frequent of these (finish reasons count, as in ``stats``'s variants)."""
+    return (o.text, o.server_ids, o.finish_reason)
 
 
 def _modal(outs: Sequence[Output]) -> Output:

@@ -439,6 +439,15 @@ def _fork_text(o: Output, pos: int) -> str:
     return tok.decode(o.ids[pos : pos + 12])[:40]
 
 
+def variant_key(o: Output) -> tuple[Any, ...]:
+    """What makes two outputs of one prompt the same variant: their tokens (the
+    text when they are not tokenized) and their finish reason. The same text
+    cut by ``max_tokens`` (``length``) and ended by the model (``stop``) are two
+    behaviours, not one repeated (issue #24); ``diff`` picks its modal output
+    by the same rule."""
+    return (o.ids if o.tokenizer is not None else o.text, o.finish_reason)
+
+
 def compute_stats(outputs: Sequence[Output], *, near_tie_margin: float = 0.5) -> StatsReport:
     """Group outputs by fingerprint (with label and model) and measure their
     stability. Sampled-out outputs (no text kept) are counted, not grouped.
@@ -460,11 +469,11 @@ def compute_stats(outputs: Sequence[Output], *, near_tie_margin: float = 0.5) ->
         if len(members) < 2:
             singletons += 1
             continue
-        counts = Counter(o.ids if o.tokenizer is not None else o.text for o in members)
+        counts = Counter(variant_key(o) for o in members)
         firsts: dict[Any, Output] = {}
         sids: dict[Any, list[int]] = {}
         for o in members:
-            k = o.ids if o.tokenizer is not None else o.text
+            k = variant_key(o)
             firsts.setdefault(k, o)
             lst = sids.setdefault(k, [])
             if len(lst) < 10 and o.stream_id not in lst:

@@ -140,6 +140,10 @@ class Daemon:
         self.on_tick: list[Callable[[Daemon], None]] = []
         #: called after every writer flush
         self.on_flush: list[Callable[[], None]] = []
+        #: called once capture is active, the database open at this code's schema:
+        #: background work on the database starts here (the token and retention
+        #: workers), so none of it runs against a database ``run`` refuses
+        self.on_start: list[Callable[[], None]] = []
         #: called once at shutdown, after the pipeline flushed, before the writer closes
         self.on_stop: list[Callable[[], None]] = []
         self.stats = DaemonStats()
@@ -239,6 +243,7 @@ class Daemon:
             capture = CaptureThread(source, self._queue, self.stats, log, cfg.backend == "ebpf")
             self._capture = capture
             capture.start()
+            self._hooks(self.on_start)
             # Many short-lived objects per packet and no cycles worth chasing.
             gc.set_threshold(100_000, 50, 100)
             log(
@@ -360,7 +365,7 @@ class Daemon:
         self.stats.store_events += len(events)
         try:
             self.chain.write(events)
-        except StoreError as exc:
+        except Exception as exc:  # StoreError; anything else must not stop the capture
             self._store_failed(exc)
 
     def _chain_failed(self, role: str, name: str, exc: Exception) -> None:
@@ -373,10 +378,14 @@ class Daemon:
             self.log("error", "sink-failed", sink=name, error=error, count=self.stats.sink_errors)
 
     def _store_failed(self, exc: Exception) -> None:
+        """The writer raised: ``StoreError`` (the database cannot take writes; the
+        batch is kept) or, were the writer to fail in a way it does not expect,
+        anything else: logged and counted, and capture goes on."""
         writer = self._writer
         assert writer is not None
         self.stats.store_errors += 1
-        self.log("error", "store-failed", error=str(exc), pending=writer.pending)
+        error = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+        self.log("error", "store-failed", error=error, pending=writer.pending)
         if writer.pending > writer.batch_size * MAX_PENDING_FACTOR:
             dropped = writer.discard()
             self.stats.store_discarded += dropped
@@ -388,9 +397,13 @@ class Daemon:
             return
         try:
             self.chain.flush()
-        except StoreError as exc:
+        except Exception as exc:  # StoreError; anything else must not stop the capture
             self._store_failed(exc)
             return
+        refused = int(writer.stats["rejected_rows"])  # this flush's and earlier automatic ones'
+        if refused > self.stats.store_rejected:
+            self.log("error", "store-rejected", rows=refused - self.stats.store_rejected)
+            self.stats.store_rejected = refused
         self._hooks(self.on_flush)
 
     def _hooks(self, hooks: Sequence[Callable[..., None]], *args: Any) -> None:
@@ -640,8 +653,11 @@ class Daemon:
             if capture.loss.pending:
                 final = capture.loss.marker()
             if drain is None:
-                with contextlib.suppress(Exception):
-                    final += list(capture.source.finish())
+                # packets: what the ring still holds (the last packets before the
+                # stop); not while a stuck capture thread may still poll it
+                if not capture.thread.is_alive():
+                    with contextlib.suppress(Exception):
+                        final += list(capture.source.finish())
             else:
                 # eBPF: the records still in the ring now; the sockets' ends
                 # after the checkpoint (which keeps the streams under way open)
@@ -678,9 +694,10 @@ class Daemon:
         self._clean = True
         try:
             self.chain.close()
-        except StoreError as exc:
+        except Exception as exc:  # StoreError, or anything the writer did not expect
             self.stats.store_errors += 1
-            log("error", "store-failed", error=str(exc), pending=writer.pending)
+            error = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+            log("error", "store-failed", error=error, pending=writer.pending)
             code = code or 1
         s = self.stats
         cap_stats: dict[str, Any] = {}
@@ -701,6 +718,7 @@ class Daemon:
             max_queue=s.max_queue,
             sink_errors=s.sink_errors,
             store_errors=s.store_errors,
+            store_rejected=int(writer.stats["rejected_rows"]),
             streams=writer.stats.get("streams"),
             chunks=writer.stats.get("chunks"),
             exit_code=code,

@@ -124,8 +124,14 @@ def attach_features(d: Daemon) -> Features:
     if cfg.retention_days > 0:
         f.workers.append(retention_worker(cfg, log))
 
-    for w in f.workers:
-        w.start()
+    def start() -> None:
+        # Once the daemon has opened the database at this code's schema (a
+        # newer schema is refused with ONE line, no worker's after it) and
+        # capture is active.
+        for w in f.workers:
+            w.start()
+
+    d.on_start.append(start)
 
     def stop() -> None:
         for w in f.workers:

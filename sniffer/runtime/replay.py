@@ -342,7 +342,10 @@ def _replay_part(
     result.states = dict(st.states)
     result.reassembly = pipe.reassembly_counts()
     result.errors = (
-        sum(st.errors.values()) + pipe.internal_errors + (result.capture_error is not None)
+        sum(st.errors.values())
+        + pipe.internal_errors
+        + (result.capture_error is not None)
+        + int(w.stats["rejected_rows"])  # rows the database refused: error rows too
     )
     return result
 

@@ -21,6 +21,7 @@ class DaemonStats:
     sink_errors: int = 0
     store_errors: int = 0
     store_discarded: int = 0
+    store_rejected: int = 0  # rows the database refused (each stored as an error row)
     reloads: int = 0
     capture_restarts: int = 0
     max_queue: int = 0

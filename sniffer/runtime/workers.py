@@ -94,7 +94,8 @@ class Periodic:
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
-        self.thread.join(timeout)
+        if self.thread.ident is not None:  # started
+            self.thread.join(timeout)
 
     def _call(self) -> None:
         try:

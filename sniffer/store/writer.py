@@ -9,13 +9,18 @@ stream responses, stream closes — each an ``executemany`` of an ``update`` wit
 into that row's insert instead, so it costs nothing; an update for a row written
 by an earlier batch becomes an UPDATE that runs after this batch's inserts.
 
-Failure policy: if the database rejects a batch, the transaction is rolled back,
-the batch is KEPT in the buffers and ``StoreError`` is raised. The caller (the
-daemon) decides: call ``flush`` again later (a locked or unreachable database),
-or ``discard`` the batch (a batch the database will never accept, such as
-duplicate ids). Text the driver cannot encode (lone UTF-16 surrogates from a
-JSON ``\\ud83d`` escape, NUL on PostgreSQL) is not a reason to lose a batch: it
-is replaced by U+FFFD and the batch retried once.
+Failure policy: no row of one exchange stops the writer. If the database as a
+whole cannot take writes (locked, unreachable, a table missing: an
+``OperationalError``), the transaction is rolled back, the batch is KEPT in the
+buffers and ``StoreError`` is raised; the caller (the daemon) calls ``flush``
+again later or ``discard``s the batch. Any other failure is a row the database
+refuses (an integer wider than its column, a duplicate id, a value the driver
+cannot bind): text the driver cannot encode (lone UTF-16 surrogates from a JSON
+``\\ud83d`` escape, NUL on PostgreSQL) is replaced by U+FFFD and the batch
+retried once; then the batch is written in parts, halving a part that fails
+until the refused rows are found, and each refused row becomes an error row
+(stage "store", kind "row-rejected") and a count (``stats["rejected_rows"]``):
+everything else is stored.
 
 Credentials: header lists are filtered again here with the one rule of
 ``sniffer.core.credentials.is_credential_header``, even though the stages upstream
@@ -30,7 +35,9 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +56,7 @@ from sniffer.core.events import (
     StreamResponse,
     StreamState,
 )
-from sniffer.llm.values import Usage
+from sniffer.llm.values import INT64_MAX, INT64_MIN, Usage
 from sniffer.store.files import db_path, ensure_db_file
 from sniffer.store.ids import IdBlocks
 from sniffer.store.lite import (
@@ -360,6 +367,7 @@ def _close_values(ev: StreamClosed) -> dict[str, Any]:
 #: Columns a chunk row fills (the id is the database's), in table order.
 _CHUNK_COLUMNS = tuple(c for c in TABLE_COLUMNS["chunks"] if c != "id")
 _USAGE_AT = _CHUNK_COLUMNS.index("usage")
+_CHUNK_TS_AT = _CHUNK_COLUMNS.index("ts")
 _ERROR_COLUMNS = tuple(c for c in TABLE_COLUMNS["errors"] if c != "id")
 _CONNECTION_COLUMNS = TABLE_COLUMNS["connections"]
 _STREAM_COLUMNS = TABLE_COLUMNS["streams"]
@@ -468,19 +476,20 @@ class StoreWriter:
         ids_db: Engine | SqliteFile = self._lite if self._lite is not None else self.engine
         self.conn_ids = IdBlocks(ids_db, "connections")
         self.stream_ids = IdBlocks(ids_db, "streams")
-        #: errors of a batch the driver cannot encode (cleaned and retried once),
-        #: and of a batch the database rejects
-        self._data_errors: tuple[type[BaseException], ...]
-        self._db_errors: tuple[type[BaseException], ...]
+        #: errors of a batch the driver cannot encode (cleaned and retried
+        #: once), and of a database that cannot take writes at all (the batch
+        #: is kept: ``StoreError``); any other error is a refused row (``_isolate``)
+        self._unencodable: tuple[type[BaseException], ...]
+        self._db_down: tuple[type[BaseException], ...]
         if self._lite is not None:
             import sqlite3
 
             self.dialect_name = "sqlite"
             self.copy = False
-            self._data_errors = (sqlite3.DataError,)
-            self._db_errors = (sqlite3.Error,)
+            self._unencodable = (UnicodeEncodeError, ValueError, sqlite3.DataError)
+            self._db_down = (sqlite3.OperationalError,)
         else:
-            from sqlalchemy.exc import DataError, SQLAlchemyError
+            from sqlalchemy import exc as sa_exc
 
             dialect = self.engine.dialect
             #: the database's dialect ("sqlite", "postgresql")
@@ -488,8 +497,24 @@ class StoreWriter:
             #: COPY for inserts (PostgreSQL through psycopg 3 only)
             self.copy = copy and dialect.name == "postgresql" and dialect.driver == "psycopg"
             dbapi = getattr(dialect, "dbapi", None)
-            self._data_errors = (DataError, getattr(dbapi, "DataError", DataError))
-            self._db_errors = (SQLAlchemyError, getattr(dbapi, "Error", SQLAlchemyError))
+            self._unencodable = (
+                UnicodeEncodeError,
+                ValueError,
+                sa_exc.DataError,
+                getattr(dbapi, "DataError", sa_exc.DataError),
+            )
+            down: list[type[BaseException]] = [
+                sa_exc.OperationalError,
+                sa_exc.DisconnectionError,
+                sa_exc.TimeoutError,
+                getattr(dbapi, "OperationalError", sa_exc.OperationalError),
+            ]
+            if dialect.name != "sqlite":  # sqlite3's InterfaceError is a value it cannot bind
+                down += [
+                    sa_exc.InterfaceError,
+                    getattr(dbapi, "InterfaceError", sa_exc.InterfaceError),
+                ]
+            self._db_down = tuple(down)
         self._conn_rows: dict[int, dict[str, Any]] = {}
         self._stream_rows: dict[int, dict[str, Any]] = {}
         self._chunk_rows: list[tuple[Any, ...]] = []
@@ -514,6 +539,9 @@ class StoreWriter:
             "failed_flushes": 0,
             "cleaned_batches": 0,
             "discarded_rows": 0,
+            "isolated_batches": 0,
+            "rejected_rows": 0,
+            "lost_error_rows": 0,
         }
 
     @property
@@ -669,9 +697,14 @@ class StoreWriter:
         return found
 
     def _insert_many(
-        self, conn: Connection, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
+        self,
+        conn: Connection,
+        table: str,
+        columns: tuple[str, ...],
+        rows: list[tuple[Any, ...]],
+        copy: bool = True,
     ) -> None:
-        if self.copy:
+        if copy and self.copy:
             self._copy_rows(conn, table, columns, rows)
             return
         sql, order = self._compiled(f"insert:{table}", columns)
@@ -724,30 +757,51 @@ class StoreWriter:
         matched = result.rowcount
         return max(0, len(rows) - matched) if matched is not None and matched >= 0 else 0
 
+    def _parts(self) -> list[tuple[str, list[Any]]]:
+        """The batch as ``(part, items)`` in the order a flush writes them: the
+        inserts (connections and streams as ``(id, row)`` pairs, chunk and error
+        tuples), then the updates (bind dicts). ``_set_parts`` is the inverse."""
+        return [
+            ("connections", list(self._conn_rows.items())),
+            ("streams", list(self._stream_rows.items())),
+            ("chunks", self._chunk_rows),
+            ("errors", self._error_rows),
+            ("conn_close", self._conn_closes),
+            ("stream_response", self._stream_responses),
+            ("stream_close", self._stream_closes),
+            ("stream_flags", self._stream_flags),
+        ]
+
+    def _set_parts(self, parts: Iterable[tuple[str, list[Any]]]) -> None:
+        """Make the buffers hold exactly ``parts`` (what a partial flush left)."""
+        got = dict(parts)
+        self._conn_rows = dict(got.get("connections", ()))
+        self._stream_rows = dict(got.get("streams", ()))
+        self._chunk_rows = list(got.get("chunks", ()))
+        self._error_rows = list(got.get("errors", ()))
+        self._conn_closes = list(got.get("conn_close", ()))
+        self._stream_responses = list(got.get("stream_response", ()))
+        self._stream_closes = list(got.get("stream_close", ()))
+        self._stream_flags = list(got.get("stream_flags", ()))
+        self._pending = sum(len(items) for items in got.values())
+
+    def _write_part(self, conn: Connection, part: str, items: list[Any], copy: bool = True) -> int:
+        """Write one part of a batch; returns the updates that matched no row."""
+        if part == "connections" or part == "streams":
+            cols = _CONNECTION_COLUMNS if part == "connections" else _STREAM_COLUMNS
+            rows = [tuple(r[c] for c in cols) for _, r in items]
+            self._insert_many(conn, part, cols, rows, copy)
+        elif part == "chunks":
+            self._insert_many(conn, part, _CHUNK_COLUMNS, items, copy)
+        elif part == "errors":
+            self._insert_many(conn, part, _ERROR_COLUMNS, items, copy)
+        else:
+            return self._update_many(conn, part, items)
+        return 0
+
     def _execute_batch(self, conn: Connection) -> int:
         """Run the batch on ``conn``; returns the number of updates that matched no row."""
-        if self._conn_rows:
-            cols = _CONNECTION_COLUMNS
-            rows = [tuple(r[c] for c in cols) for r in self._conn_rows.values()]
-            self._insert_many(conn, "connections", cols, rows)
-        if self._stream_rows:
-            cols = _STREAM_COLUMNS
-            rows = [tuple(r[c] for c in cols) for r in self._stream_rows.values()]
-            self._insert_many(conn, "streams", cols, rows)
-        if self._chunk_rows:
-            self._insert_many(conn, "chunks", _CHUNK_COLUMNS, self._chunk_rows)
-        if self._error_rows:
-            self._insert_many(conn, "errors", _ERROR_COLUMNS, self._error_rows)
-        unmatched = 0
-        if self._conn_closes:
-            unmatched += self._update_many(conn, "conn_close", self._conn_closes)
-        if self._stream_responses:
-            unmatched += self._update_many(conn, "stream_response", self._stream_responses)
-        if self._stream_closes:
-            unmatched += self._update_many(conn, "stream_close", self._stream_closes)
-        if self._stream_flags:
-            unmatched += self._update_many(conn, "stream_flags", self._stream_flags)
-        return unmatched
+        return sum(self._write_part(conn, part, items) for part, items in self._parts() if items)
 
     def _clean_batch(self) -> None:
         """Replace text the driver cannot encode, in every buffered row."""
@@ -763,52 +817,151 @@ class StoreWriter:
         self._chunk_rows = [_clean_tuple(t) for t in self._chunk_rows]
         self._error_rows = [_clean_tuple(t) for t in self._error_rows]
 
+    def _database_failed(self, exc: BaseException) -> bool:
+        """``exc`` says the database as a whole cannot take writes now (locked,
+        unreachable, a table missing), not that a row is bad."""
+        orig = getattr(exc, "orig", None)
+        return isinstance(exc, self._db_down) or isinstance(orig, self._db_down)
+
     def flush(self) -> None:
         """Write the buffered batch in one transaction (inserts, then updates).
 
-        On a database error the transaction is rolled back, the batch stays
-        buffered, and ``StoreError`` is raised.
+        When the database as a whole fails (locked, unreachable: an
+        ``OperationalError``), the transaction is rolled back, the batch stays
+        buffered, and ``StoreError`` is raised. Any other failure is a row the
+        database refuses (an integer wider than its column, a duplicate id, a
+        value the driver cannot bind, …): text the driver cannot encode is
+        replaced and the batch retried once; then the batch is written in parts
+        (:meth:`_isolate`), every row the database still refuses becomes an
+        error record (stage "store", kind "row-rejected") and is counted in
+        ``stats["rejected_rows"]``, and everything else is stored.
         """
         if self._pending == 0:
             return
         start = time.perf_counter()
-        unencodable: tuple[type[BaseException], ...] = (
-            UnicodeEncodeError,
-            ValueError,
-            *self._data_errors,
-        )
-        retry_failed: tuple[type[BaseException], ...] = (
-            *self._db_errors,
-            UnicodeEncodeError,
-            ValueError,
-        )
+        rejected: dict[str, int] = {}
         try:
             unmatched = self._try_flush()
-        except unencodable:
-            # Text the driver cannot take: replace it and retry once.
-            self._clean_batch()
-            self.stats["cleaned_batches"] += 1
-            try:
-                unmatched = self._try_flush()
-            except retry_failed as exc:
+        except Exception as exc:
+            if self._database_failed(exc):
                 self._failed(exc)
-        except self._db_errors as exc:
-            self._failed(exc)
-        self.stats["connections"] += len(self._conn_rows)
-        self.stats["streams"] += len(self._stream_rows)
-        self.stats["chunks"] += len(self._chunk_rows)
-        self.stats["errors"] += len(self._error_rows)
+            if isinstance(exc, self._unencodable):
+                # Text the driver cannot take: replace it and retry once.
+                self._clean_batch()
+                self.stats["cleaned_batches"] += 1
+                try:
+                    unmatched = self._try_flush()
+                except Exception as again:
+                    if self._database_failed(again):
+                        self._failed(again)
+                    unmatched, rejected = self._isolate()
+            else:
+                unmatched, rejected = self._isolate()
+        self.stats["connections"] += len(self._conn_rows) - rejected.get("connections", 0)
+        self.stats["streams"] += len(self._stream_rows) - rejected.get("streams", 0)
+        self.stats["chunks"] += len(self._chunk_rows) - rejected.get("chunks", 0)
+        self.stats["errors"] += len(self._error_rows) - rejected.get("errors", 0)
         self.stats["updates"] += (
             len(self._conn_closes)
             + len(self._stream_responses)
             + len(self._stream_closes)
             + len(self._stream_flags)
-        )
+        ) - sum(rejected.get(k, 0) for k in _UPDATES)
         self.stats["unmatched_updates"] += unmatched
         self.stats["flushes"] += 1
         self.stats["flush_seconds"] += time.perf_counter() - start
         self._clear()
         self.prefetch_ids()
+
+    def _isolate(self) -> tuple[int, dict[str, int]]:
+        """Write a batch the database refused as a whole in parts, each in its
+        own transaction: a group of rows that fails is halved until the rows it
+        refuses are found one by one (a few dozen transactions for one bad row
+        in thousands). Each refused row becomes an error row (stage "store",
+        kind "row-rejected", naming the table, the row's connection and stream
+        and the database's message). Returns (updates that matched no row,
+        refused rows per part).
+
+        If the database as a whole fails meanwhile, what is not written yet
+        (and the error rows of the rows refused so far) stays buffered and
+        ``StoreError`` is raised, as for a whole batch."""
+        self.stats["isolated_batches"] += 1
+        parts = self._parts()
+        unmatched = 0
+        refused: list[tuple[str, Any, BaseException]] = []
+        for k, (part, items) in enumerate(parts):
+            todo: deque[list[Any]] = deque([items] if items else [])
+            while todo:
+                group = todo.popleft()
+                try:
+                    with self._transaction() as conn:
+                        unmatched += self._write_part(conn, part, group, copy=False)
+                except Exception as exc:
+                    if self._database_failed(exc):
+                        left = [x for g in (group, *todo) for x in g]
+                        remaining = [(part, left), *parts[k + 1 :]]
+                        self._set_parts(remaining)
+                        self._error_rows += [self._refused_row(*r) for r in refused]
+                        self._pending += len(refused)
+                        self.stats["rejected_rows"] += len(refused)
+                        self._failed(exc)
+                    if len(group) == 1:
+                        refused.append((part, group[0], exc))
+                    else:
+                        half = len(group) // 2
+                        todo.extendleft((group[half:], group[:half]))
+        counts: dict[str, int] = {}
+        for part, _, _ in refused:
+            counts[part] = counts.get(part, 0) + 1
+        self.stats["rejected_rows"] += len(refused)
+        if refused:
+            self._write_refused([self._refused_row(*r) for r in refused])
+        return unmatched, counts
+
+    def _refused_row(self, part: str, item: Any, exc: BaseException) -> tuple[Any, ...]:
+        """The error row that records a row the database refused."""
+        ts: Any
+        if part == "connections":
+            conn, stream, ts = item[0], None, item[1]["opened_at"]
+        elif part == "streams":
+            conn, stream, ts = item[1]["connection_id"], item[0], item[1]["t_request"]
+        elif part == "chunks":
+            conn, stream, ts = None, item[0], item[_CHUNK_TS_AT]
+        elif part == "errors":
+            conn, stream, ts = item[4], item[5], item[0]
+        else:
+            conn = item["b_id"] if part == "conn_close" else None
+            stream = None if part == "conn_close" else item["b_id"]
+            ts = item.get("b_closed_at", item.get("b_t_response"))
+        detail = str(getattr(exc, "orig", None) or exc).splitlines()
+        where = part if part not in _UPDATES else f"update {part}"
+        message = f"{where} row refused by the database ({type(exc).__name__}: "
+        message += (detail[0] if detail else "") + ")"
+        ids = tuple(
+            x if type(x) is int and INT64_MIN <= x <= INT64_MAX else None for x in (conn, stream)
+        )
+        ts = ts if type(ts) is float else None
+        return (ts, "store", "row-rejected", _clean_text(message[:1000]), *ids, self.node)
+
+    def _write_refused(self, rows: list[tuple[Any, ...]]) -> None:
+        """Store the error rows of refused rows (one by one if need be; one the
+        database refuses too is counted in ``stats["lost_error_rows"]``)."""
+        try:
+            with self._transaction() as conn:
+                self._write_part(conn, "errors", rows, copy=False)
+            self.stats["errors"] += len(rows)
+            return
+        except Exception:
+            if len(rows) == 1:
+                self.stats["lost_error_rows"] += 1
+                return
+        for row in rows:
+            try:
+                with self._transaction() as conn:
+                    self._write_part(conn, "errors", [row], copy=False)
+                self.stats["errors"] += 1
+            except Exception:
+                self.stats["lost_error_rows"] += 1
 
     def prefetch_ids(self) -> None:
         """Reserve the next id blocks while the current ones are still half full
@@ -818,11 +971,18 @@ class StoreWriter:
         self.conn_ids.prefetch()
         self.stream_ids.prefetch()
 
-    def _try_flush(self) -> int:
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        """One transaction on the database: committed at the end, rolled back if it raises."""
         if self._lite is not None:
             with self._lite.begin() as tx:
-                return self._execute_batch(tx)  # type: ignore[arg-type]  # its exec_driver_sql
+                yield tx  # type: ignore[misc]  # what a flush uses of a Connection: exec_driver_sql
+            return
         with self.engine.begin() as conn:
+            yield conn
+
+    def _try_flush(self) -> int:
+        with self._transaction() as conn:
             return self._execute_batch(conn)
 
     def _failed(self, exc: BaseException) -> None:

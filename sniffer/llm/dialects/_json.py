@@ -1,6 +1,9 @@
 """What the JSON-speaking dialects share: parsing, bad-input deltas, and the
 ``event``/``body`` entry points that turn broken JSON and wrong shapes into
-``INVALID`` deltas instead of exceptions."""
+``INVALID`` deltas instead of exceptions, and the checks every dialect holds
+the integers it reads to (:func:`index_at`, :func:`count_at`,
+:func:`check_token_ids`; the ranges are ``sniffer.llm.values``'): an integer
+out of range makes its item INVALID, never a number clamped into range."""
 
 from __future__ import annotations
 
@@ -9,6 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 from sniffer.llm.dialects.base import ERROR, INVALID, OTHER, STREAM_LEVEL, Delta
+from sniffer.llm.values import (
+    COUNT_RANGE,
+    INDEX_MAX,
+    TOKEN_ID_RANGE,
+    OutOfRange,
+    check_int,
+)
 
 try:  # orjson parses a chat chunk about 3x faster; json is the fallback and the reference
     import orjson as _orjson
@@ -53,6 +63,71 @@ def not_a(where: str, value: Any, expected: str) -> Shape:
     return Shape(f"{where} is a JSON {json_type(value)}, not {expected}")
 
 
+def bad_index(where: str, value: Any) -> Shape:
+    """The error for a choice / block / output index that is not an integer in
+    :data:`~sniffer.llm.values.INDEX_RANGE` (the caller has checked it is not)."""
+    try:
+        check_int(value, (0, INDEX_MAX), where)
+    except OutOfRange as exc:
+        if type(value) is float or value >= 0:  # a float past the range: a too-wide integer
+            return Shape(str(exc))
+    return not_a(where, value, "a non-negative integer")
+
+
+def index_at(obj: dict[str, Any], key: str, where: str, default: Any = None) -> int:
+    """``obj[key]`` (``default`` when absent) as an index; ``Shape`` if it is not one."""
+    value = obj.get(key, default)
+    if type(value) is not int or not 0 <= value <= INDEX_MAX:
+        raise bad_index(where, value)
+    return value
+
+
+def count_at(obj: dict[str, Any], key: str, where: str) -> int | None:
+    """``obj[key]`` when it is an integer count (:data:`~sniffer.llm.values.COUNT_RANGE`);
+    None when absent or not an integer; ``OutOfRange`` outside the range."""
+    return check_int(obj.get(key), COUNT_RANGE, where)
+
+
+def _token_object(item: Any) -> bool:
+    """``item`` is a token object (``{"token"|"text": str, "logprob": number, "id"?}``),
+    not a map of token strings to log-probabilities (OpenAI completions'
+    ``top_logprobs``, where a token may well be spelled ``id``)."""
+    if type(item) is not dict:
+        return False
+    text = item.get("token", item.get("text"))
+    return type(text) is str and type(item.get("logprob")) in (int, float)
+
+
+def check_token_ids(logprobs: Any, where: str) -> None:
+    """Hold the token ids of a logprobs value to :data:`~sniffer.llm.values.TOKEN_ID_RANGE`
+    (``OutOfRange`` otherwise): the ``id``/``token_id`` of each token object
+    (:func:`_token_object`) in a list, in an OpenAI ``content``/``refusal``
+    list, or the value itself (TGI), and of their ``top_logprobs``/``top_tokens``
+    alternatives. Other values pass (kept as JSON text, read by
+    ``sniffer.llm.logprobs``)."""
+    if type(logprobs) is dict:
+        items: Any = [logprobs]
+        for key in ("content", "refusal"):
+            if type(logprobs.get(key)) is list:
+                items = items + logprobs[key]
+    elif type(logprobs) is list:
+        items = logprobs
+    else:
+        return
+    for item in items:
+        if not _token_object(item):
+            continue
+        for key in ("id", "token_id"):
+            check_int(item.get(key), TOKEN_ID_RANGE, f"{where}.{key}")
+        for key in ("top_logprobs", "top_tokens"):
+            alts = item.get(key)
+            if type(alts) is list:
+                for alt in alts:
+                    if _token_object(alt):
+                        for k in ("id", "token_id"):
+                            check_int(alt.get(k), TOKEN_ID_RANGE, f"{where}.{key}.{k}")
+
+
 def json_type(value: Any) -> str:
     return {
         dict: "object",
@@ -70,10 +145,11 @@ def invalid(data: str, message: str) -> list[Delta]:
 
 
 def guarded(fn: Callable[..., list[Delta]], raw: str, *args: Any) -> list[Delta]:
-    """``fn(*args)``, with a wrong shape (or any value error) as an INVALID delta."""
+    """``fn(*args)``, with a wrong shape, an integer out of range (or any value
+    error) as an INVALID delta."""
     try:
         return fn(*args)
-    except Shape as exc:
+    except (Shape, OutOfRange) as exc:
         return invalid(raw, str(exc))
     except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
         return invalid(raw, f"{type(exc).__name__}: {exc}")

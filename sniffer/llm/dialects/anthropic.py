@@ -46,6 +46,7 @@ from typing import Any
 from sniffer.llm.dialects._json import JsonDialect
 from sniffer.llm.dialects._json import dumps as _dumps
 from sniffer.llm.dialects._json import error_message as _error_message
+from sniffer.llm.dialects._json import index_at as _index_at
 from sniffer.llm.dialects._json import not_a as _not
 from sniffer.llm.dialects.base import (
     CONTENT,
@@ -69,10 +70,7 @@ _TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use"})
 
 
 def _block_index(obj: dict[str, Any]) -> int:
-    index = obj.get("index")
-    if type(index) is not int or index < 0:
-        raise _not("index", index, "a non-negative integer")
-    return index
+    return _index_at(obj, "index", "index")
 
 
 def _as_dict(obj: dict[str, Any], key: str) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from sniffer.llm.dialects._json import JsonDialect
+from sniffer.llm.dialects._json import count_at as _count_at
 from sniffer.llm.dialects._json import dumps as _dumps
 from sniffer.llm.dialects._json import error_message as _error_message
 from sniffer.llm.dialects._json import not_a as _not
@@ -49,7 +50,7 @@ from sniffer.llm.dialects.base import (
     TOOL_CALL,
     Delta,
 )
-from sniffer.llm.values import Usage
+from sniffer.llm.values import INDEX_RANGE, Usage, check_int
 
 __all__ = ["TIMING_FIELDS", "OllamaChat", "OllamaGenerate"]
 
@@ -85,8 +86,9 @@ def _tool_calls(calls: Any) -> str | None:
         function = call.get("function")
         if type(function) is not dict:
             raise _not(f"message.tool_calls[{position}].function", function, "an object")
-        index = function.get("index", position)
-        entry: dict[str, Any] = {"index": index if type(index) is int else position}
+        where = f"message.tool_calls[{position}].function.index"
+        index = check_int(function.get("index"), INDEX_RANGE, where)
+        entry: dict[str, Any] = {"index": position if index is None else index}
         if isinstance(call.get("id"), str):
             entry["id"] = call["id"]
         entry["type"] = "function"
@@ -141,6 +143,8 @@ class _OllamaBase(JsonDialect):
             if reason is not None and type(reason) is not str:
                 raise _not("done_reason", reason, "a string")
             finish = reason
+            for k in TIMING_FIELDS:  # counts and nanosecond durations (the counts: Usage)
+                _count_at(obj, k, k)
             timings = {k: obj[k] for k in TIMING_FIELDS if obj.get(k) is not None}
             usage = Usage.parse(timings) if timings else None
         raw: str | None = None

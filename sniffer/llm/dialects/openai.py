@@ -34,6 +34,8 @@ from typing import Any
 
 from sniffer.llm.dialects._json import FastDecodeError as _FastDecodeError
 from sniffer.llm.dialects._json import JsonDialect, Shape
+from sniffer.llm.dialects._json import bad_index as _bad_index
+from sniffer.llm.dialects._json import check_token_ids as _check_token_ids
 from sniffer.llm.dialects._json import dumps as _dumps
 from sniffer.llm.dialects._json import error_message as _error_message
 from sniffer.llm.dialects._json import fast_loads as _fast_loads
@@ -52,7 +54,7 @@ from sniffer.llm.dialects.base import (
     USAGE,
     Delta,
 )
-from sniffer.llm.values import Usage
+from sniffer.llm.values import INDEX_MAX, OutOfRange, Usage
 
 __all__ = ["CHAT", "COMPLETIONS", "OpenAIChat", "OpenAICompletions"]
 
@@ -134,7 +136,7 @@ class _OpenAIBase(JsonDialect):
             self._name(obj)
         try:
             return self._chunk(obj, data, True)
-        except Shape as exc:
+        except (Shape, OutOfRange) as exc:
             return _invalid(data, str(exc))
         except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
             return _invalid(data, f"{type(exc).__name__}: {exc}")
@@ -200,9 +202,18 @@ class _OpenAIBase(JsonDialect):
 
 def _index(choice: dict[str, Any], position: int) -> int:
     index = choice.get("index", position)
-    if type(index) is not int or index < 0:
-        raise _not(f"choices[{position}].index", index, "a non-negative integer")
+    if type(index) is not int or not 0 <= index <= INDEX_MAX:
+        raise _bad_index(f"choices[{position}].index", index)
     return index
+
+
+def _logprobs_text(logprobs: Any, position: int) -> str | None:
+    """The choice's logprobs as JSON text (None for none), its token ids checked."""
+    if logprobs is None:
+        return None
+    _check_token_ids(logprobs, f"choices[{position}].logprobs")
+    text: str = _dumps(logprobs)
+    return text
 
 
 class OpenAIChat(_OpenAIBase):
@@ -216,8 +227,8 @@ class OpenAIChat(_OpenAIBase):
         if type(choice) is not dict:
             raise _not(f"choices[{position}]", choice, "an object")
         index = choice.get("index", position)  # _index(), inlined: one per streamed chunk
-        if type(index) is not int or index < 0:
-            raise _not(f"choices[{position}].index", index, "a non-negative integer")
+        if type(index) is not int or not 0 <= index <= INDEX_MAX:
+            raise _bad_index(f"choices[{position}].index", index)
         key = "delta" if stream else "message"
         msg = choice.get(key)
         if msg is None:
@@ -244,7 +255,7 @@ class OpenAIChat(_OpenAIBase):
         if finish is not None and type(finish) is not str:
             raise _not(f"choices[{position}].finish_reason", finish, "a string")
         logprobs = choice.get("logprobs")
-        logprobs_text: str | None = None if logprobs is None else _dumps(logprobs)
+        logprobs_text = None if logprobs is None else _logprobs_text(logprobs, position)
         raw = None
         if content:
             kind = CONTENT
@@ -295,7 +306,7 @@ class OpenAICompletions(_OpenAIBase):
         if finish is not None and type(finish) is not str:
             raise _not(f"choices[{position}].finish_reason", finish, "a string")
         logprobs = choice.get("logprobs")
-        logprobs_text: str | None = None if logprobs is None else _dumps(logprobs)
+        logprobs_text = None if logprobs is None else _logprobs_text(logprobs, position)
         raw = None
         if text:
             kind = CONTENT

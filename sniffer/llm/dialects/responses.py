@@ -42,8 +42,10 @@ from __future__ import annotations
 from typing import Any
 
 from sniffer.llm.dialects._json import JsonDialect
+from sniffer.llm.dialects._json import check_token_ids as _check_token_ids
 from sniffer.llm.dialects._json import dumps as _dumps
 from sniffer.llm.dialects._json import error_message as _error_message
+from sniffer.llm.dialects._json import index_at as _index_at
 from sniffer.llm.dialects._json import not_a as _not
 from sniffer.llm.dialects.base import (
     CONTENT,
@@ -57,7 +59,7 @@ from sniffer.llm.dialects.base import (
     TOOL_CALL,
     Delta,
 )
-from sniffer.llm.values import Usage
+from sniffer.llm.values import INDEX_RANGE, Usage, check_int
 
 __all__ = ["OpenAIResponses", "responses_finish_reason", "tool_call_delta"]
 
@@ -82,10 +84,7 @@ def responses_finish_reason(response: dict[str, Any], fallback: str | None) -> s
 
 
 def _output_index(obj: dict[str, Any]) -> int:
-    index = obj.get("output_index", 0)
-    if type(index) is not int or index < 0:
-        raise _not("output_index", index, "a non-negative integer")
-    return index
+    return _index_at(obj, "output_index", "output_index", 0)
 
 
 def _string(obj: dict[str, Any], key: str) -> str:
@@ -138,6 +137,7 @@ class OpenAIResponses(JsonDialect):
             if not piece:
                 return [Delta(index, OTHER, raw=data)]
             logprobs = obj.get("logprobs")
+            _check_token_ids(logprobs, "logprobs")
             return [
                 Delta(index, CONTENT, text=piece, logprobs=_dumps(logprobs) if logprobs else None)
             ]
@@ -233,8 +233,10 @@ class OpenAIResponses(JsonDialect):
 
 
 def _safe_index(obj: dict[str, Any]) -> int:
-    index = obj.get("output_index")
-    return index if type(index) is int and index >= 0 else STREAM_LEVEL
+    """The ``output_index`` of an event not modelled: stream level when it has
+    none (or not an integer); a number out of range is bad input."""
+    index = check_int(obj.get("output_index"), INDEX_RANGE, "output_index")
+    return STREAM_LEVEL if index is None else index
 
 
 def _parts_text(parts: Any, types: tuple[str, ...], key: str, where: str) -> str:
@@ -259,6 +261,7 @@ def _output_item(item: dict[str, Any], position: int, finish: str | None, body: 
         for part in item.get("content") or []:
             if type(part) is dict and part.get("type") == "output_text":
                 lp = part.get("logprobs")
+                _check_token_ids(lp, "logprobs")
                 if type(lp) is list:
                     logprobs.extend(lp)
         return Delta(

@@ -37,6 +37,8 @@ from __future__ import annotations
 from typing import Any
 
 from sniffer.llm.dialects._json import JsonDialect
+from sniffer.llm.dialects._json import check_token_ids as _check_token_ids
+from sniffer.llm.dialects._json import count_at as _count_at
 from sniffer.llm.dialects._json import dumps as _dumps
 from sniffer.llm.dialects._json import error_message as _error_message
 from sniffer.llm.dialects._json import not_a as _not
@@ -73,10 +75,12 @@ def _details(obj: dict[str, Any]) -> tuple[str | None, Usage | None]:
     if finish is not None and type(finish) is not str:
         raise _not("details.finish_reason", finish, "a string")
     usage: dict[str, Any] = {}
-    if type(details.get("input_length")) is int:
-        usage["prompt_tokens"] = details["input_length"]
-    if type(details.get("generated_tokens")) is int:
-        usage["completion_tokens"] = details["generated_tokens"]
+    prompt = _count_at(details, "input_length", "details.input_length")
+    if prompt is not None:
+        usage["prompt_tokens"] = prompt
+    completion = _count_at(details, "generated_tokens", "details.generated_tokens")
+    if completion is not None:
+        usage["completion_tokens"] = completion
     return finish, (Usage.parse(usage) if usage else None)
 
 
@@ -99,6 +103,7 @@ class TgiGenerate(JsonDialect):
         text = token.get("text")
         if type(text) is not str:
             raise _not("token.text", text, "a string")
+        _check_token_ids(token, "token")
         generated = obj.get("generated_text")
         if generated is not None and type(generated) is not str:
             raise _not("generated_text", generated, "a string")
@@ -145,6 +150,7 @@ class TgiGenerate(JsonDialect):
         server_tokens: str | None = None
         logprobs: str | None = None
         if type(tokens) is list and tokens:
+            _check_token_ids(tokens, "details.tokens")
             server_tokens = _dumps(tokens)
             plain = [t for t in tokens if not (type(t) is dict and t.get("special") is True)]
             logprobs = _dumps(plain)
