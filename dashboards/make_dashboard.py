@@ -337,7 +337,8 @@ def dashboard() -> dict[str, Any]:
                     "http, sse, dialect, store, tokens.",
                     [
                         (
-                            f"sum by (stage, node) (rate(sparseety_parse_errors_total{{{N}}}[{R}]))",
+                            f"sum by (stage, node) "
+                            f"(rate(sparseety_parse_errors_total{{{N}}}[{R}]))",
                             "{{stage}} · {{node}}",
                         )
                     ],
@@ -467,7 +468,7 @@ def dashboard() -> dict[str, Any]:
             line_h = max(line_h, p["gridPos"]["h"])
             panels.append(p)
         y += line_h
-    labels = "label_values(sparseety_chunk_events_total{node=~\"$node\"}, label)"
+    labels = 'label_values(sparseety_chunk_events_total{node=~"$node"}, label)'
     ttft_labels = (
         'label_values(gen_ai_server_time_to_first_token_seconds_count{node=~"$node"}, label)'
     )
