@@ -698,6 +698,7 @@ LAZY_COMMANDS = {
     "probe": "sniffer.cli.compare",
     "stats": "sniffer.cli.compare",
     "diff": "sniffer.cli.compare",
+    "top": "sniffer.cli.top",
 }
 
 
