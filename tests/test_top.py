@@ -500,6 +500,10 @@ def test_top_under_tmux_against_a_live_sidecar(
         tmp_path,
         "--port", str(port), "--label", f"{port}=dense",
         "--metrics-listen", f"127.0.0.1:{mport}",
+        # a ring that outlasts a few seconds of a starved capture thread on a
+        # loaded machine (256 blocks retired every 20 ms), so the slow streams
+        # below are not cut by kernel drops while the test watches them
+        "--ring-blocks", "256", "--block-size", "65536",
     )  # fmt: skip
     # a closed stream for the per-label table, and a recorded error
     done = httpx_stream(port, "quick one", model="fake-delay2", max_tokens=20)
@@ -509,14 +513,16 @@ def test_top_under_tmux_against_a_live_sidecar(
     # model ...-c, then -a, then -b
     models = ["fake-delay150-c", "fake-delay150-a", "fake-delay150-b"]
     stop = threading.Event()
+    t = Tmux(
+        tmp_path,
+        [sys.executable, "-m", "sniffer.cli", "top", "--db", d.db,
+         "--metrics", f"127.0.0.1:{mport}"],
+    )  # fmt: skip
+    tmux_sessions.append(t)
+    t.wait(lambda s: "open streams: 0" in s, "the first frame")
+    time.sleep(1.5)  # not an assertion: top loads its tokenizer after the first frame
     clients = _slow_streams(port, models, stop)
     try:
-        t = Tmux(
-            tmp_path,
-            [sys.executable, "-m", "sniffer.cli", "top", "--db", d.db,
-             "--metrics", f"127.0.0.1:{mport}"],
-        )  # fmt: skip
-        tmux_sessions.append(t)
         screen = t.wait(lambda s: all(m in s for m in models), "three open streams")
         by_model = {
             model: sid
@@ -556,6 +562,9 @@ def test_top_under_tmux_against_a_live_sidecar(
             assert time.monotonic() < deadline, "q did not end top"
             time.sleep(0.1)
         assert t.pane("#{pane_dead_status}") == "0"
+    except AssertionError as exc:
+        log = "\n".join(ln for ln in d.log().splitlines() if "level=debug" not in ln)
+        raise AssertionError(f"{exc}\n--- daemon log:\n{log[-3000:]}") from None
     finally:
         stop.set()
         clients.join(60)

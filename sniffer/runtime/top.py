@@ -321,6 +321,13 @@ class TopSource:
         self._metrics = _MetricsHistory(metrics) if metrics else None
         self._tokens: dict[int, tuple[int, int]] = {}  # stream → (chars, tokens)
 
+    def warm(self) -> None:
+        """Load the default tokenizer now (about a second of CPU), rather than
+        when the first open stream has text to count."""
+        if self.registry is not None:
+            with contextlib.suppress(Exception):
+                self.registry.default()
+
     def frame(self, now: float | None = None) -> Frame:
         now = time.time() if now is None else now
         reading: MetricsReading | None = None
@@ -723,6 +730,8 @@ def run(
             frame = source.frame()
             live.update(_fit(frame, view, console), refresh=True)
             shown += 1
+            if shown == 1:
+                source.warm()  # after the first frame: the screen is not blank meanwhile
             while True:
                 left = interval - (time.monotonic() - started)
                 keys = _read_keys(fd, left)
