@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -21,32 +20,11 @@ from sniffer.cli.common import (
     node_option,
     open_engine,
     open_store,
+    progress_bar,
     tokenizer_options,
 )
 
 __all__ = ["diff", "probe", "stats"]
-
-
-@contextmanager
-def _progress(quiet: bool, label: str) -> Iterator[Callable[[int, int], None]]:
-    """A ``progress(done, total)`` callback drawing a bar on stderr (a terminal only)."""
-    state: dict[str, Any] = {"bar": None, "done": 0}
-
-    def progress(done: int, total: int) -> None:
-        if quiet or not sys.stderr.isatty():
-            return
-        if state["bar"] is None:
-            bar: Any = click.progressbar(length=total, label=label, file=sys.stderr)
-            bar.__enter__()
-            state["bar"] = bar
-        state["bar"].update(done - state["done"])
-        state["done"] = done
-
-    try:
-        yield progress
-    finally:
-        if state["bar"] is not None:
-            state["bar"].__exit__(None, None, None)
 
 
 def near_tie_option(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -430,7 +408,7 @@ def diff(
         if ref is not None:
             from sniffer.reports.diff import attribute
 
-            with _progress(quiet, "reference model") as progress:
+            with progress_bar(quiet, "reference model") as progress:
                 attribute(report, ref, max_pairs=max_pairs, progress=progress)
         results = evaluate_gates(
             parsed, report.summary, min_pairs=1 if min_pairs is None else min_pairs
