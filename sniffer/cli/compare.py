@@ -158,6 +158,13 @@ def probe(
 @node_option
 @tokenizer_options
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False),
+    help="Also write a self-contained report: TTFT and inter-token latency histograms "
+    "per label, and the groups.",
+)
 def stats(
     db: str,
     node: str | None,
@@ -169,6 +176,7 @@ def stats(
     tokenizers: tuple[str, ...],
     default_tokenizer: str | None,
     as_json: bool,
+    html_path: str | None = None,
 ) -> None:
     """Output stability: group repeats of the same request and compare their tokens.
 
@@ -185,6 +193,7 @@ def stats(
     \b
     Example:
       sparseety stats --db sparseety.db --label baseline --varying
+      sparseety stats --db sparseety.db --html stats.html
     """
     from sniffer.reports.stats import format_stats, stats_json
     from sniffer.reports.stats import stats as run_stats
@@ -200,11 +209,20 @@ def stats(
             include_incomplete=include_incomplete,
             near_tie_margin=near_tie_margin,
             node=node,
+            latency=bool(html_path),
         )
+        if html_path:
+            from sniffer.reports.html import stats_html
+            from sniffer.store.files import open_private
+
+            with os.fdopen(open_private(html_path), "w", encoding="utf-8") as fh:  # 0600
+                fh.write(stats_html(report))
     if as_json:
         click.echo(json.dumps(stats_json(report), indent=2, ensure_ascii=False))
     else:
         click.echo(format_stats(report, show_deterministic=not varying))
+    if html_path:
+        click.echo(f"wrote {html_path}", err=True)
 
 
 # ----------------------------------------------------------------------- diff
