@@ -14,6 +14,9 @@ if [ "$mode" != "--runtime" ]; then
   command -v dumpcap >/dev/null || need_apt+=(wireshark-common)
   ldconfig -p | grep -q 'libpcap.so.0.8' || need_apt+=(libpcap0.8)
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)  # store tests
+  command -v prometheus >/dev/null || need_apt+=(prometheus)  # dashboard and rules tests (promtool too)
+  command -v tmux >/dev/null || need_apt+=(tmux)  # 'sparseety top' driven as a person would
+  command -v chromium >/dev/null || need_apt+=(chromium)  # the HTML reports, rendered headless
 fi
 command -v clang >/dev/null || need_apt+=(clang llvm)
 command -v bpftool >/dev/null || need_apt+=(bpftool)

@@ -128,3 +128,39 @@ def tokenizer_options(f: F) -> F:
         "directory with tokenizer.json, a tokenizer.json file or a locally cached "
         "Hugging Face id. Repeat.",
     )(f)
+
+
+def quiet_option(f: F) -> F:
+    return click.option("--quiet", "-q", is_flag=True, help="No progress bar.")(f)
+
+
+@contextmanager
+def progress_bar(quiet: bool, label: str) -> Iterator[Callable[[int, int], None]]:
+    """A ``progress(done, total)`` callback drawing a bar on stderr, the rule
+    every long command follows (as ``replay``): only when stderr is a terminal
+    and ``--quiet`` is not given; the bar is drawn on the first call and ends
+    when ``done`` reaches ``total``."""
+    state: dict[str, Any] = {"bar": None, "done": 0, "finished": False}
+
+    def progress(done: int, total: int) -> None:
+        if quiet or state["finished"] or not sys.stderr.isatty():
+            return
+        if state["bar"] is None:
+            bar: Any = click.progressbar(
+                length=max(total, 1), label=label, file=sys.stderr, show_percent=True
+            )
+            bar.__enter__()
+            state["bar"] = bar
+        bar = state["bar"]
+        bar.length = max(total, 1)
+        bar.update(done - state["done"])
+        state["done"] = done
+        if done >= total:  # finished: the line is left for the next bar
+            state["bar"], state["finished"] = None, True
+            bar.__exit__(None, None, None)
+
+    try:
+        yield progress
+    finally:
+        if state["bar"] is not None:
+            state["bar"].__exit__(None, None, None)

@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -21,32 +20,11 @@ from sniffer.cli.common import (
     node_option,
     open_engine,
     open_store,
+    progress_bar,
     tokenizer_options,
 )
 
 __all__ = ["diff", "probe", "stats"]
-
-
-@contextmanager
-def _progress(quiet: bool, label: str) -> Iterator[Callable[[int, int], None]]:
-    """A ``progress(done, total)`` callback drawing a bar on stderr (a terminal only)."""
-    state: dict[str, Any] = {"bar": None, "done": 0}
-
-    def progress(done: int, total: int) -> None:
-        if quiet or not sys.stderr.isatty():
-            return
-        if state["bar"] is None:
-            bar: Any = click.progressbar(length=total, label=label, file=sys.stderr)
-            bar.__enter__()
-            state["bar"] = bar
-        state["bar"].update(done - state["done"])
-        state["done"] = done
-
-    try:
-        yield progress
-    finally:
-        if state["bar"] is not None:
-            state["bar"].__exit__(None, None, None)
 
 
 def near_tie_option(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -180,6 +158,13 @@ def probe(
 @node_option
 @tokenizer_options
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False),
+    help="Also write a self-contained report: TTFT and inter-token latency histograms "
+    "per label, and the groups.",
+)
 def stats(
     db: str,
     node: str | None,
@@ -191,6 +176,7 @@ def stats(
     tokenizers: tuple[str, ...],
     default_tokenizer: str | None,
     as_json: bool,
+    html_path: str | None = None,
 ) -> None:
     """Output stability: group repeats of the same request and compare their tokens.
 
@@ -207,6 +193,7 @@ def stats(
     \b
     Example:
       sparseety stats --db sparseety.db --label baseline --varying
+      sparseety stats --db sparseety.db --html stats.html
     """
     from sniffer.reports.stats import format_stats, stats_json
     from sniffer.reports.stats import stats as run_stats
@@ -222,11 +209,20 @@ def stats(
             include_incomplete=include_incomplete,
             near_tie_margin=near_tie_margin,
             node=node,
+            latency=bool(html_path),
         )
+        if html_path:
+            from sniffer.reports.html import stats_html
+            from sniffer.store.files import open_private
+
+            with os.fdopen(open_private(html_path), "w", encoding="utf-8") as fh:  # 0600
+                fh.write(stats_html(report))
     if as_json:
         click.echo(json.dumps(stats_json(report), indent=2, ensure_ascii=False))
     else:
         click.echo(format_stats(report, show_deterministic=not varying))
+    if html_path:
+        click.echo(f"wrote {html_path}", err=True)
 
 
 # ----------------------------------------------------------------------- diff
@@ -430,7 +426,7 @@ def diff(
         if ref is not None:
             from sniffer.reports.diff import attribute
 
-            with _progress(quiet, "reference model") as progress:
+            with progress_bar(quiet, "reference model") as progress:
                 attribute(report, ref, max_pairs=max_pairs, progress=progress)
         results = evaluate_gates(
             parsed, report.summary, min_pairs=1 if min_pairs is None else min_pairs

@@ -29,6 +29,8 @@ from sniffer.cli.common import (
     open_engine,
     open_store,
     parse_labels,
+    progress_bar,
+    quiet_option,
     tokenizer_options,
 )
 
@@ -561,6 +563,7 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool, node: str | None) ->
 @click.option("--label", help="Only streams with this label.")
 @click.option("--stream", "stream_ids", multiple=True, type=int, help="Only this stream (repeat).")
 @node_option
+@quiet_option
 def export(
     db: str,
     fmt: str,
@@ -568,6 +571,7 @@ def export(
     label: str | None,
     stream_ids: tuple[int, ...],
     node: str | None,
+    quiet: bool,
 ) -> None:
     """Export streams: the seed-compatible JSONL event log, or a CSV summary.
 
@@ -592,10 +596,9 @@ def export(
         else:
             fh = sys.stdout
         try:
-            if fmt == "jsonl":
-                n = export_jsonl(engine, fh, stream_ids=ids, label=label, node=node)
-            else:
-                n = export_csv(engine, fh, stream_ids=ids, label=label, node=node)
+            run = export_jsonl if fmt == "jsonl" else export_csv
+            with progress_bar(quiet, "export") as progress:
+                n = run(engine, fh, stream_ids=ids, label=label, node=node, progress=progress)
         finally:
             if output:
                 fh.close()
@@ -677,7 +680,10 @@ def nodes(db: str, as_json: bool) -> None:
 @click.option("--batch", type=click.IntRange(1, 100_000), default=500, show_default=True)
 @click.option("--no-vacuum", is_flag=True, help="Do not return the freed pages to the OS.")
 @node_option
-def prune(db: str, older_than: str, batch: int, no_vacuum: bool, node: str | None) -> None:
+@quiet_option
+def prune(
+    db: str, older_than: str, batch: int, no_vacuum: bool, node: str | None, quiet: bool
+) -> None:
     """Delete old streams (with their chunks, token rows and errors) in small
     transactions, then run an incremental vacuum.
 
@@ -696,13 +702,15 @@ def prune(db: str, older_than: str, batch: int, no_vacuum: bool, node: str | Non
         raise click.BadParameter(str(exc), param_hint="--older-than") from None
     with library_errors():
         engine = open_engine(db)
-        r = run_prune(engine, age, now=time.time(), batch=batch, node=node)
+        with progress_bar(quiet, "prune") as progress:
+            r = run_prune(engine, age, now=time.time(), batch=batch, node=node, progress=progress)
         click.echo(
             f"deleted {r.streams} streams, {r.chunks} chunks, {r.errors} errors, "
             f"{r.connections} connections in {r.batches} batches"
         )
         if not no_vacuum:
-            v = vacuum(engine)
+            with progress_bar(quiet, "vacuum") as progress:
+                v = vacuum(engine, progress=progress)
             if v.incremental:
                 click.echo(f"vacuum: {v.freed_pages} pages freed ({v.page_size} bytes each)")
 
@@ -717,6 +725,7 @@ LAZY_COMMANDS = {
     "probe": "sniffer.cli.compare",
     "stats": "sniffer.cli.compare",
     "diff": "sniffer.cli.compare",
+    "top": "sniffer.cli.top",
 }
 
 

@@ -21,6 +21,8 @@ from sniffer.cli.common import (
     open_engine,
     open_store,
     parse_tokenizer_specs,
+    progress_bar,
+    quiet_option,
     tokenizer_options,
 )
 
@@ -42,6 +44,7 @@ __all__ = ["parse_tokenizer_specs", "tokenize", "verify"]
 )
 @click.option("--stream", "stream_ids", multiple=True, type=int, help="Only this stream (repeat).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@quiet_option
 def tokenize(
     db: str,
     tokenizers: tuple[str, ...],
@@ -51,6 +54,7 @@ def tokenize(
     redo: bool,
     stream_ids: tuple[int, ...],
     as_json: bool,
+    quiet: bool,
 ) -> None:
     """Tokenize closed streams that have no token rows yet.
 
@@ -72,9 +76,15 @@ def tokenize(
         if redo:
             with engine.begin() as conn:
                 delete_token_rows(conn, list(stream_ids) or None)
-        r = tokenize_db(
-            engine, registry, batch=batch, limit=limit, stream_ids=list(stream_ids) or None
-        )
+        with progress_bar(quiet, "tokenize") as progress:
+            r = tokenize_db(
+                engine,
+                registry,
+                batch=batch,
+                limit=limit,
+                stream_ids=list(stream_ids) or None,
+                progress=progress,
+            )
     summary = {
         "streams": r.streams,
         "failed": r.failed,
@@ -196,6 +206,7 @@ def _human(report: Any, show_tokens: bool, verbose: bool) -> None:
 @click.option("--all", "include_http", is_flag=True, help="Include non-LLM HTTP exchanges.")
 @node_option
 @tokenizer_options
+@quiet_option
 def verify(
     db: str,
     node: str | None,
@@ -211,6 +222,7 @@ def verify(
     include_http: bool,
     tokenizers: tuple[str, ...],
     default_tokenizer: str | None,
+    quiet: bool,
 ) -> None:
     """Verify recorded streams: exact, gap-aware checks, chunk by chunk and token by token.
 
@@ -247,18 +259,24 @@ def verify(
                     report = verify_jsonl(fh, registry, tokens=show_tokens, source=jsonl)
         else:
             engine = open_store(db)  # a SQLite file at head: no SQLAlchemy
-            report = verify_db(
-                engine,
-                registry,
-                stream_ids=list(stream_ids) or None,
-                label=label,
-                model=model,
-                state=state,
-                tokens=show_tokens,
-                tokenize=not no_tokenize,
-                include_http=include_http,
-                node=node,
-            )
+            with (
+                progress_bar(quiet, "tokenize") as tokenize_progress,
+                progress_bar(quiet, "verify") as progress,
+            ):
+                report = verify_db(
+                    engine,
+                    registry,
+                    stream_ids=list(stream_ids) or None,
+                    label=label,
+                    model=model,
+                    state=state,
+                    tokens=show_tokens,
+                    tokenize=not no_tokenize,
+                    include_http=include_http,
+                    node=node,
+                    progress=progress,
+                    tokenize_progress=tokenize_progress,
+                )
             found = {v.stream_id for v in report.streams}
             missing = [s for s in stream_ids if s not in found]
             if missing:

@@ -33,13 +33,16 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from sqlalchemy import Engine
 
 from sniffer.store.queries import list_streams, stream_chunks
+
+#: ``progress`` is called every this many streams (and after the last).
+PROGRESS_EVERY = 50
 
 
 def iso_utc(ts: float | None) -> str | None:
@@ -137,17 +140,22 @@ def export_jsonl(
     stream_ids: Iterable[int] | None = None,
     label: str | None = None,
     node: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> int:
     """Write the JSONL export of the selected streams to ``out``; returns lines written.
+    ``progress(streams done, streams)`` is called as it goes.
 
     Example: ``with open("run.jsonl", "w") as f: export_jsonl(engine, f, label="run1")``.
     """
     lines = 0
-    for stream in list_streams(engine, label=label, stream_ids=stream_ids, node=node):
+    selected = list_streams(engine, label=label, stream_ids=stream_ids, node=node)
+    for i, stream in enumerate(selected, 1):
         for record in stream_records(stream, stream_chunks(engine, stream["id"])):
             out.write(_dumps(record))
             out.write("\n")
             lines += 1
+        if progress is not None and (i % PROGRESS_EVERY == 0 or i == len(selected)):
+            progress(i, len(selected))
     return lines
 
 
@@ -220,15 +228,20 @@ def export_csv(
     stream_ids: Iterable[int] | None = None,
     label: str | None = None,
     node: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> int:
     """Write one CSV row per stream (header first) to ``out``; returns data rows written.
+    ``progress(streams done, streams)`` is called as it goes.
 
     Open ``out`` with ``newline=""``. Example: ``export_csv(engine, sys.stdout)``.
     """
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     rows = 0
-    for stream in list_streams(engine, label=label, stream_ids=stream_ids, node=node):
+    selected = list_streams(engine, label=label, stream_ids=stream_ids, node=node)
+    for stream in selected:
         writer.writerow(stream_summary(stream))
         rows += 1
+        if progress is not None and (rows % PROGRESS_EVERY == 0 or rows == len(selected)):
+            progress(rows, len(selected))
     return rows

@@ -1,6 +1,11 @@
-"""A self-contained HTML report of a diff: inline SVG and CSS, no scripts, no
-external assets. Pure: takes a :class:`~sniffer.reports.diff.DiffReport`,
-returns text.
+"""Self-contained HTML reports of a diff and of stats: inline SVG and CSS, no
+scripts, no external assets. Pure: takes a
+:class:`~sniffer.reports.diff.DiffReport` (or a
+:class:`~sniffer.reports.stats.StatsReport`), returns text.
+
+The stats report: the summary, per label the TTFT and inter-token latency
+histograms (one colour per label, axes in ms and outputs), and the groups of
+repeated requests with their distinct outputs.
 
 Contents, in reading order: the verdict (each gate, pass or fail, and why —
 "no evidence" included); what was compared and what was not (unmatched,
@@ -22,13 +27,16 @@ from typing import Any
 
 from sniffer.reports.causes import CAUSES
 from sniffer.reports.diff import DiffReport, GateResult, PairResult, cause_words, verdict
+from sniffer.reports.stats import StatsReport
 
-__all__ = ["MAX_MAP_ROWS", "diff_html"]
+__all__ = ["MAX_MAP_ROWS", "diff_html", "stats_html"]
 
 MAX_MAP_ROWS = 300
 BASE_COLOUR = "#3b6fb6"
 CAND_COLOUR = "#d9822b"
 SAME_COLOUR = "#b8b8b8"
+#: colours of the labels of a stats report, in label order (then again)
+LABEL_COLOURS = (BASE_COLOUR, CAND_COLOUR, "#3a9a5b", "#8e5bb5", "#c0392b", "#5d6d7e")
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1100px}
@@ -585,3 +593,80 @@ def diff_html(report: DiffReport, gates: Sequence[GateResult] = ()) -> str:
         )
     parts.append("</table></body></html>")
     return "\n".join(parts)
+
+
+def stats_html(report: StatsReport) -> str:
+    """The stats report as one HTML document: summary, latency plots per label,
+    groups of repeats."""
+    s = report.summary
+    labels = list(report.latency)
+    colours = {lab: LABEL_COLOURS[i % len(LABEL_COLOURS)] for i, lab in enumerate(labels)}
+    title = "sparseety stats" + (f": {', '.join(labels)}" if labels else "")
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{escape(title)}</h1>",
+        "<h2>Summary</h2><table>",
+    ]
+    for k, v in s.items():
+        if isinstance(v, dict):
+            v = ", ".join(f"{a}: {_fmt(b)}" for a, b in v.items()) or "–"
+        parts.append(f"<tr><th>{escape(k)}</th><td class='num'>{escape(_fmt(v))}</td></tr>")
+    parts.append("</table>")
+    parts.append("<h2>Latency by label</h2>")
+    if labels:
+        rows = "".join(
+            f"<tr><td>{escape(lab)}</td><td class='num'>{lat.outputs}</td>"
+            f"<td class='num'>{_fmt(_median(lat.ttft_ms))}</td>"
+            f"<td class='num'>{_fmt(_median(lat.itl_ms))}</td></tr>"
+            for lab, lat in report.latency.items()
+        )
+        parts.append(
+            "<table><tr><th>label</th><th>outputs</th><th>TTFT p50 (ms)</th>"
+            f"<th>inter-token p50 (ms)</th></tr>{rows}</table>"
+        )
+    parts.append(
+        _histogram(
+            "Time to first token",
+            "ms",
+            [(lab, colours[lab], lat.ttft_ms) for lab, lat in report.latency.items()],
+        )
+    )
+    parts.append(
+        _histogram(
+            "Inter-token latency (per output)",
+            "ms",
+            [(lab, colours[lab], lat.itl_ms) for lab, lat in report.latency.items()],
+        )
+    )
+    parts.append(
+        "<h2>Repeated requests</h2><table><tr><th>label</th><th>model</th><th>prompt</th>"
+        "<th>outputs</th><th>distinct</th><th>common prefix (tokens)</th><th>fork (token)</th>"
+        "<th>variants (count: first characters)</th></tr>"
+    )
+    for g in report.groups:
+        variants = "".join(
+            f"<pre>{v.count}× {escape(v.preview)}"
+            + (f" <span class='muted'>[{escape(v.cause)}]</span>" if v.cause else "")
+            + "</pre>"
+            for v in g.variants
+        )
+        mark = "ok" if g.deterministic else "fail"
+        parts.append(
+            f"<tr><td>{escape(g.label or '-')}</td><td>{escape(g.model or '-')}</td>"
+            f"<td>{escape(g.prompt)}</td><td class='num'>{g.outputs}</td>"
+            f"<td class='num {mark}'>{g.distinct}</td><td class='num'>{g.common_prefix}</td>"
+            f"<td class='num'>{_fmt(g.fork_position)}</td><td>{variants}</td></tr>"
+        )
+    if not report.groups:
+        parts.append("<tr><td colspan='8'>No request was repeated.</td></tr>")
+    parts.append("</table></body></html>")
+    return "\n".join(parts)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    if not values:
+        return None
+    xs = sorted(values)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2

@@ -82,6 +82,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PREVIEW_CHARS",
     "Group",
+    "Latency",
     "Output",
     "StatsReport",
     "Variant",
@@ -426,10 +427,22 @@ class Group:
 
 
 @dataclass(slots=True)
+class Latency:
+    """The latency of one label's outputs (every output, repeated or not), in ms:
+    TTFT per output, and inter-token latency per output (its chunk span over its
+    tokens after the first)."""
+
+    outputs: int = 0
+    ttft_ms: list[float] = field(default_factory=list)
+    itl_ms: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class StatsReport:
     groups: list[Group]
     singletons: int  # fingerprints seen once (not reported)
     summary: dict[str, Any]
+    latency: dict[str, Latency] = field(default_factory=dict)  # by label ("-": none)
 
 
 def _fork_text(o: Output, pos: int) -> str:
@@ -457,7 +470,14 @@ def compute_stats(outputs: Sequence[Output], *, near_tie_margin: float = 0.5) ->
 
     by_key: dict[str, list[Output]] = {}
     sampled_out = 0
+    latency: dict[str, Latency] = {}
     for o in outputs:
+        lat = latency.setdefault(o.label or "-", Latency())
+        lat.outputs += 1
+        if o.ttft is not None:
+            lat.ttft_ms.append(o.ttft * 1000.0)
+        if o.itl is not None:
+            lat.itl_ms.append(o.itl * 1000.0)
         if not o.text_kept:
             sampled_out += 1
             continue
@@ -521,7 +541,7 @@ def compute_stats(outputs: Sequence[Output], *, near_tie_margin: float = 0.5) ->
     summary["sampled_out_outputs"] = sampled_out
     summary["variant_causes"] = distribution(all_causes)
     summary["near_tie_margin"] = near_tie_margin
-    return StatsReport(groups, singletons, summary)
+    return StatsReport(groups, singletons, summary, dict(sorted(latency.items())))
 
 
 def _summary(groups: Sequence[Group], singletons: int) -> dict[str, Any]:
@@ -552,9 +572,11 @@ def stats(
     include_incomplete: bool = False,
     near_tie_margin: float = 0.5,
     node: str | None = None,
+    latency: bool = False,
 ) -> StatsReport:
     """Load outputs from the store (of one ``node``, or all) and compute their
-    stability report."""
+    stability report. ``latency``: every output is encoded (not only the
+    repeats), so that ``report.latency`` has the inter-token latency of all."""
     report = compute_stats(
         load_outputs(
             engine,
@@ -563,7 +585,7 @@ def stats(
             registry=registry,
             include_incomplete=include_incomplete,
             node=node,
-            repeats_only=True,  # only what compute_stats compares is encoded
+            repeats_only=not latency,  # else only what compute_stats compares is encoded
         ),
         near_tie_margin=near_tie_margin,
     )

@@ -64,7 +64,7 @@ and a difference is a warning.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -342,7 +342,11 @@ def _prompt_method(registry: TokenizerRegistry, model: str | None, raw: Any) -> 
 
 
 def _tokenize(
-    engine: Engine | SqliteFile, registry: TokenizerRegistry, ids: list[int], batch: int
+    engine: Engine | SqliteFile,
+    registry: TokenizerRegistry,
+    ids: list[int],
+    batch: int,
+    progress: Callable[[int, int], None] | None = None,
 ) -> int:
     """Tokenize the streams among ``ids`` that have no token rows; how many it did.
     A SQLite file with none to do needs no engine (nor SQLAlchemy)."""
@@ -353,12 +357,12 @@ def _tokenize(
 
         made = make_engine(engine.url)
         try:
-            return _tokenize(made, registry, ids, batch)
+            return _tokenize(made, registry, ids, batch, progress)
         finally:
             made.dispose()
     from sniffer.record.tokenize_pass import tokenize_db
 
-    return tokenize_db(engine, registry, batch=batch, stream_ids=ids).streams
+    return tokenize_db(engine, registry, batch=batch, stream_ids=ids, progress=progress).streams
 
 
 def verify_db(
@@ -374,6 +378,8 @@ def verify_db(
     include_http: bool = False,
     batch: int = 500,
     node: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    tokenize_progress: Callable[[int, int], None] | None = None,
 ) -> VerifyReport:
     """Verify the selected streams (all LLM streams when no filter is given).
 
@@ -383,6 +389,8 @@ def verify_db(
     tokenized first (:func:`sniffer.record.tokenize_pass.tokenize_db`, which writes
     their rows); without it they get a ``not_tokenized`` warning. ``tokens``
     adds the first :data:`FIRST_TOKENS` tokens of every choice (id and text).
+    ``progress(done, total)`` is called after each batch of streams verified,
+    ``tokenize_progress(done, total)`` during the tokenization first.
 
     Example: ``verify_db(make_engine("capture.db"), TokenizerRegistry(), label="run1").ok``
     """
@@ -397,7 +405,9 @@ def verify_db(
     )
     report = VerifyReport(source=str(engine.url))
     if tokenize and rows:
-        report.tokenized = _tokenize(engine, registry, [r["id"] for r in rows], batch)
+        report.tokenized = _tokenize(
+            engine, registry, [r["id"] for r in rows], batch, tokenize_progress
+        )
     for start in range(0, len(rows), batch):
         part = rows[start : start + batch]
         ids = [r["id"] for r in part]
@@ -416,6 +426,8 @@ def verify_db(
                     registry, r["model"], token_rows[r["id"]].choices, FIRST_TOKENS
                 )
             report.streams.append(v)
+        if progress is not None:
+            progress(start + len(part), len(rows))
     return report
 
 

@@ -31,10 +31,11 @@ Times are capture timestamps (``streams.t_request``, ``connections.opened_at``,
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, exists, or_, select
+from sqlalchemy import Engine, and_, delete, exists, func, or_, select
 
 from sniffer.store.models import chunks, connections, errors, streams
 from sniffer.store.tokens_store import choice_tokens, stream_tokens, token_anomalies
@@ -86,6 +87,7 @@ def prune(
     max_batches: int | None = None,
     node: str | None = None,
     max_rows: int = 20_000,
+    progress: Callable[[int, int], None] | None = None,
 ) -> PruneResult:
     """Delete streams with ``t_request < now - older_than`` (and what hangs off them).
 
@@ -93,7 +95,8 @@ def prune(
     ``batch`` streams, then those streams. After the streams: connections
     opened before the cutoff that no stream refers to any more, and errors
     without a stream captured before the cutoff, also in batches.
-    Example: ``prune(engine, parse_age("7d"), now=time.time())``.
+    ``progress(streams deleted, streams to delete)`` is called after each batch
+    of streams. Example: ``prune(engine, parse_age("7d"), now=time.time())``.
     """
     if older_than < 0:
         raise ValueError(f"older_than must be >= 0 seconds, got {older_than}")
@@ -107,6 +110,17 @@ def prune(
 
     def budget_left() -> bool:
         return max_batches is None or result.batches < max_batches
+
+    total = 0
+    if progress is not None:
+        with engine.connect() as conn:
+            total = int(
+                conn.execute(
+                    select(func.count())
+                    .select_from(streams)
+                    .where(streams.c.t_request < cutoff, *s_mine)
+                ).scalar_one()
+            )
 
     # 1. streams, with their chunks and errors
     while True:
@@ -139,6 +153,8 @@ def prune(
                 conn.execute(delete(table).where(table.c.stream_id.in_(ids)))
             result.streams += conn.execute(delete(streams).where(streams.c.id.in_(ids))).rowcount
         result.batches += 1
+        if progress is not None:
+            progress(min(result.streams, total), total)
         if len(found) < batch:
             break
 
@@ -243,12 +259,23 @@ class VacuumResult:
         return self.freed_pages * self.page_size
 
 
-def vacuum(engine: Engine, *, pages: int | None = None) -> VacuumResult:
+#: Free pages returned per step of a vacuum that reports progress.
+VACUUM_STEP = 4096
+
+
+def vacuum(
+    engine: Engine,
+    *,
+    pages: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> VacuumResult:
     """``PRAGMA incremental_vacuum`` on SQLite (all free pages, or at most ``pages``).
 
     Cheap: it truncates free pages off the end of the file; nothing is
     rewritten. Does nothing (and says so in ``incremental``) when the database
-    is not in INCREMENTAL mode, or is not SQLite.
+    is not in INCREMENTAL mode, or is not SQLite. With ``progress(pages freed,
+    pages to free)`` it frees :data:`VACUUM_STEP` pages at a time, calling it
+    after each step.
     """
     if engine.dialect.name != "sqlite":
         return VacuumResult(0, 0, False)
@@ -257,17 +284,34 @@ def vacuum(engine: Engine, *, pages: int | None = None) -> VacuumResult:
         page_size = int(conn.exec_driver_sql("PRAGMA page_size").scalar() or 0)
         before = int(conn.exec_driver_sql("PRAGMA page_count").scalar() or 0)
         if mode == _AUTO_VACUUM_INCREMENTAL:
-            arg = "" if pages is None else f"({max(0, int(pages))})"
             conn.commit()
             raw: Any = conn.connection.dbapi_connection
             script = getattr(raw, "executescript", None)
-            if script is not None:
-                # Python's sqlite3 ``execute`` steps a row-less pragma only once,
-                # which frees ONE page; ``executescript`` runs it to completion.
-                script(f"PRAGMA incremental_vacuum{arg};")
+
+            def run(n: int | None) -> None:
+                arg = "" if n is None else f"({max(0, int(n))})"
+                if script is not None:
+                    # Python's sqlite3 ``execute`` steps a row-less pragma only once,
+                    # which frees ONE page; ``executescript`` runs it to completion.
+                    script(f"PRAGMA incremental_vacuum{arg};")
+                else:
+                    conn.exec_driver_sql(f"PRAGMA incremental_vacuum{arg}")
+                    conn.commit()
+
+            if progress is None:
+                run(pages)
             else:
-                conn.exec_driver_sql(f"PRAGMA incremental_vacuum{arg}")
-                conn.commit()
+                free = int(conn.exec_driver_sql("PRAGMA freelist_count").scalar() or 0)
+                todo = free if pages is None else min(free, max(0, int(pages)))
+                done = 0
+                progress(0, todo)
+                while done < todo:
+                    run(min(VACUUM_STEP, todo - done))
+                    left = int(conn.exec_driver_sql("PRAGMA freelist_count").scalar() or 0)
+                    if free - left <= done:
+                        break  # nothing more was freed
+                    done = free - left
+                    progress(min(done, todo), todo)
         after = int(conn.exec_driver_sql("PRAGMA page_count").scalar() or 0)
     return VacuumResult(before - after, page_size, mode == _AUTO_VACUUM_INCREMENTAL)
 
