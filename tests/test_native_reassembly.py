@@ -235,7 +235,7 @@ def _drive(r: Any, items: list[Any], native: bool) -> list[Any]:
         if not run:
             return
         if native:
-            events, fed, skipped, errors = r.feed_batch(NATIVE.segment_batch(run))
+            events, _fed, _skipped, errors = r.feed_batch(NATIVE.segment_batch(run))
             pos = 0
             for at, ts, msg in errors:
                 out.extend(events[pos:at])

@@ -17,11 +17,10 @@ events (``tests/test_native_reassembly.py`` holds them to it).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
-from types import ModuleType
 from typing import Any
 
+from sniffer import PURE_ENV, core_name, native_core
 from sniffer.core.events import CaptureGap, Endpoint, FlowEvent, Segment
 from sniffer.core.reassembly import ReassemblyStats
 
@@ -34,32 +33,13 @@ __all__ = [
     "core_name",
 ]
 
-#: Set (non-empty) at run time: the pure-Python stages run; at build time: no
-#: native extension is built (and no mypyc, see setup.py).
-PURE_ENV = "SPARSEETY_PURE"
-
 #: (position in the flow events, capture time, message) of each segment dropped
 #: in a batch because no connection id could be had.
 BatchErrors = list[tuple[int, float, str]]
 
-
-def _load() -> tuple[ModuleType | None, str | None]:
-    if os.environ.get(PURE_ENV):
-        return None, None
-    try:
-        from sniffer import _native
-    except ImportError as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-    return _native, None
-
-
-#: The extension module when the native core runs, else None.
-NATIVE, UNAVAILABLE = _load()
-
-
-def core_name() -> str:
-    """ "native core x.y.z" or "pure core" (``sparseety --version``, ``build_info``)."""
-    return f"native core {NATIVE.__version__}" if NATIVE is not None else "pure core"
+#: The extension module when the native core runs, else None; UNAVAILABLE: why
+#: it could not be imported (None when it runs or SPARSEETY_PURE is set).
+NATIVE, UNAVAILABLE = native_core()
 
 
 class NativeReassembler:

@@ -123,6 +123,17 @@ class Pipeline:
             return []
         return self._flows(flows)
 
+    def feed_segments(self, segs: list[Segment]) -> list[StoreEvent]:
+        """Several captured segments in (a live capture's poll): what ``feed``
+        gives for each in turn; the native reassembler takes them in one call."""
+        if not self.native:
+            out: list[StoreEvent] = []
+            for seg in segs:
+                out += self.feed(seg)
+            return out
+        assert NATIVE is not None
+        return self.feed_batch(NATIVE.segment_batch(segs))
+
     def feed_batch(
         self, batch: SegmentBatch, start: int = 0, stop: int | None = None, k: int = 0, n: int = 1
     ) -> list[StoreEvent]:

@@ -64,7 +64,7 @@ from sniffer.record.chain import Observer, RecordingChain
 from sniffer.runtime import signals
 from sniffer.runtime.capture_thread import CaptureThread, SourceFactory, capture_key, default_source
 from sniffer.runtime.config import Config, ConfigError, load_config
-from sniffer.runtime.log import Log
+from sniffer.runtime.log import Log, warn_pure_fallback
 from sniffer.runtime.notify import Notifier
 from sniffer.runtime.stats import DaemonStats
 from sniffer.store.checkpoints import save_checkpoint, take_checkpoint
@@ -198,6 +198,7 @@ class Daemon:
         """
         cfg = self.config
         log = self.log
+        warn_pure_fallback(log)
         restore = (
             signals.install(self._stop.set, self._reload.set) if self.install_signals else None
         )
@@ -317,15 +318,17 @@ class Daemon:
         if self._slow:
             time.sleep(self._slow)
         out: list[StoreEvent] = []
-        feed = pipe.feed
         flows: list[FlowEvent] = []
+        segs: list[Segment] = []  # a run of segments, fed in one call
         for item in batch:
             t = type(item)
             if t is Segment:
-                ev = feed(item)
-                if ev:
-                    out += ev
-            elif t is CaptureGap:
+                segs.append(item)
+                continue
+            if segs:
+                out += pipe.feed_segments(segs)
+                segs = []
+            if t is CaptureGap:
                 if flows:
                     out += pipe.feed_flows(flows)
                     flows = []
@@ -341,6 +344,8 @@ class Daemon:
                 self.last_ts = max(self.last_ts, item.ts)
             else:
                 flows.append(item)
+        if segs:
+            out += pipe.feed_segments(segs)
         if flows:
             out += pipe.feed_flows(flows)
             self.last_ts = max(self.last_ts, flows[-1].ts)

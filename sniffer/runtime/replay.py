@@ -29,6 +29,7 @@ from sniffer.core.events import PipelineError, Segment, StoreEvent
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.record.chain import RecordingChain
 from sniffer.record.redact import Redactor
+from sniffer.runtime.log import warn_pure_fallback
 from sniffer.store.writer import StoreWriter
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ def replay(
     methods it describes are decoded (``sniffer.core.grpc``).
     """
     started = time.perf_counter()
+    warn_pure_fallback()
     read_capture(path).close()  # not a capture at all: raise before any work
     if chain is None:
         # Credentials are removed even without a redactor (one that only does that).
