@@ -14,7 +14,8 @@ The wheel also carries the native core (``sniffer._native``, Rust) where
 cargo is: both compiled paths coexist, and the mypyc modules run beside it.
 
 It also checks the fallbacks: ``SPARSEETY_PURE=1`` gives a pure wheel (no
-native core either), and a broken C compiler a wheel without mypyc modules. A few minutes: it runs when ``CI`` is true (``make
+native core either), and a broken C compiler a wheel without mypyc modules.
+A few minutes: it runs when ``CI`` is true (``make
 test``, ``.ci/run``) or with ``SPARSEETY_TEST_COMPILED=1``
 (``make test-compiled``); it is skipped, with the reason, where mypyc or a C
 compiler is missing.
@@ -39,7 +40,8 @@ from tests.conftest import in_ci
 
 REPO = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.slow, pytest.mark.compiled]
+# Building a wheel compiles the mypyc modules and the native core: minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.compiled, pytest.mark.timeout(1800)]
 
 PIP = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
 
@@ -86,9 +88,11 @@ def _copy_tree(dst: Path) -> Path:
 
 
 def _wheel(src: Path, out: Path, **env: str) -> Path:
+    # The tree's cargo target folder: the native core's dependencies are built once.
+    cargo = {"CARGO_TARGET_DIR": str(REPO / "native" / "target")}
     proc = subprocess.run(
         [*PIP, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(src)],
-        env={**os.environ, **env},
+        env={**os.environ, **cargo, **env},
         capture_output=True,
         text=True,
         timeout=900,

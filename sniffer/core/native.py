@@ -27,6 +27,7 @@ from sniffer.core.reassembly import ReassemblyStats
 __all__ = [
     "NATIVE",
     "PURE_ENV",
+    "SEGMENT_BATCH",
     "UNAVAILABLE",
     "BatchErrors",
     "NativeReassembler",
@@ -40,6 +41,9 @@ BatchErrors = list[tuple[int, float, str]]
 #: The extension module when the native core runs, else None; UNAVAILABLE: why
 #: it could not be imported (None when it runs or SPARSEETY_PURE is set).
 NATIVE, UNAVAILABLE = native_core()
+
+#: ``sniffer._native.SegmentBatch`` (the items of a native capture), or None
+SEGMENT_BATCH: type | None = NATIVE.SegmentBatch if NATIVE is not None else None
 
 
 class NativeReassembler:

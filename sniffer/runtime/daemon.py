@@ -59,6 +59,7 @@ from typing import Any
 
 from sniffer.capture.source import CaptureItem, stats_dict
 from sniffer.core.events import CaptureGap, FlowEvent, Segment, StoreEvent
+from sniffer.core.native import SEGMENT_BATCH
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.record.chain import Observer, RecordingChain
 from sniffer.runtime import signals
@@ -328,7 +329,11 @@ class Daemon:
             if segs:
                 out += pipe.feed_segments(segs)
                 segs = []
-            if t is CaptureGap:
+            if t is SEGMENT_BATCH:  # a native batch of segments (a ring block)
+                out += pipe.feed_batch(item)
+                if len(item):
+                    self.last_ts = max(self.last_ts, item.ts(-1))
+            elif t is CaptureGap:
                 if flows:
                     out += pipe.feed_flows(flows)
                     flows = []
@@ -351,7 +356,7 @@ class Daemon:
             self.last_ts = max(self.last_ts, flows[-1].ts)
         if batch:
             last = batch[-1]
-            ts = getattr(last, "ts", 0.0)
+            ts = getattr(last, "ts", 0.0) if type(last) is not SEGMENT_BATCH else 0.0
             if ts > self.last_ts:
                 self.last_ts = ts
         if out:
