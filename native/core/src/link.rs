@@ -168,7 +168,16 @@ fn tcp(buf: &[u8], tcp: usize, end: usize, src: Addr, dst: Addr) -> Option<Seg<'
     if doff < 0x50 || start > end {
         return None;
     }
-    Some(Seg { src, sport, dst, dport, seq, ack, flags, payload: buf.get(start..end)? })
+    Some(Seg {
+        src,
+        sport,
+        dst,
+        dport,
+        seq,
+        ack,
+        flags,
+        payload: buf.get(start..end)?,
+    })
 }
 
 fn ip4(buf: &[u8], off: usize, mut end: usize) -> Option<Seg<'_>> {
@@ -317,10 +326,7 @@ fn ip6_text(b: &[u8; 16]) -> String {
         if i != 0 {
             s.push(':');
         }
-        if i == 6
-            && best_base == 0
-            && (best_len == 6 || (best_len == 5 && words[5] == 0xFFFF))
-        {
+        if i == 6 && best_base == 0 && (best_len == 6 || (best_len == 5 && words[5] == 0xFFFF)) {
             let _ = write!(s, "{}.{}.{}.{}", b[12], b[13], b[14], b[15]);
             return s;
         }
@@ -358,7 +364,20 @@ mod tests {
 
     fn ip4_tcp(payload: &[u8]) -> Vec<u8> {
         let total = 40 + payload.len();
-        let mut f = vec![0x45, 0, (total >> 8) as u8, total as u8, 0, 0, 0x40, 0, 64, 6, 0, 0];
+        let mut f = vec![
+            0x45,
+            0,
+            (total >> 8) as u8,
+            total as u8,
+            0,
+            0,
+            0x40,
+            0,
+            64,
+            6,
+            0,
+            0,
+        ];
         f.extend([127, 0, 0, 1, 127, 0, 0, 2]);
         f.extend([0x1F, 0x90, 0xC3, 0x50]); // 8080 -> 50000
         f.extend(1000u32.to_be_bytes());
@@ -380,7 +399,10 @@ mod tests {
         let f = eth(0x0800, &ip4_tcp(b"hello"));
         let s = parse_frame(LINKTYPE_ETHERNET, &f).unwrap();
         assert_eq!(s.src, Addr::V4([127, 0, 0, 1]));
-        assert_eq!((s.sport, s.dport, s.seq, s.ack, s.flags), (8080, 50000, 1000, 2000, 0x18));
+        assert_eq!(
+            (s.sport, s.dport, s.seq, s.ack, s.flags),
+            (8080, 50000, 1000, 2000, 0x18)
+        );
         assert_eq!(s.payload, b"hello");
     }
 
@@ -390,7 +412,12 @@ mod tests {
         f.extend([0u8; 6]);
         assert_eq!(parse_frame(LINKTYPE_ETHERNET, &f).unwrap().payload, b"ab");
         let f = eth(0x0800, &ip4_tcp(b"abcdef"));
-        assert_eq!(parse_frame(LINKTYPE_ETHERNET, &f[..f.len() - 2]).unwrap().payload, b"abcd");
+        assert_eq!(
+            parse_frame(LINKTYPE_ETHERNET, &f[..f.len() - 2])
+                .unwrap()
+                .payload,
+            b"abcd"
+        );
     }
 
     #[test]
@@ -437,7 +464,9 @@ mod tests {
         f.extend([0u8; 15]);
         f.push(1);
         f.extend(ext);
-        f.extend([0x1F, 0x90, 0xC3, 0x50, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x10, 0, 0, 0, 0, 0, 0]);
+        f.extend([
+            0x1F, 0x90, 0xC3, 0x50, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x10, 0, 0, 0, 0, 0, 0,
+        ]);
         f.extend(payload);
         f
     }
@@ -453,7 +482,9 @@ mod tests {
         let f = ip6_tcp(&ext, 0, b"q");
         assert_eq!(parse_frame(LINKTYPE_IPV6, &f).unwrap().payload, b"q");
         // a fragment header
-        assert!(parse_frame(LINKTYPE_IPV6, &ip6_tcp(&[6, 0, 0, 0, 0, 0, 0, 0], 44, b"q")).is_none());
+        assert!(
+            parse_frame(LINKTYPE_IPV6, &ip6_tcp(&[6, 0, 0, 0, 0, 0, 0, 0], 44, b"q")).is_none()
+        );
         // a loop of 17 hop-by-hop headers: more than 16 are refused
         let mut ext = Vec::new();
         for _ in 0..17 {
@@ -461,7 +492,11 @@ mod tests {
         }
         assert!(parse_frame(LINKTYPE_IPV6, &ip6_tcp(&ext, 0, b"q")).is_none());
         // an extension header claiming 2 KiB in a short frame
-        assert!(parse_frame(LINKTYPE_IPV6, &ip6_tcp(&[6, 255, 0, 0, 0, 0, 0, 0], 0, b"q")).is_none());
+        assert!(parse_frame(
+            LINKTYPE_IPV6,
+            &ip6_tcp(&[6, 255, 0, 0, 0, 0, 0, 0], 0, b"q")
+        )
+        .is_none());
     }
 
     #[test]

@@ -47,12 +47,44 @@ pub type Reason = std::borrow::Cow<'static, str>;
 /// The flow events of `sniffer/core/events.py`, field for field.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    Opened { conn: i64, ts: f64, client: Endpoint, server: Endpoint, syn_seen: bool },
-    Data { conn: i64, ts: f64, from_client: bool, data: Vec<u8> },
-    Gap { conn: i64, ts: f64, from_client: bool, nbytes: Option<i64>, reason: Reason },
-    End { conn: i64, ts: f64, from_client: bool, reason: &'static str },
-    Closed { conn: i64, ts: f64, reason: &'static str },
-    Anomaly { conn: i64, ts: f64, from_client: bool, kind: &'static str, detail: String },
+    Opened {
+        conn: i64,
+        ts: f64,
+        client: Endpoint,
+        server: Endpoint,
+        syn_seen: bool,
+    },
+    Data {
+        conn: i64,
+        ts: f64,
+        from_client: bool,
+        data: Vec<u8>,
+    },
+    Gap {
+        conn: i64,
+        ts: f64,
+        from_client: bool,
+        nbytes: Option<i64>,
+        reason: Reason,
+    },
+    End {
+        conn: i64,
+        ts: f64,
+        from_client: bool,
+        reason: &'static str,
+    },
+    Closed {
+        conn: i64,
+        ts: f64,
+        reason: &'static str,
+    },
+    Anomaly {
+        conn: i64,
+        ts: f64,
+        from_client: bool,
+        kind: &'static str,
+        detail: String,
+    },
 }
 
 /// `ReassemblyStats`: counters, all monotonically increasing.
@@ -181,7 +213,10 @@ impl Conn {
             id,
             order: 0,
             closed: false,
-            keys: [(client.0, client.1, server.0, server.1), (server.0, server.1, client.0, client.1)],
+            keys: [
+                (client.0, client.1, server.0, server.1),
+                (server.0, server.1, client.0, client.1),
+            ],
             h: [Half::new(true, ts), Half::new(false, ts)],
         }
     }
@@ -315,7 +350,9 @@ impl Reassembler {
         }
         // Fast path: an established connection, no SYN/FIN/RST.
         let (mut cx, conns) = self.ctx();
-        let Some(c) = conns.get_mut(&cid) else { return Ok(()) };
+        let Some(c) = conns.get_mut(&cid) else {
+            return Ok(());
+        };
         let p = 1 - d;
         c.h[d].last_ts = ts;
         let seq = i64::from(seg.seq);
@@ -346,10 +383,16 @@ impl Reassembler {
                 h.prev_data.extend_from_slice(payload);
             } else {
                 h.prev_off = off + n - PREV_MAX as i64;
-                h.prev_data.extend_from_slice(&payload[payload.len() - PREV_MAX..]);
+                h.prev_data
+                    .extend_from_slice(&payload[payload.len() - PREV_MAX..]);
             }
             cx.stats.bytes_delivered += n;
-            out.push(Event::Data { conn: c.id, ts, from_client: h.from_client, data: payload.to_vec() });
+            out.push(Event::Data {
+                conn: c.id,
+                ts,
+                from_client: h.from_client,
+                data: payload.to_vec(),
+            });
         } else {
             data(&mut cx, c, d, seq, payload, ts, out);
             if c.h[d].ack_target > c.h[d].next_off {
@@ -380,7 +423,9 @@ impl Reassembler {
             if flags & RST != 0 {
                 return Ok(()); // nonsense flag combination
             }
-            let Some(h) = self.on_syn(ts, seg, found, ids, out)? else { return Ok(()) };
+            let Some(h) = self.on_syn(ts, seg, found, ids, out)? else {
+                return Ok(());
+            };
             seq = (seq + 1) & MASK; // the SYN occupies one sequence number
             h
         } else if let Some(h) = found {
@@ -392,7 +437,9 @@ impl Reassembler {
             self.open_midstream(ts, seg, ids, out)?
         };
         let (mut cx, conns) = self.ctx();
-        let Some(c) = conns.get_mut(&cid) else { return Ok(()) };
+        let Some(c) = conns.get_mut(&cid) else {
+            return Ok(());
+        };
         let p = 1 - d;
         c.h[d].last_ts = ts;
         if c.closed {
@@ -562,14 +609,23 @@ impl Reassembler {
         };
         self.insert_conn(Conn::new(id, ts, client, server));
         self.stats.connections += 1;
-        out.push(Event::Opened { conn: id, ts, client, server, syn_seen });
+        out.push(Event::Opened {
+            conn: id,
+            ts,
+            client,
+            server,
+            syn_seen,
+        });
         Ok(id)
     }
 
     /// Make room for one connection: drop closed ones, else the least recently active.
     fn evict(&mut self, ts: f64, out: &mut Vec<Event>) {
-        let closed: Vec<i64> =
-            self.ids_in_order().into_iter().filter(|id| self.conns[id].closed).collect();
+        let closed: Vec<i64> = self
+            .ids_in_order()
+            .into_iter()
+            .filter(|id| self.conns[id].closed)
+            .collect();
         for id in closed {
             self.forget_conn(id);
         }
@@ -671,7 +727,9 @@ impl Reassembler {
         let idle_timeout = self.cfg.idle_timeout;
         for id in self.ids_in_order() {
             let (mut cx, conns) = self.ctx();
-            let Some(c) = conns.get_mut(&id) else { continue };
+            let Some(c) = conns.get_mut(&id) else {
+                continue;
+            };
             let idle = now - c.last_ts();
             if c.closed {
                 if idle >= linger {
@@ -735,7 +793,14 @@ impl Reassembler {
 
 // ------------------------------------------------------------ data path
 
-fn start_midstream(cx: &mut Ctx<'_>, c: &mut Conn, d: usize, seq: i64, ts: f64, out: &mut Vec<Event>) {
+fn start_midstream(
+    cx: &mut Ctx<'_>,
+    c: &mut Conn,
+    d: usize,
+    seq: i64,
+    ts: f64,
+    out: &mut Vec<Event>,
+) {
     c.h[d].start(seq);
     cx.stats.midstream += 1;
     out.push(Event::Gap {
@@ -748,7 +813,15 @@ fn start_midstream(cx: &mut Ctx<'_>, c: &mut Conn, d: usize, seq: i64, ts: f64, 
 }
 
 /// Place payload at `seq` (slow path): trim, buffer or deliver into `acc`.
-fn data(cx: &mut Ctx<'_>, c: &mut Conn, d: usize, seq: i64, payload: &[u8], ts: f64, out: &mut Vec<Event>) {
+fn data(
+    cx: &mut Ctx<'_>,
+    c: &mut Conn,
+    d: usize,
+    seq: i64,
+    payload: &[u8],
+    ts: f64,
+    out: &mut Vec<Event>,
+) {
     if c.h[d].ended {
         cx.stats.retransmissions += 1;
         return;
@@ -849,7 +922,15 @@ fn resume(cx: &mut Ctx<'_>, c: &mut Conn, d: usize, seq: i64, ts: f64, out: &mut
 }
 
 /// Compare retransmitted bytes with the last delivered chunk, where they overlap.
-fn check_delivered(cx: &mut Ctx<'_>, id: i64, h: &Half, off: i64, data: &[u8], ts: f64, out: &mut Vec<Event>) {
+fn check_delivered(
+    cx: &mut Ctx<'_>,
+    id: i64,
+    h: &Half,
+    off: i64,
+    data: &[u8],
+    ts: f64,
+    out: &mut Vec<Event>,
+) {
     let p_off = h.prev_off;
     let prev = &h.prev_data;
     let a = off.max(p_off);
@@ -871,7 +952,15 @@ fn mismatch(cx: &mut Ctx<'_>, id: i64, h: &Half, a: i64, b: i64, ts: f64, out: &
 }
 
 /// Buffer `data` at `off` (>= next_off), keeping the first copy of every byte.
-fn insert(cx: &mut Ctx<'_>, id: i64, h: &mut Half, off: i64, data: &[u8], ts: f64, out: &mut Vec<Event>) {
+fn insert(
+    cx: &mut Ctx<'_>,
+    id: i64,
+    h: &mut Half,
+    off: i64,
+    data: &[u8],
+    ts: f64,
+    out: &mut Vec<Event>,
+) {
     let end = off + len64(data);
     let pend = &h.pend;
     // bisect_right(offs, off) - 1
@@ -923,7 +1012,14 @@ fn insert(cx: &mut Ctx<'_>, id: i64, h: &mut Half, off: i64, data: &[u8], ts: f6
     for (p_off, p_data) in pieces {
         let k = h.pend.partition_point(|p| p.off < p_off);
         h.pend_bytes += len64(p_data);
-        h.pend.insert(k, Piece { off: p_off, data: p_data.to_vec(), ts });
+        h.pend.insert(
+            k,
+            Piece {
+                off: p_off,
+                data: p_data.to_vec(),
+                ts,
+            },
+        );
     }
     h.fast = false;
 }
@@ -1027,7 +1123,14 @@ fn ack_ahead(p: &mut Half, d: i64, ts: f64) {
         p.pend_oldest = ts;
     }
     let k = p.pend.partition_point(|x| x.off < target);
-    p.pend.insert(k, Piece { off: target, data: Vec::new(), ts });
+    p.pend.insert(
+        k,
+        Piece {
+            off: target,
+            data: Vec::new(),
+            ts,
+        },
+    );
     p.fast = false;
 }
 
@@ -1073,7 +1176,12 @@ fn flush_half(cx: &mut Ctx<'_>, id: i64, h: &mut Half, ts: f64, out: &mut Vec<Ev
     h.prev_data.clear();
     h.prev_data.extend_from_slice(&data[n - keep..]);
     cx.stats.bytes_delivered += len64(&data);
-    out.push(Event::Data { conn: id, ts, from_client: h.from_client, data });
+    out.push(Event::Data {
+        conn: id,
+        ts,
+        from_client: h.from_client,
+        data,
+    });
 }
 
 // ------------------------------------------------------------- closing
@@ -1144,7 +1252,12 @@ fn maybe_fin_end(cx: &mut Ctx<'_>, c: &mut Conn, d: usize, ts: f64, out: &mut Ve
     }
     flush_acc(cx, c, d, ts, out);
     let h = &mut c.h[d];
-    out.push(Event::End { conn: c.id, ts, from_client: h.from_client, reason: "fin" });
+    out.push(Event::End {
+        conn: c.id,
+        ts,
+        from_client: h.from_client,
+        reason: "fin",
+    });
     h.ended = true;
     h.fast = false;
     h.next_seq = (h.next_seq + 1) & MASK; // the FIN's sequence number
@@ -1154,7 +1267,14 @@ fn maybe_fin_end(cx: &mut Ctx<'_>, c: &mut Conn, d: usize, ts: f64, out: &mut Ve
     }
 }
 
-fn end_half(cx: &mut Ctx<'_>, c: &mut Conn, d: usize, reason: &'static str, ts: f64, out: &mut Vec<Event>) {
+fn end_half(
+    cx: &mut Ctx<'_>,
+    c: &mut Conn,
+    d: usize,
+    reason: &'static str,
+    ts: f64,
+    out: &mut Vec<Event>,
+) {
     let id = c.id;
     let h = &mut c.h[d];
     if !h.ended {
@@ -1162,7 +1282,12 @@ fn end_half(cx: &mut Ctx<'_>, c: &mut Conn, d: usize, reason: &'static str, ts: 
             skip_hole(cx, id, h, ts, out);
         }
         flush_half(cx, id, h, ts, out);
-        out.push(Event::End { conn: id, ts, from_client: h.from_client, reason });
+        out.push(Event::End {
+            conn: id,
+            ts,
+            from_client: h.from_client,
+            reason,
+        });
         h.ended = true;
     }
     h.fast = false;
@@ -1187,7 +1312,11 @@ fn close(cx: &mut Ctx<'_>, c: &mut Conn, reason: &'static str, ts: f64, out: &mu
     end_half(cx, c, 1, reason, ts, out);
     c.closed = true;
     *cx.open -= 1;
-    out.push(Event::Closed { conn: c.id, ts, reason });
+    out.push(Event::Closed {
+        conn: c.id,
+        ts,
+        reason,
+    });
 }
 
 #[cfg(test)]

@@ -49,7 +49,11 @@ pub struct SegmentBatch {
 
 impl SegmentBatch {
     fn new() -> SegmentBatch {
-        SegmentBatch { recs: Vec::new(), arena: Vec::new(), frames: 0 }
+        SegmentBatch {
+            recs: Vec::new(),
+            arena: Vec::new(),
+            frames: 0,
+        }
     }
 
     fn push(&mut self, ts: f64, s: &Seg<'_>) {
@@ -70,7 +74,10 @@ impl SegmentBatch {
     }
 
     fn seg(&self, r: &Rec) -> Seg<'_> {
-        let payload = self.arena.get(r.start..r.start.saturating_add(r.len)).unwrap_or(&[]);
+        let payload = self
+            .arena
+            .get(r.start..r.start.saturating_add(r.len))
+            .unwrap_or(&[]);
         Seg {
             src: r.src,
             sport: r.sport,
@@ -127,14 +134,22 @@ impl SegmentBatch {
                     PyBytes::new(py, s.payload).into_any(),
                 ],
             )?;
-            out.append(cls.tuple_new.bind(py).call1((cls.segment.bind(py), fields))?)?;
+            out.append(
+                cls.tuple_new
+                    .bind(py)
+                    .call1((cls.segment.bind(py), fields))?,
+            )?;
         }
         Ok(out)
     }
 }
 
 /// The bytes of a buffer (bytes, mmap, memoryview) for the duration of a call.
-fn with_bytes<R>(_py: Python<'_>, obj: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> R) -> PyResult<R> {
+fn with_bytes<R>(
+    _py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    f: impl FnOnce(&[u8]) -> R,
+) -> PyResult<R> {
     let buf = PyBuffer::<u8>::get(obj)?;
     if !buf.is_c_contiguous() {
         return Err(PyValueError::new_err("the frame buffer must be contiguous"));
@@ -165,7 +180,9 @@ fn parse_frames(
     bounds: Vec<usize>,
 ) -> PyResult<SegmentBatch> {
     if bounds.len() != ts.len().saturating_mul(2) {
-        return Err(PyValueError::new_err("bounds must hold two offsets per timestamp"));
+        return Err(PyValueError::new_err(
+            "bounds must hold two offsets per timestamp",
+        ));
     }
     with_bytes(py, data, |buf| {
         let mut batch = SegmentBatch::new();
@@ -313,8 +330,15 @@ fn extract_segment(item: &Bound<'_, PyAny>) -> PyResult<(f64, OwnedSeg, Vec<u8>)
         u8,
         Vec<u8>,
     ) = item.extract()?;
-    let fields =
-        OwnedSeg { src: parse_addr(&src), sport, dst: parse_addr(&dst), dport, seq, ack, flags };
+    let fields = OwnedSeg {
+        src: parse_addr(&src),
+        sport,
+        dst: parse_addr(&dst),
+        dport,
+        seq,
+        ack,
+        flags,
+    };
     Ok((ts, fields, payload))
 }
 
@@ -337,7 +361,11 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
         let ev = py.import("sniffer.core.events")?;
         let get = |name: &str| -> PyResult<Py<PyAny>> { Ok(ev.getattr(name)?.unbind()) };
         Ok(Classes {
-            tuple_new: py.import("builtins")?.getattr("tuple")?.getattr("__new__")?.unbind(),
+            tuple_new: py
+                .import("builtins")?
+                .getattr("tuple")?
+                .getattr("__new__")?
+                .unbind(),
             segment: get("Segment")?,
             flow_data: get("FlowData")?,
             opened: get("ConnectionOpened")?,
@@ -362,12 +390,23 @@ fn reason<'py>(py: Python<'py>, r: &str) -> Bound<'py, pyo3::types::PyString> {
 }
 
 fn endpoint<'py>(py: Python<'py>, e: &core_r::Endpoint) -> PyResult<Bound<'py, PyTuple>> {
-    PyTuple::new(py, [addr_text(&e.0).into_bound_py_any(py)?, e.1.into_bound_py_any(py)?])
+    PyTuple::new(
+        py,
+        [
+            addr_text(&e.0).into_bound_py_any(py)?,
+            e.1.into_bound_py_any(py)?,
+        ],
+    )
 }
 
 fn event_to_py<'py>(py: Python<'py>, cls: &Classes, ev: Event) -> PyResult<Bound<'py, PyAny>> {
     match ev {
-        Event::Data { conn, ts, from_client, data } => {
+        Event::Data {
+            conn,
+            ts,
+            from_client,
+            data,
+        } => {
             let fields = PyTuple::new(
                 py,
                 [
@@ -377,22 +416,57 @@ fn event_to_py<'py>(py: Python<'py>, cls: &Classes, ev: Event) -> PyResult<Bound
                     PyBytes::new(py, &data).into_any(),
                 ],
             )?;
-            cls.tuple_new.bind(py).call1((cls.flow_data.bind(py), fields))
+            cls.tuple_new
+                .bind(py)
+                .call1((cls.flow_data.bind(py), fields))
         }
-        Event::Opened { conn, ts, client, server, syn_seen } => cls
-            .opened
+        Event::Opened {
+            conn,
+            ts,
+            client,
+            server,
+            syn_seen,
+        } => cls.opened.bind(py).call1((
+            conn,
+            ts,
+            endpoint(py, &client)?,
+            endpoint(py, &server)?,
+            syn_seen,
+        )),
+        Event::Gap {
+            conn,
+            ts,
+            from_client,
+            nbytes,
+            reason: r,
+        } => cls
+            .gap
             .bind(py)
-            .call1((conn, ts, endpoint(py, &client)?, endpoint(py, &server)?, syn_seen)),
-        Event::Gap { conn, ts, from_client, nbytes, reason: r } => {
-            cls.gap.bind(py).call1((conn, ts, from_client, nbytes, reason(py, &r)))
-        }
-        Event::End { conn, ts, from_client, reason: r } => {
-            cls.end.bind(py).call1((conn, ts, from_client, reason(py, r)))
-        }
-        Event::Closed { conn, ts, reason: r } => cls.closed.bind(py).call1((conn, ts, reason(py, r))),
-        Event::Anomaly { conn, ts, from_client, kind, detail } => {
-            cls.anomaly.bind(py).call1((conn, ts, from_client, kind, detail))
-        }
+            .call1((conn, ts, from_client, nbytes, reason(py, &r))),
+        Event::End {
+            conn,
+            ts,
+            from_client,
+            reason: r,
+        } => cls
+            .end
+            .bind(py)
+            .call1((conn, ts, from_client, reason(py, r))),
+        Event::Closed {
+            conn,
+            ts,
+            reason: r,
+        } => cls.closed.bind(py).call1((conn, ts, reason(py, r))),
+        Event::Anomaly {
+            conn,
+            ts,
+            from_client,
+            kind,
+            detail,
+        } => cls
+            .anomaly
+            .bind(py)
+            .call1((conn, ts, from_client, kind, detail)),
     }
 }
 
@@ -453,7 +527,10 @@ impl Reassembler {
                 Err(e) => {
                     let msg = format!(
                         "{}: {}",
-                        e.get_type(py).name().map(|n| n.to_string()).unwrap_or_default(),
+                        e.get_type(py)
+                            .name()
+                            .map(|n| n.to_string())
+                            .unwrap_or_default(),
                         e.value(py).str().map(|s| s.to_string()).unwrap_or_default()
                     );
                     raised = Some(e);
@@ -471,7 +548,12 @@ impl Reassembler {
     }
 }
 
-fn error_tuple<'py>(py: Python<'py>, pos: usize, ts: f64, msg: String) -> PyResult<Bound<'py, PyAny>> {
+fn error_tuple<'py>(
+    py: Python<'py>,
+    pos: usize,
+    ts: f64,
+    msg: String,
+) -> PyResult<Bound<'py, PyAny>> {
     (pos, ts, msg).into_bound_py_any(py)
 }
 
@@ -504,7 +586,11 @@ impl Reassembler {
             hole_timeout,
             max_connections: usize::try_from(max_connections.max(1)).unwrap_or(usize::MAX),
         };
-        Ok(Reassembler { inner: core_r::Reassembler::new(cfg), conn_ids, only: ports(only_ports)? })
+        Ok(Reassembler {
+            inner: core_r::Reassembler::new(cfg),
+            conn_ids,
+            only: ports(only_ports)?,
+        })
     }
 
     /// Only segments on these ports from now on (empty: all).
@@ -580,7 +666,9 @@ impl Reassembler {
             if share_n > 1 && share(u32::from(r.sport ^ r.dport), share_n) != share_k {
                 continue;
             }
-            if !self.only.is_empty() && !self.only.contains(&r.sport) && !self.only.contains(&r.dport)
+            if !self.only.is_empty()
+                && !self.only.contains(&r.sport)
+                && !self.only.contains(&r.dport)
             {
                 skipped += 1;
                 continue;
@@ -667,7 +755,8 @@ impl Reassembler {
             Ok(p) => (parse_addr(&a), p),
             Err(_) => (Addr::Invalid, 0),
         };
-        self.inner.adopt(conn_id, ts, ep(client), ep(server), c2s, s2c);
+        self.inner
+            .adopt(conn_id, ts, ep(client), ep(server), c2s, s2c);
     }
 }
 

@@ -8,9 +8,21 @@ const C: Addr = Addr::V4([127, 0, 0, 1]);
 const S: Addr = Addr::V4([127, 0, 0, 2]);
 
 fn seg(from_client: bool, seq: u32, ack: u32, flags: u8, payload: &[u8]) -> Seg<'_> {
-    let (src, sport, dst, dport) =
-        if from_client { (C, 50000, S, 8000) } else { (S, 8000, C, 50000) };
-    Seg { src, sport, dst, dport, seq, ack, flags, payload }
+    let (src, sport, dst, dport) = if from_client {
+        (C, 50000, S, 8000)
+    } else {
+        (S, 8000, C, 50000)
+    };
+    Seg {
+        src,
+        sport,
+        dst,
+        dport,
+        seq,
+        ack,
+        flags,
+        payload,
+    }
 }
 
 fn run(r: &mut Reassembler, segs: &[(f64, Seg<'_>)]) -> Vec<Event> {
@@ -24,7 +36,10 @@ fn run(r: &mut Reassembler, segs: &[(f64, Seg<'_>)]) -> Vec<Event> {
 fn data_of(events: &[Event], client: bool) -> Vec<u8> {
     let mut v = Vec::new();
     for e in events {
-        if let Event::Data { from_client, data, .. } = e {
+        if let Event::Data {
+            from_client, data, ..
+        } = e
+        {
             if *from_client == client {
                 v.extend(data);
             }
@@ -48,10 +63,20 @@ fn handshake_data_and_fin_near_the_sequence_wrap() {
             (1.5, seg(true, isn.wrapping_add(15), 11, ACK | FIN, b"")),
         ],
     );
-    assert!(matches!(ev[0], Event::Opened { conn: 1, syn_seen: true, .. }));
+    assert!(matches!(
+        ev[0],
+        Event::Opened {
+            conn: 1,
+            syn_seen: true,
+            ..
+        }
+    ));
     assert_eq!(data_of(&ev, true), b"GET / HTTP/1.1");
     assert_eq!(data_of(&ev, false), b"ok");
-    assert!(matches!(ev.last(), Some(Event::Closed { reason: "fin", .. })));
+    assert!(matches!(
+        ev.last(),
+        Some(Event::Closed { reason: "fin", .. })
+    ));
     assert_eq!(r.open_connections(), 0);
 }
 
@@ -71,7 +96,13 @@ fn reordered_duplicate_and_mismatching_overlap() {
     assert_eq!(r.stats.out_of_order, 1);
     assert_eq!(r.stats.retransmissions, 1);
     assert_eq!(r.stats.overlaps_inconsistent, 1);
-    assert!(ev.iter().any(|e| matches!(e, Event::Anomaly { kind: "overlap-mismatch", .. })));
+    assert!(ev.iter().any(|e| matches!(
+        e,
+        Event::Anomaly {
+            kind: "overlap-mismatch",
+            ..
+        }
+    )));
 }
 
 #[test]
@@ -106,7 +137,12 @@ fn midstream_is_oriented_by_server_ports_then_port_order() {
     let mut r = Reassembler::new(cfg);
     let ev = run(&mut r, &[(1.0, seg(false, 9, 0, ACK, b"data"))]);
     match &ev[0] {
-        Event::Opened { client, server, syn_seen: false, .. } => {
+        Event::Opened {
+            client,
+            server,
+            syn_seen: false,
+            ..
+        } => {
             assert_eq!((*client, *server), ((S, 8000), (C, 50000)));
         }
         e => panic!("{e:?}"),
@@ -126,7 +162,14 @@ fn port_reuse_ends_the_old_connection_as_idle() {
         ],
     );
     assert_eq!(r.stats.port_reuse, 1);
-    assert!(ev.iter().any(|e| matches!(e, Event::Closed { conn: 1, reason: "idle", .. })));
+    assert!(ev.iter().any(|e| matches!(
+        e,
+        Event::Closed {
+            conn: 1,
+            reason: "idle",
+            ..
+        }
+    )));
     assert!(matches!(ev.last(), Some(Event::Opened { conn: 2, .. })));
 }
 
@@ -136,7 +179,10 @@ fn an_id_source_error_drops_the_segment_and_its_events() {
     let mut out = Vec::new();
     let mut fail = || -> Result<i64, String> { Err("IdsUnavailable: no ids".to_owned()) };
     let s = seg(true, 1, 0, SYN, b"");
-    assert_eq!(r.feed(1.0, &s, Some(&mut fail), &mut out), Err("IdsUnavailable: no ids".into()));
+    assert_eq!(
+        r.feed(1.0, &s, Some(&mut fail), &mut out),
+        Err("IdsUnavailable: no ids".into())
+    );
     assert!(out.is_empty());
     let mut next = 41;
     let mut ok = || -> Result<i64, String> {
@@ -149,7 +195,10 @@ fn an_id_source_error_drops_the_segment_and_its_events() {
 
 #[test]
 fn the_buffer_cap_declares_holes_lost() {
-    let cfg = Config { max_buffer: 10, ..Config::default() };
+    let cfg = Config {
+        max_buffer: 10,
+        ..Config::default()
+    };
     let mut r = Reassembler::new(cfg);
     let ev = run(
         &mut r,
@@ -160,7 +209,13 @@ fn the_buffer_cap_declares_holes_lost() {
         ],
     );
     assert_eq!(r.stats.buffer_cap_hits, 1);
-    assert!(ev.iter().any(|e| matches!(e, Event::Gap { nbytes: Some(10), .. })));
+    assert!(ev.iter().any(|e| matches!(
+        e,
+        Event::Gap {
+            nbytes: Some(10),
+            ..
+        }
+    )));
     assert_eq!(data_of(&ev, true), b"0123456789abc");
 }
 
@@ -181,6 +236,8 @@ fn checkpoint_forget_and_adopt() {
     let mut r2 = Reassembler::new(Config::default());
     r2.adopt(7, 5.0, (C, 50000), (S, 8000), 104, 501);
     let ev = run(&mut r2, &[(5.5, seg(false, 511, 104, ACK, b"late"))]);
-    assert!(matches!(&ev[0], Event::Gap { conn: 7, nbytes: Some(10), reason, .. } if reason == "restart"));
+    assert!(
+        matches!(&ev[0], Event::Gap { conn: 7, nbytes: Some(10), reason, .. } if reason == "restart")
+    );
     assert_eq!(data_of(&ev, false), b"late");
 }
