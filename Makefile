@@ -2,13 +2,16 @@
 PYTHON ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: help install deps test test-compiled lint pcaps bench fuzz ebpf clean
+CARGO ?= cargo
+
+.PHONY: help install deps test test-compiled test-native lint lint-native pcaps bench fuzz ebpf clean
 
 help:
 	@echo "make install  - install sparseety (pip) and the Debian packages it uses"
 	@echo "make test     - install what the tests need, then lint and run the whole test suite"
 	@echo "make test-compiled - build the compiled (mypyc) wheel, test it against the pure build"
-	@echo "make lint     - ruff, mypy and the import layering contract (lint-imports)"
+	@echo "make test-native - the native core's Rust tests (cargo test) and clippy"
+	@echo "make lint     - ruff, mypy, the import layering contract (lint-imports) and clippy"
 	@echo "make pcaps    - re-record the fixtures in pcaps/ from real loopback traffic"
 	@echo "make bench    - benchmarks (replay vs tshark, live capture, tokens, diff); prints figures"
 	@echo "make fuzz     - fuzz campaign: 100,000 mutated captures and HTTP/SSE/JSON streams"
@@ -25,15 +28,23 @@ deps:
 ebpf:
 	sniffer/capture/ebpf/build.sh
 
-lint:
+lint: lint-native
 	ruff check sniffer tests scripts bench
 	ruff format --check sniffer tests scripts bench
 	mypy
 	lint-imports
 
+# The native core (native/: sparseety-core, the PyO3 bindings).
+lint-native:
+	cd native && $(CARGO) clippy --all-targets -- -D warnings
+
+test-native:
+	cd native && $(CARGO) test
+
 test: deps
 	-$(MAKE) --no-print-directory ebpf
 	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory test-native
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
 
 # The compiled build alone (make test runs it too, under CI=true).
@@ -54,5 +65,6 @@ bench: deps
 	$(PYTHON) bench/run_all.py
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache bench/out
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache bench/out native/target
+	rm -f sniffer/_native*.so
 	rm -f sniffer/capture/ebpf/*.o sniffer/capture/ebpf/vmlinux.h

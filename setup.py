@@ -1,4 +1,14 @@
-"""Optional compiled build of the hot modules (mypyc), with a pure-Python fallback.
+"""Optional compiled builds: the native core (Rust) and the hot modules (mypyc),
+each with a pure-Python fallback.
+
+The native core: ``pip install .``, ``pip install -e .`` and ``make install``
+build the Rust extension ``sniffer._native`` (``native/py``, PyO3, release
+profile) with setuptools-rust, unless ``SPARSEETY_PURE`` is set. Where
+setuptools-rust or cargo is missing, or the build fails, the package installs
+without it, with a warning, and the pure-Python stages run (one warning line
+at run time).
+
+The hot modules:
 
 ``pip install .`` (a wheel) compiles the modules listed in
 ``sniffer.COMPILED_MODULES`` with mypyc when all of these hold:
@@ -19,6 +29,7 @@ installs (``pip install -e``) always stay pure. At run time,
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -59,6 +70,38 @@ def _wanted() -> bool:
     if "editable_wheel" in commands or "develop" in commands:
         return False  # editable installs stay pure: the tree is the running code
     return bool(commands & BUILDING)
+
+
+def _rust_extensions() -> list[Any]:
+    """The native core, ``sniffer._native`` (optional: a failed build warns)."""
+    if os.environ.get(OPT_OUT):
+        return []
+    try:
+        from setuptools_rust import Binding, RustExtension
+    except ImportError:
+        _warn_native("setuptools-rust is not installed (pip install setuptools-rust)")
+        return []
+    if shutil.which(os.environ.get("CARGO", "cargo")) is None:
+        _warn_native("cargo is not installed (the Rust toolchain, https://rustup.rs)")
+        return []
+    return [
+        RustExtension(
+            "sniffer._native",
+            path="native/py/Cargo.toml",
+            binding=Binding.PyO3,
+            py_limited_api="cp311",  # pyo3's abi3-py311: one build for 3.11 and later
+            debug=False,  # the release profile, editable installs too
+            optional=True,  # a failed build leaves the package without it
+        )
+    ]
+
+
+def _warn_native(msg: str) -> None:
+    print(
+        f"sparseety: WARNING: {msg}; installing without the native core "
+        "(the pure-Python stages run)",
+        file=sys.stderr,
+    )
 
 
 def _ext_modules() -> list[Any]:
@@ -106,4 +149,8 @@ class OptionalBuildExt(build_ext):
         self.distribution.ext_modules = []
 
 
-setup(ext_modules=_ext_modules(), cmdclass={"build_ext": OptionalBuildExt})
+setup(
+    ext_modules=_ext_modules(),
+    rust_extensions=_rust_extensions(),
+    cmdclass={"build_ext": OptionalBuildExt},
+)

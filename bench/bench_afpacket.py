@@ -119,7 +119,7 @@ def run_step(backend: str, rate: int, seconds: float, payload_len: int, cpus: li
         for item in batch:
             if type(item) is Segment:
                 captured += 1
-            elif isinstance(item, CaptureGap):
+            elif type(item) is CaptureGap:
                 drops += item.dropped
         now = time.perf_counter()
         if t_gen_end is None and not gen.is_alive():

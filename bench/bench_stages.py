@@ -13,6 +13,13 @@ Reads the capture once, then, best of ``--runs`` by CPU time
   batches of 512 events as replay hands them over;
 - ``flush``: the final flush and close.
 
+With the native core (``sniffer._native``), the same for its stages beside
+the pure ones: ``read native`` (``reader.segment_batches()``: pcap records →
+batches of segments, in Rust), ``reassembly native`` (``feed_batch`` over
+those batches, the Python flow events made) and ``pipeline native``
+(``Pipeline.feed_batch``, what replay runs with the native core).
+``SPARSEETY_PURE=1`` leaves them out.
+
 Every figure is divided by the number of chunk events. On a shared machine
 take the best of several runs; for exact comparisons count instructions
 (``valgrind --tool=callgrind``) instead.
@@ -37,6 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from sniffer.capture.pcap import read_capture  # noqa: E402
 from sniffer.core.events import Segment, StoreEvent  # noqa: E402
+from sniffer.core.native import NATIVE, NativeReassembler  # noqa: E402
 from sniffer.core.pipeline import Pipeline, PipelineConfig  # noqa: E402
 from sniffer.record.chain import RecordingChain, RecordingOptions  # noqa: E402
 from sniffer.store.writer import StoreWriter  # noqa: E402
@@ -50,8 +58,33 @@ def _cpu(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.process_time() - t, result
 
 
+def _native_stages(capture: Path) -> dict[str, float]:
+    """read, reassembly and pipeline with the native core."""
+    t_read, batches = _cpu(lambda: list(read_capture(capture).segment_batches()))
+    last = next(b.last_ts for b in reversed(batches) if len(b))
+    r = NativeReassembler()
+
+    def reassembly() -> list[Any]:
+        flows: list[Any] = []
+        for b in batches:
+            flows.extend(r.feed_batch(b)[0])
+        flows.extend(r.flush(last))
+        return flows
+
+    t_reasm, _ = _cpu(reassembly)
+    pipe = Pipeline(PipelineConfig(native=True))
+
+    def pipeline() -> None:
+        for b in batches:
+            pipe.feed_batch(b)
+        pipe.flush(last)
+
+    t_pipe, _ = _cpu(pipeline)
+    return {"read native": t_read, "reassembly native": t_reasm, "pipeline native": t_pipe}
+
+
 def _stages(segs: list[Segment]) -> dict[str, float]:
-    pipe = Pipeline(PipelineConfig())
+    pipe = Pipeline(PipelineConfig(native=False))
     rfeed = pipe.reassembler.feed
 
     def reassembly() -> list[Any]:
@@ -89,7 +122,7 @@ def _replay(segs: list[Segment], tmp: str, batch: int) -> tuple[dict[str, float]
     w = StoreWriter(os.path.join(tmp, "bench.db"), batch_size=batch, node="bench")
     chain = RecordingChain.from_config(RecordingOptions(tokens=False))
     chain.attach(w)
-    pipe = Pipeline(PipelineConfig(conn_ids=w.conn_ids, stream_ids=w.stream_ids))
+    pipe = Pipeline(PipelineConfig(conn_ids=w.conn_ids, stream_ids=w.stream_ids, native=False))
     feed = pipe.feed
 
     def pipeline() -> list[list[StoreEvent]]:
@@ -139,6 +172,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             more, events = _replay(segs, tmp, ns.batch)
         times.update(more)
+        if NATIVE is not None:
+            times.update(_native_stages(ns.capture))
         for k, v in times.items():
             best[k] = min(best.get(k, v), v)
         del segs
@@ -147,10 +182,10 @@ def main() -> int:
         return 1
     print(f"{ns.capture}: {events:,} chunk events; best of {ns.runs} runs, CPU")
     for k, v in best.items():
-        print(f"  {k:11s} {v:7.3f} s {1e6 * v / events:7.2f} µs/event")
+        print(f"  {k:18s} {v:7.3f} s {1e6 * v / events:7.2f} µs/event")
     total = best["read"] + best["pipeline"] + best["chain"] + best["flush"]
     print(
-        f"  {'total':11s} {total:7.3f} s {1e6 * total / events:7.2f} µs/event"
+        f"  {'total':18s} {total:7.3f} s {1e6 * total / events:7.2f} µs/event"
         " (read + pipeline + chain + flush)"
     )
     return 0

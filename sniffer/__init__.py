@@ -9,7 +9,42 @@ metrics, token collector, sampling, redaction) → ``store`` (the database).
 ``cli`` is the command line. The layering is checked by ``lint-imports``.
 """
 
+from types import ModuleType
+
 __version__ = "0.1.0"
+
+#: Set (non-empty) at run time: the pure-Python stages run instead of the native
+#: core; at build time (``SPARSEETY_PURE=1 pip install .``): nothing is compiled.
+PURE_ENV = "SPARSEETY_PURE"
+
+_native_loaded: tuple[ModuleType | None, str | None] | None = None
+
+
+def native_core() -> tuple[ModuleType | None, str | None]:
+    """(the native core's extension module ``sniffer._native``, None) when it
+    runs; (None, why not) when it cannot be imported; (None, None) when
+    ``SPARSEETY_PURE`` selects the pure-Python stages. Loaded once."""
+    global _native_loaded
+    if _native_loaded is None:
+        import os
+
+        if os.environ.get(PURE_ENV):
+            _native_loaded = (None, None)
+        else:
+            try:
+                from sniffer import _native
+            except ImportError as exc:
+                _native_loaded = (None, f"{type(exc).__name__}: {exc}")
+            else:
+                _native_loaded = (_native, None)
+    return _native_loaded
+
+
+def core_name() -> str:
+    """Which core runs the per-packet path: "native core x.y.z" or "pure core"."""
+    mod = native_core()[0]
+    return f"native core {mod.__version__}" if mod is not None else "pure core"
+
 
 #: The modules an optional compiled build (mypyc, ``setup.py``) compiles; the
 #: pure-Python source of each stays the reference.
@@ -28,7 +63,8 @@ COMPILED_MODULES = (
 
 
 def build_info() -> dict[str, object]:
-    """Which build runs: ``{"build": "compiled" | "pure", "compiled": [modules]}``.
+    """Which build runs: ``{"build": "compiled" | "pure", "compiled": [modules],
+    "core": "native core x.y.z" | "pure core"}``.
 
     A module counts as compiled when it was loaded from an extension module
     (``.so``/``.pyd``) instead of its ``.py`` source. Imports the hot modules.
@@ -40,4 +76,8 @@ def build_info() -> dict[str, object]:
         origin = getattr(importlib.import_module(name), "__file__", None) or ""
         if not origin.endswith((".py", ".pyc")):
             compiled.append(name)
-    return {"build": "compiled" if compiled else "pure", "compiled": compiled}
+    return {
+        "build": "compiled" if compiled else "pure",
+        "compiled": compiled,
+        "core": core_name(),
+    }

@@ -4,7 +4,8 @@ PostgreSQL); and the rule that CI runs every test.
 
 Tests that need something a developer's machine may lack carry a marker:
 ``root`` (packet sockets, BPF), ``ebpf`` (loading the eBPF capture program) or
-``postgres`` (given automatically to every test that uses ``pg_url``). Where
+``postgres`` (given automatically to every test that uses ``pg_url``) or
+``native`` (the native core, ``sniffer._native``). Where
 that need cannot be met they are skipped with the reason — except when the
 environment variable ``CI`` is true (``.ci/run`` sets it): there a test with one
 of these markers that is skipped before it runs (a ``skipif`` mark, a fixture
@@ -31,6 +32,7 @@ REQUIREMENTS = {
     "root": "root (packet sockets, BPF)",
     "ebpf": "the eBPF capture program",
     "postgres": "a PostgreSQL server",
+    "native": "the native core (sniffer._native: pip install . or -e . builds it where cargo is)",
 }
 
 

@@ -26,6 +26,7 @@ from sniffer.capture.afpacket import (
     have_capture_privilege,
 )
 from sniffer.core.events import ACK, FIN, PSH, RST, SYN, CaptureGap, Segment
+from sniffer.core.native import NATIVE
 
 pytestmark = [
     pytest.mark.root,
@@ -626,3 +627,39 @@ def _is_packet_socket(fd: str) -> bool:
     inode = target[8:-1]
     with open("/proc/net/packet") as fh:
         return any(line.split()[-1] == inode for line in fh.readlines()[1:])
+
+
+@pytest.mark.native
+@pytest.mark.skipif(NATIVE is None, reason="the native core is not available")
+def test_native_batches_give_the_same_segments() -> None:
+    """``batches=True`` (the daemon's mode with the native core): one
+    ``SegmentBatch`` per ring block, holding exactly the segments the Python
+    parser gives for the same packets (a second socket on the same traffic)."""
+    srv = free_listener("127.0.0.1")
+    port = srv.getsockname()[1]
+    plain = open_source(port, "tpacket_v3")
+    batched = AfPacketSource("lo", (port,), ring_blocks=8, block_size=1 << 20, batches=True)
+    batched.open()
+    try:
+        with srv:
+            converse(srv, MESSAGES)
+        items = collect(plain, fins_both_ways(port))
+        got: list[Segment | CaptureGap] = []
+        for _ in range(MAX_POLLS):
+            for item in batched.poll(0.05):
+                assert isinstance(item, NATIVE.SegmentBatch)
+                got += item.segments()
+            if len([g for g in segments(got) if g.flags & FIN]) >= 2:
+                break
+        got += [s for b in batched.poll(0) for s in b.segments()]
+        assert batched.stats().segments == len(got)
+    finally:
+        plain.close()
+        batched.close()
+
+    def key(s: Segment) -> tuple[object, ...]:
+        return s._replace(ts=0.0)  # each socket stamps its own copy
+
+    want = segments(items)
+    assert len(want) > 10
+    assert sorted(map(key, segments(got))) == sorted(map(key, want))

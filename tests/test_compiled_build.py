@@ -10,8 +10,12 @@ with that venv's Python:
 * replays every bundled capture with both builds (``scripts/replay_snapshot.py``)
   and requires the stores to be byte-identical.
 
-It also checks the fallbacks: ``SPARSEETY_PURE=1`` and a broken C compiler
-both give a pure wheel. A few minutes: it runs when ``CI`` is true (``make
+The wheel also carries the native core (``sniffer._native``, Rust) where
+cargo is: both compiled paths coexist, and the mypyc modules run beside it.
+
+It also checks the fallbacks: ``SPARSEETY_PURE=1`` gives a pure wheel (no
+native core either), and a broken C compiler a wheel without mypyc modules.
+A few minutes: it runs when ``CI`` is true (``make
 test``, ``.ci/run``) or with ``SPARSEETY_TEST_COMPILED=1``
 (``make test-compiled``); it is skipped, with the reason, where mypyc or a C
 compiler is missing.
@@ -36,7 +40,8 @@ from tests.conftest import in_ci
 
 REPO = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.slow, pytest.mark.compiled]
+# Building a wheel compiles the mypyc modules and the native core: minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.compiled, pytest.mark.timeout(1800)]
 
 PIP = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
 
@@ -75,7 +80,7 @@ def _why_not() -> str | None:
 
 def _copy_tree(dst: Path) -> Path:
     ignore = shutil.ignore_patterns(
-        ".git", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.db*", ".*_cache"
+        ".git", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.db*", ".*_cache", "target"
     )
     src = dst / "src"
     shutil.copytree(REPO, src, ignore=ignore)
@@ -83,9 +88,11 @@ def _copy_tree(dst: Path) -> Path:
 
 
 def _wheel(src: Path, out: Path, **env: str) -> Path:
+    # The tree's cargo target folder: the native core's dependencies are built once.
+    cargo = {"CARGO_TARGET_DIR": str(REPO / "native" / "target")}
     proc = subprocess.run(
         [*PIP, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(src)],
-        env={**os.environ, **env},
+        env={**os.environ, **cargo, **env},
         capture_output=True,
         text=True,
         timeout=900,
@@ -145,6 +152,8 @@ def test_build_info_says_compiled(compiled: tuple[Path, Path]) -> None:
         check=True,
     ).stdout
     assert "'build': 'compiled'" in out and str(run) not in out
+    if shutil.which("cargo") is not None:  # the native core was built beside the mypyc modules
+        assert "'core': 'native core " in out
     version = subprocess.run(
         [str(python), "-m", "sniffer.cli", "--version"],
         cwd=run,
@@ -154,6 +163,7 @@ def test_build_info_says_compiled(compiled: tuple[Path, Path]) -> None:
         check=True,
     ).stdout
     assert "(compiled build)" in version
+    assert "native core" in version or shutil.which("cargo") is None
 
 
 def test_core_pipeline_tests_pass_compiled(compiled: tuple[Path, Path]) -> None:
@@ -205,12 +215,15 @@ def test_opt_out_and_broken_compiler_give_a_pure_wheel(
     src = _copy_tree(tmp_path)
     assert _extensions(_wheel(src, tmp_path / "pure", SPARSEETY_PURE="1")) == []
     shutil.rmtree(src / "build", ignore_errors=True)
-    assert _extensions(_wheel(src, tmp_path / "nocc", CC="false", LDSHARED="false")) == []
+    nocc = _extensions(_wheel(src, tmp_path / "nocc", CC="false", LDSHARED="false"))
+    assert [n for n in nocc if not n.startswith("sniffer/_native")] == []  # no mypyc module
 
 
 def test_editable_build_stays_pure(tmp_path: Path) -> None:
-    """``pip install -e``: the build backend's editable hook compiles nothing and
-    asks for no mypy (no compiler needed; runs everywhere, a few seconds)."""
+    """``pip install -e`` never compiles the mypyc modules and asks for no mypy
+    (it builds the native core in place, asking for setuptools-rust; with
+    ``SPARSEETY_PURE=1``, as here, it asks for nothing and builds nothing: no
+    compiler needed; runs everywhere, a few seconds)."""
     src = _copy_tree(tmp_path)
     hooks = (
         "import json, sys; sys.path.insert(0, 'buildsys'); import sparseety_build as b; "
@@ -224,13 +237,39 @@ def test_editable_build_stays_pure(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", hooks, str(out)],
         cwd=src,
+        env={**os.environ, "SPARSEETY_PURE": "1"},
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     reqs, name = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert not any(r.startswith("mypy") for r in reqs)
+    assert not any(r.startswith(("mypy", "setuptools-rust")) for r in reqs)
     assert name.endswith("-py3-none-any.whl")
     assert _extensions(out / name) == []
     assert not list((src / "sniffer").rglob("*.so")) and not (src / "build").exists()
+
+
+def test_without_cargo_the_package_installs_pure_with_a_warning(tmp_path: Path) -> None:
+    """No Rust toolchain: the editable build (what ``scripts/install-deps.sh``
+    runs) still succeeds, builds no native core and says so."""
+    src = _copy_tree(tmp_path)
+    hooks = (
+        "import sys; sys.path.insert(0, 'buildsys'); import sparseety_build as b; "
+        "out = sys.argv[1]; print(b.build_editable(out))"
+    )
+    out = tmp_path / "editable"
+    out.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-c", hooks, str(out)],
+        cwd=src,
+        env={**os.environ, "CARGO": str(tmp_path / "no-cargo")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cargo is not installed" in proc.stderr and "without the native core" in proc.stderr
+    assert not list((src / "sniffer").rglob("*.so"))
+    (name,) = [p.name for p in out.glob("*.whl")]
+    assert _extensions(out / name) == []

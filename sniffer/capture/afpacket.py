@@ -49,11 +49,21 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sniffer.capture.bpf import FilterError, build_filter, describe_filter, sock_fprog
 from sniffer.capture.packet import LINKTYPE_ETHERNET, frame_parser
 from sniffer.core.events import CaptureGap, Segment
+from sniffer.core.native import NATIVE
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from sniffer._native import SegmentBatch
+
+#: what a poll gives: segments (with ``batches``, native batches of them) and
+#: kernel-drop markers
+PollItem: TypeAlias = "Segment | CaptureGap | SegmentBatch"
 
 __all__ = ["AfPacketSource", "CaptureError", "CaptureStats", "have_capture_privilege"]
 
@@ -148,6 +158,7 @@ class AfPacketSource:
         block_timeout_ms: int = 20,
         rcvbuf: int = 64 << 20,
         use_ring: bool = True,
+        batches: bool = False,
     ) -> None:
         if not iface or len(iface) >= 16 or "/" in iface or any(c.isspace() for c in iface):
             raise CaptureError(f"invalid interface name {iface!r}")
@@ -186,6 +197,11 @@ class AfPacketSource:
         self._block = 0  # next ring block to read
         self._skip_outgoing = False
         self._parse = frame_parser(LINKTYPE_ETHERNET)
+        #: the native core parses each ring block in one call: polls give
+        #: ``sniffer._native.SegmentBatch`` items instead of ``Segment``s
+        self._native = NATIVE if batches else None
+        if batches and NATIVE is None:
+            raise CaptureError("batches need the native core (sniffer._native)")
         self._recv_buf = bytearray()
         self._recv_view = memoryview(self._recv_buf)
 
@@ -317,7 +333,7 @@ class AfPacketSource:
 
     # ------------------------------------------------------------------ reading
 
-    def poll(self, timeout: float) -> list[Segment | CaptureGap]:
+    def poll(self, timeout: float) -> list[PollItem]:
         """Wait up to ``timeout`` seconds for packets and return what is ready.
 
         The batch may be empty. Frames the parser cannot use are counted
@@ -325,7 +341,7 @@ class AfPacketSource:
         """
         if self._sock is None:
             raise CaptureError("capture source is not open")
-        out: list[Segment | CaptureGap] = []
+        out: list[PollItem] = []
         wait_ms = max(0, int(timeout * 1000 + 0.999))
         if self._mm is not None:
             if not self._block_ready() and wait_ms:
@@ -350,7 +366,10 @@ class AfPacketSource:
         status = _U32.unpack_from(self._mm, self._block * self._block_size + _BLOCK_STATUS)[0]
         return bool(status & TP_STATUS_USER)
 
-    def _drain_ring(self, mm: mmap.mmap, view: memoryview, out: list[Segment | CaptureGap]) -> None:
+    def _drain_ring(self, mm: mmap.mmap, view: memoryview, out: list[Any]) -> None:
+        if self._native is not None:
+            self._drain_ring_native(mm, view, out)
+            return
         parse = self._parse
         unpack_pkt = _PKT_HDR.unpack_from
         block_size = self._block_size
@@ -404,7 +423,61 @@ class AfPacketSource:
         self._outgoing_skipped += skipped
         self._truncated += truncated
 
-    def _drain_recv(self, out: list[Segment | CaptureGap], wait_ms: int) -> None:
+    def _drain_ring_native(self, mm: mmap.mmap, view: memoryview, out: list[Any]) -> None:
+        """``_drain_ring`` with the native link layer: one call per ring block, which
+        gives one ``SegmentBatch`` (the same segments ``_drain_ring`` would give)."""
+        assert self._native is not None
+        parse_frames = self._native.parse_frames
+        unpack_pkt = _PKT_HDR.unpack_from
+        block_size = self._block_size
+        nblocks = self._ring_blocks
+        skip_outgoing = self._skip_outgoing
+        packets = nbytes = segments = skipped = truncated = 0
+        last_ts = self._last_ts
+        for _ in range(nblocks):
+            base = self._block * block_size
+            status, num, first = _BLOCK_HDR.unpack_from(mm, base + _BLOCK_STATUS)
+            if not status & TP_STATUS_USER:
+                break
+            if status & TP_STATUS_LOSING:
+                self._read_kernel_stats()
+                self._stats_at = time.monotonic()
+                if self._pending_drops:
+                    self._last_ts = last_ts
+                    self._emit_gap(out)
+            off = base + first
+            stamps: list[float] = []
+            bounds: list[int] = []
+            for _ in range(num):
+                next_off, sec, nsec, snaplen, wirelen, _st, mac = unpack_pkt(mm, off)
+                if skip_outgoing and mm[off + _PKT_SLL_PKTTYPE] == PACKET_OUTGOING:
+                    skipped += 1
+                else:
+                    packets += 1
+                    nbytes += snaplen
+                    if snaplen < wirelen:
+                        truncated += 1
+                    ts = sec + nsec * 1e-9
+                    last_ts = ts
+                    stamps.append(ts)
+                    start = off + mac
+                    bounds += (start, start + snaplen)
+                off += next_off
+            if stamps:
+                batch = parse_frames(LINKTYPE_ETHERNET, view, stamps, bounds)
+                if len(batch):
+                    segments += len(batch)
+                    out.append(batch)
+            _U32.pack_into(mm, base + _BLOCK_STATUS, TP_STATUS_KERNEL)
+            self._block = (self._block + 1) % nblocks
+        self._last_ts = last_ts
+        self._packets += packets
+        self._bytes += nbytes
+        self._segments += segments
+        self._outgoing_skipped += skipped
+        self._truncated += truncated
+
+    def _drain_recv(self, out: list[PollItem], wait_ms: int) -> None:
         sock = self._sock
         assert sock is not None
         parse = self._parse
@@ -461,7 +534,7 @@ class AfPacketSource:
         self._pending_drops += drops
         self._freezes += freezes
 
-    def _emit_gap(self, out: list[Segment | CaptureGap]) -> None:
+    def _emit_gap(self, out: list[PollItem]) -> None:
         ts = self._last_ts if self._last_ts is not None else time.time()
         out.append(CaptureGap(ts=ts, dropped=self._pending_drops, source="kernel"))
         self._pending_drops = 0
@@ -503,7 +576,7 @@ class AfPacketSource:
 
     # ------------------------------------------------------------------ teardown
 
-    def finish(self) -> list[Segment | CaptureGap]:
+    def finish(self) -> list[PollItem]:
         """At a stop, what the kernel captured that no poll has returned yet:
         the last moments before the stop (part of the ``Source`` protocol; the
         eBPF source returns its open connections' ends here). A TPACKET_V3
@@ -515,7 +588,7 @@ class AfPacketSource:
         capture thread has stopped."""
         if self._sock is None:
             return []
-        out: list[Segment | CaptureGap] = []
+        out: list[PollItem] = []
         wait = (self._block_timeout_ms + FINISH_MARGIN_MS) / 1000 if self._mm is not None else 0.0
         for _ in range(self._ring_blocks + 2):
             batch = self.poll(wait)

@@ -21,6 +21,7 @@ dropped items.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sniffer.capture.source import CaptureItem
 from sniffer.core.events import (
@@ -33,6 +34,7 @@ from sniffer.core.events import (
     FlowGap,
     Segment,
 )
+from sniffer.core.native import SEGMENT_BATCH
 
 __all__ = ["LossAccount"]
 
@@ -57,8 +59,14 @@ class LossAccount:
         for item in batch:
             t = type(item)
             if t is Segment:
+                assert isinstance(item, Segment)
                 lost += 1
                 self._ts = item.ts
+            elif t is SEGMENT_BATCH:  # a native batch of segments
+                segs: Any = item
+                lost += len(segs)
+                if len(segs):
+                    self._ts = max(self._ts, segs.ts(-1))
             elif t is CaptureGap:
                 assert isinstance(item, CaptureGap)
                 if item.source == "queue":

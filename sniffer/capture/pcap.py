@@ -17,6 +17,12 @@ memory) and walked with ``struct.unpack_from``; packets are parsed in place by
 count bytes of the capture data, i.e. of the *decompressed* stream for a
 gzip file.
 
+With the native core, ``reader.segment_batches()`` gives the same segments
+as batches (``sniffer._native.SegmentBatch``, a few thousand at a time, for
+``Pipeline.feed_batch``): a classic pcap file is walked and its frames parsed
+in Rust, one call per batch; a pcapng file is walked here and its segments
+batched. The stats, offsets and errors are those of the iteration.
+
 Supported: pcap in both byte orders with microsecond (``a1b2c3d4``) or
 nanosecond (``a1b23c4d``) timestamps; pcapng with any number of sections in
 either byte order, interface blocks with ``if_tsresol`` (power of 10 or of 2)
@@ -33,10 +39,19 @@ import zlib
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sniffer.capture.packet import FrameParserAt, UnsupportedLinkType, frame_parser_at
+from sniffer.capture.packet import (
+    SUPPORTED_LINKTYPES,
+    FrameParserAt,
+    UnsupportedLinkType,
+    frame_parser_at,
+)
 from sniffer.core.events import Segment
+from sniffer.core.native import NATIVE
+
+if TYPE_CHECKING:
+    from sniffer._native import SegmentBatch
 
 __all__ = [
     "CaptureFileError",
@@ -136,6 +151,7 @@ class CaptureReader:
         self._closer = closer
         self._gzip_problem = gzip_problem
         self._gen: Generator[Segment, None, None] | None = None
+        self._batches: Generator[SegmentBatch, None, None] | None = None
         if fmt == "pcap":
             self._init_pcap()
         else:
@@ -148,6 +164,21 @@ class CaptureReader:
             self._gen = self._walk_pcap() if self.format == "pcap" else self._walk_pcapng()
         return self._gen
 
+    def segment_batches(self, max_packets: int = 4096) -> Iterator[SegmentBatch]:
+        """The segments in native batches (the native core only; see the module
+        docstring). Single pass, like iterating the reader: use one or the other."""
+        if NATIVE is None:
+            raise RuntimeError("segment_batches needs the native core")
+        if self._gen is not None:
+            raise RuntimeError("the capture is already being read")
+        if self.format == "pcap":
+            gen = self._walk_pcap_native(max_packets)
+        else:
+            gen = self._batch_pcapng(max_packets)
+        self._gen = self._empty()  # iterating the reader now yields nothing
+        self._batches = gen
+        return gen
+
     def close(self) -> None:
         """Stop iteration and release the file mapping. Segments already yielded stay valid."""
         gen = self._gen
@@ -155,6 +186,8 @@ class CaptureReader:
             self._gen = self._empty()
         else:
             gen.close()  # runs the walk's cleanup if it is suspended; no-op once finished
+        if self._batches is not None:
+            self._batches.close()
         self._release()
 
     def _release(self) -> None:
@@ -263,6 +296,64 @@ class CaptureReader:
                     yield seg
         finally:
             self._finish(off, packets, tcp, nbytes, ts, error)
+
+    def _walk_pcap_native(self, max_packets: int) -> Generator[SegmentBatch, None, None]:
+        """``_walk_pcap`` in Rust (``sniffer._native.read_pcap``), a batch per call."""
+        assert NATIVE is not None
+        read = NATIVE.read_pcap
+        data = self._data
+        size = self.size
+        stats = self.stats
+        linktype = self._linktype if self._linktype in SUPPORTED_LINKTYPES else 0xFFFFFFFF
+        big = self._endian == ">"
+        limit = max(self._snaplen, _MAX_CAPLEN)
+        off = 24
+        packets = tcp = nbytes = 0
+        ts = 0.0
+        error: CaptureFileError | None = None
+        try:
+            while off < size:
+                batch, off, n, b, first, last, bad = read(
+                    linktype, data, off, big, self._scale, limit, max_packets
+                )
+                if n:
+                    if not packets:
+                        stats.first_ts = first
+                    packets += n
+                    nbytes += b
+                    ts = last
+                if bad is not None:
+                    error = _pcap_record_error(bad, size, limit)
+                if len(batch):
+                    tcp += len(batch)
+                    self.offset = off
+                    stats.packets = packets
+                    stats.tcp_segments = tcp
+                    stats.non_tcp = packets - tcp
+                    stats.bytes = nbytes
+                    stats.last_ts = batch.last_ts
+                    yield batch
+                if bad is not None:
+                    break
+        finally:
+            self._finish(off, packets, tcp, nbytes, ts, error)
+
+    def _batch_pcapng(self, max_packets: int) -> Generator[SegmentBatch, None, None]:
+        """The pcapng walk (here, in Python), its segments batched for the native core."""
+        assert NATIVE is not None
+        to_batch = NATIVE.segment_batch
+        walk = self._walk_pcapng()
+        try:
+            chunk: list[Segment] = []
+            for seg in walk:
+                chunk.append(seg)
+                if len(chunk) >= max_packets:
+                    yield to_batch(chunk)
+                    chunk = []
+            if chunk:
+                yield to_batch(chunk)
+        finally:
+            walk.close()
 
     # -- pcapng -------------------------------------------------------------
 
@@ -494,6 +585,23 @@ class CaptureReader:
                 error = CaptureFileError(f"{error} ({self._gzip_problem})", error.offset)
         self.error = error
         self._release()
+
+
+def _pcap_record_error(bad: tuple[str, int, int], size: int, limit: int) -> CaptureFileError:
+    """The error ``_walk_pcap`` gives for a bad record (``read_pcap``'s report)."""
+    kind, off, value = bad
+    left = size - off
+    if kind == "header":
+        return CaptureFileError(
+            f"truncated packet record header at offset {off} (needs 16 bytes, {left} left)", off
+        )
+    if kind == "caplen":
+        return CaptureFileError(
+            f"corrupt packet record at offset {off} (captured length {value} exceeds {limit})", off
+        )
+    return CaptureFileError(
+        f"truncated packet record at offset {off} (needs {16 + value} bytes, {left} left)", off
+    )
 
 
 def _gunzip(raw: bytes) -> tuple[bytes, str | None]:

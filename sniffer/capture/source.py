@@ -8,18 +8,21 @@ closes it. A source is used from one thread at a time.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from sniffer.core.events import CaptureGap, FlowEvent, Segment
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
+    from sniffer._native import SegmentBatch
+
 __all__ = ["CaptureItem", "Source", "stats_dict"]
 
-#: What a source hands out: TCP segments and kernel-drop markers (packet
-#: capture) or ordered per-connection flow events (eBPF).
-CaptureItem = Segment | CaptureGap | FlowEvent
+#: What a source hands out: TCP segments (one by one, or in native batches,
+#: ``sniffer._native.SegmentBatch``) and kernel-drop markers (packet capture),
+#: or ordered per-connection flow events (eBPF).
+CaptureItem = Union[Segment, CaptureGap, FlowEvent, "SegmentBatch"]
 
 
 class Source(Protocol):

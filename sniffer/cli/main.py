@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 import click
 
-from sniffer import __version__
+from sniffer import __version__, core_name
 from sniffer.cli.common import (
     db_option,
     fail,
@@ -82,7 +82,7 @@ class _LazyGroup(click.Group):
 @click.version_option(
     __version__,
     prog_name="sparseety",
-    message="%(prog)s, version %(version)s (" + _build_name() + " build)",
+    message="%(prog)s, version %(version)s (" + _build_name() + " build), " + core_name(),
 )
 def main() -> None:
     """SparSEEty: record, token by token, what an LLM server streamed back.

@@ -3,13 +3,19 @@
 One ``Pipeline`` per capture run. It owns no thread, socket, file or clock:
 the replay command and the daemon drive it with segments (packet capture) or
 flow events (eBPF capture) and write what it returns to the store.
+
+Its reassembler is the native one (``sniffer.core.native``) when the native
+core runs (``PipelineConfig.native``, default: whenever the extension is
+there and ``SPARSEETY_PURE`` is not set), else the Python one. Both take
+``feed(segment)``; the native one also takes whole batches of frames
+(``feed_batch``), which is how replay and the daemon feed it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sniffer.core.events import (
     REASSEMBLY_KINDS,
@@ -23,8 +29,12 @@ from sniffer.core.events import (
 )
 from sniffer.core.grpc import TEXT_OUTPUTS, GrpcSplitter, ProtoCatalog
 from sniffer.core.http1 import MAX_DECODED_BYTES, MAX_EXPANSION_RATIO, HttpParser
+from sniffer.core.native import NATIVE, BatchErrors, NativeReassembler
 from sniffer.core.reassembly import Reassembler
 from sniffer.core.streams import StreamAssembler
+
+if TYPE_CHECKING:
+    from sniffer._native import SegmentBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,20 +57,37 @@ class PipelineConfig:
     grpc_text_outputs: tuple[str, ...] = TEXT_OUTPUTS
     # gRPC: a serialized FileDescriptorSet; messages of the methods it describes are decoded.
     proto_descriptors: bytes | None = None
+    #: the native reassembler (True), the Python one (False); None: native when it runs
+    native: bool | None = None
 
 
 class Pipeline:
     def __init__(self, config: PipelineConfig | None = None) -> None:
         cfg = config or PipelineConfig()
         self.config = cfg
-        self.reassembler = Reassembler(
-            conn_id_base=cfg.conn_id_base,
-            id_step=cfg.id_step,
-            conn_ids=cfg.conn_ids,
-            server_ports=cfg.server_ports | cfg.only_ports | frozenset((cfg.labels or {}).keys()),
-            idle_timeout=cfg.idle_timeout,
-            hole_timeout=cfg.hole_timeout,
-        )
+        server_ports = cfg.server_ports | cfg.only_ports | frozenset((cfg.labels or {}).keys())
+        #: the native reassembler runs (``feed_batch`` works)
+        self.native = NATIVE is not None if cfg.native is None else cfg.native
+        self.reassembler: Reassembler | NativeReassembler
+        if self.native:
+            self.reassembler = NativeReassembler(
+                conn_id_base=cfg.conn_id_base,
+                id_step=cfg.id_step,
+                conn_ids=cfg.conn_ids,
+                server_ports=server_ports,
+                only_ports=cfg.only_ports,
+                idle_timeout=cfg.idle_timeout,
+                hole_timeout=cfg.hole_timeout,
+            )
+        else:
+            self.reassembler = Reassembler(
+                conn_id_base=cfg.conn_id_base,
+                id_step=cfg.id_step,
+                conn_ids=cfg.conn_ids,
+                server_ports=server_ports,
+                idle_timeout=cfg.idle_timeout,
+                hole_timeout=cfg.hole_timeout,
+            )
         self.http = HttpParser(
             max_decoded_bytes=cfg.max_decoded_bytes, max_expansion_ratio=cfg.max_expansion_ratio
         )
@@ -84,21 +111,61 @@ class Pipeline:
             self.skipped += 1
             return []
         self.segments += 1
+        r = self.reassembler
+        if type(r) is NativeReassembler:
+            flows, errors = r.feed_segments((seg,))
+            return self._batch_flows(flows, errors)
         try:
-            flows = self.reassembler.feed(seg)
+            flows = r.feed(seg)
         except Exception as exc:  # e.g. no connection id to be had: one segment lost
             self.internal_errors += 1
-            return [
-                PipelineError(
-                    seg.ts,
-                    "reassembly",
-                    "internal",
-                    f"{type(exc).__name__}: {exc} (segment dropped)",
-                )
-            ]
+            return [self._dropped(seg.ts, f"{type(exc).__name__}: {exc}")]
         if not flows:
             return []
         return self._flows(flows)
+
+    def feed_segments(self, segs: list[Segment]) -> list[StoreEvent]:
+        """Several captured segments in (a live capture's poll): what ``feed``
+        gives for each in turn; the native reassembler takes them in one call."""
+        if not self.native:
+            out: list[StoreEvent] = []
+            for seg in segs:
+                out += self.feed(seg)
+            return out
+        assert NATIVE is not None
+        return self.feed_batch(NATIVE.segment_batch(segs))
+
+    def feed_batch(
+        self, batch: SegmentBatch, start: int = 0, stop: int | None = None, k: int = 0, n: int = 1
+    ) -> list[StoreEvent]:
+        """Segments ``start:stop`` of a native batch (``sniffer._native.SegmentBatch``)
+        in one call: exactly what ``feed`` gives for each of them in turn. With
+        ``n > 1``, only worker ``k``'s share of the connections (replay's split by
+        port pair). Native pipelines only (``self.native``)."""
+        r = self.reassembler
+        assert type(r) is NativeReassembler, "feed_batch needs the native reassembler"
+        flows, fed, skipped, errors = r.feed_batch(batch, start, stop, k, n)
+        self.segments += fed
+        self.skipped += skipped
+        return self._batch_flows(flows, errors)
+
+    def _batch_flows(self, flows: list[FlowEvent], errors: BatchErrors) -> list[StoreEvent]:
+        if not errors:
+            return self._flows(flows) if flows else []
+        out: list[StoreEvent] = []
+        at = 0
+        for pos, ts, message in errors:
+            out += self._flows(flows[at:pos])
+            at = pos
+            self.internal_errors += 1
+            out.append(self._dropped(ts, message))
+        out += self._flows(flows[at:])
+        return out
+
+    @staticmethod
+    def _dropped(ts: float, message: str) -> PipelineError:
+        """A segment lost because the reassembler failed on it (no connection id)."""
+        return PipelineError(ts, "reassembly", "internal", f"{message} (segment dropped)")
 
     def feed_flows(self, flows: Iterable[FlowEvent]) -> list[StoreEvent]:
         """Ordered flow events in (the eBPF backend needs no reassembly)."""
@@ -236,6 +303,8 @@ class Pipeline:
     def set_ports(self, only_ports: frozenset[int]) -> None:
         """Only segments on these ports from now on (empty: all); config reload."""
         self._only = only_ports
+        if type(self.reassembler) is NativeReassembler:
+            self.reassembler.set_only_ports(only_ports)
 
     @property
     def open_streams(self) -> int:

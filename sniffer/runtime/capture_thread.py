@@ -16,6 +16,7 @@ from typing import Any
 
 from sniffer.capture.loss import LossAccount
 from sniffer.capture.source import CaptureItem, Source
+from sniffer.core.native import NATIVE
 from sniffer.runtime.config import Config
 from sniffer.runtime.log import Log
 from sniffer.runtime.stats import DaemonStats
@@ -51,6 +52,7 @@ def default_source(cfg: Config, conn_ids: int | Callable[[], int]) -> Source:
         cfg.capture_ports,
         ring_blocks=cfg.ring_blocks,
         block_size=cfg.block_size,
+        batches=NATIVE is not None,  # the pipeline's reassembler is native then too
     )
 
 

@@ -59,12 +59,13 @@ from typing import Any
 
 from sniffer.capture.source import CaptureItem, stats_dict
 from sniffer.core.events import CaptureGap, FlowEvent, Segment, StoreEvent
+from sniffer.core.native import SEGMENT_BATCH
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.record.chain import Observer, RecordingChain
 from sniffer.runtime import signals
 from sniffer.runtime.capture_thread import CaptureThread, SourceFactory, capture_key, default_source
 from sniffer.runtime.config import Config, ConfigError, load_config
-from sniffer.runtime.log import Log
+from sniffer.runtime.log import Log, warn_pure_fallback
 from sniffer.runtime.notify import Notifier
 from sniffer.runtime.stats import DaemonStats
 from sniffer.store.checkpoints import save_checkpoint, take_checkpoint
@@ -206,6 +207,7 @@ class Daemon:
         """
         cfg = self.config
         log = self.log
+        warn_pure_fallback(log)
         restore = (
             signals.install(self._stop.set, self._reload.set) if self.install_signals else None
         )
@@ -326,14 +328,20 @@ class Daemon:
         if self._slow:
             time.sleep(self._slow)
         out: list[StoreEvent] = []
-        feed = pipe.feed
         flows: list[FlowEvent] = []
+        segs: list[Segment] = []  # a run of segments, fed in one call
         for item in batch:
             t = type(item)
             if t is Segment:
-                ev = feed(item)
-                if ev:
-                    out += ev
+                segs.append(item)
+                continue
+            if segs:
+                out += pipe.feed_segments(segs)
+                segs = []
+            if t is SEGMENT_BATCH:  # a native batch of segments (a ring block)
+                out += pipe.feed_batch(item)
+                if len(item):
+                    self.last_ts = max(self.last_ts, item.ts(-1))
             elif t is CaptureGap:
                 if flows:
                     out += pipe.feed_flows(flows)
@@ -350,12 +358,14 @@ class Daemon:
                 self.last_ts = max(self.last_ts, item.ts)
             else:
                 flows.append(item)
+        if segs:
+            out += pipe.feed_segments(segs)
         if flows:
             out += pipe.feed_flows(flows)
             self.last_ts = max(self.last_ts, flows[-1].ts)
         if batch:
             last = batch[-1]
-            ts = getattr(last, "ts", 0.0)
+            ts = getattr(last, "ts", 0.0) if type(last) is not SEGMENT_BATCH else 0.0
             if ts > self.last_ts:
                 self.last_ts = ts
         if out:

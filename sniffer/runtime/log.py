@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-__all__ = ["Log"]
+__all__ = ["Log", "warn_pure_fallback"]
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 _SYSLOG = {"debug": 7, "info": 6, "warning": 4, "error": 3}
@@ -56,3 +56,19 @@ class Log:
         with self._lock, contextlib.suppress(Exception):
             self.stream.write(line + "\n")
             self.stream.flush()
+
+
+_fallback_warned = False
+
+
+def warn_pure_fallback(log: Log | None = None) -> None:
+    """One warning line per process when the native core cannot be imported
+    (the pure-Python stages run instead); nothing when it runs or when
+    ``SPARSEETY_PURE`` chose the pure core."""
+    global _fallback_warned
+    from sniffer.core.native import UNAVAILABLE
+
+    if UNAVAILABLE is None or _fallback_warned:
+        return
+    _fallback_warned = True
+    (log or Log("warning"))("warning", "native-core-unavailable", core="pure", error=UNAVAILABLE)

@@ -20,15 +20,16 @@ from __future__ import annotations
 import gc
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from sniffer.capture.pcap import CaptureFileError, read_capture
-from sniffer.core.events import PipelineError, StoreEvent
+from sniffer.capture.pcap import CaptureFileError, CaptureReader, read_capture
+from sniffer.core.events import PipelineError, Segment, StoreEvent
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.record.chain import RecordingChain
 from sniffer.record.redact import Redactor
+from sniffer.runtime.log import warn_pure_fallback
 from sniffer.store.writer import StoreWriter
 
 if TYPE_CHECKING:
@@ -128,6 +129,7 @@ def replay(
     methods it describes are decoded (``sniffer.core.grpc``).
     """
     started = time.perf_counter()
+    warn_pure_fallback()
     read_capture(path).close()  # not a capture at all: raise before any work
     if chain is None:
         # Credentials are removed even without a redactor (one that only does that).
@@ -293,7 +295,11 @@ def _replay_part(
         # events, not one call per packet: every step of the chain handles a
         # batch exactly as the same events one call at a time, in order.
         batch: list[StoreEvent] = []
-        for count, seg in enumerate(reader, 1):
+        segments: Iterable[Segment] = reader
+        if pipe.native:
+            ts, batch = _replay_native(reader, pipe, write_many, progress, k, n)
+            segments = ()
+        for count, seg in enumerate(segments, 1):
             if n == 1 or _share(seg.sport ^ seg.dport, n) == k:
                 out = feed(seg)
                 if out:
@@ -348,6 +354,49 @@ def _replay_part(
         + int(w.stats["rejected_rows"])  # rows the database refused: error rows too
     )
     return result
+
+
+def _replay_native(
+    reader: CaptureReader,
+    pipe: Pipeline,
+    write_many: Callable[[list[StoreEvent]], None],
+    progress: Progress | None,
+    k: int,
+    n: int,
+) -> tuple[float, list[StoreEvent]]:
+    """The loop of ``_replay_part`` over native batches (one call per few
+    thousand packets), with the same idle sweeps at the same segments (every
+    0x4000th segment of the file) and the same writes: the store comes out
+    byte-identical. Returns the last sweep's time and the events not written."""
+    next_expire = 0.0
+    ts = 0.0
+    count = 0
+    out: list[StoreEvent] = []
+    for seg_batch in reader.segment_batches():
+        i = 0
+        size = len(seg_batch)
+        while i < size:
+            j = min(size, i + 0x4000 - (count & 0x3FFF))
+            events = pipe.feed_batch(seg_batch, i, j, k, n)
+            if events:
+                out += events
+                if len(out) >= WRITE_EVERY:
+                    write_many(out)
+                    out = []
+            count += j - i
+            i = j
+            if count & 0x3FFF == 0:
+                ts = seg_batch.ts(j - 1)
+                if ts >= next_expire:
+                    if next_expire:
+                        if out:
+                            write_many(out)
+                            out = []
+                        write_many(pipe.expire(ts))
+                    next_expire = ts + EXPIRE_EVERY
+                if progress is not None:
+                    progress(reader.offset, reader.size)
+    return ts, out
 
 
 def _share(x: int, n: int) -> int:

@@ -7,6 +7,9 @@
 //! No `unsafe` (the workspace forbids it); every buffer is capped and every
 //! size that comes off the wire is checked before arithmetic.
 
+pub mod link;
+pub mod reassembly;
+
 /// The version of the native core, reported by `sparseety --version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 

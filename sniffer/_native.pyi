@@ -1,0 +1,95 @@
+"""Stub of ``sniffer._native``, the native core (Rust, ``native/py``).
+
+Frames in, flow events out, one call per batch: ``read_pcap`` and
+``parse_frames`` make a :class:`SegmentBatch` of the TCP segments of many
+frames; :meth:`Reassembler.feed_batch` turns it into the flow events of
+``sniffer.core.events``. Use it through ``sniffer.core.native``.
+"""
+
+from collections.abc import Callable, Iterable
+
+from sniffer.core.events import CaptureGap, FlowEvent, Segment
+
+__version__: str
+
+class SegmentBatch:
+    """The TCP segments of a batch of frames (payloads copied)."""
+
+    @property
+    def frames(self) -> int: ...
+    @property
+    def last_ts(self) -> float | None: ...
+    def __len__(self) -> int: ...
+    def ts(self, i: int) -> float: ...
+    def segments(self) -> list[Segment]: ...
+
+def parse_frames(
+    linktype: int, data: bytes | memoryview, ts: list[float], bounds: list[int]
+) -> SegmentBatch: ...
+def read_pcap(
+    linktype: int,
+    data: object,
+    off: int,
+    big_endian: bool,
+    scale: int,
+    limit: int,
+    max_packets: int,
+) -> tuple[
+    SegmentBatch,
+    int,
+    int,
+    int,
+    float | None,
+    float | None,
+    tuple[str, int, int] | None,
+]: ...
+def segment_batch(segments: Iterable[Segment]) -> SegmentBatch: ...
+
+class Reassembler:
+    idle_timeout: float
+    def __init__(
+        self,
+        *,
+        conn_id_base: int = 1,
+        id_step: int = 1,
+        conn_ids: Callable[[], int] | None = None,
+        server_ports: Iterable[int] | None = None,
+        max_buffer: int = ...,
+        idle_timeout: float = 300.0,
+        hole_timeout: float = 1.0,
+        max_connections: int = 100000,
+        only_ports: Iterable[int] | None = None,
+    ) -> None: ...
+    @property
+    def hole_timeout(self) -> float: ...
+    @property
+    def max_buffer(self) -> int: ...
+    @property
+    def open_connections(self) -> int: ...
+    def set_only_ports(self, only_ports: Iterable[int]) -> None: ...
+    def stats(self) -> list[tuple[str, int]]: ...
+    def feed_batch(
+        self,
+        batch: SegmentBatch,
+        start: int = 0,
+        stop: int | None = None,
+        share_k: int = 0,
+        share_n: int = 1,
+    ) -> tuple[list[FlowEvent], int, int, list[tuple[int, float, str]]]: ...
+    def feed_segments(
+        self, segments: Iterable[Segment]
+    ) -> tuple[list[FlowEvent], list[tuple[int, float, str]]]: ...
+    def expire(self, now: float) -> list[FlowEvent]: ...
+    def flush(self, ts: float) -> list[FlowEvent]: ...
+    def capture_gap(self, gap: CaptureGap) -> list[FlowEvent]: ...
+    def checkpoint(self, conn_id: int, now: float | None = None) -> tuple[int, int] | None: ...
+    def forget(self, conn_id: int) -> None: ...
+    def adopt(
+        self,
+        conn_id: int,
+        ts: float,
+        client: tuple[str, int],
+        server: tuple[str, int],
+        c2s: int,
+        s2c: int,
+    ) -> None: ...

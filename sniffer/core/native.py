@@ -1,0 +1,149 @@
+"""Which core runs the per-packet path: the native one (``sniffer._native``,
+Rust) or the pure-Python stages, and the native reassembler's Python face.
+
+The native core runs whenever the extension imports, unless the environment
+variable ``SPARSEETY_PURE`` is set (to anything but an empty string), which
+selects the pure-Python stages (they stay the readable reference). When the
+extension cannot be imported, :data:`UNAVAILABLE` says why; the drivers
+(replay, the daemon) log that once (``sniffer.runtime.log.warn_pure_fallback``).
+
+:class:`NativeReassembler` has :class:`~sniffer.core.reassembly.Reassembler`'s
+interface (``feed``, ``expire``, ``flush``, ``capture_gap``, ``checkpoint``,
+``forget``, ``adopt``, ``stats``, ``open_connections``, ``idle_timeout``) plus
+``feed_batch``, which takes a whole :class:`sniffer._native.SegmentBatch`:
+one call per batch of frames, never one per packet. Both give the same flow
+events (``tests/test_native_reassembly.py`` holds them to it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sniffer import PURE_ENV, core_name, native_core
+from sniffer.core.events import CaptureGap, Endpoint, FlowEvent, Segment
+from sniffer.core.reassembly import ReassemblyStats
+
+__all__ = [
+    "NATIVE",
+    "PURE_ENV",
+    "SEGMENT_BATCH",
+    "UNAVAILABLE",
+    "BatchErrors",
+    "NativeReassembler",
+    "core_name",
+]
+
+#: (position in the flow events, capture time, message) of each segment dropped
+#: in a batch because no connection id could be had.
+BatchErrors = list[tuple[int, float, str]]
+
+#: The extension module when the native core runs, else None; UNAVAILABLE: why
+#: it could not be imported (None when it runs or SPARSEETY_PURE is set).
+NATIVE, UNAVAILABLE = native_core()
+
+#: ``sniffer._native.SegmentBatch`` (the items of a native capture), or None
+SEGMENT_BATCH: type | None = NATIVE.SegmentBatch if NATIVE is not None else None
+
+
+class NativeReassembler:
+    """The native TCP reassembler (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        conn_id_base: int = 1,
+        id_step: int = 1,
+        conn_ids: Callable[[], int] | None = None,
+        server_ports: frozenset[int] = frozenset(),
+        only_ports: frozenset[int] = frozenset(),
+        max_buffer: int = 4 << 20,
+        idle_timeout: float = 300.0,
+        hole_timeout: float = 1.0,
+        max_connections: int = 100_000,
+    ) -> None:
+        if NATIVE is None:
+            raise RuntimeError(f"the native core is not available ({UNAVAILABLE or PURE_ENV})")
+        self._r: Any = NATIVE.Reassembler(
+            conn_id_base=conn_id_base,
+            id_step=id_step,
+            conn_ids=conn_ids,
+            server_ports=server_ports,
+            only_ports=only_ports,
+            max_buffer=max_buffer,
+            idle_timeout=idle_timeout,
+            hole_timeout=hole_timeout,
+            max_connections=max_connections,
+        )
+        self.feed_batch: Callable[..., tuple[list[FlowEvent], int, int, BatchErrors]] = (
+            self._r.feed_batch
+        )
+
+    @property
+    def stats(self) -> ReassemblyStats:
+        return ReassemblyStats(**dict(self._r.stats()))
+
+    @property
+    def open_connections(self) -> int:
+        return int(self._r.open_connections)
+
+    @property
+    def idle_timeout(self) -> float:
+        return float(self._r.idle_timeout)
+
+    @idle_timeout.setter
+    def idle_timeout(self, value: float) -> None:
+        self._r.idle_timeout = value
+
+    @property
+    def hole_timeout(self) -> float:
+        return float(self._r.hole_timeout)
+
+    @property
+    def max_buffer(self) -> int:
+        return int(self._r.max_buffer)
+
+    def set_only_ports(self, ports: frozenset[int]) -> None:
+        self._r.set_only_ports(ports)
+
+    def feed_segments(self, segs: Iterable[Segment]) -> tuple[list[FlowEvent], BatchErrors]:
+        """``Segment`` values in one call (no port filter): (events, errors)."""
+        events, errors = self._r.feed_segments(segs)
+        return events, errors
+
+    def feed(self, seg: Segment) -> list[FlowEvent]:
+        """One segment, like ``Reassembler.feed`` (raises when no id could be had)."""
+        events, errors = self._r.feed_segments((seg,))
+        if errors:
+            raise RuntimeError(errors[0][2])
+        return list(events)
+
+    def expire(self, now: float) -> list[FlowEvent]:
+        return list(self._r.expire(now))
+
+    def flush(self, ts: float) -> list[FlowEvent]:
+        return list(self._r.flush(ts))
+
+    def capture_gap(self, gap: CaptureGap) -> list[FlowEvent]:
+        return list(self._r.capture_gap(gap))
+
+    def checkpoint(self, conn_id: int, now: float | None = None) -> tuple[int, int] | None:
+        seqs = self._r.checkpoint(conn_id, now)
+        return None if seqs is None else (int(seqs[0]), int(seqs[1]))
+
+    def forget(self, conn_id: int) -> None:
+        self._r.forget(conn_id)
+
+    def adopt(
+        self, conn_id: int, ts: float, client: Endpoint, server: Endpoint, c2s: int, s2c: int
+    ) -> None:
+        # The Python masks sequence numbers to 32 bits (negative: never seen);
+        # a port out of range is kept as one no segment has.
+        self._r.adopt(
+            conn_id,
+            ts,
+            (client[0], client[1] if 0 <= client[1] <= 0xFFFF else -1),
+            (server[0], server[1] if 0 <= server[1] <= 0xFFFF else -1),
+            c2s & 0xFFFFFFFF if c2s >= 0 else -1,
+            s2c & 0xFFFFFFFF if s2c >= 0 else -1,
+        )
