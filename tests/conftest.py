@@ -31,6 +31,7 @@ REQUIREMENTS = {
     "root": "root (packet sockets, BPF)",
     "ebpf": "the eBPF capture program",
     "postgres": "a PostgreSQL server",
+    "native": "the native extension sniffer._native (scripts/build_native_dev.sh builds it)",
 }
 
 

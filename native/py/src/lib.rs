@@ -3,9 +3,12 @@
 
 use pyo3::prelude::*;
 
+mod http;
+
 /// The private extension module `sniffer._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", sparseety_core::VERSION)?;
+    http::register(m)?;
     Ok(())
 }
