@@ -161,6 +161,10 @@ ATOMS = [
     b"Content-Length: 18446744073709551616\r\n",
     b"Content-Length: 4611686018427387904\r\n",
     b"Content-Length: -1\r\n",
+    b"Content-Length: 99999999999999999999\r\n",
+    b"Content-Length: 123456789012345678901\r\n",
+    b"Content-Length: 00000000000000000000000000000005\r\n",
+    b"Content-Length: \r\n",
     b"Content-Length: 5, 5\r\n",
     b"Content-Length: 5\r\nContent-Length: 6\r\n",
     b"Transfer-Encoding: chunked\r\n",
@@ -171,6 +175,9 @@ ATOMS = [
     b"X-Nul: a\x00b\r\n",
     b"ffffffffffffffffffffffffffffffffffffffff\r\n",
     b"10000000000000000\r\n",
+    b"ffffffffffffffffffff\r\n",
+    b"0ffffffffffffffffffff\r\n",
+    b"3fffffffffffffff\r\n",
     b"4000000000000000\r\n",
     b"5;ext=\"q;x\"\r\nhello\r\n",
     b"5 \t\r\nhello\r\n",
@@ -208,10 +215,39 @@ piece = st.one_of(
     st.sampled_from(BLOBS).map(chunk),
     st.binary(max_size=48),
     st.integers(0, 70000).map(lambda n: b"Content-Length: %d\r\n" % n),
+    st.text("0123456789", min_size=1, max_size=24).map(lambda s: f"Content-Length: {s}\r\n".encode()),
+    st.text("0123456789abcdefABCDEF", min_size=1, max_size=24).map(lambda s: f"{s}\r\n".encode()),
     st.integers(0, 1 << 70).map(lambda n: b"%x\r\n" % n),
     st.integers(60000, 70000).map(lambda n: b"X-Big: " + b"v" * n + b"\r\n"),
 )
-stream = st.lists(piece, max_size=14).map(b"".join)
+START_LINES = [a for a in ATOMS if a.endswith(b"\r\n\r\n") or a.endswith(b"\n\n")]
+HEADER_LINES = [a for a in ATOMS if a.endswith(b"\r\n") and b": " in a and a not in START_LINES]
+header = st.one_of(
+    st.sampled_from(HEADER_LINES),
+    st.text("0123456789", min_size=1, max_size=24).map(lambda s: f"Content-Length: {s}\r\n".encode()),
+    st.binary(max_size=12).map(lambda b: b"X-Any: " + b + b"\r\n"),
+)
+
+
+def messages(starts: list[bytes]) -> st.SearchStrategy[bytes]:
+    """A start line (its empty line removed), header lines, the empty line,
+    then body pieces: heads with hostile fields that do reach the framing."""
+    return st.tuples(
+        st.sampled_from(starts).map(lambda a: a[: -2 if a.endswith(b"\r\n\r\n") else -1]),
+        st.lists(header, max_size=4).map(b"".join),
+        st.sampled_from([b"\r\n", b"\r\n", b"\n"]),
+        st.lists(piece, max_size=4).map(b"".join),
+    ).map(b"".join)
+
+
+requests = messages([a for a in START_LINES if not a.startswith(b"HTTP/")])
+responses = messages([a for a in START_LINES if a.startswith(b"HTTP/")])
+stream = st.lists(piece, max_size=10).map(b"".join)
+
+
+def side(from_client: bool) -> st.SearchStrategy[bytes]:
+    own = requests if from_client else responses
+    return st.one_of(own, own, own, stream, st.lists(own, min_size=2, max_size=3).map(b"".join))
 
 
 @st.composite
@@ -225,7 +261,7 @@ def conversations(draw: st.DrawFn) -> list[FlowEvent]:
         kind = draw(st.sampled_from(["data", "data", "data", "gap", "kgap", "end"]))
         fc = draw(st.booleans())
         if kind == "data":
-            data = draw(stream)
+            data = draw(side(fc))
             cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(data))), max_size=4))))
             last = 0
             for c in [*cuts, len(data)]:
@@ -252,6 +288,64 @@ def test_hostile_http_gives_the_same_events(events: list[FlowEvent]) -> None:
 @given(conversations())
 def test_hostile_http_with_default_caps(events: list[FlowEvent]) -> None:
     assert_same(events)
+
+
+BOUNDARY_HEADS = [
+    b"Content-Length: 99999999999999999999",  # 20 digits, over u64
+    b"Content-Length: 123456789012345678901",  # 21 digits
+    b"Content-Length: 18446744073709551615",  # u64 max
+    b"Content-Length: 4611686018427387903",  # the cap, 2^62 - 1
+    b"Content-Length: 4611686018427387904",
+    b"Content-Length: 00000000000000000000000000000005",
+    b"Content-Length: 5, 05",
+    b"Content-Length: 5,5",
+    b"Content-Length: +5",
+    b"Content-Length: 5\r\nTransfer-Encoding: chunked",
+    b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked",
+    b"Transfer-Encoding: Chunked",
+    b"X: a\x00b",
+    b"X:\x0cb",
+    b"X: \x85\xa0",
+    b"X: a\r\n b",
+    b" X: a",
+]
+BOUNDARY_CHUNKS = [
+    b"ffffffffffffffffffff\r\n",  # 20 hex digits
+    b"fffffffffffffffffffff\r\n",  # 21
+    b"3fffffffffffffff\r\n",
+    b"4000000000000000\r\n",
+    b"5;" + b"e" * 5000 + b"\r\n",
+    b"5" + b" " * 5000,
+    b"5\r\nhello\n",
+    b"5\r\nhello\r\n0\r\n" + b"T: v\r\n" * 20000,
+]
+
+
+@pytest.mark.parametrize("field", BOUNDARY_HEADS)
+@pytest.mark.parametrize("client", [True, False])
+def test_boundary_heads(field: bytes, client: bool) -> None:
+    head = b"POST / HTTP/1.1\r\nHost: a\r\n" if client else b"HTTP/1.1 200 OK\r\n"
+    msg = head + field + b"\r\n\r\nhello\r\n0\r\n\r\nGET /next HTTP/1.1\r\nHost: a\r\n\r\n"
+    events: list[FlowEvent] = [
+        ConnectionOpened(1, 0.0, ("127.0.0.1", 5000), ("127.0.0.1", 80), True),
+        FlowData(1, 1.0, True, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"),
+    ]
+    events += [FlowData(1, 2.0, client, msg[i : i + 7]) for i in range(0, len(msg), 7)]
+    events.append(ConnectionClosed(1, 3.0, "fin"))
+    assert len(assert_same(events)) > 3
+
+
+@pytest.mark.parametrize("line", BOUNDARY_CHUNKS)
+def test_boundary_chunk_lines(line: bytes) -> None:
+    events: list[FlowEvent] = [
+        ConnectionOpened(1, 0.0, ("127.0.0.1", 5000), ("127.0.0.1", 80), True),
+        FlowData(1, 1.0, True, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"),
+        FlowData(1, 2.0, False, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"),
+        FlowData(1, 3.0, False, line),
+        FlowData(1, 4.0, False, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
+        ConnectionClosed(1, 5.0, "fin"),
+    ]
+    assert len(assert_same(events)) > 3
 
 
 def test_gzip_bomb_stops_at_the_expansion_ratio_the_same_way() -> None:
