@@ -179,7 +179,7 @@ ATOMS = [
     b"0ffffffffffffffffffff\r\n",
     b"3fffffffffffffff\r\n",
     b"4000000000000000\r\n",
-    b"5;ext=\"q;x\"\r\nhello\r\n",
+    b'5;ext="q;x"\r\nhello\r\n',
     b"5 \t\r\nhello\r\n",
     b"5\nhello\r\n",
     b"a\r\ndata: {}\n\n\r\n",
@@ -189,7 +189,7 @@ ATOMS = [
     b"\r\n",
     b"\n",
     b"\x00",
-    b"data: {\"choices\":[]}\n\n",
+    b'data: {"choices":[]}\n\n',
     b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
     b"\x00\x00\x00\x04\x00\x00\x00\x00\x00",
     b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03",
@@ -215,7 +215,9 @@ piece = st.one_of(
     st.sampled_from(BLOBS).map(chunk),
     st.binary(max_size=48),
     st.integers(0, 70000).map(lambda n: b"Content-Length: %d\r\n" % n),
-    st.text("0123456789", min_size=1, max_size=24).map(lambda s: f"Content-Length: {s}\r\n".encode()),
+    st.text("0123456789", min_size=1, max_size=24).map(
+        lambda s: f"Content-Length: {s}\r\n".encode()
+    ),
     st.text("0123456789abcdefABCDEF", min_size=1, max_size=24).map(lambda s: f"{s}\r\n".encode()),
     st.integers(0, 1 << 70).map(lambda n: b"%x\r\n" % n),
     st.integers(60000, 70000).map(lambda n: b"X-Big: " + b"v" * n + b"\r\n"),
@@ -224,7 +226,9 @@ START_LINES = [a for a in ATOMS if a.endswith(b"\r\n\r\n") or a.endswith(b"\n\n"
 HEADER_LINES = [a for a in ATOMS if a.endswith(b"\r\n") and b": " in a and a not in START_LINES]
 header = st.one_of(
     st.sampled_from(HEADER_LINES),
-    st.text("0123456789", min_size=1, max_size=24).map(lambda s: f"Content-Length: {s}\r\n".encode()),
+    st.text("0123456789", min_size=1, max_size=24).map(
+        lambda s: f"Content-Length: {s}\r\n".encode()
+    ),
     st.binary(max_size=12).map(lambda b: b"X-Any: " + b + b"\r\n"),
 )
 
@@ -253,7 +257,9 @@ def side(from_client: bool) -> st.SearchStrategy[bytes]:
 @st.composite
 def conversations(draw: st.DrawFn) -> list[FlowEvent]:
     syn = draw(st.booleans())
-    events: list[FlowEvent] = [ConnectionOpened(1, 0.0, ("127.0.0.1", 5000), ("127.0.0.1", 80), syn)]
+    events: list[FlowEvent] = [
+        ConnectionOpened(1, 0.0, ("127.0.0.1", 5000), ("127.0.0.1", 80), syn)
+    ]
     if not syn:
         events.append(FlowGap(1, 0.0, False, None, "midstream"))
     for i in range(draw(st.integers(1, 8))):
@@ -387,7 +393,10 @@ def test_checkpoint_and_adopt_match() -> None:
     assert py.checkpoint(1) == nat.checkpoint(1)
     cp = nat.checkpoint(1)
     assert cp is not None and cp["clean"] is False
-    tail = [FlowData(1, 3.0, False, b"lo\r\n5\r\nworld\r\n0\r\n\r\n"), ConnectionClosed(1, 4.0, "fin")]
+    tail = [
+        FlowData(1, 3.0, False, b"lo\r\n5\r\nworld\r\n0\r\n\r\n"),
+        ConnectionClosed(1, 4.0, "fin"),
+    ]
     a, b = HttpParser(), native.http_parser()
     opened = events[0]
     assert isinstance(opened, ConnectionOpened)

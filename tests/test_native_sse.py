@@ -117,7 +117,9 @@ def test_every_captured_body_decodes_the_same(path: Path) -> None:
 
 def test_captured_streams_have_events() -> None:
     """The corpus above is not vacuous: the SSE captures give events."""
-    got = [e for pieces in bodies_of(ROOT / "pcaps" / "chat_english.pcap") for e in same_sse(pieces)]
+    got = [
+        e for pieces in bodies_of(ROOT / "pcaps" / "chat_english.pcap") for e in same_sse(pieces)
+    ]
     assert len(got) > 5
 
 
@@ -180,7 +182,7 @@ def test_sse_streams_give_the_same_events(pieces: list[bytes], max_line: int | N
 
 
 def test_whole_event_fast_paths_match_the_line_by_line_path() -> None:
-    events = b"".join(b"data: {\"i\":%d}\n\n" % i for i in range(50))
+    events = b"".join(b'data: {"i":%d}\n\n' % i for i in range(50))
     whole = same_sse([b"data: x\n\n", events])
     byte_by_byte = same_sse([b"data: x\n\n", *(events[i : i + 1] for i in range(len(events)))])
     assert whole == byte_by_byte and len(whole) == 51
@@ -218,6 +220,7 @@ def test_whitespace_only_lines_are_what_python_calls_whitespace() -> None:
     text = "".join(f"{chr(c)}\n" for c in range(0x110000) if not 0xD800 <= c < 0xE000 and c != 10)
     lines = same_ndjson([text.encode()])
     assert len(lines) == sum(
-        1 for c in range(0x110000) if not 0xD800 <= c < 0xE000 and c != 10 and c != 13
-        and not chr(c).isspace()
+        1
+        for c in range(0x110000)
+        if not 0xD800 <= c < 0xE000 and c != 10 and c != 13 and not chr(c).isspace()
     )

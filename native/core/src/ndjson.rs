@@ -20,7 +20,10 @@ impl Default for NdjsonDecoder {
 
 impl NdjsonDecoder {
     pub fn new(max_line: usize) -> Self {
-        NdjsonDecoder { base: LineDecoder::new(max_line), lines: 0 }
+        NdjsonDecoder {
+            base: LineDecoder::new(max_line),
+            lines: 0,
+        }
     }
 
     pub fn max_line(&self) -> usize {
@@ -105,7 +108,9 @@ impl NdjsonDecoder {
                 self.base.keep_partial(partial);
             }
         }
-        self.lines = self.lines.saturating_add(out.len().saturating_sub(before) as u64);
+        self.lines = self
+            .lines
+            .saturating_add(out.len().saturating_sub(before) as u64);
     }
 }
 

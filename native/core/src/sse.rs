@@ -142,7 +142,10 @@ impl LineDecoder {
     }
 
     pub fn overflow_message(&mut self, length: usize) {
-        let m = format!("line longer than {} characters ({length}+) dropped", self.max_line);
+        let m = format!(
+            "line longer than {} characters ({length}+) dropped",
+            self.max_line
+        );
         self.error(m);
     }
 
@@ -418,11 +421,7 @@ impl SseDecoder {
         match name {
             "data" => self.data.push(value.to_owned()),
             "event" => value.clone_into(&mut self.etype),
-            "id" => {
-                if !value.contains('\0') {
-                    self.last_event_id = Some(value.to_owned());
-                }
-            }
+            "id" if !value.contains('\0') => self.last_event_id = Some(value.to_owned()),
             "retry" if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) => {
                 self.eretry = Some(value.to_owned());
                 self.retry = Some(value.to_owned());
@@ -437,8 +436,17 @@ impl SseDecoder {
             return;
         }
         let data = self.data.join("\n");
-        let event = if self.etype.is_empty() { "message".to_owned() } else { self.etype.clone() };
-        out.push(SseEvent { event, data, id: self.last_event_id.clone(), retry: self.eretry.clone() });
+        let event = if self.etype.is_empty() {
+            "message".to_owned()
+        } else {
+            self.etype.clone()
+        };
+        out.push(SseEvent {
+            event,
+            data,
+            id: self.last_event_id.clone(),
+            retry: self.eretry.clone(),
+        });
         self.events = self.events.saturating_add(1);
         self.reset_event();
     }
@@ -468,7 +476,10 @@ mod tests {
 
     #[test]
     fn line_ends_bom_and_cut() {
-        let (ev, d) = all(&[b"\xef\xbb\xbfdata: a\r", b"\ndata:b\r\rid: 7\revent: x\ndata: c\n\ndata: cut"]);
+        let (ev, d) = all(&[
+            b"\xef\xbb\xbfdata: a\r",
+            b"\ndata:b\r\rid: 7\revent: x\ndata: c\n\ndata: cut",
+        ]);
         assert_eq!(ev.len(), 2);
         assert_eq!(ev[0].data, "a\nb");
         assert_eq!(ev[1].event, "x");
@@ -484,5 +495,36 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].data, "ok");
         assert_eq!(d.errors(), 1);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 500, ..Default::default() })]
+
+        /// Random and mutated bytes, split anywhere, small caps: no panic, and
+        /// the events do not depend on where the bytes were split.
+        #[test]
+        fn any_bytes_any_split(
+            parts in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64), 0..12),
+            cap in 1usize..40,
+        ) {
+            let whole: Vec<u8> = parts.concat();
+            let mut a = SseDecoder::new(cap);
+            let mut b = SseDecoder::new(cap);
+            let (mut ea, mut eb) = (Vec::new(), Vec::new());
+            a.feed(&whole, &mut ea);
+            for p in &parts {
+                b.feed(p, &mut eb);
+            }
+            a.close();
+            b.close();
+            proptest::prop_assert_eq!(ea, eb);
+            proptest::prop_assert_eq!(a.truncated_event, b.truncated_event);
+            let mut n = crate::ndjson::NdjsonDecoder::new(cap);
+            let mut lines = Vec::new();
+            for p in &parts {
+                n.feed(p, &mut lines);
+            }
+            n.close(&mut lines);
+        }
     }
 }

@@ -77,7 +77,10 @@ fn types(py: Python<'_>) -> PyResult<&'static Types> {
             tuple_new: builtins.getattr("tuple")?.getattr("__new__")?.unbind(),
             int: builtins.getattr("int")?.unbind(),
             stats: http1.getattr("HttpStats")?.unbind(),
-            takeover: py.import("sniffer.core.native")?.getattr("_h2_takeover")?.unbind(),
+            takeover: py
+                .import("sniffer.core.native")?
+                .getattr("_h2_takeover")?
+                .unbind(),
             py_parser: http1.getattr("HttpParser")?.unbind(),
         })
     })
@@ -98,7 +101,10 @@ fn headers_obj<'py>(py: Python<'py>, h: &Headers) -> PyResult<Bound<'py, PyTuple
     let items: Vec<Bound<'py, PyTuple>> = h
         .iter()
         .map(|(n, v)| {
-            PyTuple::new(py, [PyString::new(py, &latin1(n)), PyString::new(py, &latin1(v))])
+            PyTuple::new(
+                py,
+                [PyString::new(py, &latin1(n)), PyString::new(py, &latin1(v))],
+            )
         })
         .collect::<PyResult<_>>()?;
     PyTuple::new(py, items)
@@ -150,7 +156,11 @@ impl PyHttpParser {
     }
 
     /// One flow event in; the HTTP events it completed out (a list).
-    fn feed<'py>(&mut self, py: Python<'py>, ev: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    fn feed<'py>(
+        &mut self,
+        py: Python<'py>,
+        ev: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         let t = types(py)?;
         let ty = ev.get_type();
         let out = PyList::empty(py);
@@ -158,13 +168,25 @@ impl PyHttpParser {
             let tup = ev.cast::<PyTuple>()?;
             let conn: u64 = tup.get_item(0)?.extract()?;
             if self.h2.contains(&conn) {
-                return Ok(self.py_parser.bind(py).call_method1("feed", (ev,))?.cast_into::<PyList>()?);
+                return Ok(self
+                    .py_parser
+                    .bind(py)
+                    .call_method1("feed", (ev,))?
+                    .cast_into::<PyList>()?);
             }
             let ts: f64 = tup.get_item(1)?.extract()?;
             let from_client: bool = tup.get_item(2)?.extract()?;
             let data_obj = tup.get_item(3)?;
             let data = data_obj.cast::<PyBytes>()?.as_bytes();
-            self.core.feed(&FlowEvent::Data { conn, ts, from_client, data }, &mut self.out);
+            self.core.feed(
+                &FlowEvent::Data {
+                    conn,
+                    ts,
+                    from_client,
+                    data,
+                },
+                &mut self.out,
+            );
         } else {
             let conn = int_attr(ev, "conn")?;
             if ty.is(t.opened.bind(py)) {
@@ -174,9 +196,14 @@ impl PyHttpParser {
                 let syn_seen: bool = ev.getattr("syn_seen")?.extract()?;
                 let ts: f64 = ev.getattr("ts")?.extract()?;
                 self.opened.insert(conn, ev.clone().unbind());
-                self.core.feed(&FlowEvent::Opened { conn, ts, syn_seen }, &mut self.out);
+                self.core
+                    .feed(&FlowEvent::Opened { conn, ts, syn_seen }, &mut self.out);
             } else if self.h2.contains(&conn) {
-                let got = self.py_parser.bind(py).call_method1("feed", (ev,))?.cast_into::<PyList>()?;
+                let got = self
+                    .py_parser
+                    .bind(py)
+                    .call_method1("feed", (ev,))?
+                    .cast_into::<PyList>()?;
                 if ty.is(t.closed.bind(py)) {
                     self.h2.remove(&conn);
                     self.opened.remove(&conn);
@@ -187,16 +214,40 @@ impl PyHttpParser {
                 let from_client: bool = ev.getattr("from_client")?.extract()?;
                 let nbytes: Option<u64> = ev.getattr("nbytes")?.extract()?;
                 let reason: String = ev.getattr("reason")?.extract()?;
-                self.core.feed(&FlowEvent::Gap { conn, ts, from_client, nbytes, reason: &reason }, &mut self.out);
+                self.core.feed(
+                    &FlowEvent::Gap {
+                        conn,
+                        ts,
+                        from_client,
+                        nbytes,
+                        reason: &reason,
+                    },
+                    &mut self.out,
+                );
             } else if ty.is(t.flow_end.bind(py)) {
                 let ts: f64 = ev.getattr("ts")?.extract()?;
                 let from_client: bool = ev.getattr("from_client")?.extract()?;
                 let reason: String = ev.getattr("reason")?.extract()?;
-                self.core.feed(&FlowEvent::End { conn, ts, from_client, reason: &reason }, &mut self.out);
+                self.core.feed(
+                    &FlowEvent::End {
+                        conn,
+                        ts,
+                        from_client,
+                        reason: &reason,
+                    },
+                    &mut self.out,
+                );
             } else if ty.is(t.closed.bind(py)) {
                 let ts: f64 = ev.getattr("ts")?.extract()?;
                 let reason: String = ev.getattr("reason")?.extract()?;
-                self.core.feed(&FlowEvent::Closed { conn, ts, reason: &reason }, &mut self.out);
+                self.core.feed(
+                    &FlowEvent::Closed {
+                        conn,
+                        ts,
+                        reason: &reason,
+                    },
+                    &mut self.out,
+                );
             } else {
                 self.core.feed(&FlowEvent::Anomaly { conn }, &mut self.out);
             }
@@ -255,9 +306,16 @@ impl PyHttpParser {
 
     fn checkpoint<'py>(&self, py: Python<'py>, conn: u64) -> PyResult<Option<Bound<'py, PyDict>>> {
         if self.h2.contains(&conn) {
-            return Ok(self.py_parser.bind(py).call_method1("checkpoint", (conn,))?.cast_into::<PyDict>().ok());
+            return Ok(self
+                .py_parser
+                .bind(py)
+                .call_method1("checkpoint", (conn,))?
+                .cast_into::<PyDict>()
+                .ok());
         }
-        let Some(cp) = self.core.checkpoint(conn) else { return Ok(None) };
+        let Some(cp) = self.core.checkpoint(conn) else {
+            return Ok(None);
+        };
         let d = PyDict::new(py);
         d.set_item("exchange", cp.exchange)?;
         d.set_item("next_exchange", cp.next_exchange)?;
@@ -298,7 +356,14 @@ impl PyHttpParser {
             m.push(b);
         }
         self.opened.insert(conn, opened.clone().unbind());
-        let cp = Checkpoint { exchange, next_exchange, method: m, clean, gaps, lost };
+        let cp = Checkpoint {
+            exchange,
+            next_exchange,
+            method: m,
+            clean,
+            gaps,
+            lost,
+        };
         self.core.adopt(conn, syn_seen, &cp);
         Ok(())
     }
@@ -322,12 +387,21 @@ impl PyHttpParser {
         out: &Bound<'py, PyList>,
     ) -> PyResult<()> {
         match e {
-            HttpEvent::Body { conn, exchange, ts, from_client, data } => {
-                let args = (conn, exchange, ts, from_client, PyBytes::new(py, &data)).into_pyobject(py)?;
+            HttpEvent::Body {
+                conn,
+                exchange,
+                ts,
+                from_client,
+                data,
+            } => {
+                let args =
+                    (conn, exchange, ts, from_client, PyBytes::new(py, &data)).into_pyobject(py)?;
                 out.append(t.tuple_new.bind(py).call1((t.body.bind(py), args))?)?;
             }
             HttpEvent::Opened { conn, swapped } => {
-                let Some(o) = self.opened.get(&conn) else { return Ok(()) };
+                let Some(o) = self.opened.get(&conn) else {
+                    return Ok(());
+                };
                 let o = o.bind(py);
                 if swapped {
                     let s = t.opened.bind(py).call1((
@@ -345,7 +419,15 @@ impl PyHttpParser {
                     out.append(o)?;
                 }
             }
-            HttpEvent::Request { conn, exchange, ts, method, target, version, headers } => {
+            HttpEvent::Request {
+                conn,
+                exchange,
+                ts,
+                method,
+                target,
+                version,
+                headers,
+            } => {
                 out.append(t.request.bind(py).call1((
                     conn,
                     exchange,
@@ -356,7 +438,16 @@ impl PyHttpParser {
                     headers_obj(py, &headers)?,
                 ))?)?;
             }
-            HttpEvent::Response { conn, exchange, ts, status, reason, version, headers, informational } => {
+            HttpEvent::Response {
+                conn,
+                exchange,
+                ts,
+                status,
+                reason,
+                version,
+                headers,
+                informational,
+            } => {
                 out.append(t.response.bind(py).call1((
                     conn,
                     exchange,
@@ -368,13 +459,48 @@ impl PyHttpParser {
                     informational,
                 ))?)?;
             }
-            HttpEvent::End { conn, exchange, ts, from_client, reason } => {
-                out.append(t.end.bind(py).call1((conn, exchange, ts, from_client, reason_obj(py, t, reason)))?)?;
+            HttpEvent::End {
+                conn,
+                exchange,
+                ts,
+                from_client,
+                reason,
+            } => {
+                out.append(t.end.bind(py).call1((
+                    conn,
+                    exchange,
+                    ts,
+                    from_client,
+                    reason_obj(py, t, reason),
+                ))?)?;
             }
-            HttpEvent::Error { conn, exchange, ts, from_client, kind, message } => {
-                out.append(t.error.bind(py).call1((conn, exchange, ts, from_client, kind, message))?)?;
+            HttpEvent::Error {
+                conn,
+                exchange,
+                ts,
+                from_client,
+                kind,
+                message,
+            } => {
+                out.append(t.error.bind(py).call1((
+                    conn,
+                    exchange,
+                    ts,
+                    from_client,
+                    kind,
+                    message,
+                ))?)?;
             }
-            HttpEvent::Resync { conn, exchange, ts, framing, skipped, recovered, lost, gaps } => {
+            HttpEvent::Resync {
+                conn,
+                exchange,
+                ts,
+                framing,
+                skipped,
+                recovered,
+                lost,
+                gaps,
+            } => {
                 out.append(t.resync.bind(py).call1((
                     conn,
                     exchange,
@@ -386,11 +512,27 @@ impl PyHttpParser {
                     gaps,
                 ))?)?;
             }
-            HttpEvent::FlowGap { conn, ts, from_client, nbytes, reason } => {
-                out.append(t.flow_gap.bind(py).call1((conn, ts, from_client, nbytes, reason))?)?;
+            HttpEvent::FlowGap {
+                conn,
+                ts,
+                from_client,
+                nbytes,
+                reason,
+            } => {
+                out.append(
+                    t.flow_gap
+                        .bind(py)
+                        .call1((conn, ts, from_client, nbytes, reason))?,
+                )?;
             }
-            HttpEvent::FlowEnd { conn, ts, from_client, reason } => {
-                let same = input.getattr("from_client")?.extract::<bool>().ok() == Some(from_client);
+            HttpEvent::FlowEnd {
+                conn,
+                ts,
+                from_client,
+                reason,
+            } => {
+                let same =
+                    input.getattr("from_client")?.extract::<bool>().ok() == Some(from_client);
                 if same {
                     out.append(input)?;
                 } else {
@@ -398,7 +540,16 @@ impl PyHttpParser {
                 }
             }
             HttpEvent::Closed { .. } => out.append(input)?,
-            HttpEvent::H2Handover { conn, ts, mode, from_client, data, swapped, opened_held, roles_known } => {
+            HttpEvent::H2Handover {
+                conn,
+                ts,
+                mode,
+                from_client,
+                data,
+                swapped,
+                opened_held,
+                roles_known,
+            } => {
                 let mode = match mode {
                     H2Mode::Preface => "preface",
                     H2Mode::Midstream => "midstream",
@@ -461,7 +612,10 @@ impl PySseDecoder {
     #[new]
     #[pyo3(signature = (max_line = DEFAULT_MAX_LINE))]
     fn new(max_line: usize) -> Self {
-        PySseDecoder { core: SseDecoder::new(max_line), out: Vec::new() }
+        PySseDecoder {
+            core: SseDecoder::new(max_line),
+            out: Vec::new(),
+        }
     }
 
     fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
@@ -533,7 +687,10 @@ impl PyNdjsonDecoder {
     #[new]
     #[pyo3(signature = (max_line = DEFAULT_MAX_LINE))]
     fn new(max_line: usize) -> Self {
-        PyNdjsonDecoder { core: NdjsonDecoder::new(max_line), out: Vec::new() }
+        PyNdjsonDecoder {
+            core: NdjsonDecoder::new(max_line),
+            out: Vec::new(),
+        }
     }
 
     fn feed(&mut self, data: &[u8]) -> Vec<String> {

@@ -44,11 +44,17 @@ pub(crate) fn chunk_header(buf: &[u8], pos: usize, max_digits: usize) -> Option<
     if s.get(i) == Some(&b';') {
         i = i.saturating_add(1);
         i = i.saturating_add(
-            s.get(i..)?.iter().take_while(|&&b| b != b'\r' && b != b'\n').count(),
+            s.get(i..)?
+                .iter()
+                .take_while(|&&b| b != b'\r' && b != b'\n')
+                .count(),
         );
     } else {
         i = i.saturating_add(
-            s.get(i..)?.iter().take_while(|&&b| b == b' ' || b == b'\t').count(),
+            s.get(i..)?
+                .iter()
+                .take_while(|&&b| b == b' ' || b == b'\t')
+                .count(),
         );
     }
     if s.get(i..i.saturating_add(2)) == Some(b"\r\n") {
@@ -70,7 +76,11 @@ pub(crate) type Fed = (Vec<Vec<u8>>, Option<Vec<u8>>);
 
 impl ChunkedBody {
     pub fn new() -> Self {
-        ChunkedBody { buf: Vec::new(), remaining: 0, state: ChunkState::Size }
+        ChunkedBody {
+            buf: Vec::new(),
+            remaining: 0,
+            state: ChunkState::Size,
+        }
     }
 
     pub fn feed(&mut self, data: &[u8]) -> Result<Fed, ChunkError> {
@@ -153,7 +163,10 @@ impl ChunkedBody {
                     }
                     if &tail[..2] != b"\r\n" {
                         return Err(ChunkError {
-                            message: format!("malformed chunk footer: {}", quoted(&tail[..2], false)),
+                            message: format!(
+                                "malformed chunk footer: {}",
+                                quoted(&tail[..2], false)
+                            ),
                             rest: tail.to_vec(),
                         });
                     }
@@ -166,7 +179,10 @@ impl ChunkedBody {
                         return Ok((pieces, Some(tail[2..].to_vec())));
                     }
                     if let Some(stop) = find(tail, b"\r\n\r\n") {
-                        return Ok((pieces, Some(tail.get(stop.saturating_add(4)..).unwrap_or(&[]).to_vec())));
+                        return Ok((
+                            pieces,
+                            Some(tail.get(stop.saturating_add(4)..).unwrap_or(&[]).to_vec()),
+                        ));
                     }
                     if tail.len() > MAX_CHUNK_LINE * 16 {
                         return Err(ChunkError {
@@ -190,14 +206,24 @@ mod tests {
     #[test]
     fn sizes_and_errors() {
         let mut c = ChunkedBody::new();
-        let (p, after) = c.feed(b"5;ext=1\r\nhello\r\n0\r\nX-T: 1\r\n\r\nNEXT").unwrap();
+        let (p, after) = c
+            .feed(b"5;ext=1\r\nhello\r\n0\r\nX-T: 1\r\n\r\nNEXT")
+            .unwrap();
         assert_eq!(p, vec![b"hello".to_vec()]);
         assert_eq!(after.as_deref(), Some(&b"NEXT"[..]));
         let mut c = ChunkedBody::new();
         let e = c.feed(b"10000000000000000\r\n").unwrap_err(); // 2^64
         assert_eq!(e.message, "chunk size out of range");
         let mut c = ChunkedBody::new();
-        let e = c.feed(&[b'f'; 40].iter().chain(b"\r\n").copied().collect::<Vec<u8>>()).unwrap_err();
+        let e = c
+            .feed(
+                &[b'f'; 40]
+                    .iter()
+                    .chain(b"\r\n")
+                    .copied()
+                    .collect::<Vec<u8>>(),
+            )
+            .unwrap_err();
         assert_eq!(e.message, "illegal chunk header: <40 bytes>");
     }
 }

@@ -50,7 +50,9 @@ pub struct BodyDecoder {
 
 impl std::fmt::Debug for BodyDecoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BodyDecoder").field("coding", &self.coding).finish()
+        f.debug_struct("BodyDecoder")
+            .field("coding", &self.coding)
+            .finish()
     }
 }
 
@@ -86,9 +88,15 @@ impl BodyDecoder {
     fn allowed(&self) -> i128 {
         // int(n_in * max_ratio), as Python computes it (a float product, truncated)
         let by_ratio_f = (self.n_in as f64) * self.max_ratio;
-        let by_ratio = if by_ratio_f.is_finite() { by_ratio_f as i128 } else { i128::MAX };
+        let by_ratio = if by_ratio_f.is_finite() {
+            by_ratio_f as i128
+        } else {
+            i128::MAX
+        };
         let by_ratio = by_ratio.max(i128::from(RATIO_FLOOR));
-        by_ratio.min(i128::from(self.max_bytes)).saturating_sub(i128::from(self.n_out))
+        by_ratio
+            .min(i128::from(self.max_bytes))
+            .saturating_sub(i128::from(self.n_out))
     }
 
     fn limit(&self) -> DecodeError {
@@ -102,7 +110,10 @@ impl BodyDecoder {
                 self.n_out
             )
         };
-        DecodeError { message, limit: true }
+        DecodeError {
+            message,
+            limit: true,
+        }
     }
 
     /// `decompress(data, allowed)`: inflate until the input is used up, the
@@ -128,9 +139,14 @@ impl BodyDecoder {
                 let st = self
                     .d
                     .decompress(input, &mut chunk[..room], FlushDecompress::Sync)
-                    .map_err(|e| DecodeError { message: zlib_message(&e), limit: false })?;
-                let used = usize::try_from(self.d.total_in().saturating_sub(before_in)).unwrap_or(0);
-                let made = usize::try_from(self.d.total_out().saturating_sub(before_out)).unwrap_or(0);
+                    .map_err(|e| DecodeError {
+                        message: zlib_message(&e),
+                        limit: false,
+                    })?;
+                let used =
+                    usize::try_from(self.d.total_in().saturating_sub(before_in)).unwrap_or(0);
+                let made =
+                    usize::try_from(self.d.total_out().saturating_sub(before_out)).unwrap_or(0);
                 pos = pos.saturating_add(used);
                 out.extend_from_slice(chunk.get(..made).unwrap_or(&[]));
                 if st == Status::StreamEnd {
@@ -175,7 +191,10 @@ impl BodyDecoder {
         }
         let cap = usize::try_from(allowed).unwrap_or(usize::MAX).min(1 << 16);
         let mut out = Vec::with_capacity(cap);
-        match self.d.decompress_vec(&[], &mut out, FlushDecompress::Finish) {
+        match self
+            .d
+            .decompress_vec(&[], &mut out, FlushDecompress::Finish)
+        {
             Ok(_) => out,
             Err(_) => Vec::new(),
         }
@@ -215,5 +234,11 @@ pub fn decoder_for(
         }
     }
     let joined: Vec<String> = codings.iter().map(|c| latin1(c)).collect();
-    (None, Some(format!("unsupported content-encoding {}", py_str_repr_latin1(&joined.join(", ")))))
+    (
+        None,
+        Some(format!(
+            "unsupported content-encoding {}",
+            py_str_repr_latin1(&joined.join(", "))
+        )),
+    )
 }

@@ -47,8 +47,20 @@ pub(crate) fn is_token(b: u8) -> bool {
     b.is_ascii_alphanumeric()
         || matches!(
             b,
-            b'-' | b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*' | b'+' | b'.' | b'^' | b'_'
-                | b'`' | b'|' | b'~'
+            b'-' | b'!'
+                | b'#'
+                | b'$'
+                | b'%'
+                | b'&'
+                | b'\''
+                | b'*'
+                | b'+'
+                | b'.'
+                | b'^'
+                | b'_'
+                | b'`'
+                | b'|'
+                | b'~'
         )
 }
 
@@ -65,7 +77,10 @@ fn is_value_byte(b: u8) -> bool {
 /// The end of the first blank line (`\n\r?\n`), if any.
 fn blank_line_end(buf: &[u8]) -> Option<usize> {
     let mut from = 0usize;
-    while let Some(off) = buf.get(from..).and_then(|s| s.iter().position(|&b| b == b'\n')) {
+    while let Some(off) = buf
+        .get(from..)
+        .and_then(|s| s.iter().position(|&b| b == b'\n'))
+    {
         let i = from.saturating_add(off);
         match (buf.get(i.saturating_add(1)), buf.get(i.saturating_add(2))) {
             (Some(b'\n'), _) => return Some(i.saturating_add(2)),
@@ -107,7 +122,10 @@ fn parse_field_line(line: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     let rest = line.get(colon.saturating_add(1)..)?;
     let sp = |b: &u8| *b == b' ' || *b == b'\t';
     let start = rest.iter().position(|b| !sp(b)).unwrap_or(rest.len());
-    let end = rest.iter().rposition(|b| !sp(b)).map_or(start, |e| e.saturating_add(1));
+    let end = rest
+        .iter()
+        .rposition(|b| !sp(b))
+        .map_or(start, |e| e.saturating_add(1));
     let value = rest.get(start..end)?;
     if !value.iter().all(|&b| is_value_byte(b)) {
         return None;
@@ -115,10 +133,13 @@ fn parse_field_line(line: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     Some((line.get(..colon)?.to_vec(), value.to_vec()))
 }
 
-fn field_lines(lines: &[Vec<u8>]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, HeadError> {
+fn field_lines(lines: &[Vec<u8>]) -> Result<Headers, HeadError> {
     let mut folded: Vec<Vec<u8>> = Vec::with_capacity(lines.len());
     for line in lines {
-        let ws = line.iter().take_while(|&&b| b == b' ' || b == b'\t').count();
+        let ws = line
+            .iter()
+            .take_while(|&&b| b == b' ' || b == b'\t')
+            .count();
         if ws == 0 {
             folded.push(line.clone());
         } else if let Some(last) = folded.last_mut() {
@@ -144,7 +165,7 @@ fn all_digits(b: &[u8]) -> bool {
 
 /// Lower-case names; one Content-Length value and one Transfer-Encoding
 /// (`chunked`), or the head is malformed framing.
-fn normalise(fields: Vec<(Vec<u8>, Vec<u8>)>) -> Result<Headers, HeadError> {
+fn normalise(fields: Headers) -> Result<Headers, HeadError> {
     let mut out: Headers = Vec::with_capacity(fields.len());
     let mut length: Option<Vec<u8>> = None;
     let mut chunked = false;
@@ -196,7 +217,10 @@ fn request_line(line: &[u8]) -> Option<(Vec<u8>, Vec<u8>, Vec<u8>)> {
         return None;
     }
     let after = line.get(sp.saturating_add(1)..)?;
-    let tlen = after.iter().take_while(|&&b| (0x21..=0x7e).contains(&b)).count();
+    let tlen = after
+        .iter()
+        .take_while(|&&b| (0x21..=0x7e).contains(&b))
+        .count();
     if tlen == 0 {
         return None;
     }
@@ -209,7 +233,11 @@ fn request_line(line: &[u8]) -> Option<(Vec<u8>, Vec<u8>, Vec<u8>)> {
     {
         return None;
     }
-    Some((line.get(..sp)?.to_vec(), after.get(..tlen)?.to_vec(), v.get(6..)?.to_vec()))
+    Some((
+        line.get(..sp)?.to_vec(),
+        after.get(..tlen)?.to_vec(),
+        v.get(6..)?.to_vec(),
+    ))
 }
 
 fn status_line(line: &[u8]) -> Option<(Vec<u8>, u16, Vec<u8>)> {
@@ -223,9 +251,10 @@ fn status_line(line: &[u8]) -> Option<(Vec<u8>, u16, Vec<u8>)> {
     {
         return None;
     }
-    let status = line[9..12]
-        .iter()
-        .fold(0u16, |a, &d| a.saturating_mul(10).saturating_add(u16::from(d.wrapping_sub(b'0'))));
+    let status = line[9..12].iter().fold(0u16, |a, &d| {
+        a.saturating_mul(10)
+            .saturating_add(u16::from(d.wrapping_sub(b'0')))
+    });
     let reason = match line.get(12..) {
         Some([]) | None => Vec::new(),
         Some([b' ', rest @ ..]) if rest.iter().all(|&b| is_value_byte(b)) => rest.to_vec(),
@@ -249,7 +278,12 @@ pub fn parse_request_head(lines: &[Vec<u8>]) -> Result<RequestHead, HeadError> {
     if hosts > 1 {
         return err("Found multiple Host: headers");
     }
-    Ok(RequestHead { method, target, version, headers })
+    Ok(RequestHead {
+        method,
+        target,
+        version,
+        headers,
+    })
 }
 
 pub fn parse_response_head(
@@ -271,7 +305,12 @@ pub fn parse_response_head(
     if status == 101 && !upgrade_proposed {
         return err("Received server _SWITCH_UPGRADE event without a pending proposal");
     }
-    Ok(ResponseHead { version, status, reason, headers })
+    Ok(ResponseHead {
+        version,
+        status,
+        reason,
+        headers,
+    })
 }
 
 /// The next head out of `buf`: `Ok(None)` until complete.
@@ -307,11 +346,15 @@ pub enum BodyKind {
 
 /// The value of the first Content-Length header (validated digits), as a number.
 pub(crate) fn content_length(headers: &Headers) -> Option<u128> {
-    headers.iter().find(|(n, _)| n == b"content-length").map(|(_, v)| {
-        v.iter().fold(0u128, |a, &d| {
-            a.saturating_mul(10).saturating_add(u128::from(d.wrapping_sub(b'0')))
+    headers
+        .iter()
+        .find(|(n, _)| n == b"content-length")
+        .map(|(_, v)| {
+            v.iter().fold(0u128, |a, &d| {
+                a.saturating_mul(10)
+                    .saturating_add(u128::from(d.wrapping_sub(b'0')))
+            })
         })
-    })
 }
 
 /// How the body of a message is delimited (RFC 9112 §6.3).
@@ -335,7 +378,8 @@ pub fn body_framing(head: &Head, request_method: &[u8]) -> BodyKind {
         }
         if name == b"content-length" && length.is_none() {
             let n = value.iter().fold(0u64, |a, &d| {
-                a.saturating_mul(10).saturating_add(u64::from(d.wrapping_sub(b'0')))
+                a.saturating_mul(10)
+                    .saturating_add(u64::from(d.wrapping_sub(b'0')))
             });
             length = Some(n);
         }
@@ -373,15 +417,26 @@ mod tests {
 
     #[test]
     fn request_and_errors() {
-        let h = head(b"GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 5\r\n\r\n", true);
-        let Ok(Some(Head::Request(r))) = h else { panic!("{h:?}") };
+        let h = head(
+            b"GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 5\r\n\r\n",
+            true,
+        );
+        let Ok(Some(Head::Request(r))) = h else {
+            panic!("{h:?}")
+        };
         assert_eq!(r.headers[1], (b"content-length".to_vec(), b"5".to_vec()));
         assert_eq!(
-            head(b"GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 6\r\n\r\n", true),
+            head(
+                b"GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 6\r\n\r\n",
+                true
+            ),
             Err(HeadError("conflicting Content-Length headers".into()))
         );
         assert_eq!(
-            head(b"GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", true),
+            head(
+                b"GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n",
+                true
+            ),
             Err(HeadError("bad Content-Length".into()))
         );
         assert_eq!(
@@ -393,7 +448,9 @@ mod tests {
 
     #[test]
     fn framing() {
-        let Ok(Some(h)) = head(b"HTTP/1.1 200 OK\r\n\r\n", false) else { panic!() };
+        let Ok(Some(h)) = head(b"HTTP/1.1 200 OK\r\n\r\n", false) else {
+            panic!()
+        };
         assert_eq!(body_framing(&h, b"GET"), BodyKind::Close);
         assert_eq!(body_framing(&h, b"HEAD"), BodyKind::Length(0));
         assert_eq!(body_framing(&h, b"CONNECT"), BodyKind::Tunnel);

@@ -14,8 +14,8 @@
 //! connection's orientation. The connection is then forgotten at the end of
 //! that `feed` call: its later flow events belong to whoever took it over.
 
-pub mod coding;
 mod chunked;
+pub mod coding;
 pub mod head;
 pub mod resync;
 pub mod text;
@@ -33,11 +33,35 @@ pub type ConnId = u64;
 /// What the HTTP stage takes in: the reassembler's flow events (borrowed).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FlowEvent<'a> {
-    Opened { conn: ConnId, ts: f64, syn_seen: bool },
-    Data { conn: ConnId, ts: f64, from_client: bool, data: &'a [u8] },
-    Gap { conn: ConnId, ts: f64, from_client: bool, nbytes: Option<u64>, reason: &'a str },
-    End { conn: ConnId, ts: f64, from_client: bool, reason: &'a str },
-    Closed { conn: ConnId, ts: f64, reason: &'a str },
+    Opened {
+        conn: ConnId,
+        ts: f64,
+        syn_seen: bool,
+    },
+    Data {
+        conn: ConnId,
+        ts: f64,
+        from_client: bool,
+        data: &'a [u8],
+    },
+    Gap {
+        conn: ConnId,
+        ts: f64,
+        from_client: bool,
+        nbytes: Option<u64>,
+        reason: &'a str,
+    },
+    End {
+        conn: ConnId,
+        ts: f64,
+        from_client: bool,
+        reason: &'a str,
+    },
+    Closed {
+        conn: ConnId,
+        ts: f64,
+        reason: &'a str,
+    },
     /// `FlowAnomaly`: nothing for HTTP.
     Anomaly { conn: ConnId },
 }
@@ -101,8 +125,20 @@ pub enum HttpEvent {
         headers: Headers,
         informational: bool,
     },
-    Body { conn: ConnId, exchange: i64, ts: f64, from_client: bool, data: Vec<u8> },
-    End { conn: ConnId, exchange: i64, ts: f64, from_client: bool, reason: EndReason },
+    Body {
+        conn: ConnId,
+        exchange: i64,
+        ts: f64,
+        from_client: bool,
+        data: Vec<u8>,
+    },
+    End {
+        conn: ConnId,
+        exchange: i64,
+        ts: f64,
+        from_client: bool,
+        reason: EndReason,
+    },
     Error {
         conn: ConnId,
         exchange: Option<i64>,
@@ -122,9 +158,24 @@ pub enum HttpEvent {
         gaps: u64,
     },
     /// A `FlowGap` passed through (capture loss not attributable to a direction's bytes).
-    FlowGap { conn: ConnId, ts: f64, from_client: bool, nbytes: Option<u64>, reason: String },
-    FlowEnd { conn: ConnId, ts: f64, from_client: bool, reason: String },
-    Closed { conn: ConnId, ts: f64, reason: String },
+    FlowGap {
+        conn: ConnId,
+        ts: f64,
+        from_client: bool,
+        nbytes: Option<u64>,
+        reason: String,
+    },
+    FlowEnd {
+        conn: ConnId,
+        ts: f64,
+        from_client: bool,
+        reason: String,
+    },
+    Closed {
+        conn: ConnId,
+        ts: f64,
+        reason: String,
+    },
     /// The connection turns to HTTP/2 here (see the module text).
     H2Handover {
         conn: ConnId,
@@ -342,11 +393,16 @@ fn frames_at_start(buf: &[u8]) -> bool {
 
 /// `^[A-Z][A-Z_-]{1,23} `
 fn method_prefix(data: &[u8]) -> bool {
-    let Some(&first) = data.first() else { return false };
+    let Some(&first) = data.first() else {
+        return false;
+    };
     if !first.is_ascii_uppercase() {
         return false;
     }
-    let run = data[1..].iter().take_while(|&&b| b.is_ascii_uppercase() || b == b'_' || b == b'-').count();
+    let run = data[1..]
+        .iter()
+        .take_while(|&&b| b.is_ascii_uppercase() || b == b'_' || b == b'-')
+        .count();
     (1..=23).contains(&run) && data.get(run.saturating_add(1)) == Some(&b' ')
 }
 
@@ -367,7 +423,12 @@ fn request_start_at(buf: &[u8], p: usize) -> bool {
         return false;
     }
     let t0 = m.saturating_add(1);
-    let t = s.get(t0..).unwrap_or(&[]).iter().take_while(|&&b| !is_re_space(b)).count();
+    let t = s
+        .get(t0..)
+        .unwrap_or(&[])
+        .iter()
+        .take_while(|&&b| !is_re_space(b))
+        .count();
     if !(1..=8192).contains(&t) {
         return false;
     }
@@ -436,18 +497,35 @@ fn loose_request_line(s: &[u8]) -> Option<Loose> {
             return None;
         }
         let v0 = w.saturating_add(5);
-        let vl = r.get(v0..)?.iter().take_while(|&&b| b.is_ascii_digit() || b == b'.').count();
+        let vl = r
+            .get(v0..)?
+            .iter()
+            .take_while(|&&b| b.is_ascii_digit() || b == b'.')
+            .count();
         if vl > 8 {
             return None;
         }
-        Some((r.get(v0..v0.saturating_add(vl))?.to_vec(), p.saturating_add(v0).saturating_add(vl)))
+        Some((
+            r.get(v0..v0.saturating_add(vl))?.to_vec(),
+            p.saturating_add(v0).saturating_add(vl),
+        ))
     };
     let method = s[..m].to_vec();
     // group 2 present: whitespace, then a target
-    let w = s.get(m..).unwrap_or(&[]).iter().take_while(|b| sp(b)).count();
+    let w = s
+        .get(m..)
+        .unwrap_or(&[])
+        .iter()
+        .take_while(|b| sp(b))
+        .count();
     if w > 0 {
         let t0 = m.saturating_add(w);
-        let t = s.get(t0..).unwrap_or(&[]).iter().take_while(|&&b| !is_re_space(b)).count();
+        let t = s
+            .get(t0..)
+            .unwrap_or(&[])
+            .iter()
+            .take_while(|&&b| !is_re_space(b))
+            .count();
         if (1..=8192).contains(&t) {
             let q = t0.saturating_add(t);
             let target = s[t0..q].to_vec();
@@ -491,7 +569,13 @@ impl Default for HttpParser {
 
 impl HttpParser {
     pub fn new(cfg: HttpConfig) -> Self {
-        HttpParser { conns: HashMap::new(), ctx: Ctx { stats: HttpStats::default(), cfg } }
+        HttpParser {
+            conns: HashMap::new(),
+            ctx: Ctx {
+                stats: HttpStats::default(),
+                cfg,
+            },
+        }
     }
 
     pub fn stats(&self) -> &HttpStats {
@@ -514,8 +598,15 @@ impl HttpParser {
     pub fn feed(&mut self, ev: &FlowEvent<'_>, out: &mut Vec<HttpEvent>) {
         let ctx = &mut self.ctx;
         match *ev {
-            FlowEvent::Data { conn, ts, from_client, data } => {
-                let Some(c) = self.conns.get_mut(&conn) else { return };
+            FlowEvent::Data {
+                conn,
+                ts,
+                from_client,
+                data,
+            } => {
+                let Some(c) = self.conns.get_mut(&conn) else {
+                    return;
+                };
                 if c.dead || c.h2 || data.is_empty() {
                     return;
                 }
@@ -586,16 +677,31 @@ impl HttpParser {
                 }
                 self.conns.insert(conn, c);
             }
-            FlowEvent::Gap { conn, ts, from_client, nbytes, reason } => {
-                let Some(c) = self.conns.get_mut(&conn) else { return };
+            FlowEvent::Gap {
+                conn,
+                ts,
+                from_client,
+                nbytes,
+                reason,
+            } => {
+                let Some(c) = self.conns.get_mut(&conn) else {
+                    return;
+                };
                 if c.dead || c.h2 {
                     return;
                 }
                 let i = usize::from(from_client != c.swapped);
                 ctx.gap(c, i, ts, nbytes, reason, out);
             }
-            FlowEvent::End { conn, ts, from_client, reason } => {
-                let Some(c) = self.conns.get_mut(&conn) else { return };
+            FlowEvent::End {
+                conn,
+                ts,
+                from_client,
+                reason,
+            } => {
+                let Some(c) = self.conns.get_mut(&conn) else {
+                    return;
+                };
                 if c.h2 {
                     return;
                 }
@@ -604,7 +710,12 @@ impl HttpParser {
                 if !c.dead {
                     ctx.end(c, usize::from(fc), ts, reason, out);
                 }
-                out.push(HttpEvent::FlowEnd { conn, ts, from_client: fc, reason: reason.into() });
+                out.push(HttpEvent::FlowEnd {
+                    conn,
+                    ts,
+                    from_client: fc,
+                    reason: reason.into(),
+                });
                 if c.h2 {
                     self.conns.remove(&conn);
                 }
@@ -627,7 +738,11 @@ impl HttpParser {
                         }
                     }
                 }
-                out.push(HttpEvent::Closed { conn, ts, reason: reason.into() });
+                out.push(HttpEvent::Closed {
+                    conn,
+                    ts,
+                    reason: reason.into(),
+                });
             }
             FlowEvent::Anomaly { .. } => {}
         }
@@ -641,7 +756,8 @@ impl HttpParser {
             return None;
         }
         let (srv, cli) = (&c.dirs[0], &c.dirs[1]);
-        if cli.in_message || cli.head.as_ref().is_some_and(|h| !h.is_empty()) || cli.hunt.is_some() {
+        if cli.in_message || cli.head.as_ref().is_some_and(|h| !h.is_empty()) || cli.hunt.is_some()
+        {
             return None;
         }
         if !srv.in_message || srv.decoder.is_some() || srv.decode_failed {
@@ -712,13 +828,22 @@ impl HttpParser {
 impl Ctx {
     fn release(&mut self, c: &mut Conn, out: &mut Vec<HttpEvent>) {
         if c.opened_held {
-            out.push(HttpEvent::Opened { conn: c.id, swapped: c.swapped });
+            out.push(HttpEvent::Opened {
+                conn: c.id,
+                swapped: c.swapped,
+            });
             c.opened_held = false;
         }
         c.roles_known = true;
     }
 
-    fn settle_roles(&mut self, c: &mut Conn, fc: bool, data: &[u8], out: &mut Vec<HttpEvent>) -> bool {
+    fn settle_roles(
+        &mut self,
+        c: &mut Conn,
+        fc: bool,
+        data: &[u8],
+        out: &mut Vec<HttpEvent>,
+    ) -> bool {
         let head = &data[..data.len().min(32)];
         let looks_response = head.starts_with(b"HTTP/1.");
         let looks_request = method_prefix(head);
@@ -734,7 +859,14 @@ impl Ctx {
     }
 
     /// Bytes of one direction, in order: bodies, heads, the next messages.
-    fn data(&mut self, c: &mut Conn, i: usize, ts: f64, mut data: Vec<u8>, out: &mut Vec<HttpEvent>) {
+    fn data(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        mut data: Vec<u8>,
+        out: &mut Vec<HttpEvent>,
+    ) {
         while !data.is_empty() && !c.dead {
             if c.dirs[i].chunked.is_some() {
                 data = self.chunked_data(c, i, ts, &data, out);
@@ -784,7 +916,11 @@ impl Ctx {
         }
         if c.pending.is_empty() {
             let ex = c.take_exchange();
-            c.pending.push_back(Pending { exchange: ex, method: b"GET".to_vec(), h2c: false });
+            c.pending.push_back(Pending {
+                exchange: ex,
+                method: b"GET".to_vec(),
+                h2c: false,
+            });
             self.stats.desyncs = self.stats.desyncs.saturating_add(1);
             self.stats.errors = self.stats.errors.saturating_add(1);
             self.release(c, out);
@@ -811,7 +947,9 @@ impl Ctx {
             let max = self.cfg.max_header_bytes;
             let d = &mut c.dirs[i];
             let (requests, h2c) = (d.requests, d.h2c);
-            let Some(buf) = d.head.as_mut() else { return Vec::new() };
+            let Some(buf) = d.head.as_mut() else {
+                return Vec::new();
+            };
             let parsed = read_head(buf, requests, max, h2c);
             let head = match parsed {
                 Err(e) => {
@@ -880,13 +1018,24 @@ impl Ctx {
         }
     }
 
-    fn length_data(&mut self, c: &mut Conn, i: usize, ts: f64, data: Vec<u8>, out: &mut Vec<HttpEvent>) -> Vec<u8> {
-        let Some(body) = c.dirs[i].body else { return Vec::new() };
+    fn length_data(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        data: Vec<u8>,
+        out: &mut Vec<HttpEvent>,
+    ) -> Vec<u8> {
+        let Some(body) = c.dirs[i].body else {
+            return Vec::new();
+        };
         let Some(remaining) = body else {
             self.body(c, i, ts, &data, out);
             return Vec::new();
         };
-        let take = usize::try_from(remaining).unwrap_or(usize::MAX).min(data.len());
+        let take = usize::try_from(remaining)
+            .unwrap_or(usize::MAX)
+            .min(data.len());
         let left = remaining.saturating_sub(take as u64);
         c.dirs[i].body = Some(Some(left));
         self.body(c, i, ts, &data[..take], out);
@@ -897,8 +1046,17 @@ impl Ctx {
         data[take..].to_vec()
     }
 
-    fn chunked_data(&mut self, c: &mut Conn, i: usize, ts: f64, data: &[u8], out: &mut Vec<HttpEvent>) -> Vec<u8> {
-        let Some(ch) = c.dirs[i].chunked.as_mut() else { return Vec::new() };
+    fn chunked_data(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        data: &[u8],
+        out: &mut Vec<HttpEvent>,
+    ) -> Vec<u8> {
+        let Some(ch) = c.dirs[i].chunked.as_mut() else {
+            return Vec::new();
+        };
         let (pieces, after) = match ch.feed(data) {
             Ok(r) => r,
             Err(e) => return self.overflow(c, i, ts, e.message, e.rest, false, out),
@@ -907,7 +1065,13 @@ impl Ctx {
         if d.decoder.is_none() && !d.decode_failed {
             let (exchange, from_client) = (d.exchange, d.from_client);
             for piece in pieces {
-                out.push(HttpEvent::Body { conn: c.id, exchange, ts, from_client, data: piece });
+                out.push(HttpEvent::Body {
+                    conn: c.id,
+                    exchange,
+                    ts,
+                    from_client,
+                    data: piece,
+                });
             }
         } else {
             for piece in pieces {
@@ -924,14 +1088,25 @@ impl Ctx {
     }
 
     /// Returns the bytes after the head when a Content-Length overflowed.
-    fn request(&mut self, c: &mut Conn, i: usize, ts: f64, h: &head::RequestHead, out: &mut Vec<HttpEvent>) -> Option<Vec<u8>> {
+    fn request(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        h: &head::RequestHead,
+        out: &mut Vec<HttpEvent>,
+    ) -> Option<Vec<u8>> {
         self.release(c, out);
         let ex = c.take_exchange();
         let d = &mut c.dirs[i];
         d.exchange = ex;
         d.in_message = true;
         d.raw = None;
-        c.pending.push_back(Pending { exchange: ex, method: h.method.clone(), h2c: upgrades_to_h2c(&h.headers) });
+        c.pending.push_back(Pending {
+            exchange: ex,
+            method: h.method.clone(),
+            h2c: upgrades_to_h2c(&h.headers),
+        });
         self.stats.requests = self.stats.requests.saturating_add(1);
         out.push(HttpEvent::Request {
             conn: c.id,
@@ -946,7 +1121,14 @@ impl Ctx {
         self.check_length(c, i, ts, &h.headers, out)
     }
 
-    fn response(&mut self, c: &mut Conn, i: usize, ts: f64, h: &head::ResponseHead, out: &mut Vec<HttpEvent>) -> Option<Vec<u8>> {
+    fn response(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        h: &head::ResponseHead,
+        out: &mut Vec<HttpEvent>,
+    ) -> Option<Vec<u8>> {
         self.release(c, out);
         let info = h.status < 200;
         let d = &mut c.dirs[i];
@@ -972,11 +1154,26 @@ impl Ctx {
         self.check_length(c, i, ts, &h.headers, out)
     }
 
-    fn check_length(&mut self, c: &mut Conn, i: usize, ts: f64, headers: &Headers, out: &mut Vec<HttpEvent>) -> Option<Vec<u8>> {
+    fn check_length(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        headers: &Headers,
+        out: &mut Vec<HttpEvent>,
+    ) -> Option<Vec<u8>> {
         let n = head::content_length(headers)?;
         if n > u128::from(MAX_BODY_LENGTH) {
             let rest = c.dirs[i].head.clone().unwrap_or_default();
-            return Some(self.overflow(c, i, ts, "Content-Length out of range".into(), rest, true, out));
+            return Some(self.overflow(
+                c,
+                i,
+                ts,
+                "Content-Length out of range".into(),
+                rest,
+                true,
+                out,
+            ));
         }
         None
     }
@@ -984,7 +1181,16 @@ impl Ctx {
     /// Framing that cannot be honoured: end the message as an error; the
     /// bytes to look for the next message in are returned.
     #[allow(clippy::too_many_arguments)]
-    fn overflow(&mut self, c: &mut Conn, i: usize, ts: f64, msg: String, rest: Vec<u8>, at_line_start: bool, out: &mut Vec<HttpEvent>) -> Vec<u8> {
+    fn overflow(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        msg: String,
+        rest: Vec<u8>,
+        at_line_start: bool,
+        out: &mut Vec<HttpEvent>,
+    ) -> Vec<u8> {
         self.error(c, i, ts, "framing", msg, out);
         let d = &mut c.dirs[i];
         d.hunt = Some(Vec::new());
@@ -992,8 +1198,19 @@ impl Ctx {
         rest
     }
 
-    fn set_decoder(&mut self, c: &mut Conn, i: usize, ts: f64, headers: &Headers, out: &mut Vec<HttpEvent>) {
-        let (dec, err) = decoder_for(headers, self.cfg.max_decoded_bytes, self.cfg.max_expansion_ratio);
+    fn set_decoder(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        headers: &Headers,
+        out: &mut Vec<HttpEvent>,
+    ) {
+        let (dec, err) = decoder_for(
+            headers,
+            self.cfg.max_decoded_bytes,
+            self.cfg.max_expansion_ratio,
+        );
         let d = &mut c.dirs[i];
         d.decoder = dec;
         d.decode_failed = err.is_some();
@@ -1037,10 +1254,23 @@ impl Ctx {
                 Ok(v) => v,
             },
         };
-        out.push(HttpEvent::Body { conn, exchange: d.exchange, ts, from_client: d.from_client, data });
+        out.push(HttpEvent::Body {
+            conn,
+            exchange: d.exchange,
+            ts,
+            from_client: d.from_client,
+            data,
+        });
     }
 
-    fn message_end(&mut self, c: &mut Conn, i: usize, ts: f64, reason: EndReason, out: &mut Vec<HttpEvent>) {
+    fn message_end(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        reason: EndReason,
+        out: &mut Vec<HttpEvent>,
+    ) {
         let conn = c.id;
         let d = &mut c.dirs[i];
         let mut reason = reason;
@@ -1048,14 +1278,26 @@ impl Ctx {
             if let Some(dec) = d.decoder.as_mut() {
                 let tail = dec.flush();
                 if !tail.is_empty() {
-                    out.push(HttpEvent::Body { conn, exchange: d.exchange, ts, from_client: d.from_client, data: tail });
+                    out.push(HttpEvent::Body {
+                        conn,
+                        exchange: d.exchange,
+                        ts,
+                        from_client: d.from_client,
+                        data: tail,
+                    });
                 }
             }
         }
         if d.decode_failed && reason == EndReason::Complete {
             reason = EndReason::Error;
         }
-        out.push(HttpEvent::End { conn, exchange: d.exchange, ts, from_client: d.from_client, reason });
+        out.push(HttpEvent::End {
+            conn,
+            exchange: d.exchange,
+            ts,
+            from_client: d.from_client,
+            reason,
+        });
         d.decoder = None;
         d.decode_failed = false;
         d.in_message = false;
@@ -1067,29 +1309,62 @@ impl Ctx {
 
     // ------------------------------------------------------------ recovery
 
-    fn error(&mut self, c: &mut Conn, i: usize, ts: f64, kind: &'static str, message: String, out: &mut Vec<HttpEvent>) {
+    fn error(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        kind: &'static str,
+        message: String,
+        out: &mut Vec<HttpEvent>,
+    ) {
         self.release(c, out);
         self.stats.errors = self.stats.errors.saturating_add(1);
         let d = &c.dirs[i];
         let ex = (d.exchange >= 0).then_some(d.exchange);
-        out.push(HttpEvent::Error { conn: c.id, exchange: ex, ts, from_client: d.from_client, kind, message });
+        out.push(HttpEvent::Error {
+            conn: c.id,
+            exchange: ex,
+            ts,
+            from_client: d.from_client,
+            kind,
+            message,
+        });
         if d.in_message {
             self.message_end(c, i, ts, EndReason::Error, out);
         } else if !d.from_client && d.exchange >= 0 {
-            out.push(HttpEvent::End { conn: c.id, exchange: d.exchange, ts, from_client: false, reason: EndReason::Error });
+            out.push(HttpEvent::End {
+                conn: c.id,
+                exchange: d.exchange,
+                ts,
+                from_client: false,
+                reason: EndReason::Error,
+            });
             c.dirs[i].exchange = -1;
         }
         c.dirs[i].head = None;
     }
 
-    fn malformed(&mut self, c: &mut Conn, i: usize, ts: f64, msg: String, rest: &[u8], out: &mut Vec<HttpEvent>) {
+    fn malformed(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        msg: String,
+        rest: &[u8],
+        out: &mut Vec<HttpEvent>,
+    ) {
         let d = &c.dirs[i];
         if d.from_client && !d.in_message {
             if let Some((method, target, version)) = loose_request_line(rest) {
                 let version = version.unwrap_or_else(|| b"0.9".to_vec());
                 self.release(c, out);
                 let ex = c.take_exchange();
-                c.pending.push_back(Pending { exchange: ex, method: method.clone(), h2c: false });
+                c.pending.push_back(Pending {
+                    exchange: ex,
+                    method: method.clone(),
+                    h2c: false,
+                });
                 self.stats.requests = self.stats.requests.saturating_add(1);
                 let d = &mut c.dirs[i];
                 d.exchange = ex;
@@ -1103,20 +1378,43 @@ impl Ctx {
                     version,
                     headers: Vec::new(),
                 });
-                self.error(c, i, ts, "framing", format!("bad request line ({msg})"), out);
+                self.error(
+                    c,
+                    i,
+                    ts,
+                    "framing",
+                    format!("bad request line ({msg})"),
+                    out,
+                );
                 return;
             }
         }
         let d = &c.dirs[i];
         let looks_http = d.in_message || start_at(rest, 0, d.from_client);
-        self.error(c, i, ts, if looks_http { "framing" } else { "not-http" }, msg, out);
+        self.error(
+            c,
+            i,
+            ts,
+            if looks_http { "framing" } else { "not-http" },
+            msg,
+            out,
+        );
     }
 
     /// Look for the next start line; the bytes from it on (empty if not found yet).
-    fn hunt(&mut self, c: &mut Conn, i: usize, ts: f64, data: &[u8], out: &mut Vec<HttpEvent>) -> Vec<u8> {
+    fn hunt(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        data: &[u8],
+        out: &mut Vec<HttpEvent>,
+    ) -> Vec<u8> {
         let d = &mut c.dirs[i];
         let request = d.from_client;
-        let Some(buf) = d.hunt.as_mut() else { return Vec::new() };
+        let Some(buf) = d.hunt.as_mut() else {
+            return Vec::new();
+        };
         if (!buf.is_empty() || d.hunt_sol) && start_at(data, 0, request) {
             self.stats.hunted_bytes = self.stats.hunted_bytes.saturating_add(buf.len() as u64);
             d.hunt = None;
@@ -1142,7 +1440,14 @@ impl Ctx {
                     let hunted = d.hunted;
                     c.dead = true;
                     self.stats.dead_connections = self.stats.dead_connections.saturating_add(1);
-                    self.error(c, i, ts, "not-http", format!("no HTTP found in {hunted} bytes"), out);
+                    self.error(
+                        c,
+                        i,
+                        ts,
+                        "not-http",
+                        format!("no HTTP found in {hunted} bytes"),
+                        out,
+                    );
                 }
                 Vec::new()
             }
@@ -1157,9 +1462,23 @@ impl Ctx {
         }
     }
 
-    fn gap(&mut self, c: &mut Conn, i: usize, ts: f64, nbytes: Option<u64>, reason: &str, out: &mut Vec<HttpEvent>) {
+    fn gap(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        nbytes: Option<u64>,
+        reason: &str,
+        out: &mut Vec<HttpEvent>,
+    ) {
         if nbytes.is_none() && reason != "midstream" && reason != "restart" {
-            out.push(HttpEvent::FlowGap { conn: c.id, ts, from_client: c.dirs[i].from_client, nbytes: None, reason: reason.into() });
+            out.push(HttpEvent::FlowGap {
+                conn: c.id,
+                ts,
+                from_client: c.dirs[i].from_client,
+                nbytes: None,
+                reason: reason.into(),
+            });
             return;
         }
         self.stats.gaps = self.stats.gaps.saturating_add(1);
@@ -1174,7 +1493,12 @@ impl Ctx {
             d.hunt = Some(Vec::new());
             return;
         }
-        if !d.from_client && d.in_message && d.chunked.is_some() && d.decoder.is_none() && !d.decode_failed {
+        if !d.from_client
+            && d.in_message
+            && d.chunked.is_some()
+            && d.decoder.is_none()
+            && !d.decode_failed
+        {
             d.chunked = None;
             d.hunt = Some(Vec::new());
             d.resync = Some(FramingSync::new(Some(true)));
@@ -1195,7 +1519,13 @@ impl Ctx {
                 }
             }
             if ex >= 0 {
-                out.push(HttpEvent::End { conn: c.id, exchange: ex, ts, from_client: false, reason: EndReason::Gap });
+                out.push(HttpEvent::End {
+                    conn: c.id,
+                    exchange: ex,
+                    ts,
+                    from_client: false,
+                    reason: EndReason::Gap,
+                });
                 unknown_body = false;
             }
         }
@@ -1225,7 +1555,14 @@ impl Ctx {
         }
     }
 
-    fn hunt_or_resync(&mut self, c: &mut Conn, i: usize, ts: f64, data: Vec<u8>, out: &mut Vec<HttpEvent>) -> Vec<u8> {
+    fn hunt_or_resync(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        data: Vec<u8>,
+        out: &mut Vec<HttpEvent>,
+    ) -> Vec<u8> {
         let got = self.hunt(c, i, ts, &data, out);
         if c.dirs[i].hunt.is_none() {
             self.resume_failed(c, i, ts, out);
@@ -1247,7 +1584,14 @@ impl Ctx {
         sp.rest
     }
 
-    fn start_recovered(&mut self, c: &mut Conn, i: usize, ts: f64, sp: &SyncPoint, out: &mut Vec<HttpEvent>) {
+    fn start_recovered(
+        &mut self,
+        c: &mut Conn,
+        i: usize,
+        ts: f64,
+        sp: &SyncPoint,
+        out: &mut Vec<HttpEvent>,
+    ) {
         let Some(framing) = sp.framing else { return };
         let d = &mut c.dirs[i];
         d.resync = None;
@@ -1288,7 +1632,11 @@ impl Ctx {
 
     /// One direction ended (FIN, RST, idle, end of capture).
     fn end(&mut self, c: &mut Conn, i: usize, ts: f64, reason: &str, out: &mut Vec<HttpEvent>) {
-        let mut end = if reason == "rst" { EndReason::Rst } else { EndReason::Eof };
+        let mut end = if reason == "rst" {
+            EndReason::Rst
+        } else {
+            EndReason::Eof
+        };
         if c.dirs[i].resync.is_some() && c.dirs[i].hunt.is_some() && !c.dead {
             if let Some(sp) = c.dirs[i].resync.as_mut().map(FramingSync::finish) {
                 if sp.framing.is_some() {
@@ -1313,7 +1661,13 @@ impl Ctx {
             }
             self.message_end(c, i, ts, end, out);
         } else if !d.from_client && d.exchange >= 0 {
-            out.push(HttpEvent::End { conn: c.id, exchange: d.exchange, ts, from_client: false, reason: end });
+            out.push(HttpEvent::End {
+                conn: c.id,
+                exchange: d.exchange,
+                ts,
+                from_client: false,
+                reason: end,
+            });
             d.exchange = -1;
         }
         let d = &mut c.dirs[i];

@@ -39,20 +39,34 @@ fn size_line(buf: &[u8], pos: usize) -> Option<(u64, usize)> {
         return None;
     }
     let size = s[..n].iter().fold(0u64, |a, &d| {
-        a.wrapping_mul(16).wrapping_add(u64::from(char::from(d).to_digit(16).unwrap_or(0)))
+        a.wrapping_mul(16)
+            .wrapping_add(u64::from(char::from(d).to_digit(16).unwrap_or(0)))
     });
     let mut i = n;
     if s.get(i) == Some(&b';') {
         let ext_start = i.saturating_add(1);
-        let e = s.get(ext_start..)?.iter().take_while(|&&b| b != b'\r' && b != b'\n').count();
+        let e = s
+            .get(ext_start..)?
+            .iter()
+            .take_while(|&&b| b != b'\r' && b != b'\n')
+            .count();
         let ext = s.get(ext_start..ext_start.saturating_add(e))?;
-        let trailing = ext.iter().rev().take_while(|&&b| b == b' ' || b == b'\t').count();
+        let trailing = ext
+            .iter()
+            .rev()
+            .take_while(|&&b| b == b' ' || b == b'\t')
+            .count();
         if e.saturating_sub(trailing) > MAX_EXT {
             return None;
         }
         i = ext_start.saturating_add(e);
     } else {
-        i = i.saturating_add(s.get(i..)?.iter().take_while(|&&b| b == b' ' || b == b'\t').count());
+        i = i.saturating_add(
+            s.get(i..)?
+                .iter()
+                .take_while(|&&b| b == b' ' || b == b'\t')
+                .count(),
+        );
     }
     if s.get(i..i.saturating_add(2)) == Some(b"\r\n") {
         Some((size, pos.saturating_add(i).saturating_add(2)))
@@ -79,7 +93,10 @@ fn could_be_size(buf: &[u8], pos: usize) -> bool {
             Some(p) => ext[p] == b'\r' && p.saturating_add(1) == ext.len(),
         }
     } else {
-        let ws = rest.iter().take_while(|&&b| b == b' ' || b == b'\t').count();
+        let ws = rest
+            .iter()
+            .take_while(|&&b| b == b' ' || b == b'\t')
+            .count();
         let r = &rest[ws..];
         r.is_empty() || r == b"\r"
     }
@@ -92,7 +109,8 @@ enum Link {
 }
 
 fn find_nl(buf: &[u8], from: usize, to: usize) -> bool {
-    buf.get(from..to.min(buf.len())).is_some_and(|s| s.contains(&b'\n'))
+    buf.get(from..to.min(buf.len()))
+        .is_some_and(|s| s.contains(&b'\n'))
 }
 
 /// Prove the chunk-size line at `pos`.
@@ -124,7 +142,11 @@ fn link(buf: &[u8], pos: usize, max_chunk: u64) -> Link {
     if buf.len().saturating_sub(nxt) < MAX_SIZE_LINE
         && !find_nl(buf, nxt, nxt.saturating_add(MAX_SIZE_LINE))
     {
-        return if could_be_size(buf, nxt) { Link::Need } else { Link::Bad };
+        return if could_be_size(buf, nxt) {
+            Link::Need
+        } else {
+            Link::Bad
+        };
     }
     Link::Bad
 }
@@ -160,7 +182,10 @@ fn items_present(buf: &[u8]) -> bool {
 /// `\r\n[0-9A-Fa-f]{1,16}(?:;[^\r\n]*)?\r\n` somewhere.
 fn looks_chunked(buf: &[u8]) -> bool {
     let mut i = 0usize;
-    while let Some(off) = buf.get(i..).and_then(|s| s.windows(2).position(|w| w == b"\r\n")) {
+    while let Some(off) = buf
+        .get(i..)
+        .and_then(|s| s.windows(2).position(|w| w == b"\r\n"))
+    {
         let p = i.saturating_add(off).saturating_add(2);
         let s = buf.get(p..).unwrap_or(&[]);
         let n = s.iter().take_while(|b| b.is_ascii_hexdigit()).count();
@@ -169,7 +194,11 @@ fn looks_chunked(buf: &[u8]) -> bool {
             if s.get(j) == Some(&b';') {
                 j = j.saturating_add(1);
                 j = j.saturating_add(
-                    s.get(j..).unwrap_or(&[]).iter().take_while(|&&b| b != b'\r' && b != b'\n').count(),
+                    s.get(j..)
+                        .unwrap_or(&[])
+                        .iter()
+                        .take_while(|&&b| b != b'\r' && b != b'\n')
+                        .count(),
                 );
             }
             if s.get(j..j.saturating_add(2)) == Some(b"\r\n") {
@@ -215,7 +244,11 @@ impl FramingSync {
     }
 
     pub fn finish(&mut self) -> SyncPoint {
-        self.decide(true).unwrap_or(SyncPoint { framing: None, skipped: self.skipped, rest: Vec::new() })
+        self.decide(true).unwrap_or(SyncPoint {
+            framing: None,
+            skipped: self.skipped,
+            rest: Vec::new(),
+        })
     }
 
     fn decide(&mut self, fin: bool) -> Option<SyncPoint> {
@@ -239,7 +272,11 @@ impl FramingSync {
         if full {
             self.skipped = self.skipped.saturating_add(self.buf.len() as u64);
             self.buf.clear();
-            return Some(SyncPoint { framing: None, skipped: self.skipped, rest: Vec::new() });
+            return Some(SyncPoint {
+                framing: None,
+                skipped: self.skipped,
+                rest: Vec::new(),
+            });
         }
         None
     }
@@ -255,6 +292,10 @@ impl FramingSync {
         let rest = self.buf.get(pos..).unwrap_or(&[]).to_vec();
         let skipped = self.skipped.saturating_add(pos as u64);
         self.buf.clear();
-        SyncPoint { framing: Some(framing), skipped, rest }
+        SyncPoint {
+            framing: Some(framing),
+            skipped,
+            rest,
+        }
     }
 }

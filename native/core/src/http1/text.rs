@@ -9,7 +9,11 @@
 
 /// `repr(bytes)` (or `repr(bytearray)`) as Python 3 writes it.
 pub(crate) fn py_bytes_repr(b: &[u8], bytearray: bool) -> String {
-    let quote = if b.contains(&b'\'') && !b.contains(&b'"') { '"' } else { '\'' };
+    let quote = if b.contains(&b'\'') && !b.contains(&b'"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut s = String::with_capacity(b.len().saturating_add(16));
     if bytearray {
         s.push_str("bytearray(");
@@ -89,7 +93,11 @@ fn latin1_printable(c: char) -> bool {
 
 /// `repr(str)` for a text of latin-1 characters (decoded header values).
 pub(crate) fn py_str_repr_latin1(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut out = String::with_capacity(s.len().saturating_add(2));
     out.push(quote);
     for c in s.chars() {
@@ -126,7 +134,11 @@ pub(crate) fn format_g(v: f64) -> String {
         return if v > 0.0 { "inf".into() } else { "-inf".into() };
     }
     if v == 0.0 {
-        return if v.is_sign_negative() { "-0".into() } else { "0".into() };
+        return if v.is_sign_negative() {
+            "-0".into()
+        } else {
+            "0".into()
+        };
     }
     let sci = format!("{v:.5e}"); // d.ddddde[-]x
     let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
@@ -135,7 +147,10 @@ pub(crate) fn format_g(v: f64) -> String {
         let decimals = usize::try_from(5i32.saturating_sub(exp)).unwrap_or(0);
         let fixed = format!("{v:.decimals$}");
         if fixed.contains('.') {
-            fixed.trim_end_matches('0').trim_end_matches('.').to_string()
+            fixed
+                .trim_end_matches('0')
+                .trim_end_matches('.')
+                .to_string()
         } else {
             fixed
         }
@@ -154,7 +169,10 @@ pub(crate) fn format_g(v: f64) -> String {
 pub(crate) fn strip_ascii_ws(b: &[u8]) -> &[u8] {
     let ws = |c: &u8| matches!(c, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c);
     let start = b.iter().position(|c| !ws(c)).unwrap_or(b.len());
-    let end = b.iter().rposition(|c| !ws(c)).map_or(start, |e| e.saturating_add(1));
+    let end = b
+        .iter()
+        .rposition(|c| !ws(c))
+        .map_or(start, |e| e.saturating_add(1));
     b.get(start..end).unwrap_or(&[])
 }
 
@@ -163,7 +181,10 @@ pub(crate) fn strip_ascii_ws(b: &[u8]) -> &[u8] {
 pub(crate) fn strip_latin1_ws(b: &[u8]) -> &[u8] {
     let ws = |c: &u8| py_isspace(char::from(*c));
     let start = b.iter().position(|c| !ws(c)).unwrap_or(b.len());
-    let end = b.iter().rposition(|c| !ws(c)).map_or(start, |e| e.saturating_add(1));
+    let end = b
+        .iter()
+        .rposition(|c| !ws(c))
+        .map_or(start, |e| e.saturating_add(1));
     b.get(start..end).unwrap_or(&[])
 }
 
@@ -186,7 +207,10 @@ mod tests {
     fn repr_and_count() {
         assert_eq!(py_bytes_repr(b"a'b", false), "b\"a'b\"");
         assert_eq!(py_bytes_repr(b"a'\"", false), "b'a\\'\"'");
-        assert_eq!(py_bytes_repr(b"\x00\r\n", true), "bytearray(b'\\x00\\r\\n')");
+        assert_eq!(
+            py_bytes_repr(b"\x00\r\n", true),
+            "bytearray(b'\\x00\\r\\n')"
+        );
         assert_eq!(quoted(b"Authorization: x", true), "<16 bytes>");
         assert_eq!(quoted(b"a\"", false), "<1 bytes>"); // the reference's rstrip quirk
         assert_eq!(quoted(b"", false), "<0 bytes>");
