@@ -112,6 +112,8 @@ def main() -> int:
         "pipeline python http1": _pipe(Pipeline, flows),
         "pipeline native http1": _pipe(native.native_pipeline, flows),
     }
+    if ns.only == "none":  # the baseline: reading and reassembling only
+        return 0
     if ns.only:
         print(ns.only, cases[ns.only](), "outputs", events, "chunk events")
         return 0

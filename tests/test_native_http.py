@@ -403,3 +403,33 @@ def test_checkpoint_and_adopt_match() -> None:
     a.adopt(opened, **cp)
     b.adopt(opened, **cp)
     assert [x for ev in tail for x in a.feed(ev)] == [x for ev in tail for x in b.feed(ev)]
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("pcaps/*.pcap"))[:12], ids=lambda p: p.name)
+def test_pipeline_checkpoints_match(path: Path) -> None:
+    """Half a capture through each pipeline: the same connections, in the same
+    order, checkpointed the same way (a restarted sidecar adopts them)."""
+    reader = read_capture(path)
+    segs = list(reader)
+    reader.close()
+    half = segs[: len(segs) // 2]
+    a, b = Pipeline(), native.native_pipeline()
+    out_a = [e for s in half for e in a.feed(s)]
+    out_b = [e for s in half for e in b.feed(s)]
+    assert out_a == out_b
+    assert a.http.connection_ids() == b.http.connection_ids()
+    now = half[-1].ts if half else 0.0
+    assert a.checkpoint(None, now) == b.checkpoint(None, now)
+
+
+def test_connection_order_is_insertion_order() -> None:
+    events: list[FlowEvent] = [
+        ConnectionOpened(c, 0.0, ("127.0.0.1", 5000 + c), ("127.0.0.1", 80), True)
+        for c in (30, 1, 20, 1, 7)
+    ]
+    events += [
+        ConnectionClosed(20, 1.0, "fin"),
+        ConnectionOpened(20, 2.0, ("a", 1), ("b", 2), True),
+    ]
+    _, _, py, nat = both(events)
+    assert py.connection_ids() == nat.connection_ids() == [30, 1, 7, 20]

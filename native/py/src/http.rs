@@ -120,6 +120,9 @@ pub struct PyHttpParser {
     h2: HashSet<u64>,
     py_parser: Py<PyAny>,
     out: Vec<HttpEvent>,
+    /// insertion order of the connections, as the reference's dict keeps it
+    order: HashMap<u64, u64>,
+    next_order: u64,
 }
 
 fn int_attr(o: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
@@ -152,6 +155,8 @@ impl PyHttpParser {
             h2: HashSet::new(),
             py_parser,
             out: Vec::new(),
+            order: HashMap::new(),
+            next_order: 0,
         })
     }
 
@@ -177,7 +182,14 @@ impl PyHttpParser {
             let ts: f64 = tup.get_item(1)?.extract()?;
             let from_client: bool = tup.get_item(2)?.extract()?;
             let data_obj = tup.get_item(3)?;
-            let data = data_obj.cast::<PyBytes>()?.as_bytes();
+            let owned: Vec<u8>;
+            let data: &[u8] = match data_obj.cast::<PyBytes>() {
+                Ok(b) => b.as_bytes(),
+                Err(_) => {
+                    owned = data_obj.extract()?; // a bytearray or another buffer
+                    &owned
+                }
+            };
             self.core.feed(
                 &FlowEvent::Data {
                     conn,
@@ -196,6 +208,7 @@ impl PyHttpParser {
                 let syn_seen: bool = ev.getattr("syn_seen")?.extract()?;
                 let ts: f64 = ev.getattr("ts")?.extract()?;
                 self.opened.insert(conn, ev.clone().unbind());
+                self.remember(conn);
                 self.core
                     .feed(&FlowEvent::Opened { conn, ts, syn_seen }, &mut self.out);
             } else if self.h2.contains(&conn) {
@@ -207,6 +220,7 @@ impl PyHttpParser {
                 if ty.is(t.closed.bind(py)) {
                     self.h2.remove(&conn);
                     self.opened.remove(&conn);
+                    self.order.remove(&conn);
                 }
                 return Ok(got);
             } else if ty.is(t.flow_gap.bind(py)) {
@@ -263,6 +277,7 @@ impl PyHttpParser {
         if closed {
             let conn = int_attr(ev, "conn")?;
             self.opened.remove(&conn);
+            self.order.remove(&conn);
             if self.h2.remove(&conn) {
                 // handed over while closing: nothing more comes for it
                 self.py_parser.bind(py).call_method1("forget", (conn,))?;
@@ -301,6 +316,7 @@ impl PyHttpParser {
     fn connection_ids(&self) -> Vec<u64> {
         let mut ids = self.core.connection_ids();
         ids.extend(self.h2.iter().copied());
+        ids.sort_by_key(|c| self.order.get(c).copied().unwrap_or(u64::MAX));
         ids
     }
 
@@ -329,6 +345,7 @@ impl PyHttpParser {
     fn forget(&mut self, py: Python<'_>, conn: u64) -> PyResult<()> {
         self.core.forget(conn);
         self.opened.remove(&conn);
+        self.order.remove(&conn);
         if self.h2.remove(&conn) {
             self.py_parser.bind(py).call_method1("forget", (conn,))?;
         }
@@ -356,6 +373,7 @@ impl PyHttpParser {
             m.push(b);
         }
         self.opened.insert(conn, opened.clone().unbind());
+        self.remember(conn);
         let cp = Checkpoint {
             exchange,
             next_exchange,
@@ -378,6 +396,14 @@ impl PyHttpParser {
 }
 
 impl PyHttpParser {
+    fn remember(&mut self, conn: u64) {
+        let next = self.next_order;
+        if let std::collections::hash_map::Entry::Vacant(e) = self.order.entry(conn) {
+            e.insert(next);
+            self.next_order = next.saturating_add(1);
+        }
+    }
+
     fn convert<'py>(
         &mut self,
         py: Python<'py>,
