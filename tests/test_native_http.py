@@ -433,3 +433,35 @@ def test_connection_order_is_insertion_order() -> None:
     ]
     _, _, py, nat = both(events)
     assert py.connection_ids() == nat.connection_ids() == [30, 1, 7, 20]
+
+
+H2_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+H2_PING = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"\x00" * 8
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        (True, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + H2_SETTINGS),  # preface
+        (False, H2_SETTINGS + H2_PING),  # frames of a connection caught mid-way
+    ],
+    ids=["preface", "midstream"],
+)
+def test_http2_connections_are_handed_to_the_python_stage(first: tuple[bool, bytes]) -> None:
+    from_client, data = first
+    syn = data.startswith(b"PRI")
+    events: list[FlowEvent] = [
+        ConnectionOpened(1, 0.0, ("127.0.0.1", 5000), ("127.0.0.1", 80), syn),
+        ConnectionOpened(2, 0.0, ("127.0.0.1", 5001), ("127.0.0.1", 80), True),
+        FlowData(1, 1.0, from_client, data),
+        FlowData(2, 1.0, True, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"),
+        FlowData(1, 2.0, not from_client, H2_SETTINGS + H2_PING),
+        FlowGap(1, 2.5, False, 10, "lost"),
+        FlowEnd(1, 3.0, True, "fin"),
+        ConnectionClosed(1, 4.0, "fin"),
+        ConnectionClosed(2, 4.0, "fin"),
+    ]
+    _, _, py, nat = both(events)
+    assert_same(events)
+    assert py.h2_stats.frames > 0 and nat.h2_stats.frames == py.h2_stats.frames
+    assert nat.open_connections == 0
