@@ -13,6 +13,10 @@ pub mod reassembly;
 /// The version of the native core, reported by `sparseety --version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+pub mod http1;
+pub mod ndjson;
+pub mod sse;
+
 #[cfg(test)]
 mod tests {
     #[test]

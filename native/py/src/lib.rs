@@ -4,11 +4,13 @@
 use pyo3::prelude::*;
 
 mod flow;
+mod http;
 
 /// The private extension module `sniffer._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", sparseety_core::VERSION)?;
     flow::register(m)?;
+    http::register(m)?;
     Ok(())
 }

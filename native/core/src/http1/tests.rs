@@ -1,0 +1,262 @@
+//! Unit tests and the no-panic property test of the HTTP/1 parser.
+
+use super::*;
+use proptest::prelude::*;
+
+fn run(events: &[FlowEvent<'_>]) -> Vec<HttpEvent> {
+    let mut p = HttpParser::default();
+    let mut out = Vec::new();
+    for ev in events {
+        p.feed(ev, &mut out);
+    }
+    out
+}
+
+fn exchange(req: &[u8], resp: &[u8]) -> Vec<HttpEvent> {
+    run(&[
+        FlowEvent::Opened {
+            conn: 1,
+            ts: 0.0,
+            syn_seen: true,
+        },
+        FlowEvent::Data {
+            conn: 1,
+            ts: 1.0,
+            from_client: true,
+            data: req,
+        },
+        FlowEvent::Data {
+            conn: 1,
+            ts: 2.0,
+            from_client: false,
+            data: resp,
+        },
+        FlowEvent::Closed {
+            conn: 1,
+            ts: 3.0,
+            reason: "fin",
+        },
+    ])
+}
+
+fn bodies(out: &[HttpEvent]) -> Vec<u8> {
+    out.iter()
+        .filter_map(|e| match e {
+            HttpEvent::Body {
+                from_client: false,
+                data,
+                ..
+            } => Some(data.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+#[test]
+fn chunked_sse_response() {
+    let out = exchange(
+        b"POST /v1/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6;x=y\r\ndata: \r\n0\r\nT: 1\r\n\r\n",
+    );
+    assert_eq!(bodies(&out), b"data: ");
+    assert!(out.iter().any(|e| matches!(
+        e,
+        HttpEvent::End {
+            from_client: false,
+            reason: EndReason::Complete,
+            ..
+        }
+    )));
+}
+
+#[test]
+fn content_length_over_u64_is_framing_error() {
+    let out = exchange(
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\nabc",
+    );
+    assert!(out.iter().any(|e| matches!(e, HttpEvent::Error { kind: "framing", message, .. } if message == "Content-Length out of range")));
+}
+
+#[test]
+fn head_and_304_have_no_body() {
+    let out = exchange(
+        b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nHTTP/1.1 304 Not Modified\r\n\r\n",
+    );
+    let ends = out
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                HttpEvent::End {
+                    from_client: false,
+                    reason: EndReason::Complete,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(ends, 2);
+}
+
+#[test]
+fn gzip_body_is_decoded() {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(b"hello world").unwrap();
+    let gz = enc.finish().unwrap();
+    let mut resp = format!(
+        "HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\n\r\n",
+        gz.len()
+    )
+    .into_bytes();
+    resp.extend_from_slice(&gz);
+    let out = exchange(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", &resp);
+    assert_eq!(bodies(&out), b"hello world");
+}
+
+#[test]
+fn preface_hands_over() {
+    let out = run(&[
+        FlowEvent::Opened {
+            conn: 1,
+            ts: 0.0,
+            syn_seen: true,
+        },
+        FlowEvent::Data {
+            conn: 1,
+            ts: 1.0,
+            from_client: true,
+            data: b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        },
+    ]);
+    assert!(matches!(
+        out.last(),
+        Some(HttpEvent::H2Handover {
+            mode: H2Mode::Preface,
+            ..
+        })
+    ));
+}
+
+fn split_feed(conn_events: &[(bool, Vec<u8>)], syn: bool) {
+    let mut p = HttpParser::default();
+    let mut out = Vec::new();
+    p.feed(
+        &FlowEvent::Opened {
+            conn: 7,
+            ts: 0.0,
+            syn_seen: syn,
+        },
+        &mut out,
+    );
+    for (i, (fc, data)) in conn_events.iter().enumerate() {
+        let ts = i as f64;
+        if data.first() == Some(&0xff) && data.len() == 1 {
+            p.feed(
+                &FlowEvent::Gap {
+                    conn: 7,
+                    ts,
+                    from_client: *fc,
+                    nbytes: Some(10),
+                    reason: "lost",
+                },
+                &mut out,
+            );
+        } else {
+            p.feed(
+                &FlowEvent::Data {
+                    conn: 7,
+                    ts,
+                    from_client: *fc,
+                    data,
+                },
+                &mut out,
+            );
+        }
+    }
+    p.feed(
+        &FlowEvent::End {
+            conn: 7,
+            ts: 99.0,
+            from_client: false,
+            reason: "fin",
+        },
+        &mut out,
+    );
+    p.feed(
+        &FlowEvent::Closed {
+            conn: 7,
+            ts: 100.0,
+            reason: "fin",
+        },
+        &mut out,
+    );
+}
+
+fn http_ish() -> impl Strategy<Value = Vec<u8>> {
+    let atoms = prop::sample::select(vec![
+        &b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"[..],
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 101 Switching\r\n\r\n",
+        b"Content-Encoding: gzip\r\n",
+        b"Content-Length: 18446744073709551616\r\n",
+        b"ffffffffffffffffffffffffffffffffffffffff\r\n",
+        b"10000000000000000\r\n",
+        b"5;ext=\"q\"\r\nhello\r\n",
+        b"0\r\nX: y\r\n\r\n",
+        b"\r\n",
+        b"\n",
+        b" folded\r\n",
+        b"\x00",
+        b"data: {}\n\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        b"\x1f\x8b\x08\x00\x00\x00\x00\x00",
+        b"\xff",
+    ]);
+    prop::collection::vec(
+        prop_oneof![
+            atoms.prop_map(<[u8]>::to_vec),
+            prop::collection::vec(any::<u8>(), 0..40)
+        ],
+        0..24,
+    )
+    .prop_map(|v| v.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 600, ..ProptestConfig::default() })]
+
+    #[test]
+    fn never_panics(parts in prop::collection::vec((any::<bool>(), http_ish()), 0..12), syn in any::<bool>()) {
+        split_feed(&parts, syn);
+    }
+
+    #[test]
+    fn random_bytes_never_panic(parts in prop::collection::vec((any::<bool>(), prop::collection::vec(any::<u8>(), 0..200)), 0..10)) {
+        split_feed(&parts, true);
+        split_feed(&parts, false);
+    }
+
+    #[test]
+    fn split_points_do_not_change_bodies(cuts in prop::collection::vec(0usize..200, 0..6)) {
+        let resp: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;a=b\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(resp.len())).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut p = HttpParser::default();
+        let mut out = Vec::new();
+        p.feed(&FlowEvent::Opened { conn: 1, ts: 0.0, syn_seen: true }, &mut out);
+        p.feed(&FlowEvent::Data { conn: 1, ts: 0.0, from_client: true, data: b"GET / HTTP/1.1\r\nHost: a\r\n\r\n" }, &mut out);
+        let mut last = 0;
+        for c in cuts.into_iter().chain([resp.len()]) {
+            p.feed(&FlowEvent::Data { conn: 1, ts: 0.0, from_client: false, data: &resp[last..c] }, &mut out);
+            last = c;
+        }
+        prop_assert_eq!(bodies(&out), b"hello world".to_vec());
+    }
+}

@@ -1,0 +1,764 @@
+//! Bindings of the HTTP/1.1, SSE and NDJSON parsers: the same interface as
+//! the Python classes (`sniffer.core.http1.HttpParser`,
+//! `sniffer.core.sse.SseDecoder` / `NdjsonDecoder`), taking and returning the
+//! Python event values of `sniffer.core.events`. Conversions only.
+//!
+//! HTTP/2 connections are parsed by the Python stage: when the core reports a
+//! handover, `sniffer.core.native._h2_takeover` gives the connection to a
+//! Python `HttpParser` kept here, and that connection's later events go to it.
+
+use std::collections::{HashMap, HashSet};
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::IntoPyObjectExt;
+
+use sparseety_core::http1::text::latin1;
+use sparseety_core::http1::{
+    Checkpoint, EndReason, FlowEvent, H2Mode, Headers, HttpConfig, HttpEvent, HttpParser,
+};
+use sparseety_core::ndjson::NdjsonDecoder;
+use sparseety_core::sse::{SseDecoder, SseEvent, DEFAULT_MAX_LINE};
+
+/// The Python classes the bindings take and make, imported once.
+struct Types {
+    flow_data: Py<PyAny>,
+    opened: Py<PyAny>,
+    flow_gap: Py<PyAny>,
+    flow_end: Py<PyAny>,
+    closed: Py<PyAny>,
+    request: Py<PyAny>,
+    response: Py<PyAny>,
+    body: Py<PyAny>,
+    end: Py<PyAny>,
+    error: Py<PyAny>,
+    resync: Py<PyAny>,
+    reasons: [Py<PyAny>; 5],
+    sse_event: Py<PyAny>,
+    tuple_new: Py<PyAny>,
+    int: Py<PyAny>,
+    stats: Py<PyAny>,
+    takeover: Py<PyAny>,
+    py_parser: Py<PyAny>,
+}
+
+static TYPES: PyOnceLock<Types> = PyOnceLock::new();
+
+fn types(py: Python<'_>) -> PyResult<&'static Types> {
+    TYPES.get_or_try_init(py, || {
+        let ev = py.import("sniffer.core.events")?;
+        let get = |name: &str| -> PyResult<Py<PyAny>> { Ok(ev.getattr(name)?.unbind()) };
+        let er = ev.getattr("EndReason")?;
+        let reason = |name: &str| -> PyResult<Py<PyAny>> { Ok(er.getattr(name)?.unbind()) };
+        let builtins = py.import("builtins")?;
+        let http1 = py.import("sniffer.core.http1")?;
+        Ok(Types {
+            flow_data: get("FlowData")?,
+            opened: get("ConnectionOpened")?,
+            flow_gap: get("FlowGap")?,
+            flow_end: get("FlowEnd")?,
+            closed: get("ConnectionClosed")?,
+            request: get("HttpRequest")?,
+            response: get("HttpResponse")?,
+            body: get("HttpBody")?,
+            end: get("HttpEnd")?,
+            error: get("HttpError")?,
+            resync: get("HttpResync")?,
+            reasons: [
+                reason("COMPLETE")?,
+                reason("GAP")?,
+                reason("EOF")?,
+                reason("RST")?,
+                reason("ERROR")?,
+            ],
+            sse_event: py.import("sniffer.core.sse")?.getattr("SseEvent")?.unbind(),
+            tuple_new: builtins.getattr("tuple")?.getattr("__new__")?.unbind(),
+            int: builtins.getattr("int")?.unbind(),
+            stats: http1.getattr("HttpStats")?.unbind(),
+            takeover: py
+                .import("sniffer.core.native")?
+                .getattr("_h2_takeover")?
+                .unbind(),
+            py_parser: http1.getattr("HttpParser")?.unbind(),
+        })
+    })
+}
+
+fn reason_obj<'py>(py: Python<'py>, t: &Types, r: EndReason) -> Bound<'py, PyAny> {
+    let i = match r {
+        EndReason::Complete => 0,
+        EndReason::Gap => 1,
+        EndReason::Eof => 2,
+        EndReason::Rst => 3,
+        EndReason::Error => 4,
+    };
+    t.reasons[i].bind(py).clone()
+}
+
+fn headers_obj<'py>(py: Python<'py>, h: &Headers) -> PyResult<Bound<'py, PyTuple>> {
+    let items: Vec<Bound<'py, PyTuple>> = h
+        .iter()
+        .map(|(n, v)| {
+            PyTuple::new(
+                py,
+                [PyString::new(py, &latin1(n)), PyString::new(py, &latin1(v))],
+            )
+        })
+        .collect::<PyResult<_>>()?;
+    PyTuple::new(py, items)
+}
+
+/// `sniffer.core.http1.HttpParser`, natively.
+#[pyclass(module = "sniffer._native", name = "HttpParser", unsendable)]
+pub struct PyHttpParser {
+    core: HttpParser,
+    /// every open connection's ConnectionOpened (released as the core says)
+    opened: HashMap<u64, Py<PyAny>>,
+    /// connections handed over to the Python parser (HTTP/2)
+    h2: HashSet<u64>,
+    py_parser: Py<PyAny>,
+    out: Vec<HttpEvent>,
+    /// insertion order of the connections, as the reference's dict keeps it
+    order: HashMap<u64, u64>,
+    next_order: u64,
+}
+
+fn int_attr(o: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    o.getattr(name)?.extract()
+}
+
+#[pymethods]
+impl PyHttpParser {
+    #[new]
+    #[pyo3(signature = (*, max_header_bytes = 65536, max_decoded_bytes = 33554432, max_expansion_ratio = 100.0))]
+    fn new(
+        py: Python<'_>,
+        max_header_bytes: usize,
+        max_decoded_bytes: u64,
+        max_expansion_ratio: f64,
+    ) -> PyResult<Self> {
+        let t = types(py)?;
+        let kw = PyDict::new(py);
+        kw.set_item("max_header_bytes", max_header_bytes)?;
+        kw.set_item("max_decoded_bytes", max_decoded_bytes)?;
+        kw.set_item("max_expansion_ratio", max_expansion_ratio)?;
+        let py_parser = t.py_parser.bind(py).call((), Some(&kw))?.unbind();
+        Ok(PyHttpParser {
+            core: HttpParser::new(HttpConfig {
+                max_header_bytes,
+                max_decoded_bytes,
+                max_expansion_ratio,
+            }),
+            opened: HashMap::new(),
+            h2: HashSet::new(),
+            py_parser,
+            out: Vec::new(),
+            order: HashMap::new(),
+            next_order: 0,
+        })
+    }
+
+    /// One flow event in; the HTTP events it completed out (a list).
+    fn feed<'py>(
+        &mut self,
+        py: Python<'py>,
+        ev: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let t = types(py)?;
+        let ty = ev.get_type();
+        let out = PyList::empty(py);
+        if ty.is(t.flow_data.bind(py)) {
+            let tup = ev.cast::<PyTuple>()?;
+            let conn: u64 = tup.get_item(0)?.extract()?;
+            if self.h2.contains(&conn) {
+                return Ok(self
+                    .py_parser
+                    .bind(py)
+                    .call_method1("feed", (ev,))?
+                    .cast_into::<PyList>()?);
+            }
+            let ts: f64 = tup.get_item(1)?.extract()?;
+            let from_client: bool = tup.get_item(2)?.extract()?;
+            let data_obj = tup.get_item(3)?;
+            let owned: Vec<u8>;
+            let data: &[u8] = match data_obj.cast::<PyBytes>() {
+                Ok(b) => b.as_bytes(),
+                Err(_) => {
+                    owned = data_obj.extract()?; // a bytearray or another buffer
+                    &owned
+                }
+            };
+            self.core.feed(
+                &FlowEvent::Data {
+                    conn,
+                    ts,
+                    from_client,
+                    data,
+                },
+                &mut self.out,
+            );
+        } else {
+            let conn = int_attr(ev, "conn")?;
+            if ty.is(t.opened.bind(py)) {
+                if self.h2.remove(&conn) {
+                    self.py_parser.bind(py).call_method1("forget", (conn,))?;
+                }
+                let syn_seen: bool = ev.getattr("syn_seen")?.extract()?;
+                let ts: f64 = ev.getattr("ts")?.extract()?;
+                self.opened.insert(conn, ev.clone().unbind());
+                self.remember(conn);
+                self.core
+                    .feed(&FlowEvent::Opened { conn, ts, syn_seen }, &mut self.out);
+            } else if self.h2.contains(&conn) {
+                let got = self
+                    .py_parser
+                    .bind(py)
+                    .call_method1("feed", (ev,))?
+                    .cast_into::<PyList>()?;
+                if ty.is(t.closed.bind(py)) {
+                    self.h2.remove(&conn);
+                    self.opened.remove(&conn);
+                    self.order.remove(&conn);
+                }
+                return Ok(got);
+            } else if ty.is(t.flow_gap.bind(py)) {
+                let ts: f64 = ev.getattr("ts")?.extract()?;
+                let from_client: bool = ev.getattr("from_client")?.extract()?;
+                let nbytes: Option<u64> = ev.getattr("nbytes")?.extract()?;
+                let reason: String = ev.getattr("reason")?.extract()?;
+                self.core.feed(
+                    &FlowEvent::Gap {
+                        conn,
+                        ts,
+                        from_client,
+                        nbytes,
+                        reason: &reason,
+                    },
+                    &mut self.out,
+                );
+            } else if ty.is(t.flow_end.bind(py)) {
+                let ts: f64 = ev.getattr("ts")?.extract()?;
+                let from_client: bool = ev.getattr("from_client")?.extract()?;
+                let reason: String = ev.getattr("reason")?.extract()?;
+                self.core.feed(
+                    &FlowEvent::End {
+                        conn,
+                        ts,
+                        from_client,
+                        reason: &reason,
+                    },
+                    &mut self.out,
+                );
+            } else if ty.is(t.closed.bind(py)) {
+                let ts: f64 = ev.getattr("ts")?.extract()?;
+                let reason: String = ev.getattr("reason")?.extract()?;
+                self.core.feed(
+                    &FlowEvent::Closed {
+                        conn,
+                        ts,
+                        reason: &reason,
+                    },
+                    &mut self.out,
+                );
+            } else {
+                self.core.feed(&FlowEvent::Anomaly { conn }, &mut self.out);
+            }
+        }
+        let events = std::mem::take(&mut self.out);
+        let closed = ty.is(t.closed.bind(py));
+        let mut result = Ok(());
+        for e in events {
+            if result.is_ok() {
+                result = self.convert(py, t, ev, e, &out);
+            }
+        }
+        if closed {
+            let conn = int_attr(ev, "conn")?;
+            self.opened.remove(&conn);
+            self.order.remove(&conn);
+            if self.h2.remove(&conn) {
+                // handed over while closing: nothing more comes for it
+                self.py_parser.bind(py).call_method1("forget", (conn,))?;
+            }
+        }
+        result?;
+        Ok(out)
+    }
+
+    #[getter]
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = self.core.stats();
+        types(py)?.stats.bind(py).call1((
+            s.requests,
+            s.responses,
+            s.errors,
+            s.gaps,
+            s.hunted_bytes,
+            s.desyncs,
+            s.dead_connections,
+            s.resyncs,
+            s.resync_skipped,
+        ))
+    }
+
+    #[getter]
+    fn h2_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.py_parser.bind(py).getattr("h2_stats")
+    }
+
+    #[getter]
+    fn open_connections(&self) -> usize {
+        self.core.open_connections().saturating_add(self.h2.len())
+    }
+
+    fn connection_ids(&self) -> Vec<u64> {
+        let mut ids = self.core.connection_ids();
+        ids.extend(self.h2.iter().copied());
+        ids.sort_by_key(|c| self.order.get(c).copied().unwrap_or(u64::MAX));
+        ids
+    }
+
+    fn checkpoint<'py>(&self, py: Python<'py>, conn: u64) -> PyResult<Option<Bound<'py, PyDict>>> {
+        if self.h2.contains(&conn) {
+            return Ok(self
+                .py_parser
+                .bind(py)
+                .call_method1("checkpoint", (conn,))?
+                .cast_into::<PyDict>()
+                .ok());
+        }
+        let Some(cp) = self.core.checkpoint(conn) else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("exchange", cp.exchange)?;
+        d.set_item("next_exchange", cp.next_exchange)?;
+        d.set_item("method", latin1(&cp.method))?;
+        d.set_item("clean", cp.clean)?;
+        d.set_item("gaps", cp.gaps)?;
+        d.set_item("lost", cp.lost)?;
+        Ok(Some(d))
+    }
+
+    fn forget(&mut self, py: Python<'_>, conn: u64) -> PyResult<()> {
+        self.core.forget(conn);
+        self.opened.remove(&conn);
+        self.order.remove(&conn);
+        if self.h2.remove(&conn) {
+            self.py_parser.bind(py).call_method1("forget", (conn,))?;
+        }
+        Ok(())
+    }
+
+    #[pyo3(signature = (opened, exchange, next_exchange, method, clean, lost = Some(0), gaps = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn adopt(
+        &mut self,
+        opened: &Bound<'_, PyAny>,
+        exchange: i64,
+        next_exchange: i64,
+        method: &str,
+        clean: bool,
+        lost: Option<u64>,
+        gaps: u64,
+    ) -> PyResult<()> {
+        let conn = int_attr(opened, "conn")?;
+        let syn_seen: bool = opened.getattr("syn_seen")?.extract()?;
+        let mut m = Vec::with_capacity(method.len());
+        for ch in method.chars() {
+            let b = u8::try_from(u32::from(ch))
+                .map_err(|_| PyTypeError::new_err("method is not latin-1"))?;
+            m.push(b);
+        }
+        self.opened.insert(conn, opened.clone().unbind());
+        self.remember(conn);
+        let cp = Checkpoint {
+            exchange,
+            next_exchange,
+            method: m,
+            clean,
+            gaps,
+            lost,
+        };
+        self.core.adopt(conn, syn_seen, &cp);
+        Ok(())
+    }
+
+    fn abandon(&mut self, py: Python<'_>, conn: u64) -> PyResult<()> {
+        if self.h2.contains(&conn) {
+            self.py_parser.bind(py).call_method1("abandon", (conn,))?;
+        }
+        self.core.abandon(conn);
+        Ok(())
+    }
+}
+
+impl PyHttpParser {
+    fn remember(&mut self, conn: u64) {
+        let next = self.next_order;
+        if let std::collections::hash_map::Entry::Vacant(e) = self.order.entry(conn) {
+            e.insert(next);
+            self.next_order = next.saturating_add(1);
+        }
+    }
+
+    fn convert<'py>(
+        &mut self,
+        py: Python<'py>,
+        t: &Types,
+        input: &Bound<'py, PyAny>,
+        e: HttpEvent,
+        out: &Bound<'py, PyList>,
+    ) -> PyResult<()> {
+        match e {
+            HttpEvent::Body {
+                conn,
+                exchange,
+                ts,
+                from_client,
+                data,
+            } => {
+                let args =
+                    (conn, exchange, ts, from_client, PyBytes::new(py, &data)).into_pyobject(py)?;
+                out.append(t.tuple_new.bind(py).call1((t.body.bind(py), args))?)?;
+            }
+            HttpEvent::Opened { conn, swapped } => {
+                let Some(o) = self.opened.get(&conn) else {
+                    return Ok(());
+                };
+                let o = o.bind(py);
+                if swapped {
+                    let s = t.opened.bind(py).call1((
+                        o.getattr("conn")?,
+                        o.getattr("ts")?,
+                        o.getattr("server")?,
+                        o.getattr("client")?,
+                        o.getattr("syn_seen")?,
+                        o.getattr("capture")?,
+                        o.getattr("pid")?,
+                        o.getattr("comm")?,
+                    ))?;
+                    out.append(s)?;
+                } else {
+                    out.append(o)?;
+                }
+            }
+            HttpEvent::Request {
+                conn,
+                exchange,
+                ts,
+                method,
+                target,
+                version,
+                headers,
+            } => {
+                out.append(t.request.bind(py).call1((
+                    conn,
+                    exchange,
+                    ts,
+                    latin1(&method),
+                    latin1(&target),
+                    latin1(&version),
+                    headers_obj(py, &headers)?,
+                ))?)?;
+            }
+            HttpEvent::Response {
+                conn,
+                exchange,
+                ts,
+                status,
+                reason,
+                version,
+                headers,
+                informational,
+            } => {
+                out.append(t.response.bind(py).call1((
+                    conn,
+                    exchange,
+                    ts,
+                    status,
+                    latin1(&reason),
+                    latin1(&version),
+                    headers_obj(py, &headers)?,
+                    informational,
+                ))?)?;
+            }
+            HttpEvent::End {
+                conn,
+                exchange,
+                ts,
+                from_client,
+                reason,
+            } => {
+                out.append(t.end.bind(py).call1((
+                    conn,
+                    exchange,
+                    ts,
+                    from_client,
+                    reason_obj(py, t, reason),
+                ))?)?;
+            }
+            HttpEvent::Error {
+                conn,
+                exchange,
+                ts,
+                from_client,
+                kind,
+                message,
+            } => {
+                out.append(t.error.bind(py).call1((
+                    conn,
+                    exchange,
+                    ts,
+                    from_client,
+                    kind,
+                    message,
+                ))?)?;
+            }
+            HttpEvent::Resync {
+                conn,
+                exchange,
+                ts,
+                framing,
+                skipped,
+                recovered,
+                lost,
+                gaps,
+            } => {
+                out.append(t.resync.bind(py).call1((
+                    conn,
+                    exchange,
+                    ts,
+                    framing.name(),
+                    skipped,
+                    recovered,
+                    lost,
+                    gaps,
+                ))?)?;
+            }
+            HttpEvent::FlowGap {
+                conn,
+                ts,
+                from_client,
+                nbytes,
+                reason,
+            } => {
+                out.append(
+                    t.flow_gap
+                        .bind(py)
+                        .call1((conn, ts, from_client, nbytes, reason))?,
+                )?;
+            }
+            HttpEvent::FlowEnd {
+                conn,
+                ts,
+                from_client,
+                reason,
+            } => {
+                let same =
+                    input.getattr("from_client")?.extract::<bool>().ok() == Some(from_client);
+                if same {
+                    out.append(input)?;
+                } else {
+                    out.append(t.flow_end.bind(py).call1((conn, ts, from_client, reason))?)?;
+                }
+            }
+            HttpEvent::Closed { .. } => out.append(input)?,
+            HttpEvent::H2Handover {
+                conn,
+                ts,
+                mode,
+                from_client,
+                data,
+                swapped,
+                opened_held,
+                roles_known,
+            } => {
+                let mode = match mode {
+                    H2Mode::Preface => "preface",
+                    H2Mode::Midstream => "midstream",
+                    H2Mode::Upgrade => "upgrade",
+                };
+                let opened = match self.opened.get(&conn) {
+                    Some(o) => o.bind(py).clone(),
+                    None => py.None().into_bound(py),
+                };
+                let got = t.takeover.bind(py).call1((
+                    self.py_parser.bind(py),
+                    opened,
+                    opened_held,
+                    mode,
+                    from_client,
+                    ts,
+                    PyBytes::new(py, &data),
+                    swapped,
+                    roles_known,
+                ))?;
+                self.h2.insert(conn);
+                for item in got.try_iter()? {
+                    out.append(item?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+// ------------------------------------------------------------------ SSE
+
+fn sse_event<'py>(py: Python<'py>, t: &Types, e: SseEvent) -> PyResult<Bound<'py, PyAny>> {
+    let retry = match e.retry {
+        None => py.None().into_bound(py),
+        Some(r) if r.len() <= 18 => r.parse::<u64>().unwrap_or(0).into_bound_py_any(py)?,
+        Some(r) => t.int.bind(py).call1((r,))?,
+    };
+    let args = (e.event, e.data, e.id, retry).into_pyobject(py)?;
+    t.tuple_new.bind(py).call1((t.sse_event.bind(py), args))
+}
+
+fn retry_obj<'py>(py: Python<'py>, t: &Types, r: Option<&str>) -> PyResult<Bound<'py, PyAny>> {
+    match r {
+        None => Ok(py.None().into_bound(py)),
+        Some(r) if r.len() <= 18 => r.parse::<u64>().unwrap_or(0).into_bound_py_any(py),
+        Some(r) => t.int.bind(py).call1((r,)),
+    }
+}
+
+/// `sniffer.core.sse.SseDecoder`, natively.
+#[pyclass(module = "sniffer._native", name = "SseDecoder", unsendable)]
+pub struct PySseDecoder {
+    core: SseDecoder,
+    out: Vec<SseEvent>,
+}
+
+#[pymethods]
+impl PySseDecoder {
+    #[new]
+    #[pyo3(signature = (max_line = DEFAULT_MAX_LINE))]
+    fn new(max_line: usize) -> Self {
+        PySseDecoder {
+            core: SseDecoder::new(max_line),
+            out: Vec::new(),
+        }
+    }
+
+    fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
+        let t = types(py)?;
+        self.core.feed(data, &mut self.out);
+        let list = PyList::empty(py);
+        for e in self.out.drain(..) {
+            list.append(sse_event(py, t, e)?)?;
+        }
+        Ok(list)
+    }
+
+    fn close<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyList> {
+        self.core.close();
+        PyList::empty(py)
+    }
+
+    #[getter]
+    fn idle(&self) -> bool {
+        self.core.idle()
+    }
+    #[getter]
+    fn events(&self) -> u64 {
+        self.core.events
+    }
+    #[getter]
+    fn comments(&self) -> u64 {
+        self.core.comments
+    }
+    #[getter]
+    fn truncated_event(&self) -> bool {
+        self.core.truncated_event
+    }
+    #[getter]
+    fn last_event_id(&self) -> Option<String> {
+        self.core.last_event_id.clone()
+    }
+    #[getter]
+    fn retry<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        retry_obj(py, types(py)?, self.core.retry.as_deref())
+    }
+    #[getter]
+    fn errors(&self) -> u64 {
+        self.core.errors()
+    }
+    #[getter]
+    fn last_error(&self) -> Option<String> {
+        self.core.last_error().map(str::to_owned)
+    }
+    #[getter]
+    fn closed(&self) -> bool {
+        self.core.closed()
+    }
+    #[getter]
+    fn max_line(&self) -> usize {
+        self.core.max_line()
+    }
+}
+
+/// `sniffer.core.sse.NdjsonDecoder`, natively.
+#[pyclass(module = "sniffer._native", name = "NdjsonDecoder", unsendable)]
+pub struct PyNdjsonDecoder {
+    core: NdjsonDecoder,
+    out: Vec<String>,
+}
+
+#[pymethods]
+impl PyNdjsonDecoder {
+    #[new]
+    #[pyo3(signature = (max_line = DEFAULT_MAX_LINE))]
+    fn new(max_line: usize) -> Self {
+        PyNdjsonDecoder {
+            core: NdjsonDecoder::new(max_line),
+            out: Vec::new(),
+        }
+    }
+
+    fn feed(&mut self, data: &[u8]) -> Vec<String> {
+        self.core.feed(data, &mut self.out);
+        std::mem::take(&mut self.out)
+    }
+
+    fn close(&mut self) -> Vec<String> {
+        self.core.close(&mut self.out);
+        std::mem::take(&mut self.out)
+    }
+
+    #[getter]
+    fn idle(&self) -> bool {
+        self.core.idle()
+    }
+    #[getter]
+    fn lines(&self) -> u64 {
+        self.core.lines
+    }
+    #[getter]
+    fn errors(&self) -> u64 {
+        self.core.errors()
+    }
+    #[getter]
+    fn last_error(&self) -> Option<String> {
+        self.core.last_error().map(str::to_owned)
+    }
+    #[getter]
+    fn closed(&self) -> bool {
+        self.core.closed()
+    }
+    #[getter]
+    fn max_line(&self) -> usize {
+        self.core.max_line()
+    }
+}
+
+/// Registers the classes of this file in the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyHttpParser>()?;
+    m.add_class::<PySseDecoder>()?;
+    m.add_class::<PyNdjsonDecoder>()?;
+    Ok(())
+}
