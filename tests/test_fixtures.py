@@ -62,6 +62,7 @@ KNOWN_STREAM = {
     "error",
     "check_text",
     "ttft_ms",
+    "speculative",
 }
 KNOWN_CHOICE = {
     "text",
@@ -115,6 +116,25 @@ def sse_events_by_exchange(pcap: Path) -> dict[tuple[int, int], int]:
                 key = (ports[ev.conn], ev.exchange)
                 counts[key] += sum(1 for e in dec.feed(ev.data) if e.data)
     return dict(counts)
+
+
+def stored_speculative(row: dict[str, Any]) -> dict[str, Any]:
+    """The server-reported speculative decoding and timings a stream row holds
+    (migration 0005), in the shape of the expected files' ``speculative``."""
+    timings = {
+        k: row[f"server_{k}"] for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
+    }
+    return {
+        "source": row["spec_source"],
+        "draft_tokens": row["spec_draft_tokens"],
+        "accepted_tokens": row["spec_accepted_tokens"],
+        "steps": row["spec_steps"],
+        "accept_length": row["spec_accept_length"],
+        "acceptance_rate": row["spec_accept_rate"],
+        "histogram": json.loads(row["spec_histogram"]) if row["spec_histogram"] else None,
+        "timings": timings if any(v is not None for v in timings.values()) else None,
+        "rejected": json.loads(row["server_rejected"]) if row["server_rejected"] else None,
+    }
 
 
 def stored_choices(detail: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -254,6 +274,10 @@ def test_fixture_replays_to_expected(pcap: Path, tmp_path: Path) -> None:
             assert got["error"] == want["error"]["message"], where
         elif check:
             assert got["error"] is None, where
+        if "speculative" in want:
+            assert stored_speculative(got) == want["speculative"], where
+        elif check:  # the server reported nothing: nothing stored
+            assert set(stored_speculative(got).values()) == {None}, where
         if "sse_events" in want:
             assert sse_counts.get((want["client_port"], exchange), 0) == want["sse_events"], where
         if want.get("ttft_ms") is not None:
