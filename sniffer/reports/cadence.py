@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
+
+from sniffer.llm.values import SpecDecode
 
 __all__ = [
     "BURSTY",
@@ -50,8 +52,10 @@ __all__ = [
     "UNKNOWN",
     "Cadence",
     "cadence",
+    "describe_side",
     "gap_histogram",
     "split_threshold",
+    "summarize",
 ]
 
 STEADY = "steady"
@@ -221,3 +225,89 @@ def gap_histogram(gaps_ms: Sequence[float]) -> list[tuple[float, float | None, i
         (lo, edges[i + 1] if i + 1 < len(edges) else None, c)
         for i, (lo, c) in enumerate(zip(edges, counts, strict=True))
     ]
+
+
+# ---------------------------------------------------------------------------
+# Per side: the cadence classes and the server-reported figures together
+# ---------------------------------------------------------------------------
+
+
+def summarize(items: Iterable[tuple[Cadence | None, SpecDecode | None]]) -> dict[str, Any]:
+    """What one side's outputs say about speculative decoding: how many have
+    each cadence class, the share of the classified ones that are bursty, the
+    estimated tokens per step (median over classified outputs), and what the
+    servers reported (outputs that carry it, pooled acceptance rate =
+    accepted / drafted over them, mean reported accept length), with the
+    estimate's error against the reported accept length where both exist
+    (mean of estimate − reported, and of its absolute value)."""
+    classes = dict.fromkeys(CADENCE_CLASSES, 0)
+    steps: list[float] = []
+    drafted = accepted = 0
+    rates: list[float] = []
+    lengths: list[float] = []
+    errors: list[float] = []
+    sources: set[str] = set()
+    reported = 0
+    for c, sd in items:
+        if c is not None:
+            classes[c.cls] += 1
+            if c.cls != UNKNOWN and c.tokens_per_step is not None:
+                steps.append(c.tokens_per_step)
+        if sd is None:
+            continue
+        reported += 1
+        sources.add(sd.source)
+        if sd.draft_tokens is not None and sd.accepted_tokens is not None:
+            drafted += sd.draft_tokens
+            accepted += sd.accepted_tokens
+        elif sd.acceptance_rate is not None:
+            rates.append(sd.acceptance_rate)
+        if sd.accept_length is not None:
+            lengths.append(sd.accept_length)
+            if c is not None and c.cls != UNKNOWN and c.tokens_per_step is not None:
+                errors.append(c.tokens_per_step - sd.accept_length)
+    classified = classes[STEADY] + classes[BURSTY]
+    if drafted:
+        rate: float | None = accepted / drafted
+    else:
+        rate = statistics.fmean(rates) if rates else None
+    return {
+        "cadence": classes,
+        "bursty_ratio": classes[BURSTY] / classified if classified else None,
+        "tokens_per_step_p50": statistics.median(steps) if steps else None,
+        "spec_streams": reported,
+        "spec_sources": sorted(sources),
+        "spec_acceptance_rate": rate,
+        "spec_accept_length": statistics.fmean(lengths) if lengths else None,
+        "estimate_vs_reported": {
+            "outputs": len(errors),
+            "mean_error": statistics.fmean(errors) if errors else None,
+            "mean_abs_error": statistics.fmean(abs(e) for e in errors) if errors else None,
+        },
+    }
+
+
+def describe_side(s: Mapping[str, Any]) -> str:
+    """One line of :func:`summarize`'s figures."""
+    c = s["cadence"]
+
+    def f(x: float | None, spec: str = ".2f") -> str:
+        return "-" if x is None else format(x, spec)
+
+    line = (
+        f"cadence {c[BURSTY]} bursty / {c[STEADY]} steady / {c[UNKNOWN]} unknown "
+        f"(bursty {f(s['bursty_ratio'] and s['bursty_ratio'] * 100, '.0f')}%), "
+        f"~{f(s['tokens_per_step_p50'])} tokens per step"
+    )
+    if s["spec_streams"]:
+        line += (
+            f"; server-reported ({', '.join(s['spec_sources'])}, {s['spec_streams']} streams): "
+            f"acceptance {f(s['spec_acceptance_rate'] and s['spec_acceptance_rate'] * 100, '.1f')}%"
+            f", mean accepted length {f(s['spec_accept_length'])}"
+        )
+        e = s["estimate_vs_reported"]
+        if e["outputs"]:
+            line += f" (cadence estimate off by {f(e['mean_abs_error'])} on {e['outputs']})"
+    else:
+        line += "; nothing server-reported"
+    return line

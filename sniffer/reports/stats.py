@@ -64,7 +64,9 @@ from typing import TYPE_CHECKING, Any
 from sniffer.llm.fingerprint import fingerprint
 from sniffer.llm.logprobs import TokenLogprob, output_logprobs
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
+from sniffer.llm.values import SpecDecode
 from sniffer.reports.align import longest_common_prefix
+from sniffer.reports.cadence import Cadence, cadence, describe_side, summarize
 from sniffer.store import queries
 from sniffer.store.lite import SqliteFile
 
@@ -128,6 +130,11 @@ class Output:
     logprobs: tuple[TokenLogprob, ...] | None = field(default=None, repr=False)
     request_json: str | None = field(default=None, repr=False)  # the request body
     cause: str | None = None  # stats: why this variant differs from the modal one
+    chunk_times: tuple[float, ...] = field(default=(), repr=False)  # capture time per text chunk
+    #: what the server reported about speculative decoding (streams.spec_*)
+    speculative: SpecDecode | None = None
+    #: speculative decoding read from the chunk times (sniffer.reports.cadence)
+    cadence: Cadence | None = None
 
     @property
     def complete(self) -> bool:
@@ -269,6 +276,7 @@ def build_outputs(
         else:
             choices = sorted(set(by_choice) | set(finish)) or [0]
             plan = [(ch, by_choice.get(ch, []), finish.get(ch)) for ch in choices]
+        spec = spec_of_row(row)
         t_req = row.get("t_request")
         t_first = row.get("t_first_content")
         ttft = t_first - t_req if t_first is not None and t_req is not None else None
@@ -304,6 +312,8 @@ def build_outputs(
                 server_starts=starts,
                 logprobs=logprobs,
                 request_json=row.get("request_json"),
+                chunk_times=tuple(t for _, t in pieces if t is not None),
+                speculative=spec,
             )
             pending.append((out, pieces))
 
@@ -342,7 +352,34 @@ def build_outputs(
             after_first = len(ids) - counts[0] if counts else 0
             if len(pieces) >= 2 and t0 is not None and t1 is not None and after_first > 0:
                 out.itl = (t1 - t0) / after_first
+    for out, _ in pending:
+        times = out.chunk_times
+        if out.text_kept and times:
+            tokens = out.tokens_per_chunk if len(out.tokens_per_chunk) == len(times) else None
+            out.cadence = cadence(times, tokens)
     return [p[0] for p in pending]
+
+
+def spec_of_row(row: Mapping[str, Any]) -> SpecDecode | None:
+    """The server-reported speculative decoding of a ``streams`` row (the
+    ``spec_*`` columns, :data:`~sniffer.store.queries.OUTPUT_STREAM_COLUMNS`)."""
+    source = row.get("spec_source")
+    if not source:
+        return None
+    hist = row.get("spec_histogram")
+    try:
+        bins = json.loads(hist) if isinstance(hist, str) else []
+    except ValueError:
+        bins = []
+    return SpecDecode(
+        source=str(source),
+        draft_tokens=row.get("spec_draft_tokens"),
+        accepted_tokens=row.get("spec_accepted_tokens"),
+        steps=row.get("spec_steps"),
+        accept_length=row.get("spec_accept_length"),
+        acceptance_rate=row.get("spec_accept_rate"),
+        histogram=tuple(b for b in bins if isinstance(b, int)) if isinstance(bins, list) else (),
+    )
 
 
 def load_outputs(
@@ -493,6 +530,14 @@ def compute_stats(outputs: Sequence[Output], *, near_tie_margin: float = 0.5) ->
         )
     groups.sort(key=lambda g: (g.label or "", g.deterministic, g.prompt))
     summary = _summary(groups, singletons)
+    by_label: dict[str, list[Output]] = {}
+    for o in outputs:
+        if o.text_kept:
+            by_label.setdefault(o.label or "", []).append(o)
+    summary["speculation"] = {
+        label: summarize((o.cadence, o.speculative) for o in outs)
+        for label, outs in sorted(by_label.items())
+    }
     summary["sampled_out_outputs"] = sampled_out
     summary["variant_causes"] = distribution(all_causes)
     summary["near_tie_margin"] = near_tie_margin
@@ -654,4 +699,6 @@ def format_stats(report: StatsReport, *, show_deterministic: bool = True) -> str
             f"  {label or '-'}: {part['deterministic_groups']}/{part['groups']} deterministic "
             f"({_pct(part['deterministic_ratio'])}), {part['outputs']} outputs"
         )
+    for label, spec in (s.get("speculation") or {}).items():
+        lines.append(f"  speculation {label or '-'}: {describe_side(spec)}")
     return "\n".join(lines)
