@@ -31,6 +31,7 @@ how far apart the two classes are).
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -54,7 +55,9 @@ __all__ = [
     "cadence",
     "describe_side",
     "gap_histogram",
+    "spec_of_row",
     "split_threshold",
+    "stream_lines",
     "summarize",
 ]
 
@@ -311,3 +314,59 @@ def describe_side(s: Mapping[str, Any]) -> str:
     else:
         line += "; nothing server-reported"
     return line
+
+
+def spec_of_row(row: Mapping[str, Any]) -> SpecDecode | None:
+    """The server-reported speculative decoding of a ``streams`` row (the
+    ``spec_*`` columns of migration 0005)."""
+    source = row.get("spec_source")
+    if not source:
+        return None
+    hist = row.get("spec_histogram")
+    try:
+        bins = json.loads(hist) if isinstance(hist, str) else []
+    except ValueError:
+        bins = []
+    return SpecDecode(
+        source=str(source),
+        draft_tokens=row.get("spec_draft_tokens"),
+        accepted_tokens=row.get("spec_accepted_tokens"),
+        steps=row.get("spec_steps"),
+        accept_length=row.get("spec_accept_length"),
+        acceptance_rate=row.get("spec_accept_rate"),
+        histogram=tuple(b for b in bins if isinstance(b, int)) if isinstance(bins, list) else (),
+    )
+
+
+def stream_lines(row: Mapping[str, Any], chunks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What ``show`` prints about one stream's speculative decoding: the
+    server-reported figures (when any) and each choice's cadence, from its
+    text chunks' capture times."""
+    lines: list[str] = []
+    sd = spec_of_row(row)
+    if sd is not None:
+        rate = "-" if sd.acceptance_rate is None else f"{sd.acceptance_rate * 100:.1f}%"
+        length = "-" if sd.accept_length is None else f"{sd.accept_length:.2f}"
+        lines.append(
+            f"speculative decoding reported by {sd.source}: {sd.accepted_tokens} of "
+            f"{sd.draft_tokens} drafted tokens accepted ({rate}), {sd.steps} steps, "
+            f"mean accepted length {length}"
+            + (f", histogram {list(sd.histogram)}" if sd.histogram else "")
+        )
+    timings = [
+        row.get(f"server_{k}") for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
+    ]
+    if any(v is not None for v in timings):
+        lines.append(
+            f"server timings: prompt {timings[0]} tokens in {timings[1]} ms, "
+            f"{timings[2]} generated in {timings[3]} ms"
+        )
+    if row.get("server_rejected"):
+        lines.append(f"server figures out of range, not kept: {row['server_rejected']}")
+    times: dict[int, list[float]] = {}
+    for ch in chunks:
+        if ch.get("chunk_index") and ch.get("ts") is not None and (ch.get("choice") or 0) >= 0:
+            times.setdefault(int(ch.get("choice") or 0), []).append(float(ch["ts"]))
+    for choice, ts in sorted(times.items()):
+        lines.append(f"cadence (choice {choice}): {cadence(ts).describe()}")
+    return lines

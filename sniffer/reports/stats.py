@@ -66,7 +66,7 @@ from sniffer.llm.logprobs import TokenLogprob, output_logprobs
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
 from sniffer.llm.values import SpecDecode
 from sniffer.reports.align import longest_common_prefix
-from sniffer.reports.cadence import Cadence, cadence, describe_side, summarize
+from sniffer.reports.cadence import Cadence, cadence, describe_side, spec_of_row, summarize
 from sniffer.store import queries
 from sniffer.store.lite import SqliteFile
 
@@ -358,28 +358,6 @@ def build_outputs(
             tokens = out.tokens_per_chunk if len(out.tokens_per_chunk) == len(times) else None
             out.cadence = cadence(times, tokens)
     return [p[0] for p in pending]
-
-
-def spec_of_row(row: Mapping[str, Any]) -> SpecDecode | None:
-    """The server-reported speculative decoding of a ``streams`` row (the
-    ``spec_*`` columns, :data:`~sniffer.store.queries.OUTPUT_STREAM_COLUMNS`)."""
-    source = row.get("spec_source")
-    if not source:
-        return None
-    hist = row.get("spec_histogram")
-    try:
-        bins = json.loads(hist) if isinstance(hist, str) else []
-    except ValueError:
-        bins = []
-    return SpecDecode(
-        source=str(source),
-        draft_tokens=row.get("spec_draft_tokens"),
-        accepted_tokens=row.get("spec_accepted_tokens"),
-        steps=row.get("spec_steps"),
-        accept_length=row.get("spec_accept_length"),
-        acceptance_rate=row.get("spec_accept_rate"),
-        histogram=tuple(b for b in bins if isinstance(b, int)) if isinstance(bins, list) else (),
-    )
 
 
 def load_outputs(
