@@ -149,7 +149,7 @@ def start_server(model: Path, server: Server, port: int, log: Path) -> subproces
         "--n_ctx",
         "1024",
         "--n_threads",
-        "2",
+        "1",  # one thread: on a shared 2-core machine more threads spin against each other
         *server.options,
     ]
     with log.open("wb") as out:

@@ -6,8 +6,11 @@ captures in pcaps/llamacpp/ (plain vs prompt-lookup speculative decoding).
 
 from __future__ import annotations
 
+import json
 import random
 from itertools import accumulate
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -21,7 +24,11 @@ from sniffer.reports.cadence import (
     cadence,
     gap_histogram,
     split_threshold,
+    summarize,
 )
+from sniffer.reports.stats import Output, load_outputs
+from sniffer.runtime.replay import replay
+from sniffer.store.writer import open_store
 
 
 def steps_to_times(
@@ -120,3 +127,69 @@ def test_any_times_give_a_consistent_cadence(gaps: list[float], shuffle: bool) -
     assert sum(n * m for n, m in c.burst_lengths.items()) == len(times)
     if times:
         assert c.tokens_per_step is not None and c.tokens_per_step >= 1.0
+
+
+# ---------------------------------------------------------------------------
+# Real traffic: llama-cpp-python serving Gemma 3 270M (pcaps/llamacpp/)
+# ---------------------------------------------------------------------------
+
+LLAMACPP = Path(__file__).resolve().parent.parent / "pcaps" / "llamacpp"
+REAL = sorted(LLAMACPP.glob("llamacpp_*.pcap"))
+
+
+@pytest.fixture(scope="module")
+def real_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Output]]:
+    """Each real capture replayed into its own SQLite file, read back as outputs
+    (no tokenizer: one token per event, as llama.cpp streams them)."""
+    out: dict[str, list[Output]] = {}
+    root = tmp_path_factory.mktemp("llamacpp")
+    for pcap in REAL:
+        db = str(root / f"{pcap.stem}.db")
+        replay(pcap, db)
+        out[pcap.stem] = load_outputs(open_store(db), repeats_only=True)
+    return out
+
+
+def _server(pcap_stem: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((LLAMACPP / f"{pcap_stem}.expected.json").read_text())
+    return data["server"]
+
+
+def test_real_captures_are_there() -> None:
+    assert {p.stem for p in REAL} == {"llamacpp_plain", "llamacpp_kvq8", "llamacpp_spec"}
+
+
+@pytest.mark.parametrize("stem", [p.stem for p in REAL])
+def test_real_cadence_tells_the_speculative_server(
+    stem: str, real_outputs: dict[str, list[Output]]
+) -> None:
+    """The server that verified drafts in batches (the recording's own record
+    of its options) streams bursty outputs; the plain and KV-quantized ones
+    steady; the side summary says so."""
+    outputs = real_outputs[stem]
+    assert len(outputs) == 4 and all(o.cadence is not None for o in outputs)
+    plain = [o for o in outputs if '"logprobs"' not in (o.request_json or "")]
+    assert len(plain) == 2  # the streams without logprobs
+    summary = summarize((o.cadence, o.speculative) for o in plain)
+    if _server(stem)["speculative"]:
+        for o in plain:
+            c = o.cadence
+            assert c is not None and c.cls == BURSTY, c
+            assert max(c.burst_lengths) <= 11  # at most the draft (10) plus the verified token
+            assert c.tokens_per_step is not None and c.tokens_per_step > 1.5
+            assert c.threshold_ms is not None and c.threshold_ms < c.evidence["long_ms_p50"]
+        assert summary["bursty_ratio"] == 1.0
+    else:
+        assert [o.cadence.cls for o in outputs if o.cadence is not None] == [STEADY] * 4
+        assert summary["bursty_ratio"] == 0.0
+        assert summary["tokens_per_step_p50"] == pytest.approx(1.0)
+    assert summary["spec_streams"] == 0  # llama-cpp-python reports nothing
+
+
+def test_real_logprobs_hide_the_speculative_cadence(real_outputs: dict[str, list[Output]]) -> None:
+    """With logprobs, llama-cpp-python computes every token's log-probabilities
+    on its own (hundreds of ms per token here): the same speculative server's
+    streams are then steady. What the capture shows, stated."""
+    with_lp = [o for o in real_outputs["llamacpp_spec"] if '"logprobs"' in (o.request_json or "")]
+    assert len(with_lp) == 2
+    assert all(o.cadence is not None and o.cadence.cls == STEADY for o in with_lp)

@@ -26,7 +26,7 @@ from sniffer.store.queries import count_rows, get_stream, list_streams
 from sniffer.store.writer import make_engine
 
 PCAPS = Path(__file__).resolve().parent.parent / "pcaps"
-# The recordings in pcaps/ and the crafted faults in pcaps/faults/.
+# The recordings in pcaps/ and pcaps/llamacpp/, and the crafted faults in pcaps/faults/.
 FIXTURES = sorted(
     (p for p in PCAPS.rglob("*.pcap") if p.with_suffix(".expected.json").exists()),
     key=lambda p: p.stem,
@@ -42,6 +42,7 @@ KNOWN_TOP = {
     "errors_min",
     "extra_streams_max",
     "capture_error",
+    "server",
 }
 KNOWN_STREAM = {
     "method",
@@ -82,7 +83,7 @@ def _expected(pcap: Path) -> dict[str, Any]:
 
 def test_there_are_fixtures() -> None:
     assert len(FIXTURES) >= 20
-    assert all(p.parent in (PCAPS, PCAPS / "faults") for p in FIXTURES)
+    assert all(p.parent in (PCAPS, PCAPS / "faults", PCAPS / "llamacpp") for p in FIXTURES)
     assert {p.stem for p in FIXTURES if p.parent == PCAPS / "faults"} >= {
         "fault_lost",
         "fault_truncated_file",
@@ -163,6 +164,9 @@ def test_fixture_replays_to_expected(pcap: Path, tmp_path: Path) -> None:
     assert set(exp) <= KNOWN_TOP, set(exp) - KNOWN_TOP
     assert exp["fixture"] == pcap.stem
     assert exp["description"].strip()
+    if "server" in exp:  # real recordings: which server and options made the traffic
+        assert exp["server"]["software"] and isinstance(exp["server"]["speculative"], bool)
+        assert exp["server"]["served_model"] == exp["streams"][0]["model"]
     if exp.get("base"):
         assert (PCAPS / f"{exp['base']}.pcap").exists()
     db = str(tmp_path / "f.db")

@@ -355,9 +355,30 @@ def build_outputs(
     for out, _ in pending:
         times = out.chunk_times
         if out.text_kept and times:
-            tokens = out.tokens_per_chunk if len(out.tokens_per_chunk) == len(times) else None
-            out.cadence = cadence(times, tokens)
+            out.cadence = cadence(times, _cadence_tokens(out, registry))
     return [p[0] for p in pending]
+
+
+def _cadence_tokens(out: Output, registry: TokenizerRegistry) -> list[int] | None:
+    """Tokens per text chunk for the cadence estimate: the server's own tokens
+    when the stream carried them, else the re-tokenized counts when the
+    model's tokenizer is configured, else None (one per chunk: what llama.cpp
+    streams; the built-in default tokenizer would miscount another model's)."""
+    n = len(out.chunk_times)
+    if len(out.chunk_ends) != n:
+        return None
+    if out.server_ids is not None and len(out.server_starts) == len(out.server_ids):
+        counts: list[int] = []
+        lo = 0
+        for end in out.chunk_ends:
+            hi = bisect_left(out.server_starts, end, lo)
+            counts.append(hi - lo)
+            lo = hi
+        counts[-1] += len(out.server_starts) - lo
+        return counts
+    if registry.match(out.model) is not None and len(out.tokens_per_chunk) == n:
+        return list(out.tokens_per_chunk)
+    return None
 
 
 def load_outputs(
