@@ -1152,6 +1152,14 @@ def cause_words(pr: PairResult, baseline: str, candidate: str) -> str:
         words.append(f"finish {pr.baseline_finish or '-'} vs {pr.candidate_finish or '-'}")
     if pr.cause == "retokenization_only":
         words.append("same text, other token ids")
+    if pr.cause == "sampler_adjusted":
+        adj = ev.get("sampler_adjusted_positions") or {}
+        sides = {"reference": baseline, "other": candidate}
+        words.append(
+            "the raw logprobs favour the other token, but the sampler is adjusted ("
+            + ", ".join(f"{sides.get(k, k)}: {n} tokens not its own top-1" for k, n in adj.items())
+            + "): not substantive"
+        )
     if ev.get("why"):
         words.append(ev["why"])
     return "; ".join(words)

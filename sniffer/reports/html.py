@@ -417,6 +417,7 @@ CAUSE_COLOURS = {
     "substantive": "#c0392b",
     "length_only": "#e0b84d",
     "finish_only": "#c9a0dc",
+    "sampler_adjusted": "#e3904f",
     "unknown": "#9a9a9a",
 }
 #: Tokens drawn per side in a surprisal strip.
