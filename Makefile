@@ -55,6 +55,7 @@ pcaps:
 	$(PYTHON) scripts/record_pcaps.py
 	$(PYTHON) scripts/craft_faults.py
 	$(PYTHON) scripts/craft_dialect_pcaps.py
+	$(PYTHON) scripts/record_llamacpp.py --if-available
 	$(PYTHON) scripts/measure_ttft.py
 
 fuzz:

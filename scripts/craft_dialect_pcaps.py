@@ -96,6 +96,7 @@ class Exchange:
     done_seen: bool = False
     sse_events: int | None = None
     error: Any = None
+    speculative: dict[str, Any] | None = None  # what the server reported (expected columns)
 
     def choice(self, index: int) -> Choice:
         return self.choices.setdefault(index, Choice())
@@ -676,6 +677,258 @@ def tgi_nonstream() -> Exchange:
 
 
 # ---------------------------------------------------------------------------
+# Server-reported speculative decoding (OpenAI-compatible servers)
+# ---------------------------------------------------------------------------
+#
+# vLLM with --per-request-spec-decode-metrics: ``metrics.speculative_decoding``
+# (num_spec_steps, num_draft_tokens, num_accepted_draft_tokens,
+# mean_acceptance_length = 1 + accepted / steps, draft_acceptance_rate =
+# accepted / drafted, acceptance_histogram[k] = steps that accepted k drafted
+# tokens) on the final streamed chunk (with the usage of include_usage) or in
+# the body. llama.cpp's llama-server: ``timings`` on the last chunk, with
+# draft_n / draft_n_accepted when it speculated. SGLang: the ``spec_*`` fields
+# of ``meta_info``, per choice of a non-streamed chat body with
+# return_meta_info. Each exchange's ``speculative`` expected entry is what the
+# store must hold for it, computed here from the same numbers by those
+# definitions (a rate or length the server did not send is derived; a value
+# out of its range is named in ``rejected``).
+
+SPEC_PROMPT = [{"role": "user", "content": "Repeat after me: the cat sat on the mat."}]
+SPEC_PIECES = ["The", " cat", " sat", " on", " the", " mat", "."]
+
+
+def _spec_expected(
+    source: str | None,
+    draft: int | None = None,
+    accepted: int | None = None,
+    steps: int | None = None,
+    length: float | None = None,
+    rate: float | None = None,
+    histogram: list[int] | None = None,
+    timings: dict[str, Any] | None = None,
+    rejected: list[str] | None = None,
+) -> dict[str, Any]:
+    if rate is None and accepted is not None and draft:
+        rate = accepted / draft
+    if length is None and accepted is not None and steps:
+        length = 1 + accepted / steps
+    return {
+        "source": source,
+        "draft_tokens": draft,
+        "accepted_tokens": accepted,
+        "steps": steps,
+        "accept_length": length,
+        "acceptance_rate": rate,
+        "histogram": histogram,
+        "timings": timings,
+        "rejected": rejected,
+    }
+
+
+def _vllm_metrics(steps: int, histogram: list[int], k: int) -> dict[str, Any]:
+    accepted = sum(i * n for i, n in enumerate(histogram))
+    return {
+        "speculative_decoding": {
+            "num_spec_steps": steps,
+            "num_draft_tokens": steps * k,
+            "num_accepted_draft_tokens": accepted,
+            "mean_acceptance_length": 1 + accepted / steps,
+            "draft_acceptance_rate": accepted / (steps * k),
+            "acceptance_histogram": histogram,
+        }
+    }
+
+
+def vllm_spec_stream() -> Exchange:
+    """vLLM stream: 3 tokens per chunk (one chunk per step), the metrics on
+    the final usage chunk (choices [])."""
+    ex = Exchange(
+        "/v1/chat/completions",
+        {
+            "model": "Qwen/Qwen3-0.6B",
+            "messages": SPEC_PROMPT,
+            "stream": True,
+            "temperature": 0,
+            "stream_options": {"include_usage": True},
+        },
+        "text/event-stream",
+        [],
+        True,
+    )
+    base = {"id": "chatcmpl-spec1", "object": "chat.completion.chunk", "created": 1767225600}
+    base["model"] = "Qwen/Qwen3-0.6B"
+    events: list[tuple[str | None, str]] = []
+    role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+    events.append((None, js({**base, "choices": [role]})))
+    groups = [["The", " cat", " sat"], [" on", " the"], [" mat", "."]]
+    for i, group in enumerate(groups):
+        piece = "".join(group)
+        finish = "stop" if i == len(groups) - 1 else None
+        choice = {"index": 0, "delta": {"content": piece}, "finish_reason": finish}
+        events.append((None, js({**base, "choices": [choice]})))
+        ex.choice(0).add_text(piece)
+    ex.choice(0).finish_reason = "stop"
+    usage = {"prompt_tokens": 19, "completion_tokens": 7, "total_tokens": 26}
+    metrics = _vllm_metrics(3, [0, 1, 2, 0], 3)  # 3 steps: 1, 2, 2 drafted tokens accepted
+    events.append((None, js({**base, "choices": [], "usage": usage, "metrics": metrics})))
+    events.append((None, "[DONE]"))
+    ex.writes = sse(events)
+    ex.sse_events = len(events)
+    ex.done_seen = True
+    ex.usage = {"prompt_tokens": 19, "completion_tokens": 7}
+    ex.server_usage = {**usage, "metrics": metrics}  # the store keeps metrics in usage
+    sd = metrics["speculative_decoding"]
+    ex.speculative = _spec_expected(
+        "vllm", 9, 5, 3, sd["mean_acceptance_length"], sd["draft_acceptance_rate"], [0, 1, 2, 0]
+    )
+    return ex
+
+
+def vllm_spec_nonstream() -> Exchange:
+    """vLLM /v1/completions without stream: the metrics in the body."""
+    text = "alpha beta gamma alpha beta"
+    metrics = _vllm_metrics(4, [1, 0, 1, 2], 3)
+    body = {
+        "id": "cmpl-spec2",
+        "object": "text_completion",
+        "created": 1767225600,
+        "model": "Qwen/Qwen3-0.6B",
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 12, "total_tokens": 23},
+        "metrics": metrics,
+    }
+    ex = Exchange(
+        "/v1/completions",
+        {"model": "Qwen/Qwen3-0.6B", "prompt": "alpha beta gamma", "max_tokens": 12},
+        "application/json",
+        [js(body).encode()],
+        False,
+    )
+    ex.choice(0).add_text(text)
+    ex.choice(0).finish_reason = "length"
+    ex.usage = {"prompt_tokens": 11, "completion_tokens": 12}
+    ex.server_usage = {**body["usage"], "metrics": metrics}
+    sd = metrics["speculative_decoding"]
+    ex.speculative = _spec_expected(
+        "vllm", 12, 8, 4, sd["mean_acceptance_length"], sd["draft_acceptance_rate"], [1, 0, 1, 2]
+    )
+    return ex
+
+
+def llamacpp_spec_stream() -> Exchange:
+    """llama-server stream: one token per event, ``timings`` with draft_n and
+    draft_n_accepted on the last chunk."""
+    ex = Exchange(
+        "/v1/chat/completions",
+        {"model": "gemma-3-270m", "messages": SPEC_PROMPT, "stream": True, "temperature": 0},
+        "text/event-stream",
+        [],
+        True,
+    )
+    base = {"id": "chatcmpl-spec3", "object": "chat.completion.chunk", "created": 1767225600}
+    base["model"] = "gemma-3-270m"
+    events: list[tuple[str | None, str]] = []
+    for i, piece in enumerate(SPEC_PIECES):
+        delta = {"content": piece} if i else {"role": "assistant", "content": piece}
+        events.append((None, js({**base, "choices": [{"index": 0, "delta": delta}]})))
+        ex.choice(0).add_text(piece)
+    timings = {
+        "prompt_n": 17,
+        "prompt_ms": 41.25,
+        "prompt_per_token_ms": 2.43,
+        "prompt_per_second": 412.1,
+        "predicted_n": 7,
+        "predicted_ms": 96.5,
+        "predicted_per_token_ms": 13.79,
+        "predicted_per_second": 72.5,
+        "draft_n": 10,
+        "draft_n_accepted": 6,
+    }
+    last = {"index": 0, "delta": {}, "finish_reason": "stop"}
+    events.append((None, js({**base, "choices": [last], "timings": timings})))
+    events.append((None, "[DONE]"))
+    ex.choice(0).finish_reason = "stop"
+    ex.writes = sse(events)
+    ex.sse_events = len(events)
+    ex.done_seen = True
+    ex.server_usage = {"timings": timings}
+    t = {k: timings[k] for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")}
+    ex.speculative = _spec_expected("llama.cpp", 10, 6, timings=t)
+    return ex
+
+
+def llamacpp_spec_hostile() -> Exchange:
+    """llama-server stream whose timings are out of range: more tokens accepted
+    than drafted, a negative time; the rest is kept."""
+    ex = llamacpp_spec_stream()
+    timings = {"prompt_n": 17, "prompt_ms": -3.0, "predicted_n": 7, "predicted_ms": 96.5}
+    timings |= {"draft_n": 4, "draft_n_accepted": 9}
+    base = {"id": "chatcmpl-spec4", "object": "chat.completion.chunk", "created": 1767225600}
+    last = {"index": 0, "delta": {}, "finish_reason": "stop"}
+    data = js({**base, "model": "gemma-3-270m", "choices": [last], "timings": timings})
+    ex.writes[-2] = f"data: {data}\n\n".encode()
+    ex.server_usage = {"timings": timings}
+    t = {"prompt_n": 17, "prompt_ms": None, "predicted_n": 7, "predicted_ms": 96.5}
+    ex.speculative = _spec_expected(
+        "llama.cpp", 4, None, timings=t, rejected=["draft_n_accepted", "prompt_ms"]
+    )
+    return ex
+
+
+def sglang_spec_nonstream() -> Exchange:
+    """SGLang chat without stream, return_meta_info: the spec_* fields of the
+    choice's meta_info (other meta_info fields are not kept)."""
+    text = "The cat sat on the mat."
+    meta = {
+        "id": "f3a1",
+        "finish_reason": {"type": "stop", "matched": 1},
+        "prompt_tokens": 19,
+        "completion_tokens": 7,
+        "cached_tokens": 0,
+        "spec_verify_ct": 3,
+        "spec_num_proposed_drafts": 9,
+        "spec_num_correct_drafts": 4,
+        "spec_accept_length": 7 / 3,
+        "spec_accept_rate": 4 / 9,
+        "e2e_latency": 0.0912,
+    }
+    body = {
+        "id": "f3a1",
+        "object": "chat.completion",
+        "created": 1767225600,
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+                "meta_info": meta,
+            }
+        ],
+        "usage": {"prompt_tokens": 19, "completion_tokens": 7, "total_tokens": 26},
+    }
+    ex = Exchange(
+        "/v1/chat/completions",
+        {
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "messages": SPEC_PROMPT,
+            "temperature": 0,
+            "return_meta_info": True,
+        },
+        "application/json",
+        [js(body).encode()],
+        False,
+    )
+    ex.choice(0).add_text(text)
+    ex.choice(0).finish_reason = "stop"
+    ex.usage = {"prompt_tokens": 19, "completion_tokens": 7}
+    spec_meta = {k: v for k, v in meta.items() if k.startswith("spec_")}
+    ex.server_usage = {**body["usage"], "meta_info": spec_meta}  # only its spec_* fields
+    ex.speculative = _spec_expected("sglang", 9, 4, 3, 7 / 3, 4 / 9)
+    return ex
+
+
+# ---------------------------------------------------------------------------
 # Ollama
 # ---------------------------------------------------------------------------
 
@@ -970,6 +1223,8 @@ def expected_stream(ex: Exchange, cport: int, exchange: int) -> dict[str, Any]:
         out["sse_events"] = ex.sse_events
     if ex.error is not None:
         out["error"] = ex.error
+    if ex.speculative is not None:
+        out["speculative"] = ex.speculative
     out["check_text"] = True
     out["exchange"] = exchange
     return out
@@ -1034,6 +1289,32 @@ FIXTURES = [
         "Ollama with stream false: /api/generate and /api/chat (thinking) on one connection",
         11434,
         [Connection(41310, [ollama_generate(False), ollama_chat(False)])],
+    ),
+    Fixture(
+        "dialect_spec_vllm",
+        "CRAFTED to vLLM's documented per-request speculative-decoding metrics "
+        "(--per-request-spec-decode-metrics): metrics.speculative_decoding on the final "
+        "usage chunk of a chat stream (3 steps, histogram [0,1,2,0]); then in a "
+        "non-streamed /v1/completions body",
+        8000,
+        [Connection(41400, [vllm_spec_stream(), vllm_spec_nonstream()])],
+    ),
+    Fixture(
+        "dialect_spec_llamacpp",
+        "CRAFTED to llama.cpp llama-server's documented timings: draft_n / draft_n_accepted "
+        "with prompt_n/prompt_ms/predicted_n/predicted_ms on the last chunk; then a stream "
+        "whose timings are out of range (accepted > drafted, a negative time): those "
+        "values are rejected and named, the rest kept",
+        8080,
+        [Connection(41410, [llamacpp_spec_stream()]), Connection(41412, [llamacpp_spec_hostile()])],
+    ),
+    Fixture(
+        "dialect_spec_sglang",
+        "CRAFTED to SGLang's documented meta_info: a non-streamed chat body with "
+        "return_meta_info, spec_verify_ct / spec_num_proposed_drafts / "
+        "spec_num_correct_drafts / spec_accept_length / spec_accept_rate in the choice",
+        30000,
+        [Connection(41420, [sglang_spec_nonstream()])],
     ),
 ]
 

@@ -174,7 +174,8 @@ def test_each_class_from_crafted_logprob_streams(tmp_path: Path) -> None:
     assert got == {k: v[3] for k, v in CASES.items()}
     s = js["summary"]
     assert s["causes"] == {"retokenization_only": 0, "near_tie": 1, "substantive": 2,
-                           "length_only": 1, "finish_only": 1, "unknown": 0}  # fmt: skip
+                           "length_only": 1, "finish_only": 1, "sampler_adjusted": 0,
+                           "unknown": 0}  # fmt: skip
     assert s["substantive_ratio"] == pytest.approx(2 / 6) and s["unknown_ratio"] == 0.0
     # the evidence: the two chosen tokens and their log-probabilities in each server's view
     tie = next(p for p in js["pairs"] if p["cause"] == "near_tie")
@@ -345,3 +346,24 @@ def test_an_unreadable_alternative_proves_nothing() -> None:
     outs[0].logprobs = (*(outs[0].logprobs or ())[:3], lps[0])
     outs[1].logprobs = None
     assert classify(outs[0], outs[1]).cause == "unknown"
+
+
+def test_an_adjusted_sampler_is_named_not_called_substantive() -> None:
+    """A server whose chosen tokens are not always the top-1 of their own raw
+    logprobs (llama-cpp-python's repeat_penalty at temperature 0): a fork
+    where its raw logprobs favour the other side's token by more than the
+    margin is ``sampler_adjusted``, not ``substantive``; the same fork from a
+    plain greedy server stays substantive."""
+    base = [*HEAD, T(" in", -0.3, [(" in", -0.3), (" on", -1.5)])]
+    # the candidate chose " on" although its raw logprobs put " in" 1.2 nats higher
+    penalised = T(" on", -1.5, [(" in", -0.3), (" on", -1.5)])
+    outs = _outputs({1: ("a", base), 2: ("b", [*HEAD, penalised])})
+    why = classify(outs[0], outs[1], margin=0.5)
+    assert why.cause == "sampler_adjusted", why
+    assert why.evidence["sampler_adjusted_positions"] == {"other": 1}
+    assert why.evidence["other_view"]["gap"] == pytest.approx(-1.2)
+    # a greedy candidate (always its own top-1) choosing against a 1.2-nat gap
+    # in the baseline's raw logprobs: a substantive fork
+    greedy = T(" on", -0.3, [(" on", -0.3), (" in", -1.5)])
+    outs = _outputs({1: ("a", base), 2: ("b", [*HEAD, greedy])})
+    assert classify(outs[0], outs[1], margin=0.5).cause == "substantive"

@@ -164,6 +164,7 @@ def test_streams_lists_one_line_per_llm_stream(demo: str) -> None:
         "chars",
         "ttft_ms",
         "dur_ms",
+        "spec",
         "finish",
     ]
     assert len(rows) == 7
@@ -180,7 +181,8 @@ def test_streams_lists_one_line_per_llm_stream(demo: str) -> None:
     assert int(first[6]) == english["choices"]["0"]["chunks"]
     assert int(first[7]) == len(english["choices"]["0"]["text"])
     assert float(first[8]) == pytest.approx(english["ttft_ms"], abs=0.051)
-    assert first[10] == english["choices"]["0"]["finish_reason"]
+    assert first[10] == "-"  # no speculative decoding reported
+    assert first[11] == english["choices"]["0"]["finish_reason"]
     states = [r.split()[2] for r in rows]
     assert states.count("error") == 1 and states.count("complete") == 6
 
@@ -442,3 +444,22 @@ def test_replay_redact_pattern_replaces_what_the_regex_matches(tmp_path: Path) -
     assert "<BIRD>" in stored
     assert "Bird" not in stored and "bird" not in stored
     assert stored.replace("<BIRD>", "") == re.sub("[Bb]ird", "", captured)
+
+
+def test_streams_and_show_print_server_reported_speculative_decoding(tmp_path: Path) -> None:
+    """The crafted vLLM fixture: ``streams`` shows the accepted share of the
+    drafted tokens, ``show`` the reported figures and the cadence line."""
+    db = str(tmp_path / "spec.db")
+    assert cli("replay", str(PCAPS / "dialect_spec_vllm.pcap"), "--db", db, "-q").exit_code == 0
+    res = cli("streams", "--db", db)
+    assert res.exit_code == 0
+    rows = [r.split() for r in res.output.splitlines()[1:]]
+    # 5 of 9 drafted tokens accepted; then 8 of 12 (what the crafting script sent)
+    assert [r[10] for r in rows] == ["56%", "67%"]
+    shown = cli("show", rows[0][0], "--db", db)
+    assert shown.exit_code == 0
+    assert (
+        "speculative decoding reported by vllm: 5 of 9 drafted tokens accepted (55.6%), "
+        "3 steps, mean accepted length 2.67, histogram [0, 1, 2, 0]" in shown.output
+    )
+    assert "cadence (choice 0): unknown (2 gaps" in shown.output

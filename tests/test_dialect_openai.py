@@ -587,3 +587,185 @@ def test_fast_delta_constructor_matches_delta() -> None:
     assert fast.error is None and fast.server_tokens is None
     with pytest.raises(AttributeError):
         fast.text = "x"  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------------
+# Server-reported speculative decoding and timings (vLLM, llama.cpp, SGLang)
+# ---------------------------------------------------------------------------
+
+VLLM_SPEC = {
+    "num_spec_steps": 4,
+    "num_draft_tokens": 12,
+    "num_accepted_draft_tokens": 7,
+    "mean_acceptance_length": 2.75,
+    "draft_acceptance_rate": 7 / 12,
+    "acceptance_histogram": [1, 1, 1, 1],
+    "per_step_accepted": [0, 1, 3, 2],
+    "per_step_drafted": [3, 3, 3, 3],
+}
+
+
+def _spec_of(data: str, stream: bool = True) -> tuple[Usage | None, str]:
+    d = OpenAIChat().event(data, "message") if stream else OpenAIChat().body(data)
+    usage = next((x.usage for x in d if x.usage is not None), None)
+    return usage, usage_json(usage) or ""
+
+
+def test_vllm_per_request_spec_decode_metrics_streamed_and_whole() -> None:
+    """vLLM's ``metrics.speculative_decoding``: on the final usage chunk of a
+    stream, and in a non-streamed body; typed, and kept in the usage JSON."""
+    usage_obj = {"prompt_tokens": 5, "completion_tokens": 11}
+    data = js({"choices": [], "usage": usage_obj, "metrics": {"speculative_decoding": VLLM_SPEC}})
+    usage, stored = _spec_of(data)
+    assert usage is not None and usage.speculative is not None
+    sd = usage.speculative
+    assert (sd.source, sd.draft_tokens, sd.accepted_tokens, sd.steps) == ("vllm", 12, 7, 4)
+    assert (sd.accept_length, sd.acceptance_rate) == (2.75, 7 / 12)
+    assert sd.histogram == (1, 1, 1, 1) and sd.rejected == ()
+    assert (usage.prompt_tokens, usage.completion_tokens) == (5, 11)
+    assert json.loads(stored)["metrics"]["speculative_decoding"] == VLLM_SPEC
+    body = js(
+        {
+            "choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
+            "usage": usage_obj,
+            "metrics": {"speculative_decoding": VLLM_SPEC},
+        }
+    )
+    whole, _ = _spec_of(body, stream=False)
+    assert whole is not None and whole.speculative == sd
+
+
+def test_llamacpp_timings_typed_with_draft_counts() -> None:
+    timings = {"prompt_n": 9, "prompt_ms": 12.5, "predicted_n": 30, "predicted_ms": 410.0}
+    timings |= {"draft_n": 40, "draft_n_accepted": 22, "predicted_per_second": 73.2}
+    data = chat_chunk({"index": 0, "delta": {}, "finish_reason": "stop"}, timings=timings)
+    usage, _ = _spec_of(data)
+    assert usage is not None and usage.timings is not None and usage.speculative is not None
+    assert usage.timings.as_dict() == {
+        "prompt_n": 9,
+        "prompt_ms": 12.5,
+        "predicted_n": 30,
+        "predicted_ms": 410.0,
+        "rejected": [],
+    }
+    sd = usage.speculative
+    assert (sd.source, sd.draft_tokens, sd.accepted_tokens) == ("llama.cpp", 40, 22)
+    assert sd.acceptance_rate == 22 / 40 and sd.steps is None and sd.accept_length is None
+    # plain llama.cpp timings (no drafting): timings only
+    plain, _ = _spec_of(chat_chunk({"index": 0, "delta": {}}, timings={"predicted_n": 3}))
+    assert plain is not None and plain.speculative is None
+    assert plain.timings is not None and plain.timings.predicted_n == 3
+
+
+def test_sglang_meta_info_spec_fields_only() -> None:
+    """SGLang's ``meta_info`` (per choice, non-streamed): its ``spec_*``
+    fields are read and kept; the rest of meta_info (logprob arrays, …) is not."""
+    meta = {
+        "spec_verify_ct": 3,
+        "spec_num_proposed_drafts": 9,
+        "spec_num_correct_drafts": 4,
+        "spec_accept_length": 7 / 3,
+        "spec_accept_rate": 4 / 9,
+        "output_token_logprobs": [[-0.1, 1, None]] * 50,
+    }
+    body = js(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"content": "x"},
+                    "finish_reason": "stop",
+                    "meta_info": meta,
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 7},
+        }
+    )
+    usage, stored = _spec_of(body, stream=False)
+    assert usage is not None and usage.speculative is not None
+    sd = usage.speculative
+    assert (sd.source, sd.draft_tokens, sd.accepted_tokens, sd.steps) == ("sglang", 9, 4, 3)
+    assert (sd.accept_length, sd.acceptance_rate) == (7 / 3, 4 / 9)
+    assert (
+        "output_token_logprobs" not in stored
+        and json.loads(stored)["meta_info"]["spec_verify_ct"] == 3
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("num_draft_tokens", -1),
+        ("num_draft_tokens", 2**63),
+        ("num_draft_tokens", True),
+        ("num_draft_tokens", "12"),
+        ("num_spec_steps", 1.5),
+        ("mean_acceptance_length", -0.5),
+        ("mean_acceptance_length", 1e300),
+        ("draft_acceptance_rate", 1.5),
+        ("draft_acceptance_rate", float("nan")),
+        ("acceptance_histogram", [1, -2]),
+        ("acceptance_histogram", "1,2"),
+        ("acceptance_histogram", list(range(2000))),
+        ("num_accepted_draft_tokens", 13),  # more accepted than drafted
+    ],
+)
+def test_spec_decode_out_of_range_is_rejected_and_named(field: str, value: Any) -> None:
+    """Hostile numbers: the value is dropped and named in ``rejected``; every
+    other field is kept, the chunk is not invalid."""
+    spec = {**VLLM_SPEC, field: value}
+    data = json.dumps(
+        {"choices": [], "usage": {"prompt_tokens": 1}, "metrics": {"speculative_decoding": spec}}
+    )
+    (d,) = OpenAIChat().event(data, "message")
+    assert d.kind == USAGE and d.usage is not None and d.usage.speculative is not None
+    sd = d.usage.speculative
+    assert sd.rejected == (field,)
+    kept = sd.as_dict()
+    name = {
+        "num_draft_tokens": "draft_tokens",
+        "num_spec_steps": "steps",
+        "mean_acceptance_length": "accept_length",
+        "draft_acceptance_rate": "acceptance_rate",
+        "acceptance_histogram": "histogram",
+        "num_accepted_draft_tokens": "accepted_tokens",
+    }[field]
+    # a rate or length the server sent wrong is derived from its counts instead
+    derived = {"accept_length": 1 + 7 / 4, "acceptance_rate": 7 / 12, "histogram": []}
+    assert kept[name] == derived.get(name)
+    assert d.usage.prompt_tokens == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                *sorted(VLLM_SPEC),
+                *("draft_n", "draft_n_accepted", "prompt_ms", "spec_verify_ct", "spec_accept_rate"),
+            ]
+        ),
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats()
+        | st.text(max_size=3)
+        | st.lists(st.integers(), max_size=5),
+    )
+)
+def test_spec_decode_never_raises_and_stays_in_range(obj: dict[str, Any]) -> None:
+    for data in (
+        {"choices": [], "metrics": {"speculative_decoding": obj}},
+        {"choices": [], "timings": obj},
+        {"choices": [], "meta_info": obj},
+    ):
+        for d in OpenAIChat().event(json.dumps(data), "message"):
+            sd = d.usage.speculative if d.usage is not None else None
+            if sd is None:
+                continue
+            for n in (sd.draft_tokens, sd.accepted_tokens, sd.steps, *sd.histogram):
+                assert n is None or 0 <= n <= 10**9
+            assert sd.acceptance_rate is None or 0.0 <= sd.acceptance_rate <= 1.0
+            assert sd.accept_length is None or 0.0 <= sd.accept_length <= 1e4
+            if sd.accepted_tokens is not None and sd.draft_tokens is not None:
+                assert sd.accepted_tokens <= sd.draft_tokens

@@ -26,7 +26,7 @@ from sniffer.store.queries import count_rows, get_stream, list_errors, list_stre
 from sniffer.store.writer import make_engine
 
 PCAPS = Path(__file__).resolve().parent.parent / "pcaps"
-# The recordings in pcaps/ and the crafted faults in pcaps/faults/.
+# The recordings in pcaps/ and pcaps/llamacpp/, and the crafted faults in pcaps/faults/.
 FIXTURES = sorted(
     (p for p in PCAPS.rglob("*.pcap") if p.with_suffix(".expected.json").exists()),
     key=lambda p: p.stem,
@@ -44,6 +44,7 @@ KNOWN_TOP = {
     "capture_error",
     "error_kinds",
     "reassembly",
+    "server",
 }
 KNOWN_STREAM = {
     "method",
@@ -69,6 +70,7 @@ KNOWN_STREAM = {
     "quiet_events",
     "request",
     "after_done",
+    "speculative",
 }
 KNOWN_CHOICE = {
     "text",
@@ -88,7 +90,7 @@ def _expected(pcap: Path) -> dict[str, Any]:
 
 def test_there_are_fixtures() -> None:
     assert len(FIXTURES) >= 20
-    assert all(p.parent in (PCAPS, PCAPS / "faults") for p in FIXTURES)
+    assert all(p.parent in (PCAPS, PCAPS / "faults", PCAPS / "llamacpp") for p in FIXTURES)
     assert {p.stem for p in FIXTURES if p.parent == PCAPS / "faults"} >= {
         "fault_lost",
         "fault_truncated_file",
@@ -124,6 +126,25 @@ def sse_events_by_exchange(pcap: Path) -> dict[tuple[int, int], int]:
     return dict(counts)
 
 
+def stored_speculative(row: dict[str, Any]) -> dict[str, Any]:
+    """The server-reported speculative decoding and timings a stream row holds
+    (migration 0005), in the shape of the expected files' ``speculative``."""
+    timings = {
+        k: row[f"server_{k}"] for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
+    }
+    return {
+        "source": row["spec_source"],
+        "draft_tokens": row["spec_draft_tokens"],
+        "accepted_tokens": row["spec_accepted_tokens"],
+        "steps": row["spec_steps"],
+        "accept_length": row["spec_accept_length"],
+        "acceptance_rate": row["spec_accept_rate"],
+        "histogram": json.loads(row["spec_histogram"]) if row["spec_histogram"] else None,
+        "timings": timings if any(v is not None for v in timings.values()) else None,
+        "rejected": json.loads(row["server_rejected"]) if row["server_rejected"] else None,
+    }
+
+
 def stored_choices(detail: dict[str, Any]) -> dict[int, dict[str, Any]]:
     """What the store holds per choice: text and text chunks, reasoning, tool calls."""
     out: dict[int, dict[str, Any]] = {}
@@ -150,6 +171,9 @@ def test_fixture_replays_to_expected(pcap: Path, tmp_path: Path) -> None:
     assert set(exp) <= KNOWN_TOP, set(exp) - KNOWN_TOP
     assert exp["fixture"] == pcap.stem
     assert exp["description"].strip()
+    if "server" in exp:  # real recordings: which server and options made the traffic
+        assert exp["server"]["software"] and isinstance(exp["server"]["speculative"], bool)
+        assert exp["server"]["served_model"] == exp["streams"][0]["model"]
     if exp.get("base"):
         assert (PCAPS / f"{exp['base']}.pcap").exists()
     db = str(tmp_path / "f.db")
@@ -261,6 +285,10 @@ def test_fixture_replays_to_expected(pcap: Path, tmp_path: Path) -> None:
             assert got["error"] == want["error"]["message"], where
         elif check:
             assert got["error"] is None, where
+        if "speculative" in want:
+            assert stored_speculative(got) == want["speculative"], where
+        elif check:  # the server reported nothing: nothing stored
+            assert set(stored_speculative(got).values()) == {None}, where
         if "sse_events" in want:
             assert sse_counts.get((want["client_port"], exchange), 0) == want["sse_events"], where
         if want.get("ttft_ms") is not None:

@@ -4,6 +4,7 @@ fixture captures, checked against the database."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import sqlite3
@@ -457,7 +458,7 @@ def pipeline_events(path: str) -> list[StoreEvent]:
 def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Metrics, int]]:
     assert len(PCAPS) >= 20
     db = str(tmp_path_factory.mktemp("metrics") / "replay.db")
-    m = Metrics()
+    m = Metrics(max_models=40)  # every fixture's model keeps its own label value
     packets = 0
     # The sec_* captures carry planted credentials: what they store is redacted
     # (shorter text) while metrics count what was sent, by design (issue 12).
@@ -767,3 +768,39 @@ def test_scrapes_while_observing(real_feed: Feed) -> None:
         thread.join(timeout=60)
     assert not errors
     assert len(seen) >= 2 and seen == sorted(seen)
+
+
+# ------------------------------------------------- server-reported speculative decoding
+
+SPEC_FIXTURES = ("dialect_spec_vllm", "dialect_spec_llamacpp", "dialect_spec_sglang")
+
+
+def test_server_spec_decode_counters_match_what_the_servers_sent() -> None:
+    """The draft and accepted tokens the servers reported (the crafted
+    fixtures' expected files: what was put on the wire) are counted per
+    source, and each reported mean accept length observed once."""
+    m = Metrics()
+    want_draft: dict[str, float] = defaultdict(float)
+    want_accepted: dict[str, float] = defaultdict(float)
+    want_lengths: dict[str, list[float]] = defaultdict(list)
+    pcaps = Path(__file__).resolve().parent.parent / "pcaps"
+    for name in SPEC_FIXTURES:
+        m.observe(pipeline_events(str(pcaps / f"{name}.pcap")))
+        for s in json.loads((pcaps / f"{name}.expected.json").read_text())["streams"]:
+            spec = s["speculative"]
+            want_draft[spec["source"]] += spec["draft_tokens"] or 0
+            want_accepted[spec["source"]] += spec["accepted_tokens"] or 0
+            if spec["accept_length"] is not None:
+                want_lengths[spec["source"]].append(spec["accept_length"])
+    smp = samples(m.render())
+    assert by_label(smp, "sparseety_server_spec_draft_tokens_total", "source") == want_draft
+    assert {k: v for k, v in want_accepted.items() if v} == by_label(
+        smp, "sparseety_server_spec_accepted_tokens_total", "source"
+    )
+    for source, lengths in want_lengths.items():
+        key = {"source": source}
+        assert total(smp, "sparseety_server_spec_accept_length_count", **key) == len(lengths)
+        assert total(smp, "sparseety_server_spec_accept_length_sum", **key) == pytest.approx(
+            sum(lengths)
+        )
+    assert set(want_lengths) == {"vllm", "sglang"}  # llama.cpp reports no steps

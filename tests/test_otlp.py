@@ -668,3 +668,39 @@ def test_reload_keeps_node_and_otlp_settings_and_says_so(tmp_path: Path) -> None
     assert r.stop() == 0
     assert (d.config.node, d.config.otlp_queue_size) == ("a", 10)
     assert "event=reload-needs-restart keys=node,otlp_queue_size" in log.getvalue()
+
+
+def test_server_spec_decode_on_spans_and_metrics(rx: Receiver) -> None:
+    """A stream whose server reported speculative decoding (vLLM's metrics)
+    carries it as ``sparseety.spec.*`` span attributes and in the two
+    per-request histograms."""
+    spec = {
+        "num_spec_steps": 3,
+        "num_draft_tokens": 9,
+        "num_accepted_draft_tokens": 5,
+        "mean_acceptance_length": 1 + 5 / 3,
+        "draft_acceptance_rate": 5 / 9,
+        "acceptance_histogram": [0, 1, 2, 0],
+    }
+    from sniffer.llm.dialects.openai import server_stats
+
+    raw = {"prompt_tokens": 7, "completion_tokens": 3, "metrics": {"speculative_decoding": spec}}
+    usage = Usage.parse(raw)
+    assert usage is not None
+    ex, _, _ = exporter(rx.url)
+    ex.observe(stream_events(1, usage=server_stats(usage)))
+    ex.observe(stream_events(2, t0=2000.0))  # no speculative decoding reported
+    ex.close()
+    spans = {s.attributes["sparseety.stream_id"]: s.attributes for s in rx.spans}
+    a = spans[1]
+    assert a["sparseety.spec.source"] == "vllm"
+    assert (a["sparseety.spec.draft_tokens"], a["sparseety.spec.accepted_tokens"]) == (9, 5)
+    assert a["sparseety.spec.steps"] == 3
+    assert a["sparseety.spec.accept_length"] == pytest.approx(1 + 5 / 3)
+    assert a["sparseety.spec.acceptance_rate"] == pytest.approx(5 / 9)
+    assert not any(k.startswith("sparseety.spec.") for k in spans[2])
+    (length,) = rx.latest("sparseety.server.spec.accept_length")
+    (rate,) = rx.latest("sparseety.server.spec.acceptance_rate")
+    assert length.attributes["sparseety.spec.source"] == "vllm"
+    assert (length.count, length.sum) == (1, pytest.approx(1 + 5 / 3))
+    assert (rate.count, rate.sum) == (1, pytest.approx(5 / 9))

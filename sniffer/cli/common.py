@@ -125,8 +125,8 @@ def tokenizer_options(f: F) -> F:
         multiple=True,
         metavar="PATTERN=SOURCE",
         help="Tokenizer for served models matching PATTERN (exact name or glob): a "
-        "directory with tokenizer.json, a tokenizer.json file or a locally cached "
-        "Hugging Face id. Repeat.",
+        "directory with tokenizer.json, a tokenizer.json file, a llama.cpp model file "
+        "(*.gguf: its embedded tokenizer) or a locally cached Hugging Face id. Repeat.",
     )(f)
 
 

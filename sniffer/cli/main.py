@@ -47,6 +47,10 @@ def _ms(a: float | None, b: float | None) -> str:
     return f"{(a - b) * 1000:.1f}"
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.0f}%"
+
+
 def _build_name() -> str:
     """Which build runs, "compiled" or "pure", without importing the hot modules."""
     from importlib.util import find_spec
@@ -396,7 +400,9 @@ def streams(
 
     \b
     Columns: id, label, state, model, path, status, choices' chunks, characters,
-    TTFT (ms from request to first content), duration (ms), finish reasons.
+    TTFT (ms from request to first content), duration (ms), spec (the share
+    of drafted tokens the server reported accepting, when it reported
+    speculative decoding: vLLM, llama.cpp, SGLang), finish reasons.
     A stream recovered mid-way (the capture began inside its response) is in
     state midway, its path shown as "(mid-way)", with no TTFT; its duration
     runs from the point where it was picked up.
@@ -426,7 +432,7 @@ def streams(
             return
         header = (
             f"{'id':>6} {'label':<9} {'state':<9} {'model':<18} {'path':<22} {'st':>3} "
-            f"{'chunks':>6} {'chars':>7} {'ttft_ms':>8} {'dur_ms':>8} finish"
+            f"{'chunks':>6} {'chars':>7} {'ttft_ms':>8} {'dur_ms':>8} {'spec':>5} finish"
         )
         click.echo(header)
         midway = 0
@@ -449,7 +455,7 @@ def streams(
                 f"{(r.get('model') or '-')[:18]:<18} {path[:22]:<22} "
                 f"{r.get('status') or '-':>3} {r.get('chunk_count') or 0:>6} "
                 f"{r.get('text_len') or 0:>7} "
-                f"{ttft:>8} {dur:>8} {finish}"
+                f"{ttft:>8} {dur:>8} {_pct(r.get('spec_accept_rate')):>5} {finish}"
             )
         if clock:
             click.echo(
@@ -480,6 +486,7 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool, node: str | None) ->
       sparseety show 12 --db sparseety.db
     """
     from sniffer.core.events import FLAG_TEXT, stream_flags
+    from sniffer.reports.cadence import stream_lines
     from sniffer.store.queries import get_stream
 
     with library_errors():
@@ -520,6 +527,8 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool, node: str | None) ->
         f"  {s.get('chunk_count')} text chunks, {s.get('event_count')} events, "
         f"{s.get('text_len')} characters, usage={s.get('usage')}"
     )
+    for line in stream_lines(s, chunks):
+        click.echo(f"  {line}")
     if s.get("error"):
         click.echo(f"  error: {s['error']}")
     for e in errors:

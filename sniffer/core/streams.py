@@ -66,6 +66,7 @@ from sniffer.llm.dialects.base import (
     Delta,
     Dialect,
 )
+from sniffer.llm.dialects.openai import server_stats
 from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage, scan_request
 
 #: Gap reason of a stream adopted from a checkpoint taken inside an item.
@@ -1266,9 +1267,12 @@ def _checkpoint_usage(value: Any) -> Usage | None:
         except (ValueError, RecursionError):
             return None
     try:
-        return Usage.parse(value)
+        usage = Usage.parse(value)
     except ValueError:
         return None
+    # the server's speculative-decoding figures and timings travel in the
+    # usage JSON; the restored usage reads them again, as the dialect did
+    return None if usage is None else server_stats(usage)
 
 
 def _model_of(item: str) -> str | None:

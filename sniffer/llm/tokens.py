@@ -17,7 +17,9 @@ Purity: everything here is sans-IO (no socket, no clock, no logging) with ONE
 exception: :class:`TokenizerRegistry` reads tokenizer files from local disk
 (``tokenizer.json``, ``tokenizer_config.json``, the Hugging Face cache) the
 first time a tokenizer is needed, and caches the result. It never downloads:
-Hugging Face ids are resolved with ``local_files_only=True``.
+Hugging Face ids are resolved with ``local_files_only=True``. A GGUF model
+file's tokenizer is converted once and the result written to a cache folder
+(:func:`gguf_cache_dir`), the only file this module writes.
 
 Per-chunk attribution is incremental in effect but not in cost: each choice's
 full text is encoded once with character offsets, and every token goes to the
@@ -64,8 +66,10 @@ from __future__ import annotations
 import fnmatch
 import functools
 import gc
+import hashlib
 import importlib.util
 import json
+import os
 import re
 import threading
 from bisect import bisect_left, bisect_right
@@ -84,6 +88,7 @@ from sniffer.llm.values import TOKEN_ID_RANGE, Usage, in_range
 
 __all__ = [
     "DEFAULT_NAME",
+    "GGUF_SUFFIX",
     "MAX_ANOMALIES_PER_KIND",
     "Anomaly",
     "ChoiceChunks",
@@ -101,12 +106,17 @@ __all__ = [
     "analyze_streams",
     "attribute_chunks",
     "default_tokenizer_dir",
+    "gguf_cache_dir",
     "parse_server_tokens",
     "prompt_method",
 ]
 
 #: Name recorded on streams whose model has no configured tokenizer.
 DEFAULT_NAME = "default:deepseek-v4"
+
+#: A tokenizer source whose name ends so is a GGUF model file (llama.cpp): its
+#: embedded tokenizer is loaded (:func:`_load_gguf`).
+GGUF_SUFFIX = ".gguf"
 
 #: Cap on listed anomalies per (kind, choice) in one stream.
 MAX_ANOMALIES_PER_KIND = 32
@@ -159,7 +169,8 @@ class TokenizerSpec:
 
     ``source`` is a directory holding ``tokenizer.json`` (and optionally
     ``tokenizer_config.json`` with a chat template), a path to a
-    ``tokenizer.json`` file, or a Hugging Face model id found in the local cache.
+    ``tokenizer.json`` file, a GGUF model file (``*.gguf``, llama.cpp: the
+    tokenizer embedded in it), or a Hugging Face model id found in the local cache.
     """
 
     pattern: str
@@ -499,7 +510,7 @@ class TokenizerRegistry:
         if got is not None:
             return got.name, got.has_chat_template
         path = Path(source).expanduser()
-        if path.is_file():
+        if path.is_file() and path.suffix.lower() != GGUF_SUFFIX:
             return name, path.name == "tokenizer.json" and _has_chat_template(path.parent)
         if path.is_dir() and (path / "tokenizer.json").is_file():
             return name, _has_chat_template(path)
@@ -540,6 +551,8 @@ class TokenizerRegistry:
 
 def _load(source: str, name: str) -> LoadedTokenizer:
     path = Path(source).expanduser()
+    if path.is_file() and path.suffix.lower() == GGUF_SUFFIX:
+        return _load_gguf(path, name)
     if path.is_file():
         return _load_file(path, name)
     if path.is_dir():
@@ -586,6 +599,66 @@ def _load_dir(path: Path, name: str) -> LoadedTokenizer:
     backend = getattr(hf, "backend_tokenizer", None)
     if not isinstance(backend, Tokenizer):
         raise TokenizerLoadError(f"tokenizer {str(path)!r}: no fast tokenizer available")
+    return LoadedTokenizer(name, backend, chat)
+
+
+def gguf_cache_dir() -> Path:
+    """Where the tokenizers converted from GGUF files are kept:
+    ``$XDG_CACHE_HOME/sparseety/gguf-tokenizers`` (``~/.cache/…`` without it)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sparseety" / "gguf-tokenizers"
+
+
+def _gguf_cache_key(path: Path) -> str:
+    """The file's identity: its resolved path, size and modification time."""
+    st = path.stat()
+    ident = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}"
+    return hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _load_gguf(path: Path, name: str) -> LoadedTokenizer:
+    """The tokenizer embedded in a GGUF file (llama.cpp's model format): its
+    metadata (``tokenizer.ggml.*``, and ``tokenizer.chat_template`` when the
+    file has one) read by transformers with the ``gguf`` package, as the fast
+    tokenizer transformers builds from it.
+
+    The conversion reads every vocabulary entry through ``gguf``'s reader
+    (~40 s of CPU for Gemma 3's 262,144 entries), so its result — the
+    transformers tokenizer saved with ``save_pretrained`` — is kept in
+    :func:`gguf_cache_dir` under the file's identity (path, size, mtime) and
+    loaded from there the next time (as a folder with ``tokenizer.json``). A
+    cache that cannot be written is skipped."""
+    try:
+        key = _gguf_cache_key(path)
+    except OSError as exc:
+        raise TokenizerLoadError(f"tokenizer {str(path)!r}: cannot read: {exc}") from exc
+    cached = gguf_cache_dir() / key
+    if (cached / "tokenizer.json").is_file():
+        try:
+            return _load_dir(cached, name)
+        except TokenizerLoadError:
+            pass  # a damaged cache entry: convert again
+    try:
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:
+        raise TokenizerLoadError(
+            f"tokenizer {str(path)!r}: transformers cannot read the tokenizer of this GGUF "
+            f"file (needs the gguf package): {type(exc).__name__}: {exc}"
+        ) from exc
+    from tokenizers import Tokenizer
+
+    backend = getattr(hf, "backend_tokenizer", None)
+    if not isinstance(backend, Tokenizer):
+        raise TokenizerLoadError(f"tokenizer {str(path)!r}: no fast tokenizer in this GGUF file")
+    chat = hf if getattr(hf, "chat_template", None) else None
+    try:
+        tmp = cached.with_name(f"{key}.tmp-{os.getpid()}")
+        hf.save_pretrained(str(tmp))
+        os.replace(tmp, cached)
+    except OSError:
+        pass  # no cache: the next load converts again
     return LoadedTokenizer(name, backend, chat)
 
 

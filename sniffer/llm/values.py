@@ -9,6 +9,9 @@ back into JSON.
   the usage object as the server sent it (``raw``) for the store.
 * :class:`RequestSummary`: the request parameters the store and the exporters
   use, coerced from untrusted JSON once.
+* :class:`SpecDecode` and :class:`ServerTimings`: what a server reports about
+  one request's speculative decoding and its own prompt/generation times
+  (vLLM, llama.cpp, SGLang), carried on :class:`Usage`.
 
 "Not an LLM stream" is ``StreamOpened.dialect is None``; the output kinds are
 ``sniffer.llm.dialects.base.OUTPUT_KINDS``.
@@ -36,6 +39,8 @@ __all__ = [
     "UNREAD",
     "OutOfRange",
     "RequestSummary",
+    "ServerTimings",
+    "SpecDecode",
     "Usage",
     "as_bool",
     "as_float",
@@ -219,6 +224,78 @@ def _too_deep(value: Any) -> bool:
     return False
 
 
+# ---------------------------------------------------------------------------
+# server-reported speculative decoding and timings
+# ---------------------------------------------------------------------------
+
+#: The servers whose per-request speculative-decoding figures are read.
+SPEC_SOURCES = ("vllm", "llama.cpp", "sglang")
+#: Histogram buckets of the per-request figures (Prometheus and OTLP): mean
+#: tokens per verification step, and accepted / drafted.
+ACCEPT_LENGTH_BUCKETS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 11.0, 16.0)
+ACCEPTANCE_RATE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDecode:
+    """One request's speculative decoding, as the server reported it.
+
+    ``draft_tokens`` the drafter proposed, ``accepted_tokens`` of them the
+    target model accepted, ``steps`` verification steps (vLLM
+    ``num_spec_steps``, SGLang ``spec_verify_ct``; llama.cpp does not say),
+    ``accept_length`` the mean tokens one step produced (1 + accepted / steps:
+    vLLM ``mean_acceptance_length``, SGLang ``spec_accept_length``),
+    ``acceptance_rate`` accepted / drafted, ``histogram`` the steps that
+    accepted 0, 1, 2, … drafted tokens (vLLM ``acceptance_histogram``).
+    Each is None (or empty) when the server did not send it, or sent a value
+    outside its range: those fields are named in ``rejected``.
+    """
+
+    source: str
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
+    steps: int | None = None
+    accept_length: float | None = None
+    acceptance_rate: float | None = None
+    histogram: tuple[int, ...] = ()
+    rejected: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as JSON values (the store's and the reports' view)."""
+        return {
+            "source": self.source,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "steps": self.steps,
+            "accept_length": self.accept_length,
+            "acceptance_rate": self.acceptance_rate,
+            "histogram": list(self.histogram),
+            "rejected": list(self.rejected),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTimings:
+    """llama.cpp's own account of a request (``timings``): prompt tokens
+    evaluated and the milliseconds it took, tokens generated and theirs.
+    Out-of-range values are None and named in ``rejected``."""
+
+    prompt_n: int | None = None
+    prompt_ms: float | None = None
+    predicted_n: int | None = None
+    predicted_ms: float | None = None
+    rejected: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_n": self.prompt_n,
+            "prompt_ms": self.prompt_ms,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": self.predicted_ms,
+            "rejected": list(self.rejected),
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     """A server-reported usage block, parsed once (:meth:`parse`).
@@ -244,6 +321,10 @@ class Usage:
     total_tokens: int | None = None
     prompt_key: str | None = None
     completion_key: str | None = None
+    #: what the server reported about speculative decoding and its timings
+    #: (set by the OpenAI dialect from ``timings``, ``metrics``, ``meta_info``)
+    speculative: SpecDecode | None = None
+    timings: ServerTimings | None = None
 
     @classmethod
     def parse(cls, obj: Any) -> Usage | None:

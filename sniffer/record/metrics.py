@@ -55,6 +55,13 @@ sparseety_output_tokens_total                   counter     output tokens (our t
 sparseety_prompt_tokens_total                   counter     prompt tokens (our tokenizer)
 sparseety_server_usage_tokens_total             counter     tokens the server reported in
                                                             ``usage``, ``type`` prompt|completion
+sparseety_server_spec_draft_tokens_total        counter     draft tokens the server reported
+                                                            proposing (speculative decoding),
+                                                            by ``source`` vllm|llama.cpp|sglang
+sparseety_server_spec_accepted_tokens_total     counter     of them, accepted (acceptance rate:
+                                                            the ratio of the two rates)
+sparseety_server_spec_accept_length             histogram   mean tokens per verification step
+                                                            the server reported, per stream
 sparseety_chunk_anomalies_total                 counter     token-layer anomalies by ``kind``
 sparseety_parse_errors_total                    counter     recorded pipeline errors by
                                                             ``stage`` (no label/model)
@@ -115,6 +122,7 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.llm.dialects.base import OUTPUT_KINDS
+from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, SpecDecode
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464
@@ -568,6 +576,28 @@ class Metrics:
             registry=r,
             lock=self._lock,
         )
+        self.spec_draft = _Counter(
+            "sparseety_server_spec_draft_tokens",
+            "Draft tokens the server reported proposing (speculative decoding), by source.",
+            (*lm, "source"),
+            registry=r,
+            lock=self._lock,
+        )
+        self.spec_accepted = _Counter(
+            "sparseety_server_spec_accepted_tokens",
+            "Draft tokens the server reported accepting (speculative decoding), by source.",
+            (*lm, "source"),
+            registry=r,
+            lock=self._lock,
+        )
+        self.spec_accept_length = _Histogram(
+            "sparseety_server_spec_accept_length",
+            "Mean tokens per verification step the server reported, per stream.",
+            (*lm, "source"),
+            registry=r,
+            buckets=ACCEPT_LENGTH_BUCKETS,
+            lock=self._lock,
+        )
         self.anomalies = _Counter(
             "sparseety_chunk_anomalies",
             "Token-layer anomalies by kind (straddle, replacement_char, usage_mismatch, ...).",
@@ -754,6 +784,9 @@ class Metrics:
             self._child(self.server_usage, *keys, "prompt").inc(prompt)
         if completion:
             self._child(self.server_usage, *keys, "completion").inc(completion)
+        spec = usage.speculative if usage is not None else None
+        if spec is not None:
+            self._spec(keys, spec)
         if len(self._closed) >= MAX_RECENT_CLOSED:
             self._closed.popitem(last=False)
         self._closed[ev.stream] = _Closed(
@@ -762,6 +795,15 @@ class Metrics:
             s.t_first_output if s is not None else ev.t_first_content,
             s.t_last_output if s is not None else ev.t_last_chunk,
         )
+
+    def _spec(self, keys: tuple[str, str], spec: SpecDecode) -> None:
+        """The server-reported speculative decoding of one closed stream."""
+        if spec.draft_tokens is not None:
+            self._child(self.spec_draft, *keys, spec.source).inc(spec.draft_tokens)
+        if spec.accepted_tokens is not None:
+            self._child(self.spec_accepted, *keys, spec.source).inc(spec.accepted_tokens)
+        if spec.accept_length is not None:
+            self._child(self.spec_accept_length, *keys, spec.source).observe(spec.accept_length)
 
     # ------------------------------------------------------------- tokens
 

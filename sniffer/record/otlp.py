@@ -53,6 +53,7 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.llm.dialects.base import OUTPUT_KINDS
+from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, ACCEPTANCE_RATE_BUCKETS, SpecDecode
 
 if TYPE_CHECKING:
     from sniffer.record.metrics import Metrics
@@ -224,6 +225,8 @@ class StreamRecord:
     finish_reasons: tuple[str, ...] = ()
     usage_input: int | None = None
     usage_output: int | None = None
+    #: the server-reported speculative decoding (vLLM, llama.cpp, SGLang)
+    speculative: SpecDecode | None = None
     response_id: str | None = None
     response_model: str | None = None
     error: str | None = None
@@ -340,8 +343,10 @@ def _close(r: StreamRecord, ev: StreamClosed) -> None:
     r.finish_reasons = tuple(f for _, f in sorted(ev.finish_reasons))
     if ev.usage is not None:
         r.usage_input, r.usage_output = ev.usage.prompt_tokens, ev.usage.completion_tokens
+        r.speculative = ev.usage.speculative
     else:
         r.usage_input = r.usage_output = None
+        r.speculative = None
     r.error = ev.error
     r.response_id = ev.response_id
     r.response_model = ev.response_model
@@ -403,6 +408,25 @@ def span_attributes(r: StreamRecord, node: str) -> dict[str, Any]:
         a["sparseety.tokens_per_chunk.mean"] = sum(r.tokens_per_chunk) / len(r.tokens_per_chunk)
     if r.status is not None:
         a["http.response.status_code"] = r.status
+    a.update(spec_attributes(r.speculative))
+    return a
+
+
+def spec_attributes(spec: SpecDecode | None) -> dict[str, Any]:
+    """The server-reported speculative decoding as span attributes
+    (``sparseety.spec.*``); none when the server reported nothing."""
+    if spec is None:
+        return {}
+    a: dict[str, Any] = {"sparseety.spec.source": spec.source}
+    for name, value in (
+        ("draft_tokens", spec.draft_tokens),
+        ("accepted_tokens", spec.accepted_tokens),
+        ("steps", spec.steps),
+        ("accept_length", spec.accept_length),
+        ("acceptance_rate", spec.acceptance_rate),
+    ):
+        if value is not None:
+            a[f"sparseety.spec.{name}"] = value
     return a
 
 
@@ -705,6 +729,20 @@ class _Sdk:
             description="Number of input and output tokens used.",
             explicit_bucket_boundaries_advisory=list(TOKEN_BUCKETS),
         )
+        self.spec_accept_length = meter.create_histogram(
+            "sparseety.server.spec.accept_length",
+            unit="{token}",
+            description="Mean tokens per speculative-decoding verification step, as the "
+            "server reported it, per request.",
+            explicit_bucket_boundaries_advisory=list(ACCEPT_LENGTH_BUCKETS),
+        )
+        self.spec_acceptance = meter.create_histogram(
+            "sparseety.server.spec.acceptance_rate",
+            unit="1",
+            description="Drafted tokens the server accepted, as a fraction of those it "
+            "drafted, per request.",
+            explicit_bucket_boundaries_advisory=list(ACCEPTANCE_RATE_BUCKETS),
+        )
         self._owner = owner
 
     def emit(self, records: list[StreamRecord]) -> None:
@@ -767,6 +805,13 @@ class _Sdk:
             self.usage.record(inp, {**a, "gen_ai.token.type": "input"})
         if outp is not None:
             self.usage.record(outp, {**a, "gen_ai.token.type": "output"})
+        spec = r.speculative
+        if spec is not None:
+            sa = {**a, "sparseety.spec.source": spec.source}
+            if spec.accept_length is not None:
+                self.spec_accept_length.record(spec.accept_length, sa)
+            if spec.acceptance_rate is not None:
+                self.spec_acceptance.record(spec.acceptance_rate, sa)
 
     def shutdown(self) -> None:
         timeout_ms = int((self._options.timeout + 1.0) * 1000)

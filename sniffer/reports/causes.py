@@ -18,6 +18,12 @@ the modal variant in ``stats`` — and the *other* side), :func:`classify` says:
   seen from the other side). Without alternatives, the chosen token's own
   log-probability still bounds every other token: ``log(1 − p)``; a chosen
   token more than ``margin`` above that bound makes the fork substantive;
+* ``sampler_adjusted`` — instead of ``substantive`` when a side chose, at the
+  fork, a token its own raw logprobs put more than ``margin`` below the other
+  side's token: its sampler is adjusted (the chosen token is not the top-1 of
+  its raw logprobs; llama-cpp-python applies repeat_penalty 1.1 at
+  temperature 0), so the fork is the sampler's and the raw margins prove no
+  model change;
 * ``unknown`` — the evidence is missing (no logprobs at the fork, or too few
   to decide).
 
@@ -43,9 +49,11 @@ from sniffer.reports.stats import Output
 __all__ = [
     "CAUSES",
     "DEFAULT_NEAR_TIE_MARGIN",
+    "SAMPLER_TOLERANCE",
     "Cause",
     "classify",
     "distribution",
+    "sampler_adjusted",
 ]
 
 #: Every class, in the order reports list them.
@@ -55,10 +63,30 @@ CAUSES = (
     "substantive",
     "length_only",
     "finish_only",
+    "sampler_adjusted",
     "unknown",
 )
 #: Default margin (nats) between the two chosen tokens' log-probabilities for a near tie.
 DEFAULT_NEAR_TIE_MARGIN = 0.5
+#: A listed alternative more than this (nats) above the chosen token makes the
+#: chosen token not the top-1 of the raw logprobs (the sampler was adjusted).
+SAMPLER_TOLERANCE = 1e-4
+
+
+def sampler_adjusted(lps: Sequence[TokenLogprob] | None) -> int:
+    """Positions of an output where the chosen token is not the top-1 of its own
+    raw logprobs (another listed alternative is more likely): a sampler that
+    is not plain greedy on those logprobs (repetition penalties, top-k/min-p
+    after a penalty)."""
+    if not lps:
+        return 0
+    n = 0
+    for t in lps:
+        if t.logprob is None:
+            continue
+        if any(a.key != t.key and a.logprob > t.logprob + SAMPLER_TOLERANCE for a in t.top):
+            n += 1
+    return n
 
 
 @dataclass(slots=True)
@@ -179,6 +207,19 @@ def classify(
     if "near_tie" in verdicts:
         return Cause("near_tie", ev)
     if "substantive" in verdicts:
+        adjusted = {"reference": sampler_adjusted(bl), "other": sampler_adjusted(cl)}
+        against = [
+            name
+            for name, v in views.items()
+            # this side chose against its own raw logprobs at the fork, by more
+            # than the margin, on a sampler that is adjusted: the fork is the
+            # sampler's (penalties), the raw margins are not what it chose by
+            if adjusted[name] and v.get("gap") is not None and v["gap"] < -margin
+        ]
+        if against:
+            ev["sampler_adjusted_positions"] = {k: n for k, n in adjusted.items() if n}
+            ev["chose_against_raw_logprobs"] = against
+            return Cause("sampler_adjusted", ev)
         return Cause("substantive", ev)
     ev["why"] = "no logprobs at the fork" if not views else "logprobs too few to decide"
     return Cause("unknown", ev)

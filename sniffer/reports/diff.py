@@ -65,13 +65,16 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from sqlalchemy import Engine
 
 from sniffer.llm.reference import ReferenceModel, ScoreJob
 from sniffer.llm.tokens import TokenizerRegistry
+from sniffer.llm.values import SpecDecode
 from sniffer.reports.align import common_prefix, edit_distance, edit_ratio
+from sniffer.reports.cadence import Cadence, describe_side, summarize
 from sniffer.reports.causes import CAUSES, DEFAULT_NEAR_TIE_MARGIN, classify, distribution
 from sniffer.reports.stats import Output, load_outputs
 
@@ -79,6 +82,7 @@ __all__ = [
     "GATE_METRICS",
     "MAX_PAIRS_PER_PROMPT",
     "PAIRINGS",
+    "SPECULATION_METRICS",
     "DiffReport",
     "Gate",
     "GateError",
@@ -103,6 +107,18 @@ CONTEXT_CHARS = 120
 MAX_SPANS = 200
 #: Characters of text given per span and side.
 SPAN_TEXT = 200
+
+#: Per-side speculative-decoding figures a gate may name, as
+#: ``baseline_NAME`` / ``candidate_NAME`` (see sniffer.reports.cadence.summarize):
+#: the share of outputs whose cadence is bursty, the estimated tokens per
+#: verification step, and what the server reported: accepted / drafted tokens
+#: and the mean tokens per step.
+SPECULATION_METRICS = (
+    "bursty_ratio",
+    "tokens_per_step_p50",
+    "spec_acceptance_rate",
+    "spec_accept_length",
+)
 
 #: Summary metrics a gate may name (all numbers; some may be undefined).
 GATE_METRICS = (
@@ -148,6 +164,7 @@ GATE_METRICS = (
     *(f"{c}_ratio" for c in CAUSES),
     "reference_scored_pairs",
     "candidate_preferred_at_fork_ratio",
+    *(f"{side}_{m}" for side in ("baseline", "candidate") for m in SPECULATION_METRICS),
 )
 
 #: Why a metric can have no value (the "no evidence" reason of a gate on it).
@@ -164,6 +181,16 @@ _UNDEFINED_WHY = {
     "sampled_out_ratio": "neither label has a stream",
     "reference_scored_pairs": "no --reference-model",
     "candidate_preferred_at_fork_ratio": "no pair scored by a --reference-model",
+    **{
+        f"{side}_{m}": why
+        for side in ("baseline", "candidate")
+        for m, why in (
+            ("bursty_ratio", "no output of that side has enough chunks for a cadence"),
+            ("tokens_per_step_p50", "no output of that side has enough chunks for a cadence"),
+            ("spec_acceptance_rate", "that side's server reported no speculative decoding"),
+            ("spec_accept_length", "that side's server reported no accept length"),
+        )
+    },
     **{
         f"{c}_ratio": "the cause of some diverged pairs is unknown (no logprobs at the fork)"
         for c in CAUSES
@@ -248,9 +275,16 @@ class SideStats:
     sampled_out: int = 0  # of which the text was sampled out
     clock_backwards: int = 0  # outputs whose timings are left out (flagged clock-backwards)
 
+    #: (cadence, server-reported speculative decoding) of each output
+    speculation: list[tuple[Cadence | None, SpecDecode | None]] = field(default_factory=list)
+    gaps_ms: list[float] = field(default_factory=list)  # every gap between text chunks
+
     def add(self, o: Output) -> None:
         self.outputs += 1
         self.clock_backwards += o.clock_backwards
+        self.speculation.append((o.cadence, o.speculative))
+        times = o.chunk_times
+        self.gaps_ms.extend(max(0.0, b - a) * 1000.0 for a, b in pairwise(times))
         if o.ttft is not None:
             self.ttft_ms.append(o.ttft * 1000.0)
         if o.itl is not None:
@@ -276,7 +310,11 @@ class SideStats:
             "itl_ms": _dist(self.itl_ms),
             "tokens_per_chunk_mean": self.tokens_per_chunk_mean(),
             "tokens_per_chunk": {str(k): v for k, v in sorted(self.tokens_per_chunk.items())},
+            "speculation": self.speculation_summary(),
         }
+
+    def speculation_summary(self) -> dict[str, Any]:
+        return summarize(self.speculation)
 
 
 def _dist(values: Sequence[float]) -> dict[str, float | int | None]:
@@ -720,6 +758,14 @@ def _summary(
         "baseline_sampled_out": b.sampled_out,
         "candidate_sampled_out": c.sampled_out,
         "sampled_out_ratio": (b.sampled_out + c.sampled_out) / streams if streams else None,
+        **{
+            f"{tag}_{m}": spec[m]
+            for tag, spec in (
+                ("baseline", b.speculation_summary()),
+                ("candidate", c.speculation_summary()),
+            )
+            for m in SPECULATION_METRICS
+        },
     }
 
 
@@ -1112,6 +1158,14 @@ def cause_words(pr: PairResult, baseline: str, candidate: str) -> str:
         words.append(f"finish {pr.baseline_finish or '-'} vs {pr.candidate_finish or '-'}")
     if pr.cause == "retokenization_only":
         words.append("same text, other token ids")
+    if pr.cause == "sampler_adjusted":
+        adj = ev.get("sampler_adjusted_positions") or {}
+        sides = {"reference": baseline, "other": candidate}
+        words.append(
+            "the raw logprobs favour the other token, but the sampler is adjusted ("
+            + ", ".join(f"{sides.get(k, k)}: {n} tokens not its own top-1" for k, n in adj.items())
+            + "): not substantive"
+        )
     if ev.get("why"):
         words.append(ev["why"])
     return "; ".join(words)
@@ -1290,6 +1344,8 @@ def format_diff(
                 else ""
             )
         )
+    for side, tag in ((report.baseline_side, "baseline"), (report.candidate_side, "candidate")):
+        lines.append(f"{tag:<9} {side.label}: {describe_side(side.speculation_summary())}")
     lines.append(
         f"ratios (candidate/baseline): TTFT {_f(s['ttft_ratio'])}, ITL {_f(s['itl_ratio'])}, "
         f"tokens/chunk {_f(s['tokens_per_chunk_ratio'])}"

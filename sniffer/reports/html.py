@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+from sniffer.reports.cadence import describe_side, gap_histogram
 from sniffer.reports.causes import CAUSES
 from sniffer.reports.diff import DiffReport, GateResult, PairResult, cause_words, verdict
 from sniffer.reports.stats import StatsReport
@@ -245,6 +246,61 @@ def _tpc(report: DiffReport) -> str:
     return "".join(out)
 
 
+def _gaps(report: DiffReport) -> str:
+    """Every gap between consecutive text chunks, per side, in log-spaced bins
+    (share of the side's gaps): a speculative server that streams the tokens of
+    one verification step back to back shows two modes, a steady one one."""
+    sides = (
+        (report.baseline, BASE_COLOUR, report.baseline_side),
+        (report.candidate, CAND_COLOUR, report.candidate_side),
+    )
+    title = "Inter-chunk gaps (every gap between text chunks, log-spaced bins)"
+    if not any(side.gaps_ms for _, _, side in sides):
+        return f"<h3>{escape(title)}</h3><p>No data.</p>"
+    hists = [gap_histogram(side.gaps_ms) for _, _, side in sides]
+    n_bins = len(hists[0])
+    w, h, left = 600, 160, 56
+    bw = w / n_bins
+    legend = "".join(
+        f"<span style='background:{colour}'></span>{escape(name)}: {len(side.gaps_ms)} gaps, "
+        f"{escape(describe_side(side.speculation_summary()))}<br>"
+        for name, colour, side in sides
+    )
+    out = [
+        f"<h3>{escape(title)}</h3><p class='legend'>{legend}</p>",
+        f'<svg width="{w + left + 20}" height="{h + 52}" role="img" aria-label="inter-chunk gaps">',
+        '<g transform="translate(0,12)">',
+    ]
+    for j, ((name, colour, side), hist) in enumerate(zip(sides, hists, strict=True)):
+        total = len(side.gaps_ms) or 1
+        for i, (lo, hi, n) in enumerate(hist):
+            share = n / total
+            bh = share * h
+            x = left + i * bw + j * bw / 2
+            upper = f"{hi:g}" if hi is not None else "∞"
+            out.append(
+                f'<rect x="{x:.1f}" y="{h - bh:.1f}" width="{bw / 2 - 1:.1f}" height="{bh:.1f}" '
+                f'fill="{colour}"><title>{escape(name)}: {n} gaps of {lo:g}–{upper} ms '
+                f"({share:.1%})</title></rect>"
+            )
+    for i, (lo, _, _) in enumerate(hists[0]):
+        out.append(f'<text x="{left + i * bw:.1f}" y="{h + 14}" text-anchor="middle">{lo:g}</text>')
+    out.append(f'<line x1="{left}" y1="{h}" x2="{left + w}" y2="{h}" stroke="#555"/>')
+    out.append(f'<line x1="{left}" y1="0" x2="{left}" y2="{h}" stroke="#555"/>')
+    for pct in (0, 25, 50, 75, 100):
+        y = h - pct / 100 * h
+        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{pct}%</text>')
+    out.append(
+        f'<text x="12" y="{h / 2:.0f}" transform="rotate(-90 12 {h / 2:.0f})" '
+        'text-anchor="middle">share of gaps</text>'
+    )
+    out.append(
+        f'<text x="{left + w / 2:.0f}" y="{h + 32}" text-anchor="middle">gap from (ms)</text>'
+    )
+    out.append("</g></svg>")
+    return "".join(out)
+
+
 def _verdict(gates: Sequence[GateResult]) -> list[str]:
     v = verdict(gates)
     if v is None:
@@ -369,6 +425,7 @@ CAUSE_COLOURS = {
     "substantive": "#c0392b",
     "length_only": "#e0b84d",
     "finish_only": "#c9a0dc",
+    "sampler_adjusted": "#e3904f",
     "unknown": "#9a9a9a",
 }
 #: Tokens drawn per side in a surprisal strip.
@@ -572,6 +629,7 @@ def diff_html(report: DiffReport, gates: Sequence[GateResult] = ()) -> str:
             [(report.baseline, BASE_COLOUR, bs.itl_ms), (report.candidate, CAND_COLOUR, cs.itl_ms)],
         )
     )
+    parts.append(_gaps(report))
     parts.append(_tpc(report))
     parts.append(
         "<h2>Prompts</h2><table><tr><th>fingerprint</th><th>prompt</th><th>model</th>"

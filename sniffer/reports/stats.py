@@ -69,7 +69,9 @@ from sniffer.core.events import StreamFlag, stream_flags
 from sniffer.llm.fingerprint import fingerprint
 from sniffer.llm.logprobs import TokenLogprob, output_logprobs
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
+from sniffer.llm.values import SpecDecode
 from sniffer.reports.align import longest_common_prefix
+from sniffer.reports.cadence import Cadence, cadence, describe_side, spec_of_row, summarize
 from sniffer.store import queries
 from sniffer.store.lite import SqliteFile
 
@@ -135,6 +137,11 @@ class Output:
     request_json: str | None = field(default=None, repr=False)  # the request body
     cause: str | None = None  # stats: why this variant differs from the modal one
     clock_backwards: bool = False  # flagged: its timings are left out (ttft, itl None)
+    chunk_times: tuple[float, ...] = field(default=(), repr=False)  # capture time per text chunk
+    #: what the server reported about speculative decoding (streams.spec_*)
+    speculative: SpecDecode | None = None
+    #: speculative decoding read from the chunk times (sniffer.reports.cadence)
+    cadence: Cadence | None = None
 
     @property
     def complete(self) -> bool:
@@ -276,6 +283,7 @@ def build_outputs(
         else:
             choices = sorted(set(by_choice) | set(finish)) or [0]
             plan = [(ch, by_choice.get(ch, []), finish.get(ch)) for ch in choices]
+        spec = spec_of_row(row)
         t_req = row.get("t_request")
         t_first = row.get("t_first_content")
         clock = StreamFlag.CLOCK_BACKWARDS in stream_flags(row.get("flags"))
@@ -315,6 +323,8 @@ def build_outputs(
                 logprobs=logprobs,
                 request_json=row.get("request_json"),
                 clock_backwards=clock,
+                chunk_times=tuple(t for _, t in pieces if t is not None),
+                speculative=spec,
             )
             pending.append((out, pieces))
 
@@ -359,7 +369,33 @@ def build_outputs(
                 and not out.clock_backwards
             ):
                 out.itl = (t1 - t0) / after_first
+    for out, _ in pending:
+        times = out.chunk_times
+        if out.text_kept and times:
+            out.cadence = cadence(times, _cadence_tokens(out, registry))
     return [p[0] for p in pending]
+
+
+def _cadence_tokens(out: Output, registry: TokenizerRegistry) -> list[int] | None:
+    """Tokens per text chunk for the cadence estimate: the server's own tokens
+    when the stream carried them, else the re-tokenized counts when the
+    model's tokenizer is configured, else None (one per chunk: what llama.cpp
+    streams; the built-in default tokenizer would miscount another model's)."""
+    n = len(out.chunk_times)
+    if len(out.chunk_ends) != n:
+        return None
+    if out.server_ids is not None and len(out.server_starts) == len(out.server_ids):
+        counts: list[int] = []
+        lo = 0
+        for end in out.chunk_ends:
+            hi = bisect_left(out.server_starts, end, lo)
+            counts.append(hi - lo)
+            lo = hi
+        counts[-1] += len(out.server_starts) - lo
+        return counts
+    if registry.match(out.model) is not None and len(out.tokens_per_chunk) == n:
+        return list(out.tokens_per_chunk)
+    return None
 
 
 def load_outputs(
@@ -538,6 +574,14 @@ def compute_stats(outputs: Sequence[Output], *, near_tie_margin: float = 0.5) ->
         )
     groups.sort(key=lambda g: (g.label or "", g.deterministic, g.prompt))
     summary = _summary(groups, singletons)
+    by_label: dict[str, list[Output]] = {}
+    for o in outputs:
+        if o.text_kept:
+            by_label.setdefault(o.label or "", []).append(o)
+    summary["speculation"] = {
+        label: summarize((o.cadence, o.speculative) for o in outs)
+        for label, outs in sorted(by_label.items())
+    }
     summary["sampled_out_outputs"] = sampled_out
     summary["variant_causes"] = distribution(all_causes)
     summary["near_tie_margin"] = near_tie_margin
@@ -701,4 +745,6 @@ def format_stats(report: StatsReport, *, show_deterministic: bool = True) -> str
             f"  {label or '-'}: {part['deterministic_groups']}/{part['groups']} deterministic "
             f"({_pct(part['deterministic_ratio'])}), {part['outputs']} outputs"
         )
+    for label, spec in (s.get("speculation") or {}).items():
+        lines.append(f"  speculation {label or '-'}: {describe_side(spec)}")
     return "\n".join(lines)

@@ -289,6 +289,13 @@ class VerifyReport:
 # ---------------------------------------------------------------------------
 
 
+#: What the ``tokenizer_default`` finding tells the user to do.
+_TOKENIZER_HINT = (
+    " (give the server's tokenizer: --tokenizer MODEL=PATH, PATH a tokenizer.json,"
+    " its folder or the served .gguf file; or the [tokenizers] config table)"
+)
+
+
 def _add_anomalies(
     v: StreamVerdict,
     anomalies: Sequence[TokenAnomalyRow],
@@ -502,7 +509,8 @@ def _verify_stream(
     if tr.is_default:
         v.add(
             "tokenizer_default",
-            f"no tokenizer configured for model {s['model']!r}; used {tr.tokenizer}",
+            f"no tokenizer configured for model {s['model']!r}; used {tr.tokenizer}"
+            f"{_TOKENIZER_HINT}",
         )
     stored = {c.choice: c for c in tr.choices}
     # tokens-capped: the token rows hold the start of each choice's text only
@@ -745,7 +753,8 @@ def _jsonl_tokens(registry: TokenizerRegistry, order: list[_JStream], tokens: bo
         if is_default:
             v.add(
                 "tokenizer_default",
-                f"no tokenizer configured for model {v.model!r}; used {res.tokenizer}",
+                f"no tokenizer configured for model {v.model!r}; used {res.tokenizer}"
+                f"{_TOKENIZER_HINT}",
             )
         # the log's own state checks already cover gap / incomplete streams
         skip = {"gap"} | ({"finish_missing"} if v.state != "complete" else set())

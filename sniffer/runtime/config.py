@@ -50,8 +50,9 @@ Layout (every key optional; the values shown are the defaults)::
     enabled = true
     default = ""                  # tokenizer when no pattern matches ("": DeepSeek-V4)
 
-    [tokenizers]                  # model (exact or glob) → dir, tokenizer.json or cached hub id
+    [tokenizers]                  # model (exact or glob) → dir, tokenizer.json, .gguf, hub id
     "deepseek-*" = "/models/deepseek/tokenizer.json"
+    "gemma-*" = "/models/gemma-3-270m-q4_k_m.gguf"
 
     [limits]                      # Content-Encoding (gzip/deflate) caps per exchange
     max_decoded_bytes = 33554432  # decoded body bytes at most (32 MiB)

@@ -107,6 +107,18 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
         "text_kept",
         "node",
         "flags",
+        "spec_source",
+        "spec_draft_tokens",
+        "spec_accepted_tokens",
+        "spec_steps",
+        "spec_accept_length",
+        "spec_accept_rate",
+        "spec_histogram",
+        "server_prompt_n",
+        "server_prompt_ms",
+        "server_predicted_n",
+        "server_predicted_ms",
+        "server_rejected",
     ),
     "chunks": (
         "id",
@@ -201,7 +213,9 @@ def _table(name: str, *lines: str) -> str:
 #: leaves it in ``sqlite_master``, statement for statement: 0001 creates the tables,
 #: 0002 appends ``node`` with ``ALTER TABLE … ADD COLUMN`` (SQLite appends the column
 #: to the stored text, hence ``label TEXT, node VARCHAR(255)`` on one line) and adds
-#: ``id_blocks``, 0003 adds ``checkpoints``, 0004 appends ``streams.flags``. A test
+#: ``id_blocks``, 0003 adds ``checkpoints``, 0004 appends ``streams.flags``, 0005 the
+#: server-reported speculative decoding and timings (``streams.spec_*``,
+#: ``streams.server_*``, appended to the same line). A test
 #: checks the text against what Alembic creates, so the two cannot drift: a new
 #: migration must change both.
 SCHEMA_DDL: tuple[str, ...] = (
@@ -275,7 +289,23 @@ SCHEMA_DDL: tuple[str, ...] = (
         "response_bytes BIGINT",
         "error TEXT",
         "closed_at FLOAT",
-        "text_kept BOOLEAN, node VARCHAR(255), flags TEXT",
+        "text_kept BOOLEAN, node VARCHAR(255), flags TEXT, "
+        + ", ".join(
+            (
+                "spec_source VARCHAR(32)",
+                "spec_draft_tokens BIGINT",
+                "spec_accepted_tokens BIGINT",
+                "spec_steps BIGINT",
+                "spec_accept_length FLOAT",
+                "spec_accept_rate FLOAT",
+                "spec_histogram TEXT",
+                "server_prompt_n BIGINT",
+                "server_prompt_ms FLOAT",
+                "server_predicted_n BIGINT",
+                "server_predicted_ms FLOAT",
+                "server_rejected TEXT",
+            )
+        ),
         "PRIMARY KEY (id)",
     ),
     "CREATE INDEX ix_streams_state ON streams (state)",
@@ -380,7 +410,7 @@ SCHEMA_DDL: tuple[str, ...] = (
 #: ``meta.schema_version`` (``models.SCHEMA_VERSION``), the id counters (one past
 #: the largest id: 1 in an empty file) and the Alembic revision stamp.
 SCHEMA_ROWS: tuple[str, ...] = (
-    "INSERT INTO meta (\"key\", value) VALUES ('schema_version', '4')",
+    "INSERT INTO meta (\"key\", value) VALUES ('schema_version', '5')",
     "INSERT INTO id_blocks (name, next_id) VALUES ('connections', 1), ('streams', 1)",
     f"INSERT INTO alembic_version (version_num) VALUES ('{REVISIONS[-1]}')",
 )

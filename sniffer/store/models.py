@@ -68,6 +68,17 @@ since the Unix epoch (UTC).
                     (``sniffer.core.events.StreamFlag``: data it dropped or could
                     not trust, odd input it kept), in the order first seen; NULL
                     when none (and in rows written before the column existed)
+    spec_*          what the server reported about speculative decoding
+                    (``sniffer.llm.values.SpecDecode``): spec_source (vllm,
+                    llama.cpp, sglang), spec_draft_tokens, spec_accepted_tokens,
+                    spec_steps (verification steps), spec_accept_length (mean
+                    tokens per step), spec_accept_rate (accepted / drafted),
+                    spec_histogram (JSON list: steps that accepted 0, 1, …
+                    drafted tokens); NULL when it reported nothing
+    server_*        the server's own timings (llama.cpp ``timings``:
+                    server_prompt_n, server_prompt_ms, server_predicted_n,
+                    server_predicted_ms) and server_rejected (JSON list of the
+                    fields above the server sent out of range)
 
 ``chunks`` — one row per streamed event per choice (or a whole non-streaming body).
 
@@ -129,7 +140,7 @@ from sqlalchemy import (
 
 from sniffer.store.lite import PLAIN_HTTP as _PLAIN_HTTP
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: ``streams.dialect`` of an exchange that is not an LLM stream (plain HTTP):
 #: the store's spelling of ``StreamOpened.dialect is None`` (defined in ``lite``,
@@ -213,6 +224,18 @@ streams = Table(
     Column("text_kept", Boolean),
     Column("node", String(255)),
     Column("flags", Text),
+    Column("spec_source", String(32)),
+    Column("spec_draft_tokens", BigInteger),
+    Column("spec_accepted_tokens", BigInteger),
+    Column("spec_steps", BigInteger),
+    Column("spec_accept_length", Float),
+    Column("spec_accept_rate", Float),
+    Column("spec_histogram", Text),
+    Column("server_prompt_n", BigInteger),
+    Column("server_prompt_ms", Float),
+    Column("server_predicted_n", BigInteger),
+    Column("server_predicted_ms", Float),
+    Column("server_rejected", Text),
     Index("ix_streams_label_model", "label", "model"),
     Index("ix_streams_t_request", "t_request"),
     Index("ix_streams_state", "state"),

@@ -390,6 +390,13 @@ OUTPUT_STREAM_COLUMNS = (
     "dialect",
     "text_kept",
     "flags",
+    "spec_source",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    "spec_steps",
+    "spec_accept_length",
+    "spec_accept_rate",
+    "spec_histogram",
 )
 
 

@@ -302,6 +302,23 @@ def _stream_row(ev: StreamOpened, node: str) -> dict[str, Any]:
     return row
 
 
+#: The columns of the server-reported speculative decoding and timings
+#: (migration 0005), filled from the stream's last usage.
+SERVER_STATS_COLUMNS = (
+    "spec_source",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    "spec_steps",
+    "spec_accept_length",
+    "spec_accept_rate",
+    "spec_histogram",
+    "server_prompt_n",
+    "server_prompt_ms",
+    "server_predicted_n",
+    "server_predicted_ms",
+    "server_rejected",
+)
+
 _RESPONSE_COLUMNS = ("status", "response_headers", "content_type", "streaming", "t_response")
 _CLOSE_COLUMNS = (
     "state",
@@ -323,6 +340,7 @@ _CLOSE_COLUMNS = (
     "error",
     "closed_at",
     "flags",
+    *SERVER_STATS_COLUMNS,
 )
 
 
@@ -336,9 +354,37 @@ def _response_values(ev: StreamResponse) -> dict[str, Any]:
     }
 
 
+_NO_SERVER_STATS: dict[str, Any] = dict.fromkeys(SERVER_STATS_COLUMNS)
+
+
+def server_stats_values(usage: Usage | None) -> dict[str, Any]:
+    """The ``spec_*`` and ``server_*`` column values of a stream's usage."""
+    if usage is None or (usage.speculative is None and usage.timings is None):
+        return _NO_SERVER_STATS
+    sd, t = usage.speculative, usage.timings
+    rejected = (sd.rejected if sd is not None else ()) + (t.rejected if t is not None else ())
+    return {
+        "spec_source": sd.source if sd is not None else None,
+        "spec_draft_tokens": sd.draft_tokens if sd is not None else None,
+        "spec_accepted_tokens": sd.accepted_tokens if sd is not None else None,
+        "spec_steps": sd.steps if sd is not None else None,
+        "spec_accept_length": sd.accept_length if sd is not None else None,
+        "spec_accept_rate": sd.acceptance_rate if sd is not None else None,
+        "spec_histogram": json.dumps(list(sd.histogram))
+        if sd is not None and sd.histogram
+        else None,
+        "server_prompt_n": t.prompt_n if t is not None else None,
+        "server_prompt_ms": t.prompt_ms if t is not None else None,
+        "server_predicted_n": t.predicted_n if t is not None else None,
+        "server_predicted_ms": t.predicted_ms if t is not None else None,
+        "server_rejected": json.dumps(list(rejected)) if rejected else None,
+    }
+
+
 def _close_values(ev: StreamClosed) -> dict[str, Any]:
     usage = ev.usage
     return {
+        **server_stats_values(usage),
         "state": ev.state.value if hasattr(ev.state, "value") else str(ev.state),
         "reason": ev.reason,
         "done_seen": ev.done_seen,

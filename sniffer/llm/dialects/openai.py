@@ -16,7 +16,13 @@ Wire shapes handled (all seen from real servers):
 * llama.cpp's ``timings`` object (on the last chunk, or on every chunk with
   ``timings_per_token``) is kept in the usage JSON under ``"timings"``
   (``{"timings": {...}}`` when the chunk has no usage), so it travels with the
-  delta the usage goes to;
+  delta the usage goes to; so is vLLM's per-request ``metrics`` object
+  (``--per-request-spec-decode-metrics``: ``metrics.speculative_decoding`` on
+  the final chunk or in the body) and the ``spec_*`` fields of SGLang's
+  ``meta_info`` (top level, or per choice in a non-streamed body with
+  ``return_meta_info``). :func:`server_stats` reads them into the usage's
+  typed :class:`~sniffer.llm.values.SpecDecode` and
+  :class:`~sniffer.llm.values.ServerTimings`, every number range-checked;
 * ``data: [DONE]`` → DONE; ``{"error": {...}}``, ``{"error": "text"}`` or a flat
   ``{"object": "error", "message": ...}`` (older vLLM) → ERROR;
 * broken JSON or a wrong shape → INVALID with the raw text; never an exception.
@@ -29,6 +35,7 @@ Each item's JSON is parsed once and only the fields present are re-serialised.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from json import loads as _json_loads
 from typing import Any
 
@@ -54,9 +61,17 @@ from sniffer.llm.dialects.base import (
     USAGE,
     Delta,
 )
-from sniffer.llm.values import INDEX_MAX, OutOfRange, Usage
+from sniffer.llm.values import (
+    INDEX_MAX,
+    OutOfRange,
+    ServerTimings,
+    SpecDecode,
+    Usage,
+    as_float,
+    as_int,
+)
 
-__all__ = ["CHAT", "COMPLETIONS", "OpenAIChat", "OpenAICompletions"]
+__all__ = ["CHAT", "COMPLETIONS", "OpenAIChat", "OpenAICompletions", "server_stats"]
 
 #: The dialects' names, as module constants: the registry reads these, never
 #: ``OpenAIChat.name`` (compiled with mypyc, a class attribute that instances
@@ -103,14 +118,204 @@ def _delta(
     )
 
 
-def _with_timings(usage: Any, timings: Any) -> Any:
-    """llama.cpp's ``timings`` (prompt_n, prompt_ms, predicted_n, predicted_ms, …)
-    kept inside the usage JSON as ``"timings"``."""
-    if usage is None:
-        return {"timings": timings}
-    if type(usage) is dict:
-        return {**usage, "timings": timings}
-    return usage
+# ---------------------------------------------------------------------------
+# Server-reported speculative decoding and timings (kept apart: one function
+# reads them, with a range on every number)
+# ---------------------------------------------------------------------------
+
+#: Largest token count, verification step count or histogram bin believed.
+MAX_SPEC_COUNT = 1_000_000_000
+#: Largest server-reported duration believed, in milliseconds (~11.6 days).
+MAX_SERVER_MS = 1e9
+#: Largest mean number of tokens per verification step believed.
+MAX_ACCEPT_LENGTH = 10_000.0
+#: Longest acceptance histogram kept (bins: 0, 1, … accepted tokens per step).
+MAX_HISTOGRAM_BINS = 1024
+#: The keys of SGLang's ``meta_info`` that describe speculative decoding.
+SGLANG_SPEC_PREFIX = "spec_"
+
+
+class _Ranged:
+    """Reads numbers from one untrusted object, keeping those in range and
+    naming the others."""
+
+    def __init__(self, obj: dict[str, Any]) -> None:
+        self.obj = obj
+        self.rejected: list[str] = []
+
+    def count(self, key: str) -> int | None:
+        raw = self.obj.get(key)
+        if raw is None:
+            return None
+        value = as_int(raw)
+        if value is None and type(raw) is float and raw.is_integer():
+            value = int(raw)
+        if value is None or not 0 <= value <= MAX_SPEC_COUNT:
+            self.rejected.append(key)
+            return None
+        return value
+
+    def number(self, key: str, low: float, high: float) -> float | None:
+        raw = self.obj.get(key)
+        if raw is None:
+            return None
+        value = as_float(raw)
+        if value is None or not low <= value <= high:
+            self.rejected.append(key)
+            return None
+        return value
+
+    def histogram(self, key: str) -> tuple[int, ...]:
+        raw = self.obj.get(key)
+        if raw is None:
+            return ()
+        if type(raw) is not list or len(raw) > MAX_HISTOGRAM_BINS:
+            self.rejected.append(key)
+            return ()
+        out: list[int] = []
+        for v in raw:
+            n = as_int(v)
+            if n is None or not 0 <= n <= MAX_SPEC_COUNT:
+                self.rejected.append(key)
+                return ()
+            out.append(n)
+        return tuple(out)
+
+
+def _spec(
+    source: str,
+    r: _Ranged,
+    draft: int | None,
+    accepted: int | None,
+    steps: int | None,
+    length: float | None,
+    rate: float | None,
+    histogram: tuple[int, ...] = (),
+    accepted_key: str = "accepted",
+) -> SpecDecode | None:
+    if accepted is not None and draft is not None and accepted > draft:
+        r.rejected.append(accepted_key)  # more accepted than drafted: not believed
+        accepted = None
+    if rate is None and accepted is not None and draft:
+        rate = accepted / draft
+    if length is None and accepted is not None and steps:
+        length = 1.0 + accepted / steps
+    nothing = all(v is None for v in (draft, accepted, steps, length, rate))
+    if nothing and not histogram and not r.rejected:
+        return None
+    return SpecDecode(
+        source, draft, accepted, steps, length, rate, histogram, tuple(dict.fromkeys(r.rejected))
+    )
+
+
+def _vllm_spec(metrics: Any) -> SpecDecode | None:
+    """vLLM's ``metrics.speculative_decoding``: num_draft_tokens,
+    num_accepted_draft_tokens (or num_accepted_tokens), num_spec_steps,
+    mean_acceptance_length, draft_acceptance_rate, acceptance_histogram."""
+    sd = metrics.get("speculative_decoding") if type(metrics) is dict else None
+    if type(sd) is not dict:
+        return None
+    r = _Ranged(sd)
+    accepted_key = (
+        "num_accepted_draft_tokens" if "num_accepted_draft_tokens" in sd else "num_accepted_tokens"
+    )
+    return _spec(
+        "vllm",
+        r,
+        r.count("num_draft_tokens"),
+        r.count(accepted_key),
+        r.count("num_spec_steps"),
+        r.number("mean_acceptance_length", 0.0, MAX_ACCEPT_LENGTH),
+        r.number("draft_acceptance_rate", 0.0, 1.0),
+        r.histogram("acceptance_histogram"),
+        accepted_key,
+    )
+
+
+def _sglang_spec(meta: Any) -> SpecDecode | None:
+    """SGLang's ``meta_info``: spec_verify_ct, spec_num_proposed_drafts,
+    spec_num_correct_drafts, spec_accept_length, spec_accept_rate."""
+    if type(meta) is not dict:
+        return None
+    r = _Ranged(meta)
+    return _spec(
+        "sglang",
+        r,
+        r.count("spec_num_proposed_drafts"),
+        r.count("spec_num_correct_drafts"),
+        r.count("spec_verify_ct"),
+        r.number("spec_accept_length", 0.0, MAX_ACCEPT_LENGTH),
+        r.number("spec_accept_rate", 0.0, 1.0),
+        accepted_key="spec_num_correct_drafts",
+    )
+
+
+def _llamacpp(timings: Any) -> tuple[SpecDecode | None, ServerTimings | None]:
+    """llama.cpp's ``timings``: prompt_n, prompt_ms, predicted_n,
+    predicted_ms; draft_n and draft_n_accepted when it speculated."""
+    if type(timings) is not dict:
+        return None, None
+    r = _Ranged(timings)
+    spec = None
+    if "draft_n" in timings or "draft_n_accepted" in timings:
+        spec = _spec(
+            "llama.cpp",
+            r,
+            r.count("draft_n"),
+            r.count("draft_n_accepted"),
+            None,
+            None,
+            None,
+            accepted_key="draft_n_accepted",
+        )
+        r.rejected = []
+    t = ServerTimings(
+        r.count("prompt_n"),
+        r.number("prompt_ms", 0.0, MAX_SERVER_MS),
+        r.count("predicted_n"),
+        r.number("predicted_ms", 0.0, MAX_SERVER_MS),
+    )
+    if r.rejected:
+        t = ServerTimings(t.prompt_n, t.prompt_ms, t.predicted_n, t.predicted_ms, tuple(r.rejected))
+    if t == ServerTimings():
+        return spec, None
+    return spec, t
+
+
+def server_stats(usage: Usage) -> Usage:
+    """``usage`` with the speculative-decoding figures and timings the server
+    put beside it (kept in its JSON as ``timings``, ``metrics`` and
+    ``meta_info``, see :func:`_with_server_objects`) read into typed values.
+    A value outside its range is dropped and named in the value's
+    ``rejected``; an object of the wrong shape is ignored (it stays in the
+    stored usage JSON)."""
+    raw = usage.raw
+    if type(raw) is not dict:
+        return usage
+    spec, timings = _llamacpp(raw.get("timings"))
+    vllm = _vllm_spec(raw.get("metrics"))
+    sglang = _sglang_spec(raw.get("meta_info"))
+    spec = vllm or sglang or spec
+    if spec is None and timings is None:
+        return usage
+    return replace(usage, speculative=spec, timings=timings)
+
+
+def _with_server_objects(usage: Any, timings: Any, metrics: Any, meta: Any) -> Any:
+    """The usage JSON with llama.cpp's ``timings``, vLLM's ``metrics`` and the
+    ``spec_*`` fields of SGLang's ``meta_info`` kept inside it."""
+    if usage is not None and type(usage) is not dict:
+        return usage
+    out = dict(usage) if usage is not None else {}
+    if timings is not None:
+        out["timings"] = timings
+    if metrics is not None:
+        out["metrics"] = metrics
+    if type(meta) is dict:
+        spec = {k: v for k, v in meta.items() if k.startswith(SGLANG_SPEC_PREFIX)}
+        if spec:
+            out["meta_info"] = spec
+    return out if out or usage is not None else None
 
 
 class _OpenAIBase(JsonDialect):
@@ -164,10 +369,17 @@ class _OpenAIBase(JsonDialect):
         choices = get("choices")
         usage = get("usage")
         timings = get("timings")
-        if timings is not None:
-            usage = _with_timings(usage, timings)
+        metrics = get("metrics")
+        meta = get("meta_info")
+        if not stream and meta is None and type(choices) is list and choices:
+            first = choices[0]
+            meta = first.get("meta_info") if type(first) is dict else None
+        if timings is not None or metrics is not None or meta is not None:
+            usage = _with_server_objects(usage, timings, metrics, meta)
         # per chunk: no call when there is no usage (the common case)
         usage_value = None if usage is None else Usage.parse(usage)
+        if usage_value is not None and (timings is not None or metrics is not None or meta):
+            usage_value = server_stats(usage_value)
         if not choices:
             if choices is not None and type(choices) is not list:
                 raise _not("choices", choices, "an array")
