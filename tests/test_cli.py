@@ -236,7 +236,8 @@ def test_show_prints_the_request_and_every_chunk(demo: str) -> None:
     assert lines[3].strip().startswith("request at ")
     n = want["choices"]["0"]["chunks"]
     assert lines[4].strip().startswith(f"{n} text chunks, {want['sse_events']} events")
-    chunk_lines = lines[6:]
+    header = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["seq", "+ms"])
+    chunk_lines = lines[header + 1 :]
     assert len(chunk_lines) == want["sse_events"]
     texts = [json.loads(ln.split(None, 5)[5].split(" [")[0]) for ln in chunk_lines]
     assert "".join(texts) == want["choices"]["0"]["text"]
