@@ -35,6 +35,7 @@ struct Types {
     end: Py<PyAny>,
     error: Py<PyAny>,
     resync: Py<PyAny>,
+    anomaly: Py<PyAny>,
     reasons: [Py<PyAny>; 5],
     sse_event: Py<PyAny>,
     tuple_new: Py<PyAny>,
@@ -66,6 +67,7 @@ fn types(py: Python<'_>) -> PyResult<&'static Types> {
             end: get("HttpEnd")?,
             error: get("HttpError")?,
             resync: get("HttpResync")?,
+            anomaly: get("HttpAnomaly")?,
             reasons: [
                 reason("COMPLETE")?,
                 reason("GAP")?,
@@ -263,7 +265,9 @@ impl PyHttpParser {
                     &mut self.out,
                 );
             } else {
-                self.core.feed(&FlowEvent::Anomaly { conn }, &mut self.out);
+                let from_client: bool = ev.getattr("from_client")?.extract()?;
+                self.core
+                    .feed(&FlowEvent::Anomaly { conn, from_client }, &mut self.out);
             }
         }
         let events = std::mem::take(&mut self.out);
@@ -566,6 +570,22 @@ impl PyHttpParser {
                 }
             }
             HttpEvent::Closed { .. } => out.append(input)?,
+            HttpEvent::Anomaly {
+                conn,
+                exchange,
+                from_client,
+            } => {
+                out.append(t.anomaly.bind(py).call1((
+                    conn,
+                    exchange,
+                    input.getattr("ts")?,
+                    from_client,
+                    input.getattr("kind")?,
+                    input.getattr("detail")?,
+                    input.getattr("offset")?,
+                    input.getattr("length")?,
+                ))?)?;
+            }
             HttpEvent::H2Handover {
                 conn,
                 ts,

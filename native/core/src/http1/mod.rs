@@ -62,8 +62,8 @@ pub enum FlowEvent<'a> {
         ts: f64,
         reason: &'a str,
     },
-    /// `FlowAnomaly`: nothing for HTTP.
-    Anomaly { conn: ConnId },
+    /// `FlowAnomaly`: attributed to an exchange ([`HttpEvent::Anomaly`]).
+    Anomaly { conn: ConnId, from_client: bool },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +176,15 @@ pub enum HttpEvent {
         ts: f64,
         reason: String,
     },
+    /// A `FlowAnomaly` becomes an `HttpAnomaly` naming the exchange whose bytes
+    /// it touched (the reference's rule, `_exchange_touched`); its kind, detail,
+    /// offset and length are the flow event's.
+    Anomaly {
+        conn: ConnId,
+        exchange: Option<i64>,
+        /// oriented as the HTTP stage settled the roles
+        from_client: bool,
+    },
     /// The connection turns to HTTP/2 here (see the module text).
     H2Handover {
         conn: ConnId,
@@ -258,6 +267,8 @@ struct Direction {
     body: Option<Option<u64>>,
     chunked: Option<ChunkedBody>,
     exchange: i64,
+    /// exchange of the last message that ended here (-1: none yet)
+    last_exchange: i64,
     in_message: bool,
     decoder: Option<BodyDecoder>,
     decode_failed: bool,
@@ -282,6 +293,7 @@ impl Direction {
             body: None,
             chunked: None,
             exchange: -1,
+            last_exchange: -1,
             in_message: false,
             decoder: None,
             decode_failed: false,
@@ -335,6 +347,25 @@ impl Conn {
         self.next_exchange = self.next_exchange.saturating_add(1);
         ex
     }
+}
+
+/// The exchange a TCP anomaly on direction `i` is attributed to (the
+/// reference's `_exchange_touched`, the rule in its module docstring).
+fn exchange_touched(c: &Conn, i: usize) -> Option<i64> {
+    let d = &c.dirs[i];
+    if d.exchange >= 0 {
+        return Some(d.exchange);
+    }
+    if d.from_client && d.head.is_some() {
+        return Some(c.next_exchange);
+    }
+    if d.last_exchange >= 0 {
+        return Some(d.last_exchange);
+    }
+    if d.from_client {
+        return Some(c.next_exchange);
+    }
+    c.pending.front().map(|p| p.exchange)
 }
 
 /// The client's first bytes are (a prefix of, at least 4 bytes of) the preface.
@@ -744,7 +775,25 @@ impl HttpParser {
                     reason: reason.into(),
                 });
             }
-            FlowEvent::Anomaly { .. } => {}
+            FlowEvent::Anomaly { conn, from_client } => {
+                let (fc, exchange) = match self.conns.get(&conn) {
+                    None => (from_client, None),
+                    Some(c) => {
+                        let fc = from_client != c.swapped;
+                        let ex = if c.h2 || c.dead {
+                            None
+                        } else {
+                            exchange_touched(c, usize::from(fc))
+                        };
+                        (fc, ex)
+                    }
+                };
+                out.push(HttpEvent::Anomaly {
+                    conn,
+                    exchange,
+                    from_client: fc,
+                });
+            }
         }
     }
 
@@ -1304,6 +1353,7 @@ impl Ctx {
         d.head = None;
         d.body = None;
         d.chunked = None;
+        d.last_exchange = d.exchange;
         d.exchange = -1;
     }
 
@@ -1526,6 +1576,7 @@ impl Ctx {
                     from_client: false,
                     reason: EndReason::Gap,
                 });
+                c.dirs[i].last_exchange = ex;
                 unknown_body = false;
             }
         }
@@ -1668,6 +1719,7 @@ impl Ctx {
                 from_client: false,
                 reason: end,
             });
+            d.last_exchange = d.exchange;
             d.exchange = -1;
         }
         let d = &mut c.dirs[i];

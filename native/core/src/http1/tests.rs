@@ -260,3 +260,57 @@ proptest! {
         prop_assert_eq!(bodies(&out), b"hello world".to_vec());
     }
 }
+
+#[test]
+fn anomalies_name_the_exchange_their_bytes_touched() {
+    let anomaly = |from_client| FlowEvent::Anomaly {
+        conn: 1,
+        from_client,
+    };
+    let data = |from_client, data| FlowEvent::Data {
+        conn: 1,
+        ts: 1.0,
+        from_client,
+        data,
+    };
+    let r = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    let out = run(&[
+        FlowEvent::Opened {
+            conn: 1,
+            ts: 0.0,
+            syn_seen: true,
+        },
+        anomaly(true),  // before any request: the first one (0)
+        anomaly(false), // nothing pending, nothing ended: none
+        data(true, r),
+        data(true, b"GET /b HT"),
+        anomaly(true),  // a request head not yet complete: the one it will be (1)
+        anomaly(false), // the answer to the oldest pending request (0)
+        data(false, b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab"),
+        anomaly(false), // the response being read (0)
+        data(false, b"cd"),
+        anomaly(false), // the last that ended on this direction (0)
+    ]);
+    let got: Vec<(Option<i64>, bool)> = out
+        .iter()
+        .filter_map(|e| match e {
+            HttpEvent::Anomaly {
+                exchange,
+                from_client,
+                ..
+            } => Some((*exchange, *from_client)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Some(0), true),
+            (None, false),
+            (Some(1), true),
+            (Some(0), false),
+            (Some(0), false),
+            (Some(0), false),
+        ]
+    );
+}
