@@ -17,7 +17,7 @@ use pyo3::IntoPyObjectExt;
 
 use sparseety_core::http1::text::latin1;
 use sparseety_core::http1::{
-    Checkpoint, EndReason, FlowEvent, H2Mode, Headers, HttpConfig, HttpEvent, HttpParser,
+    Checkpoint, EndReason, FlowEvent, H2Mode, Headers, HeldEvent, HttpConfig, HttpEvent, HttpParser,
 };
 use sparseety_core::ndjson::NdjsonDecoder;
 use sparseety_core::sse::{SseDecoder, SseEvent, DEFAULT_MAX_LINE};
@@ -304,6 +304,7 @@ impl PyHttpParser {
             s.dead_connections,
             s.resyncs,
             s.resync_skipped,
+            s.upgrades,
         ))
     }
 
@@ -561,8 +562,10 @@ impl PyHttpParser {
                 from_client,
                 reason,
             } => {
-                let same =
-                    input.getattr("from_client")?.extract::<bool>().ok() == Some(from_client);
+                // a held FlowEnd replayed while another event is fed is a new one
+                let same = input.get_type().is(t.flow_end.bind(py))
+                    && input.getattr("from_client")?.extract::<bool>().ok() == Some(from_client)
+                    && input.getattr("ts")?.extract::<f64>().ok() == Some(ts);
                 if same {
                     out.append(input)?;
                 } else {
@@ -586,10 +589,52 @@ impl PyHttpParser {
                     input.getattr("length")?,
                 ))?)?;
             }
+            HttpEvent::H2Feed { conn, event } => {
+                let ev = match event {
+                    HeldEvent::Data {
+                        ts,
+                        from_client,
+                        data,
+                    } => t.flow_data.bind(py).call1((
+                        conn,
+                        ts,
+                        from_client,
+                        PyBytes::new(py, &data),
+                    ))?,
+                    HeldEvent::Gap {
+                        ts,
+                        from_client,
+                        nbytes,
+                        reason,
+                    } => t
+                        .flow_gap
+                        .bind(py)
+                        .call1((conn, ts, from_client, nbytes, reason))?,
+                    HeldEvent::End {
+                        ts,
+                        from_client,
+                        reason,
+                    } => t.flow_end.bind(py).call1((conn, ts, from_client, reason))?,
+                    HeldEvent::Closed { .. } => input.clone(),
+                };
+                let got = self.py_parser.bind(py).call_method1("feed", (ev,))?;
+                for item in got.try_iter()? {
+                    out.append(item?)?;
+                }
+            }
+            HttpEvent::H2NoPreface { conn } => {
+                self.py_parser
+                    .bind(py)
+                    .getattr("_conns")?
+                    .get_item(conn)?
+                    .getattr("h2")?
+                    .call_method0("no_preface")?;
+            }
             HttpEvent::H2Handover {
                 conn,
                 ts,
                 mode,
+                base,
                 from_client,
                 data,
                 swapped,
@@ -615,6 +660,7 @@ impl PyHttpParser {
                     PyBytes::new(py, &data),
                     swapped,
                     roles_known,
+                    base,
                 ))?;
                 self.h2.insert(conn);
                 for item in got.try_iter()? {
