@@ -9,10 +9,17 @@
 //!
 //! **HTTP/2 is not parsed here.** When a connection turns to HTTP/2 (the
 //! client preface, frames seen on a connection caught mid-way, or a
-//! `101 Switching Protocols` to `Upgrade: h2c`), [`HttpEvent::H2Handover`] says
-//! exactly where: the bytes from which HTTP/2 goes on, the direction, and the
-//! connection's orientation. The connection is then forgotten at the end of
-//! that `feed` call: its later flow events belong to whoever took it over.
+//! `101 Switching Protocols` to `Upgrade: h2c`, at any position on a
+//! keep-alive connection), [`HttpEvent::H2Handover`] says exactly where: the
+//! exchange of stream 1, the direction, and the connection's orientation. The
+//! switch itself is the reference's state machine (`Upgrade`, `Step`, the
+//! events held meanwhile up to [`MAX_UPGRADE_HELD`] bytes); the flow events
+//! held until the switch, and any bytes after it in the same call, follow as
+//! [`HttpEvent::H2Feed`]. The connection is then forgotten at the end of that
+//! `feed` call: its later flow events belong to whoever took it over.
+//!
+//! A `FlowAnomaly` becomes [`HttpEvent::Anomaly`], naming the exchange whose
+//! bytes it touched by the reference's rule (`exchange_touched`).
 
 mod chunked;
 pub mod coding;
