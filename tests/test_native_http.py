@@ -30,13 +30,15 @@ from sniffer.core import native
 from sniffer.core.events import (
     ConnectionClosed,
     ConnectionOpened,
+    FlowAnomaly,
     FlowData,
     FlowEnd,
     FlowEvent,
     FlowGap,
+    HttpAnomaly,
     StoreEvent,
 )
-from sniffer.core.http1 import HttpParser
+from sniffer.core.http1 import MAX_UPGRADE_HELD, HttpParser
 from sniffer.core.pipeline import Pipeline
 
 pytestmark = [
@@ -465,3 +467,89 @@ def test_http2_connections_are_handed_to_the_python_stage(first: tuple[bool, byt
     assert_same(events)
     assert py.h2_stats.frames > 0 and nat.h2_stats.frames == py.h2_stats.frames
     assert nat.open_connections == 0
+
+
+# Every state of an h2c switch (core.http1.Upgrade) and its ways out: held
+# bytes over MAX_UPGRADE_HELD, TCP anomalies and losses while bytes are held,
+# the connection closing mid-switch, a request pipelined after the offer.
+_OFFER = b"GET /u HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n"
+_POST_OFFER = b"POST /u HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\nContent-Length: 2000000\r\n\r\n"
+_SWITCH = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n"
+_OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_PLAIN = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+_BIG = b"x" * (MAX_UPGRADE_HELD // 4)
+
+
+def _d(from_client: bool, data: bytes) -> FlowData:
+    return FlowData(1, 1.0, from_client, data)
+
+
+def _anomaly(from_client: bool) -> FlowAnomaly:
+    return FlowAnomaly(1, 2.0, from_client, "overlap-mismatch", "bytes 3..7 differ", 3, 4)
+
+
+_OPEN = ConnectionOpened(1, 0.0, ("127.0.0.1", 5000), ("127.0.0.1", 80), True)
+_CLOSE = ConnectionClosed(1, 9.0, "fin")
+SWITCH_CASES: dict[str, list[FlowEvent]] = {
+    "awaiting-overflow": [_OPEN, _d(True, _OFFER), *[_d(True, _BIG)] * 5, _d(False, _OK), _CLOSE],
+    "early-overflow": [
+        _OPEN,
+        _d(True, _POST_OFFER),
+        _d(False, _SWITCH + _BIG),
+        *[_d(False, _BIG)] * 5,
+        _CLOSE,
+    ],
+    "prior-overflow": [
+        _OPEN,
+        _d(True, _PLAIN),
+        _d(True, _PREFACE + _BIG),
+        *[_d(True, _BIG)] * 5,
+        _d(False, _OK),
+        _CLOSE,
+    ],
+    "refused-with-held-loss": [
+        _OPEN,
+        _d(True, _OFFER),
+        _d(True, _PLAIN),
+        _anomaly(True),
+        _anomaly(False),
+        FlowGap(1, 3.0, True, 5, "lost"),
+        FlowEnd(1, 4.0, True, "fin"),
+        _d(False, _OK),
+        _d(False, _OK),
+        _CLOSE,
+    ],
+    "close-awaiting": [_OPEN, _d(True, _OFFER + _PLAIN), FlowEnd(1, 4.0, True, "fin"), _CLOSE],
+    "close-early": [
+        _OPEN,
+        _d(True, _POST_OFFER),
+        _d(False, _SWITCH + H2_SETTINGS),
+        FlowEnd(1, 4.0, False, "fin"),
+        ConnectionClosed(1, 9.0, "rst"),
+    ],
+    "close-prior": [_OPEN, _d(True, _PLAIN), _d(True, _PREFACE), _anomaly(True), _CLOSE],
+    "pipelined-after-switch": [
+        _OPEN,
+        _d(True, _OFFER + _PLAIN),
+        _d(False, _SWITCH),
+        FlowEnd(1, 4.0, True, "fin"),
+        _CLOSE,
+    ],
+    "preface-before-101": [
+        _OPEN,
+        _d(True, _OFFER + _PREFACE),
+        _anomaly(True),
+        _d(False, _SWITCH + H2_SETTINGS),
+        _anomaly(False),
+        _CLOSE,
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SWITCH_CASES))
+def test_h2c_switch_states_give_the_same_events(name: str) -> None:
+    events = SWITCH_CASES[name]
+    out = assert_same(events)
+    assert any(type(e) is HttpAnomaly for e in out) == any(type(e) is FlowAnomaly for e in events)
+    assert_same(list(resplit(events, random.Random(name))))

@@ -220,11 +220,13 @@ def _h2_takeover(
     data: bytes,
     swapped: bool,
     roles_known: bool,
+    base: int = 0,
 ) -> list[HttpOutput]:
     """Called by the native parser: the connection turns to HTTP/2 with ``data``.
     It becomes a connection of the Python ``parser``, in the state the
     reference would have it in at this point, and the first HTTP/2 bytes are
-    parsed as the reference parses them."""
+    parsed as the reference parses them. ``base``: the exchange of stream 1
+    (the upgraded request's, or the next one after a preface)."""
     c = _Conn(opened)
     c.opened = opened if opened_held else None
     c.roles_known = roles_known
@@ -236,13 +238,14 @@ def _h2_takeover(
     parser._conns[opened.conn] = c
     out: list[HttpOutput] = []
     if mode == "preface":
-        c.h2 = H2Conn(c.id, stats=parser.h2_stats)
-        out.extend(c.h2.data(True, ts, data))
+        c.h2 = H2Conn(c.id, base=base, stats=parser.h2_stats)
+        if data:
+            parser._h2_data(c, True, ts, data, out)
     elif mode == "midstream":
         c.h2 = H2Conn(c.id, midstream=True, stats=parser.h2_stats)
         parser._h2_data(c, from_client, ts, data, out)
     else:  # "upgrade": 101 to Upgrade: h2c; exchange 0 goes on as stream 1
-        c.h2 = H2Conn(c.id, upgraded=True, stats=parser.h2_stats)
+        c.h2 = H2Conn(c.id, upgraded=True, base=base, stats=parser.h2_stats)
         if data:
-            out.extend(c.h2.data(False, ts, data))
+            parser._h2_data(c, False, ts, data, out)
     return out

@@ -84,6 +84,10 @@ pub enum Event {
         from_client: bool,
         kind: &'static str,
         detail: String,
+        /// "overlap-mismatch": the first differing overlap, as an offset in this
+        /// direction's byte stream and a length; -1 and 0 for the other kinds
+        offset: i64,
+        length: i64,
     },
 }
 
@@ -845,6 +849,8 @@ fn data(
             from_client: h.from_client,
             kind: "out-of-window",
             detail: format!("{dd} bytes ahead"),
+            offset: -1,
+            length: 0,
         });
         return;
     }
@@ -857,6 +863,8 @@ fn data(
                     from_client: h.from_client,
                     kind: "after-fin",
                     detail: String::new(),
+                    offset: -1,
+                    length: 0,
                 });
                 return;
             }
@@ -893,6 +901,8 @@ fn data(
             from_client: h.from_client,
             kind: "buffer-cap",
             detail: format!("{} bytes buffered", h.pend_bytes),
+            offset: -1,
+            length: 0,
         });
         while h.pend_bytes > cx.max_buffer && !h.pend.is_empty() {
             skip_hole(cx, id, h, ts, out);
@@ -948,6 +958,8 @@ fn mismatch(cx: &mut Ctx<'_>, id: i64, h: &Half, a: i64, b: i64, ts: f64, out: &
         from_client: h.from_client,
         kind: "overlap-mismatch",
         detail: format!("bytes {a}..{b} differ from the first copy"),
+        offset: a,
+        length: b - a,
     });
 }
 
@@ -1204,6 +1216,8 @@ fn fin(cx: &mut Ctx<'_>, c: &mut Conn, d: usize, fin_seq: i64, ts: f64, out: &mu
                 from_client: h.from_client,
                 kind: "out-of-window",
                 detail: "FIN".to_owned(),
+                offset: -1,
+                length: 0,
             });
             return;
         }

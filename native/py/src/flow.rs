@@ -463,10 +463,12 @@ fn event_to_py<'py>(py: Python<'py>, cls: &Classes, ev: Event) -> PyResult<Bound
             from_client,
             kind,
             detail,
+            offset,
+            length,
         } => cls
             .anomaly
             .bind(py)
-            .call1((conn, ts, from_client, kind, detail)),
+            .call1((conn, ts, from_client, kind, detail, offset, length)),
     }
 }
 

@@ -17,7 +17,7 @@ use pyo3::IntoPyObjectExt;
 
 use sparseety_core::http1::text::latin1;
 use sparseety_core::http1::{
-    Checkpoint, EndReason, FlowEvent, H2Mode, Headers, HttpConfig, HttpEvent, HttpParser,
+    Checkpoint, EndReason, FlowEvent, H2Mode, Headers, HeldEvent, HttpConfig, HttpEvent, HttpParser,
 };
 use sparseety_core::ndjson::NdjsonDecoder;
 use sparseety_core::sse::{SseDecoder, SseEvent, DEFAULT_MAX_LINE};
@@ -35,6 +35,7 @@ struct Types {
     end: Py<PyAny>,
     error: Py<PyAny>,
     resync: Py<PyAny>,
+    anomaly: Py<PyAny>,
     reasons: [Py<PyAny>; 5],
     sse_event: Py<PyAny>,
     tuple_new: Py<PyAny>,
@@ -66,6 +67,7 @@ fn types(py: Python<'_>) -> PyResult<&'static Types> {
             end: get("HttpEnd")?,
             error: get("HttpError")?,
             resync: get("HttpResync")?,
+            anomaly: get("HttpAnomaly")?,
             reasons: [
                 reason("COMPLETE")?,
                 reason("GAP")?,
@@ -263,7 +265,9 @@ impl PyHttpParser {
                     &mut self.out,
                 );
             } else {
-                self.core.feed(&FlowEvent::Anomaly { conn }, &mut self.out);
+                let from_client: bool = ev.getattr("from_client")?.extract()?;
+                self.core
+                    .feed(&FlowEvent::Anomaly { conn, from_client }, &mut self.out);
             }
         }
         let events = std::mem::take(&mut self.out);
@@ -300,6 +304,7 @@ impl PyHttpParser {
             s.dead_connections,
             s.resyncs,
             s.resync_skipped,
+            s.upgrades,
         ))
     }
 
@@ -557,8 +562,10 @@ impl PyHttpParser {
                 from_client,
                 reason,
             } => {
-                let same =
-                    input.getattr("from_client")?.extract::<bool>().ok() == Some(from_client);
+                // a held FlowEnd replayed while another event is fed is a new one
+                let same = input.get_type().is(t.flow_end.bind(py))
+                    && input.getattr("from_client")?.extract::<bool>().ok() == Some(from_client)
+                    && input.getattr("ts")?.extract::<f64>().ok() == Some(ts);
                 if same {
                     out.append(input)?;
                 } else {
@@ -566,10 +573,68 @@ impl PyHttpParser {
                 }
             }
             HttpEvent::Closed { .. } => out.append(input)?,
+            HttpEvent::Anomaly {
+                conn,
+                exchange,
+                from_client,
+            } => {
+                out.append(t.anomaly.bind(py).call1((
+                    conn,
+                    exchange,
+                    input.getattr("ts")?,
+                    from_client,
+                    input.getattr("kind")?,
+                    input.getattr("detail")?,
+                    input.getattr("offset")?,
+                    input.getattr("length")?,
+                ))?)?;
+            }
+            HttpEvent::H2Feed { conn, event } => {
+                let ev = match event {
+                    HeldEvent::Data {
+                        ts,
+                        from_client,
+                        data,
+                    } => t.flow_data.bind(py).call1((
+                        conn,
+                        ts,
+                        from_client,
+                        PyBytes::new(py, &data),
+                    ))?,
+                    HeldEvent::Gap {
+                        ts,
+                        from_client,
+                        nbytes,
+                        reason,
+                    } => t
+                        .flow_gap
+                        .bind(py)
+                        .call1((conn, ts, from_client, nbytes, reason))?,
+                    HeldEvent::End {
+                        ts,
+                        from_client,
+                        reason,
+                    } => t.flow_end.bind(py).call1((conn, ts, from_client, reason))?,
+                    HeldEvent::Closed { .. } => input.clone(),
+                };
+                let got = self.py_parser.bind(py).call_method1("feed", (ev,))?;
+                for item in got.try_iter()? {
+                    out.append(item?)?;
+                }
+            }
+            HttpEvent::H2NoPreface { conn } => {
+                self.py_parser
+                    .bind(py)
+                    .getattr("_conns")?
+                    .get_item(conn)?
+                    .getattr("h2")?
+                    .call_method0("no_preface")?;
+            }
             HttpEvent::H2Handover {
                 conn,
                 ts,
                 mode,
+                base,
                 from_client,
                 data,
                 swapped,
@@ -595,6 +660,7 @@ impl PyHttpParser {
                     PyBytes::new(py, &data),
                     swapped,
                     roles_known,
+                    base,
                 ))?;
                 self.h2.insert(conn);
                 for item in got.try_iter()? {

@@ -9,10 +9,17 @@
 //!
 //! **HTTP/2 is not parsed here.** When a connection turns to HTTP/2 (the
 //! client preface, frames seen on a connection caught mid-way, or a
-//! `101 Switching Protocols` to `Upgrade: h2c`), [`HttpEvent::H2Handover`] says
-//! exactly where: the bytes from which HTTP/2 goes on, the direction, and the
-//! connection's orientation. The connection is then forgotten at the end of
-//! that `feed` call: its later flow events belong to whoever took it over.
+//! `101 Switching Protocols` to `Upgrade: h2c`, at any position on a
+//! keep-alive connection), [`HttpEvent::H2Handover`] says exactly where: the
+//! exchange of stream 1, the direction, and the connection's orientation. The
+//! switch itself is the reference's state machine (`Upgrade`, `Step`, the
+//! events held meanwhile up to [`MAX_UPGRADE_HELD`] bytes); the flow events
+//! held until the switch, and any bytes after it in the same call, follow as
+//! [`HttpEvent::H2Feed`]. The connection is then forgotten at the end of that
+//! `feed` call: its later flow events belong to whoever took it over.
+//!
+//! A `FlowAnomaly` becomes [`HttpEvent::Anomaly`], naming the exchange whose
+//! bytes it touched by the reference's rule (`exchange_touched`).
 
 mod chunked;
 pub mod coding;
@@ -62,8 +69,8 @@ pub enum FlowEvent<'a> {
         ts: f64,
         reason: &'a str,
     },
-    /// `FlowAnomaly`: nothing for HTTP.
-    Anomaly { conn: ConnId },
+    /// `FlowAnomaly`: attributed to an exchange ([`HttpEvent::Anomaly`]).
+    Anomaly { conn: ConnId, from_client: bool },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +104,149 @@ pub enum H2Mode {
     /// `101 Switching Protocols` to `Upgrade: h2c`: the server's HTTP/2 bytes
     /// from `data` on; exchange 0 goes on as stream 1.
     Upgrade,
+}
+
+/// A flow event held while an h2c switch is in flight (as received: not
+/// reoriented), replayed through `feed` once the switch is decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HeldEvent {
+    Data {
+        ts: f64,
+        from_client: bool,
+        data: Vec<u8>,
+    },
+    Gap {
+        ts: f64,
+        from_client: bool,
+        nbytes: Option<u64>,
+        reason: String,
+    },
+    End {
+        ts: f64,
+        from_client: bool,
+        reason: String,
+    },
+    Closed {
+        ts: f64,
+        reason: String,
+    },
+}
+
+impl HeldEvent {
+    fn flow(&self, conn: ConnId) -> FlowEvent<'_> {
+        match self {
+            HeldEvent::Data {
+                ts,
+                from_client,
+                data,
+            } => FlowEvent::Data {
+                conn,
+                ts: *ts,
+                from_client: *from_client,
+                data,
+            },
+            HeldEvent::Gap {
+                ts,
+                from_client,
+                nbytes,
+                reason,
+            } => FlowEvent::Gap {
+                conn,
+                ts: *ts,
+                from_client: *from_client,
+                nbytes: *nbytes,
+                reason,
+            },
+            HeldEvent::End {
+                ts,
+                from_client,
+                reason,
+            } => FlowEvent::End {
+                conn,
+                ts: *ts,
+                from_client: *from_client,
+                reason,
+            },
+            HeldEvent::Closed { ts, reason } => FlowEvent::Closed {
+                conn,
+                ts: *ts,
+                reason,
+            },
+        }
+    }
+
+    fn of(ev: &FlowEvent<'_>) -> Option<Self> {
+        match *ev {
+            FlowEvent::Data {
+                ts,
+                from_client,
+                data,
+                ..
+            } => Some(HeldEvent::Data {
+                ts,
+                from_client,
+                data: data.to_vec(),
+            }),
+            FlowEvent::Gap {
+                ts,
+                from_client,
+                nbytes,
+                reason,
+                ..
+            } => Some(HeldEvent::Gap {
+                ts,
+                from_client,
+                nbytes,
+                reason: reason.into(),
+            }),
+            FlowEvent::End {
+                ts,
+                from_client,
+                reason,
+                ..
+            } => Some(HeldEvent::End {
+                ts,
+                from_client,
+                reason: reason.into(),
+            }),
+            FlowEvent::Closed { ts, reason, .. } => Some(HeldEvent::Closed {
+                ts,
+                reason: reason.into(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Bytes held while an `Upgrade: h2c` offer waits for its answer (then taken as
+/// refused): the reference's `MAX_UPGRADE_HELD`.
+pub const MAX_UPGRADE_HELD: usize = 1 << 20;
+
+/// Where a connection's switch to HTTP/2 stands (the reference's `Upgrade`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Upgrade {
+    /// no switch in flight
+    None,
+    /// the request carrying the offer is being sent; not answered yet
+    Offered,
+    /// that request is whole, its answer not seen: client bytes held
+    Awaiting,
+    /// 101 before the request was whole: server bytes held until it is
+    Early,
+    /// a preface with HTTP/1.1 answers still due: client bytes held till then
+    Prior,
+}
+
+/// What moves an [`Upgrade`] on (the reference's `_Step`).
+enum Step {
+    Offer(i64),
+    RequestEnd,
+    Switch(i64, Vec<u8>),
+    Refuse,
+    Preface(Vec<u8>),
+    Answered,
+    Close,
+    Overflow,
 }
 
 /// What the HTTP stage gives out. `exchange` is the Python reference's
@@ -176,11 +326,29 @@ pub enum HttpEvent {
         ts: f64,
         reason: String,
     },
+    /// A `FlowAnomaly` becomes an `HttpAnomaly` naming the exchange whose bytes
+    /// it touched (the reference's rule, `_exchange_touched`); its kind, detail,
+    /// offset and length are the flow event's.
+    Anomaly {
+        conn: ConnId,
+        exchange: Option<i64>,
+        /// oriented as the HTTP stage settled the roles
+        from_client: bool,
+    },
+    /// A flow event of a connection already handed over to HTTP/2 (a held
+    /// one replayed, or the bytes after the switch): feed it to whoever took
+    /// the connection over.
+    H2Feed { conn: ConnId, event: HeldEvent },
+    /// The client's held bytes do not begin with the preface (recorded in the
+    /// `Error` before): the HTTP/2 parser looks for frame boundaries instead.
+    H2NoPreface { conn: ConnId },
     /// The connection turns to HTTP/2 here (see the module text).
     H2Handover {
         conn: ConnId,
         ts: f64,
         mode: H2Mode,
+        /// the exchange of HTTP/2 stream 1
+        base: i64,
         /// the direction `data` belongs to (already oriented)
         from_client: bool,
         data: Vec<u8>,
@@ -202,6 +370,7 @@ pub struct HttpStats {
     pub dead_connections: u64,
     pub resyncs: u64,
     pub resync_skipped: u64,
+    pub upgrades: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -258,6 +427,8 @@ struct Direction {
     body: Option<Option<u64>>,
     chunked: Option<ChunkedBody>,
     exchange: i64,
+    /// exchange of the last message that ended here (-1: none yet)
+    last_exchange: i64,
     in_message: bool,
     decoder: Option<BodyDecoder>,
     decode_failed: bool,
@@ -282,6 +453,7 @@ impl Direction {
             body: None,
             chunked: None,
             exchange: -1,
+            last_exchange: -1,
             in_message: false,
             decoder: None,
             decode_failed: false,
@@ -305,6 +477,12 @@ struct Conn {
     dead: bool,
     h2: bool,
     midstart: bool,
+    upgrade: Upgrade,
+    /// the exchange of the request carrying the offer
+    upgrade_exchange: i64,
+    /// flow events of the direction held while the offer waits
+    held: Vec<HeldEvent>,
+    held_bytes: usize,
 }
 
 impl Conn {
@@ -320,6 +498,10 @@ impl Conn {
             dead: false,
             h2: false,
             midstart: !syn_seen,
+            upgrade: Upgrade::None,
+            upgrade_exchange: -1,
+            held: Vec::new(),
+            held_bytes: 0,
         }
     }
 
@@ -335,6 +517,41 @@ impl Conn {
         self.next_exchange = self.next_exchange.saturating_add(1);
         ex
     }
+}
+
+/// The exchange a TCP anomaly on direction `i` is attributed to (the
+/// reference's `_exchange_touched`, the rule in its module docstring).
+fn exchange_touched(c: &Conn, i: usize) -> Option<i64> {
+    let d = &c.dirs[i];
+    if d.exchange >= 0 {
+        return Some(d.exchange);
+    }
+    if d.from_client && d.head.is_some() {
+        return Some(c.next_exchange);
+    }
+    if d.last_exchange >= 0 {
+        return Some(d.last_exchange);
+    }
+    if d.from_client {
+        return Some(c.next_exchange);
+    }
+    c.pending.front().map(|p| p.exchange)
+}
+
+/// The first bytes held (up to 64) before any loss, or None if none.
+fn held_start(held: &[HeldEvent]) -> Option<Vec<u8>> {
+    let mut start = Vec::new();
+    for ev in held {
+        let HeldEvent::Data { data, .. } = ev else {
+            break;
+        };
+        let room = 64usize.saturating_sub(start.len());
+        start.extend_from_slice(&data[..data.len().min(room)]);
+        if start.len() >= 64 {
+            break;
+        }
+    }
+    (!start.is_empty()).then_some(start)
 }
 
 /// The client's first bytes are (a prefix of, at least 4 bytes of) the preface.
@@ -598,74 +815,13 @@ impl HttpParser {
     pub fn feed(&mut self, ev: &FlowEvent<'_>, out: &mut Vec<HttpEvent>) {
         let ctx = &mut self.ctx;
         match *ev {
-            FlowEvent::Data {
-                conn,
-                ts,
-                from_client,
-                data,
-            } => {
+            FlowEvent::Data { conn, .. }
+            | FlowEvent::Gap { conn, .. }
+            | FlowEvent::End { conn, .. } => {
                 let Some(c) = self.conns.get_mut(&conn) else {
                     return;
                 };
-                if c.dead || c.h2 || data.is_empty() {
-                    return;
-                }
-                let mut fc = from_client != c.swapped;
-                if !c.roles_known {
-                    fc = ctx.settle_roles(c, fc, data, out);
-                }
-                let i = usize::from(fc);
-                let d = &c.dirs[i];
-                let preface = fc && !d.in_message && d.body.is_none() && {
-                    match &d.head {
-                        Some(h) if !h.is_empty() => {
-                            let mut j = h.clone();
-                            j.extend_from_slice(data);
-                            looks_like_preface(&j)
-                        }
-                        _ => looks_like_preface(data),
-                    }
-                };
-                if preface {
-                    let d = &mut c.dirs[i];
-                    let mut joined = match d.head.take() {
-                        Some(h) if !h.is_empty() => h,
-                        _ => Vec::new(),
-                    };
-                    joined.extend_from_slice(data);
-                    d.raw = None;
-                    ctx.release(c, out);
-                    c.h2 = true;
-                    out.push(HttpEvent::H2Handover {
-                        conn,
-                        ts,
-                        mode: H2Mode::Preface,
-                        from_client: true,
-                        data: joined,
-                        swapped: c.swapped,
-                        opened_held: c.opened_held,
-                        roles_known: c.roles_known,
-                    });
-                } else if c.midstart && c.next_exchange == 0 && h2_frames(data) {
-                    c.h2 = true;
-                    out.push(HttpEvent::H2Handover {
-                        conn,
-                        ts,
-                        mode: H2Mode::Midstream,
-                        from_client: fc,
-                        data: data.to_vec(),
-                        swapped: c.swapped,
-                        opened_held: c.opened_held,
-                        roles_known: c.roles_known,
-                    });
-                } else if c.dirs[i].chunked.is_some() {
-                    let rest = ctx.chunked_data(c, i, ts, data, out);
-                    if !rest.is_empty() {
-                        ctx.data(c, i, ts, rest, out);
-                    }
-                } else {
-                    ctx.data(c, i, ts, data.to_vec(), out);
-                }
+                ctx.feed_conn(c, ev, out);
                 if c.h2 {
                     self.conns.remove(&conn);
                 }
@@ -677,53 +833,43 @@ impl HttpParser {
                 }
                 self.conns.insert(conn, c);
             }
-            FlowEvent::Gap {
-                conn,
-                ts,
-                from_client,
-                nbytes,
-                reason,
-            } => {
-                let Some(c) = self.conns.get_mut(&conn) else {
-                    return;
-                };
-                if c.dead || c.h2 {
-                    return;
-                }
-                let i = usize::from(from_client != c.swapped);
-                ctx.gap(c, i, ts, nbytes, reason, out);
-            }
-            FlowEvent::End {
-                conn,
-                ts,
-                from_client,
-                reason,
-            } => {
-                let Some(c) = self.conns.get_mut(&conn) else {
-                    return;
-                };
-                if c.h2 {
-                    return;
-                }
-                ctx.release(c, out);
-                let fc = from_client != c.swapped;
-                if !c.dead {
-                    ctx.end(c, usize::from(fc), ts, reason, out);
-                }
-                out.push(HttpEvent::FlowEnd {
-                    conn,
-                    ts,
-                    from_client: fc,
-                    reason: reason.into(),
-                });
-                if c.h2 {
-                    self.conns.remove(&conn);
-                }
-            }
             FlowEvent::Closed { conn, ts, reason } => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    if c.upgrade == Upgrade::Prior && !c.dead {
+                        // The HTTP/1.1 answers still due end here, then the held HTTP/2.
+                        ctx.release(c, out);
+                        for i in 0..2 {
+                            ctx.end(c, i, ts, reason, out);
+                        }
+                        for p in &c.pending {
+                            out.push(HttpEvent::End {
+                                conn,
+                                exchange: p.exchange,
+                                ts,
+                                from_client: false,
+                                reason: EndReason::Eof,
+                            });
+                        }
+                        c.pending.clear();
+                    }
+                    if c.upgrade != Upgrade::None {
+                        ctx.upgrade(c, Step::Close, ts, out);
+                    }
+                }
                 if let Some(mut c) = self.conns.remove(&conn) {
+                    if c.h2 {
+                        // switched while closing: the close is the HTTP/2 parser's
+                        out.push(HttpEvent::H2Feed {
+                            conn,
+                            event: HeldEvent::Closed {
+                                ts,
+                                reason: reason.into(),
+                            },
+                        });
+                        return;
+                    }
                     ctx.release(&mut c, out);
-                    if !c.dead && !c.h2 {
+                    if !c.dead {
                         for i in 0..2 {
                             ctx.end(&mut c, i, ts, reason, out);
                         }
@@ -744,7 +890,25 @@ impl HttpParser {
                     reason: reason.into(),
                 });
             }
-            FlowEvent::Anomaly { .. } => {}
+            FlowEvent::Anomaly { conn, from_client } => {
+                let (fc, exchange) = match self.conns.get(&conn) {
+                    None => (from_client, None),
+                    Some(c) => {
+                        let fc = from_client != c.swapped;
+                        let ex = if c.h2 || c.dead {
+                            None
+                        } else {
+                            exchange_touched(c, usize::from(fc))
+                        };
+                        (fc, ex)
+                    }
+                };
+                out.push(HttpEvent::Anomaly {
+                    conn,
+                    exchange,
+                    from_client: fc,
+                });
+            }
         }
     }
 
@@ -752,7 +916,7 @@ impl HttpParser {
     /// reference's `checkpoint`).
     pub fn checkpoint(&self, conn: ConnId) -> Option<Checkpoint> {
         let c = self.conns.get(&conn)?;
-        if c.dead || !c.roles_known || !c.pending.is_empty() {
+        if c.dead || !c.roles_known || !c.pending.is_empty() || c.upgrade != Upgrade::None {
             return None;
         }
         let (srv, cli) = (&c.dirs[0], &c.dirs[1]);
@@ -826,6 +990,359 @@ impl HttpParser {
 }
 
 impl Ctx {
+    /// `feed` for a flow event of a known connection (`Data`, `Gap`, `End`);
+    /// held events are replayed through it.
+    fn feed_conn(&mut self, c: &mut Conn, ev: &FlowEvent<'_>, out: &mut Vec<HttpEvent>) {
+        if c.h2 {
+            if let Some(event) = HeldEvent::of(ev) {
+                let skip = matches!(&event, HeldEvent::Data { data, .. } if data.is_empty());
+                if !skip && !c.dead {
+                    out.push(HttpEvent::H2Feed { conn: c.id, event });
+                }
+            }
+            return;
+        }
+        match *ev {
+            FlowEvent::Data {
+                conn,
+                ts,
+                from_client,
+                data,
+            } => {
+                if c.dead || data.is_empty() {
+                    return;
+                }
+                let mut fc = from_client != c.swapped;
+                if !c.roles_known {
+                    fc = self.settle_roles(c, fc, data, out);
+                }
+                let i = usize::from(fc);
+                if c.upgrade != Upgrade::None && self.hold(c, fc, ev, out) {
+                    return; // an Upgrade: h2c offer waits for its answer
+                }
+                let d = &c.dirs[i];
+                let preface = fc && !d.in_message && d.body.is_none() && {
+                    match &d.head {
+                        Some(h) if !h.is_empty() => {
+                            let mut j = h.clone();
+                            j.extend_from_slice(data);
+                            looks_like_preface(&j)
+                        }
+                        _ => looks_like_preface(data),
+                    }
+                };
+                if preface {
+                    let d = &mut c.dirs[i];
+                    let mut joined = match d.head.take() {
+                        Some(h) if !h.is_empty() => h,
+                        _ => Vec::new(),
+                    };
+                    joined.extend_from_slice(data);
+                    d.raw = None;
+                    self.release(c, out);
+                    self.upgrade(c, Step::Preface(joined), ts, out);
+                } else if c.midstart && c.next_exchange == 0 && h2_frames(data) {
+                    c.h2 = true;
+                    out.push(HttpEvent::H2Handover {
+                        conn,
+                        ts,
+                        mode: H2Mode::Midstream,
+                        base: 0,
+                        from_client: fc,
+                        data: data.to_vec(),
+                        swapped: c.swapped,
+                        opened_held: c.opened_held,
+                        roles_known: c.roles_known,
+                    });
+                } else if c.dirs[i].chunked.is_some() {
+                    let rest = self.chunked_data(c, i, ts, data, out);
+                    if !rest.is_empty() {
+                        self.data(c, i, ts, rest, out);
+                    }
+                } else {
+                    self.data(c, i, ts, data.to_vec(), out);
+                }
+            }
+            FlowEvent::Gap {
+                ts,
+                from_client,
+                nbytes,
+                reason,
+                ..
+            } => {
+                if c.dead {
+                    return;
+                }
+                let fc = from_client != c.swapped;
+                if c.upgrade != Upgrade::None && self.hold(c, fc, ev, out) {
+                    return;
+                }
+                self.gap(c, usize::from(fc), ts, nbytes, reason, out);
+            }
+            FlowEvent::End {
+                conn,
+                ts,
+                from_client,
+                reason,
+            } => {
+                self.release(c, out);
+                let fc = from_client != c.swapped;
+                if c.upgrade != Upgrade::None && self.hold(c, fc, ev, out) {
+                    return; // passed on when the held events are
+                }
+                if c.h2 {
+                    // switched on the way (an overflow): the end is HTTP/2's
+                    out.push(HttpEvent::H2Feed {
+                        conn,
+                        event: HeldEvent::End {
+                            ts,
+                            from_client,
+                            reason: reason.into(),
+                        },
+                    });
+                    return;
+                }
+                if !c.dead {
+                    self.end(c, usize::from(fc), ts, reason, out);
+                }
+                out.push(HttpEvent::FlowEnd {
+                    conn,
+                    ts,
+                    from_client: fc,
+                    reason: reason.into(),
+                });
+            }
+            _ => {}
+        }
+    }
+
+    // ------------------------------------------------------------ h2c upgrade
+
+    /// Keep `ev` back if its direction waits on a switch in flight (the
+    /// server's in EARLY, the client's in AWAITING and PRIOR); false if it is
+    /// to be parsed now.
+    fn hold(
+        &mut self,
+        c: &mut Conn,
+        fc: bool,
+        ev: &FlowEvent<'_>,
+        out: &mut Vec<HttpEvent>,
+    ) -> bool {
+        let state = c.upgrade;
+        if state == Upgrade::Offered || fc != (state != Upgrade::Early) {
+            return false;
+        }
+        let Some(held) = HeldEvent::of(ev) else {
+            return false;
+        };
+        let (n, ts) = match &held {
+            HeldEvent::Data { data, ts, .. } => (Some(data.len()), *ts),
+            _ => (None, 0.0),
+        };
+        c.held.push(held);
+        if let Some(n) = n {
+            c.held_bytes = c.held_bytes.saturating_add(n);
+            if c.held_bytes > MAX_UPGRADE_HELD {
+                self.upgrade(c, Step::Overflow, ts, out);
+            }
+        }
+        true
+    }
+
+    fn hold_data(
+        &mut self,
+        c: &mut Conn,
+        from_client: bool,
+        ts: f64,
+        data: &[u8],
+        out: &mut Vec<HttpEvent>,
+    ) -> bool {
+        let ev = FlowEvent::Data {
+            conn: c.id,
+            ts,
+            from_client: from_client != c.swapped,
+            data,
+        };
+        self.hold(c, from_client, &ev, out)
+    }
+
+    /// Every transition of a switch to HTTP/2 (the reference's `_upgrade`).
+    fn upgrade(&mut self, c: &mut Conn, step: Step, ts: f64, out: &mut Vec<HttpEvent>) {
+        let state = c.upgrade;
+        match step {
+            Step::Offer(ex) => {
+                c.upgrade = Upgrade::Offered;
+                c.upgrade_exchange = ex;
+            }
+            Step::RequestEnd => {
+                if state == Upgrade::Offered {
+                    c.upgrade = Upgrade::Awaiting;
+                } else if state == Upgrade::Early {
+                    self.switch(c, ts, out);
+                }
+            }
+            Step::Switch(ex, rest) => {
+                if state == Upgrade::Offered {
+                    c.upgrade = Upgrade::Early;
+                    if !rest.is_empty() {
+                        self.hold_data(c, false, ts, &rest, out);
+                    }
+                } else {
+                    c.upgrade = Upgrade::Awaiting;
+                    c.upgrade_exchange = ex;
+                    self.switch(c, ts, out);
+                    if !rest.is_empty() {
+                        let ev = FlowEvent::Data {
+                            conn: c.id,
+                            ts,
+                            from_client: c.swapped,
+                            data: &rest,
+                        };
+                        self.feed_conn(c, &ev, out);
+                    }
+                }
+            }
+            Step::Refuse => {
+                if state != Upgrade::None {
+                    c.upgrade = Upgrade::None;
+                    self.release_held(c, ts, out, Some("the server refused the upgrade"));
+                }
+            }
+            Step::Preface(rest) => {
+                c.upgrade = Upgrade::Prior;
+                c.upgrade_exchange = c.next_exchange;
+                self.hold_data(c, true, ts, &rest, out);
+                self.upgrade(c, Step::Answered, ts, out);
+            }
+            Step::Answered => {
+                if state == Upgrade::Prior && c.pending.is_empty() && !c.dirs[0].in_message {
+                    self.switch(c, ts, out);
+                }
+            }
+            Step::Close => {
+                if matches!(state, Upgrade::Early | Upgrade::Prior) {
+                    self.switch(c, ts, out);
+                } else if state != Upgrade::None {
+                    c.upgrade = Upgrade::None;
+                    self.release_held(c, ts, out, None);
+                }
+            }
+            Step::Overflow => {
+                if state == Upgrade::Awaiting {
+                    c.upgrade = Upgrade::None;
+                    let msg = format!(
+                        "over {MAX_UPGRADE_HELD} bytes from the client before the answer to \
+                         its Upgrade: h2c request: read as HTTP/1.1"
+                    );
+                    self.error_conn(c, ts, true, "h2c", msg, out);
+                    self.release_held(c, ts, out, None);
+                } else if state != Upgrade::None {
+                    let what = if state == Upgrade::Early {
+                        "upgraded request was not whole"
+                    } else {
+                        "server"
+                    };
+                    let msg = format!(
+                        "over {MAX_UPGRADE_HELD} bytes held while the {what} still answered \
+                         HTTP/1.1 requests: switched to HTTP/2"
+                    );
+                    self.error_conn(c, ts, state == Upgrade::Early, "h2c", msg, out);
+                    self.switch(c, ts, out);
+                }
+            }
+        }
+    }
+
+    /// The connection speaks HTTP/2 from here on (the reference's `_switch`):
+    /// handed over, then the held events replayed to whoever took it.
+    fn switch(&mut self, c: &mut Conn, ts: f64, out: &mut Vec<HttpEvent>) {
+        let state = c.upgrade;
+        let upgraded = state != Upgrade::Prior;
+        c.upgrade = Upgrade::None;
+        c.h2 = true;
+        out.push(HttpEvent::H2Handover {
+            conn: c.id,
+            ts,
+            mode: if upgraded {
+                H2Mode::Upgrade
+            } else {
+                H2Mode::Preface
+            },
+            base: c.upgrade_exchange,
+            from_client: !upgraded,
+            data: Vec::new(),
+            swapped: c.swapped,
+            opened_held: c.opened_held,
+            roles_known: c.roles_known,
+        });
+        if upgraded {
+            self.stats.upgrades = self.stats.upgrades.saturating_add(1);
+        }
+        let held = std::mem::take(&mut c.held);
+        c.held_bytes = 0;
+        if state == Upgrade::Awaiting {
+            if let Some(first) = held_start(&held) {
+                if !looks_like_preface(&first) && method_prefix(&first) {
+                    let msg = "HTTP/1.1 request pipelined after an Upgrade: h2c request; the \
+                               server switched to HTTP/2 and reads it as such";
+                    self.error_conn(c, ts, true, "h2c", msg.into(), out);
+                    out.push(HttpEvent::H2NoPreface { conn: c.id });
+                }
+            }
+        }
+        for ev in &held {
+            self.feed_conn(c, &ev.flow(c.id), out);
+        }
+    }
+
+    /// No switch: the held client bytes are parsed as they come.
+    fn release_held(
+        &mut self,
+        c: &mut Conn,
+        ts: f64,
+        out: &mut Vec<HttpEvent>,
+        refused: Option<&str>,
+    ) {
+        let held = std::mem::take(&mut c.held);
+        c.held_bytes = 0;
+        if let (Some(refused), Some(first)) = (refused, held_start(&held)) {
+            let what = if looks_like_preface(&first) {
+                "HTTP/2 connection preface"
+            } else if method_prefix(&first) {
+                "HTTP/1.1 request pipelined"
+            } else {
+                "bytes"
+            };
+            let msg =
+                format!("{what} sent before the answer to an Upgrade: h2c request ({refused})");
+            self.error_conn(c, ts, true, "h2c", msg, out);
+        }
+        for ev in &held {
+            self.feed_conn(c, &ev.flow(c.id), out);
+        }
+    }
+
+    /// An error of the connection, not of one exchange.
+    fn error_conn(
+        &mut self,
+        c: &Conn,
+        ts: f64,
+        from_client: bool,
+        kind: &'static str,
+        message: String,
+        out: &mut Vec<HttpEvent>,
+    ) {
+        self.stats.errors = self.stats.errors.saturating_add(1);
+        out.push(HttpEvent::Error {
+            conn: c.id,
+            exchange: None,
+            ts,
+            from_client,
+            kind,
+            message,
+        });
+    }
+
     fn release(&mut self, c: &mut Conn, out: &mut Vec<HttpEvent>) {
         if c.opened_held {
             out.push(HttpEvent::Opened {
@@ -868,6 +1385,21 @@ impl Ctx {
         out: &mut Vec<HttpEvent>,
     ) {
         while !data.is_empty() && !c.dead {
+            if c.h2 {
+                // a message just ended switched the connection
+                out.push(HttpEvent::H2Feed {
+                    conn: c.id,
+                    event: HeldEvent::Data {
+                        ts,
+                        from_client: (i == 1) != c.swapped,
+                        data,
+                    },
+                });
+                return;
+            }
+            if c.upgrade != Upgrade::None && self.hold_data(c, i == 1, ts, &data, out) {
+                return;
+            }
             if c.dirs[i].chunked.is_some() {
                 data = self.chunked_data(c, i, ts, &data, out);
             } else if c.dirs[i].body.is_some() {
@@ -975,22 +1507,22 @@ impl Ctx {
                 Head::Response(r) => {
                     let o = self.response(c, i, ts, r, out);
                     if r.status == 101 {
+                        // `Upgrade: h2c` accepted: HTTP/2 from the next byte on;
+                        // the request continues as stream 1.
                         let d = &mut c.dirs[i];
                         let rest = d.head.take().unwrap_or_default();
+                        let ex = d.exchange;
                         d.raw = None;
                         d.exchange = -1;
-                        c.h2 = true;
-                        out.push(HttpEvent::H2Handover {
-                            conn: c.id,
-                            ts,
-                            mode: H2Mode::Upgrade,
-                            from_client: false,
-                            data: rest,
-                            swapped: c.swapped,
-                            opened_held: c.opened_held,
-                            roles_known: c.roles_known,
-                        });
+                        d.h2c = false;
+                        self.upgrade(c, Step::Switch(ex, rest), ts, out);
                         return Vec::new();
+                    }
+                    let d = &mut c.dirs[i];
+                    if d.h2c && d.in_message {
+                        // a final answer: the offer is refused
+                        d.h2c = false;
+                        self.upgrade(c, Step::Refuse, ts, out);
                     }
                     o
                 }
@@ -1102,11 +1634,15 @@ impl Ctx {
         d.exchange = ex;
         d.in_message = true;
         d.raw = None;
+        let h2c = upgrades_to_h2c(&h.headers);
         c.pending.push_back(Pending {
             exchange: ex,
             method: h.method.clone(),
-            h2c: upgrades_to_h2c(&h.headers),
+            h2c,
         });
+        if h2c {
+            self.upgrade(c, Step::Offer(ex), ts, out);
+        }
         self.stats.requests = self.stats.requests.saturating_add(1);
         out.push(HttpEvent::Request {
             conn: c.id,
@@ -1304,7 +1840,16 @@ impl Ctx {
         d.head = None;
         d.body = None;
         d.chunked = None;
+        d.last_exchange = d.exchange;
         d.exchange = -1;
+        let (fc, ex) = (d.from_client, d.last_exchange);
+        if c.upgrade != Upgrade::None {
+            if !fc {
+                self.upgrade(c, Step::Answered, ts, out);
+            } else if ex == c.upgrade_exchange {
+                self.upgrade(c, Step::RequestEnd, ts, out);
+            }
+        }
     }
 
     // ------------------------------------------------------------ recovery
@@ -1341,6 +1886,9 @@ impl Ctx {
                 reason: EndReason::Error,
             });
             c.dirs[i].exchange = -1;
+            if c.upgrade != Upgrade::None {
+                self.upgrade(c, Step::Answered, ts, out);
+            }
         }
         c.dirs[i].head = None;
     }
@@ -1526,6 +2074,7 @@ impl Ctx {
                     from_client: false,
                     reason: EndReason::Gap,
                 });
+                c.dirs[i].last_exchange = ex;
                 unknown_body = false;
             }
         }
@@ -1668,6 +2217,7 @@ impl Ctx {
                 from_client: false,
                 reason: end,
             });
+            d.last_exchange = d.exchange;
             d.exchange = -1;
         }
         let d = &mut c.dirs[i];

@@ -132,13 +132,168 @@ fn preface_hands_over() {
             data: b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
         },
     ]);
+    let n = out.len();
     assert!(matches!(
-        out.last(),
-        Some(HttpEvent::H2Handover {
+        &out[n - 2],
+        HttpEvent::H2Handover {
             mode: H2Mode::Preface,
+            base: 0,
             ..
-        })
+        }
     ));
+    assert!(matches!(
+        &out[n - 1],
+        HttpEvent::H2Feed {
+            event: HeldEvent::Data { from_client: true, data, .. },
+            ..
+        } if data.starts_with(b"PRI * HTTP/2.0")
+    ));
+}
+
+fn conn_run(steps: &[(bool, &[u8])]) -> Vec<HttpEvent> {
+    let mut evs = vec![FlowEvent::Opened {
+        conn: 1,
+        ts: 0.0,
+        syn_seen: true,
+    }];
+    for (k, (from_client, data)) in steps.iter().enumerate() {
+        evs.push(FlowEvent::Data {
+            conn: 1,
+            ts: k as f64,
+            from_client: *from_client,
+            data,
+        });
+    }
+    run(&evs)
+}
+
+fn h2c_errors(out: &[HttpEvent]) -> Vec<String> {
+    out.iter()
+        .filter_map(|e| match e {
+            HttpEvent::Error {
+                kind: "h2c",
+                message,
+                ..
+            } => Some(message.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+const PLAIN: &[u8] = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+const OFFER: &[u8] = b"GET /u HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n";
+const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+const SWITCH: &[u8] =
+    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n";
+
+#[test]
+fn h2c_upgrade_on_the_second_request_makes_it_stream_one() {
+    let out = conn_run(&[(true, PLAIN), (false, OK), (true, OFFER), (false, SWITCH)]);
+    let handover = out.iter().position(|e| {
+        matches!(
+            e,
+            HttpEvent::H2Handover {
+                mode: H2Mode::Upgrade,
+                base: 1,
+                ..
+            }
+        )
+    });
+    assert!(handover.is_some(), "{out:?}");
+    assert!(h2c_errors(&out).is_empty());
+}
+
+#[test]
+fn client_bytes_after_an_offer_wait_for_the_answer() {
+    // the preface pipelined before the 101: held, then HTTP/2's
+    let mut req = OFFER.to_vec();
+    req.extend_from_slice(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    let out = conn_run(&[(true, &req), (false, SWITCH)]);
+    let at = out
+        .iter()
+        .position(|e| matches!(e, HttpEvent::H2Handover { base: 0, .. }))
+        .expect("handed over");
+    assert!(matches!(
+        &out[at + 1],
+        HttpEvent::H2Feed {
+            event: HeldEvent::Data { from_client: true, data, .. },
+            ..
+        } if data.starts_with(b"PRI * HTTP/2.0")
+    ));
+}
+
+#[test]
+fn a_refused_offer_releases_the_held_request_with_an_error() {
+    let mut req = OFFER.to_vec();
+    req.extend_from_slice(PLAIN);
+    let out = conn_run(&[(true, &req), (false, OK), (false, OK)]);
+    assert!(!out
+        .iter()
+        .any(|e| matches!(e, HttpEvent::H2Handover { .. })));
+    assert_eq!(
+        h2c_errors(&out),
+        [
+            "HTTP/1.1 request pipelined sent before the answer to an Upgrade: h2c request \
+          (the server refused the upgrade)"
+        ]
+    );
+    let requests = out
+        .iter()
+        .filter(|e| matches!(e, HttpEvent::Request { .. }))
+        .count();
+    assert_eq!(requests, 2);
+}
+
+#[test]
+fn a_preface_after_requests_waits_for_their_answers() {
+    let out = conn_run(&[
+        (true, PLAIN),
+        (true, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+        (false, OK),
+    ]);
+    let resp = out
+        .iter()
+        .position(|e| matches!(e, HttpEvent::Response { exchange: 0, .. }))
+        .expect("the HTTP/1.1 answer");
+    let at = out
+        .iter()
+        .position(|e| {
+            matches!(
+                e,
+                HttpEvent::H2Handover {
+                    mode: H2Mode::Preface,
+                    base: 1,
+                    ..
+                }
+            )
+        })
+        .expect("handed over");
+    assert!(resp < at);
+}
+
+#[test]
+fn an_early_101_waits_for_the_upgraded_request_to_end() {
+    let req = b"POST /u HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\nContent-Length: 4\r\n\r\nab";
+    let out = conn_run(&[(true, req), (false, SWITCH), (true, b"cd")]);
+    let end = out
+        .iter()
+        .position(|e| {
+            matches!(
+                e,
+                HttpEvent::End {
+                    exchange: 0,
+                    from_client: true,
+                    reason: EndReason::Complete,
+                    ..
+                }
+            )
+        })
+        .expect("the request ends as HTTP/1.1");
+    let at = out
+        .iter()
+        .position(|e| matches!(e, HttpEvent::H2Handover { base: 0, .. }))
+        .expect("handed over");
+    assert!(end < at, "{out:?}");
 }
 
 fn split_feed(conn_events: &[(bool, Vec<u8>)], syn: bool) {
@@ -259,4 +414,58 @@ proptest! {
         }
         prop_assert_eq!(bodies(&out), b"hello world".to_vec());
     }
+}
+
+#[test]
+fn anomalies_name_the_exchange_their_bytes_touched() {
+    let anomaly = |from_client| FlowEvent::Anomaly {
+        conn: 1,
+        from_client,
+    };
+    let data = |from_client, data| FlowEvent::Data {
+        conn: 1,
+        ts: 1.0,
+        from_client,
+        data,
+    };
+    let r = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    let out = run(&[
+        FlowEvent::Opened {
+            conn: 1,
+            ts: 0.0,
+            syn_seen: true,
+        },
+        anomaly(true),  // before any request: the first one (0)
+        anomaly(false), // nothing pending, nothing ended: none
+        data(true, r),
+        data(true, b"GET /b HT"),
+        anomaly(true),  // a request head not yet complete: the one it will be (1)
+        anomaly(false), // the answer to the oldest pending request (0)
+        data(false, b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab"),
+        anomaly(false), // the response being read (0)
+        data(false, b"cd"),
+        anomaly(false), // the last that ended on this direction (0)
+    ]);
+    let got: Vec<(Option<i64>, bool)> = out
+        .iter()
+        .filter_map(|e| match e {
+            HttpEvent::Anomaly {
+                exchange,
+                from_client,
+                ..
+            } => Some((*exchange, *from_client)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Some(0), true),
+            (None, false),
+            (Some(1), true),
+            (Some(0), false),
+            (Some(0), false),
+            (Some(0), false),
+        ]
+    );
 }

@@ -100,6 +100,8 @@ fn reordered_duplicate_and_mismatching_overlap() {
         e,
         Event::Anomaly {
             kind: "overlap-mismatch",
+            offset: 0,
+            length: 5,
             ..
         }
     )));
