@@ -44,6 +44,9 @@ def read_pcap(
     tuple[str, int, int] | None,
 ]: ...
 def segment_batch(segments: Iterable[Segment]) -> SegmentBatch: ...
+def parse_block(
+    linktype: int, ring: object, base: int, block_size: int, skip_outgoing: bool
+) -> tuple[SegmentBatch, int, int, int, int, float | None]: ...
 
 class Reassembler:
     idle_timeout: float

@@ -663,3 +663,68 @@ def test_native_batches_give_the_same_segments() -> None:
     want = segments(items)
     assert len(want) > 10
     assert sorted(map(key, segments(got))) == sorted(map(key, want))
+
+
+def _ring_block(frames: list[tuple[bytes, int, int]], block_size: int = 1 << 16) -> bytearray:
+    """A ``TPACKET_V3`` ring block as the kernel lays it out (descriptor, then
+    one ``tpacket3_hdr`` + ``sockaddr_ll`` + frame per packet): ``frames`` are
+    (frame, sll_pkttype, bytes the wire had beyond the captured ones)."""
+    block = bytearray(block_size)
+    first = 48
+    struct.pack_into("=II", block, 12, len(frames), first)
+    off = first
+    mac = 82  # TPACKET_ALIGN(68) + 2 (Ethernet, as the kernel pads it)
+    for i, (frame, pkttype, beyond) in enumerate(frames):
+        size = (mac + len(frame) + 15) & ~15
+        nxt = 0 if i == len(frames) - 1 else size
+        struct.pack_into(
+            "=IIIIIIH",
+            block,
+            off,
+            nxt,
+            1_700_000_000 + i,
+            987_654_321 - i,
+            len(frame),
+            len(frame) + beyond,
+            1,
+            mac,
+        )
+        block[off + 58] = pkttype
+        block[off + mac : off + mac + len(frame)] = frame
+        off += size
+    return block
+
+
+@pytest.mark.native
+@pytest.mark.skipif(NATIVE is None, reason="the native core is not available")
+@pytest.mark.parametrize("skip_outgoing", [True, False])
+def test_native_block_walk_is_the_reference_walk(skip_outgoing: bool) -> None:
+    """``sniffer._native.parse_block`` counts and parses a ring block exactly as
+    ``AfPacketSource._walk_block`` does: the same segments with the same
+    timestamps, outgoing copies, truncated frames and non-TCP frames alike."""
+    from tests.test_pcap import tcp_frame
+
+    frames = [
+        (tcp_frame(0), 0, 0),
+        (tcp_frame(1), afpacket.PACKET_OUTGOING, 0),  # lo's second copy
+        (tcp_frame(2, b"x" * 300), 0, 1200),  # cut by the snap length
+        (b"\x00" * 14 + b"not ip", 0, 0),  # no TCP segment
+        (tcp_frame(3), 0, 0),
+    ]
+    ring = _ring_block(frames)
+    src = AfPacketSource("lo", (8000,), block_size=len(ring))
+    src._skip_outgoing = skip_outgoing
+    view = memoryview(ring)
+    py_out: list[object] = []
+    py_counts = src._walk_block(ring, view, 0, py_out)  # type: ignore[arg-type]
+    batch, *native_counts = NATIVE.parse_block(1, view, 0, len(ring), skip_outgoing)
+    assert tuple(native_counts[:4]) == py_counts[:2] + py_counts[3:5]
+    assert native_counts[4] == py_counts[5]
+    assert len(batch) == py_counts[2]
+    assert batch.segments() == py_out
+    want_packets = 4 if skip_outgoing else 5
+    assert py_counts[0] == want_packets and py_counts[4] == 1
+    assert len(py_out) == (3 if skip_outgoing else 4)
+    assert py_counts[5] == 1_700_000_004 + (987_654_321 - 4) * 1e-9
+    with pytest.raises(ValueError, match="past the ring"):
+        NATIVE.parse_block(1, view, 8, len(ring), skip_outgoing)

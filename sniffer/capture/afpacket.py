@@ -100,7 +100,8 @@ RECV_BUFSIZE = 1 << 18
 # struct tpacket_block_desc: version, offset_to_priv, then tpacket_hdr_v1:
 # block_status (+8), num_pkts (+12), offset_to_first_pkt (+16), blk_len (+20) ...
 _BLOCK_STATUS = 8
-_BLOCK_HDR = struct.Struct("=III")  # block_status, num_pkts, offset_to_first_pkt
+_BLOCK_NUM_PKTS = 12
+_BLOCK_PKTS = struct.Struct("=II")  # num_pkts, offset_to_first_pkt
 _U32 = struct.Struct("=I")
 # struct tpacket3_hdr: tp_next_offset, tp_sec, tp_nsec, tp_snaplen, tp_len,
 # tp_status, tp_mac (u16)
@@ -367,20 +368,18 @@ class AfPacketSource:
         return bool(status & TP_STATUS_USER)
 
     def _drain_ring(self, mm: mmap.mmap, view: memoryview, out: list[Any]) -> None:
-        if self._native is not None:
-            self._drain_ring_native(mm, view, out)
-            return
-        parse = self._parse
-        unpack_pkt = _PKT_HDR.unpack_from
+        """Every block the kernel has handed over, in ring order: its frames
+        appended to ``out`` (segments, or one ``SegmentBatch`` per block with the
+        native core), the block given back, a kernel-drop gap put ahead of the
+        packets of a block the kernel closed while losing."""
+        walk = self._walk_block if self._native is None else self._walk_block_native
         block_size = self._block_size
         nblocks = self._ring_blocks
-        skip_outgoing = self._skip_outgoing
-        append = out.append
         packets = nbytes = segments = skipped = truncated = 0
         last_ts = self._last_ts
         for _ in range(nblocks):
             base = self._block * block_size
-            status, num, first = _BLOCK_HDR.unpack_from(mm, base + _BLOCK_STATUS)
+            status = _U32.unpack_from(mm, base + _BLOCK_STATUS)[0]
             if not status & TP_STATUS_USER:
                 break
             if status & TP_STATUS_LOSING:
@@ -391,29 +390,14 @@ class AfPacketSource:
                 if self._pending_drops:
                     self._last_ts = last_ts
                     self._emit_gap(out)
-            off = base + first
-            for _ in range(num):
-                next_off, sec, nsec, snaplen, wirelen, _st, mac = unpack_pkt(mm, off)
-                if skip_outgoing and mm[off + _PKT_SLL_PKTTYPE] == PACKET_OUTGOING:
-                    skipped += 1
-                else:
-                    packets += 1
-                    nbytes += snaplen
-                    if snaplen < wirelen:
-                        truncated += 1
-                    ts = sec + nsec * 1e-9
-                    last_ts = ts
-                    start = off + mac
-                    try:
-                        # A view of the frame in the ring: the parser copies the
-                        # payload once, into the Segment's bytes.
-                        seg = parse(view[start : start + snaplen], ts)
-                    except Exception:  # the parser promises not to raise; stay alive anyway
-                        seg = None
-                    if seg is not None:
-                        segments += 1
-                        append(seg)
-                off += next_off
+            p, n, g, k, t, ts = walk(mm, view, base, out)
+            packets += p
+            nbytes += n
+            segments += g
+            skipped += k
+            truncated += t
+            if ts is not None:
+                last_ts = ts
             _U32.pack_into(mm, base + _BLOCK_STATUS, TP_STATUS_KERNEL)
             self._block = (self._block + 1) % nblocks
         self._last_ts = last_ts
@@ -423,59 +407,59 @@ class AfPacketSource:
         self._outgoing_skipped += skipped
         self._truncated += truncated
 
-    def _drain_ring_native(self, mm: mmap.mmap, view: memoryview, out: list[Any]) -> None:
-        """``_drain_ring`` with the native link layer: one call per ring block, which
-        gives one ``SegmentBatch`` (the same segments ``_drain_ring`` would give)."""
-        assert self._native is not None
-        parse_frames = self._native.parse_frames
+    def _walk_block(
+        self, mm: mmap.mmap, view: memoryview, base: int, out: list[Any]
+    ) -> tuple[int, int, int, int, int, float | None]:
+        """The frames of the block at ``base`` to segments (the reference of
+        ``sniffer._native.parse_block``): (packets, bytes, segments, outgoing
+        copies skipped, truncated frames, last capture time)."""
+        parse = self._parse
         unpack_pkt = _PKT_HDR.unpack_from
-        block_size = self._block_size
-        nblocks = self._ring_blocks
         skip_outgoing = self._skip_outgoing
+        append = out.append
         packets = nbytes = segments = skipped = truncated = 0
-        last_ts = self._last_ts
-        for _ in range(nblocks):
-            base = self._block * block_size
-            status, num, first = _BLOCK_HDR.unpack_from(mm, base + _BLOCK_STATUS)
-            if not status & TP_STATUS_USER:
+        last_ts: float | None = None
+        num, first = _BLOCK_PKTS.unpack_from(mm, base + _BLOCK_NUM_PKTS)
+        off = base + first
+        for _ in range(num):
+            next_off, sec, nsec, snaplen, wirelen, _st, mac = unpack_pkt(mm, off)
+            if skip_outgoing and mm[off + _PKT_SLL_PKTTYPE] == PACKET_OUTGOING:
+                skipped += 1
+            else:
+                packets += 1
+                nbytes += snaplen
+                if snaplen < wirelen:
+                    truncated += 1
+                ts = sec + nsec * 1e-9
+                last_ts = ts
+                start = off + mac
+                try:
+                    # A view of the frame in the ring: the parser copies the
+                    # payload once, into the Segment's bytes.
+                    seg = parse(view[start : start + snaplen], ts)
+                except Exception:  # the parser promises not to raise; stay alive anyway
+                    seg = None
+                if seg is not None:
+                    segments += 1
+                    append(seg)
+            if not next_off:
                 break
-            if status & TP_STATUS_LOSING:
-                self._read_kernel_stats()
-                self._stats_at = time.monotonic()
-                if self._pending_drops:
-                    self._last_ts = last_ts
-                    self._emit_gap(out)
-            off = base + first
-            stamps: list[float] = []
-            bounds: list[int] = []
-            for _ in range(num):
-                next_off, sec, nsec, snaplen, wirelen, _st, mac = unpack_pkt(mm, off)
-                if skip_outgoing and mm[off + _PKT_SLL_PKTTYPE] == PACKET_OUTGOING:
-                    skipped += 1
-                else:
-                    packets += 1
-                    nbytes += snaplen
-                    if snaplen < wirelen:
-                        truncated += 1
-                    ts = sec + nsec * 1e-9
-                    last_ts = ts
-                    stamps.append(ts)
-                    start = off + mac
-                    bounds += (start, start + snaplen)
-                off += next_off
-            if stamps:
-                batch = parse_frames(LINKTYPE_ETHERNET, view, stamps, bounds)
-                if len(batch):
-                    segments += len(batch)
-                    out.append(batch)
-            _U32.pack_into(mm, base + _BLOCK_STATUS, TP_STATUS_KERNEL)
-            self._block = (self._block + 1) % nblocks
-        self._last_ts = last_ts
-        self._packets += packets
-        self._bytes += nbytes
-        self._segments += segments
-        self._outgoing_skipped += skipped
-        self._truncated += truncated
+            off += next_off
+        return packets, nbytes, segments, skipped, truncated, last_ts
+
+    def _walk_block_native(
+        self, mm: mmap.mmap, view: memoryview, base: int, out: list[Any]
+    ) -> tuple[int, int, int, int, int, float | None]:
+        """``_walk_block`` in one native call: the block's segments as one
+        ``SegmentBatch`` (appended when it holds any)."""
+        assert self._native is not None
+        batch, packets, nbytes, skipped, truncated, last_ts = self._native.parse_block(
+            LINKTYPE_ETHERNET, view, base, self._block_size, self._skip_outgoing
+        )
+        segments = len(batch)
+        if segments:
+            out.append(batch)
+        return packets, nbytes, segments, skipped, truncated, last_ts
 
     def _drain_recv(self, out: list[PollItem], wait_ms: int) -> None:
         sock = self._sock

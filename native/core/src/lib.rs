@@ -9,6 +9,7 @@
 
 pub mod link;
 pub mod reassembly;
+pub mod ring;
 
 /// The version of the native core, reported by `sparseety --version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

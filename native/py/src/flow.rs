@@ -44,11 +44,11 @@ pub struct SegmentBatch {
     arena: Vec<u8>,
     /// frames looked at (TCP or not)
     #[pyo3(get)]
-    frames: usize,
+    pub(crate) frames: usize,
 }
 
 impl SegmentBatch {
-    fn new() -> SegmentBatch {
+    pub(crate) fn new() -> SegmentBatch {
         SegmentBatch {
             recs: Vec::new(),
             arena: Vec::new(),
@@ -56,7 +56,7 @@ impl SegmentBatch {
         }
     }
 
-    fn push(&mut self, ts: f64, s: &Seg<'_>) {
+    pub(crate) fn push(&mut self, ts: f64, s: &Seg<'_>) {
         let start = self.arena.len();
         self.arena.extend_from_slice(s.payload);
         self.recs.push(Rec {
@@ -145,7 +145,7 @@ impl SegmentBatch {
 }
 
 /// The bytes of a buffer (bytes, mmap, memoryview) for the duration of a call.
-fn with_bytes<R>(
+pub(crate) fn with_bytes<R>(
     _py: Python<'_>,
     obj: &Bound<'_, PyAny>,
     f: impl FnOnce(&[u8]) -> R,
