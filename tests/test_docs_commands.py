@@ -252,3 +252,37 @@ def test_the_extraction(tmp_path: Path) -> None:
         check=True,
     ).stdout
     assert out.startswith(str(tmp_path))
+
+
+LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown file (outside code blocks)."""
+    out: set[str] = set()
+    fenced = False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return out
+
+
+def test_links_between_the_documents_resolve() -> None:
+    """Every relative link of the README and docs/ names a file that exists, and
+    its #anchor a heading of that file."""
+    bad = []
+    for path in (README, *PAGES):
+        for m in LINK.finditer(path.read_text()):
+            target = m["target"]
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.exists():
+                bad.append(f"{path.name}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                bad.append(f"{path.name}: {target} (no such heading)")
+    assert bad == []
