@@ -11,7 +11,7 @@ evaluates every query against a real Prometheus scraping a live sidecar.
 
 Metric names and labels are those ``sniffer/record/metrics.py`` exposes. The
 ``node`` label is not in the exposition: the scrape adds it (a target label,
-or the ``external_labels`` of a per-node agent; see the README), named like
+or the ``external_labels`` of a per-node agent; see docs/operating.md), named like
 ``sparseety run --node``. With the variable at "All" a query also matches
 series without it.
 """

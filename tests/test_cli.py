@@ -351,29 +351,6 @@ def test_prune_rejects_a_bad_age(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--older-than" in res.output
 
 
-def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
-    """README: ``sparseety replay pcaps/*.pcap --db /tmp/demo.db``, then streams
-    and show 1 — every command exits 0 (fault fixtures live in pcaps/faults/)."""
-    readme = (ROOT / "README.md").read_text()
-    tour = readme.split("Try it on the bundled fixtures", 1)[1].split("```")[1]
-    commands = [ln.split() for ln in tour.strip().splitlines()]
-    assert [c[:2] for c in commands] == [
-        ["sparseety", "replay"],
-        ["sparseety", "streams"],
-        ["sparseety", "show"],
-    ]
-    db = str(tmp_path / "demo.db")
-    for argv in commands:
-        args = []
-        for a in argv[1:]:
-            if a == "pcaps/*.pcap":
-                args += sorted(str(p) for p in PCAPS.glob("*.pcap"))
-            else:
-                args.append(db if a == "/tmp/demo.db" else a)
-        res = cli(*args)
-        assert res.exit_code == 0, (argv, res.output[-500:])
-
-
 def test_the_console_script_keeps_exit_codes_and_flushes_all_output(
     demo: str, tmp_path: Path
 ) -> None:

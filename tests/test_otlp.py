@@ -555,20 +555,20 @@ def test_daemon_code_does_not_import_the_sdk_when_otlp_is_off() -> None:
     assert p.returncode == 0, p.stderr
 
 
-# ---------------------------------------------------------------- README collector config
+# ---------------------------------------------------------------- docs collector config
 
 
-def _readme_collector_config() -> dict[str, Any]:
-    text = (ROOT / "README.md").read_text()
+def _docs_collector_config() -> dict[str, Any]:
+    text = (ROOT / "docs" / "operating.md").read_text()
     m = re.search(r"<!-- otelcol-config -->\s*```yaml\n(.*?)```", text, re.S)
-    assert m, "README has no collector configuration block"
+    assert m, "docs/operating.md has no collector configuration block"
     cfg = yaml.safe_load(m.group(1))
     assert isinstance(cfg, dict)
     return cfg
 
 
-def test_readme_collector_config_is_valid_and_consistent() -> None:
-    cfg = _readme_collector_config()
+def test_docs_collector_config_is_valid_and_consistent() -> None:
+    cfg = _docs_collector_config()
     receivers, exporters = cfg["receivers"], cfg["exporters"]
     processors = cfg.get("processors", {})
     assert "http" in receivers["otlp"]["protocols"]

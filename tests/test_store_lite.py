@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, insert
 
 from sniffer.runtime.replay import replay
-from sniffer.store import lite, models
+from sniffer.store import lite, models, views
 from sniffer.store.ids import reserve
 from sniffer.store.schema import REVISIONS, SchemaTooNew
 from sniffer.store.writer import _UPDATES, SERVER_STATS_COLUMNS, StoreWriter, _update_stmt
@@ -233,6 +233,8 @@ def test_create_schema_leaves_other_files_to_the_migrations(tmp_path: Path) -> N
     path = tmp_path / "old.db"
     StoreWriter(str(path)).close()
     conn = sqlite3.connect(path)
+    for view in reversed(views.NAMES):  # 0006
+        conn.execute(f"DROP VIEW {view}")
     conn.execute("DROP TABLE checkpoints")
     conn.execute("ALTER TABLE streams DROP COLUMN flags")
     for column in reversed(SERVER_STATS_COLUMNS):  # 0005

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sniffer.store.schema import REVISIONS, SQLITE_LOCK_WAIT
+from sniffer.store.views import VIEWS
 
 #: ``streams.dialect`` of an exchange that is not an LLM stream (plain HTTP):
 #: the store's spelling of ``StreamOpened.dialect is None`` (``models.PLAIN_HTTP``).
@@ -215,7 +216,8 @@ def _table(name: str, *lines: str) -> str:
 #: to the stored text, hence ``label TEXT, node VARCHAR(255)`` on one line) and adds
 #: ``id_blocks``, 0003 adds ``checkpoints``, 0004 appends ``streams.flags``, 0005 the
 #: server-reported speculative decoding and timings (``streams.spec_*``,
-#: ``streams.server_*``, appended to the same line). A test
+#: ``streams.server_*``, appended to the same line), 0006 the views for reading by
+#: hand (``sniffer.store.views``, whose text both use). A test
 #: checks the text against what Alembic creates, so the two cannot drift: a new
 #: migration must change both.
 SCHEMA_DDL: tuple[str, ...] = (
@@ -404,13 +406,14 @@ SCHEMA_DDL: tuple[str, ...] = (
         "payload TEXT NOT NULL",
         "PRIMARY KEY (node)",
     ),
+    *VIEWS["sqlite"],
 )
 
 #: The rows the migration chain writes into a new database: the informative
 #: ``meta.schema_version`` (``models.SCHEMA_VERSION``), the id counters (one past
 #: the largest id: 1 in an empty file) and the Alembic revision stamp.
 SCHEMA_ROWS: tuple[str, ...] = (
-    "INSERT INTO meta (\"key\", value) VALUES ('schema_version', '5')",
+    "INSERT INTO meta (\"key\", value) VALUES ('schema_version', '6')",
     "INSERT INTO id_blocks (name, next_id) VALUES ('connections', 1), ('streams', 1)",
     f"INSERT INTO alembic_version (version_num) VALUES ('{REVISIONS[-1]}')",
 )

@@ -140,7 +140,7 @@ from sqlalchemy import (
 
 from sniffer.store.lite import PLAIN_HTTP as _PLAIN_HTTP
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 #: ``streams.dialect`` of an exchange that is not an LLM stream (plain HTTP):
 #: the store's spelling of ``StreamOpened.dialect is None`` (defined in ``lite``,

@@ -56,7 +56,7 @@ SCRIPT_LOCATION = "sniffer.store:migrations"
 #: The revisions of the packaged chain, oldest first. Known without importing
 #: Alembic, so that opening a database at head costs one query and no import
 #: (tests check this against the scripts in ``migrations/versions``).
-REVISIONS = ("0001", "0002", "0003", "0004", "0005")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006")
 
 
 class SchemaTooNew(Exception):
