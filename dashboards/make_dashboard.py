@@ -31,6 +31,9 @@ R = "$__rate_interval"
 LN = 'label=~"$label", node=~"$node"'
 N = 'node=~"$node"'
 QUANTILES = ((0.5, "p50"), (0.9, "p90"), (0.99, "p99"))
+SPEC_DRAFT = "sparseety_server_spec_draft_tokens_total"
+SPEC_ACCEPTED = "sparseety_server_spec_accepted_tokens_total"
+SPEC_LENGTH = "sparseety_server_spec_accept_length"
 
 
 def target(expr: str, legend: str, ref: str, *, fmt: str = "time_series") -> dict[str, Any]:
@@ -60,6 +63,7 @@ def panel(
     thresholds: list[tuple[float | None, str]] | None = None,
     fmt: str = "time_series",
     minimum: float | None = 0,
+    maximum: float | None = None,
 ) -> dict[str, Any]:
     refs = "ABCDEFGHIJ"
     steps = [{"color": c, "value": v} for v, c in (thresholds or [(None, "green")])]
@@ -70,6 +74,8 @@ def panel(
     }
     if minimum is not None:
         defaults["min"] = minimum
+    if maximum is not None:
+        defaults["max"] = maximum
     p: dict[str, Any] = {
         "type": kind,
         "title": title,
@@ -104,6 +110,15 @@ def panel(
             "textMode": "auto",
         }
     return p
+
+
+def spec_acceptance(matchers: str, window: str = R, by: str = "label") -> str:
+    """Accepted / drafted tokens over ``window``; no sample where nothing was
+    drafted (not a NaN)."""
+    return (
+        f"sum by ({by}) (rate({SPEC_ACCEPTED}{{{matchers}}}[{window}])) "
+        f"/ (sum by ({by}) (rate({SPEC_DRAFT}{{{matchers}}}[{window}])) > 0)"
+    )
 
 
 def row(title: str) -> dict[str, Any]:
@@ -300,6 +315,69 @@ def dashboard() -> dict[str, Any]:
             ],
         ),
         (
+            row("Speculative decoding (server-reported)"),
+            [
+                panel(
+                    "Draft and accepted tokens per second",
+                    "Draft tokens the servers reported proposing, and how many of them the "
+                    "target model accepted, per second by label and source (vLLM "
+                    "`metrics.speculative_decoding`, llama.cpp `timings.draft_n` / "
+                    "`draft_n_accepted`, SGLang `spec_*`), counted when a stream closes.",
+                    [
+                        (
+                            f"sum by (label, source) (rate({SPEC_DRAFT}{{{LN}}}[{R}]))",
+                            "{{label}} · {{source}} drafted",
+                        ),
+                        (
+                            f"sum by (label, source) (rate({SPEC_ACCEPTED}{{{LN}}}[{R}]))",
+                            "{{label}} · {{source}} accepted",
+                        ),
+                    ],
+                ),
+                panel(
+                    "Draft acceptance rate",
+                    "Accepted / drafted tokens by label over the interval (streams that "
+                    "reported no drafts count for nothing). A drop means the draft model "
+                    "(or n-gram lookup) fits this traffic worse: fewer tokens per "
+                    "verification step, slower streams.",
+                    [(spec_acceptance(LN), "{{label}}")],
+                    unit="percentunit",
+                    maximum=1,
+                ),
+                panel(
+                    "Mean acceptance length",
+                    "Tokens one verification step produced (1 + accepted / steps), the "
+                    "mean over the closed streams of the per-stream figure the server "
+                    "reported (vLLM `mean_acceptance_length`, SGLang `spec_accept_length`; "
+                    "llama.cpp reports no step count), and the p50 of the streams from "
+                    "the histogram.",
+                    [
+                        (
+                            f"sum by (label) (rate({SPEC_LENGTH}_sum{{{LN}}}[{R}])) "
+                            f"/ (sum by (label) (rate({SPEC_LENGTH}_count{{{LN}}}[{R}])) > 0)",
+                            "{{label}} mean",
+                        ),
+                        (quantile(0.5, SPEC_LENGTH, LN), "{{label}} p50"),
+                    ],
+                    unit="none",
+                ),
+                panel(
+                    "Acceptance length: distribution",
+                    "Streams per acceptance-length bucket (tokens per verification step) "
+                    "in each interval (all selected labels).",
+                    [
+                        (
+                            f"sum by (le) (increase({SPEC_LENGTH}_bucket{{{LN}}}[{R}]))",
+                            "{{le}}",
+                        )
+                    ],
+                    unit="none",
+                    kind="heatmap",
+                    fmt="heatmap",
+                ),
+            ],
+        ),
+        (
             row("Completeness and errors"),
             [
                 panel(
@@ -476,7 +554,8 @@ def dashboard() -> dict[str, Any]:
         "uid": UID,
         "title": "SparSEEty sidecar",
         "description": "What a SparSEEty sidecar records on a serving node: streams, "
-        "latency, tokens, completeness, capture health, baseline vs candidate.",
+        "latency, tokens, speculative decoding, completeness, capture health, baseline vs "
+        "candidate.",
         "tags": ["sparseety", "llm", "genai"],
         "editable": True,
         "graphTooltip": 1,
