@@ -131,7 +131,9 @@ def row(title: str) -> dict[str, Any]:
     }
 
 
-def quantile_panel(title: str, what: str, metric: str, quantiles: tuple[tuple[float, str], ...]):
+def quantile_panel(
+    title: str, what: str, metric: str, quantiles: tuple[tuple[float, str], ...]
+) -> dict[str, Any]:
     return panel(
         title,
         f"{what} Quantiles by label, from the `{metric}` histogram's buckets "
