@@ -34,6 +34,7 @@ QUANTILES = ((0.5, "p50"), (0.9, "p90"), (0.99, "p99"))
 SPEC_DRAFT = "sparseety_server_spec_draft_tokens_total"
 SPEC_ACCEPTED = "sparseety_server_spec_accepted_tokens_total"
 SPEC_LENGTH = "sparseety_server_spec_accept_length"
+CADENCE = "sparseety_output_cadence_total"
 
 
 def target(expr: str, legend: str, ref: str, *, fmt: str = "time_series") -> dict[str, Any]:
@@ -199,6 +200,7 @@ def variable(name: str, label: str, query: str, *, multi: bool) -> dict[str, Any
 
 
 def dashboard() -> dict[str, Any]:
+    classified = f'sum by (label) (rate({CADENCE}{{{LN}, cadence!="unknown"}}[{R}]))'
     sections: list[tuple[dict[str, Any], list[dict[str, Any]]]] = [
         (
             row("Traffic"),
@@ -317,7 +319,7 @@ def dashboard() -> dict[str, Any]:
             ],
         ),
         (
-            row("Speculative decoding (server-reported)"),
+            row("Speculative decoding"),
             [
                 panel(
                     "Draft and accepted tokens per second",
@@ -376,6 +378,35 @@ def dashboard() -> dict[str, Any]:
                     unit="none",
                     kind="heatmap",
                     fmt="heatmap",
+                ),
+                panel(
+                    "Outputs per second by cadence",
+                    "Streamed outputs with text, at their stream's close, by the cadence of "
+                    "their text chunks' capture times (`sniffer.llm.cadence`, as `stats` "
+                    "reads it): bursty (runs of chunks close together, then a long gap: "
+                    "what speculative decoding looks like from a server that streams one "
+                    "token per event and reports nothing, e.g. llama.cpp), steady, unknown "
+                    "(fewer than 8 gaps).",
+                    [
+                        (
+                            f"sum by (label, cadence) (rate({CADENCE}{{{LN}}}[{R}]))",
+                            "{{label}} {{cadence}}",
+                        )
+                    ],
+                ),
+                panel(
+                    "Bursty share of the outputs",
+                    "Bursty / (bursty + steady) outputs by label: 0 for a server that does "
+                    "not speculate (or sends each step as one chunk, as vLLM does).",
+                    [
+                        (
+                            f'(sum by (label) (rate({CADENCE}{{{LN}, cadence="bursty"}}[{R}]))'
+                            f" or {classified} * 0) / ({classified} > 0)",
+                            "{{label}}",
+                        )
+                    ],
+                    unit="percentunit",
+                    maximum=1,
                 ),
             ],
         ),

@@ -314,7 +314,8 @@ def check_spec(
     """The speculative-decoding panels and recording rules against what the
     clients saw the servers report: a value between the lowest and highest
     per-stream figure of its label (any mix of those streams gives one), a
-    series per label and source."""
+    series per label and source; and the cadence classes of the outputs of
+    the servers that speculate and of those that do not."""
     problems: list[str] = []
     sources = {"vllm", "llama.cpp"}
     for label in LABELS:
@@ -362,6 +363,34 @@ def check_spec(
     }
     p50 = panel_expr(dash, "Mean acceptance length", "B", values)
     within("acceptance length p50", p50, bucketed, 1e-9)
+
+    # The cadence: the speculating llama.cpp servers (one token per event,
+    # written back to back within a verification step) give bursty outputs,
+    # most of them; the ones streaming a token every 2 ms steady ones.
+    expr = panel_expr(dash, "Outputs per second by cadence", "A", values)
+    got_c = {(m["metric"].get("label"), m["metric"].get("cadence")) for m in prom.query(expr)}
+    for label in LABELS:
+        if (label, "bursty") not in got_c or (label, "steady") not in got_c:
+            problems.append(f"cadence series {sorted(got_c)}: no bursty or steady {label}")
+    # (of the classified ones: the aborted streams are too short to tell)
+    for model, most, other in (
+        ("fake-llamacpp-draft4-.*", "bursty", "steady"),
+        ("fake-delay[24]", "steady", "bursty"),
+    ):
+        counts: dict[str, dict[str, float]] = {label: {} for label in LABELS}
+        matchers = f'node="{NODE}", model=~"{model}"'
+        for m in prom.query(
+            f"sum by (label, cadence) (sparseety_output_cadence_total{{{matchers}}})"
+        ):
+            counts[m["metric"]["label"]][m["metric"]["cadence"]] = float(m["value"][1])
+        for label, by_class in counts.items():
+            if by_class.get(most, 0.0) <= by_class.get(other, 0.0):
+                problems.append(f"{model} outputs of {label} by cadence: {by_class}")
+    share = prom.query(panel_expr(dash, "Bursty share of the outputs", "A", values))
+    if {m["metric"].get("label") for m in share} != set(LABELS) or not all(
+        0 < float(m["value"][1]) <= 1 for m in share
+    ):
+        problems.append(f"bursty share: {share}")
     return problems
 
 

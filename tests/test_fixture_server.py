@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from tests.fixture_server.app import (
     options_for_model,
     pieces_to_tokens,
     spec_steps,
+    step_pauses,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -232,7 +234,9 @@ def test_draft_mode_reports_speculative_decoding_on_the_last_chunk(base: str) ->
     assert vllm[-1] == "[DONE]" and vllm[-2]["choices"] == []
     sd = vllm[-2]["metrics"]["speculative_decoding"]
     tokens = vllm[-2]["usage"]["completion_tokens"]
-    assert tokens == len(contents(vllm)) - 1 == 24
+    assert tokens == 24
+    # one chunk per verification step, each its accepted drafts + 1 tokens
+    assert len(contents(vllm)) - 1 == sd["num_spec_steps"]
     assert sd["num_spec_tokens"] == 4
     assert sd["num_draft_tokens"] == 4 * sd["num_spec_steps"]
     assert sum(sd["acceptance_histogram"]) == sd["num_spec_steps"]
@@ -256,6 +260,24 @@ def test_draft_mode_reports_speculative_decoding_on_the_last_chunk(base: str) ->
     assert t["draft_n"] == 4 * steps and steps + t["draft_n_accepted"] == 24
     assert 0.3 < t["draft_n_accepted"] / t["draft_n"] < 0.45
     assert all("timings" not in e for e in llama[:-2] if isinstance(e, dict))
+
+    plan = make_plan(
+        {"model": "fake-llamacpp-draft4-accept40", "messages": MESSAGES, "max_tokens": 24},
+        True,
+        Options(),
+    )
+    writes = build_events(plan)
+    pauses = step_pauses(plan, writes)
+    # the writes holding a step's first token, and only those, wait
+    firsts = [0, *accumulate(1 + a for a in spec_steps(24, 4, 40))][:-1]
+    token, waiting = 0, []
+    for write, pause in zip(writes, pauses, strict=True):
+        n = sum(1 for e in write if isinstance(e, dict) and contents([e]))
+        if pause:
+            assert n == 1
+            waiting.append(token)
+        token += n
+    assert waiting == firsts and len(firsts) == steps
 
     _, plain = chat(base, "fake", max_tokens=24, **usage)
     assert not any("metrics" in e or "timings" in e for e in plain if isinstance(e, dict))

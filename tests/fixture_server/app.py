@@ -21,7 +21,11 @@ from those servers: on the last chunk of the stream (the usage chunk with
 llama-server's ``timings`` (with ``draft_n`` / ``draft_n_accepted``), the
 ``openai`` style vLLM's ``metrics.speculative_decoding``
 (``--per-request-spec-decode-metrics``); the ``transformers`` style reports
-nothing. A non-streamed body carries them at its top level.
+nothing. A non-streamed body carries them at its top level. The stream shows
+the steps too (one choice without reasoning or tools): the ``openai`` style
+sends each step's tokens as one chunk, the ``llamacpp`` style one token per
+event but waits ``delayD`` only before each step's first token (the cadence
+``sniffer.llm.cadence`` reads).
 
 Vocabulary used below: a *piece* is one unit of generated text (a word, a CJK word,
 an emoji, a code token); a *token* is one unit the server streams, normally one
@@ -37,7 +41,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field, replace
-from itertools import islice
+from itertools import accumulate, islice, pairwise
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -587,8 +591,47 @@ def _choice_chunks(plan: Plan, c: ChoicePlan) -> list[tuple[str, Any]]:
         out.append(("tool_start", None))
         out.extend(("tool_args", a) for a in _group(c.tool_args, k))
     else:
-        out.extend(("content", t) for t in _group(c.content, k))
+        steps = _step_sizes(plan, c)
+        if steps is not None and plan.opts.style != "llamacpp":
+            # a speculating vLLM sends each verification step's tokens in one chunk
+            out.extend(("content", "".join(c.content[a:b])) for a, b in pairwise(steps))
+        else:
+            out.extend(("content", t) for t in _group(c.content, k))
     return out
+
+
+def _step_sizes(plan: Plan, c: ChoicePlan) -> list[int] | None:
+    """Where each verification step begins in the choice's content tokens (and
+    the end), when the server speculates and the content is all it generates
+    (one choice, no reasoning, no tool call); else None."""
+    spec = plan.spec()
+    if spec is None or len(plan.choices) != 1 or c.reasoning or c.tool_name is not None:
+        return None
+    return [0, *accumulate(1 + a for a in spec)]
+
+
+def step_pauses(plan: Plan, writes: list[list[Event]]) -> list[bool]:
+    """Which writes the server waits ``delay`` before: every one but the first,
+    except that a speculating llama.cpp writes the tokens one verification
+    step accepted back to back (one event each) and waits only before a step's
+    first token: the cadence of speculative decoding seen on the wire."""
+    pauses = [i > 0 for i in range(len(writes))]
+    c = plan.choices[0] if plan.choices else None
+    steps = _step_sizes(plan, c) if c is not None and plan.opts.style == "llamacpp" else None
+    if steps is None:
+        return pauses
+    starts = set(steps[:-1])
+    token = 0
+    for i, write in enumerate(writes):
+        content = [  # (a "" token of llama.cpp's is a token)
+            e
+            for e in write
+            if isinstance(e, dict)
+            and any("content" in (ch.get("delta") or {}) for ch in e.get("choices") or [])
+        ]
+        pauses[i] = bool(content) and token in starts
+        token += len(content)
+    return pauses
 
 
 def build_events(plan: Plan) -> list[list[Event]]:
@@ -904,10 +947,12 @@ async def _stream(plan: Plan, receive: Receive, send: Send) -> None:
     try:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         delay = plan.opts.delay_ms / 1000.0
-        for i, write in enumerate(build_events(plan)):
+        writes = build_events(plan)
+        pauses = step_pauses(plan, writes)
+        for i, write in enumerate(writes):
             if disconnected.is_set():
                 return
-            if delay and i:
+            if delay and pauses[i]:
                 await asyncio.sleep(delay)
             data = encode_write(write, style)
             await send({"type": "http.response.body", "body": data, "more_body": True})
