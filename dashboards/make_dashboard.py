@@ -31,6 +31,10 @@ R = "$__rate_interval"
 LN = 'label=~"$label", node=~"$node"'
 N = 'node=~"$node"'
 QUANTILES = ((0.5, "p50"), (0.9, "p90"), (0.99, "p99"))
+SPEC_DRAFT = "sparseety_server_spec_draft_tokens_total"
+SPEC_ACCEPTED = "sparseety_server_spec_accepted_tokens_total"
+SPEC_LENGTH = "sparseety_server_spec_accept_length"
+CADENCE = "sparseety_output_cadence_total"
 
 
 def target(expr: str, legend: str, ref: str, *, fmt: str = "time_series") -> dict[str, Any]:
@@ -60,6 +64,7 @@ def panel(
     thresholds: list[tuple[float | None, str]] | None = None,
     fmt: str = "time_series",
     minimum: float | None = 0,
+    maximum: float | None = None,
 ) -> dict[str, Any]:
     refs = "ABCDEFGHIJ"
     steps = [{"color": c, "value": v} for v, c in (thresholds or [(None, "green")])]
@@ -70,6 +75,8 @@ def panel(
     }
     if minimum is not None:
         defaults["min"] = minimum
+    if maximum is not None:
+        defaults["max"] = maximum
     p: dict[str, Any] = {
         "type": kind,
         "title": title,
@@ -106,6 +113,15 @@ def panel(
     return p
 
 
+def spec_acceptance(matchers: str, window: str = R, by: str = "label") -> str:
+    """Accepted / drafted tokens over ``window``; no sample where nothing was
+    drafted (not a NaN)."""
+    return (
+        f"sum by ({by}) (rate({SPEC_ACCEPTED}{{{matchers}}}[{window}])) "
+        f"/ (sum by ({by}) (rate({SPEC_DRAFT}{{{matchers}}}[{window}])) > 0)"
+    )
+
+
 def row(title: str) -> dict[str, Any]:
     return {
         "type": "row",
@@ -116,7 +132,9 @@ def row(title: str) -> dict[str, Any]:
     }
 
 
-def quantile_panel(title: str, what: str, metric: str, quantiles: tuple[tuple[float, str], ...]):
+def quantile_panel(
+    title: str, what: str, metric: str, quantiles: tuple[tuple[float, str], ...]
+) -> dict[str, Any]:
     return panel(
         title,
         f"{what} Quantiles by label, from the `{metric}` histogram's buckets "
@@ -182,6 +200,7 @@ def variable(name: str, label: str, query: str, *, multi: bool) -> dict[str, Any
 
 
 def dashboard() -> dict[str, Any]:
+    classified = f'sum by (label) (rate({CADENCE}{{{LN}, cadence!="unknown"}}[{R}]))'
     sections: list[tuple[dict[str, Any], list[dict[str, Any]]]] = [
         (
             row("Traffic"),
@@ -296,6 +315,98 @@ def dashboard() -> dict[str, Any]:
                     unit="s",
                     kind="heatmap",
                     fmt="heatmap",
+                ),
+            ],
+        ),
+        (
+            row("Speculative decoding"),
+            [
+                panel(
+                    "Draft and accepted tokens per second",
+                    "Draft tokens the servers reported proposing, and how many of them the "
+                    "target model accepted, per second by label and source (vLLM "
+                    "`metrics.speculative_decoding`, llama.cpp `timings.draft_n` / "
+                    "`draft_n_accepted`, SGLang `spec_*`), counted when a stream closes.",
+                    [
+                        (
+                            f"sum by (label, source) (rate({SPEC_DRAFT}{{{LN}}}[{R}]))",
+                            "{{label}} · {{source}} drafted",
+                        ),
+                        (
+                            f"sum by (label, source) (rate({SPEC_ACCEPTED}{{{LN}}}[{R}]))",
+                            "{{label}} · {{source}} accepted",
+                        ),
+                    ],
+                ),
+                panel(
+                    "Draft acceptance rate",
+                    "Accepted / drafted tokens by label over the interval (streams that "
+                    "reported no drafts count for nothing). A drop means the draft model "
+                    "(or n-gram lookup) fits this traffic worse: fewer tokens per "
+                    "verification step, slower streams.",
+                    [(spec_acceptance(LN), "{{label}}")],
+                    unit="percentunit",
+                    maximum=1,
+                ),
+                panel(
+                    "Mean acceptance length",
+                    "Tokens one verification step produced (1 + accepted / steps), the "
+                    "mean over the closed streams of the per-stream figure the server "
+                    "reported (vLLM `mean_acceptance_length`, SGLang `spec_accept_length`; "
+                    "llama.cpp reports no step count), and the p50 of the streams from "
+                    "the histogram.",
+                    [
+                        (
+                            f"sum by (label) (rate({SPEC_LENGTH}_sum{{{LN}}}[{R}])) "
+                            f"/ (sum by (label) (rate({SPEC_LENGTH}_count{{{LN}}}[{R}])) > 0)",
+                            "{{label}} mean",
+                        ),
+                        (quantile(0.5, SPEC_LENGTH, LN), "{{label}} p50"),
+                    ],
+                    unit="none",
+                ),
+                panel(
+                    "Acceptance length: distribution",
+                    "Streams per acceptance-length bucket (tokens per verification step) "
+                    "in each interval (all selected labels).",
+                    [
+                        (
+                            f"sum by (le) (increase({SPEC_LENGTH}_bucket{{{LN}}}[{R}]))",
+                            "{{le}}",
+                        )
+                    ],
+                    unit="none",
+                    kind="heatmap",
+                    fmt="heatmap",
+                ),
+                panel(
+                    "Outputs per second by cadence",
+                    "Streamed outputs with text, at their stream's close, by the cadence of "
+                    "their text chunks' capture times (`sniffer.llm.cadence`, as `stats` "
+                    "reads it): bursty (runs of chunks close together, then a long gap: "
+                    "what speculative decoding looks like from a server that streams one "
+                    "token per event and reports nothing, e.g. llama.cpp), steady, unknown "
+                    "(fewer than 8 gaps).",
+                    [
+                        (
+                            f"sum by (label, cadence) (rate({CADENCE}{{{LN}}}[{R}]))",
+                            "{{label}} {{cadence}}",
+                        )
+                    ],
+                ),
+                panel(
+                    "Bursty share of the outputs",
+                    "Bursty / (bursty + steady) outputs by label: 0 for a server that does "
+                    "not speculate (or sends each step as one chunk, as vLLM does).",
+                    [
+                        (
+                            f'(sum by (label) (rate({CADENCE}{{{LN}, cadence="bursty"}}[{R}]))'
+                            f" or {classified} * 0) / ({classified} > 0)",
+                            "{{label}}",
+                        )
+                    ],
+                    unit="percentunit",
+                    maximum=1,
                 ),
             ],
         ),
@@ -476,7 +587,8 @@ def dashboard() -> dict[str, Any]:
         "uid": UID,
         "title": "SparSEEty sidecar",
         "description": "What a SparSEEty sidecar records on a serving node: streams, "
-        "latency, tokens, completeness, capture health, baseline vs candidate.",
+        "latency, tokens, speculative decoding, completeness, capture health, baseline vs "
+        "candidate.",
         "tags": ["sparseety", "llm", "genai"],
         "editable": True,
         "graphTooltip": 1,

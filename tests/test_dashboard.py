@@ -8,15 +8,21 @@ directory scraping the sidecar every second (the scrape adds the ``node``
 label, as the README tells operators to) with the rules loaded. Real clients
 stream through both servers all along: complete streams, client aborts, error
 objects, split UTF-8 (token anomalies), a malformed request (a pipeline
-error). Then every query of every panel, with the template variables
+error), and streams from servers that report speculative decoding (the
+fixture server's ``draftK-acceptP`` mode: vLLM's ``metrics`` on the usage
+chunk, llama.cpp's ``timings`` on the finish chunk; each label its own
+acceptance rate). Then every query of every panel, with the template variables
 substituted as Grafana would, goes through ``/api/v1/query`` and must return
 finite samples whose labels are the ones the legend names and the values the
 test produced; every vector selector in it must match series on its own (so
 an ``or ... * 0`` cannot hide a wrong matcher); every template variable
 must list the real values; every rule must evaluate with health ``ok``, every
 recording rule must produce series, and the alerts must be in the state the
-traffic calls for. A broken copy of a panel (wrong metric name, wrong label)
-is checked too and must be rejected. The fast tests check the JSON is what
+traffic calls for. The speculative-decoding panels and rules must also give
+each label's figures as its clients read them from the servers' reports
+(between the lowest and highest per-stream acceptance rate and length). A
+broken copy of a panel (wrong metric name, wrong label) is checked too and
+must be rejected. The fast tests check the JSON is what
 ``dashboards/make_dashboard.py`` writes and run ``promtool`` on the rules.
 """
 
@@ -34,6 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +48,7 @@ import httpx
 import pytest
 
 from sniffer.capture.afpacket import have_capture_privilege
+from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS
 from tests.fixture_server import free_port
 from tests.test_live_e2e import daemon, httpx_stream, procs, server  # noqa: F401 (procs: fixture)
 
@@ -285,6 +293,107 @@ def check_dashboard(prom: Prom, dash: dict[str, Any], values: dict[str, str]) ->
     return problems
 
 
+def panel_expr(dash: dict[str, Any], title: str, ref: str, values: dict[str, str]) -> str:
+    """One query of the dashboard, its variables substituted."""
+    for p in panels(dash):
+        if p["title"] == title:
+            for t in p["targets"]:
+                if t["refId"] == ref:
+                    return substitute(t["expr"], values)
+    raise AssertionError(f"no panel {title!r} with a query {ref}")
+
+
+#: how far a ratio of two rate()s may stray from the ratio of the counts
+#: (rate() extrapolates each series to the window's ends on its own)
+RATE_SLACK = 0.02
+
+
+def check_spec(
+    prom: Prom, dash: dict[str, Any], values: dict[str, str], seen: SpecSeen
+) -> list[str]:
+    """The speculative-decoding panels and recording rules against what the
+    clients saw the servers report: a value between the lowest and highest
+    per-stream figure of its label (any mix of those streams gives one), a
+    series per label and source; and the cadence classes of the outputs of
+    the servers that speculate and of those that do not."""
+    problems: list[str] = []
+    sources = {"vllm", "llama.cpp"}
+    for label in LABELS:
+        if seen.sources.get(label) != sources:
+            problems.append(f"{label}: the clients saw reports from {seen.sources.get(label)}")
+    want = {(label, source) for label in LABELS for source in sources}
+    for ref in "AB":
+        expr = panel_expr(dash, "Draft and accepted tokens per second", ref, values)
+        got = {(m["metric"].get("label"), m["metric"].get("source")) for m in prom.query(expr)}
+        if got != want:
+            problems.append(f"draft/accepted {ref}: series {sorted(got)}, expected {sorted(want)}")
+
+    def within(what: str, expr: str, ranges: dict[str, tuple[float, float]], slack: float) -> None:
+        result = prom.query(expr)
+        got_labels = {m["metric"].get("label") for m in result}
+        if got_labels != set(LABELS):
+            problems.append(f"{what}: labels {sorted(got_labels, key=str)}: {expr}")
+        for m in result:
+            label, value = m["metric"].get("label"), float(m["value"][1])
+            lo, hi = ranges.get(label, (math.nan, math.nan))
+            if not lo - slack <= value <= hi + slack:
+                problems.append(f"{what} of {label}: {value}, streams reported {lo}..{hi}")
+
+    rate = panel_expr(dash, "Draft acceptance rate", "A", values)
+    within("acceptance rate", rate, seen.rates, RATE_SLACK)
+    within(
+        "recorded acceptance rate",
+        f'label_node:sparseety_server_spec_acceptance:ratio5m{{node="{NODE}"}}',
+        seen.rates,
+        RATE_SLACK,
+    )
+    length = panel_expr(dash, "Mean acceptance length", "A", values)
+    within("mean acceptance length", length, seen.lengths, 4 * RATE_SLACK)
+    within(
+        "recorded mean acceptance length",
+        "label:sparseety_server_spec_accept_length:mean5m",
+        seen.lengths,
+        4 * RATE_SLACK,
+    )
+    # the p50 from the histogram: within the buckets holding the label's lengths
+    buckets = (0.0, *ACCEPT_LENGTH_BUCKETS)
+    bucketed = {
+        label: (max(b for b in buckets if b < lo), min(b for b in buckets if b >= hi))
+        for label, (lo, hi) in seen.lengths.items()
+    }
+    p50 = panel_expr(dash, "Mean acceptance length", "B", values)
+    within("acceptance length p50", p50, bucketed, 1e-9)
+
+    # The cadence: the speculating llama.cpp servers (one token per event,
+    # written back to back within a verification step) give bursty outputs,
+    # most of them; the ones streaming a token every 2 ms steady ones.
+    expr = panel_expr(dash, "Outputs per second by cadence", "A", values)
+    got_c = {(m["metric"].get("label"), m["metric"].get("cadence")) for m in prom.query(expr)}
+    for label in LABELS:
+        if (label, "bursty") not in got_c or (label, "steady") not in got_c:
+            problems.append(f"cadence series {sorted(got_c)}: no bursty or steady {label}")
+    # (of the classified ones: the aborted streams are too short to tell)
+    for model, most, other in (
+        ("fake-llamacpp-draft4-.*", "bursty", "steady"),
+        ("fake-delay[24]", "steady", "bursty"),
+    ):
+        counts: dict[str, dict[str, float]] = {label: {} for label in LABELS}
+        matchers = f'node="{NODE}", model=~"{model}"'
+        for m in prom.query(
+            f"sum by (label, cadence) (sparseety_output_cadence_total{{{matchers}}})"
+        ):
+            counts[m["metric"]["label"]][m["metric"]["cadence"]] = float(m["value"][1])
+        for label, by_class in counts.items():
+            if by_class.get(most, 0.0) <= by_class.get(other, 0.0):
+                problems.append(f"{model} outputs of {label} by cadence: {by_class}")
+    share = prom.query(panel_expr(dash, "Bursty share of the outputs", "A", values))
+    if {m["metric"].get("label") for m in share} != set(LABELS) or not all(
+        0 < float(m["value"][1]) <= 1 for m in share
+    ):
+        problems.append(f"bursty share: {share}")
+    return problems
+
+
 def check_variables(prom: Prom, dash: dict[str, Any], values: dict[str, str]) -> list[str]:
     problems = []
     expected = {"node": {NODE}, "label": set(LABELS), "baseline": set(LABELS)}
@@ -311,6 +420,67 @@ def bad_request(port: int) -> None:
         )
         with contextlib.suppress(OSError):
             s.recv(4096)
+
+
+#: the share of drafted tokens each label's server accepts (speculative
+#: decoding; the fixture server's ``acceptP``), 4 drafted per step
+ACCEPT_PCT = {"baseline": 75, "candidate": 40}
+
+
+@dataclass
+class SpecSeen:
+    """What the clients saw the servers report about speculative decoding,
+    per label: per-stream acceptance rates and (vLLM) acceptance lengths,
+    each as its lowest and highest; streams per source."""
+
+    rates: dict[str, tuple[float, float]] = field(default_factory=dict)
+    lengths: dict[str, tuple[float, float]] = field(default_factory=dict)
+    sources: dict[str, set[str]] = field(default_factory=dict)
+
+    def add(self, label: str, source: str, draft: int, accepted: int, length: float | None) -> None:
+        def widen(d: dict[str, tuple[float, float]], v: float) -> None:
+            lo, hi = d.get(label, (v, v))
+            d[label] = (min(lo, v), max(hi, v))
+
+        widen(self.rates, accepted / draft)
+        if length is not None:
+            widen(self.lengths, length)
+        self.sources.setdefault(label, set()).add(source)
+
+
+def spec_stream(port: int, prompt: str, model: str, *, include_usage: bool) -> dict[str, Any]:
+    """A streamed chat completion from a speculating server: the server's own
+    report of it as the client read it from the last chunks (llama.cpp
+    ``timings`` or vLLM ``metrics.speculative_decoding``), as
+    ``{"source", "draft", "accepted", "length"}``."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "stream": True,
+        "max_tokens": 24,
+    }
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    report: dict[str, Any] = {}
+    with (
+        httpx.Client(timeout=30) as c,
+        c.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r,
+    ):
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            obj = json.loads(line[6:])
+            if "timings" in obj:
+                t = obj["timings"]
+                report = {"source": "llama.cpp", "draft": t["draft_n"]}
+                report |= {"accepted": t["draft_n_accepted"], "length": None}
+            elif "metrics" in obj:
+                sd = obj["metrics"]["speculative_decoding"]
+                report = {"source": "vllm", "draft": sd["num_draft_tokens"]}
+                report |= {"accepted": sd["num_accepted_draft_tokens"]}
+                report["length"] = sd["mean_acceptance_length"]
+    assert report, f"{model}: no speculative-decoding report in the stream"
+    return report
 
 
 def stream_with_usage(port: int, prompt: str, model: str, **kw: Any) -> None:
@@ -341,6 +511,21 @@ class Traffic(threading.Thread):
         self.stop_event = threading.Event()
         self.requests = 0
         self.errors: list[str] = []
+        self.spec = SpecSeen()
+        self.spec_lock = threading.Lock()
+
+    def spec_seen(self) -> SpecSeen:
+        with self.spec_lock:
+            return SpecSeen(dict(self.spec.rates), dict(self.spec.lengths), dict(self.spec.sources))
+
+    def speculate(self, label: str, port: int, i: int) -> None:
+        """One stream of each speculating server kind: vLLM's report on the
+        usage chunk, llama.cpp's on the finish chunk (no include_usage)."""
+        spec = f"draft4-accept{ACCEPT_PCT[label]}-delay2"
+        for model, include_usage in ((f"fake-{spec}", True), (f"fake-llamacpp-{spec}", False)):
+            got = spec_stream(port, f"{label} spec {i}", model, include_usage=include_usage)
+            with self.spec_lock:
+                self.spec.add(label, got["source"], got["draft"], got["accepted"], got["length"])
 
     def run(self) -> None:
         started = time.monotonic()
@@ -357,11 +542,12 @@ class Traffic(threading.Thread):
                     httpx_stream(port, f"{label} abort {i}", model=model, abort_after=2)
                     httpx_stream(port, f"{label} fails {i}", model="fake-fail3", max_tokens=12)
                     httpx_stream(port, f"{label} cjk {i}", model="fake-cjk-fffd", max_tokens=16)
+                    self.speculate(label, port, i)
                     if i % 5 == 0:
                         bad_request(port)
                 except Exception as exc:  # recorded; the test fails on it
                     self.errors.append(f"{type(exc).__name__}: {exc}")
-                self.requests += 5
+                self.requests += 7
             i += 1
             self.stop_event.wait(0.1)
 
@@ -418,6 +604,12 @@ def test_every_panel_and_rule_answers_from_a_live_sidecar(live: tuple[Prom, Traf
     assert not traffic.errors, traffic.errors[:5]
     assert not problems, "\n".join(problems)
     assert not check_variables(prom, dash, values)
+
+    # The speculative-decoding figures are the ones the servers reported.
+    problems = wait_for(
+        lambda: check_spec(prom, dash, values, traffic.spec_seen()), time.monotonic() + 10
+    )
+    assert not problems, "\n".join(problems)
 
     # A panel whose metric name or label is wrong is rejected by the same check.
     good = (
@@ -480,21 +672,25 @@ def test_every_panel_and_rule_answers_from_a_live_sidecar(live: tuple[Prom, Traf
     # a quarter or more of each label's streams are aborted or fail: pending (for: 10m)
     assert set(states["SparseetyIncompleteStreams"]) == set(LABELS), states
     assert set(states["SparseetyIncompleteStreams"].values()) <= {"pending", "firing"}
-    # flushes every 0.2 s, no hour of history, no OTLP queue overflow: quiet
-    for name in ("SparseetyFlushStalled", "SparseetyTTFTRegression", "SparseetyOtlpDrops"):
+    # flushes every 0.2 s, no hour of history (to measure a TTFT or acceptance
+    # regression against), no OTLP queue overflow: quiet
+    quiet = ("SparseetyFlushStalled", "SparseetyTTFTRegression", "SparseetyOtlpDrops")
+    for name in (*quiet, "SparseetySpecAcceptanceDrop"):
         assert states[name] == {}, (name, states[name])
 
-    # the drops alert agrees with the sidecar's own counters: pending when it
-    # dropped packets (a loaded machine can starve the capture thread), else quiet
+    # the drops alert agrees with the sidecar's own counters: pending when they
+    # grew while Prometheus scraped (a loaded machine can starve the capture
+    # thread), else quiet. Drops counted before the first scrape are in the
+    # counter's first sample, which no increase() sees.
     def drops_agree() -> list[str]:
-        dropped = prom.query(
-            f'sum(sparseety_kernel_drops_total{{node="{NODE}"}})'
-            f' + sum(sparseety_queue_drops_total{{node="{NODE}"}})'
+        grew = prom.query(
+            f'sum(increase(sparseety_kernel_drops_total{{node="{NODE}"}}[5m]))'
+            f' + sum(increase(sparseety_queue_drops_total{{node="{NODE}"}}[5m]))'
         )
-        any_drop = bool(dropped) and float(dropped[0]["value"][1]) > 0
+        any_drop = bool(grew) and float(grew[0]["value"][1]) > 0
         got = alert_states()["SparseetyCaptureDrops"]
         want = {NODE: "pending"} if any_drop else {}
-        return [] if got == want else [f"drops {dropped}: alert {got}, expected {want}"]
+        return [] if got == want else [f"drops grew {grew}: alert {got}, expected {want}"]
 
     problems = wait_for(drops_agree, time.monotonic() + 10)
     assert not problems, problems

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from tests.fixture_server.app import (
     make_plan,
     options_for_model,
     pieces_to_tokens,
+    spec_steps,
+    step_pauses,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -220,6 +223,80 @@ def test_fail_after_sends_error_object_then_ends(base: str) -> None:
     assert "[DONE]" not in events
     assert len(contents(events)) == 1 + 3  # prelude + 3 content chunks
     assert all(e["choices"][0]["finish_reason"] is None for e in events[:-1])
+
+
+def test_draft_mode_reports_speculative_decoding_on_the_last_chunk(base: str) -> None:
+    """vLLM's ``metrics.speculative_decoding`` on the usage chunk (or the
+    finish chunk without include_usage), llama.cpp's ``timings`` on the last
+    chunk: consistent with each other and with the tokens streamed."""
+    usage = {"stream_options": {"include_usage": True}}
+    _, vllm = chat(base, "fake-draft4-accept75", max_tokens=24, **usage)
+    assert vllm[-1] == "[DONE]" and vllm[-2]["choices"] == []
+    sd = vllm[-2]["metrics"]["speculative_decoding"]
+    tokens = vllm[-2]["usage"]["completion_tokens"]
+    assert tokens == 24
+    # one chunk per verification step, each its accepted drafts + 1 tokens
+    assert len(contents(vllm)) - 1 == sd["num_spec_steps"]
+    assert sd["num_spec_tokens"] == 4
+    assert sd["num_draft_tokens"] == 4 * sd["num_spec_steps"]
+    assert sum(sd["acceptance_histogram"]) == sd["num_spec_steps"]
+    accepted = sum(k * n for k, n in enumerate(sd["acceptance_histogram"]))
+    assert accepted == sd["num_accepted_draft_tokens"]
+    # every step yields its accepted drafts plus the target model's token
+    assert sd["num_spec_steps"] + accepted == tokens
+    assert sd["draft_acceptance_rate"] == accepted / sd["num_draft_tokens"] == 0.75
+    assert sd["mean_acceptance_length"] == 1 + accepted / sd["num_spec_steps"]
+    assert all("metrics" not in e for e in vllm[:-2])
+
+    _, bare = chat(base, "fake-draft4-accept75", max_tokens=24)
+    assert bare[-2]["choices"][0]["finish_reason"] == "length"
+    assert bare[-2]["metrics"] == vllm[-2]["metrics"]
+
+    _, llama = chat(base, "fake-llamacpp-draft4-accept40", max_tokens=24)
+    t = llama[-2]["timings"]
+    assert llama[-2]["choices"][0]["finish_reason"] == "length"
+    assert t["predicted_n"] == len(contents(llama)) == 24  # (no "" role prelude)
+    steps = t["draft_n"] // 4
+    assert t["draft_n"] == 4 * steps and steps + t["draft_n_accepted"] == 24
+    assert 0.3 < t["draft_n_accepted"] / t["draft_n"] < 0.45
+    assert all("timings" not in e for e in llama[:-2] if isinstance(e, dict))
+
+    plan = make_plan(
+        {"model": "fake-llamacpp-draft4-accept40", "messages": MESSAGES, "max_tokens": 24},
+        True,
+        Options(),
+    )
+    writes = build_events(plan)
+    pauses = step_pauses(plan, writes)
+    # the writes holding a step's first token, and only those, wait
+    firsts = [0, *accumulate(1 + a for a in spec_steps(24, 4, 40))][:-1]
+    token, waiting = 0, []
+    for write, pause in zip(writes, pauses, strict=True):
+        n = sum(1 for e in write if isinstance(e, dict) and contents([e]))
+        if pause:
+            assert n == 1
+            waiting.append(token)
+        token += n
+    assert waiting == firsts and len(firsts) == steps
+
+    _, plain = chat(base, "fake", max_tokens=24, **usage)
+    assert not any("metrics" in e or "timings" in e for e in plain if isinstance(e, dict))
+    # a failed stream ends before the chunk that would report it
+    _, failed = chat(base, "fake-draft4-fail3", max_tokens=24, **usage)
+    assert not any("metrics" in e for e in failed if isinstance(e, dict))
+    body = {"model": "fake-llamacpp-draft2", "messages": MESSAGES, "max_tokens": 10}
+    assert stream(base, body).json()["timings"]["draft_n_accepted"] > 0
+
+
+@given(st.integers(0, 300), st.integers(1, 16), st.integers(0, 100))
+def test_spec_steps_add_up(tokens: int, k: int, pct: int) -> None:
+    steps = spec_steps(tokens, k, pct)
+    assert sum(1 + a for a in steps) == tokens
+    assert all(0 <= a <= k for a in steps)
+    # the running total of accepted drafts tracks pct percent of the drafted
+    # ones, except at the cut last step
+    for i in range(len(steps) - 1):
+        assert sum(steps[: i + 1]) == pct * k * (i + 1) // 100
 
 
 def test_fffd_mode_splits_multibyte_pieces(base: str) -> None:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +31,21 @@ from sniffer.core.events import (
     PipelineError,
     StoreEvent,
     StreamClosed,
+    StreamFlag,
     StreamOpened,
     StreamResponse,
     StreamState,
 )
 from sniffer.core.pipeline import Pipeline, PipelineConfig
+from sniffer.llm.cadence import cadence
+from sniffer.llm.dialects.base import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.llm.values import RequestSummary, Usage
 from sniffer.record.chain import RecordingChain, RecordingOptions
 from sniffer.record.metrics import Metrics, check_bind_host, stream_state
+from sniffer.reports.stats import load_outputs
 from sniffer.runtime.replay import replay
-from sniffer.store.writer import StoreWriter
+from sniffer.store.writer import StoreWriter, open_store
 
 T0 = 1_700_000_000.0
 CLIENT = ("127.0.0.1", 40000)
@@ -190,6 +195,76 @@ def test_interleaved_choices_each_have_their_own_chunk_gaps() -> None:
     assert total(smp, "sparseety_inter_chunk_seconds_count") == 2
     assert total(smp, "sparseety_inter_chunk_seconds_sum") == pytest.approx(1.0)
     assert total(smp, "gen_ai_server_time_to_first_token_seconds_sum") == pytest.approx(1.0)
+
+
+def cadence_stream(sid: int, times: list[float], *, dialect: str = "openai.chat") -> list[Any]:
+    """A streamed reply whose content chunks arrive at ``times`` (offsets from
+    T0 + 1), choice ``i % 2`` for chunk i when the dialect is a whole-message one."""
+    whole = dialect == "anthropic.messages"
+    evs: list[Any] = [
+        replace(opened(sid, T0), dialect=dialect),
+        StreamResponse(sid, T0 + 0.5, 200, (), "text/event-stream", True),
+    ]
+    for i, t in enumerate(times):
+        choice = i // ((len(times) + 1) // 2) if whole else 0
+        evs.append(ChunkEvent(sid, T0 + 1 + t, i, choice, i + 1, "content", text="x"))
+    evs.append(ChunkEvent(sid, T0 + 1 + times[-1], len(times), 0, 0, "finish"))
+    evs.append(closed(sid, T0 + 2 + times[-1], t_first=T0 + 1, text_len=len(times)))
+    return evs
+
+
+def test_cadence_classes_of_outputs_at_their_close() -> None:
+    """Bursts of 4 chunks 0.1 ms apart with 30 ms between them (what llama.cpp
+    with speculative decoding streams): bursty; one chunk every 20 ms (a
+    little jitter): steady; 5 chunks: unknown. Not counted: a non-streamed
+    reply, chunks without text, a stream whose capture clock went backwards."""
+    bursty = [step * 0.03 + j * 0.0001 for step in range(6) for j in range(4)]
+    steady = [i * 0.02 + (0.001 if i % 3 else 0.0) for i in range(24)]
+    m = Metrics()
+    m.observe(cadence_stream(1, bursty))
+    m.observe(cadence_stream(2, steady))
+    m.observe(cadence_stream(3, [0.0, 0.01, 0.02, 0.03, 0.04]))
+    # whole-message dialect: its two blocks' chunks are one output (bursty),
+    # not two of 12 chunks each
+    m.observe(cadence_stream(4, bursty, dialect="anthropic.messages"))
+    m.observe(
+        [
+            opened(5, T0),
+            StreamResponse(5, T0 + 0.7, 200, (), "application/json", False),
+            ChunkEvent(5, T0 + 0.8, 0, 0, 1, "content", text="whole"),
+            closed(5, T0 + 0.9, text_len=5),
+        ]
+    )
+    m.observe(
+        [
+            opened(6, T0),
+            StreamResponse(6, T0 + 0.7, 200, (), "text/event-stream", True),
+            ChunkEvent(6, T0 + 0.8, 0, 0, 0, "role"),
+            ChunkEvent(6, T0 + 0.9, 1, 0, 0, "finish", finish_reason="stop"),
+            closed(6, T0 + 1.0),
+        ]
+    )
+    backwards = cadence_stream(7, bursty)
+    backwards[-1] = replace(backwards[-1], flags=(StreamFlag.CLOCK_BACKWARDS,))
+    m.observe(backwards)
+    smp = samples(m.render())
+    got = by_label(smp, "sparseety_output_cadence_total", "cadence")
+    assert got == {"bursty": 2, "steady": 1, "unknown": 1}
+    assert total(smp, "sparseety_output_cadence_total", label="a", model="m") == 4
+
+
+def test_cadence_keeps_the_first_chunks_of_a_long_output() -> None:
+    from sniffer.record.metrics import MAX_CADENCE_CHUNKS
+
+    # steady for the first MAX_CADENCE_CHUNKS chunks, bursty after them
+    n = MAX_CADENCE_CHUNKS
+    times = [i * 0.02 for i in range(n)]
+    times += [times[-1] + 0.05 * (1 + k // 4) + (k % 4) * 1e-4 for k in range(400)]
+    m = Metrics()
+    m.observe(cadence_stream(1, times))
+    assert by_label(samples(m.render()), "sparseety_output_cadence_total", "cadence") == {
+        "steady": 1
+    }
 
 
 def test_non_streaming_reply_has_no_ttft_but_a_duration() -> None:
@@ -558,6 +633,35 @@ def test_scrape_after_replay_matches_the_database(replayed: tuple[str, Metrics, 
     db_errors = {stage: float(n) for stage, n in q("SELECT stage, count(*) FROM errors GROUP BY 1")}
     assert by_label(smp, "sparseety_parse_errors_total", "stage") == db_errors
     assert total(smp, "sparseety_packets_captured_total") == packets
+
+    # Cadence classes: what stats reads from the stored chunks, for the outputs
+    # of the closed streamed responses (not flagged clock-backwards).
+    counted = {
+        sid
+        for (sid,) in q(
+            "SELECT id FROM streams WHERE streaming AND state != 'open' "
+            "AND coalesce(flags, '') NOT LIKE '%clock-backwards%'"
+        )
+    }
+    want_cadence: dict[str, float] = defaultdict(float)
+    for out in load_outputs(open_store(db), include_incomplete=True):
+        if out.stream_id in counted and out.cadence is not None:
+            want_cadence[out.cadence.cls] += 1
+    # (stats leaves out the streams recovered mid-way; their outputs' cadence
+    # from the stored chunk times, the same way)
+    midway: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for sid, dialect, choice, ts in q(
+        "SELECT s.id, s.dialect, c.choice, c.ts FROM chunks c JOIN streams s ON s.id = c.stream_id"
+        " WHERE s.state = 'midway' AND s.streaming AND c.text != '' AND c.choice >= 0"
+        " ORDER BY s.id, c.choice, c.seq"
+    ):
+        if sid in counted:
+            midway[(sid, 0 if dialect in WHOLE_MESSAGE_DIALECTS else choice)].append(ts)
+    assert len(midway) >= 5
+    for times in midway.values():
+        want_cadence[cadence(times).cls] += 1
+    assert want_cadence["steady"] > 10 and want_cadence["unknown"] > 10
+    assert by_label(smp, "sparseety_output_cadence_total", "cadence") == dict(want_cadence)
     assert m.tracked_streams == 0
     con.close()
 

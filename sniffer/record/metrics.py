@@ -62,6 +62,14 @@ sparseety_server_spec_accepted_tokens_total     counter     of them, accepted (a
                                                             the ratio of the two rates)
 sparseety_server_spec_accept_length             histogram   mean tokens per verification step
                                                             the server reported, per stream
+sparseety_output_cadence_total                  counter     streamed outputs (choices; the whole
+                                                            message for Responses / Anthropic)
+                                                            with text, at their stream's close,
+                                                            by ``cadence`` steady|bursty|unknown
+                                                            of their text chunks' capture times
+                                                            (``sniffer.llm.cadence``: bursty is
+                                                            the mark of speculative decoding a
+                                                            server does not report)
 sparseety_chunk_anomalies_total                 counter     token-layer anomalies by ``kind``
 sparseety_parse_errors_total                    counter     recorded pipeline errors by
                                                             ``stage`` (no label/model)
@@ -98,6 +106,7 @@ from __future__ import annotations
 import ipaddress
 import threading
 import time
+from array import array
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -121,7 +130,8 @@ from sniffer.core.events import (
     StreamResponse,
     StreamState,
 )
-from sniffer.llm.dialects.base import OUTPUT_KINDS
+from sniffer.llm.cadence import cadence
+from sniffer.llm.dialects.base import OUTPUT_KINDS, WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, SpecDecode
 
 DEFAULT_HOST = "127.0.0.1"
@@ -167,6 +177,9 @@ ERROR_STAGES = frozenset(
 
 #: Bounds on remembered streams (a stream never closed must not leak memory).
 MAX_OPEN_STREAMS = 100_000
+#: Text chunks per output whose capture times are kept for its cadence (the
+#: first ones; 8 bytes each while the stream is open).
+MAX_CADENCE_CHUNKS = 1024
 MAX_RECENT_CLOSED = 10_000
 MAX_KINDS = 64
 INF = float("inf")
@@ -386,8 +399,10 @@ class _Open:
         "t_first_output",
         "t_last_output",
         "t_request",
+        "text_times",
         "ttft",
         "ttft_done",
+        "whole_message",
     )
 
     def __init__(self, keys: tuple[str, str], t_request: float) -> None:
@@ -401,6 +416,9 @@ class _Open:
         self.ttft: Any = None
         self.inter_chunk: Any = None
         self.chunks: Any = None
+        #: capture times of the text chunks, per choice (the cadence)
+        self.text_times: dict[int, array[float]] = {}
+        self.whole_message = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -598,6 +616,15 @@ class Metrics:
             buckets=ACCEPT_LENGTH_BUCKETS,
             lock=self._lock,
         )
+        self.cadence = _Counter(
+            "sparseety_output_cadence",
+            "Streamed outputs with text by the cadence of their text chunks: steady, "
+            "bursty (runs of chunks close together, then a long gap: speculative "
+            "decoding a server does not report), unknown (too few chunks).",
+            (*lm, "cadence"),
+            registry=r,
+            lock=self._lock,
+        )
         self.anomalies = _Counter(
             "sparseety_chunk_anomalies",
             "Token-layer anomalies by kind (straddle, replacement_char, usage_mismatch, ...).",
@@ -717,6 +744,7 @@ class Metrics:
         if len(self._open) >= MAX_OPEN_STREAMS:
             del self._open[next(iter(self._open))]
         s = _Open(keys, ev.ts)
+        s.whole_message = ev.dialect in WHOLE_MESSAGE_DIALECTS
         s.ttft = self._child(self.ttft, *keys)
         s.inter_chunk = self._child(self.inter_chunk, *keys)
         s.chunks = self._child(self.chunk_events, *keys)
@@ -745,6 +773,12 @@ class Metrics:
         if prev is not None and ts >= prev:
             s.inter_chunk.observe(ts - prev)
         s.last[ev.choice] = ts
+        if ev.text:
+            times = s.text_times.get(ev.choice)
+            if times is None:
+                times = s.text_times[ev.choice] = array("d")
+            if len(times) < MAX_CADENCE_CHUNKS:
+                times.append(ts)
 
     def _closed_stream(self, ev: StreamClosed) -> None:
         s = self._open.pop(ev.stream, None)
@@ -787,6 +821,8 @@ class Metrics:
         spec = usage.speculative if usage is not None else None
         if spec is not None:
             self._spec(keys, spec)
+        if s is not None and s.text_times and StreamFlag.CLOCK_BACKWARDS not in ev.flags:
+            self._cadence(keys, s)
         if len(self._closed) >= MAX_RECENT_CLOSED:
             self._closed.popitem(last=False)
         self._closed[ev.stream] = _Closed(
@@ -795,6 +831,19 @@ class Metrics:
             s.t_first_output if s is not None else ev.t_first_content,
             s.t_last_output if s is not None else ev.t_last_chunk,
         )
+
+    def _cadence(self, keys: tuple[str, str], s: _Open) -> None:
+        """The cadence class of each output of one closed stream, as ``stats``
+        reads it from the stored chunks: one output per choice, or the whole
+        message (its blocks' chunks in index order)."""
+        outputs = [s.text_times[c] for c in sorted(s.text_times)]
+        if s.whole_message and len(outputs) > 1:
+            merged: array[float] = array("d")
+            for times in outputs:
+                merged.extend(times)
+            outputs = [merged[:MAX_CADENCE_CHUNKS]]
+        for times in outputs:
+            self._child(self.cadence, *keys, cadence(times).cls).inc()
 
     def _spec(self, keys: tuple[str, str], spec: SpecDecode) -> None:
         """The server-reported speculative decoding of one closed stream."""

@@ -66,6 +66,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from sniffer.core.events import StreamFlag, stream_flags
+from sniffer.llm.dialects.base import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.fingerprint import fingerprint
 from sniffer.llm.logprobs import TokenLogprob, output_logprobs
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
@@ -99,8 +100,6 @@ __all__ = [
 PREVIEW_CHARS = 200
 #: Variants listed per group (the rest are counted).
 MAX_VARIANTS = 20
-#: Dialects whose output is the whole message (all items / blocks in order).
-WHOLE_MESSAGE_DIALECTS = frozenset({"anthropic.messages", "openai.responses"})
 
 
 @dataclass(slots=True)

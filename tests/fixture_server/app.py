@@ -9,8 +9,23 @@ Behaviour is set by server options (:class:`Options`, from the CLI or environmen
 and can be overridden per request through the model name: ``fake-<token>-<token>…``
 where a token is a flavour (``english``, ``cjk``, ``emoji``, ``code``, ``mixed``), a
 style (``openai``, ``transformers``, ``llamacpp``), ``reasoning``, ``tools``,
-``fffd``, ``ignoreeos``, or ``tpcK`` / ``delayD`` / ``perturbP`` / ``failP`` with an
-integer. Example: model ``fake-cjk-fffd-tpc2``.
+``fffd``, ``ignoreeos``, or ``tpcK`` / ``delayD`` / ``perturbP`` / ``failP`` /
+``draftK`` / ``acceptP`` with an integer. Example: model ``fake-cjk-fffd-tpc2``.
+
+``draftK`` makes the server report speculative decoding with K drafted tokens
+per verification step, accepting ``acceptP`` percent of them (default 70; see
+:func:`spec_steps`), the way real servers report it on the last chunks of a
+stream. The wire shapes are crafted to the documented formats, not recorded
+from those servers: on the last chunk of the stream (the usage chunk with
+``include_usage``, else the last finish chunk) the ``llamacpp`` style puts
+llama-server's ``timings`` (with ``draft_n`` / ``draft_n_accepted``), the
+``openai`` style vLLM's ``metrics.speculative_decoding``
+(``--per-request-spec-decode-metrics``); the ``transformers`` style reports
+nothing. A non-streamed body carries them at its top level. The stream shows
+the steps too (one choice without reasoning or tools): the ``openai`` style
+sends each step's tokens as one chunk, the ``llamacpp`` style one token per
+event but waits ``delayD`` only before each step's first token (the cadence
+``sniffer.llm.cadence`` reads).
 
 Vocabulary used below: a *piece* is one unit of generated text (a word, a CJK word,
 an emoji, a code token); a *token* is one unit the server streams, normally one
@@ -26,7 +41,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field, replace
-from itertools import islice
+from itertools import accumulate, islice, pairwise
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -52,6 +67,7 @@ MODELS = (
 MAX_BODY = 1 << 20  # request bodies above this get 413
 TOO_LARGE = b"\x00too-large"  # sentinel returned by _read_body (compared by identity)
 MAX_TOKENS_CAP = 100_000  # a request cannot ask for more tokens than this
+MAX_DRAFT = 16  # drafted tokens per verification step, at most
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,8 @@ class Options:
     fail_after: int | None = None  # error object after this many output chunks
     fffd: bool = False  # some multi-byte pieces are sent split, as U+FFFD deltas
     ignore_eos: bool = False  # always generate max_tokens tokens (finish "length")
+    draft: int | None = None  # speculative decoding: drafted tokens per verification step
+    accept_pct: int = 70  # ... of which this percentage is accepted (spec_steps)
 
     def __post_init__(self) -> None:
         if self.flavour not in FLAVOURS:
@@ -76,9 +94,13 @@ class Options:
             raise ValueError(f"unknown style {self.style!r}; one of {STYLES}")
         if self.tokens_per_chunk < 1:
             raise ValueError("tokens_per_chunk must be >= 1")
+        if self.draft is not None and not 1 <= self.draft <= MAX_DRAFT:
+            raise ValueError(f"draft must be in 1..{MAX_DRAFT}")
+        if not 0 <= self.accept_pct <= 100:
+            raise ValueError("accept_pct must be in 0..100")
 
 
-_NUM_TOKEN = re.compile(r"^(tpc|delay|perturb|fail)(\d+)$")
+_NUM_TOKEN = re.compile(r"^(tpc|delay|perturb|fail|draft|accept)(\d+)$")
 
 
 def options_for_model(model: str, base: Options) -> tuple[Options, str]:
@@ -116,6 +138,10 @@ def options_for_model(model: str, base: Options) -> tuple[Options, str]:
                 opts = replace(opts, delay_ms=float(num))
             elif name == "perturb":
                 opts = replace(opts, perturb_after=num)
+            elif name == "draft":
+                opts = replace(opts, draft=min(max(1, num), MAX_DRAFT))
+            elif name == "accept":
+                opts = replace(opts, accept_pct=min(num, 100))
             else:
                 opts = replace(opts, fail_after=num)
         else:
@@ -365,6 +391,71 @@ class Plan:
             "total_tokens": self.prompt_tokens + completion,
         }
 
+    def spec(self) -> list[int] | None:
+        """Accepted drafts per verification step (:func:`spec_steps`) when the
+        server speculates (``draftK``) and reports it (not the transformers style)."""
+        if self.opts.draft is None or self.opts.style == "transformers":
+            return None
+        tokens = self.usage()["completion_tokens"]
+        return spec_steps(tokens, self.opts.draft, self.opts.accept_pct) if tokens else None
+
+    def llamacpp_timings(self, steps: list[int]) -> dict[str, Any]:
+        """llama.cpp's ``timings`` object, with ``draft_n`` / ``draft_n_accepted``
+        (made-up but consistent times: 1.25 ms per prompt token, 20 ms per step)."""
+        k = self.opts.draft or 0
+        predicted = self.usage()["completion_tokens"]
+        prompt_ms = 1.25 * self.prompt_tokens
+        predicted_ms = 20.0 * len(steps)
+        return {
+            "prompt_n": self.prompt_tokens,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / max(1, self.prompt_tokens),
+            "prompt_per_second": 1000.0 * self.prompt_tokens / prompt_ms if prompt_ms else 0.0,
+            "predicted_n": predicted,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / max(1, predicted),
+            "predicted_per_second": 1000.0 * predicted / predicted_ms if predicted_ms else 0.0,
+            "draft_n": k * len(steps),
+            "draft_n_accepted": sum(steps),
+        }
+
+    def vllm_metrics(self, steps: list[int]) -> dict[str, Any]:
+        """vLLM's per-request ``metrics`` object with ``speculative_decoding``."""
+        k = self.opts.draft or 0
+        histogram = [0] * (k + 1)
+        for a in steps:
+            histogram[a] += 1
+        accepted = sum(steps)
+        return {
+            "speculative_decoding": {
+                "mean_acceptance_length": 1 + accepted / len(steps),
+                "draft_acceptance_rate": accepted / (k * len(steps)),
+                "acceptance_histogram": histogram,
+                "num_spec_steps": len(steps),
+                "num_accepted_draft_tokens": accepted,
+                "num_draft_tokens": k * len(steps),
+                "num_spec_tokens": k,
+            }
+        }
+
+
+def spec_steps(tokens: int, k: int, accept_pct: int) -> list[int]:
+    """The drafted tokens each verification step accepts, for a stream of
+    ``tokens`` output tokens with ``k`` drafted per step: step i accepts
+    floor(P*k*(i+1)/100) - floor(P*k*i/100) of them (P = ``accept_pct``, so the
+    running total tracks P percent of the drafts) and yields those plus the
+    target model's own token; the last step is cut at the stream's end."""
+    out: list[int] = []
+    left = tokens
+    i = 0
+    while left > 0:
+        a = (accept_pct * k * (i + 1)) // 100 - (accept_pct * k * i) // 100
+        a = min(a, left - 1)
+        out.append(a)
+        left -= 1 + a
+        i += 1
+    return out
+
 
 class BadRequest(Exception):
     pass
@@ -500,8 +591,47 @@ def _choice_chunks(plan: Plan, c: ChoicePlan) -> list[tuple[str, Any]]:
         out.append(("tool_start", None))
         out.extend(("tool_args", a) for a in _group(c.tool_args, k))
     else:
-        out.extend(("content", t) for t in _group(c.content, k))
+        steps = _step_sizes(plan, c)
+        if steps is not None and plan.opts.style != "llamacpp":
+            # a speculating vLLM sends each verification step's tokens in one chunk
+            out.extend(("content", "".join(c.content[a:b])) for a, b in pairwise(steps))
+        else:
+            out.extend(("content", t) for t in _group(c.content, k))
     return out
+
+
+def _step_sizes(plan: Plan, c: ChoicePlan) -> list[int] | None:
+    """Where each verification step begins in the choice's content tokens (and
+    the end), when the server speculates and the content is all it generates
+    (one choice, no reasoning, no tool call); else None."""
+    spec = plan.spec()
+    if spec is None or len(plan.choices) != 1 or c.reasoning or c.tool_name is not None:
+        return None
+    return [0, *accumulate(1 + a for a in spec)]
+
+
+def step_pauses(plan: Plan, writes: list[list[Event]]) -> list[bool]:
+    """Which writes the server waits ``delay`` before: every one but the first,
+    except that a speculating llama.cpp writes the tokens one verification
+    step accepted back to back (one event each) and waits only before a step's
+    first token: the cadence of speculative decoding seen on the wire."""
+    pauses = [i > 0 for i in range(len(writes))]
+    c = plan.choices[0] if plan.choices else None
+    steps = _step_sizes(plan, c) if c is not None and plan.opts.style == "llamacpp" else None
+    if steps is None:
+        return pauses
+    starts = set(steps[:-1])
+    token = 0
+    for i, write in enumerate(writes):
+        content = [  # (a "" token of llama.cpp's is a token)
+            e
+            for e in write
+            if isinstance(e, dict)
+            and any("content" in (ch.get("delta") or {}) for ch in e.get("choices") or [])
+        ]
+        pauses[i] = bool(content) and token in starts
+        token += len(content)
+    return pauses
 
 
 def build_events(plan: Plan) -> list[list[Event]]:
@@ -548,6 +678,7 @@ def build_events(plan: Plan) -> list[list[Event]]:
     finished = [False] * len(plan.choices)
     output_chunks = 0
     fail_at = plan.opts.fail_after
+    spec = plan.spec()  # (a failed stream ends before the chunk that would report it)
     while not all(finished):
         for ci, c in enumerate(plan.choices):
             if finished[ci]:
@@ -595,6 +726,15 @@ def build_events(plan: Plan) -> list[list[Event]]:
         usage = envelope([])
         usage["usage"] = plan.usage()
         events.append(usage)
+    if spec is not None:
+        # on the last chunk (the usage chunk with include_usage, else the last
+        # finish chunk), as llama-server and vLLM put them
+        last = events[-1]
+        assert isinstance(last, dict)
+        if style == "llamacpp":
+            last["timings"] = plan.llamacpp_timings(spec)
+        else:
+            last["metrics"] = plan.vllm_metrics(spec)
     if style != "transformers":
         events.append("[DONE]")
     return _writes(plan, events)
@@ -671,7 +811,7 @@ def build_body(plan: Plan) -> dict[str, Any]:
                     "finish_reason": c.finish_reason,
                 }
             )
-    return {
+    body: dict[str, Any] = {
         "id": plan.ident,
         "object": "chat.completion" if plan.chat else "text_completion",
         "created": plan.created,
@@ -679,6 +819,13 @@ def build_body(plan: Plan) -> dict[str, Any]:
         "choices": choices,
         "usage": plan.usage(),
     }
+    spec = plan.spec()
+    if spec is not None:
+        if plan.opts.style == "llamacpp":
+            body["timings"] = plan.llamacpp_timings(spec)
+        else:
+            body["metrics"] = plan.vllm_metrics(spec)
+    return body
 
 
 # ---------------------------------------------------------------------------
@@ -800,10 +947,12 @@ async def _stream(plan: Plan, receive: Receive, send: Send) -> None:
     try:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         delay = plan.opts.delay_ms / 1000.0
-        for i, write in enumerate(build_events(plan)):
+        writes = build_events(plan)
+        pauses = step_pauses(plan, writes)
+        for i, write in enumerate(writes):
             if disconnected.is_set():
                 return
-            if delay and i:
+            if delay and pauses[i]:
                 await asyncio.sleep(delay)
             data = encode_write(write, style)
             await send({"type": "http.response.body", "body": data, "more_body": True})

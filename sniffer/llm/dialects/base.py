@@ -34,6 +34,9 @@ OTHER = "other"  # parsed, but nothing we model (keep-alive, metadata events)
 AFTER_DONE = "after_done"
 
 OUTPUT_KINDS = frozenset({CONTENT, REASONING, TOOL_CALL})
+#: Dialects whose output is the whole message, all its output items /
+#: content blocks in index order (Responses, Anthropic), not one per block.
+WHOLE_MESSAGE_DIALECTS = frozenset({"anthropic.messages", "openai.responses"})
 
 
 class Delta(NamedTuple):
