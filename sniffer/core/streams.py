@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sniffer.core.credentials import (
-    is_credential_header,
     scrub_error_text,
     scrub_headers,
     scrub_url,
@@ -115,10 +114,6 @@ _ANOMALY_TEXT = {
 NDJSON_TYPES = frozenset(
     {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/json-lines"}
 )
-
-
-#: Header names never stored: the one rule, in ``sniffer.credentials``.
-is_credential = is_credential_header
 
 
 def _header(headers: Headers, name: str) -> str | None:

@@ -72,7 +72,7 @@ from sniffer.store.checkpoints import save_checkpoint, take_checkpoint
 from sniffer.store.files import InsecureDatabaseFile, open_private
 from sniffer.store.writer import StoreError, StoreWriter
 
-__all__ = ["SLOW_ENV", "Daemon", "run_daemon"]
+__all__ = ["SLOW_ENV", "Daemon"]
 
 #: How long the processing thread waits on an empty queue (seconds).
 QUEUE_WAIT = 0.1
@@ -778,12 +778,3 @@ def _safe_url(url: str) -> str:
     creds, _, host = rest.rpartition("@")
     user = creds.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}"
-
-
-def run_daemon(config: Config, overrides: dict[str, Any] | None = None) -> int:
-    """Build a :class:`Daemon` for ``config`` with its features and run it."""
-    from sniffer.runtime.features import attach_features
-
-    d = Daemon(config, overrides=overrides)
-    attach_features(d)
-    return d.run()
