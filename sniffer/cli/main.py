@@ -6,7 +6,6 @@ errors become a one-line message and a non-zero exit code (2 for usage errors).
 
 from __future__ import annotations
 
-import atexit
 import gc
 import json
 import os
@@ -20,6 +19,7 @@ from typing import Any, TextIO
 import click
 
 from sniffer import __version__, core_name
+from sniffer.cli import exiting
 from sniffer.cli.common import (
     db_option,
     fail,
@@ -755,17 +755,16 @@ def entry_point() -> None:
 
 
 def _exit_quickly(exc: SystemExit) -> None:
-    """End the process without the interpreter's teardown, when nothing needs it.
+    """Have the process end without the interpreter's teardown, when nothing needs it.
 
-    A command's work is done when ``main`` raises ``SystemExit``; what Python
-    would still do is run the ``atexit`` handlers (logging's, multiprocessing's,
-    coverage's), flush the standard streams, then free every module and object
-    one by one, which after a replay costs 0.1–0.25 s of CPU (issue #16). This
-    does the first two and skips the third. It returns, leaving the normal exit,
-    when another thread is still running (Python joins non-daemon threads at
-    exit), the exit code is not a number (``sys.exit("message")`` prints it),
-    or a profiler or tracer runs (``python -m cProfile``, coverage: they write
-    their results after the command returns).
+    A command's work is done when ``main`` raises ``SystemExit``: this arms
+    :mod:`sniffer.cli.exiting`, which ends the process once the ``atexit``
+    handlers have run and the standard streams are flushed, before Python
+    frees every module and object one by one (issue #16). It leaves the normal
+    exit when another thread is still running (Python joins non-daemon threads
+    at exit), the exit code is not a number (``sys.exit("message")`` prints
+    it), or a profiler or tracer runs (``python -m cProfile``, coverage: they
+    write their results after the command returns).
     """
     code = exc.code
     if code is None:
@@ -786,10 +785,7 @@ def _exit_quickly(exc: SystemExit) -> None:
     exc.__traceback__ = None
     exc.__context__ = None
     gc.collect()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()  # a reader that went away raises here: the caller's handler
-    sys.stderr.flush()
-    os._exit(code)
+    exiting.arm(code)
 
 
 if __name__ == "__main__":
