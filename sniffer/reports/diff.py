@@ -76,7 +76,8 @@ from sniffer.llm.values import SpecDecode
 from sniffer.reports.align import common_prefix, edit_distance, edit_ratio
 from sniffer.reports.cadence import Cadence, describe_side, summarize
 from sniffer.reports.causes import CAUSES, DEFAULT_NEAR_TIE_MARGIN, classify, distribution
-from sniffer.reports.stats import Output, load_outputs
+from sniffer.reports.output import Output
+from sniffer.reports.stats import load_outputs
 
 __all__ = [
     "GATE_METRICS",

@@ -29,7 +29,8 @@ repeats of one request.
 
 This module also holds the loader shared with :mod:`sniffer.reports.diff`:
 :func:`load_outputs` reads the store (the only I/O here) and
-:func:`build_outputs` turns rows into :class:`Output` values (pure). Latency
+:func:`build_outputs` turns rows into :class:`~sniffer.reports.output.Output`
+values (pure). Latency
 figures per output:
 
 * ``ttft`` — ``t_first_content - t_request`` (seconds, capture clock);
@@ -67,11 +68,11 @@ from typing import TYPE_CHECKING, Any
 
 from sniffer.core.events import StreamFlag, stream_flags
 from sniffer.llm.fingerprint import fingerprint
-from sniffer.llm.logprobs import TokenLogprob, output_logprobs
+from sniffer.llm.logprobs import output_logprobs
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
-from sniffer.llm.values import SpecDecode
 from sniffer.reports.align import longest_common_prefix
-from sniffer.reports.cadence import Cadence, cadence, describe_side, spec_of_row, summarize
+from sniffer.reports.cadence import cadence, describe_side, spec_of_row, summarize
+from sniffer.reports.output import Output
 from sniffer.store import queries
 from sniffer.store.lite import SqliteFile
 
@@ -85,7 +86,6 @@ __all__ = [
     "PREVIEW_CHARS",
     "Group",
     "Latency",
-    "Output",
     "StatsReport",
     "Variant",
     "build_outputs",
@@ -101,51 +101,6 @@ PREVIEW_CHARS = 200
 MAX_VARIANTS = 20
 #: Dialects whose output is the whole message (all items / blocks in order).
 WHOLE_MESSAGE_DIALECTS = frozenset({"anthropic.messages", "openai.responses"})
-
-
-@dataclass(slots=True)
-class Output:
-    """One choice of one recorded stream, with its token ids and timings."""
-
-    stream_id: int
-    choice: int
-    label: str | None
-    model: str | None
-    key: str  # fingerprint with the label and the model
-    pair_key: str  # fingerprint without the label and the model
-    prompt: str  # fingerprint preview
-    params: tuple[tuple[str, Any], ...]
-    text: str
-    ids: tuple[int, ...]
-    finish_reason: str | None
-    state: str | None
-    t_request: float | None
-    ttft: float | None  # seconds
-    itl: float | None  # seconds per token
-    tokens_per_chunk: tuple[int, ...]
-    tokenizer: LoadedTokenizer | None = field(default=None, repr=False)
-    model_pair_key: str = ""  # fingerprint without the label, with the model
-    dialect: str | None = None
-    text_kept: bool = True  # False: sampled out, ``text`` is not the answer
-    chunk_ends: tuple[int, ...] = ()  # character end of each text chunk, in order
-    token_starts: tuple[int, ...] = ()  # character start of each token of ``ids``
-    server_ids: tuple[int, ...] | None = None  # the server's own token ids, if known
-    server_starts: tuple[int, ...] = ()  # character start of each server token
-    #: the server's per-token log-probabilities (and top alternatives), when every
-    #: chunk carried them and their bytes spell ``text``; see sniffer.llm.logprobs
-    logprobs: tuple[TokenLogprob, ...] | None = field(default=None, repr=False)
-    request_json: str | None = field(default=None, repr=False)  # the request body
-    cause: str | None = None  # stats: why this variant differs from the modal one
-    clock_backwards: bool = False  # flagged: its timings are left out (ttft, itl None)
-    chunk_times: tuple[float, ...] = field(default=(), repr=False)  # capture time per text chunk
-    #: what the server reported about speculative decoding (streams.spec_*)
-    speculative: SpecDecode | None = None
-    #: speculative decoding read from the chunk times (sniffer.reports.cadence)
-    cadence: Cadence | None = None
-
-    @property
-    def complete(self) -> bool:
-        return self.state == "complete"
 
 
 # ---------------------------------------------------------------------------
