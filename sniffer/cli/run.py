@@ -255,20 +255,21 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
     from sniffer.llm.tokens import TokenizerLoadError
     from sniffer.record.otlp import OtlpUnavailable
     from sniffer.runtime.daemon import Daemon
-    from sniffer.runtime.features import attach_features
+    from sniffer.runtime.features import build_features
+    from sniffer.runtime.log import Log
     from sniffer.store.files import InsecureDatabaseFile
 
     try:
-        daemon = Daemon(cfg, overrides=overrides)
+        log = Log(cfg.log_level)
         try:
-            attach_features(daemon)
+            features = build_features(cfg, log)
         except (InsecureDatabaseFile, TokenizerLoadError, OtlpUnavailable, ValueError) as exc:
             click.echo(f"sparseety: {exc}", err=True)
             sys.exit(2)
         except OSError as exc:
             click.echo(f"sparseety: cannot serve metrics on {cfg.metrics_listen}: {exc}", err=True)
             sys.exit(1)
-        code = daemon.run()
+        code = Daemon(cfg, overrides=overrides, log=log, features=features).run()
     except (CaptureError, EbpfError) as exc:
         click.echo(f"sparseety: cannot capture: {exc}", err=True)
         sys.exit(1)
