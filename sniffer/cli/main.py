@@ -29,6 +29,7 @@ from sniffer.cli.common import (
     open_engine,
     open_store,
     parse_labels,
+    parse_pairs,
     progress_bar,
     quiet_option,
     tokenizer_options,
@@ -205,12 +206,7 @@ def replay(
     from sniffer.runtime.replay import replay as run_replay
 
     label_map = parse_labels(labels)
-    patterns = []
-    for item in redact_patterns:
-        name, sep, regex = item.partition("=")
-        if not sep or not name or not regex:
-            raise click.BadParameter(f"{item!r} is not NAME=REGEX", param_hint="--redact-pattern")
-        patterns.append((name, regex))
+    patterns = parse_pairs(redact_patterns, "--redact-pattern", "NAME=REGEX")
     if no_redact:
         click.echo(
             "sparseety: redaction is OFF: text is stored as captured "
@@ -220,7 +216,7 @@ def replay(
     options = RecordingOptions(
         sample_rate=1.0 if sample_rate is None else sample_rate,
         redact=not no_redact,
-        redact_patterns=tuple(patterns),
+        redact_patterns=patterns,
         tokens=not no_tokens,
     )
     proto: bytes | None = None

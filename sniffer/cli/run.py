@@ -7,8 +7,10 @@ from typing import Any
 
 import click
 
+from sniffer.cli.common import DB_ENV, env_database, parse_labels, parse_pairs
 from sniffer.runtime.config import (
     BACKENDS,
+    DEFAULT_DATABASE,
     LOG_LEVELS,
     Config,
     ConfigError,
@@ -19,36 +21,14 @@ from sniffer.runtime.config import (
 __all__ = ["build_config", "run"]
 
 
-def _parse_labels(values: tuple[str, ...]) -> dict[int, str]:
-    out: dict[int, str] = {}
-    for v in values:
-        port, sep, name = v.partition("=")
-        if not sep or not port.strip().isdigit() or not name:
-            raise ConfigError(f"--label {v!r} is not PORT=NAME")
-        out[int(port)] = name
-    return out
-
-
-def _pairs(
-    items: tuple[str, ...], flag: str, form: str, *, header: bool = False
-) -> tuple[tuple[str, str], ...]:
-    """``A=B`` options as pairs; ``ConfigError`` names the flag and the form.
-    A header keeps an empty value and loses the spaces around its name."""
-    pairs = []
-    for item in items:
-        name, sep, value = item.partition("=")
-        if header:
-            name = name.strip()
-        if not sep or not name or (not value and not header):
-            raise ConfigError(f"{flag} {item!r} is not {form}")
-        pairs.append((name, value))
-    return tuple(pairs)
-
-
 def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Config, dict[str, Any]]:
-    """The effective config: defaults ← TOML file ← CLI flags. Returns it and the
-    overrides (re-applied on SIGHUP). Raises :class:`ConfigError`."""
+    """The effective config: defaults ← TOML file ← ``$SPARSEETY_DB`` (the
+    database, as for every command) ← CLI flags. Returns it and the overrides
+    (re-applied on SIGHUP). Raises :class:`ConfigError`."""
     overrides: dict[str, Any] = {}
+    env_db = env_database()
+    if env_db is not None:
+        overrides["database"] = env_db
     for key in (
         "interface",
         "backend",
@@ -89,18 +69,21 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
             overrides["retention_days"] = parse_age(options["retention"]) / 86400.0
         except ValueError as exc:
             raise ConfigError(f"--retention: {exc}") from None
-    for key, flag, form in (
-        ("redact_patterns", "--redact-pattern", "NAME=REGEX"),
-        ("tokenizers", "--tokenizer", "PATTERN=SOURCE"),
-        ("otlp_headers", "--otlp-header", "NAME=VALUE"),
-    ):
-        if options.get(key):
-            overrides[key] = _pairs(options[key], flag, form, header=key == "otlp_headers")
+    try:
+        for key, flag, form in (
+            ("redact_patterns", "--redact-pattern", "NAME=REGEX"),
+            ("tokenizers", "--tokenizer", "PATTERN=SOURCE"),
+            ("otlp_headers", "--otlp-header", "NAME=VALUE"),
+        ):
+            if options.get(key):
+                overrides[key] = parse_pairs(options[key], flag, form, header=key == "otlp_headers")
+        if options.get("labels"):
+            overrides["labels"] = parse_labels(options["labels"])
+    except click.BadParameter as exc:
+        raise ConfigError(f"{exc.param_hint} {exc.message}") from None
     for key in ("ports", "pids", "comms"):
         if options.get(key):
             overrides[key] = tuple(options[key])
-    if options.get("labels"):
-        overrides["labels"] = _parse_labels(tuple(options["labels"]))
     base = load_config(config_path)
     return base.with_overrides(overrides), overrides
 
@@ -133,7 +116,8 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
 @click.option(
     "--db",
     "database",
-    help="SQLite file or SQLAlchemy URL.  [default: sqlite:///./sparseety.db]",
+    help=f"SQLite file or SQLAlchemy URL.  [default: ${DB_ENV}, else the config file's, "
+    f"else {DEFAULT_DATABASE}]",
 )
 @click.option(
     "--node",
