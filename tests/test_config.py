@@ -328,3 +328,34 @@ def test_node_key_flag_and_default(tmp_path: Path) -> None:
     )
     assert res.exit_code == 0 and 'node = "from-flag"' in res.output
     assert parse_config(tomllib.loads(res.output)).node == "from-flag"
+
+
+def test_every_option_is_declared_once_and_reaches_flags_toml_and_print_config() -> None:
+    """The run command's flags, the TOML tables and ``--print-config`` all come
+    from ``OPTIONS`` (the Config fields): nothing is listed twice, each flag
+    sets its own option, and each option's key shows in the printed config."""
+    from dataclasses import fields
+
+    from sniffer.cli.run import run
+    from sniffer.runtime.config import OPTIONS, TABLES
+
+    names = [o.name for o in OPTIONS]
+    assert names == [f.name for f in fields(Config) if f.name not in ("extra", "source")]
+    flags = [o.flag.name for o in OPTIONS if o.flag is not None]
+    assert len(set(flags)) == len(flags)
+    params = {p.name for p in run.params}
+    assert params == {o.dest for o in OPTIONS if o.flag is not None} | {
+        "config_path",
+        "print_config",
+    }
+    assert {p.opts[0] for p in run.params} == {*flags, "--config", "--print-config"}
+    printed = tomllib.loads(render_toml(Config()))
+    for o in OPTIONS:
+        if o.table in ("labels", "tokenizers"):
+            assert o.table in printed
+        elif o.table in ("capture", "store"):
+            assert o.key in printed[o.table], o.name
+        elif o.table:
+            assert TABLES[o.table][o.key] == o.name and o.key in printed[o.table], o.name
+        else:
+            assert o.key in printed, o.name

@@ -64,7 +64,7 @@ from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.record.chain import Observer, RecordingChain
 from sniffer.runtime import signals
 from sniffer.runtime.capture_thread import CaptureThread, SourceFactory, capture_key, default_source
-from sniffer.runtime.config import Config, ConfigError, load_config
+from sniffer.runtime.config import RESTART_KEYS, Config, ConfigError, load_config
 from sniffer.runtime.log import Log, warn_pure_fallback
 from sniffer.runtime.notify import Notifier
 from sniffer.runtime.stats import DaemonStats
@@ -91,20 +91,6 @@ CHECKPOINT_SUFFIX = ".checkpoint.json"
 #: Seconds a checkpoint stays adoptable (a restart by systemd or an upgrade
 #: takes seconds; after this the streams it names are likely over).
 CHECKPOINT_MAX_AGE = 120.0
-
-
-#: Options a reload cannot change (logged, the old value kept).
-RESTART_KEYS = (
-    "backend",
-    "database",
-    "node",
-    "otlp_endpoint",
-    "otlp_headers",
-    "otlp_chunk_events",
-    "otlp_queue_size",
-    "otlp_timeout",
-    "otlp_metrics_interval",
-)
 
 
 class Daemon:
