@@ -537,10 +537,22 @@ class Config:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` on the first invalid value."""
+        self._check_limits()
+        self._check_capture()
+        self._check_store_and_buffers()
+        self._check_identity()
+        self._check_features()
+        self._check_export()
+
+    def _check_limits(self) -> None:
+        """Content-Encoding caps."""
         if self.max_decoded_bytes < 1:
             raise ConfigError("limits.max_decoded_bytes: must be at least 1")
         if not self.max_expansion_ratio >= 1:
             raise ConfigError("limits.max_expansion_ratio: must be at least 1")
+
+    def _check_capture(self) -> None:
+        """What is captured: interface, ports, processes, labels."""
         iface = self.interface
         if not iface or len(iface) >= 16 or "/" in iface or any(c.isspace() for c in iface):
             raise ConfigError(f"interface: invalid interface name {iface!r}")
@@ -562,6 +574,9 @@ class Config:
         for name, label in self.labels.items():
             if not label:
                 raise ConfigError(f"labels: empty label for port {name}")
+
+    def _check_store_and_buffers(self) -> None:
+        """The database, the writes and the capture buffers."""
         if not self.database:
             raise ConfigError("database: empty")
         if not 0 < self.flush_interval <= 3600:
@@ -580,12 +595,18 @@ class Config:
             )
         if not 0 < self.idle_timeout <= 86400 * 7:
             raise ConfigError(f"idle_timeout: {self.idle_timeout} out of range (0, 604800]")
+
+    def _check_identity(self) -> None:
+        """This sidecar's name and its log level."""
         if not self.node or len(self.node) > 255 or not self.node.isprintable():
             raise ConfigError(f"node: {self.node!r} must be 1 to 255 printable characters")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(
                 f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}"
             )
+
+    def _check_features(self) -> None:
+        """Metrics, sampling, redaction and retention."""
         if self.metrics:
             host, _, port = self.metrics_listen.rpartition(":")
             if not host or not port.isdigit() or not 0 <= int(port) < 65536:
@@ -603,6 +624,9 @@ class Config:
                 raise ConfigError(f"redaction pattern {pname!r}: bad regex: {exc}") from None
         if self.retention_days < 0 or self.retention_batch < 1 or self.retention_interval <= 0:
             raise ConfigError("retention: days >= 0, batch >= 1 and interval > 0")
+
+    def _check_export(self) -> None:
+        """OTLP export and gRPC decoding."""
         ep = self.otlp_endpoint
         if ep and not (ep.startswith("http://") or ep.startswith("https://")):
             raise ConfigError(f"otlp endpoint: {ep!r} is not an http:// or https:// URL")
