@@ -82,10 +82,11 @@ elif mode == "capture-open":
     afp.AfPacketSource.open = lambda self: hit("capture open")
 
 # atexit: the console script ends the process itself once the command is done
-# (sniffer.cli.main._exit_quickly), after running the atexit handlers
+# (sniffer.cli.exiting), after running the atexit handlers registered since
+# sniffer.cli was imported
 import atexit
-atexit.register(hit, "exit")
 from sniffer.cli import entry_point
+atexit.register(hit, "exit")
 entry_point()
 """
 

@@ -26,7 +26,8 @@ from sniffer.reports.cadence import (
     split_threshold,
     summarize,
 )
-from sniffer.reports.stats import Output, load_outputs
+from sniffer.reports.output import Output
+from sniffer.reports.stats import load_outputs
 from sniffer.runtime.replay import replay
 from sniffer.store.writer import open_store
 

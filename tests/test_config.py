@@ -203,6 +203,67 @@ def test_cli_bad_flag_values_exit_2() -> None:
     assert "comms" in err
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--label", "baseline"), "--label 'baseline' is not PORT=NAME"),
+        (("--label", "x8000=a"), "--label 'x8000=a' is not PORT=NAME"),
+        (("--label", "8000="), "--label '8000=' is not PORT=NAME"),
+        (("--tokenizer", "m="), "--tokenizer 'm=' is not PATTERN=SOURCE"),
+        (("--redact-pattern", "=x"), "--redact-pattern '=x' is not NAME=REGEX"),
+        (("--otlp-header", " =v"), "--otlp-header ' =v' is not NAME=VALUE"),
+    ],
+)
+def test_cli_bad_pairs_name_the_flag_and_the_form(args: tuple[str, ...], message: str) -> None:
+    code, out, err = run_cli(*args, "--print-config")
+    assert (code, out) == (2, "")
+    assert err == f"sparseety: config error: {message}\n"
+
+
+def test_cli_pairs_split_at_the_first_equals_sign() -> None:
+    code, out, err = run_cli(
+        "--label",
+        " 8000=a=b",
+        "--redact-pattern",
+        "KEY=k=[0-9]+",
+        "--otlp-header",
+        " x-team = a=b",
+        "--print-config",
+    )
+    assert code == 0, err
+    cfg = parse_config(tomllib.loads(out))
+    assert dict(cfg.labels) == {8000: "a=b"}
+    assert cfg.redact_patterns == (("KEY", "k=[0-9]+"),)
+    assert cfg.otlp_headers == (("x-team", " a=b"),)
+
+
+def test_sparseety_db_means_the_same_for_run_as_for_the_readers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--db`` first, then ``$SPARSEETY_DB``, then the config file's, then the
+    default: as ``top --config`` reads it; the readers take the same variable."""
+    path = write(tmp_path, "[store]\ndatabase = 'from-toml.db'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPARSEETY_DB", str(tmp_path / "from-env.db"))
+    for args, expected in (
+        ((), str(tmp_path / "from-env.db")),
+        (("--config", path), str(tmp_path / "from-env.db")),
+        (("--config", path, "--db", "from-flag.db"), "from-flag.db"),
+    ):
+        code, out, err = run_cli(*args, "--print-config")
+        assert code == 0, err
+        assert parse_config(tomllib.loads(out)).database == expected, args
+    res = CliRunner().invoke(main, ["streams"])  # a reader: the same file, not there
+    assert res.exit_code == 1
+    assert f"no database at {str(tmp_path / 'from-env.db')!r}" in res.stderr
+    monkeypatch.setenv("SPARSEETY_DB", "")  # empty: as if unset, for every command
+    code, out, err = run_cli("--config", path, "--print-config")
+    assert code == 0, err
+    assert parse_config(tomllib.loads(out)).database == "from-toml.db"
+    res = CliRunner().invoke(main, ["streams"])
+    assert "no database at 'sparseety.db'" in res.stderr
+
+
 def test_render_toml_round_trips_everything() -> None:
     cfg = Config(
         interface="eth0",
@@ -267,3 +328,34 @@ def test_node_key_flag_and_default(tmp_path: Path) -> None:
     )
     assert res.exit_code == 0 and 'node = "from-flag"' in res.output
     assert parse_config(tomllib.loads(res.output)).node == "from-flag"
+
+
+def test_every_option_is_declared_once_and_reaches_flags_toml_and_print_config() -> None:
+    """The run command's flags, the TOML tables and ``--print-config`` all come
+    from ``OPTIONS`` (the Config fields): nothing is listed twice, each flag
+    sets its own option, and each option's key shows in the printed config."""
+    from dataclasses import fields
+
+    from sniffer.cli.run import run
+    from sniffer.runtime.config import OPTIONS, TABLES
+
+    names = [o.name for o in OPTIONS]
+    assert names == [f.name for f in fields(Config) if f.name not in ("extra", "source")]
+    flags = [o.flag.name for o in OPTIONS if o.flag is not None]
+    assert len(set(flags)) == len(flags)
+    params = {p.name for p in run.params}
+    assert params == {o.dest for o in OPTIONS if o.flag is not None} | {
+        "config_path",
+        "print_config",
+    }
+    assert {p.opts[0] for p in run.params} == {*flags, "--config", "--print-config"}
+    printed = tomllib.loads(render_toml(Config()))
+    for o in OPTIONS:
+        if o.table in ("labels", "tokenizers"):
+            assert o.table in printed
+        elif o.table in ("capture", "store"):
+            assert o.key in printed[o.table], o.name
+        elif o.table:
+            assert TABLES[o.table][o.key] == o.name and o.key in printed[o.table], o.name
+        else:
+            assert o.key in printed, o.name

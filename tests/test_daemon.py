@@ -137,16 +137,27 @@ def start(daemon: Daemon) -> Running:
 
 
 def make(
-    tmp_path: Path, source: FakeSource, log: io.StringIO | None = None, **cfg: Any
+    tmp_path: Path,
+    source: FakeSource,
+    log: io.StringIO | None = None,
+    *,
+    features: bool = False,
+    **cfg: Any,
 ) -> tuple[Daemon, str]:
+    """A daemon on ``source`` writing ``tmp_path/d.db``; with ``features``, the
+    ones ``sparseety run`` builds for it (``build_features``)."""
+    from sniffer.runtime.features import build_features
+
     db = str(tmp_path / "d.db")
     config = Config(database=db, ports=(PORT,), flush_interval=0.05, **cfg)
+    logger = Log("debug", log if log is not None else io.StringIO())
     d = Daemon(
         config,
-        log=Log("debug", log if log is not None else io.StringIO()),
+        log=logger,
         source_factory=lambda _cfg, _base: source,
         notifier=Notifier({}),
         install_signals=False,
+        features=build_features(config, logger) if features else None,
     )
     return d, db
 
@@ -671,7 +682,7 @@ def test_log_lines_are_logfmt_and_journal_prefixed(monkeypatch: pytest.MonkeyPat
     assert out.getvalue() == '<3>level=error event=store-failed error="say \\"no\\""\n'
 
 
-# ------------------------------------------------------------ attach_features
+# ------------------------------------------------------------ build_features
 
 
 def _conversation(port: int, prompt: str, pieces: list[str]) -> list[Any]:
@@ -713,13 +724,13 @@ def _conversation(port: int, prompt: str, pieces: list[str]) -> list[Any]:
 
 def test_features_redact_what_is_stored_but_tokenize_what_was_sent(tmp_path: Path) -> None:
     from sniffer.llm.tokens import TokenizerRegistry
-    from sniffer.runtime.features import attach_features
 
     pieces = ["Call me at ", "+86 138 0013 8000", " or mail ", "ann@example.com", "."]
     segs = _conversation(PORT, "my id is alice@example.org", pieces)
     src = FakeSource(segs, per=3)
-    d, db = make(tmp_path, src, metrics=False)
-    feats = attach_features(d)
+    d, db = make(tmp_path, src, features=True, metrics=False)
+    feats = d.features
+    assert feats is not None and d.chain is feats.chain
     r = start(d)
     assert wait_for(src.exhausted.is_set)
     assert r.stop() == 0
@@ -735,11 +746,8 @@ def test_features_redact_what_is_stored_but_tokenize_what_was_sent(tmp_path: Pat
 
 
 def test_features_sampling_keeps_summaries_and_drops_text(tmp_path: Path) -> None:
-    from sniffer.runtime.features import attach_features
-
     src = FakeSource(_conversation(PORT, "hello", ["a", "b"]), per=4)
-    d, db = make(tmp_path, src, metrics=False, sample_rate=0.0, tokens=False)
-    attach_features(d)
+    d, db = make(tmp_path, src, features=True, metrics=False, sample_rate=0.0, tokens=False)
     r = start(d)
     assert wait_for(src.exhausted.is_set)
     assert r.stop() == 0
@@ -748,15 +756,13 @@ def test_features_sampling_keeps_summaries_and_drops_text(tmp_path: Path) -> Non
 
 
 def test_features_refuse_a_world_readable_database(tmp_path: Path) -> None:
-    from sniffer.runtime.features import attach_features
     from sniffer.store.files import InsecureDatabaseFile
 
     db = tmp_path / "d.db"
     db.write_bytes(b"")
     os.chmod(db, 0o644)
-    d, _ = make(tmp_path, FakeSource([]), metrics=False, tokens=False)
     with pytest.raises(InsecureDatabaseFile):
-        attach_features(d)
+        make(tmp_path, FakeSource([]), features=True, metrics=False, tokens=False)
 
 
 def test_ebpf_repeated_drops_count_each_byte_once() -> None:

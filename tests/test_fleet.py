@@ -237,7 +237,7 @@ def test_older_code_refuses_a_newer_schema(db_url: str, tmp_path: Path) -> None:
 
 def test_no_background_worker_runs_against_a_refused_schema(tmp_path: Path) -> None:
     """The one-line refusal of a newer schema was followed, in 5 of 6 runs under
-    load, by a ``tokens-failed`` line: ``attach_features`` started the token
+    load, by a ``tokens-failed`` line: the features started the token
     worker before the daemon opened (and refused) the database, and its first
     pass, 0.5 s later, opened it too. The workers start once the daemon has
     opened the database and the capture is active: a refused database starts
@@ -246,7 +246,7 @@ def test_no_background_worker_runs_against_a_refused_schema(tmp_path: Path) -> N
 
     from sniffer.runtime.config import Config
     from sniffer.runtime.daemon import Daemon
-    from sniffer.runtime.features import attach_features
+    from sniffer.runtime.features import build_features
     from sniffer.runtime.log import Log
     from sniffer.runtime.notify import Notifier
 
@@ -264,14 +264,16 @@ def test_no_background_worker_runs_against_a_refused_schema(tmp_path: Path) -> N
 
     log = io.StringIO()
     cfg = Config(database=url, ports=(9,), metrics=False)
+    logger = Log("debug", log)
+    feats = build_features(cfg, logger)
     d = Daemon(
         cfg,
-        log=Log("debug", log),
+        log=logger,
         source_factory=lambda _cfg, _ids: Source(),
         notifier=Notifier({}),
         install_signals=False,
+        features=feats,
     )
-    feats = attach_features(d)
     assert [w.thread.name for w in feats.workers] == ["tokens"]
     with pytest.raises(SchemaTooNew):
         d.run()

@@ -38,7 +38,7 @@ def test_contracts_are_kept() -> None:
     r = _lint(ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 broken" in r.stdout
-    assert "Layers" in r.stdout and "Sans-IO" in r.stdout
+    assert "Layers" in r.stdout and "Sans-IO" in r.stdout and "test-only" in r.stdout
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -66,3 +66,13 @@ def test_a_dialect_reading_the_clock_breaks_sans_io(tmp_path: Path) -> None:
     r = _lint(tree)
     assert r.returncode != 0
     assert "sniffer.llm.dialects.base -> time" in r.stdout
+
+
+def test_a_runtime_module_importing_scapy_breaks_the_test_only_contract(tmp_path: Path) -> None:
+    """scapy is a test/scripts extra, not a runtime dependency: the package may not import it."""
+    tree = _copy(tmp_path)
+    probe = tree / "sniffer" / "runtime" / "probe.py"
+    probe.write_text(probe.read_text() + "\nimport scapy.all  # noqa\n")
+    r = _lint(tree)
+    assert r.returncode != 0
+    assert "sniffer.runtime.probe -> scapy" in r.stdout

@@ -24,7 +24,8 @@ PCAP = REPO / "pcaps" / "chat_english.pcap"
 NEVER = ("transformers", "torch", "scapy", "opentelemetry", "alembic", "google.protobuf")
 
 # The modules are listed by an atexit handler: the console script ends the
-# process itself once the command is done (``_exit_quickly``), after running them.
+# process itself once the command is done (``sniffer.cli.exiting``), after
+# running the handlers registered since ``sniffer.cli`` was imported.
 RUN = r"""
 import atexit, json, sys
 argv, out = sys.argv[1:-1], sys.argv[-1]
@@ -34,8 +35,8 @@ def dump():
     with open(out, "w") as fh:
         json.dump(sorted(sys.modules), fh)
 
-atexit.register(dump)
 from sniffer.cli import entry_point
+atexit.register(dump)
 entry_point()
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from sniffer.core.credentials import is_credential_header, scrub_headers
 from sniffer.core.events import (
     FLAG_TEXT,
     LOSSY_FLAGS,
@@ -34,8 +35,6 @@ from sniffer.core.http1 import HttpOutput
 from sniffer.core.streams import (
     MAX_ANOMALY_ROWS,
     StreamAssembler,
-    is_credential,
-    scrub_headers,
 )
 from sniffer.llm.values import RequestSummary, Usage
 
@@ -305,9 +304,9 @@ def test_credential_names() -> None:
         "x-auth-token",
         "my-secret",
     ):
-        assert is_credential(name), name
+        assert is_credential_header(name), name
     for name in ("content-type", "host", "accept", "user-agent"):
-        assert not is_credential(name), name
+        assert not is_credential_header(name), name
     assert scrub_headers((("Authorization", "x"), ("accept", "*/*"))) == (("accept", "*/*"),)
 
 

@@ -196,22 +196,6 @@ def _seg4(
     return Segment(ts, _addr4(src), sport, _addr4(dst), dport, seq, ack, flags, payload)
 
 
-def _seg6(
-    ts: float,
-    src: bytes,
-    sport: int,
-    dst: bytes,
-    dport: int,
-    seq: int,
-    ack: int,
-    flags: int,
-    payload: bytes | memoryview,
-) -> Segment:
-    if type(payload) is not bytes:
-        payload = bytes(payload)
-    return Segment(ts, _addr6(src), sport, _addr6(dst), dport, seq, ack, flags, payload)
-
-
 def _ip4(buf: bytes | memoryview, off: int, end: int, ts: float) -> Segment | None:
     """IPv4 packet at ``buf[off:end]``."""
     if end - off < 40:

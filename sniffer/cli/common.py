@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
@@ -15,13 +15,21 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_DB = "sparseety.db"
+#: The database of every command given no ``--db`` (the readers, ``top``, ``run``).
+DB_ENV = "SPARSEETY_DB"
+
+
+def env_database() -> str | None:
+    """``$SPARSEETY_DB``, when set and not empty: the database a command uses
+    when ``--db`` is not given, before any config file's and the default."""
+    return os.environ.get(DB_ENV) or None
 
 
 def db_option(f: F) -> F:
     return click.option(
         "--db",
-        default=lambda: os.environ.get("SPARSEETY_DB", DEFAULT_DB),
-        show_default=f"$SPARSEETY_DB or {DEFAULT_DB}",
+        default=lambda: env_database() or DEFAULT_DB,
+        show_default=f"${DB_ENV} or {DEFAULT_DB}",
         help="SQLite file or SQLAlchemy database URL.",
     )(f)
 
@@ -71,12 +79,34 @@ def open_store(db: str) -> Any:
     return store_open(db)
 
 
-def parse_labels(values: tuple[str, ...]) -> dict[int, str]:
-    """``PORT=NAME`` pairs → {port: name}."""
+def parse_pair(item: str, flag: str, form: str, *, header: bool = False) -> tuple[str, str]:
+    """One ``NAME=VALUE`` option value (``--label``, ``--tokenizer``,
+    ``--redact-pattern``, ``--otlp-header``; ``form`` says which, e.g.
+    ``"PORT=NAME"``) as (name, value): split at the first ``=``, both sides
+    non-empty. A header (``header``) keeps an empty value and loses the spaces
+    around its name. The CLI's one parser of such values: anything else raises
+    ``click.BadParameter("'…' is not FORM")`` for ``flag``."""
+    name, sep, value = item.partition("=")
+    if header:
+        name = name.strip()
+    if not sep or not name or (not value and not header):
+        raise click.BadParameter(f"{item!r} is not {form}", param_hint=flag)
+    return name, value
+
+
+def parse_pairs(
+    items: Iterable[str], flag: str, form: str, *, header: bool = False
+) -> tuple[tuple[str, str], ...]:
+    """:func:`parse_pair` over a repeated option's values."""
+    return tuple(parse_pair(item, flag, form, header=header) for item in items)
+
+
+def parse_labels(values: Iterable[str]) -> dict[int, str]:
+    """``--label PORT=NAME`` values → {port: name}."""
     out: dict[int, str] = {}
     for v in values:
-        port, sep, name = v.partition("=")
-        if not sep or not port.strip().isdigit() or not name:
+        port, name = parse_pair(v, "--label", "PORT=NAME")
+        if not port.strip().isdigit():
             raise click.BadParameter(f"{v!r} is not PORT=NAME", param_hint="--label")
         out[int(port)] = name
     return out
@@ -91,9 +121,7 @@ def parse_tokenizer_specs(values: tuple[str, ...] | list[tuple[str, str]]) -> li
         if isinstance(v, tuple):
             pattern, source = v
         else:
-            pattern, sep, source = v.partition("=")
-            if not sep or not pattern or not source:
-                raise click.BadParameter(f"{v!r} is not PATTERN=SOURCE", param_hint="--tokenizer")
+            pattern, source = parse_pair(v, "--tokenizer", "PATTERN=SOURCE")
         out.append(TokenizerSpec(pattern, source))
     return out
 

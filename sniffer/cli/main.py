@@ -6,7 +6,6 @@ errors become a one-line message and a non-zero exit code (2 for usage errors).
 
 from __future__ import annotations
 
-import atexit
 import gc
 import json
 import os
@@ -20,6 +19,7 @@ from typing import Any, TextIO
 import click
 
 from sniffer import __version__, core_name
+from sniffer.cli import exiting
 from sniffer.cli.common import (
     db_option,
     fail,
@@ -29,6 +29,7 @@ from sniffer.cli.common import (
     open_engine,
     open_store,
     parse_labels,
+    parse_pairs,
     progress_bar,
     quiet_option,
     tokenizer_options,
@@ -205,12 +206,7 @@ def replay(
     from sniffer.runtime.replay import replay as run_replay
 
     label_map = parse_labels(labels)
-    patterns = []
-    for item in redact_patterns:
-        name, sep, regex = item.partition("=")
-        if not sep or not name or not regex:
-            raise click.BadParameter(f"{item!r} is not NAME=REGEX", param_hint="--redact-pattern")
-        patterns.append((name, regex))
+    patterns = parse_pairs(redact_patterns, "--redact-pattern", "NAME=REGEX")
     if no_redact:
         click.echo(
             "sparseety: redaction is OFF: text is stored as captured "
@@ -220,7 +216,7 @@ def replay(
     options = RecordingOptions(
         sample_rate=1.0 if sample_rate is None else sample_rate,
         redact=not no_redact,
-        redact_patterns=tuple(patterns),
+        redact_patterns=patterns,
         tokens=not no_tokens,
     )
     proto: bytes | None = None
@@ -755,17 +751,16 @@ def entry_point() -> None:
 
 
 def _exit_quickly(exc: SystemExit) -> None:
-    """End the process without the interpreter's teardown, when nothing needs it.
+    """Have the process end without the interpreter's teardown, when nothing needs it.
 
-    A command's work is done when ``main`` raises ``SystemExit``; what Python
-    would still do is run the ``atexit`` handlers (logging's, multiprocessing's,
-    coverage's), flush the standard streams, then free every module and object
-    one by one, which after a replay costs 0.1–0.25 s of CPU (issue #16). This
-    does the first two and skips the third. It returns, leaving the normal exit,
-    when another thread is still running (Python joins non-daemon threads at
-    exit), the exit code is not a number (``sys.exit("message")`` prints it),
-    or a profiler or tracer runs (``python -m cProfile``, coverage: they write
-    their results after the command returns).
+    A command's work is done when ``main`` raises ``SystemExit``: this arms
+    :mod:`sniffer.cli.exiting`, which ends the process once the ``atexit``
+    handlers have run and the standard streams are flushed, before Python
+    frees every module and object one by one (issue #16). It leaves the normal
+    exit when another thread is still running (Python joins non-daemon threads
+    at exit), the exit code is not a number (``sys.exit("message")`` prints
+    it), or a profiler or tracer runs (``python -m cProfile``, coverage: they
+    write their results after the command returns).
     """
     code = exc.code
     if code is None:
@@ -786,10 +781,7 @@ def _exit_quickly(exc: SystemExit) -> None:
     exc.__traceback__ = None
     exc.__context__ = None
     gc.collect()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()  # a reader that went away raises here: the caller's handler
-    sys.stderr.flush()
-    os._exit(code)
+    exiting.arm(code)
 
 
 if __name__ == "__main__":

@@ -3,106 +3,122 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
+from sniffer.cli.common import env_database, parse_labels, parse_pairs
 from sniffer.runtime.config import (
-    BACKENDS,
-    LOG_LEVELS,
+    OPTIONS,
     Config,
     ConfigError,
+    Flag,
+    Option,
     load_config,
     render_toml,
 )
 
-__all__ = ["build_config", "run"]
+__all__ = ["build_config", "config_options", "run"]
 
-
-def _parse_labels(values: tuple[str, ...]) -> dict[int, str]:
-    out: dict[int, str] = {}
-    for v in values:
-        port, sep, name = v.partition("=")
-        if not sep or not port.strip().isdigit() or not name:
-            raise ConfigError(f"--label {v!r} is not PORT=NAME")
-        out[int(port)] = name
-    return out
-
-
-def _pairs(
-    items: tuple[str, ...], flag: str, form: str, *, header: bool = False
-) -> tuple[tuple[str, str], ...]:
-    """``A=B`` options as pairs; ``ConfigError`` names the flag and the form.
-    A header keeps an empty value and loses the spaces around its name."""
-    pairs = []
-    for item in items:
-        name, sep, value = item.partition("=")
-        if header:
-            name = name.strip()
-        if not sep or not name or (not value and not header):
-            raise ConfigError(f"{flag} {item!r} is not {form}")
-        pairs.append((name, value))
-    return tuple(pairs)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Config, dict[str, Any]]:
-    """The effective config: defaults ← TOML file ← CLI flags. Returns it and the
-    overrides (re-applied on SIGHUP). Raises :class:`ConfigError`."""
+    """The effective config: defaults ← TOML file ← ``$SPARSEETY_DB`` (the
+    database, as for every command) ← CLI flags. ``options`` are the ``run``
+    command's parameters (:attr:`Option.dest <sniffer.runtime.config.Option.dest>`
+    → value). Returns the config and the overrides (re-applied on SIGHUP).
+    Raises :class:`ConfigError`."""
     overrides: dict[str, Any] = {}
-    for key in (
-        "interface",
-        "backend",
-        "database",
-        "flush_interval",
-        "batch_size",
-        "queue_size",
-        "ring_blocks",
-        "block_size",
-        "idle_timeout",
-        "log_level",
-        "node",
-        "metrics_listen",
-        "sample_rate",
-        "default_tokenizer",
-        "db_group",
-        "node",
-        "otlp_endpoint",
-        "otlp_queue_size",
-        "grpc_proto",
-    ):
-        if options.get(key) is not None:
-            overrides[key] = options[key]
-    for flag, key, value in (
-        ("no_metrics", "metrics", False),
-        ("metrics_public", "metrics_public", True),
-        ("no_redact", "redact", False),
-        ("no_tokens", "tokens", False),
-        ("allow_world_readable", "allow_world_readable", True),
-        ("otlp_chunk_events", "otlp_chunk_events", True),
-    ):
-        if options.get(flag):
-            overrides[key] = value
-    if options.get("retention"):
-        from sniffer.store.retention import parse_age
-
-        try:
-            overrides["retention_days"] = parse_age(options["retention"]) / 86400.0
-        except ValueError as exc:
-            raise ConfigError(f"--retention: {exc}") from None
-    for key, flag, form in (
-        ("redact_patterns", "--redact-pattern", "NAME=REGEX"),
-        ("tokenizers", "--tokenizer", "PATTERN=SOURCE"),
-        ("otlp_headers", "--otlp-header", "NAME=VALUE"),
-    ):
-        if options.get(key):
-            overrides[key] = _pairs(options[key], flag, form, header=key == "otlp_headers")
-    for key in ("ports", "pids", "comms"):
-        if options.get(key):
-            overrides[key] = tuple(options[key])
-    if options.get("labels"):
-        overrides["labels"] = _parse_labels(tuple(options["labels"]))
+    env_db = env_database()
+    if env_db is not None:
+        overrides["database"] = env_db
+    try:
+        for opt in OPTIONS:
+            flag = opt.flag
+            if flag is not None:
+                value = options.get(opt.dest)
+                if value is not None:
+                    _override(overrides, opt, flag, value)
+    except click.BadParameter as exc:
+        raise ConfigError(f"{exc.param_hint} {exc.message}") from None
     base = load_config(config_path)
     return base.with_overrides(overrides), overrides
+
+
+def _override(overrides: dict[str, Any], opt: Option, flag: Flag, value: Any) -> None:
+    """Put what ``flag`` was given (``value``, not None) into ``overrides``."""
+    if flag.sets is not None:  # a switch
+        if value:
+            overrides[opt.name] = flag.sets
+    elif flag.convert is not None:
+        if value:
+            try:
+                overrides[opt.name] = flag.convert(value)
+            except ValueError as exc:
+                raise ConfigError(f"{flag.name}: {exc}") from None
+    elif not flag.multiple:
+        overrides[opt.name] = value
+    elif not value:
+        pass  # a repeatable flag not given
+    elif opt.kind == "labels":
+        overrides[opt.name] = parse_labels(value)
+    elif flag.form is not None:
+        overrides[opt.name] = parse_pairs(value, flag.name, flag.form, header=flag.header)
+    else:
+        overrides[opt.name] = tuple(value)
+
+
+def _help(opt: Option, flag: Flag) -> str:
+    """The flag's help, with the ``[default: …]`` it shows."""
+    shown = flag.shown
+    if shown is None:
+        default = opt.default
+        if flag.sets is not None or default in (None, "", ()):
+            shown = ""
+        elif isinstance(default, float):
+            shown = f"{default:g}"
+        elif isinstance(default, tuple):
+            shown = ", ".join(map(str, default))
+        else:
+            shown = str(default)
+    if not shown:
+        return flag.help
+    return f"{flag.help}  [default: {shown}]" if flag.help else f"[default: {shown}]"
+
+
+def _click_option(opt: Option, flag: Flag) -> Callable[[F], F]:
+    """The click option of one :class:`Option`'s flag."""
+    names = [flag.name, *([flag.short] if flag.short else []), opt.dest]
+    if flag.sets is not None:
+        return click.option(*names, is_flag=True, help=_help(opt, flag))
+    ptype: Any = None  # text: a converted value (--retention 30d), a string option
+    if flag.convert is not None:
+        pass
+    elif opt.choices:
+        ptype = click.Choice(opt.choices)
+    elif flag.range is not None:
+        ptype = click.FloatRange(*flag.range)
+    elif opt.kind in ("int", "ints"):
+        ptype = int
+    elif opt.kind == "float":
+        ptype = float
+    return click.option(
+        *names,
+        type=ptype,
+        multiple=flag.multiple,
+        metavar=flag.metavar or flag.form,
+        help=_help(opt, flag),
+    )
+
+
+def config_options(f: F) -> F:
+    """Every option's flag (:data:`~sniffer.runtime.config.OPTIONS`), in field order."""
+    for opt in reversed(OPTIONS):
+        if opt.flag is not None:
+            f = _click_option(opt, opt.flag)(f)
+    return f
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -112,111 +128,7 @@ def build_config(config_path: str | None, options: dict[str, Any]) -> tuple[Conf
     type=click.Path(dir_okay=False),
     help="TOML config file (see systemd/sparseety.toml.example). Flags override it.",
 )
-@click.option("--interface", "-i", help="Interface to capture on.  [default: lo]")
-@click.option(
-    "--port", "ports", multiple=True, type=int, help="Server port (repeat).  [default: 8000]"
-)
-@click.option(
-    "--label",
-    "labels",
-    multiple=True,
-    metavar="PORT=NAME",
-    help="Label stored on every stream whose server port is PORT (repeat); PORT is captured.",
-)
-@click.option(
-    "--backend",
-    type=click.Choice(BACKENDS),
-    help="packet: AF_PACKET ring + kernel BPF filter; ebpf: syscall tracing.  [default: packet]",
-)
-@click.option("--pid", "pids", multiple=True, type=int, help="ebpf: only this process (repeat).")
-@click.option("--comm", "comms", multiple=True, help="ebpf: only this process name (repeat).")
-@click.option(
-    "--db",
-    "database",
-    help="SQLite file or SQLAlchemy URL.  [default: sqlite:///./sparseety.db]",
-)
-@click.option(
-    "--node",
-    metavar="NAME",
-    help="This sidecar's name, stored on every row (readers filter by it with --node); "
-    "for many sidecars writing to one database.  [default: the host name]",
-)
-@click.option("--flush-interval", type=float, help="Seconds between writes at most.  [default: 1]")
-@click.option("--batch-size", type=int, help="Rows per write at most.  [default: 5000]")
-@click.option(
-    "--queue-size", type=int, help="Capture→pipeline queue length, in batches.  [default: 1024]"
-)
-@click.option("--ring-blocks", type=int, help="packet: ring blocks.  [default: 32]")
-@click.option("--block-size", type=int, help="packet: bytes per ring block.  [default: 524288]")
-@click.option(
-    "--idle-timeout", type=float, help="Seconds before an idle connection closes.  [default: 300]"
-)
-@click.option("--log-level", type=click.Choice(LOG_LEVELS), help="[default: info]")
-@click.option(
-    "--metrics-listen", metavar="HOST:PORT", help="Prometheus /metrics.  [default: 127.0.0.1:9464]"
-)
-@click.option("--no-metrics", is_flag=True, help="Do not serve /metrics.")
-@click.option(
-    "--metrics-public", is_flag=True, help="Allow a non-loopback --metrics-listen address."
-)
-@click.option(
-    "--sample-rate",
-    type=click.FloatRange(0, 1),
-    help="Share of streams whose chunk text is stored (summaries always).  [default: 1]",
-)
-@click.option("--no-redact", is_flag=True, help="No PII redaction (credentials are still removed).")
-@click.option(
-    "--redact-pattern",
-    "redact_patterns",
-    multiple=True,
-    metavar="NAME=REGEX",
-    help="Also replace REGEX matches by <NAME> (repeat).",
-)
-@click.option("--retention", metavar="AGE", help="Delete streams older than AGE (e.g. 30d).")
-@click.option("--no-tokens", is_flag=True, help="Do not tokenize streams.")
-@click.option(
-    "--tokenizer",
-    "tokenizers",
-    multiple=True,
-    metavar="PATTERN=SOURCE",
-    help="Tokenizer for models matching PATTERN: a dir, tokenizer.json or cached hub id (repeat).",
-)
-@click.option("--default-tokenizer", metavar="SOURCE", help="[default: DeepSeek-V4]")
-@click.option("--db-group", metavar="GROUP", help="Database files 0640 with this group.")
-@click.option(
-    "--allow-world-readable",
-    is_flag=True,
-    help="Start even if the database file is world-readable.",
-)
-@click.option(
-    "--otlp-endpoint",
-    metavar="URL",
-    help="Export spans and GenAI metrics over OTLP/HTTP to this collector base URL "
-    "(e.g. http://127.0.0.1:4318); default: $OTEL_EXPORTER_OTLP_ENDPOINT, else off. "
-    "Needs: pip install 'sparseety[otlp]'.",
-)
-@click.option(
-    "--otlp-header",
-    "otlp_headers",
-    multiple=True,
-    metavar="NAME=VALUE",
-    help="Header sent with every OTLP export (repeat; adds to $OTEL_EXPORTER_OTLP_HEADERS).",
-)
-@click.option(
-    "--otlp-chunk-events", is_flag=True, help="One span event per streamed chunk (off by default)."
-)
-@click.option(
-    "--otlp-queue-size",
-    type=int,
-    help="Closed streams waiting for OTLP export; beyond it they are dropped and counted.  "
-    "[default: 4096]",
-)
-@click.option(
-    "--proto",
-    "grpc_proto",
-    metavar="FILE.pb",
-    help="Protobuf descriptor set: decode the messages of the gRPC methods it describes.",
-)
+@config_options
 @click.option("--print-config", is_flag=True, help="Print the effective config as TOML and exit.")
 def run(config_path: str | None, print_config: bool, **options: Any) -> None:
     """Record live: capture the LLM server's traffic and store every streamed chunk.
@@ -255,20 +167,21 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
     from sniffer.llm.tokens import TokenizerLoadError
     from sniffer.record.otlp import OtlpUnavailable
     from sniffer.runtime.daemon import Daemon
-    from sniffer.runtime.features import attach_features
+    from sniffer.runtime.features import build_features
+    from sniffer.runtime.log import Log
     from sniffer.store.files import InsecureDatabaseFile
 
     try:
-        daemon = Daemon(cfg, overrides=overrides)
+        log = Log(cfg.log_level)
         try:
-            attach_features(daemon)
+            features = build_features(cfg, log)
         except (InsecureDatabaseFile, TokenizerLoadError, OtlpUnavailable, ValueError) as exc:
             click.echo(f"sparseety: {exc}", err=True)
             sys.exit(2)
         except OSError as exc:
             click.echo(f"sparseety: cannot serve metrics on {cfg.metrics_listen}: {exc}", err=True)
             sys.exit(1)
-        code = daemon.run()
+        code = Daemon(cfg, overrides=overrides, log=log, features=features).run()
     except (CaptureError, EbpfError) as exc:
         click.echo(f"sparseety: cannot capture: {exc}", err=True)
         sys.exit(1)

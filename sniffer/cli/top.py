@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
 
-from sniffer.cli.common import db_option, fail, library_errors, make_registry, tokenizer_options
+from sniffer.cli.common import (
+    db_option,
+    env_database,
+    fail,
+    library_errors,
+    make_registry,
+    tokenizer_options,
+)
 
 __all__ = ["top"]
 
@@ -98,10 +104,14 @@ def top(
         except ConfigError as exc:
             fail(str(exc), 2)
         ctx = click.get_current_context()
-        if ctx.get_parameter_source("db") in (
-            click.core.ParameterSource.DEFAULT,
-            click.core.ParameterSource.DEFAULT_MAP,
-        ) and not os.environ.get("SPARSEETY_DB"):
+        if (
+            ctx.get_parameter_source("db")
+            in (
+                click.core.ParameterSource.DEFAULT,
+                click.core.ParameterSource.DEFAULT_MAP,
+            )
+            and env_database() is None
+        ):
             db = cfg.database
         if metrics_listen is None and cfg.metrics:
             metrics_listen = cfg.metrics_listen

@@ -6,8 +6,10 @@ Shared by the HTTP/1.1 and HTTP/2 parsers.
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING
 
-from sniffer.core.events import Headers
+if TYPE_CHECKING:  # importing the caps loads no event type (the daemon's config reads them)
+    from sniffer.core.events import Headers
 
 __all__ = [
     "MAX_DECODED_BYTES",

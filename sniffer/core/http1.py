@@ -676,7 +676,8 @@ class HttpParser:
 
     # ------------------------------------------------------------------ public
 
-    def feed(self, ev: FlowEvent) -> list[HttpOutput]:
+    # The direction's state machine in one place (DESIGN: Style), per event: kept whole (C901).
+    def feed(self, ev: FlowEvent) -> list[HttpOutput]:  # noqa: C901
         out: list[HttpOutput] = []
         t = type(ev)
         if t is FlowData:

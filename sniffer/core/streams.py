@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sniffer.core.credentials import (
-    is_credential_header,
     scrub_error_text,
     scrub_headers,
     scrub_url,
@@ -115,10 +114,6 @@ _ANOMALY_TEXT = {
 NDJSON_TYPES = frozenset(
     {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/json-lines"}
 )
-
-
-#: Header names never stored: the one rule, in ``sniffer.credentials``.
-is_credential = is_credential_header
 
 
 def _header(headers: Headers, name: str) -> str | None:
@@ -336,7 +331,8 @@ class StreamAssembler:
         x.body = None
         out.append(PipelineError(ts, "streams", "internal", msg, x.conn, x.stream))
 
-    def _feed(self, ev: HttpOutput, out: list[StoreEvent]) -> None:
+    # One exchange's transitions in one place, per HTTP event: kept whole (C901).
+    def _feed(self, ev: HttpOutput, out: list[StoreEvent]) -> None:  # noqa: C901
         t = type(ev)
         if t is HttpBody:
             assert isinstance(ev, HttpBody)

@@ -113,7 +113,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import prometheus_client.metrics
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import start_http_server
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -223,11 +222,16 @@ class _Bounded:
         return lab, mod
 
 
+#: A prometheus_client counter in no registry, read only by :func:`_use_created`.
+_CREATED_PROBE = Counter("sparseety_created_probe", "", registry=None)
+
+
 def _use_created() -> bool:
     """Whether prometheus_client emits ``_created`` series (it does unless
     ``PROMETHEUS_DISABLE_CREATED_SERIES`` is set or ``disable_created_metrics()``
-    was called): ours follow the same switch as its own metrics."""
-    return bool(getattr(prometheus_client.metrics, "_use_created", True))
+    was called): ours follow the same switch as its own metrics. Asked of one
+    of its counters through its public ``collect``, at each scrape."""
+    return any(s.name.endswith("_created") for m in _CREATED_PROBE.collect() for s in m.samples)
 
 
 class _CounterChild:

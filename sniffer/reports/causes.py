@@ -44,7 +44,7 @@ from typing import Any
 
 from sniffer.llm.logprobs import TokenLogprob, token_starts
 from sniffer.reports.align import common_prefix
-from sniffer.reports.stats import Output
+from sniffer.reports.output import Output
 
 __all__ = [
     "CAUSES",

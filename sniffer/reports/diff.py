@@ -76,7 +76,8 @@ from sniffer.llm.values import SpecDecode
 from sniffer.reports.align import common_prefix, edit_distance, edit_ratio
 from sniffer.reports.cadence import Cadence, describe_side, summarize
 from sniffer.reports.causes import CAUSES, DEFAULT_NEAR_TIE_MARGIN, classify, distribution
-from sniffer.reports.stats import Output, load_outputs
+from sniffer.reports.output import Output
+from sniffer.reports.stats import load_outputs
 
 __all__ = [
     "GATE_METRICS",
@@ -1218,6 +1219,21 @@ def _reference_lines(report: DiffReport, limit: int) -> list[str]:
 def format_diff(
     report: DiffReport, gates: Sequence[GateResult] = (), limit: int = 50, spans: bool = False
 ) -> str:
+    lines = _prompt_lines(report, limit)
+    lines.extend(_fork_lines(report, limit))
+    lines.extend(_cause_lines(report, limit))
+    if report.reference is not None:
+        lines.extend(_reference_lines(report, limit))
+    if spans:
+        lines.extend(_span_lines(report))
+    lines.append("")
+    lines.extend(_summary_lines(report, limit))
+    lines.extend(_gate_lines(gates))
+    return "\n".join(lines)
+
+
+def _prompt_lines(report: DiffReport, limit: int) -> list[str]:
+    """The header and one row per prompt (the first ``limit``)."""
     s = report.summary
     params = _differing_params(report.prompts)
     show_params = any(params.values())
@@ -1255,6 +1271,12 @@ def format_diff(
             f"token = first divergence as {s['first_divergence_unit']}; char = character "
             "index; chunk = served text chunk (1-based) of the baseline holding that character"
         )
+    return lines
+
+
+def _fork_lines(report: DiffReport, limit: int) -> list[str]:
+    """Where each prompt's outputs fork: the text before, then each side."""
+    lines: list[str] = []
     forked = [p for p in report.prompts if p.fork_context is not None][:limit]
     if forked:
         lines.append("")
@@ -1268,30 +1290,36 @@ def format_diff(
             )
             lines.append(f"    {report.baseline:>12} ▶ {_one_line(fc['baseline_after'][:60])}")
             lines.append(f"    {report.candidate:>12} ▶ {_one_line(fc['candidate_after'][:60])}")
-    lines.extend(_cause_lines(report, limit))
-    if report.reference is not None:
-        lines.extend(_reference_lines(report, limit))
-    if spans:
-        lines.append("")
-        lines.append("differing spans (token ranges [start, end) of each side):")
-        for pr in report.pairs:
-            if not pr.spans:
+    return lines
+
+
+def _span_lines(report: DiffReport) -> list[str]:
+    """The differing token spans of every pair (``--spans``)."""
+    lines = ["", "differing spans (token ranges [start, end) of each side):"]
+    for pr in report.pairs:
+        if not pr.spans:
+            continue
+        lines.append(
+            f"  {pr.key} streams {pr.baseline_stream}/{pr.candidate_stream} choice "
+            f"{pr.baseline_choice} ({pr.token_unit}):"
+        )
+        for sp in pr.spans:
+            if sp["op"] == "more":
+                lines.append(f"    … {sp['count']} more spans")
                 continue
+            b0, b1 = sp["baseline_tokens"]
+            c0, c1 = sp["candidate_tokens"]
             lines.append(
-                f"  {pr.key} streams {pr.baseline_stream}/{pr.candidate_stream} choice "
-                f"{pr.baseline_choice} ({pr.token_unit}):"
+                f"    {sp['op']:<7} [{b0}, {b1}) {sp['baseline_text'][:40]!r} → "
+                f"[{c0}, {c1}) {sp['candidate_text'][:40]!r}"
             )
-            for sp in pr.spans:
-                if sp["op"] == "more":
-                    lines.append(f"    … {sp['count']} more spans")
-                    continue
-                b0, b1 = sp["baseline_tokens"]
-                c0, c1 = sp["candidate_tokens"]
-                lines.append(
-                    f"    {sp['op']:<7} [{b0}, {b1}) {sp['baseline_text'][:40]!r} → "
-                    f"[{c0}, {c1}) {sp['candidate_text'][:40]!r}"
-                )
-    lines.append("")
+    return lines
+
+
+def _summary_lines(report: DiffReport, limit: int) -> list[str]:
+    """Totals, what was not compared and why, latency and speculation per side."""
+    s = report.summary
+    lines: list[str] = []
     lines.append(
         f"{s['prompts']} prompts matched, {s['pairs']} pairs: {s['identical_pairs']} identical "
         f"({_f(s['identical_ratio'])}); median first divergence "
@@ -1350,6 +1378,12 @@ def format_diff(
         f"ratios (candidate/baseline): TTFT {_f(s['ttft_ratio'])}, ITL {_f(s['itl_ratio'])}, "
         f"tokens/chunk {_f(s['tokens_per_chunk_ratio'])}"
     )
+    return lines
+
+
+def _gate_lines(gates: Sequence[GateResult]) -> list[str]:
+    """One line per gate, then the verdict."""
+    lines: list[str] = []
     for r in gates:
         state = "FAIL" if r.failed else "ok"
         lines.append(f"gate {r.gate.text}: {state} (actual {_f(r.actual, 4)}) — {r.reason}")
@@ -1360,4 +1394,4 @@ def format_diff(
             if v["passed"]
             else f"verdict: FAIL ({v['failed']} of {v['gates']} gates failed)"
         )
-    return "\n".join(lines)
+    return lines

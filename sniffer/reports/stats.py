@@ -29,7 +29,8 @@ repeats of one request.
 
 This module also holds the loader shared with :mod:`sniffer.reports.diff`:
 :func:`load_outputs` reads the store (the only I/O here) and
-:func:`build_outputs` turns rows into :class:`Output` values (pure). Latency
+:func:`build_outputs` turns rows into :class:`~sniffer.reports.output.Output`
+values (pure). Latency
 figures per output:
 
 * ``ttft`` — ``t_first_content - t_request`` (seconds, capture clock);
@@ -68,11 +69,11 @@ from typing import TYPE_CHECKING, Any
 from sniffer.core.events import StreamFlag, stream_flags
 from sniffer.llm.dialects.base import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.fingerprint import fingerprint
-from sniffer.llm.logprobs import TokenLogprob, output_logprobs
+from sniffer.llm.logprobs import output_logprobs
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
-from sniffer.llm.values import SpecDecode
 from sniffer.reports.align import longest_common_prefix
-from sniffer.reports.cadence import Cadence, cadence, describe_side, spec_of_row, summarize
+from sniffer.reports.cadence import cadence, describe_side, spec_of_row, summarize
+from sniffer.reports.output import Output
 from sniffer.store import queries
 from sniffer.store.lite import SqliteFile
 
@@ -86,7 +87,6 @@ __all__ = [
     "PREVIEW_CHARS",
     "Group",
     "Latency",
-    "Output",
     "StatsReport",
     "Variant",
     "build_outputs",
@@ -100,51 +100,6 @@ __all__ = [
 PREVIEW_CHARS = 200
 #: Variants listed per group (the rest are counted).
 MAX_VARIANTS = 20
-
-
-@dataclass(slots=True)
-class Output:
-    """One choice of one recorded stream, with its token ids and timings."""
-
-    stream_id: int
-    choice: int
-    label: str | None
-    model: str | None
-    key: str  # fingerprint with the label and the model
-    pair_key: str  # fingerprint without the label and the model
-    prompt: str  # fingerprint preview
-    params: tuple[tuple[str, Any], ...]
-    text: str
-    ids: tuple[int, ...]
-    finish_reason: str | None
-    state: str | None
-    t_request: float | None
-    ttft: float | None  # seconds
-    itl: float | None  # seconds per token
-    tokens_per_chunk: tuple[int, ...]
-    tokenizer: LoadedTokenizer | None = field(default=None, repr=False)
-    model_pair_key: str = ""  # fingerprint without the label, with the model
-    dialect: str | None = None
-    text_kept: bool = True  # False: sampled out, ``text`` is not the answer
-    chunk_ends: tuple[int, ...] = ()  # character end of each text chunk, in order
-    token_starts: tuple[int, ...] = ()  # character start of each token of ``ids``
-    server_ids: tuple[int, ...] | None = None  # the server's own token ids, if known
-    server_starts: tuple[int, ...] = ()  # character start of each server token
-    #: the server's per-token log-probabilities (and top alternatives), when every
-    #: chunk carried them and their bytes spell ``text``; see sniffer.llm.logprobs
-    logprobs: tuple[TokenLogprob, ...] | None = field(default=None, repr=False)
-    request_json: str | None = field(default=None, repr=False)  # the request body
-    cause: str | None = None  # stats: why this variant differs from the modal one
-    clock_backwards: bool = False  # flagged: its timings are left out (ttft, itl None)
-    chunk_times: tuple[float, ...] = field(default=(), repr=False)  # capture time per text chunk
-    #: what the server reported about speculative decoding (streams.spec_*)
-    speculative: SpecDecode | None = None
-    #: speculative decoding read from the chunk times (sniffer.reports.cadence)
-    cadence: Cadence | None = None
-
-    @property
-    def complete(self) -> bool:
-        return self.state == "complete"
 
 
 # ---------------------------------------------------------------------------
@@ -215,6 +170,10 @@ def _lazy_default(registry: TokenizerRegistry, model: str | None) -> bool:
     return registry.match(model) is None and registry.default_source is None
 
 
+#: Text pieces of one choice: (chunk text, capture time) in order.
+_Pieces = list[tuple[str, float | None]]
+
+
 def build_outputs(
     stream_rows: Iterable[Mapping[str, Any]],
     chunk_rows: Iterable[Sequence[Any]],
@@ -233,109 +192,153 @@ def build_outputs(
     :func:`compute_stats` compares (text kept, fingerprint shared with another
     such output); the others keep ``ids == ()`` and no tokenizer, and the built-in
     default tokenizer loads only if an output to encode needs it."""
-    texts: dict[int, dict[int, list[tuple[str, float | None]]]] = {}
-    finishes: dict[int, dict[int, str]] = {}
-    lps: dict[tuple[int, int], list[str | None]] = {}  # logprobs of each chunk, in order
-    cur_sid: Any = None
-    cur: dict[int, list[tuple[str, float | None]]] = {}
-    for crow in chunk_rows:
-        sid, choice, text, ts, finish = crow[:5]
-        if choice is None or choice < 0:
-            continue
-        if sid != cur_sid:
-            cur_sid = sid
-            cur = texts.setdefault(sid, {})
-        lp = crow[5] if len(crow) > 5 else None
-        if text or lp is not None:
-            lps.setdefault((sid, choice), []).append(lp)
-        if text:
-            got = cur.get(choice)
-            if got is None:
-                cur[choice] = [(text, ts)]
-            else:
-                got.append((text, ts))
-        if finish:
-            finishes.setdefault(sid, {}).setdefault(choice, finish)
+    chunks = _Chunks(chunk_rows)
     server = _server_map(server_rows)
-
-    pending: list[tuple[Output, list[tuple[str, float | None]]]] = []
+    pending: list[tuple[Output, _Pieces]] = []
     toks: dict[str | None, LoadedTokenizer | None] = {}
     for row in stream_rows:
-        sid = int(row["id"])
-        fp = fingerprint(row)
-        pfp = fingerprint(row, with_label=False, with_model=False)
-        mfp = fingerprint(row, with_label=False)
         model = row.get("model")
         if model not in toks and not (repeats_only and _lazy_default(registry, model)):
             toks[model] = _tokenizer(registry, model)
-        by_choice = texts.get(sid, {})
+        pending.extend(_stream_outputs(row, chunks, server, toks.get(model)))
+    if repeats_only:
+        _tokenizers_for_repeats(pending, toks, registry)
+    _encode(pending)
+    for out, _ in pending:
+        times = out.chunk_times
+        if out.text_kept and times:
+            out.cadence = cadence(times, _cadence_tokens(out, registry))
+    return [p[0] for p in pending]
+
+
+class _Chunks:
+    """The chunk rows, gathered per stream and choice: text pieces, the first
+    finish reason, and the logprobs of each chunk (text or logprobs) in order."""
+
+    def __init__(self, chunk_rows: Iterable[Sequence[Any]]) -> None:
+        self.texts: dict[int, dict[int, _Pieces]] = {}
+        self.finishes: dict[int, dict[int, str]] = {}
+        self.logprobs: dict[tuple[int, int], list[str | None]] = {}
+        cur_sid: Any = None
+        cur: dict[int, _Pieces] = {}
+        for crow in chunk_rows:
+            sid, choice, text, ts, finish = crow[:5]
+            if choice is None or choice < 0:
+                continue
+            if sid != cur_sid:
+                cur_sid = sid
+                cur = self.texts.setdefault(sid, {})
+            lp = crow[5] if len(crow) > 5 else None
+            if text or lp is not None:
+                self.logprobs.setdefault((sid, choice), []).append(lp)
+            if text:
+                got = cur.get(choice)
+                if got is None:
+                    cur[choice] = [(text, ts)]
+                else:
+                    got.append((text, ts))
+            if finish:
+                self.finishes.setdefault(sid, {}).setdefault(choice, finish)
+
+    def plan(
+        self, sid: int, row: Mapping[str, Any], dialect: Any
+    ) -> list[tuple[int, _Pieces, str | None]]:
+        """(choice, pieces, finish reason) of each output of stream ``sid``: one
+        per choice, or one (choice 0) for a whole-message dialect."""
+        by_choice = self.texts.get(sid, {})
         finish = _finish_map(row.get("finish_reasons"))
-        for ch, f in finishes.get(sid, {}).items():
+        for ch, f in self.finishes.get(sid, {}).items():
             finish.setdefault(ch, f)
-        dialect = row.get("dialect")
-        kept = row.get("text_kept") is not False  # NULL (older rows): kept
         if dialect in WHOLE_MESSAGE_DIALECTS:
             order = sorted(set(by_choice) | set(finish))
             merged = [p for ch in order for p in by_choice.get(ch, [])]
             fin = next((finish[ch] for ch in order if ch in finish), None)
-            plan: list[tuple[int, list[tuple[str, float | None]], str | None]] = [(0, merged, fin)]
-        else:
-            choices = sorted(set(by_choice) | set(finish)) or [0]
-            plan = [(ch, by_choice.get(ch, []), finish.get(ch)) for ch in choices]
-        spec = spec_of_row(row)
-        t_req = row.get("t_request")
-        t_first = row.get("t_first_content")
-        clock = StreamFlag.CLOCK_BACKWARDS in stream_flags(row.get("flags"))
-        ttft = t_first - t_req if t_first is not None and t_req is not None else None
-        if clock:
-            ttft = None  # not a duration: the clock went backwards
-        for ch, pieces, fin in plan:
-            text = "".join(p[0] for p in pieces)
-            whole = dialect in WHOLE_MESSAGE_DIALECTS
-            sids, starts = (None, ()) if whole else _server_tokens(server.get((sid, ch)), text)
-            chunk_lps = lps.get((sid, ch))
-            logprobs = None if whole or not chunk_lps else output_logprobs(chunk_lps, text)
-            out = Output(
-                stream_id=sid,
-                choice=ch,
-                label=row.get("label"),
-                model=model,
-                key=fp.key,
-                pair_key=pfp.key,
-                prompt=fp.prompt,
-                params=fp.params,
-                text=text,
-                ids=(),
-                finish_reason=fin,
-                state=row.get("state"),
-                t_request=t_req,
-                ttft=ttft,
-                itl=None,
-                tokens_per_chunk=(),
-                tokenizer=toks.get(model),
-                model_pair_key=mfp.key,
-                dialect=dialect,
-                text_kept=kept,
-                chunk_ends=tuple(accumulate(len(p[0]) for p in pieces)),
-                server_ids=sids,
-                server_starts=starts,
-                logprobs=logprobs,
-                request_json=row.get("request_json"),
-                clock_backwards=clock,
-                chunk_times=tuple(t for _, t in pieces if t is not None),
-                speculative=spec,
-            )
-            pending.append((out, pieces))
+            return [(0, merged, fin)]
+        choices = sorted(set(by_choice) | set(finish)) or [0]
+        return [(ch, by_choice.get(ch, []), finish.get(ch)) for ch in choices]
 
-    if repeats_only:
-        shared = Counter(o.key for o, _ in pending if o.text_kept)
-        for out, _ in pending:
-            if not out.text_kept or shared[out.key] < 2:
-                out.tokenizer = None
-            elif out.model not in toks:  # the built-in default, left until needed
-                out.tokenizer = toks[out.model] = _tokenizer(registry, out.model)
-            else:
-                out.tokenizer = toks[out.model]
+
+def _stream_outputs(
+    row: Mapping[str, Any],
+    chunks: _Chunks,
+    server: Mapping[tuple[int, int], tuple[Any, Any]],
+    tokenizer: LoadedTokenizer | None,
+) -> list[tuple[Output, _Pieces]]:
+    """The outputs of one ``streams`` row (not encoded yet), with their pieces."""
+    sid = int(row["id"])
+    fp = fingerprint(row)
+    pfp = fingerprint(row, with_label=False, with_model=False)
+    mfp = fingerprint(row, with_label=False)
+    dialect = row.get("dialect")
+    whole = dialect in WHOLE_MESSAGE_DIALECTS
+    kept = row.get("text_kept") is not False  # NULL (older rows): kept
+    spec = spec_of_row(row)
+    t_req = row.get("t_request")
+    t_first = row.get("t_first_content")
+    clock = StreamFlag.CLOCK_BACKWARDS in stream_flags(row.get("flags"))
+    ttft = t_first - t_req if t_first is not None and t_req is not None else None
+    if clock:
+        ttft = None  # not a duration: the clock went backwards
+    outs = []
+    for ch, pieces, fin in chunks.plan(sid, row, dialect):
+        text = "".join(p[0] for p in pieces)
+        sids, starts = (None, ()) if whole else _server_tokens(server.get((sid, ch)), text)
+        chunk_lps = chunks.logprobs.get((sid, ch))
+        logprobs = None if whole or not chunk_lps else output_logprobs(chunk_lps, text)
+        out = Output(
+            stream_id=sid,
+            choice=ch,
+            label=row.get("label"),
+            model=row.get("model"),
+            key=fp.key,
+            pair_key=pfp.key,
+            prompt=fp.prompt,
+            params=fp.params,
+            text=text,
+            ids=(),
+            finish_reason=fin,
+            state=row.get("state"),
+            t_request=t_req,
+            ttft=ttft,
+            itl=None,
+            tokens_per_chunk=(),
+            tokenizer=tokenizer,
+            model_pair_key=mfp.key,
+            dialect=dialect,
+            text_kept=kept,
+            chunk_ends=tuple(accumulate(len(p[0]) for p in pieces)),
+            server_ids=sids,
+            server_starts=starts,
+            logprobs=logprobs,
+            request_json=row.get("request_json"),
+            clock_backwards=clock,
+            chunk_times=tuple(t for _, t in pieces if t is not None),
+            speculative=spec,
+        )
+        outs.append((out, pieces))
+    return outs
+
+
+def _tokenizers_for_repeats(
+    pending: Sequence[tuple[Output, _Pieces]],
+    toks: dict[str | None, LoadedTokenizer | None],
+    registry: TokenizerRegistry,
+) -> None:
+    """``repeats_only``: a tokenizer only on the outputs compared (text kept,
+    fingerprint shared); the built-in default loads here, if one needs it."""
+    shared = Counter(o.key for o, _ in pending if o.text_kept)
+    for out, _ in pending:
+        if not out.text_kept or shared[out.key] < 2:
+            out.tokenizer = None
+        elif out.model not in toks:  # the built-in default, left until needed
+            out.tokenizer = toks[out.model] = _tokenizer(registry, out.model)
+        else:
+            out.tokenizer = toks[out.model]
+
+
+def _encode(pending: Sequence[tuple[Output, _Pieces]]) -> None:
+    """Token ids, token starts, tokens per chunk and ITL of every output that
+    has a tokenizer and text, encoded in one batch per tokenizer."""
     by_tok: dict[int, list[int]] = {}
     for i, (out, _) in enumerate(pending):
         if out.tokenizer is not None and out.text:
@@ -346,33 +349,33 @@ def build_outputs(
         encoded = tok.encode_with_offsets([pending[i][0].text for i in members])
         for i, (ids, offsets) in zip(members, encoded, strict=True):
             out, pieces = pending[i]
-            out.ids = tuple(ids)
-            tstarts = [o[0] for o in offsets]
-            out.token_starts = tuple(tstarts)
-            counts: list[int] = []
-            lo = 0
-            for end in out.chunk_ends:
-                hi = bisect_left(tstarts, end, lo)
-                counts.append(hi - lo)
-                lo = hi
-            if counts:
-                counts[-1] += len(tstarts) - lo
-            out.tokens_per_chunk = tuple(counts)
-            t0, t1 = pieces[0][1], pieces[-1][1]
-            after_first = len(ids) - counts[0] if counts else 0
-            if (
-                len(pieces) >= 2
-                and t0 is not None
-                and t1 is not None
-                and after_first > 0
-                and not out.clock_backwards
-            ):
-                out.itl = (t1 - t0) / after_first
-    for out, _ in pending:
-        times = out.chunk_times
-        if out.text_kept and times:
-            out.cadence = cadence(times, _cadence_tokens(out, registry))
-    return [p[0] for p in pending]
+            _place_tokens(out, pieces, ids, [o[0] for o in offsets])
+
+
+def _place_tokens(out: Output, pieces: _Pieces, ids: Sequence[int], tstarts: Sequence[int]) -> None:
+    """Set ``out``'s ids, the tokens of each chunk (a token belongs to the chunk
+    holding its first character) and the ITL they give."""
+    out.ids = tuple(ids)
+    out.token_starts = tuple(tstarts)
+    counts: list[int] = []
+    lo = 0
+    for end in out.chunk_ends:
+        hi = bisect_left(tstarts, end, lo)
+        counts.append(hi - lo)
+        lo = hi
+    if counts:
+        counts[-1] += len(tstarts) - lo
+    out.tokens_per_chunk = tuple(counts)
+    t0, t1 = pieces[0][1], pieces[-1][1]
+    after_first = len(ids) - counts[0] if counts else 0
+    if (
+        len(pieces) >= 2
+        and t0 is not None
+        and t1 is not None
+        and after_first > 0
+        and not out.clock_backwards
+    ):
+        out.itl = (t1 - t0) / after_first
 
 
 def _cadence_tokens(out: Output, registry: TokenizerRegistry) -> list[int] | None:

@@ -79,6 +79,12 @@ tables (``[metrics]`` … ``[files]``) only take the keys shown. Any other
 top-level table or key is kept, unparsed, in ``Config.extra``. An unknown key
 *inside* a known table is an error that names it.
 
+Every option is declared once, as a field of :class:`Config` (:func:`option`:
+its type, default, TOML table and key, and its ``sparseety run`` :class:`Flag`
+with the help): the tables read here, ``--print-config`` (:func:`render_toml`),
+the reload rule (:data:`RESTART_KEYS`) and the click options
+(``sniffer.cli.run``) are derived from :data:`OPTIONS`.
+
 Loading never exits: every problem is a :class:`ConfigError` whose message is
 one line (the CLI prints it and exits with code 2).
 """
@@ -89,16 +95,23 @@ import mmap
 import re
 import socket
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from sniffer.core.coding import MAX_DECODED_BYTES, MAX_EXPANSION_RATIO
+
 __all__ = [
     "BACKENDS",
+    "DEFAULT_DATABASE",
     "LOG_LEVELS",
+    "OPTIONS",
+    "RESTART_KEYS",
     "Config",
     "ConfigError",
+    "Flag",
+    "Option",
     "load_config",
     "parse_config",
     "render_toml",
@@ -107,86 +120,113 @@ __all__ = [
 BACKENDS = ("packet", "ebpf")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_DATABASE = "sqlite:///./sparseety.db"
+#: The tables whose keys may also be written flat, at the top level ("" is the top level).
+FLAT_TABLES = ("capture", "store", "")
 
-#: Which table each option lives in ("" = top level).
-SECTIONS: dict[str, tuple[str, ...]] = {
-    "capture": (
-        "interface",
-        "ports",
-        "backend",
-        "pids",
-        "comms",
-        "queue_size",
-        "ring_blocks",
-        "block_size",
-        "idle_timeout",
-    ),
-    "store": ("database", "flush_interval", "batch_size"),
-    "": ("log_level", "node"),
-}
-_SECTION_OF = {key: sec for sec, keys in SECTIONS.items() for key in keys}
 
-#: Feature tables: key inside the table → Config field.
-TABLES: dict[str, dict[str, str]] = {
-    "metrics": {
-        "enabled": "metrics",
-        "listen": "metrics_listen",
-        "public": "metrics_public",
-        "max_models": "metrics_max_models",
-    },
-    "sampling": {
-        "rate": "sample_rate",
-        "boost_threshold": "boost_threshold",
-        "boost_window": "boost_window",
-        "boost_period": "boost_period",
-    },
-    "redaction": {"enabled": "redact", "patterns": "redact_patterns"},
-    "retention": {
-        "days": "retention_days",
-        "batch": "retention_batch",
-        "interval": "retention_interval",
-    },
-    "tokens": {"enabled": "tokens", "default": "default_tokenizer"},
-    "files": {"group": "db_group", "allow_world_readable": "allow_world_readable"},
-    "limits": {
-        "max_decoded_bytes": "max_decoded_bytes",
-        "max_expansion_ratio": "max_expansion_ratio",
-    },
-    "otlp": {
-        "endpoint": "otlp_endpoint",
-        "headers": "otlp_headers",
-        "chunk_events": "otlp_chunk_events",
-        "queue_size": "otlp_queue_size",
-        "timeout": "otlp_timeout",
-        "metrics_interval": "otlp_metrics_interval",
-    },
-    "grpc": {"proto": "grpc_proto", "text_outputs": "grpc_text_outputs"},
-}
-_BOOL_FIELDS = (
-    "metrics",
-    "metrics_public",
-    "redact",
-    "tokens",
-    "allow_world_readable",
-    "otlp_chunk_events",
-)
-_INT_FIELDS = (
-    "metrics_max_models",
-    "boost_threshold",
-    "retention_batch",
-    "max_decoded_bytes",
-    "otlp_queue_size",
-)
-_FLOAT_FIELDS = (
-    "sample_rate",
-    "boost_window",
-    "boost_period",
-    "retention_days",
-    "retention_interval",
-    "max_expansion_ratio",
-    "otlp_timeout",
-    "otlp_metrics_interval",
-)
+@dataclass(frozen=True)
+class Flag:
+    """How an option is given to ``sparseety run`` (the click option is made from it)."""
+
+    name: str  # "--interface"
+    help: str = ""
+    short: str | None = None  # "-i"
+    metavar: str | None = None
+    multiple: bool = False  # repeatable: every value is kept, in order
+    #: a switch: giving it sets the option to this value (``--no-metrics`` → False)
+    sets: Any = None
+    #: ``NAME=VALUE`` values of this form ("PORT=NAME"), split by the CLI's one parser;
+    #: ``header``: the value may be empty and the name loses its spaces
+    form: str | None = None
+    header: bool = False
+    #: the ``[default: …]`` of the help: None → the default itself, "" → none
+    shown: str | None = None
+    #: a number in this closed range
+    range: tuple[float, float] | None = None
+    #: the option's value from the flag's text (``--retention 30d`` → days)
+    convert: Callable[[str], Any] | None = None
+
+    @property
+    def dest(self) -> str:
+        """The flag's parameter name (``--no-metrics`` → ``no_metrics``)."""
+        return self.name.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of the daemon's configuration, defined once: its :class:`Config`
+    field (name, type, default), its TOML place, its ``sparseety run`` flag.
+    :data:`OPTIONS` lists them in field order, from :class:`Config`'s fields."""
+
+    name: str  # the Config field
+    table: str  # its TOML table ("" the top level; "labels", "tokenizers": the whole table)
+    key: str  # its key in that table
+    kind: str  # bool, int, float, str, ints, strs, labels, pairs
+    default: Any  # None when given by a factory
+    choices: tuple[str, ...] = ()  # str: one of these (written in any case)
+    #: pairs: the names of the two strings in TOML's list-of-tables form, and how
+    #: ``--print-config`` writes them ("list": ``[{a = …, b = …}]``, "table": ``{A = B}``)
+    pair: tuple[str, str] = ("", "")
+    render: str = "table"
+    flag: Flag | None = None
+    restart: bool = False  # a reload (SIGHUP) cannot change it: logged, the old value kept
+
+    @property
+    def dest(self) -> str:
+        """The name of the ``sparseety run`` parameter that carries it: the
+        field's, or the flag's for a switch or a converted value."""
+        flag = self.flag
+        if flag is not None and (flag.sets is not None or flag.convert is not None):
+            return flag.dest
+        return self.name
+
+
+_KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
+def option(
+    table: str,
+    default: Any = None,
+    *,
+    key: str | None = None,
+    factory: Callable[[], Any] | None = None,
+    kind: str | None = None,
+    choices: tuple[str, ...] = (),
+    pair: tuple[str, str] = ("", ""),
+    render: str = "table",
+    flag: Flag | None = None,
+    restart: bool = False,
+) -> Any:
+    """A :class:`Config` field that is an :class:`Option` (``key``: the field's
+    name when not given; ``kind``: the default's type when not given)."""
+    meta = {
+        "table": table,
+        "key": key,
+        "kind": kind or _KINDS[type(default)],
+        "default": default,
+        "choices": choices,
+        "pair": pair,
+        "render": render,
+        "flag": flag,
+        "restart": restart,
+    }
+    if factory is not None:
+        return field(default_factory=factory, metadata={"option": meta})
+    return field(default=default, metadata={"option": meta})
+
+
+def _retention_days(text: str) -> float:
+    from sniffer.store.retention import parse_age
+
+    return parse_age(text) / 86400.0
+
+
+def _text_outputs() -> tuple[str, ...]:
+    # the gRPC parser's own default, imported when a Config is made: importing
+    # sniffer.core.grpc loads the event types, which ``run --help`` does not need
+    from sniffer.core.grpc import TEXT_OUTPUTS
+
+    return TEXT_OUTPUTS
 
 
 class ConfigError(Exception):
@@ -195,63 +235,282 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class Config:
-    """The effective daemon configuration (defaults = ``sparseety run`` with no options)."""
+    """The effective daemon configuration (defaults = ``sparseety run`` with no options).
 
-    interface: str = "lo"
-    ports: tuple[int, ...] = (8000,)
-    labels: Mapping[int, str] = field(default_factory=dict)
-    backend: str = "packet"
-    pids: tuple[int, ...] = ()
-    comms: tuple[str, ...] = ()
-    database: str = DEFAULT_DATABASE
-    flush_interval: float = 1.0
-    batch_size: int = 5000
-    queue_size: int = 1024
+    Every field but ``extra`` and ``source`` is an :class:`Option`: the TOML
+    tables, the ``sparseety run`` flags and ``--print-config`` are derived from
+    these declarations (their order is the order of the flags and, table by
+    table, of ``--print-config``).
+    """
+
+    interface: str = option(
+        "capture", "lo", flag=Flag("--interface", "Interface to capture on.", short="-i")
+    )
+    ports: tuple[int, ...] = option(
+        "capture",
+        (8000,),
+        kind="ints",
+        flag=Flag("--port", "Server port (repeat).", multiple=True, shown="8000"),
+    )
+    labels: Mapping[int, str] = option(
+        "labels",
+        key="",
+        factory=dict,
+        kind="labels",
+        flag=Flag(
+            "--label",
+            "Label stored on every stream whose server port is PORT (repeat); PORT is captured.",
+            multiple=True,
+            form="PORT=NAME",
+        ),
+    )
+    backend: str = option(
+        "capture",
+        "packet",
+        choices=BACKENDS,
+        restart=True,
+        flag=Flag(
+            "--backend",
+            "packet: AF_PACKET ring + kernel BPF filter; ebpf: syscall tracing.",
+        ),
+    )
+    pids: tuple[int, ...] = option(
+        "capture",
+        (),
+        kind="ints",
+        flag=Flag("--pid", "ebpf: only this process (repeat).", multiple=True),
+    )
+    comms: tuple[str, ...] = option(
+        "capture",
+        (),
+        kind="strs",
+        flag=Flag("--comm", "ebpf: only this process name (repeat).", multiple=True),
+    )
+    database: str = option(
+        "store",
+        DEFAULT_DATABASE,
+        restart=True,
+        flag=Flag(
+            "--db",
+            "SQLite file or SQLAlchemy URL.",
+            shown=f"$SPARSEETY_DB, else the config file's, else {DEFAULT_DATABASE}",
+        ),
+    )
+    flush_interval: float = option(
+        "store", 1.0, flag=Flag("--flush-interval", "Seconds between writes at most.")
+    )
+    batch_size: int = option("store", 5000, flag=Flag("--batch-size", "Rows per write at most."))
+    queue_size: int = option(
+        "capture",
+        1024,
+        flag=Flag("--queue-size", "Capture→pipeline queue length, in batches."),
+    )
     # 16 MiB, all resident (counted in RSS): lossless at 40k ev/s on 64
     # connections (bench_live.py sweep); 32 MiB cost 16 MB of RSS for nothing there
-    ring_blocks: int = 32
-    block_size: int = 1 << 19
-    idle_timeout: float = 300.0
-    log_level: str = "info"
+    ring_blocks: int = option("capture", 32, flag=Flag("--ring-blocks", "packet: ring blocks."))
+    block_size: int = option(
+        "capture", 1 << 19, flag=Flag("--block-size", "packet: bytes per ring block.")
+    )
+    idle_timeout: float = option(
+        "capture",
+        300.0,
+        flag=Flag("--idle-timeout", "Seconds before an idle connection closes."),
+    )
+    log_level: str = option("", "info", choices=LOG_LEVELS, flag=Flag("--log-level"))
     #: this sidecar's name, stored on every connection, stream and error row
-    node: str = field(default_factory=socket.gethostname)
+    node: str = option(
+        "",
+        factory=socket.gethostname,
+        kind="str",
+        restart=True,
+        flag=Flag(
+            "--node",
+            "This sidecar's name, stored on every row (readers filter by it with --node); "
+            "for many sidecars writing to one database.",
+            metavar="NAME",
+            shown="the host name",
+        ),
+    )
     # [metrics]
-    metrics: bool = True
-    metrics_listen: str = "127.0.0.1:9464"
-    metrics_public: bool = False
-    metrics_max_models: int = 20
-    # [limits]
-    max_decoded_bytes: int = 32 << 20
-    max_expansion_ratio: float = 100.0
+    metrics: bool = option(
+        "metrics",
+        True,
+        key="enabled",
+        flag=Flag("--no-metrics", "Do not serve /metrics.", sets=False),
+    )
+    metrics_listen: str = option(
+        "metrics",
+        "127.0.0.1:9464",
+        key="listen",
+        flag=Flag("--metrics-listen", "Prometheus /metrics.", metavar="HOST:PORT"),
+    )
+    metrics_public: bool = option(
+        "metrics",
+        False,
+        key="public",
+        flag=Flag("--metrics-public", "Allow a non-loopback --metrics-listen address.", sets=True),
+    )
+    metrics_max_models: int = option("metrics", 20, key="max_models")
     # [sampling]
-    sample_rate: float = 1.0
-    boost_threshold: int = 0
-    boost_window: float = 60.0
-    boost_period: float = 600.0
+    sample_rate: float = option(
+        "sampling",
+        1.0,
+        key="rate",
+        flag=Flag(
+            "--sample-rate",
+            "Share of streams whose chunk text is stored (summaries always).",
+            range=(0, 1),
+        ),
+    )
+    boost_threshold: int = option("sampling", 0)
+    boost_window: float = option("sampling", 60.0)
+    boost_period: float = option("sampling", 600.0)
     # [redaction]
-    redact: bool = True
-    redact_patterns: tuple[tuple[str, str], ...] = ()  # (name, regex)
+    redact: bool = option(
+        "redaction",
+        True,
+        key="enabled",
+        flag=Flag("--no-redact", "No PII redaction (credentials are still removed).", sets=False),
+    )
+    redact_patterns: tuple[tuple[str, str], ...] = option(  # (name, regex)
+        "redaction",
+        (),
+        key="patterns",
+        kind="pairs",
+        pair=("name", "regex"),
+        render="list",
+        flag=Flag(
+            "--redact-pattern",
+            "Also replace REGEX matches by <NAME> (repeat).",
+            multiple=True,
+            form="NAME=REGEX",
+        ),
+    )
     # [retention]
-    retention_days: float = 0.0
-    retention_batch: int = 500
-    retention_interval: float = 60.0
+    retention_days: float = option(
+        "retention",
+        0.0,
+        key="days",
+        flag=Flag(
+            "--retention",
+            "Delete streams older than AGE (e.g. 30d).",
+            metavar="AGE",
+            convert=_retention_days,
+            shown="",
+        ),
+    )
+    retention_batch: int = option("retention", 500, key="batch")
+    retention_interval: float = option("retention", 60.0, key="interval")
     # [tokens] / [tokenizers]
-    tokens: bool = True
-    default_tokenizer: str = ""
-    tokenizers: tuple[tuple[str, str], ...] = ()  # (model glob, source)
+    tokens: bool = option(
+        "tokens",
+        True,
+        key="enabled",
+        flag=Flag("--no-tokens", "Do not tokenize streams.", sets=False),
+    )
+    tokenizers: tuple[tuple[str, str], ...] = option(  # (model glob, source)
+        "tokenizers",
+        (),
+        key="",
+        kind="pairs",
+        pair=("pattern", "source"),
+        flag=Flag(
+            "--tokenizer",
+            "Tokenizer for models matching PATTERN: a dir, tokenizer.json or cached hub id "
+            "(repeat).",
+            multiple=True,
+            form="PATTERN=SOURCE",
+        ),
+    )
+    default_tokenizer: str = option(
+        "tokens",
+        "",
+        key="default",
+        flag=Flag("--default-tokenizer", metavar="SOURCE", shown="DeepSeek-V4"),
+    )
     # [files]
-    db_group: str = ""
-    allow_world_readable: bool = False
+    db_group: str = option(
+        "files",
+        "",
+        key="group",
+        flag=Flag("--db-group", "Database files 0640 with this group.", metavar="GROUP"),
+    )
+    allow_world_readable: bool = option(
+        "files",
+        False,
+        flag=Flag(
+            "--allow-world-readable",
+            "Start even if the database file is world-readable.",
+            sets=True,
+        ),
+    )
+    # [limits]: Content-Encoding caps per exchange, the HTTP parsers' own
+    max_decoded_bytes: int = option("limits", MAX_DECODED_BYTES)
+    max_expansion_ratio: float = option("limits", float(MAX_EXPANSION_RATIO))
     # [otlp]
-    otlp_endpoint: str = ""  # "": OTEL_EXPORTER_OTLP_ENDPOINT, else off
-    otlp_headers: tuple[tuple[str, str], ...] = ()  # (name, value)
-    otlp_chunk_events: bool = False
-    otlp_queue_size: int = 4096
-    otlp_timeout: float = 10.0
-    otlp_metrics_interval: float = 10.0
+    otlp_endpoint: str = option(  # "": OTEL_EXPORTER_OTLP_ENDPOINT, else off
+        "otlp",
+        "",
+        key="endpoint",
+        restart=True,
+        flag=Flag(
+            "--otlp-endpoint",
+            "Export spans and GenAI metrics over OTLP/HTTP to this collector base URL "
+            "(e.g. http://127.0.0.1:4318); default: $OTEL_EXPORTER_OTLP_ENDPOINT, else off. "
+            "Needs: pip install 'sparseety[otlp]'.",
+            metavar="URL",
+        ),
+    )
+    otlp_headers: tuple[tuple[str, str], ...] = option(  # (name, value)
+        "otlp",
+        (),
+        key="headers",
+        kind="pairs",
+        pair=("name", "value"),
+        restart=True,
+        flag=Flag(
+            "--otlp-header",
+            "Header sent with every OTLP export (repeat; adds to $OTEL_EXPORTER_OTLP_HEADERS).",
+            multiple=True,
+            form="NAME=VALUE",
+            header=True,
+        ),
+    )
+    otlp_chunk_events: bool = option(
+        "otlp",
+        False,
+        key="chunk_events",
+        restart=True,
+        flag=Flag(
+            "--otlp-chunk-events", "One span event per streamed chunk (off by default).", sets=True
+        ),
+    )
+    otlp_queue_size: int = option(
+        "otlp",
+        4096,
+        key="queue_size",
+        restart=True,
+        flag=Flag(
+            "--otlp-queue-size",
+            "Closed streams waiting for OTLP export; beyond it they are dropped and counted.",
+        ),
+    )
+    otlp_timeout: float = option("otlp", 10.0, key="timeout", restart=True)
+    otlp_metrics_interval: float = option("otlp", 10.0, key="metrics_interval", restart=True)
     # [grpc]
-    grpc_proto: str = ""
-    grpc_text_outputs: tuple[str, ...] = ("text_output", "output", "OUTPUT0")
+    grpc_proto: str = option(
+        "grpc",
+        "",
+        key="proto",
+        flag=Flag(
+            "--proto",
+            "Protobuf descriptor set: decode the messages of the gRPC methods it describes.",
+            metavar="FILE.pb",
+        ),
+    )
+    grpc_text_outputs: tuple[str, ...] = option(
+        "grpc", key="text_outputs", factory=_text_outputs, kind="strs"
+    )
     #: unknown top-level tables and keys
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: the file this came from, if any (SIGHUP re-reads it)
@@ -278,10 +537,22 @@ class Config:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` on the first invalid value."""
+        self._check_limits()
+        self._check_capture()
+        self._check_store_and_buffers()
+        self._check_identity()
+        self._check_features()
+        self._check_export()
+
+    def _check_limits(self) -> None:
+        """Content-Encoding caps."""
         if self.max_decoded_bytes < 1:
             raise ConfigError("limits.max_decoded_bytes: must be at least 1")
         if not self.max_expansion_ratio >= 1:
             raise ConfigError("limits.max_expansion_ratio: must be at least 1")
+
+    def _check_capture(self) -> None:
+        """What is captured: interface, ports, processes, labels."""
         iface = self.interface
         if not iface or len(iface) >= 16 or "/" in iface or any(c.isspace() for c in iface):
             raise ConfigError(f"interface: invalid interface name {iface!r}")
@@ -303,6 +574,9 @@ class Config:
         for name, label in self.labels.items():
             if not label:
                 raise ConfigError(f"labels: empty label for port {name}")
+
+    def _check_store_and_buffers(self) -> None:
+        """The database, the writes and the capture buffers."""
         if not self.database:
             raise ConfigError("database: empty")
         if not 0 < self.flush_interval <= 3600:
@@ -321,12 +595,18 @@ class Config:
             )
         if not 0 < self.idle_timeout <= 86400 * 7:
             raise ConfigError(f"idle_timeout: {self.idle_timeout} out of range (0, 604800]")
+
+    def _check_identity(self) -> None:
+        """This sidecar's name and its log level."""
         if not self.node or len(self.node) > 255 or not self.node.isprintable():
             raise ConfigError(f"node: {self.node!r} must be 1 to 255 printable characters")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(
                 f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}"
             )
+
+    def _check_features(self) -> None:
+        """Metrics, sampling, redaction and retention."""
         if self.metrics:
             host, _, port = self.metrics_listen.rpartition(":")
             if not host or not port.isdigit() or not 0 <= int(port) < 65536:
@@ -344,6 +624,9 @@ class Config:
                 raise ConfigError(f"redaction pattern {pname!r}: bad regex: {exc}") from None
         if self.retention_days < 0 or self.retention_batch < 1 or self.retention_interval <= 0:
             raise ConfigError("retention: days >= 0, batch >= 1 and interval > 0")
+
+    def _check_export(self) -> None:
+        """OTLP export and gRPC decoding."""
         ep = self.otlp_endpoint
         if ep and not (ep.startswith("http://") or ep.startswith("https://")):
             raise ConfigError(f"otlp endpoint: {ep!r} is not an http:// or https:// URL")
@@ -366,6 +649,34 @@ class Config:
         d["otlp_headers"] = [list(p) for p in self.otlp_headers]
         d["extra"] = dict(self.extra)
         return d
+
+
+def _options() -> tuple[Option, ...]:
+    out = []
+    for f in fields(Config):
+        meta = f.metadata.get("option")
+        if meta is not None:
+            key = meta["key"] if meta["key"] is not None else f.name
+            out.append(Option(name=f.name, **{**meta, "key": key}))
+    return tuple(out)
+
+
+#: Every option, in :class:`Config`'s field order.
+OPTIONS = _options()
+_OPTION = {o.name: o for o in OPTIONS}
+#: Keys of the tables that may be written flat: table → keys ("" = top level).
+SECTIONS: dict[str, tuple[str, ...]] = {
+    sec: tuple(o.key for o in OPTIONS if o.table == sec) for sec in FLAT_TABLES
+}
+_SECTION_OF = {key: sec for sec, keys in SECTIONS.items() for key in keys}
+#: Feature tables: key inside the table → Config field (the tables in field order).
+TABLES: dict[str, dict[str, str]] = {}
+for _o in OPTIONS:
+    if _o.table not in FLAT_TABLES and _o.key:
+        TABLES.setdefault(_o.table, {})[_o.key] = _o.name
+del _o
+#: Options a reload cannot change (logged, the old value kept).
+RESTART_KEYS = tuple(o.name for o in OPTIONS if o.restart)
 
 
 # ---------------------------------------------------------------------- coercion
@@ -450,32 +761,24 @@ def _pairs(key: str, value: Any, where: str, a: str, b: str) -> tuple[tuple[str,
 
 
 def _coerce(key: str, value: Any, where: str) -> Any:
-    if key in _BOOL_FIELDS:
+    opt = _OPTION[key]
+    kind = opt.kind
+    if kind == "bool":
         return _bool(key, value, where)
-    if key in _INT_FIELDS:
+    if kind == "int":
         return _int(key, value, where)
-    if key in _FLOAT_FIELDS:
+    if kind == "float":
         return _float(key, value, where)
-    if key == "redact_patterns":
-        return _pairs(key, value, where, "name", "regex")
-    if key == "tokenizers":
-        return _pairs(key, value, where, "pattern", "source")
-    if key == "otlp_headers":
-        return _pairs(key, value, where, "name", "value")
-    if key in ("ports", "pids"):
+    if kind == "pairs":
+        return _pairs(key, value, where, *opt.pair)
+    if kind == "ints":
         return tuple(_int(key, v, where) for v in _list(key, value, where))
-    if key in ("comms", "grpc_text_outputs"):
+    if kind == "strs":
         return tuple(_str(key, v, where) for v in _list(key, value, where))
-    if key == "labels":
+    if kind == "labels":
         return _labels(value, where)
-    if key in ("batch_size", "queue_size", "ring_blocks", "block_size"):
-        return _int(key, value, where)
-    if key in ("flush_interval", "idle_timeout"):
-        return _float(key, value, where)
     value = _str(key, value, where)
-    if key in ("backend", "log_level"):
-        return value.lower()
-    return value
+    return value.lower() if opt.choices else value
 
 
 # ---------------------------------------------------------------------- parsing
@@ -577,7 +880,8 @@ def render_toml(cfg: Config) -> str:
 
     It parses back into an equal configuration (``source`` aside).
     """
-    lines = [f"log_level = {_toml_value(cfg.log_level)}", f"node = {_toml_value(cfg.node)}", ""]
+    lines = [f"{key} = {_toml_value(getattr(cfg, key))}" for key in SECTIONS[""]]
+    lines.append("")
     for sec in ("capture", "store"):
         lines.append(f"[{sec}]")
         for key in SECTIONS[sec]:
@@ -591,10 +895,10 @@ def render_toml(cfg: Config) -> str:
         lines.append(f"[{table}]")
         for key, name in keys.items():
             value = getattr(cfg, name)
-            if name == "redact_patterns":
-                value = [{"name": n, "regex": r} for n, r in value]
-            elif name == "otlp_headers":
-                value = dict(value)
+            opt = _OPTION[name]
+            if opt.kind == "pairs":
+                a, b = opt.pair
+                value = [{a: x, b: y} for x, y in value] if opt.render == "list" else dict(value)
             lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
     lines.append("[tokenizers]")

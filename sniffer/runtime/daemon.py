@@ -3,9 +3,9 @@
 The runtime lives in small modules next to this one: ``capture_thread`` (polls
 the source, never blocks; loss accounting in :mod:`sniffer.capture.loss`),
 ``signals``, ``notify`` (systemd), ``log`` (logfmt), ``workers`` (token pass,
-retention) and ``features`` (what ``sparseety run`` wires in). What happens to
-the store events is the recording chain's business
-(:mod:`sniffer.record.chain`), shared with the replay command.
+retention) and ``features`` (what ``sparseety run`` wires in, given to the
+daemon at construction). What happens to the store events is the recording
+chain's business (:mod:`sniffer.record.chain`), shared with the replay command.
 
 Threads
     *capture* polls the source (AF_PACKET ring or eBPF) and puts each poll's
@@ -55,16 +55,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sniffer.capture.source import CaptureItem, stats_dict
+from sniffer.capture.source import CaptureItem, SocketSource, Source, stats_dict
 from sniffer.core.events import CaptureGap, FlowEvent, Segment, StoreEvent
 from sniffer.core.native import SEGMENT_BATCH
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.record.chain import Observer, RecordingChain
 from sniffer.runtime import signals
 from sniffer.runtime.capture_thread import CaptureThread, SourceFactory, capture_key, default_source
-from sniffer.runtime.config import Config, ConfigError, load_config
+from sniffer.runtime.config import RESTART_KEYS, Config, ConfigError, load_config
 from sniffer.runtime.log import Log, warn_pure_fallback
 from sniffer.runtime.notify import Notifier
 from sniffer.runtime.stats import DaemonStats
@@ -72,7 +72,10 @@ from sniffer.store.checkpoints import save_checkpoint, take_checkpoint
 from sniffer.store.files import InsecureDatabaseFile, open_private
 from sniffer.store.writer import StoreError, StoreWriter
 
-__all__ = ["SLOW_ENV", "Daemon", "run_daemon"]
+if TYPE_CHECKING:
+    from sniffer.runtime.features import Features
+
+__all__ = ["SLOW_ENV", "Daemon"]
 
 #: How long the processing thread waits on an empty queue (seconds).
 QUEUE_WAIT = 0.1
@@ -90,20 +93,6 @@ CHECKPOINT_SUFFIX = ".checkpoint.json"
 CHECKPOINT_MAX_AGE = 120.0
 
 
-#: Options a reload cannot change (logged, the old value kept).
-RESTART_KEYS = (
-    "backend",
-    "database",
-    "node",
-    "otlp_endpoint",
-    "otlp_headers",
-    "otlp_chunk_events",
-    "otlp_queue_size",
-    "otlp_timeout",
-    "otlp_metrics_interval",
-)
-
-
 class Daemon:
     """The live recorder. ``run()`` blocks until SIGTERM/SIGINT (or ``request_stop``).
 
@@ -113,10 +102,11 @@ class Daemon:
         d.add_sink(lambda events: print(len(events)))
         sys.exit(d.run())
 
-    ``chain`` is where store events go. The daemon starts with a bare one (no
-    observer, no transform: everything is written as captured);
-    :func:`~sniffer.runtime.features.attach_features` replaces it with the one
-    the configuration asks for.
+    ``chain`` is where store events go. Without ``features`` it is a bare one
+    (no observer, no transform: everything is written as captured); with
+    ``features`` (:func:`~sniffer.runtime.features.build_features`, what
+    ``sparseety run`` wires in) it is theirs, and the daemon runs their hooks:
+    the gauges once a second, the workers from start to stop.
     """
 
     def __init__(
@@ -128,6 +118,7 @@ class Daemon:
         source_factory: SourceFactory | None = None,
         notifier: Notifier | None = None,
         install_signals: bool = True,
+        features: Features | None = None,
     ) -> None:
         self.config = config
         self.overrides = dict(overrides or {})
@@ -135,8 +126,11 @@ class Daemon:
         self.source_factory = source_factory or default_source
         self.notifier = notifier if notifier is not None else Notifier()
         self.install_signals = install_signals
+        self.features = features
         #: observers → transforms → writer (the writer is attached by ``run``)
-        self.chain = RecordingChain(on_error=self._chain_failed, clock=self.capture_time)
+        self.chain = features.chain if features is not None else RecordingChain()
+        self.chain.on_error = self._chain_failed
+        self.chain.clock = self.capture_time
         #: called about once a second from the processing thread (gauges, metrics)
         self.on_tick: list[Callable[[Daemon], None]] = []
         #: called after every writer flush
@@ -147,6 +141,10 @@ class Daemon:
         self.on_start: list[Callable[[], None]] = []
         #: called once at shutdown, after the pipeline flushed, before the writer closes
         self.on_stop: list[Callable[[], None]] = []
+        if features is not None:
+            self.on_tick.extend(features.ticks)
+            self.on_start.append(features.start)
+            self.on_stop.append(features.stop)
         self.stats = DaemonStats()
         self._stop = threading.Event()
         self._reload = threading.Event()
@@ -237,10 +235,9 @@ class Daemon:
             # eBPF connection ids come from the source: the same id blocks.
             handed = self._adopt_checkpoint()
             source = self.source_factory(cfg, writer.conn_ids)
-            adopt_sockets = getattr(source, "adopt", None)
-            if handed and adopt_sockets is not None:
+            if handed and isinstance(source, SocketSource):
                 # eBPF: the sockets must be known before the first record
-                adopt_sockets([(int(e["conn"]), e["ebpf"]) for e in handed if "ebpf" in e])
+                source.adopt([(int(e["conn"]), e["ebpf"]) for e in handed if "ebpf" in e])
             source.open()
             capture = CaptureThread(source, self._queue, self.stats, log, cfg.backend == "ebpf")
             self._capture = capture
@@ -546,7 +543,7 @@ class Daemon:
 
     # -- graceful restart ----------------------------------------------------
 
-    def _write_checkpoint(self, source: object | None) -> list[int]:
+    def _write_checkpoint(self, source: Source | None) -> list[int]:
         """Graceful stop: hand the streams under way to the next instance (TCP
         sequence numbers tell it exactly what it missed: the packets' with
         packet capture, the sockets' own with eBPF). SQLite: a private file
@@ -558,10 +555,9 @@ class Daemon:
             return []
         positions = None
         if self.config.backend == "ebpf":
-            get = getattr(source, "checkpoint_positions", None)
-            if get is None:
+            if not isinstance(source, SocketSource):
                 return []
-            positions = get()
+            positions = source.checkpoint_positions()
         entries = pipe.checkpoint(positions, time.time())
         if not entries:
             return []
@@ -657,12 +653,16 @@ class Daemon:
         self.notifier.notify("STOPPING=1", "STATUS=stopping: flushing")
         capture = self._capture
         final: list[CaptureItem] = []
-        drain = getattr(capture.source, "drain", None) if capture is not None else None
+        sockets = (
+            capture.source
+            if capture is not None and isinstance(capture.source, SocketSource)
+            else None
+        )
         if capture is not None:
             capture.join(5.0)
             if capture.loss.pending:
                 final = capture.loss.marker()
-            if drain is None:
+            if sockets is None:
                 # packets: what the ring still holds (the last packets before the
                 # stop); not while a stuck capture thread may still poll it
                 if not capture.thread.is_alive():
@@ -672,7 +672,7 @@ class Daemon:
                 # eBPF: the records still in the ring now; the sockets' ends
                 # after the checkpoint (which keeps the streams under way open)
                 with contextlib.suppress(Exception):
-                    final += list(drain())
+                    final += list(sockets.drain())
         # Drain what was queued before the stop (bounded by the queue size).
         for _ in range(self.config.queue_size + 1):
             try:
@@ -685,13 +685,11 @@ class Daemon:
         pipe = self._pipeline
         assert pipe is not None
         handed = self._write_checkpoint(capture.source if capture is not None else None)
-        if drain is not None and capture is not None:
-            forget = getattr(capture.source, "forget", None)
-            if forget is not None:
-                forget(handed)
+        if sockets is not None:
+            sockets.forget(handed)
             ends: list[CaptureItem] = []
             with contextlib.suppress(Exception):
-                ends = list(capture.source.finish())
+                ends = list(sockets.finish())
             if ends:
                 self._process(ends)
         out = pipe.flush(self.last_ts or time.time())
@@ -778,12 +776,3 @@ def _safe_url(url: str) -> str:
     creds, _, host = rest.rpartition("@")
     user = creds.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}"
-
-
-def run_daemon(config: Config, overrides: dict[str, Any] | None = None) -> int:
-    """Build a :class:`Daemon` for ``config`` with its features and run it."""
-    from sniffer.runtime.features import attach_features
-
-    d = Daemon(config, overrides=overrides)
-    attach_features(d)
-    return d.run()

@@ -1,17 +1,20 @@
-"""The production features of ``sparseety run``, wired into a live daemon.
+"""The production features of ``sparseety run``, built before the daemon that runs them.
 
 The daemon itself only captures, runs the pipeline and hands every batch to
-its recording chain. :func:`attach_features` builds that chain from the
+its recording chain. :func:`build_features` builds that chain from the
 configuration (the same :meth:`RecordingChain.from_config` the replay command
-uses) and adds what only a live process needs: database file permissions,
-the Prometheus endpoint and the background workers.
+uses) and what only a live process needs: database file permissions, the
+Prometheus endpoint and the background workers. The daemon takes them at
+construction (``Daemon(config, features=build_features(config, log))``): one
+step, and this module does not know the daemon.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sniffer.record.chain import RecordingChain
 from sniffer.runtime.workers import (
@@ -24,43 +27,86 @@ from sniffer.runtime.workers import (
 
 if TYPE_CHECKING:
     from sniffer.record.metrics import Metrics
-    from sniffer.runtime.daemon import Daemon
+    from sniffer.runtime.config import Config
+    from sniffer.runtime.log import Log
+    from sniffer.runtime.stats import DaemonStats
 
-__all__ = ["Features", "attach_features"]
+__all__ = ["Features", "Gauged", "build_features"]
+
+
+class Gauged(Protocol):
+    """What the once-a-second gauges read of the daemon running the features."""
+
+    stats: DaemonStats
+
+    @property
+    def open_connections(self) -> int: ...
+
+    @property
+    def open_streams(self) -> int: ...
+
+    @property
+    def queue_depth(self) -> int: ...
+
+    def reassembly_counts(self) -> dict[str, int]: ...
 
 
 @dataclass
 class Features:
-    """What ``attach_features`` wired into a daemon (for tests and the CLI)."""
+    """What :func:`build_features` built for a daemon (for the daemon, tests and the CLI).
 
-    chain: RecordingChain | None = None
+    The daemon binds ``chain``'s error hook and clock to its own, calls every
+    ``ticks`` hook about once a second, :meth:`start` once capture is active
+    and the database open at this code's schema, and :meth:`stop` at shutdown.
+    """
+
+    chain: RecordingChain
     metrics: Metrics | None = None
     metrics_server: Any = None  # sniffer.record.metrics.MetricsServer
     otlp: Any = None  # sniffer.record.otlp.OtlpExporter
     workers: list[Periodic] = dataclasses.field(default_factory=list)
+    ticks: list[Callable[[Gauged], None]] = dataclasses.field(default_factory=list)
 
     @property
     def sampler(self) -> Any:
-        return self.chain.sampler if self.chain is not None else None
+        return self.chain.sampler
 
     @property
     def redactor(self) -> Any:
-        return self.chain.redactor if self.chain is not None else None
+        return self.chain.redactor
 
     @property
     def collector(self) -> Any:
-        return self.chain.collector if self.chain is not None else None
+        return self.chain.collector
+
+    def start(self) -> None:
+        """Start the workers: the daemon calls this once it has opened the
+        database at this code's schema (a newer schema is refused with ONE
+        line, no worker's after it) and capture is active."""
+        for w in self.workers:
+            w.start()
+
+    def stop(self) -> None:
+        """Stop the workers (a no-op for those never started), then close the
+        OTLP exporter (after the workers: the last token figures reach it) and
+        the metrics server."""
+        for w in self.workers:
+            w.stop()
+        if self.otlp is not None:
+            self.otlp.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
 
 
-def attach_features(d: Daemon) -> Features:
-    """Wire the production features ``d.config`` asks for into ``d``:
+def build_features(cfg: Config, log: Log) -> Features:
+    """The production features ``cfg`` asks for, for a daemon to run:
 
     * database file permissions (0600 / 0640 with a group; refuse a
       world-readable file unless allowed) — before anything opens it;
     * the recording chain (``RecordingChain.from_config``): metrics and the
       token collector as observers (they see the events as captured), then
-      sampling and redaction as transforms, then the writer; observers and
-      transforms already added to ``d.chain`` are kept, after these;
+      sampling and redaction as transforms; the daemon attaches the writer,
+      and observers and transforms it is given later come after these;
     * Prometheus metrics, served on ``metrics_listen`` (loopback unless
       ``metrics_public``), fed by the chain and, once a second, by the
       daemon's counters;
@@ -75,9 +121,6 @@ def attach_features(d: Daemon) -> Features:
     """
     from sniffer.store.files import db_path, prepare_db_file
 
-    cfg = d.config
-    log = d.log
-    f = Features()
     limit_arenas()  # before any of the daemon's threads start
     path = db_path(cfg.database)
     if path is not None:
@@ -86,30 +129,25 @@ def attach_features(d: Daemon) -> Features:
         )
 
     metrics = None
+    metrics_server = None
+    ticks: list[Callable[[Gauged], None]] = []
     if cfg.metrics:
         from sniffer.record.metrics import Metrics
 
         metrics = Metrics(max_models=cfg.metrics_max_models)
-        f.metrics = metrics
         host, port = _host_port(cfg.metrics_listen)
-        f.metrics_server = metrics.serve(host, port, allow_public=cfg.metrics_public)
-        log("info", "metrics-serving", url=f.metrics_server.url)
-        d.on_tick.append(_gauges(metrics))
+        metrics_server = metrics.serve(host, port, allow_public=cfg.metrics_public)
+        log("info", "metrics-serving", url=metrics_server.url)
+        ticks.append(_gauges(metrics))
 
     otlp = _otlp(cfg, metrics, log)
-    f.otlp = otlp
-    previous = d.chain
     try:
-        chain = RecordingChain.from_config(
-            cfg, metrics=metrics, otlp=otlp, on_error=previous.on_error, clock=previous.clock
-        )
+        chain = RecordingChain.from_config(cfg, metrics=metrics, otlp=otlp)
     except BaseException:
         if otlp is not None:
             otlp.close()
         raise
-    chain.observers.extend(previous.observers)
-    chain.transforms.extend(previous.transforms)
-    f.chain = chain
+    f = Features(chain, metrics=metrics, metrics_server=metrics_server, otlp=otlp, ticks=ticks)
     if not cfg.redact:
         log("warning", "redaction-off", note="prompts and outputs are stored as captured")
     if chain.tokens is not None:
@@ -119,29 +157,9 @@ def attach_features(d: Daemon) -> Features:
         chain.tokens.preload_configured()
         trim_heap()  # a tokenizer's JSON parse leaves ~20 MB freed but mapped
         f.workers.append(token_worker(chain, cfg.database, log))
-    d.chain = chain
 
     if cfg.retention_days > 0:
         f.workers.append(retention_worker(cfg, log))
-
-    def start() -> None:
-        # Once the daemon has opened the database at this code's schema (a
-        # newer schema is refused with ONE line, no worker's after it) and
-        # capture is active.
-        for w in f.workers:
-            w.start()
-
-    d.on_start.append(start)
-
-    def stop() -> None:
-        for w in f.workers:
-            w.stop()
-        if f.otlp is not None:
-            f.otlp.close()
-        if f.metrics_server is not None:
-            f.metrics_server.close()
-
-    d.on_stop.append(stop)
     return f
 
 
@@ -181,12 +199,12 @@ def _host_port(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _gauges(metrics: Metrics) -> Any:
+def _gauges(metrics: Metrics) -> Callable[[Gauged], None]:
     """The once-a-second hook that copies the daemon's counters into ``metrics``."""
     last = {"items": 0, "kernel": 0, "queue": 0}
     tcp: dict[str, int] = {}
 
-    def gauges(daemon: Daemon) -> None:
+    def gauges(daemon: Gauged) -> None:
         s = daemon.stats
         metrics.add_packets(s.items - last["items"])
         metrics.add_kernel_drops(s.kernel_dropped - last["kernel"])
