@@ -698,24 +698,7 @@ def build_events(plan: Plan) -> list[list[Event]]:
                 kind, value = per_choice[ci][pos[ci]]
                 pos[ci] += 1
                 output_chunks += 1
-                if kind == "reasoning":
-                    delta: dict[str, Any] = {"reasoning_content": value}
-                elif kind == "content":
-                    delta = {"content": value}
-                elif kind == "tool_start":
-                    delta = {
-                        "tool_calls": [
-                            {
-                                "index": 0,
-                                "id": c.tool_id,
-                                "type": "function",
-                                "function": {"name": c.tool_name, "arguments": ""},
-                            }
-                        ]
-                    }
-                else:
-                    delta = {"tool_calls": [{"index": 0, "function": {"arguments": value}}]}
-                events.append(envelope([choice(c.index, delta, None)]))
+                events.append(envelope([choice(c.index, _delta(c, kind, value), None)]))
                 continue
             finished[ci] = True
             fin = envelope([choice(c.index, {}, c.finish_reason)])
@@ -738,6 +721,26 @@ def build_events(plan: Plan) -> list[list[Event]]:
     if style != "transformers":
         events.append("[DONE]")
     return _writes(plan, events)
+
+
+def _delta(c: ChoicePlan, kind: str, value: str) -> dict[str, Any]:
+    """The delta of one output chunk of choice ``c``."""
+    if kind == "reasoning":
+        return {"reasoning_content": value}
+    if kind == "content":
+        return {"content": value}
+    if kind == "tool_start":
+        return {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": c.tool_id,
+                    "type": "function",
+                    "function": {"name": c.tool_name, "arguments": ""},
+                }
+            ]
+        }
+    return {"tool_calls": [{"index": 0, "function": {"arguments": value}}]}
 
 
 def _writes(plan: Plan, events: list[Event]) -> list[list[Event]]:
