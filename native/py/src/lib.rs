@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 
 mod flow;
+mod fused;
 mod http;
 
 /// The private extension module `sniffer._native`.
@@ -12,5 +13,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", sparseety_core::VERSION)?;
     flow::register(m)?;
     http::register(m)?;
+    fused::register(m)?;
     Ok(())
 }
