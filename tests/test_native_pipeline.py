@@ -197,3 +197,30 @@ def test_set_ports_and_checkpoint_then_adopt() -> None:
         outs.append((out, entries, n, nxt.skipped, nxt.reassembly_counts()))
     assert outs[0] == outs[1]
     assert outs[0][2] == 3 and outs[0][3] == len(segs)
+
+
+def test_a_native_pipeline_may_change_threads() -> None:
+    """The daemon makes its pipeline on one thread, feeds it on another, and the
+    last reference may go anywhere: no native part is bound to a thread."""
+    import sys
+    import threading
+
+    made: list[Pipeline] = []
+    raised: list[object] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = raised.append
+    try:
+        t = threading.Thread(target=lambda: made.append(Pipeline(PipelineConfig(native=True))))
+        t.start()
+        t.join()
+        pipe = made.pop()
+        out = _run(pipe, _interleaved(1), "batch")
+        assert sum(isinstance(e, StreamClosed) for e in out) == 1
+        box = [pipe]
+        del pipe
+        t = threading.Thread(target=box.clear)
+        t.start()
+        t.join()
+    finally:
+        sys.unraisablehook = hook
+    assert raised == []

@@ -155,10 +155,8 @@ class Pipeline:
         self.segments += 1
         if self._core is not None:
             return self._outputs(*self._core.feed_segments((seg,)))
-        r = self.reassembler
-        assert type(r) is Reassembler
         try:
-            flows = r.feed(seg)
+            flows = self.reassembler.feed(seg)
         except Exception as exc:  # e.g. no connection id to be had: one segment lost
             self.internal_errors += 1
             return [self._dropped(seg.ts, f"{type(exc).__name__}: {exc}")]

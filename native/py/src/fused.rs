@@ -27,7 +27,7 @@ use crate::http::{self, Input, PyHttpParser, Types};
 type Error = (usize, f64, String, Option<i64>);
 
 /// The native reassembler and HTTP parser (shared with their Python faces).
-#[pyclass(module = "sniffer._native", unsendable)]
+#[pyclass(module = "sniffer._native")]
 pub struct Core {
     reassembler: Py<Reassembler>,
     http: Py<PyHttpParser>,

@@ -116,7 +116,7 @@ fn headers_obj<'py>(py: Python<'py>, h: &Headers) -> PyResult<Bound<'py, PyTuple
 }
 
 /// `sniffer.core.http1.HttpParser`, natively.
-#[pyclass(module = "sniffer._native", name = "HttpParser", unsendable)]
+#[pyclass(module = "sniffer._native", name = "HttpParser")]
 pub struct PyHttpParser {
     core: HttpParser,
     /// every open connection's ConnectionOpened (released as the core says)
@@ -910,7 +910,7 @@ fn retry_obj<'py>(py: Python<'py>, t: &Types, r: Option<&str>) -> PyResult<Bound
 }
 
 /// `sniffer.core.sse.SseDecoder`, natively.
-#[pyclass(module = "sniffer._native", name = "SseDecoder", unsendable)]
+#[pyclass(module = "sniffer._native", name = "SseDecoder")]
 pub struct PySseDecoder {
     core: SseDecoder,
     out: Vec<SseEvent>,
@@ -989,7 +989,7 @@ impl PySseDecoder {
 }
 
 /// `sniffer.core.sse.NdjsonDecoder`, natively.
-#[pyclass(module = "sniffer._native", name = "NdjsonDecoder", unsendable)]
+#[pyclass(module = "sniffer._native", name = "NdjsonDecoder")]
 pub struct PyNdjsonDecoder {
     core: NdjsonDecoder,
     out: Vec<String>,
