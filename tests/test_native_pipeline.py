@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sniffer.capture.pcap import read_capture
 from sniffer.core import native
@@ -29,7 +31,7 @@ from sniffer.core.events import (
 )
 from sniffer.core.h2 import H2Conn
 from sniffer.core.pipeline import Pipeline, PipelineConfig
-from tests.test_pipeline import REQUEST, RESPONSE
+from tests.test_pipeline import REQUEST, RESPONSE, SERVER, segments
 
 pytestmark = [
     pytest.mark.native,
@@ -224,3 +226,34 @@ def test_a_native_pipeline_may_change_threads() -> None:
     finally:
         sys.unraisablehook = hook
     assert raised == []
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(segments, max_size=40), st.booleans(), st.lists(st.integers(0, 40), max_size=4))
+def test_arbitrary_segments_in_any_batches_store_the_same(
+    raw: list[tuple[tuple[str, int], bool, int, int, bytes]], midstream: bool, cuts: list[int]
+) -> None:
+    """Generated segments (HTTP-ish, TLS, junk, SYN/FIN/RST anywhere): the pure
+    pipeline fed one by one, the native one in batches cut anywhere, the same
+    store events and counters."""
+    segs = []
+    for i, ((ip, port), to_server, seq, flags, payload) in enumerate(raw):
+        server_ip = "::1" if ":" in ip else "127.0.0.1"
+        ends = ((ip, port), (server_ip, SERVER))
+        src, dst = ends if to_server else ends[::-1]
+        segs.append(Segment(float(i), *src, *dst, seq, 0, flags, payload))
+    cfg = {"server_ports": frozenset({SERVER}) if midstream else frozenset()}
+    pure = Pipeline(PipelineConfig(native=False, **cfg))
+    nat = Pipeline(PipelineConfig(native=True, **cfg))
+    want = [e for s in segs for e in pure.feed(s)] + pure.flush(float(len(raw)))
+    assert native.NATIVE is not None
+    batch = native.NATIVE.segment_batch(segs)
+    got: list[StoreEvent] = []
+    at = sorted({min(c, len(segs)) for c in cuts})
+    for a, b in zip([0, *at], [*at, len(segs)], strict=True):
+        got += nat.feed_batch(batch, a, b)
+    got += nat.flush(float(len(raw)))
+    assert got == want
+    assert nat.reassembly_counts() == pure.reassembly_counts()
+    assert nat.http.stats == pure.http.stats
+    assert (nat.internal_errors, nat.segments) == (pure.internal_errors, pure.segments)
