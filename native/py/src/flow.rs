@@ -6,7 +6,9 @@
 //!   payloads copied into one buffer), never one call per packet;
 //! - `Reassembler.feed_batch(batch, start, stop)` returns the flow events of
 //!   `sniffer.core.events` (the very classes the Python `Reassembler` makes),
-//!   with the same timestamps (the capture's floats, passed through).
+//!   with the same timestamps (the capture's floats, passed through);
+//!   `Core.feed_batch` (`fused.rs`, what the pipeline calls) gives its events
+//!   to the native HTTP parser instead, no Python flow event made.
 //!
 //! Conversions only: the parsing and the loss rules live in `sparseety-core`.
 
