@@ -7,8 +7,9 @@ by CPU time (``time.process_time``), alternating the two cores:
 - ``http1``: ``HttpParser.feed`` over every flow event;
 - ``sse``: ``SseDecoder.feed`` over every response body piece (one decoder
   per exchange, as the streams stage makes them), then ``close``;
-- ``pipeline``: ``Pipeline.feed_flows`` (http1, gRPC glue, streams with the
-  Python SSE decoder) with either HTTP parser.
+- ``pipeline``: ``Pipeline.feed_flows`` (http1, gRPC glue, streams) with
+  every stage pure (``native=False``) or native (the native HTTP parser and
+  SSE/NDJSON decoders).
 
 Every figure is divided by the chunk events of the capture (the streams
 stage's count). Build the extension first: ``scripts/build_native_dev.sh``.
@@ -34,7 +35,7 @@ from sniffer.capture.pcap import read_capture  # noqa: E402
 from sniffer.core import native  # noqa: E402
 from sniffer.core.events import FlowEvent, HttpBody  # noqa: E402
 from sniffer.core.http1 import HttpParser  # noqa: E402
-from sniffer.core.pipeline import Pipeline  # noqa: E402
+from sniffer.core.pipeline import Pipeline, PipelineConfig  # noqa: E402
 from sniffer.core.sse import SseDecoder  # noqa: E402
 
 
@@ -90,7 +91,7 @@ def main() -> int:
         print(why)
         return 1
     gc.set_threshold(200_000, 50, 100)  # as replay sets it
-    pipe = Pipeline()
+    pipe = Pipeline(PipelineConfig(native=False))
     flows: list[FlowEvent] = []
     last = 0.0
     for seg in read_capture(ns.capture):
@@ -109,7 +110,7 @@ def main() -> int:
         "http1 native": _http(native.http_parser, flows),
         "sse python": _sse(SseDecoder, bodies),
         "sse native": _sse(native.sse_decoder, bodies),
-        "pipeline python http1": _pipe(Pipeline, flows),
+        "pipeline python http1": _pipe(lambda: Pipeline(PipelineConfig(native=False)), flows),
         "pipeline native http1": _pipe(native.native_pipeline, flows),
     }
     if ns.only == "none":  # the baseline: reading and reassembling only

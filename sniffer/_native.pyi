@@ -3,7 +3,9 @@
 Frames in, flow events out, one call per batch: ``read_pcap`` and
 ``parse_frames`` make a :class:`SegmentBatch` of the TCP segments of many
 frames; :meth:`Reassembler.feed_batch` turns it into the flow events of
-``sniffer.core.events``. Use it through ``sniffer.core.native``.
+``sniffer.core.events``, :meth:`Core.feed_batch` straight into the HTTP events
+(reassembly and HTTP/1.1 fused). Use it through ``sniffer.core.native`` and
+``sniffer.core.pipeline``.
 """
 
 from collections.abc import Callable, Iterable
@@ -96,3 +98,30 @@ class Reassembler:
         c2s: int,
         s2c: int,
     ) -> None: ...
+
+#: (position in the outputs, ts, message, connection or None) of ``Core`` calls
+CoreErrors = list[tuple[int, float, str, int | None]]
+
+class Core:
+    """Reassembly and HTTP/1.1 fused (``sniffer.core.pipeline``): segments or
+    flow events in, the HTTP events of ``sniffer.core.events`` out (what
+    ``sniffer.core.http1.HttpParser`` gives), no Python flow event in between.
+    Errors: segments dropped for want of a connection id (``conn`` None) and
+    flow events whose HTTP stage raised (the connection abandoned)."""
+
+    def __init__(self, reassembler: Reassembler, http: object) -> None: ...
+    def feed_batch(
+        self,
+        batch: SegmentBatch,
+        start: int = 0,
+        stop: int | None = None,
+        share_k: int = 0,
+        share_n: int = 1,
+    ) -> tuple[list[object], int, int, CoreErrors]: ...
+    def feed_segments(self, segments: Iterable[Segment]) -> tuple[list[object], CoreErrors]: ...
+    def feed_flows(self, flows: Iterable[FlowEvent]) -> tuple[list[object], CoreErrors]: ...
+    def expire(self, now: float) -> tuple[list[object], CoreErrors]: ...
+    def flush(self, ts: float) -> tuple[list[object], CoreErrors]: ...
+    def capture_gap(self, gap: CaptureGap) -> tuple[list[object], CoreErrors]: ...
+    def origin(self, i: int) -> tuple[int, float, int] | None:
+        """(conn, ts, end) of the flow event that made output ``i`` of the last call."""

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sniffer.core import native
 from sniffer.core.events import (
     ConnectionClosed,
     ConnectionOpened,
@@ -26,6 +27,10 @@ from sniffer.core.events import (
     HttpResponse,
 )
 from sniffer.core.http1 import HttpOutput, HttpParser
+from tests.cores import both_cores
+
+#: every test here runs against the Python parser and the native one
+core = both_cores(globals(), HttpParser=lambda: native.NATIVE.HttpParser)
 
 CLIENT = ("127.0.0.1", 40000)
 SERVER = ("127.0.0.1", 8000)

@@ -39,7 +39,7 @@ from sniffer.core.events import (
     StoreEvent,
 )
 from sniffer.core.http1 import MAX_UPGRADE_HELD, HttpParser
-from sniffer.core.pipeline import Pipeline
+from sniffer.core.pipeline import Pipeline, PipelineConfig
 
 pytestmark = [
     pytest.mark.native,
@@ -131,7 +131,7 @@ def store_events(pipe: Pipeline, events: Sequence[FlowEvent]) -> list[StoreEvent
 @pytest.mark.parametrize("path", CAPTURES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_capture_gives_the_same_store_events_through_the_pipeline(path: Path) -> None:
     events = flows_of(path)
-    a = store_events(Pipeline(), events)
+    a = store_events(Pipeline(PipelineConfig(native=False)), events)
     b = store_events(native.native_pipeline(), events)
     assert a == b
 
@@ -415,7 +415,7 @@ def test_pipeline_checkpoints_match(path: Path) -> None:
     segs = list(reader)
     reader.close()
     half = segs[: len(segs) // 2]
-    a, b = Pipeline(), native.native_pipeline()
+    a, b = Pipeline(PipelineConfig(native=False)), native.native_pipeline()
     out_a = [e for s in half for e in a.feed(s)]
     out_b = [e for s in half for e in b.feed(s)]
     assert out_a == out_b

@@ -5,8 +5,7 @@
 * every bundled capture (``pcaps/**``, the fault fixtures, the peer corpus,
   the HTTP/2 captures): the same segments, the same reader stats and errors,
   the same flow event sequences (timestamps compared as floats, exactly);
-* replay with each core (``scripts/replay_snapshot.py``) gives byte-identical
-  stores;
+* (replay with each core gives byte-identical stores: tests/test_native_stores.py);
 * generated segment sequences (reordering, duplicates, overlaps with the same
   and with different bytes, gaps, ACKs ahead of data, SYN/FIN/RST, port reuse,
   sequence numbers near 2**32, an id source that fails, capture gaps, idle
@@ -21,7 +20,6 @@ fail when CI is true (the ``native`` marker, tests/conftest.py).
 
 from __future__ import annotations
 
-import filecmp
 import os
 import struct
 import subprocess
@@ -120,32 +118,6 @@ def test_captures_give_the_same_segments_and_flow_events(path: Path) -> None:
         _same(expected, got)
         assert na.stats == py.stats
         assert na.open_connections == py.open_connections == 0
-
-
-def test_replay_stores_are_byte_identical(tmp_path: Path) -> None:
-    """``scripts/replay_snapshot.py`` with each core, side by side, then compared."""
-    snap = [sys.executable, str(REPO / "scripts" / "replay_snapshot.py"), "--root", str(REPO)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop(core_native.PURE_ENV, None)
-    procs = [
-        subprocess.Popen(
-            [*snap, str(tmp_path / name)],
-            cwd=REPO,
-            env={**env, core_native.PURE_ENV: pure} if pure else env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for name, pure in (("pure", "1"), ("native", ""))
-    ]
-    for p in procs:
-        out, _ = p.communicate(timeout=900)
-        assert p.returncode == 0, out[-3000:]
-    names = sorted(os.listdir(tmp_path / "pure"))
-    assert len(names) > 300 and names == sorted(os.listdir(tmp_path / "native"))
-    _, mismatch, errors = filecmp.cmpfiles(
-        tmp_path / "pure", tmp_path / "native", names, shallow=False
-    )
-    assert not mismatch and not errors, f"differ: {mismatch[:20]} {errors[:20]}"
 
 
 def test_replay_runs_the_native_core_unless_told_not_to() -> None:

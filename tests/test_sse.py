@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sniffer.core import native
 from sniffer.core.sse import NdjsonDecoder, SseDecoder, SseEvent
+from tests.cores import both_cores
+
+#: every test here runs against the Python decoders and the native ones
+core = both_cores(
+    globals(),
+    SseDecoder=lambda: native.NATIVE.SseDecoder,
+    NdjsonDecoder=lambda: native.NATIVE.NdjsonDecoder,
+)
 
 
 def ev(

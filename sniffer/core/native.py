@@ -15,14 +15,18 @@ one call per batch of frames, never one per packet. Both give the same flow
 events (``tests/test_native_reassembly.py`` holds them to it).
 
 The Rust ports of ``HttpParser`` (``core/http1.py``), ``SseDecoder`` and
-``NdjsonDecoder`` (``core/sse.py``) take and return the same event values.
-They are not the default yet: :func:`native_pipeline` builds a ``Pipeline``
-whose HTTP stage is the native one, :func:`http_parser`, :func:`sse_decoder`
-and :func:`ndjson_decoder` make one of each (tests and measurements).
+``NdjsonDecoder`` (``core/sse.py``) take and return the same event values;
+:func:`http_parser`, :func:`sse_decoder` and :func:`ndjson_decoder` make one
+of each. A native ``Pipeline`` (the default whenever the native core runs)
+runs all of them, the reassembler and the HTTP parser fused in one call per
+batch (``sniffer._native.Core``: the reassembler's flow events go to the
+HTTP parser inside Rust, no Python flow event made); :func:`native_pipeline`
+builds one whatever the default.
 HTTP/2 stays in Python: where the native parser reports that a connection
 turns to HTTP/2 (preface, frames of a connection caught mid-way, ``101`` to
 ``Upgrade: h2c``), :func:`_h2_takeover` gives the connection to a Python
-``HttpParser`` held by the native one, which feeds it from then on.
+``HttpParser`` held by the native one, which feeds it from then on. The
+gRPC splitter and the streams stage (dialects) are Python in both cores.
 """
 
 from __future__ import annotations
@@ -199,15 +203,13 @@ def ndjson_decoder(max_line: int | None = None) -> Any:
 
 
 def native_pipeline(config: PipelineConfig | None = None) -> Pipeline:
-    """A ``Pipeline`` whose HTTP stage is the native parser (the rest unchanged)."""
-    from sniffer.core.pipeline import Pipeline
+    """A ``Pipeline`` of the native stages (``config`` with ``native=True``)."""
+    from dataclasses import replace
 
-    pipe = Pipeline(config)
-    cfg = pipe.config
-    pipe.http = http_parser(
-        max_decoded_bytes=cfg.max_decoded_bytes, max_expansion_ratio=cfg.max_expansion_ratio
-    )
-    return pipe
+    from sniffer.core.pipeline import Pipeline, PipelineConfig
+
+    _need()
+    return Pipeline(replace(config or PipelineConfig(), native=True))
 
 
 def _h2_takeover(

@@ -4,37 +4,67 @@ One ``Pipeline`` per capture run. It owns no thread, socket, file or clock:
 the replay command and the daemon drive it with segments (packet capture) or
 flow events (eBPF capture) and write what it returns to the store.
 
-Its reassembler is the native one (``sniffer.core.native``) when the native
-core runs (``PipelineConfig.native``, default: whenever the extension is
-there and ``SPARSEETY_PURE`` is not set), else the Python one. Both take
-``feed(segment)``; the native one also takes whole batches of frames
-(``feed_batch``), which is how replay and the daemon feed it.
+Two cores, chosen by ``PipelineConfig.native`` (default ``None``: the native
+one whenever the extension is there and ``SPARSEETY_PURE`` is not set):
+
+* native (``True``): TCP reassembly, HTTP/1.1 and the SSE/NDJSON item
+  decoders are the Rust ones (``sniffer.core.native``). Reassembly and HTTP
+  are fused (``sniffer._native.Core``): a batch of frames (``feed_batch``), a
+  list of segments or of eBPF flow events goes in, the HTTP events come out
+  in one call, no Python flow event made between the two stages. HTTP/2
+  connections are handed to the Python HTTP/2 stage inside that call; the
+  gRPC splitter and the streams stage (dialects, JSON) stay Python;
+* pure (``False``): every stage is the Python reference.
+
+Both write byte-identical stores (``tests/test_native_stores.py``). A bug in
+any stage costs one connection (a ``PipelineError``), never the capture.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from sniffer.core.events import (
     REASSEMBLY_KINDS,
     CaptureGap,
+    ConnectionClosed,
     ConnectionOpened,
+    FlowEnd,
     FlowEvent,
+    HttpAnomaly,
     HttpRequest,
     PipelineError,
     Segment,
     StoreEvent,
 )
 from sniffer.core.grpc import TEXT_OUTPUTS, GrpcSplitter, ProtoCatalog
-from sniffer.core.http1 import MAX_DECODED_BYTES, MAX_EXPANSION_RATIO, HttpParser
-from sniffer.core.native import NATIVE, BatchErrors, NativeReassembler
+from sniffer.core.http1 import MAX_DECODED_BYTES, MAX_EXPANSION_RATIO, HttpOutput, HttpParser
+from sniffer.core.native import NATIVE, NativeReassembler, http_parser
 from sniffer.core.reassembly import Reassembler
 from sniffer.core.streams import StreamAssembler
 
 if TYPE_CHECKING:
     from sniffer._native import SegmentBatch
+
+#: the errors of a native core call: (position in its outputs, ts, message,
+#: connection, or None for a segment dropped for want of a connection id)
+NativeErrors = list[tuple[int, float, str, int | None]]
+
+#: what a dead connection's parser still hands on (``HttpParser.abandon``)
+_DEAD_KEPT = (ConnectionOpened, FlowEnd, ConnectionClosed)
+
+
+def _dead_output(hev: HttpOutput) -> HttpOutput | None:
+    """What an abandoned connection gives in place of ``hev`` (see ``_consume``)."""
+    t = type(hev)
+    if t in _DEAD_KEPT:
+        return hev
+    if t is HttpAnomaly:
+        assert isinstance(hev, HttpAnomaly)
+        return replace(hev, exchange=None)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +87,8 @@ class PipelineConfig:
     grpc_text_outputs: tuple[str, ...] = TEXT_OUTPUTS
     # gRPC: a serialized FileDescriptorSet; messages of the methods it describes are decoded.
     proto_descriptors: bytes | None = None
-    #: the native reassembler (True), the Python one (False); None: native when it runs
+    #: every native stage (True: reassembly, HTTP/1.1, SSE/NDJSON), every Python
+    #: one (False); None: native when the native core runs
     native: bool | None = None
 
 
@@ -66,9 +97,12 @@ class Pipeline:
         cfg = config or PipelineConfig()
         self.config = cfg
         server_ports = cfg.server_ports | cfg.only_ports | frozenset((cfg.labels or {}).keys())
-        #: the native reassembler runs (``feed_batch`` works)
+        #: the native core runs (``feed_batch`` works)
         self.native = NATIVE is not None if cfg.native is None else cfg.native
         self.reassembler: Reassembler | NativeReassembler
+        self.http: Any
+        #: the fused native reassembler and HTTP parser (None: pure)
+        self._core: Any = None
         if self.native:
             self.reassembler = NativeReassembler(
                 conn_id_base=cfg.conn_id_base,
@@ -79,6 +113,12 @@ class Pipeline:
                 idle_timeout=cfg.idle_timeout,
                 hole_timeout=cfg.hole_timeout,
             )
+            self.http = http_parser(
+                max_decoded_bytes=cfg.max_decoded_bytes,
+                max_expansion_ratio=cfg.max_expansion_ratio,
+            )
+            assert NATIVE is not None
+            self._core = NATIVE.Core(self.reassembler._r, self.http)
         else:
             self.reassembler = Reassembler(
                 conn_id_base=cfg.conn_id_base,
@@ -88,9 +128,10 @@ class Pipeline:
                 idle_timeout=cfg.idle_timeout,
                 hole_timeout=cfg.hole_timeout,
             )
-        self.http = HttpParser(
-            max_decoded_bytes=cfg.max_decoded_bytes, max_expansion_ratio=cfg.max_expansion_ratio
-        )
+            self.http = HttpParser(
+                max_decoded_bytes=cfg.max_decoded_bytes,
+                max_expansion_ratio=cfg.max_expansion_ratio,
+            )
         catalog = ProtoCatalog(cfg.proto_descriptors) if cfg.proto_descriptors else None
         self.grpc = GrpcSplitter(cfg.grpc_text_outputs, catalog)
         self.streams = StreamAssembler(
@@ -98,6 +139,7 @@ class Pipeline:
             id_step=cfg.id_step,
             stream_ids=cfg.stream_ids,
             labels=cfg.labels,
+            native=self.native,
         )
         self._only = cfg.only_ports
         self.segments = 0
@@ -111,12 +153,10 @@ class Pipeline:
             self.skipped += 1
             return []
         self.segments += 1
-        r = self.reassembler
-        if type(r) is NativeReassembler:
-            flows, errors = r.feed_segments((seg,))
-            return self._batch_flows(flows, errors)
+        if self._core is not None:
+            return self._outputs(*self._core.feed_segments((seg,)))
         try:
-            flows = r.feed(seg)
+            flows = self.reassembler.feed(seg)
         except Exception as exc:  # e.g. no connection id to be had: one segment lost
             self.internal_errors += 1
             return [self._dropped(seg.ts, f"{type(exc).__name__}: {exc}")]
@@ -142,25 +182,11 @@ class Pipeline:
         in one call: exactly what ``feed`` gives for each of them in turn. With
         ``n > 1``, only worker ``k``'s share of the connections (replay's split by
         port pair). Native pipelines only (``self.native``)."""
-        r = self.reassembler
-        assert type(r) is NativeReassembler, "feed_batch needs the native reassembler"
-        flows, fed, skipped, errors = r.feed_batch(batch, start, stop, k, n)
+        assert self._core is not None, "feed_batch needs the native core"
+        hevs, fed, skipped, errors = self._core.feed_batch(batch, start, stop, k, n)
         self.segments += fed
         self.skipped += skipped
-        return self._batch_flows(flows, errors)
-
-    def _batch_flows(self, flows: list[FlowEvent], errors: BatchErrors) -> list[StoreEvent]:
-        if not errors:
-            return self._flows(flows) if flows else []
-        out: list[StoreEvent] = []
-        at = 0
-        for pos, ts, message in errors:
-            out += self._flows(flows[at:pos])
-            at = pos
-            self.internal_errors += 1
-            out.append(self._dropped(ts, message))
-        out += self._flows(flows[at:])
-        return out
+        return self._outputs(hevs, errors)
 
     @staticmethod
     def _dropped(ts: float, message: str) -> PipelineError:
@@ -169,22 +195,105 @@ class Pipeline:
 
     def feed_flows(self, flows: Iterable[FlowEvent]) -> list[StoreEvent]:
         """Ordered flow events in (the eBPF backend needs no reassembly)."""
+        if self._core is not None:
+            return self._outputs(*self._core.feed_flows(flows))
         return self._flows(flows)
 
     def capture_gap(self, gap: CaptureGap) -> list[StoreEvent]:
         out: list[StoreEvent] = [
             PipelineError(gap.ts, "capture", f"{gap.source}-drop", f"{gap.dropped} packets lost")
         ]
-        out.extend(self._flows(self.reassembler.capture_gap(gap)))
+        if self._core is not None:
+            out += self._outputs(*self._core.capture_gap(gap))
+        else:
+            out.extend(self._flows(self.reassembler.capture_gap(gap)))
         return out
 
     def expire(self, now: float) -> list[StoreEvent]:
         """Close idle connections (capture time)."""
+        if self._core is not None:
+            return self._outputs(*self._core.expire(now))
         return self._flows(self.reassembler.expire(now))
 
     def flush(self, ts: float) -> list[StoreEvent]:
         """End of capture: close everything that is still open."""
+        if self._core is not None:
+            return self._outputs(*self._core.flush(ts))
         return self._flows(self.reassembler.flush(ts))
+
+    def _outputs(self, hevs: list[HttpOutput], errors: NativeErrors) -> list[StoreEvent]:
+        """The native core's HTTP events on through gRPC and streams, its
+        errors recorded where they happened (see ``sniffer._native.Core``)."""
+        out: list[StoreEvent] = []
+        if not errors:
+            if hevs:
+                self._consume(hevs, 0, len(hevs), out)
+            return out
+        at = 0
+        for pos, ts, message, conn in errors:
+            self._consume(hevs, at, pos, out)
+            at = pos
+            self.internal_errors += 1
+            if conn is None:  # no connection id: the segment dropped
+                out.append(self._dropped(ts, message))
+            else:  # the HTTP stage raised on this connection's flow event
+                out.append(
+                    PipelineError(
+                        ts, "pipeline", "internal", f"{message} (connection dropped)", conn
+                    )
+                )
+        self._consume(hevs, at, len(hevs), out)
+        return out
+
+    def _consume(
+        self, hevs: list[HttpOutput], start: int, stop: int, out: list[StoreEvent]
+    ) -> None:
+        """HTTP events ``start:stop`` of a native call through gRPC and streams.
+        A bug costs the connection (as in ``_flows``): the rest of the outputs of
+        the flow event on which it struck are left out, the connection abandoned,
+        and its later outputs of the same call are what a dead connection gives
+        (its opening, ends, closing and anomalies, no exchange)."""
+        streams = self.streams.feed_into
+        grpc = self.grpc
+        calls = grpc.open_calls  # non-empty: gRPC calls in progress (grpc.active)
+        dead: set[int] = set()
+        i = start
+        while i < stop:
+            part = hevs if i == 0 and stop == len(hevs) else hevs[i:stop]
+            done = 0
+            try:
+                for hev in part:
+                    if dead and hev.conn in dead:
+                        kept = _dead_output(hev)
+                        if kept is None:
+                            done += 1
+                            continue
+                        hev = kept
+                    if calls or type(hev) is HttpRequest:
+                        for gev in grpc.feed(hev):
+                            streams(gev, out)
+                    else:
+                        streams(hev, out)
+                    done += 1
+                return
+            except Exception as exc:  # a bug must cost one connection, never the capture
+                self.internal_errors += 1
+                origin = self._core.origin(i + done)
+                conn, ts, end = (
+                    origin if origin is not None else (hevs[i + done].conn, 0.0, i + done + 1)
+                )
+                self.http.abandon(conn)
+                dead.add(conn)
+                out.append(
+                    PipelineError(
+                        ts,
+                        "pipeline",
+                        "internal",
+                        f"{type(exc).__name__}: {exc} (connection dropped)",
+                        conn,
+                    )
+                )
+                i = max(end, i + done + 1)
 
     def _flows(self, flows: Iterable[FlowEvent]) -> list[StoreEvent]:
         out: list[StoreEvent] = []

@@ -50,6 +50,7 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.core.http1 import HttpOutput
+from sniffer.core.native import ndjson_decoder, sse_decoder
 from sniffer.core.resync import CHUNKED, ItemSync, guess_dialect, sniff_item_format
 from sniffer.core.sse import DEFAULT_MAX_LINE, NdjsonDecoder, SseDecoder
 from sniffer.llm.dialects import dialect_by_name, select_dialect
@@ -261,6 +262,7 @@ class StreamAssembler:
         max_response_body: int = MAX_RESPONSE_BODY,
         max_quiet_events: int = MAX_QUIET_EVENTS,
         max_line: int = DEFAULT_MAX_LINE,
+        native: bool = False,
     ) -> None:
         self._next_id = stream_id_base
         self._id_step = id_step
@@ -271,6 +273,13 @@ class StreamAssembler:
         self._max_resp = max_response_body
         self._max_quiet = max_quiet_events
         self._max_line = max_line  # the SSE/NDJSON decoders' line cap
+        #: the item decoders: the Python ones, or the native core's (``native``,
+        #: same interface and events; ``tests/test_native_sse.py``)
+        self._sse: Callable[[int], Any] = SseDecoder
+        self._ndjson: Callable[[int], Any] = NdjsonDecoder
+        if native:
+            self._sse = sse_decoder
+            self._ndjson = ndjson_decoder
         self._conns: dict[int, _Conn] = {}
         self._ex: dict[tuple[int, int], _Exchange] = {}
         self.stats = StreamStats()
@@ -563,9 +572,9 @@ class StreamAssembler:
         if st["status"] is not None:
             x.resp = HttpResponse(conn, exchange, ts, int(st["status"]), "", "1.1", ())
         if st["format"] == "sse":
-            x.decoder = SseDecoder(self._max_line)
+            x.decoder = self._sse(self._max_line)
         else:
-            x.ndjson = NdjsonDecoder(self._max_line)
+            x.ndjson = self._ndjson(self._max_line)
         if not st["idle"]:
             x.item_sync = ItemSync(str(st["format"]), at_boundary=False)
             self._mark_gap(x, RESTART_ITEM)
@@ -782,10 +791,10 @@ class StreamAssembler:
         streaming = False
         if x.dialect is not None:
             if ctype == "text/event-stream":
-                x.decoder = SseDecoder(self._max_line)
+                x.decoder = self._sse(self._max_line)
                 streaming = True
             elif ctype in NDJSON_TYPES:
-                x.ndjson = NdjsonDecoder(self._max_line)
+                x.ndjson = self._ndjson(self._max_line)
                 streaming = True
             else:
                 x.body = bytearray()
@@ -855,11 +864,11 @@ class StreamAssembler:
                     )
                 if x.decoder is not None:
                     x.overlong += x.decoder.overlong
-                    x.decoder = SseDecoder(self._max_line)
+                    x.decoder = self._sse(self._max_line)
                     x.item_sync = ItemSync("sse", at_boundary=at_boundary)
                 elif x.ndjson is not None:
                     x.overlong += x.ndjson.overlong
-                    x.ndjson = NdjsonDecoder(self._max_line)
+                    x.ndjson = self._ndjson(self._max_line)
                     x.item_sync = ItemSync("ndjson", at_boundary=at_boundary)
                 else:
                     x.body = None  # a JSON document with a hole in it is no document
@@ -888,9 +897,9 @@ class StreamAssembler:
             return b""
         x.sniff = None
         if fmt == "sse":
-            x.decoder = SseDecoder(self._max_line)
+            x.decoder = self._sse(self._max_line)
         else:
-            x.ndjson = NdjsonDecoder(self._max_line)
+            x.ndjson = self._ndjson(self._max_line)
         x.item_sync = ItemSync(fmt, at_boundary=at_boundary)
         return bytes(sniff)
 

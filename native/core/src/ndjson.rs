@@ -32,6 +32,10 @@ impl NdjsonDecoder {
     pub fn errors(&self) -> u64 {
         self.base.errors
     }
+    /// lines dropped for being longer than `max_line`
+    pub fn overlong(&self) -> u64 {
+        self.base.overlong
+    }
     pub fn last_error(&self) -> Option<&str> {
         self.base.last_error.as_deref()
     }

@@ -105,6 +105,8 @@ impl Utf8Stream {
 pub(crate) struct LineDecoder {
     pub max_line: usize,
     pub errors: u64,
+    /// lines dropped for being longer than `max_line` (each also an error)
+    pub overlong: u64,
     pub last_error: Option<String>,
     pub closed: bool,
     pub utf8: Utf8Stream,
@@ -121,6 +123,7 @@ impl LineDecoder {
         LineDecoder {
             max_line,
             errors: 0,
+            overlong: 0,
             last_error: None,
             closed: false,
             utf8: Utf8Stream::default(),
@@ -142,6 +145,7 @@ impl LineDecoder {
     }
 
     pub fn overflow_message(&mut self, length: usize) {
+        self.overlong = self.overlong.saturating_add(1);
         let m = format!(
             "line longer than {} characters ({length}+) dropped",
             self.max_line
@@ -226,6 +230,10 @@ impl SseDecoder {
     }
     pub fn errors(&self) -> u64 {
         self.base.errors
+    }
+    /// lines dropped for being longer than `max_line`
+    pub fn overlong(&self) -> u64 {
+        self.base.overlong
     }
     pub fn last_error(&self) -> Option<&str> {
         self.base.last_error.as_deref()

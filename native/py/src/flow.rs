@@ -6,7 +6,9 @@
 //!   payloads copied into one buffer), never one call per packet;
 //! - `Reassembler.feed_batch(batch, start, stop)` returns the flow events of
 //!   `sniffer.core.events` (the very classes the Python `Reassembler` makes),
-//!   with the same timestamps (the capture's floats, passed through).
+//!   with the same timestamps (the capture's floats, passed through);
+//!   `Core.feed_batch` (`fused.rs`, what the pipeline calls) gives its events
+//!   to the native HTTP parser instead, no Python flow event made.
 //!
 //! Conversions only: the parsing and the loss rules live in `sparseety-core`.
 
@@ -24,12 +26,12 @@ use sparseety_core::reassembly::{self as core_r, Event};
 
 /// One parsed segment; its payload is `arena[start..start + len]`.
 #[derive(Clone, Copy)]
-struct Rec {
-    ts: f64,
+pub(crate) struct Rec {
+    pub(crate) ts: f64,
     src: Addr,
-    sport: u16,
+    pub(crate) sport: u16,
     dst: Addr,
-    dport: u16,
+    pub(crate) dport: u16,
     seq: u32,
     ack: u32,
     flags: u8,
@@ -40,7 +42,7 @@ struct Rec {
 /// The TCP segments of a batch of frames (what `parse_frames`/`read_pcap` return).
 #[pyclass(module = "sniffer._native", frozen)]
 pub struct SegmentBatch {
-    recs: Vec<Rec>,
+    pub(crate) recs: Vec<Rec>,
     arena: Vec<u8>,
     /// frames looked at (TCP or not)
     #[pyo3(get)]
@@ -73,7 +75,7 @@ impl SegmentBatch {
         });
     }
 
-    fn seg(&self, r: &Rec) -> Seg<'_> {
+    pub(crate) fn seg(&self, r: &Rec) -> Seg<'_> {
         let payload = self
             .arena
             .get(r.start..r.start.saturating_add(r.len))
@@ -292,7 +294,7 @@ fn segment_batch(segments: &Bound<'_, PyAny>) -> PyResult<SegmentBatch> {
 }
 
 /// A segment's fields, its payload owned (see `OwnedSeg::seg`).
-struct OwnedSeg {
+pub(crate) struct OwnedSeg {
     src: Addr,
     sport: u16,
     dst: Addr,
@@ -303,7 +305,7 @@ struct OwnedSeg {
 }
 
 impl OwnedSeg {
-    fn seg<'a>(&self, payload: &'a [u8]) -> Seg<'a> {
+    pub(crate) fn seg<'a>(&self, payload: &'a [u8]) -> Seg<'a> {
         Seg {
             src: self.src,
             sport: self.sport,
@@ -318,7 +320,7 @@ impl OwnedSeg {
 }
 
 /// (ts, fields, payload) of a `sniffer.core.events.Segment`.
-fn extract_segment(item: &Bound<'_, PyAny>) -> PyResult<(f64, OwnedSeg, Vec<u8>)> {
+pub(crate) fn extract_segment(item: &Bound<'_, PyAny>) -> PyResult<(f64, OwnedSeg, Vec<u8>)> {
     let (ts, src, sport, dst, dport, seq, ack, flags, payload): (
         f64,
         String,
@@ -343,7 +345,7 @@ fn extract_segment(item: &Bound<'_, PyAny>) -> PyResult<(f64, OwnedSeg, Vec<u8>)
 }
 
 /// The Python classes the events are made of (imported once).
-struct Classes {
+pub(crate) struct Classes {
     tuple_new: Py<PyAny>,
     segment: Py<PyAny>,
     flow_data: Py<PyAny>,
@@ -356,7 +358,7 @@ struct Classes {
 
 static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
 
-fn classes(py: Python<'_>) -> PyResult<&Classes> {
+pub(crate) fn classes(py: Python<'_>) -> PyResult<&Classes> {
     CLASSES.get_or_try_init(py, || {
         let ev = py.import("sniffer.core.events")?;
         let get = |name: &str| -> PyResult<Py<PyAny>> { Ok(ev.getattr(name)?.unbind()) };
@@ -399,13 +401,17 @@ fn endpoint<'py>(py: Python<'py>, e: &core_r::Endpoint) -> PyResult<Bound<'py, P
     )
 }
 
-fn event_to_py<'py>(py: Python<'py>, cls: &Classes, ev: Event) -> PyResult<Bound<'py, PyAny>> {
-    match ev {
+pub(crate) fn event_to_py<'py>(
+    py: Python<'py>,
+    cls: &Classes,
+    ev: &Event,
+) -> PyResult<Bound<'py, PyAny>> {
+    match *ev {
         Event::Data {
             conn,
             ts,
             from_client,
-            data,
+            ref data,
         } => {
             let fields = PyTuple::new(
                 py,
@@ -413,7 +419,7 @@ fn event_to_py<'py>(py: Python<'py>, cls: &Classes, ev: Event) -> PyResult<Bound
                     conn.into_bound_py_any(py)?,
                     ts.into_bound_py_any(py)?,
                     from_client.into_bound_py_any(py)?,
-                    PyBytes::new(py, &data).into_any(),
+                    PyBytes::new(py, data).into_any(),
                 ],
             )?;
             cls.tuple_new
@@ -423,14 +429,14 @@ fn event_to_py<'py>(py: Python<'py>, cls: &Classes, ev: Event) -> PyResult<Bound
         Event::Opened {
             conn,
             ts,
-            client,
-            server,
+            ref client,
+            ref server,
             syn_seen,
         } => cls.opened.bind(py).call1((
             conn,
             ts,
-            endpoint(py, &client)?,
-            endpoint(py, &server)?,
+            endpoint(py, client)?,
+            endpoint(py, server)?,
             syn_seen,
         )),
         Event::Gap {
@@ -438,11 +444,11 @@ fn event_to_py<'py>(py: Python<'py>, cls: &Classes, ev: Event) -> PyResult<Bound
             ts,
             from_client,
             nbytes,
-            reason: r,
+            reason: ref r,
         } => cls
             .gap
             .bind(py)
-            .call1((conn, ts, from_client, nbytes, reason(py, &r))),
+            .call1((conn, ts, from_client, nbytes, reason(py, r))),
         Event::End {
             conn,
             ts,
@@ -462,7 +468,7 @@ fn event_to_py<'py>(py: Python<'py>, cls: &Classes, ev: Event) -> PyResult<Bound
             ts,
             from_client,
             kind,
-            detail,
+            ref detail,
             offset,
             length,
         } => cls
@@ -476,7 +482,7 @@ fn events_to_py<'py>(py: Python<'py>, events: Vec<Event>) -> PyResult<Bound<'py,
     let cls = classes(py)?;
     let out = PyList::empty(py);
     for ev in events {
-        out.append(event_to_py(py, cls, ev)?)?;
+        out.append(event_to_py(py, cls, &ev)?)?;
     }
     Ok(out)
 }
@@ -495,7 +501,7 @@ fn ports(obj: Option<&Bound<'_, PyAny>>) -> PyResult<HashSet<u16>> {
 }
 
 /// `_share` of runtime/replay.py: which of `n` workers takes a port pair.
-fn share(x: u32, n: u32) -> u32 {
+pub(crate) fn share(x: u32, n: u32) -> u32 {
     let h = u64::from(x).wrapping_mul(0x9E37_79B1) & 0xFFFF_FFFF;
     ((h ^ (h >> 16)) % u64::from(n.max(1))) as u32
 }
@@ -504,15 +510,15 @@ fn share(x: u32, n: u32) -> u32 {
 /// interface, fed batches.
 #[pyclass(module = "sniffer._native")]
 pub struct Reassembler {
-    inner: core_r::Reassembler,
+    pub(crate) inner: core_r::Reassembler,
     conn_ids: Option<Py<PyAny>>,
-    only: HashSet<u16>,
+    pub(crate) only: HashSet<u16>,
 }
 
 impl Reassembler {
     /// Feed one segment; an id source failure that is an `Exception` becomes
     /// an error message (the segment is dropped), anything else propagates.
-    fn feed_one(
+    pub(crate) fn feed_one(
         &mut self,
         py: Python<'_>,
         ts: f64,

@@ -9,21 +9,24 @@
 
 use std::collections::{HashMap, HashSet};
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use pyo3::IntoPyObjectExt;
+
+use crate::flow;
 
 use sparseety_core::http1::text::latin1;
 use sparseety_core::http1::{
     Checkpoint, EndReason, FlowEvent, H2Mode, Headers, HeldEvent, HttpConfig, HttpEvent, HttpParser,
 };
 use sparseety_core::ndjson::NdjsonDecoder;
+use sparseety_core::reassembly::Event;
 use sparseety_core::sse::{SseDecoder, SseEvent, DEFAULT_MAX_LINE};
 
 /// The Python classes the bindings take and make, imported once.
-struct Types {
+pub(crate) struct Types {
     flow_data: Py<PyAny>,
     opened: Py<PyAny>,
     flow_gap: Py<PyAny>,
@@ -47,7 +50,7 @@ struct Types {
 
 static TYPES: PyOnceLock<Types> = PyOnceLock::new();
 
-fn types(py: Python<'_>) -> PyResult<&'static Types> {
+pub(crate) fn types(py: Python<'_>) -> PyResult<&'static Types> {
     TYPES.get_or_try_init(py, || {
         let ev = py.import("sniffer.core.events")?;
         let get = |name: &str| -> PyResult<Py<PyAny>> { Ok(ev.getattr(name)?.unbind()) };
@@ -113,7 +116,7 @@ fn headers_obj<'py>(py: Python<'py>, h: &Headers) -> PyResult<Bound<'py, PyTuple
 }
 
 /// `sniffer.core.http1.HttpParser`, natively.
-#[pyclass(module = "sniffer._native", name = "HttpParser", unsendable)]
+#[pyclass(module = "sniffer._native", name = "HttpParser")]
 pub struct PyHttpParser {
     core: HttpParser,
     /// every open connection's ConnectionOpened (released as the core says)
@@ -169,125 +172,8 @@ impl PyHttpParser {
         ev: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let t = types(py)?;
-        let ty = ev.get_type();
         let out = PyList::empty(py);
-        if ty.is(t.flow_data.bind(py)) {
-            let tup = ev.cast::<PyTuple>()?;
-            let conn: u64 = tup.get_item(0)?.extract()?;
-            if self.h2.contains(&conn) {
-                return Ok(self
-                    .py_parser
-                    .bind(py)
-                    .call_method1("feed", (ev,))?
-                    .cast_into::<PyList>()?);
-            }
-            let ts: f64 = tup.get_item(1)?.extract()?;
-            let from_client: bool = tup.get_item(2)?.extract()?;
-            let data_obj = tup.get_item(3)?;
-            let owned: Vec<u8>;
-            let data: &[u8] = match data_obj.cast::<PyBytes>() {
-                Ok(b) => b.as_bytes(),
-                Err(_) => {
-                    owned = data_obj.extract()?; // a bytearray or another buffer
-                    &owned
-                }
-            };
-            self.core.feed(
-                &FlowEvent::Data {
-                    conn,
-                    ts,
-                    from_client,
-                    data,
-                },
-                &mut self.out,
-            );
-        } else {
-            let conn = int_attr(ev, "conn")?;
-            if ty.is(t.opened.bind(py)) {
-                if self.h2.remove(&conn) {
-                    self.py_parser.bind(py).call_method1("forget", (conn,))?;
-                }
-                let syn_seen: bool = ev.getattr("syn_seen")?.extract()?;
-                let ts: f64 = ev.getattr("ts")?.extract()?;
-                self.opened.insert(conn, ev.clone().unbind());
-                self.remember(conn);
-                self.core
-                    .feed(&FlowEvent::Opened { conn, ts, syn_seen }, &mut self.out);
-            } else if self.h2.contains(&conn) {
-                let got = self
-                    .py_parser
-                    .bind(py)
-                    .call_method1("feed", (ev,))?
-                    .cast_into::<PyList>()?;
-                if ty.is(t.closed.bind(py)) {
-                    self.h2.remove(&conn);
-                    self.opened.remove(&conn);
-                    self.order.remove(&conn);
-                }
-                return Ok(got);
-            } else if ty.is(t.flow_gap.bind(py)) {
-                let ts: f64 = ev.getattr("ts")?.extract()?;
-                let from_client: bool = ev.getattr("from_client")?.extract()?;
-                let nbytes: Option<u64> = ev.getattr("nbytes")?.extract()?;
-                let reason: String = ev.getattr("reason")?.extract()?;
-                self.core.feed(
-                    &FlowEvent::Gap {
-                        conn,
-                        ts,
-                        from_client,
-                        nbytes,
-                        reason: &reason,
-                    },
-                    &mut self.out,
-                );
-            } else if ty.is(t.flow_end.bind(py)) {
-                let ts: f64 = ev.getattr("ts")?.extract()?;
-                let from_client: bool = ev.getattr("from_client")?.extract()?;
-                let reason: String = ev.getattr("reason")?.extract()?;
-                self.core.feed(
-                    &FlowEvent::End {
-                        conn,
-                        ts,
-                        from_client,
-                        reason: &reason,
-                    },
-                    &mut self.out,
-                );
-            } else if ty.is(t.closed.bind(py)) {
-                let ts: f64 = ev.getattr("ts")?.extract()?;
-                let reason: String = ev.getattr("reason")?.extract()?;
-                self.core.feed(
-                    &FlowEvent::Closed {
-                        conn,
-                        ts,
-                        reason: &reason,
-                    },
-                    &mut self.out,
-                );
-            } else {
-                let from_client: bool = ev.getattr("from_client")?.extract()?;
-                self.core
-                    .feed(&FlowEvent::Anomaly { conn, from_client }, &mut self.out);
-            }
-        }
-        let events = std::mem::take(&mut self.out);
-        let closed = ty.is(t.closed.bind(py));
-        let mut result = Ok(());
-        for e in events {
-            if result.is_ok() {
-                result = self.convert(py, t, ev, e, &out);
-            }
-        }
-        if closed {
-            let conn = int_attr(ev, "conn")?;
-            self.opened.remove(&conn);
-            self.order.remove(&conn);
-            if self.h2.remove(&conn) {
-                // handed over while closing: nothing more comes for it
-                self.py_parser.bind(py).call_method1("forget", (conn,))?;
-            }
-        }
-        result?;
+        self.feed_input(py, t, &Input::Py(ev), &out)?;
         Ok(out)
     }
 
@@ -391,12 +277,311 @@ impl PyHttpParser {
         Ok(())
     }
 
-    fn abandon(&mut self, py: Python<'_>, conn: u64) -> PyResult<()> {
+    pub(crate) fn abandon(&mut self, py: Python<'_>, conn: u64) -> PyResult<()> {
         if self.h2.contains(&conn) {
             self.py_parser.bind(py).call_method1("abandon", (conn,))?;
         }
         self.core.abandon(conn);
         Ok(())
+    }
+}
+
+/// A flow event fed to the parser: a Python one (``feed``, the eBPF path) or
+/// one of the native reassembler (the fused path, no Python object made
+/// unless the event must be handed on as one).
+pub(crate) enum Input<'a, 'py> {
+    Py(&'a Bound<'py, PyAny>),
+    Native(&'a Event),
+}
+
+impl<'py> Input<'_, 'py> {
+    /// The event as the Python value of `sniffer.core.events`.
+    fn obj(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Input::Py(ev) => Ok((*ev).clone()),
+            Input::Native(ev) => flow::event_to_py(py, flow::classes(py)?, ev),
+        }
+    }
+
+    fn is_flow_end(&self, py: Python<'py>, t: &Types) -> bool {
+        match self {
+            Input::Py(ev) => ev.get_type().is(t.flow_end.bind(py)),
+            Input::Native(ev) => matches!(ev, Event::End { .. }),
+        }
+    }
+
+    fn is_closed(&self, py: Python<'py>, t: &Types) -> bool {
+        match self {
+            Input::Py(ev) => ev.get_type().is(t.closed.bind(py)),
+            Input::Native(ev) => matches!(ev, Event::Closed { .. }),
+        }
+    }
+}
+
+fn conn_id(conn: i64) -> PyResult<u64> {
+    u64::try_from(conn)
+        .map_err(|_| PyOverflowError::new_err("can't convert negative int to unsigned"))
+}
+
+impl PyHttpParser {
+    /// `feed`: the HTTP events of one flow event appended to `out`.
+    pub(crate) fn feed_input<'py>(
+        &mut self,
+        py: Python<'py>,
+        t: &Types,
+        input: &Input<'_, 'py>,
+        out: &Bound<'py, PyList>,
+    ) -> PyResult<()> {
+        let conn = match input {
+            Input::Py(ev) => self.feed_py(py, t, ev, out)?,
+            Input::Native(ev) => self.feed_native(py, ev, out)?,
+        };
+        let Some(conn) = conn else {
+            return Ok(()); // handed to the HTTP/2 parser
+        };
+        let events = std::mem::take(&mut self.out);
+        let mut result = Ok(());
+        for e in events {
+            if result.is_ok() {
+                result = self.convert(py, t, input, e, out);
+            }
+        }
+        if input.is_closed(py, t) {
+            self.opened.remove(&conn);
+            self.order.remove(&conn);
+            if self.h2.remove(&conn) {
+                // handed over while closing: nothing more comes for it
+                self.py_parser.bind(py).call_method1("forget", (conn,))?;
+            }
+        }
+        result
+    }
+
+    /// An event of a connection handed over to the Python HTTP/2 parser.
+    fn feed_h2<'py>(
+        &mut self,
+        py: Python<'py>,
+        t: &Types,
+        conn: u64,
+        ev: &Bound<'py, PyAny>,
+        out: &Bound<'py, PyList>,
+    ) -> PyResult<()> {
+        let got = self.py_parser.bind(py).call_method1("feed", (ev,))?;
+        if ev.get_type().is(t.closed.bind(py)) {
+            self.h2.remove(&conn);
+            self.opened.remove(&conn);
+            self.order.remove(&conn);
+        }
+        for item in got.try_iter()? {
+            out.append(item?)?;
+        }
+        Ok(())
+    }
+
+    /// A Python flow event into the core; its connection, or None when it
+    /// went to the HTTP/2 parser.
+    fn feed_py<'py>(
+        &mut self,
+        py: Python<'py>,
+        t: &Types,
+        ev: &Bound<'py, PyAny>,
+        out: &Bound<'py, PyList>,
+    ) -> PyResult<Option<u64>> {
+        let ty = ev.get_type();
+        if ty.is(t.flow_data.bind(py)) {
+            let tup = ev.cast::<PyTuple>()?;
+            let conn: u64 = tup.get_item(0)?.extract()?;
+            if self.h2.contains(&conn) {
+                self.feed_h2(py, t, conn, ev, out)?;
+                return Ok(None);
+            }
+            let ts: f64 = tup.get_item(1)?.extract()?;
+            let from_client: bool = tup.get_item(2)?.extract()?;
+            let data_obj = tup.get_item(3)?;
+            let owned: Vec<u8>;
+            let data: &[u8] = match data_obj.cast::<PyBytes>() {
+                Ok(b) => b.as_bytes(),
+                Err(_) => {
+                    owned = data_obj.extract()?; // a bytearray or another buffer
+                    &owned
+                }
+            };
+            self.core.feed(
+                &FlowEvent::Data {
+                    conn,
+                    ts,
+                    from_client,
+                    data,
+                },
+                &mut self.out,
+            );
+            return Ok(Some(conn));
+        }
+        let conn = int_attr(ev, "conn")?;
+        if ty.is(t.opened.bind(py)) {
+            let syn_seen: bool = ev.getattr("syn_seen")?.extract()?;
+            let ts: f64 = ev.getattr("ts")?.extract()?;
+            self.open(py, conn, ts, syn_seen, ev.clone().unbind())?;
+        } else if self.h2.contains(&conn) {
+            self.feed_h2(py, t, conn, ev, out)?;
+            return Ok(None);
+        } else if ty.is(t.flow_gap.bind(py)) {
+            let ts: f64 = ev.getattr("ts")?.extract()?;
+            let from_client: bool = ev.getattr("from_client")?.extract()?;
+            let nbytes: Option<u64> = ev.getattr("nbytes")?.extract()?;
+            let reason: String = ev.getattr("reason")?.extract()?;
+            self.core.feed(
+                &FlowEvent::Gap {
+                    conn,
+                    ts,
+                    from_client,
+                    nbytes,
+                    reason: &reason,
+                },
+                &mut self.out,
+            );
+        } else if ty.is(t.flow_end.bind(py)) {
+            let ts: f64 = ev.getattr("ts")?.extract()?;
+            let from_client: bool = ev.getattr("from_client")?.extract()?;
+            let reason: String = ev.getattr("reason")?.extract()?;
+            self.core.feed(
+                &FlowEvent::End {
+                    conn,
+                    ts,
+                    from_client,
+                    reason: &reason,
+                },
+                &mut self.out,
+            );
+        } else if ty.is(t.closed.bind(py)) {
+            let ts: f64 = ev.getattr("ts")?.extract()?;
+            let reason: String = ev.getattr("reason")?.extract()?;
+            self.core.feed(
+                &FlowEvent::Closed {
+                    conn,
+                    ts,
+                    reason: &reason,
+                },
+                &mut self.out,
+            );
+        } else {
+            let from_client: bool = ev.getattr("from_client")?.extract()?;
+            self.core
+                .feed(&FlowEvent::Anomaly { conn, from_client }, &mut self.out);
+        }
+        Ok(Some(conn))
+    }
+
+    /// A ConnectionOpened (its Python value kept, released as the core says).
+    fn open(
+        &mut self,
+        py: Python<'_>,
+        conn: u64,
+        ts: f64,
+        syn_seen: bool,
+        opened: Py<PyAny>,
+    ) -> PyResult<()> {
+        if self.h2.remove(&conn) {
+            self.py_parser.bind(py).call_method1("forget", (conn,))?;
+        }
+        self.opened.insert(conn, opened);
+        self.remember(conn);
+        self.core
+            .feed(&FlowEvent::Opened { conn, ts, syn_seen }, &mut self.out);
+        Ok(())
+    }
+
+    /// A native reassembler's event into the core, no Python value made but
+    /// the ConnectionOpened and what goes to the HTTP/2 parser.
+    fn feed_native<'py>(
+        &mut self,
+        py: Python<'py>,
+        ev: &Event,
+        out: &Bound<'py, PyList>,
+    ) -> PyResult<Option<u64>> {
+        match *ev {
+            Event::Data {
+                conn,
+                ts,
+                from_client,
+                ref data,
+            } => {
+                let conn = conn_id(conn)?;
+                if self.h2.contains(&conn) {
+                    let t = types(py)?;
+                    let obj = Input::Native(ev).obj(py)?;
+                    self.feed_h2(py, t, conn, &obj, out)?;
+                    return Ok(None);
+                }
+                self.core.feed(
+                    &FlowEvent::Data {
+                        conn,
+                        ts,
+                        from_client,
+                        data,
+                    },
+                    &mut self.out,
+                );
+                Ok(Some(conn))
+            }
+            Event::Opened {
+                conn, ts, syn_seen, ..
+            } => {
+                let id = conn_id(conn)?;
+                let obj = flow::event_to_py(py, flow::classes(py)?, ev)?;
+                self.open(py, id, ts, syn_seen, obj.unbind())?;
+                Ok(Some(id))
+            }
+            Event::Gap { conn, .. }
+            | Event::End { conn, .. }
+            | Event::Closed { conn, .. }
+            | Event::Anomaly { conn, .. } => {
+                let conn = conn_id(conn)?;
+                if self.h2.contains(&conn) {
+                    let t = types(py)?;
+                    let obj = Input::Native(ev).obj(py)?;
+                    self.feed_h2(py, t, conn, &obj, out)?;
+                    return Ok(None);
+                }
+                let fe = match *ev {
+                    Event::Gap {
+                        ts,
+                        from_client,
+                        nbytes,
+                        ref reason,
+                        ..
+                    } => FlowEvent::Gap {
+                        conn,
+                        ts,
+                        from_client,
+                        nbytes: match nbytes {
+                            Some(n) => Some(
+                                u64::try_from(n)
+                                    .map_err(|_| PyOverflowError::new_err("negative gap size"))?,
+                            ),
+                            None => None,
+                        },
+                        reason,
+                    },
+                    Event::End {
+                        ts,
+                        from_client,
+                        reason,
+                        ..
+                    } => FlowEvent::End {
+                        conn,
+                        ts,
+                        from_client,
+                        reason,
+                    },
+                    Event::Closed { ts, reason, .. } => FlowEvent::Closed { conn, ts, reason },
+                    Event::Anomaly { from_client, .. } => FlowEvent::Anomaly { conn, from_client },
+                    Event::Data { .. } | Event::Opened { .. } => return Ok(Some(conn)),
+                };
+                self.core.feed(&fe, &mut self.out);
+                Ok(Some(conn))
+            }
+        }
     }
 }
 
@@ -413,7 +598,7 @@ impl PyHttpParser {
         &mut self,
         py: Python<'py>,
         t: &Types,
-        input: &Bound<'py, PyAny>,
+        input: &Input<'_, 'py>,
         e: HttpEvent,
         out: &Bound<'py, PyList>,
     ) -> PyResult<()> {
@@ -563,31 +748,63 @@ impl PyHttpParser {
                 reason,
             } => {
                 // a held FlowEnd replayed while another event is fed is a new one
-                let same = input.get_type().is(t.flow_end.bind(py))
-                    && input.getattr("from_client")?.extract::<bool>().ok() == Some(from_client)
-                    && input.getattr("ts")?.extract::<f64>().ok() == Some(ts);
+                let same = match input {
+                    Input::Py(ev) => {
+                        input.is_flow_end(py, t)
+                            && ev.getattr("from_client")?.extract::<bool>().ok()
+                                == Some(from_client)
+                            && ev.getattr("ts")?.extract::<f64>().ok() == Some(ts)
+                    }
+                    Input::Native(_) => false,
+                };
                 if same {
-                    out.append(input)?;
+                    out.append(input.obj(py)?)?;
                 } else {
                     out.append(t.flow_end.bind(py).call1((conn, ts, from_client, reason))?)?;
                 }
             }
-            HttpEvent::Closed { .. } => out.append(input)?,
+            HttpEvent::Closed { .. } => out.append(input.obj(py)?)?,
             HttpEvent::Anomaly {
                 conn,
                 exchange,
                 from_client,
             } => {
-                out.append(t.anomaly.bind(py).call1((
-                    conn,
-                    exchange,
-                    input.getattr("ts")?,
-                    from_client,
-                    input.getattr("kind")?,
-                    input.getattr("detail")?,
-                    input.getattr("offset")?,
-                    input.getattr("length")?,
-                ))?)?;
+                let a = match input {
+                    Input::Py(ev) => t.anomaly.bind(py).call1((
+                        conn,
+                        exchange,
+                        ev.getattr("ts")?,
+                        from_client,
+                        ev.getattr("kind")?,
+                        ev.getattr("detail")?,
+                        ev.getattr("offset")?,
+                        ev.getattr("length")?,
+                    ))?,
+                    Input::Native(ev) => {
+                        let Event::Anomaly {
+                            ts,
+                            kind,
+                            ref detail,
+                            offset,
+                            length,
+                            ..
+                        } = **ev
+                        else {
+                            return Err(PyTypeError::new_err("an anomaly without its flow event"));
+                        };
+                        t.anomaly.bind(py).call1((
+                            conn,
+                            exchange,
+                            ts,
+                            from_client,
+                            kind,
+                            detail,
+                            offset,
+                            length,
+                        ))?
+                    }
+                };
+                out.append(a)?;
             }
             HttpEvent::H2Feed { conn, event } => {
                 let ev = match event {
@@ -615,7 +832,7 @@ impl PyHttpParser {
                         from_client,
                         reason,
                     } => t.flow_end.bind(py).call1((conn, ts, from_client, reason))?,
-                    HeldEvent::Closed { .. } => input.clone(),
+                    HeldEvent::Closed { .. } => input.obj(py)?,
                 };
                 let got = self.py_parser.bind(py).call_method1("feed", (ev,))?;
                 for item in got.try_iter()? {
@@ -693,7 +910,7 @@ fn retry_obj<'py>(py: Python<'py>, t: &Types, r: Option<&str>) -> PyResult<Bound
 }
 
 /// `sniffer.core.sse.SseDecoder`, natively.
-#[pyclass(module = "sniffer._native", name = "SseDecoder", unsendable)]
+#[pyclass(module = "sniffer._native", name = "SseDecoder")]
 pub struct PySseDecoder {
     core: SseDecoder,
     out: Vec<SseEvent>,
@@ -754,6 +971,10 @@ impl PySseDecoder {
         self.core.errors()
     }
     #[getter]
+    fn overlong(&self) -> u64 {
+        self.core.overlong()
+    }
+    #[getter]
     fn last_error(&self) -> Option<String> {
         self.core.last_error().map(str::to_owned)
     }
@@ -768,7 +989,7 @@ impl PySseDecoder {
 }
 
 /// `sniffer.core.sse.NdjsonDecoder`, natively.
-#[pyclass(module = "sniffer._native", name = "NdjsonDecoder", unsendable)]
+#[pyclass(module = "sniffer._native", name = "NdjsonDecoder")]
 pub struct PyNdjsonDecoder {
     core: NdjsonDecoder,
     out: Vec<String>,
@@ -806,6 +1027,10 @@ impl PyNdjsonDecoder {
     #[getter]
     fn errors(&self) -> u64 {
         self.core.errors()
+    }
+    #[getter]
+    fn overlong(&self) -> u64 {
+        self.core.overlong()
     }
     #[getter]
     fn last_error(&self) -> Option<String> {

@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 
 mod flow;
+mod fused;
 mod http;
 mod ring;
 
@@ -14,5 +15,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     flow::register(m)?;
     http::register(m)?;
     ring::register(m)?;
+    fused::register(m)?;
     Ok(())
 }

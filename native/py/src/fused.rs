@@ -1,0 +1,291 @@
+//! TCP reassembly and HTTP/1.1 fused: segments in, the HTTP events of
+//! `sniffer.core.events` out, in one call per batch. The reassembler's flow
+//! events go straight from the Rust reassembler to the Rust HTTP parser; no
+//! Python `FlowEvent` is made but a `ConnectionOpened` per connection, those
+//! the HTTP stage hands on (FlowEnd, ConnectionClosed) and those of HTTP/2
+//! connections (parsed by the Python stage, see `http.rs`).
+//!
+//! Every call returns `(outputs, errors)`: `errors` holds `(position in the
+//! outputs, ts, message, conn)` for each segment the reassembler dropped
+//! (`conn` None: no connection id could be had) and each flow event whose
+//! HTTP stage raised (`conn`: the connection, abandoned; its outputs of that
+//! event left out), so that the pipeline records them where the Python
+//! stages would. `origin(i)` tells which flow event made output `i`, for the
+//! pipeline's last-resort handler.
+
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use pyo3::{intern, IntoPyObjectExt};
+
+use sparseety_core::reassembly::Event;
+
+use crate::flow::{self, Reassembler, SegmentBatch};
+use crate::http::{self, Input, PyHttpParser, Types};
+
+/// One error of a call: (position in the outputs, ts, message, conn or None).
+type Error = (usize, f64, String, Option<i64>);
+
+/// The native reassembler and HTTP parser (shared with their Python faces).
+#[pyclass(module = "sniffer._native")]
+pub struct Core {
+    reassembler: Py<Reassembler>,
+    http: Py<PyHttpParser>,
+    /// (end of its outputs, conn, ts) of each flow event of the last call
+    /// that gave outputs
+    origins: Vec<(usize, i64, f64)>,
+    /// the flow events of one segment (reused)
+    events: Vec<Event>,
+}
+
+fn exc_message(py: Python<'_>, e: &PyErr) -> String {
+    format!(
+        "{}: {}",
+        e.get_type(py)
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default(),
+        e.value(py).str().map(|s| s.to_string()).unwrap_or_default()
+    )
+}
+
+fn event_key(ev: &Event) -> (i64, f64) {
+    match *ev {
+        Event::Opened { conn, ts, .. }
+        | Event::Data { conn, ts, .. }
+        | Event::Gap { conn, ts, .. }
+        | Event::End { conn, ts, .. }
+        | Event::Closed { conn, ts, .. }
+        | Event::Anomaly { conn, ts, .. } => (conn, ts),
+    }
+}
+
+/// The state of one call: its outputs, errors and origins.
+struct Call<'py, 'a> {
+    py: Python<'py>,
+    t: &'static Types,
+    out: Bound<'py, PyList>,
+    errors: Vec<Error>,
+    origins: &'a mut Vec<(usize, i64, f64)>,
+}
+
+impl<'py> Call<'py, '_> {
+    /// The HTTP events of one flow event. An `Exception` raised on the way
+    /// (the Python HTTP/2 stage, a conversion) costs the connection: its
+    /// outputs of this event are left out, it is abandoned, the error kept.
+    fn http(
+        &mut self,
+        http: &mut PyHttpParser,
+        input: &Input<'_, 'py>,
+        conn: i64,
+        ts: f64,
+    ) -> PyResult<()> {
+        let before = self.out.len();
+        if let Err(e) = http.feed_input(self.py, self.t, input, &self.out) {
+            if !e.is_instance_of::<PyException>(self.py) {
+                return Err(e);
+            }
+            let n = self.out.len();
+            if n > before {
+                self.out.del_slice(before, n)?;
+            }
+            if let Ok(c) = u64::try_from(conn) {
+                http.abandon(self.py, c)?;
+            }
+            self.errors
+                .push((before, ts, exc_message(self.py, &e), Some(conn)));
+            return Ok(());
+        }
+        let n = self.out.len();
+        if n > before {
+            self.origins.push((n, conn, ts));
+        }
+        Ok(())
+    }
+
+    fn native(&mut self, http: &mut PyHttpParser, events: &mut Vec<Event>) -> PyResult<()> {
+        for ev in events.drain(..) {
+            let (conn, ts) = event_key(&ev);
+            self.http(http, &Input::Native(&ev), conn, ts)?;
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
+        let errs = PyList::empty(self.py);
+        for e in self.errors {
+            errs.append(e.into_bound_py_any(self.py)?)?;
+        }
+        Ok((self.out, errs))
+    }
+}
+
+type Outputs<'py> = (Bound<'py, PyList>, Bound<'py, PyList>);
+
+impl Core {
+    fn call<'py, R>(
+        &mut self,
+        py: Python<'py>,
+        f: impl FnOnce(
+            &mut Call<'py, '_>,
+            &mut Reassembler,
+            &mut PyHttpParser,
+            &mut Vec<Event>,
+        ) -> PyResult<R>,
+    ) -> PyResult<(Outputs<'py>, R)> {
+        self.origins.clear();
+        let mut call = Call {
+            py,
+            t: http::types(py)?,
+            out: PyList::empty(py),
+            errors: Vec::new(),
+            origins: &mut self.origins,
+        };
+        let mut r = self.reassembler.bind(py).borrow_mut();
+        let mut h = self.http.bind(py).borrow_mut();
+        let got = f(&mut call, &mut r, &mut h, &mut self.events)?;
+        Ok((call.finish()?, got))
+    }
+}
+
+#[pymethods]
+impl Core {
+    #[new]
+    fn new(reassembler: Py<Reassembler>, http: Py<PyHttpParser>) -> Self {
+        Core {
+            reassembler,
+            http,
+            origins: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    /// `Reassembler.feed_batch`, the flow events parsed: (outputs, segments
+    /// fed, segments skipped by the port filter, errors).
+    #[pyo3(signature = (batch, start=0, stop=None, share_k=0, share_n=1))]
+    fn feed_batch<'py>(
+        &mut self,
+        py: Python<'py>,
+        batch: &SegmentBatch,
+        start: usize,
+        stop: Option<usize>,
+        share_k: u32,
+        share_n: u32,
+    ) -> PyResult<(Bound<'py, PyList>, usize, usize, Bound<'py, PyList>)> {
+        let stop = stop.unwrap_or(batch.recs.len()).min(batch.recs.len());
+        let ((out, errs), (fed, skipped)) = self.call(py, |call, r, h, events| {
+            let mut fed = 0usize;
+            let mut skipped = 0usize;
+            for rec in batch.recs.get(start..stop).unwrap_or(&[]) {
+                if share_n > 1 && flow::share(u32::from(rec.sport ^ rec.dport), share_n) != share_k
+                {
+                    continue;
+                }
+                if !r.only.is_empty()
+                    && !r.only.contains(&rec.sport)
+                    && !r.only.contains(&rec.dport)
+                {
+                    skipped = skipped.saturating_add(1);
+                    continue;
+                }
+                fed = fed.saturating_add(1);
+                let seg = batch.seg(rec);
+                let dropped = r.feed_one(py, rec.ts, &seg, events)?;
+                call.native(h, events)?;
+                if let Some(msg) = dropped {
+                    call.errors.push((call.out.len(), rec.ts, msg, None));
+                }
+            }
+            Ok((fed, skipped))
+        })?;
+        Ok((out, fed, skipped, errs))
+    }
+
+    /// `Segment` values (no port filter): (outputs, errors).
+    fn feed_segments<'py>(
+        &mut self,
+        py: Python<'py>,
+        segments: &Bound<'py, PyAny>,
+    ) -> PyResult<Outputs<'py>> {
+        Ok(self
+            .call(py, |call, r, h, events| {
+                for item in segments.try_iter()? {
+                    let (ts, fields, payload) = flow::extract_segment(&item?)?;
+                    let seg = fields.seg(&payload);
+                    let dropped = r.feed_one(py, ts, &seg, events)?;
+                    call.native(h, events)?;
+                    if let Some(msg) = dropped {
+                        call.errors.push((call.out.len(), ts, msg, None));
+                    }
+                }
+                Ok(())
+            })?
+            .0)
+    }
+
+    /// Ordered Python flow events (the eBPF path): (outputs, errors).
+    fn feed_flows<'py>(
+        &mut self,
+        py: Python<'py>,
+        flows: &Bound<'py, PyAny>,
+    ) -> PyResult<Outputs<'py>> {
+        Ok(self
+            .call(py, |call, _, h, _| {
+                for item in flows.try_iter()? {
+                    let ev = item?;
+                    let conn: i64 = ev.getattr(intern!(py, "conn"))?.extract()?;
+                    let ts: f64 = ev.getattr(intern!(py, "ts"))?.extract()?;
+                    call.http(h, &Input::Py(&ev), conn, ts)?;
+                }
+                Ok(())
+            })?
+            .0)
+    }
+
+    fn expire<'py>(&mut self, py: Python<'py>, now: f64) -> PyResult<Outputs<'py>> {
+        Ok(self
+            .call(py, |call, r, h, events| {
+                r.inner.expire(now, events);
+                call.native(h, events)
+            })?
+            .0)
+    }
+
+    fn flush<'py>(&mut self, py: Python<'py>, ts: f64) -> PyResult<Outputs<'py>> {
+        Ok(self
+            .call(py, |call, r, h, events| {
+                r.inner.flush(ts, events);
+                call.native(h, events)
+            })?
+            .0)
+    }
+
+    /// `CaptureGap(ts, dropped, source)`: every open direction may have a gap.
+    fn capture_gap<'py>(
+        &mut self,
+        py: Python<'py>,
+        gap: &Bound<'py, PyAny>,
+    ) -> PyResult<Outputs<'py>> {
+        let ts: f64 = gap.getattr(intern!(py, "ts"))?.extract()?;
+        let source: String = gap.getattr(intern!(py, "source"))?.extract()?;
+        Ok(self
+            .call(py, |call, r, h, events| {
+                r.inner.capture_gap(ts, &source, events);
+                call.native(h, events)
+            })?
+            .0)
+    }
+
+    /// (conn, ts, end) of the flow event that made output `i` of the last
+    /// call: its outputs end before `end`. None if no flow event made it.
+    fn origin(&self, i: usize) -> Option<(i64, f64, usize)> {
+        let k = self.origins.partition_point(|&(end, _, _)| end <= i);
+        self.origins.get(k).map(|&(end, conn, ts)| (conn, ts, end))
+    }
+}
+
+/// Registers the class of this file in the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Core>()?;
+    Ok(())
+}
