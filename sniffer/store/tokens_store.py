@@ -1,8 +1,9 @@
 """Token tables: what the token pass (``sniffer.record.tokenize_pass``) found per stream.
 
-Defined on the same ``MetaData`` as the capture tables (``sniffer.store.models``);
-created, like them, by the migration chain (``sniffer.store.migrations``), which
-:func:`create_token_tables` runs (safe to call repeatedly).
+Specified with the capture tables (``sniffer.store.spec``, built on one
+``MetaData`` in ``sniffer.store.models``); created, like them, by the migration
+chain (``sniffer.store.migrations``), which :func:`create_token_tables` runs
+(safe to call repeatedly).
 
 ``stream_tokens`` — one row per analysed stream (its presence means "done").
 
@@ -59,22 +60,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson as _orjson
-from sqlalchemy import (
-    Boolean,
-    Column,
-    Engine,
-    Index,
-    Integer,
-    String,
-    Table,
-    Text,
-    delete,
-    insert,
-    select,
-)
+from sqlalchemy import Engine, Table, delete, insert, select
 from sqlalchemy.engine import Connection
 
-from sniffer.store.models import Id, metadata
+from sniffer.store import spec
+from sniffer.store.models import choice_tokens, stream_tokens, token_anomalies
 from sniffer.store.token_rows import (  # the row values live without SQLAlchemy
     ChoiceTokenRow,
     StreamTokenRow,
@@ -96,54 +86,6 @@ __all__ = [
     "token_anomalies",
     "write_token_rows",
 ]
-
-stream_tokens = Table(
-    "stream_tokens",
-    metadata,
-    Column("stream_id", Id, primary_key=True, autoincrement=False),
-    Column("tokenizer", Text),
-    Column("is_default", Boolean),
-    Column("prompt_count", Integer),
-    Column("prompt_ids", Text),
-    Column("output_count", Integer),
-    Column("usage_diff", Text),
-    Column("tokens_per_chunk", Text),
-    Column("anomaly_count", Integer),
-    Column("error", Text),
-)
-
-choice_tokens = Table(
-    "choice_tokens",
-    metadata,
-    Column("stream_id", Id, primary_key=True, autoincrement=False),
-    Column("choice", Integer, primary_key=True, autoincrement=False),
-    Column("text_len", Integer),
-    Column("text_hash", String(32)),
-    Column("token_count", Integer),
-    Column("output_ids", Text),
-    Column("chunk_seqs", Text),
-    Column("chunk_counts", Text),
-    Column("straddles", Integer),
-    Column("straddle_seqs", Text),
-    Column("tokens_per_chunk", Text),
-    Column("server_count", Integer),
-    Column("server_tokens", Text),
-    Column("server_ids", Text),
-    Column("server_mismatch", Integer),
-)
-
-token_anomalies = Table(
-    "token_anomalies",
-    metadata,
-    Column("id", Id, primary_key=True, autoincrement=True),
-    Column("stream_id", Id, nullable=False),
-    Column("choice", Integer),
-    Column("kind", String(32)),
-    Column("position", Integer),
-    Column("detail", Text),
-    Index("ix_token_anomalies_stream", "stream_id"),
-    Index("ix_token_anomalies_kind", "kind"),
-)
 
 _TABLES = (stream_tokens, choice_tokens, token_anomalies)
 
@@ -168,36 +110,11 @@ def _dumps(value: Any) -> str:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-_STREAM_COLUMNS = (
-    "stream_id",
-    "tokenizer",
-    "is_default",
-    "prompt_count",
-    "prompt_ids",
-    "output_count",
-    "usage_diff",
-    "tokens_per_chunk",
-    "anomaly_count",
-    "error",
-)
-_CHOICE_COLUMNS = (
-    "stream_id",
-    "choice",
-    "text_len",
-    "text_hash",
-    "token_count",
-    "output_ids",
-    "chunk_seqs",
-    "chunk_counts",
-    "straddles",
-    "straddle_seqs",
-    "tokens_per_chunk",
-    "server_count",
-    "server_tokens",
-    "server_ids",
-    "server_mismatch",
-)
-_ANOMALY_COLUMNS = ("stream_id", "choice", "kind", "position", "detail")
+#: The columns the token pass fills, in table order (``sniffer.store.spec``; the
+#: anomaly ids are the database's).
+_STREAM_COLUMNS = spec.TABLE_COLUMNS["stream_tokens"]
+_CHOICE_COLUMNS = spec.TABLE_COLUMNS["choice_tokens"]
+_ANOMALY_COLUMNS = spec.TABLE_COLUMNS["token_anomalies"][1:]
 
 
 def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:

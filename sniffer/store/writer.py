@@ -69,6 +69,7 @@ from sniffer.store.lite import (
     update_spec,
     update_sql,
 )
+from sniffer.store.spec import columns_in
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -302,46 +303,12 @@ def _stream_row(ev: StreamOpened, node: str) -> dict[str, Any]:
     return row
 
 
-#: The columns of the server-reported speculative decoding and timings
-#: (migration 0005), filled from the stream's last usage.
-SERVER_STATS_COLUMNS = (
-    "spec_source",
-    "spec_draft_tokens",
-    "spec_accepted_tokens",
-    "spec_steps",
-    "spec_accept_length",
-    "spec_accept_rate",
-    "spec_histogram",
-    "server_prompt_n",
-    "server_prompt_ms",
-    "server_predicted_n",
-    "server_predicted_ms",
-    "server_rejected",
-)
-
-_RESPONSE_COLUMNS = ("status", "response_headers", "content_type", "streaming", "t_response")
-_CLOSE_COLUMNS = (
-    "state",
-    "reason",
-    "done_seen",
-    "gap",
-    "t_first_content",
-    "t_last_chunk",
-    "chunk_count",
-    "event_count",
-    "text_len",
-    "finish_reasons",
-    "usage",
-    "prompt_tokens",
-    "completion_tokens",
-    "response_body",
-    "request_bytes",
-    "response_bytes",
-    "error",
-    "closed_at",
-    "flags",
-    *SERVER_STATS_COLUMNS,
-)
+#: The stream columns each write fills (``sniffer.store.spec``, in table order):
+#: the server-reported speculative decoding and timings (migration 0005, from the
+#: stream's last usage), the response head, and the close (with the former).
+SERVER_STATS_COLUMNS = columns_in("streams", "server")
+_RESPONSE_COLUMNS = columns_in("streams", "response")
+_CLOSE_COLUMNS = columns_in("streams", "close", "server")
 
 
 def _response_values(ev: StreamResponse) -> dict[str, Any]:
