@@ -30,10 +30,14 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sniffer.store import spec
+from sniffer.store.db import Store, in_list
 from sniffer.store.schema import REVISIONS, SQLITE_LOCK_WAIT
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 #: ``streams.dialect`` of an exchange that is not an LLM stream (plain HTTP):
 #: the store's spelling of ``StreamOpened.dialect is None`` (``models.PLAIN_HTTP``).
@@ -173,11 +177,6 @@ def create_new_file(path: str) -> None:
         conn.close()
 
 
-def in_list(values: Sequence[Any]) -> str:
-    """``(?, ?, …)``: the placeholders of an ``IN`` list of ``values``."""
-    return f"({', '.join('?' * len(values))})"
-
-
 class _Transaction:
     """What a writer's flush needs of a connection: ``exec_driver_sql`` (executemany)."""
 
@@ -192,9 +191,10 @@ class _Transaction:
         return self._conn.execute(sql, params)
 
 
-class SqliteFile:
+class SqliteFile(Store):
     """One SQLite file opened with the standard library's driver (thread-safe: one
-    connection, one transaction at a time). ``name`` is the dialect's."""
+    connection, one transaction at a time): the store of a SQLite file at the
+    schema head (``sniffer.store.db.Store``). ``name`` is the dialect's."""
 
     name = "sqlite"
 
@@ -202,6 +202,17 @@ class SqliteFile:
         self.path = path
         self._conn: sqlite3.Connection | None = connect(path)
         self._lock = threading.RLock()
+        self._engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        """A SQLAlchemy engine on this file, made on first use (``make_engine``) and
+        released by :meth:`close`: this file needs none for what it runs itself."""
+        if self._engine is None:
+            from sniffer.store.writer import make_engine
+
+            self._engine = make_engine(self.path)
+        return self._engine
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -245,48 +256,6 @@ class SqliteFile:
             row = self._connection().execute(sql, params).fetchone()
         return None if row is None else row[0]
 
-    def select(
-        self,
-        table: str,
-        where: Sequence[tuple[str, Any]] = (),
-        order_by: Sequence[str] = ("id",),
-        limit: int | None = None,
-    ) -> list[dict[str, Any]]:
-        """Whole rows of ``table`` as dicts (as ``sniffer.store.queries`` returns
-        them): ``where`` pairs are ``column = value``, or ``column IN (values)``
-        for a list."""
-        cols = TABLE_COLUMNS[table]
-        clauses: list[str] = []
-        params: list[Any] = []
-        for col, value in where:
-            if isinstance(value, list):
-                if not value:
-                    return []
-                clauses.append(f"{table}.{col} IN ({', '.join('?' * len(value))})")
-                params.extend(value)
-            else:
-                clauses.append(f"{table}.{col} = ?")
-                params.append(value)
-        sql = f"SELECT {', '.join(f'{table}.{c}' for c in cols)} FROM {table}"
-        if clauses:
-            sql += " WHERE " + " AND ".join(clauses)
-        sql += " ORDER BY " + ", ".join(f"{table}.{c}" for c in order_by)
-        if limit is not None:
-            sql += " LIMIT ?"
-            params.append(limit)
-        with self._lock:
-            rows = self._connection().execute(sql, params).fetchall()
-        flags = [i for i, c in enumerate(cols) if c in BOOLEAN_COLUMNS[table]]
-        out = []
-        for row in rows:
-            d = dict(zip(cols, row, strict=True))
-            for i in flags:
-                v = row[i]
-                if v is not None:
-                    d[cols[i]] = bool(v)
-            out.append(d)
-        return out
-
     def reserve(self, kind: str, size: int) -> int:
         """Move the ``id_blocks`` row ``kind`` on by ``size``; returns its new ``next_id``
         (the statement ``sniffer.store.ids.reserve`` runs, in one transaction)."""
@@ -305,6 +274,9 @@ class SqliteFile:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            if self._engine is not None:
+                self._engine.dispose()
+                self._engine = None
 
 
 __all__ = [

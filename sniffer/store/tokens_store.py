@@ -60,18 +60,18 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson as _orjson
-from sqlalchemy import Engine, Table, delete, insert, select
+from sqlalchemy import Engine, Table, delete, insert
 from sqlalchemy.engine import Connection
 
 from sniffer.store import spec
+from sniffer.store.db import EngineStore
 from sniffer.store.models import choice_tokens, stream_tokens, token_anomalies
 from sniffer.store.token_rows import (  # the row values live without SQLAlchemy
     ChoiceTokenRow,
     StreamTokenRow,
     TokenAnomalyRow,
+    read_token_rows,
 )
-from sniffer.store.token_rows import int_keys as _int_keys
-from sniffer.store.token_rows import json_or as _loads
 
 __all__ = [
     "ChoiceTokenRow",
@@ -210,75 +210,10 @@ def delete_token_rows(conn: Connection, stream_ids: Iterable[int] | None = None)
         conn.execute(stmt)
 
 
-def read_stream_tokens(
-    engine: Engine | Connection, stream_ids: Iterable[int]
-) -> dict[int, StreamTokenRow]:
-    """The stored token rows of these streams (streams without a row are absent)."""
-    ids = list(stream_ids)
-    out: dict[int, StreamTokenRow] = {}
-    if not ids:
-        return out
-    if isinstance(engine, Connection):
-        return _read(engine, ids)
-    with engine.connect() as conn:
-        return _read(conn, ids)
-
-
-def _read(conn: Connection, ids: list[int]) -> dict[int, StreamTokenRow]:
-    out: dict[int, StreamTokenRow] = {}
-    for start in range(0, len(ids), 500):
-        part = ids[start : start + 500]
-        choices: dict[int, list[ChoiceTokenRow]] = {}
-        for m in conn.execute(
-            select(choice_tokens)
-            .where(choice_tokens.c.stream_id.in_(part))
-            .order_by(choice_tokens.c.stream_id, choice_tokens.c.choice)
-        ).mappings():
-            server = _loads(m["server_tokens"], None)
-            server_ids = _loads(m["server_ids"], None)
-            choices.setdefault(m["stream_id"], []).append(
-                ChoiceTokenRow(
-                    choice=m["choice"],
-                    text_len=m["text_len"] or 0,
-                    text_hash=m["text_hash"] or "",
-                    output_ids=tuple(_loads(m["output_ids"], [])),
-                    chunk_seqs=tuple(_loads(m["chunk_seqs"], [])),
-                    chunk_counts=tuple(_loads(m["chunk_counts"], [])),
-                    straddle_seqs=tuple(_loads(m["straddle_seqs"], [])),
-                    tokens_per_chunk=_int_keys(_loads(m["tokens_per_chunk"], {})),
-                    server_tokens=None if server is None else tuple(server),
-                    server_ids=None if server_ids is None else tuple(server_ids),
-                    server_mismatch=m["server_mismatch"],
-                )
-            )
-        anomalies: dict[int, list[TokenAnomalyRow]] = {}
-        for m in conn.execute(
-            select(token_anomalies)
-            .where(token_anomalies.c.stream_id.in_(part))
-            .order_by(token_anomalies.c.stream_id, token_anomalies.c.id)
-        ).mappings():
-            anomalies.setdefault(m["stream_id"], []).append(
-                TokenAnomalyRow(m["choice"], m["kind"], m["position"], m["detail"] or "")
-            )
-        for m in conn.execute(
-            select(stream_tokens).where(stream_tokens.c.stream_id.in_(part))
-        ).mappings():
-            sid = m["stream_id"]
-            prompt = _loads(m["prompt_ids"], None)
-            usage = _loads(m["usage_diff"], {})
-            out[sid] = StreamTokenRow(
-                stream_id=sid,
-                tokenizer=m["tokenizer"],
-                is_default=bool(m["is_default"]),
-                prompt_ids=None if prompt is None else tuple(prompt),
-                usage_diff=usage if isinstance(usage, dict) else {},
-                tokens_per_chunk=_int_keys(_loads(m["tokens_per_chunk"], {})),
-                anomaly_count=m["anomaly_count"] or 0,
-                error=m["error"],
-                choices=tuple(choices.get(sid, ())),
-                anomalies=tuple(anomalies.get(sid, ())),
-            )
-    return out
+def read_stream_tokens(engine: Engine, stream_ids: Iterable[int]) -> dict[int, StreamTokenRow]:
+    """The stored token rows of these streams (streams without a row are absent):
+    the one reader (``sniffer.store.token_rows.read_token_rows``) on an engine."""
+    return read_token_rows(EngineStore(engine), stream_ids)
 
 
 def chunk_token_ids(row: ChoiceTokenRow) -> list[tuple[int, tuple[int, ...]]]:
