@@ -16,15 +16,25 @@ import at module load.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sniffer.store.spec import BOOLEAN_COLUMNS, TABLE_COLUMNS
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
+    from sqlalchemy.engine import Connection
 
-__all__ = ["EngineStore", "Store", "as_store", "in_list"]
+__all__ = ["EngineStore", "Store", "Transaction", "as_store", "in_list"]
+
+
+class Transaction(Protocol):
+    """What :meth:`Store.transaction` yields: statements run in one transaction."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Run one statement; its rows (``RETURNING``, ``SELECT``), else ``[]``."""
+        ...
 
 
 def in_list(values: Sequence[Any]) -> str:
@@ -50,6 +60,11 @@ class Store:
         """The first column of the first row of a query (None without a row)."""
         rows = self.query(sql, params)
         return rows[0][0] if rows else None
+
+    def transaction(self) -> Any:
+        """A context manager yielding a :class:`Transaction`: committed when the
+        block ends, rolled back if it raises."""
+        raise NotImplementedError
 
     def select(
         self,
@@ -126,15 +141,13 @@ class EngineStore(Store):
         return str(self.engine.url)
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        from sqlalchemy import text
-
-        parts = sql.split("?")
-        if len(parts) - 1 != len(params):
-            raise ValueError(f"{len(params)} parameters for {len(parts) - 1} placeholders")
-        named = parts[0] + "".join(f":p{i}{part}" for i, part in enumerate(parts[1:]))
         with self.engine.connect() as conn:
-            result = conn.execute(text(named), {f"p{i}": v for i, v in enumerate(params)})
-            return [tuple(row) for row in result]
+            return _execute(conn, sql, params)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        with self.engine.begin() as conn:
+            yield _EngineTransaction(conn)
 
     def close(self) -> None:
         if self._owned:
@@ -144,3 +157,26 @@ class EngineStore(Store):
 def as_store(db: Store | Engine) -> Store:
     """``db`` as a store: a store as it is, an engine wrapped (:class:`EngineStore`)."""
     return db if isinstance(db, Store) else EngineStore(db)
+
+
+def _execute(conn: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+    """``sql`` with its ``?`` placeholders bound as named parameters (``:p0``, …)
+    of ``sqlalchemy.text``, whatever the driver's own style."""
+    from sqlalchemy import text
+
+    parts = sql.split("?")
+    if len(parts) - 1 != len(params):
+        raise ValueError(f"{len(params)} parameters for {len(parts) - 1} placeholders")
+    named = parts[0] + "".join(f":p{i}{part}" for i, part in enumerate(parts[1:]))
+    result = conn.execute(text(named), {f"p{i}": v for i, v in enumerate(params)})
+    return [tuple(row) for row in result] if result.returns_rows else []
+
+
+class _EngineTransaction:
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return _execute(self._conn, sql, params)

@@ -190,6 +190,10 @@ class _Transaction:
             return self._conn.executemany(sql, params)
         return self._conn.execute(sql, params)
 
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """One statement (``sniffer.store.db.Transaction``): its rows, else ``[]``."""
+        return self._conn.execute(sql, params).fetchall()
+
 
 class SqliteFile(Store):
     """One SQLite file opened with the standard library's driver (thread-safe: one
@@ -228,6 +232,10 @@ class SqliteFile(Store):
         with self._lock:
             return create_schema(self._connection())
 
+    def transaction(self) -> Any:
+        """:meth:`begin` (``sniffer.store.db.Store.transaction``)."""
+        return self.begin()
+
     @contextmanager
     def begin(self) -> Iterator[_Transaction]:
         """A transaction: committed when the block ends, rolled back if it raises."""
@@ -255,19 +263,6 @@ class SqliteFile(Store):
         with self._lock:
             row = self._connection().execute(sql, params).fetchone()
         return None if row is None else row[0]
-
-    def reserve(self, kind: str, size: int) -> int:
-        """Move the ``id_blocks`` row ``kind`` on by ``size``; returns its new ``next_id``
-        (the statement ``sniffer.store.ids.reserve`` runs, in one transaction)."""
-        with self.begin() as tx:
-            rows = tx.exec_driver_sql(
-                "UPDATE id_blocks SET next_id=(id_blocks.next_id + ?) "
-                "WHERE id_blocks.name = ? RETURNING id_blocks.next_id",
-                (size, kind),
-            ).fetchall()
-        if len(rows) != 1:
-            raise LookupError(f"{len(rows)} id_blocks rows named {kind!r}")
-        return int(rows[0][0])
 
     def close(self) -> None:
         with self._lock:
