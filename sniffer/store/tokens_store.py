@@ -60,12 +60,20 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson as _orjson
-from sqlalchemy import Engine, Table, delete, insert
+from sqlalchemy import Engine, Table, and_, delete, func, insert, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from sniffer.store import spec
 from sniffer.store.db import EngineStore
-from sniffer.store.models import choice_tokens, stream_tokens, token_anomalies
+from sniffer.store.models import (
+    PLAIN_HTTP,
+    choice_tokens,
+    chunks,
+    stream_tokens,
+    streams,
+    token_anomalies,
+)
 from sniffer.store.token_rows import (  # the row values live without SQLAlchemy
     ChoiceTokenRow,
     StreamTokenRow,
@@ -81,6 +89,9 @@ __all__ = [
     "chunk_token_ids",
     "create_token_tables",
     "delete_token_rows",
+    "insert_token_rows",
+    "pending_count",
+    "read_pending",
     "read_stream_tokens",
     "stream_tokens",
     "token_anomalies",
@@ -214,6 +225,118 @@ def read_stream_tokens(engine: Engine, stream_ids: Iterable[int]) -> dict[int, S
     """The stored token rows of these streams (streams without a row are absent):
     the one reader (``sniffer.store.token_rows.read_token_rows``) on an engine."""
     return read_token_rows(EngineStore(engine), stream_ids)
+
+
+# ---------------------------------------------------------------------------
+# the token pass's queries (``sniffer.record.tokenize_pass``)
+# ---------------------------------------------------------------------------
+
+
+def _pending_filter() -> Any:
+    return and_(
+        streams.c.closed_at.is_not(None),
+        streams.c.state != "open",
+        streams.c.dialect.is_not(None),
+        streams.c.dialect != PLAIN_HTTP,
+        stream_tokens.c.stream_id.is_(None),
+    )
+
+
+def _pending_select(*cols: Any) -> Any:
+    return (
+        select(*cols)
+        .select_from(streams.outerjoin(stream_tokens, stream_tokens.c.stream_id == streams.c.id))
+        .where(_pending_filter())
+    )
+
+
+def pending_count(engine: Engine) -> int:
+    """Closed LLM streams without a token row (what the token pass tokenizes)."""
+    create_token_tables(engine)
+    with engine.connect() as conn:
+        return int(conn.execute(_pending_select(func.count())).scalar_one())
+
+
+_CHUNK_COLUMNS = (
+    chunks.c.stream_id,
+    chunks.c.seq,
+    func.coalesce(chunks.c.choice, -1),
+    func.coalesce(chunks.c.text, ""),
+    chunks.c.finish_reason,
+    chunks.c.logprobs,
+)
+
+
+def _chunk_tuples(engine: Engine, conn: Connection, ids: list[int]) -> list[tuple[Any, ...]]:
+    """(stream_id, seq, choice, text, finish_reason, logprobs) of the streams' chunks,
+    ordered by stream and seq, as plain DB-API tuples (no Row objects: this is
+    ~100k rows per batch). The ids are integers, rendered inline."""
+    stmt = (
+        select(*_CHUNK_COLUMNS)
+        .where(chunks.c.stream_id.in_([int(i) for i in ids]))
+        .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
+    )
+    sql = str(stmt.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
+    cur = conn.connection.cursor()
+    try:
+        cur.execute(sql)
+        return list(cur.fetchall())
+    finally:
+        cur.close()
+
+
+def read_pending(
+    engine: Engine,
+    size: int,
+    *,
+    after: int | None = None,
+    stream_ids: Sequence[int] | None = None,
+) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]]]:
+    """One batch of the token pass: up to ``size`` pending streams (whole rows, in
+    id order, ids above ``after``, only ``stream_ids`` when given) and their chunk
+    tuples ``(stream_id, seq, choice, text, finish_reason, logprobs)`` by stream
+    and seq (choice -1 and text "" for NULL); ``([], [])`` when none is left."""
+    stmt = _pending_select(streams)
+    if stream_ids is not None:
+        stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
+    if after is not None:
+        stmt = stmt.where(streams.c.id > after)
+    stmt = stmt.order_by(streams.c.id).limit(size)
+    with engine.connect() as conn:
+        srows = [dict(m) for m in conn.execute(stmt).mappings()]
+        if not srows:
+            return [], []
+        return srows, _chunk_tuples(engine, conn, [r["id"] for r in srows])
+
+
+def insert_token_rows(
+    engine: Engine, rows: list[StreamTokenRow]
+) -> tuple[list[StreamTokenRow], int, str | None]:
+    """Write a batch of token rows in one transaction; on a collision with another
+    pass, once more without the streams it already wrote. Returns (the rows
+    written, the rows skipped so, the database's error when it refused the batch:
+    nothing written)."""
+    try:
+        with engine.begin() as conn:
+            write_token_rows(conn, rows)
+        return rows, 0, None
+    except IntegrityError:
+        pass
+    except SQLAlchemyError as exc:
+        return [], 0, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    ids = [r.stream_id for r in rows]
+    try:
+        with engine.begin() as conn:
+            done = set(
+                conn.execute(
+                    select(stream_tokens.c.stream_id).where(stream_tokens.c.stream_id.in_(ids))
+                ).scalars()
+            )
+            todo = [r for r in rows if r.stream_id not in done]
+            write_token_rows(conn, todo)
+    except SQLAlchemyError as exc:
+        return [], 0, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return todo, len(rows) - len(todo), None
 
 
 def chunk_token_ids(row: ChoiceTokenRow) -> list[tuple[int, tuple[int, ...]]]:
