@@ -47,6 +47,7 @@ from sniffer.llm.tokens import (
     parse_server_tokens,
 )
 from sniffer.llm.values import Usage
+from sniffer.store.db import Store, engine_of
 from sniffer.store.token_rows import text_hash
 from sniffer.store.tokens_store import (
     ChoiceTokenRow,
@@ -402,7 +403,7 @@ def _write(
 
 
 def tokenize_db(
-    engine: Engine,
+    engine: Store | Engine,
     registry: TokenizerRegistry,
     *,
     batch: int = 500,
@@ -415,6 +416,7 @@ def tokenize_db(
 
     Example: ``tokenize_db(make_engine("capture.db"), TokenizerRegistry())``.
     """
+    engine = engine_of(engine)  # a store runs the pass on its engine
     create_token_tables(engine)
     batch = max(1, batch)
     result = TokenizeResult()

@@ -361,9 +361,7 @@ def _tokenize(
         return 0
     from sniffer.record.tokenize_pass import tokenize_db
 
-    return tokenize_db(
-        store.engine, registry, batch=batch, stream_ids=ids, progress=progress
-    ).streams
+    return tokenize_db(store, registry, batch=batch, stream_ids=ids, progress=progress).streams
 
 
 def verify_db(

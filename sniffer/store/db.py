@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
     from sqlalchemy.engine import Connection
 
-__all__ = ["EngineStore", "Store", "Transaction", "as_store", "in_list"]
+__all__ = ["EngineStore", "Store", "Transaction", "as_store", "engine_of", "in_list"]
 
 
 class Transaction(Protocol):
@@ -180,3 +180,9 @@ class _EngineTransaction:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         return _execute(self._conn, sql, params)
+
+
+def engine_of(db: Store | Engine) -> Engine:
+    """The SQLAlchemy engine of a store (``Store.engine``), or ``db`` when it is one:
+    for what runs on an engine (the token pass, retention)."""
+    return db.engine if isinstance(db, Store) else db
