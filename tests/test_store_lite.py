@@ -295,3 +295,75 @@ def test_processes_creating_one_new_file_at_once(tmp_path: Path) -> None:
     got, want = _schema(path), _schema(reference)
     assert (got["master"], got["pragmas"]) == (want["master"], want["pragmas"])
     assert got["rows"]["id_blocks"] == [("connections", 1 + 4 * 64), ("streams", 1)]  # type: ignore[index]
+
+
+def test_store_rows_are_what_sqlalchemy_core_reads(tmp_path: Path) -> None:
+    """The queries written once on a ``Store`` (``sniffer.store.db``) read, on either
+    kind of store, the rows SQLAlchemy Core reads from the models' tables (the
+    oracle: column order, values, booleans as ``bool``, NULLs)."""
+    from sqlalchemy import func, select
+
+    from sniffer.store.db import EngineStore
+    from sniffer.store.queries import list_errors, list_nodes
+    from sniffer.store.writer import open_store
+
+    path = tmp_path / "s.db"
+    for capture in (
+        "concurrent_4.pcap",
+        "faults/fault_overlap_mismatch.pcap",
+        "faults/cap_sse_line.pcap",
+    ):
+        replay(REPO / "pcaps" / capture, str(path))
+    store = open_store(str(path))
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        for db in (store, EngineStore(engine)):
+            with engine.connect() as conn:
+                for name in ("connections", "streams", "chunks", "errors"):
+                    table = getattr(models, name)
+                    key = table.c[table.primary_key.columns.keys()[0]]
+                    want = [dict(r._mapping) for r in conn.execute(select(table).order_by(key))]
+                    assert want and db.select(name, order_by=(key.name,)) == want, name
+                errors = models.errors
+                newest = conn.execute(
+                    select(errors).order_by(errors.c.ts.desc(), errors.c.id.desc()).limit(3)
+                )
+                assert list_errors(db, 3) == [dict(r._mapping) for r in newest][::-1]
+                nodes = conn.execute(
+                    select(
+                        models.streams.c.node, func.count(), func.min(models.streams.c.t_request)
+                    ).group_by(models.streams.c.node)
+                ).all()
+            assert [(n["node"], n["streams"], n["first"]) for n in list_nodes(db)] == [
+                tuple(r) for r in nodes
+            ]
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def test_checkpoints_and_id_blocks_on_either_store(tmp_path: Path) -> None:
+    """Checkpoints and id blocks are written once, on a ``Store``: a SQLite file
+    through the stdlib driver and an engine share one ``id_blocks`` row and one
+    ``checkpoints`` table."""
+    from sniffer.store.checkpoints import save_checkpoint, take_checkpoint
+    from sniffer.store.ids import peek
+
+    path = tmp_path / "s.db"
+    StoreWriter(str(path)).close()
+    store = lite.SqliteFile(str(path))
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        before = peek(store, "connections")
+        assert peek(engine, "connections") == before
+        assert reserve(engine, "connections", 5) == range(before, before + 5)
+        assert peek(store, "connections") == before + 5
+        save_checkpoint(store, "n1", {"entries": [1], "written_at": 7.0})
+        save_checkpoint(engine, "n1", {"entries": [2], "written_at": 8.0})  # replaces it
+        assert take_checkpoint(store, "n1") == {"entries": [2], "written_at": 8.0}
+        assert take_checkpoint(engine, "n1") is None  # taken once
+        save_checkpoint(engine, "n2", {"entries": []})
+        assert take_checkpoint(store, "n2") == {"entries": []}
+    finally:
+        store.close()
+        engine.dispose()

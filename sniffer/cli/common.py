@@ -8,9 +8,12 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+
+if TYPE_CHECKING:
+    from sniffer.store.db import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,9 +72,9 @@ def open_engine(db: str) -> Any:
     return make_engine(db)
 
 
-def open_store(db: str) -> Any:
-    """Like ``open_engine``, for the queries that also read a SQLite file at the
-    schema head without SQLAlchemy (``sniffer.store.writer.open_store``)."""
+def open_store(db: str) -> Store:
+    """The store (``sniffer.store.db.Store``) the queries and reports read: a SQLite
+    file at the schema head without SQLAlchemy (``sniffer.store.writer.open_store``)."""
     from sniffer.store.writer import open_store as store_open
 
     if "://" not in db and not os.path.lexists(db):

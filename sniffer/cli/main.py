@@ -628,8 +628,7 @@ def errors(db: str, limit: int, node: str | None) -> None:
     from sniffer.store.queries import list_errors
 
     with library_errors():
-        engine = open_engine(db)
-        rows = list_errors(engine, limit=limit, node=node)
+        rows = list_errors(open_store(db), limit=limit, node=node)
     if not rows:
         click.echo("no errors")
     for e in rows:
@@ -655,8 +654,7 @@ def nodes(db: str, as_json: bool) -> None:
     from sniffer.store.queries import list_nodes
 
     with library_errors():
-        engine = open_engine(db)
-        rows = list_nodes(engine)
+        rows = list_nodes(open_store(db))
     if as_json:
         for r in rows:
             click.echo(json.dumps(r))

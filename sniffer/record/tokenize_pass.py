@@ -32,10 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, compress, groupby, repeat
 from operator import is_not, itemgetter, or_
-from typing import Any
-
-from sqlalchemy import Connection, Engine, and_, func, select
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from typing import TYPE_CHECKING, Any
 
 from sniffer.llm.tokens import (
     ChoiceChunks,
@@ -50,16 +47,20 @@ from sniffer.llm.tokens import (
     parse_server_tokens,
 )
 from sniffer.llm.values import Usage
-from sniffer.store.models import PLAIN_HTTP, chunks, streams
+from sniffer.store.db import Store, engine_of
 from sniffer.store.token_rows import text_hash
 from sniffer.store.tokens_store import (
     ChoiceTokenRow,
     StreamTokenRow,
     TokenAnomalyRow,
     create_token_tables,
-    stream_tokens,
-    write_token_rows,
+    insert_token_rows,
+    pending_count,
+    read_pending,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 __all__ = [
     "TokenizeResult",
@@ -95,31 +96,6 @@ def _json(text: str | None) -> Any:
         return json.loads(text)
     except (ValueError, RecursionError):
         return None
-
-
-def _pending_filter() -> Any:
-    return and_(
-        streams.c.closed_at.is_not(None),
-        streams.c.state != "open",
-        streams.c.dialect.is_not(None),
-        streams.c.dialect != PLAIN_HTTP,
-        stream_tokens.c.stream_id.is_(None),
-    )
-
-
-def _pending_select(*cols: Any) -> Any:
-    return (
-        select(*cols)
-        .select_from(streams.outerjoin(stream_tokens, stream_tokens.c.stream_id == streams.c.id))
-        .where(_pending_filter())
-    )
-
-
-def pending_count(engine: Engine) -> int:
-    """Closed LLM streams without a token row."""
-    create_token_tables(engine)
-    with engine.connect() as conn:
-        return int(conn.execute(_pending_select(func.count())).scalar_one())
 
 
 def build_inputs(
@@ -175,34 +151,6 @@ def _inputs(
             )
         )
     return out
-
-
-_CHUNK_COLUMNS = (
-    chunks.c.stream_id,
-    chunks.c.seq,
-    func.coalesce(chunks.c.choice, -1),
-    func.coalesce(chunks.c.text, ""),
-    chunks.c.finish_reason,
-    chunks.c.logprobs,
-)
-
-
-def _chunk_tuples(engine: Engine, conn: Connection, ids: list[int]) -> list[tuple[Any, ...]]:
-    """(stream_id, seq, choice, text, finish_reason, logprobs) of the streams' chunks,
-    ordered by stream and seq, as plain DB-API tuples (no Row objects: this is
-    ~100k rows per batch). The ids are integers, rendered inline."""
-    stmt = (
-        select(*_CHUNK_COLUMNS)
-        .where(chunks.c.stream_id.in_([int(i) for i in ids]))
-        .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
-    )
-    sql = str(stmt.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
-    cur = conn.connection.cursor()
-    try:
-        cur.execute(sql)
-        return list(cur.fetchall())
-    finally:
-        cur.close()
 
 
 #: the stream id of a chunk tuple (a C-level key: called once per chunk)
@@ -445,36 +393,17 @@ def _analyze(registry: TokenizerRegistry, inputs: list[StreamInput]) -> list[Str
 def _write(
     engine: Engine, rows: list[StreamTokenRow], result: TokenizeResult
 ) -> list[StreamTokenRow]:
-    """Write a batch; on a collision with another pass, once more without the
-    streams it already wrote. Returns the rows written."""
-    try:
-        with engine.begin() as conn:
-            write_token_rows(conn, rows)
-        return rows
-    except IntegrityError:
-        pass
-    except SQLAlchemyError as exc:
-        result.write_errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
-        return []
-    ids = [r.stream_id for r in rows]
-    try:
-        with engine.begin() as conn:
-            done = set(
-                conn.execute(
-                    select(stream_tokens.c.stream_id).where(stream_tokens.c.stream_id.in_(ids))
-                ).scalars()
-            )
-            todo = [r for r in rows if r.stream_id not in done]
-            write_token_rows(conn, todo)
-    except SQLAlchemyError as exc:
-        result.write_errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
-        return []
-    result.skipped += len(rows) - len(todo)
-    return todo
+    """Write a batch (``sniffer.store.tokens_store.insert_token_rows``: once more
+    without the streams another pass wrote first). Returns the rows written."""
+    written, skipped, error = insert_token_rows(engine, rows)
+    result.skipped += skipped
+    if error is not None:
+        result.write_errors.append(error)
+    return written
 
 
 def tokenize_db(
-    engine: Engine,
+    engine: Store | Engine,
     registry: TokenizerRegistry,
     *,
     batch: int = 500,
@@ -487,6 +416,7 @@ def tokenize_db(
 
     Example: ``tokenize_db(make_engine("capture.db"), TokenizerRegistry())``.
     """
+    engine = engine_of(engine)  # a store runs the pass on its engine
     create_token_tables(engine)
     batch = max(1, batch)
     result = TokenizeResult()
@@ -497,19 +427,10 @@ def tokenize_db(
     done = 0
     while limit is None or done < limit:
         size = batch if limit is None else min(batch, limit - done)
-        stmt = _pending_select(streams)
-        if stream_ids is not None:
-            stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
-        if last_id is not None:
-            stmt = stmt.where(streams.c.id > last_id)
-        stmt = stmt.order_by(streams.c.id).limit(size)
-        with engine.connect() as conn:
-            srows = [dict(m) for m in conn.execute(stmt).mappings()]
-            if not srows:
-                break
-            ids = [r["id"] for r in srows]
-            crows = _chunk_tuples(engine, conn, ids)
-        last_id = ids[-1]
+        srows, crows = read_pending(engine, size, after=last_id, stream_ids=stream_ids)
+        if not srows:
+            break
+        last_id = srows[-1]["id"]
         paused = gc.isenabled()
         if paused:  # ~100k small acyclic objects per batch: no young-gen collections
             gc.disable()

@@ -66,9 +66,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
-from typing import Any
-
-from sqlalchemy import Engine
+from typing import TYPE_CHECKING, Any
 
 from sniffer.llm.reference import ReferenceModel, ScoreJob
 from sniffer.llm.tokens import TokenizerRegistry
@@ -78,6 +76,10 @@ from sniffer.reports.cadence import Cadence, describe_side, summarize
 from sniffer.reports.causes import CAUSES, DEFAULT_NEAR_TIE_MARGIN, classify, distribution
 from sniffer.reports.output import Output
 from sniffer.reports.stats import load_outputs
+from sniffer.store.db import Store
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 __all__ = [
     "GATE_METRICS",
@@ -771,7 +773,7 @@ def _summary(
 
 
 def diff(
-    engine: Engine,
+    engine: Store | Engine,
     baseline: str,
     candidate: str,
     *,

@@ -35,11 +35,13 @@ import csv
 import json
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from sqlalchemy import Engine
-
+from sniffer.store.db import Store, as_store
 from sniffer.store.queries import list_streams, stream_chunks
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 #: ``progress`` is called every this many streams (and after the last).
 PROGRESS_EVERY = 50
@@ -134,7 +136,7 @@ def stream_records(
 
 
 def export_jsonl(
-    engine: Engine,
+    engine: Store | Engine,
     out: TextIO,
     *,
     stream_ids: Iterable[int] | None = None,
@@ -148,9 +150,10 @@ def export_jsonl(
     Example: ``with open("run.jsonl", "w") as f: export_jsonl(engine, f, label="run1")``.
     """
     lines = 0
-    selected = list_streams(engine, label=label, stream_ids=stream_ids, node=node)
+    store = as_store(engine)
+    selected = list_streams(store, label=label, stream_ids=stream_ids, node=node)
     for i, stream in enumerate(selected, 1):
-        for record in stream_records(stream, stream_chunks(engine, stream["id"])):
+        for record in stream_records(stream, stream_chunks(store, stream["id"])):
             out.write(_dumps(record))
             out.write("\n")
             lines += 1
@@ -222,7 +225,7 @@ def stream_summary(stream: dict[str, Any]) -> dict[str, Any]:
 
 
 def export_csv(
-    engine: Engine,
+    engine: Store | Engine,
     out: TextIO,
     *,
     stream_ids: Iterable[int] | None = None,
@@ -238,7 +241,7 @@ def export_csv(
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     rows = 0
-    selected = list_streams(engine, label=label, stream_ids=stream_ids, node=node)
+    selected = list_streams(as_store(engine), label=label, stream_ids=stream_ids, node=node)
     for stream in selected:
         writer.writerow(stream_summary(stream))
         rows += 1

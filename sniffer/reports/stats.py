@@ -75,7 +75,7 @@ from sniffer.reports.align import longest_common_prefix
 from sniffer.reports.cadence import cadence, describe_side, spec_of_row, summarize
 from sniffer.reports.output import Output
 from sniffer.store import queries
-from sniffer.store.lite import SqliteFile
+from sniffer.store.db import Store, as_store
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -401,7 +401,7 @@ def _cadence_tokens(out: Output, registry: TokenizerRegistry) -> list[int] | Non
 
 
 def load_outputs(
-    engine: Engine | SqliteFile,
+    engine: Store | Engine,
     *,
     labels: Sequence[str] | None = None,
     model: str | None = None,
@@ -412,11 +412,16 @@ def load_outputs(
 ) -> list[Output]:
     """Outputs of the LLM streams in the store (``dialect`` other than ``http``),
     optionally only those with one of ``labels`` / of ``model`` / captured by ``node``.
-    ``engine`` is an engine, or a SQLite file at the schema head opened with the
-    standard library's driver (``sniffer.store.writer.open_store``): the same outputs.
+    ``engine`` is a store (``sniffer.store.db``: a SQLite file at the schema head
+    through the standard library's driver, ``sniffer.store.writer.open_store``) or
+    an engine: the same outputs.
     ``repeats_only``: see :func:`build_outputs`."""
     rows, chunk_rows, server_rows = queries.output_rows(
-        engine, labels=labels, model=model, include_incomplete=include_incomplete, node=node
+        as_store(engine),
+        labels=labels,
+        model=model,
+        include_incomplete=include_incomplete,
+        node=node,
     )
     return build_outputs(
         rows,
@@ -610,7 +615,7 @@ def _summary(groups: Sequence[Group], singletons: int) -> dict[str, Any]:
 
 
 def stats(
-    engine: Engine | SqliteFile,
+    engine: Store | Engine,
     *,
     labels: Sequence[str] | None = None,
     model: str | None = None,
@@ -640,13 +645,13 @@ def stats(
 
 
 def count_midway(
-    engine: Engine | SqliteFile,
+    engine: Store | Engine,
     *,
     labels: Sequence[str] | None = None,
     model: str | None = None,
 ) -> int:
     """LLM streams recovered mid-way (state ``midway``) that stats leaves out."""
-    return queries.count_midway(engine, labels=labels, model=model)
+    return queries.count_midway(as_store(engine), labels=labels, model=model)
 
 
 # ---------------------------------------------------------------------------

@@ -78,7 +78,7 @@ from sniffer.llm.tokens import (
     prompt_method,
 )
 from sniffer.store import queries
-from sniffer.store.lite import SqliteFile
+from sniffer.store.db import Store, as_store
 from sniffer.store.token_rows import ChoiceTokenRow, StreamTokenRow, TokenAnomalyRow, text_hash
 
 if TYPE_CHECKING:
@@ -349,31 +349,23 @@ def _prompt_method(registry: TokenizerRegistry, model: str | None, raw: Any) -> 
 
 
 def _tokenize(
-    engine: Engine | SqliteFile,
+    store: Store,
     registry: TokenizerRegistry,
     ids: list[int],
     batch: int,
     progress: Callable[[int, int], None] | None = None,
 ) -> int:
     """Tokenize the streams among ``ids`` that have no token rows; how many it did.
-    A SQLite file with none to do needs no engine (nor SQLAlchemy)."""
-    if isinstance(engine, SqliteFile):
-        if not queries.untokenized_count(engine, ids):
-            return 0
-        from sniffer.store.writer import make_engine
-
-        made = make_engine(engine.url)
-        try:
-            return _tokenize(made, registry, ids, batch, progress)
-        finally:
-            made.dispose()
+    None to do needs no engine (nor SQLAlchemy, on a SQLite file)."""
+    if not queries.untokenized_count(store, ids):
+        return 0
     from sniffer.record.tokenize_pass import tokenize_db
 
-    return tokenize_db(engine, registry, batch=batch, stream_ids=ids, progress=progress).streams
+    return tokenize_db(store, registry, batch=batch, stream_ids=ids, progress=progress).streams
 
 
 def verify_db(
-    engine: Engine | SqliteFile,
+    engine: Store | Engine,
     registry: TokenizerRegistry,
     *,
     stream_ids: Sequence[int] | None = None,
@@ -390,8 +382,9 @@ def verify_db(
 ) -> VerifyReport:
     """Verify the selected streams (all LLM streams when no filter is given).
 
-    ``engine`` is an engine, or a SQLite file at the schema head opened with the
-    standard library's driver (``sniffer.store.writer.open_store``): the same report.
+    ``engine`` is a store (``sniffer.store.db``: a SQLite file at the schema head
+    through the standard library's driver, ``sniffer.store.writer.open_store``) or
+    an engine: the same report.
     With ``tokenize`` (the default), closed streams without token rows are
     tokenized first (:func:`sniffer.record.tokenize_pass.tokenize_db`, which writes
     their rows); without it they get a ``not_tokenized`` warning. ``tokens``
@@ -401,8 +394,9 @@ def verify_db(
 
     Example: ``verify_db(make_engine("capture.db"), TokenizerRegistry(), label="run1").ok``
     """
+    store = as_store(engine)
     rows = queries.verify_streams(
-        engine,
+        store,
         stream_ids=stream_ids,
         label=label,
         model=model,
@@ -410,20 +404,20 @@ def verify_db(
         include_http=include_http,
         node=node,
     )
-    report = VerifyReport(source=str(engine.url))
+    report = VerifyReport(source=store.url)
     if tokenize and rows:
         report.tokenized = _tokenize(
-            engine, registry, [r["id"] for r in rows], batch, tokenize_progress
+            store, registry, [r["id"] for r in rows], batch, tokenize_progress
         )
     for start in range(0, len(rows), batch):
         part = rows[start : start + batch]
         ids = [r["id"] for r in part]
         by_stream: dict[int, list[tuple[int, int, int, str]]] = {}
-        for sid, seq, choice, idx, text in queries.chunk_texts(engine, ids):
+        for sid, seq, choice, idx, text in queries.chunk_texts(store, ids):
             by_stream.setdefault(sid, []).append(
                 (seq, choice if choice is not None else -1, idx or 0, text or "")
             )
-        token_rows = queries.token_rows(engine, ids)
+        token_rows = queries.token_rows(store, ids)
         for r in part:
             v = _verify_stream(r, by_stream.get(r["id"], []), token_rows.get(r["id"]))
             if v.prompt_tokens is not None:

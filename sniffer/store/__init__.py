@@ -1,11 +1,15 @@
 """The store: the only stage that touches the database.
 
-``models`` holds the schema (documented there), ``schema`` runs its versioned
-migrations (``migrations/``, Alembic) under a lock, ``ids`` reserves the
-collision-free connection and stream ids, ``writer`` is the batched writer,
-``queries`` the read side used by the reports and the CLI. ``lite`` opens a
-SQLite file with the standard library's driver, so that the writers start
-without importing SQLAlchemy.
+``spec`` is the table specification (every table, column and index, documented
+there, without SQLAlchemy): ``models`` builds the SQLAlchemy tables from it and
+``lite`` the DDL of a new SQLite file. ``schema`` runs the versioned migrations
+(``migrations/``, Alembic) under a lock. ``db`` is the :class:`Store` every reader
+gets (``writer.open_store(url)``): a SQLite file through the standard library's
+driver (``lite.SqliteFile``, so that commands start without importing SQLAlchemy)
+or an engine; ``queries`` (the read side of the reports and the CLI), ``ids``
+(the collision-free connection and stream ids) and ``checkpoints`` are written
+once on it. ``writer`` is the batched writer, ``tokens_store`` the token pass's
+tables and queries.
 
 The names below are loaded on first use: importing a submodule (the writer)
 does not import SQLAlchemy through this package.

@@ -8,8 +8,8 @@ a fleet of sidecars writes into one database) it is this table, one row per
 
 Example::
 
-    save_checkpoint(engine, "gpu-07", {"version": 1, "entries": [...]})
-    doc = take_checkpoint(engine, "gpu-07")  # the document, and the row is gone
+    save_checkpoint(store, "gpu-07", {"version": 1, "entries": [...]})
+    doc = take_checkpoint(store, "gpu-07")  # the document, and the row is gone
 """
 
 from __future__ import annotations
@@ -18,40 +18,37 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from sniffer.store.db import Store, as_store
+
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
 __all__ = ["save_checkpoint", "take_checkpoint"]
 
 
-def save_checkpoint(engine: Engine, node: str, doc: dict[str, Any]) -> None:
+def save_checkpoint(store: Store | Engine, node: str, doc: dict[str, Any]) -> None:
     """Replace ``node``'s checkpoint with ``doc`` (JSON-ready), in one transaction."""
-    from sqlalchemy import delete, insert
-
-    from sniffer.store.models import checkpoints
-
     written_at = float(doc.get("written_at") or time.time())
-    with engine.begin() as conn:
-        conn.execute(delete(checkpoints).where(checkpoints.c.node == node))
-        conn.execute(
-            insert(checkpoints).values(node=node, written_at=written_at, payload=json.dumps(doc))
+    with as_store(store).transaction() as tx:
+        tx.execute("DELETE FROM checkpoints WHERE checkpoints.node = ?", [node])
+        tx.execute(
+            "INSERT INTO checkpoints (node, written_at, payload) VALUES (?, ?, ?)",
+            [node, written_at, json.dumps(doc)],
         )
 
 
-def take_checkpoint(engine: Engine, node: str) -> dict[str, Any] | None:
+def take_checkpoint(store: Store | Engine, node: str) -> dict[str, Any] | None:
     """``node``'s checkpoint, deleted in the same transaction (an instance
     adopts it once), or None. Raises ``ValueError`` for a payload that is not a
     JSON object (the row is deleted all the same)."""
-    from sqlalchemy import delete, select
-
-    from sniffer.store.models import checkpoints
-
-    with engine.begin() as conn:
-        row = conn.execute(select(checkpoints.c.payload).where(checkpoints.c.node == node)).first()
-        if row is None:
+    with as_store(store).transaction() as tx:
+        rows = tx.execute(
+            "SELECT checkpoints.payload FROM checkpoints WHERE checkpoints.node = ?", [node]
+        )
+        if not rows:
             return None
-        conn.execute(delete(checkpoints).where(checkpoints.c.node == node))
-    doc = json.loads(row[0])
+        tx.execute("DELETE FROM checkpoints WHERE checkpoints.node = ?", [node])
+    doc = json.loads(rows[0][0])
     if not isinstance(doc, dict):
         raise ValueError("checkpoint payload is not a JSON object")
     return doc

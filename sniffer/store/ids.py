@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from sniffer.store.lite import SqliteFile
+from sniffer.store.db import Store, as_store
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -51,39 +51,34 @@ MAX_BLOCK = 65536
 KINDS = ("connections", "streams")
 
 
-def reserve(engine: Engine | SqliteFile, kind: str, size: int) -> range:
-    """Reserve ``size`` consecutive ids of ``kind`` (one short transaction) through a
-    SQLAlchemy engine or a SQLite file opened without it (``sniffer.store.lite``)."""
+#: Move one ``id_blocks`` row on; returns its new ``next_id`` (SQLite and PostgreSQL).
+_RESERVE = (
+    "UPDATE id_blocks SET next_id=(id_blocks.next_id + ?) "
+    "WHERE id_blocks.name = ? RETURNING id_blocks.next_id"
+)
+
+
+def reserve(store: Store | Engine, kind: str, size: int) -> range:
+    """Reserve ``size`` consecutive ids of ``kind`` (one short transaction) in the
+    store (``sniffer.store.db``; an engine is wrapped)."""
     if kind not in KINDS:
         raise ValueError(f"unknown id kind {kind!r}")
-    if isinstance(engine, SqliteFile):
-        end = engine.reserve(kind, size)
-        return range(end - size, end)
-    from sqlalchemy import update
-
-    from sniffer.store.models import id_blocks
-
-    stmt = (
-        update(id_blocks)
-        .where(id_blocks.c.name == kind)
-        .values(next_id=id_blocks.c.next_id + size)
-        .returning(id_blocks.c.next_id)
-    )
-    with engine.begin() as conn:
-        end = conn.execute(stmt).scalar_one()
-    return range(int(end) - size, int(end))
+    with as_store(store).transaction() as tx:
+        rows = tx.execute(_RESERVE, (size, kind))
+    if len(rows) != 1:
+        raise LookupError(f"{len(rows)} id_blocks rows named {kind!r}")
+    end = int(rows[0][0])
+    return range(end - size, end)
 
 
-def peek(engine: Engine, kind: str) -> int:
+def peek(store: Store | Engine, kind: str) -> int:
     """The next id of ``kind`` nobody has reserved yet (informative only)."""
-    from sqlalchemy import select
-
-    from sniffer.store.models import id_blocks
-
-    with engine.connect() as conn:
-        return int(
-            conn.execute(select(id_blocks.c.next_id).where(id_blocks.c.name == kind)).scalar_one()
-        )
+    found = as_store(store).query(
+        "SELECT id_blocks.next_id FROM id_blocks WHERE id_blocks.name = ?", [kind]
+    )
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} id_blocks rows named {kind!r}")
+    return int(found[0][0])
 
 
 class IdsUnavailable(RuntimeError):
@@ -93,18 +88,18 @@ class IdsUnavailable(RuntimeError):
 class IdBlocks:
     """A callable handing out ids of one kind from reserved blocks (thread-safe).
 
-    Example: ``ids = IdBlocks(engine, "streams"); first = ids(); second = ids()``.
+    Example: ``ids = IdBlocks(store, "streams"); first = ids(); second = ids()``.
     """
 
     def __init__(
         self,
-        engine: Engine | SqliteFile,
+        engine: Store | Engine,
         kind: str,
         *,
         first: int = FIRST_BLOCK,
         max_block: int = MAX_BLOCK,
     ) -> None:
-        self.engine = engine
+        self.store = as_store(engine)
         self.kind = kind
         self._size = max(1, first)
         self._max = max(self._size, max_block)
@@ -118,7 +113,7 @@ class IdBlocks:
         self.failures = 0  # calls that found no id (IdsUnavailable)
 
     def _reserve(self) -> range:
-        block = reserve(self.engine, self.kind, self._size)
+        block = reserve(self.store, self.kind, self._size)
         self.blocks += 1
         self._size = min(self._size * 2, self._max)
         return block

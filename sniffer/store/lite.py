@@ -30,125 +30,25 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sniffer.store import spec
+from sniffer.store.db import Store, in_list
 from sniffer.store.schema import REVISIONS, SQLITE_LOCK_WAIT
 from sniffer.store.views import VIEWS
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 #: ``streams.dialect`` of an exchange that is not an LLM stream (plain HTTP):
 #: the store's spelling of ``StreamOpened.dialect is None`` (``models.PLAIN_HTTP``).
 PLAIN_HTTP = "http"
 
-#: Columns of the tables the writers fill, in table order (``sniffer.store.models``;
-#: a test checks they match).
-TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
-    "connections": (
-        "id",
-        "client_ip",
-        "client_port",
-        "server_ip",
-        "server_port",
-        "opened_at",
-        "closed_at",
-        "close_reason",
-        "syn_seen",
-        "capture",
-        "pid",
-        "comm",
-        "label",
-        "node",
-    ),
-    "streams": (
-        "id",
-        "connection_id",
-        "exchange",
-        "label",
-        "capture",
-        "pid",
-        "comm",
-        "client",
-        "server",
-        "method",
-        "path",
-        "dialect",
-        "model",
-        "is_stream",
-        "temperature",
-        "top_p",
-        "max_tokens",
-        "n",
-        "seed",
-        "prompt_len",
-        "request_json",
-        "request_headers",
-        "status",
-        "response_headers",
-        "content_type",
-        "streaming",
-        "t_request",
-        "t_response",
-        "t_first_content",
-        "t_last_chunk",
-        "state",
-        "reason",
-        "done_seen",
-        "gap",
-        "chunk_count",
-        "event_count",
-        "text_len",
-        "finish_reasons",
-        "usage",
-        "prompt_tokens",
-        "completion_tokens",
-        "response_body",
-        "request_bytes",
-        "response_bytes",
-        "error",
-        "closed_at",
-        "text_kept",
-        "node",
-        "flags",
-        "spec_source",
-        "spec_draft_tokens",
-        "spec_accepted_tokens",
-        "spec_steps",
-        "spec_accept_length",
-        "spec_accept_rate",
-        "spec_histogram",
-        "server_prompt_n",
-        "server_prompt_ms",
-        "server_predicted_n",
-        "server_predicted_ms",
-        "server_rejected",
-    ),
-    "chunks": (
-        "id",
-        "stream_id",
-        "seq",
-        "choice",
-        "chunk_index",
-        "kind",
-        "ts",
-        "text",
-        "reasoning",
-        "tool_calls",
-        "finish_reason",
-        "logprobs",
-        "usage",
-        "raw",
-        "server_tokens",
-    ),
-    "errors": ("id", "ts", "stage", "kind", "message", "connection_id", "stream_id", "node"),
-}
-
-#: Boolean columns (stored 0/1; SQLAlchemy reads them back as ``bool``, and so
-#: does :meth:`SqliteFile.select`).
-BOOLEAN_COLUMNS: dict[str, frozenset[str]] = {
-    "connections": frozenset({"syn_seen"}),
-    "streams": frozenset({"is_stream", "streaming", "done_seen", "gap", "text_kept"}),
-    "chunks": frozenset(),
-    "errors": frozenset(),
-}
+#: Columns of every table in table order, and the boolean ones (stored 0/1;
+#: SQLAlchemy reads them back as ``bool``, and so does :meth:`SqliteFile.select`):
+#: from the table specification (``sniffer.store.spec``).
+TABLE_COLUMNS = spec.TABLE_COLUMNS
+BOOLEAN_COLUMNS = spec.BOOLEAN_COLUMNS
 
 #: ``(table, set columns in table order, coalesced columns)`` of an UPDATE by id:
 #: its positional parameters are ``b_<column>`` for each set column, then ``b_id``.
@@ -157,7 +57,8 @@ UpdateSpec = tuple[str, tuple[str, ...], tuple[str, ...]]
 
 def insert_sql(table: str, columns: Sequence[str]) -> str:
     """``INSERT INTO table (a, b) VALUES (?, ?)``: positional, in ``columns`` order."""
-    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    names = ", ".join(spec.quote(c) for c in columns)
+    return f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(columns))})"
 
 
 def update_spec(table: str, columns: Sequence[str], coalesce: Sequence[str] = ()) -> UpdateSpec:
@@ -205,207 +106,18 @@ def revision(conn: sqlite3.Connection) -> str | None:
     return str(rows[0][0]) if len(rows) == 1 else None
 
 
-def _table(name: str, *lines: str) -> str:
-    """``CREATE TABLE`` text as SQLAlchemy renders it for SQLite, one column a line."""
-    return f"CREATE TABLE {name} (\n\t" + ", \n\t".join(lines) + "\n)"
-
-
 #: The schema at the head revision, as the migration chain (``sniffer.store.migrations``)
-#: leaves it in ``sqlite_master``, statement for statement: 0001 creates the tables,
-#: 0002 appends ``node`` with ``ALTER TABLE … ADD COLUMN`` (SQLite appends the column
-#: to the stored text, hence ``label TEXT, node VARCHAR(255)`` on one line) and adds
-#: ``id_blocks``, 0003 adds ``checkpoints``, 0004 appends ``streams.flags``, 0005 the
-#: server-reported speculative decoding and timings (``streams.spec_*``,
-#: ``streams.server_*``, appended to the same line), 0006 the views for reading by
-#: hand (``sniffer.store.views``, whose text both use). A test
+#: leaves it in ``sqlite_master``, statement for statement: Alembic's own
+#: ``alembic_version``, then the text derived from the table specification
+#: (``sniffer.store.spec.sqlite_ddl``: columns added by a later migration are
+#: appended to the stored text, as ``ALTER TABLE … ADD COLUMN`` leaves it), then
+#: 0006's views for reading by hand (``sniffer.store.views``, whose text both use). A test
 #: checks the text against what Alembic creates, so the two cannot drift: a new
-#: migration must change both.
+#: migration must come with its change to the specification.
 SCHEMA_DDL: tuple[str, ...] = (
-    _table(
-        "alembic_version",
-        "version_num VARCHAR(32) NOT NULL",
-        "CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)",
-    ),
-    _table(
-        "connections",
-        "id INTEGER NOT NULL",
-        "client_ip VARCHAR(64)",
-        "client_port INTEGER",
-        "server_ip VARCHAR(64)",
-        "server_port INTEGER",
-        "opened_at FLOAT",
-        "closed_at FLOAT",
-        "close_reason VARCHAR(16)",
-        "syn_seen BOOLEAN",
-        "capture VARCHAR(16)",
-        "pid INTEGER",
-        "comm VARCHAR(64)",
-        "label TEXT, node VARCHAR(255)",
-        "PRIMARY KEY (id)",
-    ),
-    _table(
-        "streams",
-        "id INTEGER NOT NULL",
-        "connection_id INTEGER",
-        "exchange INTEGER",
-        "label TEXT",
-        "capture VARCHAR(16)",
-        "pid INTEGER",
-        "comm VARCHAR(64)",
-        "client VARCHAR(80)",
-        "server VARCHAR(80)",
-        "method TEXT",
-        "path TEXT",
-        "dialect VARCHAR(64)",
-        "model TEXT",
-        "is_stream BOOLEAN",
-        "temperature FLOAT",
-        "top_p FLOAT",
-        "max_tokens BIGINT",
-        "n INTEGER",
-        "seed BIGINT",
-        "prompt_len INTEGER",
-        "request_json TEXT",
-        "request_headers TEXT",
-        "status INTEGER",
-        "response_headers TEXT",
-        "content_type TEXT",
-        "streaming BOOLEAN",
-        "t_request FLOAT",
-        "t_response FLOAT",
-        "t_first_content FLOAT",
-        "t_last_chunk FLOAT",
-        "state VARCHAR(16)",
-        "reason TEXT",
-        "done_seen BOOLEAN",
-        "gap BOOLEAN",
-        "chunk_count INTEGER",
-        "event_count INTEGER",
-        "text_len BIGINT",
-        "finish_reasons TEXT",
-        "usage TEXT",
-        "prompt_tokens BIGINT",
-        "completion_tokens BIGINT",
-        "response_body TEXT",
-        "request_bytes BIGINT",
-        "response_bytes BIGINT",
-        "error TEXT",
-        "closed_at FLOAT",
-        "text_kept BOOLEAN, node VARCHAR(255), flags TEXT, "
-        + ", ".join(
-            (
-                "spec_source VARCHAR(32)",
-                "spec_draft_tokens BIGINT",
-                "spec_accepted_tokens BIGINT",
-                "spec_steps BIGINT",
-                "spec_accept_length FLOAT",
-                "spec_accept_rate FLOAT",
-                "spec_histogram TEXT",
-                "server_prompt_n BIGINT",
-                "server_prompt_ms FLOAT",
-                "server_predicted_n BIGINT",
-                "server_predicted_ms FLOAT",
-                "server_rejected TEXT",
-            )
-        ),
-        "PRIMARY KEY (id)",
-    ),
-    "CREATE INDEX ix_streams_state ON streams (state)",
-    "CREATE INDEX ix_streams_t_request ON streams (t_request)",
-    "CREATE INDEX ix_streams_connection ON streams (connection_id)",
-    "CREATE INDEX ix_streams_label_model ON streams (label, model)",
-    _table(
-        "chunks",
-        "id INTEGER NOT NULL",
-        "stream_id INTEGER NOT NULL",
-        "seq INTEGER NOT NULL",
-        "choice INTEGER",
-        "chunk_index INTEGER",
-        "kind VARCHAR(16)",
-        "ts FLOAT",
-        "text TEXT",
-        "reasoning TEXT",
-        "tool_calls TEXT",
-        "finish_reason TEXT",
-        "logprobs TEXT",
-        "usage TEXT",
-        "raw TEXT",
-        "server_tokens TEXT",
-        "PRIMARY KEY (id)",
-    ),
-    "CREATE INDEX ix_chunks_stream_seq ON chunks (stream_id, seq)",
-    _table(
-        "errors",
-        "id INTEGER NOT NULL",
-        "ts FLOAT",
-        "stage VARCHAR(32)",
-        "kind VARCHAR(64)",
-        "message TEXT",
-        "connection_id INTEGER",
-        "stream_id INTEGER, node VARCHAR(255)",
-        "PRIMARY KEY (id)",
-    ),
-    "CREATE INDEX ix_errors_stream ON errors (stream_id)",
-    _table("meta", '"key" VARCHAR(64) NOT NULL', "value TEXT", 'PRIMARY KEY ("key")'),
-    _table(
-        "stream_tokens",
-        "stream_id INTEGER NOT NULL",
-        "tokenizer TEXT",
-        "is_default BOOLEAN",
-        "prompt_count INTEGER",
-        "prompt_ids TEXT",
-        "output_count INTEGER",
-        "usage_diff TEXT",
-        "tokens_per_chunk TEXT",
-        "anomaly_count INTEGER",
-        "error TEXT",
-        "PRIMARY KEY (stream_id)",
-    ),
-    _table(
-        "choice_tokens",
-        "stream_id INTEGER NOT NULL",
-        "choice INTEGER NOT NULL",
-        "text_len INTEGER",
-        "text_hash VARCHAR(32)",
-        "token_count INTEGER",
-        "output_ids TEXT",
-        "chunk_seqs TEXT",
-        "chunk_counts TEXT",
-        "straddles INTEGER",
-        "straddle_seqs TEXT",
-        "tokens_per_chunk TEXT",
-        "server_count INTEGER",
-        "server_tokens TEXT",
-        "server_ids TEXT",
-        "server_mismatch INTEGER",
-        "PRIMARY KEY (stream_id, choice)",
-    ),
-    _table(
-        "token_anomalies",
-        "id INTEGER NOT NULL",
-        "stream_id INTEGER NOT NULL",
-        "choice INTEGER",
-        "kind VARCHAR(32)",
-        "position INTEGER",
-        "detail TEXT",
-        "PRIMARY KEY (id)",
-    ),
-    "CREATE INDEX ix_token_anomalies_kind ON token_anomalies (kind)",
-    "CREATE INDEX ix_token_anomalies_stream ON token_anomalies (stream_id)",
-    "CREATE INDEX ix_streams_node ON streams (node, t_request)",
-    _table(
-        "id_blocks",
-        "name VARCHAR(32) NOT NULL",
-        "next_id BIGINT NOT NULL",
-        "PRIMARY KEY (name)",
-    ),
-    _table(
-        "checkpoints",
-        "node VARCHAR(255) NOT NULL",
-        "written_at FLOAT NOT NULL",
-        "payload TEXT NOT NULL",
-        "PRIMARY KEY (node)",
-    ),
+    "CREATE TABLE alembic_version (\n\tversion_num VARCHAR(32) NOT NULL, "
+    "\n\tCONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)\n)",
+    *spec.sqlite_ddl(REVISIONS),
     *VIEWS["sqlite"],
 )
 
@@ -413,7 +125,7 @@ SCHEMA_DDL: tuple[str, ...] = (
 #: ``meta.schema_version`` (``models.SCHEMA_VERSION``), the id counters (one past
 #: the largest id: 1 in an empty file) and the Alembic revision stamp.
 SCHEMA_ROWS: tuple[str, ...] = (
-    "INSERT INTO meta (\"key\", value) VALUES ('schema_version', '6')",
+    f"INSERT INTO meta (\"key\", value) VALUES ('schema_version', '{spec.SCHEMA_VERSION}')",
     "INSERT INTO id_blocks (name, next_id) VALUES ('connections', 1), ('streams', 1)",
     f"INSERT INTO alembic_version (version_num) VALUES ('{REVISIONS[-1]}')",
 )
@@ -468,11 +180,6 @@ def create_new_file(path: str) -> None:
         conn.close()
 
 
-def in_list(values: Sequence[Any]) -> str:
-    """``(?, ?, …)``: the placeholders of an ``IN`` list of ``values``."""
-    return f"({', '.join('?' * len(values))})"
-
-
 class _Transaction:
     """What a writer's flush needs of a connection: ``exec_driver_sql`` (executemany)."""
 
@@ -486,10 +193,15 @@ class _Transaction:
             return self._conn.executemany(sql, params)
         return self._conn.execute(sql, params)
 
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """One statement (``sniffer.store.db.Transaction``): its rows, else ``[]``."""
+        return self._conn.execute(sql, params).fetchall()
 
-class SqliteFile:
+
+class SqliteFile(Store):
     """One SQLite file opened with the standard library's driver (thread-safe: one
-    connection, one transaction at a time). ``name`` is the dialect's."""
+    connection, one transaction at a time): the store of a SQLite file at the
+    schema head (``sniffer.store.db.Store``). ``name`` is the dialect's."""
 
     name = "sqlite"
 
@@ -497,6 +209,17 @@ class SqliteFile:
         self.path = path
         self._conn: sqlite3.Connection | None = connect(path)
         self._lock = threading.RLock()
+        self._engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        """A SQLAlchemy engine on this file, made on first use (``make_engine``) and
+        released by :meth:`close`: this file needs none for what it runs itself."""
+        if self._engine is None:
+            from sniffer.store.writer import make_engine
+
+            self._engine = make_engine(self.path)
+        return self._engine
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -511,6 +234,10 @@ class SqliteFile:
         """:func:`create_schema` on this file: True when it is (now) at head."""
         with self._lock:
             return create_schema(self._connection())
+
+    def transaction(self) -> Any:
+        """:meth:`begin` (``sniffer.store.db.Store.transaction``)."""
+        return self.begin()
 
     @contextmanager
     def begin(self) -> Iterator[_Transaction]:
@@ -540,66 +267,14 @@ class SqliteFile:
             row = self._connection().execute(sql, params).fetchone()
         return None if row is None else row[0]
 
-    def select(
-        self,
-        table: str,
-        where: Sequence[tuple[str, Any]] = (),
-        order_by: Sequence[str] = ("id",),
-        limit: int | None = None,
-    ) -> list[dict[str, Any]]:
-        """Whole rows of ``table`` as dicts (as ``sniffer.store.queries`` returns
-        them): ``where`` pairs are ``column = value``, or ``column IN (values)``
-        for a list."""
-        cols = TABLE_COLUMNS[table]
-        clauses: list[str] = []
-        params: list[Any] = []
-        for col, value in where:
-            if isinstance(value, list):
-                if not value:
-                    return []
-                clauses.append(f"{table}.{col} IN ({', '.join('?' * len(value))})")
-                params.extend(value)
-            else:
-                clauses.append(f"{table}.{col} = ?")
-                params.append(value)
-        sql = f"SELECT {', '.join(f'{table}.{c}' for c in cols)} FROM {table}"
-        if clauses:
-            sql += " WHERE " + " AND ".join(clauses)
-        sql += " ORDER BY " + ", ".join(f"{table}.{c}" for c in order_by)
-        if limit is not None:
-            sql += " LIMIT ?"
-            params.append(limit)
-        with self._lock:
-            rows = self._connection().execute(sql, params).fetchall()
-        flags = [i for i, c in enumerate(cols) if c in BOOLEAN_COLUMNS[table]]
-        out = []
-        for row in rows:
-            d = dict(zip(cols, row, strict=True))
-            for i in flags:
-                v = row[i]
-                if v is not None:
-                    d[cols[i]] = bool(v)
-            out.append(d)
-        return out
-
-    def reserve(self, kind: str, size: int) -> int:
-        """Move the ``id_blocks`` row ``kind`` on by ``size``; returns its new ``next_id``
-        (the statement ``sniffer.store.ids.reserve`` runs, in one transaction)."""
-        with self.begin() as tx:
-            rows = tx.exec_driver_sql(
-                "UPDATE id_blocks SET next_id=(id_blocks.next_id + ?) "
-                "WHERE id_blocks.name = ? RETURNING id_blocks.next_id",
-                (size, kind),
-            ).fetchall()
-        if len(rows) != 1:
-            raise LookupError(f"{len(rows)} id_blocks rows named {kind!r}")
-        return int(rows[0][0])
-
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            if self._engine is not None:
+                self._engine.dispose()
+                self._engine = None
 
 
 __all__ = [

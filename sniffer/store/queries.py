@@ -12,24 +12,20 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sniffer.store.lite import PLAIN_HTTP, SqliteFile
-from sniffer.store.lite import in_list as _in
+from sniffer.store.db import Store, as_store
+from sniffer.store.db import in_list as _in
+from sniffer.store.lite import PLAIN_HTTP
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
-
     from sniffer.store.token_rows import StreamTokenRow
 
-# SQLAlchemy loads inside the functions that query through it: ``list_streams``,
-# ``get_stream`` and the queries of ``verify`` and ``stats`` on a SQLite file
-# opened without it (``open_store``) never do.
+# Every query is written once, as SQL text both SQLite and PostgreSQL take, on a
+# ``sniffer.store.db.Store``: a SQLite file at head through the standard library's
+# driver (no SQLAlchemy import), or an engine (``EngineStore``). Each function
+# also takes a bare engine, wrapped by ``as_store``.
 
 #: Stream columns that hold JSON text.
 STREAM_JSON_COLUMNS = ("request_headers", "response_headers", "finish_reasons", "usage")
-
-
-def _rows(result: Iterable[Any]) -> list[dict[str, Any]]:
-    return [dict(row._mapping) for row in result]
 
 
 def json_columns(
@@ -46,7 +42,7 @@ def json_columns(
 
 
 def list_streams(
-    engine: Engine | SqliteFile,
+    store: Store,
     *,
     label: str | None = None,
     model: str | None = None,
@@ -57,146 +53,76 @@ def list_streams(
 ) -> list[dict[str, Any]]:
     """Stream rows in ``t_request`` order (then id), optionally filtered
     (``node``: only the streams that sidecar captured)."""
-    if isinstance(engine, SqliteFile):
-        where: list[tuple[str, Any]] = [
-            (col, value)
-            for col, value in (("node", node), ("label", label), ("model", model), ("state", state))
-            if value is not None
-        ]
-        if stream_ids is not None:
-            where.append(("id", list(stream_ids)))
-        return engine.select("streams", where, ("t_request", "id"), limit)
-    from sqlalchemy import select
-
-    from sniffer.store.models import streams
-
-    stmt = _equal(select(streams), streams, node=node, label=label, model=model, state=state)
+    store = as_store(store)  # an engine from a caller not on a Store yet
+    where: list[tuple[str, Any]] = [
+        (col, value)
+        for col, value in (("node", node), ("label", label), ("model", model), ("state", state))
+        if value is not None
+    ]
     if stream_ids is not None:
-        stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
-    stmt = stmt.order_by(streams.c.t_request, streams.c.id)
-    if limit is not None:
-        stmt = stmt.limit(limit)
-    with engine.connect() as conn:
-        return _rows(conn.execute(stmt))
+        where.append(("id", list(stream_ids)))
+    return store.select("streams", where, ("t_request", "id"), limit)
 
 
-def _equal(stmt: Any, table: Any, **filters: Any) -> Any:
-    """``stmt`` narrowed to the rows of ``table`` whose columns equal the given
-    values (a ``None`` value filters nothing)."""
-    for col, value in filters.items():
-        if value is not None:
-            stmt = stmt.where(table.c[col] == value)
-    return stmt
-
-
-def stream_chunks(engine: Engine, stream_id: int) -> list[dict[str, Any]]:
+def stream_chunks(store: Store, stream_id: int) -> list[dict[str, Any]]:
     """Chunk rows of one stream in capture order (``seq``)."""
-    from sqlalchemy import select
-
-    from sniffer.store.models import chunks
-
-    stmt = select(chunks).where(chunks.c.stream_id == stream_id).order_by(chunks.c.seq, chunks.c.id)
-    with engine.connect() as conn:
-        return _rows(conn.execute(stmt))
+    store = as_store(store)  # an engine from a caller not on a Store yet
+    return store.select("chunks", [("stream_id", stream_id)], ("seq", "id"))
 
 
-def get_stream(engine: Engine | SqliteFile, stream_id: int) -> dict[str, Any] | None:
+def get_stream(store: Store, stream_id: int) -> dict[str, Any] | None:
     """The stream row plus ``"chunks"`` (ordered by seq) and ``"errors"`` of that
     stream; ``None`` if there is no such stream."""
-    if isinstance(engine, SqliteFile):
-        found = engine.select("streams", [("id", stream_id)])
-        if not found:
-            return None
-        out = found[0]
-        out["chunks"] = engine.select("chunks", [("stream_id", stream_id)], ("seq", "id"))
-        out["errors"] = engine.select("errors", [("stream_id", stream_id)], ("ts", "id"))
-        return out
-    from sqlalchemy import select
-
-    from sniffer.store.models import chunks, errors, streams
-
-    with engine.connect() as conn:
-        row = conn.execute(select(streams).where(streams.c.id == stream_id)).first()
-        if row is None:
-            return None
-        out = dict(row._mapping)
-        out["chunks"] = _rows(
-            conn.execute(
-                select(chunks)
-                .where(chunks.c.stream_id == stream_id)
-                .order_by(chunks.c.seq, chunks.c.id)
-            )
-        )
-        out["errors"] = _rows(
-            conn.execute(
-                select(errors)
-                .where(errors.c.stream_id == stream_id)
-                .order_by(errors.c.ts, errors.c.id)
-            )
-        )
+    store = as_store(store)  # an engine from a caller not on a Store yet
+    found = store.select("streams", [("id", stream_id)])
+    if not found:
+        return None
+    out = found[0]
+    out["chunks"] = store.select("chunks", [("stream_id", stream_id)], ("seq", "id"))
+    out["errors"] = store.select("errors", [("stream_id", stream_id)], ("ts", "id"))
     return out
 
 
-def stream_text(engine: Engine, stream_id: int) -> dict[int, str]:
+def stream_text(store: Store, stream_id: int) -> dict[int, str]:
     """The content text of a stream per choice: deltas joined in capture order.
 
     Only choices that carried text appear.
     """
-    from sqlalchemy import select
-
-    from sniffer.store.models import chunks
-
-    stmt = (
-        select(chunks.c.choice, chunks.c.text)
-        .where(chunks.c.stream_id == stream_id)
-        .where(chunks.c.text != "")
-        .order_by(chunks.c.seq, chunks.c.id)
-    )
+    store = as_store(store)  # an engine from a caller not on a Store yet
     parts: dict[int, list[str]] = {}
-    with engine.connect() as conn:
-        for choice, text in conn.execute(stmt):
-            parts.setdefault(choice, []).append(text)
+    for choice, text in store.query(
+        "SELECT chunks.choice, chunks.text FROM chunks WHERE chunks.stream_id = ? "
+        "AND chunks.text != '' ORDER BY chunks.seq, chunks.id",
+        [stream_id],
+    ):
+        parts.setdefault(choice, []).append(text)
     return {choice: "".join(texts) for choice, texts in sorted(parts.items())}
 
 
-def list_nodes(engine: Engine) -> list[dict[str, Any]]:
+def list_nodes(store: Store) -> list[dict[str, Any]]:
     """Every node that wrote streams: ``{"node", "streams", "first", "last"}``
     (capture times of its first and last request), by name."""
-    from sqlalchemy import func, select
-
-    from sniffer.store.models import streams
-
-    stmt = (
-        select(
-            streams.c.node,
-            func.count().label("streams"),
-            func.min(streams.c.t_request).label("first"),
-            func.max(streams.c.t_request).label("last"),
+    store = as_store(store)  # an engine from a caller not on a Store yet
+    return [
+        {"node": node, "streams": count, "first": first, "last": last}
+        for node, count, first, last in store.query(
+            "SELECT streams.node, count(*), min(streams.t_request), max(streams.t_request) "
+            "FROM streams GROUP BY streams.node ORDER BY streams.node"
         )
-        .group_by(streams.c.node)
-        .order_by(streams.c.node)
-    )
-    with engine.connect() as conn:
-        return _rows(conn.execute(stmt))
+    ]
 
 
-def count_rows(engine: Engine) -> dict[str, int]:
+def count_rows(store: Store) -> dict[str, int]:
     """Number of rows per table: connections, streams, chunks, errors."""
-    from sqlalchemy import func, select
-
-    from sniffer.store.models import chunks, connections, errors, streams
-
-    out: dict[str, int] = {}
-    with engine.connect() as conn:
-        for table in (connections, streams, chunks, errors):
-            out[table.name] = int(
-                conn.execute(select(func.count()).select_from(table)).scalar_one()
-            )
-    return out
+    store = as_store(store)  # an engine from a caller not on a Store yet
+    return {
+        table: int(store.scalar(f"SELECT count(*) FROM {table}"))
+        for table in ("connections", "streams", "chunks", "errors")
+    }
 
 
 def list_errors(
-    engine: Engine,
+    store: Store,
     limit: int | None = None,
     *,
     stream_id: int | None = None,
@@ -204,39 +130,26 @@ def list_errors(
     node: str | None = None,
 ) -> list[dict[str, Any]]:
     """Error rows in chronological order; with ``limit``, the most recent ones."""
-    from sqlalchemy import select
-
-    from sniffer.store.models import errors
-
-    stmt = select(errors)
-    if node is not None:
-        stmt = stmt.where(errors.c.node == node)
-    if stream_id is not None:
-        stmt = stmt.where(errors.c.stream_id == stream_id)
-    if stage is not None:
-        stmt = stmt.where(errors.c.stage == stage)
-    stmt = stmt.order_by(errors.c.ts.desc(), errors.c.id.desc())
-    if limit is not None:
-        stmt = stmt.limit(limit)
-    with engine.connect() as conn:
-        rows = _rows(conn.execute(stmt))
+    store = as_store(store)  # an engine from a caller not on a Store yet
+    where = [
+        (col, value)
+        for col, value in (("node", node), ("stream_id", stream_id), ("stage", stage))
+        if value is not None
+    ]
+    rows = store.select("errors", where, ("ts", "id"), limit, descending=True)
     rows.reverse()
     return rows
 
 
-def get_connection(engine: Engine, connection_id: int) -> dict[str, Any] | None:
+def get_connection(store: Store, connection_id: int) -> dict[str, Any] | None:
     """One connection row, or ``None``."""
-    from sqlalchemy import select
-
-    from sniffer.store.models import connections
-
-    with engine.connect() as conn:
-        row = conn.execute(select(connections).where(connections.c.id == connection_id)).first()
-    return None if row is None else dict(row._mapping)
+    store = as_store(store)  # an engine from a caller not on a Store yet
+    found = store.select("connections", [("id", connection_id)])
+    return found[0] if found else None
 
 
 # ---------------------------------------------------------------------------
-# verify and stats: a SQLite file at head through the stdlib driver, or an engine
+# verify and stats
 # ---------------------------------------------------------------------------
 
 
@@ -268,7 +181,7 @@ def _flags(row: dict[str, Any], columns: Iterable[str]) -> dict[str, Any]:
 
 
 def verify_streams(
-    engine: Engine | SqliteFile,
+    store: Store,
     *,
     stream_ids: Sequence[int] | None,
     label: str | None,
@@ -280,47 +193,35 @@ def verify_streams(
     """The streams ``verify`` checks (:data:`VERIFY_STREAM_COLUMNS`), in ``t_request``
     order: ``stream_ids``, else every LLM stream (every stream with ``include_http``),
     narrowed by the other filters."""
-    if isinstance(engine, SqliteFile):
-        where: list[str] = []
-        params: list[Any] = []
-        if stream_ids is not None:
-            if not stream_ids:
-                return []
-            where.append(f"id IN {_in(stream_ids)}")
-            params.extend(stream_ids)
-        elif not include_http:
-            where.append("dialect IS NOT NULL AND dialect != ?")
-            params.append(PLAIN_HTTP)
-        for col, value in (("label", label), ("node", node), ("model", model), ("state", state)):
-            if value is not None:
-                where.append(f"{col} = ?")
-                params.append(value)
-        sql = f"SELECT {', '.join(VERIFY_STREAM_COLUMNS)} FROM streams"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        return [
-            _flags(dict(zip(VERIFY_STREAM_COLUMNS, row, strict=True)), _VERIFY_FLAGS)
-            for row in engine.query(sql + " ORDER BY t_request, id", params)
-        ]
-    from sqlalchemy import select
-
-    from sniffer.store.models import streams
-
-    stmt = select(*(streams.c[c] for c in VERIFY_STREAM_COLUMNS))
+    store = as_store(store)  # an engine from a caller not on a Store yet
+    where: list[str] = []
+    params: list[Any] = []
     if stream_ids is not None:
-        stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
+        if not stream_ids:
+            return []
+        where.append(f"id IN {_in(stream_ids)}")
+        params.extend(stream_ids)
     elif not include_http:
-        stmt = stmt.where(streams.c.dialect.is_not(None), streams.c.dialect != PLAIN_HTTP)
-    stmt = _equal(stmt, streams, label=label, node=node, model=model, state=state)
-    stmt = stmt.order_by(streams.c.t_request, streams.c.id)
-    with engine.connect() as conn:
-        return [dict(m) for m in conn.execute(stmt).mappings()]
+        where.append("dialect IS NOT NULL AND dialect != ?")
+        params.append(PLAIN_HTTP)
+    for col, value in (("label", label), ("node", node), ("model", model), ("state", state)):
+        if value is not None:
+            where.append(f"{col} = ?")
+            params.append(value)
+    sql = f"SELECT {', '.join(VERIFY_STREAM_COLUMNS)} FROM streams"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return [
+        _flags(dict(zip(VERIFY_STREAM_COLUMNS, row, strict=True)), _VERIFY_FLAGS)
+        for row in store.query(sql + " ORDER BY t_request, id", params)
+    ]
 
 
-def untokenized_count(store: SqliteFile, stream_ids: Sequence[int]) -> int:
+def untokenized_count(store: Store, stream_ids: Sequence[int]) -> int:
     """How many of these streams the token pass would tokenize: closed LLM streams
     without a token row (``sniffer.record.tokenize_pass``'s pending filter; a test
     compares the two)."""
+    store = as_store(store)  # an engine from a caller not on a Store yet
     count = 0
     for start in range(0, len(stream_ids), 500):
         part = stream_ids[start : start + 500]
@@ -335,41 +236,25 @@ def untokenized_count(store: SqliteFile, stream_ids: Sequence[int]) -> int:
     return count
 
 
-def chunk_texts(engine: Engine | SqliteFile, stream_ids: Sequence[int]) -> list[Any]:
+def chunk_texts(store: Store, stream_ids: Sequence[int]) -> list[Any]:
     """``(stream_id, seq, choice, chunk_index, text)`` of every chunk of these
     streams, by stream in capture order."""
-    if isinstance(engine, SqliteFile):
-        if not stream_ids:
-            return []
-        return engine.query(
-            "SELECT stream_id, seq, choice, chunk_index, text FROM chunks "
-            f"WHERE stream_id IN {_in(stream_ids)} ORDER BY stream_id, seq, id",
-            stream_ids,
-        )
-    from sqlalchemy import select
-
-    from sniffer.store.models import chunks
-
-    stmt = (
-        select(
-            chunks.c.stream_id, chunks.c.seq, chunks.c.choice, chunks.c.chunk_index, chunks.c.text
-        )
-        .where(chunks.c.stream_id.in_(list(stream_ids)))
-        .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
+    store = as_store(store)  # an engine from a caller not on a Store yet
+    if not stream_ids:
+        return []
+    return store.query(
+        "SELECT stream_id, seq, choice, chunk_index, text FROM chunks "
+        f"WHERE stream_id IN {_in(stream_ids)} ORDER BY stream_id, seq, id",
+        stream_ids,
     )
-    with engine.connect() as conn:
-        return list(conn.execute(stmt).tuples().all())
 
 
-def token_rows(engine: Engine | SqliteFile, stream_ids: Iterable[int]) -> dict[int, StreamTokenRow]:
+def token_rows(store: Store, stream_ids: Iterable[int]) -> dict[int, StreamTokenRow]:
     """The token pass's rows of these streams (``sniffer.store.token_rows``)."""
-    if isinstance(engine, SqliteFile):
-        from sniffer.store.token_rows import read_token_rows
+    store = as_store(store)  # an engine from a caller not on a Store yet
+    from sniffer.store.token_rows import read_token_rows
 
-        return read_token_rows(engine, stream_ids)
-    from sniffer.store.tokens_store import read_stream_tokens
-
-    return read_stream_tokens(engine, stream_ids)
+    return read_token_rows(store, stream_ids)
 
 
 #: The stream columns ``stats`` builds its outputs from, in this order.
@@ -401,7 +286,7 @@ OUTPUT_STREAM_COLUMNS = (
 
 
 def output_rows(
-    engine: Engine | SqliteFile,
+    store: Store,
     *,
     labels: Sequence[str] | None,
     model: str | None,
@@ -414,69 +299,7 @@ def output_rows(
     finish_reason, logprobs)`` that carry something, by stream in capture order,
     and ``(stream_id, choice, server_tokens, server_ids)`` of their choices the
     token pass found server tokens for."""
-    if isinstance(engine, SqliteFile):
-        return _output_rows_sqlite(engine, labels, model, include_incomplete, node)
-    from sqlalchemy import select
-
-    from sniffer.store.models import chunks, streams
-    from sniffer.store.tokens_store import choice_tokens
-
-    cond = [streams.c.dialect.is_not(None), streams.c.dialect != PLAIN_HTTP]
-    if node is not None:
-        cond.append(streams.c.node == node)
-    if labels is not None:
-        cond.append(streams.c.label.in_(list(labels)))
-    if model is not None:
-        cond.append(streams.c.model == model)
-    if not include_incomplete:
-        cond.append(streams.c.state == "complete")
-    else:
-        cond.append(streams.c.state.is_distinct_from("midway"))
-    cols = [streams.c[c] for c in OUTPUT_STREAM_COLUMNS]
-    s_stmt = select(*cols).where(*cond).order_by(streams.c.t_request, streams.c.id)
-    c_stmt = (
-        select(
-            chunks.c.stream_id,
-            chunks.c.choice,
-            chunks.c.text,
-            chunks.c.ts,
-            chunks.c.finish_reason,
-            chunks.c.logprobs,
-        )
-        .join(streams, streams.c.id == chunks.c.stream_id)
-        .where(*cond)
-        .where(
-            (chunks.c.text != "")
-            | chunks.c.finish_reason.is_not(None)
-            | chunks.c.logprobs.is_not(None)
-        )
-        .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
-    )
-    t_stmt = (
-        select(
-            choice_tokens.c.stream_id,
-            choice_tokens.c.choice,
-            choice_tokens.c.server_tokens,
-            choice_tokens.c.server_ids,
-        )
-        .join(streams, streams.c.id == choice_tokens.c.stream_id)
-        .where(*cond)
-        .where(choice_tokens.c.server_count.is_not(None))
-    )
-    with engine.connect() as conn:
-        rows = _rows(conn.execute(s_stmt))
-        chunk_rows = list(conn.execute(c_stmt).tuples().all())
-        server_rows = list(conn.execute(t_stmt).tuples().all())
-    return rows, chunk_rows, server_rows
-
-
-def _output_rows_sqlite(
-    store: SqliteFile,
-    labels: Sequence[str] | None,
-    model: str | None,
-    include_incomplete: bool,
-    node: str | None,
-) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
+    store = as_store(store)  # an engine from a caller not on a Store yet
     if labels is not None and not labels:
         return [], [], []
     where = ["streams.dialect IS NOT NULL", "streams.dialect != ?"]
@@ -493,7 +316,7 @@ def _output_rows_sqlite(
     if not include_incomplete:
         where.append("streams.state = 'complete'")
     else:
-        where.append("streams.state IS NOT 'midway'")  # NULL included: IS DISTINCT FROM
+        where.append("(streams.state IS NULL OR streams.state != 'midway')")
     cond = " AND ".join(where)
     rows = [
         _flags(dict(zip(OUTPUT_STREAM_COLUMNS, values, strict=True)), ("text_kept",))
@@ -522,38 +345,22 @@ def _output_rows_sqlite(
 
 
 def count_midway(
-    engine: Engine | SqliteFile,
+    store: Store,
     *,
     labels: Sequence[str] | None = None,
     model: str | None = None,
 ) -> int:
     """LLM streams recovered mid-way (state ``midway``), optionally only those with
     one of ``labels`` / of ``model``."""
-    if isinstance(engine, SqliteFile):
-        if labels is not None and not labels:
-            return 0
-        where = ["state = 'midway'", "dialect IS NOT NULL", "dialect != ?"]
-        params: list[Any] = [PLAIN_HTTP]
-        if labels is not None:
-            where.append(f"label IN {_in(labels)}")
-            params.extend(labels)
-        if model is not None:
-            where.append("model = ?")
-            params.append(model)
-        return int(
-            engine.scalar(f"SELECT count(*) FROM streams WHERE {' AND '.join(where)}", params)
-        )
-    from sqlalchemy import func, select
-
-    from sniffer.store.models import streams
-
-    cond = [streams.c.state == "midway", streams.c.dialect.is_not(None)]
-    cond.append(streams.c.dialect != PLAIN_HTTP)
+    store = as_store(store)  # an engine from a caller not on a Store yet
+    if labels is not None and not labels:
+        return 0
+    where = ["state = 'midway'", "dialect IS NOT NULL", "dialect != ?"]
+    params: list[Any] = [PLAIN_HTTP]
     if labels is not None:
-        cond.append(streams.c.label.in_(list(labels)))
+        where.append(f"label IN {_in(labels)}")
+        params.extend(labels)
     if model is not None:
-        cond.append(streams.c.model == model)
-    with engine.connect() as conn:
-        return int(
-            conn.execute(select(func.count()).select_from(streams).where(*cond)).scalar_one()
-        )
+        where.append("model = ?")
+        params.append(model)
+    return int(store.scalar(f"SELECT count(*) FROM streams WHERE {' AND '.join(where)}", params))

@@ -37,6 +37,7 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, delete, exists, func, or_, select
 
+from sniffer.store.db import Store, engine_of
 from sniffer.store.models import chunks, connections, errors, streams
 from sniffer.store.tokens_store import choice_tokens, stream_tokens, token_anomalies
 
@@ -80,7 +81,7 @@ class PruneResult:
 
 # Left to the store restructure (issue #27), which rewrites this module (C901).
 def prune(  # noqa: C901
-    engine: Engine,
+    engine: Store | Engine,
     older_than: float,
     *,
     now: float,
@@ -99,6 +100,7 @@ def prune(  # noqa: C901
     ``progress(streams deleted, streams to delete)`` is called after each batch
     of streams. Example: ``prune(engine, parse_age("7d"), now=time.time())``.
     """
+    engine = engine_of(engine)  # a store runs this on its engine
     if older_than < 0:
         raise ValueError(f"older_than must be >= 0 seconds, got {older_than}")
     batch = max(1, batch)
@@ -222,7 +224,7 @@ def _auto_vacuum(engine: Engine) -> int | None:
     return int(value) if value is not None else None
 
 
-def ensure_incremental_vacuum(engine: Engine, *, convert: bool = False) -> bool:
+def ensure_incremental_vacuum(engine: Store | Engine, *, convert: bool = False) -> bool:
     """Make a SQLite database use ``auto_vacuum = INCREMENTAL``; True if it does.
 
     On a database without tables (a new file) the pragma simply takes effect.
@@ -234,6 +236,7 @@ def ensure_incremental_vacuum(engine: Engine, *, convert: bool = False) -> bool:
     For new databases the cheap, race-free place is the engine's connect hook
     (``PRAGMA auto_vacuum = INCREMENTAL`` before the tables are created).
     """
+    engine = engine_of(engine)  # a store runs this on its engine
     if engine.dialect.name != "sqlite":
         return False
     if _auto_vacuum(engine) == _AUTO_VACUUM_INCREMENTAL:
@@ -265,7 +268,7 @@ VACUUM_STEP = 4096
 
 
 def vacuum(
-    engine: Engine,
+    engine: Store | Engine,
     *,
     pages: int | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -278,6 +281,7 @@ def vacuum(
     pages to free)`` it frees :data:`VACUUM_STEP` pages at a time, calling it
     after each step.
     """
+    engine = engine_of(engine)  # a store runs this on its engine
     if engine.dialect.name != "sqlite":
         return VacuumResult(0, 0, False)
     with engine.connect() as conn:

@@ -15,10 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sniffer.store.lite import in_list as _in
+from sniffer.store.db import in_list as _in
 
 if TYPE_CHECKING:
-    from sniffer.store.lite import SqliteFile
+    from sniffer.store.db import Store
 
 __all__ = [
     "ChoiceTokenRow",
@@ -101,10 +101,10 @@ def int_keys(d: Any) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
-def read_token_rows(store: SqliteFile, stream_ids: Iterable[int]) -> dict[int, StreamTokenRow]:
+def read_token_rows(store: Store, stream_ids: Iterable[int]) -> dict[int, StreamTokenRow]:
     """The stored token rows of these streams (streams without a row are absent),
-    read through the standard library's driver: what
-    ``sniffer.store.tokens_store.read_stream_tokens`` returns through an engine."""
+    (``sniffer.store.db``: a SQLite file through the standard library's driver, or
+    an engine)."""
     ids = list(stream_ids)
     out: dict[int, StreamTokenRow] = {}
     for start in range(0, len(ids), 500):

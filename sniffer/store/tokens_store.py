@@ -1,8 +1,9 @@
 """Token tables: what the token pass (``sniffer.record.tokenize_pass``) found per stream.
 
-Defined on the same ``MetaData`` as the capture tables (``sniffer.store.models``);
-created, like them, by the migration chain (``sniffer.store.migrations``), which
-:func:`create_token_tables` runs (safe to call repeatedly).
+Specified with the capture tables (``sniffer.store.spec``, built on one
+``MetaData`` in ``sniffer.store.models``); created, like them, by the migration
+chain (``sniffer.store.migrations``), which :func:`create_token_tables` runs
+(safe to call repeatedly).
 
 ``stream_tokens`` — one row per analysed stream (its presence means "done").
 
@@ -59,29 +60,26 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson as _orjson
-from sqlalchemy import (
-    Boolean,
-    Column,
-    Engine,
-    Index,
-    Integer,
-    String,
-    Table,
-    Text,
-    delete,
-    insert,
-    select,
-)
+from sqlalchemy import Engine, Table, and_, delete, func, insert, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from sniffer.store.models import Id, metadata
+from sniffer.store import spec
+from sniffer.store.db import EngineStore
+from sniffer.store.models import (
+    PLAIN_HTTP,
+    choice_tokens,
+    chunks,
+    stream_tokens,
+    streams,
+    token_anomalies,
+)
 from sniffer.store.token_rows import (  # the row values live without SQLAlchemy
     ChoiceTokenRow,
     StreamTokenRow,
     TokenAnomalyRow,
+    read_token_rows,
 )
-from sniffer.store.token_rows import int_keys as _int_keys
-from sniffer.store.token_rows import json_or as _loads
 
 __all__ = [
     "ChoiceTokenRow",
@@ -91,59 +89,14 @@ __all__ = [
     "chunk_token_ids",
     "create_token_tables",
     "delete_token_rows",
+    "insert_token_rows",
+    "pending_count",
+    "read_pending",
     "read_stream_tokens",
     "stream_tokens",
     "token_anomalies",
     "write_token_rows",
 ]
-
-stream_tokens = Table(
-    "stream_tokens",
-    metadata,
-    Column("stream_id", Id, primary_key=True, autoincrement=False),
-    Column("tokenizer", Text),
-    Column("is_default", Boolean),
-    Column("prompt_count", Integer),
-    Column("prompt_ids", Text),
-    Column("output_count", Integer),
-    Column("usage_diff", Text),
-    Column("tokens_per_chunk", Text),
-    Column("anomaly_count", Integer),
-    Column("error", Text),
-)
-
-choice_tokens = Table(
-    "choice_tokens",
-    metadata,
-    Column("stream_id", Id, primary_key=True, autoincrement=False),
-    Column("choice", Integer, primary_key=True, autoincrement=False),
-    Column("text_len", Integer),
-    Column("text_hash", String(32)),
-    Column("token_count", Integer),
-    Column("output_ids", Text),
-    Column("chunk_seqs", Text),
-    Column("chunk_counts", Text),
-    Column("straddles", Integer),
-    Column("straddle_seqs", Text),
-    Column("tokens_per_chunk", Text),
-    Column("server_count", Integer),
-    Column("server_tokens", Text),
-    Column("server_ids", Text),
-    Column("server_mismatch", Integer),
-)
-
-token_anomalies = Table(
-    "token_anomalies",
-    metadata,
-    Column("id", Id, primary_key=True, autoincrement=True),
-    Column("stream_id", Id, nullable=False),
-    Column("choice", Integer),
-    Column("kind", String(32)),
-    Column("position", Integer),
-    Column("detail", Text),
-    Index("ix_token_anomalies_stream", "stream_id"),
-    Index("ix_token_anomalies_kind", "kind"),
-)
 
 _TABLES = (stream_tokens, choice_tokens, token_anomalies)
 
@@ -168,36 +121,11 @@ def _dumps(value: Any) -> str:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-_STREAM_COLUMNS = (
-    "stream_id",
-    "tokenizer",
-    "is_default",
-    "prompt_count",
-    "prompt_ids",
-    "output_count",
-    "usage_diff",
-    "tokens_per_chunk",
-    "anomaly_count",
-    "error",
-)
-_CHOICE_COLUMNS = (
-    "stream_id",
-    "choice",
-    "text_len",
-    "text_hash",
-    "token_count",
-    "output_ids",
-    "chunk_seqs",
-    "chunk_counts",
-    "straddles",
-    "straddle_seqs",
-    "tokens_per_chunk",
-    "server_count",
-    "server_tokens",
-    "server_ids",
-    "server_mismatch",
-)
-_ANOMALY_COLUMNS = ("stream_id", "choice", "kind", "position", "detail")
+#: The columns the token pass fills, in table order (``sniffer.store.spec``; the
+#: anomaly ids are the database's).
+_STREAM_COLUMNS = spec.TABLE_COLUMNS["stream_tokens"]
+_CHOICE_COLUMNS = spec.TABLE_COLUMNS["choice_tokens"]
+_ANOMALY_COLUMNS = spec.TABLE_COLUMNS["token_anomalies"][1:]
 
 
 def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
@@ -293,75 +221,122 @@ def delete_token_rows(conn: Connection, stream_ids: Iterable[int] | None = None)
         conn.execute(stmt)
 
 
-def read_stream_tokens(
-    engine: Engine | Connection, stream_ids: Iterable[int]
-) -> dict[int, StreamTokenRow]:
-    """The stored token rows of these streams (streams without a row are absent)."""
-    ids = list(stream_ids)
-    out: dict[int, StreamTokenRow] = {}
-    if not ids:
-        return out
-    if isinstance(engine, Connection):
-        return _read(engine, ids)
+def read_stream_tokens(engine: Engine, stream_ids: Iterable[int]) -> dict[int, StreamTokenRow]:
+    """The stored token rows of these streams (streams without a row are absent):
+    the one reader (``sniffer.store.token_rows.read_token_rows``) on an engine."""
+    return read_token_rows(EngineStore(engine), stream_ids)
+
+
+# ---------------------------------------------------------------------------
+# the token pass's queries (``sniffer.record.tokenize_pass``)
+# ---------------------------------------------------------------------------
+
+
+def _pending_filter() -> Any:
+    return and_(
+        streams.c.closed_at.is_not(None),
+        streams.c.state != "open",
+        streams.c.dialect.is_not(None),
+        streams.c.dialect != PLAIN_HTTP,
+        stream_tokens.c.stream_id.is_(None),
+    )
+
+
+def _pending_select(*cols: Any) -> Any:
+    return (
+        select(*cols)
+        .select_from(streams.outerjoin(stream_tokens, stream_tokens.c.stream_id == streams.c.id))
+        .where(_pending_filter())
+    )
+
+
+def pending_count(engine: Engine) -> int:
+    """Closed LLM streams without a token row (what the token pass tokenizes)."""
+    create_token_tables(engine)
     with engine.connect() as conn:
-        return _read(conn, ids)
+        return int(conn.execute(_pending_select(func.count())).scalar_one())
 
 
-def _read(conn: Connection, ids: list[int]) -> dict[int, StreamTokenRow]:
-    out: dict[int, StreamTokenRow] = {}
-    for start in range(0, len(ids), 500):
-        part = ids[start : start + 500]
-        choices: dict[int, list[ChoiceTokenRow]] = {}
-        for m in conn.execute(
-            select(choice_tokens)
-            .where(choice_tokens.c.stream_id.in_(part))
-            .order_by(choice_tokens.c.stream_id, choice_tokens.c.choice)
-        ).mappings():
-            server = _loads(m["server_tokens"], None)
-            server_ids = _loads(m["server_ids"], None)
-            choices.setdefault(m["stream_id"], []).append(
-                ChoiceTokenRow(
-                    choice=m["choice"],
-                    text_len=m["text_len"] or 0,
-                    text_hash=m["text_hash"] or "",
-                    output_ids=tuple(_loads(m["output_ids"], [])),
-                    chunk_seqs=tuple(_loads(m["chunk_seqs"], [])),
-                    chunk_counts=tuple(_loads(m["chunk_counts"], [])),
-                    straddle_seqs=tuple(_loads(m["straddle_seqs"], [])),
-                    tokens_per_chunk=_int_keys(_loads(m["tokens_per_chunk"], {})),
-                    server_tokens=None if server is None else tuple(server),
-                    server_ids=None if server_ids is None else tuple(server_ids),
-                    server_mismatch=m["server_mismatch"],
-                )
+_CHUNK_COLUMNS = (
+    chunks.c.stream_id,
+    chunks.c.seq,
+    func.coalesce(chunks.c.choice, -1),
+    func.coalesce(chunks.c.text, ""),
+    chunks.c.finish_reason,
+    chunks.c.logprobs,
+)
+
+
+def _chunk_tuples(engine: Engine, conn: Connection, ids: list[int]) -> list[tuple[Any, ...]]:
+    """(stream_id, seq, choice, text, finish_reason, logprobs) of the streams' chunks,
+    ordered by stream and seq, as plain DB-API tuples (no Row objects: this is
+    ~100k rows per batch). The ids are integers, rendered inline."""
+    stmt = (
+        select(*_CHUNK_COLUMNS)
+        .where(chunks.c.stream_id.in_([int(i) for i in ids]))
+        .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
+    )
+    sql = str(stmt.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
+    cur = conn.connection.cursor()
+    try:
+        cur.execute(sql)
+        return list(cur.fetchall())
+    finally:
+        cur.close()
+
+
+def read_pending(
+    engine: Engine,
+    size: int,
+    *,
+    after: int | None = None,
+    stream_ids: Sequence[int] | None = None,
+) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]]]:
+    """One batch of the token pass: up to ``size`` pending streams (whole rows, in
+    id order, ids above ``after``, only ``stream_ids`` when given) and their chunk
+    tuples ``(stream_id, seq, choice, text, finish_reason, logprobs)`` by stream
+    and seq (choice -1 and text "" for NULL); ``([], [])`` when none is left."""
+    stmt = _pending_select(streams)
+    if stream_ids is not None:
+        stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
+    if after is not None:
+        stmt = stmt.where(streams.c.id > after)
+    stmt = stmt.order_by(streams.c.id).limit(size)
+    with engine.connect() as conn:
+        srows = [dict(m) for m in conn.execute(stmt).mappings()]
+        if not srows:
+            return [], []
+        return srows, _chunk_tuples(engine, conn, [r["id"] for r in srows])
+
+
+def insert_token_rows(
+    engine: Engine, rows: list[StreamTokenRow]
+) -> tuple[list[StreamTokenRow], int, str | None]:
+    """Write a batch of token rows in one transaction; on a collision with another
+    pass, once more without the streams it already wrote. Returns (the rows
+    written, the rows skipped so, the database's error when it refused the batch:
+    nothing written)."""
+    try:
+        with engine.begin() as conn:
+            write_token_rows(conn, rows)
+        return rows, 0, None
+    except IntegrityError:
+        pass
+    except SQLAlchemyError as exc:
+        return [], 0, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    ids = [r.stream_id for r in rows]
+    try:
+        with engine.begin() as conn:
+            done = set(
+                conn.execute(
+                    select(stream_tokens.c.stream_id).where(stream_tokens.c.stream_id.in_(ids))
+                ).scalars()
             )
-        anomalies: dict[int, list[TokenAnomalyRow]] = {}
-        for m in conn.execute(
-            select(token_anomalies)
-            .where(token_anomalies.c.stream_id.in_(part))
-            .order_by(token_anomalies.c.stream_id, token_anomalies.c.id)
-        ).mappings():
-            anomalies.setdefault(m["stream_id"], []).append(
-                TokenAnomalyRow(m["choice"], m["kind"], m["position"], m["detail"] or "")
-            )
-        for m in conn.execute(
-            select(stream_tokens).where(stream_tokens.c.stream_id.in_(part))
-        ).mappings():
-            sid = m["stream_id"]
-            prompt = _loads(m["prompt_ids"], None)
-            usage = _loads(m["usage_diff"], {})
-            out[sid] = StreamTokenRow(
-                stream_id=sid,
-                tokenizer=m["tokenizer"],
-                is_default=bool(m["is_default"]),
-                prompt_ids=None if prompt is None else tuple(prompt),
-                usage_diff=usage if isinstance(usage, dict) else {},
-                tokens_per_chunk=_int_keys(_loads(m["tokens_per_chunk"], {})),
-                anomaly_count=m["anomaly_count"] or 0,
-                error=m["error"],
-                choices=tuple(choices.get(sid, ())),
-                anomalies=tuple(anomalies.get(sid, ())),
-            )
-    return out
+            todo = [r for r in rows if r.stream_id not in done]
+            write_token_rows(conn, todo)
+    except SQLAlchemyError as exc:
+        return [], 0, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return todo, len(rows) - len(todo), None
 
 
 def chunk_token_ids(row: ChoiceTokenRow) -> list[tuple[int, tuple[int, ...]]]:

@@ -57,6 +57,7 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.llm.values import INT64_MAX, INT64_MIN, Usage
+from sniffer.store.db import EngineStore, Store
 from sniffer.store.files import db_path, ensure_db_file
 from sniffer.store.ids import IdBlocks
 from sniffer.store.lite import (
@@ -69,6 +70,7 @@ from sniffer.store.lite import (
     update_spec,
     update_sql,
 )
+from sniffer.store.spec import columns_in
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -169,19 +171,20 @@ def _sqlite_file(url_or_path: str) -> str | None:
     return db_path(url_or_path)
 
 
-def open_store(url_or_path: str) -> SqliteFile | Engine:
-    """The database for reading: a SQLite file at the schema head through the
-    standard library's driver (``sniffer.store.lite``: the queries that take one,
-    ``list_streams``, ``get_stream``, run without SQLAlchemy); anything else an
-    engine (``make_engine``: migrated first, as every command does)."""
+def open_store(url_or_path: str) -> Store:
+    """The store of a SQLite path or database URL (``sniffer.store.db``): a SQLite
+    file at the schema head through the standard library's driver
+    (``sniffer.store.lite``: the queries run without SQLAlchemy); anything else on
+    an engine (``make_engine``: migrated first, as every command does; released by
+    ``close``)."""
     path = _sqlite_file(url_or_path)
     if path is None:
-        return make_engine(url_or_path)
+        return EngineStore(make_engine(url_or_path), owned=True)
     store, engine = _open_sqlite(url_or_path, path)
     if engine is None:
         return store
     store.close()
-    return engine
+    return EngineStore(engine, owned=True)
 
 
 def _open_sqlite(url_or_path: str, path: str) -> tuple[SqliteFile, Engine | None]:
@@ -302,46 +305,12 @@ def _stream_row(ev: StreamOpened, node: str) -> dict[str, Any]:
     return row
 
 
-#: The columns of the server-reported speculative decoding and timings
-#: (migration 0005), filled from the stream's last usage.
-SERVER_STATS_COLUMNS = (
-    "spec_source",
-    "spec_draft_tokens",
-    "spec_accepted_tokens",
-    "spec_steps",
-    "spec_accept_length",
-    "spec_accept_rate",
-    "spec_histogram",
-    "server_prompt_n",
-    "server_prompt_ms",
-    "server_predicted_n",
-    "server_predicted_ms",
-    "server_rejected",
-)
-
-_RESPONSE_COLUMNS = ("status", "response_headers", "content_type", "streaming", "t_response")
-_CLOSE_COLUMNS = (
-    "state",
-    "reason",
-    "done_seen",
-    "gap",
-    "t_first_content",
-    "t_last_chunk",
-    "chunk_count",
-    "event_count",
-    "text_len",
-    "finish_reasons",
-    "usage",
-    "prompt_tokens",
-    "completion_tokens",
-    "response_body",
-    "request_bytes",
-    "response_bytes",
-    "error",
-    "closed_at",
-    "flags",
-    *SERVER_STATS_COLUMNS,
-)
+#: The stream columns each write fills (``sniffer.store.spec``, in table order):
+#: the server-reported speculative decoding and timings (migration 0005, from the
+#: stream's last usage), the response head, and the close (with the former).
+SERVER_STATS_COLUMNS = columns_in("streams", "server")
+_RESPONSE_COLUMNS = columns_in("streams", "response")
+_CLOSE_COLUMNS = columns_in("streams", "close", "server")
 
 
 def _response_values(ev: StreamResponse) -> dict[str, Any]:
@@ -519,9 +488,9 @@ class StoreWriter:
         self.label = label
         #: the sidecar's name, stored on every connection, stream and error row
         self.node: str = node or socket.gethostname()
-        ids_db: Engine | SqliteFile = self._lite if self._lite is not None else self.engine
-        self.conn_ids = IdBlocks(ids_db, "connections")
-        self.stream_ids = IdBlocks(ids_db, "streams")
+        self._store: Store | None = self._lite
+        self.conn_ids = IdBlocks(self.store, "connections")
+        self.stream_ids = IdBlocks(self.store, "streams")
         #: errors of a batch the driver cannot encode (cleaned and retried
         #: once), and of a database that cannot take writes at all (the batch
         #: is kept: ``StoreError``); any other error is a refused row (``_isolate``)
@@ -598,23 +567,22 @@ class StoreWriter:
             self._engine = make_engine(self._url)
         return self._engine
 
+    @property
+    def store(self) -> Store:
+        """The database as a store (``sniffer.store.db``): the SQLite file the writer
+        opened without SQLAlchemy, else its engine's."""
+        if self._store is None:
+            self._store = EngineStore(self.engine)
+        return self._store
+
     # -- ids ---------------------------------------------------------------
 
     def id_bases(self) -> tuple[int, int]:
         """(next connection id, next stream id): one past every id in the database
         and in the unflushed batch. Informative only: ids to hand out come from
         ``conn_ids`` / ``stream_ids``, which stay unique with concurrent writers."""
-        if self._lite is not None:
-            max_conn = self._lite.scalar("SELECT max(connections.id) FROM connections")
-            max_stream = self._lite.scalar("SELECT max(streams.id) FROM streams")
-        else:
-            from sqlalchemy import func, select
-
-            from sniffer.store.models import connections, streams
-
-            with self.engine.connect() as conn:
-                max_conn = conn.execute(select(func.max(connections.c.id))).scalar()
-                max_stream = conn.execute(select(func.max(streams.c.id))).scalar()
+        max_conn = self.store.scalar("SELECT max(connections.id) FROM connections")
+        max_stream = self.store.scalar("SELECT max(streams.id) FROM streams")
         conn_ids = [max_conn or 0, *self._conn_rows]
         stream_ids = [max_stream or 0, *self._stream_rows]
         return max(conn_ids) + 1, max(stream_ids) + 1
