@@ -75,7 +75,16 @@ from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.llm.values import SpecDecode
 from sniffer.reports.align import common_prefix, edit_distance, edit_ratio
 from sniffer.reports.cadence import Cadence, describe_side, summarize
-from sniffer.reports.causes import CAUSES, DEFAULT_NEAR_TIE_MARGIN, classify, distribution
+from sniffer.reports.causes import (
+    CAUSE_SOURCES,
+    CAUSES,
+    DEFAULT_NEAR_TIE_MARGIN,
+    SOURCE_WORDS,
+    classify,
+    distribution,
+    reference_cause,
+    source_distribution,
+)
 from sniffer.reports.stats import Output, load_outputs
 
 __all__ = [
@@ -226,6 +235,9 @@ class PairResult:
     cause_evidence: dict[str, Any] | None = None  # what the class rests on
     #: reference-model attribution (diff --reference-model); None when not scored
     reference: dict[str, Any] | None = None
+    #: which source decided the cause (sniffer.reports.causes.CAUSE_SOURCES): the
+    #: outputs, the servers' logprobs, sampler evidence or the reference model
+    cause_source: str | None = None
 
     @property
     def finish_differs(self) -> bool:
@@ -588,6 +600,7 @@ def compute_diff(
             why = classify(b, c, margin=near_tie_margin, tokens_equal=fd is None)
             pr.cause = why.cause
             pr.cause_evidence = why.evidence or None
+            pr.cause_source = why.source
             mine.append(pr)
             pair_outputs.append((b, c))
             if char is not None and (fork_pair is None or char < fork_pair[2]):
@@ -630,7 +643,9 @@ def compute_diff(
     summary["skipped_pairs"] = skipped
     summary["unpaired_outputs"] = unpaired
     summary["first_divergence_unit"] = _unit_name(pairs, outputs)
-    summary.update(cause_summary([p.cause for p in pairs], near_tie_margin))
+    summary.update(
+        cause_summary([p.cause for p in pairs], near_tie_margin, [p.cause_source for p in pairs])
+    )
     return DiffReport(
         baseline,
         candidate,
@@ -649,13 +664,20 @@ def compute_diff(
     )
 
 
-def cause_summary(causes: Sequence[str | None], margin: float) -> dict[str, Any]:
-    """``causes`` (count per class), ``near_tie_margin``, ``<class>_pairs`` and
-    ``<class>_ratio`` (of all pairs). A class's ratio has no value while some
-    diverged pair's cause is unknown (no evidence), except ``unknown_ratio``."""
+def cause_summary(
+    causes: Sequence[str | None], margin: float, sources: Sequence[str | None] = ()
+) -> dict[str, Any]:
+    """``causes`` (count per class), ``cause_sources`` (classes per deciding
+    source), ``near_tie_margin``, ``<class>_pairs`` and ``<class>_ratio`` (of
+    all pairs). A class's ratio has no value while some diverged pair's cause
+    is unknown (no evidence), except ``unknown_ratio``."""
     n = len(causes)
     dist = distribution(causes)
-    out: dict[str, Any] = {"causes": dist, "near_tie_margin": margin}
+    out: dict[str, Any] = {
+        "causes": dist,
+        "cause_sources": source_distribution(sources),
+        "near_tie_margin": margin,
+    }
     for name, k in dist.items():
         out[f"{name}_pairs"] = k
     for name, k in dist.items():
@@ -900,12 +922,22 @@ def attribute(
     at_fork: Counter[str] = Counter()
     overall: Counter[str] = Counter()
     errors = 0
+    decided = 0
     for pr, job in chosen:
         pr.reference = job.result
         r = job.result or {}
         if "error" in r:
             errors += 1
             continue
+        if pr.cause == "unknown":
+            why = reference_cause(r, report.near_tie_margin)
+            if why is not None:
+                ev = dict(pr.cause_evidence or {})
+                if "why" in ev:  # what the servers' logprobs lacked
+                    ev["server_evidence"] = ev.pop("why")
+                ev.update(why.evidence)
+                pr.cause, pr.cause_evidence, pr.cause_source = why.cause, ev, why.source
+                decided += 1
         at_fork[str(r.get("preferred_at_fork"))] += 1
         overall[str(r.get("preferred_overall"))] += 1
     scored = len(chosen) - errors
@@ -922,7 +954,15 @@ def attribute(
         "candidate_preferred_at_fork_ratio": (
             at_fork.get("candidate", 0) / scored if scored else None
         ),
+        "causes_decided": decided,  # unknown to the servers' logprobs, decided here
     }
+    report.summary.update(
+        cause_summary(
+            [p.cause for p in report.pairs],
+            report.near_tie_margin,
+            [p.cause_source for p in report.pairs],
+        )
+    )
     report.reference = summary
     report.summary["reference_scored_pairs"] = scored
     report.summary["candidate_preferred_at_fork_ratio"] = summary[
@@ -1118,10 +1158,12 @@ def _cause_lines(report: DiffReport, limit: int) -> list[str]:
         return []
     ident = sum(1 for p in report.pairs if p.cause is None)
     dist = ", ".join(f"{k} {v}" for k, v in causes.items() if v) or "none"
+    srcs = s.get("cause_sources") or {}
+    by = ", ".join(f"{SOURCE_WORDS[k]} {srcs[k]}" for k in CAUSE_SOURCES if srcs.get(k))
     out = [
         "",
         f"why they differ (near-tie margin {_f(report.near_tie_margin, 2)} nats): {dist}; "
-        f"{ident} pairs identical",
+        f"{ident} pairs identical" + (f"; decided by {by}" if by else ""),
     ]
     shown = 0
     for pr in report.pairs:
@@ -1132,9 +1174,10 @@ def _cause_lines(report: DiffReport, limit: int) -> list[str]:
             break
         shown += 1
         words = cause_words(pr, report.baseline, report.candidate)
+        src = f" [{SOURCE_WORDS[pr.cause_source]}]" if pr.cause_source else ""
         out.append(
             f"  {pr.key} streams {pr.baseline_stream}/{pr.candidate_stream} choice "
-            f"{pr.baseline_choice}: {pr.cause}" + (" — " + words if words else "")
+            f"{pr.baseline_choice}: {pr.cause}{src}" + (" — " + words if words else "")
         )
     return out
 
@@ -1168,6 +1211,17 @@ def cause_words(pr: PairResult, baseline: str, candidate: str) -> str:
         )
     if ev.get("why"):
         words.append(ev["why"])
+    if ev.get("server_evidence"):
+        words.append(f"servers: {ev['server_evidence']}")
+    rv = ev.get("reference_model_view")
+    if rv is not None:
+        gap = rv.get("gap")
+        words.append(
+            f"reference model surprisal at the fork {baseline} "
+            f"{_f(rv.get('baseline_fork_surprisal'))} vs {candidate} "
+            f"{_f(rv.get('candidate_fork_surprisal'))} nats"
+            + ("" if gap is None else f" (gap {gap:.3f})")
+        )
     return "; ".join(words)
 
 
