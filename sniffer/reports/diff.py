@@ -1251,8 +1251,14 @@ def _reference_lines(report: DiffReport, limit: int) -> list[str]:
             out.append(f"{head}: not scored: {ref['error']}")
             continue
         b, c = ref["baseline"], ref["candidate"]
+        where = f"fork at token {ref['fork_token']}"
+        if ref.get("fork_scoring") == "text":
+            where += (
+                f", scored on text: fork at char {ref.get('fork_char')} from the word at "
+                f"char {ref.get('scored_from_char')}"
+            )
         out.append(
-            f"{head} ({ref['ids']} ids, fork at token {ref['fork_token']}): "
+            f"{head} ({ref['ids']} ids, {where}): "
             f"surprisal at the fork {report.baseline} {b['fork_token']!r} "
             f"{_f(ref['baseline_fork_surprisal'])} vs {report.candidate} "
             f"{c['fork_token']!r} {_f(ref['candidate_fork_surprisal'])} nats → prefers "
