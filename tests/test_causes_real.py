@@ -163,7 +163,21 @@ def test_a_fork_where_the_sampler_chose_against_its_raw_logprobs_is_not_substant
     assert control >= 1
 
 
+def _tshark_not_top1(stem: str) -> tuple[int, int]:
+    """(logprob tokens, of which not the raw top-1) of a capture, from tshark."""
+    items = [t for s in _tshark_tokens(LLAMACPP / f"{stem}.pcap") for t in s]
+    bad = [
+        t
+        for t in items
+        if any(a["logprob"] > t["logprob"] + SAMPLER_TOLERANCE for a in t["top_logprobs"])
+    ]
+    return len(items), len(bad)
+
+
+@needs_tshark
 def test_diff_over_the_real_pairs_names_every_source(tmp_path: Path) -> None:
+    """``diff`` over the real pairs: every cause's source, and each side's sampler
+    (logprob tokens not the top-1 of their own raw logprobs) as tshark counts it."""
     db = str(tmp_path / "ll.db")
     labels = {"llamacpp_plain": "plain", "llamacpp_kvq8": "kvq8", "llamacpp_spec": "spec"}
     for pcap in REAL:
@@ -185,3 +199,15 @@ def test_diff_over_the_real_pairs_names_every_source(tmp_path: Path) -> None:
         # server's view); the one without has no evidence
         assert got == [("near_tie", "server_logprobs"), ("unknown", None)], got
         assert js["summary"]["cause_sources"]["server_logprobs"] == 1
+        for side, stem in (("baseline", "llamacpp_plain"), ("candidate", f"llamacpp_{cand}")):
+            n, bad = _tshark_not_top1(stem)
+            assert js["sides"][side]["sampler"] == {
+                "logprob_tokens": n, "not_top1_tokens": bad, "adjusted": bad > 0,
+            }  # fmt: skip
+    text = (
+        CliRunner()
+        .invoke(main, ["diff", "--db", db, "--baseline", "plain", "--candidate", "spec"])
+        .stdout
+    )
+    assert "baseline  plain: sampler adjusted: 1 of 96 logprob tokens not the top-1" in text
+    assert "candidate spec: sampler adjusted: 6 of 96 logprob tokens" in text

@@ -83,6 +83,7 @@ from sniffer.reports.causes import (
     classify,
     distribution,
     reference_cause,
+    sampler_adjusted,
     source_distribution,
 )
 from sniffer.reports.stats import Output, load_outputs
@@ -290,9 +291,16 @@ class SideStats:
     #: (cadence, server-reported speculative decoding) of each output
     speculation: list[tuple[Cadence | None, SpecDecode | None]] = field(default_factory=list)
     gaps_ms: list[float] = field(default_factory=list)  # every gap between text chunks
+    #: tokens streamed with logprobs, and of those the ones not the top-1 of their
+    #: own raw logprobs (an adjusted sampler: sniffer.reports.causes.sampler_adjusted)
+    logprob_tokens: int = 0
+    not_top1_tokens: int = 0
 
     def add(self, o: Output) -> None:
         self.outputs += 1
+        if o.logprobs is not None:
+            self.logprob_tokens += len(o.logprobs)
+            self.not_top1_tokens += sampler_adjusted(o.logprobs)
         self.clock_backwards += o.clock_backwards
         self.speculation.append((o.cadence, o.speculative))
         times = o.chunk_times
@@ -323,6 +331,12 @@ class SideStats:
             "tokens_per_chunk_mean": self.tokens_per_chunk_mean(),
             "tokens_per_chunk": {str(k): v for k, v in sorted(self.tokens_per_chunk.items())},
             "speculation": self.speculation_summary(),
+            "sampler": {
+                "logprob_tokens": self.logprob_tokens,
+                "not_top1_tokens": self.not_top1_tokens,
+                # None: no logprobs, nothing to tell
+                "adjusted": (self.not_top1_tokens > 0) if self.logprob_tokens else None,
+            },
         }
 
     def speculation_summary(self) -> dict[str, Any]:
@@ -1406,6 +1420,14 @@ def format_diff(
         )
     for side, tag in ((report.baseline_side, "baseline"), (report.candidate_side, "candidate")):
         lines.append(f"{tag:<9} {side.label}: {describe_side(side.speculation_summary())}")
+    for side, tag in ((report.baseline_side, "baseline"), (report.candidate_side, "candidate")):
+        if side.logprob_tokens:
+            lines.append(
+                f"{tag:<9} {side.label}: sampler "
+                + ("adjusted" if side.not_top1_tokens else "greedy on its logprobs")
+                + f": {side.not_top1_tokens} of {side.logprob_tokens} logprob tokens not the "
+                "top-1 of their own raw logprobs"
+            )
     lines.append(
         f"ratios (candidate/baseline): TTFT {_f(s['ttft_ratio'])}, ITL {_f(s['itl_ratio'])}, "
         f"tokens/chunk {_f(s['tokens_per_chunk_ratio'])}"
