@@ -32,9 +32,11 @@ prefix*:
   side's token) — the model's own choice between the two sides at the fork,
   whatever tokens the server used. ``fork_text_logprob``: the probability of
   the side's text through the fork given the shared part, every path summed.
-  ``fork_paths`` counts the forward passes it took (at most
-  :data:`MAX_FORK_PASSES`); the continuation figures score each side's text
-  from ``scored_from_char`` in this model's tokens;
+  ``fork_paths`` counts the token paths followed (at most
+  :data:`MAX_FORK_PASSES`; one forward pass each after the first, whose
+  distribution comes with the continuations' batch); the continuation
+  figures score each side's text from ``scored_from_char`` in this model's
+  tokens;
 * per side: the log-probability of every continuation token, the surprisal
   (−log p, nats) of the side's token at the fork, the cumulative and mean
   log-probability of the continuation, and its tokens of highest surprisal;
@@ -197,6 +199,7 @@ class _Seq:
     side: str
     ids: list[int]  # context + continuation
     start: int  # index of the first scored token (the fork)
+    first_kept: bool = False  # keep the distribution there (a fork scored on text)
 
 
 class ReferenceModel:
@@ -312,20 +315,22 @@ class ReferenceModel:
                 job.result = {"error": m["error"]}
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].ids))
         scored: dict[tuple[int, str], list[tuple[int, float, int]]] = {}
+        # a text fork's first distribution: the continuations' first scored position
+        first: dict[int, Any] = {}
         done = 0
         total = len(order)
         batch: list[int] = []
         for i in order:
             width = len(seqs[i].ids)
             if batch and width * (len(batch) + 1) > BATCH_TOKENS:
-                self._run(batch, seqs, scored)
+                self._run(batch, seqs, scored, first)
                 done += len(batch)
                 if progress is not None:
                     progress(done, total)
                 batch = []
             batch.append(i)
         if batch:
-            self._run(batch, seqs, scored)
+            self._run(batch, seqs, scored, first)
             done += len(batch)
             if progress is not None:
                 progress(done, total)
@@ -333,7 +338,7 @@ class ReferenceModel:
             if job.result is None:
                 fork = meta[j].pop("text_fork", None)
                 if fork is not None:
-                    meta[j]["text_scores"] = self._score_text_fork(fork)
+                    meta[j]["text_scores"] = self._score_text_fork(fork, first.get(j))
                 job.result = self._result(
                     meta[j], scored.get((j, "baseline"), []), scored.get((j, "candidate"), [])
                 )
@@ -429,7 +434,7 @@ class ReferenceModel:
             rest[side] = text[s0:].encode("utf-8", "surrogatepass")
             stopped[side] = stop
             if cont:
-                seqs.append(_Seq(j, side, ctx + prefix + cont, base))
+                seqs.append(_Seq(j, side, ctx + prefix + cont, base, first_kept=True))
         window = 0
         rb, rc = rest["baseline"], rest["candidate"]
         while window < len(rb) and window < len(rc) and rb[window] == rc[window]:
@@ -531,7 +536,7 @@ class ReferenceModel:
                 logits = self.model(input_ids=x).logits[0, -1]
             return torch.log_softmax(logits.float(), dim=-1)
 
-    def _score_text_fork(self, f: _TextFork) -> dict[str, Any]:
+    def _score_text_fork(self, f: _TextFork, root: Any = None) -> dict[str, Any]:
         """Each side's log-probability of its text through the first differing byte,
         given the shared text up to there: summed over the token paths that spell
         the shared window, then a token that covers the fork (see the module doc)."""
@@ -555,7 +560,8 @@ class ReferenceModel:
             if alpha < floor:
                 break
             passes += 1
-            lp = self._next_logprobs(ids)
+            # the first context's distribution came with the continuations' batch
+            lp = root if pos == 0 and passes == 1 and root is not None else self._next_logprobs(ids)
             if pos == end:
                 shared.append(alpha)
             else:
@@ -629,6 +635,7 @@ class ReferenceModel:
         batch: Sequence[int],
         seqs: Sequence[_Seq],
         out: dict[tuple[int, str], list[tuple[int, float, int]]],
+        first: dict[int, Any] | None = None,
     ) -> None:
         torch = self._torch
         width = max(len(seqs[i].ids) for i in batch)
@@ -653,6 +660,8 @@ class ReferenceModel:
                 s = seqs[i]
                 pos = torch.arange(s.start - 1 - offset, len(s.ids) - 1 - offset)
                 lp = torch.log_softmax(logits[r, pos].float(), dim=-1)
+                if first is not None and s.first_kept and s.job not in first:
+                    first[s.job] = lp[0].clone()  # what follows the shared context
                 tgt = torch.tensor(s.ids[s.start :], dtype=torch.long)
                 got = lp.gather(1, tgt[:, None])[:, 0].tolist()
                 best = lp.argmax(dim=-1).tolist()
