@@ -89,8 +89,10 @@ def bench_reference() -> None:
             for j in jobs
             if j.result and "error" not in j.result
         )
+        passes = sum(j.result.get("fork_paths", 0) for j in jobs if j.result)
         print(f"reference model: {len(jobs)} pairs ({toks} continuation tokens) scored in "
-              f"{dt:.2f} s = {len(jobs) / dt:.1f} pairs/s, {toks / dt:,.0f} tokens/s")  # fmt: skip
+              f"{dt:.2f} s = {len(jobs) / dt:.1f} pairs/s, {toks / dt:,.0f} tokens/s; "
+              f"forks scored on text: {passes} token paths")  # fmt: skip
 
 
 if __name__ == "__main__":

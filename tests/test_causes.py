@@ -367,3 +367,116 @@ def test_an_adjusted_sampler_is_named_not_called_substantive() -> None:
     greedy = T(" on", -0.3, [(" on", -0.3), (" in", -1.5)])
     outs = _outputs({1: ("a", base), 2: ("b", [*HEAD, greedy])})
     assert classify(outs[0], outs[1], margin=0.5).cause == "substantive"
+
+
+def test_every_cause_names_its_source(tmp_path: Path) -> None:
+    js = json.loads(_diff(_store(tmp_path), "--json").stdout)
+    by_prompt = {p["key"]: p["prompt"].removeprefix("user: ") for p in js["prompts"]}
+    got = {by_prompt[p["key"]]: (p["cause"], p["cause_source"]) for p in js["pairs"]}
+    assert got == {
+        "near tie": ("near_tie", "server_logprobs"),
+        "outside top-k": ("substantive", "server_logprobs"),
+        "far below": ("substantive", "server_logprobs"),
+        "stopped early": ("length_only", "outputs"),
+        "other finish": ("finish_only", "outputs"),
+        "same": (None, None),
+    }
+    assert js["summary"]["cause_sources"] == {
+        "outputs": 2, "server_logprobs": 3, "sampler_evidence": 0, "reference_model": 0,
+    }  # fmt: skip
+    text = _diff(_store(tmp_path / "t")).stdout
+    assert "; decided by the outputs 2, server logprobs 3" in text
+    assert ": near_tie [server logprobs] — at logprob token 3" in text
+    page_path = tmp_path / "r.html"
+    assert _diff(_store(tmp_path / "h"), "--html", str(page_path)).exit_code == 0
+    page = page_path.read_text(encoding="utf-8")
+    assert "<th>decided by</th>" in page and "<td>server logprobs</td>" in page
+    # stats: a variant's cause names its source too
+    w = Writer(tmp_path / "s.db")
+    for toks in (CASES["near tie"][0], CASES["near tie"][0], CASES["near tie"][1]):
+        w.stream("node", "one prompt", toks)
+    st = json.loads(CliRunner().invoke(main, ["stats", "--db", w.close(), "--json"]).stdout)
+    assert [v["cause_source"] for v in st["groups"][0]["variants"]] == [None, "server_logprobs"]
+
+
+class _Scorer:
+    """A stand-in reference model: fixed fork surprisals per candidate text."""
+
+    source = "stand-in"
+
+    def __init__(self, surprisals: dict[str, tuple[float, float]]) -> None:
+        self.surprisals = surprisals
+
+    def score(self, jobs: Sequence[Any], progress: Any = None) -> None:
+        for job in jobs:
+            got = self.surprisals.get(job.candidate_text)
+            if got is None:
+                job.result = {"error": "not scorable"}
+                continue
+            fb, fc = got
+            side = {"fork_token": "x", "cumulative_logprob": -1.0, "scored_tokens": 1,
+                    "highest_surprisal": []}  # fmt: skip
+            job.result = {
+                "baseline": side, "candidate": side,
+                "model": self.source, "ids": "retokenized", "fork_token": 3,
+                "baseline_fork_surprisal": fb, "candidate_fork_surprisal": fc,
+                "preferred_at_fork": "baseline" if fb < fc else "candidate",
+                "preferred_overall": "baseline",
+            }  # fmt: skip
+
+
+def test_without_server_logprobs_the_reference_model_decides(tmp_path: Path) -> None:
+    """A pair the servers' logprobs leave unknown gets near_tie or substantive from
+    the reference model's margin at the fork (the same --near-tie-margin), says so
+    (cause_source "reference_model"), and the cause summary and gates follow; a
+    pair the servers decided keeps its class; an unscorable pair stays unknown."""
+    from sniffer.reports.diff import attribute, diff, evaluate_gates, format_diff, parse_gate
+    from sniffer.store.writer import make_engine
+
+    w = Writer(tmp_path / "r.db")
+    tie_b, tie_c = CASES["near tie"][0], CASES["near tie"][1]
+    far_b, far_c = CASES["far below"][0], CASES["far below"][1]
+    w.stream("dense", "tie", tie_b, logprobs=False)
+    w.stream("sparse", "tie", tie_c, logprobs=False)
+    w.stream("dense", "far", far_b, logprobs=False)
+    w.stream("sparse", "far", far_c, logprobs=False)
+    w.stream("dense", "served", CASES["outside top-k"][0])
+    w.stream("sparse", "served", CASES["outside top-k"][1])
+    w.stream("dense", "lost", [*HEAD, T(" up")], logprobs=False)
+    w.stream("sparse", "lost", [*HEAD, T(" off")], logprobs=False)
+    engine = make_engine(w.close())
+    report = diff(engine, "dense", "sparse", registry=REGISTRY, near_tie_margin=0.5)
+    assert report.summary["causes"]["unknown"] == 3
+    assert report.summary["substantive_ratio"] is None  # no evidence yet
+    scorer = _Scorer({"The cat sat in a": (1.0, 1.3), "The cat sat by the": (0.2, 3.0),
+                      "The cat sat under a": (0.1, 9.0)})  # fmt: skip
+    summary = attribute(report, scorer)  # type: ignore[arg-type]
+    assert summary["causes_decided"] == 2 and summary["errors"] == 1
+    prompt_of = {p.key: p.prompt.removeprefix("user: ") for p in report.prompts}
+    got = {prompt_of[p.key]: (p.cause, p.cause_source) for p in report.pairs}
+    assert got == {
+        "tie": ("near_tie", "reference_model"),  # 0.3 nats apart ≤ 0.5
+        "far": ("substantive", "reference_model"),  # 2.8 nats apart
+        "served": ("substantive", "server_logprobs"),  # the servers' logprobs decided
+        "lost": ("unknown", None),  # the reference could not score it
+    }
+    far = next(p for p in report.pairs if prompt_of[p.key] == "far")
+    ev = far.cause_evidence or {}
+    assert ev["server_evidence"] == "no logprobs at the fork" and "why" not in ev
+    assert ev["reference_model_view"]["gap"] == pytest.approx(2.8)
+    s = report.summary
+    assert s["causes"]["near_tie"] == 1 and s["causes"]["substantive"] == 2
+    assert s["causes"]["unknown"] == 1
+    assert s["cause_sources"]["reference_model"] == 2
+    assert s["cause_sources"]["server_logprobs"] == 1
+    text = format_diff(report)
+    assert "substantive [reference model] — " in text
+    assert "servers: no logprobs at the fork; reference model surprisal at the fork " in text
+    assert "dense 0.200 vs sparse 3.000 nats (gap 2.800)" in text
+    # every pair scored: a gate on a cause ratio now has evidence
+    report = diff(engine, "dense", "sparse", registry=REGISTRY, near_tie_margin=0.5)
+    scorer.surprisals["The cat sat off"] = (0.5, 0.6)
+    attribute(report, scorer)  # type: ignore[arg-type]
+    assert report.summary["unknown_ratio"] == 0.0
+    (gate,) = evaluate_gates([parse_gate("substantive_ratio > 0.4")], report.summary)
+    assert gate.actual == pytest.approx(2 / 4) and gate.failed

@@ -15,6 +15,7 @@ directory that does not load, and prompt rendering per dialect.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -228,6 +229,95 @@ def recorded(
     yield out
 
 
+#: Without logprobs (the re-tokenized path): more prompts, for more forks.
+PLAIN_PROMPTS = [
+    *PROMPTS,
+    "Name three colors",
+    "How do birds fly?",
+    "What is a prime number?",
+    "Describe a forest",
+    "Who wrote Hamlet?",
+    "Count to ten",
+    "Tell a joke",
+    "Translate hello into French",
+    "Summarize the news",
+    "What time is it?",
+]
+
+
+@pytest.fixture(scope="module")
+def recorded_plain(
+    tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """Both models served on loopback and probed WITHOUT logprobs (as
+    ``transformers serve`` or any server not asked for them): only text reaches the
+    sniffer, so the reference model re-tokenizes it. ``db``: labels dense / sparse."""
+    if shutil.which("dumpcap") is None or os.geteuid() != 0:
+        pytest.skip("needs root and dumpcap to record loopback")
+    from tests.fixture_server import free_port, wait_ready
+    from tests.model_server import start_model_server
+
+    tmp = tmp_path_factory.mktemp("reference-plain")
+    dense, sparse = tiny_models
+    port_d, port_s = free_port(lo=22000, hi=22499), free_port(lo=22500, hi=22999)
+    servers = [start_model_server(dense, port_d), start_model_server(sparse, port_s)]
+    pcap = tmp / "plain.pcap"
+    dumpcap: subprocess.Popen[bytes] | None = None
+    try:
+        for port in (port_d, port_s):
+            wait_ready(port, timeout=90)
+        dumpcap = subprocess.Popen(
+            ["dumpcap", "-q", "-P", "-i", "lo", "-f", f"tcp port {port_d} or tcp port {port_s}",
+             "-w", str(pcap)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        _poll(lambda: pcap.exists() and pcap.stat().st_size >= 24, "the pcap header")
+        size = pcap.stat().st_size
+
+        def grown() -> bool:
+            wait_ready(port_d)
+            return pcap.stat().st_size > size
+
+        _poll(grown, "dumpcap to record packets")
+        prompts = tmp / "prompts.jsonl"
+        prompts.write_text(
+            "".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n"
+                    for p in PLAIN_PROMPTS),
+            encoding="utf-8",
+        )  # fmt: skip
+        for port in (port_d, port_s):
+            res = CliRunner().invoke(
+                main,
+                ["probe", str(prompts), "--url", f"http://127.0.0.1:{port}", "--model", "tiny",
+                 "--max-tokens", str(MAX_TOKENS), "--timeout", "60", "--json"],
+            )  # fmt: skip
+            assert res.exit_code == 0, res.output
+            assert json.loads(res.output)["ok"] == len(PLAIN_PROMPTS)
+        size = pcap.stat().st_size
+
+        def grown_s() -> bool:
+            wait_ready(port_s)
+            return pcap.stat().st_size > size
+
+        _poll(grown_s, "dumpcap to record packets")
+    finally:
+        if dumpcap is not None:
+            dumpcap.send_signal(signal.SIGINT)
+            dumpcap.wait(timeout=10)
+        for srv in servers:
+            srv.terminate()
+            srv.wait(timeout=10)
+    db = str(tmp / "plain.db")
+    res = CliRunner().invoke(
+        main,
+        ["replay", str(pcap), "--db", db, "-q", "--no-redact",
+         "--label", f"{port_d}=dense", "--label", f"{port_s}=sparse"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    return {"dense": dense, "sparse": sparse, "tmp": tmp, "db": db}
+
+
 class Truth:
     """What the two models do, computed here with ``generate`` and a forward pass."""
 
@@ -355,6 +445,70 @@ def test_reference_prefers_the_baseline_at_every_fork(recorded: dict[str, Any]) 
 @pytest.mark.slow
 @needs_torch
 @needs_capture
+def test_without_logprobs_the_reference_prefers_the_baseline_at_every_fork(
+    recorded_plain: dict[str, Any],
+) -> None:
+    """No logprobs on the wire: the reference model (the dense model itself) scores
+    each fork in its own tokenization of the shared prefix, at the character where
+    the texts part, and must prefer the baseline's side at every fork — also where
+    re-encoding the whole texts puts the fork elsewhere than where the model
+    generated it (a non-canonical token sequence, bytes lost to U+FFFD). The
+    servers' logprobs being absent, the reference model decides every cause."""
+    truth = Truth(recorded_plain["dense"], recorded_plain["sparse"])
+    res = CliRunner().invoke(
+        main,
+        ["diff", "--db", recorded_plain["db"], "--baseline", "dense", "--candidate", "sparse",
+         "--reference-model", str(recorded_plain["dense"]), "--near-tie-margin", str(MARGIN),
+         "--json"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    js = json.loads(res.stdout)
+    assert js["summary"]["pairs"] == len(PLAIN_PROMPTS)
+    prompt_of = {p["key"]: p["prompt"].removeprefix("user: ") for p in js["prompts"]}
+    forked = moved = 0
+    for pair in js["pairs"]:
+        text = prompt_of[pair["key"]]
+        ctx = truth.prompt(text)
+        d, s = truth.greedy("dense", ctx), truth.greedy("sparse", ctx)
+        k = next((i for i, (x, y) in enumerate(zip(d, s, strict=False)) if x != y), None)
+        if k is None:
+            assert pair["identical"] and pair["reference"] is None
+            continue
+        forked += 1
+        ref = pair["reference"]
+        assert ref["ids"] == "retokenized" and ref["fork_scoring"] == "text"
+        dt, st = truth.tok.decode(d), truth.tok.decode(s)
+        char = next(i for i, (x, y) in enumerate(zip(dt, st, strict=False)) if x != y)
+        assert ref["fork_char"] == char == pair["first_divergence_char"]
+        # where the model generated the fork token: at or before the fork character,
+        # and the scoring starts at or before it (the start of the word holding it)
+        generated_at = len(truth.tok.decode(d[:k]))
+        assert ref["scored_from_char"] <= generated_at <= char
+        retok_d = truth.tok(dt, add_special_tokens=False)["input_ids"]
+        retok_s = truth.tok(st, add_special_tokens=False)["input_ids"]
+        naive = next(i for i, (x, y) in enumerate(zip(retok_d, retok_s, strict=False)) if x != y)
+        moved += naive != k or retok_d[:k] != d[:k]
+        # the reference (= the baseline model) prefers the baseline at the fork
+        assert ref["preferred_at_fork"] == "baseline", (text, ref)
+        fb, fc = ref["baseline_fork_surprisal"], ref["candidate_fork_surprisal"]
+        assert 0.0 <= fb < fc
+        # the cause: decided by the reference's margin, as no server sent logprobs
+        assert pair["cause_source"] == "reference_model", pair
+        assert pair["cause"] == ("near_tie" if fc - fb <= MARGIN else "substantive")
+        assert pair["cause_evidence"]["server_evidence"] == "no logprobs at the fork"
+    assert forked >= 10, "the pruned copy forks on most prompts (DESIGN.md)"
+    assert moved >= 1, "some fork sits where re-encoding the texts does not put it"
+    assert js["reference"]["preferred_at_fork"]["baseline"] == forked
+    assert js["reference"]["causes_decided"] == forked
+    assert js["summary"]["causes"]["unknown"] == 0
+    assert js["summary"]["cause_sources"]["reference_model"] == forked
+    recorded_plain["forked"] = forked
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@needs_torch
+@needs_capture
 def test_stats_explains_the_variants_of_one_label(recorded: dict[str, Any]) -> None:
     """Both servers under one label: repeats of a temperature-0 request give two
     variants, and the second one's cause is the class diff gave the fork."""
@@ -386,9 +540,11 @@ def test_stats_explains_the_variants_of_one_label(recorded: dict[str, Any]) -> N
 def test_scoring_without_server_ids_a_stop_at_the_fork_and_a_completion_prompt(
     tiny_models: tuple[Path, Path],
 ) -> None:
-    """Re-tokenized outputs, a side that stopped at the fork (scored on EOS), and a
-    completions prompt (the text with the tokenizer's special tokens) — each
-    checked against a direct forward pass."""
+    """Re-tokenized outputs are scored on text, a side that stopped at the fork on
+    EOS, a completions prompt with the tokenizer's special tokens — each fork
+    checked against a brute-force sum, over every token path that spells the text
+    (tokens found by their decoded text, every vocabulary entry tried), of direct
+    forward passes."""
     import torch
 
     from sniffer.llm.reference import ReferenceModel, ScoreJob
@@ -410,33 +566,100 @@ def test_scoring_without_server_ids_a_stop_at_the_fork_and_a_completion_prompt(
     assert seen and seen[-1] == (6, 6)  # one sequence per side of the three scorable jobs
     assert jobs[3].result == {"error": "the request has no prompt the model can render"}
 
-    def direct(ctx: list[int], nxt: int) -> float:
+    special = set(tok.all_special_ids)
+    pieces = [
+        "" if i in special else str(tok.decode([i])) for i in range(len(tok))
+    ]  # every token's text
+
+    def lp_after(ctx: list[int]) -> list[float]:
         with torch.inference_mode():
             logits = model(input_ids=torch.tensor([ctx])).logits[0, -1]
-        return -float(torch.log_softmax(logits.float(), dim=-1)[nxt])
+        return [float(x) for x in torch.log_softmax(logits.float(), dim=-1)]
+
+    def brute(
+        ctx: list[int], window: str, rests: dict[str, str | None]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Each side's fork surprisal (its likeliest token path through the fork,
+        from the likelier of the two sides' paths through the shared window) and
+        log P(its text through the fork | the shared window), every path summed."""
+        terms: dict[str, list[tuple[float, float]]] = {k: [] for k in rests}  # (joint, path)
+        shared: list[float] = []
+        texts = [window, *(r for r in rests.values() if r is not None)]
+        tails = [window[i:] for i in range(len(window))]
+        rel = [  # the tokens that can take part
+            (i, p)
+            for i, p in enumerate(pieces)
+            if p and (any(p in t for t in texts) or any(p.startswith(w) for w in tails))
+        ]
+
+        def walk(ids: list[int], done: int, alpha: float) -> None:
+            lp = lp_after(ids)
+            left = window[done:]
+            if not left:
+                shared.append(alpha)
+            else:
+                shared.extend(alpha + lp[i] for i, p in rel
+                              if len(p) > len(left) and p.startswith(left))  # fmt: skip
+            for side, rest in rests.items():
+                if rest is None:  # stopped at the fork: EOS once the window is spelled
+                    if not left:
+                        terms[side].append((alpha + lp[tok.eos_token_id], alpha))
+                    continue
+                tail = rest[done:]
+                terms[side].extend((alpha + lp[i], alpha) for i, p in rel
+                                   if len(p) > len(left) and tail.startswith(p))  # fmt: skip
+            for i, p in rel:
+                if len(p) <= len(left) and left.startswith(p):
+                    walk([*ids, i], done + len(p), alpha + lp[i])
+
+        walk(ctx, 0, 0.0)
+        best = {k: max(t) for k, t in terms.items()}
+        top = max(path for _, path in best.values())
+        surprisal = {k: top - joint for k, (joint, _) in best.items()}
+        z = math.log(sum(math.exp(v) for v in shared))
+        summed = {k: math.log(sum(math.exp(v) for v, _ in t)) - z for k, t in terms.items()}
+        return surprisal, summed
 
     rendered = tok.apply_chat_template(
         [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
     )
     chat_ctx = tok(rendered, add_special_tokens=False)["input_ids"]
-    for job, ctx in ((jobs[0], chat_ctx), (jobs[2], tok("Once upon a time")["input_ids"])):
+    comp_ctx = tok("Once upon a time")["input_ids"]
+    # (job, prompt ids, fork character, the start of the word holding it)
+    cases = [
+        (jobs[0], chat_ctx, len("The sea is "), len("The sea is")),
+        (jobs[1], chat_ctx, len("The sea is blue"), len("The sea is")),
+        (jobs[2], comp_ctx, len(" there "), len(" there")),
+    ]
+    for job, ctx, char, start in cases:
         r = job.result
-        assert r is not None and r["ids"] == "retokenized" and r["context_tokens"] == len(ctx)
-        b_ids = tok(job.baseline_text, add_special_tokens=False)["input_ids"]
-        c_ids = tok(job.candidate_text, add_special_tokens=False)["input_ids"]
-        k = next(i for i, (x, y) in enumerate(zip(b_ids, c_ids, strict=False)) if x != y)
-        assert r["fork_token"] == k
-        sb, sc = direct(ctx + b_ids[:k], b_ids[k]), direct(ctx + b_ids[:k], c_ids[k])
+        assert r is not None and r["ids"] == "retokenized" and r["fork_scoring"] == "text"
+        assert (r["fork_char"], r["scored_from_char"]) == (char, start)
+        prefix = tok(job.baseline_text[:start], add_special_tokens=False)["input_ids"]
+        assert r["context_tokens"] == len(ctx) and r["fork_token"] == len(prefix)
+        stopped = job.candidate_finish == "stop" and len(job.candidate_text) == char
+        want, summed = brute(
+            ctx + prefix,
+            job.baseline_text[start:char],
+            {"baseline": job.baseline_text[start:],
+             "candidate": None if stopped else job.candidate_text[start:]},
+        )  # fmt: skip
+        sb, sc = want["baseline"], want["candidate"]
         assert r["baseline_fork_surprisal"] == pytest.approx(sb, abs=1e-3)
         assert r["candidate_fork_surprisal"] == pytest.approx(sc, abs=1e-3)
         assert r["preferred_at_fork"] == ("baseline" if sb < sc else "candidate")
+        for side in ("baseline", "candidate"):
+            got = r[side]["fork_text_logprob"]
+            assert got == pytest.approx(summed[side], abs=1e-3)
+        # the continuation: each side's text from the word's start, in this model's tokens
+        b_ids = tok(job.baseline_text[start:], add_special_tokens=False)["input_ids"]
+        assert r["baseline"]["scored_tokens"] == len(b_ids)
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([ctx + prefix + b_ids])).logits[0]
+        lps = torch.log_softmax(logits.float(), dim=-1)
+        first = len(ctx) + len(prefix)
+        want_first = float(lps[first - 1, b_ids[0]])
+        assert r["baseline"]["logprobs"][0] == pytest.approx(want_first, abs=1e-3)
     stop = jobs[1].result
     assert stop is not None and stop["candidate"]["stopped_at_fork"] is True
-    b_ids = tok("The sea is blue and deep", add_special_tokens=False)["input_ids"]
-    k = len(tok("The sea is blue", add_special_tokens=False)["input_ids"])
-    assert stop["fork_token"] == k
-    eos = direct(chat_ctx + b_ids[:k], tok.eos_token_id)
-    assert stop["candidate_fork_surprisal"] == pytest.approx(eos, abs=1e-3)
-    assert stop["baseline_fork_surprisal"] == pytest.approx(
-        direct(chat_ctx + b_ids[:k], b_ids[k]), abs=1e-3
-    )
+    assert stop["candidate"]["fork_token"] == tok.decode([tok.eos_token_id])

@@ -359,10 +359,13 @@ def diff(
     counted and shown, never compared as empty text.
 
     Every pair that differs gets a cause: retokenization_only, near_tie,
-    substantive (from the servers' logprobs at the fork), length_only,
-    finish_only, or unknown (no logprobs). --reference-model DIR scores both
-    sides of the diverged pairs with a local model (surprisal at the fork,
-    log-probability of each continuation, the side it prefers).
+    substantive (from the servers' logprobs at the fork), sampler_adjusted (a
+    server chose against its own raw logprobs there), length_only,
+    finish_only, or unknown (no logprobs), and the source that decided it.
+    --reference-model DIR scores both sides of the diverged pairs with a local
+    model (surprisal at the fork, log-probability of each continuation, the
+    side it prefers) and decides near_tie / substantive for the pairs the
+    servers' logprobs leave unknown.
     Over a database shared by many sidecars, --node keeps one node's streams
     and --baseline-node / --candidate-node pick each side's node: a baseline
     on one node and a candidate on another is a normal diff (the label may

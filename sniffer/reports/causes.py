@@ -27,6 +27,15 @@ the modal variant in ``stats`` — and the *other* side), :func:`classify` says:
 * ``unknown`` — the evidence is missing (no logprobs at the fork, or too few
   to decide).
 
+Every class says which source decided it (:data:`CAUSE_SOURCES`, ``Cause.source``):
+``outputs`` (the texts, token ids and finish reasons alone: retokenization_only,
+length_only, finish_only), ``server_logprobs`` (the servers' own logprobs at
+the fork), ``sampler_evidence`` (sampler_adjusted: the server's chosen token is
+not the top-1 of its raw logprobs), ``reference_model`` (a pair the servers'
+logprobs leave ``unknown``, decided by a local reference model's margin
+between the two sides' continuations at the fork, same ``margin``:
+:func:`reference_cause`); None for ``unknown`` and identical pairs.
+
 Near tie wins over substantive when the two sides' views disagree (either
 server found the two tokens nearly equally likely). The fork token is the
 first token where the two logprob token lists differ (both sides sent them),
@@ -48,12 +57,16 @@ from sniffer.reports.output import Output
 
 __all__ = [
     "CAUSES",
+    "CAUSE_SOURCES",
     "DEFAULT_NEAR_TIE_MARGIN",
     "SAMPLER_TOLERANCE",
+    "SOURCE_WORDS",
     "Cause",
     "classify",
     "distribution",
+    "reference_cause",
     "sampler_adjusted",
+    "source_distribution",
 ]
 
 #: Every class, in the order reports list them.
@@ -66,6 +79,24 @@ CAUSES = (
     "sampler_adjusted",
     "unknown",
 )
+#: What decided a class (``Cause.source``), in the order reports list them.
+CAUSE_SOURCES = ("outputs", "server_logprobs", "sampler_evidence", "reference_model")
+#: Each source in words (text and HTML reports).
+SOURCE_WORDS = {
+    "outputs": "the outputs",
+    "server_logprobs": "server logprobs",
+    "sampler_evidence": "sampler evidence",
+    "reference_model": "reference model",
+}
+#: The source of each class when the streams alone decide it.
+_SOURCE_OF = {
+    "retokenization_only": "outputs",
+    "length_only": "outputs",
+    "finish_only": "outputs",
+    "near_tie": "server_logprobs",
+    "substantive": "server_logprobs",
+    "sampler_adjusted": "sampler_evidence",
+}
 #: Default margin (nats) between the two chosen tokens' log-probabilities for a near tie.
 DEFAULT_NEAR_TIE_MARGIN = 0.5
 #: A listed alternative more than this (nats) above the chosen token makes the
@@ -94,6 +125,12 @@ class Cause:
     cause: str | None
     #: what the classification rests on (JSON-ready): fork token, each side's view
     evidence: dict[str, Any] = field(default_factory=dict)
+    #: which source decided (CAUSE_SOURCES); None for unknown and identical
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.source is None and self.cause is not None:
+            self.source = _SOURCE_OF.get(self.cause)
 
 
 def _view(
@@ -232,3 +269,41 @@ def distribution(causes: Sequence[str | None]) -> dict[str, int]:
         if c is not None:
             out[c] = out.get(c, 0) + 1
     return out
+
+
+def source_distribution(sources: Sequence[str | None]) -> dict[str, int]:
+    """Count of classes per deciding source (every source listed, zeros included)."""
+    out = dict.fromkeys(CAUSE_SOURCES, 0)
+    for s in sources:
+        if s is not None:
+            out[s] = out.get(s, 0) + 1
+    return out
+
+
+def reference_cause(result: dict[str, Any] | None, margin: float) -> Cause | None:
+    """near_tie or substantive from a reference model's scores of a pair
+    (:meth:`sniffer.llm.reference.ReferenceModel.score`'s ``result``): the two
+    sides' continuations at the fork within ``margin`` nats of each other, or
+    not. None when the result cannot decide (an error, a side not scored)."""
+    if not result or "error" in result:
+        return None
+    fb, fc = result.get("baseline_fork_surprisal"), result.get("candidate_fork_surprisal")
+    if not isinstance(fb, int | float) or not isinstance(fc, int | float):
+        return None
+    if math.isnan(fb) or math.isnan(fc):
+        return None
+    gap = float(fc) - float(fb)  # > 0: the reference finds the baseline's side more likely
+    view = {
+        "model": result.get("model"),
+        "ids": result.get("ids"),
+        "fork_token": result.get("fork_token"),
+        "baseline_fork_surprisal": fb,
+        "candidate_fork_surprisal": fc,
+        "gap": gap if math.isfinite(gap) else None,
+        "preferred_at_fork": result.get("preferred_at_fork"),
+    }
+    for k in ("fork_char", "fork_scoring"):
+        if k in result:
+            view[k] = result[k]
+    verdict = "near_tie" if abs(gap) <= margin else "substantive"
+    return Cause(verdict, {"reference_model_view": view}, "reference_model")

@@ -73,7 +73,17 @@ from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.llm.values import SpecDecode
 from sniffer.reports.align import common_prefix, edit_distance, edit_ratio
 from sniffer.reports.cadence import Cadence, describe_side, summarize
-from sniffer.reports.causes import CAUSES, DEFAULT_NEAR_TIE_MARGIN, classify, distribution
+from sniffer.reports.causes import (
+    CAUSE_SOURCES,
+    CAUSES,
+    DEFAULT_NEAR_TIE_MARGIN,
+    SOURCE_WORDS,
+    classify,
+    distribution,
+    reference_cause,
+    sampler_adjusted,
+    source_distribution,
+)
 from sniffer.reports.output import Output
 from sniffer.reports.stats import load_outputs
 from sniffer.store.db import Store
@@ -229,6 +239,9 @@ class PairResult:
     cause_evidence: dict[str, Any] | None = None  # what the class rests on
     #: reference-model attribution (diff --reference-model); None when not scored
     reference: dict[str, Any] | None = None
+    #: which source decided the cause (sniffer.reports.causes.CAUSE_SOURCES): the
+    #: outputs, the servers' logprobs, sampler evidence or the reference model
+    cause_source: str | None = None
 
     @property
     def finish_differs(self) -> bool:
@@ -281,9 +294,16 @@ class SideStats:
     #: (cadence, server-reported speculative decoding) of each output
     speculation: list[tuple[Cadence | None, SpecDecode | None]] = field(default_factory=list)
     gaps_ms: list[float] = field(default_factory=list)  # every gap between text chunks
+    #: tokens streamed with logprobs, and of those the ones not the top-1 of their
+    #: own raw logprobs (an adjusted sampler: sniffer.reports.causes.sampler_adjusted)
+    logprob_tokens: int = 0
+    not_top1_tokens: int = 0
 
     def add(self, o: Output) -> None:
         self.outputs += 1
+        if o.logprobs is not None:
+            self.logprob_tokens += len(o.logprobs)
+            self.not_top1_tokens += sampler_adjusted(o.logprobs)
         self.clock_backwards += o.clock_backwards
         self.speculation.append((o.cadence, o.speculative))
         times = o.chunk_times
@@ -314,6 +334,12 @@ class SideStats:
             "tokens_per_chunk_mean": self.tokens_per_chunk_mean(),
             "tokens_per_chunk": {str(k): v for k, v in sorted(self.tokens_per_chunk.items())},
             "speculation": self.speculation_summary(),
+            "sampler": {
+                "logprob_tokens": self.logprob_tokens,
+                "not_top1_tokens": self.not_top1_tokens,
+                # None: no logprobs, nothing to tell
+                "adjusted": (self.not_top1_tokens > 0) if self.logprob_tokens else None,
+            },
         }
 
     def speculation_summary(self) -> dict[str, Any]:
@@ -591,6 +617,7 @@ def compute_diff(
             why = classify(b, c, margin=near_tie_margin, tokens_equal=fd is None)
             pr.cause = why.cause
             pr.cause_evidence = why.evidence or None
+            pr.cause_source = why.source
             mine.append(pr)
             pair_outputs.append((b, c))
             if char is not None and (fork_pair is None or char < fork_pair[2]):
@@ -633,7 +660,9 @@ def compute_diff(
     summary["skipped_pairs"] = skipped
     summary["unpaired_outputs"] = unpaired
     summary["first_divergence_unit"] = _unit_name(pairs, outputs)
-    summary.update(cause_summary([p.cause for p in pairs], near_tie_margin))
+    summary.update(
+        cause_summary([p.cause for p in pairs], near_tie_margin, [p.cause_source for p in pairs])
+    )
     return DiffReport(
         baseline,
         candidate,
@@ -652,13 +681,20 @@ def compute_diff(
     )
 
 
-def cause_summary(causes: Sequence[str | None], margin: float) -> dict[str, Any]:
-    """``causes`` (count per class), ``near_tie_margin``, ``<class>_pairs`` and
-    ``<class>_ratio`` (of all pairs). A class's ratio has no value while some
-    diverged pair's cause is unknown (no evidence), except ``unknown_ratio``."""
+def cause_summary(
+    causes: Sequence[str | None], margin: float, sources: Sequence[str | None] = ()
+) -> dict[str, Any]:
+    """``causes`` (count per class), ``cause_sources`` (classes per deciding
+    source), ``near_tie_margin``, ``<class>_pairs`` and ``<class>_ratio`` (of
+    all pairs). A class's ratio has no value while some diverged pair's cause
+    is unknown (no evidence), except ``unknown_ratio``."""
     n = len(causes)
     dist = distribution(causes)
-    out: dict[str, Any] = {"causes": dist, "near_tie_margin": margin}
+    out: dict[str, Any] = {
+        "causes": dist,
+        "cause_sources": source_distribution(sources),
+        "near_tie_margin": margin,
+    }
     for name, k in dist.items():
         out[f"{name}_pairs"] = k
     for name, k in dist.items():
@@ -903,12 +939,22 @@ def attribute(
     at_fork: Counter[str] = Counter()
     overall: Counter[str] = Counter()
     errors = 0
+    decided = 0
     for pr, job in chosen:
         pr.reference = job.result
         r = job.result or {}
         if "error" in r:
             errors += 1
             continue
+        if pr.cause == "unknown":
+            why = reference_cause(r, report.near_tie_margin)
+            if why is not None:
+                ev = dict(pr.cause_evidence or {})
+                if "why" in ev:  # what the servers' logprobs lacked
+                    ev["server_evidence"] = ev.pop("why")
+                ev.update(why.evidence)
+                pr.cause, pr.cause_evidence, pr.cause_source = why.cause, ev, why.source
+                decided += 1
         at_fork[str(r.get("preferred_at_fork"))] += 1
         overall[str(r.get("preferred_overall"))] += 1
     scored = len(chosen) - errors
@@ -925,7 +971,15 @@ def attribute(
         "candidate_preferred_at_fork_ratio": (
             at_fork.get("candidate", 0) / scored if scored else None
         ),
+        "causes_decided": decided,  # unknown to the servers' logprobs, decided here
     }
+    report.summary.update(
+        cause_summary(
+            [p.cause for p in report.pairs],
+            report.near_tie_margin,
+            [p.cause_source for p in report.pairs],
+        )
+    )
     report.reference = summary
     report.summary["reference_scored_pairs"] = scored
     report.summary["candidate_preferred_at_fork_ratio"] = summary[
@@ -1121,10 +1175,12 @@ def _cause_lines(report: DiffReport, limit: int) -> list[str]:
         return []
     ident = sum(1 for p in report.pairs if p.cause is None)
     dist = ", ".join(f"{k} {v}" for k, v in causes.items() if v) or "none"
+    srcs = s.get("cause_sources") or {}
+    by = ", ".join(f"{SOURCE_WORDS[k]} {srcs[k]}" for k in CAUSE_SOURCES if srcs.get(k))
     out = [
         "",
         f"why they differ (near-tie margin {_f(report.near_tie_margin, 2)} nats): {dist}; "
-        f"{ident} pairs identical",
+        f"{ident} pairs identical" + (f"; decided by {by}" if by else ""),
     ]
     shown = 0
     for pr in report.pairs:
@@ -1135,9 +1191,10 @@ def _cause_lines(report: DiffReport, limit: int) -> list[str]:
             break
         shown += 1
         words = cause_words(pr, report.baseline, report.candidate)
+        src = f" [{SOURCE_WORDS[pr.cause_source]}]" if pr.cause_source else ""
         out.append(
             f"  {pr.key} streams {pr.baseline_stream}/{pr.candidate_stream} choice "
-            f"{pr.baseline_choice}: {pr.cause}" + (" — " + words if words else "")
+            f"{pr.baseline_choice}: {pr.cause}{src}" + (" — " + words if words else "")
         )
     return out
 
@@ -1171,6 +1228,17 @@ def cause_words(pr: PairResult, baseline: str, candidate: str) -> str:
         )
     if ev.get("why"):
         words.append(ev["why"])
+    if ev.get("server_evidence"):
+        words.append(f"servers: {ev['server_evidence']}")
+    rv = ev.get("reference_model_view")
+    if rv is not None:
+        gap = rv.get("gap")
+        words.append(
+            f"reference model surprisal at the fork {baseline} "
+            f"{_f(rv.get('baseline_fork_surprisal'))} vs {candidate} "
+            f"{_f(rv.get('candidate_fork_surprisal'))} nats"
+            + ("" if gap is None else f" (gap {gap:.3f})")
+        )
     return "; ".join(words)
 
 
@@ -1200,8 +1268,14 @@ def _reference_lines(report: DiffReport, limit: int) -> list[str]:
             out.append(f"{head}: not scored: {ref['error']}")
             continue
         b, c = ref["baseline"], ref["candidate"]
+        where = f"fork at token {ref['fork_token']}"
+        if ref.get("fork_scoring") == "text":
+            where += (
+                f", scored on text: fork at char {ref.get('fork_char')} from the word at "
+                f"char {ref.get('scored_from_char')}"
+            )
         out.append(
-            f"{head} ({ref['ids']} ids, fork at token {ref['fork_token']}): "
+            f"{head} ({ref['ids']} ids, {where}): "
             f"surprisal at the fork {report.baseline} {b['fork_token']!r} "
             f"{_f(ref['baseline_fork_surprisal'])} vs {report.candidate} "
             f"{c['fork_token']!r} {_f(ref['candidate_fork_surprisal'])} nats → prefers "
@@ -1376,6 +1450,14 @@ def _summary_lines(report: DiffReport, limit: int) -> list[str]:
         )
     for side, tag in ((report.baseline_side, "baseline"), (report.candidate_side, "candidate")):
         lines.append(f"{tag:<9} {side.label}: {describe_side(side.speculation_summary())}")
+    for side, tag in ((report.baseline_side, "baseline"), (report.candidate_side, "candidate")):
+        if side.logprob_tokens:
+            lines.append(
+                f"{tag:<9} {side.label}: sampler "
+                + ("adjusted" if side.not_top1_tokens else "greedy on its logprobs")
+                + f": {side.not_top1_tokens} of {side.logprob_tokens} logprob tokens not the "
+                "top-1 of their own raw logprobs"
+            )
     lines.append(
         f"ratios (candidate/baseline): TTFT {_f(s['ttft_ratio'])}, ITL {_f(s['itl_ratio'])}, "
         f"tokens/chunk {_f(s['tokens_per_chunk_ratio'])}"

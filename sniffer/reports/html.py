@@ -26,7 +26,7 @@ from html import escape
 from typing import Any
 
 from sniffer.reports.cadence import describe_side, gap_histogram
-from sniffer.reports.causes import CAUSES
+from sniffer.reports.causes import CAUSES, SOURCE_WORDS
 from sniffer.reports.diff import DiffReport, GateResult, PairResult, cause_words, verdict
 from sniffer.reports.stats import StatsReport
 
@@ -440,8 +440,10 @@ def _causes(report: DiffReport) -> list[str]:
         "<h2>Why they differ</h2><p class='muted'>The cause of every pair that differs, "
         "from what the streams show: the servers' own logprobs at the fork (near tie "
         f"within {_fmt(report.near_tie_margin)} nats, or substantive), the same text in "
-        "other token ids, one side stopping early or for another reason; unknown without "
-        "logprobs.</p>"
+        "other token ids, one side stopping early or for another reason; sampler_adjusted "
+        "when a server chose against its own raw logprobs; without logprobs the "
+        "reference model's margin at the fork (with --reference-model), else unknown. "
+        "'decided by' names the source.</p>"
     ]
     if not differ:
         out.append("<p>No pair differs.</p>")
@@ -473,7 +475,10 @@ def _causes(report: DiffReport) -> list[str]:
         + "</p>"
     )
     prompts = {p.key: p.prompt for p in report.prompts}
-    out.append("<table><tr><th>streams</th><th>prompt</th><th>cause</th><th>evidence</th></tr>")
+    out.append(
+        "<table><tr><th>streams</th><th>prompt</th><th>cause</th><th>decided by</th>"
+        "<th>evidence</th></tr>"
+    )
     rows = [p for p in report.pairs if p.cause is not None][:MAX_MAP_ROWS]
     for p in rows:
         colour = CAUSE_COLOURS.get(p.cause or "", "#fff")
@@ -481,6 +486,7 @@ def _causes(report: DiffReport) -> list[str]:
             f"<tr><td>{p.baseline_stream}/{p.candidate_stream}</td>"
             f"<td>{escape(prompts.get(p.key, '')[:80])}</td>"
             f"<td style='background:{colour}'>{escape(p.cause or '')}</td>"
+            f"<td>{escape(SOURCE_WORDS.get(p.cause_source or '', '-'))}</td>"
             f"<td>{escape(cause_words(p, report.baseline, report.candidate))}</td></tr>"
         )
     out.append("</table>")

@@ -448,6 +448,8 @@ class Variant:
     #: see sniffer.reports.causes
     cause: str | None = None
     cause_evidence: dict[str, Any] | None = None
+    #: which source decided the cause (sniffer.reports.causes.CAUSE_SOURCES)
+    cause_source: str | None = None
 
 
 @dataclass(slots=True)
@@ -561,6 +563,7 @@ def compute_stats(outputs: Sequence[Output], *, near_tie_margin: float = 0.5) ->
                     fork=None if fork is None else _fork_text(firsts[k], fork),
                     cause=None if why is None else why.cause,
                     cause_evidence=None if why is None else (why.evidence or None),
+                    cause_source=None if why is None else why.source,
                 )
             )
         m0 = members[0]
@@ -685,6 +688,7 @@ def stats_json(report: StatsReport) -> dict[str, Any]:
                         "fork_text": v.fork,
                         "cause": v.cause,
                         "cause_evidence": v.cause_evidence,
+                        "cause_source": v.cause_source,
                     }
                     for v in g.variants
                 ],
