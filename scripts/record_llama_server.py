@@ -39,8 +39,8 @@ stream row holds. ``spec_truth`` holds what the cadence is measured against:
 verification steps, which the wire does not carry).
 
 Needs root (dumpcap on ``lo``), the ``openai`` SDK and a ``llama-server``
-binary built from llama.cpp (CPU: ``cmake -DLLAMA_CURL=OFF``, target
-``llama-server``); nothing of llama.cpp is in this repository.
+binary of llama.cpp, given by path; nothing of llama.cpp is in this
+repository, nor how to build it.
 
 Usage: ``python scripts/record_llama_server.py --llama-server PATH [--only NAME ...]
 [--out DIR]`` (without ``--llama-server`` nor ``$LLAMA_SERVER``: skipped, exit 0).
