@@ -56,6 +56,7 @@ pcaps:
 	$(PYTHON) scripts/craft_faults.py
 	$(PYTHON) scripts/craft_dialect_pcaps.py
 	$(PYTHON) scripts/record_llamacpp.py --if-available
+	$(PYTHON) scripts/record_llama_server.py  # skipped unless LLAMA_SERVER=path/to/llama-server
 	$(PYTHON) scripts/measure_ttft.py
 
 fuzz:

@@ -194,3 +194,31 @@ def test_real_logprobs_hide_the_speculative_cadence(real_outputs: dict[str, list
     with_lp = [o for o in real_outputs["llamacpp_spec"] if '"logprobs"' in (o.request_json or "")]
     assert len(with_lp) == 2
     assert all(o.cadence is not None and o.cadence.cls == STEADY for o in with_lp)
+
+
+def test_a_burst_mode_with_a_long_tail_is_not_cut_through_its_tail() -> None:
+    """What llama-server shows (pcaps/llama-server/): inside a verification
+    step the chunks come back to back (~0.02 ms), except that the second one
+    sometimes lags by a few ms; between steps ~0.5–1.1 s. In log space a lag
+    of 7 ms is nearer the long mode than the short one, so the between-class
+    variance alone puts the split below it; the split goes in the widest
+    empty stretch between the modes, and every step is one burst."""
+    rng = random.Random(7)
+    steps = [1, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 5]
+    gaps: list[float] = []
+    for i, n in enumerate(steps):
+        if i:
+            gaps.append(rng.uniform(0.5, 1.1))
+        for j in range(n - 1):
+            lag = j == 0 and i % 3 == 0
+            gaps.append(rng.uniform(0.005, 0.008) if lag else rng.uniform(0.00001, 0.0001))
+    gaps += [rng.uniform(0.001, 0.004)]  # one more lag inside the last step
+    steps[-1] += 1
+    c = cadence(list(accumulate(gaps, initial=10.0)))
+    assert c.cls == BURSTY
+    want: dict[int, int] = {}
+    for n in steps:
+        want[n] = want.get(n, 0) + 1
+    assert c.burst_lengths == dict(sorted(want.items()))
+    assert c.tokens_per_step == pytest.approx(sum(steps) / len(steps))
+    assert c.threshold_ms is not None and 8 < c.threshold_ms < 500

@@ -26,7 +26,8 @@ from sniffer.store.queries import count_rows, get_stream, list_errors, list_stre
 from sniffer.store.writer import make_engine
 
 PCAPS = Path(__file__).resolve().parent.parent / "pcaps"
-# The recordings in pcaps/ and pcaps/llamacpp/, and the crafted faults in pcaps/faults/.
+# The recordings in pcaps/, pcaps/llamacpp/ and pcaps/llama-server/, and the crafted
+# faults in pcaps/faults/.
 FIXTURES = sorted(
     (p for p in PCAPS.rglob("*.pcap") if p.with_suffix(".expected.json").exists()),
     key=lambda p: p.stem,
@@ -71,6 +72,8 @@ KNOWN_STREAM = {
     "request",
     "after_done",
     "speculative",
+    "timings",  # llama-server: the last timings object the client received
+    "spec_truth",  # per-step truth the cadence is held to: tests/test_llama_server.py
 }
 KNOWN_CHOICE = {
     "text",
@@ -90,7 +93,10 @@ def _expected(pcap: Path) -> dict[str, Any]:
 
 def test_there_are_fixtures() -> None:
     assert len(FIXTURES) >= 20
-    assert all(p.parent in (PCAPS, PCAPS / "faults", PCAPS / "llamacpp") for p in FIXTURES)
+    assert all(
+        p.parent in (PCAPS, PCAPS / "faults", PCAPS / "llamacpp", PCAPS / "llama-server")
+        for p in FIXTURES
+    )
     assert {p.stem for p in FIXTURES if p.parent == PCAPS / "faults"} >= {
         "fault_lost",
         "fault_truncated_file",
@@ -266,6 +272,11 @@ def test_fixture_replays_to_expected(pcap: Path, tmp_path: Path) -> None:  # noq
                     assert tools == w["tool_calls"], (where, ci)
         got_usage = json.loads(got["usage"]) if got["usage"] else None
         usage = want["usage"]
+        if "timings" in want:
+            # llama-server: its timings object is kept inside the usage JSON, as received
+            got_timings = got_usage.pop("timings", None) if got_usage else None
+            assert got_timings == want["timings"], where
+            got_usage = got_usage or None
         if "server_usage" in want:
             # crafted dialect fixtures: usage normalised, the server's own object beside it
             if want["server_usage"] is not None:
