@@ -9,6 +9,7 @@ frames; :meth:`Reassembler.feed_batch` turns it into the flow events of
 from collections.abc import Callable, Iterable
 
 from sniffer.core.events import CaptureGap, FlowEvent, Segment
+from sniffer.llm.dialects.base import Delta
 
 __version__: str
 
@@ -93,3 +94,12 @@ class Reassembler:
         c2s: int,
         s2c: int,
     ) -> None: ...
+
+# --- OpenAI chat/completions streamed chunks (native/py/src/openai.rs) ---
+
+def openai_chunk(
+    data: str, chat: bool, want_name: bool
+) -> tuple[list[Delta], str | None, str | None] | None:
+    """One streamed item's deltas (``OpenAIChat``/``OpenAICompletions.event``),
+    and the reply's model and id when ``want_name``; None when the Python
+    dialect must handle the item."""

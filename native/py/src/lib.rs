@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod flow;
 mod http;
+mod openai;
 
 /// The private extension module `sniffer._native`.
 #[pymodule]
@@ -12,5 +13,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", sparseety_core::VERSION)?;
     flow::register(m)?;
     http::register(m)?;
+    openai::register(m)?;
     Ok(())
 }

@@ -35,10 +35,12 @@ Each item's JSON is parsed once and only the fields present are re-serialised.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from json import loads as _json_loads
 from typing import Any
 
+from sniffer import native_core
 from sniffer.llm.dialects._json import FastDecodeError as _FastDecodeError
 from sniffer.llm.dialects._json import JsonDialect, Shape
 from sniffer.llm.dialects._json import bad_index as _bad_index
@@ -84,6 +86,14 @@ _DONE = "[DONE]"
 _EMPTY_EVENT = Delta(STREAM_LEVEL, OTHER, raw="")
 
 _new_tuple = tuple.__new__
+
+#: ``sniffer._native.openai_chunk(data, chat, want_name)`` when the native core
+#: runs (else None): a streamed item's deltas, and the reply's model and id when
+#: ``want_name``, for the common case it can be sure of (``native/core/src/
+#: openai.rs``); None for any other item, which the Python below handles (the
+#: reference; ``tests/test_native_openai.py`` holds the two together).
+NativeChunk = Callable[[str, bool, bool], "tuple[list[Delta], str | None, str | None] | None"]
+_NATIVE_CHUNK: NativeChunk | None = getattr(native_core()[0], "openai_chunk", None)
 
 
 def _delta(
@@ -322,14 +332,28 @@ class _OpenAIBase(JsonDialect):
     """Parsing shared by both endpoints; subclasses read one choice."""
 
     name = "openai"
+    #: chat chunks (``choices[].delta``), not completions ones (``choices[].text``)
+    _chat = False
 
     def event(self, data: str, event_type: str) -> list[Delta]:
         """One SSE event's data (or NDJSON line): ``JsonDialect.event`` with its
-        calls inlined (one per streamed chunk)."""
+        calls inlined (one per streamed chunk); the native core's extraction
+        first, when it runs."""
         if data == _DONE:
             return [Delta(STREAM_LEVEL, DONE)]
         if not data:  # an empty event (what _unparsed makes of it, without two exceptions)
             return [_EMPTY_EVENT]
+        native = _NATIVE_CHUNK
+        if native is not None:
+            got = native(data, self._chat, not self._named)
+            if got is not None:
+                deltas, model, rid = got
+                if model is not None:  # what self._name(obj) finds
+                    self.response_model = model
+                    if rid is not None:
+                        self.response_id = rid
+                    self._named = True
+                return deltas
         try:
             try:
                 obj = _fast_loads(data)
@@ -432,6 +456,7 @@ class OpenAIChat(_OpenAIBase):
     """``POST /v1/chat/completions``: ``choices[].delta`` streamed, ``choices[].message`` whole."""
 
     name = CHAT
+    _chat = True
 
     def _choice(
         self, choice: Any, position: int, data: str, stream: bool, usage: Usage | None
