@@ -9,8 +9,8 @@
 //!
 //! * RFC 8259 syntax only (the four JSON whitespace characters; no NaN, no
 //!   BOM, no raw control characters in strings, no trailing data);
-//! * integers of at most [`MAX_INT_DIGITS`] digits, and not `-0` (wider ones
-//!   become Python big integers or orjson floats);
+//! * integers that fit an `i64`, and not `-0` (wider ones become Python big
+//!   integers, or floats from orjson past 64 bits);
 //! * finite floats only (`1e400` is infinity in Python);
 //! * no lone surrogate escapes (Python keeps them in a `str`, Rust cannot);
 //! * no duplicate key in an object (a Python dict keeps the last one, and a
@@ -28,8 +28,8 @@ use std::fmt::Write as _;
 pub const MAX_DEPTH: usize = 64;
 /// Most keys accepted in one object (the duplicate check is quadratic).
 pub const MAX_KEYS: usize = 256;
-/// Most digits accepted in an integer: any 18-digit integer fits an `i64`.
-pub const MAX_INT_DIGITS: usize = 18;
+/// Most digits an integer can have (`i64::MAX` has 19); the parse checks the rest.
+pub const MAX_INT_DIGITS: usize = 19;
 
 /// A parsed JSON value; strings borrow from the input unless they had escapes.
 #[derive(Debug, Clone, PartialEq)]
@@ -512,17 +512,17 @@ mod tests {
             "\"\\udc00\"",
             "\"a\u{1}\"",
             "{\"a\":1,\"a\":2}",
-            "1234567890123456789",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "12345678901234567890",
             "\"\\x\"",
             "[1 2]",
             "tru",
         ] {
             assert_eq!(parse(bad), None, "{bad:?}");
         }
-        assert_eq!(
-            parse("123456789012345678"),
-            Some(Value::Int(123_456_789_012_345_678))
-        );
+        assert_eq!(parse("9223372036854775807"), Some(Value::Int(i64::MAX)));
+        assert_eq!(parse("-9223372036854775808"), Some(Value::Int(i64::MIN)));
         assert_eq!(
             parse("\"\\ud83d\\ude00\\u00e9\\n\\/\""),
             Some(Value::Str(Cow::Owned("\u{1F600}\u{e9}\n/".into())))
