@@ -72,39 +72,41 @@ pub struct Chunk<'a> {
 /// `want_name`: the dialect has not found the reply's model yet.
 pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<'_>> {
     let obj = pyjson::parse(data)?;
-    if !matches!(obj, Value::Object(_)) {
+    let Value::Object(members) = &obj else {
         return None;
-    }
-    let (mut model, mut id) = (None, None);
-    if want_name {
-        match obj.get("model").and_then(Value::as_str) {
-            Some(m) if !m.is_empty() => {
-                model = Some(Cow::Owned(m.to_owned()));
-                id = obj
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| Cow::Owned(s.to_owned()));
-            }
-            // the reference would look into these objects for the name
-            _ if matches!(obj.get("message"), Some(Value::Object(_)))
-                || matches!(obj.get("response"), Some(Value::Object(_))) =>
-            {
+    };
+    // one pass over the members (no key twice: the parser refuses that)
+    let (mut model, mut id, mut choices, mut nested_name) = (None, None, None, false);
+    for (k, v) in members {
+        match k.as_ref() {
+            "choices" => choices = Some(v),
+            "model" => model = Some(v),
+            "id" => id = Some(v),
+            // where JsonDialect._name looks when the top level has no model
+            "message" | "response" => nested_name |= matches!(v, Value::Object(_)),
+            "object" if v.as_str() == Some("error") => return None,
+            // errors, usage and server statistics: the reference's
+            "error" | "usage" | "timings" | "metrics" | "meta_info" if *v != Value::Null => {
                 return None
             }
             _ => {}
         }
     }
-    if obj.get_some("error").is_some()
-        || obj.get("object").and_then(Value::as_str) == Some("error")
-        || ["usage", "timings", "metrics", "meta_info"]
-            .iter()
-            .any(|k| obj.get_some(k).is_some())
-    {
-        return None;
+    let (mut name, mut name_id) = (None, None);
+    if want_name {
+        match model {
+            Some(Value::Str(m)) if !m.is_empty() => {
+                name = Some(m.clone());
+                if let Some(Value::Str(i)) = id {
+                    name_id = (!i.is_empty()).then(|| i.clone());
+                }
+            }
+            _ if nested_name => return None,
+            _ => {}
+        }
     }
-    let choices = match obj.get_some("choices") {
-        None => &[][..],
+    let choices = match choices {
+        None | Some(Value::Null) => &[][..],
         Some(Value::Array(items)) => items.as_slice(),
         Some(_) => return None,
     };
@@ -124,16 +126,67 @@ pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<
     for (position, choice) in choices.iter().enumerate() {
         deltas.push(read_choice(choice, position, endpoint)?);
     }
-    Some(Chunk { deltas, model, id })
+    Some(Chunk {
+        deltas,
+        model: name,
+        id: name_id,
+    })
 }
 
-/// An optional string member: `Some(None)` absent or null, `None` another type.
-fn opt_str<'v, 'a>(obj: &'v Value<'a>, key: &str) -> Option<Option<&'v Cow<'a, str>>> {
-    match obj.get_some(key) {
-        None => Some(None),
+/// An optional string: `Some(None)` absent or null, `None` another type.
+fn opt_str<'v, 'a>(v: Option<&'v Value<'a>>) -> Option<Option<&'v Cow<'a, str>>> {
+    match v {
+        None | Some(Value::Null) => Some(None),
         Some(Value::Str(s)) => Some(Some(s)),
         Some(_) => None,
     }
+}
+
+/// The members of a choice (or of its `delta`) the reference reads.
+#[derive(Default)]
+struct Fields<'v, 'a> {
+    index: Option<&'v Value<'a>>,
+    delta: Option<&'v Value<'a>>,
+    text: Option<&'v Value<'a>>,
+    finish_reason: Option<&'v Value<'a>>,
+    logprobs: Option<&'v Value<'a>>,
+    content: Option<&'v Value<'a>>,
+    reasoning_content: Option<&'v Value<'a>>,
+    reasoning: Option<&'v Value<'a>>,
+    tool_calls: Option<&'v Value<'a>>,
+    role: Option<&'v Value<'a>>,
+}
+
+impl<'v, 'a> Fields<'v, 'a> {
+    /// `None` when `obj` is not an object.
+    fn of(obj: &'v Value<'a>) -> Option<Self> {
+        let Value::Object(members) = obj else {
+            return None;
+        };
+        let mut f = Fields::default();
+        for (k, v) in members {
+            let slot = match k.as_ref() {
+                "index" => &mut f.index,
+                "delta" => &mut f.delta,
+                "text" => &mut f.text,
+                "finish_reason" => &mut f.finish_reason,
+                "logprobs" => &mut f.logprobs,
+                "content" => &mut f.content,
+                "reasoning_content" => &mut f.reasoning_content,
+                "reasoning" => &mut f.reasoning,
+                "tool_calls" => &mut f.tool_calls,
+                "role" => &mut f.role,
+                _ => continue,
+            };
+            *slot = Some(v);
+        }
+        Some(f)
+    }
+}
+
+/// `Some(v)` unless `v` is null.
+fn some<'v, 'a>(v: Option<&'v Value<'a>>) -> Option<&'v Value<'a>> {
+    v.filter(|v| **v != Value::Null)
 }
 
 fn read_choice<'a>(
@@ -141,10 +194,8 @@ fn read_choice<'a>(
     position: usize,
     endpoint: Endpoint,
 ) -> Option<ChunkDelta<'a>> {
-    if !matches!(choice, Value::Object(_)) {
-        return None;
-    }
-    let index = match choice.get("index") {
+    let f = Fields::of(choice)?;
+    let index = match f.index {
         None => i64::try_from(position).ok()?,
         Some(Value::Int(i)) => *i,
         Some(_) => return None,
@@ -152,8 +203,8 @@ fn read_choice<'a>(
     if !(0..=INDEX_MAX).contains(&index) {
         return None;
     }
-    let finish = opt_str(choice, "finish_reason")?.cloned();
-    let logprobs = match choice.get_some("logprobs") {
+    let finish = opt_str(f.finish_reason)?.cloned();
+    let logprobs = match some(f.logprobs) {
         None => None,
         Some(lp) => {
             if !token_ids_in_range(lp) {
@@ -174,7 +225,7 @@ fn read_choice<'a>(
     };
     match endpoint {
         Endpoint::Completions => {
-            let text = opt_str(choice, "text")?;
+            let text = opt_str(f.text)?;
             if let Some(t) = text.filter(|t| !t.is_empty()) {
                 d.kind = Kind::Content;
                 d.text = t.clone();
@@ -185,18 +236,16 @@ fn read_choice<'a>(
             }
         }
         Endpoint::Chat => {
-            let empty = Value::Object(Vec::new());
-            let msg = match choice.get_some("delta") {
-                None => &empty,
-                Some(m @ Value::Object(_)) => m,
-                Some(_) => return None,
+            let m = match some(f.delta) {
+                None => Fields::default(),
+                Some(msg) => Fields::of(msg)?,
             };
-            let content = opt_str(msg, "content")?;
-            let reasoning = match opt_str(msg, "reasoning_content")? {
-                None => opt_str(msg, "reasoning")?,
+            let content = opt_str(m.content)?;
+            let reasoning = match opt_str(m.reasoning_content)? {
+                None => opt_str(m.reasoning)?,
                 r => r,
             };
-            d.tool_calls = match msg.get_some("tool_calls") {
+            d.tool_calls = match some(m.tool_calls) {
                 None => None,
                 Some(v @ Value::Array(items)) => (!items.is_empty()).then(|| pyjson::dump(v)),
                 Some(_) => return None,
@@ -215,7 +264,7 @@ fn read_choice<'a>(
                 Kind::ToolCall
             } else if d.finish_reason.is_some() {
                 Kind::Finish
-            } else if msg.get_some("role").is_some() {
+            } else if some(m.role).is_some() {
                 Kind::Role
             } else {
                 d.raw = true;

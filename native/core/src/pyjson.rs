@@ -143,7 +143,7 @@ impl<'a> Parser<'a> {
 
     fn object(&mut self, depth: usize) -> Option<Value<'a>> {
         self.bump(); // '{'
-        let mut members: Vec<(Cow<'a, str>, Value<'a>)> = Vec::new();
+        let mut members: Vec<(Cow<'a, str>, Value<'a>)> = Vec::with_capacity(8);
         self.ws();
         if self.eat(b'}').is_some() {
             return Some(Value::Object(members));
@@ -197,11 +197,13 @@ impl<'a> Parser<'a> {
     }
 
     fn digits(&mut self) -> usize {
-        let start = self.i;
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.bump();
-        }
-        self.i.saturating_sub(start)
+        let rest = self.b.get(self.i..).unwrap_or_default();
+        let n = rest
+            .iter()
+            .position(|c| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        self.i = self.i.saturating_add(n);
+        n
     }
 
     fn number(&mut self) -> Option<Value<'a>> {
@@ -250,39 +252,41 @@ impl<'a> Parser<'a> {
         u32::from_str_radix(h, 16).ok()
     }
 
+    /// Past the characters that stand for themselves in a string: up to a
+    /// quote, a backslash, a control character or the end.
+    fn plain_run(&mut self) {
+        let rest = self.b.get(self.i..).unwrap_or_default();
+        let n = rest
+            .iter()
+            .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+            .unwrap_or(rest.len());
+        self.i = self.i.saturating_add(n);
+    }
+
     /// A string starting at the opening quote.
     fn string(&mut self) -> Option<Cow<'a, str>> {
         self.bump(); // '"'
         let start = self.i;
         // the fast path: no escape (the common case), borrowed
-        loop {
-            match self.peek()? {
-                b'"' => {
-                    let s = self.s.get(start..self.i)?;
-                    self.bump();
-                    return Some(Cow::Borrowed(s));
-                }
-                b'\\' => break,
-                c if c < 0x20 => return None,
-                _ => self.bump(),
-            }
+        self.plain_run();
+        if self.peek()? == b'"' {
+            let s = self.s.get(start..self.i)?;
+            self.bump();
+            return Some(Cow::Borrowed(s));
         }
         let mut out = String::from(self.s.get(start..self.i)?);
         loop {
             let run = self.i;
-            loop {
-                match self.peek()? {
-                    b'"' | b'\\' => break,
-                    c if c < 0x20 => return None,
-                    _ => self.bump(),
-                }
-            }
+            self.plain_run();
             out.push_str(self.s.get(run..self.i)?);
             if self.peek()? == b'"' {
                 self.bump();
                 return Some(Cow::Owned(out));
             }
-            self.bump(); // '\\'
+            if self.peek()? != b'\\' {
+                return None; // a control character
+            }
+            self.bump();
             let c = self.peek()?;
             self.bump();
             match c {
