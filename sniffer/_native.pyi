@@ -7,6 +7,7 @@ frames; :meth:`Reassembler.feed_batch` turns it into the flow events of
 """
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from sniffer.core.events import CaptureGap, FlowEvent, Segment
 from sniffer.llm.dialects.base import Delta
@@ -99,7 +100,9 @@ class Reassembler:
 
 def openai_chunk(
     data: str, chat: bool, want_name: bool
-) -> tuple[list[Delta], str | None, str | None] | None:
-    """One streamed item's deltas (``OpenAIChat``/``OpenAICompletions.event``),
-    and the reply's model and id when ``want_name``; None when the Python
-    dialect must handle the item."""
+) -> tuple[list[Delta], str | None, str | None, tuple[Any, Any, Any, Any] | None] | None:
+    """One streamed item's deltas (``OpenAIChat``/``OpenAICompletions.event``)
+    without usage, the reply's model and id when ``want_name``, and the
+    chunk's ``usage``, ``timings``, ``metrics`` and ``meta_info`` values (None
+    when all are null or absent); None when the Python dialect must handle
+    the item."""

@@ -139,13 +139,25 @@ def test_capture_items_give_the_same_deltas(path: Path) -> None:
     assert taken >= MIN_NATIVE_SHARE * total - 2, (taken, total)  # ≤ 2 usage/error items
 
 
-def test_real_servers_ordinary_chunks_are_all_native() -> None:
-    """llama.cpp's captured streams (logprobs on every chunk): everything but
-    the final chunk with usage and timings goes the native way."""
-    for name in ("llamacpp_plain.pcap", "llamacpp_spec.pcap", "llamacpp_kvq8.pcap"):
-        for chat, items in capture_items(REPO / "pcaps" / "llamacpp" / name):
-            ordinary = [(d, e) for d, e in items if d and d != "[DONE]" and '"usage"' not in d]
-            assert ordinary and check_items(chat, ordinary) == len(ordinary)
+@pytest.mark.parametrize(
+    "name",
+    [
+        "llamacpp/llamacpp_plain.pcap",  # llama-cpp-python: logprobs on every chunk
+        "llamacpp/llamacpp_spec.pcap",
+        "llamacpp/llamacpp_kvq8.pcap",
+        "include_usage.pcap",  # usage chunk with "choices": []
+        "dialect_spec_llamacpp.pcap",  # llama.cpp's timings on the last chunk
+        "dialect_spec_vllm.pcap",  # vLLM's metrics.speculative_decoding beside usage
+        "n2.pcap",
+        "reasoning_tools.pcap",
+        "completions.pcap",
+    ],
+)
+def test_real_server_shapes_are_all_native(name: str) -> None:
+    """Every JSON item of these captures goes the native way."""
+    for chat, items in capture_items(REPO / "pcaps" / name):
+        json_items = [(d, e) for d, e in items if d and d != "[DONE]"]
+        assert check_items(chat, json_items) == len(json_items)
 
 
 # ------------------------------------------------------- generated chunks
@@ -285,18 +297,21 @@ plain_texts = st.one_of(
 plain_choice = choice_of(plain_ints, plain_floats, plain_texts)
 
 
+#: mostly what a server reports, now and then a number at an edge
+counts = st.one_of(plain_ints, plain_ints, ints)
+numbers = st.one_of(plain_floats, plain_floats, floats, counts)
 usage = st.fixed_dictionaries(
-    {}, optional={"prompt_tokens": ints, "completion_tokens": ints, "total_tokens": ints}
+    {}, optional={"prompt_tokens": counts, "completion_tokens": counts, "total_tokens": counts}
 )
 timings = st.fixed_dictionaries(
     {},
     optional={
-        "prompt_n": ints,
-        "prompt_ms": floats,
-        "predicted_n": ints,
-        "predicted_ms": floats,
-        "draft_n": ints,
-        "draft_n_accepted": ints,
+        "prompt_n": counts,
+        "prompt_ms": numbers,
+        "predicted_n": counts,
+        "predicted_ms": numbers,
+        "draft_n": counts,
+        "draft_n_accepted": counts,
     },
 )
 metrics = st.fixed_dictionaries(
@@ -305,10 +320,10 @@ metrics = st.fixed_dictionaries(
         "speculative_decoding": st.fixed_dictionaries(
             {},
             optional={
-                "num_draft_tokens": ints,
-                "num_accepted_tokens": ints,
-                "draft_acceptance_rate": floats,
-                "acceptance_histogram": st.lists(ints, max_size=3),
+                "num_draft_tokens": counts,
+                "num_accepted_tokens": counts,
+                "draft_acceptance_rate": numbers,
+                "acceptance_histogram": st.lists(counts, max_size=3),
             },
         )
     },
@@ -319,13 +334,20 @@ plausible_chunk = st.fixed_dictionaries(
         "id": st.sampled_from(("chatcmpl-1", "cmpl-x")),
         "object": st.sampled_from(("chat.completion.chunk", "text_completion")),
         "model": typed(st.sampled_from(("m", "", "Qwen/Qwen3-0.6B"))),
-        "choices": typed(st.lists(plain_choice, min_size=1, max_size=3)),
+        "choices": typed(st.lists(plain_choice, max_size=3)),
     },
     optional={
         "created": typed(plain_ints),
         "system_fingerprint": typed(plain_texts),
-        "usage": st.none(),
-        "timings": st.none(),
+        "usage": st.one_of(st.none(), usage),
+        "timings": st.one_of(st.none(), timings),
+        "metrics": st.one_of(st.none(), metrics),
+        "meta_info": st.one_of(
+            st.none(),
+            st.dictionaries(
+                st.sampled_from(("spec_accept_rate", "spec_verify_ct", "e2e")), numbers
+            ),
+        ),
     },
 )
 #: every top-level field, usage and errors included

@@ -5,11 +5,13 @@
 //! [`extract`] gives the reference's deltas for an item it can be sure of, and
 //! `None` ("not mine": the Python reference handles the item) for everything
 //! else. Taken: a JSON object of the [`crate::pyjson`] subset, with no
-//! `error`, no `"object": "error"`, no `usage`, `timings`, `metrics` or
-//! `meta_info` (null counts as absent), and `choices` absent, null, `[]` or a
-//! list of well-typed choice objects whose token ids are in range. A wrong
-//! shape or an integer out of range (an INVALID delta in the reference), the
-//! `[DONE]` marker and empty items are the reference's too.
+//! `error` (null counts as absent), no `"object": "error"`, and `choices`
+//! absent, null, `[]` or a list of well-typed choice objects whose token ids
+//! are in range. A wrong shape or an integer out of range (an INVALID delta in
+//! the reference), the `[DONE]` marker and empty items are the reference's
+//! too. A chunk's usage and server statistics (`usage`, `timings`, `metrics`,
+//! `meta_info`) are handed back as values for the Python to read
+//! (`Usage.parse`, `server_stats`) and put on the deltas.
 
 use std::borrow::Cow;
 
@@ -66,6 +68,11 @@ pub struct Chunk<'a> {
     /// The reply's model and id as `JsonDialect._name` reads them (only when asked).
     pub model: Option<Cow<'a, str>>,
     pub id: Option<Cow<'a, str>>,
+    /// The chunk's `usage`, `timings`, `metrics` and `meta_info` (null when
+    /// absent), when one is not null: the Python reads them into the usage
+    /// (`_with_usage`), which goes on the last delta (or makes a USAGE delta
+    /// of a chunk without choices).
+    pub server: Option<Box<[Value<'a>; 4]>>,
 }
 
 /// The reference's deltas for one streamed item, or `None` (not mine).
@@ -77,6 +84,7 @@ pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<
     };
     // one pass over the members (no key twice: the parser refuses that)
     let (mut model, mut id, mut choices, mut nested_name) = (None, None, None, false);
+    let mut server: [Option<&Value<'_>>; 4] = [None; 4];
     for (k, v) in members {
         match k.as_ref() {
             "choices" => choices = Some(v),
@@ -85,10 +93,11 @@ pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<
             // where JsonDialect._name looks when the top level has no model
             "message" | "response" => nested_name |= matches!(v, Value::Object(_)),
             "object" if v.as_str() == Some("error") => return None,
-            // errors, usage and server statistics: the reference's
-            "error" | "usage" | "timings" | "metrics" | "meta_info" if *v != Value::Null => {
-                return None
-            }
+            "error" if *v != Value::Null => return None,
+            "usage" => server[0] = Some(v),
+            "timings" => server[1] = Some(v),
+            "metrics" => server[2] = Some(v),
+            "meta_info" => server[3] = Some(v),
             _ => {}
         }
     }
@@ -126,10 +135,15 @@ pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<
     for (position, choice) in choices.iter().enumerate() {
         deltas.push(read_choice(choice, position, endpoint)?);
     }
+    let server = server
+        .iter()
+        .any(|v| some(*v).is_some())
+        .then(|| Box::new(server.map(|v| v.cloned().unwrap_or(Value::Null))));
     Some(Chunk {
         deltas,
         model: name,
         id: name_id,
+        server,
     })
 }
 
@@ -416,7 +430,6 @@ mod tests {
             r#"{"choices":[{"delta":[]}]}"#,
             r#"{"choices":{}}"#,
             r#"{"choices":[1]}"#,
-            r#"{"choices":[],"usage":{"prompt_tokens":1}}"#,
             r#"{"error":{"message":"x"}}"#,
             r#"{"object":"error","message":"x"}"#,
             r#"{"choices":[{"delta":{},"logprobs":{"content":[{"token":"a","logprob":-1,"id":4294967296}]}}]}"#,
@@ -432,6 +445,22 @@ mod tests {
             false
         )
         .is_some());
+    }
+
+    #[test]
+    fn usage_and_server_statistics_are_handed_back() {
+        let c = extract(
+            r#"{"choices":[],"usage":{"prompt_tokens":1},"timings":null,"meta_info":{"spec_verify_ct":2}}"#,
+            Endpoint::Chat,
+            false,
+        )
+        .unwrap();
+        let server = c.server.unwrap();
+        assert_eq!(server[0].get("prompt_tokens"), Some(&Value::Int(1)));
+        assert_eq!((&server[1], &server[2]), (&Value::Null, &Value::Null));
+        assert_eq!(server[3].get("spec_verify_ct"), Some(&Value::Int(2)));
+        let c = extract(r#"{"choices":[],"usage":null}"#, Endpoint::Chat, false).unwrap();
+        assert_eq!(c.server, None);
     }
 
     #[test]

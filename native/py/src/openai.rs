@@ -4,10 +4,11 @@
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::IntoPyObjectExt;
 
 use sparseety_core::openai::{extract, Endpoint, Kind};
+use sparseety_core::pyjson::Value;
 
 /// `Delta` and `tuple.__new__`, imported once.
 struct Types {
@@ -52,8 +53,35 @@ fn text<'py>(py: Python<'py>, s: &str) -> Bound<'py, PyString> {
     }
 }
 
+/// A parsed JSON value as the Python object `json.loads` makes of it.
+fn to_py<'py>(py: Python<'py>, v: &Value<'_>) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => b.into_bound_py_any(py)?,
+        Value::Int(i) => i.into_bound_py_any(py)?,
+        Value::Float(f) => f.into_bound_py_any(py)?,
+        Value::Str(s) => PyString::new(py, s).into_any(),
+        Value::Array(items) => {
+            let out = PyList::empty(py);
+            for item in items {
+                out.append(to_py(py, item)?)?;
+            }
+            out.into_any()
+        }
+        Value::Object(members) => {
+            let out = PyDict::new(py);
+            for (k, item) in members {
+                out.set_item(PyString::new(py, k), to_py(py, item)?)?;
+            }
+            out.into_any()
+        }
+    })
+}
+
 /// `openai_chunk(data, chat, want_name)`: None (not mine), or
-/// `(deltas, model, id)`; `model` and `id` are None unless `want_name`.
+/// `(deltas, model, id, server)`; `model` and `id` are None unless
+/// `want_name`; `server`: None, or the chunk's `(usage, timings, metrics,
+/// meta_info)` values.
 #[pyfunction]
 fn openai_chunk<'py>(
     py: Python<'py>,
@@ -98,9 +126,19 @@ fn openai_chunk<'py>(
     let name = |v: Option<std::borrow::Cow<'_, str>>| -> PyResult<Bound<'py, PyAny>> {
         v.as_deref().into_bound_py_any(py)
     };
+    let server = match &chunk.server {
+        None => py.None().into_bound(py),
+        Some(values) => {
+            let items = values
+                .iter()
+                .map(|v| to_py(py, v))
+                .collect::<PyResult<Vec<_>>>()?;
+            PyTuple::new(py, items)?.into_any()
+        }
+    };
     Ok(Some(PyTuple::new(
         py,
-        [out.into_any(), name(chunk.model)?, name(chunk.id)?],
+        [out.into_any(), name(chunk.model)?, name(chunk.id)?, server],
     )?))
 }
 

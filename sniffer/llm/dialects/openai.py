@@ -88,11 +88,16 @@ _EMPTY_EVENT = Delta(STREAM_LEVEL, OTHER, raw="")
 _new_tuple = tuple.__new__
 
 #: ``sniffer._native.openai_chunk(data, chat, want_name)`` when the native core
-#: runs (else None): a streamed item's deltas, and the reply's model and id when
-#: ``want_name``, for the common case it can be sure of (``native/core/src/
-#: openai.rs``); None for any other item, which the Python below handles (the
-#: reference; ``tests/test_native_openai.py`` holds the two together).
-NativeChunk = Callable[[str, bool, bool], "tuple[list[Delta], str | None, str | None] | None"]
+#: runs (else None): a streamed item's deltas, the reply's model and id when
+#: ``want_name``, and the chunk's usage, timings, metrics and meta_info values
+#: when it has any (read by :func:`_with_usage`), for the common case it can be
+#: sure of (``native/core/src/openai.rs``); None for any other item, which the
+#: Python below handles (the reference; ``tests/test_native_openai.py`` holds
+#: the two together).
+NativeChunk = Callable[
+    [str, bool, bool],
+    "tuple[list[Delta], str | None, str | None, tuple[Any, Any, Any, Any] | None] | None",
+]
 _NATIVE_CHUNK: NativeChunk | None = getattr(native_core()[0], "openai_chunk", None)
 
 
@@ -328,6 +333,18 @@ def _with_server_objects(usage: Any, timings: Any, metrics: Any, meta: Any) -> A
     return out if out or usage is not None else None
 
 
+def _usage_value(usage: Any, timings: Any, metrics: Any, meta: Any) -> Usage | None:
+    """The typed usage of a chunk's (or body's) ``usage``, ``timings``,
+    ``metrics`` and ``meta_info`` values (None: no usage); raises
+    :class:`OutOfRange` for a count out of range."""
+    if timings is not None or metrics is not None or meta is not None:
+        usage = _with_server_objects(usage, timings, metrics, meta)
+    usage_value = None if usage is None else Usage.parse(usage)
+    if usage_value is not None and (timings is not None or metrics is not None or meta):
+        usage_value = server_stats(usage_value)
+    return usage_value
+
+
 class _OpenAIBase(JsonDialect):
     """Parsing shared by both endpoints; subclasses read one choice."""
 
@@ -347,13 +364,15 @@ class _OpenAIBase(JsonDialect):
         if native is not None:
             got = native(data, self._chat, not self._named)
             if got is not None:
-                deltas, model, rid = got
+                deltas, model, rid, server = got
                 if model is not None:  # what self._name(obj) finds
                     self.response_model = model
                     if rid is not None:
                         self.response_id = rid
                     self._named = True
-                return deltas
+                if server is None:
+                    return deltas
+                return _with_usage(data, deltas, server)
         try:
             try:
                 obj = _fast_loads(data)
@@ -398,12 +417,11 @@ class _OpenAIBase(JsonDialect):
         if not stream and meta is None and type(choices) is list and choices:
             first = choices[0]
             meta = first.get("meta_info") if type(first) is dict else None
-        if timings is not None or metrics is not None or meta is not None:
-            usage = _with_server_objects(usage, timings, metrics, meta)
         # per chunk: no call when there is no usage (the common case)
-        usage_value = None if usage is None else Usage.parse(usage)
-        if usage_value is not None and (timings is not None or metrics is not None or meta):
-            usage_value = server_stats(usage_value)
+        if usage is None and timings is None and metrics is None and meta is None:
+            usage_value = None
+        else:
+            usage_value = _usage_value(usage, timings, metrics, meta)
         if not choices:
             if choices is not None and type(choices) is not list:
                 raise _not("choices", choices, "an array")
@@ -434,6 +452,26 @@ class _OpenAIBase(JsonDialect):
     ) -> Delta:
         """One entry of ``choices``; ``usage`` (streaming only) goes on its Delta."""
         raise NotImplementedError
+
+
+def _with_usage(data: str, deltas: list[Delta], server: tuple[Any, Any, Any, Any]) -> list[Delta]:
+    """The native extraction's deltas with the usage of the chunk, read here
+    from its ``usage``, ``timings``, ``metrics`` and ``meta_info`` values
+    (``server``) as :meth:`_OpenAIBase._chunk` reads them: on the last
+    choice's delta, or a USAGE delta for a chunk without choices."""
+    try:
+        value = _usage_value(*server)
+    except (Shape, OutOfRange) as exc:
+        return _invalid(data, str(exc))
+    except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
+        return _invalid(data, f"{type(exc).__name__}: {exc}")
+    if value is None:
+        return deltas
+    last = deltas[-1]
+    if last.choice == STREAM_LEVEL:  # no choices: the OTHER delta of an empty chunk
+        return [Delta(STREAM_LEVEL, USAGE, usage=value)]
+    deltas[-1] = last._replace(usage=value)
+    return deltas
 
 
 def _index(choice: dict[str, Any], position: int) -> int:
