@@ -42,11 +42,12 @@ Exchanges = list[tuple[bool, list[tuple[str, str]]]]
 
 def _items(capture: Path) -> Exchanges:
     """(chat, items) of each OpenAI exchange of the capture, as replayed."""
-    by_dialect: dict[int, tuple[bool, list[tuple[str, str]]]] = {}
+    # keyed by the dialect itself (held, so that no other one reuses its id)
+    by_dialect: dict[int, tuple[openai._OpenAIBase, list[tuple[str, str]]]] = {}
     event = openai._OpenAIBase.event
 
     def record(self: openai._OpenAIBase, data: str, event_type: str) -> list[Delta]:
-        by_dialect.setdefault(id(self), (self._chat, []))[1].append((data, event_type))
+        by_dialect.setdefault(id(self), (self, []))[1].append((data, event_type))
         return event(self, data, event_type)
 
     with mock.patch.object(openai._OpenAIBase, "event", record):
@@ -56,7 +57,7 @@ def _items(capture: Path) -> Exchanges:
             last = seg.ts
             pipe.feed(seg)
         pipe.flush(last + 1e6)
-    return list(by_dialect.values())
+    return [(d._chat, items) for d, items in by_dialect.values()]
 
 
 def _cpu(fn: Callable[[], Any]) -> tuple[float, Any]:

@@ -106,11 +106,12 @@ def captures() -> list[Path]:
 def capture_items(path: Path) -> list[tuple[bool, list[tuple[str, str]]]]:
     """Each OpenAI exchange of the capture: (chat, its items in order), as the
     streams stage hands them to the dialect on a replay."""
-    by_dialect: dict[int, tuple[bool, list[tuple[str, str]]]] = {}
+    # keyed by the dialect itself (held, so that no other one reuses its id)
+    by_dialect: dict[int, tuple[openai._OpenAIBase, list[tuple[str, str]]]] = {}
     event = openai._OpenAIBase.event
 
     def record(self: openai._OpenAIBase, data: str, event_type: str) -> list[Delta]:
-        by_dialect.setdefault(id(self), (self._chat, []))[1].append((data, event_type))
+        by_dialect.setdefault(id(self), (self, []))[1].append((data, event_type))
         return event(self, data, event_type)
 
     with mock.patch.object(openai._OpenAIBase, "event", record):
@@ -120,7 +121,7 @@ def capture_items(path: Path) -> list[tuple[bool, list[tuple[str, str]]]]:
             last = seg.ts
             pipe.feed(seg)
         pipe.flush(last + 1e6)
-    return list(by_dialect.values())
+    return [(d._chat, items) for d, items in by_dialect.values()]
 
 
 def test_the_captures_have_openai_items() -> None:
