@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from fuzz import MUTATIONS, edge_ints, mutate  # noqa: E402
 
 pytestmark = [
+    pytest.mark.native,
     pytest.mark.filterwarnings("ignore:Generating overly large repr"),
     pytest.mark.skipif(
         openai._NATIVE_CHUNK is None,

@@ -31,6 +31,11 @@ U+FFFD inside content is content: the token-boundary anomaly is for the
 tokens stage to report, not a parse error.
 
 Each item's JSON is parsed once and only the fields present are re-serialised.
+
+When the native core runs, :meth:`_OpenAIBase.event` hands each streamed item
+to it first (:data:`_NATIVE_CHUNK`): it returns these same deltas for the
+common case and None for anything it is not sure of, which the Python below
+then handles; the Python stays the reference (``tests/test_native_openai.py``).
 """
 
 from __future__ import annotations
