@@ -85,6 +85,20 @@ pub fn parse(text: &str) -> Option<Value<'_>> {
     (p.i == p.b.len()).then_some(v)
 }
 
+/// The bytes that end a run of plain string characters: a quote, a
+/// backslash, a control character.
+static STOPS: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 0x20 {
+        t[c] = true;
+        c += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
 struct Parser<'a> {
     s: &'a str,
     b: &'a [u8],
@@ -258,7 +272,7 @@ impl<'a> Parser<'a> {
         let rest = self.b.get(self.i..).unwrap_or_default();
         let n = rest
             .iter()
-            .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+            .position(|&c| STOPS[usize::from(c)])
             .unwrap_or(rest.len());
         self.i = self.i.saturating_add(n);
     }
