@@ -9,8 +9,10 @@ frames; :meth:`Reassembler.feed_batch` turns it into the flow events of
 """
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from sniffer.core.events import CaptureGap, FlowEvent, Segment
+from sniffer.llm.dialects.base import Delta
 
 __version__: str
 
@@ -125,3 +127,14 @@ class Core:
     def capture_gap(self, gap: CaptureGap) -> tuple[list[object], CoreErrors]: ...
     def origin(self, i: int) -> tuple[int, float, int] | None:
         """(conn, ts, end) of the flow event that made output ``i`` of the last call."""
+
+# --- OpenAI chat/completions streamed chunks (native/py/src/openai.rs) ---
+
+def openai_chunk(
+    data: str, chat: bool, want_name: bool
+) -> tuple[list[Delta], str | None, str | None, tuple[Any, Any, Any, Any] | None] | None:
+    """One streamed item's deltas (``OpenAIChat``/``OpenAICompletions.event``)
+    without usage, the reply's model and id when ``want_name``, and the
+    chunk's ``usage``, ``timings``, ``metrics`` and ``meta_info`` values (None
+    when all are null or absent); None when the Python dialect must handle
+    the item."""

@@ -16,6 +16,8 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 pub mod http1;
 pub mod ndjson;
+pub mod openai;
+pub mod pyjson;
 pub mod sse;
 
 #[cfg(test)]

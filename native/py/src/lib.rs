@@ -7,6 +7,7 @@ mod flow;
 mod fused;
 mod http;
 mod ring;
+mod openai;
 
 /// The private extension module `sniffer._native`.
 #[pymodule]
@@ -16,5 +17,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     http::register(m)?;
     ring::register(m)?;
     fused::register(m)?;
+    openai::register(m)?;
     Ok(())
 }

@@ -31,14 +31,21 @@ U+FFFD inside content is content: the token-boundary anomaly is for the
 tokens stage to report, not a parse error.
 
 Each item's JSON is parsed once and only the fields present are re-serialised.
+
+When the native core runs, :meth:`_OpenAIBase.event` hands each streamed item
+to it first (:data:`_NATIVE_CHUNK`): it returns these same deltas for the
+common case and None for anything it is not sure of, which the Python below
+then handles; the Python stays the reference (``tests/test_native_openai.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from json import loads as _json_loads
 from typing import Any
 
+from sniffer import native_core
 from sniffer.llm.dialects._json import FastDecodeError as _FastDecodeError
 from sniffer.llm.dialects._json import JsonDialect, Shape
 from sniffer.llm.dialects._json import bad_index as _bad_index
@@ -84,6 +91,19 @@ _DONE = "[DONE]"
 _EMPTY_EVENT = Delta(STREAM_LEVEL, OTHER, raw="")
 
 _new_tuple = tuple.__new__
+
+#: ``sniffer._native.openai_chunk(data, chat, want_name)`` when the native core
+#: runs (else None): a streamed item's deltas, the reply's model and id when
+#: ``want_name``, and the chunk's usage, timings, metrics and meta_info values
+#: when it has any (read by :func:`_with_usage`), for the common case it can be
+#: sure of (``native/core/src/openai.rs``); None for any other item, which the
+#: Python below handles (the reference; ``tests/test_native_openai.py`` holds
+#: the two together).
+NativeChunk = Callable[
+    [str, bool, bool],
+    "tuple[list[Delta], str | None, str | None, tuple[Any, Any, Any, Any] | None] | None",
+]
+_NATIVE_CHUNK: NativeChunk | None = getattr(native_core()[0], "openai_chunk", None)
 
 
 def _delta(
@@ -318,18 +338,46 @@ def _with_server_objects(usage: Any, timings: Any, metrics: Any, meta: Any) -> A
     return out if out or usage is not None else None
 
 
+def _usage_value(usage: Any, timings: Any, metrics: Any, meta: Any) -> Usage | None:
+    """The typed usage of a chunk's (or body's) ``usage``, ``timings``,
+    ``metrics`` and ``meta_info`` values (None: no usage); raises
+    :class:`OutOfRange` for a count out of range."""
+    if timings is not None or metrics is not None or meta is not None:
+        usage = _with_server_objects(usage, timings, metrics, meta)
+    usage_value = None if usage is None else Usage.parse(usage)
+    if usage_value is not None and (timings is not None or metrics is not None or meta):
+        usage_value = server_stats(usage_value)
+    return usage_value
+
+
 class _OpenAIBase(JsonDialect):
     """Parsing shared by both endpoints; subclasses read one choice."""
 
     name = "openai"
+    #: chat chunks (``choices[].delta``), not completions ones (``choices[].text``)
+    _chat = False
 
     def event(self, data: str, event_type: str) -> list[Delta]:
         """One SSE event's data (or NDJSON line): ``JsonDialect.event`` with its
-        calls inlined (one per streamed chunk)."""
+        calls inlined (one per streamed chunk); the native core's extraction
+        first, when it runs."""
         if data == _DONE:
             return [Delta(STREAM_LEVEL, DONE)]
         if not data:  # an empty event (what _unparsed makes of it, without two exceptions)
             return [_EMPTY_EVENT]
+        native = _NATIVE_CHUNK
+        if native is not None:
+            got = native(data, self._chat, not self._named)
+            if got is not None:
+                deltas, model, rid, server = got
+                if model is not None:  # what self._name(obj) finds
+                    self.response_model = model
+                    if rid is not None:
+                        self.response_id = rid
+                    self._named = True
+                if server is None:
+                    return deltas
+                return _with_usage(data, deltas, server)
         try:
             try:
                 obj = _fast_loads(data)
@@ -374,12 +422,11 @@ class _OpenAIBase(JsonDialect):
         if not stream and meta is None and type(choices) is list and choices:
             first = choices[0]
             meta = first.get("meta_info") if type(first) is dict else None
-        if timings is not None or metrics is not None or meta is not None:
-            usage = _with_server_objects(usage, timings, metrics, meta)
         # per chunk: no call when there is no usage (the common case)
-        usage_value = None if usage is None else Usage.parse(usage)
-        if usage_value is not None and (timings is not None or metrics is not None or meta):
-            usage_value = server_stats(usage_value)
+        if usage is None and timings is None and metrics is None and meta is None:
+            usage_value = None
+        else:
+            usage_value = _usage_value(usage, timings, metrics, meta)
         if not choices:
             if choices is not None and type(choices) is not list:
                 raise _not("choices", choices, "an array")
@@ -412,6 +459,26 @@ class _OpenAIBase(JsonDialect):
         raise NotImplementedError
 
 
+def _with_usage(data: str, deltas: list[Delta], server: tuple[Any, Any, Any, Any]) -> list[Delta]:
+    """The native extraction's deltas with the usage of the chunk, read here
+    from its ``usage``, ``timings``, ``metrics`` and ``meta_info`` values
+    (``server``) as :meth:`_OpenAIBase._chunk` reads them: on the last
+    choice's delta, or a USAGE delta for a chunk without choices."""
+    try:
+        value = _usage_value(*server)
+    except (Shape, OutOfRange) as exc:
+        return _invalid(data, str(exc))
+    except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
+        return _invalid(data, f"{type(exc).__name__}: {exc}")
+    if value is None:
+        return deltas
+    last = deltas[-1]
+    if last.choice == STREAM_LEVEL:  # no choices: the OTHER delta of an empty chunk
+        return [Delta(STREAM_LEVEL, USAGE, usage=value)]
+    deltas[-1] = last._replace(usage=value)
+    return deltas
+
+
 def _index(choice: dict[str, Any], position: int) -> int:
     index = choice.get("index", position)
     if type(index) is not int or not 0 <= index <= INDEX_MAX:
@@ -432,6 +499,7 @@ class OpenAIChat(_OpenAIBase):
     """``POST /v1/chat/completions``: ``choices[].delta`` streamed, ``choices[].message`` whole."""
 
     name = CHAT
+    _chat = True
 
     def _choice(
         self, choice: Any, position: int, data: str, stream: bool, usage: Usage | None

@@ -1,0 +1,500 @@
+//! OpenAI Chat Completions and Completions streamed chunks → deltas, for the
+//! common case (the Python reference: `sniffer/llm/dialects/openai.py`,
+//! `_OpenAIBase.event` and the `_choice` of `OpenAIChat` / `OpenAICompletions`).
+//!
+//! [`extract`] gives the reference's deltas for an item it can be sure of, and
+//! `None` ("not mine": the Python reference handles the item) for everything
+//! else. Taken: a JSON object of the [`crate::pyjson`] subset, with no
+//! `error` (null counts as absent), no `"object": "error"`, and `choices`
+//! absent, null, `[]` or a list of well-typed choice objects whose token ids
+//! are in range. A wrong shape or an integer out of range (an INVALID delta in
+//! the reference), the `[DONE]` marker and empty items are the reference's
+//! too. A chunk's usage and server statistics (`usage`, `timings`, `metrics`,
+//! `meta_info`) are handed back as values for the Python to read
+//! (`Usage.parse`, `server_stats`) and put on the deltas.
+
+use std::borrow::Cow;
+
+use crate::pyjson::{self, Value};
+
+/// Largest choice index (`sniffer.llm.values.INDEX_MAX`: a 32-bit column).
+pub const INDEX_MAX: i64 = 2_147_483_647;
+/// Largest token id (`sniffer.llm.values.TOKEN_ID_RANGE`: 32-bit unsigned).
+pub const TOKEN_ID_MAX: i64 = 4_294_967_295;
+/// `Delta.choice` of a stream-level delta (`sniffer.llm.dialects.base.STREAM_LEVEL`).
+pub const STREAM_LEVEL: i64 = -1;
+
+/// Which endpoint's chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`: `choices[].delta`.
+    Chat,
+    /// `/v1/completions`: `choices[].text`.
+    Completions,
+}
+
+/// A delta's kind (`sniffer.llm.dialects.base`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Content,
+    Reasoning,
+    ToolCall,
+    Finish,
+    Role,
+    Other,
+}
+
+/// One `Delta` (its `usage`, `error` and `server_tokens` are always None here).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChunkDelta<'a> {
+    /// The choice index, or [`STREAM_LEVEL`].
+    pub choice: i64,
+    pub kind: Kind,
+    pub text: Cow<'a, str>,
+    pub reasoning: Cow<'a, str>,
+    /// JSON text of a non-empty `tool_calls` list.
+    pub tool_calls: Option<String>,
+    pub finish_reason: Option<Cow<'a, str>>,
+    /// JSON text of the choice's `logprobs`.
+    pub logprobs: Option<String>,
+    /// `raw` is the item itself (OTHER deltas).
+    pub raw: bool,
+}
+
+/// What one item gives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chunk<'a> {
+    pub deltas: Vec<ChunkDelta<'a>>,
+    /// The reply's model and id as `JsonDialect._name` reads them (only when asked).
+    pub model: Option<Cow<'a, str>>,
+    pub id: Option<Cow<'a, str>>,
+    /// The chunk's `usage`, `timings`, `metrics` and `meta_info` (null when
+    /// absent), when one is not null: the Python reads them into the usage
+    /// (`_with_usage`), which goes on the last delta (or makes a USAGE delta
+    /// of a chunk without choices).
+    pub server: Option<Box<[Value<'a>; 4]>>,
+}
+
+/// The reference's deltas for one streamed item, or `None` (not mine).
+/// `want_name`: the dialect has not found the reply's model yet.
+pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<'_>> {
+    let obj = pyjson::parse(data)?;
+    let Value::Object(members) = &obj else {
+        return None;
+    };
+    // one pass over the members (no key twice: the parser refuses that)
+    let (mut model, mut id, mut choices, mut nested_name) = (None, None, None, false);
+    let mut server: [Option<&Value<'_>>; 4] = [None; 4];
+    for (k, v) in members {
+        match k.as_ref() {
+            "choices" => choices = Some(v),
+            "model" => model = Some(v),
+            "id" => id = Some(v),
+            // where JsonDialect._name looks when the top level has no model
+            "message" | "response" => nested_name |= matches!(v, Value::Object(_)),
+            "object" if v.as_str() == Some("error") => return None,
+            "error" if *v != Value::Null => return None,
+            "usage" => server[0] = Some(v),
+            "timings" => server[1] = Some(v),
+            "metrics" => server[2] = Some(v),
+            "meta_info" => server[3] = Some(v),
+            _ => {}
+        }
+    }
+    let (mut name, mut name_id) = (None, None);
+    if want_name {
+        match model {
+            Some(Value::Str(m)) if !m.is_empty() => {
+                name = Some(m.clone());
+                if let Some(Value::Str(i)) = id {
+                    name_id = (!i.is_empty()).then(|| i.clone());
+                }
+            }
+            _ if nested_name => return None,
+            _ => {}
+        }
+    }
+    let choices = match choices {
+        None | Some(Value::Null) => &[][..],
+        Some(Value::Array(items)) => items.as_slice(),
+        Some(_) => return None,
+    };
+    let mut deltas = Vec::with_capacity(choices.len().max(1));
+    if choices.is_empty() {
+        deltas.push(ChunkDelta {
+            choice: STREAM_LEVEL,
+            kind: Kind::Other,
+            text: Cow::Borrowed(""),
+            reasoning: Cow::Borrowed(""),
+            tool_calls: None,
+            finish_reason: None,
+            logprobs: None,
+            raw: true,
+        });
+    }
+    for (position, choice) in choices.iter().enumerate() {
+        deltas.push(read_choice(choice, position, endpoint)?);
+    }
+    let server = server
+        .iter()
+        .any(|v| some(*v).is_some())
+        .then(|| Box::new(server.map(|v| v.cloned().unwrap_or(Value::Null))));
+    Some(Chunk {
+        deltas,
+        model: name,
+        id: name_id,
+        server,
+    })
+}
+
+/// An optional string: `Some(None)` absent or null, `None` another type.
+fn opt_str<'v, 'a>(v: Option<&'v Value<'a>>) -> Option<Option<&'v Cow<'a, str>>> {
+    match v {
+        None | Some(Value::Null) => Some(None),
+        Some(Value::Str(s)) => Some(Some(s)),
+        Some(_) => None,
+    }
+}
+
+/// The members of a choice (or of its `delta`) the reference reads.
+#[derive(Default)]
+struct Fields<'v, 'a> {
+    index: Option<&'v Value<'a>>,
+    delta: Option<&'v Value<'a>>,
+    text: Option<&'v Value<'a>>,
+    finish_reason: Option<&'v Value<'a>>,
+    logprobs: Option<&'v Value<'a>>,
+    content: Option<&'v Value<'a>>,
+    reasoning_content: Option<&'v Value<'a>>,
+    reasoning: Option<&'v Value<'a>>,
+    tool_calls: Option<&'v Value<'a>>,
+    role: Option<&'v Value<'a>>,
+}
+
+impl<'v, 'a> Fields<'v, 'a> {
+    /// `None` when `obj` is not an object.
+    fn of(obj: &'v Value<'a>) -> Option<Self> {
+        let Value::Object(members) = obj else {
+            return None;
+        };
+        let mut f = Fields::default();
+        for (k, v) in members {
+            let slot = match k.as_ref() {
+                "index" => &mut f.index,
+                "delta" => &mut f.delta,
+                "text" => &mut f.text,
+                "finish_reason" => &mut f.finish_reason,
+                "logprobs" => &mut f.logprobs,
+                "content" => &mut f.content,
+                "reasoning_content" => &mut f.reasoning_content,
+                "reasoning" => &mut f.reasoning,
+                "tool_calls" => &mut f.tool_calls,
+                "role" => &mut f.role,
+                _ => continue,
+            };
+            *slot = Some(v);
+        }
+        Some(f)
+    }
+}
+
+/// `Some(v)` unless `v` is null.
+fn some<'v, 'a>(v: Option<&'v Value<'a>>) -> Option<&'v Value<'a>> {
+    v.filter(|v| **v != Value::Null)
+}
+
+fn read_choice<'a>(
+    choice: &Value<'a>,
+    position: usize,
+    endpoint: Endpoint,
+) -> Option<ChunkDelta<'a>> {
+    let f = Fields::of(choice)?;
+    let index = match f.index {
+        None => i64::try_from(position).ok()?,
+        Some(Value::Int(i)) => *i,
+        Some(_) => return None,
+    };
+    if !(0..=INDEX_MAX).contains(&index) {
+        return None;
+    }
+    let finish = opt_str(f.finish_reason)?.cloned();
+    let logprobs = match some(f.logprobs) {
+        None => None,
+        Some(lp) => {
+            if !token_ids_in_range(lp) {
+                return None;
+            }
+            Some(pyjson::dump(lp))
+        }
+    };
+    let mut d = ChunkDelta {
+        choice: index,
+        kind: Kind::Other,
+        text: Cow::Borrowed(""),
+        reasoning: Cow::Borrowed(""),
+        tool_calls: None,
+        finish_reason: finish,
+        logprobs,
+        raw: false,
+    };
+    match endpoint {
+        Endpoint::Completions => {
+            let text = opt_str(f.text)?;
+            if let Some(t) = text.filter(|t| !t.is_empty()) {
+                d.kind = Kind::Content;
+                d.text = t.clone();
+            } else if d.finish_reason.is_some() {
+                d.kind = Kind::Finish;
+            } else {
+                d.raw = true;
+            }
+        }
+        Endpoint::Chat => {
+            let m = match some(f.delta) {
+                None => Fields::default(),
+                Some(msg) => Fields::of(msg)?,
+            };
+            let content = opt_str(m.content)?;
+            let reasoning = match opt_str(m.reasoning_content)? {
+                None => opt_str(m.reasoning)?,
+                r => r,
+            };
+            d.tool_calls = match some(m.tool_calls) {
+                None => None,
+                Some(v @ Value::Array(items)) => (!items.is_empty()).then(|| pyjson::dump(v)),
+                Some(_) => return None,
+            };
+            if let Some(c) = content {
+                d.text = c.clone();
+            }
+            if let Some(r) = reasoning {
+                d.reasoning = r.clone();
+            }
+            d.kind = if !d.text.is_empty() {
+                Kind::Content
+            } else if !d.reasoning.is_empty() {
+                Kind::Reasoning
+            } else if d.tool_calls.is_some() {
+                Kind::ToolCall
+            } else if d.finish_reason.is_some() {
+                Kind::Finish
+            } else if some(m.role).is_some() {
+                Kind::Role
+            } else {
+                d.raw = true;
+                Kind::Other
+            };
+        }
+    }
+    Some(d)
+}
+
+/// A token object (`_json._token_object`): `token` (or, absent, `text`) a
+/// string and `logprob` a number.
+fn token_object(item: &Value<'_>) -> bool {
+    if !matches!(item, Value::Object(_)) {
+        return false;
+    }
+    let text = if item.has("token") {
+        item.get("token")
+    } else {
+        item.get("text")
+    };
+    matches!(text, Some(Value::Str(_)))
+        && matches!(item.get("logprob"), Some(Value::Int(_) | Value::Float(_)))
+}
+
+/// `check_int(v, TOKEN_ID_RANGE)` would not raise: not a number, or in range.
+fn id_ok(v: Option<&Value<'_>>) -> bool {
+    match v {
+        Some(Value::Int(i)) => (0..=TOKEN_ID_MAX).contains(i),
+        #[allow(clippy::cast_precision_loss)] // exact: 2^32 - 1 is a float
+        Some(Value::Float(f)) => (0.0..=TOKEN_ID_MAX as f64).contains(f),
+        _ => true,
+    }
+}
+
+fn ids_ok(item: &Value<'_>) -> bool {
+    id_ok(item.get("id")) && id_ok(item.get("token_id"))
+}
+
+/// `_json.check_token_ids` would not raise for this logprobs value.
+fn token_ids_in_range(logprobs: &Value<'_>) -> bool {
+    let mut items: Vec<&Value<'_>> = Vec::new();
+    match logprobs {
+        Value::Object(_) => {
+            items.push(logprobs);
+            for key in ["content", "refusal"] {
+                if let Some(Value::Array(list)) = logprobs.get(key) {
+                    items.extend(list.iter());
+                }
+            }
+        }
+        Value::Array(list) => items.extend(list.iter()),
+        _ => return true,
+    }
+    items
+        .into_iter()
+        .filter(|item| token_object(item))
+        .all(|item| {
+            ids_ok(item)
+                && ["top_logprobs", "top_tokens"]
+                    .iter()
+                    .all(|key| match item.get(key) {
+                        Some(Value::Array(alts)) => {
+                            alts.iter().filter(|a| token_object(a)).all(ids_ok)
+                        }
+                        _ => true,
+                    })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(data: &str, e: Endpoint) -> Option<ChunkDelta<'_>> {
+        let mut c = extract(data, e, false)?;
+        assert_eq!(c.deltas.len(), 1);
+        c.deltas.pop()
+    }
+
+    #[test]
+    fn chat_kinds() {
+        let d = one(
+            r#"{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert_eq!((d.choice, d.kind, &*d.text), (0, Kind::Content, "hi"));
+        let d = one(
+            r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert_eq!(d.kind, Kind::Role);
+        let d = one(r#"{"choices":[{"delta":{"content":""}}]}"#, Endpoint::Chat).unwrap();
+        assert_eq!((d.kind, d.raw), (Kind::Other, true));
+        let d = one(
+            r#"{"choices":[{"delta":{"reasoning":"r"}}]}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert_eq!((d.kind, &*d.reasoning), (Kind::Reasoning, "r"));
+        let d = one(
+            r#"{"choices":[{"delta":{"tool_calls":[{"a": 1.5e-7}]}}]}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert_eq!(
+            (d.kind, d.tool_calls.as_deref()),
+            (Kind::ToolCall, Some(r#"[{"a":1.5e-07}]"#))
+        );
+        let d = one(
+            r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert_eq!(
+            (d.kind, d.finish_reason.as_deref()),
+            (Kind::Finish, Some("stop"))
+        );
+        let d = one(r#"{"choices":[]}"#, Endpoint::Chat).unwrap();
+        assert_eq!((d.choice, d.kind, d.raw), (STREAM_LEVEL, Kind::Other, true));
+    }
+
+    #[test]
+    fn completions_kinds() {
+        let d = one(
+            r#"{"choices":[{"index":3,"text":"x","logprobs":null}]}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
+        assert_eq!((d.choice, d.kind, &*d.text), (3, Kind::Content, "x"));
+        let d = one(
+            r#"{"choices":[{"text":"","finish_reason":"length"}]}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
+        assert_eq!(d.kind, Kind::Finish);
+    }
+
+    #[test]
+    fn not_mine() {
+        for data in [
+            r#"{"choices":[{"index":-1,"delta":{}}]}"#,
+            r#"{"choices":[{"index":2147483648,"delta":{}}]}"#,
+            r#"{"choices":[{"index":true,"delta":{}}]}"#,
+            r#"{"choices":[{"index":null,"delta":{}}]}"#,
+            r#"{"choices":[{"delta":{"content":1}}]}"#,
+            r#"{"choices":[{"delta":[]}]}"#,
+            r#"{"choices":{}}"#,
+            r#"{"choices":[1]}"#,
+            r#"{"error":{"message":"x"}}"#,
+            r#"{"object":"error","message":"x"}"#,
+            r#"{"choices":[{"delta":{},"logprobs":{"content":[{"token":"a","logprob":-1,"id":4294967296}]}}]}"#,
+            r#"{"choices":[{"delta":{},"logprobs":[{"text":"a","logprob":-1,"top_tokens":[{"text":"b","logprob":0,"id":-1}]}]}]}"#,
+            "[]",
+        ] {
+            assert_eq!(extract(data, Endpoint::Chat, false), None, "{data}");
+        }
+        // a token id out of range outside a token object is not checked
+        assert!(extract(
+            r#"{"choices":[{"delta":{},"logprobs":{"content":[{"token":"a","id":-5}]}}]}"#,
+            Endpoint::Chat,
+            false
+        )
+        .is_some());
+    }
+
+    #[test]
+    fn usage_and_server_statistics_are_handed_back() {
+        let c = extract(
+            r#"{"choices":[],"usage":{"prompt_tokens":1},"timings":null,"meta_info":{"spec_verify_ct":2}}"#,
+            Endpoint::Chat,
+            false,
+        )
+        .unwrap();
+        let server = c.server.unwrap();
+        assert_eq!(server[0].get("prompt_tokens"), Some(&Value::Int(1)));
+        assert_eq!((&server[1], &server[2]), (&Value::Null, &Value::Null));
+        assert_eq!(server[3].get("spec_verify_ct"), Some(&Value::Int(2)));
+        let c = extract(r#"{"choices":[],"usage":null}"#, Endpoint::Chat, false).unwrap();
+        assert_eq!(c.server, None);
+    }
+
+    #[test]
+    fn the_name() {
+        let c = extract(
+            r#"{"id":"x","model":"m","choices":[]}"#,
+            Endpoint::Chat,
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            (c.model.as_deref(), c.id.as_deref()),
+            (Some("m"), Some("x"))
+        );
+        let c = extract(
+            r#"{"id":"x","model":"","choices":[]}"#,
+            Endpoint::Chat,
+            true,
+        )
+        .unwrap();
+        assert_eq!((c.model, c.id), (None, None));
+        assert_eq!(
+            extract(
+                r#"{"message":{"model":"m"},"choices":[]}"#,
+                Endpoint::Chat,
+                true
+            ),
+            None
+        );
+        assert!(extract(
+            r#"{"message":{"model":"m"},"choices":[]}"#,
+            Endpoint::Chat,
+            false
+        )
+        .is_some());
+    }
+}

@@ -1,0 +1,564 @@
+//! JSON as the Python dialects read and write it, for a strict subset.
+//!
+//! The Python reference parses an item with `orjson.loads` (`json.loads` as
+//! the fallback) and re-serialises nested values with
+//! `json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode`.
+//! [`parse`] accepts only documents on which those agree and whose values
+//! this module reproduces exactly; anything else is `None` ("not mine"), and
+//! the caller lets the Python reference handle the item:
+//!
+//! * RFC 8259 syntax only (the four JSON whitespace characters; no NaN, no
+//!   BOM, no raw control characters in strings, no trailing data);
+//! * integers that fit an `i64`, and not `-0` (wider ones become Python big
+//!   integers, or floats from orjson past 64 bits);
+//! * finite floats only (`1e400` is infinity in Python);
+//! * no lone surrogate escapes (Python keeps them in a `str`, Rust cannot);
+//! * no duplicate key in an object (a Python dict keeps the last one, and a
+//!   re-serialised object would lose the first);
+//! * nesting at most [`MAX_DEPTH`] deep, objects of at most [`MAX_KEYS`] keys.
+//!
+//! [`dump`] writes a value as that encoder does: compact separators, non-ASCII
+//! kept, `"`, `\`, and control characters escaped (`\n`-style where Python has
+//! a short escape, `\u00xx` otherwise), floats in Python's `repr`.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+/// Deepest nesting accepted (the top-level value is depth 1).
+pub const MAX_DEPTH: usize = 64;
+/// Most keys accepted in one object (the duplicate check is quadratic).
+pub const MAX_KEYS: usize = 256;
+/// Most digits an integer can have (`i64::MAX` has 19); the parse checks the rest.
+pub const MAX_INT_DIGITS: usize = 19;
+
+/// A parsed JSON value; strings borrow from the input unless they had escapes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value<'a> {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(Cow<'a, str>),
+    Array(Vec<Value<'a>>),
+    /// Keys in document order, none twice.
+    Object(Vec<(Cow<'a, str>, Value<'a>)>),
+}
+
+impl<'a> Value<'a> {
+    /// The member `key` of an object (`None`: absent, or not an object).
+    pub fn get(&self, key: &str) -> Option<&Value<'a>> {
+        match self {
+            Value::Object(members) => members.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    /// `obj.get(key)` in Python terms: absent and `null` are both `None`.
+    pub fn get_some(&self, key: &str) -> Option<&Value<'a>> {
+        self.get(key).filter(|v| !matches!(v, Value::Null))
+    }
+
+    /// Whether the object has the member `key` (whatever its value).
+    pub fn has(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// The value as a string, when it is one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// Parses `text` as one JSON document of the accepted subset (see the module).
+pub fn parse(text: &str) -> Option<Value<'_>> {
+    let mut p = Parser {
+        s: text,
+        b: text.as_bytes(),
+        i: 0,
+    };
+    p.ws();
+    let v = p.value(1)?;
+    p.ws();
+    (p.i == p.b.len()).then_some(v)
+}
+
+/// The bytes that end a run of plain string characters: a quote, a
+/// backslash, a control character.
+static STOPS: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 0x20 {
+        t[c] = true;
+        c += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
+struct Parser<'a> {
+    s: &'a str,
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn bump(&mut self) {
+        self.i = self.i.saturating_add(1);
+    }
+
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.bump();
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> Option<()> {
+        if self.peek() == Some(c) {
+            self.bump();
+            Some(())
+        } else {
+            None
+        }
+    }
+
+    fn literal(&mut self, word: &[u8], v: Value<'a>) -> Option<Value<'a>> {
+        let end = self.i.checked_add(word.len())?;
+        if self.b.get(self.i..end)? == word {
+            self.i = end;
+            Some(v)
+        } else {
+            None
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Option<Value<'a>> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        match self.peek()? {
+            b'{' => self.object(depth),
+            b'[' => self.array(depth),
+            b'"' => self.string().map(Value::Str),
+            b't' => self.literal(b"true", Value::Bool(true)),
+            b'f' => self.literal(b"false", Value::Bool(false)),
+            b'n' => self.literal(b"null", Value::Null),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Option<Value<'a>> {
+        self.bump(); // '{'
+        let mut members: Vec<(Cow<'a, str>, Value<'a>)> = Vec::with_capacity(8);
+        self.ws();
+        if self.eat(b'}').is_some() {
+            return Some(Value::Object(members));
+        }
+        loop {
+            self.ws();
+            if self.peek() != Some(b'"') {
+                return None;
+            }
+            let key = self.string()?;
+            if members.len() >= MAX_KEYS || members.iter().any(|(k, _)| *k == key) {
+                return None;
+            }
+            self.ws();
+            self.eat(b':')?;
+            self.ws();
+            let v = self.value(depth.checked_add(1)?)?;
+            members.push((key, v));
+            self.ws();
+            match self.peek()? {
+                b',' => self.bump(),
+                b'}' => {
+                    self.bump();
+                    return Some(Value::Object(members));
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Option<Value<'a>> {
+        self.bump(); // '['
+        let mut items = Vec::new();
+        self.ws();
+        if self.eat(b']').is_some() {
+            return Some(Value::Array(items));
+        }
+        loop {
+            self.ws();
+            items.push(self.value(depth.checked_add(1)?)?);
+            self.ws();
+            match self.peek()? {
+                b',' => self.bump(),
+                b']' => {
+                    self.bump();
+                    return Some(Value::Array(items));
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let rest = self.b.get(self.i..).unwrap_or_default();
+        let n = rest
+            .iter()
+            .position(|c| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        self.i = self.i.saturating_add(n);
+        n
+    }
+
+    fn number(&mut self) -> Option<Value<'a>> {
+        let start = self.i;
+        let negative = self.eat(b'-').is_some();
+        let int_start = self.i;
+        let n = self.digits();
+        if n == 0 || (n > 1 && self.b.get(int_start) == Some(&b'0')) {
+            return None;
+        }
+        let mut float = false;
+        if self.eat(b'.').is_some() {
+            if self.digits() == 0 {
+                return None;
+            }
+            float = true;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.bump();
+            if let Some(b'+' | b'-') = self.peek() {
+                self.bump();
+            }
+            if self.digits() == 0 {
+                return None;
+            }
+            float = true;
+        }
+        let text = self.s.get(start..self.i)?;
+        if float {
+            let f: f64 = text.parse().ok()?;
+            return f.is_finite().then_some(Value::Float(f));
+        }
+        if n > MAX_INT_DIGITS || (negative && text == "-0") {
+            return None;
+        }
+        text.parse().ok().map(Value::Int)
+    }
+
+    fn hex4(&mut self) -> Option<u32> {
+        let end = self.i.checked_add(4)?;
+        let h = self.s.get(self.i..end)?;
+        if !h.bytes().all(|c| c.is_ascii_hexdigit()) {
+            return None;
+        }
+        self.i = end;
+        u32::from_str_radix(h, 16).ok()
+    }
+
+    /// Past the characters that stand for themselves in a string: up to a
+    /// quote, a backslash, a control character or the end.
+    fn plain_run(&mut self) {
+        let rest = self.b.get(self.i..).unwrap_or_default();
+        let n = rest
+            .iter()
+            .position(|&c| STOPS[usize::from(c)])
+            .unwrap_or(rest.len());
+        self.i = self.i.saturating_add(n);
+    }
+
+    /// A string starting at the opening quote.
+    fn string(&mut self) -> Option<Cow<'a, str>> {
+        self.bump(); // '"'
+        let start = self.i;
+        // the fast path: no escape (the common case), borrowed
+        self.plain_run();
+        if self.peek()? == b'"' {
+            let s = self.s.get(start..self.i)?;
+            self.bump();
+            return Some(Cow::Borrowed(s));
+        }
+        let mut out = String::from(self.s.get(start..self.i)?);
+        loop {
+            let run = self.i;
+            self.plain_run();
+            out.push_str(self.s.get(run..self.i)?);
+            if self.peek()? == b'"' {
+                self.bump();
+                return Some(Cow::Owned(out));
+            }
+            if self.peek()? != b'\\' {
+                return None; // a control character
+            }
+            self.bump();
+            let c = self.peek()?;
+            self.bump();
+            match c {
+                b'"' => out.push('"'),
+                b'\\' => out.push('\\'),
+                b'/' => out.push('/'),
+                b'b' => out.push('\u{8}'),
+                b'f' => out.push('\u{c}'),
+                b'n' => out.push('\n'),
+                b'r' => out.push('\r'),
+                b't' => out.push('\t'),
+                b'u' => {
+                    let hi = self.hex4()?;
+                    let code = if (0xD800..0xDC00).contains(&hi) {
+                        // a high surrogate: only a following low one makes a character
+                        self.eat(b'\\')?;
+                        self.eat(b'u')?;
+                        let lo = self.hex4()?;
+                        if !(0xDC00..0xE000).contains(&lo) {
+                            return None;
+                        }
+                        let high = hi.checked_sub(0xD800)?.checked_shl(10)?;
+                        high.checked_add(lo.checked_sub(0xDC00)?)?
+                            .checked_add(0x10000)?
+                    } else if (0xDC00..0xE000).contains(&hi) {
+                        return None;
+                    } else {
+                        hi
+                    };
+                    out.push(char::from_u32(code)?);
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// `value` as Python's compact, non-ASCII-keeping encoder writes it.
+pub fn dump(value: &Value<'_>) -> String {
+    let mut out = String::new();
+    dump_into(value, &mut out);
+    out
+}
+
+fn dump_into(value: &Value<'_>, out: &mut String) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(true) => out.push_str("true"),
+        Value::Bool(false) => out.push_str("false"),
+        Value::Int(i) => {
+            let _ = write!(out, "{i}");
+        }
+        Value::Float(f) => float_repr(*f, out),
+        Value::Str(s) => dump_str(s, out),
+        Value::Array(items) => {
+            out.push('[');
+            for (n, v) in items.iter().enumerate() {
+                if n > 0 {
+                    out.push(',');
+                }
+                dump_into(v, out);
+            }
+            out.push(']');
+        }
+        Value::Object(members) => {
+            out.push('{');
+            for (n, (k, v)) in members.iter().enumerate() {
+                if n > 0 {
+                    out.push(',');
+                }
+                dump_str(k, out);
+                out.push(':');
+                dump_into(v, out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+fn dump_str(s: &str, out: &mut String) {
+    out.push('"');
+    let mut run = 0;
+    for (i, c) in s.char_indices() {
+        let esc = match c {
+            '"' => "\\\"",
+            '\\' => "\\\\",
+            '\n' => "\\n",
+            '\r' => "\\r",
+            '\t' => "\\t",
+            '\u{8}' => "\\b",
+            '\u{c}' => "\\f",
+            c if (c as u32) < 0x20 => "",
+            _ => continue,
+        };
+        out.push_str(s.get(run..i).unwrap_or_default());
+        if esc.is_empty() {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        } else {
+            out.push_str(esc);
+        }
+        run = i.saturating_add(c.len_utf8());
+    }
+    out.push_str(s.get(run..).unwrap_or_default());
+    out.push('"');
+}
+
+/// A finite float as Python's `repr` writes it: the shortest digits that read
+/// back to it, positional for decimal exponents -4 < e < 16 (with `.0` when
+/// integral), else `d.ddde±XX`.
+pub fn float_repr(f: f64, out: &mut String) {
+    // Rust's `{:e}` gives the shortest round-trip digits too ("-1.2345e-5"),
+    // but breaks a tie between two closest such strings away from zero where
+    // Python's dtoa takes the even one: the exactly (half-even) rounded string
+    // of as many digits is Python's whenever it reads back to `f`.
+    let mut sci = format!("{f:e}");
+    let n = sci
+        .split_once('e')
+        .map_or(0, |(m, _)| m.bytes().filter(u8::is_ascii_digit).count());
+    if n > 1 {
+        let exact = format!("{f:.*e}", n.saturating_sub(1));
+        if exact != sci && exact.parse::<f64>().ok() == Some(f) {
+            sci = exact;
+        }
+    }
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa),
+    };
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    out.push_str(sign);
+    // the decimal point sits after `point` digits
+    let point = exp.saturating_add(1);
+    let len = i32::try_from(digits.len()).unwrap_or(i32::MAX);
+    if !(-3..=16).contains(&point) {
+        let (first, rest) = digits.split_at(1.min(digits.len()));
+        out.push_str(first);
+        if !rest.is_empty() {
+            out.push('.');
+            out.push_str(rest);
+        }
+        let _ = write!(
+            out,
+            "e{}{:02}",
+            if exp < 0 { '-' } else { '+' },
+            exp.unsigned_abs()
+        );
+    } else if point <= 0 {
+        out.push_str("0.");
+        for _ in 0..point.unsigned_abs() {
+            out.push('0');
+        }
+        out.push_str(&digits);
+    } else if point >= len {
+        out.push_str(&digits);
+        for _ in 0..point.saturating_sub(len) {
+            out.push('0');
+        }
+        out.push_str(".0");
+    } else {
+        let (a, b) = digits.split_at(usize::try_from(point).unwrap_or(0));
+        out.push_str(a);
+        out.push('.');
+        out.push_str(b);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repr(f: f64) -> String {
+        let mut s = String::new();
+        float_repr(f, &mut s);
+        s
+    }
+
+    #[test]
+    fn floats_as_python_reprs_them() {
+        for (f, want) in [
+            (0.0, "0.0"),
+            (-0.0, "-0.0"),
+            (1.0, "1.0"),
+            (0.1, "0.1"),
+            (-0.5, "-0.5"),
+            (1e16, "1e+16"),
+            (9999999999999998.0, "9999999999999998.0"),
+            (1e15, "1000000000000000.0"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (1.5e-7, "1.5e-07"),
+            (123.456, "123.456"),
+            (1e22, "1e+22"),
+            (1.7976931348623157e308, "1.7976931348623157e+308"),
+            (5e-324, "5e-324"),
+            (-2.5e-300, "-2.5e-300"),
+            (-1.371_284_484_863_281_2, "-1.3712844848632812"), // a tie: half-even
+        ] {
+            assert_eq!(repr(f), want, "{f:e}");
+        }
+    }
+
+    #[test]
+    fn the_subset() {
+        assert_eq!(
+            parse(" {\"a\": [1, -2.5, true, null, \"x\"]}\n")
+                .map(|v| dump(&v))
+                .as_deref(),
+            Some("{\"a\":[1,-2.5,true,null,\"x\"]}")
+        );
+        for bad in [
+            "",
+            "{",
+            "{}x",
+            "[1,]",
+            "{\"a\":1,}",
+            "01",
+            "-0",
+            "1.",
+            ".5",
+            "1e",
+            "NaN",
+            "1e400",
+            "\u{feff}{}",
+            "\"\\ud800\"",
+            "\"\\udc00\"",
+            "\"a\u{1}\"",
+            "{\"a\":1,\"a\":2}",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "12345678901234567890",
+            "\"\\x\"",
+            "[1 2]",
+            "tru",
+        ] {
+            assert_eq!(parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(parse("9223372036854775807"), Some(Value::Int(i64::MAX)));
+        assert_eq!(parse("-9223372036854775808"), Some(Value::Int(i64::MIN)));
+        assert_eq!(
+            parse("\"\\ud83d\\ude00\\u00e9\\n\\/\""),
+            Some(Value::Str(Cow::Owned("\u{1F600}\u{e9}\n/".into())))
+        );
+        let deep = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
+        assert!(parse(&deep).is_some());
+        let deeper = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
+        assert_eq!(parse(&deeper), None);
+    }
+
+    #[test]
+    fn strings_escaped_as_python_does() {
+        let v = Value::Str(Cow::Borrowed(
+            "a\"b\\c\n\r\t\u{8}\u{c}\u{1}\u{1f}\u{7f}é\u{2028}😀",
+        ));
+        assert_eq!(
+            dump(&v),
+            "\"a\\\"b\\\\c\\n\\r\\t\\b\\f\\u0001\\u001f\u{7f}é\u{2028}😀\""
+        );
+    }
+}
