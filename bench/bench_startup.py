@@ -227,9 +227,13 @@ def main() -> int:
                 row[core] = {"wall": best[0], "cpu": best[1], "until": best[2]}
             rows.append(row)
     slowest = {}
+    # a command measured to its first useful work counts with that figure, not
+    # its whole run (``stats (repeats)`` runs the tokenizer after start-up)
+    probed = {r["command"] for r in rows if r["until"] != "whole command"}
+    startup = [r for r in rows if r["command"] not in probed or r["until"] != "whole command"]
     for core in cores:
         # the slowest command's figure (wall, best of the runs) against the goal
-        worst = max(rows, key=lambda r: _wall(r, core))
+        worst = max(startup, key=lambda r: _wall(r, core))
         slowest[core] = f"{worst['command']} {_wall(worst, core):.3f} s"
         note("start-up, slowest command (wall)", core, _wall(worst, core), "s", f"<= {GOAL} s")
         for r in rows:

@@ -27,8 +27,9 @@ Case makers (``make_case``), from a seed capture's bytes, segments or flows:
 * ``file``: the capture file's bytes mutated (``fuzz.mutate``);
 * ``segments``: the capture's TCP segments reordered, duplicated, overlapped
   (part of a segment sent again, the same bytes or one changed), dropped,
-  truncated (a payload cut short, the capture cut off), re-encoded as a
-  capture file (Ethernet, IPv4/IPv6, TCP);
+  truncated (a payload cut short, the capture cut off), a flag toggled, a
+  sequence number moved, the clock stepped (past the hole and idle timeouts,
+  backwards), re-encoded as a capture file (Ethernet, IPv4/IPv6, TCP);
 * ``flows``: the capture's flow events, one to three payloads mutated, every
   payload cut at random offsets, the connection sometimes left unclosed.
 
@@ -172,7 +173,25 @@ def pcap_records(data: bytes) -> tuple[bytes, list[bytes]] | None:
 # --------------------------------------------------------------- case makers
 
 #: Segment-level mutations.
-SEG_OPS = ("reorder", "duplicate", "overlap", "overlap-changed", "drop", "truncate", "cut")
+SEG_OPS = (
+    "reorder",
+    "duplicate",
+    "overlap",
+    "overlap-changed",
+    "drop",
+    "truncate",
+    "cut",
+    "flags",
+    "seq",
+    "delay",
+)
+
+#: TCP flag bits the ``flags`` mutation toggles: FIN, SYN, RST, PSH, ACK.
+_FLAG_BITS = (0x01, 0x02, 0x04, 0x08, 0x10)
+
+#: Time steps the ``delay`` mutation inserts (seconds): past the hole timeout,
+#: backwards, past the idle timeout.
+_DELAYS = (1.5, -0.5, 400.0, 0.000001)
 
 
 def mutate_segments(segs: list[Segment], plan: list[tuple[str, float, int]]) -> list[Segment]:
@@ -202,6 +221,14 @@ def mutate_segments(segs: list[Segment], plan: list[tuple[str, float, int]]) -> 
             out[i] = seg._replace(payload=seg.payload[: arg % n])
         elif op == "cut" and i > 0:
             del out[i:]
+        elif op == "flags":
+            out[i] = seg._replace(flags=seg.flags ^ _FLAG_BITS[arg % len(_FLAG_BITS)])
+        elif op == "seq":  # a jump forwards or backwards, maybe across the 32-bit wrap
+            step = (arg * 977) % (1 << 32) if arg % 2 else -(1 + arg % 4096)
+            out[i] = seg._replace(seq=(seg.seq + step) & 0xFFFFFFFF)
+        elif op == "delay":  # every segment from i on, later (or earlier)
+            dt = _DELAYS[arg % len(_DELAYS)]
+            out[i:] = [s._replace(ts=max(0.0, s.ts + dt)) for s in out[i:]]
     return out
 
 

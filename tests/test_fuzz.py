@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -157,6 +159,10 @@ def test_segments_reencoded_as_a_capture_read_back_the_same() -> None:
     assert over.seq == segs[k].seq + 1 and over.payload != segs[k].payload[1:2]
     assert len(mutate_segments(segs, [("truncate", frac, 1)])[k].payload) == 1
     assert mutate_segments(segs, [("cut", frac, 0)]) == segs[:k]
+    assert mutate_segments(segs, [("flags", frac, 2)])[k].flags == segs[k].flags ^ 0x04  # RST
+    assert mutate_segments(segs, [("seq", frac, 0)])[k].seq == (segs[k].seq - 1) & 0xFFFFFFFF
+    later = mutate_segments(segs, [("delay", frac, 2)])
+    assert later[:k] == segs[:k] and later[k].ts == segs[k].ts + 400.0
 
 
 def test_a_difference_between_two_stores_is_named_and_saved(tmp_path: Path) -> None:
@@ -186,17 +192,19 @@ def test_a_difference_between_two_stores_is_named_and_saved(tmp_path: Path) -> N
     assert first_difference(a, b) == "summary: streams: 1 != 7"
 
 
-def test_short_differential_campaign_finds_no_difference(tmp_path: Path) -> None:
+@pytest.mark.parametrize("native_http", [False, True], ids=["default", "native-http"])
+def test_short_differential_campaign_finds_no_difference(tmp_path: Path, native_http: bool) -> None:
     """A few dozen ``diff`` cases (fixed series): the pure and the native core
-    store every one of them identically (``make fuzz-diff`` runs thousands)."""
-    import pytest
-
+    store every one of them identically (``make fuzz-diff`` runs thousands);
+    also with the native HTTP/1 parser in the native worker's pipelines."""
     from sniffer.core.native import why_unavailable
 
     if why_unavailable() is not None:
         pytest.skip(f"no native core: {why_unavailable()}")
-    report = campaign(36, timeout=60.0, out=tmp_path, derandomize=True, kinds=("diff",))
-    assert report.cases == 36
+    report = campaign(
+        30, timeout=60.0, out=tmp_path, derandomize=True, kinds=("diff",), native_http=native_http
+    )
+    assert report.cases == 30
     assert {"diff-file", "diff-segments", "diff-flows"} <= set(report.by_kind)
     assert report.by_kind["diff cases that stored chunks"] > 0
     assert not report.crashes, (report.crashes, sorted(p.name for p in tmp_path.iterdir()))
