@@ -169,6 +169,7 @@ def main() -> int:
         ):
             got = best.get(prefix + name)
             note(figure, core, tw / got[0] if got else None, "x", goal)
+            note(f"{figure} (CPU)", core, tc / got[1] if got else None, "x", goal)
         got = best.get(f"{prefix}replay -j1")
         if got and events:
             note("replay CPU per chunk event, one process", core, 1e6 * got[1] / events, "µs")
