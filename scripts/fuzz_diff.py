@@ -15,8 +15,9 @@ the comparison: no column the recording chain writes reads a clock (the only
 wall-clock column, ``checkpoints.written_at``, belongs to the daemon), and
 ``node`` is the host name in both workers.
 
-A difference (or a case that crashes or hangs one worker and not the other)
-is saved under ``--out`` as ``diff-N.pcap`` / ``diff-N.flows`` (a pickle of
+A difference, or a case that crashes or hangs a worker (either core, or
+both: an exception out of the replay other than "not a capture file" is a
+crash), is saved under ``--out`` as ``diff-N.pcap`` / ``diff-N.flows`` (a pickle of
 the events) with ``diff-N.pure.txt``, ``diff-N.native.txt`` and
 ``diff-N.txt`` (the first differing table, row and column), after the case
 has been reduced: frames (or flow events) are dropped while the difference
@@ -62,6 +63,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from sniffer import PURE_ENV  # noqa: E402
+from sniffer.capture.pcap import CaptureFileError  # noqa: E402
 from sniffer.core.events import (  # noqa: E402
     ConnectionClosed,
     FlowData,
@@ -320,8 +322,9 @@ class _Runner:
         summary: Any
         try:
             summary = self._replay(data, db) if kind == "pcap" else self._flows(data, db)
-        except Exception as exc:  # the same exception in both cores is no difference
+        except CaptureFileError as exc:  # not a capture at all: an answer like any
             summary = f"{type(exc).__name__}: {exc}"
+        # any other exception is a crash (``worker_main``), whichever core raised it
         return {"summary": summary, "tables": _dump(db)}
 
     def _replay(self, data: bytes, db: str) -> Any:
