@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 
 CARGO ?= cargo
 
-.PHONY: help install deps test test-compiled test-native lint lint-native pcaps bench fuzz ebpf clean
+.PHONY: help install deps test test-compiled test-native lint lint-native pcaps bench fuzz fuzz-diff ebpf clean
 
 help:
 	@echo "make install  - install sparseety (pip) and the Debian packages it uses"
@@ -14,7 +14,9 @@ help:
 	@echo "make lint     - ruff, mypy, the import layering contract (lint-imports) and clippy"
 	@echo "make pcaps    - re-record the fixtures in pcaps/ from real loopback traffic"
 	@echo "make bench    - benchmarks (replay vs tshark, live capture, tokens, diff); prints figures"
-	@echo "make fuzz     - fuzz campaign: 100,000 mutated captures and HTTP/SSE/JSON streams"
+	@echo "make fuzz     - fuzz campaign: 100,000 mutated captures and HTTP/SSE/JSON streams, then fuzz-diff"
+	@echo "make fuzz-diff - differential fuzz: 10,000 mutated captures and flows stored by the pure"
+	@echo "                and the native core (at most 10 min); any difference of the stores fails"
 	@echo "make ebpf     - build the eBPF capture object"
 
 install:
@@ -61,6 +63,11 @@ pcaps:
 
 fuzz:
 	$(PYTHON) scripts/fuzz.py --cases $(or $(FUZZ_CASES),100000)
+	$(MAKE) --no-print-directory fuzz-diff
+
+fuzz-diff:
+	$(PYTHON) scripts/fuzz.py --kind diff --cases $(or $(FUZZ_DIFF_CASES),10000) \
+		--seconds $(or $(FUZZ_DIFF_SECONDS),600)
 
 bench: deps
 	-$(MAKE) --no-print-directory ebpf

@@ -24,9 +24,11 @@ Each figure is the best of ``--runs`` child processes, with byte-code cached
 warm-up run), so it is what an installed package costs. CPU is the child's
 user+system time up to that point (``time.process_time`` in the child at the
 probe, or rusage for whole commands). It also prints which build runs
-(``sniffer.build_info()``: compiled or pure).
+(``sniffer.build_info()``: compiled or pure). Every command is measured with
+the native core and with the pure one (``SPARSEETY_PURE=1``), side by side
+(``--cores native`` for the first only).
 
-    python bench/bench_startup.py [--runs 5] [--capture pcaps/chat_english.pcap]
+    python bench/bench_startup.py [--runs 5] [--capture FILE] [--cores native,pure]
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.figures import note  # noqa: E402
+
+#: The issue's goal for every command's start-up (seconds).
+GOAL = 0.15
 
 #: Runs in the child: installs the probe for ``mode``, then runs the CLI.
 PROBE = r"""
@@ -69,6 +77,10 @@ if mode == "first-packet":
             for seg in self._inner:
                 hit("first packet")
                 yield seg
+        def segment_batches(self, *args, **kwargs):  # the native core's way in
+            for batch in self._inner.segment_batches(*args, **kwargs):
+                hit("first packet")
+                yield batch
 
     def read_capture(path):
         return Reader(real(path))
@@ -91,8 +103,11 @@ entry_point()
 """
 
 
-def _env(cache: str) -> dict[str, str]:
+def _env(cache: str, core: str = "native") -> dict[str, str]:
     env = dict(os.environ)
+    env.pop("SPARSEETY_PURE", None)
+    if core == "pure":
+        env["SPARSEETY_PURE"] = "1"
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = cache
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -140,17 +155,24 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--capture", default=str(REPO / "pcaps" / "chat_english.pcap"))
     ap.add_argument("--json", action="store_true", help="Print the figures as JSON.")
+    ap.add_argument("--cores", default="native,pure", help="cores to measure, in turn")
     ns = ap.parse_args()
+    cores = [c.strip() for c in ns.cores.split(",") if c.strip()]
     with tempfile.TemporaryDirectory() as tmp:
-        env = _env(os.path.join(tmp, "pycache"))
+        envs = {core: _env(os.path.join(tmp, "pycache"), core) for core in cores}
+        env = envs[cores[0]]
         db = os.path.join(tmp, "s.db")
-        build = subprocess.run(
-            [sys.executable, "-c", "import sniffer; print(sniffer.build_info()['build'])"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
+        build = ", ".join(
+            subprocess.run(
+                [sys.executable, "-c", "import sniffer as s; i = s.build_info(); "
+                 "print(i['build'], 'build,', i['core'])"],
+                env=e,
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+            for e in envs.values()
+        )  # fmt: skip
         new_db = os.path.join(tmp, "new.db")
         twice = os.path.join(tmp, "twice.db")
         # Fill the databases (schema at head; one stream, and the capture twice)
@@ -190,24 +212,58 @@ def main() -> int:
             ("verify", "whole", ["verify", "--db", db], None),
             ("run", "capture-open", ["run", "--db", db, "--no-metrics"], None),
         ]
-        rows = []
+        rows: list[dict[str, object]] = []
         for name, mode, args, fresh in cases:
-            measure(mode, args, env, tmp, fresh)  # warm-up: byte-code cache, page cache
-            best: tuple[float, float, str] | None = None
-            for _ in range(ns.runs):
-                m = measure(mode, args, env, tmp, fresh)
-                if best is None or m[1] < best[1]:
-                    best = m
-            assert best is not None
-            rows.append({"command": name, "wall": best[0], "cpu": best[1], "until": best[2]})
+            row: dict[str, object] = {"command": name}
+            for core, e in envs.items():
+                measure(mode, args, e, tmp, fresh)  # warm-up: byte-code cache, page cache
+                best: tuple[float, float, str] | None = None
+                for _ in range(ns.runs):
+                    m = measure(mode, args, e, tmp, fresh)
+                    if best is None or m[1] < best[1]:
+                        best = m
+                assert best is not None
+                if core == cores[0]:
+                    row.update(wall=best[0], cpu=best[1], until=best[2])
+                row[core] = {"wall": best[0], "cpu": best[1], "until": best[2]}
+            rows.append(row)
+    slowest = {}
+    # a command measured to its first useful work counts with that figure, not
+    # its whole run (``stats (repeats)`` runs the tokenizer after start-up)
+    probed = {r["command"] for r in rows if r["until"] != "whole command"}
+    startup = [r for r in rows if r["command"] not in probed or r["until"] != "whole command"]
+    for core in cores:
+        # the slowest command's figure (wall, best of the runs) against the goal
+        worst = max(startup, key=lambda r: _wall(r, core))
+        slowest[core] = f"{worst['command']} {_wall(worst, core):.3f} s"
+        note("start-up, slowest command (wall)", core, _wall(worst, core), "s", f"<= {GOAL} s")
+        for r in rows:
+            if r["command"] in ("replay", "run"):
+                note(f"start-up, {r['command']} (wall)", core, _wall(r, core), "s", f"<= {GOAL} s")
     if ns.json:
         print(json.dumps({"build": build, "startup": rows}, indent=2))
         return 0
-    print(f"build: {build}; best of {ns.runs}, seconds from process start (target <= 0.15)")
-    print(f"{'command':<22} {'wall':>7} {'cpu':>7}  until")
+    print(f"build: {build}; best of {ns.runs}, seconds from process start (target <= {GOAL})")
+    head = "  ".join(f"{core + ' wall':>11} {core + ' cpu':>10}" for core in cores)
+    print(f"{'command':<22} {head}  until")
     for r in rows:
-        print(f"{r['command']:<22} {r['wall']:7.3f} {r['cpu']:7.3f}  {r['until']}")
+        cells = "  ".join(
+            f"{_fig(r, core, 'wall'):11.3f} {_fig(r, core, 'cpu'):10.3f}" for core in cores
+        )
+        untils = list(dict.fromkeys(str(r[core]["until"]) for core in cores))  # type: ignore[index]
+        print(f"{r['command']:<22} {cells}  {' / '.join(untils)}")
+    print("slowest: " + "; ".join(f"{core}: {w}" for core, w in slowest.items()))
     return 0
+
+
+def _fig(row: dict[str, object], core: str, key: str) -> float:
+    figures = row[core]
+    assert isinstance(figures, dict)
+    return float(figures[key])
+
+
+def _wall(row: dict[str, object], core: str) -> float:
+    return _fig(row, core, "wall")
 
 
 if __name__ == "__main__":

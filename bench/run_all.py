@@ -2,7 +2,11 @@
 
 Benchmarks are not tests: they measure and print, and never fail the build on a
 figure. Scripts that need root (live capture, eBPF) say so and are skipped
-when not root.
+when not root. The figures the issue sets goals for (replay against tshark,
+live CPU per chunk event and peak RSS, the zero-drop ceiling, start-up) are
+measured with the native and the pure core in the same run and printed at
+the end as one table (``bench/figures.py``; also kept in
+``bench/out/figures.jsonl``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+
+from bench.figures import ENV, summary  # noqa: E402
+
+FIGURES = BENCH / "out" / "figures.jsonl"
 ORDER = [
     "bench_startup.py",
     "bench_replay.py",
@@ -40,18 +49,27 @@ def main() -> int:
     scripts = [BENCH / n for n in ORDER if (BENCH / n).exists()]
     scripts += sorted(p for p in BENCH.glob("bench_*.py") if p.name not in ORDER)
     failed = []
+    FIGURES.parent.mkdir(parents=True, exist_ok=True)
+    FIGURES.write_text("")
+    env = {**os.environ, ENV: str(FIGURES)}
+    started = time.perf_counter()
     for script in scripts:
         print(f"\n=== {script.name} ===", flush=True)
         if script.name in NEEDS_ROOT and os.geteuid() != 0:
             print("skipped: needs root (packet capture)")
             continue
         t = time.perf_counter()
-        rc = subprocess.call([sys.executable, str(script)], cwd=BENCH.parent)
+        rc = subprocess.call([sys.executable, str(script)], cwd=BENCH.parent, env=env)
         print(f"--- {script.name}: exit {rc}, {time.perf_counter() - t:.1f} s", flush=True)
         if rc:
             failed.append(script.name)
     if failed:
         print(f"\nbenchmarks that did not run to the end: {', '.join(failed)}")
+    print(
+        f"\n=== summary: native core and pure core (SPARSEETY_PURE=1), same run, "
+        f"{os.cpu_count()} CPUs, {time.perf_counter() - started:.0f} s in all ==="
+    )
+    print(summary(FIGURES))
     return 0
 
 

@@ -39,6 +39,17 @@ Three kinds of case, from a seed corpus taken from ``pcaps/``:
   2^32, 2^63-1, 2^63, 2^64, -1, -2^63-1, 10^30, 1e400, a boolean), the exchange
   re-framed and put through the pipeline into a real SQLite store beside an
   unchanged "canary" copy on another connection (issue #24).
+* ``diff`` (not in the default campaign: ``--kind diff``, ``make fuzz-diff``):
+  differential, the pure core against the native one (``fuzz_diff.py``). A
+  case is one of the bundled captures (``pcaps/**``, up to 64 KiB) with its
+  file bytes mutated, or its TCP segments reordered / duplicated / overlapped
+  (same or changed bytes) / dropped / truncated / the capture cut off, or its
+  flows mutated and cut at random offsets (the eBPF road); it is stored once
+  by each core, in a worker process of its own (``SPARSEETY_PURE=1`` for the
+  pure one), through the default recording chain (redaction, token rows) into
+  a fresh SQLite file. Any difference between the two stores (every table,
+  every column) or between the replay summaries is a crash; the case is
+  reduced and saved to ``--out`` with both dumps (``diff-N.*``).
 
 A crash is an exception escaping the chain, a connection dropped by the
 pipeline's last-resort handler (``internal_errors``), a stream opened but never
@@ -50,7 +61,8 @@ running longer than ``--timeout`` seconds (SIGALRM). Crashing inputs are saved
 to ``--out``. Prints cases, crashes, hangs, max RSS and time; exit code 1 when
 anything crashed or hung.
 
-Usage: ``python scripts/fuzz.py [--cases 100000] [--seed 1]`` (``make fuzz``).
+Usage: ``python scripts/fuzz.py [--cases 100000] [--kind capture,flows,...]
+[--seconds S]`` (``make fuzz``; ``make fuzz-diff`` for ``--kind diff``).
 """
 
 from __future__ import annotations
@@ -69,7 +81,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,6 +117,16 @@ from sniffer.record.redact import Redactor, StreamRedactor, _mask_tokens_json  #
 from sniffer.record.token_collector import TokenCollector  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
+from fuzz_diff import (  # noqa: E402
+    NATIVE_HTTP_HELP,
+    SEG_OPS,
+    Case,
+    DiffRunner,
+    cut_flows,
+    mutate_segments,
+    pcap_of,
+    save,
+)
 from h2c_wire import chat_request, upgrade_wire  # noqa: E402
 
 SEEDS = (
@@ -903,6 +926,99 @@ def run_ints(store: IntStore, x: Exchange, which: int, every: bool, request: boo
     store.run(x, items, req)
 
 
+# ----------------------------------------------------------------------- diff
+
+#: Seed captures of the ``diff`` cases: every bundled capture up to this size.
+DIFF_MAX_SEED = 64 << 10
+
+_SEG_PLAN = st.lists(
+    st.tuples(st.sampled_from(SEG_OPS), _FRACTION, st.integers(0, 1 << 16)),
+    min_size=1,
+    max_size=6,
+)
+
+
+@dataclass
+class DiffSeed:
+    name: str
+    data: bytes
+    segments: list[Segment]
+    flows: list[FlowEvent]
+
+
+def load_diff_seeds(pcaps: Path) -> list[DiffSeed]:
+    """The ``diff`` cases' seeds: each capture's bytes, segments and flows
+    (reassembled by the pure reassembler: an input, not a result under test)."""
+    out: list[DiffSeed] = []
+    for path in sorted(pcaps.rglob("*.pcap")):
+        if path.stat().st_size > DIFF_MAX_SEED:
+            continue
+        try:
+            segs = list(read_capture(path))
+        except CaptureFileError:
+            continue
+        r = Reassembler()
+        flows: list[FlowEvent] = []
+        for seg in segs:
+            flows.extend(r.feed(seg))
+        flows.extend(r.flush(segs[-1].ts if segs else 0.0))
+        out.append(DiffSeed(str(path.relative_to(pcaps)), path.read_bytes(), segs, flows))
+    return out
+
+
+def make_diff_case(
+    seed: DiffSeed,
+    way: str,
+    ops: list[tuple[str, float, int]],
+    segplan: list[tuple[str, float, int]],
+    cuts: list[float],
+    which: int,
+) -> Case:
+    """One ``diff`` case from ``seed``: ``way`` "file" mutates the file's bytes,
+    "segments" its segments (re-encoded as a capture file), "flows" its flows
+    (mutated, cut)."""
+    if way == "file":
+        return ("pcap", mutate(seed.data, ops, floor=24))
+    if way == "segments":
+        return ("pcap", pcap_of(mutate_segments(seed.segments, segplan)))
+    flows = list(seed.flows)
+    idx = [i for i, ev in enumerate(flows) if isinstance(ev, FlowData)]
+    if idx and which % 4:  # one in four only cut, not mutated
+        for j in range(1 + which % 3):
+            i = idx[(which + j * 7919) % len(idx)]
+            ev = flows[i]
+            assert isinstance(ev, FlowData)
+            flows[i] = FlowData(ev.conn, ev.ts, ev.from_client, mutate(bytes(ev.data), ops))
+    return ("flows", cut_flows(flows, cuts, keep_close=which % 5 != 0))
+
+
+#: What ``make_diff_case``'s ``way`` does (the campaign counts each).
+DIFF_WAYS = ("file", "segments", "flows")
+
+
+def _diff_key(where: str) -> str:
+    """A difference's signature: its table and columns, not its values."""
+    head, _, rest = where.partition(": ")
+    if " row " in head:
+        cols = [part.split(": ", 1)[0] for part in rest.split("; ")]
+        return f"{head.split(' row ')[0]}: {', '.join(cols)}"[:120]
+    if head == "summary":
+        return "summary: " + ", ".join(p.split(": ", 1)[0] for p in rest.split("; "))[:100]
+    return where[:100]
+
+
+def run_diff(runner: DiffRunner, case: Case) -> int:
+    """Both cores on ``case``; returns the chunk rows the pure one stored."""
+    where, answers = runner.compare(case)
+    if where is not None:
+        raise Difference(where)
+    return max(0, len(answers[0].get("tables", {}).get("chunks", [""])) - 1)
+
+
+class Difference(Exception):
+    """The two cores stored a case differently."""
+
+
 # ------------------------------------------------------------------- campaign
 
 
@@ -930,6 +1046,31 @@ def _alarm(_signum: int, _frame: Any) -> None:
     raise Hang
 
 
+#: The default campaign's kinds, as often as each is drawn (``diff`` is asked
+#: for by name: it needs the native core and two worker processes).
+KINDS = (
+    "capture",
+    "flows",
+    "flows",
+    "flows",
+    "json",
+    "upgrade",
+    "caps",
+    "overlaps",
+    "ints",
+    "ints",
+)
+ALL_KINDS = (*dict.fromkeys(KINDS), "diff")
+
+
+#: Cases per hypothesis run (see ``campaign``).
+ROUND = 1000
+
+
+class _TimeUp(Exception):
+    """``--seconds`` ran out: the campaign stops at the next case."""
+
+
 def campaign(
     cases: int,
     *,
@@ -938,10 +1079,26 @@ def campaign(
     out: Path | None = None,
     progress: bool = False,
     derandomize: bool = False,
+    kinds: tuple[str, ...] = KINDS,
+    seconds: float | None = None,
+    diff_tokens: bool = True,
+    native_http: bool = False,
 ) -> Report:
+    """``cases`` cases drawn from ``kinds`` (or as many as ``seconds`` allow)."""
+    unknown = set(kinds) - set(ALL_KINDS)
+    if unknown:
+        raise ValueError(f"unknown kinds {sorted(unknown)}; known: {', '.join(ALL_KINDS)}")
     corpus = load_corpus(pcaps)
+    diff_seeds = load_diff_seeds(pcaps) if "diff" in kinds else []
+    # the workers' tracebacks name the core; a hang is theirs to time (no SIGALRM)
+    runner = (
+        DiffRunner(tokens=diff_tokens, timeout=timeout, native_http=native_http)
+        if "diff" in kinds
+        else None
+    )
     report = Report()
     started = time.perf_counter()
+    stop_at = None if seconds is None else started + seconds
     tmpdir = tempfile.mkdtemp(
         prefix="sparseety-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
     )
@@ -949,6 +1106,19 @@ def campaign(
     use_alarm = hasattr(signal, "setitimer")
     if use_alarm:
         old = signal.signal(signal.SIGALRM, _alarm)
+
+    def record_diff(case: Case, exc: Difference) -> None:
+        assert runner is not None
+        sig = f"diff: {_diff_key(str(exc))}"
+        report.crashes[sig] += 1
+        if sig not in report.examples and out is not None:
+            small = runner.reduce(case, budget=min(120.0, 4 * timeout))
+            where, answers = runner.compare(small)
+            if where is None:  # the reducer's last step lost it: keep the whole case
+                small = case
+                where, answers = runner.compare(case)
+            name = save(out, len(report.examples), small, answers, where or str(exc))
+            report.examples[sig] = name
 
     def record(kind: str, data: bytes | str, exc: BaseException) -> None:
         tb = traceback.extract_tb(exc.__traceback__)
@@ -961,29 +1131,10 @@ def campaign(
             (out / name).write_bytes(data if isinstance(data, bytes) else data.encode())
             report.examples[sig] = name
 
-    @settings(
-        max_examples=cases,
-        database=None,
-        deadline=None,
-        phases=[Phase.generate],
-        derandomize=derandomize,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(
-        kind=st.sampled_from(
-            (
-                "capture",
-                "flows",
-                "flows",
-                "flows",
-                "json",
-                "upgrade",
-                "caps",
-                "overlaps",
-                "ints",
-                "ints",
-            )
-        ),
+    # hypothesis keeps a record of every case it drew for as long as a run
+    # lasts (tens of kB each): the campaign is a series of runs of ROUND cases.
+    strategies = dict(
+        kind=st.sampled_from(kinds),
         seed=st.integers(0, 10_000),
         ops=MUTATIONS,
         cuts=st.lists(st.floats(0.0, 1.0, allow_nan=False), max_size=6),
@@ -992,7 +1143,10 @@ def campaign(
         oplan=st.lists(
             st.tuples(_FRACTION, _FRACTION, _FRACTION, st.booleans()), min_size=1, max_size=4
         ),
+        segplan=_SEG_PLAN,
+        way=st.sampled_from(DIFF_WAYS),
     )
+
     def one(
         kind: str,
         seed: int,
@@ -1001,7 +1155,26 @@ def campaign(
         which: int,
         plan: list[tuple[str, int]],
         oplan: list[tuple[float, float, float, bool]],
+        segplan: list[tuple[str, float, int]],
+        way: str,
     ) -> None:
+        if stop_at is not None and time.perf_counter() >= stop_at:
+            raise _TimeUp
+        if kind == "diff":
+            assert runner is not None
+            case = make_diff_case(
+                diff_seeds[seed % len(diff_seeds)], way, ops, segplan, cuts, which
+            )
+            report.cases += 1
+            report.by_kind[f"diff-{way}"] += 1
+            try:
+                if run_diff(runner, case):
+                    report.by_kind["diff cases that stored chunks"] += 1
+            except Difference as exc:
+                record_diff(case, exc)
+            if progress and report.cases % 500 == 0:
+                tell()
+            return
         report.cases += 1
         report.by_kind[kind] += 1
         data: bytes | str = b""
@@ -1052,15 +1225,38 @@ def campaign(
             if use_alarm:
                 signal.setitimer(signal.ITIMER_REAL, 0)
         if progress and report.cases % 5000 == 0:
-            report.seconds = time.perf_counter() - started
-            report.max_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            print(report.line(), flush=True)
+            tell()
+
+    def tell() -> None:
+        report.seconds = time.perf_counter() - started
+        report.max_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(report.line(), flush=True)
 
     try:
-        one()
+        rounds = 0
+        while report.cases < cases:
+            before = report.cases
+            run = settings(
+                max_examples=min(ROUND, cases - report.cases),
+                database=None,
+                deadline=None,
+                phases=[Phase.generate],
+                suppress_health_check=list(HealthCheck),
+                verbosity=Verbosity.quiet,
+            )(given(**strategies)(one))
+            if derandomize:  # a fixed series: round k has its own seed
+                run = hypothesis_seed(rounds)(run)
+            rounds += 1
+            run()
+            if report.cases == before:
+                break
+    except _TimeUp:
+        pass
     finally:
         if use_alarm:
             signal.signal(signal.SIGALRM, old)
+        if runner is not None:
+            runner.close()
         ints.close()
         for f in Path(tmpdir).iterdir():
             f.unlink()
@@ -1075,8 +1271,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", type=int, default=100_000)
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds before a case is a hang")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "fuzz")
+    ap.add_argument(
+        "--kind",
+        default=",".join(dict.fromkeys(KINDS)),
+        help=f"comma-separated kinds to draw from ({', '.join(ALL_KINDS)}; default: all but diff)",
+    )
+    ap.add_argument("--seconds", type=float, help="stop after this long, whatever --cases says")
+    ap.add_argument("--no-tokens", action="store_true", help="diff: no token pass (faster)")
+    ap.add_argument("--native-http", action="store_true", help="diff: " + NATIVE_HTTP_HELP)
     ns = ap.parse_args(argv)
-    report = campaign(ns.cases, timeout=ns.timeout, out=ns.out, progress=True)
+    wanted = [k.strip() for k in ns.kind.split(",") if k.strip()]
+    kinds = tuple(k for k in KINDS if k in wanted) + tuple(k for k in wanted if k not in KINDS)
+    report = campaign(
+        ns.cases,
+        timeout=ns.timeout,
+        out=ns.out,
+        progress=True,
+        kinds=kinds,
+        seconds=ns.seconds,
+        diff_tokens=not ns.no_tokens,
+        native_http=ns.native_http,
+    )
     print(report.line())
     for sig, n in report.crashes.most_common():
         print(f"  {n:6d}  {sig}  ({report.examples.get(sig, '')})")
