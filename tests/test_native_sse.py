@@ -224,3 +224,11 @@ def test_whitespace_only_lines_are_what_python_calls_whitespace() -> None:
         for c in range(0x110000)
         if not 0xD800 <= c < 0xE000 and c != 10 and c != 13 and not chr(c).isspace()
     )
+
+
+@pytest.mark.parametrize("digits", [1, 12, 13, 23])
+def test_retry_digits_cap_is_the_same(digits: int) -> None:
+    """A ``retry:`` of more than ``MAX_RETRY_DIGITS`` digits is ignored by both
+    decoders (the event keeps the earlier reconnection time)."""
+    events = same_sse([b"retry: 7\ndata: a\n\n", f"retry: {'9' * digits}\ndata: b\n\n".encode()])
+    assert events[1].retry == (int("9" * digits) if digits <= 12 else None)

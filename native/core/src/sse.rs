@@ -16,6 +16,9 @@
 /// Longest line (in decoded characters, line end excluded) a decoder keeps.
 pub const DEFAULT_MAX_LINE: usize = 8 * 1024 * 1024;
 
+/// A `retry:` value of more digits than this is ignored, as the reference
+/// ignores it (`MAX_RETRY_DIGITS` in `core/sse.py`: past 31 years of ms).
+pub const MAX_RETRY_DIGITS: usize = 12;
 const BOM: char = '\u{feff}';
 
 /// One dispatched server-sent event. `retry` is the field's digits as sent
@@ -430,7 +433,11 @@ impl SseDecoder {
             "data" => self.data.push(value.to_owned()),
             "event" => value.clone_into(&mut self.etype),
             "id" if !value.contains('\0') => self.last_event_id = Some(value.to_owned()),
-            "retry" if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) => {
+            "retry"
+                if !value.is_empty()
+                    && value.len() <= MAX_RETRY_DIGITS
+                    && value.bytes().all(|b| b.is_ascii_digit()) =>
+            {
                 self.eretry = Some(value.to_owned());
                 self.retry = Some(value.to_owned());
             }
