@@ -33,9 +33,17 @@ half event ever reaches a dialect).
 from __future__ import annotations
 
 import codecs
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-__all__ = ["DEFAULT_MAX_LINE", "NdjsonDecoder", "SseDecoder", "SseEvent"]
+__all__ = [
+    "DEFAULT_MAX_LINE",
+    "ItemDecoder",
+    "NdjsonDecoder",
+    "NdjsonItems",
+    "SseDecoder",
+    "SseEvent",
+    "SseItems",
+]
 
 #: Longest line (in decoded characters, line end excluded) a decoder keeps.
 DEFAULT_MAX_LINE = 8 * 1024 * 1024
@@ -74,6 +82,31 @@ def _make_event(event: str, data: str, id: str | None, retry: int | None) -> Sse
 
 def _new_utf8_decoder() -> codecs.IncrementalDecoder:
     return codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+
+class ItemDecoder(Protocol):
+    """What the streams stage reads of an item decoder, the Python one here or
+    the native core's (``sniffer._native``): a protocol, so that a compiled
+    build (mypyc) takes either without a class check."""
+
+    errors: int
+    overlong: int
+    last_error: str | None
+
+    @property
+    def idle(self) -> bool: ...
+
+
+class SseItems(ItemDecoder, Protocol):
+    truncated_event: bool
+
+    def feed(self, data: bytes) -> list[SseEvent]: ...
+    def close(self) -> list[SseEvent]: ...
+
+
+class NdjsonItems(ItemDecoder, Protocol):
+    def feed(self, data: bytes) -> list[str]: ...
+    def close(self) -> list[str]: ...
 
 
 class _LineDecoder:

@@ -52,7 +52,14 @@ from sniffer.core.events import (
 from sniffer.core.http1 import HttpOutput
 from sniffer.core.native import ndjson_decoder, sse_decoder
 from sniffer.core.resync import CHUNKED, ItemSync, guess_dialect, sniff_item_format
-from sniffer.core.sse import DEFAULT_MAX_LINE, NdjsonDecoder, SseDecoder
+from sniffer.core.sse import (
+    DEFAULT_MAX_LINE,
+    ItemDecoder,
+    NdjsonDecoder,
+    NdjsonItems,
+    SseDecoder,
+    SseItems,
+)
 from sniffer.llm.dialects import dialect_by_name, select_dialect
 from sniffer.llm.dialects.base import (
     AFTER_DONE,
@@ -214,8 +221,9 @@ class _Exchange:
         self.resp: HttpResponse | None = None
         self.resp_bytes = 0
         self.resp_end: EndReason | None = None
-        self.decoder: SseDecoder | None = None
-        self.ndjson: NdjsonDecoder | None = None
+        # protocols, not the classes: the native core's decoders stand in
+        self.decoder: SseItems | None = None
+        self.ndjson: NdjsonItems | None = None
         self.body: bytearray | None = None  # non-streaming body of a dialect exchange
         self.seq = 0
         self.chunk_idx: dict[int, int] = {}
@@ -275,8 +283,8 @@ class StreamAssembler:
         self._max_line = max_line  # the SSE/NDJSON decoders' line cap
         #: the item decoders: the Python ones, or the native core's (``native``,
         #: same interface and events; ``tests/test_native_sse.py``)
-        self._sse: Callable[[int], Any] = SseDecoder
-        self._ndjson: Callable[[int], Any] = NdjsonDecoder
+        self._sse: Callable[[int], SseItems] = SseDecoder
+        self._ndjson: Callable[[int], NdjsonItems] = NdjsonDecoder
         if native:
             self._sse = sse_decoder
             self._ndjson = ndjson_decoder
@@ -1295,7 +1303,7 @@ def _model_of(item: str) -> str | None:
     return None
 
 
-def _decoder_errors(dec: SseDecoder | NdjsonDecoder) -> str:
+def _decoder_errors(dec: ItemDecoder) -> str:
     """The error row of an item decoder: its last error, and how many there were."""
     last = dec.last_error or ""
     return last if dec.errors == 1 else f"{dec.errors} errors, the last: {last}"
