@@ -207,6 +207,41 @@ def test_streams_filters_and_json(demo: str) -> None:
     assert none.exit_code == 0 and none.output.startswith("no streams (try --all")
 
 
+def test_streams_csv_and_columns_carry_the_json_rows(demo: str) -> None:
+    """``--csv`` has the keys of ``--json`` as its header and one line per row;
+    ``--column`` keeps those keys, in that order, in either."""
+    rows = [json.loads(ln) for ln in cli("streams", "--db", demo, "--json").output.splitlines()]
+    table = list(csv.reader(io.StringIO(cli("streams", "--db", demo, "--csv").output)))
+    assert table[0] == list(rows[0]) and len(table) == len(rows) + 1
+    assert [int(r[0]) for r in table[1:]] == [r["id"] for r in rows]
+    picked = cli("streams", "--db", demo, "--csv", "-c", "state", "--column", "id").output
+    assert picked.splitlines() == ["state,id", *(f"{r['state']},{r['id']}" for r in rows)]
+    got = cli("streams", "--db", demo, "--json", "-c", "id", "-c", "model").output.splitlines()
+    assert [json.loads(ln) for ln in got] == [{"id": r["id"], "model": r["model"]} for r in rows]
+
+
+def test_output_options_reject_what_cannot_be_printed(demo: str) -> None:
+    for args, message in (
+        (("--json", "--csv"), "--json and --csv cannot be combined"),
+        (("-c", "id"), "--column needs --json or --csv"),
+        (("--csv", "-c", "nope"), "no column 'nope' (columns: id, "),
+    ):
+        res = CliRunner().invoke(main, ["streams", "--db", demo, *args])
+        assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_nodes_as_table_json_and_csv(demo: str) -> None:
+    rows = [json.loads(ln) for ln in cli("nodes", "--db", demo, "--json").output.splitlines()]
+    assert len(rows) == 1 and rows[0]["streams"] == len(
+        cli("streams", "--db", demo, "--json").output.splitlines()
+    )
+    table = cli("nodes", "--db", demo).output.splitlines()
+    assert table[0].split()[:2] == ["node", "streams"] and table[1].split()[0] == rows[0]["node"]
+    assert list(csv.DictReader(io.StringIO(cli("nodes", "--db", demo, "--csv").output))) == [
+        {k: str(v) for k, v in rows[0].items()}
+    ]
+
+
 def test_streams_all_shows_plain_http_exchanges(tmp_path: Path) -> None:
     db = str(tmp_path / "http.db")
     assert cli("replay", str(PEER / "get.pcap"), "--db", db, "-q", "--no-tokens").exit_code == 0
@@ -318,6 +353,12 @@ def test_errors_lists_recorded_bad_input(tmp_path: Path) -> None:
     assert any(" http/desync conn=" in ln and "response without a request" in ln for ln in lines)
     assert all(": " in ln and " conn=" in ln and " stream=" in ln for ln in lines)
     assert len(cli("errors", "--db", db, "--limit", "1").output.splitlines()) == 1
+    # the same rows through the shared output options
+    rows = [json.loads(ln) for ln in cli("errors", "--db", db, "--json").output.splitlines()]
+    assert len(rows) == len(lines) and {"stage", "kind", "message"} <= set(rows[0])
+    assert any(r["stage"] == "http" and r["kind"] == "desync" for r in rows)
+    picked = cli("errors", "--db", db, "--csv", "-c", "stage", "-c", "kind").output
+    assert picked.splitlines() == ["stage,kind", *(f"{r['stage']},{r['kind']}" for r in rows)]
 
 
 # ------------------------------------------------------------------ prune

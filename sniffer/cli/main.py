@@ -6,12 +6,14 @@ errors become a one-line message and a non-zero exit code (2 for usage errors).
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
 import socket
 import sys
 import threading
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -34,6 +36,7 @@ from sniffer.cli.common import (
     quiet_option,
     tokenizer_options,
 )
+from sniffer.cli.output import RowOutput, output_options, print_rows
 
 
 def _ts(ts: float | None) -> str:
@@ -380,7 +383,7 @@ def _close_otlp(otlp: Any) -> None:
 @click.option("--state", help="complete, truncated, gap, error, open or midway.")
 @click.option("--all", "show_all", is_flag=True, help="Include non-LLM HTTP exchanges.")
 @click.option("--limit", type=int, help="At most this many streams.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@output_options()
 @node_option
 def streams(
     db: str,
@@ -390,7 +393,7 @@ def streams(
     state: str | None,
     show_all: bool,
     limit: int | None,
-    as_json: bool,
+    output: RowOutput,
 ) -> None:
     """List captured streams, one line each.
 
@@ -407,8 +410,8 @@ def streams(
     Example:
       sparseety streams --db sparseety.db --state gap
       sparseety streams --db postgresql+psycopg://sparseety@db/sparseety --node gpu-07
+      sparseety streams --db sparseety.db --csv -c id -c state -c model
     """
-    from sniffer.core.events import StreamFlag, stream_flags
     from sniffer.store.lite import PLAIN_HTTP
     from sniffer.store.queries import list_streams
 
@@ -419,50 +422,52 @@ def streams(
             rows = [r for r in rows if (r.get("dialect") or PLAIN_HTTP) != PLAIN_HTTP]
         if limit is not None:
             rows = rows[:limit]
-        if as_json:
-            for r in rows:
-                click.echo(json.dumps(r, default=str))
-            return
-        if not rows:
-            click.echo("no streams" + ("" if show_all else " (try --all for every HTTP exchange)"))
-            return
-        header = (
-            f"{'id':>6} {'label':<9} {'state':<9} {'model':<18} {'path':<22} {'st':>3} "
-            f"{'chunks':>6} {'chars':>7} {'ttft_ms':>8} {'dur_ms':>8} {'spec':>5} finish"
+        print_rows(rows, output, table=functools.partial(_streams_table, show_all=show_all))
+
+
+def _streams_table(rows: Sequence[Mapping[str, Any]], *, show_all: bool) -> None:
+    from sniffer.core.events import StreamFlag, stream_flags
+
+    if not rows:
+        click.echo("no streams" + ("" if show_all else " (try --all for every HTTP exchange)"))
+        return
+    header = (
+        f"{'id':>6} {'label':<9} {'state':<9} {'model':<18} {'path':<22} {'st':>3} "
+        f"{'chunks':>6} {'chars':>7} {'ttft_ms':>8} {'dur_ms':>8} {'spec':>5} finish"
+    )
+    click.echo(header)
+    midway = 0
+    clock = 0
+    for r in rows:
+        path = r.get("path") or "-"
+        ttft = _ms(r.get("t_first_content"), r.get("t_request"))
+        dur = _ms(r.get("t_last_chunk"), r.get("t_request"))
+        if StreamFlag.CLOCK_BACKWARDS in stream_flags(r.get("flags")):
+            clock += 1  # a difference of its times is no duration
+            ttft = dur = "(clock)"
+        if r.get("state") == "midway":
+            midway += 1
+            path = r.get("path") or "(mid-way)"
+        finish = r.get("finish_reasons") or ""
+        with suppress(ValueError):
+            finish = ",".join(str(v) for v in json.loads(finish).values()) if finish else ""
+        click.echo(
+            f"{r['id']:>6} {(r.get('label') or '-')[:9]:<9} {(r.get('state') or '-'):<9} "
+            f"{(r.get('model') or '-')[:18]:<18} {path[:22]:<22} "
+            f"{r.get('status') or '-':>3} {r.get('chunk_count') or 0:>6} "
+            f"{r.get('text_len') or 0:>7} "
+            f"{ttft:>8} {dur:>8} {_pct(r.get('spec_accept_rate')):>5} {finish}"
         )
-        click.echo(header)
-        midway = 0
-        clock = 0
-        for r in rows:
-            path = r.get("path") or "-"
-            ttft = _ms(r.get("t_first_content"), r.get("t_request"))
-            dur = _ms(r.get("t_last_chunk"), r.get("t_request"))
-            if StreamFlag.CLOCK_BACKWARDS in stream_flags(r.get("flags")):
-                clock += 1  # a difference of its times is no duration
-                ttft = dur = "(clock)"
-            if r.get("state") == "midway":
-                midway += 1
-                path = r.get("path") or "(mid-way)"
-            finish = r.get("finish_reasons") or ""
-            with suppress(ValueError):
-                finish = ",".join(str(v) for v in json.loads(finish).values()) if finish else ""
-            click.echo(
-                f"{r['id']:>6} {(r.get('label') or '-')[:9]:<9} {(r.get('state') or '-'):<9} "
-                f"{(r.get('model') or '-')[:18]:<18} {path[:22]:<22} "
-                f"{r.get('status') or '-':>3} {r.get('chunk_count') or 0:>6} "
-                f"{r.get('text_len') or 0:>7} "
-                f"{ttft:>8} {dur:>8} {_pct(r.get('spec_accept_rate')):>5} {finish}"
-            )
-        if clock:
-            click.echo(
-                f"{clock} stream(s) flagged clock-backwards: the capture clock went backwards "
-                "during them; TTFT and duration not shown"
-            )
-        if midway:
-            click.echo(
-                f"{midway} stream(s) recovered mid-way: the capture began inside the response; "
-                "request unknown, only the tail recorded, no TTFT"
-            )
+    if clock:
+        click.echo(
+            f"{clock} stream(s) flagged clock-backwards: the capture clock went backwards "
+            "during them; TTFT and duration not shown"
+        )
+    if midway:
+        click.echo(
+            f"{midway} stream(s) recovered mid-way: the capture began inside the response; "
+            "request unknown, only the tail recorded, no TTFT"
+        )
 
 
 # ----------------------------------------------------------------------- show
@@ -617,18 +622,24 @@ def export(
 @main.command()
 @db_option
 @click.option("--limit", type=int, default=50, show_default=True)
+@output_options()
 @node_option
-def errors(db: str, limit: int, node: str | None) -> None:
+def errors(db: str, limit: int, node: str | None, output: RowOutput) -> None:
     """List recorded pipeline errors (bad input is recorded, never fatal).
 
     \b
     Example:
       sparseety errors --db sparseety.db --limit 20
+      sparseety errors --db sparseety.db --csv -c stage -c kind -c message
     """
     from sniffer.store.queries import list_errors
 
     with library_errors():
         rows = list_errors(open_store(db), limit=limit, node=node)
+    print_rows(rows, output, table=_errors_table)
+
+
+def _errors_table(rows: Sequence[Mapping[str, Any]]) -> None:
     if not rows:
         click.echo("no errors")
     for e in rows:
@@ -643,22 +654,23 @@ def errors(db: str, limit: int, node: str | None) -> None:
 
 @main.command()
 @db_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def nodes(db: str, as_json: bool) -> None:
+@output_options()
+def nodes(db: str, output: RowOutput) -> None:
     """List the sidecars (nodes) that wrote streams to the database.
 
     \b
     Example:
       sparseety nodes --db postgresql+psycopg://sparseety@db/sparseety
+      sparseety nodes --db sparseety.db --csv
     """
     from sniffer.store.queries import list_nodes
 
     with library_errors():
         rows = list_nodes(open_store(db))
-    if as_json:
-        for r in rows:
-            click.echo(json.dumps(r))
-        return
+    print_rows(rows, output, table=_nodes_table)
+
+
+def _nodes_table(rows: Sequence[Mapping[str, Any]]) -> None:
     if not rows:
         click.echo("no streams")
         return
