@@ -6,6 +6,7 @@ it through the replay driver and the CLI, and on its own with a writer.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamOpen
 from sniffer.record.chain import RecordingChain, RecordingOptions
 from sniffer.record.metrics import Metrics
 from sniffer.runtime.config import Config
-from sniffer.runtime.replay import replay
+from sniffer.runtime.replay import CaptureFileError, MissingCapture, replay, replay_files
 from sniffer.store.writer import StoreWriter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,6 +188,34 @@ def test_replay_cli_sample_rate(tmp_path: Path) -> None:
     assert rows(db, "select count(*) from chunks") == [(0,)]
     bad = CliRunner().invoke(main, ["replay", "--sample-rate", "2", str(PCAP), "--db", str(db)])
     assert bad.exit_code == 2
+
+
+def test_replay_files_yields_each_file_through_one_chain(tmp_path: Path) -> None:
+    """``replay_files`` (what ``sparseety replay`` calls): one result per file
+    as it is done, through one chain; a missing file or one that is not a
+    capture stops it with the files before it stored, the error naming the file."""
+    db = tmp_path / "files.db"
+    chain = RecordingChain.from_config(NO_TOKENS)
+    seen: list[tuple[str, int, int]] = []
+    files = replay_files(
+        [str(PCAP), str(PCAP), "nosuch.pcap"],
+        str(db),
+        chain=chain,
+        labels={18036: "x"},  # chat_english's server port
+        progress=lambda path, done, total: seen.append((path, done, total)),
+    )
+    first = next(files)
+    assert first.path == str(PCAP) and first.streams == 1
+    assert first.summary()["file"] == str(PCAP) and first.summary()["streams"] == 1
+    assert next(files).streams == 1
+    with pytest.raises(MissingCapture, match=r"^nosuch\.pcap: no such file$"):
+        next(files)
+    assert rows(db, "SELECT count(*), min(label) FROM streams") == [(2, "x")]
+    assert {p for p, _, _ in seen} == {str(PCAP)} and seen[-1][1] == seen[-1][2] > 0
+    not_capture = tmp_path / "notes.txt"
+    not_capture.write_text("not a capture\n")
+    with pytest.raises(CaptureFileError, match=f"^{re.escape(str(not_capture))}: "):
+        list(replay_files([str(not_capture)], str(db), chain=chain))
 
 
 def test_parallel_replay_workers_each_write_through_the_chain(

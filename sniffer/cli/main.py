@@ -203,10 +203,8 @@ def replay(
     Example:
       sparseety replay pcaps/chat_english.pcap --db sparseety.db --label 8000=baseline
     """
-    from sniffer.capture.pcap import CaptureFileError
     from sniffer.record.chain import RecordingChain, RecordingOptions
-    from sniffer.runtime.replay import default_jobs
-    from sniffer.runtime.replay import replay as run_replay
+    from sniffer.runtime.replay import MissingCapture, replay_files
 
     label_map = parse_labels(labels)
     patterns = parse_pairs(redact_patterns, "--redact-pattern", "NAME=REGEX")
@@ -222,114 +220,117 @@ def replay(
         redact_patterns=patterns,
         tokens=not no_tokens,
     )
-    proto: bytes | None = None
-    if proto_file is not None:
-        from sniffer.core.grpc import ProtoCatalog
-
-        with open(proto_file, "rb") as fh:
-            proto = fh.read()
-        try:
-            ProtoCatalog(proto)
-        except ValueError as exc:
-            raise click.BadParameter(f"{proto_file}: {exc}", param_hint="--proto") from exc
+    proto = _read_proto(proto_file)
     with library_errors():
         registry = None if no_tokens else make_registry(tokenizers, default_tokenizer)
         otlp = _replay_otlp(otlp_endpoint, otlp_chunk_events, wait_tokens=not no_tokens)
         recording = RecordingChain.from_config(options, tokens=registry, otlp=otlp)
     if otlp is not None:
-        jobs = 1  # the exporter's thread lives in this process, not in forked workers
         click.get_current_context().call_on_close(lambda: _close_otlp(otlp))
     failed = False
     summaries = []
-    for path in captures:
-        if not os.path.exists(path):
-            fail(f"{path}: no such file", 2)
-        bar: Any = None
-        try:
-            if not quiet and sys.stderr.isatty():
-                bar = click.progressbar(
-                    length=max(os.path.getsize(path), 1),
-                    label=os.path.basename(path),
-                    file=sys.stderr,
-                    show_percent=True,
-                )
-                bar.__enter__()
-            done = [0]
-
-            def progress(pos: int, total: int, _bar: Any = bar, _done: list[int] = done) -> None:
-                if _bar is not None:
-                    _bar.length = max(total, 1)
-                    _bar.update(pos - _done[0])
-                    _done[0] = pos
-
-            with library_errors():
-                try:
-                    r = run_replay(
-                        path,
-                        db,
-                        ports=frozenset(ports),
-                        labels=label_map,
-                        progress=progress,
-                        jobs=jobs or default_jobs(),
-                        chain=recording,
-                        node=node,
-                        proto=proto,
-                    )
-                except CaptureFileError as exc:
-                    fail(str(exc) if path in str(exc) else f"{path}: {exc}")
-                    return
-        finally:
-            if bar is not None:
-                bar.__exit__(None, None, None)
-        summary = {
-            "file": path,
-            "packets": r.packets,
-            "tcp_segments": r.segments,
-            "streams": r.streams,
-            "chunk_events": r.chunk_events,
-            "errors": r.errors,
-            "states": r.states,
-            "seconds": round(r.seconds, 3),
-            "jobs": r.jobs,
-            "packets_per_second": round(r.packets_per_second),
-            "chunk_events_per_second": round(r.events_per_second),
-            "capture_error": r.capture_error,
-            "tokenized_streams": r.tokenized_streams,
-            "tokens": r.tokens,
-            "token_anomalies": r.token_anomalies,
-            "redactions": r.redactions,
-            "reassembly": r.reassembly,
-        }
-        summaries.append(summary)
-        if r.capture_error:
-            failed = True
-        if as_json:
-            continue
-        states = ", ".join(f"{k} {v}" for k, v in sorted(r.states.items())) or "none"
-        click.echo(
-            f"{path}: {r.packets} packets, {r.streams} streams ({states}), "
-            f"{r.chunk_events} chunk events, {r.errors} errors"
-        )
-        click.echo(
-            f"  {r.seconds:.2f} s: {r.packets_per_second:,.0f} packets/s, "
-            f"{r.events_per_second:,.0f} chunk events/s → {db}"
-        )
-        if registry is not None:
-            click.echo(
-                f"  tokens: {r.tokens:,} in {r.tokenized_streams:,} streams, "
-                f"{r.token_anomalies:,} anomalies ({r.token_seconds:.2f} s)"
+    bars = _FileBars(enabled=not quiet and sys.stderr.isatty())
+    try:
+        with library_errors():
+            files = replay_files(
+                captures,
+                db,
+                chain=recording,
+                ports=frozenset(ports),
+                labels=label_map,
+                jobs=jobs,
+                node=node,
+                proto=proto,
+                progress=bars.progress,
             )
-        if r.redactions:
-            click.echo(f"  redacted: {r.redactions:,} matches")
-        tcp = ", ".join(f"{k} {v:,}" for k, v in r.reassembly.items() if v)
-        if tcp:
-            click.echo(f"  tcp reassembly: {tcp}")
-        if r.capture_error:
-            click.echo(f"  capture error: {r.capture_error} (everything before it was stored)")
+            try:
+                for r in files:
+                    bars.close()
+                    summaries.append(r.summary())
+                    failed = failed or bool(r.capture_error)
+                    if not as_json:
+                        _print_replay(r, db, tokens=registry is not None)
+            except MissingCapture as exc:
+                fail(str(exc), 2)
+    finally:
+        bars.close()
     if as_json:
         click.echo(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2))
     if failed:
         sys.exit(1)
+
+
+def _read_proto(proto_file: str | None) -> bytes | None:
+    """The descriptor set ``--proto`` names, checked."""
+    if proto_file is None:
+        return None
+    from sniffer.core.grpc import ProtoCatalog
+
+    with open(proto_file, "rb") as fh:
+        proto = fh.read()
+    try:
+        ProtoCatalog(proto)
+    except ValueError as exc:
+        raise click.BadParameter(f"{proto_file}: {exc}", param_hint="--proto") from exc
+    return proto
+
+
+class _FileBars:
+    """One progress bar per capture file on a terminal's stderr."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self._bar: Any = None
+        self._path: str | None = None
+        self._done = 0
+
+    def progress(self, path: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if path != self._path:
+            self.close()
+            self._path, self._done = path, 0
+            self._bar = click.progressbar(
+                length=max(total, 1),
+                label=os.path.basename(path),
+                file=sys.stderr,
+                show_percent=True,
+            )
+            self._bar.__enter__()
+        self._bar.length = max(total, 1)
+        self._bar.update(done - self._done)
+        self._done = done
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+
+def _print_replay(r: Any, db: str, *, tokens: bool) -> None:
+    """The text summary of one replayed file."""
+    path = r.path
+    states = ", ".join(f"{k} {v}" for k, v in sorted(r.states.items())) or "none"
+    click.echo(
+        f"{path}: {r.packets} packets, {r.streams} streams ({states}), "
+        f"{r.chunk_events} chunk events, {r.errors} errors"
+    )
+    click.echo(
+        f"  {r.seconds:.2f} s: {r.packets_per_second:,.0f} packets/s, "
+        f"{r.events_per_second:,.0f} chunk events/s → {db}"
+    )
+    if tokens:
+        click.echo(
+            f"  tokens: {r.tokens:,} in {r.tokenized_streams:,} streams, "
+            f"{r.token_anomalies:,} anomalies ({r.token_seconds:.2f} s)"
+        )
+    if r.redactions:
+        click.echo(f"  redacted: {r.redactions:,} matches")
+    tcp = ", ".join(f"{k} {v:,}" for k, v in r.reassembly.items() if v)
+    if tcp:
+        click.echo(f"  tcp reassembly: {tcp}")
+    if r.capture_error:
+        click.echo(f"  capture error: {r.capture_error} (everything before it was stored)")
 
 
 # -------------------------------------------------------------------- streams
