@@ -306,11 +306,12 @@ def _token_rows(db: Path) -> list[tuple[object, ...]]:
     )
 
 
-def test_streams_the_redactor_found_clean_skip_the_replay_with_the_same_rows(
+def test_the_redactor_hands_its_spans_to_the_collector_with_the_same_rows(
     tmp_path: Path,
 ) -> None:
-    """The redaction transform tells the token collector which closed streams
-    had nothing redacted; their token rows are those the replay gives."""
+    """The redaction transform hands the token collector what it redacted in
+    each closed stream (nothing, or per choice its spans): the token rows are
+    those the collector's replay of the look-behind gives."""
     from dataclasses import replace
 
     events = _many(2)
@@ -323,15 +324,18 @@ def test_streams_the_redactor_found_clean_skip_the_replay_with_the_same_rows(
     for track in (True, False):
         db = tmp_path / f"{track}.db"
         chain = RecordingChain.from_config(RecordingOptions())
-        assert chain.stream_redactor is not None and chain.stream_redactor.track_clean
-        chain.stream_redactor.track_clean = track
+        assert chain.stream_redactor is not None and chain.stream_redactor.track_redactions
+        chain.stream_redactor.track_redactions = track
         chain.attach(StoreWriter(str(db)))
         chain.write(events)
         chain.flush()
         assert chain.collector is not None
-        clean = {sid for sid, s in chain.collector._ready_by_id.items() if s.clean}
+        ready = chain.collector._ready_by_id
+        handed = {sid for sid, s in ready.items() if s.handed}
+        redacted = {sid for sid, s in ready.items() if s.redactions is not None}
         opened = {e.stream for e in events if isinstance(e, StreamOpened)}
-        assert clean == ({i for i in opened if i < 1000} if track else set())
+        assert handed == (opened if track else set())
+        assert redacted == ({i for i in opened if i >= 1000} if track else set())
         chain.tokenize()
         chain.close()
         results.append(_token_rows(db))
@@ -341,9 +345,9 @@ def test_streams_the_redactor_found_clean_skip_the_replay_with_the_same_rows(
     assert masked and "-1" in str(masked[0][5])
 
 
-def test_a_sampler_before_the_redactor_turns_the_clean_hand_over_off() -> None:
+def test_a_sampler_before_the_redactor_turns_the_hand_over_off() -> None:
     chain = RecordingChain.from_config(RecordingOptions(sample_rate=0.5))
-    assert chain.stream_redactor is not None and not chain.stream_redactor.track_clean
+    assert chain.stream_redactor is not None and not chain.stream_redactor.track_redactions
 
 
 def test_forgotten_connections_are_freed_without_the_cycle_collector() -> None:
