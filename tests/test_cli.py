@@ -91,6 +91,22 @@ def test_replay_json_summary(tmp_path: Path) -> None:
     assert s["capture_error"] is None and s["tokens"] > 0 and s["packets"] > 0
 
 
+def test_replay_csv_summary_is_one_line_per_file_with_the_json_keys(tmp_path: Path) -> None:
+    files = [str(PCAPS / "n2.pcap"), str(TRUNCATED)]
+    db = str(tmp_path / "c.db")
+    res = cli("replay", *files, "--db", db, "-q", "--no-tokens", "--csv")
+    assert res.exit_code == 1  # the truncated file, as without --csv
+    rows = list(csv.DictReader(io.StringIO(res.output)))
+    as_json = cli("replay", *files, "--db", str(tmp_path / "j.db"), "-q", "--no-tokens", "--json")
+    want = json.loads(as_json.output)
+    assert [r["file"] for r in rows] == files and list(rows[0]) == list(want[0])
+    assert [int(r["streams"]) for r in rows] == [w["streams"] for w in want]
+    assert [json.loads(r["states"]) for r in rows] == [w["states"] for w in want]
+    assert rows[0]["capture_error"] == "" and rows[1]["capture_error"] == want[1]["capture_error"]
+    both = CliRunner().invoke(main, ["replay", files[0], "--db", db, "--json", "--csv"])
+    assert both.exit_code == 2 and "--json and --csv cannot be combined" in both.output
+
+
 def test_replay_reports_the_tcp_reassembly_counters(tmp_path: Path) -> None:
     """``--json`` carries the reassembler's counters by kind (the fixture's
     expected counts come from the segments its script put on the wire); the

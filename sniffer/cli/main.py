@@ -167,6 +167,7 @@ def main() -> None:
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the summary as CSV, one line per file.")
 @click.option(
     "--otlp-endpoint",
     metavar="URL",
@@ -190,6 +191,7 @@ def replay(
     proto_file: str | None,
     quiet: bool,
     as_json: bool,
+    as_csv: bool = False,
     otlp_endpoint: str | None = None,
     otlp_chunk_events: bool = False,
 ) -> None:
@@ -202,10 +204,13 @@ def replay(
     \b
     Example:
       sparseety replay pcaps/chat_english.pcap --db sparseety.db --label 8000=baseline
+      sparseety replay pcaps/*.pcap --db sparseety.db -q --csv > replay.csv
     """
     from sniffer.record.chain import RecordingChain, RecordingOptions
     from sniffer.runtime.replay import MissingCapture, replay_files
 
+    if as_json and as_csv:
+        raise click.UsageError("--json and --csv cannot be combined")
     label_map = parse_labels(labels)
     patterns = parse_pairs(redact_patterns, "--redact-pattern", "NAME=REGEX")
     if no_redact:
@@ -248,7 +253,7 @@ def replay(
                     bars.close()
                     summaries.append(r.summary())
                     failed = failed or bool(r.capture_error)
-                    if not as_json:
+                    if not (as_json or as_csv):
                         _print_replay(r, db, tokens=registry is not None)
             except MissingCapture as exc:
                 fail(str(exc), 2)
@@ -256,6 +261,8 @@ def replay(
         bars.close()
     if as_json:
         click.echo(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2))
+    elif as_csv:
+        print_rows(summaries, RowOutput(csv=True), table=lambda rows: None)
     if failed:
         sys.exit(1)
 
