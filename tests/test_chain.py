@@ -6,6 +6,7 @@ it through the replay driver and the CLI, and on its own with a writer.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamOpen
 from sniffer.record.chain import RecordingChain, RecordingOptions
 from sniffer.record.metrics import Metrics
 from sniffer.runtime.config import Config
-from sniffer.runtime.replay import replay
+from sniffer.runtime.replay import CaptureFileError, MissingCapture, replay, replay_files
 from sniffer.store.writer import StoreWriter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,6 +190,34 @@ def test_replay_cli_sample_rate(tmp_path: Path) -> None:
     assert bad.exit_code == 2
 
 
+def test_replay_files_yields_each_file_through_one_chain(tmp_path: Path) -> None:
+    """``replay_files`` (what ``sparseety replay`` calls): one result per file
+    as it is done, through one chain; a missing file or one that is not a
+    capture stops it with the files before it stored, the error naming the file."""
+    db = tmp_path / "files.db"
+    chain = RecordingChain.from_config(NO_TOKENS)
+    seen: list[tuple[str, int, int]] = []
+    files = replay_files(
+        [str(PCAP), str(PCAP), "nosuch.pcap"],
+        str(db),
+        chain=chain,
+        labels={18036: "x"},  # chat_english's server port
+        progress=lambda path, done, total: seen.append((path, done, total)),
+    )
+    first = next(files)
+    assert first.path == str(PCAP) and first.streams == 1
+    assert first.summary()["file"] == str(PCAP) and first.summary()["streams"] == 1
+    assert next(files).streams == 1
+    with pytest.raises(MissingCapture, match=r"^nosuch\.pcap: no such file$"):
+        next(files)
+    assert rows(db, "SELECT count(*), min(label) FROM streams") == [(2, "x")]
+    assert {p for p, _, _ in seen} == {str(PCAP)} and seen[-1][1] == seen[-1][2] > 0
+    not_capture = tmp_path / "notes.txt"
+    not_capture.write_text("not a capture\n")
+    with pytest.raises(CaptureFileError, match=f"^{re.escape(str(not_capture))}: "):
+        list(replay_files([str(not_capture)], str(db), chain=chain))
+
+
 def test_parallel_replay_workers_each_write_through_the_chain(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -277,11 +306,12 @@ def _token_rows(db: Path) -> list[tuple[object, ...]]:
     )
 
 
-def test_streams_the_redactor_found_clean_skip_the_replay_with_the_same_rows(
+def test_the_redactor_hands_its_spans_to_the_collector_with_the_same_rows(
     tmp_path: Path,
 ) -> None:
-    """The redaction transform tells the token collector which closed streams
-    had nothing redacted; their token rows are those the replay gives."""
+    """The redaction transform hands the token collector what it redacted in
+    each closed stream (nothing, or per choice its spans): the token rows are
+    those the collector's replay of the look-behind gives."""
     from dataclasses import replace
 
     events = _many(2)
@@ -294,15 +324,18 @@ def test_streams_the_redactor_found_clean_skip_the_replay_with_the_same_rows(
     for track in (True, False):
         db = tmp_path / f"{track}.db"
         chain = RecordingChain.from_config(RecordingOptions())
-        assert chain.stream_redactor is not None and chain.stream_redactor.track_clean
-        chain.stream_redactor.track_clean = track
+        assert chain.stream_redactor is not None and chain.stream_redactor.track_redactions
+        chain.stream_redactor.track_redactions = track
         chain.attach(StoreWriter(str(db)))
         chain.write(events)
         chain.flush()
         assert chain.collector is not None
-        clean = {sid for sid, s in chain.collector._ready_by_id.items() if s.clean}
+        ready = chain.collector._ready_by_id
+        handed = {sid for sid, s in ready.items() if s.handed}
+        redacted = {sid for sid, s in ready.items() if s.redactions is not None}
         opened = {e.stream for e in events if isinstance(e, StreamOpened)}
-        assert clean == ({i for i in opened if i < 1000} if track else set())
+        assert handed == (opened if track else set())
+        assert redacted == ({i for i in opened if i >= 1000} if track else set())
         chain.tokenize()
         chain.close()
         results.append(_token_rows(db))
@@ -312,9 +345,9 @@ def test_streams_the_redactor_found_clean_skip_the_replay_with_the_same_rows(
     assert masked and "-1" in str(masked[0][5])
 
 
-def test_a_sampler_before_the_redactor_turns_the_clean_hand_over_off() -> None:
+def test_a_sampler_before_the_redactor_turns_the_hand_over_off() -> None:
     chain = RecordingChain.from_config(RecordingOptions(sample_rate=0.5))
-    assert chain.stream_redactor is not None and not chain.stream_redactor.track_clean
+    assert chain.stream_redactor is not None and not chain.stream_redactor.track_redactions
 
 
 def test_forgotten_connections_are_freed_without_the_cycle_collector() -> None:

@@ -91,6 +91,22 @@ def test_replay_json_summary(tmp_path: Path) -> None:
     assert s["capture_error"] is None and s["tokens"] > 0 and s["packets"] > 0
 
 
+def test_replay_csv_summary_is_one_line_per_file_with_the_json_keys(tmp_path: Path) -> None:
+    files = [str(PCAPS / "n2.pcap"), str(TRUNCATED)]
+    db = str(tmp_path / "c.db")
+    res = cli("replay", *files, "--db", db, "-q", "--no-tokens", "--csv")
+    assert res.exit_code == 1  # the truncated file, as without --csv
+    rows = list(csv.DictReader(io.StringIO(res.output)))
+    as_json = cli("replay", *files, "--db", str(tmp_path / "j.db"), "-q", "--no-tokens", "--json")
+    want = json.loads(as_json.output)
+    assert [r["file"] for r in rows] == files and list(rows[0]) == list(want[0])
+    assert [int(r["streams"]) for r in rows] == [w["streams"] for w in want]
+    assert [json.loads(r["states"]) for r in rows] == [w["states"] for w in want]
+    assert rows[0]["capture_error"] == "" and rows[1]["capture_error"] == want[1]["capture_error"]
+    both = CliRunner().invoke(main, ["replay", files[0], "--db", db, "--json", "--csv"])
+    assert both.exit_code == 2 and "--json and --csv cannot be combined" in both.output
+
+
 def test_replay_reports_the_tcp_reassembly_counters(tmp_path: Path) -> None:
     """``--json`` carries the reassembler's counters by kind (the fixture's
     expected counts come from the segments its script put on the wire); the
@@ -207,6 +223,41 @@ def test_streams_filters_and_json(demo: str) -> None:
     assert none.exit_code == 0 and none.output.startswith("no streams (try --all")
 
 
+def test_streams_csv_and_columns_carry_the_json_rows(demo: str) -> None:
+    """``--csv`` has the keys of ``--json`` as its header and one line per row;
+    ``--column`` keeps those keys, in that order, in either."""
+    rows = [json.loads(ln) for ln in cli("streams", "--db", demo, "--json").output.splitlines()]
+    table = list(csv.reader(io.StringIO(cli("streams", "--db", demo, "--csv").output)))
+    assert table[0] == list(rows[0]) and len(table) == len(rows) + 1
+    assert [int(r[0]) for r in table[1:]] == [r["id"] for r in rows]
+    picked = cli("streams", "--db", demo, "--csv", "-c", "state", "--column", "id").output
+    assert picked.splitlines() == ["state,id", *(f"{r['state']},{r['id']}" for r in rows)]
+    got = cli("streams", "--db", demo, "--json", "-c", "id", "-c", "model").output.splitlines()
+    assert [json.loads(ln) for ln in got] == [{"id": r["id"], "model": r["model"]} for r in rows]
+
+
+def test_output_options_reject_what_cannot_be_printed(demo: str) -> None:
+    for args, message in (
+        (("--json", "--csv"), "--json and --csv cannot be combined"),
+        (("-c", "id"), "--column needs --json or --csv"),
+        (("--csv", "-c", "nope"), "no column 'nope' (columns: id, "),
+    ):
+        res = CliRunner().invoke(main, ["streams", "--db", demo, *args])
+        assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_nodes_as_table_json_and_csv(demo: str) -> None:
+    rows = [json.loads(ln) for ln in cli("nodes", "--db", demo, "--json").output.splitlines()]
+    assert len(rows) == 1 and rows[0]["streams"] == len(
+        cli("streams", "--db", demo, "--json").output.splitlines()
+    )
+    table = cli("nodes", "--db", demo).output.splitlines()
+    assert table[0].split()[:2] == ["node", "streams"] and table[1].split()[0] == rows[0]["node"]
+    assert list(csv.DictReader(io.StringIO(cli("nodes", "--db", demo, "--csv").output))) == [
+        {k: str(v) for k, v in rows[0].items()}
+    ]
+
+
 def test_streams_all_shows_plain_http_exchanges(tmp_path: Path) -> None:
     db = str(tmp_path / "http.db")
     assert cli("replay", str(PEER / "get.pcap"), "--db", db, "-q", "--no-tokens").exit_code == 0
@@ -318,6 +369,12 @@ def test_errors_lists_recorded_bad_input(tmp_path: Path) -> None:
     assert any(" http/desync conn=" in ln and "response without a request" in ln for ln in lines)
     assert all(": " in ln and " conn=" in ln and " stream=" in ln for ln in lines)
     assert len(cli("errors", "--db", db, "--limit", "1").output.splitlines()) == 1
+    # the same rows through the shared output options
+    rows = [json.loads(ln) for ln in cli("errors", "--db", db, "--json").output.splitlines()]
+    assert len(rows) == len(lines) and {"stage", "kind", "message"} <= set(rows[0])
+    assert any(r["stage"] == "http" and r["kind"] == "desync" for r in rows)
+    picked = cli("errors", "--db", db, "--csv", "-c", "stage", "-c", "kind").output
+    assert picked.splitlines() == ["stage,kind", *(f"{r['stage']},{r['kind']}" for r in rows)]
 
 
 # ------------------------------------------------------------------ prune

@@ -26,6 +26,7 @@ from sniffer.record.redact import (
     Redactor,
     StreamRedactor,
     TextWindow,
+    apply_spans,
     id_checksum_ok,
     luhn_ok,
     redact_choice_texts,
@@ -622,6 +623,7 @@ def test_stream_redactor_keeps_each_stream_in_order_whatever_the_interleaving(se
     rnd = random.Random(seed)
     words = ["138 1234 5678", "a@b.co", "sk-abcdefghijklmnopqrstuvwx", "word ", "", " ", "日本"]
     red = StreamRedactor(Redactor())
+    red.track_redactions = True
     events: list[StoreEvent] = []
     pieces: dict[tuple[int, int, str], list[str]] = {}
     streams = {s: 0 for s in range(1, 6)}
@@ -643,10 +645,15 @@ def test_stream_redactor_keeps_each_stream_in_order_whatever_the_interleaving(se
             pieces.setdefault((s, choice, "reasoning"), []).append(reasoning)
     out: list[StoreEvent] = []
     i = 0
+    clean: list[int] = []
+    handed: dict[int, dict[int, tuple[list[tuple[int, int]], list[str]]]] = {}
     while i < len(events):
         n = rnd.choice([1, 1, 3, 20])
         out += red.events(events[i : i + n])
         i += n
+        some_clean, some_redacted = red.take_redactions()
+        clean += some_clean
+        handed.update(some_redacted)
     out += red.flush()
     assert red.held == 0
     chunks = [e for e in out if isinstance(e, ChunkEvent)]
@@ -655,6 +662,17 @@ def test_stream_redactor_keeps_each_stream_in_order_whatever_the_interleaving(se
     for s in range(1, 6):
         assert [c.seq for c in chunks if c.stream == s] == [c.seq for c in sent if c.stream == s]
     for (s, choice, channel), texts in pieces.items():
-        stored, _ = redact_choice_texts(Redactor(), texts)
+        stored, spans = redact_choice_texts(Redactor(), texts)
         got = [getattr(c, channel) for c in chunks if c.stream == s and c.choice == choice]
         assert got == stored
+        if channel == "text" and s != 5:
+            # what the redactor handed over at the close is what the replay finds
+            if s in clean:
+                assert not spans
+            else:
+                h_spans, h_repls = handed[s].get(choice, ([], []))
+                assert h_spans == spans
+                assert apply_spans("".join(texts), h_spans, h_repls) == "".join(stored)
+    closed = {e.stream for e in events if isinstance(e, StreamClosed)}
+    assert sorted(clean + list(handed)) == sorted(closed) and not set(clean) & set(handed)
+    assert handed

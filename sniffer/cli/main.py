@@ -6,12 +6,14 @@ errors become a one-line message and a non-zero exit code (2 for usage errors).
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
 import socket
 import sys
 import threading
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -34,6 +36,7 @@ from sniffer.cli.common import (
     quiet_option,
     tokenizer_options,
 )
+from sniffer.cli.output import RowOutput, output_options, print_rows
 
 
 def _ts(ts: float | None) -> str:
@@ -164,6 +167,7 @@ def main() -> None:
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the summary as CSV, one line per file.")
 @click.option(
     "--otlp-endpoint",
     metavar="URL",
@@ -187,6 +191,7 @@ def replay(
     proto_file: str | None,
     quiet: bool,
     as_json: bool,
+    as_csv: bool = False,
     otlp_endpoint: str | None = None,
     otlp_chunk_events: bool = False,
 ) -> None:
@@ -199,12 +204,13 @@ def replay(
     \b
     Example:
       sparseety replay pcaps/chat_english.pcap --db sparseety.db --label 8000=baseline
+      sparseety replay pcaps/*.pcap --db sparseety.db -q --csv > replay.csv
     """
-    from sniffer.capture.pcap import CaptureFileError
     from sniffer.record.chain import RecordingChain, RecordingOptions
-    from sniffer.runtime.replay import default_jobs
-    from sniffer.runtime.replay import replay as run_replay
+    from sniffer.runtime.replay import MissingCapture, replay_files
 
+    if as_json and as_csv:
+        raise click.UsageError("--json and --csv cannot be combined")
     label_map = parse_labels(labels)
     patterns = parse_pairs(redact_patterns, "--redact-pattern", "NAME=REGEX")
     if no_redact:
@@ -219,114 +225,119 @@ def replay(
         redact_patterns=patterns,
         tokens=not no_tokens,
     )
-    proto: bytes | None = None
-    if proto_file is not None:
-        from sniffer.core.grpc import ProtoCatalog
-
-        with open(proto_file, "rb") as fh:
-            proto = fh.read()
-        try:
-            ProtoCatalog(proto)
-        except ValueError as exc:
-            raise click.BadParameter(f"{proto_file}: {exc}", param_hint="--proto") from exc
+    proto = _read_proto(proto_file)
     with library_errors():
         registry = None if no_tokens else make_registry(tokenizers, default_tokenizer)
         otlp = _replay_otlp(otlp_endpoint, otlp_chunk_events, wait_tokens=not no_tokens)
         recording = RecordingChain.from_config(options, tokens=registry, otlp=otlp)
     if otlp is not None:
-        jobs = 1  # the exporter's thread lives in this process, not in forked workers
         click.get_current_context().call_on_close(lambda: _close_otlp(otlp))
     failed = False
     summaries = []
-    for path in captures:
-        if not os.path.exists(path):
-            fail(f"{path}: no such file", 2)
-        bar: Any = None
-        try:
-            if not quiet and sys.stderr.isatty():
-                bar = click.progressbar(
-                    length=max(os.path.getsize(path), 1),
-                    label=os.path.basename(path),
-                    file=sys.stderr,
-                    show_percent=True,
-                )
-                bar.__enter__()
-            done = [0]
-
-            def progress(pos: int, total: int, _bar: Any = bar, _done: list[int] = done) -> None:
-                if _bar is not None:
-                    _bar.length = max(total, 1)
-                    _bar.update(pos - _done[0])
-                    _done[0] = pos
-
-            with library_errors():
-                try:
-                    r = run_replay(
-                        path,
-                        db,
-                        ports=frozenset(ports),
-                        labels=label_map,
-                        progress=progress,
-                        jobs=jobs or default_jobs(),
-                        chain=recording,
-                        node=node,
-                        proto=proto,
-                    )
-                except CaptureFileError as exc:
-                    fail(str(exc) if path in str(exc) else f"{path}: {exc}")
-                    return
-        finally:
-            if bar is not None:
-                bar.__exit__(None, None, None)
-        summary = {
-            "file": path,
-            "packets": r.packets,
-            "tcp_segments": r.segments,
-            "streams": r.streams,
-            "chunk_events": r.chunk_events,
-            "errors": r.errors,
-            "states": r.states,
-            "seconds": round(r.seconds, 3),
-            "jobs": r.jobs,
-            "packets_per_second": round(r.packets_per_second),
-            "chunk_events_per_second": round(r.events_per_second),
-            "capture_error": r.capture_error,
-            "tokenized_streams": r.tokenized_streams,
-            "tokens": r.tokens,
-            "token_anomalies": r.token_anomalies,
-            "redactions": r.redactions,
-            "reassembly": r.reassembly,
-        }
-        summaries.append(summary)
-        if r.capture_error:
-            failed = True
-        if as_json:
-            continue
-        states = ", ".join(f"{k} {v}" for k, v in sorted(r.states.items())) or "none"
-        click.echo(
-            f"{path}: {r.packets} packets, {r.streams} streams ({states}), "
-            f"{r.chunk_events} chunk events, {r.errors} errors"
-        )
-        click.echo(
-            f"  {r.seconds:.2f} s: {r.packets_per_second:,.0f} packets/s, "
-            f"{r.events_per_second:,.0f} chunk events/s → {db}"
-        )
-        if registry is not None:
-            click.echo(
-                f"  tokens: {r.tokens:,} in {r.tokenized_streams:,} streams, "
-                f"{r.token_anomalies:,} anomalies ({r.token_seconds:.2f} s)"
+    bars = _FileBars(enabled=not quiet and sys.stderr.isatty())
+    try:
+        with library_errors():
+            files = replay_files(
+                captures,
+                db,
+                chain=recording,
+                ports=frozenset(ports),
+                labels=label_map,
+                jobs=jobs,
+                node=node,
+                proto=proto,
+                progress=bars.progress,
             )
-        if r.redactions:
-            click.echo(f"  redacted: {r.redactions:,} matches")
-        tcp = ", ".join(f"{k} {v:,}" for k, v in r.reassembly.items() if v)
-        if tcp:
-            click.echo(f"  tcp reassembly: {tcp}")
-        if r.capture_error:
-            click.echo(f"  capture error: {r.capture_error} (everything before it was stored)")
+            try:
+                for r in files:
+                    bars.close()
+                    summaries.append(r.summary())
+                    failed = failed or bool(r.capture_error)
+                    if not (as_json or as_csv):
+                        _print_replay(r, db, tokens=registry is not None)
+            except MissingCapture as exc:
+                fail(str(exc), 2)
+    finally:
+        bars.close()
     if as_json:
         click.echo(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2))
+    elif as_csv:
+        print_rows(summaries, RowOutput(csv=True), table=lambda rows: None)
     if failed:
         sys.exit(1)
+
+
+def _read_proto(proto_file: str | None) -> bytes | None:
+    """The descriptor set ``--proto`` names, checked."""
+    if proto_file is None:
+        return None
+    from sniffer.core.grpc import ProtoCatalog
+
+    with open(proto_file, "rb") as fh:
+        proto = fh.read()
+    try:
+        ProtoCatalog(proto)
+    except ValueError as exc:
+        raise click.BadParameter(f"{proto_file}: {exc}", param_hint="--proto") from exc
+    return proto
+
+
+class _FileBars:
+    """One progress bar per capture file on a terminal's stderr."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self._bar: Any = None
+        self._path: str | None = None
+        self._done = 0
+
+    def progress(self, path: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if path != self._path:
+            self.close()
+            self._path, self._done = path, 0
+            self._bar = click.progressbar(
+                length=max(total, 1),
+                label=os.path.basename(path),
+                file=sys.stderr,
+                show_percent=True,
+            )
+            self._bar.__enter__()
+        self._bar.length = max(total, 1)
+        self._bar.update(done - self._done)
+        self._done = done
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+
+def _print_replay(r: Any, db: str, *, tokens: bool) -> None:
+    """The text summary of one replayed file."""
+    path = r.path
+    states = ", ".join(f"{k} {v}" for k, v in sorted(r.states.items())) or "none"
+    click.echo(
+        f"{path}: {r.packets} packets, {r.streams} streams ({states}), "
+        f"{r.chunk_events} chunk events, {r.errors} errors"
+    )
+    click.echo(
+        f"  {r.seconds:.2f} s: {r.packets_per_second:,.0f} packets/s, "
+        f"{r.events_per_second:,.0f} chunk events/s → {db}"
+    )
+    if tokens:
+        click.echo(
+            f"  tokens: {r.tokens:,} in {r.tokenized_streams:,} streams, "
+            f"{r.token_anomalies:,} anomalies ({r.token_seconds:.2f} s)"
+        )
+    if r.redactions:
+        click.echo(f"  redacted: {r.redactions:,} matches")
+    tcp = ", ".join(f"{k} {v:,}" for k, v in r.reassembly.items() if v)
+    if tcp:
+        click.echo(f"  tcp reassembly: {tcp}")
+    if r.capture_error:
+        click.echo(f"  capture error: {r.capture_error} (everything before it was stored)")
 
 
 # -------------------------------------------------------------------- streams
@@ -380,7 +391,7 @@ def _close_otlp(otlp: Any) -> None:
 @click.option("--state", help="complete, truncated, gap, error, open or midway.")
 @click.option("--all", "show_all", is_flag=True, help="Include non-LLM HTTP exchanges.")
 @click.option("--limit", type=int, help="At most this many streams.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@output_options()
 @node_option
 def streams(
     db: str,
@@ -390,7 +401,7 @@ def streams(
     state: str | None,
     show_all: bool,
     limit: int | None,
-    as_json: bool,
+    output: RowOutput,
 ) -> None:
     """List captured streams, one line each.
 
@@ -407,8 +418,8 @@ def streams(
     Example:
       sparseety streams --db sparseety.db --state gap
       sparseety streams --db postgresql+psycopg://sparseety@db/sparseety --node gpu-07
+      sparseety streams --db sparseety.db --csv -c id -c state -c model
     """
-    from sniffer.core.events import StreamFlag, stream_flags
     from sniffer.store.lite import PLAIN_HTTP
     from sniffer.store.queries import list_streams
 
@@ -419,50 +430,52 @@ def streams(
             rows = [r for r in rows if (r.get("dialect") or PLAIN_HTTP) != PLAIN_HTTP]
         if limit is not None:
             rows = rows[:limit]
-        if as_json:
-            for r in rows:
-                click.echo(json.dumps(r, default=str))
-            return
-        if not rows:
-            click.echo("no streams" + ("" if show_all else " (try --all for every HTTP exchange)"))
-            return
-        header = (
-            f"{'id':>6} {'label':<9} {'state':<9} {'model':<18} {'path':<22} {'st':>3} "
-            f"{'chunks':>6} {'chars':>7} {'ttft_ms':>8} {'dur_ms':>8} {'spec':>5} finish"
+        print_rows(rows, output, table=functools.partial(_streams_table, show_all=show_all))
+
+
+def _streams_table(rows: Sequence[Mapping[str, Any]], *, show_all: bool) -> None:
+    from sniffer.core.events import StreamFlag, stream_flags
+
+    if not rows:
+        click.echo("no streams" + ("" if show_all else " (try --all for every HTTP exchange)"))
+        return
+    header = (
+        f"{'id':>6} {'label':<9} {'state':<9} {'model':<18} {'path':<22} {'st':>3} "
+        f"{'chunks':>6} {'chars':>7} {'ttft_ms':>8} {'dur_ms':>8} {'spec':>5} finish"
+    )
+    click.echo(header)
+    midway = 0
+    clock = 0
+    for r in rows:
+        path = r.get("path") or "-"
+        ttft = _ms(r.get("t_first_content"), r.get("t_request"))
+        dur = _ms(r.get("t_last_chunk"), r.get("t_request"))
+        if StreamFlag.CLOCK_BACKWARDS in stream_flags(r.get("flags")):
+            clock += 1  # a difference of its times is no duration
+            ttft = dur = "(clock)"
+        if r.get("state") == "midway":
+            midway += 1
+            path = r.get("path") or "(mid-way)"
+        finish = r.get("finish_reasons") or ""
+        with suppress(ValueError):
+            finish = ",".join(str(v) for v in json.loads(finish).values()) if finish else ""
+        click.echo(
+            f"{r['id']:>6} {(r.get('label') or '-')[:9]:<9} {(r.get('state') or '-'):<9} "
+            f"{(r.get('model') or '-')[:18]:<18} {path[:22]:<22} "
+            f"{r.get('status') or '-':>3} {r.get('chunk_count') or 0:>6} "
+            f"{r.get('text_len') or 0:>7} "
+            f"{ttft:>8} {dur:>8} {_pct(r.get('spec_accept_rate')):>5} {finish}"
         )
-        click.echo(header)
-        midway = 0
-        clock = 0
-        for r in rows:
-            path = r.get("path") or "-"
-            ttft = _ms(r.get("t_first_content"), r.get("t_request"))
-            dur = _ms(r.get("t_last_chunk"), r.get("t_request"))
-            if StreamFlag.CLOCK_BACKWARDS in stream_flags(r.get("flags")):
-                clock += 1  # a difference of its times is no duration
-                ttft = dur = "(clock)"
-            if r.get("state") == "midway":
-                midway += 1
-                path = r.get("path") or "(mid-way)"
-            finish = r.get("finish_reasons") or ""
-            with suppress(ValueError):
-                finish = ",".join(str(v) for v in json.loads(finish).values()) if finish else ""
-            click.echo(
-                f"{r['id']:>6} {(r.get('label') or '-')[:9]:<9} {(r.get('state') or '-'):<9} "
-                f"{(r.get('model') or '-')[:18]:<18} {path[:22]:<22} "
-                f"{r.get('status') or '-':>3} {r.get('chunk_count') or 0:>6} "
-                f"{r.get('text_len') or 0:>7} "
-                f"{ttft:>8} {dur:>8} {_pct(r.get('spec_accept_rate')):>5} {finish}"
-            )
-        if clock:
-            click.echo(
-                f"{clock} stream(s) flagged clock-backwards: the capture clock went backwards "
-                "during them; TTFT and duration not shown"
-            )
-        if midway:
-            click.echo(
-                f"{midway} stream(s) recovered mid-way: the capture began inside the response; "
-                "request unknown, only the tail recorded, no TTFT"
-            )
+    if clock:
+        click.echo(
+            f"{clock} stream(s) flagged clock-backwards: the capture clock went backwards "
+            "during them; TTFT and duration not shown"
+        )
+    if midway:
+        click.echo(
+            f"{midway} stream(s) recovered mid-way: the capture began inside the response; "
+            "request unknown, only the tail recorded, no TTFT"
+        )
 
 
 # ----------------------------------------------------------------------- show
@@ -617,18 +630,24 @@ def export(
 @main.command()
 @db_option
 @click.option("--limit", type=int, default=50, show_default=True)
+@output_options()
 @node_option
-def errors(db: str, limit: int, node: str | None) -> None:
+def errors(db: str, limit: int, node: str | None, output: RowOutput) -> None:
     """List recorded pipeline errors (bad input is recorded, never fatal).
 
     \b
     Example:
       sparseety errors --db sparseety.db --limit 20
+      sparseety errors --db sparseety.db --csv -c stage -c kind -c message
     """
     from sniffer.store.queries import list_errors
 
     with library_errors():
         rows = list_errors(open_store(db), limit=limit, node=node)
+    print_rows(rows, output, table=_errors_table)
+
+
+def _errors_table(rows: Sequence[Mapping[str, Any]]) -> None:
     if not rows:
         click.echo("no errors")
     for e in rows:
@@ -643,22 +662,23 @@ def errors(db: str, limit: int, node: str | None) -> None:
 
 @main.command()
 @db_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def nodes(db: str, as_json: bool) -> None:
+@output_options()
+def nodes(db: str, output: RowOutput) -> None:
     """List the sidecars (nodes) that wrote streams to the database.
 
     \b
     Example:
       sparseety nodes --db postgresql+psycopg://sparseety@db/sparseety
+      sparseety nodes --db sparseety.db --csv
     """
     from sniffer.store.queries import list_nodes
 
     with library_errors():
         rows = list_nodes(open_store(db))
-    if as_json:
-        for r in rows:
-            click.echo(json.dumps(r))
-        return
+    print_rows(rows, output, table=_nodes_table)
+
+
+def _nodes_table(rows: Sequence[Mapping[str, Any]]) -> None:
     if not rows:
         click.echo("no streams")
         return

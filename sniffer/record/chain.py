@@ -147,8 +147,8 @@ class RecordingChain:
         self.on_error = on_error
         self.clock = clock
         #: keeps the text as sent for the token pass (only with ``tokens``)
-        # token ids are masked where redaction removed text (the collector
-        # replays the redaction look-behind to find those spans)
+        # token ids are masked where redaction removed text (the redactor hands
+        # its spans over; with a sampler before it the token pass replays them)
         self.collector = TokenCollector(redactor=redactor) if tokens is not None else None
         #: redaction with a bounded look-behind per (stream, choice)
         self.stream_redactor = StreamRedactor(redactor) if redactor is not None else None
@@ -170,9 +170,9 @@ class RecordingChain:
         self.transforms.extend(transforms)
         if self.collector is not None and self.stream_redactor is not None and sampler is None:
             # The redactor sees every chunk text as sent (no sampler blanks any
-            # before it): it tells the collector which streams had nothing
-            # redacted, so the token pass does not replay their look-behind.
-            self.stream_redactor.track_clean = True
+            # before it): it hands the collector what it redacted in each closed
+            # stream, so the token pass does not replay its look-behind.
+            self.stream_redactor.track_redactions = True
 
     @classmethod
     def from_config(
@@ -257,11 +257,11 @@ class RecordingChain:
         redactor = self.redactor
         assert redactor is not None and self.stream_redactor is not None
         events = self.stream_redactor.events(events)
-        if self.stream_redactor.track_clean and self.collector is not None:
-            clean = self.stream_redactor.take_clean()
-            if clean:
+        if self.stream_redactor.track_redactions and self.collector is not None:
+            clean, redacted = self.stream_redactor.take_redactions()
+            if clean or redacted:
                 with self._collector_lock:
-                    self.collector.mark_clean(clean)
+                    self.collector.hand_redactions(clean, redacted)
         if self.metrics is not None and redactor.counts:
             seen = self._seen_redactions
             delta = {k: v - seen.get(k, 0) for k, v in redactor.counts.items()}

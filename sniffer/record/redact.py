@@ -608,6 +608,7 @@ class TextWindow:
         "pending",
         "pending_len",
         "redactor",
+        "replacements",
         "scan_at",
         "spans",
         "touched",
@@ -630,6 +631,9 @@ class TextWindow:
         self.touched: list[bool] = []
         self.base = 0
         self.spans: list[tuple[int, int]] = []
+        #: what each span was replaced by (the stored text is the original with
+        #: every span replaced by its replacement)
+        self.replacements: list[str] = []
 
     def push(self, text: str) -> None:
         self.pending.append(text)
@@ -739,6 +743,7 @@ class TextWindow:
         for s0, e0, repl in edits:
             if s0 < limit:
                 self.spans.append((self.base + s0, self.base + min(e0, limit)))
+                self.replacements.append(repl)
                 saved.update(_LABEL.findall(repl))
         self.base += limit
         self.pending_len -= limit
@@ -921,10 +926,14 @@ class StreamRedactor:
         self._streams: dict[int, _Stream] = {}
         self._made = 0  # choices made so far
         self._removed: dict[int, int] = {}  # stream → text characters removed
-        #: streams closed since the last ``take_clean()`` whose chunk text
-        #: (every choice) had nothing redacted (only kept when ``track_clean``)
-        self.track_clean = False
+        #: hand what was redacted in each closed stream's chunk text over to
+        #: :meth:`take_redactions` (the token collector's masks)
+        self.track_redactions = False
+        #: streams closed since the last ``take_redactions()`` whose chunk text
+        #: (every choice) had nothing redacted
         self._clean: list[int] = []
+        #: the others: stream → choice → its spans and their replacements
+        self._redactions: dict[int, dict[int, ChoiceRedactions]] = {}
 
     @property
     def counts(self) -> Counter[str]:
@@ -1000,32 +1009,47 @@ class StreamRedactor:
                 s.drain(out)
             elif t is StreamClosed:
                 assert isinstance(ev, StreamClosed)
-                clean = True
-                s = streams.pop(ev.stream, None)
-                if s is not None:
-                    for c in s.choices.values():
-                        self._release(c, True)
-                        if c.text.spans:
-                            clean = False
-                    s.drain(out)
-                if clean and self.track_clean:
-                    self._clean.append(ev.stream)
-                removed = self._removed.pop(ev.stream, 0)
-                closed = red.event(ev)
-                assert isinstance(closed, StreamClosed)
-                if removed:
-                    closed = replace(closed, text_len=max(0, closed.text_len - removed))
-                out.append(closed)
+                self._closed(ev, out)
             else:
                 out.append(red.event(ev))
         return out
 
-    def take_clean(self) -> list[int]:
-        """Streams closed since the last call whose chunk text had nothing
-        redacted (with ``track_clean`` set)."""
-        out = self._clean
-        self._clean = []
-        return out
+    def _closed(self, ev: StreamClosed, out: list[StoreEvent]) -> None:
+        """A stream's close: its held chunk events decided and given out, then
+        the close (``text_len`` as stored); what was redacted noted."""
+        red = self.redactor
+        streams = self._streams
+        found: dict[int, ChoiceRedactions] | None = None
+        s = streams.pop(ev.stream, None)
+        if s is not None:
+            for choice, c in s.choices.items():
+                self._release(c, True)
+                tw = c.text
+                if tw.spans:
+                    if found is None:
+                        found = {}
+                    found[choice] = (tw.spans, tw.replacements)
+            s.drain(out)
+        if self.track_redactions:
+            if found is None:
+                self._clean.append(ev.stream)
+            else:
+                self._redactions[ev.stream] = found
+        removed = self._removed.pop(ev.stream, 0)
+        closed = red.event(ev)
+        assert isinstance(closed, StreamClosed)
+        if removed:
+            closed = replace(closed, text_len=max(0, closed.text_len - removed))
+        out.append(closed)
+
+    def take_redactions(self) -> tuple[list[int], dict[int, dict[int, ChoiceRedactions]]]:
+        """What the streams closed since the last call had redacted in their
+        chunk text (with ``track_redactions`` set): the streams with nothing
+        redacted, and for the others, per choice, the redacted spans of the
+        choice's original text and their replacements (see :func:`apply_spans`)."""
+        clean, redactions = self._clean, self._redactions
+        self._clean, self._redactions = [], {}
+        return clean, redactions
 
     def flush(self) -> list[StoreEvent]:
         """Everything still held (end of capture without stream closes)."""
@@ -1147,6 +1171,23 @@ def _made_at(c: _Choice) -> int:
     return c.index
 
 
+#: One choice's redactions: the spans of its original text, their replacements.
+ChoiceRedactions = tuple[list[tuple[int, int]], list[str]]
+
+
+def apply_spans(text: str, spans: Sequence[tuple[int, int]], replacements: Sequence[str]) -> str:
+    """``text`` with each span replaced by its replacement: the text
+    :class:`TextWindow` stores for the original ``text`` it gave these spans."""
+    parts: list[str] = []
+    pos = 0
+    for (start, end), repl in zip(spans, replacements, strict=True):
+        parts.append(text[pos:start])
+        parts.append(repl)
+        pos = end
+    parts.append(text[pos:])
+    return "".join(parts)
+
+
 def redact_choice_texts(
     redactor: Redactor, texts: Sequence[str]
 ) -> tuple[list[str], list[tuple[int, int]]]:
@@ -1183,9 +1224,11 @@ __all__ = [
     "MASK",
     "PHONE",
     "REDACTED",
+    "ChoiceRedactions",
     "Redactor",
     "StreamRedactor",
     "TextWindow",
+    "apply_spans",
     "id_checksum_ok",
     "luhn_ok",
     "redact_choice_texts",

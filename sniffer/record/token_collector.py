@@ -7,11 +7,14 @@ all). So the drivers (replay, daemon) feed every batch of store events to a
 texts (capped) and, when the stream closes, turns them into a
 ``tokens.StreamInput`` ready for ``tokenize_pass.tokenize_inputs``.
 
-With a ``redactor`` it also works out what the recording chain's
-``redact.StreamRedactor`` stores for each choice (the same bounded look-behind
-over the same chunk texts, so exactly the same result): the stored text (for
+With a ``redactor`` it also gives the token pass what the recording chain's
+``redact.StreamRedactor`` stores for each choice: the stored text (for
 ``text_hash``/``text_len``) and the redacted spans of the original text,
-whose token ids the token pass masks (see ``tokenize_pass.to_rows``).
+whose token ids the token pass masks (see ``tokenize_pass.to_rows``). When
+the chain's redactor saw every chunk text as sent (no sampler before it), it
+hands those spans over (:meth:`TokenCollector.hand_redactions`); otherwise,
+or when the stream was capped, the token pass replays the same bounded
+look-behind over the same chunk texts, which gives exactly the same result.
 
 Pure: no I/O, no clock, no tokenizer call (that happens off the capture path).
 """
@@ -21,14 +24,14 @@ from __future__ import annotations
 import json
 from array import array
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamFlag, StreamOpened
 from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput
 from sniffer.llm.values import Usage
-from sniffer.record.redact import Redactor, redact_choice_texts
+from sniffer.record.redact import ChoiceRedactions, Redactor, apply_spans, redact_choice_texts
 
 #: Chunk texts of an open stream are joined into one string every this many
 #: chunks: a long-lived small string per chunk would pin the allocator's pools
@@ -53,10 +56,11 @@ class _Open:
         "blocks",
         "body",
         "choices",
-        "clean",
         "extra",
+        "handed",
         "lens",
         "model",
+        "redactions",
         "seqs",
         "tail",
         "truncated",
@@ -74,9 +78,11 @@ class _Open:
         self.tail: list[str] = []
         self.extra: dict[int, tuple[str | None, str | None]] = {}
         self.truncated = False
-        #: the recording chain's redaction found nothing in this stream's text:
-        #: the token pass need not replay it (see ``TokenCollector.mark_clean``)
-        self.clean = False
+        #: the recording chain's redaction handed over what it redacted in
+        #: this stream's text (``redactions``, None for nothing): the token
+        #: pass need not replay it (see ``TokenCollector.hand_redactions``)
+        self.handed = False
+        self.redactions: dict[int, ChoiceRedactions] | None = None
 
     def __len__(self) -> int:
         return len(self.lens)
@@ -168,10 +174,12 @@ class TokenCollector:
         mask_prompt = bool(self._windows is not None and body and self._windows.edits(body)[1])
         so = request.get("stream_options")
         chunks = s.chunks()
-        if s.clean and not s.truncated:
+        if not s.handed or s.truncated:
+            stored, masks = self._redacted(chunks)
+        elif s.redactions is None:
             stored, masks = None, None  # what the replay would find: nothing
         else:
-            stored, masks = self._redacted(chunks)
+            stored, masks = _handed(chunks, s.redactions)
         return StreamInput(
             stream_id=stream_id,
             model=s.model,
@@ -228,18 +236,27 @@ class TokenCollector:
             out.append(self._build(item))
         return out
 
-    def mark_clean(self, streams: Iterable[int]) -> None:
-        """These closed streams' chunk texts went through the recording chain's
-        :class:`~sniffer.record.redact.StreamRedactor` (the same look-behind
-        over the same texts) and it redacted nothing: their token rows need no
-        masks and store the text as sent, so the pass skips the replay. Only
-        valid when every chunk text reached the redactor unchanged (no
-        sampler before it); streams already taken are ignored."""
+    def hand_redactions(
+        self, clean: Iterable[int], redacted: Mapping[int, dict[int, ChoiceRedactions]]
+    ) -> None:
+        """What the recording chain's
+        :class:`~sniffer.record.redact.StreamRedactor` redacted in these closed
+        streams' chunk texts (``StreamRedactor.take_redactions``): nothing in
+        ``clean``; per choice, the spans of its original text and their
+        replacements in ``redacted``. The token pass then takes the masks and
+        the stored texts from them instead of replaying the look-behind. Only
+        valid when every chunk text reached the redactor unchanged (no sampler
+        before it); streams already taken are ignored."""
         by_id = self._ready_by_id
-        for stream in streams:
+        for stream in clean:
             s = by_id.get(stream)
             if s is not None:
-                s.clean = True
+                s.handed = True
+        for stream, choices in redacted.items():
+            s = by_id.get(stream)
+            if s is not None:
+                s.handed = True
+                s.redactions = choices
 
     @property
     def ready(self) -> int:
@@ -248,6 +265,24 @@ class TokenCollector:
     @property
     def open_streams(self) -> int:
         return len(self._open)
+
+
+def _handed(
+    chunks: Sequence[ChunkInput], redactions: Mapping[int, ChoiceRedactions]
+) -> tuple[dict[int, str] | None, dict[int, list[tuple[int, int]]] | None]:
+    """Per choice that had something redacted: the stored text and the spans,
+    from what the recording chain's redactor handed over."""
+    by_choice: dict[int, list[str]] = {ch: [] for ch in redactions}
+    for c in chunks:
+        texts = by_choice.get(c.choice)
+        if texts is not None:
+            texts.append(c.text)
+    stored = {
+        ch: apply_spans("".join(by_choice[ch]), spans, repls)
+        for ch, (spans, repls) in redactions.items()
+    }
+    masks = {ch: list(spans) for ch, (spans, _) in redactions.items()}
+    return (stored or None), (masks or None)
 
 
 def _json(text: str | None) -> Any:

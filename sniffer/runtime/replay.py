@@ -20,7 +20,7 @@ from __future__ import annotations
 import gc
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -77,6 +77,28 @@ class ReplayResult:
     def events_per_second(self) -> float:
         return self.chunk_events / self.seconds if self.seconds > 0 else 0.0
 
+    def summary(self) -> dict[str, object]:
+        """The figures ``sparseety replay --json`` prints, in its order."""
+        return {
+            "file": self.path,
+            "packets": self.packets,
+            "tcp_segments": self.segments,
+            "streams": self.streams,
+            "chunk_events": self.chunk_events,
+            "errors": self.errors,
+            "states": self.states,
+            "seconds": round(self.seconds, 3),
+            "jobs": self.jobs,
+            "packets_per_second": round(self.packets_per_second),
+            "chunk_events_per_second": round(self.events_per_second),
+            "capture_error": self.capture_error,
+            "tokenized_streams": self.tokenized_streams,
+            "tokens": self.tokens,
+            "token_anomalies": self.token_anomalies,
+            "redactions": self.redactions,
+            "reassembly": self.reassembly,
+        }
+
     def merge(self, other: ReplayResult) -> None:
         self.segments += other.segments
         self.chunk_events += other.chunk_events
@@ -95,6 +117,65 @@ class ReplayResult:
 
 def default_jobs() -> int:
     return max(1, min(4, os.cpu_count() or 1))
+
+
+class MissingCapture(FileNotFoundError):
+    """A capture file named to :func:`replay_files` does not exist."""
+
+
+#: ``(path, bytes done, bytes total)`` of the file being replayed
+FilesProgress = Callable[[str, int, int], None]
+
+
+def replay_files(
+    paths: Iterable[str],
+    db: str,
+    *,
+    chain: RecordingChain,
+    ports: frozenset[int] = frozenset(),
+    labels: Mapping[int, str] | None = None,
+    jobs: int | None = None,
+    node: str | None = None,
+    proto: bytes | None = None,
+    progress: FilesProgress | None = None,
+) -> Iterator[ReplayResult]:
+    """Replay capture files one after the other through one recording
+    ``chain`` into ``db``, yielding each file's result as it is done (the
+    command line prints it then). ``jobs`` defaults to :func:`default_jobs`;
+    a chain with an OTLP exporter replays in this process (its thread does not
+    follow forked workers).
+
+    Raises :class:`MissingCapture` when it comes to a file that does not
+    exist, and ``CaptureFileError`` (its message naming the file) for one that
+    is not a capture at all; the files before it are stored.
+    """
+    if chain.otlp is not None:
+        jobs = 1
+    for path in paths:
+        if not os.path.exists(path):
+            raise MissingCapture(f"{path}: no such file")
+        try:
+            yield replay(
+                path,
+                db,
+                ports=ports,
+                labels=labels,
+                progress=_for_file(progress, path),
+                jobs=jobs or default_jobs(),
+                chain=chain,
+                node=node,
+                proto=proto,
+            )
+        except CaptureFileError as exc:
+            if path in str(exc):
+                raise
+            raise CaptureFileError(f"{path}: {exc}", exc.offset) from exc
+
+
+def _for_file(progress: FilesProgress | None, path: str) -> Progress | None:
+    if progress is None:
+        return None
+    return lambda done, total: progress(path, done, total)
 
 
 def replay(
@@ -404,4 +485,12 @@ def _share(x: int, n: int) -> int:
     return (h ^ (h >> 16)) % n
 
 
-__all__ = ["CaptureFileError", "ReplayResult", "default_jobs", "replay"]
+__all__ = [
+    "CaptureFileError",
+    "FilesProgress",
+    "MissingCapture",
+    "ReplayResult",
+    "default_jobs",
+    "replay",
+    "replay_files",
+]
