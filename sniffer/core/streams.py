@@ -51,9 +51,9 @@ from sniffer.core.events import (
 )
 from sniffer.core.http1 import HttpOutput
 from sniffer.core.native import ndjson_decoder, sse_decoder
-from sniffer.core.resync import CHUNKED, ItemSync, guess_dialect, sniff_item_format
+from sniffer.core.resync import CHUNKED, ItemSync, sniff_item_format
 from sniffer.core.sse import DEFAULT_MAX_LINE, NdjsonDecoder, SseDecoder
-from sniffer.llm.dialects import dialect_by_name, select_dialect
+from sniffer.llm.dialects import dialect_by_name, guess_dialect, select_dialect
 from sniffer.llm.dialects.base import (
     AFTER_DONE,
     DONE,
