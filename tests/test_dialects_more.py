@@ -24,7 +24,7 @@ from sniffer.core.events import (
 )
 from sniffer.core.sse import NdjsonDecoder, SseDecoder
 from sniffer.core.streams import StreamAssembler
-from sniffer.llm.dialects import select_dialect
+from sniffer.llm.dialects import dialect_by_name, select_dialect
 from sniffer.llm.dialects.anthropic import AnthropicMessages
 from sniffer.llm.dialects.base import (
     CONTENT,
@@ -1375,3 +1375,25 @@ def test_arbitrary_text_never_raises(data: str) -> None:
     for factory in FACTORIES:
         assert all(isinstance(d, Delta) for d in factory().event(data, "message"))
         assert all(isinstance(d, Delta) for d in factory().body(data))
+
+
+@pytest.mark.parametrize(
+    ("name", "item", "want"),
+    [
+        ("openai.chat", '{"model":"m","object":"chat.completion.chunk","choices":[]}', "m"),
+        ("ollama.chat", '{"model":"o","message":{"content":"x"},"done":false}', "o"),
+        ("anthropic.messages", '{"type":"message_start","message":{"model":"a"}}', "a"),
+        ("openai.responses", '{"type":"response.created","response":{"model":"r"}}', "r"),
+        ("openai.chat", '{"model":"","message":{"model":"a"}}', ""),  # any string
+        ("openai.chat", '{"model":5,"response":{"model":"r"}}', "r"),
+        ("tgi.generate", '{"token":{"id":1,"text":"x"}}', None),
+        ("openai.chat", "[DONE]", None),
+        ("openai.chat", '["model"]', None),
+        ("openai.chat", "[" * 5000, None),
+    ],
+)
+def test_item_model_names_the_model_of_a_recovered_stream(
+    name: str, item: str, want: str | None
+) -> None:
+    dialect = dialect_by_name(name)
+    assert dialect is not None and dialect.item_model(item) == want

@@ -191,6 +191,21 @@ class JsonDialect:
             self._name(obj)
         return guarded(self._whole, body, obj, body)
 
+    def item_model(self, data: str) -> str | None:
+        """The model one streamed item names: at the top level (OpenAI chunks,
+        Ollama), in the ``message`` (Anthropic ``message_start``) or the
+        ``response`` (Responses ``response.created``) object; any string."""
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(obj, dict):
+            return None
+        for holder in (obj, obj.get("message"), obj.get("response")):
+            if isinstance(holder, dict) and isinstance(holder.get("model"), str):
+                return str(holder["model"])
+        return None
+
     def _name(self, obj: dict[str, Any]) -> None:
         """Note the reply's id and model: top level (OpenAI chunks and bodies,
         Ollama) or in the ``message`` (Anthropic ``message_start``) or

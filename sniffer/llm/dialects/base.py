@@ -98,3 +98,8 @@ class Dialect(Protocol):
     def body(self, body: str) -> list[Delta]:
         """A whole non-streaming response body."""
         ...
+
+    def item_model(self, data: str) -> str | None:
+        """The model one streamed item names, if any: what a stream picked up
+        mid-way, whose request was never seen, records as its model."""
+        ...
