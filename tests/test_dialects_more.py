@@ -1397,3 +1397,29 @@ def test_item_model_names_the_model_of_a_recovered_stream(
 ) -> None:
     dialect = dialect_by_name(name)
     assert dialect is not None and dialect.item_model(item) == want
+
+
+def test_register_takes_the_dialects_probe_and_whole_message() -> None:
+    from sniffer.llm import dialects as reg
+    from sniffer.llm.dialects.base import PROOF_EVENT_NAME
+
+    assert {"anthropic.messages", "openai.responses"} == reg.WHOLE_MESSAGE_DIALECTS
+
+    class Whole(AnthropicMessages):
+        name = "test.whole"
+        whole_message = True
+
+    def probe(event_type: str, obj: dict[str, Any] | None) -> int:
+        return PROOF_EVENT_NAME + 1 if event_type == "test.whole" else 0
+
+    saved = (list(reg.REGISTRY), list(reg.KNOWN_DIALECTS), dict(reg.FACTORIES), list(reg.PROBES))
+    try:
+        reg.register("test.whole", lambda m, p, r: p == "/w", Whole, probe=probe)
+        assert "test.whole" in reg.WHOLE_MESSAGE_DIALECTS
+        assert reg.guess_dialect("test.whole", "{}") == "test.whole"
+        assert reg.guess_dialect("message_start", "{}") == "anthropic.messages"
+    finally:
+        reg.REGISTRY[:], reg.KNOWN_DIALECTS[:], reg.PROBES[:] = saved[0], saved[1], saved[3]
+        reg.FACTORIES.clear()
+        reg.FACTORIES.update(saved[2])
+        reg.WHOLE_MESSAGE_DIALECTS.discard("test.whole")

@@ -33,6 +33,7 @@ from sniffer.llm.dialects.tgi import TgiGenerate
 __all__ = [
     "KNOWN_DIALECTS",
     "REGISTRY",
+    "WHOLE_MESSAGE_DIALECTS",
     "Factory",
     "Matcher",
     "dialect_by_name",
@@ -56,6 +57,9 @@ KNOWN_DIALECTS: list[str] = []
 #: (name, probe) of the dialects that can be recognised from their items, in
 #: registration order (a tie between two probes goes to the first).
 PROBES: list[tuple[str, Probe]] = []
+#: Names of the registered dialects whose output is the whole message (their
+#: ``whole_message``): reports and metrics take its blocks as one output.
+WHOLE_MESSAGE_DIALECTS: set[str] = set()
 
 
 def register(
@@ -75,6 +79,8 @@ def register(
     if name not in KNOWN_DIALECTS:
         KNOWN_DIALECTS.append(name)
     FACTORIES.setdefault(name, factory)
+    if FACTORIES[name]().whole_message:
+        WHOLE_MESSAGE_DIALECTS.add(name)
     if probe is not None and all(known != name for known, _ in PROBES):
         PROBES.append((name, probe))
 

@@ -164,6 +164,8 @@ class JsonDialect:
     implement ``_streamed(obj, data, event_type)`` and ``_whole(obj, body)``."""
 
     name = "json"
+    #: see ``base.Dialect.whole_message``
+    whole_message = False
     #: the reply's ``id`` and ``model`` as the server named them (first seen)
     response_id: str | None = None
     response_model: str | None = None

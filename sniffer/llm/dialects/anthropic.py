@@ -111,6 +111,7 @@ class AnthropicMessages(JsonDialect):
     """``POST /v1/messages``: named SSE events, or one ``message`` object."""
 
     name = "anthropic.messages"
+    whole_message = True  # content blocks / output items are one output
 
     def __init__(self) -> None:
         self._blocks: dict[int, str] = {}  # block index → block type

@@ -35,9 +35,6 @@ OTHER = "other"  # parsed, but nothing we model (keep-alive, metadata events)
 AFTER_DONE = "after_done"
 
 OUTPUT_KINDS = frozenset({CONTENT, REASONING, TOOL_CALL})
-#: Dialects whose output is the whole message, all its output items /
-#: content blocks in index order (Responses, Anthropic), not one per block.
-WHOLE_MESSAGE_DIALECTS = frozenset({"anthropic.messages", "openai.responses"})
 
 # How strongly one streamed item proves a dialect, when the request that would
 # name it was not seen (a body recovered mid-way): the answers of a dialect's
@@ -89,6 +86,9 @@ class Dialect(Protocol):
     """One instance per exchange; holds whatever state the wire format needs."""
 
     name: str
+    #: The output is the whole message, all its output items / content blocks
+    #: in index order (Responses, Anthropic), not one output per block / choice.
+    whole_message: bool
 
     def event(self, data: str, event_type: str) -> list[Delta]:
         """One streamed item: SSE event data (``event_type`` is the SSE ``event:``

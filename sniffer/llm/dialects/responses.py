@@ -133,6 +133,7 @@ class OpenAIResponses(JsonDialect):
     """``POST /v1/responses``: named SSE events, or one ``response`` object."""
 
     name = "openai.responses"
+    whole_message = True  # content blocks / output items are one output
 
     def __init__(self) -> None:
         self._outputs: set[int] = set()  # output indices seen in this stream
