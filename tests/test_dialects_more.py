@@ -1412,8 +1412,12 @@ def test_register_takes_the_dialects_probe_and_whole_message() -> None:
     def probe(event_type: str, obj: dict[str, Any] | None) -> int:
         return PROOF_EVENT_NAME + 1 if event_type == "test.whole" else 0
 
+    def boom(event_type: str, obj: dict[str, Any] | None) -> int:
+        raise RuntimeError("buggy probe")
+
     saved = (list(reg.REGISTRY), list(reg.KNOWN_DIALECTS), dict(reg.FACTORIES), list(reg.PROBES))
     try:
+        reg.register("test.boom", lambda m, p, r: False, OpenAIChat, probe=boom)
         reg.register("test.whole", lambda m, p, r: p == "/w", Whole, probe=probe)
         assert "test.whole" in reg.WHOLE_MESSAGE_DIALECTS
         assert reg.guess_dialect("test.whole", "{}") == "test.whole"

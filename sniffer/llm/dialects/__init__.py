@@ -209,7 +209,10 @@ def guess_dialect(event_type: str, data: str) -> str | None:
     obj = parsed if isinstance(parsed, dict) else None
     best, found = NO_PROOF, None
     for name, probe in PROBES:
-        proof = probe(event_type, obj)
+        try:
+            proof = probe(event_type, obj)
+        except Exception:  # a buggy probe must not take the pipeline down
+            continue
         if proof > best:
             best, found = proof, name
     return found
