@@ -14,7 +14,13 @@ from click.testing import CliRunner
 
 from sniffer.cli import main
 from sniffer.core.events import ChunkEvent, StreamClosed, StreamOpened, StreamResponse, StreamState
-from sniffer.llm.logprobs import output_logprobs, parse_logprobs, token_starts
+from sniffer.llm.logprobs import (
+    ServerToken,
+    output_logprobs,
+    parse_logprobs,
+    read_logprobs,
+    token_starts,
+)
 from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.llm.values import RequestSummary
 from sniffer.reports.causes import classify
@@ -270,6 +276,29 @@ def test_one_sided_logprobs_and_the_probability_bound() -> None:
     outs = _outputs({1: ("a", flat), 2: ("b", None)})
     outs[1].text = "The cat sat in"
     assert classify(outs[0], outs[1]).cause == "unknown"
+
+
+def test_one_parse_gives_both_views_of_a_chunks_logprobs() -> None:
+    chat = read_logprobs(
+        json.dumps({"content": [{"token": "a", "logprob": -0.5, "bytes": [97], "id": 7}]})
+    )
+    lps = chat.tokens()
+    assert lps is not None and [(t.text, t.logprob, t.raw, t.id) for t in lps] == [
+        ("a", -0.5, b"a", 7)
+    ]
+    assert chat.server_tokens() == [ServerToken("a", 7, b"a")]
+    # an id alone, or plain ids, name the server's token but carry no log-probability
+    only_id = read_logprobs('{"id": 5}')
+    assert only_id.tokens() is None and only_id.server_tokens() == [ServerToken("token_id:5", 5)]
+    ids = read_logprobs("[1, 2]")
+    assert ids.tokens() is None and [t.id for t in ids.server_tokens() or []] == [1, 2]
+    comp = read_logprobs(json.dumps({"tokens": ["x", "y"], "token_logprobs": [-1.0, -2.0]}))
+    assert [t.logprob for t in comp.tokens() or []] == [-1.0, -2.0]
+    assert comp.server_tokens() == [ServerToken("x"), ServerToken("y")]
+    for empty in ("null", "{}"):
+        assert read_logprobs(empty).tokens() == [] and read_logprobs(empty).server_tokens() == []
+    for bad in ("{bad", '{"x": 1}', '{"content": true, "refusal": true}'):
+        assert read_logprobs(bad).tokens() is None and read_logprobs(bad).server_tokens() is None
 
 
 def test_logprob_parsing_shapes_and_bytes() -> None:

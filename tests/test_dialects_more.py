@@ -24,7 +24,7 @@ from sniffer.core.events import (
 )
 from sniffer.core.sse import NdjsonDecoder, SseDecoder
 from sniffer.core.streams import StreamAssembler
-from sniffer.llm.dialects import select_dialect
+from sniffer.llm.dialects import dialect_by_name, select_dialect
 from sniffer.llm.dialects.anthropic import AnthropicMessages
 from sniffer.llm.dialects.base import (
     CONTENT,
@@ -1375,3 +1375,55 @@ def test_arbitrary_text_never_raises(data: str) -> None:
     for factory in FACTORIES:
         assert all(isinstance(d, Delta) for d in factory().event(data, "message"))
         assert all(isinstance(d, Delta) for d in factory().body(data))
+
+
+@pytest.mark.parametrize(
+    ("name", "item", "want"),
+    [
+        ("openai.chat", '{"model":"m","object":"chat.completion.chunk","choices":[]}', "m"),
+        ("ollama.chat", '{"model":"o","message":{"content":"x"},"done":false}', "o"),
+        ("anthropic.messages", '{"type":"message_start","message":{"model":"a"}}', "a"),
+        ("openai.responses", '{"type":"response.created","response":{"model":"r"}}', "r"),
+        ("openai.chat", '{"model":"","message":{"model":"a"}}', ""),  # any string
+        ("openai.chat", '{"model":5,"response":{"model":"r"}}', "r"),
+        ("tgi.generate", '{"token":{"id":1,"text":"x"}}', None),
+        ("openai.chat", "[DONE]", None),
+        ("openai.chat", '["model"]', None),
+        ("openai.chat", "[" * 5000, None),
+    ],
+)
+def test_item_model_names_the_model_of_a_recovered_stream(
+    name: str, item: str, want: str | None
+) -> None:
+    dialect = dialect_by_name(name)
+    assert dialect is not None and dialect.item_model(item) == want
+
+
+def test_register_takes_the_dialects_probe_and_whole_message() -> None:
+    from sniffer.llm import dialects as reg
+    from sniffer.llm.dialects.base import PROOF_EVENT_NAME
+
+    assert {"anthropic.messages", "openai.responses"} == reg.WHOLE_MESSAGE_DIALECTS
+
+    class Whole(AnthropicMessages):
+        name = "test.whole"
+        whole_message = True
+
+    def probe(event_type: str, obj: dict[str, Any] | None) -> int:
+        return PROOF_EVENT_NAME + 1 if event_type == "test.whole" else 0
+
+    def boom(event_type: str, obj: dict[str, Any] | None) -> int:
+        raise RuntimeError("buggy probe")
+
+    saved = (list(reg.REGISTRY), list(reg.KNOWN_DIALECTS), dict(reg.FACTORIES), list(reg.PROBES))
+    try:
+        reg.register("test.boom", lambda m, p, r: False, OpenAIChat, probe=boom)
+        reg.register("test.whole", lambda m, p, r: p == "/w", Whole, probe=probe)
+        assert "test.whole" in reg.WHOLE_MESSAGE_DIALECTS
+        assert reg.guess_dialect("test.whole", "{}") == "test.whole"
+        assert reg.guess_dialect("message_start", "{}") == "anthropic.messages"
+    finally:
+        reg.REGISTRY[:], reg.KNOWN_DIALECTS[:], reg.PROBES[:] = saved[0], saved[1], saved[3]
+        reg.FACTORIES.clear()
+        reg.FACTORIES.update(saved[2])
+        reg.WHOLE_MESSAGE_DIALECTS.discard("test.whole")

@@ -38,7 +38,7 @@ from sniffer.core.events import (
 )
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.llm.cadence import cadence
-from sniffer.llm.dialects.base import WHOLE_MESSAGE_DIALECTS
+from sniffer.llm.dialects import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.llm.values import RequestSummary, Usage
 from sniffer.record.chain import RecordingChain, RecordingOptions

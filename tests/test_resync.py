@@ -14,10 +14,10 @@ from sniffer.core.resync import (
     IDENTITY,
     FramingSync,
     ItemSync,
-    guess_dialect,
     sniff_item_format,
 )
 from sniffer.core.sse import NdjsonDecoder, SseDecoder
+from sniffer.llm.dialects import guess_dialect
 
 TEXTS = ["Hello", " 世界", "，这是", " a test 😀", "\u00e9t\u00e9", " 1\r\n2", "", " end"]
 
@@ -220,6 +220,20 @@ def test_huge_declared_chunk_is_not_waited_for() -> None:
         ("message", "[DONE]", None),
         ("message", '{"broken', None),
         ("message", "[" * 5000, None),
+        # the strongest proof wins: the event name, then a type tag, then the
+        # object tag, then the fields' shape (Ollama, TGI, OpenAI choices)
+        ("response.created", '{"type":"message_start"}', "openai.responses"),
+        ("message_start", '{"type":"response.created"}', "anthropic.messages"),
+        ("message_start", "not json", "anthropic.messages"),
+        ("message", '{"type":"message_stop","object":"text_completion"}', "anthropic.messages"),
+        ("message", '{"object":"text_completion","choices":[{"delta":{}}]}', "openai.completions"),
+        ("message", '{"object":"chat.completion.chunk","done":true,"message":{}}', "openai.chat"),
+        ("ndjson", '{"message":{},"response":"x","token":{"id":1,"text":"a"}}', "ollama.chat"),
+        ("message", '{"done":false,"response":"x","token":{"id":1,"text":"a"}}', "ollama.generate"),
+        ("message", '{"token":{"id":1,"text":"a"},"choices":[{"delta":{}}]}', "tgi.generate"),
+        ("message", '{"choices":[{"text":"x","delta":{}}]}', "openai.chat"),
+        ("message", '{"type":["message_start"],"choices":[{"text":"x"}]}', "openai.completions"),
+        ("message", '{"response":"x"}', None),
     ],
 )
 def test_guess_dialect(event: str, data: str, want: str | None) -> None:

@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from sniffer.llm.logprobs import ServerToken, parse_server_tokens
 from sniffer.llm.tokens import (
     DEFAULT_NAME,
     MAX_ANOMALIES_PER_KIND,
     Anomaly,
     ChunkInput,
     LoadedTokenizer,
-    ServerToken,
     StreamInput,
     StreamTokens,
     TokenizerLoadError,
@@ -35,7 +35,6 @@ from sniffer.llm.tokens import (
     analyze_streams,
     attribute_chunks,
     default_tokenizer_dir,
-    parse_server_tokens,
     prompt_method,
 )
 from sniffer.llm.values import Usage

@@ -28,9 +28,8 @@ Two levels, each a small incremental scanner fed with bytes:
   events whole per chunk. If that guess was wrong, the item cannot parse and
   is dropped as invalid by the dialect, never turned into text.
 
-:func:`guess_dialect` names the LLM API from the first items themselves
-(OpenAI chunk objects, Responses and Anthropic event names, TGI token objects,
-Ollama NDJSON shapes), since the request that would name it was not seen.
+The items themselves then name the LLM API, since the request that would name
+it was not seen: each dialect's probe (``sniffer.llm.dialects.guess_dialect``).
 
 Every byte skipped before a sync point is counted (``skipped``) so the stream
 can say how much it lost.
@@ -38,10 +37,8 @@ can say how much it lost.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = [
     "CHUNKED",
@@ -49,7 +46,6 @@ __all__ = [
     "FramingSync",
     "ItemSync",
     "SyncPoint",
-    "guess_dialect",
     "sniff_item_format",
 ]
 
@@ -293,57 +289,3 @@ class ItemSync:
     def pending(self) -> int:
         """Bytes held while looking for the sync point (lost if the body ends)."""
         return len(self._buf)
-
-
-_ANTHROPIC_EVENTS = frozenset(
-    {
-        "message_start",
-        "content_block_start",
-        "content_block_delta",
-        "content_block_stop",
-        "message_delta",
-        "message_stop",
-    }
-)
-
-
-def guess_dialect(event_type: str, data: str) -> str | None:
-    """The dialect name one streamed item proves, or ``None`` when it proves none
-    (``[DONE]``, a keep-alive, broken JSON). ``event_type`` is the SSE ``event``
-    field ("message" by default) or "ndjson" for an NDJSON line."""
-    if event_type in _ANTHROPIC_EVENTS:
-        return "anthropic.messages"
-    if event_type.startswith("response."):
-        return "openai.responses"
-    try:
-        obj: Any = json.loads(data)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(obj, dict):
-        return None
-    typ = obj.get("type")
-    if isinstance(typ, str):
-        if typ in _ANTHROPIC_EVENTS:
-            return "anthropic.messages"
-        if typ.startswith("response."):
-            return "openai.responses"
-    kind = obj.get("object")
-    if kind == "chat.completion.chunk":
-        return "openai.chat"
-    if kind == "text_completion":
-        return "openai.completions"
-    if event_type == "ndjson" or "done" in obj:
-        if isinstance(obj.get("message"), dict):
-            return "ollama.chat"
-        if isinstance(obj.get("response"), str):
-            return "ollama.generate"
-    token = obj.get("token")
-    if isinstance(token, dict) and "id" in token and "text" in token:
-        return "tgi.generate"
-    choices = obj.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        if "delta" in choices[0]:
-            return "openai.chat"
-        if "text" in choices[0]:
-            return "openai.completions"
-    return None

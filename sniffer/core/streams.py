@@ -51,7 +51,7 @@ from sniffer.core.events import (
 )
 from sniffer.core.http1 import HttpOutput
 from sniffer.core.native import ndjson_decoder, sse_decoder
-from sniffer.core.resync import CHUNKED, ItemSync, guess_dialect, sniff_item_format
+from sniffer.core.resync import CHUNKED, ItemSync, sniff_item_format
 from sniffer.core.sse import (
     DEFAULT_MAX_LINE,
     ItemDecoder,
@@ -60,7 +60,7 @@ from sniffer.core.sse import (
     SseDecoder,
     SseItems,
 )
-from sniffer.llm.dialects import dialect_by_name, select_dialect
+from sniffer.llm.dialects import dialect_by_name, guess_dialect, select_dialect
 from sniffer.llm.dialects.base import (
     AFTER_DONE,
     DONE,
@@ -763,7 +763,8 @@ class StreamAssembler:
         c = self._conns.get(x.conn)
         opened = c.opened if c is not None else None
         server = opened.server if opened else ("", 0)
-        model = _model_of(item) if item is not None else None
+        dialect = x.dialect  # set when an item named it (``item``)
+        model = dialect.item_model(item) if item is not None and dialect is not None else None
         self.stats.streams_opened += 1
         out.append(
             StreamOpened(
@@ -1286,21 +1287,6 @@ def _checkpoint_usage(value: Any) -> Usage | None:
     # the server's speculative-decoding figures and timings travel in the
     # usage JSON; the restored usage reads them again, as the dialect did
     return None if usage is None else server_stats(usage)
-
-
-def _model_of(item: str) -> str | None:
-    """The model a streamed item names (OpenAI and Ollama chunks, Anthropic's
-    message_start, Responses' response object), if any."""
-    try:
-        obj = json.loads(item)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(obj, dict):
-        return None
-    for holder in (obj, obj.get("message"), obj.get("response")):
-        if isinstance(holder, dict) and isinstance(holder.get("model"), str):
-            return str(holder["model"])
-    return None
 
 
 def _decoder_errors(dec: ItemDecoder) -> str:

@@ -12,7 +12,10 @@ log-probability and the top alternatives the server listed. Shapes read:
   (no alternatives: TGI sends ``top_tokens`` only when asked, as a list next to
   the token, read when present).
 
-Anything else gives ``None`` (not understood), never an exception.
+Anything else gives ``None`` (not understood), never an exception. The same
+parse (:class:`ChunkLogprobs`) gives the server's own tokens too
+(:class:`ServerToken`: texts, ids, bytes; plain ids read as well), for the
+token pass and the token analysis.
 :func:`output_logprobs` joins one output's chunks and keeps the list only when
 the tokens spell the output's text (their bytes, decoded with U+FFFD for
 invalid sequences as servers do), so a position in it is a position in the text.
@@ -29,7 +32,17 @@ from typing import Any
 
 from sniffer.llm.values import TOKEN_ID_RANGE, in_range
 
-__all__ = ["Alternative", "TokenLogprob", "output_logprobs", "parse_logprobs", "token_starts"]
+__all__ = [
+    "Alternative",
+    "ChunkLogprobs",
+    "ServerToken",
+    "TokenLogprob",
+    "output_logprobs",
+    "parse_logprobs",
+    "parse_server_tokens",
+    "read_logprobs",
+    "token_starts",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +54,15 @@ class Alternative:
     @property
     def key(self) -> bytes:
         return self.raw if self.raw is not None else self.text.encode("utf-8", "surrogatepass")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerToken:
+    """One token as the server reported it: its text, id and bytes when sent."""
+
+    text: str
+    id: int | None = None
+    raw: bytes | None = None  # the token's bytes when the server sent them
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,40 +139,135 @@ def _openai_item(item: Any) -> TokenLogprob | None:
     return TokenLogprob(text, lp, tuple(tops), raw, tid, complete)
 
 
+#: How the top level of a chunk's logprobs JSON reads (:class:`ChunkLogprobs`).
+_NOT_UNDERSTOOD = 0
+_ITEMS = 1  # a list of token items (a list, or OpenAI chat's content + refusal)
+_COMPLETIONS = 2  # OpenAI completions' parallel lists
+_ONE = 3  # one token object (TGI)
+_EMPTY = 4  # null or {}: no tokens
+
+
+class ChunkLogprobs:
+    """One chunk's stored logprobs JSON, parsed once; two views of its tokens:
+
+    * :meth:`tokens`: with their log-probabilities and alternatives
+      (:class:`TokenLogprob`, for the reports' logprob columns and causes);
+    * :meth:`server_tokens`: the server's own token texts and ids
+      (:class:`ServerToken`, for the token pass and the token analysis), which
+      also reads plain ids and objects that carry an ``id`` only.
+
+    Each view is None when the JSON is not understood as such tokens (broken
+    JSON, another shape, an item that is not a token)."""
+
+    __slots__ = ("_data", "_items", "_kind")
+
+    def __init__(self, text: str) -> None:
+        self._kind = _NOT_UNDERSTOOD
+        self._items: Any = []  # what the tokens are listed in (a list, if understood)
+        try:
+            data = json.loads(text)
+        except ValueError:
+            self._data: Any = None
+            return
+        self._data = data
+        if data is None:
+            self._kind = _EMPTY
+        elif isinstance(data, list):
+            self._kind, self._items = _ITEMS, data
+        elif isinstance(data, dict):
+            if "content" in data or "refusal" in data:
+                self._kind = _ITEMS
+                self._items = (data.get("content") or []) + (data.get("refusal") or [])
+            elif "tokens" in data:
+                self._kind = _COMPLETIONS
+            elif "id" in data or "text" in data or "token" in data:
+                self._kind, self._items = _ONE, [data]
+            elif not data:
+                self._kind = _EMPTY
+
+    def tokens(self) -> list[TokenLogprob] | None:
+        """The tokens with their log-probabilities; None when not understood."""
+        kind = self._kind
+        if kind == _EMPTY:
+            return []
+        if kind == _COMPLETIONS:
+            return _completions(self._data)
+        items = self._items
+        if (
+            kind == _NOT_UNDERSTOOD
+            or (kind == _ONE and "text" not in self._data and "token" not in self._data)
+            or not isinstance(items, list)
+        ):
+            return None
+        out: list[TokenLogprob] = []
+        for item in items:
+            t = _openai_item(item)
+            if t is None:
+                return None
+            out.append(t)
+        return out
+
+    def server_tokens(self) -> list[ServerToken] | None:
+        """The server-reported tokens (texts, ids, bytes); None when not understood."""
+        kind = self._kind
+        if kind == _NOT_UNDERSTOOD:
+            return None
+        items = self._data["tokens"] if kind == _COMPLETIONS else self._items
+        if not isinstance(items, list):
+            return None
+        out: list[ServerToken] = []
+        for item in items:
+            tok = _server_token(item)
+            if tok is None:
+                return None
+            out.append(tok)
+        return out
+
+
+def read_logprobs(text: str) -> ChunkLogprobs:
+    """One chunk's stored logprobs JSON, parsed once (see :class:`ChunkLogprobs`)."""
+    return ChunkLogprobs(text)
+
+
 def parse_logprobs(text: str | None) -> list[TokenLogprob] | None:
     """The tokens of one chunk's stored logprobs JSON; None when not understood."""
-    if text is None:
+    return None if text is None else ChunkLogprobs(text).tokens()
+
+
+def parse_server_tokens(logprobs: str) -> list[ServerToken] | None:
+    """Server-reported tokens in one chunk's stored logprobs JSON; None if unparseable.
+
+    Accepted shapes: OpenAI chat ``{"content": [{"token", "bytes"?, ...}]}``
+    (``"refusal"`` too), OpenAI completions ``{"tokens": [...]}``, a TGI token
+    object ``{"id", "text"}`` or a list of such objects (or of plain ids).
+    ``null`` and empty objects give ``[]``.
+    """
+    return ChunkLogprobs(logprobs).server_tokens()
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _server_token(item: Any) -> ServerToken | None:
+    if isinstance(item, str):
+        return ServerToken(item)
+    if _is_int(item):
+        return ServerToken(f"token_id:{item}", item) if in_range(item, TOKEN_ID_RANGE) else None
+    if not isinstance(item, dict):
         return None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if data is None:
-        return []
-    if isinstance(data, list):
-        items = data
-    elif isinstance(data, dict):
-        if "content" in data or "refusal" in data:
-            items = (data.get("content") or []) + (data.get("refusal") or [])
-        elif "tokens" in data:
-            return _completions(data)
-        elif "text" in data or "token" in data:
-            items = [data]
-        elif not data:
-            return []
-        else:
+    text = item.get("token", item.get("text"))
+    tid = item.get("id", item.get("token_id"))
+    tid = tid if in_range(tid, TOKEN_ID_RANGE) else None
+    raw_list = item.get("bytes")
+    raw: bytes | None = None
+    if isinstance(raw_list, list) and all(_is_int(b) and 0 <= b < 256 for b in raw_list):
+        raw = bytes(raw_list)
+    if not isinstance(text, str):
+        if tid is None and raw is None:
             return None
-    else:
-        return None
-    if not isinstance(items, list):
-        return None
-    out: list[TokenLogprob] = []
-    for item in items:
-        t = _openai_item(item)
-        if t is None:
-            return None
-        out.append(t)
-    return out
+        text = raw.decode("utf-8", "replace") if raw is not None else f"token_id:{tid}"
+    return ServerToken(text, tid, raw)
 
 
 def _completions(data: dict[str, Any]) -> list[TokenLogprob] | None:

@@ -84,6 +84,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 if TYPE_CHECKING:  # imported where used: a command that loads no tokenizer skips it
     from tokenizers import Encoding, Tokenizer
 
+from sniffer.llm.logprobs import ServerToken, parse_server_tokens
 from sniffer.llm.values import TOKEN_ID_RANGE, Usage, in_range
 
 __all__ = [
@@ -96,7 +97,6 @@ __all__ = [
     "ChunkInput",
     "ChunkTokens",
     "LoadedTokenizer",
-    "ServerToken",
     "Straddle",
     "StreamInput",
     "StreamTokens",
@@ -107,7 +107,6 @@ __all__ = [
     "attribute_chunks",
     "default_tokenizer_dir",
     "gguf_cache_dir",
-    "parse_server_tokens",
     "prompt_method",
 ]
 
@@ -1034,80 +1033,6 @@ def _attribute_counts_walk(
         if end > ends[j] and j < last:
             straddles.append((k, j, min(bisect_left(ends, end), last)))
     return counts, straddles
-
-
-# ---------------------------------------------------------------------------
-# Server-reported tokens
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ServerToken:
-    text: str
-    id: int | None = None
-    raw: bytes | None = None  # the token's bytes when the server sent them
-
-
-def parse_server_tokens(logprobs: str) -> list[ServerToken] | None:
-    """Server-reported tokens in one chunk's stored logprobs JSON; None if unparseable.
-
-    Accepted shapes: OpenAI chat ``{"content": [{"token", "bytes"?, ...}]}``
-    (``"refusal"`` too), OpenAI completions ``{"tokens": [...]}``, a TGI token
-    object ``{"id", "text"}`` or a list of such objects (or of plain ids).
-    ``null`` and empty objects give ``[]``.
-    """
-    try:
-        data = json.loads(logprobs)
-    except ValueError:
-        return None
-    if data is None:
-        return []
-    items: Any
-    if isinstance(data, list):
-        items = data
-    elif isinstance(data, dict):
-        if "content" in data or "refusal" in data:
-            items = (data.get("content") or []) + (data.get("refusal") or [])
-        elif "tokens" in data:
-            items = data["tokens"]
-        elif "id" in data or "text" in data or "token" in data:
-            items = [data]
-        elif not data:
-            items = []
-        else:
-            return None
-    else:
-        return None
-    if not isinstance(items, list):
-        return None
-    out: list[ServerToken] = []
-    for item in items:
-        tok = _server_token(item)
-        if tok is None:
-            return None
-        out.append(tok)
-    return out
-
-
-def _server_token(item: Any) -> ServerToken | None:
-    if isinstance(item, str):
-        return ServerToken(item)
-    if _is_int(item):
-        return ServerToken(f"token_id:{item}", item) if in_range(item, TOKEN_ID_RANGE) else None
-    if not isinstance(item, dict):
-        return None
-    text = item.get("token", item.get("text"))
-    tid = item.get("id", item.get("token_id"))
-    tid = tid if in_range(tid, TOKEN_ID_RANGE) else None
-    raw_list = item.get("bytes")
-    raw: bytes | None = None
-    if isinstance(raw_list, list) and all(_is_int(b) and 0 <= b < 256 for b in raw_list):
-        raw = bytes(raw_list)
-    if not isinstance(text, str):
-        if tid is None and raw is None:
-            return None
-        text = raw.decode("utf-8", "replace") if raw is not None else f"token_id:{tid}"
-    return ServerToken(text, tid, raw)
 
 
 # ---------------------------------------------------------------------------

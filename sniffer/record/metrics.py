@@ -130,7 +130,8 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.llm.cadence import cadence
-from sniffer.llm.dialects.base import OUTPUT_KINDS, WHOLE_MESSAGE_DIALECTS
+from sniffer.llm.dialects import WHOLE_MESSAGE_DIALECTS
+from sniffer.llm.dialects.base import OUTPUT_KINDS
 from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, SpecDecode
 
 DEFAULT_HOST = "127.0.0.1"

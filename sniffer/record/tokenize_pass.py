@@ -34,6 +34,7 @@ from itertools import chain, compress, groupby, repeat
 from operator import is_not, itemgetter, or_
 from typing import TYPE_CHECKING, Any
 
+from sniffer.llm.logprobs import parse_server_tokens
 from sniffer.llm.tokens import (
     ChoiceChunks,
     ChunkColumns,
@@ -44,7 +45,6 @@ from sniffer.llm.tokens import (
     TokenizerLoadError,
     TokenizerRegistry,
     analyze_streams,
-    parse_server_tokens,
 )
 from sniffer.llm.values import Usage
 from sniffer.store.db import Store, engine_of

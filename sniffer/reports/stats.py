@@ -67,7 +67,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from sniffer.core.events import StreamFlag, stream_flags
-from sniffer.llm.dialects.base import WHOLE_MESSAGE_DIALECTS
+from sniffer.llm.dialects import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.fingerprint import fingerprint
 from sniffer.llm.logprobs import output_logprobs
 from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry

@@ -9,15 +9,21 @@ hold per-stream state). Add a dialect with :func:`register`::
     register("ollama.chat", lambda method, path, request: path == "/api/chat", OllamaChat)
 
 Put more specific matchers first (``insert=True`` puts a matcher at the front).
+
+A dialect whose stream can be recognised from its items alone (a body picked up
+mid-way, whose request was never seen) registers its ``probe`` too (see
+``base.Probe``); :func:`guess_dialect` asks every probe.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
+from sniffer.llm.dialects import anthropic, ollama, openai, responses, tgi
 from sniffer.llm.dialects.anthropic import AnthropicMessages
-from sniffer.llm.dialects.base import Dialect
+from sniffer.llm.dialects.base import NO_PROOF, Dialect, Probe
 from sniffer.llm.dialects.kserve import GrpcRaw, KServeInfer
 from sniffer.llm.dialects.ollama import OllamaChat, OllamaGenerate
 from sniffer.llm.dialects.openai import CHAT, COMPLETIONS, OpenAIChat, OpenAICompletions
@@ -27,9 +33,11 @@ from sniffer.llm.dialects.tgi import TgiGenerate
 __all__ = [
     "KNOWN_DIALECTS",
     "REGISTRY",
+    "WHOLE_MESSAGE_DIALECTS",
     "Factory",
     "Matcher",
     "dialect_by_name",
+    "guess_dialect",
     "normalize_path",
     "register",
     "select_dialect",
@@ -46,10 +54,24 @@ FACTORIES: dict[str, Factory] = {}
 REGISTRY: list[tuple[Matcher, Factory]] = []
 #: Names of the registered dialects, in registration order.
 KNOWN_DIALECTS: list[str] = []
+#: (name, probe) of the dialects that can be recognised from their items, in
+#: registration order (a tie between two probes goes to the first).
+PROBES: list[tuple[str, Probe]] = []
+#: Names of the registered dialects whose output is the whole message (their
+#: ``whole_message``): reports and metrics take its blocks as one output.
+WHOLE_MESSAGE_DIALECTS: set[str] = set()
 
 
-def register(name: str, matcher: Matcher, factory: Factory, *, insert: bool = False) -> None:
-    """Add a dialect: ``factory()`` must return a fresh instance named ``name``."""
+def register(
+    name: str,
+    matcher: Matcher,
+    factory: Factory,
+    *,
+    insert: bool = False,
+    probe: Probe | None = None,
+) -> None:
+    """Add a dialect: ``factory()`` must return a fresh instance named ``name``;
+    ``probe`` recognises its streamed items when no request names it."""
     if insert:
         REGISTRY.insert(0, (matcher, factory))
     else:
@@ -57,6 +79,10 @@ def register(name: str, matcher: Matcher, factory: Factory, *, insert: bool = Fa
     if name not in KNOWN_DIALECTS:
         KNOWN_DIALECTS.append(name)
     FACTORIES.setdefault(name, factory)
+    if FACTORIES[name]().whole_message:
+        WHOLE_MESSAGE_DIALECTS.add(name)
+    if probe is not None and all(known != name for known, _ in PROBES):
+        PROBES.append((name, probe))
 
 
 def dialect_by_name(name: str) -> Dialect | None:
@@ -92,8 +118,8 @@ def _openai_completions(method: str, path: str, request: Any) -> bool:
     return _is_post(method) and path in ("/v1/completions", "/completions")
 
 
-register(CHAT, _openai_chat, OpenAIChat)
-register(COMPLETIONS, _openai_completions, OpenAICompletions)
+register(CHAT, _openai_chat, OpenAIChat, probe=openai.probe_chat)
+register(COMPLETIONS, _openai_completions, OpenAICompletions, probe=openai.probe_completions)
 
 
 def _openai_responses(method: str, path: str, request: Any) -> bool:
@@ -121,11 +147,11 @@ def _ollama_chat(method: str, path: str, request: Any) -> bool:
     return _is_post(method) and path == "/api/chat"
 
 
-register(OpenAIResponses.name, _openai_responses, OpenAIResponses)
-register(AnthropicMessages.name, _anthropic_messages, AnthropicMessages)
-register(TgiGenerate.name, _tgi_generate, TgiGenerate)
-register(OllamaGenerate.name, _ollama_generate, OllamaGenerate)
-register(OllamaChat.name, _ollama_chat, OllamaChat)
+register(OpenAIResponses.name, _openai_responses, OpenAIResponses, probe=responses.probe)
+register(AnthropicMessages.name, _anthropic_messages, AnthropicMessages, probe=anthropic.probe)
+register(TgiGenerate.name, _tgi_generate, TgiGenerate, probe=tgi.probe)
+register(OllamaGenerate.name, _ollama_generate, OllamaGenerate, probe=ollama.probe_generate)
+register(OllamaChat.name, _ollama_chat, OllamaChat, probe=ollama.probe_chat)
 
 
 def _kserve_infer(method: str, path: str, request: Any) -> bool:
@@ -163,3 +189,30 @@ def select_dialect(method: str, path: str, request: Any) -> Dialect | None:
         if matched:
             return factory()
     return None
+
+
+def guess_dialect(event_type: str, data: str) -> str | None:
+    """The dialect name one streamed item proves, or ``None`` when it proves none
+    (``[DONE]``, a keep-alive, broken JSON). ``event_type`` is the SSE ``event``
+    field ("message" by default) or "ndjson" for an NDJSON line. Every
+    registered probe is asked; the strongest proof wins.
+
+    >>> guess_dialect("message", '{"object": "chat.completion.chunk", "choices": []}')
+    'openai.chat'
+    >>> guess_dialect("message", "[DONE]") is None
+    True
+    """
+    try:
+        parsed: Any = json.loads(data)
+    except (ValueError, RecursionError):
+        parsed = None
+    obj = parsed if isinstance(parsed, dict) else None
+    best, found = NO_PROOF, None
+    for name, probe in PROBES:
+        try:
+            proof = probe(event_type, obj)
+        except Exception:  # a buggy probe must not take the pipeline down
+            continue
+        if proof > best:
+            best, found = proof, name
+    return found

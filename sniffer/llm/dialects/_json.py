@@ -164,6 +164,8 @@ class JsonDialect:
     implement ``_streamed(obj, data, event_type)`` and ``_whole(obj, body)``."""
 
     name = "json"
+    #: see ``base.Dialect.whole_message``
+    whole_message = False
     #: the reply's ``id`` and ``model`` as the server named them (first seen)
     response_id: str | None = None
     response_model: str | None = None
@@ -190,6 +192,21 @@ class JsonDialect:
         if not self._named and type(obj) is dict:
             self._name(obj)
         return guarded(self._whole, body, obj, body)
+
+    def item_model(self, data: str) -> str | None:
+        """The model one streamed item names: at the top level (OpenAI chunks,
+        Ollama), in the ``message`` (Anthropic ``message_start``) or the
+        ``response`` (Responses ``response.created``) object; any string."""
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(obj, dict):
+            return None
+        for holder in (obj, obj.get("message"), obj.get("response")):
+            if isinstance(holder, dict) and isinstance(holder.get("model"), str):
+                return str(holder["model"])
+        return None
 
     def _name(self, obj: dict[str, Any]) -> None:
         """Note the reply's id and model: top level (OpenAI chunks and bodies,

@@ -53,7 +53,10 @@ from sniffer.llm.dialects.base import (
     DONE,
     ERROR,
     FINISH,
+    NO_PROOF,
     OTHER,
+    PROOF_EVENT_NAME,
+    PROOF_TYPE_FIELD,
     REASONING,
     ROLE,
     STREAM_LEVEL,
@@ -64,7 +67,31 @@ from sniffer.llm.dialects.base import (
 from sniffer.llm.dialects.responses import tool_call_delta
 from sniffer.llm.values import Usage
 
-__all__ = ["AnthropicMessages"]
+__all__ = ["AnthropicMessages", "probe"]
+
+#: The event names (SSE ``event:``, and each event's ``type``) of a stream.
+_EVENTS = frozenset(
+    {
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    }
+)
+
+
+def probe(event_type: str, obj: dict[str, Any] | None) -> int:
+    """How strongly one streamed item proves a Messages stream (see ``base.Probe``):
+    by its SSE event name, or by its ``type``."""
+    if event_type in _EVENTS:
+        return PROOF_EVENT_NAME
+    typ = obj.get("type") if obj is not None else None
+    if isinstance(typ, str) and typ in _EVENTS:
+        return PROOF_TYPE_FIELD
+    return NO_PROOF
+
 
 _TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use"})
 
@@ -84,6 +111,7 @@ class AnthropicMessages(JsonDialect):
     """``POST /v1/messages``: named SSE events, or one ``message`` object."""
 
     name = "anthropic.messages"
+    whole_message = True  # content blocks / output items are one output
 
     def __init__(self) -> None:
         self._blocks: dict[int, str] = {}  # block index → block type

@@ -8,7 +8,8 @@ adding the stream id, capture time and chunk numbering.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 from sniffer.llm.values import Usage
 
@@ -34,9 +35,30 @@ OTHER = "other"  # parsed, but nothing we model (keep-alive, metadata events)
 AFTER_DONE = "after_done"
 
 OUTPUT_KINDS = frozenset({CONTENT, REASONING, TOOL_CALL})
-#: Dialects whose output is the whole message, all its output items /
-#: content blocks in index order (Responses, Anthropic), not one per block.
-WHOLE_MESSAGE_DIALECTS = frozenset({"anthropic.messages", "openai.responses"})
+
+# How strongly one streamed item proves a dialect, when the request that would
+# name it was not seen (a body recovered mid-way): the answers of a dialect's
+# ``probe``. The strongest proof wins; a tie goes to the dialect registered first.
+NO_PROOF = 0
+#: The shape of the fields, least specific (OpenAI's ``choices`` entries).
+PROOF_WEAK_SHAPE = 1
+#: The shape of the fields (TGI's ``token`` object).
+PROOF_SHAPE = 2
+#: The shape of the fields, most specific (Ollama's NDJSON objects with ``done``).
+PROOF_STRONG_SHAPE = 3
+#: The item's ``object`` tag (OpenAI's ``chat.completion.chunk``).
+PROOF_OBJECT_FIELD = 4
+#: The item's ``type`` tag (Anthropic's and Responses' event types).
+PROOF_TYPE_FIELD = 5
+#: The SSE ``event:`` name, whatever the data holds.
+PROOF_EVENT_NAME = 6
+
+#: ``probe(event_type, obj)``: how strongly one streamed item proves the
+#: dialect (one of the ``PROOF_*`` values, or :data:`NO_PROOF`). ``event_type``
+#: is the SSE ``event`` field ("message" by default) or "ndjson" for an NDJSON
+#: line; ``obj`` the item's JSON object, None when it is not one (broken JSON,
+#: ``[DONE]``, an array).
+Probe = Callable[[str, "dict[str, Any] | None"], int]
 
 
 class Delta(NamedTuple):
@@ -64,6 +86,9 @@ class Dialect(Protocol):
     """One instance per exchange; holds whatever state the wire format needs."""
 
     name: str
+    #: The output is the whole message, all its output items / content blocks
+    #: in index order (Responses, Anthropic), not one output per block / choice.
+    whole_message: bool
 
     def event(self, data: str, event_type: str) -> list[Delta]:
         """One streamed item: SSE event data (``event_type`` is the SSE ``event:``
@@ -72,4 +97,9 @@ class Dialect(Protocol):
 
     def body(self, body: str) -> list[Delta]:
         """A whole non-streaming response body."""
+        ...
+
+    def item_model(self, data: str) -> str | None:
+        """The model one streamed item names, if any: what a stream picked up
+        mid-way, whose request was never seen, records as its model."""
         ...

@@ -43,7 +43,9 @@ from sniffer.llm.dialects.base import (
     DONE,
     ERROR,
     FINISH,
+    NO_PROOF,
     OTHER,
+    PROOF_STRONG_SHAPE,
     REASONING,
     ROLE,
     STREAM_LEVEL,
@@ -52,7 +54,30 @@ from sniffer.llm.dialects.base import (
 )
 from sniffer.llm.values import INDEX_RANGE, Usage, check_int
 
-__all__ = ["TIMING_FIELDS", "OllamaChat", "OllamaGenerate"]
+__all__ = ["TIMING_FIELDS", "OllamaChat", "OllamaGenerate", "probe_chat", "probe_generate"]
+
+
+def _ollama_item(event_type: str, obj: dict[str, Any] | None) -> bool:
+    """An NDJSON line, or an object with Ollama's ``done`` field."""
+    return obj is not None and (event_type == "ndjson" or "done" in obj)
+
+
+def probe_chat(event_type: str, obj: dict[str, Any] | None) -> int:
+    """How strongly one streamed item proves an ``/api/chat`` stream (see
+    ``base.Probe``): an Ollama item with a ``message`` object."""
+    if obj is None or not _ollama_item(event_type, obj):
+        return NO_PROOF
+    return PROOF_STRONG_SHAPE if isinstance(obj.get("message"), dict) else NO_PROOF
+
+
+def probe_generate(event_type: str, obj: dict[str, Any] | None) -> int:
+    """How strongly one streamed item proves an ``/api/generate`` stream (see
+    ``base.Probe``): an Ollama item with a ``response`` string (and no
+    ``message`` object, which makes it a chat item)."""
+    if obj is None or not _ollama_item(event_type, obj) or isinstance(obj.get("message"), dict):
+        return NO_PROOF
+    return PROOF_STRONG_SHAPE if isinstance(obj.get("response"), str) else NO_PROOF
+
 
 #: Server-reported counts and timings kept, under Ollama's own names, as usage.
 TIMING_FIELDS = (

@@ -60,7 +60,10 @@ from sniffer.llm.dialects.base import (
     DONE,
     ERROR,
     FINISH,
+    NO_PROOF,
     OTHER,
+    PROOF_OBJECT_FIELD,
+    PROOF_WEAK_SHAPE,
     REASONING,
     ROLE,
     STREAM_LEVEL,
@@ -78,13 +81,51 @@ from sniffer.llm.values import (
     as_int,
 )
 
-__all__ = ["CHAT", "COMPLETIONS", "OpenAIChat", "OpenAICompletions", "server_stats"]
+__all__ = [
+    "CHAT",
+    "COMPLETIONS",
+    "OpenAIChat",
+    "OpenAICompletions",
+    "probe_chat",
+    "probe_completions",
+    "server_stats",
+]
 
 #: The dialects' names, as module constants: the registry reads these, never
 #: ``OpenAIChat.name`` (compiled with mypyc, a class attribute that instances
 #: override is not readable through the class).
 CHAT = "openai.chat"
 COMPLETIONS = "openai.completions"
+
+
+def _first_choice(obj: dict[str, Any]) -> dict[str, Any] | None:
+    choices = obj.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return choices[0]
+    return None
+
+
+def probe_chat(event_type: str, obj: dict[str, Any] | None) -> int:
+    """How strongly one streamed item proves a chat completions stream (see
+    ``base.Probe``): its ``object`` tag, or a first choice with a ``delta``."""
+    if obj is None:
+        return NO_PROOF
+    if obj.get("object") == "chat.completion.chunk":
+        return PROOF_OBJECT_FIELD
+    first = _first_choice(obj)
+    return PROOF_WEAK_SHAPE if first is not None and "delta" in first else NO_PROOF
+
+
+def probe_completions(event_type: str, obj: dict[str, Any] | None) -> int:
+    """How strongly one streamed item proves a completions stream (see
+    ``base.Probe``): its ``object`` tag, or a first choice with a ``text``."""
+    if obj is None:
+        return NO_PROOF
+    if obj.get("object") == "text_completion":
+        return PROOF_OBJECT_FIELD
+    first = _first_choice(obj)
+    return PROOF_WEAK_SHAPE if first is not None and "text" in first else NO_PROOF
+
 
 _DONE = "[DONE]"
 #: What an empty event (``data:`` and a blank line) is: nothing we model.

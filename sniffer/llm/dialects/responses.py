@@ -52,7 +52,10 @@ from sniffer.llm.dialects.base import (
     DONE,
     ERROR,
     FINISH,
+    NO_PROOF,
     OTHER,
+    PROOF_EVENT_NAME,
+    PROOF_TYPE_FIELD,
     REASONING,
     ROLE,
     STREAM_LEVEL,
@@ -61,7 +64,22 @@ from sniffer.llm.dialects.base import (
 )
 from sniffer.llm.values import INDEX_RANGE, Usage, check_int
 
-__all__ = ["OpenAIResponses", "responses_finish_reason", "tool_call_delta"]
+__all__ = ["OpenAIResponses", "probe", "responses_finish_reason", "tool_call_delta"]
+
+#: What every event name (SSE ``event:``, and each event's ``type``) starts with.
+_EVENT_PREFIX = "response."
+
+
+def probe(event_type: str, obj: dict[str, Any] | None) -> int:
+    """How strongly one streamed item proves a Responses stream (see
+    ``base.Probe``): by its SSE event name, or by its ``type``."""
+    if event_type.startswith(_EVENT_PREFIX):
+        return PROOF_EVENT_NAME
+    typ = obj.get("type") if obj is not None else None
+    if isinstance(typ, str) and typ.startswith(_EVENT_PREFIX):
+        return PROOF_TYPE_FIELD
+    return NO_PROOF
+
 
 _TOOL_ITEMS = frozenset({"function_call", "custom_tool_call"})
 _TOOL_ARG_DELTAS = frozenset(
@@ -115,6 +133,7 @@ class OpenAIResponses(JsonDialect):
     """``POST /v1/responses``: named SSE events, or one ``response`` object."""
 
     name = "openai.responses"
+    whole_message = True  # content blocks / output items are one output
 
     def __init__(self) -> None:
         self._outputs: set[int] = set()  # output indices seen in this stream

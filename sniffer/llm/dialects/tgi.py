@@ -47,13 +47,24 @@ from sniffer.llm.dialects.base import (
     DONE,
     ERROR,
     FINISH,
+    NO_PROOF,
     OTHER,
+    PROOF_SHAPE,
     STREAM_LEVEL,
     Delta,
 )
 from sniffer.llm.values import Usage
 
-__all__ = ["TgiGenerate"]
+__all__ = ["TgiGenerate", "probe"]
+
+
+def probe(event_type: str, obj: dict[str, Any] | None) -> int:
+    """How strongly one streamed item proves a TGI stream (see ``base.Probe``):
+    a ``token`` object with an ``id`` and a ``text``."""
+    token = obj.get("token") if obj is not None else None
+    if isinstance(token, dict) and "id" in token and "text" in token:
+        return PROOF_SHAPE
+    return NO_PROOF
 
 
 def _error(obj: dict[str, Any], raw: str) -> Delta:
