@@ -232,6 +232,18 @@ def test_cadence_estimate_against_reported_tokens_per_step(
     print("summary:", summary["bursty_ratio"], summary["spec_acceptance_rate"])
     assert len(rows) >= 6
     assert rho > 0
+    # the reports derive llama.cpp's tokens per step from the stored figures
+    # (predicted_n − accepted steps): what the client's timings give, and the
+    # summary's estimate_vs_reported is the comparison printed above
+    drafted = []
+    for _, rep, est, s in rows:
+        sd = s.out.speculative
+        if sd is not None and sd.accept_length is not None:
+            assert sd.accept_length == pytest.approx(rep)
+            drafted.append((est, rep))
+    evr = summary["estimate_vs_reported"]
+    assert evr["outputs"] == len(drafted) > 0
+    assert evr["mean_error"] == pytest.approx(statistics.fmean(e - r for e, r in drafted))
 
 
 def _boundaries(times: tuple[float, ...], c: Cadence) -> set[int]:

@@ -157,7 +157,13 @@ def describe_side(s: Mapping[str, Any]) -> str:
 
 def spec_of_row(row: Mapping[str, Any]) -> SpecDecode | None:
     """The server-reported speculative decoding of a ``streams`` row (the
-    ``spec_*`` columns of migration 0005)."""
+    ``spec_*`` columns of migration 0005).
+
+    llama.cpp reports no step count, but each of its decoding steps emits the
+    token it sampled plus the drafted tokens it accepted, so its steps are
+    exactly ``predicted_n − draft_n_accepted`` (``server_predicted_n`` when
+    the row has it) and its accept length ``predicted_n / steps``: filled in
+    here when the server sent neither (the store keeps what came on the wire)."""
     source = row.get("spec_source")
     if not source:
         return None
@@ -166,12 +172,24 @@ def spec_of_row(row: Mapping[str, Any]) -> SpecDecode | None:
         bins = json.loads(hist) if isinstance(hist, str) else []
     except ValueError:
         bins = []
+    steps, length = row.get("spec_steps"), row.get("spec_accept_length")
+    predicted, accepted = row.get("server_predicted_n"), row.get("spec_accepted_tokens")
+    if (
+        steps is None
+        and length is None
+        and source == "llama.cpp"
+        and isinstance(predicted, int)
+        and isinstance(accepted, int)
+        and 0 <= accepted < predicted
+    ):
+        steps = predicted - accepted
+        length = predicted / steps
     return SpecDecode(
         source=str(source),
         draft_tokens=row.get("spec_draft_tokens"),
-        accepted_tokens=row.get("spec_accepted_tokens"),
-        steps=row.get("spec_steps"),
-        accept_length=row.get("spec_accept_length"),
+        accepted_tokens=accepted,
+        steps=steps,
+        accept_length=length,
         acceptance_rate=row.get("spec_accept_rate"),
         histogram=tuple(b for b in bins if isinstance(b, int)) if isinstance(bins, list) else (),
     )

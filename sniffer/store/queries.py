@@ -282,6 +282,7 @@ OUTPUT_STREAM_COLUMNS = (
     "spec_accept_length",
     "spec_accept_rate",
     "spec_histogram",
+    "server_predicted_n",
 )
 
 
