@@ -769,3 +769,24 @@ def test_spec_decode_never_raises_and_stays_in_range(obj: dict[str, Any]) -> Non
             assert sd.accept_length is None or 0.0 <= sd.accept_length <= 1e4
             if sd.accepted_tokens is not None and sd.draft_tokens is not None:
                 assert sd.accepted_tokens <= sd.draft_tokens
+
+
+def test_a_derived_accept_length_out_of_range_is_not_kept() -> None:
+    """vLLM without ``mean_acceptance_length``: 1 + accepted / steps is derived,
+    and held to the same range (10,000 accepted in one step is not believed);
+    the counts, each in range, are kept."""
+    data = {
+        "choices": [],
+        "metrics": {
+            "speculative_decoding": {
+                "num_draft_tokens": 10_000,
+                "num_accepted_draft_tokens": 10_000,
+                "num_spec_steps": 1,
+            }
+        },
+    }
+    (d,) = [d for d in OpenAIChat().event(json.dumps(data), "message") if d.usage is not None]
+    assert d.usage is not None and d.usage.speculative is not None
+    sd = d.usage.speculative
+    assert (sd.draft_tokens, sd.accepted_tokens, sd.steps) == (10_000, 10_000, 1)
+    assert sd.accept_length is None and sd.acceptance_rate == 1.0

@@ -260,7 +260,10 @@ def _spec(
     if rate is None and accepted is not None and draft:
         rate = accepted / draft
     if length is None and accepted is not None and steps:
-        length = 1.0 + accepted / steps
+        # derived, so held to the range a reported length is held to (the
+        # counts themselves are kept: each was in range)
+        derived = 1.0 + accepted / steps
+        length = derived if derived <= MAX_ACCEPT_LENGTH else None
     nothing = all(v is None for v in (draft, accepted, steps, length, rate))
     if nothing and not histogram and not r.rejected:
         return None
