@@ -978,3 +978,21 @@ def test_gguf_that_is_not_one_is_a_load_error(tmp_path: Path) -> None:
     registry = TokenizerRegistry([TokenizerSpec("m", str(bad))])
     with pytest.raises(TokenizerLoadError, match=r"broken\.gguf"):
         registry.resolve("m")
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        '{"content": "abc"}',  # content that is not a list of tokens
+        '{"content": [], "refusal": {"token": "x"}}',
+        "[" * 5000 + "]" * 5000,  # nested past json's recursion depth
+        '{"content": ' + "[" * 5000 + "]" * 5000 + "}",
+    ],
+)
+def test_logprobs_of_a_hostile_shape_are_not_understood(stored: str) -> None:
+    """Stored logprobs of a shape no server sends are 'not understood' (None,
+    the token pass records an anomaly), never an exception."""
+    from sniffer.llm.logprobs import parse_logprobs, parse_server_tokens
+
+    assert parse_server_tokens(stored) is None
+    assert parse_logprobs(stored) is None

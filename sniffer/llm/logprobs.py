@@ -166,7 +166,7 @@ class ChunkLogprobs:
         self._items: Any = []  # what the tokens are listed in (a list, if understood)
         try:
             data = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # broken, or nested past the parser's depth
             self._data: Any = None
             return
         self._data = data
@@ -176,8 +176,10 @@ class ChunkLogprobs:
             self._kind, self._items = _ITEMS, data
         elif isinstance(data, dict):
             if "content" in data or "refusal" in data:
-                self._kind = _ITEMS
-                self._items = (data.get("content") or []) + (data.get("refusal") or [])
+                parts = (data.get("content") or [], data.get("refusal") or [])
+                if isinstance(parts[0], list) and isinstance(parts[1], list):
+                    self._kind = _ITEMS
+                    self._items = parts[0] + parts[1]
             elif "tokens" in data:
                 self._kind = _COMPLETIONS
             elif "id" in data or "text" in data or "token" in data:
