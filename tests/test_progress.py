@@ -7,6 +7,7 @@ streams (with their chunks) under new ids, a few hundred streams in all."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import re
@@ -63,7 +64,9 @@ def large_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         code, _, err = run(["replay", str(PCAPS / f"{name}.pcap"), "--db", str(db), "-q",
                             "--no-tokens"], tty=False)  # fmt: skip
         assert code == 0, err
-    with sqlite3.connect(db) as c:
+    # closed (not only committed) before the tests copy the file: the last
+    # connection's close checkpoints the WAL into it
+    with contextlib.closing(sqlite3.connect(db)) as c, c:
         cols = [r[1] for r in c.execute("pragma table_info(streams)")]
         ccols = [r[1] for r in c.execute("pragma table_info(chunks)") if r[1] != "id"]
         (top,) = c.execute("select max(id) from streams").fetchone()
