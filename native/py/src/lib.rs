@@ -6,8 +6,8 @@ use pyo3::prelude::*;
 mod flow;
 mod fused;
 mod http;
-mod ring;
 mod openai;
+mod ring;
 
 /// The private extension module `sniffer._native`.
 #[pymodule]
