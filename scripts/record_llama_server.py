@@ -61,13 +61,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from record_llamacpp import gguf_path, stop  # noqa: E402
+from record_llamacpp import gguf_path, stop, wait_ready  # noqa: E402
 from record_pcaps import (  # noqa: E402
     MAX_PCAP_BYTES,
     Ctx,
@@ -191,20 +189,6 @@ def start_server(
     ]
     with log.open("wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-
-
-def wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited ({proc.returncode}): {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"server not ready within {START_TIMEOUT} s")
 
 
 def drive(ctx: Ctx, model: str, per_token: bool) -> None:
@@ -401,7 +385,9 @@ def record(binary: Path, server: Server, gguf: Path, out_dir: Path) -> list[dict
             passes.append((f"llama_server_{server.name}_tpt", True))
         caps = []
         try:
-            wait_ready(proc, port, log)  # before capturing: the probes stay out of the pcap
+            wait_ready(
+                proc, port, log, "/health", START_TIMEOUT
+            )  # before capturing: the probes stay out of the pcap
             for name, per_token in passes:
                 seen = len(server_log_lines(log))
                 pcap, exchanges = capture(server, ctx, port, tmp, name, per_token)

@@ -156,18 +156,26 @@ def start_server(model: Path, server: Server, port: int, log: Path) -> subproces
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
 
 
-def wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
+def wait_ready(
+    proc: subprocess.Popen[bytes],
+    port: int,
+    log: Path,
+    path: str = "/v1/models",
+    timeout: float = START_TIMEOUT,
+) -> None:
+    """Until the server on ``port`` answers 200 on ``path`` (its log's tail
+    in the error when it exits first)."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited ({proc.returncode}): {log.read_text()[-2000:]}")
+            raise RuntimeError(f"server exited ({proc.returncode}): {log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2.0).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}{path}", timeout=2.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    raise TimeoutError(f"server not ready within {START_TIMEOUT} s")
+    raise TimeoutError(f"server not ready within {timeout} s")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
