@@ -515,7 +515,31 @@ pub struct Reassembler {
     pub(crate) only: HashSet<u16>,
 }
 
+/// How a batch record is taken: not at all (another worker's share), skipped
+/// by the port filter, or fed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Take {
+    OtherShare,
+    Skipped,
+    Fed,
+}
+
 impl Reassembler {
+    /// Whether worker `share_k` of `share_n` (by port pair, as replay splits
+    /// a file) feeds record `r`, given the `only_ports` filter.
+    pub(crate) fn take(&self, r: &Rec, share_k: u32, share_n: u32) -> Take {
+        if share_n > 1 && share(u32::from(r.sport ^ r.dport), share_n) != share_k {
+            Take::OtherShare
+        } else if !self.only.is_empty()
+            && !self.only.contains(&r.sport)
+            && !self.only.contains(&r.dport)
+        {
+            Take::Skipped
+        } else {
+            Take::Fed
+        }
+    }
+
     /// Feed one segment; an id source failure that is an `Exception` becomes
     /// an error message (the segment is dropped), anything else propagates.
     pub(crate) fn feed_one(
@@ -671,17 +695,14 @@ impl Reassembler {
         let mut skipped = 0usize;
         let mut errors: Vec<(usize, f64, String)> = Vec::new();
         for r in batch.recs.get(start..stop).unwrap_or(&[]) {
-            if share_n > 1 && share(u32::from(r.sport ^ r.dport), share_n) != share_k {
-                continue;
+            match self.take(r, share_k, share_n) {
+                Take::OtherShare => continue,
+                Take::Skipped => {
+                    skipped += 1;
+                    continue;
+                }
+                Take::Fed => fed += 1,
             }
-            if !self.only.is_empty()
-                && !self.only.contains(&r.sport)
-                && !self.only.contains(&r.dport)
-            {
-                skipped += 1;
-                continue;
-            }
-            fed += 1;
             let seg = batch.seg(r);
             if let Some(msg) = self.feed_one(py, r.ts, &seg, &mut out)? {
                 errors.push((out.len(), r.ts, msg));

@@ -177,18 +177,14 @@ impl Core {
             let mut fed = 0usize;
             let mut skipped = 0usize;
             for rec in batch.recs.get(start..stop).unwrap_or(&[]) {
-                if share_n > 1 && flow::share(u32::from(rec.sport ^ rec.dport), share_n) != share_k
-                {
-                    continue;
+                match r.take(rec, share_k, share_n) {
+                    flow::Take::OtherShare => continue,
+                    flow::Take::Skipped => {
+                        skipped = skipped.saturating_add(1);
+                        continue;
+                    }
+                    flow::Take::Fed => fed = fed.saturating_add(1),
                 }
-                if !r.only.is_empty()
-                    && !r.only.contains(&rec.sport)
-                    && !r.only.contains(&rec.dport)
-                {
-                    skipped = skipped.saturating_add(1);
-                    continue;
-                }
-                fed = fed.saturating_add(1);
                 let seg = batch.seg(rec);
                 let dropped = r.feed_one(py, rec.ts, &seg, events)?;
                 call.native(h, events)?;
