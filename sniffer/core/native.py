@@ -54,6 +54,7 @@ __all__ = [
     "http_parser",
     "native_pipeline",
     "ndjson_decoder",
+    "sse_chunks",
     "sse_decoder",
     "why_unavailable",
 ]
@@ -195,6 +196,12 @@ def http_parser(**kwargs: Any) -> Any:
 def sse_decoder(max_line: int | None = None) -> Any:
     mod = _need()
     return mod.SseDecoder() if max_line is None else mod.SseDecoder(max_line)
+
+
+def sse_chunks() -> Any:
+    """``sniffer._native.sse_chunks``: the streams stage's SSE loop (see
+    ``StreamAssembler._response_body``)."""
+    return _need().sse_chunks
 
 
 def ndjson_decoder(max_line: int | None = None) -> Any:

@@ -988,6 +988,14 @@ impl PySseDecoder {
     }
 }
 
+impl PySseDecoder {
+    /// The events of `data`, for the native streams loop (`chunks.rs`).
+    pub(crate) fn feed_events(&mut self, data: &[u8]) -> Vec<SseEvent> {
+        self.core.feed(data, &mut self.out);
+        std::mem::take(&mut self.out)
+    }
+}
+
 /// `sniffer.core.sse.NdjsonDecoder`, natively.
 #[pyclass(module = "sniffer._native", name = "NdjsonDecoder")]
 pub struct PyNdjsonDecoder {

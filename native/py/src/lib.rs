@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+mod chunks;
 mod flow;
 mod fused;
 mod http;
@@ -18,5 +19,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ring::register(m)?;
     fused::register(m)?;
     openai::register(m)?;
+    chunks::register(m)?;
     Ok(())
 }

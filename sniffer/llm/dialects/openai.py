@@ -401,6 +401,17 @@ class _OpenAIBase(JsonDialect):
     #: chat chunks (``choices[].delta``), not completions ones (``choices[].text``)
     _chat = False
 
+    @property
+    def native_chunks(self) -> int:
+        """Whether the native streams loop (``sniffer._native.sse_chunks``) may
+        extract this dialect's items itself, as :meth:`event` would: 2 chat,
+        1 completions, 0 no (the native extraction is off); it then sets
+        ``response_model``, ``response_id`` and ``_named`` as :meth:`event`
+        does, and hands every item it declines (or with usage) to :meth:`event`."""
+        if _NATIVE_CHUNK is None:
+            return 0
+        return 2 if self._chat else 1
+
     def event(self, data: str, event_type: str) -> list[Delta]:
         """One SSE event's data (or NDJSON line): ``JsonDialect.event`` with its
         calls inlined (one per streamed chunk); the native core's extraction

@@ -1,0 +1,559 @@
+//! `sse_chunks`: the streams stage's hot loop for one SSE response body, in
+//! one call per body event. It is `StreamAssembler._response_body`'s SSE
+//! branch with `_deltas`, `_capped` and `_after_done` (`sniffer/core/streams.py`,
+//! the reference): the native SSE decoder's events go to the exchange's
+//! dialect — to the native OpenAI extraction first when the dialect says it
+//! may (`native_chunks`), else to its Python `event` — and the deltas update
+//! the exchange's state and become `ChunkEvent`s (and `PipelineError`s for
+//! unparseable items) appended to the stage's output list.
+//!
+//! The exchange's Python attributes stay the one state: they are read at the
+//! start of a call and the changed ones written back at its end (also when a
+//! dialect raises), so the Python stage can take over the exchange at any
+//! point (resync, close, checkpoint) with nothing to copy.
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::IntoPyObjectExt;
+
+use sparseety_core::openai::{extract, ChunkDelta, Endpoint, Kind, STREAM_LEVEL};
+use sparseety_core::sse::SseEvent;
+
+use crate::http::PySseDecoder;
+
+/// The Python values the loop makes, imported once.
+struct Types {
+    chunk_event: Py<PyAny>,
+    pipeline_error: Py<PyAny>,
+    flag_after_done: Py<PyAny>,
+    flag_clock_backwards: Py<PyAny>,
+}
+
+static TYPES: PyOnceLock<Types> = PyOnceLock::new();
+
+/// A tuple of Python values (call arguments past the 12 PyO3 converts itself).
+macro_rules! args {
+    ($py:expr; $($v:expr),+ $(,)?) => {
+        PyTuple::new($py, [$(($v).into_bound_py_any($py)?),+])?
+    };
+}
+
+fn types(py: Python<'_>) -> PyResult<&'static Types> {
+    TYPES.get_or_try_init(py, || {
+        let events = py.import("sniffer.core.events")?;
+        let flag = events.getattr("StreamFlag")?;
+        Ok(Types {
+            chunk_event: events.getattr("ChunkEvent")?.unbind(),
+            pipeline_error: events.getattr("PipelineError")?.unbind(),
+            flag_after_done: flag.getattr("AFTER_DONE")?.unbind(),
+            flag_clock_backwards: flag.getattr("CLOCK_BACKWARDS")?.unbind(),
+        })
+    })
+}
+
+fn kind_str<'py>(py: Python<'py>, k: Kind) -> &'py Bound<'py, PyString> {
+    match k {
+        Kind::Content => intern!(py, "content"),
+        Kind::Reasoning => intern!(py, "reasoning"),
+        Kind::ToolCall => intern!(py, "tool_call"),
+        Kind::Finish => intern!(py, "finish"),
+        Kind::Role => intern!(py, "role"),
+        Kind::Other => intern!(py, "other"),
+    }
+}
+
+fn py_str<'py>(py: Python<'py>, s: &str) -> Bound<'py, PyString> {
+    if s.is_empty() {
+        intern!(py, "").clone()
+    } else {
+        PyString::new(py, s)
+    }
+}
+
+/// The exchange's state the loop reads and writes (`_Exchange`'s slots).
+struct State<'py> {
+    x: &'py Bound<'py, PyAny>,
+    stream: Bound<'py, PyAny>,
+    seq: i64,
+    seq0: i64,
+    done_seen: bool,
+    done0: bool,
+    quiet: i64,
+    quiet0: i64,
+    invalid: i64,
+    invalid0: i64,
+    chunk_count: i64,
+    chunk_count0: i64,
+    text_len: i64,
+    text_len0: i64,
+    event_count: i64,
+    event_count0: i64,
+    t_first: Option<f64>,
+    t_first_set: bool,
+    t_last: Option<f64>,
+    t_last_set: bool,
+    usage: Option<Bound<'py, PyAny>>,
+    error: Option<Bound<'py, PyAny>>,
+    chunk_idx: Option<Bound<'py, PyDict>>,
+    finish: Option<Bound<'py, PyDict>>,
+    /// chunk events appended (the stage's `stats.chunk_events`)
+    added: u64,
+    /// dialect errors counted (the stage's `stats.errors["dialect"]`)
+    errors: u64,
+}
+
+fn opt_f64(v: Bound<'_, PyAny>) -> PyResult<Option<f64>> {
+    if v.is_none() {
+        Ok(None)
+    } else {
+        Ok(Some(v.extract()?))
+    }
+}
+
+impl<'py> State<'py> {
+    fn load(py: Python<'py>, x: &'py Bound<'py, PyAny>) -> PyResult<Self> {
+        let int = |name: &Bound<'py, PyString>| -> PyResult<i64> { x.getattr(name)?.extract() };
+        let seq = int(intern!(py, "seq"))?;
+        let done_seen = x.getattr(intern!(py, "done_seen"))?.is_truthy()?;
+        let quiet = int(intern!(py, "quiet"))?;
+        let invalid = int(intern!(py, "invalid"))?;
+        let chunk_count = int(intern!(py, "chunk_count"))?;
+        let text_len = int(intern!(py, "text_len"))?;
+        let event_count = int(intern!(py, "event_count"))?;
+        Ok(State {
+            x,
+            stream: x.getattr(intern!(py, "stream"))?,
+            seq,
+            seq0: seq,
+            done_seen,
+            done0: done_seen,
+            quiet,
+            quiet0: quiet,
+            invalid,
+            invalid0: invalid,
+            chunk_count,
+            chunk_count0: chunk_count,
+            text_len,
+            text_len0: text_len,
+            event_count,
+            event_count0: event_count,
+            t_first: opt_f64(x.getattr(intern!(py, "t_first"))?)?,
+            t_first_set: false,
+            t_last: opt_f64(x.getattr(intern!(py, "t_last"))?)?,
+            t_last_set: false,
+            usage: None,
+            error: None,
+            chunk_idx: None,
+            finish: None,
+            added: 0,
+            errors: 0,
+        })
+    }
+
+    /// Writes the changed attributes back to the exchange.
+    fn store(&self, py: Python<'py>) -> PyResult<()> {
+        let x = self.x;
+        let set_int = |name: &Bound<'py, PyString>, v: i64, v0: i64| -> PyResult<()> {
+            if v != v0 {
+                x.setattr(name, v)?;
+            }
+            Ok(())
+        };
+        set_int(intern!(py, "seq"), self.seq, self.seq0)?;
+        set_int(intern!(py, "quiet"), self.quiet, self.quiet0)?;
+        set_int(intern!(py, "invalid"), self.invalid, self.invalid0)?;
+        set_int(intern!(py, "chunk_count"), self.chunk_count, self.chunk_count0)?;
+        set_int(intern!(py, "text_len"), self.text_len, self.text_len0)?;
+        set_int(intern!(py, "event_count"), self.event_count, self.event_count0)?;
+        if self.done_seen != self.done0 {
+            x.setattr(intern!(py, "done_seen"), self.done_seen)?;
+        }
+        if self.t_first_set {
+            x.setattr(intern!(py, "t_first"), self.t_first)?;
+        }
+        if self.t_last_set {
+            x.setattr(intern!(py, "t_last"), self.t_last)?;
+        }
+        if let Some(u) = &self.usage {
+            x.setattr(intern!(py, "usage"), u)?;
+        }
+        if let Some(e) = &self.error {
+            x.setattr(intern!(py, "error"), e)?;
+        }
+        Ok(())
+    }
+
+    fn chunk_idx(&mut self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
+        if self.chunk_idx.is_none() {
+            let d = self.x.getattr(intern!(py, "chunk_idx"))?.cast_into::<PyDict>()?;
+            self.chunk_idx = Some(d);
+        }
+        Ok(self.chunk_idx.as_ref().expect("set above"))
+    }
+
+    fn finish(&mut self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
+        if self.finish.is_none() {
+            let d = self.x.getattr(intern!(py, "finish"))?.cast_into::<PyDict>()?;
+            self.finish = Some(d);
+        }
+        Ok(self.finish.as_ref().expect("set above"))
+    }
+
+    /// `StreamAssembler._flag`.
+    fn flag(&self, py: Python<'py>, flag: &Py<PyAny>) -> PyResult<()> {
+        let flags = self.x.getattr(intern!(py, "flags"))?.cast_into::<PyList>()?;
+        let flag = flag.bind(py);
+        if !flags.contains(flag)? {
+            flags.append(flag)?;
+        }
+        Ok(())
+    }
+
+    /// The next chunk index of a choice whose delta carries text.
+    fn next_index(&mut self, py: Python<'py>, choice: &Bound<'py, PyAny>) -> PyResult<i64> {
+        let d = self.chunk_idx(py)?;
+        let index = match d.get_item(choice)? {
+            Some(v) => v.extract::<i64>()? + 1,
+            None => 1,
+        };
+        d.set_item(choice, index)?;
+        Ok(index)
+    }
+
+    /// What `_deltas` does after an item's deltas, when it stored any.
+    fn after_item(&mut self, py: Python<'py>, t: &Types, ts: f64, seq_before: i64) -> PyResult<()> {
+        let n = self.seq - seq_before;
+        if n != 0 {
+            if matches!(self.t_last, Some(last) if ts < last) {
+                self.flag(py, &t.flag_clock_backwards)?;
+            }
+            self.t_last = Some(ts);
+            self.t_last_set = true;
+            self.event_count += n;
+            self.added += n as u64;
+        }
+        Ok(())
+    }
+
+    /// `StreamAssembler._after_done`.
+    fn after_done(
+        &mut self,
+        py: Python<'py>,
+        t: &Types,
+        ts: f64,
+        item: &str,
+        out: &Bound<'py, PyList>,
+        max_quiet: i64,
+    ) -> PyResult<()> {
+        self.flag(py, &t.flag_after_done)?;
+        self.quiet += 1;
+        if self.quiet > max_quiet {
+            return Ok(());
+        }
+        let args = args!(py;
+            &self.stream,
+            ts,
+            self.seq,
+            STREAM_LEVEL,
+            0,
+            intern!(py, "after_done"),
+            intern!(py, ""),
+            intern!(py, ""),
+            py.None(),
+            py.None(),
+            py.None(),
+            py.None(),
+            PyString::new(py, item),
+);
+        out.append(t.chunk_event.bind(py).call1(args)?)?;
+        self.seq += 1;
+        self.event_count += 1;
+        self.added += 1;
+        Ok(())
+    }
+
+    /// `_deltas` for one native delta (its usage, error, server tokens are None).
+    #[allow(clippy::too_many_arguments)]
+    fn native_delta(
+        &mut self,
+        py: Python<'py>,
+        t: &Types,
+        ts: f64,
+        d: &ChunkDelta<'_>,
+        item: &mut Option<Bound<'py, PyString>>,
+        data: &str,
+        out: &Bound<'py, PyList>,
+        max_quiet: i64,
+    ) -> PyResult<()> {
+        if matches!(d.kind, Kind::Role | Kind::Other) {
+            let carries = !d.text.is_empty()
+                || !d.reasoning.is_empty()
+                || d.tool_calls.is_some()
+                || d.finish_reason.is_some()
+                || d.logprobs.is_some();
+            if !carries {
+                self.quiet += 1;
+                if self.quiet > max_quiet {
+                    return Ok(()); // capped (never INVALID here)
+                }
+            }
+        }
+        let choice = d.choice.into_pyobject(py)?.into_any();
+        let mut index = 0;
+        if !d.text.is_empty() {
+            index = self.next_index(py, &choice)?;
+            self.chunk_count += 1;
+            self.text_len += d.text.chars().count() as i64;
+        }
+        if self.t_first.is_none() && matches!(d.kind, Kind::Content | Kind::Reasoning | Kind::ToolCall)
+        {
+            self.t_first = Some(ts);
+            self.t_first_set = true;
+        }
+        let finish = d.finish_reason.as_deref().map(|f| PyString::new(py, f));
+        if let Some(f) = &finish {
+            self.finish(py)?.set_item(&choice, f)?;
+        }
+        let raw = if d.raw {
+            if item.is_none() {
+                *item = Some(PyString::new(py, data));
+            }
+            item.clone().map(Bound::into_any)
+        } else {
+            None
+        };
+        let args = args!(py;
+            &self.stream,
+            ts,
+            self.seq,
+            choice,
+            index,
+            kind_str(py, d.kind),
+            py_str(py, &d.text),
+            py_str(py, &d.reasoning),
+            d.tool_calls.as_deref(),
+            finish,
+            d.logprobs.as_deref(),
+            py.None(),
+            raw,
+            py.None(),
+);
+        out.append(t.chunk_event.bind(py).call1(args)?)?;
+        self.seq += 1;
+        Ok(())
+    }
+
+    /// `_deltas` for one `Delta` a Python dialect made.
+    fn py_delta(
+        &mut self,
+        py: Python<'py>,
+        t: &Types,
+        ts: f64,
+        d: &Bound<'py, PyAny>,
+        out: &Bound<'py, PyList>,
+        max_quiet: i64,
+    ) -> PyResult<()> {
+        let d = d.cast::<PyTuple>()?;
+        if d.len() != 11 {
+            return Err(pyo3::exceptions::PyTypeError::new_err("a Delta has 11 fields"));
+        }
+        let f = |i: usize| d.get_item(i);
+        let (choice, kind, text, reasoning) = (f(0)?, f(1)?, f(2)?, f(3)?);
+        let (tool_calls, finish_reason, logprobs, usage) = (f(4)?, f(5)?, f(6)?, f(7)?);
+        let (raw, error, server_tokens) = (f(8)?, f(9)?, f(10)?);
+        let kind_s = kind.cast::<PyString>()?.to_str()?.to_owned();
+        let has_text = text.is_truthy()?;
+        if matches!(kind_s.as_str(), "role" | "other" | "invalid") {
+            let carries = has_text
+                || reasoning.is_truthy()?
+                || !tool_calls.is_none()
+                || !finish_reason.is_none()
+                || !logprobs.is_none()
+                || !usage.is_none()
+                || !server_tokens.is_none();
+            if !carries {
+                self.quiet += 1;
+                if self.quiet > max_quiet {
+                    if kind_s == "invalid" {
+                        self.invalid += 1;
+                        self.errors += 1;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        let mut index = 0;
+        if has_text {
+            index = self.next_index(py, &choice)?;
+            self.chunk_count += 1;
+            self.text_len += text.len()? as i64;
+        }
+        if self.t_first.is_none() && matches!(kind_s.as_str(), "content" | "reasoning" | "tool_call")
+        {
+            self.t_first = Some(ts);
+            self.t_first_set = true;
+        }
+        if !finish_reason.is_none() {
+            self.finish(py)?.set_item(&choice, &finish_reason)?;
+        }
+        if !usage.is_none() {
+            self.usage = Some(usage.clone());
+        }
+        match kind_s.as_str() {
+            "done" => self.done_seen = true,
+            "error" => {
+                self.error = Some(if error.is_truthy()? {
+                    error.clone()
+                } else {
+                    intern!(py, "error object in stream").clone().into_any()
+                });
+            }
+            "invalid" => {
+                self.invalid += 1;
+                self.errors += 1;
+                let message = if error.is_truthy()? {
+                    error.clone()
+                } else {
+                    intern!(py, "unparseable item").clone().into_any()
+                };
+                let conn = self.x.getattr(intern!(py, "conn"))?;
+                let args = (
+                    ts,
+                    intern!(py, "dialect"),
+                    intern!(py, "invalid"),
+                    message,
+                    conn,
+                    &self.stream,
+                );
+                out.append(t.pipeline_error.bind(py).call1(args)?)?;
+            }
+            _ => {}
+        }
+        let args = args!(py;
+            &self.stream,
+            ts,
+            self.seq,
+            choice,
+            index,
+            kind,
+            text,
+            reasoning,
+            tool_calls,
+            finish_reason,
+            logprobs,
+            usage,
+            raw,
+            server_tokens,
+);
+        out.append(t.chunk_event.bind(py).call1(args)?)?;
+        self.seq += 1;
+        Ok(())
+    }
+}
+
+/// One SSE event through the dialect and `_deltas`.
+#[allow(clippy::too_many_arguments)]
+fn item<'py>(
+    py: Python<'py>,
+    t: &Types,
+    st: &mut State<'py>,
+    dialect: &Bound<'py, PyAny>,
+    endpoint: Option<Endpoint>,
+    named: &mut bool,
+    ts: f64,
+    e: SseEvent,
+    out: &Bound<'py, PyList>,
+    max_quiet: i64,
+) -> PyResult<()> {
+    if st.done_seen {
+        return st.after_done(py, t, ts, &e.data, out, max_quiet);
+    }
+    let seq_before = st.seq;
+    if let Some(endpoint) = endpoint {
+        if let Some(chunk) = extract(&e.data, endpoint, !*named) {
+            if chunk.server.is_none() {
+                if let Some(model) = &chunk.model {
+                    // what the dialect's `event` does with them (`_OpenAIBase.event`)
+                    dialect.setattr(intern!(py, "response_model"), model.as_ref())?;
+                    if let Some(rid) = &chunk.id {
+                        dialect.setattr(intern!(py, "response_id"), rid.as_ref())?;
+                    }
+                    dialect.setattr(intern!(py, "_named"), true)?;
+                    *named = true;
+                }
+                let mut raw_item = None;
+                for d in &chunk.deltas {
+                    st.native_delta(py, t, ts, d, &mut raw_item, &e.data, out, max_quiet)?;
+                }
+                return st.after_item(py, t, ts, seq_before);
+            }
+            // A chunk with usage/timings: the dialect's Python reads those.
+        }
+    }
+    let deltas = dialect.call_method1(intern!(py, "event"), (e.data, e.event))?;
+    if endpoint.is_some() && !*named {
+        *named = dialect.getattr(intern!(py, "_named"))?.is_truthy()?;
+    }
+    for d in deltas.try_iter()? {
+        st.py_delta(py, t, ts, &d?, out, max_quiet)?;
+    }
+    st.after_item(py, t, ts, seq_before)
+}
+
+/// `sse_chunks(x, ts, data, out, max_quiet)`: the body bytes `data` of the
+/// exchange `x` (its `decoder` a native `SseDecoder`) through the SSE decoder,
+/// the dialect and `_deltas`; chunk events appended to `out`. Returns
+/// `(chunk events appended, dialect errors counted, exception or None)`: an
+/// exception of the dialect is returned after the state is written back, for
+/// the stage to count what was done and raise it.
+#[pyfunction]
+fn sse_chunks<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    ts: f64,
+    data: &[u8],
+    out: &Bound<'py, PyList>,
+    max_quiet: i64,
+) -> PyResult<(u64, u64, Option<PyErr>)> {
+    let t = types(py)?;
+    let events = {
+        let dec = x.getattr(intern!(py, "decoder"))?;
+        let dec = dec.cast::<PySseDecoder>()?;
+        let mut dec = dec.borrow_mut();
+        dec.feed_events(data)
+    };
+    if events.is_empty() {
+        return Ok((0, 0, None));
+    }
+    let dialect = x.getattr(intern!(py, "dialect"))?;
+    let endpoint = match dialect
+        .getattr(intern!(py, "native_chunks"))
+        .ok()
+        .and_then(|v| v.extract::<i64>().ok())
+    {
+        Some(2) => Some(Endpoint::Chat),
+        Some(1) => Some(Endpoint::Completions),
+        _ => None,
+    };
+    let mut named = match endpoint {
+        Some(_) => dialect.getattr(intern!(py, "_named"))?.is_truthy()?,
+        None => true,
+    };
+    let mut st = State::load(py, x)?;
+    let mut failed = None;
+    for e in events {
+        if let Err(err) = item(py, t, &mut st, &dialect, endpoint, &mut named, ts, e, out, max_quiet) {
+            failed = Some(err);
+            break;
+        }
+    }
+    st.store(py)?;
+    Ok((st.added, st.errors, failed))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(sse_chunks, m)?)?;
+    Ok(())
+}
