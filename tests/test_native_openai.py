@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from sniffer.capture.pcap import read_capture
 from sniffer.core import native as core_native
-from sniffer.core.pipeline import Pipeline
+from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.llm.dialects import openai
 from sniffer.llm.dialects.base import Delta
 
@@ -116,7 +116,8 @@ def capture_items(path: Path) -> list[tuple[bool, list[tuple[str, str]]]]:
         return event(self, data, event_type)
 
     with mock.patch.object(openai._OpenAIBase, "event", record):
-        pipe = Pipeline()
+        # the pure stages: the native SSE loop extracts most items without `event`
+        pipe = Pipeline(PipelineConfig(native=False))
         last = 0.0
         for seg in read_capture(path):
             last = seg.ts

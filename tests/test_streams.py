@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from functools import partial
 
 from sniffer.core.credentials import is_credential_header, scrub_headers
 from sniffer.core.events import (
@@ -37,6 +38,11 @@ from sniffer.core.streams import (
     StreamAssembler,
 )
 from sniffer.llm.values import RequestSummary, Usage
+from tests.cores import both_cores
+
+#: every test against both cores: under ``native`` the stage runs the native
+#: item decoders and SSE loop (``sniffer._native.sse_chunks``)
+core = both_cores(globals(), StreamAssembler=lambda: partial(StreamAssembler, native=True))
 
 CLIENT = ("127.0.0.1", 40000)
 SERVER = ("127.0.0.1", 8001)

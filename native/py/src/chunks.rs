@@ -164,9 +164,17 @@ impl<'py> State<'py> {
         set_int(intern!(py, "seq"), self.seq, self.seq0)?;
         set_int(intern!(py, "quiet"), self.quiet, self.quiet0)?;
         set_int(intern!(py, "invalid"), self.invalid, self.invalid0)?;
-        set_int(intern!(py, "chunk_count"), self.chunk_count, self.chunk_count0)?;
+        set_int(
+            intern!(py, "chunk_count"),
+            self.chunk_count,
+            self.chunk_count0,
+        )?;
         set_int(intern!(py, "text_len"), self.text_len, self.text_len0)?;
-        set_int(intern!(py, "event_count"), self.event_count, self.event_count0)?;
+        set_int(
+            intern!(py, "event_count"),
+            self.event_count,
+            self.event_count0,
+        )?;
         if self.done_seen != self.done0 {
             x.setattr(intern!(py, "done_seen"), self.done_seen)?;
         }
@@ -187,7 +195,10 @@ impl<'py> State<'py> {
 
     fn chunk_idx(&mut self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
         if self.chunk_idx.is_none() {
-            let d = self.x.getattr(intern!(py, "chunk_idx"))?.cast_into::<PyDict>()?;
+            let d = self
+                .x
+                .getattr(intern!(py, "chunk_idx"))?
+                .cast_into::<PyDict>()?;
             self.chunk_idx = Some(d);
         }
         Ok(self.chunk_idx.as_ref().expect("set above"))
@@ -195,7 +206,10 @@ impl<'py> State<'py> {
 
     fn finish(&mut self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
         if self.finish.is_none() {
-            let d = self.x.getattr(intern!(py, "finish"))?.cast_into::<PyDict>()?;
+            let d = self
+                .x
+                .getattr(intern!(py, "finish"))?
+                .cast_into::<PyDict>()?;
             self.finish = Some(d);
         }
         Ok(self.finish.as_ref().expect("set above"))
@@ -203,7 +217,10 @@ impl<'py> State<'py> {
 
     /// `StreamAssembler._flag`.
     fn flag(&self, py: Python<'py>, flag: &Py<PyAny>) -> PyResult<()> {
-        let flags = self.x.getattr(intern!(py, "flags"))?.cast_into::<PyList>()?;
+        let flags = self
+            .x
+            .getattr(intern!(py, "flags"))?
+            .cast_into::<PyList>()?;
         let flag = flag.bind(py);
         if !flags.contains(flag)? {
             flags.append(flag)?;
@@ -253,20 +270,20 @@ impl<'py> State<'py> {
             return Ok(());
         }
         let args = args!(py;
-            &self.stream,
-            ts,
-            self.seq,
-            STREAM_LEVEL,
-            0,
-            intern!(py, "after_done"),
-            intern!(py, ""),
-            intern!(py, ""),
-            py.None(),
-            py.None(),
-            py.None(),
-            py.None(),
-            PyString::new(py, item),
-);
+                    &self.stream,
+                    ts,
+                    self.seq,
+                    STREAM_LEVEL,
+                    0,
+                    intern!(py, "after_done"),
+                    intern!(py, ""),
+                    intern!(py, ""),
+                    py.None(),
+                    py.None(),
+                    py.None(),
+                    py.None(),
+                    PyString::new(py, item),
+        );
         out.append(t.chunk_event.bind(py).call1(args)?)?;
         self.seq += 1;
         self.event_count += 1;
@@ -307,7 +324,8 @@ impl<'py> State<'py> {
             self.chunk_count += 1;
             self.text_len += d.text.chars().count() as i64;
         }
-        if self.t_first.is_none() && matches!(d.kind, Kind::Content | Kind::Reasoning | Kind::ToolCall)
+        if self.t_first.is_none()
+            && matches!(d.kind, Kind::Content | Kind::Reasoning | Kind::ToolCall)
         {
             self.t_first = Some(ts);
             self.t_first_set = true;
@@ -325,21 +343,21 @@ impl<'py> State<'py> {
             None
         };
         let args = args!(py;
-            &self.stream,
-            ts,
-            self.seq,
-            choice,
-            index,
-            kind_str(py, d.kind),
-            py_str(py, &d.text),
-            py_str(py, &d.reasoning),
-            d.tool_calls.as_deref(),
-            finish,
-            d.logprobs.as_deref(),
-            py.None(),
-            raw,
-            py.None(),
-);
+                    &self.stream,
+                    ts,
+                    self.seq,
+                    choice,
+                    index,
+                    kind_str(py, d.kind),
+                    py_str(py, &d.text),
+                    py_str(py, &d.reasoning),
+                    d.tool_calls.as_deref(),
+                    finish,
+                    d.logprobs.as_deref(),
+                    py.None(),
+                    raw,
+                    py.None(),
+        );
         out.append(t.chunk_event.bind(py).call1(args)?)?;
         self.seq += 1;
         Ok(())
@@ -357,7 +375,9 @@ impl<'py> State<'py> {
     ) -> PyResult<()> {
         let d = d.cast::<PyTuple>()?;
         if d.len() != 11 {
-            return Err(pyo3::exceptions::PyTypeError::new_err("a Delta has 11 fields"));
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "a Delta has 11 fields",
+            ));
         }
         let f = |i: usize| d.get_item(i);
         let (choice, kind, text, reasoning) = (f(0)?, f(1)?, f(2)?, f(3)?);
@@ -390,7 +410,8 @@ impl<'py> State<'py> {
             self.chunk_count += 1;
             self.text_len += text.len()? as i64;
         }
-        if self.t_first.is_none() && matches!(kind_s.as_str(), "content" | "reasoning" | "tool_call")
+        if self.t_first.is_none()
+            && matches!(kind_s.as_str(), "content" | "reasoning" | "tool_call")
         {
             self.t_first = Some(ts);
             self.t_first_set = true;
@@ -432,21 +453,21 @@ impl<'py> State<'py> {
             _ => {}
         }
         let args = args!(py;
-            &self.stream,
-            ts,
-            self.seq,
-            choice,
-            index,
-            kind,
-            text,
-            reasoning,
-            tool_calls,
-            finish_reason,
-            logprobs,
-            usage,
-            raw,
-            server_tokens,
-);
+                    &self.stream,
+                    ts,
+                    self.seq,
+                    choice,
+                    index,
+                    kind,
+                    text,
+                    reasoning,
+                    tool_calls,
+                    finish_reason,
+                    logprobs,
+                    usage,
+                    raw,
+                    server_tokens,
+        );
         out.append(t.chunk_event.bind(py).call1(args)?)?;
         self.seq += 1;
         Ok(())
@@ -544,7 +565,9 @@ fn sse_chunks<'py>(
     let mut st = State::load(py, x)?;
     let mut failed = None;
     for e in events {
-        if let Err(err) = item(py, t, &mut st, &dialect, endpoint, &mut named, ts, e, out, max_quiet) {
+        if let Err(err) = item(
+            py, t, &mut st, &dialect, endpoint, &mut named, ts, e, out, max_quiet,
+        ) {
             failed = Some(err);
             break;
         }
