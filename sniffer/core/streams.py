@@ -263,7 +263,6 @@ class StreamAssembler:
         self,
         *,
         stream_id_base: int = 1,
-        id_step: int = 1,
         stream_ids: Callable[[], int] | None = None,
         labels: Mapping[int, str] | None = None,
         max_request_body: int = MAX_REQUEST_BODY,
@@ -273,8 +272,7 @@ class StreamAssembler:
         native: bool = False,
     ) -> None:
         self._next_id = stream_id_base
-        self._id_step = id_step
-        #: hands out stream ids when given (the store's id blocks); else base + k·step
+        #: hands out stream ids when given (the store's id blocks); else base, base + 1, …
         self._stream_ids = stream_ids
         self._labels = dict(labels or {})
         self._max_req = max_request_body
@@ -636,7 +634,7 @@ class StreamAssembler:
                 x = _Exchange(self._stream_ids(), conn, exchange)
             else:
                 x = _Exchange(self._next_id, conn, exchange)
-                self._next_id += self._id_step
+                self._next_id += 1
             self._ex[key] = x
         return x
 
