@@ -749,8 +749,8 @@ class StreamAssembler:
         message = f"request body of {x.req_bytes}{more} bytes cut at the {self._max_req}-byte cap"
         if summary is None:
             message += " after the stream opened"
-        elif summary.as_dict():
-            message += f"; read from the part kept: {', '.join(summary.as_dict())}"
+        elif summary.present():
+            message += f"; read from the part kept: {', '.join(summary.present())}"
         else:
             message += "; no parameter found in the part kept"
         out.append(PipelineError(ts, "streams", "request-cut", message, x.conn, x.stream))
