@@ -58,7 +58,6 @@ class Reassembler:
         self,
         *,
         conn_id_base: int = 1,
-        id_step: int = 1,
         conn_ids: Callable[[], int] | None = None,
         server_ports: Iterable[int] | None = None,
         max_buffer: int = ...,

@@ -26,7 +26,7 @@ from sniffer.llm.dialects.base import (
     Delta,
 )
 from sniffer.llm.dialects.openai import OpenAIChat, OpenAICompletions
-from sniffer.llm.values import Usage
+from sniffer.llm.values import ServerTimings, Usage
 from sniffer.store.writer import usage_json
 
 
@@ -641,13 +641,9 @@ def test_llamacpp_timings_typed_with_draft_counts() -> None:
     data = chat_chunk({"index": 0, "delta": {}, "finish_reason": "stop"}, timings=timings)
     usage, _ = _spec_of(data)
     assert usage is not None and usage.timings is not None and usage.speculative is not None
-    assert usage.timings.as_dict() == {
-        "prompt_n": 9,
-        "prompt_ms": 12.5,
-        "predicted_n": 30,
-        "predicted_ms": 410.0,
-        "rejected": [],
-    }
+    assert usage.timings == ServerTimings(
+        prompt_n=9, prompt_ms=12.5, predicted_n=30, predicted_ms=410.0, rejected=()
+    )
     sd = usage.speculative
     assert (sd.source, sd.draft_tokens, sd.accepted_tokens) == ("llama.cpp", 40, 22)
     assert sd.acceptance_rate == 22 / 40 and sd.steps is None and sd.accept_length is None
@@ -721,7 +717,6 @@ def test_spec_decode_out_of_range_is_rejected_and_named(field: str, value: Any) 
     assert d.kind == USAGE and d.usage is not None and d.usage.speculative is not None
     sd = d.usage.speculative
     assert sd.rejected == (field,)
-    kept = sd.as_dict()
     name = {
         "num_draft_tokens": "draft_tokens",
         "num_spec_steps": "steps",
@@ -731,8 +726,8 @@ def test_spec_decode_out_of_range_is_rejected_and_named(field: str, value: Any) 
         "num_accepted_draft_tokens": "accepted_tokens",
     }[field]
     # a rate or length the server sent wrong is derived from its counts instead
-    derived = {"accept_length": 1 + 7 / 4, "acceptance_rate": 7 / 12, "histogram": []}
-    assert kept[name] == derived.get(name)
+    derived = {"accept_length": 1 + 7 / 4, "acceptance_rate": 7 / 12, "histogram": ()}
+    assert getattr(sd, name) == derived.get(name)
     assert d.usage.prompt_tokens == 1
 
 

@@ -269,8 +269,8 @@ def test_generated_conversations_give_identical_events(
         py = Reassembler(conn_ids=FlakyIds(), **kw)
         na = _native_reassembler(conn_ids=FlakyIds(), **kw)
     else:
-        py = Reassembler(conn_id_base=7, id_step=3, **kw)
-        na = _native_reassembler(conn_id_base=7, id_step=3, **kw)
+        py = Reassembler(conn_id_base=7, **kw)
+        na = _native_reassembler(conn_id_base=7, **kw)
     expected = _drive(py, items, native=False)
     got = _drive(na, items, native=True)
     assert got == expected

@@ -343,19 +343,25 @@ def test_request_summary_types_untrusted_fields_once() -> None:
         include_usage=True,
         out_of_range=("seed",),
     )
-    assert r.as_dict() == {
-        "model": "m",
-        "stream": True,
-        "temperature": 0.0,
-        "top_k": 40,
-        "max_tokens": 16,
-        "n": 2,
-        "logprobs": True,
-        "top_logprobs": 3,
-        "prompt_len": 2,
-        "include_usage": True,
-        "out_of_range": ("seed",),
-    }
+    assert r.present() == (
+        "model",
+        "stream",
+        "temperature",
+        "top_k",
+        "max_tokens",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        "prompt_len",
+        "include_usage",
+        "out_of_range",
+    )
+    # false, zero and empty are set values; only None, include_usage false and
+    # no out-of-range field are left out
+    quiet = RequestSummary.parse({"temperature": 0, "logprobs": False, "stream": False})
+    assert quiet.present() == ("stream", "temperature", "logprobs")
+    assert repr(quiet) == "RequestSummary(stream=False, temperature=0.0, logprobs=False)"
+    assert EMPTY_REQUEST.present() == () and repr(EMPTY_REQUEST) == "RequestSummary()"
 
 
 @pytest.mark.parametrize(

@@ -78,7 +78,6 @@ class NativeReassembler:
         self,
         *,
         conn_id_base: int = 1,
-        id_step: int = 1,
         conn_ids: Callable[[], int] | None = None,
         server_ports: frozenset[int] = frozenset(),
         only_ports: frozenset[int] = frozenset(),
@@ -91,7 +90,6 @@ class NativeReassembler:
             raise RuntimeError(f"the native core is not available ({UNAVAILABLE or PURE_ENV})")
         self._r: Any = NATIVE.Reassembler(
             conn_id_base=conn_id_base,
-            id_step=id_step,
             conn_ids=conn_ids,
             server_ports=server_ports,
             only_ports=only_ports,

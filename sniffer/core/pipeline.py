@@ -71,9 +71,8 @@ def _dead_output(hev: HttpOutput) -> HttpOutput | None:
 class PipelineConfig:
     conn_id_base: int = 1
     stream_id_base: int = 1
-    id_step: int = 1  # worker k of n uses bases + k and step n
     #: id sources (``StoreWriter.conn_ids`` / ``stream_ids``: blocks reserved in the
-    #: database, unique across writers); when given, the bases and step are unused
+    #: database, unique across writers); when given, the bases are unused
     conn_ids: Callable[[], int] | None = None
     stream_ids: Callable[[], int] | None = None
     server_ports: frozenset[int] = frozenset()  # helps orient mid-stream connections
@@ -106,7 +105,6 @@ class Pipeline:
         if self.native:
             self.reassembler = NativeReassembler(
                 conn_id_base=cfg.conn_id_base,
-                id_step=cfg.id_step,
                 conn_ids=cfg.conn_ids,
                 server_ports=server_ports,
                 only_ports=cfg.only_ports,
@@ -122,7 +120,6 @@ class Pipeline:
         else:
             self.reassembler = Reassembler(
                 conn_id_base=cfg.conn_id_base,
-                id_step=cfg.id_step,
                 conn_ids=cfg.conn_ids,
                 server_ports=server_ports,
                 idle_timeout=cfg.idle_timeout,
@@ -136,7 +133,6 @@ class Pipeline:
         self.grpc = GrpcSplitter(cfg.grpc_text_outputs, catalog)
         self.streams = StreamAssembler(
             stream_id_base=cfg.stream_id_base,
-            id_step=cfg.id_step,
             stream_ids=cfg.stream_ids,
             labels=cfg.labels,
             native=self.native,

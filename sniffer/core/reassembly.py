@@ -254,7 +254,6 @@ class Reassembler:
         self,
         *,
         conn_id_base: int = 1,
-        id_step: int = 1,
         conn_ids: Callable[[], int] | None = None,
         server_ports: frozenset[int] = frozenset(),
         max_buffer: int = 4 << 20,
@@ -269,8 +268,7 @@ class Reassembler:
         self.max_connections = max(1, max_connections)
         self.stats = ReassemblyStats()
         self._next_id = conn_id_base
-        self._id_step = id_step
-        #: hands out connection ids when given (the store's id blocks); else base + k·step
+        #: hands out connection ids when given (the store's id blocks); else base, base + 1, …
         self._conn_ids = conn_ids
         self._halves: dict[_Key, _Half] = {}
         self._conns: dict[int, _Conn] = {}
@@ -440,7 +438,7 @@ class Reassembler:
             conn = _Conn(self._conn_ids(), ts, client, server)
         else:
             conn = _Conn(self._next_id, ts, client, server)
-            self._next_id += self._id_step
+            self._next_id += 1
         self._conns[conn.id] = conn
         self._halves[conn.keys[0]] = conn.c2s
         self._halves[conn.keys[1]] = conn.s2c

@@ -263,7 +263,6 @@ class StreamAssembler:
         self,
         *,
         stream_id_base: int = 1,
-        id_step: int = 1,
         stream_ids: Callable[[], int] | None = None,
         labels: Mapping[int, str] | None = None,
         max_request_body: int = MAX_REQUEST_BODY,
@@ -273,8 +272,7 @@ class StreamAssembler:
         native: bool = False,
     ) -> None:
         self._next_id = stream_id_base
-        self._id_step = id_step
-        #: hands out stream ids when given (the store's id blocks); else base + k·step
+        #: hands out stream ids when given (the store's id blocks); else base, base + 1, …
         self._stream_ids = stream_ids
         self._labels = dict(labels or {})
         self._max_req = max_request_body
@@ -640,7 +638,7 @@ class StreamAssembler:
                 x = _Exchange(self._stream_ids(), conn, exchange)
             else:
                 x = _Exchange(self._next_id, conn, exchange)
-                self._next_id += self._id_step
+                self._next_id += 1
             self._ex[key] = x
         return x
 
@@ -755,8 +753,8 @@ class StreamAssembler:
         message = f"request body of {x.req_bytes}{more} bytes cut at the {self._max_req}-byte cap"
         if summary is None:
             message += " after the stream opened"
-        elif summary.as_dict():
-            message += f"; read from the part kept: {', '.join(summary.as_dict())}"
+        elif summary.present():
+            message += f"; read from the part kept: {', '.join(summary.present())}"
         else:
             message += "; no parameter found in the part kept"
         out.append(PipelineError(ts, "streams", "request-cut", message, x.conn, x.stream))

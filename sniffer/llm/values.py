@@ -48,7 +48,6 @@ __all__ = [
     "as_str",
     "check_int",
     "in_range",
-    "request_fields",
     "scan_request",
 ]
 
@@ -260,19 +259,6 @@ class SpecDecode:
     histogram: tuple[int, ...] = ()
     rejected: tuple[str, ...] = ()
 
-    def as_dict(self) -> dict[str, Any]:
-        """The fields as JSON values (the store's and the reports' view)."""
-        return {
-            "source": self.source,
-            "draft_tokens": self.draft_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "steps": self.steps,
-            "accept_length": self.accept_length,
-            "acceptance_rate": self.acceptance_rate,
-            "histogram": list(self.histogram),
-            "rejected": list(self.rejected),
-        }
-
 
 @dataclass(frozen=True, slots=True)
 class ServerTimings:
@@ -285,15 +271,6 @@ class ServerTimings:
     predicted_n: int | None = None
     predicted_ms: float | None = None
     rejected: tuple[str, ...] = ()
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "prompt_n": self.prompt_n,
-            "prompt_ms": self.prompt_ms,
-            "predicted_n": self.predicted_n,
-            "predicted_ms": self.predicted_ms,
-            "rejected": list(self.rejected),
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,7 +374,7 @@ _TOP_LEVEL = (
 )
 
 
-def request_fields(body: Any) -> dict[str, Any]:
+def _request_fields(body: Any) -> dict[str, Any]:
     """The request parameters every dialect understands, from a parsed JSON
     body, as sent (untrusted values; :meth:`RequestSummary.parse` types them).
 
@@ -547,7 +524,7 @@ class RequestSummary:
     def parse(cls, body: Any) -> RequestSummary:
         """The summary of a parsed JSON request body (anything: a non-object
         gives an empty summary)."""
-        f = request_fields(body)
+        f = _request_fields(body)
         if not f:
             return EMPTY_REQUEST
         bad: list[str] = []
@@ -588,17 +565,23 @@ class RequestSummary:
             out_of_range=tuple(bad),
         )
 
-    def as_dict(self) -> dict[str, Any]:
-        """The fields that are set, by name (``include_usage`` only when true)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if not self.include_usage:
-            del out["include_usage"]
-        if not self.out_of_range:
-            del out["out_of_range"]
-        return {k: v for k, v in out.items() if v is not None}
+    def present(self) -> tuple[str, ...]:
+        """The names of the fields that are set, in field order: not None,
+        ``include_usage`` only when true, ``out_of_range`` only when not empty.
+
+        >>> RequestSummary.parse({"model": "m", "temperature": 0, "n": 2**40}).present()
+        ('model', 'temperature', 'out_of_range')
+        """
+        names: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or value == () or (f.name == "include_usage" and not value):
+                continue
+            names.append(f.name)
+        return tuple(names)
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
+        inner = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.present())
         return f"RequestSummary({inner})"
 
 

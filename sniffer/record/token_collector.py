@@ -30,7 +30,7 @@ from typing import Any
 
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamFlag, StreamOpened
 from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput
-from sniffer.llm.values import Usage
+from sniffer.llm.values import RequestSummary, Usage
 from sniffer.record.redact import ChoiceRedactions, Redactor, apply_spans, redact_choice_texts
 
 #: Chunk texts of an open stream are joined into one string every this many
@@ -172,7 +172,6 @@ class TokenCollector:
         parsed = _json(body)
         request: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
         mask_prompt = bool(self._windows is not None and body and self._windows.edits(body)[1])
-        so = request.get("stream_options")
         chunks = s.chunks()
         if not s.handed or s.truncated:
             stored, masks = self._redacted(chunks)
@@ -188,7 +187,7 @@ class TokenCollector:
             usage=usage,
             gap=gap,
             done_seen=done_seen,
-            include_usage_requested=isinstance(so, dict) and so.get("include_usage") is True,
+            include_usage_requested=RequestSummary.parse(request).include_usage,
             stored_texts=stored,
             masks=masks,
             redact=self._redact_spans if self._spans is not None else None,

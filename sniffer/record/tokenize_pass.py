@@ -46,7 +46,7 @@ from sniffer.llm.tokens import (
     TokenizerRegistry,
     analyze_streams,
 )
-from sniffer.llm.values import Usage
+from sniffer.llm.values import RequestSummary, Usage
 from sniffer.store.db import Store, engine_of
 from sniffer.store.token_rows import text_hash
 from sniffer.store.tokens_store import (
@@ -135,8 +135,6 @@ def _inputs(
         if not isinstance(request, dict):
             request = {}
         usage = Usage.loads(s.get("usage"))
-        so = request.get("stream_options")
-        include_usage = isinstance(so, dict) and so.get("include_usage") is True
         cs = by_stream.get(s["id"], [])
         out.append(
             StreamInput(
@@ -147,7 +145,7 @@ def _inputs(
                 usage=usage,
                 gap=bool(s.get("gap")),
                 done_seen=bool(s.get("done_seen")),
-                include_usage_requested=include_usage,
+                include_usage_requested=RequestSummary.parse(request).include_usage,
             )
         )
     return out

@@ -28,11 +28,11 @@ POLL_TIMEOUT = 0.05
 
 #: Makes the (unopened) source for a configuration; the second argument hands
 #: out the connection ids the source may assign (eBPF numbers connections
-#: itself): the store's id blocks, or an int, the first id of a private range.
-SourceFactory = Callable[[Config, int | Callable[[], int]], Source]
+#: itself): the store's id blocks.
+SourceFactory = Callable[[Config, Callable[[], int]], Source]
 
 
-def default_source(cfg: Config, conn_ids: int | Callable[[], int]) -> Source:
+def default_source(cfg: Config, conn_ids: Callable[[], int]) -> Source:
     """The capture source the config asks for (not opened yet)."""
     if cfg.backend == "ebpf":
         from sniffer.capture.ebpf import EbpfSource
@@ -41,8 +41,7 @@ def default_source(cfg: Config, conn_ids: int | Callable[[], int]) -> Source:
             ports=cfg.capture_ports,
             pids=cfg.pids,
             comms=cfg.comms,
-            conn_id_base=conn_ids if isinstance(conn_ids, int) else 1,
-            conn_ids=None if isinstance(conn_ids, int) else conn_ids,
+            conn_ids=conn_ids,
             idle_timeout=cfg.idle_timeout,
         )
     from sniffer.capture.afpacket import AfPacketSource

@@ -111,7 +111,6 @@ pub struct Stats {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub conn_id_base: i64,
-    pub id_step: i64,
     pub server_ports: HashSet<u16>,
     pub max_buffer: i64,
     pub idle_timeout: f64,
@@ -123,7 +122,6 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             conn_id_base: 1,
-            id_step: 1,
             server_ports: HashSet::new(),
             max_buffer: 4 << 20,
             idle_timeout: 300.0,
@@ -134,7 +132,7 @@ impl Default for Config {
 }
 
 /// Where connection ids come from: an id source (the store's id blocks), or
-/// `conn_id_base + k·id_step`. An error is the source's message; the segment
+/// sequential from `conn_id_base`. An error is the source's message; the segment
 /// that needed the id is dropped (and its events), as in the Python.
 pub type IdSource<'a> = &'a mut dyn FnMut() -> Result<i64, String>;
 
@@ -607,7 +605,7 @@ impl Reassembler {
             Some(f) => f()?,
             None => {
                 let id = self.next_id;
-                self.next_id = self.next_id.wrapping_add(self.cfg.id_step);
+                self.next_id = self.next_id.wrapping_add(1);
                 id
             }
         };

@@ -593,14 +593,13 @@ fn error_tuple<'py>(
 impl Reassembler {
     #[new]
     #[pyo3(signature = (
-        *, conn_id_base=1, id_step=1, conn_ids=None, server_ports=None,
+        *, conn_id_base=1, conn_ids=None, server_ports=None,
         max_buffer=4 << 20, idle_timeout=300.0, hole_timeout=1.0, max_connections=100_000,
         only_ports=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         conn_id_base: i64,
-        id_step: i64,
         conn_ids: Option<Py<PyAny>>,
         server_ports: Option<&Bound<'_, PyAny>>,
         max_buffer: i64,
@@ -611,7 +610,6 @@ impl Reassembler {
     ) -> PyResult<Self> {
         let cfg = core_r::Config {
             conn_id_base,
-            id_step,
             server_ports: ports(server_ports)?,
             max_buffer,
             idle_timeout,
