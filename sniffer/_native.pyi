@@ -127,13 +127,14 @@ class Core:
     def origin(self, i: int) -> tuple[int, float, int] | None:
         """(conn, ts, end) of the flow event that made output ``i`` of the last call."""
 
-# --- the streams stage's SSE loop (native/py/src/chunks.rs) ---
+# --- the streams stage's item loops (native/py/src/chunks.rs) ---
 
-def sse_chunks(
+def body_chunks(
     x: Any, ts: float, data: bytes, out: list[Any], max_quiet: int
 ) -> tuple[int, int, BaseException | None]:
-    """``StreamAssembler._response_body``'s SSE branch with ``_deltas`` for the
-    exchange ``x`` (its ``decoder`` an :class:`SseDecoder`): chunk events and
+    """``StreamAssembler._response_body``'s SSE and NDJSON branches with
+    ``_deltas`` for the exchange ``x`` (its ``decoder`` an :class:`SseDecoder`,
+    or else its ``ndjson`` an :class:`NdjsonDecoder`): chunk events and
     dialect errors appended to ``out``; returns (chunk events appended,
     dialect errors counted, the dialect's exception or None)."""
 

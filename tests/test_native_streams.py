@@ -1,6 +1,6 @@
-"""The streams stage's native SSE loop (``sniffer._native.sse_chunks``) against
+"""The streams stage's native item loop (``sniffer._native.body_chunks``) against
 the Python one (``StreamAssembler._response_body`` and ``_deltas``): random
-SSE bodies of every item kind a dialect meets — chunks with and without a
+SSE and NDJSON bodies of every item kind a dialect meets — chunks with and without a
 model, several choices, usage, logprobs, tool calls, broken JSON, error
 events, ``[DONE]`` and items after it, keep-alive comments — cut at random
 offsets, through a native and a pure stage; both must give the same events,
@@ -120,34 +120,62 @@ ANTHROPIC = [
     "event: content_block_delta\ndata: {broken\n\n",
 ]
 
+OLLAMA = [
+    '{"model":"m","message":{"role":"assistant","content":"Hi"},"done":false}',
+    '{"model":"m","message":{"role":"assistant","content":" 日本"},"done":false}',
+    '{"model":"m","message":{"role":"assistant","content":""},"done":true,'
+    '"done_reason":"stop","prompt_eval_count":3,"eval_count":2}',
+    '{"error":"model not found"}',
+    "{broken",
+    "",
+    "   ",
+]
+
 PATHS = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
     "anthropic": "/v1/messages",
+    "ollama": "/api/chat",
 }
 
 
+def ndjson(item: str) -> str:
+    """An SSE event of :func:`chat_items` as an NDJSON line (its data)."""
+    lines = [ln[6:] for ln in item.split("\n") if ln.startswith("data: ")]
+    return "".join(lines) + "\n"
+
+
 @st.composite
-def bodies(draw: st.DrawFn) -> tuple[str, bytes, list[int]]:
+def bodies(draw: st.DrawFn) -> tuple[str, bool, bytes, list[int]]:
+    """(dialect, NDJSON body?, body, cut offsets)."""
     dialect = draw(st.sampled_from(sorted(PATHS)))
+    lines = dialect == "ollama" or draw(st.integers(0, 4)) == 0
     if dialect == "anthropic":
         items = draw(st.lists(st.sampled_from(ANTHROPIC), max_size=25))
+        lines = False
+    elif dialect == "ollama":
+        items = [ln + "\n" for ln in draw(st.lists(st.sampled_from(OLLAMA), max_size=20))]
     else:
         items = draw(st.lists(chat_items(dialect == "completions"), max_size=30))
+        if lines:
+            items = [ndjson(item) for item in items]
     body = "".join(items).encode()
     cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=8)))
-    return dialect, body, cuts
+    return dialect, lines, body, cuts
 
 
-def run(native: bool, dialect: str, body: bytes, cuts: list[int], max_quiet: int) -> Any:
+def run(
+    native: bool, dialect: str, body: bytes, cuts: list[int], max_quiet: int, lines: bool = False
+) -> Any:
     a = StreamAssembler(native=native, max_quiet_events=max_quiet)
+    ctype = "application/x-ndjson" if lines else "text/event-stream"
     request = json.dumps({"model": "m", "stream": True, "messages": []}).encode()
     events: list[HttpOutput] = [
         ConnectionOpened(1, 0.5, CLIENT, SERVER, True),
         HttpRequest(1, 0, 1.0, "POST", PATHS[dialect], "1.1", (("host", "x"),)),
         HttpBody(1, 0, 1.0, True, request),
         HttpEnd(1, 0, 1.0, True, EndReason.COMPLETE),
-        HttpResponse(1, 0, 2.0, 200, "OK", "1.1", (("content-type", "text/event-stream"),)),
+        HttpResponse(1, 0, 2.0, 200, "OK", "1.1", (("content-type", ctype),)),
     ]
     ts = 3.0
     for lo, hi in zip([0, *cuts], [*cuts, len(body)], strict=True):
@@ -164,11 +192,11 @@ def run(native: bool, dialect: str, body: bytes, cuts: list[int], max_quiet: int
 @settings(max_examples=400, deadline=None)
 @given(bodies(), st.sampled_from([0, 1, 3, 10_000]))
 def test_the_native_sse_loop_gives_what_the_python_one_gives(
-    case: tuple[str, bytes, list[int]], max_quiet: int
+    case: tuple[str, bool, bytes, list[int]], max_quiet: int
 ) -> None:
-    dialect, body, cuts = case
-    nat = run(True, dialect, body, cuts, max_quiet)
-    ref = run(False, dialect, body, cuts, max_quiet)
+    dialect, lines, body, cuts = case
+    nat = run(True, dialect, body, cuts, max_quiet, lines)
+    ref = run(False, dialect, body, cuts, max_quiet, lines)
     assert nat[0] == ref[0]
     assert nat[1] == ref[1]
 

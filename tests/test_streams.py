@@ -41,7 +41,7 @@ from sniffer.llm.values import RequestSummary, Usage
 from tests.cores import both_cores
 
 #: every test against both cores: under ``native`` the stage runs the native
-#: item decoders and SSE loop (``sniffer._native.sse_chunks``)
+#: item decoders and SSE loop (``sniffer._native.body_chunks``)
 core = both_cores(globals(), StreamAssembler=lambda: partial(StreamAssembler, native=True))
 
 CLIENT = ("127.0.0.1", 40000)

@@ -50,11 +50,11 @@ __all__ = [
     "UNAVAILABLE",
     "BatchErrors",
     "NativeReassembler",
+    "body_chunks",
     "core_name",
     "http_parser",
     "native_pipeline",
     "ndjson_decoder",
-    "sse_chunks",
     "sse_decoder",
     "why_unavailable",
 ]
@@ -196,10 +196,10 @@ def sse_decoder(max_line: int | None = None) -> Any:
     return mod.SseDecoder() if max_line is None else mod.SseDecoder(max_line)
 
 
-def sse_chunks() -> Any:
-    """``sniffer._native.sse_chunks``: the streams stage's SSE loop (see
-    ``StreamAssembler._response_body``)."""
-    return _need().sse_chunks
+def body_chunks() -> Any:
+    """``sniffer._native.body_chunks``: the streams stage's SSE and NDJSON item
+    loops (see ``StreamAssembler._response_body``)."""
+    return _need().body_chunks
 
 
 def ndjson_decoder(max_line: int | None = None) -> Any:

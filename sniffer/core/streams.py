@@ -50,7 +50,7 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.core.http1 import HttpOutput
-from sniffer.core.native import ndjson_decoder, sse_chunks, sse_decoder
+from sniffer.core.native import body_chunks, ndjson_decoder, sse_decoder
 from sniffer.core.resync import CHUNKED, ItemSync, sniff_item_format
 from sniffer.core.sse import (
     DEFAULT_MAX_LINE,
@@ -283,13 +283,14 @@ class StreamAssembler:
         #: same interface and events; ``tests/test_native_sse.py``)
         self._sse: Callable[[int], SseItems] = SseDecoder
         self._ndjson: Callable[[int], NdjsonItems] = NdjsonDecoder
-        #: the native SSE loop (``sniffer._native.sse_chunks``: the decoder's
-        #: events through the dialect and :meth:`_deltas` in one call), or None
-        self._sse_chunks: Any = None
+        #: the native item loop (``sniffer._native.body_chunks``: the SSE or
+        #: NDJSON decoder's items through the dialect and :meth:`_deltas` in
+        #: one call per body event), or None
+        self._body_chunks: Any = None
         if native:
             self._sse = sse_decoder
             self._ndjson = ndjson_decoder
-            self._sse_chunks = sse_chunks()
+            self._body_chunks = body_chunks()
         self._conns: dict[int, _Conn] = {}
         self._ex: dict[tuple[int, int], _Exchange] = {}
         self.stats = StreamStats()
@@ -831,16 +832,16 @@ class StreamAssembler:
         dialect = x.dialect
         if dialect is None:
             return
-        if x.decoder is not None:
-            native = self._sse_chunks
-            if native is not None:  # the same loop, natively (``native/py/src/chunks.rs``)
-                n, errors, exc = native(x, ts, data, out, self._max_quiet)
-                self.stats.chunk_events += n
-                if errors:
-                    self.stats.errors["dialect"] = self.stats.errors.get("dialect", 0) + errors
-                if exc is not None:
-                    raise exc
-                return
+        native = self._body_chunks
+        if native is not None and (x.decoder is not None or x.ndjson is not None):
+            # the loops below in one native call (``native/py/src/chunks.rs``)
+            n, errors, exc = native(x, ts, data, out, self._max_quiet)
+            self.stats.chunk_events += n
+            if errors:
+                self.stats.errors["dialect"] = self.stats.errors.get("dialect", 0) + errors
+            if exc is not None:
+                raise exc
+        elif x.decoder is not None:
             event = dialect.event
             for etype, item, _id, _retry in x.decoder.feed(data):
                 if x.done_seen:

@@ -1,7 +1,8 @@
-//! `sse_chunks`: the streams stage's hot loop for one SSE response body, in
-//! one call per body event. It is `StreamAssembler._response_body`'s SSE
-//! branch with `_deltas`, `_capped` and `_after_done` (`sniffer/core/streams.py`,
-//! the reference): the native SSE decoder's events go to the exchange's
+//! `body_chunks`: the streams stage's hot loop for one streamed (SSE or
+//! NDJSON) response body, in one call per body event. It is
+//! `StreamAssembler._response_body`'s SSE and NDJSON branches with `_deltas`,
+//! `_capped` and `_after_done` (`sniffer/core/streams.py`, the reference): the
+//! native decoder's items go to the exchange's
 //! dialect — to the native OpenAI extraction first when the dialect says it
 //! may (`native_chunks`), else to its Python `event` — and the deltas update
 //! the exchange's state and become `ChunkEvent`s (and `PipelineError`s for
@@ -21,7 +22,7 @@ use pyo3::IntoPyObjectExt;
 use sparseety_core::openai::{extract, ChunkDelta, Endpoint, Kind, STREAM_LEVEL};
 use sparseety_core::sse::SseEvent;
 
-use crate::http::PySseDecoder;
+use crate::http::{PyNdjsonDecoder, PySseDecoder};
 
 /// The Python values the loop makes, imported once.
 struct Types {
@@ -484,16 +485,17 @@ fn item<'py>(
     endpoint: Option<Endpoint>,
     named: &mut bool,
     ts: f64,
-    e: SseEvent,
+    data: String,
+    event: &str,
     out: &Bound<'py, PyList>,
     max_quiet: i64,
 ) -> PyResult<()> {
     if st.done_seen {
-        return st.after_done(py, t, ts, &e.data, out, max_quiet);
+        return st.after_done(py, t, ts, &data, out, max_quiet);
     }
     let seq_before = st.seq;
     if let Some(endpoint) = endpoint {
-        if let Some(chunk) = extract(&e.data, endpoint, !*named) {
+        if let Some(chunk) = extract(&data, endpoint, !*named) {
             if chunk.server.is_none() {
                 if let Some(model) = &chunk.model {
                     // what the dialect's `event` does with them (`_OpenAIBase.event`)
@@ -506,14 +508,19 @@ fn item<'py>(
                 }
                 let mut raw_item = None;
                 for d in &chunk.deltas {
-                    st.native_delta(py, t, ts, d, &mut raw_item, &e.data, out, max_quiet)?;
+                    st.native_delta(py, t, ts, d, &mut raw_item, &data, out, max_quiet)?;
                 }
                 return st.after_item(py, t, ts, seq_before);
             }
             // A chunk with usage/timings: the dialect's Python reads those.
         }
     }
-    let deltas = dialect.call_method1(intern!(py, "event"), (e.data, e.event))?;
+    let event = match event {
+        "message" => intern!(py, "message").clone(),
+        "ndjson" => intern!(py, "ndjson").clone(),
+        other => PyString::new(py, other),
+    };
+    let deltas = dialect.call_method1(intern!(py, "event"), (data, event))?;
     if endpoint.is_some() && !*named {
         *named = dialect.getattr(intern!(py, "_named"))?.is_truthy()?;
     }
@@ -523,14 +530,22 @@ fn item<'py>(
     st.after_item(py, t, ts, seq_before)
 }
 
-/// `sse_chunks(x, ts, data, out, max_quiet)`: the body bytes `data` of the
-/// exchange `x` (its `decoder` a native `SseDecoder`) through the SSE decoder,
-/// the dialect and `_deltas`; chunk events appended to `out`. Returns
-/// `(chunk events appended, dialect errors counted, exception or None)`: an
-/// exception of the dialect is returned after the state is written back, for
-/// the stage to count what was done and raise it.
+/// The items of one body event: the SSE decoder's events, or the NDJSON
+/// decoder's lines (event type "ndjson", as the Python loop passes them).
+enum Items {
+    Sse(Vec<SseEvent>),
+    Lines(Vec<String>),
+}
+
+/// `body_chunks(x, ts, data, out, max_quiet)`: the body bytes `data` of the
+/// exchange `x` through its item decoder (`decoder`, a native `SseDecoder`,
+/// or else `ndjson`, a native `NdjsonDecoder`), the dialect and `_deltas`;
+/// chunk events appended to `out`. Returns `(chunk events appended, dialect
+/// errors counted, exception or None)`: an exception of the dialect is
+/// returned after the state is written back, for the stage to count what was
+/// done and raise it.
 #[pyfunction]
-fn sse_chunks<'py>(
+fn body_chunks<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyAny>,
     ts: f64,
@@ -539,15 +554,23 @@ fn sse_chunks<'py>(
     max_quiet: i64,
 ) -> PyResult<(u64, u64, Option<PyErr>)> {
     let t = types(py)?;
-    let events = {
-        let dec = x.getattr(intern!(py, "decoder"))?;
+    let dec = x.getattr(intern!(py, "decoder"))?;
+    let items = if dec.is_none() {
+        let dec = x.getattr(intern!(py, "ndjson"))?;
+        let dec = dec.cast::<PyNdjsonDecoder>()?;
+        let lines = dec.borrow_mut().feed_lines(data);
+        if lines.is_empty() {
+            return Ok((0, 0, None));
+        }
+        Items::Lines(lines)
+    } else {
         let dec = dec.cast::<PySseDecoder>()?;
-        let mut dec = dec.borrow_mut();
-        dec.feed_events(data)
+        let events = dec.borrow_mut().feed_events(data);
+        if events.is_empty() {
+            return Ok((0, 0, None));
+        }
+        Items::Sse(events)
     };
-    if events.is_empty() {
-        return Ok((0, 0, None));
-    }
     let dialect = x.getattr(intern!(py, "dialect"))?;
     let endpoint = match dialect
         .getattr(intern!(py, "native_chunks"))
@@ -563,13 +586,28 @@ fn sse_chunks<'py>(
         None => true,
     };
     let mut st = State::load(py, x)?;
+    let mut step = |data: String, event: &str| {
+        item(
+            py, t, &mut st, &dialect, endpoint, &mut named, ts, data, event, out, max_quiet,
+        )
+    };
     let mut failed = None;
-    for e in events {
-        if let Err(err) = item(
-            py, t, &mut st, &dialect, endpoint, &mut named, ts, e, out, max_quiet,
-        ) {
-            failed = Some(err);
-            break;
+    match items {
+        Items::Sse(events) => {
+            for e in events {
+                if let Err(err) = step(e.data, &e.event) {
+                    failed = Some(err);
+                    break;
+                }
+            }
+        }
+        Items::Lines(lines) => {
+            for line in lines {
+                if let Err(err) = step(line, "ndjson") {
+                    failed = Some(err);
+                    break;
+                }
+            }
         }
     }
     st.store(py)?;
@@ -577,6 +615,6 @@ fn sse_chunks<'py>(
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(sse_chunks, m)?)?;
+    m.add_function(wrap_pyfunction!(body_chunks, m)?)?;
     Ok(())
 }

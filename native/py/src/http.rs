@@ -1054,6 +1054,14 @@ impl PyNdjsonDecoder {
     }
 }
 
+impl PyNdjsonDecoder {
+    /// The lines of `data`, for the native streams loop (`chunks.rs`).
+    pub(crate) fn feed_lines(&mut self, data: &[u8]) -> Vec<String> {
+        self.core.feed(data, &mut self.out);
+        std::mem::take(&mut self.out)
+    }
+}
+
 /// Registers the classes of this file in the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyHttpParser>()?;

@@ -403,7 +403,7 @@ class _OpenAIBase(JsonDialect):
 
     @property
     def native_chunks(self) -> int:
-        """Whether the native streams loop (``sniffer._native.sse_chunks``) may
+        """Whether the native streams loop (``sniffer._native.body_chunks``) may
         extract this dialect's items itself, as :meth:`event` would: 2 chat,
         1 completions, 0 no (the native extraction is off); it then sets
         ``response_model``, ``response_id`` and ``_named`` as :meth:`event`
