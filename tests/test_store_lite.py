@@ -13,8 +13,7 @@ import pytest
 from sqlalchemy import create_engine, insert
 
 from sniffer.runtime.replay import replay
-from sniffer.store import lite, models, views
-from sniffer.store import spec as table_spec
+from sniffer.store import lite, models, spec, views
 from sniffer.store.ids import reserve
 from sniffer.store.schema import REVISIONS, SchemaTooNew
 from sniffer.store.writer import _UPDATES, SERVER_STATS_COLUMNS, StoreWriter, _update_stmt
@@ -387,7 +386,7 @@ def test_rows_grouped_by_their_none_values_store_what_full_rows_store(tmp_path: 
     assert sum(len(g) for g in groups.values()) == len(rows)
     assert all(None not in r for g in groups.values() for r in g)
     # no grouping where the database numbers the ids, or a row leaves its id to it
-    numbered = next(t for t in table_spec.TABLES.values() if t.autoincrement)
+    numbered = next(t for t in spec.TABLES.values() if t.autoincrement)
     cols = tuple(c for c in numbered.names if c not in numbered.primary_key)
     assert _by_nulls(numbered.name, cols, [(None,) * len(cols)] * 2) is None
     assert _by_nulls("chunks", columns, [*rows, (None, *rows[0][1:])]) is None
