@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, insert
 
 from sniffer.runtime.replay import replay
-from sniffer.store import lite, models, spec, views
+from sniffer.store import lite, models, views
 from sniffer.store.ids import reserve
 from sniffer.store.schema import REVISIONS, SchemaTooNew
 from sniffer.store.writer import _UPDATES, SERVER_STATS_COLUMNS, StoreWriter, _update_stmt
@@ -367,39 +367,3 @@ def test_checkpoints_and_id_blocks_on_either_store(tmp_path: Path) -> None:
     finally:
         store.close()
         engine.dispose()
-
-
-def test_rows_grouped_by_their_none_values_store_what_full_rows_store(tmp_path: Path) -> None:
-    """The writer names only the set columns of each SQLite row (``_by_nulls``):
-    the table holds exactly what one full INSERT per row gives, whatever mix of
-    None values the rows have."""
-    from sniffer.store.writer import _by_nulls
-
-    columns = lite.TABLE_COLUMNS["chunks"]
-    rows = []
-    for i in range(1, 400):
-        row = [i, i % 7, i, i % 3 - 1, i % 5, "content", 1.5 + i]
-        row += [None if (i >> b) & 1 else f"v{b}{i}" for b in range(len(columns) - 7)]
-        rows.append(tuple(row))
-    groups = _by_nulls("chunks", columns, rows)
-    assert groups is not None and len(groups) > 50
-    assert sum(len(g) for g in groups.values()) == len(rows)
-    assert all(None not in r for g in groups.values() for r in g)
-    # no grouping where the database numbers the ids, or a row leaves its id to it
-    numbered = next(t for t in spec.TABLES.values() if t.autoincrement)
-    cols = tuple(c for c in numbered.names if c not in numbered.primary_key)
-    assert _by_nulls(numbered.name, cols, [(None,) * len(cols)] * 2) is None
-    assert _by_nulls("chunks", columns, [*rows, (None, *rows[0][1:])]) is None
-
-    got, want = tmp_path / "w.db", tmp_path / "r.db"
-    for path in (got, want):
-        StoreWriter(str(path)).close()  # a new file at the schema head
-    w = StoreWriter(str(got))
-    with w._transaction() as conn:
-        w._insert_many(conn, "chunks", columns, rows, copy=False)
-    w.close()
-    with sqlite3.connect(want) as ref:
-        ref.executemany(lite.insert_sql("chunks", columns), rows)
-    with sqlite3.connect(got) as a, sqlite3.connect(want) as b:
-        stored = a.execute("SELECT * FROM chunks ORDER BY id").fetchall()
-        assert stored == b.execute("SELECT * FROM chunks ORDER BY id").fetchall() == rows
