@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from itertools import chain, compress
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from sniffer.core.credentials import is_credential_header
@@ -57,7 +57,6 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.llm.values import INT64_MAX, INT64_MIN, Usage
-from sniffer.store import spec
 from sniffer.store.db import EngineStore, Store
 from sniffer.store.files import db_path, ensure_db_file
 from sniffer.store.ids import IdBlocks
@@ -437,41 +436,6 @@ def _update_stmt(spec: UpdateSpec) -> Any:
     )
 
 
-def _by_nulls(
-    table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
-) -> dict[tuple[bool, ...], list[tuple[Any, ...]]] | None:
-    """SQLite rows grouped by which of their values are set: ``{mask: rows
-    without their None values}``, so that an INSERT names the set columns
-    only. Binding a None costs the sqlite3 module an adapter lookup per value
-    (``microprotocols_adapt``: ~60 % of ``executemany`` on chunk rows, which
-    are half None); a column left out is NULL all the same (no column of the
-    schema has a default: ``store/spec.py`` has no way to declare one). Only
-    for a table whose whole primary key is in ``columns`` and set on every
-    row, where the order of the inserts changes no stored value (an id the
-    database numbers would follow it): None otherwise, and when every row has
-    the same mask anyway."""
-    key = spec.TABLES[table].primary_key
-    if not set(key) <= set(columns):
-        return None
-    nones = (None,) * len(columns)
-    groups: dict[tuple[bool, ...], list[tuple[Any, ...]]] = {}
-    for row in rows:
-        mask = tuple(map(operator.is_not, row, nones))
-        group = groups.get(mask)
-        if group is None:
-            group = groups[mask] = []
-        group.append(row)
-    if len(groups) == 1 and all(next(iter(groups))):
-        return None
-    at = [columns.index(k) for k in key]
-    out: dict[tuple[bool, ...], list[tuple[Any, ...]]] = {}
-    for mask, group in groups.items():
-        if not all(mask[i] for i in at):
-            return None  # a row leaves its id to the database
-        out[mask] = [tuple(compress(row, mask)) for row in group] if not all(mask) else group
-    return out
-
-
 class StoreWriter:
     """Buffers store events and writes them in batched transactions.
 
@@ -762,39 +726,24 @@ class StoreWriter:
             # Named parameters (PostgreSQL drivers): the driver's executemany.
             conn.exec_driver_sql(sql, [dict(zip(columns, row, strict=True)) for row in rows])
         elif order == columns and self.dialect_name == "sqlite" and len(rows) > 1:
-            groups = _by_nulls(table, columns, rows)
-            if groups is None:
-                self._insert_multi(conn, sql, columns, rows)
-            else:
-                for mask, group in groups.items():
-                    cols = tuple(compress(columns, mask))
-                    part = self._sql.get(f"insert:{table}:{cols}")
-                    if part is None:
-                        part = self._sql[f"insert:{table}:{cols}"] = (insert_sql(table, cols), cols)
-                    self._insert_multi(conn, part[0], cols, group)
+            # Several rows per INSERT (999 parameters at most, the limit of old
+            # SQLite builds): about 40 % faster than one row per statement.
+            per = max(1, 999 // len(columns))
+            full = len(rows) - len(rows) % per
+            if full:
+                head, sep, group = sql.partition(" VALUES ")
+                multi = head + sep + ",".join([group] * per)
+                conn.exec_driver_sql(
+                    multi,
+                    [tuple(chain.from_iterable(rows[i : i + per])) for i in range(0, full, per)],
+                )
+            if full < len(rows):
+                conn.exec_driver_sql(sql, rows[full:])
         elif order == columns:
             conn.exec_driver_sql(sql, rows)
         else:
             idx = [columns.index(c) for c in order]
             conn.exec_driver_sql(sql, [tuple(row[i] for i in idx) for row in rows])
-
-    @staticmethod
-    def _insert_multi(
-        conn: Connection, sql: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
-    ) -> None:
-        """Several rows per INSERT (999 parameters at most, the limit of old
-        SQLite builds): about 40 % faster than one row per statement."""
-        per = max(1, 999 // len(columns))
-        full = len(rows) - len(rows) % per
-        if full:
-            head, sep, group = sql.partition(" VALUES ")
-            multi = head + sep + ",".join([group] * per)
-            conn.exec_driver_sql(
-                multi,
-                [tuple(chain.from_iterable(rows[i : i + per])) for i in range(0, full, per)],
-            )
-        if full < len(rows):
-            conn.exec_driver_sql(sql, rows[full:])
 
     @staticmethod
     def _copy_rows(
