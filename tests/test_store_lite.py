@@ -367,3 +367,16 @@ def test_checkpoints_and_id_blocks_on_either_store(tmp_path: Path) -> None:
     finally:
         store.close()
         engine.dispose()
+
+
+def test_none_binds_null_through_the_registered_adapter(tmp_path: Path) -> None:
+    """``store.lite`` registers sqlite3's adapter for None (the driver's
+    fallback search per None value is most of an insert's cost): the stored
+    value is NULL, as without it, and ints, floats, strings and bytes keep
+    their own types."""
+    assert sqlite3.adapters[(type(None), sqlite3.PrepareProtocol)] is lite._null
+    with sqlite3.connect(tmp_path / "n.db") as conn:
+        conn.execute("CREATE TABLE t (a, b, c, d, e)")
+        conn.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?)", [(None, 1, 2.5, "x", b"y")] * 3)
+        got = conn.execute("SELECT typeof(a), typeof(b), typeof(c), typeof(d), typeof(e) FROM t")
+        assert got.fetchall() == [("null", "integer", "real", "text", "blob")] * 3
