@@ -25,8 +25,15 @@ use sparseety_core::sse::SseEvent;
 use crate::http::{PyNdjsonDecoder, PySseDecoder};
 
 /// The Python values the loop makes, imported once.
+/// `ChunkEvent`'s fields (`sniffer.core.events`).
+const CHUNK_FIELDS: usize = 14;
+
 struct Types {
     chunk_event: Py<PyAny>,
+    /// its field names, in order (`dataclasses.fields`)
+    chunk_fields: Vec<Py<PyString>>,
+    /// `object.__new__`
+    object_new: Py<PyAny>,
     pipeline_error: Py<PyAny>,
     flag_after_done: Py<PyAny>,
     flag_clock_backwards: Py<PyAny>,
@@ -34,19 +41,69 @@ struct Types {
 
 static TYPES: PyOnceLock<Types> = PyOnceLock::new();
 
-/// A tuple of Python values (call arguments past the 12 PyO3 converts itself).
-macro_rules! args {
+/// The field values of a `ChunkEvent`, in field order.
+macro_rules! fields {
     ($py:expr; $($v:expr),+ $(,)?) => {
-        PyTuple::new($py, [$(($v).into_bound_py_any($py)?),+])?
+        [$(($v).into_bound_py_any($py)?),+]
     };
+}
+
+/// A `ChunkEvent` with these field values, made without its Python
+/// `__init__` (a frame and 14 descriptor calls: ~10k instructions, the most
+/// of this loop's cost per chunk): `object.__new__(ChunkEvent)`, then each
+/// slot set through `PyObject_GenericSetAttr`, which is what
+/// `object.__setattr__` does (the frozen class's own `__setattr__` refuses).
+/// The object is the one the class call makes: same slots, same values.
+fn chunk_event<'py>(
+    py: Python<'py>,
+    t: &Types,
+    values: [Bound<'py, PyAny>; CHUNK_FIELDS],
+) -> PyResult<Bound<'py, PyAny>> {
+    let obj = t.object_new.bind(py).call1((t.chunk_event.bind(py),))?;
+    for (name, value) in t.chunk_fields.iter().zip(values.iter()) {
+        // SAFETY: `obj`, `name` and `value` are live, owned references for the
+        // whole call and the GIL is held (we have `py`); the function only
+        // borrows its arguments (it steals no reference) and returns -1 with
+        // an exception set on failure, which is fetched below.
+        #[allow(unsafe_code)]
+        let rc = unsafe {
+            pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), name.as_ptr(), value.as_ptr())
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(py));
+        }
+    }
+    Ok(obj)
 }
 
 fn types(py: Python<'_>) -> PyResult<&'static Types> {
     TYPES.get_or_try_init(py, || {
         let events = py.import("sniffer.core.events")?;
         let flag = events.getattr("StreamFlag")?;
+        let chunk_event = events.getattr("ChunkEvent")?;
+        let mut chunk_fields = Vec::with_capacity(CHUNK_FIELDS);
+        for f in py
+            .import("dataclasses")?
+            .getattr("fields")?
+            .call1((&chunk_event,))?
+            .try_iter()?
+        {
+            chunk_fields.push(f?.getattr("name")?.cast_into::<PyString>()?.unbind());
+        }
+        if chunk_fields.len() != CHUNK_FIELDS {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "ChunkEvent has {} fields, the native loop makes {CHUNK_FIELDS}",
+                chunk_fields.len()
+            )));
+        }
         Ok(Types {
-            chunk_event: events.getattr("ChunkEvent")?.unbind(),
+            chunk_event: chunk_event.unbind(),
+            chunk_fields,
+            object_new: py
+                .import("builtins")?
+                .getattr("object")?
+                .getattr("__new__")?
+                .unbind(),
             pipeline_error: events.getattr("PipelineError")?.unbind(),
             flag_after_done: flag.getattr("AFTER_DONE")?.unbind(),
             flag_clock_backwards: flag.getattr("CLOCK_BACKWARDS")?.unbind(),
@@ -270,7 +327,7 @@ impl<'py> State<'py> {
         if self.quiet > max_quiet {
             return Ok(());
         }
-        let args = args!(py;
+        let args = fields!(py;
                     &self.stream,
                     ts,
                     self.seq,
@@ -284,8 +341,9 @@ impl<'py> State<'py> {
                     py.None(),
                     py.None(),
                     PyString::new(py, item),
+                    py.None(),
         );
-        out.append(t.chunk_event.bind(py).call1(args)?)?;
+        out.append(chunk_event(py, t, args)?)?;
         self.seq += 1;
         self.event_count += 1;
         self.added += 1;
@@ -343,7 +401,7 @@ impl<'py> State<'py> {
         } else {
             None
         };
-        let args = args!(py;
+        let args = fields!(py;
                     &self.stream,
                     ts,
                     self.seq,
@@ -359,7 +417,7 @@ impl<'py> State<'py> {
                     raw,
                     py.None(),
         );
-        out.append(t.chunk_event.bind(py).call1(args)?)?;
+        out.append(chunk_event(py, t, args)?)?;
         self.seq += 1;
         Ok(())
     }
@@ -453,7 +511,7 @@ impl<'py> State<'py> {
             }
             _ => {}
         }
-        let args = args!(py;
+        let args = fields!(py;
                     &self.stream,
                     ts,
                     self.seq,
@@ -469,7 +527,7 @@ impl<'py> State<'py> {
                     raw,
                     server_tokens,
         );
-        out.append(t.chunk_event.bind(py).call1(args)?)?;
+        out.append(chunk_event(py, t, args)?)?;
         self.seq += 1;
         Ok(())
     }
