@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from sniffer.store import spec
-from sniffer.store.db import Store, in_list
+from sniffer.store.db import Store
 from sniffer.store.schema import REVISIONS, SQLITE_LOCK_WAIT
 from sniffer.store.views import VIEWS
 
@@ -312,7 +312,6 @@ __all__ = [
     "connect",
     "create_new_file",
     "create_schema",
-    "in_list",
     "insert_sql",
     "revision",
     "update_spec",
