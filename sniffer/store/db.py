@@ -1,8 +1,11 @@
-"""The store as one object: what the read side (``sniffer.store.queries``) runs on.
+"""The store as one object: what every query of ``sniffer.store`` runs on.
 
 A :class:`Store` runs SQL text with ``?`` placeholders and positional parameters
 and returns plain tuples; the queries are written once on it, in SQL that both
-SQLite and PostgreSQL take. Two kinds:
+SQLite and PostgreSQL take: the read side (``queries``, ``live``), the token
+pass's (``tokens_store``), retention, checkpoints and id blocks. Writes run in
+:meth:`Store.transaction` (``execute``, ``run`` for a row count, ``executemany``).
+Two kinds:
 
 - ``sniffer.store.lite.SqliteFile``: a SQLite file at the schema head through the
   standard library's driver (no SQLAlchemy import: the start-up goal);
