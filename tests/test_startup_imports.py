@@ -103,6 +103,7 @@ def test_replay_with_tokens_at_schema_head(db: Path, tmp_path: Path) -> None:
     mods = loaded(["replay", "-q", str(PCAP), "--db", str(copy)], tmp_path)
     assert "tokenizers" in mods  # the token pass ran
     assert heavy(mods, NEVER) == []  # schema at head: no Alembic
+    assert heavy(mods, ("sqlalchemy",)) == []  # the token pass writes through the store
 
 
 @pytest.mark.parametrize(
