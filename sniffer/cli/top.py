@@ -12,6 +12,7 @@ from sniffer.cli.common import (
     fail,
     library_errors,
     make_registry,
+    open_store,
     tokenizer_options,
 )
 
@@ -93,7 +94,6 @@ def top(
       sparseety top --config /etc/sparseety/sparseety.toml
       sparseety top --db sparseety.db --once > frame.txt
     """
-    from sniffer.cli.common import open_store
     from sniffer.runtime.top import TopSource, View, metrics_url, render, render_plain
 
     if config_path is not None:
