@@ -70,8 +70,6 @@ from sniffer.store import spec
 from sniffer.store.db import Store, Transaction, as_bools, in_list
 from sniffer.store.lite import PLAIN_HTTP, insert_sql
 
-_in = in_list
-
 __all__ = [
     "ChoiceTokenRow",
     "StreamTokenRow",
@@ -172,7 +170,7 @@ def read_token_rows(store: Store, stream_ids: Iterable[int]) -> dict[int, Stream
         for row in store.query(
             "SELECT stream_id, choice, text_len, text_hash, output_ids, chunk_seqs, "
             "chunk_counts, straddle_seqs, tokens_per_chunk, server_tokens, server_ids, "
-            f"server_mismatch FROM choice_tokens WHERE stream_id IN {_in(part)} "
+            f"server_mismatch FROM choice_tokens WHERE stream_id IN {in_list(part)} "
             "ORDER BY stream_id, choice",
             part,
         ):
@@ -196,7 +194,7 @@ def read_token_rows(store: Store, stream_ids: Iterable[int]) -> dict[int, Stream
         anomalies: dict[int, list[TokenAnomalyRow]] = {}
         for sid, choice, kind, position, detail in store.query(
             "SELECT stream_id, choice, kind, position, detail FROM token_anomalies "
-            f"WHERE stream_id IN {_in(part)} ORDER BY stream_id, id",
+            f"WHERE stream_id IN {in_list(part)} ORDER BY stream_id, id",
             part,
         ):
             anomalies.setdefault(sid, []).append(
@@ -205,7 +203,7 @@ def read_token_rows(store: Store, stream_ids: Iterable[int]) -> dict[int, Stream
         for row in store.query(
             "SELECT stream_id, tokenizer, is_default, prompt_ids, usage_diff, "
             "tokens_per_chunk, anomaly_count, error FROM stream_tokens "
-            f"WHERE stream_id IN {_in(part)}",
+            f"WHERE stream_id IN {in_list(part)}",
             part,
         ):
             sid = row[0]
@@ -315,7 +313,7 @@ def delete_token_rows(store: Store, stream_ids: Iterable[int] | None = None) -> 
             if ids is None:
                 tx.run(f"DELETE FROM {table}")
             elif ids:
-                tx.run(f"DELETE FROM {table} WHERE {table}.stream_id IN {_in(ids)}", ids)
+                tx.run(f"DELETE FROM {table} WHERE {table}.stream_id IN {in_list(ids)}", ids)
 
 
 # ---------------------------------------------------------------------------
@@ -356,7 +354,7 @@ def read_pending(
         ids = list(stream_ids)
         if not ids:
             return [], []
-        sql += f" AND streams.id IN {_in(ids)}"
+        sql += f" AND streams.id IN {in_list(ids)}"
         params.extend(ids)
     if after is not None:
         sql += " AND streams.id > ?"
@@ -373,7 +371,8 @@ def read_pending(
     chunks = store.query(
         "SELECT chunks.stream_id, chunks.seq, coalesce(chunks.choice, -1), "
         "coalesce(chunks.text, ''), chunks.finish_reason, chunks.logprobs FROM chunks "
-        f"WHERE chunks.stream_id IN {_in(ids)} ORDER BY chunks.stream_id, chunks.seq, chunks.id",
+        f"WHERE chunks.stream_id IN {in_list(ids)} "
+        "ORDER BY chunks.stream_id, chunks.seq, chunks.id",
         ids,
     )
     return srows, chunks
@@ -405,7 +404,7 @@ def insert_token_rows(
                 sid
                 for (sid,) in tx.execute(
                     "SELECT stream_tokens.stream_id FROM stream_tokens "
-                    f"WHERE stream_tokens.stream_id IN {_in(ids)}",
+                    f"WHERE stream_tokens.stream_id IN {in_list(ids)}",
                     ids,
                 )
             }
