@@ -37,7 +37,7 @@ from sniffer.llm.tokens import TokenizerRegistry  # noqa: E402
 from sniffer.llm.values import RequestSummary  # noqa: E402
 from sniffer.reports.diff import compute_diff, diff  # noqa: E402
 from sniffer.reports.stats import load_outputs  # noqa: E402
-from sniffer.store.writer import StoreWriter, make_engine  # noqa: E402
+from sniffer.store.writer import StoreWriter, open_store  # noqa: E402
 
 WORDS = [
     "the",
@@ -149,15 +149,15 @@ def main() -> None:
         t = time.perf_counter()
         build(path, args.pairs, args.words, args.fork, args.seed)
         t_build = time.perf_counter() - t
-        engine = make_engine(path)
+        store = open_store(path)
         t = time.perf_counter()
-        outputs = load_outputs(engine, labels=["baseline", "sparse"], registry=registry)
+        outputs = load_outputs(store, labels=["baseline", "sparse"], registry=registry)
         t_load = time.perf_counter() - t
         t = time.perf_counter()
         rep = compute_diff(outputs, "baseline", "sparse")
         t_cmp = time.perf_counter() - t
         t = time.perf_counter()
-        full = diff(engine, "baseline", "sparse", registry=registry)
+        full = diff(store, "baseline", "sparse", registry=registry)
         t_all = time.perf_counter() - t
     s = rep.summary
     tokens = sum(len(o.ids) for o in outputs)

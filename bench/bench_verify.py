@@ -31,16 +31,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import select
-
 from sniffer.core.events import StoreEvent
 from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.record.chain import RecordingChain, RecordingOptions
 from sniffer.record.tokenize_pass import TokenizeResult, tokenize_db
 from sniffer.reports.verify import verify_db
 from sniffer.runtime.replay import replay
-from sniffer.store.models import chunks
-from sniffer.store.writer import make_engine
+from sniffer.store.queries import list_streams, stream_text
+from sniffer.store.writer import open_store
 
 T = TypeVar("T")
 
@@ -122,26 +120,22 @@ def main() -> None:
             db = str(Path(tmp) / "b.db")
             r = replay_t.time(functools.partial(replay, pcap, db))
             events = r.chunk_events
-            engine = make_engine(db)
-            res = pass_t.time(functools.partial(tokenize_db, engine, registry, batch=args.batch))
+            store = open_store(db)
+            res = pass_t.time(functools.partial(tokenize_db, store, registry, batch=args.batch))
             tokens, streams, nchunks = res.tokens, res.streams, res.chunks
-            report = verify_t.time(functools.partial(verify_db, engine, registry, tokenize=False))
+            report = verify_t.time(functools.partial(verify_db, store, registry, tokenize=False))
             if not texts:
-                with engine.connect() as conn:
-                    parts: dict[tuple[int, int], list[str]] = {}
-                    for sid, ch, text in conn.execute(
-                        select(chunks.c.stream_id, chunks.c.choice, chunks.c.text)
-                        .where(chunks.c.chunk_index > 0)
-                        .order_by(chunks.c.stream_id, chunks.c.seq)
-                    ):
-                        parts.setdefault((sid, ch), []).append(text or "")
-                texts = ["".join(p) for p in parts.values()]
+                texts = [
+                    text
+                    for row in list_streams(store)
+                    for text in stream_text(store, row["id"]).values()
+                ]
                 print(
                     f"capture: {r.packets} packets, {r.streams} streams, {r.chunk_events} "
                     f"chunk events; verify: {len(report.streams)} streams, "
                     f"{report.failed} failed, kinds {report.kind_counts()}"
                 )
-            engine.dispose()
+            store.close()
             db2 = str(Path(tmp) / "on.db")
             chain = timed_chain(registry, observe_t, chain_pass_t)
             on_t.time(functools.partial(replay, pcap, db2, chain=chain))

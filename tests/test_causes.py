@@ -460,7 +460,7 @@ def test_without_server_logprobs_the_reference_model_decides(tmp_path: Path) -> 
     (cause_source "reference_model"), and the cause summary and gates follow; a
     pair the servers decided keeps its class; an unscorable pair stays unknown."""
     from sniffer.reports.diff import attribute, diff, evaluate_gates, format_diff, parse_gate
-    from sniffer.store.writer import make_engine
+    from sniffer.store.writer import open_store
 
     w = Writer(tmp_path / "r.db")
     tie_b, tie_c = CASES["near tie"][0], CASES["near tie"][1]
@@ -473,7 +473,7 @@ def test_without_server_logprobs_the_reference_model_decides(tmp_path: Path) -> 
     w.stream("sparse", "served", CASES["outside top-k"][1])
     w.stream("dense", "lost", [*HEAD, T(" up")], logprobs=False)
     w.stream("sparse", "lost", [*HEAD, T(" off")], logprobs=False)
-    engine = make_engine(w.close())
+    engine = open_store(w.close())
     report = diff(engine, "dense", "sparse", registry=REGISTRY, near_tie_margin=0.5)
     assert report.summary["causes"]["unknown"] == 3
     assert report.summary["substantive_ratio"] is None  # no evidence yet

@@ -278,6 +278,7 @@ def test_stop_hands_open_streams_over_through_postgresql(fresh_pg_url: str) -> N
     from sqlalchemy import create_engine, text
 
     from sniffer.store.checkpoints import save_checkpoint
+    from sniffer.store.db import EngineStore
 
     def pg_rows(sql: str) -> list[tuple[Any, ...]]:
         with engine.connect() as c:
@@ -304,7 +305,7 @@ def test_stop_hands_open_streams_over_through_postgresql(fresh_pg_url: str) -> N
     assert pg_rows("select state, gap from streams") == [("open", False)] * 4
     (payload,) = pg_rows("select payload from checkpoints where node = 'gpu-1'")[0]
     assert len(json.loads(payload)["entries"]) == 4
-    save_checkpoint(engine, "gpu-2", {"entries": []})  # another sidecar's
+    save_checkpoint(EngineStore(engine), "gpu-2", {"entries": []})  # another sidecar's
     ids = pg_rows("select id from streams order by id")
     log = io.StringIO()
     src2 = FakeSource(SEGMENTS[half:], per=5)

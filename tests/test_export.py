@@ -40,14 +40,14 @@ def writer() -> StoreWriter:
 
 def test_jsonl_exact(writer: StoreWriter) -> None:
     out = io.StringIO()
-    lines = export_jsonl(writer.engine, out)
+    lines = export_jsonl(writer.store, out)
     assert out.getvalue() == EXPECTED_JSONL
     assert lines == 13
 
 
 def test_jsonl_records_parse_and_are_consistent(writer: StoreWriter) -> None:
     out = io.StringIO()
-    export_jsonl(writer.engine, out)
+    export_jsonl(writer.store, out)
     records = [json.loads(line) for line in out.getvalue().splitlines()]
     for done in (r for r in records if r["event"] == "stream_done"):
         mine = [r for r in records if r["event"] == "chunk" and r["stream_id"] == done["stream_id"]]
@@ -57,13 +57,13 @@ def test_jsonl_records_parse_and_are_consistent(writer: StoreWriter) -> None:
 
 def test_jsonl_filters(writer: StoreWriter) -> None:
     out = io.StringIO()
-    assert export_jsonl(writer.engine, out, stream_ids=[2]) == 3
+    assert export_jsonl(writer.store, out, stream_ids=[2]) == 3
     assert out.getvalue() == "".join(EXPECTED_JSONL.splitlines(keepends=True)[6:9])
     out = io.StringIO()
-    assert export_jsonl(writer.engine, out, label="run2") == 4
+    assert export_jsonl(writer.store, out, label="run2") == 4
     assert [json.loads(x)["stream_id"] for x in out.getvalue().splitlines()] == [3, 3, 3, 3]
     out = io.StringIO()
-    assert export_jsonl(writer.engine, out, label="nope") == 0
+    assert export_jsonl(writer.store, out, label="nope") == 0
     assert out.getvalue() == ""
 
 
@@ -73,7 +73,7 @@ def test_open_stream_has_no_stream_done() -> None:
     w.write_many(events)
     w.flush()
     out = io.StringIO()
-    export_jsonl(w.engine, out, stream_ids=[3])
+    export_jsonl(w.store, out, stream_ids=[3])
     assert [json.loads(x)["event"] for x in out.getvalue().splitlines()] == [
         "request_start",
         "chunk",
@@ -108,7 +108,7 @@ def test_streams_in_request_order_not_id_order() -> None:
         )
     w.flush()
     out = io.StringIO()
-    export_jsonl(w.engine, out)
+    export_jsonl(w.store, out)
     records = [json.loads(x) for x in out.getvalue().splitlines()]
     assert [r["stream_id"] for r in records] == [6, 6, 6, 7, 7, 7, 5, 5, 5]
     first = records[0]
@@ -119,7 +119,7 @@ def test_streams_in_request_order_not_id_order() -> None:
 
 def test_csv_summary(writer: StoreWriter) -> None:
     out = io.StringIO(newline="")
-    assert export_csv(writer.engine, out) == 3
+    assert export_csv(writer.store, out) == 3
     rows = list(csv.DictReader(io.StringIO(out.getvalue())))
     assert tuple(rows[0]) == CSV_COLUMNS
     assert [r["stream_id"] for r in rows] == ["1", "2", "3"]
@@ -131,7 +131,7 @@ def test_csv_summary(writer: StoreWriter) -> None:
     assert json.loads(r1["finish_reasons"]) == {"0": "length", "1": "stop"}
     assert rows[2]["state"] == "gap" and rows[2]["prompt_tokens"] == ""
     out = io.StringIO(newline="")
-    assert export_csv(writer.engine, out, label="run2") == 1
+    assert export_csv(writer.store, out, label="run2") == 1
 
 
 def test_iso_utc() -> None:

@@ -23,7 +23,7 @@ from sniffer.core.pipeline import Pipeline
 from sniffer.core.sse import SseDecoder
 from sniffer.runtime.replay import replay
 from sniffer.store.queries import count_rows, get_stream, list_errors, list_streams
-from sniffer.store.writer import make_engine
+from sniffer.store.writer import open_store
 
 PCAPS = Path(__file__).resolve().parent.parent / "pcaps"
 # The recordings in pcaps/, pcaps/llamacpp/ and pcaps/llama-server/, and the crafted
@@ -185,7 +185,7 @@ def test_fixture_replays_to_expected(pcap: Path, tmp_path: Path) -> None:  # noq
         assert (PCAPS / f"{exp['base']}.pcap").exists()
     db = str(tmp_path / "f.db")
     result = replay(pcap, db)
-    engine = make_engine(db)
+    engine = open_store(db)
     rows = list_streams(engine)
     sse_counts = sse_events_by_exchange(pcap)
     by_port: dict[int, list[dict[str, Any]]] = {}

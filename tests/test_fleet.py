@@ -24,6 +24,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, select, text
 
 from sniffer.store import queries
+from sniffer.store.db import EngineStore
 from sniffer.store.ids import IdBlocks, peek, reserve
 from sniffer.store.models import SCHEMA_VERSION, chunks, connections, id_blocks, metadata, streams
 from sniffer.store.retention import prune
@@ -61,9 +62,10 @@ def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 def texts_by_node(engine: Engine, node: str) -> list[str]:
     """Choice-0 text of every stream of ``node``, in capture order."""
+    store = EngineStore(engine)
     return [
-        queries.stream_text(engine, s["id"]).get(0, "")
-        for s in queries.list_streams(engine, node=node)
+        queries.stream_text(store, s["id"]).get(0, "")
+        for s in queries.list_streams(store, node=node)
     ]
 
 
@@ -162,16 +164,18 @@ def test_v01_database_is_upgraded_in_place(db_url: str, tmp_path: Path, text_kep
             == max(old_ids) + 1
         )
     # the v0.1 rows are all there, readable, with no node
-    for s in queries.list_streams(ref_engine):
-        assert queries.stream_text(engine, s["id"]) == queries.stream_text(ref_engine, s["id"])
-    assert {s["node"] for s in queries.list_streams(engine)} == {None}
+    for s in queries.list_streams(EngineStore(ref_engine)):
+        assert queries.stream_text(EngineStore(engine), s["id"]) == queries.stream_text(
+            EngineStore(ref_engine), s["id"]
+        )
+    assert {s["node"] for s in queries.list_streams(EngineStore(engine))} == {None}
     # and a new capture goes on after them without reusing an id
     replay(PCAPS / "keepalive_3.pcap", db_url, node="new")
-    new = queries.list_streams(engine, node="new")
+    new = queries.list_streams(EngineStore(engine), node="new")
     assert len(new) == len(old_ids)
     assert min(s["id"] for s in new) > max(old_ids)
     assert texts_by_node(engine, "new") == [
-        queries.stream_text(ref_engine, i).get(0, "") for i in old_ids
+        queries.stream_text(EngineStore(ref_engine), i).get(0, "") for i in old_ids
     ]
     engine.dispose()
     ref_engine.dispose()
@@ -356,7 +360,7 @@ def test_fresh_database_many_writers_start_together(db_url: str, tmp_path: Path)
     nodes = [f"node-{k}" for k in range(6)]
     start_together(db_url, tmp_path, nodes, pcap)
     engine = make_engine(db_url)
-    every = queries.list_streams(engine)
+    every = queries.list_streams(EngineStore(engine))
     assert len(every) == len(expected) * len(nodes)
     assert len({s["id"] for s in every}) == len(every)
     with engine.connect() as conn:
@@ -367,7 +371,7 @@ def test_fresh_database_many_writers_start_together(db_url: str, tmp_path: Path)
         ).first()
     assert orphan is None
     for node in nodes:
-        mine = queries.list_streams(engine, node=node)
+        mine = queries.list_streams(EngineStore(engine), node=node)
         assert texts_by_node(engine, node) == expected
         assert all(s["state"] == "complete" for s in mine)
         # a stream's connection is its own node's connection
@@ -379,9 +383,8 @@ def test_fresh_database_many_writers_start_together(db_url: str, tmp_path: Path)
 ALLOCATE = """
 import sys
 from sniffer.store.ids import IdBlocks
-from sniffer.store.writer import make_engine
-engine = make_engine(sys.argv[1])
-ids = IdBlocks(engine, "streams", first=1, max_block=8)
+from sniffer.store.writer import open_store
+ids = IdBlocks(open_store(sys.argv[1]), "streams", first=1, max_block=8)
 print(" ".join(str(ids()) for _ in range(int(sys.argv[2]))))
 """
 
@@ -406,19 +409,19 @@ def test_id_blocks_never_collide_across_processes(db_url: str) -> None:
         got += [int(x) for x in out.split()]
     assert len(got) == 1600 and len(set(got)) == 1600
     engine = make_engine(db_url)
-    assert peek(engine, "streams") > max(got)
+    assert peek(EngineStore(engine), "streams") > max(got)
     engine.dispose()
 
 
 def test_id_blocks_grow_and_prefetch(db_url: str) -> None:
     engine = make_engine(db_url)
-    assert reserve(engine, "connections", 10) == range(1, 11)
-    ids = IdBlocks(engine, "connections", first=4, max_block=16)
+    assert reserve(EngineStore(engine), "connections", 10) == range(1, 11)
+    ids = IdBlocks(EngineStore(engine), "connections", first=4, max_block=16)
     assert [ids() for _ in range(4)] == [11, 12, 13, 14]  # first block: 4 ids
     assert ids.prefetch() is True  # all used: the next block is reserved now …
     assert ids.prefetch() is False  # … once
     assert ids.blocks == 2 and ids.remaining == 8
-    other = reserve(engine, "connections", 3)  # another writer meanwhile
+    other = reserve(EngineStore(engine), "connections", 3)  # another writer meanwhile
     assert [ids() for _ in range(8)] == list(range(15, 23))  # the prefetched block
     assert other == range(23, 26)
     assert ids() == 26  # a new block, after the other writer's
@@ -435,8 +438,8 @@ def test_readers_filter_by_node(db_url: str, tmp_path: Path) -> None:
     cli("replay", pcap, "--db", db_url, "--node", "gpu-a", "-q", "--no-tokens")
     cli("replay", pcap, "--db", db_url, "--node", "gpu-b", "-q", "--no-tokens")
     engine = make_engine(db_url)
-    a = queries.list_streams(engine, node="gpu-a")
-    b = queries.list_streams(engine, node="gpu-b")
+    a = queries.list_streams(EngineStore(engine), node="gpu-a")
+    b = queries.list_streams(EngineStore(engine), node="gpu-b")
     assert len(a) == len(b) == 3 and not {s["id"] for s in a} & {s["id"] for s in b}
     engine.dispose()
 
@@ -494,10 +497,10 @@ def test_retention_prunes_only_its_node(db_url: str) -> None:
     replay(pcap, db_url, node="a")
     replay(pcap, db_url, node="b")
     engine = make_engine(db_url)
-    r = prune(engine, 0, now=4e9, node="a", batch=1, max_rows=1)
+    r = prune(EngineStore(engine), 0, now=4e9, node="a", batch=1, max_rows=1)
     assert r.streams == 3 and r.batches >= 3
-    assert queries.list_streams(engine, node="a") == []
-    assert len(queries.list_streams(engine, node="b")) == 3
+    assert queries.list_streams(EngineStore(engine), node="a") == []
+    assert len(queries.list_streams(EngineStore(engine), node="b")) == 3
     with engine.connect() as conn:
         left = set(conn.execute(select(connections.c.node)).scalars())
     assert left == {"b"}
@@ -522,7 +525,7 @@ def test_no_id_to_be_had_costs_a_segment_not_the_capture(tmp_path: Path) -> None
 
     url = f"sqlite:///{tmp_path / 'ids.db'}"
     engine = make_engine(url)
-    ids = IdBlocks(engine, "connections", first=1, max_block=1)
+    ids = IdBlocks(EngineStore(engine), "connections", first=1, max_block=1)
     assert ids() == 1
     with engine.begin() as conn:  # the database "goes away" for this table
         conn.exec_driver_sql("ALTER TABLE id_blocks RENAME TO id_blocks_away")

@@ -20,12 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
 
 from sniffer.capture.afpacket import have_capture_privilege
 from sniffer.store import queries
-from sniffer.store.models import chunks, connections, streams
-from sniffer.store.writer import make_engine
+from sniffer.store.writer import open_store
 from tests.fixture_server import free_port, start_server_process, wait_ready
 from tests.test_live_e2e import Result, concurrently, httpx_stream, openai_stream
 
@@ -95,16 +93,15 @@ def test_daemons_on_three_nodes_into_one_postgresql(
         assert p.wait(60) == 0, log.read_text(errors="replace")
         assert "UniqueViolation" not in log.read_text(errors="replace")
 
-    engine = make_engine(fresh_pg_url)
-    every = queries.list_streams(engine)
+    store = open_store(fresh_pg_url)
+    every = queries.list_streams(store)
     assert len(every) == len(results)
     assert len({s["id"] for s in every}) == len(every)
-    with engine.connect() as conn:
-        conn_node = dict(conn.execute(select(connections.c.id, connections.c.node)).all())
-        orphans = conn.execute(
-            select(chunks.c.id).where(chunks.c.stream_id.not_in(select(streams.c.id)))
-        ).first()
-    assert orphans is None
+    conn_node = dict(store.query("SELECT id, node FROM connections"))
+    orphans = store.query(
+        "SELECT id FROM chunks WHERE stream_id NOT IN (SELECT id FROM streams) LIMIT 1"
+    )
+    assert orphans == []
     by_prompt = {json.loads(s["request_json"])["messages"][0]["content"]: s for s in every}
     for r in results:
         assert r.error is None and r.complete and r.text, r
@@ -112,8 +109,8 @@ def test_daemons_on_three_nodes_into_one_postgresql(
         node = NODES[int(r.prompt.split()[1])]
         assert s["node"] == node and conn_node[s["connection_id"]] == node
         assert s["state"] == "complete" and not s["gap"]
-        assert queries.stream_text(engine, s["id"]) == {0: r.text}
-    engine.dispose()
+        assert queries.stream_text(store, s["id"]) == {0: r.text}
+    store.close()
 
     for k, node in enumerate(NODES):
         cmd = [sys.executable, "-m", "sniffer.cli", "streams", "--db", fresh_pg_url]

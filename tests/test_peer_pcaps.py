@@ -30,7 +30,7 @@ from sniffer.core.events import (
 from sniffer.core.pipeline import Pipeline
 from sniffer.runtime.replay import replay
 from sniffer.store.queries import count_rows
-from sniffer.store.writer import make_engine
+from sniffer.store.writer import open_store
 
 # Vendored with its licence and origin: tests/data/peer-pcaps/README.md.
 PEER = Path(__file__).resolve().parent / "data" / "peer-pcaps" / "zeek-http"
@@ -88,7 +88,7 @@ def test_peer_capture_matches_tshark(path: Path, tmp_path: Path) -> None:
     db = str(tmp_path / "peer.db")
     result = replay(path, db)
     assert result.capture_error is None
-    counts = count_rows(make_engine(db))
+    counts = count_rows(open_store(db))
     assert counts["streams"] == result.streams
 
     events = _pipeline_events(path)

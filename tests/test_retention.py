@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, event, func, select
-from sqlalchemy.engine import Connection
+from sqlalchemy import Engine, create_engine, event
 
 from sniffer.core.events import (
     ChunkEvent,
@@ -21,14 +22,14 @@ from sniffer.core.events import (
     StreamState,
 )
 from sniffer.llm.values import RequestSummary
-from sniffer.store.models import chunks, connections, errors, streams
+from sniffer.store.db import EngineStore, Store
 from sniffer.store.retention import (
     ensure_incremental_vacuum,
     parse_age,
     prune,
     vacuum,
 )
-from sniffer.store.writer import StoreWriter, make_engine
+from sniffer.store.writer import StoreWriter, open_store
 
 DAY = 86400.0
 NOW = 1_700_000_000.0
@@ -134,21 +135,26 @@ def populate(writer: StoreWriter) -> dict[str, int]:
     return {"streams": 3, "chunks": 7 + 3 + 6, "errors": 2 + 1 + 1, "connections": 2}
 
 
-def counts(engine: Engine) -> dict[str, int]:
-    with engine.connect() as conn:
-        return {
-            t.name: int(conn.execute(select(func.count()).select_from(t)).scalar() or 0)
-            for t in (streams, chunks, errors, connections)
-        }
+def counts(store: Store) -> dict[str, int]:
+    return {
+        t: int(store.scalar(f"SELECT count(*) FROM {t}") or 0)
+        for t in ("streams", "chunks", "errors", "connections")
+    }
+
+
+def ids(store: Store, sql: str) -> list[int]:
+    return sorted(row[0] for row in store.query(sql))
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Engine:
-    return make_engine(str(tmp_path / "r.db"))
+def db(tmp_path: Path) -> Iterator[Store]:
+    store = open_store(str(tmp_path / "r.db"))
+    yield store
+    store.close()
 
 
-def test_prune_deletes_old_rows_and_keeps_new_ones_exactly(db: Engine) -> None:
-    with StoreWriter("", engine=db) as w:
+def test_prune_deletes_old_rows_and_keeps_new_ones_exactly(db: Store) -> None:
+    with StoreWriter("", engine=db.engine) as w:
         expected = populate(w)
     before = counts(db)
     assert before == {"streams": 11, "chunks": 55, "errors": 13, "connections": 6}
@@ -159,30 +165,31 @@ def test_prune_deletes_old_rows_and_keeps_new_ones_exactly(db: Engine) -> None:
     assert result.errors == 13 - expected["errors"]
     assert result.connections == 4
     assert result.done
-    with db.connect() as conn:
-        assert sorted(conn.execute(select(streams.c.id)).scalars()) == [9, 10, 11]
-        assert sorted(conn.execute(select(connections.c.id)).scalars()) == [5, 6]
-        assert set(conn.execute(select(chunks.c.stream_id)).scalars()) == {9, 10, 11}
-        left = conn.execute(select(errors.c.stream_id, errors.c.ts)).all()
-        assert all(sid in (9, 11, None) for sid, _ in left)
-        assert all(ts >= NOW - 7 * DAY for _, ts in left)
+    assert ids(db, "SELECT id FROM streams") == [9, 10, 11]
+    assert ids(db, "SELECT id FROM connections") == [5, 6]
+    assert set(ids(db, "SELECT stream_id FROM chunks")) == {9, 10, 11}
+    left = db.query("SELECT stream_id, ts FROM errors")
+    assert all(sid in (9, 11, None) for sid, _ in left)
+    assert all(ts >= NOW - 7 * DAY for _, ts in left)
     # Idempotent: nothing more to delete.
     again = prune(db, parse_age("7d"), now=NOW)
     assert again.rows == 0 and again.done
     assert counts(db) == expected
 
 
-def test_prune_tiny_batches_same_result_and_bounded_calls(db: Engine) -> None:
-    with StoreWriter("", engine=db) as w:
+def test_prune_tiny_batches_same_result_and_bounded_calls(db: Store) -> None:
+    with StoreWriter("", engine=db.engine) as w:
         expected = populate(w)
     # Count the transactions: each batch must be its own.
     commits = 0
+    transaction = db.transaction
 
-    def on_commit(_conn: Connection) -> None:
+    def counted() -> Any:
         nonlocal commits
         commits += 1
+        return transaction()
 
-    event.listen(db, "commit", on_commit)
+    db.transaction = counted  # type: ignore[method-assign]
     total_batches = 0
     total_streams = 0
     calls = 0
@@ -196,7 +203,7 @@ def test_prune_tiny_batches_same_result_and_bounded_calls(db: Engine) -> None:
         if r.done:
             break
         assert calls < 50
-    event.remove(db, "commit", on_commit)
+    db.transaction = transaction  # type: ignore[method-assign]
     assert counts(db) == expected
     assert total_streams == 8
     # 8 old streams in batches of 2 → 4 full batches + an empty probe; 4 orphan
@@ -205,14 +212,14 @@ def test_prune_tiny_batches_same_result_and_bounded_calls(db: Engine) -> None:
     assert commits >= total_batches
 
 
-def test_prune_zero_age_deletes_everything_before_now(db: Engine) -> None:
-    with StoreWriter("", engine=db) as w:
+def test_prune_zero_age_deletes_everything_before_now(db: Store) -> None:
+    with StoreWriter("", engine=db.engine) as w:
         populate(w)
     prune(db, 0, now=NOW + 10)
     assert counts(db) == {"streams": 0, "chunks": 0, "errors": 0, "connections": 0}
 
 
-def test_prune_rejects_negative_age(db: Engine) -> None:
+def test_prune_rejects_negative_age(db: Store) -> None:
     with pytest.raises(ValueError):
         prune(db, -1, now=NOW)
 
@@ -243,10 +250,10 @@ def test_connect_hook_makes_new_database_incremental(tmp_path: Path) -> None:
 
 def test_vacuum_returns_space_after_prune(tmp_path: Path) -> None:
     path = tmp_path / "v.db"
-    pre = create_engine(f"sqlite:///{path}")
+    pre = EngineStore(create_engine(f"sqlite:///{path}"), owned=True)
     assert ensure_incremental_vacuum(pre)  # empty file: takes effect at once
-    pre.dispose()
-    engine = make_engine(str(path))
+    pre.close()
+    store = open_store(str(path))
     big = "x" * 2000
     evs: list[StoreEvent] = []
     for sid in range(1, 201):
@@ -255,27 +262,26 @@ def test_vacuum_returns_space_after_prune(tmp_path: Path) -> None:
             ChunkEvent(sid, NOW - 30 * DAY + sid, i, 0, i + 1, "content", text=big)
             for i in range(5)
         ]
-    with StoreWriter("", engine=engine) as w:
+    with StoreWriter("", engine=store.engine) as w:
         w.write_many(evs)
-    with engine.connect() as conn:
-        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.query("PRAGMA wal_checkpoint(TRUNCATE)")
     size_full = os.path.getsize(path)
-    r = prune(engine, 7 * DAY, now=NOW, batch=64)
+    r = prune(store, 7 * DAY, now=NOW, batch=64)
     assert r.streams == 200 and r.chunks == 1000
-    v = vacuum(engine)
+    v = vacuum(store)
     assert v.incremental
     assert v.freed_pages > 0
     assert v.freed_bytes >= 1000 * 2000 * 0.9
-    with engine.connect() as conn:
-        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.query("PRAGMA wal_checkpoint(TRUNCATE)")
     assert os.path.getsize(path) < size_full - 1_500_000
     # A second vacuum finds nothing to free.
-    assert vacuum(engine).freed_pages == 0
+    assert vacuum(store).freed_pages == 0
+    store.close()
 
 
-def test_new_databases_are_incremental(db: Engine) -> None:
-    # make_engine sets auto_vacuum=INCREMENTAL before WAL on a new file.
-    with StoreWriter("", engine=db) as w:
+def test_new_databases_are_incremental(db: Store) -> None:
+    # A new file is opened with auto_vacuum=INCREMENTAL before WAL.
+    with StoreWriter("", engine=db.engine) as w:
         populate(w)
     prune(db, 0, now=NOW + 10)
     assert vacuum(db).incremental
@@ -286,8 +292,8 @@ def test_vacuum_on_non_incremental_database_is_a_noop(tmp_path: Path) -> None:
 
     path = tmp_path / "old.db"
     sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").close()  # made before this version
-    db = make_engine(str(path))
-    with StoreWriter("", engine=db) as w:
+    db = open_store(str(path))
+    with StoreWriter("", engine=db.engine) as w:
         populate(w)
     prune(db, 0, now=NOW + 10)
     v = vacuum(db)
@@ -296,3 +302,4 @@ def test_vacuum_on_non_incremental_database_is_a_noop(tmp_path: Path) -> None:
     assert ensure_incremental_vacuum(db) is False
     assert ensure_incremental_vacuum(db, convert=True) is True
     assert vacuum(db).incremental
+    db.close()

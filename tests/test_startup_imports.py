@@ -103,6 +103,7 @@ def test_replay_with_tokens_at_schema_head(db: Path, tmp_path: Path) -> None:
     mods = loaded(["replay", "-q", str(PCAP), "--db", str(copy)], tmp_path)
     assert "tokenizers" in mods  # the token pass ran
     assert heavy(mods, NEVER) == []  # schema at head: no Alembic
+    assert heavy(mods, ("sqlalchemy",)) == []  # the token pass writes through the store
 
 
 @pytest.mark.parametrize(
@@ -112,6 +113,11 @@ def test_replay_with_tokens_at_schema_head(db: Path, tmp_path: Path) -> None:
         (["show", "1"], "sniffer.store.queries"),
         (["stats"], "sniffer.reports.stats"),
         (["verify", "--no-tokenize"], "sniffer.reports.verify"),
+        (["export"], "sniffer.reports.export"),
+        (["export", "--format", "csv"], "sniffer.reports.export"),
+        (["diff", "--baseline", "a", "--candidate", "b"], "sniffer.reports.diff"),
+        (["top", "--once"], "sniffer.store.live"),
+        (["errors"], "sniffer.store.queries"),
     ],
 )
 def test_sqlite_readers_need_no_sqlalchemy(
@@ -136,8 +142,8 @@ def test_stats_without_repeats_loads_no_tokenizer(db: Path, tmp_path: Path) -> N
 
 
 def test_verify_of_a_tokenized_file_loads_no_tokenizer(db: Path, tmp_path: Path) -> None:
-    """verify reads the token rows the pass stored; it tokenizes (SQLAlchemy, the
-    tokenizer) only streams that have none."""
+    """verify reads the token rows the pass stored; it tokenizes (the tokenizer, not
+    SQLAlchemy: the token pass runs on the store) only streams that have none."""
     copy = tmp_path / "v.db"
     args = ["replay", "-q", "--no-tokens", str(PCAP), "--db", str(copy)]
     subprocess.run(
@@ -148,9 +154,29 @@ def test_verify_of_a_tokenized_file_loads_no_tokenizer(db: Path, tmp_path: Path)
         capture_output=True,
     )
     first = loaded(["verify", "--db", str(copy)], tmp_path)  # no token rows: tokenizes
-    assert {"tokenizers", "sqlalchemy"} <= first
+    assert "tokenizers" in first and heavy(first, ("sqlalchemy",)) == []
     again = loaded(["verify", "--db", str(copy)], tmp_path)
     assert heavy(again, ("tokenizers", "sqlalchemy")) == []
+
+
+@pytest.mark.parametrize(
+    ("command", "writer"),
+    [
+        (["tokenize", "-q"], "sniffer.record.tokenize_pass"),
+        (["tokenize", "-q", "--redo"], "sniffer.record.tokenize_pass"),
+        (["prune", "-q", "--older-than", "1s"], "sniffer.store.retention"),
+    ],
+)
+def test_sqlite_writers_need_no_sqlalchemy(
+    command: list[str], writer: str, db: Path, tmp_path: Path
+) -> None:
+    """The token pass and retention run on the store: a SQLite file at the schema
+    head through the stdlib driver."""
+    copy = tmp_path / "w.db"
+    shutil.copy(db, copy)
+    mods = loaded([*command, "--db", str(copy)], tmp_path)
+    assert {"sqlite3", "sniffer.store.lite", writer} <= mods  # it did run
+    assert heavy(mods, (*NEVER, "sqlalchemy", "prometheus_client", "sniffer.record.otlp")) == []
 
 
 def test_replay_into_a_new_file_needs_no_alembic(tmp_path: Path) -> None:

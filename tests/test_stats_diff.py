@@ -32,7 +32,8 @@ from sniffer.reports.diff import (
     parse_gate,
 )
 from sniffer.reports.stats import compute_stats, format_stats, load_outputs, stats, stats_json
-from sniffer.store.writer import StoreWriter, make_engine
+from sniffer.store.db import EngineStore
+from sniffer.store.writer import StoreWriter, make_engine, open_store
 
 REGISTRY = TokenizerRegistry()
 
@@ -152,7 +153,7 @@ def test_stats_groups_variants_and_fork(db: Db) -> None:
     db.stream("sparse", "p1", B)
     db.stream("baseline", "p2", A)  # alone: not reported
     db.stream("baseline", "p1", A[:3], state=StreamState.TRUNCATED)  # ignored by default
-    engine = make_engine(db.close())
+    engine = open_store(db.close())
     report = stats(engine, registry=REGISTRY)
     assert report.singletons == 1
     by_label = {g.label: g for g in report.groups}
@@ -191,7 +192,7 @@ def test_same_text_with_another_finish_reason_is_not_deterministic(db: Db) -> No
     db.stream("sparse", "p1", A, finish="stop")
     for _ in range(2):
         db.stream("sparse", "p1", A, finish="length")
-    engine = make_engine(db.close())
+    engine = open_store(db.close())
     report = stats(engine, registry=REGISTRY)
     by_label = {g.label: g for g in report.groups}
     base = by_label["baseline"]
@@ -218,7 +219,7 @@ def test_diff_all_and_modal_pairing(db: Db) -> None:
     db.stream("sparse", "p1", b2, ttft=0.2, gap=0.02, finish="length")
     db.stream("sparse", "p2", a2, ttft=0.2, gap=0.02)
     db.stream("sparse", "p3", a2)  # no baseline
-    engine = make_engine(db.close())
+    engine = open_store(db.close())
     rep = diff(engine, "baseline", "sparse", registry=REGISTRY, pairing="all")
     s = rep.summary
     assert s["prompts"] == 2 and s["pairs"] == 2 * 2 + 2 * 1
@@ -289,7 +290,7 @@ def test_gates() -> None:
 def test_bad_rows_do_not_raise(db: Db) -> None:
     db.stream("baseline", "p", [])
     db.stream("baseline", "p", [])
-    engine = make_engine(db.close())
+    engine = open_store(db.close())
     outs = load_outputs(engine, registry=REGISTRY)
     assert [o.text for o in outs] == ["", ""] and outs[0].finish_reason == "stop"
     assert outs[0].ttft is None and outs[0].itl is None
@@ -522,7 +523,7 @@ def test_one_capture_under_two_labels_compares_identical(
     assert all(p["baseline_choice"] == p["candidate_choice"] for p in js["pairs"])
     complete = [s for s in exp["streams"] if s["state"] == "complete"]
     assert js["summary"]["baseline_incomplete"] == len(exp["streams"]) - len(complete)
-    outs = [o for o in load_outputs(make_engine(db), registry=REGISTRY) if o.label == "a"]
+    outs = [o for o in load_outputs(open_store(db), registry=REGISTRY) if o.label == "a"]
     if name.startswith(("dialect_responses", "dialect_anthropic")):
         # the output is the whole message: every block's text, in index order
         for s, o in zip(complete, [o for o in outs if o.complete], strict=True):
@@ -542,7 +543,7 @@ def test_a_clock_that_went_backwards_gives_no_timings(tmp_path: Path) -> None:
     db = str(tmp_path / "clock.db")
     for label in ("a", "b"):
         _replay_as("faults/fault_clock_backwards", db, label)
-    outs = load_outputs(make_engine(db), registry=REGISTRY)
+    outs = load_outputs(open_store(db), registry=REGISTRY)
     flagged = [o for o in outs if o.clock_backwards]
     assert len(flagged) == 2 and all(o.ttft is None and o.itl is None for o in flagged)
     assert all(o.ttft is not None and o.ttft > 0 for o in outs if not o.clock_backwards)
@@ -588,16 +589,16 @@ def test_sampled_out_run_is_counted_never_compared(tmp_path: Path) -> None:
     assert all(x["sampled_out"] for x in js["not_compared"]["candidate"])
     text = _cli("diff", "--db", db, "--baseline", "baseline", "--candidate", "sampled")
     assert f"text sampled out (--sample-rate), not compared: 0 baseline and {n}" in text.stdout
-    st = stats(make_engine(db), registry=REGISTRY, labels=["sampled"])
+    st = stats(open_store(db), registry=REGISTRY, labels=["sampled"])
     assert st.groups == [] and st.summary["sampled_out_outputs"] == n
-    report = verify_db(make_engine(db), REGISTRY, label="sampled")
+    report = verify_db(open_store(db), REGISTRY, label="sampled")
     assert report.ok and report.not_verifiable == n
     assert all(not v.verifiable for v in report.streams)
     assert report.to_dict()["verified"] == 0
     res = _cli("verify", "--db", db, "--label", "sampled")
     assert res.exit_code == 0 and f"{n} not verifiable (text sampled out)" in res.stdout
     # the kept run verifies, and says how its prompt tokens were counted
-    kept = verify_db(make_engine(db), REGISTRY, label="baseline")
+    kept = verify_db(open_store(db), REGISTRY, label="baseline")
     assert kept.not_verifiable == 0 and all(v.verifiable for v in kept.streams)
     assert {v.prompt_template for v in kept.streams} == {
         "no chat template in default:deepseek-v4: counted as 'role: content' lines"
@@ -670,7 +671,7 @@ def _expected_fork(prompt: str, model: str = DENSE_MODEL) -> Fork:
 def _check_stability_and_divergence(db: str, base: str = "baseline", cand: str = "sparse") -> None:
     """What the dense (deterministic) and the perturbed server must show: the
     pairs found across two model names, every fork placed exactly."""
-    engine = make_engine(db)
+    engine = open_store(db)
     st = stats(engine, registry=REGISTRY)
     assert st.summary["labels"][base] == {
         "groups": len(E2E_PROMPTS),
@@ -1015,7 +1016,7 @@ def test_stats_through_the_stdlib_driver_is_the_same(replayed_db: str) -> None:
 
     store = open_store(replayed_db)
     assert isinstance(store, SqliteFile)
-    engine = make_engine(replayed_db)
+    engine = EngineStore(make_engine(replayed_db), owned=True)
     cases: list[dict[str, Any]] = [
         {},
         {"include_incomplete": True},
@@ -1042,7 +1043,7 @@ def test_stats_through_the_stdlib_driver_is_the_same(replayed_db: str) -> None:
         assert report.summary["midway_left_out"] == count_midway(engine)
     finally:
         store.close()
-        engine.dispose()
+        engine.close()
 
 
 def test_stats_encodes_only_the_outputs_it_compares(replayed_db: str, tmp_path: Path) -> None:
@@ -1051,19 +1052,19 @@ def test_stats_encodes_only_the_outputs_it_compares(replayed_db: str, tmp_path: 
     reported without loading the built-in default tokenizer."""
     from sniffer.reports.stats import compute_stats
 
-    engine = make_engine(replayed_db)
+    engine = EngineStore(make_engine(replayed_db), owned=True)
     for kw in ({}, {"include_incomplete": True}, {"labels": ["b"]}):
         everything = compute_stats(load_outputs(engine, registry=REGISTRY, **kw))
         everything.summary["midway_left_out"] = stats(engine, registry=REGISTRY, **kw).summary[
             "midway_left_out"
         ]
         assert stats_json(stats(engine, registry=REGISTRY, **kw)) == stats_json(everything)
-    engine.dispose()
+    engine.close()
 
     db = Db(tmp_path / "single.db")
     db.stream("a", "p1", A)
     db.stream("a", "p2", B)
     fresh = TokenizerRegistry()
-    report = stats(make_engine(db.close()), registry=fresh)
+    report = stats(open_store(db.close()), registry=fresh)
     assert report.singletons == 2 and not report.groups
     assert fresh._loaded == {}  # nothing to compare: no tokenizer loaded

@@ -29,6 +29,7 @@ from sniffer.core.events import (
 )
 from sniffer.llm.values import RequestSummary, Usage
 from sniffer.store import queries
+from sniffer.store.db import EngineStore
 from sniffer.store.models import SCHEMA_VERSION, chunks, connections, errors, metadata, streams
 from sniffer.store.writer import (
     StoreError,
@@ -36,6 +37,7 @@ from sniffer.store.writer import (
     endpoint_text,
     is_credential_header,
     make_engine,
+    open_store,
 )
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20+00:00
@@ -255,7 +257,7 @@ def written() -> StoreWriter:
 def test_small_batches_flush_several_times(written: StoreWriter) -> None:
     assert written.stats["flushes"] > 5
     assert written.pending == 0
-    assert queries.count_rows(written.engine) == {
+    assert queries.count_rows(written.store) == {
         "connections": 2,
         "streams": 3,
         "chunks": 14,
@@ -264,7 +266,7 @@ def test_small_batches_flush_several_times(written: StoreWriter) -> None:
 
 
 def test_stream_rows(written: StoreWriter) -> None:
-    s1, s2, s3 = queries.list_streams(written.engine)
+    s1, s2, s3 = queries.list_streams(written.store)
     assert s1["id"] == 1 and s1["connection_id"] == 1 and s1["exchange"] == 0
     assert s1["client"] == "127.0.0.1:50000" and s1["server"] == "127.0.0.1:8000"
     assert (s1["model"], s1["is_stream"], s1["n"], s1["temperature"]) == ("tiny", True, 2, 0.5)
@@ -296,14 +298,14 @@ def test_stream_rows(written: StoreWriter) -> None:
 
 
 def test_connection_rows(written: StoreWriter) -> None:
-    c1 = queries.get_connection(written.engine, 1)
-    c2 = queries.get_connection(written.engine, 2)
+    c1 = queries.get_connection(written.store, 1)
+    c2 = queries.get_connection(written.store, 2)
     assert c1 is not None and c2 is not None
     assert (c1["client_ip"], c1["client_port"], c1["server_port"]) == ("127.0.0.1", 50000, 8000)
     assert (c1["opened_at"], c1["closed_at"], c1["close_reason"]) == (T0, T0 + 1.5, "fin")
     assert c1["syn_seen"] is True and c1["capture"] == "packet"
     assert (c2["closed_at"], c2["close_reason"]) == (T0 + 4.0, "rst")
-    assert queries.get_connection(written.engine, 99) is None
+    assert queries.get_connection(written.store, 99) is None
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 7, 1000])
@@ -341,12 +343,12 @@ def test_stream_closed_in_a_later_batch() -> None:
     opened = next(i for i, e in enumerate(events) if isinstance(e, StreamOpened) and e.stream == 3)
     w.write_many(events[: opened + 1])
     w.flush()
-    row = queries.get_stream(w.engine, 3)
+    row = queries.get_stream(w.store, 3)
     assert row is not None and row["state"] == "open" and row["closed_at"] is None
     assert row["status"] is None and row["chunk_count"] == 0
     w.write_many(events[opened + 1 :])
     w.flush()
-    row = queries.get_stream(w.engine, 3)
+    row = queries.get_stream(w.store, 3)
     assert row is not None
     assert (row["state"], row["status"], row["chunk_count"]) == ("gap", 200, 2)
     assert w.stats["updates"] == 3  # response, close, connection close of conn 2
@@ -368,7 +370,7 @@ def test_a_flag_found_after_the_close_is_written_over_the_rows_flags() -> None:
         w.write(StreamFlagged(3, T0 + 9, both))
         w.write_many(events[close + 1 :])
         w.flush()
-        row = queries.get_stream(w.engine, 3)
+        row = queries.get_stream(w.store, 3)
         assert row is not None and row["state"] == "gap", flush_at
         assert json.loads(row["flags"]) == ["clock-backwards", "overlap-mismatch"], flush_at
         assert w.stats["unmatched_updates"] == 0
@@ -379,7 +381,7 @@ def test_update_for_unknown_row_is_counted_not_raised() -> None:
     w.write(ConnectionClosed(42, T0, "fin"))
     w.flush()
     assert w.stats["unmatched_updates"] == 1
-    assert queries.count_rows(w.engine)["connections"] == 0
+    assert queries.count_rows(w.store)["connections"] == 0
 
 
 def test_close_writes_what_is_buffered(tmp_path: Path) -> None:
@@ -389,7 +391,7 @@ def test_close_writes_what_is_buffered(tmp_path: Path) -> None:
     assert w.pending > 0
     w.close()
     assert w.pending == 0
-    assert queries.count_rows(make_engine(str(db)))["chunks"] == 14
+    assert queries.count_rows(open_store(str(db)))["chunks"] == 14
 
 
 def test_id_bases_after_a_first_write(tmp_path: Path) -> None:
@@ -426,7 +428,7 @@ def test_sqlite_url_and_engine_argument(tmp_path: Path) -> None:
     w = StoreWriter("ignored", engine=engine)
     w.write_many(realistic_events())
     w.close()
-    assert queries.count_rows(engine)["streams"] == 3
+    assert queries.count_rows(EngineStore(engine))["streams"] == 3
     engine.dispose()
 
 
@@ -466,7 +468,7 @@ def test_credentials_are_never_stored(tmp_path: Path) -> None:
     w = StoreWriter(str(db), batch_size=4)
     w.write_many(realistic_events())
     w.close()
-    engine = make_engine(str(db))
+    engine = open_store(str(db))
     s1 = queries.get_stream(engine, 1)
     assert s1 is not None
     assert json.loads(s1["request_headers"]) == [
@@ -477,7 +479,7 @@ def test_credentials_are_never_stored(tmp_path: Path) -> None:
         ["content-type", "text/event-stream"],
         ["server", "uvicorn"],
     ]
-    engine.dispose()
+    engine.close()
     blob = b"".join(p.read_bytes() for p in tmp_path.iterdir())
     assert b"127.0.0.1:8000" in blob  # the scan does see header values
     for secret in SECRETS:
@@ -517,7 +519,7 @@ def test_untrusted_request_fields_are_coerced() -> None:
         )
     )
     w.flush()
-    row = queries.get_stream(w.engine, 1)
+    row = queries.get_stream(w.store, 1)
     assert row is not None
     assert row["model"] is None and row["is_stream"] is None
     assert row["temperature"] is None and row["top_p"] is None
@@ -532,8 +534,8 @@ def test_lone_surrogates_are_replaced_not_fatal() -> None:
     w.write(PipelineError(T0, "dialect", "invalid", "bad \udc80 item", stream=1))
     w.flush()
     assert w.stats["cleaned_batches"] == 1
-    assert queries.stream_text(w.engine, 1) == {0: "a\ufffdok"}
-    assert queries.list_errors(w.engine)[0]["message"] == "bad \ufffd item"
+    assert queries.stream_text(w.store, 1) == {0: "a\ufffdok"}
+    assert queries.list_errors(w.store)[0]["message"] == "bad \ufffd item"
 
 
 def _writer_on(where: str, tmp_path: Path, request: pytest.FixtureRequest) -> StoreWriter:
@@ -624,8 +626,8 @@ def test_refused_rows_in_an_automatic_flush() -> None:
     w.write(ChunkEvent(7, T0, 2, 0, 2, "content", "c"))
     w.write(ChunkEvent(7, T0, 3, 0, 3, "content", "d"))  # flushes
     assert w.pending == 0
-    assert queries.stream_text(w.engine, 7) == {0: "acd"}
-    assert [e["kind"] for e in queries.list_errors(w.engine)] == ["row-rejected"]
+    assert queries.stream_text(w.store, 7) == {0: "acd"}
+    assert [e["kind"] for e in queries.list_errors(w.store)] == ["row-rejected"]
 
 
 @pytest.mark.parametrize("where", ["file", "memory"])
@@ -677,7 +679,7 @@ def test_database_failure_while_isolating_keeps_what_is_left(tmp_path: Path) -> 
     assert w.pending == 2  # the error row, and the refused chunk's error row
     assert w.stats["rejected_rows"] == 1
     w.flush()
-    engine = make_engine(str(tmp_path / "i.db"))
+    engine = open_store(str(tmp_path / "i.db"))
     assert queries.stream_text(engine, 9) == {0: "ok"}
     kinds = sorted(e["kind"] for e in queries.list_errors(engine))
     assert kinds == ["row-rejected", "x"]
@@ -723,10 +725,10 @@ def test_postgresql_roundtrip(fresh_pg_url: str) -> None:
     reference.write_many(realistic_events())
     reference.flush()
     assert w.stats["cleaned_batches"] == 1
-    assert queries.count_rows(w.engine)["chunks"] == 15
-    s1 = queries.get_stream(w.engine, 1)
+    assert queries.count_rows(w.store)["chunks"] == 15
+    s1 = queries.get_stream(w.store, 1)
     assert s1 is not None and s1["is_stream"] is True and s1["prompt_tokens"] == 9
-    assert queries.stream_text(w.engine, 1) == {0: "Hello", 1: "Bonjour"}
+    assert queries.stream_text(w.store, 1) == {0: "Hello", 1: "Bonjour"}
     assert w.id_bases() == (3, 4)
     with w.engine.begin() as conn:
         conn.execute(chunks.delete().where(chunks.c.seq == 9))
@@ -749,13 +751,14 @@ def test_replay_into_postgresql_matches_sqlite(fresh_pg_url: str, tmp_path: Path
     ):
         replay(pcaps / name, pg_url)
         replay(pcaps / name, lite)
-    pg, sq = make_engine(pg_url), make_engine(lite)
+    pg, sq = open_store(pg_url), open_store(lite)
     assert queries.count_rows(pg) == queries.count_rows(sq)
     for s in queries.list_streams(sq):
         assert queries.stream_text(pg, s["id"]) == queries.stream_text(sq, s["id"])
     pg_states = sorted(r["state"] for r in queries.list_streams(pg))
     assert pg_states == sorted(r["state"] for r in queries.list_streams(sq))
-    pg.dispose()
+    pg.close()
+    sq.close()
 
 
 # ---------------------------------------------------------------------------
@@ -764,14 +767,14 @@ def test_replay_into_postgresql_matches_sqlite(fresh_pg_url: str, tmp_path: Path
 
 
 def test_get_stream_with_chunks_and_errors(written: StoreWriter) -> None:
-    s3 = queries.get_stream(written.engine, 3)
+    s3 = queries.get_stream(written.store, 3)
     assert s3 is not None
     assert [c["seq"] for c in s3["chunks"]] == [0, 1, 2]
     assert [c["text"] for c in s3["chunks"]] == ["", "Ab", "cé"]
     assert [(e["stage"], e["kind"], e["message"]) for e in s3["errors"]] == [
         ("reassembly", "gap", "12 bytes lost")
     ]
-    s1 = queries.get_stream(written.engine, 1)
+    s1 = queries.get_stream(written.store, 1)
     assert s1 is not None
     assert [c["kind"] for c in s1["chunks"]] == [
         "role",
@@ -785,18 +788,18 @@ def test_get_stream_with_chunks_and_errors(written: StoreWriter) -> None:
         "done",
     ]
     assert s1["chunks"][5]["finish_reason"] == "stop" and s1["errors"] == []
-    assert queries.get_stream(written.engine, 99) is None
+    assert queries.get_stream(written.store, 99) is None
 
 
 def test_stream_text_per_choice(written: StoreWriter) -> None:
-    assert queries.stream_text(written.engine, 1) == {0: "Hello", 1: "Bonjour"}
-    assert queries.stream_text(written.engine, 2) == {0: "upon a time"}
-    assert queries.stream_text(written.engine, 3) == {0: "Abcé"}
-    assert queries.stream_text(written.engine, 99) == {}
+    assert queries.stream_text(written.store, 1) == {0: "Hello", 1: "Bonjour"}
+    assert queries.stream_text(written.store, 2) == {0: "upon a time"}
+    assert queries.stream_text(written.store, 3) == {0: "Abcé"}
+    assert queries.stream_text(written.store, 99) == {}
 
 
 def test_list_streams_filters(written: StoreWriter) -> None:
-    e = written.engine
+    e = written.store
     assert [s["id"] for s in queries.list_streams(e)] == [1, 2, 3]
     assert [s["id"] for s in queries.list_streams(e, label="run1")] == [1, 2]
     assert [s["id"] for s in queries.list_streams(e, state="gap")] == [3]
@@ -806,15 +809,15 @@ def test_list_streams_filters(written: StoreWriter) -> None:
 
 
 def test_list_errors(written: StoreWriter) -> None:
-    all_errors = queries.list_errors(written.engine)
+    all_errors = queries.list_errors(written.store)
     assert [e["kind"] for e in all_errors] == ["gap", "framing"]
     assert all_errors[1]["connection_id"] == 2 and all_errors[1]["stream_id"] is None
-    assert [e["kind"] for e in queries.list_errors(written.engine, 1)] == ["framing"]
-    assert [e["kind"] for e in queries.list_errors(written.engine, stream_id=3)] == ["gap"]
+    assert [e["kind"] for e in queries.list_errors(written.store, 1)] == ["framing"]
+    assert [e["kind"] for e in queries.list_errors(written.store, stream_id=3)] == ["gap"]
 
 
 def test_json_columns(written: StoreWriter) -> None:
-    s1 = queries.json_columns(queries.list_streams(written.engine, limit=1)[0])
+    s1 = queries.json_columns(queries.list_streams(written.store, limit=1)[0])
     assert s1["finish_reasons"] == {"0": "length", "1": "stop"}
     assert s1["usage"]["total_tokens"] == 13
 
@@ -845,7 +848,7 @@ def test_replay_goes_on_past_a_row_the_database_refuses(
     result = replay(pcap, db, tokens=None)
     assert result.streams == 5
     assert result.errors == count_errors(db)  # the summary counts the error rows
-    engine = make_engine(db)
+    engine = open_store(db)
     refused = [e for e in queries.list_errors(engine) if e["kind"] == "row-rejected"]
     # the chat chunk; the Anthropic delta and the finish the message_delta gives its block
     assert len(refused) == 3 and all(e["stage"] == "store" for e in refused)

@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, insert
 
 from sniffer.runtime.replay import replay
 from sniffer.store import lite, models, views
+from sniffer.store.db import EngineStore
 from sniffer.store.ids import reserve
 from sniffer.store.schema import REVISIONS, SchemaTooNew
 from sniffer.store.writer import _UPDATES, SERVER_STATS_COLUMNS, StoreWriter, _update_stmt
@@ -82,7 +83,7 @@ def test_reserve_through_the_stdlib_driver_matches_sqlalchemy(tmp_path: Path) ->
     engine = create_engine(f"sqlite:///{path}")
     try:
         a = reserve(store, "streams", 64)
-        b = reserve(engine, "streams", 64)
+        b = reserve(EngineStore(engine), "streams", 64)
         c = reserve(store, "streams", 8)
         assert (a.stop, b.start, b.stop, c.start) == (a.start + 64, a.stop, a.stop + 64, b.stop)
         with pytest.raises(ValueError):
@@ -137,14 +138,15 @@ def test_queries_read_the_same_rows_without_sqlalchemy(tmp_path: Path) -> None:
     assert isinstance(store, lite.SqliteFile)
     engine = create_engine(f"sqlite:///{path}")
     try:
-        every = list_streams(engine)
+        every = list_streams(EngineStore(engine))
         assert every and list_streams(store) == every
         assert any(isinstance(r["gap"], bool) for r in every)
         for kw in ({"state": "complete"}, {"limit": 2}, {"stream_ids": [2, 3]}, {"node": "x"}):
-            assert list_streams(store, **kw) == list_streams(engine, **kw), kw  # type: ignore[arg-type]
-        assert list_streams(store, stream_ids=[]) == list_streams(engine, stream_ids=[]) == []
+            assert list_streams(store, **kw) == list_streams(EngineStore(engine), **kw), kw
+        none = list_streams(EngineStore(engine), stream_ids=[])
+        assert list_streams(store, stream_ids=[]) == none == []
         for r in every:
-            assert get_stream(store, r["id"]) == get_stream(engine, r["id"])
+            assert get_stream(store, r["id"]) == get_stream(EngineStore(engine), r["id"])
         assert get_stream(store, 10**9) is None
     finally:
         store.close()
@@ -355,14 +357,15 @@ def test_checkpoints_and_id_blocks_on_either_store(tmp_path: Path) -> None:
     engine = create_engine(f"sqlite:///{path}")
     try:
         before = peek(store, "connections")
-        assert peek(engine, "connections") == before
-        assert reserve(engine, "connections", 5) == range(before, before + 5)
+        assert peek(EngineStore(engine), "connections") == before
+        assert reserve(EngineStore(engine), "connections", 5) == range(before, before + 5)
         assert peek(store, "connections") == before + 5
         save_checkpoint(store, "n1", {"entries": [1], "written_at": 7.0})
-        save_checkpoint(engine, "n1", {"entries": [2], "written_at": 8.0})  # replaces it
+        # another kind of store replaces it
+        save_checkpoint(EngineStore(engine), "n1", {"entries": [2], "written_at": 8.0})
         assert take_checkpoint(store, "n1") == {"entries": [2], "written_at": 8.0}
-        assert take_checkpoint(engine, "n1") is None  # taken once
-        save_checkpoint(engine, "n2", {"entries": []})
+        assert take_checkpoint(EngineStore(engine), "n1") is None  # taken once
+        save_checkpoint(EngineStore(engine), "n2", {"entries": []})
         assert take_checkpoint(store, "n2") == {"entries": []}
     finally:
         store.close()

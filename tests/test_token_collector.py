@@ -13,7 +13,7 @@ from sniffer.record.token_collector import MAX_CHUNKS, TokenCollector
 from sniffer.reports.verify import verify_db
 from sniffer.runtime.replay import replay
 from sniffer.store.queries import get_stream
-from sniffer.store.writer import make_engine
+from sniffer.store.writer import open_store
 from tests.test_streams import chat_request, delta, end, head, run, sse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +61,7 @@ def test_replay_past_the_collector_cap_verifies_with_a_warning(tmp_path: Path) -
     chain.collector = TokenCollector(max_chunks=3)
     db = str(tmp_path / "c.db")
     replay(ROOT / "pcaps" / "chat_english.pcap", db, chain=chain)
-    engine = make_engine(db)
+    engine = open_store(db)
     row = get_stream(engine, 1)
     assert row is not None and row["state"] == StreamState.COMPLETE.value
     assert json.loads(row["flags"]) == ["tokens-capped"]

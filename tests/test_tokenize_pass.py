@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Engine, func, select
 
 from sniffer.core.events import ChunkEvent, StreamClosed, StreamFlag, StreamOpened, StreamState
 from sniffer.llm.tokens import DEFAULT_NAME, TokenizerRegistry
@@ -22,13 +21,9 @@ from sniffer.record.tokenize_pass import (
     text_hash,
     tokenize_db,
 )
-from sniffer.store.tokens_store import (
-    chunk_token_ids,
-    read_stream_tokens,
-    stream_tokens,
-    write_token_rows,
-)
-from sniffer.store.writer import StoreWriter, make_engine
+from sniffer.store.db import Store
+from sniffer.store.tokens_store import chunk_token_ids, read_token_rows, write_token_rows
+from sniffer.store.writer import StoreWriter, open_store
 
 ENGLISH = ["The quick", " brown fox", " jumps over", " the lazy dog.", " Isn't it?"]
 CHINESE = ["你好，", "世界！今天", "是星期一。", "我们去公园", "散步吧。"]
@@ -134,21 +129,23 @@ def write_stream(
 
 
 @pytest.fixture
-def engine(tmp_path: Any) -> Engine:
-    return make_engine(str(tmp_path / "t.db"))
+def store(tmp_path: Any) -> Iterator[Store]:
+    s = open_store(str(tmp_path / "t.db"))
+    yield s
+    s.close()
 
 
-def test_real_texts_tokenized_per_chunk(engine: Engine) -> None:
+def test_real_texts_tokenized_per_chunk(store: Store) -> None:
     ds = REGISTRY.default()
     texts = [ENGLISH, CHINESE, EMOJI, CODE]
-    with StoreWriter("", engine=engine) as w:
+    with StoreWriter("", engine=store.engine) as w:
         for sid, pieces in enumerate(texts, 1):
             write_stream(w, sid, pieces)
-    assert pending_count(engine) == 4
-    r = tokenize_db(engine, REGISTRY)
+    assert pending_count(store) == 4
+    r = tokenize_db(store, REGISTRY)
     assert (r.streams, r.failed, r.batches) == (4, 0, 1)
-    assert pending_count(engine) == 0
-    rows = read_stream_tokens(engine, [1, 2, 3, 4])
+    assert pending_count(store) == 0
+    rows = read_token_rows(store, [1, 2, 3, 4])
     for sid, pieces in enumerate(texts, 1):
         row = rows[sid]
         full = "".join(pieces)
@@ -167,72 +164,66 @@ def test_real_texts_tokenized_per_chunk(engine: Engine) -> None:
     # the emoji stream cuts a ZWJ sequence: a token straddles a chunk boundary
     assert rows[3].choices[0].straddle_seqs
     # a second pass finds nothing to do
-    assert tokenize_db(engine, REGISTRY).streams == 0
+    assert tokenize_db(store, REGISTRY).streams == 0
 
 
-def test_open_and_http_streams_are_skipped_then_picked_up(engine: Engine) -> None:
-    with StoreWriter("", engine=engine) as w:
+def test_open_and_http_streams_are_skipped_then_picked_up(store: Store) -> None:
+    with StoreWriter("", engine=store.engine) as w:
         write_stream(w, 1, ENGLISH, close=False)
         write_stream(w, 2, ENGLISH, dialect=None)
         write_stream(w, 3, ENGLISH)
-    r = tokenize_db(engine, REGISTRY)
+    r = tokenize_db(store, REGISTRY)
     assert r.streams == 1
-    assert set(read_stream_tokens(engine, [1, 2, 3])) == {3}
-    with StoreWriter("", engine=engine) as w:
+    assert set(read_token_rows(store, [1, 2, 3])) == {3}
+    with StoreWriter("", engine=store.engine) as w:
         w.write(
             StreamClosed(
                 1, 9.0, StreamState.COMPLETE, "x", True, False, None, None, 5, 7, 53, (), None, None
             )
         )
-    assert tokenize_db(engine, REGISTRY).streams == 1
-    assert set(read_stream_tokens(engine, [1, 2, 3])) == {1, 3}
+    assert tokenize_db(store, REGISTRY).streams == 1
+    assert set(read_token_rows(store, [1, 2, 3])) == {1, 3}
 
 
-def test_batches_limit_ids_and_progress(engine: Engine) -> None:
-    with StoreWriter("", engine=engine) as w:
+def test_batches_limit_ids_and_progress(store: Store) -> None:
+    with StoreWriter("", engine=store.engine) as w:
         for sid in range(1, 8):
             write_stream(w, sid, ENGLISH[: 1 + sid % 5])
     seen: list[tuple[int, int]] = []
-    r = tokenize_db(engine, REGISTRY, batch=2, limit=5, progress=lambda a, b: seen.append((a, b)))
+    r = tokenize_db(store, REGISTRY, batch=2, limit=5, progress=lambda a, b: seen.append((a, b)))
     assert (r.streams, r.batches) == (5, 3)
     assert seen == [(2, 5), (4, 5), (5, 5)]
-    r = tokenize_db(engine, REGISTRY, stream_ids=[7])
+    r = tokenize_db(store, REGISTRY, stream_ids=[7])
     assert r.streams == 1
-    assert set(read_stream_tokens(engine, range(1, 8))) == {1, 2, 3, 4, 5, 7}
+    assert set(read_token_rows(store, range(1, 8))) == {1, 2, 3, 4, 5, 7}
 
 
-def test_collision_with_another_pass_is_skipped(engine: Engine) -> None:
-    with StoreWriter("", engine=engine) as w:
+def test_collision_with_another_pass_is_skipped(store: Store) -> None:
+    with StoreWriter("", engine=store.engine) as w:
         write_stream(w, 1, ENGLISH)
         write_stream(w, 2, CHINESE)
     from sniffer.record.tokenize_pass import _analyze, build_inputs
 
-    with engine.connect() as conn:
-        from sniffer.store.models import chunks, streams
-
-        srows = [dict(m) for m in conn.execute(select(streams)).mappings()]
-        crows = [dict(m) for m in conn.execute(select(chunks)).mappings()]
-    rows = _analyze(REGISTRY, build_inputs(srows, crows))
-    with engine.begin() as conn:  # "the other pass" wrote stream 1 first
-        write_token_rows(conn, rows[:1])
+    rows = _analyze(REGISTRY, build_inputs(store.select("streams"), store.select("chunks")))
+    with store.transaction() as tx:  # "the other pass" wrote stream 1 first
+        write_token_rows(tx, rows[:1])
     result = TokenizeResult()
-    written = _write(engine, rows, result)
+    written = _write(store, rows, result)
     assert [r.stream_id for r in written] == [2] and result.skipped == 1
-    with engine.connect() as conn:
-        assert conn.execute(select(func.count()).select_from(stream_tokens)).scalar() == 2
+    assert store.scalar("SELECT count(*) FROM stream_tokens") == 2
 
 
-def test_usage_and_server_tokens_stored(engine: Engine) -> None:
+def test_usage_and_server_tokens_stored(store: Store) -> None:
     ds = REGISTRY.default()
     pieces = ["Hello", " world", "!"]
     ids = ds.encode_batch(["".join(pieces)])[0]
     toks = [ds.token_text(i) for i in ids]
     lp = [json.dumps({"content": [{"token": t}]}) for t in toks]
     lp[-1] = json.dumps({"content": [{"token": "?"}]})  # the server says "?" at the end
-    with StoreWriter("", engine=engine) as w:
+    with StoreWriter("", engine=store.engine) as w:
         write_stream(w, 1, pieces, usage={"prompt_tokens": 1, "completion_tokens": 99}, logprobs=lp)
-    tokenize_db(engine, REGISTRY)
-    row = read_stream_tokens(engine, [1])[1]
+    tokenize_db(store, REGISTRY)
+    row = read_token_rows(store, [1])[1]
     (c,) = row.choices
     assert c.server_tokens == (*tuple(toks[:-1]), "?")
     assert c.server_ids is not None and list(c.server_ids[:-1]) == ids[:-1]
@@ -243,21 +234,20 @@ def test_usage_and_server_tokens_stored(engine: Engine) -> None:
     assert kinds == ["server_token_mismatch", "usage_mismatch"]
 
 
-def test_stored_json_text_is_compact_with_string_keys(engine: Engine) -> None:
+def test_stored_json_text_is_compact_with_string_keys(store: Store) -> None:
     # the exact text of the JSON columns (verify and other tools read it back)
     ds = REGISTRY.default()
     pieces = ["hello world", " foo", " bar"]
-    with StoreWriter("", engine=engine) as w:
+    with StoreWriter("", engine=store.engine) as w:
         write_stream(w, 1, pieces, usage={"prompt_tokens": 1, "completion_tokens": 3})
-    tokenize_db(engine, REGISTRY)
-    with engine.connect() as conn:
-        stream_row = conn.exec_driver_sql(
-            "SELECT prompt_ids, usage_diff, tokens_per_chunk FROM stream_tokens"
-        ).one()
-        choice_row = conn.exec_driver_sql(
-            "SELECT output_ids, chunk_seqs, chunk_counts, straddle_seqs, tokens_per_chunk,"
-            " server_tokens, server_ids FROM choice_tokens"
-        ).one()
+    tokenize_db(store, REGISTRY)
+    (stream_row,) = store.query(
+        "SELECT prompt_ids, usage_diff, tokens_per_chunk FROM stream_tokens"
+    )
+    (choice_row,) = store.query(
+        "SELECT output_ids, chunk_seqs, chunk_counts, straddle_seqs, tokens_per_chunk,"
+        " server_tokens, server_ids FROM choice_tokens"
+    )
     ids = ds.encode_batch(["".join(pieces)])[0]
     prompt = ds.prompt_ids({"messages": [{"role": "user", "content": "Say something."}]})
     assert tuple(stream_row) == (
@@ -285,40 +275,40 @@ def test_stored_json_text_is_compact_with_string_keys(engine: Engine) -> None:
 )
 def test_random_splits_through_the_db(tmp_path_factory: Any, text: str, cuts: list[int]) -> None:
     """Deltas cut at random offsets: per-chunk ids concatenate to the full encoding."""
-    engine = make_engine(str(tmp_path_factory.mktemp("p") / "p.db"))
+    store = open_store(str(tmp_path_factory.mktemp("p") / "p.db"))
     points = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
     pieces = [text[a:b] for a, b in itertools.pairwise(points) if b > a]
-    with StoreWriter("", engine=engine) as w:
+    with StoreWriter("", engine=store.engine) as w:
         write_stream(w, 1, pieces)
-    assert tokenize_db(engine, REGISTRY).streams == 1
-    (c,) = read_stream_tokens(engine, [1])[1].choices
+    assert tokenize_db(store, REGISTRY).streams == 1
+    (c,) = read_token_rows(store, [1])[1].choices
     assert list(c.output_ids) == REGISTRY.default().encode_batch([text])[0]
     per = chunk_token_ids(c)
     assert len(per) == len(pieces)
     assert [t for _, ids in per for t in ids] == list(c.output_ids)
     assert c.text_hash == text_hash(text)
-    engine.dispose()
+    store.close()
 
 
-def test_token_rows_on_postgresql_match_sqlite(engine: Engine, fresh_pg_url: str) -> None:
+def test_token_rows_on_postgresql_match_sqlite(store: Store, fresh_pg_url: str) -> None:
     """The rows go straight through the driver's executemany (positional on
     SQLite, named on psycopg): both databases read back the same rows."""
     ds = REGISTRY.default()
     ids = ds.encode_batch(["Hello world!"])[0]
     lp = [json.dumps({"content": [{"token": ds.token_text(i)}]}) for i in ids]
-    pg = make_engine(fresh_pg_url)
+    pg = open_store(fresh_pg_url)
     try:
         got = []
-        for eng in (engine, pg):
-            with StoreWriter("", engine=eng) as w:
+        for db in (store, pg):
+            with StoreWriter("", engine=db.engine) as w:
                 write_stream(w, 1, ENGLISH, usage={"prompt_tokens": 1, "completion_tokens": 9})
                 write_stream(w, 2, ["Hello", " world", "!"], logprobs=lp)
                 write_stream(w, 3, EMOJI, finish=None)
-            result = tokenize_db(eng, REGISTRY)
+            result = tokenize_db(db, REGISTRY)
             assert result.streams == 3 and not result.write_errors
-            got.append(read_stream_tokens(eng, [1, 2, 3]))
+            got.append(read_token_rows(db, [1, 2, 3]))
         assert got[0] == got[1] and len(got[0]) == 3
         assert got[0][2].choices[0].server_tokens is not None
         assert got[0][1].anomalies and got[0][1].is_default is True
     finally:
-        pg.dispose()
+        pg.close()

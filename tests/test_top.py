@@ -38,7 +38,7 @@ from sniffer.runtime.top import (
     quantiles,
     render_plain,
 )
-from sniffer.store.writer import StoreWriter, make_engine
+from sniffer.store.writer import StoreWriter, open_store
 from tests.test_live_e2e import procs  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +92,7 @@ def whole_history(db: str) -> tuple[float, float]:
 def test_label_rows_from_replayed_captures(replayed: str, registry: TokenizerRegistry) -> None:
     now, window = whole_history(replayed)
     frame = TopSource(
-        make_engine(replayed), source=replayed, registry=registry, window=window
+        open_store(replayed), source=replayed, registry=registry, window=window
     ).frame(now)
     by_label = {r.label: r for r in frame.labels}
     assert set(by_label) == {"baseline", "candidate"}
@@ -144,7 +144,7 @@ def test_label_rows_from_replayed_captures(replayed: str, registry: TokenizerReg
 
 def test_the_window_keeps_only_recent_streams(replayed: str) -> None:
     (last,) = rows(replayed, "select max(closed_at) from streams")[0]
-    engine = make_engine(replayed)
+    engine = open_store(replayed)
     frame = TopSource(engine, source=replayed, window=60).frame(last + 30)
     recent = rows(
         replayed,
@@ -158,7 +158,7 @@ def test_the_window_keeps_only_recent_streams(replayed: str) -> None:
 
 def test_node_filter(replayed: str) -> None:
     now, window = whole_history(replayed)
-    engine = make_engine(replayed)
+    engine = open_store(replayed)
     assert TopSource(engine, source="x", node="no-such-node", window=window).frame(now).labels == []
     (node,) = rows(replayed, "select node from streams limit 1")[0]
     assert TopSource(engine, source="x", node=node, window=window).frame(now).labels
@@ -185,7 +185,7 @@ def test_open_streams(tmp_path: Path, registry: TokenizerRegistry) -> None:
         db, "select min(ts), max(ts) from chunks where kind = 'content' and stream_id = ?", sid
     )[0]
     now = last + 2.5
-    frame = TopSource(make_engine(db), source=db, registry=registry).frame(now)
+    frame = TopSource(open_store(db), source=db, registry=registry).frame(now)
     assert frame.labels == []  # nothing closed
     (row,) = frame.open
     choice = exp["streams"][0]["choices"]["0"]
@@ -198,10 +198,10 @@ def test_open_streams(tmp_path: Path, registry: TokenizerRegistry) -> None:
     assert row.tokens == tokens
     assert row.tokens_per_s == pytest.approx(tokens / (last - first))
     # without a tokenizer: chunks and TTFT, no token figures
-    bare = TopSource(make_engine(db), source=db).frame(now).open[0]
+    bare = TopSource(open_store(db), source=db).frame(now).open[0]
     assert (bare.chunks, bare.tokens, bare.tokens_per_s) == (row.chunks, None, None)
     # a stream open for longer than an hour was left by a daemon that stopped
-    assert TopSource(make_engine(db), source=db).frame(t_request + 3601).open == []
+    assert TopSource(open_store(db), source=db).frame(t_request + 3601).open == []
 
 
 # ------------------------------------------------------------------ keys
@@ -300,7 +300,7 @@ def test_once_prints_one_plain_frame(replayed: str) -> None:
 
 def test_plain_frame_lists_rows(replayed: str) -> None:
     now, window = whole_history(replayed)
-    frame = TopSource(make_engine(replayed), source="db", window=window).frame(now)
+    frame = TopSource(open_store(replayed), source="db", window=window).frame(now)
     text = render_plain(frame, View())
     table = text[text.index("per label") :].splitlines()
     header = table[1].split()
@@ -345,7 +345,7 @@ def test_health_from_a_real_metrics_listener(replayed: str) -> None:
         m.set_queue_depth(7)
         m.set_sample_rate(0.5)
         source = TopSource(
-            make_engine(replayed), source="db", metrics=metrics_url(f"127.0.0.1:{server.port}")
+            open_store(replayed), source="db", metrics=metrics_url(f"127.0.0.1:{server.port}")
         )
         first = source.frame()
         assert first.metrics is not None and first.metrics_error is None

@@ -302,7 +302,7 @@ def test_store_keeps_ollama_counts_in_the_token_columns(tmp_path: Any) -> None:
         )
     )  # fmt: skip
     w.flush()
-    row = queries.get_stream(w.engine, 1)
+    row = queries.get_stream(w.store, 1)
     w.close()
     assert row is not None
     assert (row["prompt_tokens"], row["completion_tokens"]) == (26, 9)

@@ -63,18 +63,11 @@ def library_errors() -> Iterator[None]:
         fail(str(exc) or type(exc).__name__)
 
 
-def open_engine(db: str) -> Any:
-    """The database engine; a clear error when a file path does not exist."""
-    from sniffer.store.writer import make_engine
-
-    if "://" not in db and not os.path.lexists(db):  # a symlink: make_engine refuses it
-        fail(f"no database at {db!r} (run 'sparseety replay' or 'sparseety run' first)")
-    return make_engine(db)
-
-
 def open_store(db: str) -> Store:
-    """The store (``sniffer.store.db.Store``) the queries and reports read: a SQLite
-    file at the schema head without SQLAlchemy (``sniffer.store.writer.open_store``)."""
+    """The store (``sniffer.store.db.Store``) of ``--db`` that every command hands to
+    its library call: a SQLite file at the schema head without SQLAlchemy
+    (``sniffer.store.writer.open_store``); a clear error when a file path does not
+    exist (a symlink there is refused by the store)."""
     from sniffer.store.writer import open_store as store_open
 
     if "://" not in db and not os.path.lexists(db):

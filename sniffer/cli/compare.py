@@ -18,7 +18,6 @@ from sniffer.cli.common import (
     library_errors,
     make_registry,
     node_option,
-    open_engine,
     open_store,
     progress_bar,
     tokenizer_options,
@@ -200,9 +199,8 @@ def stats(
 
     registry = make_registry(tokenizers, default_tokenizer)
     with library_errors():
-        engine = open_store(db)  # a SQLite file at head: no SQLAlchemy
         report = run_stats(
-            engine,
+            open_store(db),
             labels=list(labels) or None,
             model=model,
             registry=registry,
@@ -410,9 +408,8 @@ def diff(
             click.echo(f"sparseety: {exc}", err=True)
             sys.exit(2)
     with library_errors():
-        engine = open_engine(db)
         report = run_diff(
-            engine,
+            open_store(db),
             baseline or "",
             candidate or "",
             node=node,

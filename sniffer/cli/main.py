@@ -28,7 +28,6 @@ from sniffer.cli.common import (
     library_errors,
     make_registry,
     node_option,
-    open_engine,
     open_store,
     parse_labels,
     parse_pairs,
@@ -604,7 +603,7 @@ def export(
     from sniffer.reports.export import export_csv, export_jsonl
 
     with library_errors():
-        engine = open_engine(db)
+        store = open_store(db)
         ids = list(stream_ids) or None
         fh: TextIO
         if output:
@@ -616,7 +615,7 @@ def export(
         try:
             run = export_jsonl if fmt == "jsonl" else export_csv
             with progress_bar(quiet, "export") as progress:
-                n = run(engine, fh, stream_ids=ids, label=label, node=node, progress=progress)
+                n = run(store, fh, stream_ids=ids, label=label, node=node, progress=progress)
         finally:
             if output:
                 fh.close()
@@ -724,16 +723,16 @@ def prune(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--older-than") from None
     with library_errors():
-        engine = open_engine(db)
+        store = open_store(db)
         with progress_bar(quiet, "prune") as progress:
-            r = run_prune(engine, age, now=time.time(), batch=batch, node=node, progress=progress)
+            r = run_prune(store, age, now=time.time(), batch=batch, node=node, progress=progress)
         click.echo(
             f"deleted {r.streams} streams, {r.chunks} chunks, {r.errors} errors, "
             f"{r.connections} connections in {r.batches} batches"
         )
         if not no_vacuum:
             with progress_bar(quiet, "vacuum") as progress:
-                v = vacuum(engine, progress=progress)
+                v = vacuum(store, progress=progress)
             if v.incremental:
                 click.echo(f"vacuum: {v.freed_pages} pages freed ({v.page_size} bytes each)")
 

@@ -12,6 +12,7 @@ from sniffer.cli.common import (
     fail,
     library_errors,
     make_registry,
+    open_store,
     tokenizer_options,
 )
 
@@ -93,7 +94,6 @@ def top(
       sparseety top --config /etc/sparseety/sparseety.toml
       sparseety top --db sparseety.db --once > frame.txt
     """
-    from sniffer.cli.common import open_engine
     from sniffer.runtime.top import TopSource, View, metrics_url, render, render_plain
 
     if config_path is not None:
@@ -126,8 +126,7 @@ def top(
     view = View(sort=sort, filter=filter_text)
     registry = make_registry(tokenizers, default_tokenizer)
     with library_errors():
-        engine = open_engine(db)
-        source = TopSource(engine, source=db, node=node, registry=registry, metrics=url)
+        source = TopSource(open_store(db), source=db, node=node, registry=registry, metrics=url)
         if once:
             frame = source.frame()
             if sys.stdout.isatty():

@@ -18,7 +18,6 @@ from sniffer.cli.common import (
     library_errors,
     make_registry,
     node_option,
-    open_engine,
     open_store,
     parse_tokenizer_specs,
     progress_bar,
@@ -71,14 +70,13 @@ def tokenize(
 
     with library_errors():
         registry = make_registry(tokenizers, default_tokenizer)
-        engine = open_engine(db)
-        create_token_tables(engine)
+        store = open_store(db)
+        create_token_tables(store)
         if redo:
-            with engine.begin() as conn:
-                delete_token_rows(conn, list(stream_ids) or None)
+            delete_token_rows(store, list(stream_ids) or None)
         with progress_bar(quiet, "tokenize") as progress:
             r = tokenize_db(
-                engine,
+                store,
                 registry,
                 batch=batch,
                 limit=limit,
@@ -258,13 +256,13 @@ def verify(
                 with open(jsonl, encoding="utf-8", errors="replace") as fh:
                     report = verify_jsonl(fh, registry, tokens=show_tokens, source=jsonl)
         else:
-            engine = open_store(db)  # a SQLite file at head: no SQLAlchemy
+            store = open_store(db)
             with (
                 progress_bar(quiet, "tokenize") as tokenize_progress,
                 progress_bar(quiet, "verify") as progress,
             ):
                 report = verify_db(
-                    engine,
+                    store,
                     registry,
                     stream_ids=list(stream_ids) or None,
                     label=label,

@@ -46,12 +46,11 @@ from sniffer.record.token_collector import TokenCollector
 from sniffer.store.writer import StoreWriter
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
-
     from sniffer.llm.tokens import TokenizerRegistry
     from sniffer.record.metrics import Metrics
     from sniffer.record.otlp import OtlpExporter
     from sniffer.record.tokenize_pass import TokenizeResult
+    from sniffer.store.db import Store
 
 __all__ = [
     "ErrorHook",
@@ -326,14 +325,13 @@ class RecordingChain:
         *,
         limit: int | None = None,
         max_chunks: int | None = None,
-        engine: Engine | None = None,
+        store: Store | None = None,
     ) -> TokenizeResult:
         """Tokenize (at most ``limit`` streams, ``max_chunks`` chunks past the
         first stream) closed streams the collector holds and write their token
-        rows (through ``engine``, default the writer's); feed token metrics and
+        rows (into ``store``, default the writer's); feed token metrics and
         the sampler's anomaly boost."""
-        # The token pass (and SQLAlchemy, which it queries through) loads at the
-        # first pass, not before the first packet.
+        # The token pass loads at the first pass, not before the first packet.
         from sniffer.record.tokenize_pass import TokenizeResult, tokenize_inputs
 
         if self.collector is None or self.tokens is None:
@@ -342,7 +340,7 @@ class RecordingChain:
             inputs = self.collector.take(limit, max_chunks)
         if not inputs:
             return TokenizeResult()
-        result, rows = tokenize_inputs(engine or self._writer().engine, self.tokens, inputs)
+        result, rows = tokenize_inputs(store or self._writer().store, self.tokens, inputs)
         metrics, sampler, otlp = self.metrics, self.sampler, self.otlp
         if metrics is None and sampler is None and otlp is None:
             return result

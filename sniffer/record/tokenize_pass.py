@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, compress, groupby, repeat
 from operator import is_not, itemgetter, or_
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sniffer.llm.logprobs import parse_server_tokens
 from sniffer.llm.tokens import (
@@ -47,8 +47,7 @@ from sniffer.llm.tokens import (
     analyze_streams,
 )
 from sniffer.llm.values import RequestSummary, Usage
-from sniffer.store.db import Store, engine_of
-from sniffer.store.token_rows import text_hash
+from sniffer.store.db import Store
 from sniffer.store.tokens_store import (
     ChoiceTokenRow,
     StreamTokenRow,
@@ -57,10 +56,8 @@ from sniffer.store.tokens_store import (
     insert_token_rows,
     pending_count,
     read_pending,
+    text_hash,
 )
-
-if TYPE_CHECKING:
-    from sqlalchemy import Engine
 
 __all__ = [
     "TokenizeResult",
@@ -389,11 +386,11 @@ def _analyze(registry: TokenizerRegistry, inputs: list[StreamInput]) -> list[Str
 
 
 def _write(
-    engine: Engine, rows: list[StreamTokenRow], result: TokenizeResult
+    store: Store, rows: list[StreamTokenRow], result: TokenizeResult
 ) -> list[StreamTokenRow]:
     """Write a batch (``sniffer.store.tokens_store.insert_token_rows``: once more
     without the streams another pass wrote first). Returns the rows written."""
-    written, skipped, error = insert_token_rows(engine, rows)
+    written, skipped, error = insert_token_rows(store, rows)
     result.skipped += skipped
     if error is not None:
         result.write_errors.append(error)
@@ -401,7 +398,7 @@ def _write(
 
 
 def tokenize_db(
-    engine: Store | Engine,
+    store: Store,
     registry: TokenizerRegistry,
     *,
     batch: int = 500,
@@ -412,20 +409,19 @@ def tokenize_db(
     """Tokenize every closed LLM stream without a token row (at most ``limit``;
     only ``stream_ids`` when given). Returns what was done.
 
-    Example: ``tokenize_db(make_engine("capture.db"), TokenizerRegistry())``.
+    Example: ``tokenize_db(open_store("capture.db"), TokenizerRegistry())``.
     """
-    engine = engine_of(engine)  # a store runs the pass on its engine
-    create_token_tables(engine)
+    create_token_tables(store)
     batch = max(1, batch)
     result = TokenizeResult()
-    total = pending_count(engine) if stream_ids is None else len(stream_ids)
+    total = pending_count(store) if stream_ids is None else len(stream_ids)
     if limit is not None:
         total = min(total, limit)
     last_id: int | None = None
     done = 0
     while limit is None or done < limit:
         size = batch if limit is None else min(batch, limit - done)
-        srows, crows = read_pending(engine, size, after=last_id, stream_ids=stream_ids)
+        srows, crows = read_pending(store, size, after=last_id, stream_ids=stream_ids)
         if not srows:
             break
         last_id = srows[-1]["id"]
@@ -438,7 +434,7 @@ def tokenize_db(
         finally:
             if paused:
                 gc.enable()
-        _account(result, _write(engine, analysed, result))
+        _account(result, _write(store, analysed, result))
         done += len(srows)
         if progress is not None:
             progress(min(done, total), total)
@@ -460,12 +456,12 @@ def _account(result: TokenizeResult, rows: list[StreamTokenRow]) -> None:
             result.anomaly_kinds[a.kind] = result.anomaly_kinds.get(a.kind, 0) + 1
 
 
-#: Engines whose token tables :func:`tokenize_inputs` has checked.
-_MIGRATED: weakref.WeakSet[Engine] = weakref.WeakSet()
+#: Stores whose token tables :func:`tokenize_inputs` has checked.
+_MIGRATED: weakref.WeakSet[Store] = weakref.WeakSet()
 
 
 def tokenize_inputs(
-    engine: Engine,
+    store: Store,
     registry: TokenizerRegistry,
     inputs: Sequence[StreamInput],
     *,
@@ -475,12 +471,11 @@ def tokenize_inputs(
     text as the server sent it, before redaction) and write their token rows.
     Returns what was done and the rows written (for metrics).
 
-    The schema check (``create_token_tables``, one query and a table
-    reflection) runs once per engine: the daemon's token worker calls this
-    every few seconds with the same engine."""
-    if engine not in _MIGRATED:
-        create_token_tables(engine)
-        _MIGRATED.add(engine)
+    The schema check (``create_token_tables``) runs once per store: the
+    daemon's token worker calls this every few seconds with the same store."""
+    if store not in _MIGRATED:
+        create_token_tables(store)
+        _MIGRATED.add(store)
     result = TokenizeResult()
     written: list[StreamTokenRow] = []
     for i in range(0, len(inputs), max(1, batch)):
@@ -493,7 +488,7 @@ def tokenize_inputs(
         finally:
             if paused:
                 gc.enable()
-        rows = _write(engine, analysed, result)
+        rows = _write(store, analysed, result)
         _account(result, rows)
         written.extend(rows)
     return result, written

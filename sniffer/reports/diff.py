@@ -66,7 +66,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sniffer.llm.reference import ReferenceModel, ScoreJob
 from sniffer.llm.tokens import TokenizerRegistry
@@ -87,9 +87,6 @@ from sniffer.reports.causes import (
 from sniffer.reports.output import Output
 from sniffer.reports.stats import load_outputs
 from sniffer.store.db import Store
-
-if TYPE_CHECKING:
-    from sqlalchemy import Engine
 
 __all__ = [
     "GATE_METRICS",
@@ -809,7 +806,7 @@ def _summary(
 
 
 def diff(
-    engine: Store | Engine,
+    store: Store,
     baseline: str,
     candidate: str,
     *,
@@ -838,7 +835,7 @@ def diff(
     c_node = candidate_node or node
     if b_node == c_node and baseline and candidate:
         outputs = load_outputs(
-            engine,
+            store,
             labels=[baseline, candidate],
             model=model,
             registry=registry,
@@ -856,7 +853,7 @@ def diff(
         outputs = []
         for side, label, side_node in ((b_name, baseline, b_node), (c_name, candidate, c_node)):
             part = load_outputs(
-                engine,
+                store,
                 labels=[label] if label else None,
                 model=model,
                 registry=registry,

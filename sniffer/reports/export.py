@@ -35,13 +35,10 @@ import csv
 import json
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
-from sniffer.store.db import Store, as_store
+from sniffer.store.db import Store
 from sniffer.store.queries import list_streams, stream_chunks
-
-if TYPE_CHECKING:
-    from sqlalchemy import Engine
 
 #: ``progress`` is called every this many streams (and after the last).
 PROGRESS_EVERY = 50
@@ -136,7 +133,7 @@ def stream_records(
 
 
 def export_jsonl(
-    engine: Store | Engine,
+    store: Store,
     out: TextIO,
     *,
     stream_ids: Iterable[int] | None = None,
@@ -147,10 +144,9 @@ def export_jsonl(
     """Write the JSONL export of the selected streams to ``out``; returns lines written.
     ``progress(streams done, streams)`` is called as it goes.
 
-    Example: ``with open("run.jsonl", "w") as f: export_jsonl(engine, f, label="run1")``.
+    Example: ``with open("run.jsonl", "w") as f: export_jsonl(store, f, label="run1")``.
     """
     lines = 0
-    store = as_store(engine)
     selected = list_streams(store, label=label, stream_ids=stream_ids, node=node)
     for i, stream in enumerate(selected, 1):
         for record in stream_records(stream, stream_chunks(store, stream["id"])):
@@ -225,7 +221,7 @@ def stream_summary(stream: dict[str, Any]) -> dict[str, Any]:
 
 
 def export_csv(
-    engine: Store | Engine,
+    store: Store,
     out: TextIO,
     *,
     stream_ids: Iterable[int] | None = None,
@@ -236,12 +232,12 @@ def export_csv(
     """Write one CSV row per stream (header first) to ``out``; returns data rows written.
     ``progress(streams done, streams)`` is called as it goes.
 
-    Open ``out`` with ``newline=""``. Example: ``export_csv(engine, sys.stdout)``.
+    Open ``out`` with ``newline=""``. Example: ``export_csv(store, sys.stdout)``.
     """
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     rows = 0
-    selected = list_streams(as_store(engine), label=label, stream_ids=stream_ids, node=node)
+    selected = list_streams(store, label=label, stream_ids=stream_ids, node=node)
     for stream in selected:
         writer.writerow(stream_summary(stream))
         rows += 1

@@ -64,7 +64,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sniffer.core.events import StreamFlag, stream_flags
 from sniffer.llm.dialects import WHOLE_MESSAGE_DIALECTS
@@ -75,13 +75,7 @@ from sniffer.reports.align import longest_common_prefix
 from sniffer.reports.cadence import cadence, describe_side, spec_of_row, summarize
 from sniffer.reports.output import Output
 from sniffer.store import queries
-from sniffer.store.db import Store, as_store
-
-if TYPE_CHECKING:
-    from sqlalchemy import Engine
-
-# A SQLite file at the schema head (``sniffer.store.writer.open_store``) is read
-# through the standard library's driver; SQLAlchemy loads only for an engine.
+from sniffer.store.db import Store
 
 __all__ = [
     "PREVIEW_CHARS",
@@ -401,7 +395,7 @@ def _cadence_tokens(out: Output, registry: TokenizerRegistry) -> list[int] | Non
 
 
 def load_outputs(
-    engine: Store | Engine,
+    store: Store,
     *,
     labels: Sequence[str] | None = None,
     model: str | None = None,
@@ -412,12 +406,9 @@ def load_outputs(
 ) -> list[Output]:
     """Outputs of the LLM streams in the store (``dialect`` other than ``http``),
     optionally only those with one of ``labels`` / of ``model`` / captured by ``node``.
-    ``engine`` is a store (``sniffer.store.db``: a SQLite file at the schema head
-    through the standard library's driver, ``sniffer.store.writer.open_store``) or
-    an engine: the same outputs.
     ``repeats_only``: see :func:`build_outputs`."""
     rows, chunk_rows, server_rows = queries.output_rows(
-        as_store(engine),
+        store,
         labels=labels,
         model=model,
         include_incomplete=include_incomplete,
@@ -618,7 +609,7 @@ def _summary(groups: Sequence[Group], singletons: int) -> dict[str, Any]:
 
 
 def stats(
-    engine: Store | Engine,
+    store: Store,
     *,
     labels: Sequence[str] | None = None,
     model: str | None = None,
@@ -633,7 +624,7 @@ def stats(
     repeats), so that ``report.latency`` has the inter-token latency of all."""
     report = compute_stats(
         load_outputs(
-            engine,
+            store,
             labels=labels,
             model=model,
             registry=registry,
@@ -643,18 +634,18 @@ def stats(
         ),
         near_tie_margin=near_tie_margin,
     )
-    report.summary["midway_left_out"] = count_midway(engine, labels=labels, model=model)
+    report.summary["midway_left_out"] = count_midway(store, labels=labels, model=model)
     return report
 
 
 def count_midway(
-    engine: Store | Engine,
+    store: Store,
     *,
     labels: Sequence[str] | None = None,
     model: str | None = None,
 ) -> int:
     """LLM streams recovered mid-way (state ``midway``) that stats leaves out."""
-    return queries.count_midway(as_store(engine), labels=labels, model=model)
+    return queries.count_midway(store, labels=labels, model=model)
 
 
 # ---------------------------------------------------------------------------

@@ -66,7 +66,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from sniffer.core.events import FLAG_TEXT, LOSSY_FLAGS, StreamFlag, stream_flags
 from sniffer.llm.tokens import (
@@ -78,15 +78,8 @@ from sniffer.llm.tokens import (
     prompt_method,
 )
 from sniffer.store import queries
-from sniffer.store.db import Store, as_store
-from sniffer.store.token_rows import ChoiceTokenRow, StreamTokenRow, TokenAnomalyRow, text_hash
-
-if TYPE_CHECKING:
-    from sqlalchemy import Engine
-
-# A SQLite file at the schema head (``sniffer.store.writer.open_store``) is read
-# through the standard library's driver; SQLAlchemy loads only for an engine
-# (PostgreSQL, ...) or when streams must be tokenized first.
+from sniffer.store.db import Store
+from sniffer.store.tokens_store import ChoiceTokenRow, StreamTokenRow, TokenAnomalyRow, text_hash
 
 __all__ = [
     "FAIL_KINDS",
@@ -356,7 +349,7 @@ def _tokenize(
     progress: Callable[[int, int], None] | None = None,
 ) -> int:
     """Tokenize the streams among ``ids`` that have no token rows; how many it did.
-    None to do needs no engine (nor SQLAlchemy, on a SQLite file)."""
+    None to do loads nothing of the token pass."""
     if not queries.untokenized_count(store, ids):
         return 0
     from sniffer.record.tokenize_pass import tokenize_db
@@ -365,7 +358,7 @@ def _tokenize(
 
 
 def verify_db(
-    engine: Store | Engine,
+    store: Store,
     registry: TokenizerRegistry,
     *,
     stream_ids: Sequence[int] | None = None,
@@ -382,9 +375,6 @@ def verify_db(
 ) -> VerifyReport:
     """Verify the selected streams (all LLM streams when no filter is given).
 
-    ``engine`` is a store (``sniffer.store.db``: a SQLite file at the schema head
-    through the standard library's driver, ``sniffer.store.writer.open_store``) or
-    an engine: the same report.
     With ``tokenize`` (the default), closed streams without token rows are
     tokenized first (:func:`sniffer.record.tokenize_pass.tokenize_db`, which writes
     their rows); without it they get a ``not_tokenized`` warning. ``tokens``
@@ -392,9 +382,8 @@ def verify_db(
     ``progress(done, total)`` is called after each batch of streams verified,
     ``tokenize_progress(done, total)`` during the tokenization first.
 
-    Example: ``verify_db(make_engine("capture.db"), TokenizerRegistry(), label="run1").ok``
+    Example: ``verify_db(open_store("capture.db"), TokenizerRegistry(), label="run1").ok``
     """
-    store = as_store(engine)
     rows = queries.verify_streams(
         store,
         stream_ids=stream_ids,

@@ -570,13 +570,11 @@ class Daemon:
         path = checkpoint_path(self.config.database)
         where = str(path) if path is not None else f"table checkpoints, node {writer.node}"
         failures: tuple[type[BaseException], ...] = (OSError, InsecureDatabaseFile)
-        if path is None:  # a server database (SQLAlchemy): its errors too
-            from sqlalchemy.exc import SQLAlchemyError
-
-            failures = (*failures, SQLAlchemyError)
+        if path is None:  # a server database: its errors too
+            failures = (*failures, *writer.store.errors)
         try:
             if path is None:
-                save_checkpoint(writer.engine, writer.node, doc)
+                save_checkpoint(writer.store, writer.node, doc)
             else:
                 tmp = path.with_name(path.name + ".tmp")
                 # private like the database: it names endpoints and request fields
@@ -601,11 +599,10 @@ class Daemon:
         path = checkpoint_path(self.config.database)
         if path is None:
             where = f"table checkpoints, node {writer.node}"
-            from sqlalchemy.exc import SQLAlchemyError
-
+            unreadable: tuple[type[BaseException], ...] = (*writer.store.errors, ValueError)
             try:
-                doc = take_checkpoint(writer.engine, writer.node)
-            except (SQLAlchemyError, ValueError) as exc:
+                doc = take_checkpoint(writer.store, writer.node)
+            except unreadable as exc:
                 self.log("warning", "checkpoint-unreadable", path=where, error=str(exc))
                 return None
             return None if doc is None else (where, doc)

@@ -44,9 +44,9 @@ from sniffer.store.live import (
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
-    from sqlalchemy import Engine
 
     from sniffer.llm.tokens import TokenizerRegistry
+    from sniffer.store.db import Store
 
 __all__ = [
     "DAEMON_METRICS",
@@ -300,12 +300,12 @@ class _MetricsHistory:
 
 
 class TopSource:
-    """Builds frames from a store (an Engine) and, optionally, a daemon's /metrics.
+    """Builds frames from a store and, optionally, a daemon's /metrics.
     ``window``: seconds of closed streams and errors the per-label figures cover."""
 
     def __init__(
         self,
-        engine: Engine,
+        store: Store,
         *,
         source: str,
         node: str | None = None,
@@ -313,7 +313,7 @@ class TopSource:
         metrics: str | None = None,
         window: float = WINDOW,
     ) -> None:
-        self.engine = engine
+        self.store = store
         self.window = window
         self.source = source
         self.node = node
@@ -339,7 +339,7 @@ class TopSource:
                 problem = f"{self._metrics.url}: {getattr(exc, 'reason', None) or exc}"
         since = now - self.window
         errors: dict[str, int] = {}
-        for stage, _kind, _ts in recent_errors(self.engine, since=since, node=self.node):
+        for stage, _kind, _ts in recent_errors(self.store, since=since, node=self.node):
             errors[stage] = errors.get(stage, 0) + 1
         return Frame(
             now=now,
@@ -354,9 +354,9 @@ class TopSource:
         )
 
     def _open_rows(self, now: float) -> list[OpenRow]:
-        rows = open_streams(self.engine, now=now, node=self.node)
+        rows = open_streams(self.store, now=now, node=self.node)
         ids = [r["id"] for r in rows]
-        figures = chunk_figures(self.engine, ids)
+        figures = chunk_figures(self.store, ids)
         tokens = self._count_tokens(rows, figures)
         self._tokens = {sid: v for sid, v in self._tokens.items() if sid in figures}
         out = []
@@ -400,7 +400,7 @@ class TopSource:
                 stale.append(r)
             else:
                 out[r["id"]] = 0
-        texts = output_texts(self.engine, [r["id"] for r in stale])
+        texts = output_texts(self.store, [r["id"] for r in stale])
         for r in stale:
             text = texts.get(r["id"], "")[:MAX_TOKENIZE_CHARS]
             try:
@@ -414,8 +414,8 @@ class TopSource:
         return out
 
     def _label_rows(self, now: float) -> list[LabelRow]:
-        rows = recent_streams(self.engine, since=now - self.window, node=self.node)
-        times = output_chunk_times(self.engine, [r["id"] for r in rows[:MAX_ITL_STREAMS]])
+        rows = recent_streams(self.store, since=now - self.window, node=self.node)
+        times = output_chunk_times(self.store, [r["id"] for r in rows[:MAX_ITL_STREAMS]])
         gaps: dict[int, list[float]] = {}
         for (sid, _choice), ts in times.items():
             gaps.setdefault(sid, []).extend(b - a for a, b in itertools.pairwise(ts))

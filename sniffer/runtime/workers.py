@@ -11,11 +11,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sniffer.record.chain import RecordingChain
 from sniffer.runtime.config import Config
 from sniffer.runtime.log import Log
+
+if TYPE_CHECKING:
+    from sniffer.store.db import Store
 
 __all__ = ["Periodic", "limit_arenas", "retention_worker", "token_worker", "trim_heap"]
 
@@ -113,33 +116,34 @@ class Periodic:
 
 
 def token_worker(chain: RecordingChain, database: str, log: Log) -> Periodic:
-    """Tokenize the streams ``chain`` saw close, in batches, through its own engine.
+    """Tokenize the streams ``chain`` saw close, in batches, into its own store
+    (its own connection: the writer's flushes do not wait for it, nor it for them).
 
-    The engine and the default tokenizer are made at the first call, 0.5 s
-    after start, in this thread (neither SQLAlchemy nor the tokenizer is
-    loaded before the capture opens, ~0.15 s in), whether or not a stream has
+    The store and the default tokenizer are made at the first call, 0.5 s
+    after start, in this thread (the tokenizer is not loaded before the
+    capture opens, ~0.15 s in), whether or not a stream has
     closed yet: loaded at the first pass, once the capture's buffers had
     grown, the tokenizer's ~40 MB (and its parse's transient) landed above
     them and raised the peak RSS at 1,000 streams from 146 to 169 MB."""
-    engines: list[Any] = []
+    stores: list[Store] = []
 
     def work() -> None:
-        if not engines:
+        if not stores:
             from sniffer.llm.tokens import TokenizerLoadError
-            from sniffer.store.writer import make_engine
+            from sniffer.store.writer import open_store
 
-            engines.append(make_engine(database))
+            stores.append(open_store(database))
             if chain.tokens is not None:
                 with contextlib.suppress(TokenizerLoadError):  # the pass reports it
                     chain.tokens.default()
             trim_heap()  # the tokenizer's JSON parse leaves ~20 MB freed but mapped
         if not chain.tokens_ready:
             return
-        engine = engines[0]
+        store = stores[0]
         for _ in range(10_000):  # bounded: what closes meanwhile waits for the next call
             if not chain.tokens_ready:
                 break
-            chain.tokenize(limit=TOKEN_BATCH, max_chunks=TOKEN_CHUNKS, engine=engine)
+            chain.tokenize(limit=TOKEN_BATCH, max_chunks=TOKEN_CHUNKS, store=store)
         trim_heap()  # once per call: malloc_trim walks the whole heap (~2 ms)
 
     return Periodic("tokens", 2.0, work, log, first=0.5)
@@ -148,14 +152,14 @@ def token_worker(chain: RecordingChain, database: str, log: Log) -> Periodic:
 def retention_worker(cfg: Config, log: Log) -> Periodic:
     """Delete streams older than ``retention_days``, a few batches at a time."""
     from sniffer.store.retention import prune, vacuum
-    from sniffer.store.writer import make_engine
+    from sniffer.store.writer import open_store
 
-    engine = make_engine(cfg.database)
+    store = open_store(cfg.database)
     age = cfg.retention_days * 86400.0
 
     def work() -> None:
         r = prune(
-            engine,
+            store,
             age,
             now=time.time(),
             batch=cfg.retention_batch,
@@ -163,7 +167,7 @@ def retention_worker(cfg: Config, log: Log) -> Periodic:
             node=cfg.node,  # a fleet's sidecars each prune their own rows
         )
         if r.streams or r.connections:
-            v = vacuum(engine)
+            v = vacuum(store)
             log(
                 "info",
                 "pruned",

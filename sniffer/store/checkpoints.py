@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sniffer.store.db import Store, as_store
-
-if TYPE_CHECKING:
-    from sqlalchemy import Engine
+from sniffer.store.db import Store
 
 __all__ = ["save_checkpoint", "take_checkpoint"]
 
 
-def save_checkpoint(store: Store | Engine, node: str, doc: dict[str, Any]) -> None:
+def save_checkpoint(store: Store, node: str, doc: dict[str, Any]) -> None:
     """Replace ``node``'s checkpoint with ``doc`` (JSON-ready), in one transaction."""
     written_at = float(doc.get("written_at") or time.time())
-    with as_store(store).transaction() as tx:
+    with store.transaction() as tx:
         tx.execute("DELETE FROM checkpoints WHERE checkpoints.node = ?", [node])
         tx.execute(
             "INSERT INTO checkpoints (node, written_at, payload) VALUES (?, ?, ?)",
@@ -37,11 +34,11 @@ def save_checkpoint(store: Store | Engine, node: str, doc: dict[str, Any]) -> No
         )
 
 
-def take_checkpoint(store: Store | Engine, node: str) -> dict[str, Any] | None:
+def take_checkpoint(store: Store, node: str) -> dict[str, Any] | None:
     """``node``'s checkpoint, deleted in the same transaction (an instance
     adopts it once), or None. Raises ``ValueError`` for a payload that is not a
     JSON object (the row is deleted all the same)."""
-    with as_store(store).transaction() as tx:
+    with store.transaction() as tx:
         rows = tx.execute(
             "SELECT checkpoints.payload FROM checkpoints WHERE checkpoints.node = ?", [node]
         )

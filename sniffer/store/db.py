@@ -1,8 +1,11 @@
-"""The store as one object: what the read side (``sniffer.store.queries``) runs on.
+"""The store as one object: what every query of ``sniffer.store`` runs on.
 
 A :class:`Store` runs SQL text with ``?`` placeholders and positional parameters
 and returns plain tuples; the queries are written once on it, in SQL that both
-SQLite and PostgreSQL take. Two kinds:
+SQLite and PostgreSQL take: the read side (``queries``, ``live``), the token
+pass's (``tokens_store``), retention, checkpoints and id blocks. Writes run in
+:meth:`Store.transaction` (``execute``, ``run`` for a row count, ``executemany``).
+Two kinds:
 
 - ``sniffer.store.lite.SqliteFile``: a SQLite file at the schema head through the
   standard library's driver (no SQLAlchemy import: the start-up goal);
@@ -10,8 +13,8 @@ SQLite and PostgreSQL take. Two kinds:
   URL with options), the ``?`` placeholders bound as named parameters of
   ``sqlalchemy.text``.
 
-:func:`as_store` turns an engine given by a caller into a store. No SQLAlchemy
-import at module load.
+Callers get a store (``sniffer.store.writer.open_store``), never an engine. No
+SQLAlchemy import at module load.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
     from sqlalchemy.engine import Connection
 
-__all__ = ["EngineStore", "Store", "Transaction", "as_store", "engine_of", "in_list"]
+__all__ = ["EngineStore", "Store", "Transaction", "in_list"]
 
 
 class Transaction(Protocol):
@@ -34,6 +37,16 @@ class Transaction(Protocol):
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """Run one statement; its rows (``RETURNING``, ``SELECT``), else ``[]``."""
+        ...
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one ``UPDATE`` or ``DELETE``; the number of rows it changed."""
+        ...
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run one statement (an ``INSERT``) once per row of positional parameters,
+        straight through the driver (no parameter dict per row where its
+        placeholders are ``?``)."""
         ...
 
 
@@ -47,6 +60,10 @@ class Store:
 
     #: the database's dialect ("sqlite", "postgresql")
     name: str = ""
+    #: what the driver raises for any failed statement, and for a row that breaks a
+    #: constraint (a duplicate key): ``except store.errors`` needs no driver import
+    errors: tuple[type[BaseException], ...] = ()
+    integrity_errors: tuple[type[BaseException], ...] = ()
 
     @property
     def url(self) -> str:
@@ -102,10 +119,21 @@ class Store:
             as_bools(dict(zip(cols, row, strict=True)), table) for row in self.query(sql, params)
         ]
 
+    def migrate(self) -> None:
+        """Bring the database to this code's schema (``sniffer.store.schema.migrate``,
+        under its lock); one query when it is there already."""
+        raise NotImplementedError
+
+    def sqlite_script(self, sql: str) -> None:
+        """Run ``sql`` as a script on a SQLite database (``sqlite3``'s
+        ``executescript``: a row-less pragma such as ``incremental_vacuum`` runs
+        to completion, where ``execute`` steps it once). SQLite only."""
+        raise NotImplementedError
+
     @property
     def engine(self) -> Engine:
-        """The SQLAlchemy engine of the database, for what runs on one (the token
-        pass, retention): made on first use where the store has none."""
+        """The SQLAlchemy engine of the database, for the migrations: made on first
+        use where the store has none."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -128,9 +156,13 @@ class EngineStore(Store):
     """A store on a SQLAlchemy engine (its connections pooled by the engine)."""
 
     def __init__(self, engine: Engine, *, owned: bool = False) -> None:
+        from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
         self._engine = engine
         self.name = engine.dialect.name
         self._owned = owned
+        self.errors = (SQLAlchemyError,)
+        self.integrity_errors = (IntegrityError,)
 
     @property
     def engine(self) -> Engine:
@@ -149,26 +181,41 @@ class EngineStore(Store):
         with self.engine.begin() as conn:
             yield _EngineTransaction(conn)
 
+    def migrate(self) -> None:
+        from sniffer.store.schema import migrate
+
+        migrate(self.engine)
+
+    def sqlite_script(self, sql: str) -> None:
+        if self.name != "sqlite":
+            raise ValueError(f"a SQLite script on a {self.name} database")
+        with self.engine.connect() as conn:
+            conn.commit()
+            raw: Any = conn.connection.dbapi_connection
+            raw.executescript(sql)
+
     def close(self) -> None:
         if self._owned:
             self.engine.dispose()
 
 
-def as_store(db: Store | Engine) -> Store:
-    """``db`` as a store: a store as it is, an engine wrapped (:class:`EngineStore`)."""
-    return db if isinstance(db, Store) else EngineStore(db)
+def _named(sql: str, count: int) -> str:
+    """``sql`` with its ``?`` placeholders as the named parameters ``:p0``, ``:p1``, …
+    of ``sqlalchemy.text``, whatever the driver's own style."""
+    parts = sql.split("?")
+    if len(parts) - 1 != count:
+        raise ValueError(f"{count} parameters for {len(parts) - 1} placeholders")
+    return parts[0] + "".join(f":p{i}{part}" for i, part in enumerate(parts[1:]))
+
+
+def _bound(sql: str, params: Sequence[Any]) -> tuple[Any, dict[str, Any]]:
+    from sqlalchemy import text
+
+    return text(_named(sql, len(params))), {f"p{i}": v for i, v in enumerate(params)}
 
 
 def _execute(conn: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
-    """``sql`` with its ``?`` placeholders bound as named parameters (``:p0``, …)
-    of ``sqlalchemy.text``, whatever the driver's own style."""
-    from sqlalchemy import text
-
-    parts = sql.split("?")
-    if len(parts) - 1 != len(params):
-        raise ValueError(f"{len(params)} parameters for {len(parts) - 1} placeholders")
-    named = parts[0] + "".join(f":p{i}{part}" for i, part in enumerate(parts[1:]))
-    result = conn.execute(text(named), {f"p{i}": v for i, v in enumerate(params)})
+    result = conn.execute(*_bound(sql, params))
     return [tuple(row) for row in result] if result.returns_rows else []
 
 
@@ -181,8 +228,16 @@ class _EngineTransaction:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         return _execute(self._conn, sql, params)
 
+    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return int(self._conn.execute(*_bound(sql, params)).rowcount)
 
-def engine_of(db: Store | Engine) -> Engine:
-    """The SQLAlchemy engine of a store (``Store.engine``), or ``db`` when it is one:
-    for what runs on an engine (the token pass, retention)."""
-    return db.engine if isinstance(db, Store) else db
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if not rows:
+            return
+        if self._conn.dialect.paramstyle == "qmark":  # the driver takes the text as it is
+            self._conn.exec_driver_sql(sql, [tuple(row) for row in rows])
+            return
+        from sqlalchemy import text
+
+        stmt = text(_named(sql, len(rows[0])))
+        self._conn.execute(stmt, [{f"p{i}": v for i, v in enumerate(row)} for row in rows])

@@ -36,12 +36,8 @@ block once the database answers. Rows could not be written meanwhile anyway.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
-from sniffer.store.db import Store, as_store
-
-if TYPE_CHECKING:
-    from sqlalchemy import Engine
+from sniffer.store.db import Store
 
 #: First block a writer reserves, and the largest.
 FIRST_BLOCK = 64
@@ -58,12 +54,12 @@ _RESERVE = (
 )
 
 
-def reserve(store: Store | Engine, kind: str, size: int) -> range:
+def reserve(store: Store, kind: str, size: int) -> range:
     """Reserve ``size`` consecutive ids of ``kind`` (one short transaction) in the
-    store (``sniffer.store.db``; an engine is wrapped)."""
+    store (``sniffer.store.db``)."""
     if kind not in KINDS:
         raise ValueError(f"unknown id kind {kind!r}")
-    with as_store(store).transaction() as tx:
+    with store.transaction() as tx:
         rows = tx.execute(_RESERVE, (size, kind))
     if len(rows) != 1:
         raise LookupError(f"{len(rows)} id_blocks rows named {kind!r}")
@@ -71,11 +67,9 @@ def reserve(store: Store | Engine, kind: str, size: int) -> range:
     return range(end - size, end)
 
 
-def peek(store: Store | Engine, kind: str) -> int:
+def peek(store: Store, kind: str) -> int:
     """The next id of ``kind`` nobody has reserved yet (informative only)."""
-    found = as_store(store).query(
-        "SELECT id_blocks.next_id FROM id_blocks WHERE id_blocks.name = ?", [kind]
-    )
+    found = store.query("SELECT id_blocks.next_id FROM id_blocks WHERE id_blocks.name = ?", [kind])
     if len(found) != 1:
         raise LookupError(f"{len(found)} id_blocks rows named {kind!r}")
     return int(found[0][0])
@@ -93,13 +87,13 @@ class IdBlocks:
 
     def __init__(
         self,
-        engine: Store | Engine,
+        store: Store,
         kind: str,
         *,
         first: int = FIRST_BLOCK,
         max_block: int = MAX_BLOCK,
     ) -> None:
-        self.store = as_store(engine)
+        self.store = store
         self.kind = kind
         self._size = max(1, first)
         self._max = max(self._size, max_block)

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from sniffer.store import spec
-from sniffer.store.db import Store, in_list
+from sniffer.store.db import Store
 from sniffer.store.schema import REVISIONS, SQLITE_LOCK_WAIT
 from sniffer.store.views import VIEWS
 
@@ -212,6 +212,15 @@ class _Transaction:
         """One statement (``sniffer.store.db.Transaction``): its rows, else ``[]``."""
         return self._conn.execute(sql, params).fetchall()
 
+    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """One UPDATE or DELETE: the rows it changed."""
+        return int(self._conn.execute(sql, params).rowcount)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """One statement once per row of positional parameters."""
+        if rows:
+            self._conn.executemany(sql, rows)
+
 
 class SqliteFile(Store):
     """One SQLite file opened with the standard library's driver (thread-safe: one
@@ -219,6 +228,8 @@ class SqliteFile(Store):
     schema head (``sniffer.store.db.Store``). ``name`` is the dialect's."""
 
     name = "sqlite"
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+    integrity_errors: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,)
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -249,6 +260,20 @@ class SqliteFile(Store):
         """:func:`create_schema` on this file: True when it is (now) at head."""
         with self._lock:
             return create_schema(self._connection())
+
+    def migrate(self) -> None:
+        """One query at head (where ``open_store`` leaves a file); else the
+        migrations, on an engine made for them."""
+        if self.revision() != REVISIONS[-1]:
+            from sniffer.store.schema import migrate
+
+            migrate(self.engine)
+
+    def sqlite_script(self, sql: str) -> None:
+        with self._lock:
+            conn = self._connection()
+            conn.commit()
+            conn.executescript(sql)
 
     def transaction(self) -> Any:
         """:meth:`begin` (``sniffer.store.db.Store.transaction``)."""
@@ -302,7 +327,6 @@ __all__ = [
     "connect",
     "create_new_file",
     "create_schema",
-    "in_list",
     "insert_sql",
     "revision",
     "update_spec",

@@ -12,17 +12,16 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sniffer.store.db import Store, as_store
+from sniffer.store.db import Store
 from sniffer.store.db import in_list as _in
 from sniffer.store.lite import PLAIN_HTTP
 
 if TYPE_CHECKING:
-    from sniffer.store.token_rows import StreamTokenRow
+    from sniffer.store.tokens_store import StreamTokenRow
 
 # Every query is written once, as SQL text both SQLite and PostgreSQL take, on a
 # ``sniffer.store.db.Store``: a SQLite file at head through the standard library's
-# driver (no SQLAlchemy import), or an engine (``EngineStore``). Each function
-# also takes a bare engine, wrapped by ``as_store``.
+# driver (no SQLAlchemy import), or an engine (``EngineStore``).
 
 #: Stream columns that hold JSON text.
 STREAM_JSON_COLUMNS = ("request_headers", "response_headers", "finish_reasons", "usage")
@@ -53,7 +52,6 @@ def list_streams(
 ) -> list[dict[str, Any]]:
     """Stream rows in ``t_request`` order (then id), optionally filtered
     (``node``: only the streams that sidecar captured)."""
-    store = as_store(store)  # an engine from a caller not on a Store yet
     where: list[tuple[str, Any]] = [
         (col, value)
         for col, value in (("node", node), ("label", label), ("model", model), ("state", state))
@@ -66,14 +64,12 @@ def list_streams(
 
 def stream_chunks(store: Store, stream_id: int) -> list[dict[str, Any]]:
     """Chunk rows of one stream in capture order (``seq``)."""
-    store = as_store(store)  # an engine from a caller not on a Store yet
     return store.select("chunks", [("stream_id", stream_id)], ("seq", "id"))
 
 
 def get_stream(store: Store, stream_id: int) -> dict[str, Any] | None:
     """The stream row plus ``"chunks"`` (ordered by seq) and ``"errors"`` of that
     stream; ``None`` if there is no such stream."""
-    store = as_store(store)  # an engine from a caller not on a Store yet
     found = store.select("streams", [("id", stream_id)])
     if not found:
         return None
@@ -88,7 +84,6 @@ def stream_text(store: Store, stream_id: int) -> dict[int, str]:
 
     Only choices that carried text appear.
     """
-    store = as_store(store)  # an engine from a caller not on a Store yet
     parts: dict[int, list[str]] = {}
     for choice, text in store.query(
         "SELECT chunks.choice, chunks.text FROM chunks WHERE chunks.stream_id = ? "
@@ -102,7 +97,6 @@ def stream_text(store: Store, stream_id: int) -> dict[int, str]:
 def list_nodes(store: Store) -> list[dict[str, Any]]:
     """Every node that wrote streams: ``{"node", "streams", "first", "last"}``
     (capture times of its first and last request), by name."""
-    store = as_store(store)  # an engine from a caller not on a Store yet
     return [
         {"node": node, "streams": count, "first": first, "last": last}
         for node, count, first, last in store.query(
@@ -114,7 +108,6 @@ def list_nodes(store: Store) -> list[dict[str, Any]]:
 
 def count_rows(store: Store) -> dict[str, int]:
     """Number of rows per table: connections, streams, chunks, errors."""
-    store = as_store(store)  # an engine from a caller not on a Store yet
     return {
         table: int(store.scalar(f"SELECT count(*) FROM {table}"))
         for table in ("connections", "streams", "chunks", "errors")
@@ -130,7 +123,6 @@ def list_errors(
     node: str | None = None,
 ) -> list[dict[str, Any]]:
     """Error rows in chronological order; with ``limit``, the most recent ones."""
-    store = as_store(store)  # an engine from a caller not on a Store yet
     where = [
         (col, value)
         for col, value in (("node", node), ("stream_id", stream_id), ("stage", stage))
@@ -143,7 +135,6 @@ def list_errors(
 
 def get_connection(store: Store, connection_id: int) -> dict[str, Any] | None:
     """One connection row, or ``None``."""
-    store = as_store(store)  # an engine from a caller not on a Store yet
     found = store.select("connections", [("id", connection_id)])
     return found[0] if found else None
 
@@ -193,7 +184,6 @@ def verify_streams(
     """The streams ``verify`` checks (:data:`VERIFY_STREAM_COLUMNS`), in ``t_request``
     order: ``stream_ids``, else every LLM stream (every stream with ``include_http``),
     narrowed by the other filters."""
-    store = as_store(store)  # an engine from a caller not on a Store yet
     where: list[str] = []
     params: list[Any] = []
     if stream_ids is not None:
@@ -221,7 +211,6 @@ def untokenized_count(store: Store, stream_ids: Sequence[int]) -> int:
     """How many of these streams the token pass would tokenize: closed LLM streams
     without a token row (``sniffer.record.tokenize_pass``'s pending filter; a test
     compares the two)."""
-    store = as_store(store)  # an engine from a caller not on a Store yet
     count = 0
     for start in range(0, len(stream_ids), 500):
         part = stream_ids[start : start + 500]
@@ -239,7 +228,6 @@ def untokenized_count(store: Store, stream_ids: Sequence[int]) -> int:
 def chunk_texts(store: Store, stream_ids: Sequence[int]) -> list[Any]:
     """``(stream_id, seq, choice, chunk_index, text)`` of every chunk of these
     streams, by stream in capture order."""
-    store = as_store(store)  # an engine from a caller not on a Store yet
     if not stream_ids:
         return []
     return store.query(
@@ -250,9 +238,8 @@ def chunk_texts(store: Store, stream_ids: Sequence[int]) -> list[Any]:
 
 
 def token_rows(store: Store, stream_ids: Iterable[int]) -> dict[int, StreamTokenRow]:
-    """The token pass's rows of these streams (``sniffer.store.token_rows``)."""
-    store = as_store(store)  # an engine from a caller not on a Store yet
-    from sniffer.store.token_rows import read_token_rows
+    """The token pass's rows of these streams (``sniffer.store.tokens_store``)."""
+    from sniffer.store.tokens_store import read_token_rows
 
     return read_token_rows(store, stream_ids)
 
@@ -300,7 +287,6 @@ def output_rows(
     finish_reason, logprobs)`` that carry something, by stream in capture order,
     and ``(stream_id, choice, server_tokens, server_ids)`` of their choices the
     token pass found server tokens for."""
-    store = as_store(store)  # an engine from a caller not on a Store yet
     if labels is not None and not labels:
         return [], [], []
     where = ["streams.dialect IS NOT NULL", "streams.dialect != ?"]
@@ -353,7 +339,6 @@ def count_midway(
 ) -> int:
     """LLM streams recovered mid-way (state ``midway``), optionally only those with
     one of ``labels`` / of ``model``."""
-    store = as_store(store)  # an engine from a caller not on a Store yet
     if labels is not None and not labels:
         return 0
     where = ["state = 'midway'", "dialect IS NOT NULL", "dialect != ?"]

@@ -33,13 +33,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from sqlalchemy import Engine, and_, delete, exists, func, or_, select
-
-from sniffer.store.db import Store, engine_of
-from sniffer.store.models import chunks, connections, errors, streams
-from sniffer.store.tokens_store import choice_tokens, stream_tokens, token_anomalies
+from sniffer.store.db import Store, Transaction, in_list
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _AGE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw])\s*", re.IGNORECASE)
@@ -79,9 +74,24 @@ class PruneResult:
         return self.streams + self.chunks + self.errors + self.connections
 
 
-# Left to the store restructure (issue #27), which rewrites this module (C901).
-def prune(  # noqa: C901
-    engine: Store | Engine,
+#: The tables of a stream's rows, deleted before the stream (``stream_id``).
+_STREAM_TABLES = ("chunks", "errors", "token_anomalies", "choice_tokens", "stream_tokens")
+
+
+def _mine(table: str, node: str | None) -> tuple[str, list[str]]:
+    """The condition (`` AND …``) and parameters of ``node``'s rows of ``table``
+    (and those written before nodes existed, whose node is NULL)."""
+    if node is None:
+        return "", []
+    return f" AND ({table}.node = ? OR {table}.node IS NULL)", [node]
+
+
+def _delete_ids(tx: Transaction, table: str, column: str, ids: list[int]) -> int:
+    return tx.run(f"DELETE FROM {table} WHERE {table}.{column} IN {in_list(ids)}", ids)
+
+
+def prune(
+    store: Store,
     older_than: float,
     *,
     now: float,
@@ -98,133 +108,140 @@ def prune(  # noqa: C901
     opened before the cutoff that no stream refers to any more, and errors
     without a stream captured before the cutoff, also in batches.
     ``progress(streams deleted, streams to delete)`` is called after each batch
-    of streams. Example: ``prune(engine, parse_age("7d"), now=time.time())``.
+    of streams. Example: ``prune(open_store("capture.db"), parse_age("7d"), now=time.time())``.
     """
-    engine = engine_of(engine)  # a store runs this on its engine
     if older_than < 0:
         raise ValueError(f"older_than must be >= 0 seconds, got {older_than}")
     batch = max(1, batch)
-    max_rows = max(1, max_rows)
-    cutoff = now - older_than
     result = PruneResult()
-    s_mine = [] if node is None else [or_(streams.c.node == node, streams.c.node.is_(None))]
-    c_mine = [] if node is None else [or_(connections.c.node == node, connections.c.node.is_(None))]
-    e_mine = [] if node is None else [or_(errors.c.node == node, errors.c.node.is_(None))]
-
-    def budget_left() -> bool:
-        return max_batches is None or result.batches < max_batches
-
+    cutoff = now - older_than
     total = 0
     if progress is not None:
-        with engine.connect() as conn:
-            total = int(
-                conn.execute(
-                    select(func.count())
-                    .select_from(streams)
-                    .where(streams.c.t_request < cutoff, *s_mine)
-                ).scalar_one()
+        mine, mine_params = _mine("streams", node)
+        total = int(
+            store.scalar(
+                f"SELECT count(*) FROM streams WHERE streams.t_request < ?{mine}",
+                [cutoff, *mine_params],
             )
+            or 0
+        )
 
-    # 1. streams, with their chunks and errors
-    while True:
-        if not budget_left():
-            result.done = False
-            return result
-        with engine.begin() as conn:
-            found = conn.execute(
-                select(streams.c.id, streams.c.event_count)
-                .where(streams.c.t_request < cutoff, *s_mine)
-                .order_by(streams.c.id)
-                .limit(batch)
-            ).all()
-            if not found:
-                break
-            ids: list[int] = []
-            rows = 0
-            for sid, events in found:
-                rows += (events or 0) + 1
-                if ids and rows > max_rows:
-                    break
-                ids.append(sid)
-            result.chunks += conn.execute(
-                delete(chunks).where(chunks.c.stream_id.in_(ids))
-            ).rowcount
-            result.errors += conn.execute(
-                delete(errors).where(errors.c.stream_id.in_(ids))
-            ).rowcount
-            for table in (token_anomalies, choice_tokens, stream_tokens):
-                conn.execute(delete(table).where(table.c.stream_id.in_(ids)))
-            result.streams += conn.execute(delete(streams).where(streams.c.id.in_(ids))).rowcount
-        result.batches += 1
-        if progress is not None:
+    def streams_step() -> bool:
+        found = _prune_streams(store, cutoff, node, batch, max(1, max_rows), result)
+        if found and progress is not None:
             progress(min(result.streams, total), total)
-        if len(found) < batch:
-            break
+        return found >= batch
 
-    # 2. connections without streams, opened before the cutoff
+    steps = (
+        streams_step,
+        lambda: _prune_connections(store, cutoff, node, batch, result),
+        lambda: _prune_errors(store, cutoff, node, batch, result),
+    )
+    for step in steps:
+        while True:
+            if max_batches is not None and result.batches >= max_batches:
+                result.done = False
+                return result
+            if not step():
+                break
+    return result
+
+
+def _prune_streams(
+    store: Store,
+    cutoff: float,
+    node: str | None,
+    batch: int,
+    max_rows: int,
+    result: PruneResult,
+) -> int:
+    """One batch of old streams with their chunks, errors and token rows; the
+    number of old streams found for it (0: none was left)."""
+    mine, mine_params = _mine("streams", node)
+    with store.transaction() as tx:
+        found = tx.execute(
+            "SELECT streams.id, streams.event_count FROM streams "
+            f"WHERE streams.t_request < ?{mine} ORDER BY streams.id LIMIT ?",
+            [cutoff, *mine_params, batch],
+        )
+        if not found:
+            return 0
+        ids: list[int] = []
+        rows = 0
+        for sid, events in found:
+            rows += (events or 0) + 1
+            if ids and rows > max_rows:
+                break
+            ids.append(sid)
+        deleted = {t: _delete_ids(tx, t, "stream_id", ids) for t in _STREAM_TABLES}
+        result.chunks += deleted["chunks"]
+        result.errors += deleted["errors"]
+        result.streams += _delete_ids(tx, "streams", "id", ids)
+    result.batches += 1
+    return len(found)
+
+
+def _prune_connections(
+    store: Store, cutoff: float, node: str | None, batch: int, result: PruneResult
+) -> bool:
+    """One batch of connections without streams, opened before the cutoff."""
     # NOT IN over a subquery: SQLite builds the set of referenced connection ids
     # once per statement (streams.connection_id has no index; a correlated
     # NOT EXISTS would scan the streams table once per candidate).
     # On PostgreSQL NOT IN over a large subquery that does not fit work_mem is
     # rescanned per row: NOT EXISTS (an anti-join on ix_streams_connection) instead.
-    if engine.dialect.name == "postgresql":
-        unused = ~exists().where(streams.c.connection_id == connections.c.id)
+    if store.name == "postgresql":
+        unused = "NOT (EXISTS (SELECT * FROM streams WHERE streams.connection_id = connections.id))"
     else:
-        unused = connections.c.id.not_in(
-            select(streams.c.connection_id).where(streams.c.connection_id.is_not(None))
+        unused = (
+            "(connections.id NOT IN (SELECT streams.connection_id FROM streams "
+            "WHERE streams.connection_id IS NOT NULL))"
         )
-    orphan = and_(connections.c.opened_at < cutoff, unused, *c_mine)
-    while True:
-        if not budget_left():
-            result.done = False
-            return result
-        with engine.begin() as conn:
-            ids = list(
-                conn.execute(
-                    select(connections.c.id).where(orphan).order_by(connections.c.id).limit(batch)
-                ).scalars()
+    mine, mine_params = _mine("connections", node)
+    with store.transaction() as tx:
+        ids = [
+            cid
+            for (cid,) in tx.execute(
+                f"SELECT connections.id FROM connections WHERE connections.opened_at < ? "
+                f"AND {unused}{mine} ORDER BY connections.id LIMIT ?",
+                [cutoff, *mine_params, batch],
             )
-            if not ids:
-                break
-            result.connections += conn.execute(
-                delete(connections).where(connections.c.id.in_(ids))
-            ).rowcount
-        result.batches += 1
-        if len(ids) < batch:
-            break
+        ]
+        if not ids:
+            return False
+        result.connections += _delete_ids(tx, "connections", "id", ids)
+    result.batches += 1
+    return len(ids) >= batch
 
-    # 3. errors recorded without a stream (capture, reassembly, http desync …)
-    while True:
-        if not budget_left():
-            result.done = False
-            return result
-        with engine.begin() as conn:
-            ids = list(
-                conn.execute(
-                    select(errors.c.id)
-                    .where(errors.c.stream_id.is_(None), errors.c.ts < cutoff, *e_mine)
-                    .order_by(errors.c.id)
-                    .limit(batch)
-                ).scalars()
+
+def _prune_errors(
+    store: Store, cutoff: float, node: str | None, batch: int, result: PruneResult
+) -> bool:
+    """One batch of errors recorded without a stream (capture, reassembly, http
+    desync …) before the cutoff."""
+    mine, mine_params = _mine("errors", node)
+    with store.transaction() as tx:
+        ids = [
+            eid
+            for (eid,) in tx.execute(
+                "SELECT errors.id FROM errors WHERE errors.stream_id IS NULL "
+                f"AND errors.ts < ?{mine} ORDER BY errors.id LIMIT ?",
+                [cutoff, *mine_params, batch],
             )
-            if not ids:
-                break
-            result.errors += conn.execute(delete(errors).where(errors.c.id.in_(ids))).rowcount
-        result.batches += 1
-        if len(ids) < batch:
-            break
-    return result
+        ]
+        if not ids:
+            return False
+        result.errors += _delete_ids(tx, "errors", "id", ids)
+    result.batches += 1
+    return len(ids) >= batch
 
 
-def _auto_vacuum(engine: Engine) -> int | None:
-    if engine.dialect.name != "sqlite":
-        return None
-    with engine.connect() as conn:
-        value = conn.exec_driver_sql("PRAGMA auto_vacuum").scalar()
+def _auto_vacuum(store: Store) -> int | None:
+    value = store.scalar("PRAGMA auto_vacuum")
     return int(value) if value is not None else None
 
 
-def ensure_incremental_vacuum(engine: Store | Engine, *, convert: bool = False) -> bool:
+def ensure_incremental_vacuum(store: Store, *, convert: bool = False) -> bool:
     """Make a SQLite database use ``auto_vacuum = INCREMENTAL``; True if it does.
 
     On a database without tables (a new file) the pragma simply takes effect.
@@ -233,23 +250,18 @@ def ensure_incremental_vacuum(engine: Store | Engine, *, convert: bool = False) 
     ``convert=True`` (the ``prune --vacuum-full`` path, never the daemon).
     Always False for databases other than SQLite.
 
-    For new databases the cheap, race-free place is the engine's connect hook
+    For new databases the cheap, race-free place is where the file is opened
     (``PRAGMA auto_vacuum = INCREMENTAL`` before the tables are created).
     """
-    engine = engine_of(engine)  # a store runs this on its engine
-    if engine.dialect.name != "sqlite":
+    if store.name != "sqlite":
         return False
-    if _auto_vacuum(engine) == _AUTO_VACUUM_INCREMENTAL:
+    if _auto_vacuum(store) == _AUTO_VACUUM_INCREMENTAL:
         return True
-    with engine.connect() as conn:
-        tables = conn.exec_driver_sql(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
-        ).scalar()
-        conn.exec_driver_sql("PRAGMA auto_vacuum = INCREMENTAL")
-        if tables and convert:
-            conn.exec_driver_sql("VACUUM")
-        conn.commit()
-    return _auto_vacuum(engine) == _AUTO_VACUUM_INCREMENTAL
+    tables = store.scalar("SELECT count(*) FROM sqlite_master WHERE type = 'table'")
+    store.sqlite_script(
+        "PRAGMA auto_vacuum = INCREMENTAL;" + (" VACUUM;" if tables and convert else "")
+    )
+    return _auto_vacuum(store) == _AUTO_VACUUM_INCREMENTAL
 
 
 @dataclass
@@ -268,7 +280,7 @@ VACUUM_STEP = 4096
 
 
 def vacuum(
-    engine: Store | Engine,
+    store: Store,
     *,
     pages: int | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -281,43 +293,36 @@ def vacuum(
     pages to free)`` it frees :data:`VACUUM_STEP` pages at a time, calling it
     after each step.
     """
-    engine = engine_of(engine)  # a store runs this on its engine
-    if engine.dialect.name != "sqlite":
+    if store.name != "sqlite":
         return VacuumResult(0, 0, False)
-    with engine.connect() as conn:
-        mode = conn.exec_driver_sql("PRAGMA auto_vacuum").scalar()
-        page_size = int(conn.exec_driver_sql("PRAGMA page_size").scalar() or 0)
-        before = int(conn.exec_driver_sql("PRAGMA page_count").scalar() or 0)
-        if mode == _AUTO_VACUUM_INCREMENTAL:
-            conn.commit()
-            raw: Any = conn.connection.dbapi_connection
-            script = getattr(raw, "executescript", None)
 
-            def run(n: int | None) -> None:
-                arg = "" if n is None else f"({max(0, int(n))})"
-                if script is not None:
-                    # Python's sqlite3 ``execute`` steps a row-less pragma only once,
-                    # which frees ONE page; ``executescript`` runs it to completion.
-                    script(f"PRAGMA incremental_vacuum{arg};")
-                else:
-                    conn.exec_driver_sql(f"PRAGMA incremental_vacuum{arg}")
-                    conn.commit()
+    def pragma(name: str) -> int:
+        return int(store.scalar(f"PRAGMA {name}") or 0)
 
-            if progress is None:
-                run(pages)
-            else:
-                free = int(conn.exec_driver_sql("PRAGMA freelist_count").scalar() or 0)
-                todo = free if pages is None else min(free, max(0, int(pages)))
-                done = 0
-                progress(0, todo)
-                while done < todo:
-                    run(min(VACUUM_STEP, todo - done))
-                    left = int(conn.exec_driver_sql("PRAGMA freelist_count").scalar() or 0)
-                    if free - left <= done:
-                        break  # nothing more was freed
-                    done = free - left
-                    progress(min(done, todo), todo)
-        after = int(conn.exec_driver_sql("PRAGMA page_count").scalar() or 0)
+    def run(n: int | None) -> None:
+        # Python's sqlite3 ``execute`` steps a row-less pragma only once, which
+        # frees ONE page; as a script it runs to completion.
+        store.sqlite_script(f"PRAGMA incremental_vacuum{'' if n is None else f'({max(0, n)})'};")
+
+    mode = _auto_vacuum(store)
+    page_size = pragma("page_size")
+    before = pragma("page_count")
+    if mode == _AUTO_VACUUM_INCREMENTAL:
+        if progress is None:
+            run(None if pages is None else int(pages))
+        else:
+            free = pragma("freelist_count")
+            todo = free if pages is None else min(free, max(0, int(pages)))
+            done = 0
+            progress(0, todo)
+            while done < todo:
+                run(min(VACUUM_STEP, todo - done))
+                left = pragma("freelist_count")
+                if free - left <= done:
+                    break  # nothing more was freed
+                done = free - left
+                progress(min(done, todo), todo)
+    after = pragma("page_count")
     return VacuumResult(before - after, page_size, mode == _AUTO_VACUUM_INCREMENTAL)
 
 

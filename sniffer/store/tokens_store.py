@@ -1,9 +1,12 @@
 """Token tables: what the token pass (``sniffer.record.tokenize_pass``) found per stream.
 
-Specified with the capture tables (``sniffer.store.spec``, built on one
-``MetaData`` in ``sniffer.store.models``); created, like them, by the migration
-chain (``sniffer.store.migrations``), which :func:`create_token_tables` runs
-(safe to call repeatedly).
+Specified with the capture tables (``sniffer.store.spec``); created, like them,
+by the migration chain (``sniffer.store.migrations``), which
+:func:`create_token_tables` runs (safe to call repeatedly). The rows are values
+(:class:`StreamTokenRow`, :class:`ChoiceTokenRow`, :class:`TokenAnomalyRow`);
+every query on these tables, the token pass's included, is written here once on
+a ``sniffer.store.db.Store`` (a SQLite file through the standard library's
+driver, no SQLAlchemy; or an engine).
 
 ``stream_tokens`` — one row per analysed stream (its presence means "done").
 
@@ -55,59 +58,177 @@ chain (``sniffer.store.migrations``), which :func:`create_token_tables` runs
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson as _orjson
-from sqlalchemy import Engine, Table, and_, delete, func, insert, select
-from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from sniffer.store import spec
-from sniffer.store.db import EngineStore
-from sniffer.store.models import (
-    PLAIN_HTTP,
-    choice_tokens,
-    chunks,
-    stream_tokens,
-    streams,
-    token_anomalies,
-)
-from sniffer.store.token_rows import (  # the row values live without SQLAlchemy
-    ChoiceTokenRow,
-    StreamTokenRow,
-    TokenAnomalyRow,
-    read_token_rows,
-)
+from sniffer.store.db import Store, Transaction, as_bools, in_list
+from sniffer.store.lite import PLAIN_HTTP, insert_sql
 
 __all__ = [
     "ChoiceTokenRow",
     "StreamTokenRow",
     "TokenAnomalyRow",
-    "choice_tokens",
     "chunk_token_ids",
     "create_token_tables",
     "delete_token_rows",
     "insert_token_rows",
+    "int_keys",
+    "json_or",
     "pending_count",
     "read_pending",
-    "read_stream_tokens",
-    "stream_tokens",
-    "token_anomalies",
+    "read_token_rows",
+    "text_hash",
     "write_token_rows",
 ]
 
-_TABLES = (stream_tokens, choice_tokens, token_anomalies)
+_TABLES = ("stream_tokens", "choice_tokens", "token_anomalies")
 
 
-def create_token_tables(engine: Engine) -> None:
+@dataclass(frozen=True, slots=True)
+class ChoiceTokenRow:
+    choice: int
+    text_len: int
+    text_hash: str
+    output_ids: tuple[int, ...]
+    chunk_seqs: tuple[int, ...]
+    chunk_counts: tuple[int, ...]
+    straddle_seqs: tuple[int, ...]
+    tokens_per_chunk: dict[int, int]
+    server_tokens: tuple[str, ...] | None = None
+    server_ids: tuple[int | None, ...] | None = None
+    server_mismatch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenAnomalyRow:
+    choice: int
+    kind: str
+    position: int | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTokenRow:
+    stream_id: int
+    tokenizer: str | None
+    is_default: bool
+    prompt_ids: tuple[int, ...] | None
+    usage_diff: dict[str, int] = field(default_factory=dict)
+    tokens_per_chunk: dict[int, int] = field(default_factory=dict)
+    anomaly_count: int = 0
+    error: str | None = None
+    choices: tuple[ChoiceTokenRow, ...] = ()
+    anomalies: tuple[TokenAnomalyRow, ...] = ()
+
+    @property
+    def output_count(self) -> int:
+        return sum(len(c.output_ids) for c in self.choices)
+
+
+def text_hash(text: str) -> str:
+    """The ``choice_tokens.text_hash`` of a text: blake2b-128 hex of its UTF-8 bytes
+    (``surrogatepass``; the token pass stores it, ``verify`` compares it)."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def json_or(text: str | None, default: Any) -> Any:
+    """The JSON value of ``text``; ``default`` for NULL or text that is not JSON."""
+    if text is None:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        return default
+
+
+def int_keys(d: Any) -> dict[int, int]:
+    """A JSON object as ``{int: int}``, sorted by key (entries that are not, dropped)."""
+    if not isinstance(d, dict):
+        return {}
+    out: dict[int, int] = {}
+    for k, v in d.items():
+        try:
+            out[int(k)] = int(v)
+        except (TypeError, ValueError):
+            continue
+    return dict(sorted(out.items()))
+
+
+def read_token_rows(store: Store, stream_ids: Iterable[int]) -> dict[int, StreamTokenRow]:
+    """The stored token rows of these streams (streams without a row are absent)."""
+    ids = list(stream_ids)
+    out: dict[int, StreamTokenRow] = {}
+    for start in range(0, len(ids), 500):
+        part = ids[start : start + 500]
+        choices: dict[int, list[ChoiceTokenRow]] = {}
+        for row in store.query(
+            "SELECT stream_id, choice, text_len, text_hash, output_ids, chunk_seqs, "
+            "chunk_counts, straddle_seqs, tokens_per_chunk, server_tokens, server_ids, "
+            f"server_mismatch FROM choice_tokens WHERE stream_id IN {in_list(part)} "
+            "ORDER BY stream_id, choice",
+            part,
+        ):
+            server = json_or(row[9], None)
+            server_ids = json_or(row[10], None)
+            choices.setdefault(row[0], []).append(
+                ChoiceTokenRow(
+                    choice=row[1],
+                    text_len=row[2] or 0,
+                    text_hash=row[3] or "",
+                    output_ids=tuple(json_or(row[4], [])),
+                    chunk_seqs=tuple(json_or(row[5], [])),
+                    chunk_counts=tuple(json_or(row[6], [])),
+                    straddle_seqs=tuple(json_or(row[7], [])),
+                    tokens_per_chunk=int_keys(json_or(row[8], {})),
+                    server_tokens=None if server is None else tuple(server),
+                    server_ids=None if server_ids is None else tuple(server_ids),
+                    server_mismatch=row[11],
+                )
+            )
+        anomalies: dict[int, list[TokenAnomalyRow]] = {}
+        for sid, choice, kind, position, detail in store.query(
+            "SELECT stream_id, choice, kind, position, detail FROM token_anomalies "
+            f"WHERE stream_id IN {in_list(part)} ORDER BY stream_id, id",
+            part,
+        ):
+            anomalies.setdefault(sid, []).append(
+                TokenAnomalyRow(choice, kind, position, detail or "")
+            )
+        for row in store.query(
+            "SELECT stream_id, tokenizer, is_default, prompt_ids, usage_diff, "
+            "tokens_per_chunk, anomaly_count, error FROM stream_tokens "
+            f"WHERE stream_id IN {in_list(part)}",
+            part,
+        ):
+            sid = row[0]
+            prompt = json_or(row[3], None)
+            usage = json_or(row[4], {})
+            out[sid] = StreamTokenRow(
+                stream_id=sid,
+                tokenizer=row[1],
+                is_default=bool(row[2]),
+                prompt_ids=None if prompt is None else tuple(prompt),
+                usage_diff=usage if isinstance(usage, dict) else {},
+                tokens_per_chunk=int_keys(json_or(row[5], {})),
+                anomaly_count=row[6] or 0,
+                error=row[7],
+                choices=tuple(choices.get(sid, ())),
+                anomalies=tuple(anomalies.get(sid, ())),
+            )
+    return out
+
+
+def create_token_tables(store: Store) -> None:
     """Make sure the token tables exist: they are part of the migration chain, so
-    this brings the database to the current schema (``sniffer.store.schema``),
-    under the migration lock; a no-op (one query) when it is there already."""
-    from sniffer.store.schema import migrate
-
-    migrate(engine)
+    this brings the database to the current schema (``Store.migrate``, under the
+    migration lock); a no-op (one query) when it is there already."""
+    store.migrate()
 
 
 def _dumps(value: Any) -> str:
@@ -121,11 +242,11 @@ def _dumps(value: Any) -> str:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-#: The columns the token pass fills, in table order (``sniffer.store.spec``; the
-#: anomaly ids are the database's).
-_STREAM_COLUMNS = spec.TABLE_COLUMNS["stream_tokens"]
-_CHOICE_COLUMNS = spec.TABLE_COLUMNS["choice_tokens"]
-_ANOMALY_COLUMNS = spec.TABLE_COLUMNS["token_anomalies"][1:]
+#: The INSERT of each token table with the columns the token pass fills, in table
+#: order (``sniffer.store.spec``; the anomaly ids are the database's).
+_STREAM_INSERT = insert_sql("stream_tokens", spec.TABLE_COLUMNS["stream_tokens"])
+_CHOICE_INSERT = insert_sql("choice_tokens", spec.TABLE_COLUMNS["choice_tokens"])
+_ANOMALY_INSERT = insert_sql("token_anomalies", spec.TABLE_COLUMNS["token_anomalies"][1:])
 
 
 def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
@@ -163,130 +284,61 @@ def _choice_values(stream_id: int, c: ChoiceTokenRow) -> tuple[Any, ...]:
     )
 
 
-#: (dialect name, table name) → (INSERT text, parameter order or None if named)
-_INSERTS: dict[tuple[str, str], tuple[str, tuple[str, ...] | None]] = {}
+def write_token_rows(tx: Transaction, rows: Sequence[StreamTokenRow]) -> None:
+    """Insert the rows of analysed streams in ``tx`` (the caller's transaction):
+    an ``executemany`` of positional rows per table, straight through the driver.
 
-
-def _insert_rows(
-    conn: Connection, table: Table, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
-) -> None:
-    """``executemany`` of positional rows straight through the driver: the
-    INSERT is compiled once per dialect, and SQLAlchemy builds no parameter
-    dict per row (the columns' types need no bind processing)."""
-    dialect = conn.dialect
-    key = (dialect.name, table.name)
-    found = _INSERTS.get(key)
-    if found is None:
-        compiled = insert(table).compile(
-            dialect=dialect, column_keys=list(columns), for_executemany=True
-        )
-        order = tuple(compiled.positiontup or ()) if compiled.positional else None
-        found = _INSERTS[key] = (str(compiled), order)
-    sql, order = found
-    if order is None:  # named parameters (PostgreSQL drivers)
-        conn.exec_driver_sql(sql, [dict(zip(columns, row, strict=True)) for row in rows])
-    elif order == columns:
-        conn.exec_driver_sql(sql, rows)
-    else:
-        idx = [columns.index(c) for c in order]
-        conn.exec_driver_sql(sql, [tuple([row[i] for i in idx]) for row in rows])
-
-
-def write_token_rows(conn: Connection, rows: Sequence[StreamTokenRow]) -> None:
-    """Insert the rows of analysed streams on ``conn`` (the caller's transaction).
-
-    Raises ``IntegrityError`` when a stream already has a row (another pass
-    got there first); the caller rolls back and retries without it.
+    Raises one of the store's ``integrity_errors`` when a stream already has a
+    row (another pass got there first); the caller rolls back and retries
+    without it.
     """
     if not rows:
         return
-    _insert_rows(conn, stream_tokens, _STREAM_COLUMNS, [_stream_values(r) for r in rows])
-    choice_rows = [_choice_values(r.stream_id, c) for r in rows for c in r.choices]
-    if choice_rows:
-        _insert_rows(conn, choice_tokens, _CHOICE_COLUMNS, choice_rows)
-    anomaly_rows = [
-        (r.stream_id, a.choice, a.kind, a.position, a.detail) for r in rows for a in r.anomalies
-    ]
-    if anomaly_rows:
-        _insert_rows(conn, token_anomalies, _ANOMALY_COLUMNS, anomaly_rows)
+    tx.executemany(_STREAM_INSERT, [_stream_values(r) for r in rows])
+    tx.executemany(
+        _CHOICE_INSERT, [_choice_values(r.stream_id, c) for r in rows for c in r.choices]
+    )
+    tx.executemany(
+        _ANOMALY_INSERT,
+        [(r.stream_id, a.choice, a.kind, a.position, a.detail) for r in rows for a in r.anomalies],
+    )
 
 
-def delete_token_rows(conn: Connection, stream_ids: Iterable[int] | None = None) -> None:
-    """Delete the token rows of these streams (all streams when None), so that
-    the next pass analyses them again."""
-    for table in _TABLES:
-        stmt = delete(table)
-        if stream_ids is not None:
-            stmt = stmt.where(table.c.stream_id.in_(list(stream_ids)))
-        conn.execute(stmt)
-
-
-def read_stream_tokens(engine: Engine, stream_ids: Iterable[int]) -> dict[int, StreamTokenRow]:
-    """The stored token rows of these streams (streams without a row are absent):
-    the one reader (``sniffer.store.token_rows.read_token_rows``) on an engine."""
-    return read_token_rows(EngineStore(engine), stream_ids)
+def delete_token_rows(store: Store, stream_ids: Iterable[int] | None = None) -> None:
+    """Delete the token rows of these streams (all streams when None), in one
+    transaction, so that the next pass analyses them again."""
+    ids = None if stream_ids is None else list(stream_ids)
+    with store.transaction() as tx:
+        for table in _TABLES:
+            if ids is None:
+                tx.run(f"DELETE FROM {table}")
+            elif ids:
+                tx.run(f"DELETE FROM {table} WHERE {table}.stream_id IN {in_list(ids)}", ids)
 
 
 # ---------------------------------------------------------------------------
 # the token pass's queries (``sniffer.record.tokenize_pass``)
 # ---------------------------------------------------------------------------
 
-
-def _pending_filter() -> Any:
-    return and_(
-        streams.c.closed_at.is_not(None),
-        streams.c.state != "open",
-        streams.c.dialect.is_not(None),
-        streams.c.dialect != PLAIN_HTTP,
-        stream_tokens.c.stream_id.is_(None),
-    )
-
-
-def _pending_select(*cols: Any) -> Any:
-    return (
-        select(*cols)
-        .select_from(streams.outerjoin(stream_tokens, stream_tokens.c.stream_id == streams.c.id))
-        .where(_pending_filter())
-    )
-
-
-def pending_count(engine: Engine) -> int:
-    """Closed LLM streams without a token row (what the token pass tokenizes)."""
-    create_token_tables(engine)
-    with engine.connect() as conn:
-        return int(conn.execute(_pending_select(func.count())).scalar_one())
-
-
-_CHUNK_COLUMNS = (
-    chunks.c.stream_id,
-    chunks.c.seq,
-    func.coalesce(chunks.c.choice, -1),
-    func.coalesce(chunks.c.text, ""),
-    chunks.c.finish_reason,
-    chunks.c.logprobs,
+#: Closed LLM streams without a token row: what the token pass tokenizes.
+_PENDING = (
+    "FROM streams LEFT OUTER JOIN stream_tokens ON stream_tokens.stream_id = streams.id "
+    "WHERE streams.closed_at IS NOT NULL AND streams.state != 'open' "
+    f"AND streams.dialect IS NOT NULL AND streams.dialect != '{PLAIN_HTTP}' "
+    "AND stream_tokens.stream_id IS NULL"
 )
 
+_STREAM_COLUMNS = spec.TABLE_COLUMNS["streams"]
 
-def _chunk_tuples(engine: Engine, conn: Connection, ids: list[int]) -> list[tuple[Any, ...]]:
-    """(stream_id, seq, choice, text, finish_reason, logprobs) of the streams' chunks,
-    ordered by stream and seq, as plain DB-API tuples (no Row objects: this is
-    ~100k rows per batch). The ids are integers, rendered inline."""
-    stmt = (
-        select(*_CHUNK_COLUMNS)
-        .where(chunks.c.stream_id.in_([int(i) for i in ids]))
-        .order_by(chunks.c.stream_id, chunks.c.seq, chunks.c.id)
-    )
-    sql = str(stmt.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
-    cur = conn.connection.cursor()
-    try:
-        cur.execute(sql)
-        return list(cur.fetchall())
-    finally:
-        cur.close()
+
+def pending_count(store: Store) -> int:
+    """Closed LLM streams without a token row (what the token pass tokenizes)."""
+    create_token_tables(store)
+    return int(store.scalar(f"SELECT count(*) {_PENDING}") or 0)
 
 
 def read_pending(
-    engine: Engine,
+    store: Store,
     size: int,
     *,
     after: int | None = None,
@@ -296,46 +348,70 @@ def read_pending(
     id order, ids above ``after``, only ``stream_ids`` when given) and their chunk
     tuples ``(stream_id, seq, choice, text, finish_reason, logprobs)`` by stream
     and seq (choice -1 and text "" for NULL); ``([], [])`` when none is left."""
-    stmt = _pending_select(streams)
+    sql = f"SELECT {', '.join(f'streams.{c}' for c in _STREAM_COLUMNS)} {_PENDING}"
+    params: list[Any] = []
     if stream_ids is not None:
-        stmt = stmt.where(streams.c.id.in_(list(stream_ids)))
-    if after is not None:
-        stmt = stmt.where(streams.c.id > after)
-    stmt = stmt.order_by(streams.c.id).limit(size)
-    with engine.connect() as conn:
-        srows = [dict(m) for m in conn.execute(stmt).mappings()]
-        if not srows:
+        ids = list(stream_ids)
+        if not ids:
             return [], []
-        return srows, _chunk_tuples(engine, conn, [r["id"] for r in srows])
+        sql += f" AND streams.id IN {in_list(ids)}"
+        params.extend(ids)
+    if after is not None:
+        sql += " AND streams.id > ?"
+        params.append(after)
+    sql += " ORDER BY streams.id LIMIT ?"
+    params.append(size)
+    srows = [
+        as_bools(dict(zip(_STREAM_COLUMNS, row, strict=True)), "streams")
+        for row in store.query(sql, params)
+    ]
+    if not srows:
+        return [], []
+    ids = [r["id"] for r in srows]
+    chunks = store.query(
+        "SELECT chunks.stream_id, chunks.seq, coalesce(chunks.choice, -1), "
+        "coalesce(chunks.text, ''), chunks.finish_reason, chunks.logprobs FROM chunks "
+        f"WHERE chunks.stream_id IN {in_list(ids)} "
+        "ORDER BY chunks.stream_id, chunks.seq, chunks.id",
+        ids,
+    )
+    return srows, chunks
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def insert_token_rows(
-    engine: Engine, rows: list[StreamTokenRow]
+    store: Store, rows: list[StreamTokenRow]
 ) -> tuple[list[StreamTokenRow], int, str | None]:
     """Write a batch of token rows in one transaction; on a collision with another
     pass, once more without the streams it already wrote. Returns (the rows
     written, the rows skipped so, the database's error when it refused the batch:
     nothing written)."""
     try:
-        with engine.begin() as conn:
-            write_token_rows(conn, rows)
+        with store.transaction() as tx:
+            write_token_rows(tx, rows)
         return rows, 0, None
-    except IntegrityError:
+    except store.integrity_errors:
         pass
-    except SQLAlchemyError as exc:
-        return [], 0, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    except store.errors as exc:
+        return [], 0, _error_text(exc)
     ids = [r.stream_id for r in rows]
     try:
-        with engine.begin() as conn:
-            done = set(
-                conn.execute(
-                    select(stream_tokens.c.stream_id).where(stream_tokens.c.stream_id.in_(ids))
-                ).scalars()
-            )
+        with store.transaction() as tx:
+            done = {
+                sid
+                for (sid,) in tx.execute(
+                    "SELECT stream_tokens.stream_id FROM stream_tokens "
+                    f"WHERE stream_tokens.stream_id IN {in_list(ids)}",
+                    ids,
+                )
+            }
             todo = [r for r in rows if r.stream_id not in done]
-            write_token_rows(conn, todo)
-    except SQLAlchemyError as exc:
-        return [], 0, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            write_token_rows(tx, todo)
+    except store.errors as exc:
+        return [], 0, _error_text(exc)
     return todo, len(rows) - len(todo), None
 
 
