@@ -4,12 +4,11 @@ PYTEST_ARGS ?=
 
 CARGO ?= cargo
 
-.PHONY: help install deps test test-compiled test-native lint lint-native pcaps bench fuzz fuzz-diff ebpf clean
+.PHONY: help install deps test test-native lint lint-native pcaps bench fuzz fuzz-diff ebpf clean
 
 help:
 	@echo "make install  - install sparseety (pip) and the Debian packages it uses"
 	@echo "make test     - install what the tests need, then lint and run the whole test suite"
-	@echo "make test-compiled - build the compiled (mypyc) wheel, test it against the pure build"
 	@echo "make test-native - the native core's Rust tests (cargo test) and clippy"
 	@echo "make lint     - ruff, mypy, the import layering contract (lint-imports) and clippy"
 	@echo "make pcaps    - re-record the fixtures in pcaps/ from real loopback traffic"
@@ -48,10 +47,6 @@ test: deps
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-native
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
-
-# The compiled build alone (make test runs it too, under CI=true).
-test-compiled:
-	SPARSEETY_TEST_COMPILED=1 $(PYTHON) -m pytest -q $(PYTEST_ARGS) tests/test_compiled_build.py
 
 pcaps:
 	$(PYTHON) scripts/record_pcaps.py

@@ -88,9 +88,9 @@ def main() -> int:  # noqa: C901
     env.pop("SPARSEETY_PURE", None)
     pure_env = {**env, "SPARSEETY_PURE": "1"}
     python = ns.python or sys.executable
-    info = "import sniffer as s; i = s.build_info(); print(i['build'], i['core'], s.__file__)"
+    info = "import sniffer as s; print(s.core_name(), s.__file__)"
     for label, e in (("", env), (" (SPARSEETY_PURE=1)", pure_env)):
-        build = subprocess.run(
+        running = subprocess.run(
             [python, "-c", info],
             env=e,
             cwd=tempfile.gettempdir(),
@@ -98,7 +98,7 @@ def main() -> int:  # noqa: C901
             text=True,
             check=True,
         ).stdout.strip()
-        print(f"build{label}: {build}", flush=True)
+        print(f"core{label}: {running}", flush=True)
     if not ns.capture.exists():
         print(f"recording {ns.capture} …", flush=True)
         record(ns.capture)

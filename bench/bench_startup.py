@@ -23,8 +23,8 @@ Each figure is the best of ``--runs`` child processes, with byte-code cached
 (``PYTHONPYCACHEPREFIX`` in a temporary directory, written by a first
 warm-up run), so it is what an installed package costs. CPU is the child's
 user+system time up to that point (``time.process_time`` in the child at the
-probe, or rusage for whole commands). It also prints which build runs
-(``sniffer.build_info()``: compiled or pure). Every command is measured with
+probe, or rusage for whole commands). It also prints which core runs
+(``sniffer.core_name()``). Every command is measured with
 the native core and with the pure one (``SPARSEETY_PURE=1``), side by side
 (``--cores native`` for the first only).
 
@@ -162,17 +162,16 @@ def main() -> int:
         envs = {core: _env(os.path.join(tmp, "pycache"), core) for core in cores}
         env = envs[cores[0]]
         db = os.path.join(tmp, "s.db")
-        build = ", ".join(
+        running = ", ".join(
             subprocess.run(
-                [sys.executable, "-c", "import sniffer as s; i = s.build_info(); "
-                 "print(i['build'], 'build,', i['core'])"],
+                [sys.executable, "-c", "import sniffer as s; print(s.core_name())"],
                 env=e,
                 capture_output=True,
                 text=True,
                 check=False,
             ).stdout.strip()
             for e in envs.values()
-        )  # fmt: skip
+        )
         new_db = os.path.join(tmp, "new.db")
         twice = os.path.join(tmp, "twice.db")
         # Fill the databases (schema at head; one stream, and the capture twice)
@@ -241,9 +240,9 @@ def main() -> int:
             if r["command"] in ("replay", "run"):
                 note(f"start-up, {r['command']} (wall)", core, _wall(r, core), "s", f"<= {GOAL} s")
     if ns.json:
-        print(json.dumps({"build": build, "startup": rows}, indent=2))
+        print(json.dumps({"cores": running, "startup": rows}, indent=2))
         return 0
-    print(f"build: {build}; best of {ns.runs}, seconds from process start (target <= {GOAL})")
+    print(f"cores: {running}; best of {ns.runs}, seconds from process start (target <= {GOAL})")
     head = "  ".join(f"{core + ' wall':>11} {core + ' cpu':>10}" for core in cores)
     print(f"{'command':<22} {head}  until")
     for r in rows:

@@ -14,7 +14,7 @@ from types import ModuleType
 __version__ = "0.1.0"
 
 #: Set (non-empty) at run time: the pure-Python stages run instead of the native
-#: core; at build time (``SPARSEETY_PURE=1 pip install .``): nothing is compiled.
+#: core; at build time (``SPARSEETY_PURE=1 pip install .``): no native core is built.
 PURE_ENV = "SPARSEETY_PURE"
 
 _native_loaded: tuple[ModuleType | None, str | None] | None = None
@@ -44,40 +44,3 @@ def core_name() -> str:
     """Which core runs the per-packet path: "native core x.y.z" or "pure core"."""
     mod = native_core()[0]
     return f"native core {mod.__version__}" if mod is not None else "pure core"
-
-
-#: The modules an optional compiled build (mypyc, ``setup.py``) compiles; the
-#: pure-Python source of each stays the reference.
-COMPILED_MODULES = (
-    "sniffer.core.coding",
-    "sniffer.core.events",
-    "sniffer.core.http1",
-    "sniffer.core.pipeline",
-    "sniffer.core.reassembly",
-    "sniffer.core.sse",
-    "sniffer.core.streams",
-    "sniffer.capture.packet",
-    "sniffer.record.redact",
-    "sniffer.llm.dialects.openai",
-)
-
-
-def build_info() -> dict[str, object]:
-    """Which build runs: ``{"build": "compiled" | "pure", "compiled": [modules],
-    "core": "native core x.y.z" | "pure core"}``.
-
-    A module counts as compiled when it was loaded from an extension module
-    (``.so``/``.pyd``) instead of its ``.py`` source. Imports the hot modules.
-    """
-    import importlib
-
-    compiled = []
-    for name in COMPILED_MODULES:
-        origin = getattr(importlib.import_module(name), "__file__", None) or ""
-        if not origin.endswith((".py", ".pyc")):
-            compiled.append(name)
-    return {
-        "build": "compiled" if compiled else "pure",
-        "compiled": compiled,
-        "core": core_name(),
-    }

@@ -246,7 +246,7 @@ def test_connect_tunnel_stops_parsing_the_connection() -> None:
 
 
 def test_body_bytes_are_bytes() -> None:
-    """Not bytearray (h11 handed those out): compiled consumers check types."""
+    """Not bytearray (h11 handed those out): ``HttpBody.data`` is typed bytes."""
     out = run(
         [opened(), c2s(REQ + b"\r\n"), s2c(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")]
     )

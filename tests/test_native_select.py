@@ -1,5 +1,5 @@
 """Which core runs: ``SPARSEETY_PURE``, the fallback when the extension cannot
-be imported (one warning line), and what ``--version``/``build_info`` say.
+be imported (one warning line), and what ``--version``/``core_name`` say.
 
 Each case runs in a fresh interpreter: the choice is made once, at import.
 A missing extension is simulated by ``sys.modules["sniffer._native"] = None``
@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from sniffer import __version__
 
 REPO = Path(__file__).resolve().parent.parent
 PCAP = REPO / "pcaps" / "chat_english.pcap"
@@ -36,12 +38,12 @@ def run(code: str, tmp_path: Path, pure: bool = False) -> subprocess.CompletedPr
     )
 
 
-#: two replays in one process, then the core build_info names
+#: two replays in one process, then the core that ran
 REPLAY_TWICE = (
     "import sniffer; from sniffer.cli import main; "
     "[main.main(['replay', '-q', '--no-tokens', {pcap!r}, '--db', f'r{{i}}.db'], "
     "standalone_mode=False) for i in range(2)]; "
-    "print(sniffer.build_info()['core'])"
+    "print(sniffer.core_name())"
 )
 
 
@@ -68,12 +70,12 @@ def test_sparseety_pure_selects_the_pure_core_silently(tmp_path: Path) -> None:
 def test_version_names_the_core(tmp_path: Path) -> None:
     code = "import sys; sys.argv = ['sparseety', '--version']; from sniffer.cli import main; main()"
     pure = run(code, tmp_path, pure=True).stdout.strip()
-    assert pure.endswith("build), pure core"), pure
+    assert pure == f"sparseety, version {__version__}, pure core", pure
     missing = run(NO_EXTENSION + code, tmp_path).stdout.strip()
-    assert missing.endswith("build), pure core"), missing
+    assert missing.endswith(", pure core"), missing
     default = run(code, tmp_path).stdout.strip()
     try:
         import sniffer._native as ext
     except ImportError:
         pytest.skip("the native core is not built here")
-    assert default.endswith(f"build), native core {ext.__version__}"), default
+    assert default == f"sparseety, version {__version__}, native core {ext.__version__}", default

@@ -54,17 +54,6 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:.0f}%"
 
 
-def _build_name() -> str:
-    """Which build runs, "compiled" or "pure", without importing the hot modules."""
-    from importlib.util import find_spec
-
-    from sniffer import COMPILED_MODULES
-
-    spec = find_spec(COMPILED_MODULES[0])
-    origin = spec.origin if spec is not None and spec.origin else ""
-    return "pure" if origin.endswith(".py") else "compiled"
-
-
 class _LazyGroup(click.Group):
     """A group whose commands in ``LAZY_COMMANDS`` are imported on first use."""
 
@@ -89,7 +78,7 @@ class _LazyGroup(click.Group):
 @click.version_option(
     __version__,
     prog_name="sparseety",
-    message="%(prog)s, version %(version)s (" + _build_name() + " build), " + core_name(),
+    message="%(prog)s, version %(version)s, " + core_name(),
 )
 def main() -> None:
     """SparSEEty: record, token by token, what an LLM server streamed back.

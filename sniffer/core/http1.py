@@ -163,8 +163,7 @@ class _ChunkedBody:
 
     __slots__ = ("buf", "remaining", "state")
 
-    # One name per line, typed ClassVar: compiled (mypyc) code accepts neither
-    # tuple assignment in a class body nor an instance attribute read through the class.
+    # The states (``feed`` compares ``state`` with them on every call).
     SIZE: ClassVar[int] = 0
     DATA: ClassVar[int] = 1
     CRLF: ClassVar[int] = 2
@@ -606,7 +605,8 @@ class _Conn:
 def _resynced_into_body(d: _Direction) -> bool:
     """The hunt ended in a body. A function of its own: at the call site, type
     narrowing says ``hunt`` is a bytearray and no body is under way, which the
-    call just changed (compiled code, mypyc, would trust the narrowed types)."""
+    call just changed (mypy would take the test inline for always false and the
+    branch for unreachable, and not check it)."""
     return d.hunt is None and (d.chunked is not None or d.body is not None)
 
 

@@ -212,9 +212,6 @@ class _Half:
         "prev_off",
         "resume",
     )
-    # _forget deletes these two to break the connection's reference cycles;
-    # mypyc refuses ``del`` of an attribute a class does not declare deletable.
-    __deletable__ = ("conn", "peer")
 
     def __init__(self, conn: _Conn, from_client: bool, ts: float) -> None:
         self.conn = conn

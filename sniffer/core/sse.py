@@ -86,8 +86,8 @@ def _new_utf8_decoder() -> codecs.IncrementalDecoder:
 
 class ItemDecoder(Protocol):
     """What the streams stage reads of an item decoder, the Python one here or
-    the native core's (``sniffer._native``): a protocol, so that a compiled
-    build (mypyc) takes either without a class check."""
+    the native core's (``sniffer._native``): a protocol, since the native
+    classes are not subclasses of the Python ones."""
 
     errors: int
     overlong: int

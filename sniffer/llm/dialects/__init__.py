@@ -26,7 +26,7 @@ from sniffer.llm.dialects.anthropic import AnthropicMessages
 from sniffer.llm.dialects.base import NO_PROOF, Dialect, Probe
 from sniffer.llm.dialects.kserve import GrpcRaw, KServeInfer
 from sniffer.llm.dialects.ollama import OllamaChat, OllamaGenerate
-from sniffer.llm.dialects.openai import CHAT, COMPLETIONS, OpenAIChat, OpenAICompletions
+from sniffer.llm.dialects.openai import OpenAIChat, OpenAICompletions
 from sniffer.llm.dialects.responses import OpenAIResponses
 from sniffer.llm.dialects.tgi import TgiGenerate
 
@@ -118,8 +118,10 @@ def _openai_completions(method: str, path: str, request: Any) -> bool:
     return _is_post(method) and path in ("/v1/completions", "/completions")
 
 
-register(CHAT, _openai_chat, OpenAIChat, probe=openai.probe_chat)
-register(COMPLETIONS, _openai_completions, OpenAICompletions, probe=openai.probe_completions)
+register(OpenAIChat.name, _openai_chat, OpenAIChat, probe=openai.probe_chat)
+register(
+    OpenAICompletions.name, _openai_completions, OpenAICompletions, probe=openai.probe_completions
+)
 
 
 def _openai_responses(method: str, path: str, request: Any) -> bool:

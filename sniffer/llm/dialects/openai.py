@@ -82,20 +82,12 @@ from sniffer.llm.values import (
 )
 
 __all__ = [
-    "CHAT",
-    "COMPLETIONS",
     "OpenAIChat",
     "OpenAICompletions",
     "probe_chat",
     "probe_completions",
     "server_stats",
 ]
-
-#: The dialects' names, as module constants: the registry reads these, never
-#: ``OpenAIChat.name`` (compiled with mypyc, a class attribute that instances
-#: override is not readable through the class).
-CHAT = "openai.chat"
-COMPLETIONS = "openai.completions"
 
 
 def _first_choice(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -553,7 +545,7 @@ def _logprobs_text(logprobs: Any, position: int) -> str | None:
 class OpenAIChat(_OpenAIBase):
     """``POST /v1/chat/completions``: ``choices[].delta`` streamed, ``choices[].message`` whole."""
 
-    name = CHAT
+    name = "openai.chat"
     _chat = True
 
     def _choice(
@@ -626,7 +618,7 @@ class OpenAIChat(_OpenAIBase):
 class OpenAICompletions(_OpenAIBase):
     """``POST /v1/completions``: ``choices[].text``, streamed or whole."""
 
-    name = COMPLETIONS
+    name = "openai.completions"
 
     def _choice(
         self, choice: Any, position: int, data: str, stream: bool, usage: Usage | None
