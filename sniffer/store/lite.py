@@ -50,6 +50,7 @@ PLAIN_HTTP = "http"
 TABLE_COLUMNS = spec.TABLE_COLUMNS
 BOOLEAN_COLUMNS = spec.BOOLEAN_COLUMNS
 
+
 def _null(value: None) -> None:
     """sqlite3's adapter for ``None`` (registered below): NULL, as without one.
 
