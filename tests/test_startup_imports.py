@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,13 @@ def test_replay_with_tokens_at_schema_head(db: Path, tmp_path: Path) -> None:
     mods = loaded(["replay", "-q", str(PCAP), "--db", str(copy)], tmp_path)
     assert "tokenizers" in mods  # the token pass ran
     assert heavy(mods, NEVER) == []  # schema at head: no Alembic
+    # its token rows go through the stdlib driver too
+    assert heavy(mods, ("sqlalchemy", "sniffer.store.tokens_store")) == []
+    con = sqlite3.connect(copy)
+    try:
+        assert con.execute("SELECT count(*) FROM stream_tokens").fetchone() == (1,)  # the new one
+    finally:
+        con.close()
 
 
 @pytest.mark.parametrize(

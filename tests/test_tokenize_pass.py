@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,9 @@ from sniffer.llm.tokens import DEFAULT_NAME, TokenizerRegistry
 from sniffer.llm.values import RequestSummary, Usage
 from sniffer.record.tokenize_pass import (
     TokenizeResult,
+    _analyze,
     _write,
+    build_inputs,
     pending_count,
     text_hash,
     tokenize_db,
@@ -220,6 +223,48 @@ def test_collision_with_another_pass_is_skipped(engine: Engine) -> None:
     assert [r.stream_id for r in written] == [2] and result.skipped == 1
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(stream_tokens)).scalar() == 2
+
+
+def test_sqlite_file_writer_matches_the_engine_writer_and_skips_collisions(
+    tmp_path: Any,
+) -> None:
+    """A SQLite file at the head takes the token rows through the stdlib driver
+    (``token_rows.insert_sqlite``): the same file as through SQLAlchemy, byte
+    for byte, and a collision with another pass skips what it wrote."""
+    from sniffer.record.tokenize_pass import tokenize_inputs
+    from sniffer.store.lite import SqliteFile
+
+    dumps = []
+    for kind in ("engine", "lite"):
+        path = tmp_path / f"{kind}.db"
+        with StoreWriter(str(path)) as w:
+            write_stream(w, 1, ENGLISH)
+            write_stream(w, 2, CHINESE)
+            write_stream(w, 3, EMOJI)
+        eng = make_engine(str(path))
+        with eng.connect() as conn:
+            from sniffer.store.models import chunks, streams
+
+            srows = [dict(m) for m in conn.execute(select(streams)).mappings()]
+            crows = [dict(m) for m in conn.execute(select(chunks)).mappings()]
+        inputs = build_inputs(srows, crows)
+        rows = _analyze(REGISTRY, inputs)
+        with eng.begin() as conn:  # "the other pass" wrote stream 2 first
+            write_token_rows(conn, rows[1:2])
+        store = SqliteFile(str(path))
+        try:
+            result, written = tokenize_inputs(eng if kind == "engine" else store, REGISTRY, inputs)
+        finally:
+            store.close()
+            eng.dispose()
+        assert [r.stream_id for r in written] == [1, 3] and result.skipped == 1
+        con = sqlite3.connect(path)
+        try:
+            dumps.append(list(con.iterdump()))
+        finally:
+            con.close()
+    assert dumps[0] == dumps[1]
+    assert any('INSERT INTO "token_anomalies"' in line for line in dumps[1])
 
 
 def test_usage_and_server_tokens_stored(engine: Engine) -> None:

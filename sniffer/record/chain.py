@@ -342,7 +342,8 @@ class RecordingChain:
             inputs = self.collector.take(limit, max_chunks)
         if not inputs:
             return TokenizeResult()
-        result, rows = tokenize_inputs(engine or self._writer().engine, self.tokens, inputs)
+        db = engine if engine is not None else self._writer().store
+        result, rows = tokenize_inputs(db, self.tokens, inputs)
         metrics, sampler, otlp = self.metrics, self.sampler, self.otlp
         if metrics is None and sampler is None and otlp is None:
             return result

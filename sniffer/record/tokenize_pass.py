@@ -48,16 +48,17 @@ from sniffer.llm.tokens import (
 )
 from sniffer.llm.values import Usage
 from sniffer.store.db import Store, engine_of
-from sniffer.store.token_rows import text_hash
-from sniffer.store.tokens_store import (
+from sniffer.store.lite import SqliteFile
+from sniffer.store.token_rows import (
     ChoiceTokenRow,
     StreamTokenRow,
     TokenAnomalyRow,
-    create_token_tables,
-    insert_token_rows,
-    pending_count,
-    read_pending,
+    insert_sqlite,
+    text_hash,
 )
+
+# ``sniffer.store.tokens_store`` (SQLAlchemy Core) is imported where an engine is
+# used: a replay into a SQLite file writes its token rows without SQLAlchemy.
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -390,12 +391,25 @@ def _analyze(registry: TokenizerRegistry, inputs: list[StreamInput]) -> list[Str
     return out
 
 
+def pending_count(engine: Engine) -> int:
+    """Closed LLM streams without a token row (``sniffer.store.tokens_store``)."""
+    from sniffer.store.tokens_store import pending_count as count
+
+    return count(engine)
+
+
 def _write(
-    engine: Engine, rows: list[StreamTokenRow], result: TokenizeResult
+    db: Engine | SqliteFile, rows: list[StreamTokenRow], result: TokenizeResult
 ) -> list[StreamTokenRow]:
-    """Write a batch (``sniffer.store.tokens_store.insert_token_rows``: once more
-    without the streams another pass wrote first). Returns the rows written."""
-    written, skipped, error = insert_token_rows(engine, rows)
+    """Write a batch (``sniffer.store.tokens_store.insert_token_rows``, or on a
+    SQLite file at the head ``sniffer.store.token_rows.insert_sqlite``: once
+    more without the streams another pass wrote first). Returns the rows written."""
+    if isinstance(db, SqliteFile):
+        written, skipped, error = insert_sqlite(db, rows)
+    else:
+        from sniffer.store.tokens_store import insert_token_rows
+
+        written, skipped, error = insert_token_rows(db, rows)
     result.skipped += skipped
     if error is not None:
         result.write_errors.append(error)
@@ -416,6 +430,8 @@ def tokenize_db(
 
     Example: ``tokenize_db(make_engine("capture.db"), TokenizerRegistry())``.
     """
+    from sniffer.store.tokens_store import create_token_tables, read_pending
+
     engine = engine_of(engine)  # a store runs the pass on its engine
     create_token_tables(engine)
     batch = max(1, batch)
@@ -467,7 +483,7 @@ _MIGRATED: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 def tokenize_inputs(
-    engine: Engine,
+    engine: Engine | Store,
     registry: TokenizerRegistry,
     inputs: Sequence[StreamInput],
     *,
@@ -479,10 +495,20 @@ def tokenize_inputs(
 
     The schema check (``create_token_tables``, one query and a table
     reflection) runs once per engine: the daemon's token worker calls this
-    every few seconds with the same engine."""
-    if engine not in _MIGRATED:
-        create_token_tables(engine)
-        _MIGRATED.add(engine)
+    every few seconds with the same engine. A SQLite file opened without
+    SQLAlchemy (``sniffer.store.lite.SqliteFile``, at the schema head) takes
+    the rows through the standard library's driver; any other store runs on
+    its engine."""
+    db: Engine | SqliteFile
+    if isinstance(engine, SqliteFile):
+        db = engine
+    else:
+        db = engine_of(engine)
+        if db not in _MIGRATED:
+            from sniffer.store.tokens_store import create_token_tables
+
+            create_token_tables(db)
+            _MIGRATED.add(db)
     result = TokenizeResult()
     written: list[StreamTokenRow] = []
     for i in range(0, len(inputs), max(1, batch)):
@@ -495,7 +521,7 @@ def tokenize_inputs(
         finally:
             if paused:
                 gc.enable()
-        rows = _write(engine, analysed, result)
+        rows = _write(db, analysed, result)
         _account(result, rows)
         written.extend(rows)
     return result, written

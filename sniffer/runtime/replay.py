@@ -8,11 +8,15 @@ is decided per stream exactly as live; the anomaly boost cannot act (the
 token pass runs after the capture has been read).
 
 With ``jobs > 1`` the connections of the file are split between worker
-processes by their port pair (both directions of a connection always go to
-the same worker), each running the whole pipeline on its share and writing to
-the same database. Every writer (each worker, and every other replay or
-daemon on the same database) takes its connection and stream ids from blocks
-reserved in the database (``sniffer.store.ids``), so they never collide.
+processes by port pair (both directions of a connection always go to the same
+worker; :class:`Shares`: a new port pair goes to the worker with the fewest
+segments so far), each running the whole pipeline on its share. Every writer
+(each worker, and every other replay or daemon on the same database) takes its
+connection and stream ids from blocks reserved in the database
+(``sniffer.store.ids``), so they never collide. Into a SQLite file, the
+workers but the first write part files (``sniffer.store.parts``) that the
+parent merges when they are done: nobody waits for SQLite's one write lock
+during the replay. Other databases take the workers' rows directly.
 """
 
 from __future__ import annotations

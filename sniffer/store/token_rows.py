@@ -15,18 +15,29 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import orjson as _orjson
+
+from sniffer.store import spec
 from sniffer.store.db import in_list as _in
 
 if TYPE_CHECKING:
     from sniffer.store.db import Store
+    from sniffer.store.lite import SqliteFile
 
 __all__ = [
+    "ANOMALY_COLUMNS",
+    "CHOICE_COLUMNS",
+    "STREAM_COLUMNS",
     "ChoiceTokenRow",
     "StreamTokenRow",
     "TokenAnomalyRow",
+    "anomaly_values",
+    "choice_values",
+    "insert_sqlite",
     "int_keys",
     "json_or",
     "read_token_rows",
+    "stream_values",
     "text_hash",
 ]
 
@@ -99,6 +110,118 @@ def int_keys(d: Any) -> dict[int, int]:
         except (TypeError, ValueError):
             continue
     return dict(sorted(out.items()))
+
+
+def _dumps(value: Any) -> str:
+    """Compact JSON of a list, tuple or dict (orjson: token id lists are the
+    bulk of a token pass's writes). Integer dict keys become strings, as
+    ``json`` makes them."""
+    try:
+        text: str = _orjson.dumps(value, option=_orjson.OPT_NON_STR_KEYS).decode()
+        return text
+    except (TypeError, _orjson.JSONEncodeError):  # what orjson refuses, json may take
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+#: The columns the token pass fills, in table order (``sniffer.store.spec``; the
+#: anomaly ids are the database's).
+STREAM_COLUMNS = spec.TABLE_COLUMNS["stream_tokens"]
+CHOICE_COLUMNS = spec.TABLE_COLUMNS["choice_tokens"]
+ANOMALY_COLUMNS = spec.TABLE_COLUMNS["token_anomalies"][1:]
+
+
+def stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
+    """The ``stream_tokens`` row of ``r`` (``STREAM_COLUMNS``)."""
+    return (
+        r.stream_id,
+        r.tokenizer,
+        r.is_default,
+        None if r.prompt_ids is None else len(r.prompt_ids),
+        None if r.prompt_ids is None else _dumps(r.prompt_ids),
+        r.output_count,
+        _dumps(r.usage_diff),
+        _dumps(r.tokens_per_chunk),
+        r.anomaly_count,
+        r.error,
+    )
+
+
+def choice_values(stream_id: int, c: ChoiceTokenRow) -> tuple[Any, ...]:
+    """The ``choice_tokens`` row of one choice (``CHOICE_COLUMNS``)."""
+    return (
+        stream_id,
+        c.choice,
+        c.text_len,
+        c.text_hash,
+        len(c.output_ids),
+        _dumps(c.output_ids),
+        _dumps(c.chunk_seqs),
+        _dumps(c.chunk_counts),
+        len(c.straddle_seqs),
+        _dumps(c.straddle_seqs),
+        _dumps(c.tokens_per_chunk),
+        None if c.server_tokens is None else len(c.server_tokens),
+        None if c.server_tokens is None else _dumps(c.server_tokens),
+        None if c.server_ids is None else _dumps(c.server_ids),
+        c.server_mismatch,
+    )
+
+
+def anomaly_values(rows: Iterable[StreamTokenRow]) -> list[tuple[Any, ...]]:
+    """The ``token_anomalies`` rows of ``rows`` (``ANOMALY_COLUMNS``)."""
+    return [
+        (r.stream_id, a.choice, a.kind, a.position, a.detail) for r in rows for a in r.anomalies
+    ]
+
+
+def _write_sqlite(tx: Any, rows: list[StreamTokenRow]) -> None:
+    from sniffer.store.lite import insert_sql
+
+    if not rows:
+        return
+    tx.exec_driver_sql(
+        insert_sql("stream_tokens", STREAM_COLUMNS), [stream_values(r) for r in rows]
+    )
+    choice_rows = [choice_values(r.stream_id, c) for r in rows for c in r.choices]
+    if choice_rows:
+        tx.exec_driver_sql(insert_sql("choice_tokens", CHOICE_COLUMNS), choice_rows)
+    anomaly_rows = anomaly_values(rows)
+    if anomaly_rows:
+        tx.exec_driver_sql(insert_sql("token_anomalies", ANOMALY_COLUMNS), anomaly_rows)
+
+
+def insert_sqlite(
+    store: SqliteFile, rows: list[StreamTokenRow]
+) -> tuple[list[StreamTokenRow], int, str | None]:
+    """``sniffer.store.tokens_store.insert_token_rows`` on a SQLite file at the
+    schema head through the standard library's driver (the same statements and
+    values, without importing SQLAlchemy): one transaction; on a collision with
+    another pass, once more without the streams it already wrote. Returns (the
+    rows written, the rows skipped so, the database's error when it refused the
+    batch: nothing written)."""
+    import sqlite3
+
+    try:
+        with store.begin() as tx:
+            _write_sqlite(tx, rows)
+        return rows, 0, None
+    except sqlite3.IntegrityError:
+        pass
+    except sqlite3.Error as exc:
+        return [], 0, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    ids = [r.stream_id for r in rows]
+    try:
+        with store.begin() as tx:
+            done: set[int] = set()
+            for start in range(0, len(ids), 500):
+                part = ids[start : start + 500]
+                sql = f"SELECT stream_id FROM stream_tokens WHERE stream_id IN {_in(part)}"
+                done.update(r[0] for r in tx.execute(sql, part))
+            todo = [r for r in rows if r.stream_id not in done]
+            _write_sqlite(tx, todo)
+    except sqlite3.Error as exc:
+        return [], 0, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return todo, len(rows) - len(todo), None
 
 
 def read_token_rows(store: Store, stream_ids: Iterable[int]) -> dict[int, StreamTokenRow]:

@@ -55,16 +55,13 @@ chain (``sniffer.store.migrations``), which :func:`create_token_tables` runs
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import orjson as _orjson
 from sqlalchemy import Engine, Table, and_, delete, func, insert, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from sniffer.store import spec
 from sniffer.store.db import EngineStore
 from sniffer.store.models import (
     PLAIN_HTTP,
@@ -75,10 +72,16 @@ from sniffer.store.models import (
     token_anomalies,
 )
 from sniffer.store.token_rows import (  # the row values live without SQLAlchemy
+    ANOMALY_COLUMNS,
+    CHOICE_COLUMNS,
+    STREAM_COLUMNS,
     ChoiceTokenRow,
     StreamTokenRow,
     TokenAnomalyRow,
+    anomaly_values,
+    choice_values,
     read_token_rows,
+    stream_values,
 )
 
 __all__ = [
@@ -110,57 +113,12 @@ def create_token_tables(engine: Engine) -> None:
     migrate(engine)
 
 
-def _dumps(value: Any) -> str:
-    """Compact JSON of a list, tuple or dict (orjson: token id lists are the
-    bulk of a token pass's writes). Integer dict keys become strings, as
-    ``json`` makes them."""
-    try:
-        text: str = _orjson.dumps(value, option=_orjson.OPT_NON_STR_KEYS).decode()
-        return text
-    except (TypeError, _orjson.JSONEncodeError):  # what orjson refuses, json may take
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
 #: The columns the token pass fills, in table order (``sniffer.store.spec``; the
-#: anomaly ids are the database's).
-_STREAM_COLUMNS = spec.TABLE_COLUMNS["stream_tokens"]
-_CHOICE_COLUMNS = spec.TABLE_COLUMNS["choice_tokens"]
-_ANOMALY_COLUMNS = spec.TABLE_COLUMNS["token_anomalies"][1:]
-
-
-def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
-    return (
-        r.stream_id,
-        r.tokenizer,
-        r.is_default,
-        None if r.prompt_ids is None else len(r.prompt_ids),
-        None if r.prompt_ids is None else _dumps(r.prompt_ids),
-        r.output_count,
-        _dumps(r.usage_diff),
-        _dumps(r.tokens_per_chunk),
-        r.anomaly_count,
-        r.error,
-    )
-
-
-def _choice_values(stream_id: int, c: ChoiceTokenRow) -> tuple[Any, ...]:
-    return (
-        stream_id,
-        c.choice,
-        c.text_len,
-        c.text_hash,
-        len(c.output_ids),
-        _dumps(c.output_ids),
-        _dumps(c.chunk_seqs),
-        _dumps(c.chunk_counts),
-        len(c.straddle_seqs),
-        _dumps(c.straddle_seqs),
-        _dumps(c.tokens_per_chunk),
-        None if c.server_tokens is None else len(c.server_tokens),
-        None if c.server_tokens is None else _dumps(c.server_tokens),
-        None if c.server_ids is None else _dumps(c.server_ids),
-        c.server_mismatch,
-    )
+#: anomaly ids are the database's), and the values of a row
+#: (``sniffer.store.token_rows``: the SQLite file's own writer uses them too).
+_STREAM_COLUMNS = STREAM_COLUMNS
+_CHOICE_COLUMNS = CHOICE_COLUMNS
+_ANOMALY_COLUMNS = ANOMALY_COLUMNS
 
 
 #: (dialect name, table name) → (INSERT text, parameter order or None if named)
@@ -200,13 +158,11 @@ def write_token_rows(conn: Connection, rows: Sequence[StreamTokenRow]) -> None:
     """
     if not rows:
         return
-    _insert_rows(conn, stream_tokens, _STREAM_COLUMNS, [_stream_values(r) for r in rows])
-    choice_rows = [_choice_values(r.stream_id, c) for r in rows for c in r.choices]
+    _insert_rows(conn, stream_tokens, _STREAM_COLUMNS, [stream_values(r) for r in rows])
+    choice_rows = [choice_values(r.stream_id, c) for r in rows for c in r.choices]
     if choice_rows:
         _insert_rows(conn, choice_tokens, _CHOICE_COLUMNS, choice_rows)
-    anomaly_rows = [
-        (r.stream_id, a.choice, a.kind, a.position, a.detail) for r in rows for a in r.anomalies
-    ]
+    anomaly_rows = anomaly_values(rows)
     if anomaly_rows:
         _insert_rows(conn, token_anomalies, _ANOMALY_COLUMNS, anomaly_rows)
 
