@@ -157,3 +157,22 @@ def test_part_dir_only_for_sqlite_files(tmp_path: Path) -> None:
     assert os.stat(made).st_mode & 0o777 == 0o700
     parts_module.remove_parts(made)
     assert not os.path.exists(made)
+
+
+def test_no_part_dir_means_the_workers_write_the_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where no part directory can be made, the workers write the database itself."""
+    monkeypatch.setattr(parts_module.tempfile, "mkdtemp", _refuse)
+    assert parts_module.part_dir(str(tmp_path / "x.db")) is None
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    merged: list[str] = []
+    monkeypatch.setattr(parts_module, "merge_part", lambda db, part: merged.append(part))
+    r1 = replay(PCAP, str(tmp_path / "one.db"), chain=_chain(), jobs=1)
+    r2 = replay(PCAP, str(tmp_path / "two.db"), chain=_chain(), jobs=2)
+    assert merged == [] and (r2.streams, r2.tokens) == (r1.streams, r1.tokens)
+    assert _dump(tmp_path / "two.db") == _dump(tmp_path / "one.db")
+
+
+def _refuse(*_a: Any, **_k: Any) -> str:
+    raise PermissionError("read-only directory")

@@ -49,15 +49,19 @@ NOT_MERGED = ("meta", "id_blocks", "checkpoints")
 def part_dir(db: str) -> str | None:
     """A new private directory (0700) for part files next to the SQLite file of
     ``db`` (a path or plain ``sqlite:///`` URL); None for any other database
-    (PostgreSQL takes concurrent writers as they are). The caller removes it
-    (:func:`remove_parts`)."""
+    (PostgreSQL takes concurrent writers as they are), and when the directory
+    cannot be made (the workers then write the database itself, taking turns
+    on its lock). The caller removes it (:func:`remove_parts`)."""
     if "://" in db and (not db.startswith("sqlite:///") or "?" in db or "mode=memory" in db):
         return None
     path = db_path(db)
     if path is None:
         return None
     parent = os.path.dirname(os.path.abspath(path))
-    return tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.parts-", dir=parent)
+    try:
+        return tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.parts-", dir=parent)
+    except OSError:  # a directory we may not create files in: write the database directly
+        return None
 
 
 def remove_parts(directory: str) -> None:
