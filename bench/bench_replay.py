@@ -8,7 +8,9 @@ the same two without tokenization), each with the native core and with the
 pure one (``SPARSEETY_PURE=1``; ``--no-pure`` leaves those out). Prints, best
 of ``--runs`` by wall time: wall and CPU seconds (user + sys of the process
 and its workers), the speed-up over tshark (wall and CPU), and the cost per
-chunk event (µs of wall and of CPU). The issue's targets (issue #25): replay
+chunk event (µs of wall and of CPU); and, measured before each run, the
+parallel headroom: how much faster two processes finish a fixed amount of
+work than one (:func:`parallel_headroom`). The issue's targets (issue #25): replay
 with the default jobs >= 5x tshark (stretch 8x), in one process >= 3x. On a
 shared machine trust the CPU columns more than the wall ones.
 
@@ -47,6 +49,35 @@ def _server_port(path: Path) -> int:
 def _children_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
+
+
+def _spin() -> float:
+    """A fixed amount of pure-Python CPU work; returns its CPU seconds."""
+    t = time.process_time()
+    x = 0
+    for i in range(3_000_000):
+        x += i
+    return time.process_time() - t
+
+
+def parallel_headroom() -> float:
+    """How many CPUs' worth of work two processes get done at once right now,
+    against one (2.0: two free CPUs; 1.0: none to spare). On a machine shared
+    with other sessions (Linux autogroups share the CPUs per session, not per
+    process), a second replay worker may add no speed at all: then ``-j``
+    wall figures say nothing about parallel replay, only the CPU ones do."""
+    t0 = time.perf_counter()
+    _spin()
+    one = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        _spin()
+        os._exit(0)
+    _spin()
+    os.waitpid(pid, 0)
+    both = time.perf_counter() - t0
+    return 2 * one / both if both > 0 else 0.0
 
 
 def _timed(cmd: list[str], **kw: object) -> tuple[float, float]:
@@ -128,8 +159,10 @@ def main() -> int:  # noqa: C901
     best: dict[str, tuple[float, float]] = {}
     events = 0
     streams = 0
+    headroom: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(ns.runs):
+            headroom.append(parallel_headroom())
             for i, (name, cmd) in enumerate(variants.items()):
                 db = os.path.join(tmp, f"r{run}-{i}.db")
                 replays = name.startswith(("replay", "pure"))
@@ -151,6 +184,12 @@ def main() -> int:  # noqa: C901
         f"capture: {ns.capture} ({packets:,} packets, {streams:,} LLM streams, "
         f"{events:,} chunk events); best of {ns.runs} runs by wall, {os.cpu_count()} CPUs"
     )
+    print(
+        "parallel headroom (2 processes vs 1, per run): "
+        + ", ".join(f"{h:.2f}x" for h in headroom)
+        + ("   (below 1.5x: other work holds the CPUs; trust the CPU columns)"
+           if min(headroom) < 1.5 else "")
+    )  # fmt: skip
     tw, tc = best["tshark http.file_data"]
     print(
         f"{'':33s} {'wall s':>7s} {'cpu s':>7s} {'x tshark':>8s} {'x (cpu)':>8s} "

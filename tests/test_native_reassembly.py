@@ -347,21 +347,48 @@ def test_pipeline_records_a_dropped_segment_like_the_python() -> None:
 
 
 def test_feed_batch_filters_ports_and_shares_like_replay() -> None:
-    from sniffer.runtime.replay import _share
+    from sniffer.runtime.replay import Shares
 
     segs = [
         Segment(1.0 + i, "127.0.0.1", 40000 + i, "127.0.0.1", 8000 + (i % 3), 1, 0, ACK, b"x")
         for i in range(40)
     ]
     batch = NATIVE.segment_batch(segs)
+    fed = []
     for k in range(3):
         pipe = Pipeline(PipelineConfig(only_ports=frozenset({8000, 8001}), native=True))
         ref = Pipeline(PipelineConfig(only_ports=frozenset({8000, 8001}), native=False))
-        got = pipe.feed_batch(batch, 5, 35, k, 3)
-        want = [e for s in segs[5:35] if _share(s.sport ^ s.dport, 3) == k for e in ref.feed(s)]
+        # two calls: the split goes on where the first call left it
+        got = pipe.feed_batch(batch, 5, 20, k, 3) + pipe.feed_batch(batch, 20, 35, k, 3)
+        shares = Shares(3)
+        want = [e for s in segs[5:35] if shares.take(s.sport, s.dport) == k for e in ref.feed(s)]
         assert got == want
         assert (pipe.segments, pipe.skipped) == (ref.segments, ref.skipped)
         assert pipe.skipped > 0
+        fed.append(pipe.segments + pipe.skipped)
+    assert fed == [10, 10, 10]  # 30 connections of one segment each: 10 per worker
+
+
+def test_shares_follow_the_work_not_a_hash() -> None:
+    """One long connection and many short ones: the long one's worker gets no
+    new connection until the others have caught up with it (by segments)."""
+    from sniffer.runtime.replay import Shares
+
+    shares = Shares(2)
+    assert [shares.take(50000, 8000) for _ in range(10)] == [0] * 10
+    assert [shares.take(50001 + i, 8000) for i in range(10)] == [1] * 10
+    assert shares.take(50100, 8000) == 0  # 10 segments each: fewer port pairs wins
+    assert shares.take(8000, 50000) == 0  # the other direction of the first connection
+    segs = [
+        Segment(float(i), "127.0.0.1", p, "127.0.0.1", 8000, 1, 0, ACK, b"x")
+        for i, p in enumerate([50000] * 10 + list(range(50001, 50011)) + [50100, 50000])
+    ]
+    got = []
+    for k in range(2):
+        pipe = Pipeline(PipelineConfig(native=True))
+        pipe.feed_batch(NATIVE.segment_batch(segs), 0, None, k, 2)
+        got.append(pipe.segments)
+    assert got == [12, 10]
 
 
 # ----------------------------------------------------------- hostile frames

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,11 @@ def test_replay_with_tokens_at_schema_head(db: Path, tmp_path: Path) -> None:
     assert "tokenizers" in mods  # the token pass ran
     assert heavy(mods, NEVER) == []  # schema at head: no Alembic
     assert heavy(mods, ("sqlalchemy",)) == []  # the token pass writes through the store
+    con = sqlite3.connect(copy)
+    try:
+        assert con.execute("SELECT count(*) FROM stream_tokens").fetchone() == (1,)  # the new one
+    finally:
+        con.close()
 
 
 @pytest.mark.parametrize(

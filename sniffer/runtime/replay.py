@@ -8,11 +8,15 @@ is decided per stream exactly as live; the anomaly boost cannot act (the
 token pass runs after the capture has been read).
 
 With ``jobs > 1`` the connections of the file are split between worker
-processes by their port pair (both directions of a connection always go to
-the same worker), each running the whole pipeline on its share and writing to
-the same database. Every writer (each worker, and every other replay or
-daemon on the same database) takes its connection and stream ids from blocks
-reserved in the database (``sniffer.store.ids``), so they never collide.
+processes by port pair (both directions of a connection always go to the same
+worker; :class:`Shares`: a new port pair goes to the worker with the fewest
+segments so far), each running the whole pipeline on its share. Every writer
+(each worker, and every other replay or daemon on the same database) takes its
+connection and stream ids from blocks reserved in the database
+(``sniffer.store.ids``), so they never collide. Into a SQLite file, the
+workers but the first write part files (``sniffer.store.parts``) that the
+parent merges when they are done: nobody waits for SQLite's one write lock
+during the replay. Other databases take the workers' rows directly.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from sniffer.store.writer import StoreWriter
 
 if TYPE_CHECKING:
     import multiprocessing.connection
+    import multiprocessing.context
 
     from sniffer.llm.tokens import TokenizerRegistry
 
@@ -259,7 +264,45 @@ def _replay_parallel(
     StoreWriter(db, batch_size=batch_size).close()
     import multiprocessing  # only here: one process needs none of it
 
+    from sniffer.store.parts import merge_part, part_dir, remove_parts
+
     ctx = multiprocessing.get_context("fork")
+    # Into a SQLite file, the workers write part files merged at the end (one
+    # write lock: see sniffer.store.parts); other databases take them directly.
+    parts = part_dir(db)
+    try:
+        result = _run_workers(
+            ctx, parts, path, db, ports, labels, progress, batch_size, jobs, chain, node, proto
+        )
+        if parts is not None:
+            for k in range(1, jobs):  # in worker order: the merged rows' order is fixed
+                merge_part(db, _part_file(parts, k))
+    finally:
+        if parts is not None:
+            remove_parts(parts)
+    result.jobs = jobs
+    return result
+
+
+def _part_file(parts: str, k: int) -> str:
+    return os.path.join(parts, f"part-{k}.db")
+
+
+def _run_workers(
+    ctx: multiprocessing.context.ForkContext,
+    parts: str | None,
+    path: str | os.PathLike[str],
+    db: str,
+    ports: frozenset[int],
+    labels: Mapping[int, str] | None,
+    progress: Progress | None,
+    batch_size: int,
+    jobs: int,
+    chain: RecordingChain,
+    node: str | None,
+    proto: bytes | None,
+) -> ReplayResult:
+    """Fork workers 1..jobs-1, replay share 0 here, and gather their results."""
     workers = []
     # What the parent holds now (modules, the tokenizer registry) outlives the
     # workers: frozen while they fork, their collections never visit it, so they
@@ -274,6 +317,7 @@ def _replay_parallel(
                     send,
                     path,
                     db,
+                    None if parts is None else _part_file(parts, k),
                     ports,
                     labels,
                     batch_size,
@@ -306,7 +350,6 @@ def _replay_parallel(
         else:
             msg = part if isinstance(part, str) else f"exit code {proc.exitcode}"
             raise RuntimeError(f"replay worker {proc.name} failed: {msg}")
-    result.jobs = jobs
     return result
 
 
@@ -314,6 +357,7 @@ def _worker(
     send: multiprocessing.connection.Connection,
     path: str | os.PathLike[str],
     db: str,
+    part: str | None,
     ports: frozenset[int],
     labels: Mapping[int, str] | None,
     batch_size: int,
@@ -323,13 +367,18 @@ def _worker(
     node: str | None,
     proto: bytes | None = None,
 ) -> None:
+    """Replay share ``k`` of ``n`` into ``db``, or into the part file ``part``
+    with ids reserved in ``db`` (``sniffer.store.parts``); send the result."""
     try:
-        w = StoreWriter(db, batch_size=batch_size, node=node)
+        if part is None:
+            w = StoreWriter(db, batch_size=batch_size, node=node)
+        else:
+            w = StoreWriter(part, batch_size=batch_size, node=node, ids_from=db)
         try:
-            part = _replay_part(path, w, ports, labels, None, k, n, chain, proto)
+            result = _replay_part(path, w, ports, labels, None, k, n, chain, proto)
         finally:
             w.close()
-        send.send(asdict(part))
+        send.send(asdict(result))
     except BaseException as exc:  # report, never hang the parent
         send.send(f"{type(exc).__name__}: {exc}")
     finally:
@@ -347,9 +396,8 @@ def _replay_part(
     chain: RecordingChain,
     proto: bytes | None = None,
 ) -> ReplayResult:
-    """Replay worker k's share of the connections (all of them when n == 1): a hash of
-    the port pair, symmetric so both directions land together, and mixed so that
-    Linux's same-parity ephemeral ports still spread evenly."""
+    """Replay worker k's share of the connections (all of them when n == 1):
+    :class:`Shares`, by port pair, so both directions land together."""
     reader = read_capture(path)
     result = ReplayResult(path=str(path))
     pipe = Pipeline(
@@ -380,8 +428,9 @@ def _replay_part(
         if pipe.native:
             ts, batch = _replay_native(reader, pipe, write_many, progress, k, n)
             segments = ()
+        shares = Shares(n)
         for count, seg in enumerate(segments, 1):
-            if n == 1 or _share(seg.sport ^ seg.dport, n) == k:
+            if n == 1 or shares.take(seg.sport, seg.dport) == k:
                 out = feed(seg)
                 if out:
                     batch += out
@@ -480,9 +529,36 @@ def _replay_native(
     return ts, out
 
 
-def _share(x: int, n: int) -> int:
-    h = (x * 0x9E3779B1) & 0xFFFFFFFF
-    return (h ^ (h >> 16)) % n
+class Shares:
+    """Which of ``n`` workers replays each segment of a file (the native core's
+    ``Shares`` does the same). Every worker reads every segment of the file in
+    the same order and runs the same rule, so all of them agree without
+    talking: a port pair (keyed by ``sport ^ dport``, the same for both
+    directions of a connection) is given, when first seen, to the worker with
+    the fewest segments so far (then the fewest port pairs, then the lowest
+    number), and keeps it. A hash of the port pair balanced connections, not
+    work: a capture of a few dozen keep-alive connections (what the openai SDK
+    makes) split 59/41."""
+
+    __slots__ = ("_keys", "_of", "_segments", "n")
+
+    def __init__(self, n: int) -> None:
+        self.n = max(1, n)
+        self._of: dict[int, int] = {}
+        self._segments = [0] * self.n
+        self._keys = [0] * self.n
+
+    def take(self, sport: int, dport: int) -> int:
+        """The share of one segment (counted)."""
+        key = sport ^ dport
+        s = self._of.get(key)
+        if s is None:
+            segs, keys = self._segments, self._keys
+            s = min(range(self.n), key=lambda i: (segs[i], keys[i], i))
+            self._of[key] = s
+            keys[s] += 1
+        self._segments[s] += 1
+        return s
 
 
 __all__ = [

@@ -147,7 +147,7 @@ SCHEMA_ROWS: tuple[str, ...] = (
 )
 
 
-def _begin_immediate(conn: sqlite3.Connection) -> None:
+def begin_immediate(conn: sqlite3.Connection) -> None:
     """Take the database's write lock (``BEGIN IMMEDIATE``), retried while another
     process holds it, for up to ``SQLITE_LOCK_WAIT`` seconds (as a migration does)."""
     deadline = time.monotonic() + SQLITE_LOCK_WAIT
@@ -171,7 +171,7 @@ def create_schema(conn: sqlite3.Connection) -> bool:
     ``sniffer.store.schema.migrate`` upgrades it), in which case nothing is done.
     ``conn`` comes from :func:`connect` (``auto_vacuum`` set before any table).
     """
-    _begin_immediate(conn)
+    begin_immediate(conn)
     try:
         if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
             at_head = revision(conn) == REVISIONS[-1]
@@ -325,6 +325,7 @@ __all__ = [
     "SCHEMA_ROWS",
     "TABLE_COLUMNS",
     "SqliteFile",
+    "begin_immediate",
     "connect",
     "create_new_file",
     "create_schema",

@@ -459,6 +459,10 @@ class StoreWriter:
     written through the standard library's driver (``sniffer.store.lite``):
     opening it costs one query and no SQLAlchemy import when its schema is at
     head. ``engine`` is then made on first use (the token pass, the reports).
+
+    ``ids_from`` names another database to reserve the id blocks in: a parallel
+    replay worker writes a part file (``sniffer.store.parts``) whose rows keep
+    the ids the database they are merged into handed out.
     """
 
     def __init__(
@@ -470,6 +474,7 @@ class StoreWriter:
         label: str | None = None,
         node: str | None = None,
         copy: bool = True,
+        ids_from: str | None = None,
     ) -> None:
         self._url = url_or_path
         self._owns_engine = engine is None
@@ -489,8 +494,11 @@ class StoreWriter:
         #: the sidecar's name, stored on every connection, stream and error row
         self.node: str = node or socket.gethostname()
         self._store: Store | None = self._lite
-        self.conn_ids = IdBlocks(self.store, "connections")
-        self.stream_ids = IdBlocks(self.store, "streams")
+        #: the database the ids are reserved in when it is not this one (``ids_from``)
+        self._id_store: Store | None = None if ids_from is None else open_store(ids_from)
+        id_store = self.store if self._id_store is None else self._id_store
+        self.conn_ids = IdBlocks(id_store, "connections")
+        self.stream_ids = IdBlocks(id_store, "streams")
         #: errors of a batch the driver cannot encode (cleaned and retried
         #: once), and of a database that cannot take writes at all (the batch
         #: is kept: ``StoreError``); any other error is a refused row (``_isolate``)
@@ -1042,6 +1050,8 @@ class StoreWriter:
         """Release the database connections this writer opened (nothing is flushed)."""
         if self._lite is not None:
             self._lite.close()
+        if self._id_store is not None:
+            self._id_store.close()
         if self._owns_engine and self._engine is not None:
             self._engine.dispose()
 

@@ -500,10 +500,55 @@ fn ports(obj: Option<&Bound<'_, PyAny>>) -> PyResult<HashSet<u16>> {
     Ok(set)
 }
 
-/// `_share` of runtime/replay.py: which of `n` workers takes a port pair.
-pub(crate) fn share(x: u32, n: u32) -> u32 {
-    let h = u64::from(x).wrapping_mul(0x9E37_79B1) & 0xFFFF_FFFF;
-    ((h ^ (h >> 16)) % u64::from(n.max(1))) as u32
+/// `Shares` of runtime/replay.py: which of `n` workers takes each record.
+/// Every worker reads every record of the file in the same order and runs
+/// the same rule, so all of them agree without talking: a port pair (keyed by
+/// `sport ^ dport`, the same for both directions) is given, when first seen,
+/// to the worker with the fewest records so far (then the fewest port pairs,
+/// then the lowest number), and keeps it.
+pub(crate) struct Shares {
+    n: u32,
+    /// share + 1 of each key seen (0: not seen yet)
+    of: Vec<u16>,
+    records: Vec<u64>,
+    keys: Vec<u64>,
+}
+
+impl Shares {
+    fn new(n: u32) -> Shares {
+        let n = n.clamp(1, u32::from(u16::MAX - 1));
+        let slots = n as usize;
+        Shares {
+            n,
+            of: vec![0; 1 << 16],
+            records: vec![0; slots],
+            keys: vec![0; slots],
+        }
+    }
+
+    /// The share of one record (counted).
+    pub(crate) fn take(&mut self, sport: u16, dport: u16) -> u32 {
+        let key = usize::from(sport ^ dport);
+        let mut s = self.of.get(key).copied().unwrap_or(0);
+        if s == 0 {
+            let mut best = 0usize;
+            for i in 1..self.records.len() {
+                if (self.records[i], self.keys[i]) < (self.records[best], self.keys[best]) {
+                    best = i;
+                }
+            }
+            self.keys[best] = self.keys[best].saturating_add(1);
+            s = u16::try_from(best + 1).unwrap_or(u16::MAX);
+            if let Some(slot) = self.of.get_mut(key) {
+                *slot = s;
+            }
+        }
+        let idx = usize::from(s - 1);
+        if let Some(c) = self.records.get_mut(idx) {
+            *c = c.saturating_add(1);
+        }
+        u32::from(s - 1)
+    }
 }
 
 /// The native TCP reassembler: `sniffer.core.reassembly.Reassembler`'s
@@ -513,6 +558,8 @@ pub struct Reassembler {
     pub(crate) inner: core_r::Reassembler,
     conn_ids: Option<Py<PyAny>>,
     pub(crate) only: HashSet<u16>,
+    /// replay's split of the file between workers (made at the first batch with `share_n > 1`)
+    shares: Option<Shares>,
 }
 
 /// How a batch record is taken: not at all (another worker's share), skipped
@@ -526,9 +573,10 @@ pub(crate) enum Take {
 
 impl Reassembler {
     /// Whether worker `share_k` of `share_n` (by port pair, as replay splits
-    /// a file) feeds record `r`, given the `only_ports` filter.
-    pub(crate) fn take(&self, r: &Rec, share_k: u32, share_n: u32) -> Take {
-        if share_n > 1 && share(u32::from(r.sport ^ r.dport), share_n) != share_k {
+    /// a file: [`Shares`]; every record of the file goes through here, in
+    /// order) feeds record `r`, given the `only_ports` filter.
+    pub(crate) fn take(&mut self, r: &Rec, share_k: u32, share_n: u32) -> Take {
+        if share_n > 1 && self.share(r, share_n) != share_k {
             Take::OtherShare
         } else if !self.only.is_empty()
             && !self.only.contains(&r.sport)
@@ -538,6 +586,14 @@ impl Reassembler {
         } else {
             Take::Fed
         }
+    }
+
+    fn share(&mut self, r: &Rec, share_n: u32) -> u32 {
+        let shares = match &mut self.shares {
+            Some(sh) if sh.n == share_n => sh,
+            slot => slot.insert(Shares::new(share_n)),
+        };
+        shares.take(r.sport, r.dport)
     }
 
     /// Feed one segment; an id source failure that is an `Exception` becomes
@@ -620,6 +676,7 @@ impl Reassembler {
             inner: core_r::Reassembler::new(cfg),
             conn_ids,
             only: ports(only_ports)?,
+            shares: None,
         })
     }
 

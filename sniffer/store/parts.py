@@ -1,0 +1,110 @@
+"""Part files: what a parallel replay worker writes instead of the shared SQLite file.
+
+Several processes writing one SQLite file take turns on its single write lock:
+each batch waits for the other's transaction (SQLite's busy handler sleeps in
+steps of up to 100 ms), and on a loaded machine the holder is descheduled with
+the lock held, so the other waits for a whole time slice. A parallel replay
+into a SQLite file therefore gives every worker but the first a *part file*
+of its own (a new SQLite file at the schema head, in a private directory next
+to the database: :func:`part_dir`), writes nothing else to the database
+during the replay but its id reservations, and the parent merges each part
+into the database at the end, in worker order, one transaction per part
+(:func:`merge_part`: ``INSERT … SELECT`` inside SQLite, no row through Python).
+
+Ids stay what they were: the worker's connection and stream ids come from
+blocks reserved in the database itself (``sniffer.store.ids``; the writer's
+``ids_from``), so a part's rows keep their ids when merged and never collide
+with another writer's. The rows numbered by the database (chunks, errors,
+token anomalies: ``autoincrement``) are numbered again by the database they
+are merged into, in the part's order.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from sniffer.store import spec
+from sniffer.store.files import db_path
+from sniffer.store.lite import begin_immediate, connect
+
+#: The tables a part holds rows of, merged in this order (parents before the
+#: rows that name them; ``sniffer.store.spec``).
+MERGED = (
+    "connections",
+    "streams",
+    "chunks",
+    "errors",
+    "stream_tokens",
+    "choice_tokens",
+    "token_anomalies",
+)
+
+#: The tables a part's rows never go to: the schema stamp, the id counters (the
+#: part's ids come from the database's own), the daemon's checkpoints.
+NOT_MERGED = ("meta", "id_blocks", "checkpoints")
+
+
+def part_dir(db: str) -> str | None:
+    """A new private directory (0700) for part files next to the SQLite file of
+    ``db`` (a path or plain ``sqlite:///`` URL); None for any other database
+    (PostgreSQL takes concurrent writers as they are), and when the directory
+    cannot be made (the workers then write the database itself, taking turns
+    on its lock). The caller removes it (:func:`remove_parts`)."""
+    if "://" in db and (not db.startswith("sqlite:///") or "?" in db or "mode=memory" in db):
+        return None
+    path = db_path(db)
+    if path is None:
+        return None
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        return tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.parts-", dir=parent)
+    except OSError:  # a directory we may not create files in: write the database directly
+        return None
+
+
+def remove_parts(directory: str) -> None:
+    """Remove a directory of part files (merged or given up on)."""
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _columns(table: str) -> str:
+    t = spec.TABLES[table]
+    names = [c for c in t.names if not (t.autoincrement and c == "id")]
+    return ", ".join(spec.quote(c) for c in names)
+
+
+def merge_part(db: str, part: str) -> dict[str, int]:
+    """Copy every row of the part file ``part`` into the SQLite database ``db``
+    (both at the schema head) in one transaction under the write lock; the
+    rows the database numbers are numbered by ``db``, in the part's order.
+    Returns the rows copied per table. Raises ``sqlite3.Error`` (nothing is
+    merged then)."""
+    path = db_path(db)
+    if path is None:
+        raise ValueError(f"{db}: not a SQLite file")
+    conn = connect(path)
+    try:
+        conn.execute("ATTACH DATABASE ? AS part", (part,))
+        begin_immediate(conn)
+        counts: dict[str, int] = {}
+        try:
+            for table in MERGED:
+                cols = _columns(table)
+                cur = conn.execute(
+                    f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM part.{table} "
+                    "ORDER BY rowid"
+                )
+                counts[table] = cur.rowcount
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.execute("DETACH DATABASE part")
+        return counts
+    finally:
+        conn.close()
+
+
+__all__ = ["MERGED", "NOT_MERGED", "merge_part", "part_dir", "remove_parts"]

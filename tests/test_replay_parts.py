@@ -1,0 +1,178 @@
+"""Parallel replay into a SQLite file: workers write part files merged at the end
+(``sniffer.store.parts``), the work split by ``sniffer.runtime.replay.Shares``."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sniffer.runtime.replay as replay_module
+import sniffer.store.parts as parts_module
+from sniffer.record.chain import RecordingChain, RecordingOptions
+from sniffer.runtime.replay import replay
+from sniffer.store import spec
+
+ROOT = Path(__file__).resolve().parent.parent
+PCAP = ROOT / "pcaps" / "concurrent_4.pcap"
+
+
+def _dump(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every merged table's rows without the numbering: streams keyed by their
+    (client, server, exchange), connections by their endpoints, the rows that
+    name a stream by that key; sorted."""
+    con = sqlite3.connect(db)
+    try:
+        skey = {
+            r[0]: r[1:]
+            for r in con.execute("SELECT id, client, server, exchange, t_request FROM streams")
+        }
+        ckey = {
+            r[0]: r[1:]
+            for r in con.execute(
+                "SELECT id, client_ip, client_port, server_ip, server_port FROM connections"
+            )
+        }
+        out: dict[str, list[tuple[Any, ...]]] = {}
+        for table in parts_module.MERGED:
+            cols = spec.TABLE_COLUMNS[table]
+            got = []
+            for row in con.execute(f"SELECT * FROM {table}"):
+                values = dict(zip(cols, row, strict=True))
+                if table in ("connections", "streams") or spec.TABLES[table].autoincrement:
+                    values.pop("id")
+                if "stream_id" in values:
+                    values["stream_id"] = skey.get(values["stream_id"])
+                if "connection_id" in values:
+                    values["connection_id"] = ckey.get(values["connection_id"])
+                got.append(tuple(repr(v) for v in values.values()))
+            out[table] = sorted(got)
+        return out
+    finally:
+        con.close()
+
+
+def _chain() -> RecordingChain:
+    return RecordingChain.from_config(RecordingOptions())
+
+
+def test_every_table_is_merged_or_named_as_not_merged() -> None:
+    assert set(parts_module.MERGED) | set(parts_module.NOT_MERGED) == set(spec.TABLES)
+    assert not set(parts_module.MERGED) & set(parts_module.NOT_MERGED)
+
+
+@pytest.mark.parametrize("db_form", ["path", "url"])
+def test_parallel_replay_into_sqlite_stores_what_one_process_stores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_form: str
+) -> None:
+    one, two = tmp_path / "one" / "x.db", tmp_path / "two" / "x.db"
+    one.parent.mkdir()
+    two.parent.mkdir()
+    r1 = replay(PCAP, str(one), chain=_chain(), jobs=1)
+    merged: list[dict[str, int]] = []
+    real_merge = parts_module.merge_part
+
+    def spy(db: str, part: str) -> dict[str, int]:
+        assert os.path.exists(part)
+        found = sqlite3.connect(two).execute("SELECT count(*) FROM streams").fetchone()[0]
+        counts = real_merge(db, part)
+        merged.append({**counts, "before": found})
+        return counts
+
+    monkeypatch.setattr(parts_module, "merge_part", spy)
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    target = str(two) if db_form == "path" else f"sqlite:///{two}"
+    r2 = replay(PCAP, target, chain=_chain(), jobs=2)
+    assert (r2.jobs, r2.streams, r2.chunk_events, r2.tokens) == (
+        2,
+        r1.streams,
+        r1.chunk_events,
+        r1.tokens,
+    )
+    assert r1.tokens > 0
+    # One part (worker 1's), half of the 4 connections, merged after the parent's share.
+    assert len(merged) == 1
+    assert merged[0]["connections"] == 2 and merged[0]["streams"] == 2
+    assert merged[0]["before"] == 2 and merged[0]["chunks"] > 0
+    assert merged[0]["stream_tokens"] == 2
+    assert _dump(two) == _dump(one)
+    # the part directory is gone; the worker's ids came from the database's blocks
+    assert sorted(p.name for p in two.parent.iterdir() if not p.name.startswith("x.db")) == []
+    con = sqlite3.connect(two)
+    try:
+        next_ids = dict(con.execute("SELECT name, next_id FROM id_blocks"))
+        assert con.execute("SELECT max(id) FROM streams").fetchone()[0] < next_ids["streams"]
+        assert (
+            con.execute("SELECT max(id) FROM connections").fetchone()[0] < next_ids["connections"]
+        )
+        orphans = con.execute(
+            "SELECT count(*) FROM chunks WHERE stream_id NOT IN (SELECT id FROM streams)"
+        ).fetchone()[0]
+        assert orphans == 0
+    finally:
+        con.close()
+
+
+def test_truncated_capture_in_parallel_reports_its_error_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cut = tmp_path / "cut.pcap"
+    data = PCAP.read_bytes()
+    cut.write_bytes(data[: len(data) - 37])
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    r1 = replay(cut, str(tmp_path / "one.db"), chain=_chain(), jobs=1)
+    r2 = replay(cut, str(tmp_path / "two.db"), chain=_chain(), jobs=2)
+    assert r1.capture_error is not None and r2.capture_error == r1.capture_error
+    assert r2.errors == r1.errors
+    assert _dump(tmp_path / "two.db") == _dump(tmp_path / "one.db")
+
+
+def test_a_failed_worker_leaves_no_part_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = replay_module._replay_part
+
+    def failing(path: Any, w: Any, ports: Any, labels: Any, progress: Any, k: int, *a: Any) -> Any:
+        if k == 1:
+            raise OSError("disk gone")
+        return real(path, w, ports, labels, progress, k, *a)
+
+    monkeypatch.setattr(replay_module, "_replay_part", failing)
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    db = tmp_path / "x.db"
+    with pytest.raises(RuntimeError, match=r"replay worker .* failed: OSError: disk gone"):
+        replay(PCAP, str(db), chain=_chain(), jobs=2)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("x.db")) == []
+
+
+def test_part_dir_only_for_sqlite_files(tmp_path: Path) -> None:
+    assert parts_module.part_dir("postgresql+psycopg://u@h/db") is None
+    assert parts_module.part_dir("sqlite://") is None
+    assert parts_module.part_dir(":memory:") is None
+    made = parts_module.part_dir(str(tmp_path / "x.db"))
+    assert made is not None and os.path.dirname(made) == str(tmp_path)
+    assert os.stat(made).st_mode & 0o777 == 0o700
+    parts_module.remove_parts(made)
+    assert not os.path.exists(made)
+
+
+def test_no_part_dir_means_the_workers_write_the_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where no part directory can be made, the workers write the database itself."""
+    monkeypatch.setattr(parts_module.tempfile, "mkdtemp", _refuse)
+    assert parts_module.part_dir(str(tmp_path / "x.db")) is None
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    merged: list[str] = []
+    monkeypatch.setattr(parts_module, "merge_part", lambda db, part: merged.append(part))
+    r1 = replay(PCAP, str(tmp_path / "one.db"), chain=_chain(), jobs=1)
+    r2 = replay(PCAP, str(tmp_path / "two.db"), chain=_chain(), jobs=2)
+    assert merged == [] and (r2.streams, r2.tokens) == (r1.streams, r1.tokens)
+    assert _dump(tmp_path / "two.db") == _dump(tmp_path / "one.db")
+
+
+def _refuse(*_a: Any, **_k: Any) -> str:
+    raise PermissionError("read-only directory")
