@@ -106,7 +106,7 @@ def main() -> int:  # noqa: C901
     ap.add_argument(
         "--python",
         help="Interpreter that replays, with its installed sparseety (e.g. a venv holding the "
-        "compiled wheel). Default: this one, on this tree's source.",
+        "built wheel). Default: this one, on this tree's source.",
     )
     ns = ap.parse_args()
     ns.capture = ns.capture.resolve()  # the replays run in a scratch folder
