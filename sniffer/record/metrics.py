@@ -133,6 +133,7 @@ from sniffer.llm.cadence import cadence
 from sniffer.llm.dialects import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.dialects.base import OUTPUT_KINDS
 from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, SpecDecode
+from sniffer.record.tracker import StreamTracker, Tracked
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464
@@ -175,11 +176,11 @@ ERROR_STAGES = frozenset(
     }
 )
 
-#: Bounds on remembered streams (a stream never closed must not leak memory).
-MAX_OPEN_STREAMS = 100_000
 #: Text chunks per output whose capture times are kept for its cadence (the
 #: first ones; 8 bytes each while the stream is open).
 MAX_CADENCE_CHUNKS = 1024
+#: Closed streams whose labels are kept for their token figures (the oldest
+#: is forgotten past it: its figures then count under the labels given).
 MAX_RECENT_CLOSED = 10_000
 MAX_KINDS = 64
 INF = float("inf")
@@ -393,16 +394,14 @@ class _Histogram(_Family[_HistogramChild]):
 
 
 class _Open:
-    """What is remembered about a stream between its open and its close."""
+    """What metrics remember of an open stream, beside what the tracker knows
+    (its ``Tracked.metrics`` slot)."""
 
     __slots__ = (
         "chunks",
         "inter_chunk",
         "keys",
         "last",
-        "streaming",
-        "t_first_output",
-        "t_last_output",
         "t_request",
         "text_times",
         "ttft",
@@ -412,12 +411,10 @@ class _Open:
 
     def __init__(self, keys: tuple[str, str], t_request: float) -> None:
         self.keys = keys
+        #: None once recovered mid-way (no request head: no TTFT, no duration)
         self.t_request: float | None = t_request
-        self.streaming = False
         self.ttft_done = False
         self.last: dict[int, float] = {}
-        self.t_first_output: float | None = None
-        self.t_last_output: float | None = None
         self.ttft: Any = None
         self.inter_chunk: Any = None
         self.chunks: Any = None
@@ -504,7 +501,11 @@ class Metrics:
         self._clock = clock
         self._started = clock()
         self._last_flush: float | None = None
-        self._open: dict[int, _Open] = {}
+        #: open streams: the tracker this observer reads (its own until the
+        #: recording chain shares its tracker, see :meth:`track_with`)
+        self.tracker = StreamTracker()
+        self._drives = True
+        self._evicted_seen = 0
         self._closed: OrderedDict[int, _Closed] = OrderedDict()
         self._kinds: set[str] = set()
         self._lock = threading.Lock()
@@ -701,37 +702,58 @@ class Metrics:
             "sparseety_sample_rate", "Effective chunk sampling rate (0 to 1).", registry=r
         )
         self.sample_rate.set(1.0)
+        self.streams_evicted = Counter(
+            "sparseety_streams_evicted",
+            "Open streams forgotten to make room for new ones (more than the recording "
+            "chain tracks at once): their later events count under label and model none.",
+            registry=r,
+        )
 
     # ------------------------------------------------------------- events
 
+    def track_with(self, tracker: StreamTracker) -> None:
+        """Read ``tracker`` (the recording chain's, which drives it) instead of
+        a tracker of its own. Call before the first event."""
+        self.tracker = tracker
+        self._drives = False
+
     def observe(self, events: Iterable[StoreEvent]) -> None:
         """Account for one batch of pipeline events (in pipeline order)."""
+        tracker = self.tracker
+        if self._drives:
+            events = events if isinstance(events, list) else list(events)
+            tracker.observe(events)
+        entries = tracker.open
         with self._lock:
             for ev in events:
                 t = type(ev)
                 if t is ChunkEvent:
                     assert isinstance(ev, ChunkEvent)
-                    self._chunk(ev)
+                    self._chunk(ev, entries.get(ev.stream))
                 elif t is StreamOpened:
                     assert isinstance(ev, StreamOpened)
-                    self._opened(ev)
+                    self._opened(ev, entries.get(ev.stream))
                 elif t is StreamResponse:
                     assert isinstance(ev, StreamResponse)
-                    s = self._open.get(ev.stream)
-                    if s is not None:
-                        s.streaming = ev.streaming
-                        if ev.status is None:
-                            # recovered mid-way (no head seen): its request time
-                            # is unknown, so are TTFT and duration
-                            s.ttft_done = True
-                            s.t_request = None
+                    e = entries.get(ev.stream)
+                    s = e.metrics if e is not None else None
+                    if s is not None and ev.status is None:
+                        # recovered mid-way (no head seen): its request time
+                        # is unknown, so are TTFT and duration
+                        s.ttft_done = True
+                        s.t_request = None
                 elif t is StreamClosed:
                     assert isinstance(ev, StreamClosed)
-                    self._closed_stream(ev)
+                    self._closed_stream(ev, entries.get(ev.stream))
                 elif t is PipelineError:
                     assert isinstance(ev, PipelineError)
                     stage = ev.stage if ev.stage in ERROR_STAGES else OTHER
                     self.parse_errors.labels(stage).inc()
+        if tracker.evicted != self._evicted_seen:
+            self.streams_evicted.inc(tracker.evicted - self._evicted_seen)
+            self._evicted_seen = tracker.evicted
+        if self._drives:
+            tracker.release()
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, through one cache for every metric (a
@@ -744,31 +766,29 @@ class Metrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def _opened(self, ev: StreamOpened) -> None:
+    def _opened(self, ev: StreamOpened, e: Tracked | None) -> None:
+        if e is None:  # (not tracked: opened and evicted in one batch)
+            return
         keys = self._bound(ev.label, ev.request.model)
-        if len(self._open) >= MAX_OPEN_STREAMS:
-            del self._open[next(iter(self._open))]
         s = _Open(keys, ev.ts)
         s.whole_message = ev.dialect in WHOLE_MESSAGE_DIALECTS
         s.ttft = self._child(self.ttft, *keys)
         s.inter_chunk = self._child(self.inter_chunk, *keys)
         s.chunks = self._child(self.chunk_events, *keys)
-        self._open[ev.stream] = s
+        e.metrics = s
 
-    def _chunk(self, ev: ChunkEvent) -> None:
-        s = self._open.get(ev.stream)
+    def _chunk(self, ev: ChunkEvent, e: Tracked | None) -> None:
+        s = e.metrics if e is not None else None
         if s is None:
             self._child(self.chunk_events, NONE, NONE).inc()
             return
         s.chunks.inc()
         if ev.kind not in OUTPUT_KINDS:
             return
-        ts = ev.ts
-        if s.t_first_output is None:
-            s.t_first_output = ts
-        s.t_last_output = ts
-        if not s.streaming:
+        assert e is not None
+        if not e.streaming:
             return
+        ts = ev.ts
         if not s.ttft_done:
             s.ttft_done = True
             ttft = ts - (s.t_request or ts)
@@ -785,16 +805,19 @@ class Metrics:
             if len(times) < MAX_CADENCE_CHUNKS:
                 times.append(ts)
 
-    def _closed_stream(self, ev: StreamClosed) -> None:
-        s = self._open.pop(ev.stream, None)
+    def _closed_stream(self, ev: StreamClosed, e: Tracked | None) -> None:
+        s: _Open | None = e.metrics if e is not None else None
+        if e is not None:
+            e.metrics = None  # closed: counted once
         if s is None:
             keys = (NONE, NONE)
             t_request: float | None = None
         else:
             keys = s.keys
             t_request = s.t_request
+            assert e is not None
             if (
-                s.streaming
+                e.streaming
                 and not s.ttft_done
                 and ev.t_first_content is not None
                 and s.t_request is not None
@@ -833,8 +856,8 @@ class Metrics:
         self._closed[ev.stream] = _Closed(
             keys,
             state == "complete",
-            s.t_first_output if s is not None else ev.t_first_content,
-            s.t_last_output if s is not None else ev.t_last_chunk,
+            e.t_first_output if s is not None and e is not None else ev.t_first_content,
+            e.t_last_output if s is not None and e is not None else ev.t_last_chunk,
         )
 
     def _cadence(self, keys: tuple[str, str], s: _Open) -> None:
@@ -882,7 +905,8 @@ class Metrics:
             # popped: the token figures come once per stream, and a daemon closing
             # 30 streams/s must not hold 10,000 of these (RSS grew for 5 minutes)
             closed = self._closed.pop(stream, None)
-            opened = self._open.get(stream)
+            entry = self.tracker.get(stream)
+            opened: _Open | None = entry.metrics if entry is not None else None
             if closed is not None:
                 keys = closed.keys
             elif opened is not None:
@@ -979,7 +1003,7 @@ class Metrics:
     @property
     def tracked_streams(self) -> int:
         """Open streams remembered (for tests and the daemon's self-check)."""
-        return len(self._open)
+        return len(self.tracker)
 
     # ------------------------------------------------------------ export
 

@@ -1063,6 +1063,21 @@ class StreamRedactor:
         self._streams.clear()
         return out
 
+    def forget(self, streams: Iterable[int]) -> list[StoreEvent]:
+        """What is held of ``streams`` (streams the recording chain's tracker
+        evicted: their close may never come), decided and given out as at
+        :meth:`flush`; nothing is kept of them after."""
+        out: list[StoreEvent] = []
+        for stream in streams:
+            self._removed.pop(stream, None)
+            s = self._streams.pop(stream, None)
+            if s is None:
+                continue
+            for c in sorted(s.choices.values(), key=_made_at):
+                self._release(c, True)
+            s.drain(out)
+        return out
+
     @staticmethod
     def _start_reasoning(c: _Choice) -> TextWindow:
         """The reasoning window of ``c``, at its first reasoning text: the events

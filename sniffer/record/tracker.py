@@ -1,0 +1,225 @@
+"""The one per-stream tracker of the recording chain: a stream's life, once.
+
+Every observer of the chain (:mod:`~sniffer.record.metrics`,
+:mod:`~sniffer.record.otlp`, :mod:`~sniffer.record.token_collector`) follows
+each stream from its ``StreamOpened`` through its ``ChunkEvent``\\ s to its
+``StreamClosed``. What they all need to know of it lives here, in one
+:class:`Tracked` entry per open stream: the open (capture time of the request
+head, dialect, label, the request's typed summary, server), the response
+(status, streaming), the capture times of its first and last output chunk
+(content, reasoning or a tool call: ``OUTPUT_KINDS``) and its close. Each
+observer keeps only what is its own, in its slot of the entry (``metrics``,
+``otlp``, ``tokens``), so that one eviction forgets a stream for all of them.
+
+The chain owns the tracker and drives it, once per batch, before the
+observers read it::
+
+    tracker.observe(events)      # opens, responses, output times, closes
+    for observe in observers:    # each reads tracker.get(stream) / .closing
+        observe(events)
+    tracker.release()            # the streams closed in the batch are gone
+
+A stream closed in a batch keeps its entry (``closed`` set) until
+:meth:`StreamTracker.release`, so every observer finds it while it reads the
+batch. An observer used on its own (a test, a bench) drives a tracker of its
+own the same way.
+
+The per-chunk entry point is :meth:`StreamTracker.chunk` (stream id, kind,
+capture time): what a stage that emits chunk events natively would call.
+
+Eviction (the one rule): at most ``max_open`` (:data:`MAX_OPEN_STREAMS`,
+100,000) streams are tracked at once, of every kind (LLM streams or not). A
+stream opened when that many are tracked makes the **oldest** open one (by
+open order) forgotten for every observer. Its later events are those of a
+stream never seen: metrics count them under label and model ``none``, OTLP
+exports no span for it, the token pass gets none of its text (no token
+rows), the redactor writes what it holds of it
+(:meth:`StreamTracker.take_evicted`).
+Each eviction is counted: :attr:`StreamTracker.evicted`, exposed as
+``sparseety_streams_evicted_total``. The oldest goes, not the newest, because
+a stream open the longest is the one likeliest never to close (a connection
+lost without a FIN or a timeout the pipeline did not reach): refusing new
+streams instead would blind every observer to all new traffic once such
+streams filled the table. (Until this tracker, metrics and OTLP evicted the
+oldest, OTLP counting LLM streams only, and the token collector refused new
+streams; all three counted nothing.)
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sniffer.core.events import (
+    ChunkEvent,
+    StoreEvent,
+    StreamClosed,
+    StreamOpened,
+    StreamResponse,
+)
+from sniffer.llm.dialects.base import OUTPUT_KINDS
+from sniffer.llm.values import RequestSummary
+
+__all__ = ["MAX_OPEN_STREAMS", "StreamTracker", "Tracked"]
+
+#: Streams tracked at once (a stream never closed must not leak memory).
+MAX_OPEN_STREAMS = 100_000
+
+
+class Tracked:
+    """One open stream: what every observer reads, and each observer's own slot."""
+
+    __slots__ = (
+        "closed",
+        "dialect",
+        "label",
+        "metrics",
+        "otlp",
+        "request",
+        "server",
+        "status",
+        "stream",
+        "streaming",
+        "t_first_output",
+        "t_last_output",
+        "t_request",
+        "tokens",
+    )
+
+    def __init__(self, ev: StreamOpened) -> None:
+        self.stream = ev.stream
+        #: capture time of the request head
+        self.t_request = ev.ts
+        #: None: not an LLM stream
+        self.dialect: str | None = ev.dialect
+        self.label: str | None = ev.label
+        self.request: RequestSummary = ev.request
+        self.server = ev.server
+        #: from the ``StreamResponse`` (status None: recovered mid-way)
+        self.status: int | None = None
+        self.streaming = False
+        #: capture times of the first and last chunk carrying output
+        self.t_first_output: float | None = None
+        self.t_last_output: float | None = None
+        #: the ``StreamClosed``, once seen (the entry goes at ``release()``)
+        self.closed: StreamClosed | None = None
+        #: each observer's own state of this stream (None until it sets it)
+        self.metrics: Any = None
+        self.otlp: Any = None
+        self.tokens: Any = None
+
+    @property
+    def model(self) -> str | None:
+        """The model the request asked for."""
+        return self.request.model
+
+
+class StreamTracker:
+    """Open streams by id, bounded (see the module doc for the eviction rule)."""
+
+    def __init__(self, max_open: int | None = None) -> None:
+        self.max_open = MAX_OPEN_STREAMS if max_open is None else max_open
+        #: stream id → entry, in open order (the oldest first)
+        self.open: dict[int, Tracked] = {}
+        #: entries closed in the current batch (gone at ``release()``)
+        self.closing: list[Tracked] = []
+        #: streams forgotten to make room, since start
+        self.evicted = 0
+        #: their ids since the last ``take_evicted()``, when someone asks for
+        #: them (``collect_evicted``: the chain's redactor writes what it holds
+        #: of them)
+        self.collect_evicted = False
+        self.evicted_ids: list[int] = []
+
+    def get(self, stream: int) -> Tracked | None:
+        return self.open.get(stream)
+
+    def __len__(self) -> int:
+        """Streams tracked and not closed."""
+        return len(self.open) - len(self.closing)
+
+    # -- per event -----------------------------------------------------------
+
+    def opened(self, ev: StreamOpened) -> Tracked:
+        entries = self.open
+        old = entries.pop(ev.stream, None)  # the same id again: the last open counts
+        if old is not None and old.closed is not None:
+            self.closing.remove(old)
+        if len(entries) >= self.max_open:
+            self._evict()
+        e = entries[ev.stream] = Tracked(ev)
+        return e
+
+    def _evict(self) -> None:
+        entries = self.open
+        for stream, e in entries.items():
+            if e.closed is None:  # a stream closed in this batch is read still
+                del entries[stream]
+                self.evicted += 1
+                if self.collect_evicted:
+                    self.evicted_ids.append(stream)
+                return
+
+    def chunk(self, stream: int, kind: str, ts: float) -> None:
+        """A chunk event: its output time, when it carries output."""
+        if kind in OUTPUT_KINDS:
+            e = self.open.get(stream)
+            if e is not None:
+                if e.t_first_output is None:
+                    e.t_first_output = ts
+                e.t_last_output = ts
+
+    def response(self, ev: StreamResponse) -> None:
+        e = self.open.get(ev.stream)
+        if e is not None:
+            e.status = ev.status
+            e.streaming = ev.streaming
+
+    def closed(self, ev: StreamClosed) -> Tracked | None:
+        e = self.open.get(ev.stream)
+        if e is not None and e.closed is None:
+            e.closed = ev
+            self.closing.append(e)
+        return e
+
+    # -- per batch -----------------------------------------------------------
+
+    def observe(self, events: Iterable[StoreEvent]) -> None:
+        """Follow one batch of store events (in pipeline order)."""
+        entries = self.open
+        for ev in events:
+            t = type(ev)
+            if t is ChunkEvent:
+                assert isinstance(ev, ChunkEvent)
+                if ev.kind in OUTPUT_KINDS:  # self.chunk(), inlined: per chunk
+                    e = entries.get(ev.stream)
+                    if e is not None:
+                        if e.t_first_output is None:
+                            e.t_first_output = ev.ts
+                        e.t_last_output = ev.ts
+            elif t is StreamOpened:
+                assert isinstance(ev, StreamOpened)
+                self.opened(ev)
+            elif t is StreamResponse:
+                assert isinstance(ev, StreamResponse)
+                self.response(ev)
+            elif t is StreamClosed:
+                assert isinstance(ev, StreamClosed)
+                self.closed(ev)
+
+    def release(self) -> None:
+        """Forget the streams closed in this batch (every observer has read it)."""
+        closing = self.closing
+        if closing:
+            entries = self.open
+            for e in closing:
+                if entries.get(e.stream) is e:
+                    del entries[e.stream]
+            closing.clear()
+
+    def take_evicted(self) -> list[int]:
+        """The ids of the streams evicted since the last call."""
+        ids, self.evicted_ids = self.evicted_ids, []
+        return ids
