@@ -91,6 +91,11 @@ sparseety_otlp_dropped_total                    counter     closed streams (or t
                                                             export queue
 sparseety_otlp_export_failures_total            counter     OTLP export batches that failed,
                                                             ``signal`` traces|metrics
+sparseety_streams_evicted_total                 counter     open streams the recording chain's
+                                                            tracker forgot to make room (past
+                                                            ``tracker.MAX_OPEN_STREAMS`` open):
+                                                            their later events count under
+                                                            label and model ``none``
 sparseety_open_connections                      gauge       connections being tracked
 sparseety_open_streams                          gauge       streams not yet closed
 sparseety_queue_depth                           gauge       items waiting in the pipeline queue
