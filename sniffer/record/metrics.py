@@ -731,15 +731,11 @@ class Metrics:
         entries = tracker.open
         with self._lock:
             for ev in events:
-                t = type(ev)
-                if t is ChunkEvent:
-                    assert isinstance(ev, ChunkEvent)
+                if type(ev) is ChunkEvent:
                     self._chunk(ev, entries.get(ev.stream))
-                elif t is StreamOpened:
-                    assert isinstance(ev, StreamOpened)
+                elif type(ev) is StreamOpened:
                     self._opened(ev, entries.get(ev.stream))
-                elif t is StreamResponse:
-                    assert isinstance(ev, StreamResponse)
+                elif type(ev) is StreamResponse:
                     e = entries.get(ev.stream)
                     s = e.metrics if e is not None else None
                     if s is not None and ev.status is None:
@@ -747,11 +743,9 @@ class Metrics:
                         # is unknown, so are TTFT and duration
                         s.ttft_done = True
                         s.t_request = None
-                elif t is StreamClosed:
-                    assert isinstance(ev, StreamClosed)
+                elif type(ev) is StreamClosed:
                     self._closed_stream(ev, entries.get(ev.stream))
-                elif t is PipelineError:
-                    assert isinstance(ev, PipelineError)
+                elif type(ev) is PipelineError:
                     stage = ev.stage if ev.stage in ERROR_STAGES else OTHER
                     self.parse_errors.labels(stage).inc()
         if tracker.evicted != self._evicted_seen:

@@ -265,7 +265,6 @@ class _Tracker:
             entries = tracker.open
             for ev in events:
                 if type(ev) is ChunkEvent:
-                    assert isinstance(ev, ChunkEvent)
                     e = entries.get(ev.stream)
                     if (
                         e is not None

@@ -138,9 +138,7 @@ class TokenCollector:
         entries = tracker.open
         max_chunks = self._max_chunks
         for ev in events:
-            t = type(ev)
-            if t is ChunkEvent:
-                assert isinstance(ev, ChunkEvent)
+            if type(ev) is ChunkEvent:
                 e = entries.get(ev.stream)
                 s = e.tokens if e is not None else None
                 if s is None:
@@ -163,15 +161,13 @@ class TokenCollector:
                 if len(tail) >= _JOIN_EVERY:
                     s.blocks.append("".join(tail))
                     tail.clear()
-            elif t is StreamOpened:
-                assert isinstance(ev, StreamOpened)
+            elif type(ev) is StreamOpened:
                 if ev.dialect is None:  # not an LLM stream
                     continue
                 e = entries.get(ev.stream)
                 if e is not None:  # (None: opened and evicted in one batch)
                     e.tokens = _Open(ev.request.model, ev.request_body)
-            elif t is StreamClosed:
-                assert isinstance(ev, StreamClosed)
+            elif type(ev) is StreamClosed:
                 e = entries.get(ev.stream)
                 s = e.tokens if e is not None else None
                 if s is None:

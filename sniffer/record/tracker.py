@@ -190,23 +190,19 @@ class StreamTracker:
         """Follow one batch of store events (in pipeline order)."""
         entries = self.open
         for ev in events:
-            t = type(ev)
-            if t is ChunkEvent:
-                assert isinstance(ev, ChunkEvent)
+            # (``type(ev) is``: mypy narrows on it, and no assert per chunk)
+            if type(ev) is ChunkEvent:
                 if ev.kind in OUTPUT_KINDS:  # self.chunk(), inlined: per chunk
                     e = entries.get(ev.stream)
                     if e is not None:
                         if e.t_first_output is None:
                             e.t_first_output = ev.ts
                         e.t_last_output = ev.ts
-            elif t is StreamOpened:
-                assert isinstance(ev, StreamOpened)
+            elif type(ev) is StreamOpened:
                 self.opened(ev)
-            elif t is StreamResponse:
-                assert isinstance(ev, StreamResponse)
+            elif type(ev) is StreamResponse:
                 self.response(ev)
-            elif t is StreamClosed:
-                assert isinstance(ev, StreamClosed)
+            elif type(ev) is StreamClosed:
                 self.closed(ev)
 
     def release(self) -> None:
