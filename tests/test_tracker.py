@@ -212,3 +212,23 @@ def test_an_eviction_forgets_the_stream_for_every_observer_at_once(
     streams = [s for (s,) in _rows(tmp_path / "full.db", toks)]
     assert len(streams) == 4
     assert [s for (s,) in _rows(tmp_path / "capped.db", toks)] == streams[2:]
+
+
+def test_the_sampler_keeps_its_decision_in_the_entry_and_fails_open_on_eviction() -> None:
+    from sniffer.record.sampling import Sampler
+
+    s = Sampler(0.0)  # keeps no chunk text
+    s.tracker = StreamTracker(max_open=1)
+    out = s.filter(
+        [
+            opened(1),
+            opened(2),  # 1 evicted: its decision with it
+            ChunkEvent(1, T0 + 1, 0, 0, 1, "content", text="one"),
+            ChunkEvent(2, T0 + 1, 0, 0, 1, "content", text="two"),
+        ]
+    )
+    texts = [e.text for e in out if isinstance(e, ChunkEvent)]
+    assert texts == ["one"] and s.stats.chunks_dropped == 1
+    assert s.tracker.evicted == 1 and s.open_decisions == 1
+    s.filter([closed(1, T0 + 2), closed(2, T0 + 2)])
+    assert s.open_decisions == 0

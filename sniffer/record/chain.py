@@ -13,8 +13,9 @@ their configuration and hand it every batch of store events::
   chain's) follows each stream's life first, once per batch: its open,
   response, first and last output times and close, bounded by one eviction
   rule (see :mod:`sniffer.record.tracker`). The observers below read it and
-  keep only what is their own; a stream it evicts is forgotten by all of them
-  at once, and by the redactor, which writes what it held of it.
+  keep only what is their own, and so does the sampler (its decision); a
+  stream it evicts is forgotten by all of them at once, and by the redactor,
+  which writes what it held of it.
 * **Observers** see every event as captured: metrics count unsampled streams
   too, and the token collector keeps the text the server sent (token counts
   are computed on it, before redaction rewrites what is stored).
@@ -176,6 +177,7 @@ class RecordingChain:
         self.observers.extend(observers)
         self.transforms: list[Transform] = []
         if sampler is not None:
+            sampler.track_with(self.tracker)
             self.transforms.append(self._sample)
         if redactor is not None:
             self.transforms.append(self._redact)
@@ -296,24 +298,26 @@ class RecordingChain:
         on_error = self.on_error
         tracker = self.tracker
         tracker.observe(events)
-        for observe in self.observers:
-            if on_error is None:
-                observe(events)
-                continue
-            try:
-                observe(events)
-            except Exception as exc:
-                on_error("observer", _name(observe), exc)
-        tracker.release()
-        for transform in self.transforms:
-            if on_error is None:
-                events = transform(events)
-                continue
-            try:
-                events = transform(events)
-            except Exception as exc:
-                on_error("transform", _name(transform), exc)
-                return  # never write what the transform was meant to change
+        try:
+            for observe in self.observers:
+                if on_error is None:
+                    observe(events)
+                    continue
+                try:
+                    observe(events)
+                except Exception as exc:
+                    on_error("observer", _name(observe), exc)
+            for transform in self.transforms:
+                if on_error is None:
+                    events = transform(events)
+                    continue
+                try:
+                    events = transform(events)
+                except Exception as exc:
+                    on_error("transform", _name(transform), exc)
+                    return  # never write what the transform was meant to change
+        finally:
+            tracker.release()  # every observer and transform has read the batch
         writer.write_many(events)
 
     def flush(self) -> None:

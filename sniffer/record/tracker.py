@@ -1,7 +1,8 @@
 """The one per-stream tracker of the recording chain: a stream's life, once.
 
 Every observer of the chain (:mod:`~sniffer.record.metrics`,
-:mod:`~sniffer.record.otlp`, :mod:`~sniffer.record.token_collector`) follows
+:mod:`~sniffer.record.otlp`, :mod:`~sniffer.record.token_collector`), and the
+sampler among its transforms (:mod:`~sniffer.record.sampling`), follows
 each stream from its ``StreamOpened`` through its ``ChunkEvent``\\ s to its
 ``StreamClosed``. What they all need to know of it lives here, in one
 :class:`Tracked` entry per open stream: the open (capture time of the request
@@ -9,7 +10,8 @@ head, dialect, label, the request's typed summary, server), the response
 (status, streaming), the capture times of its first and last output chunk
 (content, reasoning or a tool call: ``OUTPUT_KINDS``) and its close. Each
 observer keeps only what is its own, in its slot of the entry (``metrics``,
-``otlp``, ``tokens``), so that one eviction forgets a stream for all of them.
+``otlp``, ``tokens``; the sampler's decision in ``sampled``), so that one
+eviction forgets a stream for all of them.
 
 The chain owns the tracker and drives it, once per batch, before the
 observers read it::
@@ -17,6 +19,8 @@ observers read it::
     tracker.observe(events)      # opens, responses, output times, closes
     for observe in observers:    # each reads tracker.get(stream) / .closing
         observe(events)
+    events = sampler(events)     # its decision in the stream's entry
+    ...                          # the redactor, the other transforms
     tracker.release()            # the streams closed in the batch are gone
 
 A stream closed in a batch keeps its entry (``closed`` set) until
@@ -33,7 +37,8 @@ stream opened when that many are tracked makes the **oldest** open one (by
 open order) forgotten for every observer. Its later events are those of a
 stream never seen: metrics count them under label and model ``none``, OTLP
 exports no span for it, the token pass gets none of its text (no token
-rows), the redactor writes what it holds of it
+rows), the sampler keeps its chunk text (failing open loses no data), the
+redactor writes what it holds of it
 (:meth:`StreamTracker.take_evicted`).
 Each eviction is counted: :attr:`StreamTracker.evicted`, exposed as
 ``sparseety_streams_evicted_total``. The oldest goes, not the newest, because
@@ -41,8 +46,8 @@ a stream open the longest is the one likeliest never to close (a connection
 lost without a FIN or a timeout the pipeline did not reach): refusing new
 streams instead would blind every observer to all new traffic once such
 streams filled the table. (Until this tracker, metrics and OTLP evicted the
-oldest, OTLP counting LLM streams only, and the token collector refused new
-streams; all three counted nothing.)
+oldest, OTLP counting LLM streams only, the sampler the oldest past 200,000,
+and the token collector refused new streams; none of them counted it.)
 
 Pure: no I/O, no clock.
 """
@@ -78,6 +83,7 @@ class Tracked:
         "metrics",
         "otlp",
         "request",
+        "sampled",
         "server",
         "status",
         "stream",
@@ -105,6 +111,8 @@ class Tracked:
         self.t_last_output: float | None = None
         #: the ``StreamClosed``, once seen (the entry goes at ``release()``)
         self.closed: StreamClosed | None = None
+        #: the sampler's decision: its chunk text is stored
+        self.sampled = True
         #: each observer's own state of this stream (None until it sets it)
         self.metrics: Any = None
         self.otlp: Any = None
