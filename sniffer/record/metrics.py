@@ -721,6 +721,7 @@ class Metrics:
         a tracker of its own. Call before the first event."""
         self.tracker = tracker
         self._drives = False
+        self._evicted_seen = tracker.evicted
 
     def observe(self, events: Iterable[StoreEvent]) -> None:
         """Account for one batch of pipeline events (in pipeline order)."""
@@ -748,7 +749,7 @@ class Metrics:
                 elif type(ev) is PipelineError:
                     stage = ev.stage if ev.stage in ERROR_STAGES else OTHER
                     self.parse_errors.labels(stage).inc()
-        if tracker.evicted != self._evicted_seen:
+        if tracker.evicted > self._evicted_seen:  # (counted once, with the batch)
             self.streams_evicted.inc(tracker.evicted - self._evicted_seen)
             self._evicted_seen = tracker.evicted
         if self._drives:

@@ -249,7 +249,7 @@ class _Tokens:
     tokens_per_chunk: tuple[int, ...]
 
 
-class _Tracker:
+class _Records:
     """Closed LLM streams → :class:`StreamRecord` (pure). What a stream's record
     needs of its life comes from the recording chain's
     :class:`~sniffer.record.tracker.StreamTracker` at its close; the exporter
@@ -464,7 +464,7 @@ class OtlpExporter:
         self.options = options
         self._log = log
         self._prom = metrics
-        self._tracker = _Tracker(chunk_events=options.chunk_events, wait_tokens=wait_tokens)
+        self._records = _Records(chunk_events=options.chunk_events, wait_tokens=wait_tokens)
         #: open streams: the tracker this observer reads (its own until the
         #: recording chain shares its tracker, see :meth:`track_with`)
         self.tracker = StreamTracker()
@@ -500,7 +500,7 @@ class OtlpExporter:
         with self._lock:
             if self._drives:
                 tracker.observe(events)
-            records = self._tracker.observe(events, tracker)
+            records = self._records.observe(events, tracker)
             if self._drives:
                 tracker.release()
         for r in records:
