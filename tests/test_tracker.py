@@ -232,3 +232,31 @@ def test_the_sampler_keeps_its_decision_in_the_entry_and_fails_open_on_eviction(
     assert s.tracker.evicted == 1 and s.open_decisions == 1
     s.filter([closed(1, T0 + 2), closed(2, T0 + 2)])
     assert s.open_decisions == 0
+
+
+class _Kept:
+    """A writer that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.events: list[StoreEvent] = []
+
+    def write_many(self, events: list[StoreEvent]) -> None:
+        self.events += events
+
+
+def test_the_redactor_writes_what_it_held_of_an_evicted_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream that never closes must not stay in the redactor's look-behind:
+    when the tracker evicts it, its held chunks are written (redacted)."""
+    monkeypatch.setattr(tracker_mod, "MAX_OPEN_STREAMS", 1)
+    chain = RecordingChain.from_config(RecordingOptions(tokens=False))
+    kept = _Kept()
+    chain.attach(kept)  # type: ignore[arg-type]
+    chain.write([opened(1), ChunkEvent(1, T0 + 1, 0, 0, 1, "content", text="mail a@b.example")])
+    assert chain.stream_redactor is not None and chain.stream_redactor.held == 1
+    assert not [e for e in kept.events if isinstance(e, ChunkEvent)]
+    chain.write([opened(2)])  # 1 evicted: never closed, its chunk written now
+    assert chain.evicted_streams == 1 and chain.stream_redactor.held == 0
+    texts = [e.text for e in kept.events if isinstance(e, ChunkEvent)]
+    assert texts == ["mail <EMAIL>"]
