@@ -146,15 +146,16 @@ class StreamTracker:
 
     def __len__(self) -> int:
         """Streams tracked and not closed."""
-        return len(self.open) - len(self.closing)
+        entries = self.open
+        return len(entries) - sum(1 for e in self.closing if entries.get(e.stream) is e)
 
     # -- per event -----------------------------------------------------------
 
     def opened(self, ev: StreamOpened) -> Tracked:
         entries = self.open
-        old = entries.pop(ev.stream, None)  # the same id again: the last open counts
-        if old is not None and old.closed is not None:
-            self.closing.remove(old)
+        # The same id again (never from one pipeline): the last open counts; a
+        # closed one stays in ``closing`` for the observers.
+        entries.pop(ev.stream, None)
         if len(entries) >= self.max_open:
             self._evict()
         e = entries[ev.stream] = Tracked(ev)
