@@ -67,7 +67,7 @@ def closed(sid: int, ts: float) -> StreamClosed:
 
 
 def test_a_streams_life_once() -> None:
-    t = StreamTracker()
+    t = StreamTracker(outputs=True)  # (as metrics and OTLP ask)
     t.observe(
         [
             opened(1),
@@ -94,6 +94,11 @@ def test_a_streams_life_once() -> None:
     t.release()
     assert t.get(1) is None and not t.closing and not t.open
     assert t.evicted == 0
+    # without a reader of the output times, observe() does not follow them
+    t2 = StreamTracker()
+    t2.observe([opened(1), ChunkEvent(1, T0 + 0.3, 1, 0, 1, "content", text="a")])
+    e2 = t2.get(1)
+    assert e2 is not None and e2.t_first_output is None
 
 
 def test_the_oldest_open_stream_is_evicted_and_counted() -> None:

@@ -182,7 +182,11 @@ class RecordingChain:
         if redactor is not None:
             self.transforms.append(self._redact)
         self.transforms.extend(transforms)
-        if self.stream_redactor is not None:
+        #: the tracker is driven when something reads it: metrics, OTLP, the
+        #: token collector, the sampler, or the redactor (its evictions)
+        readers = (metrics, otlp, self.collector, sampler, self.stream_redactor)
+        self._tracked = any(r is not None for r in readers)
+        if self.stream_redactor is not None and self._tracked:
             self.tracker.collect_evicted = True  # the redactor writes what it held of them
         if self.collector is not None and self.stream_redactor is not None and sampler is None:
             # The redactor sees every chunk text as sent (no sampler blanks any
@@ -297,7 +301,9 @@ class RecordingChain:
         writer = self._writer()
         on_error = self.on_error
         tracker = self.tracker
-        tracker.observe(events)
+        tracked = self._tracked
+        if tracked:
+            tracker.observe(events)
         try:
             for observe in self.observers:
                 if on_error is None:
@@ -317,7 +323,8 @@ class RecordingChain:
                     on_error("transform", _name(transform), exc)
                     return  # never write what the transform was meant to change
         finally:
-            tracker.release()  # every observer and transform has read the batch
+            if tracked:
+                tracker.release()  # every observer and transform has read the batch
         writer.write_many(events)
 
     def flush(self) -> None:

@@ -508,7 +508,7 @@ class Metrics:
         self._last_flush: float | None = None
         #: open streams: the tracker this observer reads (its own until the
         #: recording chain shares its tracker, see :meth:`track_with`)
-        self.tracker = StreamTracker()
+        self.tracker = StreamTracker(outputs=True)
         self._drives = True
         self._evicted_seen = 0
         self._closed: OrderedDict[int, _Closed] = OrderedDict()
@@ -721,6 +721,7 @@ class Metrics:
         a tracker of its own. Call before the first event."""
         self.tracker = tracker
         self._drives = False
+        tracker.outputs = True  # this reader uses them
         self._evicted_seen = tracker.evicted
 
     def observe(self, events: Iterable[StoreEvent]) -> None:

@@ -467,7 +467,7 @@ class OtlpExporter:
         self._records = _Records(chunk_events=options.chunk_events, wait_tokens=wait_tokens)
         #: open streams: the tracker this observer reads (its own until the
         #: recording chain shares its tracker, see :meth:`track_with`)
-        self.tracker = StreamTracker()
+        self.tracker = StreamTracker(outputs=True)
         self._drives = True
         self._queue: queue.Queue[StreamRecord | _Tokens] = queue.Queue(max(1, options.queue_size))
         self._lock = threading.Lock()  # the tracker (capture path)
@@ -493,6 +493,7 @@ class OtlpExporter:
         a tracker of its own. Call before the first event."""
         self.tracker = tracker
         self._drives = False
+        tracker.outputs = True  # this reader uses them
 
     def observe(self, events: list[StoreEvent]) -> None:
         """Chain observer: queue each closed LLM stream for export."""

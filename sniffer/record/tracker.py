@@ -8,7 +8,8 @@ each stream from its ``StreamOpened`` through its ``ChunkEvent``\\ s to its
 :class:`Tracked` entry per open stream: the open (capture time of the request
 head, dialect, label, the request's typed summary, server), the response
 (status, streaming), the capture times of its first and last output chunk
-(content, reasoning or a tool call: ``OUTPUT_KINDS``) and its close. Each
+(content, reasoning or a tool call: ``OUTPUT_KINDS``; followed when a reader
+asks for them, ``outputs``) and its close. Each
 observer keeps only what is its own, in its slot of the entry (``metrics``,
 ``otlp``, ``tokens``; the sampler's decision in ``sampled``), so that one
 eviction forgets a stream for all of them.
@@ -127,8 +128,12 @@ class Tracked:
 class StreamTracker:
     """Open streams by id, bounded (see the module doc for the eviction rule)."""
 
-    def __init__(self, max_open: int | None = None) -> None:
+    def __init__(self, max_open: int | None = None, *, outputs: bool = False) -> None:
         self.max_open = MAX_OPEN_STREAMS if max_open is None else max_open
+        #: follow the output times in :meth:`observe` (set by the readers that
+        #: use them, metrics and OTLP: the token collector alone does not pay
+        #: for them per chunk)
+        self.outputs = outputs
         #: stream id → entry, in open order (the oldest first)
         self.open: dict[int, Tracked] = {}
         #: entries closed in the current batch (gone at ``release()``)
@@ -198,10 +203,11 @@ class StreamTracker:
     def observe(self, events: Iterable[StoreEvent]) -> None:
         """Follow one batch of store events (in pipeline order)."""
         entries = self.open
+        outputs = self.outputs
         for ev in events:
             # (``type(ev) is``: mypy narrows on it, and no assert per chunk)
             if type(ev) is ChunkEvent:
-                if ev.kind in OUTPUT_KINDS:  # self.chunk(), inlined: per chunk
+                if outputs and ev.kind in OUTPUT_KINDS:  # self.chunk(), inlined
                     e = entries.get(ev.stream)
                     if e is not None:
                         if e.t_first_output is None:
