@@ -398,17 +398,27 @@ class _Histogram(_Family[_HistogramChild]):
         yield family
 
 
+class _Choice:
+    """One choice of an open stream: its last output chunk's capture time (the
+    inter-chunk gap) and its text chunks' (the cadence)."""
+
+    __slots__ = ("last", "times")
+
+    def __init__(self, ts: float) -> None:
+        self.last = ts
+        self.times: array[float] = array("d")
+
+
 class _Open:
     """What metrics remember of an open stream, beside what the tracker knows
     (its ``Tracked.metrics`` slot)."""
 
     __slots__ = (
+        "choices",
         "chunks",
         "inter_chunk",
         "keys",
-        "last",
         "t_request",
-        "text_times",
         "ttft",
         "ttft_done",
         "whole_message",
@@ -419,12 +429,11 @@ class _Open:
         #: None once recovered mid-way (no request head: no TTFT, no duration)
         self.t_request: float | None = t_request
         self.ttft_done = False
-        self.last: dict[int, float] = {}
+        #: per choice with an output chunk (one dict look-up per chunk)
+        self.choices: dict[int, _Choice] = {}
         self.ttft: Any = None
         self.inter_chunk: Any = None
         self.chunks: Any = None
-        #: capture times of the text chunks, per choice (the cadence)
-        self.text_times: dict[int, array[float]] = {}
         self.whole_message = False
 
 
@@ -734,7 +743,31 @@ class Metrics:
         with self._lock:
             for ev in events:
                 if type(ev) is ChunkEvent:
-                    self._chunk(ev, entries.get(ev.stream))
+                    # the capture path: a chunk's figures, inlined (no call per chunk)
+                    e = entries.get(ev.stream)
+                    if e is None or (s := e.metrics) is None:
+                        self._child(self.chunk_events, NONE, NONE).inc()
+                        continue
+                    s.chunks.inc()
+                    if not e.streaming or ev.kind not in OUTPUT_KINDS:
+                        continue
+                    ts = ev.ts
+                    if not s.ttft_done:
+                        s.ttft_done = True
+                        ttft = ts - (s.t_request or ts)
+                        if ttft >= 0:  # (negative: the capture clock went backwards)
+                            s.ttft.observe(ttft)
+                    c = s.choices.get(ev.choice)
+                    if c is None:
+                        c = s.choices[ev.choice] = _Choice(ts)
+                    else:
+                        if ts >= c.last:  # the gap since the choice's last output chunk
+                            s.inter_chunk.observe(ts - c.last)
+                        c.last = ts
+                    if ev.text:  # its cadence: the first text chunks' times
+                        times = c.times
+                        if len(times) < MAX_CADENCE_CHUNKS:
+                            times.append(ts)
                 elif type(ev) is StreamOpened:
                     self._opened(ev, entries.get(ev.stream))
                 elif type(ev) is StreamResponse:
@@ -777,34 +810,6 @@ class Metrics:
         s.inter_chunk = self._child(self.inter_chunk, *keys)
         s.chunks = self._child(self.chunk_events, *keys)
         e.metrics = s
-
-    def _chunk(self, ev: ChunkEvent, e: Tracked | None) -> None:
-        s = e.metrics if e is not None else None
-        if s is None:
-            self._child(self.chunk_events, NONE, NONE).inc()
-            return
-        s.chunks.inc()
-        if ev.kind not in OUTPUT_KINDS:
-            return
-        assert e is not None
-        if not e.streaming:
-            return
-        ts = ev.ts
-        if not s.ttft_done:
-            s.ttft_done = True
-            ttft = ts - (s.t_request or ts)
-            if ttft >= 0:  # (negative: the capture clock went backwards)
-                s.ttft.observe(ttft)
-        prev = s.last.get(ev.choice)
-        if prev is not None and ts >= prev:
-            s.inter_chunk.observe(ts - prev)
-        s.last[ev.choice] = ts
-        if ev.text:
-            times = s.text_times.get(ev.choice)
-            if times is None:
-                times = s.text_times[ev.choice] = array("d")
-            if len(times) < MAX_CADENCE_CHUNKS:
-                times.append(ts)
 
     def _closed_stream(self, ev: StreamClosed, e: Tracked | None) -> None:
         s: _Open | None = e.metrics if e is not None else None
@@ -850,7 +855,7 @@ class Metrics:
         spec = usage.speculative if usage is not None else None
         if spec is not None:
             self._spec(keys, spec)
-        if s is not None and s.text_times and StreamFlag.CLOCK_BACKWARDS not in ev.flags:
+        if s is not None and s.choices and StreamFlag.CLOCK_BACKWARDS not in ev.flags:
             self._cadence(keys, s)
         if len(self._closed) >= MAX_RECENT_CLOSED:
             self._closed.popitem(last=False)
@@ -865,7 +870,8 @@ class Metrics:
         """The cadence class of each output of one closed stream, as ``stats``
         reads it from the stored chunks: one output per choice, or the whole
         message (its blocks' chunks in index order)."""
-        outputs = [s.text_times[c] for c in sorted(s.text_times)]
+        # (the choices with text chunks, in index order)
+        outputs = [s.choices[c].times for c in sorted(s.choices) if s.choices[c].times]
         if s.whole_message and len(outputs) > 1:
             merged: array[float] = array("d")
             for times in outputs:
