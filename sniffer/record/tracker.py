@@ -8,14 +8,15 @@ each stream from its ``StreamOpened`` through its ``ChunkEvent``\\ s to its
 :class:`Tracked` entry per open stream: the open (capture time of the request
 head, dialect, label, the request's typed summary, server), the response
 (status, streaming), the capture times of its first and last output chunk
-(content, reasoning or a tool call: ``OUTPUT_KINDS``; followed when a reader
-asks for them, ``outputs``) and its close. Each
+(content, reasoning or a tool call: ``OUTPUT_KINDS``; followed only when a
+reader asks for them, ``outputs``: metrics and OTLP do) and its close. Each
 observer keeps only what is its own, in its slot of the entry (``metrics``,
 ``otlp``, ``tokens``; the sampler's decision in ``sampled``), so that one
 eviction forgets a stream for all of them.
 
-The chain owns the tracker and drives it, once per batch, before the
-observers read it::
+The chain owns the tracker (``RecordingChain.tracker``) and drives it, once
+per batch, before the observers read it (each observer is handed it with its
+``track_with``)::
 
     tracker.observe(events)      # opens, responses, output times, closes
     for observe in observers:    # each reads tracker.get(stream) / .closing
@@ -41,14 +42,22 @@ exports no span for it, the token pass gets none of its text (no token
 rows), the sampler keeps its chunk text (failing open loses no data), the
 redactor writes what it holds of it
 (:meth:`StreamTracker.take_evicted`).
-Each eviction is counted: :attr:`StreamTracker.evicted`, exposed as
-``sparseety_streams_evicted_total``. The oldest goes, not the newest, because
-a stream open the longest is the one likeliest never to close (a connection
-lost without a FIN or a timeout the pipeline did not reach): refusing new
-streams instead would blind every observer to all new traffic once such
-streams filled the table. (Until this tracker, metrics and OTLP evicted the
-oldest, OTLP counting LLM streams only, the sampler the oldest past 200,000,
-and the token collector refused new streams; none of them counted it.)
+Each eviction is counted: :attr:`StreamTracker.evicted`
+(``RecordingChain.evicted_streams``), exposed as
+``sparseety_streams_evicted_total``. A stream evicted and then continued is
+redacted from then on without the look-behind of its earlier chunks.
+
+The oldest goes, not the newest, because a stream open the longest is the one
+likeliest never to close (a connection lost without a FIN or a timeout the
+pipeline did not reach): refusing new streams instead would blind every
+observer to all new traffic once such streams filled the table. (Until this
+tracker, metrics and OTLP evicted the oldest, OTLP counting LLM streams only,
+the sampler the oldest past 200,000, and the token collector refused new
+streams; none of them counted it.)
+
+Cost: one pass over each batch (a type test per chunk event; with
+``outputs``, a look-up and two stores per output chunk), which the observers
+pay back (OTLP without chunk events no longer looks at chunks at all).
 
 Pure: no I/O, no clock.
 """
