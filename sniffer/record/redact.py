@@ -955,9 +955,8 @@ class StreamRedactor:
         red = self.redactor
         streams = self._streams
         for ev in events:
-            t = type(ev)
-            if t is ChunkEvent:
-                assert isinstance(ev, ChunkEvent)
+            # (``type(ev) is``: mypy narrows on it, and no assert per chunk)
+            if type(ev) is ChunkEvent:
                 choice = ev.choice
                 s = streams.get(ev.stream)
                 if choice < 0:
@@ -1007,8 +1006,7 @@ class StreamRedactor:
                     continue
                 self._release(c, False)
                 s.drain(out)
-            elif t is StreamClosed:
-                assert isinstance(ev, StreamClosed)
+            elif type(ev) is StreamClosed:
                 self._closed(ev, out)
             else:
                 out.append(red.event(ev))

@@ -140,8 +140,7 @@ class TokenCollector:
         for ev in events:
             if type(ev) is ChunkEvent:
                 e = entries.get(ev.stream)
-                s = e.tokens if e is not None else None
-                if s is None:
+                if e is None or (s := e.tokens) is None:
                     continue
                 lens = s.lens
                 n = len(lens)
