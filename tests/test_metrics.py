@@ -364,7 +364,8 @@ def test_unknown_streams_and_never_closed_streams_are_bounded() -> None:
     smp = samples(m.render())
     assert total(smp, "sparseety_streams_total", label="none", model="none") == 1
     assert total(smp, "sparseety_chunk_events_total", label="none") == 1
-    import sniffer.record.metrics as mod
+    assert total(smp, "sparseety_streams_evicted_total") == 0
+    import sniffer.record.tracker as mod
 
     old = mod.MAX_OPEN_STREAMS
     mod.MAX_OPEN_STREAMS = 10
@@ -372,6 +373,14 @@ def test_unknown_streams_and_never_closed_streams_are_bounded() -> None:
         m2 = Metrics()
         m2.observe([opened(i, T0) for i in range(25)])
         assert m2.tracked_streams == 10
+        # the oldest went, and were counted; their later events are a stranger's
+        m2.observe([ChunkEvent(0, T0 + 1, 0, 0, 1, "content", text="x"), closed(0, T0 + 2)])
+        m2.observe([closed(24, T0 + 2)])
+        smp2 = samples(m2.render())
+        assert total(smp2, "sparseety_streams_evicted_total") == 15
+        assert total(smp2, "sparseety_chunk_events_total", label="none", model="none") == 1
+        assert total(smp2, "sparseety_streams_total", label="none", model="none") == 1
+        assert m2.tracked_streams == 9
     finally:
         mod.MAX_OPEN_STREAMS = old
 

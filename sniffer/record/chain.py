@@ -9,6 +9,13 @@ their configuration and hand it every batch of store events::
                  collector,
                  OTLP export)
 
+* The **tracker** (:class:`~sniffer.record.tracker.StreamTracker`, the
+  chain's) follows each stream's life first, once per batch: its open,
+  response, first and last output times and close, bounded by one eviction
+  rule (see :mod:`sniffer.record.tracker`). The observers below read it and
+  keep only what is their own, and so does the sampler (its decision); a
+  stream it evicts is forgotten by all of them at once, and by the redactor,
+  which writes what it held of it.
 * **Observers** see every event as captured: metrics count unsampled streams
   too, and the token collector keeps the text the server sent (token counts
   are computed on it, before redaction rewrites what is stored).
@@ -43,6 +50,7 @@ from sniffer.core.events import StoreEvent
 from sniffer.record.redact import Redactor, StreamRedactor
 from sniffer.record.sampling import Sampler
 from sniffer.record.token_collector import TokenCollector
+from sniffer.record.tracker import StreamTracker
 from sniffer.store.writer import StoreWriter
 
 if TYPE_CHECKING:
@@ -145,6 +153,8 @@ class RecordingChain:
         self.otlp = otlp
         self.on_error = on_error
         self.clock = clock
+        #: every stream's life, read by the observers (one eviction rule)
+        self.tracker = StreamTracker()
         #: keeps the text as sent for the token pass (only with ``tokens``)
         # token ids are masked where redaction removed text (the redactor hands
         # its spans over; with a sampler before it the token pass replays them)
@@ -155,18 +165,28 @@ class RecordingChain:
         self._seen_redactions: dict[str, int] = {}
         self.observers: list[Observer] = []
         if metrics is not None:
+            metrics.track_with(self.tracker)
             self.observers.append(metrics.observe)
         if self.collector is not None:
+            self.collector.track_with(self.tracker)
             self.observers.append(self._collect)
         if otlp is not None:
+            otlp.track_with(self.tracker)
             self.observers.append(otlp.observe)
         self.observers.extend(observers)
         self.transforms: list[Transform] = []
         if sampler is not None:
+            sampler.track_with(self.tracker)
             self.transforms.append(self._sample)
         if redactor is not None:
             self.transforms.append(self._redact)
         self.transforms.extend(transforms)
+        #: the tracker is driven when something reads it: metrics, OTLP, the
+        #: token collector, the sampler, or the redactor (its evictions)
+        readers = (metrics, otlp, self.collector, sampler, self.stream_redactor)
+        self._tracked = any(r is not None for r in readers)
+        if self.stream_redactor is not None and self._tracked:
+            self.tracker.collect_evicted = True  # the redactor writes what it held of them
         if self.collector is not None and self.stream_redactor is not None and sampler is None:
             # The redactor sees every chunk text as sent (no sampler blanks any
             # before it): it hands the collector what it redacted in each closed
@@ -255,7 +275,11 @@ class RecordingChain:
     def _redact(self, events: list[StoreEvent]) -> list[StoreEvent]:
         redactor = self.redactor
         assert redactor is not None and self.stream_redactor is not None
-        events = self.stream_redactor.events(events)
+        evicted = self.tracker.take_evicted()
+        if evicted:  # their close may never come: write what is held of them
+            events = self.stream_redactor.forget(evicted) + self.stream_redactor.events(events)
+        else:
+            events = self.stream_redactor.events(events)
         if self.stream_redactor.track_redactions and self.collector is not None:
             clean, redacted = self.stream_redactor.take_redactions()
             if clean or redacted:
@@ -275,23 +299,31 @@ class RecordingChain:
         Raises ``StoreError`` when the writer does."""
         writer = self._writer()
         on_error = self.on_error
-        for observe in self.observers:
-            if on_error is None:
-                observe(events)
-                continue
-            try:
-                observe(events)
-            except Exception as exc:
-                on_error("observer", _name(observe), exc)
-        for transform in self.transforms:
-            if on_error is None:
-                events = transform(events)
-                continue
-            try:
-                events = transform(events)
-            except Exception as exc:
-                on_error("transform", _name(transform), exc)
-                return  # never write what the transform was meant to change
+        tracker = self.tracker
+        tracked = self._tracked
+        if tracked:
+            tracker.observe(events)
+        try:
+            for observe in self.observers:
+                if on_error is None:
+                    observe(events)
+                    continue
+                try:
+                    observe(events)
+                except Exception as exc:
+                    on_error("observer", _name(observe), exc)
+            for transform in self.transforms:
+                if on_error is None:
+                    events = transform(events)
+                    continue
+                try:
+                    events = transform(events)
+                except Exception as exc:
+                    on_error("transform", _name(transform), exc)
+                    return  # never write what the transform was meant to change
+        finally:
+            if tracked:
+                tracker.release()  # every observer and transform has read the batch
         writer.write_many(events)
 
     def flush(self) -> None:
@@ -372,6 +404,11 @@ class RecordingChain:
                 for kind, n in kinds.items():
                     sampler.note_anomaly(kind, now, n)
         return result
+
+    @property
+    def evicted_streams(self) -> int:
+        """Open streams the tracker forgot to make room (see :mod:`sniffer.record.tracker`)."""
+        return self.tracker.evicted
 
     @property
     def redactions(self) -> int:

@@ -91,6 +91,11 @@ sparseety_otlp_dropped_total                    counter     closed streams (or t
                                                             export queue
 sparseety_otlp_export_failures_total            counter     OTLP export batches that failed,
                                                             ``signal`` traces|metrics
+sparseety_streams_evicted_total                 counter     open streams the recording chain's
+                                                            tracker forgot to make room (past
+                                                            ``tracker.MAX_OPEN_STREAMS`` open):
+                                                            their later events count under
+                                                            label and model ``none``
 sparseety_open_connections                      gauge       connections being tracked
 sparseety_open_streams                          gauge       streams not yet closed
 sparseety_queue_depth                           gauge       items waiting in the pipeline queue
@@ -133,6 +138,7 @@ from sniffer.llm.cadence import cadence
 from sniffer.llm.dialects import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.dialects.base import OUTPUT_KINDS
 from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, SpecDecode
+from sniffer.record.tracker import StreamTracker, Tracked
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464
@@ -175,11 +181,11 @@ ERROR_STAGES = frozenset(
     }
 )
 
-#: Bounds on remembered streams (a stream never closed must not leak memory).
-MAX_OPEN_STREAMS = 100_000
 #: Text chunks per output whose capture times are kept for its cadence (the
 #: first ones; 8 bytes each while the stream is open).
 MAX_CADENCE_CHUNKS = 1024
+#: Closed streams whose labels are kept for their token figures (the oldest
+#: is forgotten past it: its figures then count under the labels given).
 MAX_RECENT_CLOSED = 10_000
 MAX_KINDS = 64
 INF = float("inf")
@@ -392,19 +398,27 @@ class _Histogram(_Family[_HistogramChild]):
         yield family
 
 
+class _Choice:
+    """One choice of an open stream: its last output chunk's capture time (the
+    inter-chunk gap) and its text chunks' (the cadence)."""
+
+    __slots__ = ("last", "times")
+
+    def __init__(self, ts: float) -> None:
+        self.last = ts
+        self.times: array[float] = array("d")
+
+
 class _Open:
-    """What is remembered about a stream between its open and its close."""
+    """What metrics remember of an open stream, beside what the tracker knows
+    (its ``Tracked.metrics`` slot)."""
 
     __slots__ = (
+        "choices",
         "chunks",
         "inter_chunk",
         "keys",
-        "last",
-        "streaming",
-        "t_first_output",
-        "t_last_output",
         "t_request",
-        "text_times",
         "ttft",
         "ttft_done",
         "whole_message",
@@ -412,17 +426,14 @@ class _Open:
 
     def __init__(self, keys: tuple[str, str], t_request: float) -> None:
         self.keys = keys
+        #: None once recovered mid-way (no request head: no TTFT, no duration)
         self.t_request: float | None = t_request
-        self.streaming = False
         self.ttft_done = False
-        self.last: dict[int, float] = {}
-        self.t_first_output: float | None = None
-        self.t_last_output: float | None = None
+        #: per choice with an output chunk (one dict look-up per chunk)
+        self.choices: dict[int, _Choice] = {}
         self.ttft: Any = None
         self.inter_chunk: Any = None
         self.chunks: Any = None
-        #: capture times of the text chunks, per choice (the cadence)
-        self.text_times: dict[int, array[float]] = {}
         self.whole_message = False
 
 
@@ -504,7 +515,11 @@ class Metrics:
         self._clock = clock
         self._started = clock()
         self._last_flush: float | None = None
-        self._open: dict[int, _Open] = {}
+        #: open streams: the tracker this observer reads (its own until the
+        #: recording chain shares its tracker, see :meth:`track_with`)
+        self.tracker = StreamTracker(outputs=True)
+        self._drives = True
+        self._evicted_seen = 0
         self._closed: OrderedDict[int, _Closed] = OrderedDict()
         self._kinds: set[str] = set()
         self._lock = threading.Lock()
@@ -701,37 +716,78 @@ class Metrics:
             "sparseety_sample_rate", "Effective chunk sampling rate (0 to 1).", registry=r
         )
         self.sample_rate.set(1.0)
+        self.streams_evicted = Counter(
+            "sparseety_streams_evicted",
+            "Open streams forgotten to make room for new ones (more than the recording "
+            "chain tracks at once): their later events count under label and model none.",
+            registry=r,
+        )
 
     # ------------------------------------------------------------- events
 
+    def track_with(self, tracker: StreamTracker) -> None:
+        """Read ``tracker`` (the recording chain's, which drives it) instead of
+        a tracker of its own. Call before the first event."""
+        self.tracker = tracker
+        self._drives = False
+        tracker.outputs = True  # this reader uses them
+        self._evicted_seen = tracker.evicted
+
     def observe(self, events: Iterable[StoreEvent]) -> None:
         """Account for one batch of pipeline events (in pipeline order)."""
+        tracker = self.tracker
+        if self._drives:
+            events = events if isinstance(events, list) else list(events)
+            tracker.observe(events)
+        entries = tracker.open
         with self._lock:
             for ev in events:
-                t = type(ev)
-                if t is ChunkEvent:
-                    assert isinstance(ev, ChunkEvent)
-                    self._chunk(ev)
-                elif t is StreamOpened:
-                    assert isinstance(ev, StreamOpened)
-                    self._opened(ev)
-                elif t is StreamResponse:
-                    assert isinstance(ev, StreamResponse)
-                    s = self._open.get(ev.stream)
-                    if s is not None:
-                        s.streaming = ev.streaming
-                        if ev.status is None:
-                            # recovered mid-way (no head seen): its request time
-                            # is unknown, so are TTFT and duration
-                            s.ttft_done = True
-                            s.t_request = None
-                elif t is StreamClosed:
-                    assert isinstance(ev, StreamClosed)
-                    self._closed_stream(ev)
-                elif t is PipelineError:
-                    assert isinstance(ev, PipelineError)
+                if type(ev) is ChunkEvent:
+                    # the capture path: a chunk's figures, inlined (no call per chunk)
+                    e = entries.get(ev.stream)
+                    if e is None or (s := e.metrics) is None:
+                        self._child(self.chunk_events, NONE, NONE).inc()
+                        continue
+                    s.chunks.inc()
+                    if not e.streaming or ev.kind not in OUTPUT_KINDS:
+                        continue
+                    ts = ev.ts
+                    if not s.ttft_done:
+                        s.ttft_done = True
+                        ttft = ts - (s.t_request or ts)
+                        if ttft >= 0:  # (negative: the capture clock went backwards)
+                            s.ttft.observe(ttft)
+                    c = s.choices.get(ev.choice)
+                    if c is None:
+                        c = s.choices[ev.choice] = _Choice(ts)
+                    else:
+                        if ts >= c.last:  # the gap since the choice's last output chunk
+                            s.inter_chunk.observe(ts - c.last)
+                        c.last = ts
+                    if ev.text:  # its cadence: the first text chunks' times
+                        times = c.times
+                        if len(times) < MAX_CADENCE_CHUNKS:
+                            times.append(ts)
+                elif type(ev) is StreamOpened:
+                    self._opened(ev, entries.get(ev.stream))
+                elif type(ev) is StreamResponse:
+                    e = entries.get(ev.stream)
+                    s = e.metrics if e is not None else None
+                    if s is not None and ev.status is None:
+                        # recovered mid-way (no head seen): its request time
+                        # is unknown, so are TTFT and duration
+                        s.ttft_done = True
+                        s.t_request = None
+                elif type(ev) is StreamClosed:
+                    self._closed_stream(ev, entries.get(ev.stream))
+                elif type(ev) is PipelineError:
                     stage = ev.stage if ev.stage in ERROR_STAGES else OTHER
                     self.parse_errors.labels(stage).inc()
+        if tracker.evicted > self._evicted_seen:  # (counted once, with the batch)
+            self.streams_evicted.inc(tracker.evicted - self._evicted_seen)
+            self._evicted_seen = tracker.evicted
+        if self._drives:
+            tracker.release()
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, through one cache for every metric (a
@@ -744,57 +800,30 @@ class Metrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def _opened(self, ev: StreamOpened) -> None:
+    def _opened(self, ev: StreamOpened, e: Tracked | None) -> None:
+        if e is None:  # (not tracked: opened and evicted in one batch)
+            return
         keys = self._bound(ev.label, ev.request.model)
-        if len(self._open) >= MAX_OPEN_STREAMS:
-            del self._open[next(iter(self._open))]
         s = _Open(keys, ev.ts)
         s.whole_message = ev.dialect in WHOLE_MESSAGE_DIALECTS
         s.ttft = self._child(self.ttft, *keys)
         s.inter_chunk = self._child(self.inter_chunk, *keys)
         s.chunks = self._child(self.chunk_events, *keys)
-        self._open[ev.stream] = s
+        e.metrics = s
 
-    def _chunk(self, ev: ChunkEvent) -> None:
-        s = self._open.get(ev.stream)
-        if s is None:
-            self._child(self.chunk_events, NONE, NONE).inc()
-            return
-        s.chunks.inc()
-        if ev.kind not in OUTPUT_KINDS:
-            return
-        ts = ev.ts
-        if s.t_first_output is None:
-            s.t_first_output = ts
-        s.t_last_output = ts
-        if not s.streaming:
-            return
-        if not s.ttft_done:
-            s.ttft_done = True
-            ttft = ts - (s.t_request or ts)
-            if ttft >= 0:  # (negative: the capture clock went backwards)
-                s.ttft.observe(ttft)
-        prev = s.last.get(ev.choice)
-        if prev is not None and ts >= prev:
-            s.inter_chunk.observe(ts - prev)
-        s.last[ev.choice] = ts
-        if ev.text:
-            times = s.text_times.get(ev.choice)
-            if times is None:
-                times = s.text_times[ev.choice] = array("d")
-            if len(times) < MAX_CADENCE_CHUNKS:
-                times.append(ts)
-
-    def _closed_stream(self, ev: StreamClosed) -> None:
-        s = self._open.pop(ev.stream, None)
+    def _closed_stream(self, ev: StreamClosed, e: Tracked | None) -> None:
+        s: _Open | None = e.metrics if e is not None else None
+        if e is not None:
+            e.metrics = None  # closed: counted once
         if s is None:
             keys = (NONE, NONE)
             t_request: float | None = None
         else:
             keys = s.keys
             t_request = s.t_request
+            assert e is not None
             if (
-                s.streaming
+                e.streaming
                 and not s.ttft_done
                 and ev.t_first_content is not None
                 and s.t_request is not None
@@ -826,22 +855,23 @@ class Metrics:
         spec = usage.speculative if usage is not None else None
         if spec is not None:
             self._spec(keys, spec)
-        if s is not None and s.text_times and StreamFlag.CLOCK_BACKWARDS not in ev.flags:
+        if s is not None and s.choices and StreamFlag.CLOCK_BACKWARDS not in ev.flags:
             self._cadence(keys, s)
         if len(self._closed) >= MAX_RECENT_CLOSED:
             self._closed.popitem(last=False)
         self._closed[ev.stream] = _Closed(
             keys,
             state == "complete",
-            s.t_first_output if s is not None else ev.t_first_content,
-            s.t_last_output if s is not None else ev.t_last_chunk,
+            e.t_first_output if s is not None and e is not None else ev.t_first_content,
+            e.t_last_output if s is not None and e is not None else ev.t_last_chunk,
         )
 
     def _cadence(self, keys: tuple[str, str], s: _Open) -> None:
         """The cadence class of each output of one closed stream, as ``stats``
         reads it from the stored chunks: one output per choice, or the whole
         message (its blocks' chunks in index order)."""
-        outputs = [s.text_times[c] for c in sorted(s.text_times)]
+        # (the choices with text chunks, in index order)
+        outputs = [s.choices[c].times for c in sorted(s.choices) if s.choices[c].times]
         if s.whole_message and len(outputs) > 1:
             merged: array[float] = array("d")
             for times in outputs:
@@ -882,7 +912,8 @@ class Metrics:
             # popped: the token figures come once per stream, and a daemon closing
             # 30 streams/s must not hold 10,000 of these (RSS grew for 5 minutes)
             closed = self._closed.pop(stream, None)
-            opened = self._open.get(stream)
+            entry = self.tracker.get(stream)
+            opened: _Open | None = entry.metrics if entry is not None else None
             if closed is not None:
                 keys = closed.keys
             elif opened is not None:
@@ -979,7 +1010,7 @@ class Metrics:
     @property
     def tracked_streams(self) -> int:
         """Open streams remembered (for tests and the daemon's self-check)."""
-        return len(self._open)
+        return len(self.tracker)
 
     # ------------------------------------------------------------ export
 

@@ -44,16 +44,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sniffer.core.events import (
-    ChunkEvent,
-    StoreEvent,
-    StreamClosed,
-    StreamOpened,
-    StreamResponse,
-    StreamState,
-)
+from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamState
 from sniffer.llm.dialects.base import OUTPUT_KINDS
 from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, ACCEPTANCE_RATE_BUCKETS, SpecDecode
+from sniffer.record.tracker import StreamTracker, Tracked
 
 if TYPE_CHECKING:
     from sniffer.record.metrics import Metrics
@@ -110,8 +104,6 @@ DIALECTS: dict[str, tuple[str, str | None]] = {
 #: tokens-per-chunk list attribute.
 MAX_CHUNK_EVENTS = 1000
 MAX_TOKENS_PER_CHUNK = 4096
-#: Open streams tracked at once (the oldest is forgotten past it).
-MAX_OPEN = 100_000
 
 LogFn = Callable[..., None]
 
@@ -257,66 +249,46 @@ class _Tokens:
     tokens_per_chunk: tuple[int, ...]
 
 
-class _Tracker:
-    """Open LLM streams → :class:`StreamRecord` when they close (pure)."""
+class _Records:
+    """Closed LLM streams → :class:`StreamRecord` (pure). What a stream's record
+    needs of its life comes from the recording chain's
+    :class:`~sniffer.record.tracker.StreamTracker` at its close; the exporter
+    keeps nothing per open stream of its own but, with ``chunk_events``, its
+    chunks (the ``Tracked.otlp`` slot)."""
 
     def __init__(self, *, chunk_events: bool, wait_tokens: bool) -> None:
         self.chunk_events = chunk_events
         self.wait_tokens = wait_tokens
-        self.open: dict[int, StreamRecord] = {}
 
-    def observe(self, events: Iterable[StoreEvent]) -> list[StreamRecord]:
+    def observe(self, events: Iterable[StoreEvent], tracker: StreamTracker) -> list[StreamRecord]:
+        if self.chunk_events:
+            entries = tracker.open
+            for ev in events:
+                if type(ev) is ChunkEvent:
+                    e = entries.get(ev.stream)
+                    if (
+                        e is not None
+                        and e.dialect is not None
+                        and (ev.kind in OUTPUT_KINDS or ev.finish_reason)
+                    ):
+                        self._chunk(e, ev)
         out: list[StreamRecord] = []
-        opened = self.open
-        for ev in events:
-            t = type(ev)
-            if t is ChunkEvent:
-                assert isinstance(ev, ChunkEvent)
-                r = opened.get(ev.stream)
-                if r is None or ev.kind not in OUTPUT_KINDS:
-                    if r is not None and self.chunk_events and ev.finish_reason:
-                        self._chunk(r, ev)
-                    continue
-                if r.t_first_output is None:
-                    r.t_first_output = ev.ts
-                r.t_last_output = ev.ts
-                if self.chunk_events:
-                    self._chunk(r, ev)
-            elif t is StreamOpened:
-                assert isinstance(ev, StreamOpened)
-                if ev.dialect is None:  # not an LLM stream
-                    continue
-                if len(opened) >= MAX_OPEN:
-                    del opened[next(iter(opened))]
-                opened[ev.stream] = StreamRecord(
-                    stream=ev.stream,
-                    t_request=ev.ts,
-                    t_end=ev.ts,
-                    dialect=ev.dialect,
-                    model=ev.request.model,
-                    label=ev.label,
-                    server=ev.server,
-                    request_stream=ev.request.stream,
-                    waits_tokens=self.wait_tokens,
-                )
-            elif t is StreamResponse:
-                assert isinstance(ev, StreamResponse)
-                r = opened.get(ev.stream)
-                if r is not None:
-                    r.status = ev.status
-                    r.streaming = ev.streaming
-            elif t is StreamClosed:
-                assert isinstance(ev, StreamClosed)
-                r = opened.pop(ev.stream, None)
-                if r is not None:
-                    _close(r, ev)
-                    out.append(r)
+        for e in tracker.closing:
+            if e.dialect is None:  # not an LLM stream
+                continue
+            assert e.closed is not None
+            r = _record(e, self.wait_tokens)
+            _close(r, e.closed)
+            out.append(r)
         return out
 
     @staticmethod
-    def _chunk(r: StreamRecord, ev: ChunkEvent) -> None:
-        if len(r.chunks) < MAX_CHUNK_EVENTS:
-            r.chunks.append(
+    def _chunk(e: Tracked, ev: ChunkEvent) -> None:
+        chunks: list[_Chunk] | None = e.otlp
+        if chunks is None:
+            chunks = e.otlp = []
+        if len(chunks) < MAX_CHUNK_EVENTS:
+            chunks.append(
                 _Chunk(
                     ev.ts,
                     ev.choice,
@@ -326,6 +298,26 @@ class _Tracker:
                     ev.finish_reason,
                 )
             )
+
+
+def _record(e: Tracked, wait_tokens: bool) -> StreamRecord:
+    assert e.dialect is not None
+    return StreamRecord(
+        stream=e.stream,
+        t_request=e.t_request,
+        t_end=e.t_request,
+        dialect=e.dialect,
+        model=e.request.model,
+        label=e.label,
+        server=e.server,
+        request_stream=e.request.stream,
+        streaming=e.streaming,
+        status=e.status,
+        t_first_output=e.t_first_output,
+        t_last_output=e.t_last_output,
+        chunks=e.otlp if e.otlp is not None else [],
+        waits_tokens=wait_tokens,
+    )
 
 
 def _close(r: StreamRecord, ev: StreamClosed) -> None:
@@ -472,7 +464,11 @@ class OtlpExporter:
         self.options = options
         self._log = log
         self._prom = metrics
-        self._tracker = _Tracker(chunk_events=options.chunk_events, wait_tokens=wait_tokens)
+        self._records = _Records(chunk_events=options.chunk_events, wait_tokens=wait_tokens)
+        #: open streams: the tracker this observer reads (its own until the
+        #: recording chain shares its tracker, see :meth:`track_with`)
+        self.tracker = StreamTracker(outputs=True)
+        self._drives = True
         self._queue: queue.Queue[StreamRecord | _Tokens] = queue.Queue(max(1, options.queue_size))
         self._lock = threading.Lock()  # the tracker (capture path)
         self._count_lock = threading.Lock()  # counters (capture, token, export, reader threads)
@@ -492,10 +488,22 @@ class OtlpExporter:
 
     # -- capture side (never blocks) --------------------------------------
 
+    def track_with(self, tracker: StreamTracker) -> None:
+        """Read ``tracker`` (the recording chain's, which drives it) instead of
+        a tracker of its own. Call before the first event."""
+        self.tracker = tracker
+        self._drives = False
+        tracker.outputs = True  # this reader uses them
+
     def observe(self, events: list[StoreEvent]) -> None:
-        """Chain observer: track LLM streams; queue each closed one for export."""
+        """Chain observer: queue each closed LLM stream for export."""
+        tracker = self.tracker
         with self._lock:
-            records = self._tracker.observe(events)
+            if self._drives:
+                tracker.observe(events)
+            records = self._records.observe(events, tracker)
+            if self._drives:
+                tracker.release()
         for r in records:
             self._put(r)
 

@@ -37,10 +37,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamOpened
+from sniffer.record.tracker import StreamTracker
 
-#: Cap on open-stream decisions kept; the oldest are forgotten beyond it (their
-#: chunks are then kept: failing open loses no data).
-MAX_TRACKED_STREAMS = 200_000
 #: Cap on distinct anomaly kinds tracked for the boost.
 MAX_KINDS = 64
 
@@ -96,7 +94,12 @@ class Sampler:
         self.boost_period = boost_period
         self.boosted_until = float("-inf")
         self._recent: dict[str, deque[float]] = {}
-        self._decisions: dict[int, bool] = {}
+        #: open streams, each with its decision (``Tracked.sampled``): the
+        #: tracker's eviction bounds them (an evicted stream's chunks are kept:
+        #: failing open loses no data). Its own until the recording chain
+        #: shares its tracker (:meth:`track_with`).
+        self.tracker = StreamTracker()
+        self._drives = True
         self.stats = SamplerStats()
 
     # ------------------------------------------------------------------ rate
@@ -145,43 +148,54 @@ class Sampler:
             return False
         return stream_fraction(stream) < rate
 
+    def track_with(self, tracker: StreamTracker) -> None:
+        """Read ``tracker`` (the recording chain's, which drives it) instead of
+        a tracker of its own. Call before the first event."""
+        self.tracker = tracker
+        self._drives = False
+
     def filter(self, events: Iterable[StoreEvent]) -> list[StoreEvent]:
         """The events to store: chunks of unsampled streams removed, their
         ``response_body`` blanked; everything else passes unchanged."""
+        tracker = self.tracker
+        if self._drives:
+            events = events if isinstance(events, list) else list(events)
+            tracker.observe(events)
+        entries = tracker.open
         out: list[StoreEvent] = []
-        decisions = self._decisions
         stats = self.stats
         for ev in events:
-            t = type(ev)
-            if t is ChunkEvent:
-                assert isinstance(ev, ChunkEvent)
-                if decisions.get(ev.stream, True):
+            if type(ev) is ChunkEvent:
+                e = entries.get(ev.stream)
+                if e is None or e.sampled:
                     out.append(ev)
                 else:
                     stats.chunks_dropped += 1
                 continue
-            if t is StreamOpened:
-                assert isinstance(ev, StreamOpened)
+            if type(ev) is StreamOpened:
                 kept = self.keep(ev)
                 if kept:
                     stats.streams_kept += 1
                 else:
                     stats.streams_dropped += 1
-                if len(decisions) >= MAX_TRACKED_STREAMS:
-                    del decisions[next(iter(decisions))]
-                decisions[ev.stream] = kept
+                e = entries.get(ev.stream)
+                if e is not None:  # (None: opened and evicted in one batch)
+                    e.sampled = kept
                 if not kept:
                     ev = replace(ev, text_kept=False)
-            elif t is StreamClosed:
-                assert isinstance(ev, StreamClosed)
-                if not decisions.pop(ev.stream, True) and ev.response_body is not None:
+            elif type(ev) is StreamClosed:
+                e = entries.get(ev.stream)
+                if e is not None and not e.sampled and ev.response_body is not None:
                     ev = replace(ev, response_body=None)
             out.append(ev)
+        if self._drives:
+            tracker.release()
         return out
 
     @property
     def open_decisions(self) -> int:
-        return len(self._decisions)
+        """Open streams whose decision is kept."""
+        return len(self.tracker)
 
 
-__all__ = ["MAX_KINDS", "MAX_TRACKED_STREAMS", "Sampler", "SamplerStats", "stream_fraction"]
+__all__ = ["MAX_KINDS", "Sampler", "SamplerStats", "stream_fraction"]

@@ -32,6 +32,7 @@ from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamFlag
 from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput
 from sniffer.llm.values import RequestSummary, Usage
 from sniffer.record.redact import ChoiceRedactions, Redactor, apply_spans, redact_choice_texts
+from sniffer.record.tracker import StreamTracker
 
 #: Chunk texts of an open stream are joined into one string every this many
 #: chunks: a long-lived small string per chunk would pin the allocator's pools
@@ -47,10 +48,11 @@ MAX_CHUNKS = 200_000
 
 
 class _Open:
-    """An open stream's chunks, kept compact (1,000 open streams of hundreds of
-    chunks each must not cost objects per chunk): seq, choice and text length
-    in arrays, the texts joined in blocks, finish reasons and logprobs only
-    where present. ``chunks()`` hands them over as ``ChunkColumns``."""
+    """An open stream's chunks (its ``Tracked.tokens`` slot), kept compact
+    (1,000 open streams of hundreds of chunks each must not cost objects per
+    chunk): seq, choice and text length in arrays, the texts joined in blocks,
+    finish reasons and logprobs only where present. ``chunks()`` hands them
+    over as ``ChunkColumns``."""
 
     __slots__ = (
         "blocks",
@@ -100,7 +102,6 @@ class TokenCollector:
     def __init__(
         self,
         *,
-        max_open: int = 100_000,
         max_chunks: int = MAX_CHUNKS,
         redactor: Redactor | None = None,
     ) -> None:
@@ -108,13 +109,21 @@ class TokenCollector:
         # thread's ``redact`` calls share no state with the capture thread.
         self._windows = redactor.clone() if redactor is not None else None
         self._spans = redactor.clone() if redactor is not None else None
-        self._open: dict[int, _Open] = {}
+        #: open streams: the tracker this observer reads (its own until the
+        #: recording chain shares its tracker, see :meth:`track_with`); it
+        #: bounds how many are kept at once
+        self.tracker = StreamTracker()
+        self._drives = True
         self._ready: deque[tuple[int, _Open, Usage | None, bool, bool]] = deque()
         self._ready_by_id: dict[int, _Open] = {}  # the same streams, to mark clean
-        self._max_open = max_open
         self._max_chunks = max_chunks
-        self.dropped_streams = 0  # not tracked: too many open at once
         self.capped_streams = 0  # more chunks than max_chunks: the rest not tokenized
+
+    def track_with(self, tracker: StreamTracker) -> None:
+        """Read ``tracker`` (the recording chain's, which drives it) instead of
+        a tracker of its own. Call before the first event."""
+        self.tracker = tracker
+        self._drives = False
 
     def observe(self, events: Iterable[StoreEvent]) -> None:
         """Keep what the token pass needs of a batch. The close of a stream that
@@ -122,12 +131,16 @@ class TokenCollector:
         in ``events`` (a list: the batch the store writes next), the
         ``StreamClosed`` is replaced by one carrying the flag."""
         # The capture path: per chunk, three array appends and a text kept.
-        opened = self._open
+        tracker = self.tracker
+        if self._drives:
+            events = events if isinstance(events, list) else list(events)
+            tracker.observe(events)
+        entries = tracker.open
         max_chunks = self._max_chunks
         for ev in events:
-            if isinstance(ev, ChunkEvent):
-                s = opened.get(ev.stream)
-                if s is None:
+            if type(ev) is ChunkEvent:
+                e = entries.get(ev.stream)
+                if e is None or (s := e.tokens) is None:
                     continue
                 lens = s.lens
                 n = len(lens)
@@ -147,17 +160,19 @@ class TokenCollector:
                 if len(tail) >= _JOIN_EVERY:
                     s.blocks.append("".join(tail))
                     tail.clear()
-            elif isinstance(ev, StreamOpened):
+            elif type(ev) is StreamOpened:
                 if ev.dialect is None:  # not an LLM stream
                     continue
-                if len(opened) >= self._max_open:
-                    self.dropped_streams += 1
-                    continue
-                opened[ev.stream] = _Open(ev.request.model, ev.request_body)
-            elif isinstance(ev, StreamClosed):
-                s = opened.pop(ev.stream, None)
+                e = entries.get(ev.stream)
+                if e is not None:  # (None: opened and evicted in one batch)
+                    e.tokens = _Open(ev.request.model, ev.request_body)
+            elif type(ev) is StreamClosed:
+                e = entries.get(ev.stream)
+                s = e.tokens if e is not None else None
                 if s is None:
                     continue
+                assert e is not None
+                e.tokens = None
                 if s.truncated and isinstance(events, list):
                     flagged = replace(ev, flags=(*ev.flags, StreamFlag.TOKENS_CAPPED))
                     events[events.index(ev)] = flagged  # rare: a linear search is fine
@@ -165,6 +180,8 @@ class TokenCollector:
                 # ending together) the texts are joined for one batch at a time.
                 self._ready.append((ev.stream, s, ev.usage, ev.gap, ev.done_seen))
                 self._ready_by_id[ev.stream] = s
+        if self._drives:
+            tracker.release()
 
     def _build(self, item: tuple[int, _Open, Usage | None, bool, bool]) -> StreamInput:
         stream_id, s, usage, gap, done_seen = item
@@ -263,7 +280,8 @@ class TokenCollector:
 
     @property
     def open_streams(self) -> int:
-        return len(self._open)
+        """Open LLM streams whose chunk texts are kept."""
+        return sum(1 for e in self.tracker.open.values() if e.tokens is not None)
 
 
 def _handed(
