@@ -248,3 +248,12 @@ def test_a_dialect_that_raises_costs_its_exchange_alike(monkeypatch: pytest.Monk
     ref = run(False, "anthropic", body, [], 100)
     assert nat == ref
     assert any(getattr(e, "stage", None) == "streams" or "Boom" in str(e) for e in nat[0])
+
+
+def test_the_default_pipeline_runs_the_native_loop() -> None:
+    """The native loop is what a default (native) pipeline runs, not a path
+    only this module's tests take; a pure pipeline runs the Python one."""
+    from sniffer.core.pipeline import Pipeline, PipelineConfig
+
+    assert Pipeline().streams._body_chunks is not None
+    assert Pipeline(PipelineConfig(native=False)).streams._body_chunks is None
