@@ -441,9 +441,11 @@ class Redactor:
         """False when :meth:`edits` surely leaves ``s`` as it is: no secret
         prefix, no "@" nor the digits a digit pattern needs (``_digit_run``,
         when enabled), no user pattern to run."""
-        if self._extra or _SECRET_PRE.search(s) is not None:
+        if self._extra:
             return True
-        return self.enabled and ("@" in s or _digit_run(s))
+        if self._edit_pre().search(s) is None:  # one search on plain text
+            return False
+        return not self.enabled or "@" in s or _digit_run(s) or _SECRET_PRE.search(s) is not None
 
     def _edit_pre(self) -> re.Pattern[str]:
         """What the built-in patterns need to find before they can match."""
