@@ -778,3 +778,34 @@ def test_text_window_on_digit_heavy_text_matches_full_scans(seed: int) -> None:
             ref_texts = redact_choice_texts(Redactor(), pieces)
         assert got == ref, (pieces, lookbehind, max_held)
         assert redact_choice_texts(Redactor(), pieces) == ref_texts
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(st.tuples(SAFE, PII), max_size=6),
+    tail=SAFE,
+    sizes=st.lists(st.integers(0, 200), min_size=1, max_size=40),
+)
+def test_property_values_split_anywhere_are_stored_redacted(
+    parts: list[tuple[str, tuple[str, str]]], tail: str, sizes: list[int]
+) -> None:
+    """Values between plain text, the text cut into chunks of any size (a
+    value's end in a short chunk, its rest in a long one): the stored text is
+    the redaction of the whole text, and the spans give it."""
+    text = "".join(f"{s} {pii} " for s, (pii, _) in parts) + "filler " * 30 + tail
+    expected = "".join(f"{s} {ph} " for s, (_, ph) in parts) + "filler " * 30 + tail
+    pieces, pos, i = [], 0, 0
+    while pos < len(text):
+        k = sizes[i % len(sizes)] or (i % 3)  # some empty chunks, never only those
+        pieces.append(text[pos : pos + k])
+        pos += k
+        i += 1
+    w = TextWindow(Redactor())
+    for p in pieces:
+        w.push(p)
+        w.advance()
+    w.advance(final=True)
+    assert "".join(w.decided) == expected
+    assert apply_spans(text, w.spans, w.replacements) == expected
+    for stored, piece, touched in zip(w.decided, pieces, w.touched, strict=True):
+        assert touched or stored is piece

@@ -727,12 +727,11 @@ class TextWindow:
             for s0, e0, _ in edits:
                 if s0 < cut < e0:
                     cut = s0
-            k = 0
-            for i, end in enumerate(ends):
-                if end > cut:
-                    break
-                if not any(s0 < end < e0 for s0, e0, _ in edits):
-                    k = i + 1
+            # the last chunk ending by the cut whose end no edit crosses (from
+            # the last one ending by the cut down: usually that one)
+            k = bisect_right(ends, cut)
+            while k and any(s0 < ends[k - 1] < e0 for s0, e0, _ in edits):
+                k -= 1
             k = max(k, len(pending) - self.max_held)
         if k <= 0:
             return
