@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import random
 import re
+from contextlib import AbstractContextManager
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -676,3 +678,134 @@ def test_stream_redactor_keeps_each_stream_in_order_whatever_the_interleaving(se
     closed = {e.stream for e in events if isinstance(e, StreamClosed)}
     assert sorted(clean + list(handed)) == sorted(closed) and not set(clean) & set(handed)
     assert handed
+
+
+# ------------------------------------------- digit-heavy text over chunks
+
+#: Values the digit patterns find, near misses, and digit-heavy filler
+_DIGIT_VALUES = [
+    "13812345678", "138 1234 5678", "138-1234-5678", "+86 13812345678", "0086 138 1234 5678",
+    "8613812345678", "+1 (415) 555-2671", "+33.1.23.45.67.89", "+44 20 7946 0958",
+    VALID_ID, f"{VALID_ID[:6]} {VALID_ID[6:14]} {VALID_ID[14:]}", wrong_id("11010519491231002"),
+    *VALID_CARDS, "4111 1111 1111 1111 123", "4111111111111112", "4123 456 789 011",
+    "192.168.1.10", "10.0.0.1", "1.2.3.4.5", "v1.2.3.4", "256.1.1.1", "3.14159265358979",
+    "2024-01-15", "12:30", "1,234,567", "123456", "+1234",
+]  # fmt: skip
+_DIGIT_FILLER = ["w12.34 ", "w517.42 ", " 2023", " 3.14", "-", ".", " ", "+", "9", "12", "x"]
+
+
+def _full_scan_reference() -> AbstractContextManager[object]:
+    """``_digit_run`` made always true: every scan runs the digit patterns
+    over the whole text, as before the pre-check existed."""
+    from unittest import mock
+
+    return mock.patch("sniffer.record.redact._digit_run", lambda s: True)
+
+
+def _window(red: Redactor, pieces: list[str], lookbehind: int, max_held: int) -> tuple:
+    w = TextWindow(red, lookbehind=lookbehind, max_held=max_held)
+    steps = []
+    for p in pieces:
+        w.push(p)
+        w.advance()
+        steps.append(len(w.decided))  # when each chunk is decided
+    w.advance(final=True)
+    return w.decided, w.touched, w.spans, w.replacements, steps, dict(red.counts)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(_DIGIT_VALUES),
+            st.sampled_from(_DIGIT_FILLER),
+            st.text(alphabet="0123456789 .-+()Xxa@:", max_size=24),
+        ),
+        max_size=12,
+    )
+)
+def test_digit_pre_check_finds_every_digit_match(parts: list[str]) -> None:
+    """The digit patterns match nothing where ``_digit_run`` finds nothing."""
+    from sniffer.record.redact import _DIGITS_RE, _digit_run
+
+    text = "".join(parts)
+    if _DIGITS_RE.search(text) is not None:
+        assert _digit_run(text)
+
+
+@pytest.mark.parametrize("value", _DIGIT_VALUES)
+def test_digit_values_cut_at_every_offset(value: str) -> None:
+    """A digit-heavy value cut into two or three chunks at every offset, after
+    and before digit-heavy filler: the same stored texts, decisions (when each
+    chunk is decided), spans and counts as a window whose every scan runs the
+    digit patterns over all of it; with the value whole in the window, the
+    stored text is the redaction of the whole text."""
+    before = ["w12.34 ", "w517.42 "] * 3 + ["tel "]
+    after = [" ok", " w12.34"] + [" w517.42"] * 10
+    n = len(value)
+    cuts = [(i,) for i in range(n + 1)] + [(i, j) for i in range(0, n + 1, 3) for j in (i + 1, n)]
+    for cut in cuts:
+        bounds = [0, *cut, n]
+        mid = [value[a:b] for a, b in pairwise(bounds)]
+        pieces = before + mid + after
+        for lookbehind, max_held in ((128, 256), (30, 256), (20, 4)):
+            got = _window(Redactor(), pieces, lookbehind, max_held)
+            with _full_scan_reference():
+                ref = _window(Redactor(), pieces, lookbehind, max_held)
+            assert got == ref, (cut, lookbehind, max_held)
+            if lookbehind == 128:
+                assert "".join(got[0]) == Redactor().text("".join(pieces))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_text_window_on_digit_heavy_text_matches_full_scans(seed: int) -> None:
+    """Random digit-heavy chunks (values, filler, cut anywhere): the window
+    that skips text its pre-check clears decides what full scans decide,
+    chunk by chunk, and redact_choice_texts gives the same."""
+    rnd = random.Random(seed)
+    words = _DIGIT_VALUES + _DIGIT_FILLER * 3
+    for _ in range(300):
+        text = "".join(rnd.choice(words) for _ in range(rnd.randint(0, 60)))
+        pieces, pos = [], 0
+        while pos < len(text):
+            k = rnd.randint(0, 12)
+            pieces.append(text[pos : pos + k])
+            pos += k
+        lookbehind, max_held = rnd.choice([(128, 256), (rnd.randint(0, 40), rnd.randint(1, 8))])
+        got = _window(Redactor(), pieces, lookbehind, max_held)
+        with _full_scan_reference():
+            ref = _window(Redactor(), pieces, lookbehind, max_held)
+            ref_texts = redact_choice_texts(Redactor(), pieces)
+        assert got == ref, (pieces, lookbehind, max_held)
+        assert redact_choice_texts(Redactor(), pieces) == ref_texts
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(st.tuples(SAFE, PII), max_size=6),
+    tail=SAFE,
+    sizes=st.lists(st.integers(0, 200), min_size=1, max_size=40),
+)
+def test_property_values_split_anywhere_are_stored_redacted(
+    parts: list[tuple[str, tuple[str, str]]], tail: str, sizes: list[int]
+) -> None:
+    """Values between plain text, the text cut into chunks of any size (a
+    value's end in a short chunk, its rest in a long one): the stored text is
+    the redaction of the whole text, and the spans give it."""
+    text = "".join(f"{s} {pii} " for s, (pii, _) in parts) + "filler " * 30 + tail
+    expected = "".join(f"{s} {ph} " for s, (_, ph) in parts) + "filler " * 30 + tail
+    pieces, pos, i = [], 0, 0
+    while pos < len(text):
+        k = sizes[i % len(sizes)] or (i % 3)  # some empty chunks, never only those
+        pieces.append(text[pos : pos + k])
+        pos += k
+        i += 1
+    w = TextWindow(Redactor())
+    for p in pieces:
+        w.push(p)
+        w.advance()
+    w.advance(final=True)
+    assert "".join(w.decided) == expected
+    assert apply_spans(text, w.spans, w.replacements) == expected
+    for stored, piece, touched in zip(w.decided, pieces, w.touched, strict=True):
+        assert touched or stored is piece
