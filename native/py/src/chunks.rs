@@ -251,26 +251,24 @@ impl<'py> State<'py> {
         Ok(())
     }
 
-    fn chunk_idx(&mut self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
-        if self.chunk_idx.is_none() {
-            let d = self
-                .x
-                .getattr(intern!(py, "chunk_idx"))?
-                .cast_into::<PyDict>()?;
-            self.chunk_idx = Some(d);
+    /// The exchange's dict attribute `name`, read once per call into `slot`.
+    fn dict_attr<'a>(
+        x: &Bound<'py, PyAny>,
+        slot: &'a mut Option<Bound<'py, PyDict>>,
+        name: &Bound<'py, PyString>,
+    ) -> PyResult<&'a Bound<'py, PyDict>> {
+        if slot.is_none() {
+            *slot = Some(x.getattr(name)?.cast_into::<PyDict>()?);
         }
-        Ok(self.chunk_idx.as_ref().expect("set above"))
+        Ok(slot.as_ref().expect("set above"))
+    }
+
+    fn chunk_idx(&mut self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
+        Self::dict_attr(self.x, &mut self.chunk_idx, intern!(py, "chunk_idx"))
     }
 
     fn finish(&mut self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
-        if self.finish.is_none() {
-            let d = self
-                .x
-                .getattr(intern!(py, "finish"))?
-                .cast_into::<PyDict>()?;
-            self.finish = Some(d);
-        }
-        Ok(self.finish.as_ref().expect("set above"))
+        Self::dict_attr(self.x, &mut self.finish, intern!(py, "finish"))
     }
 
     /// `StreamAssembler._flag`.
