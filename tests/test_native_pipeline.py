@@ -82,7 +82,10 @@ def _run(pipe: Pipeline, segs: list[Segment], how: str) -> list[StoreEvent]:
 
 
 def _faulty(pipe: Pipeline, conn: int, nth: int) -> None:
-    """The streams stage raises on the ``nth`` response body piece of ``conn``."""
+    """The streams stage raises on the ``nth`` response body piece of ``conn``.
+    A native pipeline hands runs of response bodies to the stage in one call
+    (``StreamAssembler.feed_held``): there ``conn``'s are left to ``feed_into``
+    (as the bodies the native loop does not take are), which raises."""
     feed = pipe.streams.feed_into
     seen = [0]
 
@@ -94,6 +97,15 @@ def _faulty(pipe: Pipeline, conn: int, nth: int) -> None:
         feed(ev, out)
 
     pipe.streams.feed_into = feed_into  # type: ignore[method-assign]
+    held = pipe.streams.feed_held
+
+    def feed_held(core: Any, i: int, stop: int, *args: Any) -> tuple[int, Any]:
+        k = i
+        while k < stop and core.body(k) is not None and core.body(k).conn != conn:
+            k += 1
+        return held(core, i, k, *args) if k > i else (i, None)
+
+    pipe.streams.feed_held = feed_held  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("how", ["segments", "list", "batch"])
@@ -123,6 +135,89 @@ def test_a_bug_after_the_native_call_costs_one_connection(how: str, nth: int) ->
     closed = [(e.stream, e.state, e.reason) for e in out if isinstance(e, StreamClosed)]
     want = [(e.stream, e.state, e.reason) for e in clean if isinstance(e, StreamClosed)]
     assert [c for c in closed if c[0] != 2] == [c for c in want if c[0] != 2]  # the others intact
+
+
+def test_response_bodies_reach_the_stage_in_runs_not_as_http_bodies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The core holds the response bodies (``None`` in its outputs) and the
+    stage takes each run of them in one call: no ``HttpBody`` of a response
+    is made for ``feed_into``, and the store is the pure pipeline's."""
+    segs = _interleaved()
+    pipe = Pipeline(PipelineConfig(native=True))
+    seen: list[Any] = []
+    runs: list[int] = []
+    feed, held = pipe.streams.feed_into, pipe.streams.feed_held
+
+    def feed_into(ev: Any, out: list[StoreEvent]) -> None:
+        seen.append(ev)
+        feed(ev, out)
+
+    def feed_held(core: Any, i: int, stop: int, *args: Any) -> tuple[int, Any]:
+        j, exc = held(core, i, stop, *args)
+        runs.append(j - i)
+        return j, exc
+
+    monkeypatch.setattr(pipe.streams, "feed_into", feed_into)
+    monkeypatch.setattr(pipe.streams, "feed_held", feed_held)
+    out = _run(pipe, segs, "batch")
+    assert not [e for e in seen if type(e) is HttpBody and not e.from_client]
+    pure = Pipeline(PipelineConfig(native=False))
+    feed = pure.streams.feed_into  # what the counting ``feed_into`` calls from now on
+    seen.clear()
+    monkeypatch.setattr(pure.streams, "feed_into", feed_into)
+    assert out == _run(pure, segs, "segments")
+    bodies = sum(1 for e in seen if type(e) is HttpBody and not e.from_client)
+    assert sum(runs) == bodies and len(runs) < bodies / 4
+
+
+def _raising_dialect(monkeypatch: pytest.MonkeyPatch, nth: int) -> None:
+    """The chat dialect's ``event`` (every item's: the native extraction off)
+    raises on its ``nth`` call."""
+    from sniffer.llm.dialects.openai import _OpenAIBase
+
+    real = _OpenAIBase.event
+    calls = [0]
+
+    def event(self: Any, data: str, event_type: str) -> Any:
+        calls[0] += 1
+        if calls[0] == nth:
+            raise RuntimeError("a dialect bug")
+        return real(self, data, event_type)
+
+    monkeypatch.setattr(_OpenAIBase, "native_chunks", property(lambda self: 0))
+    monkeypatch.setattr(_OpenAIBase, "event", event)
+
+
+@pytest.mark.parametrize("how", ["segments", "batch"])
+@pytest.mark.parametrize("contain_fails", [False, True])
+def test_a_bug_in_a_held_body_is_contained_where_the_pure_stage_contains_it(
+    monkeypatch: pytest.MonkeyPatch, how: str, contain_fails: bool
+) -> None:
+    """A dialect raising on a response body the core held costs its exchange,
+    as in the pure pipeline; if containing it raises too, the connection."""
+    from sniffer.core.streams import StreamAssembler
+
+    if contain_fails:
+
+        def contain(self: Any, ev: Any, exc: BaseException, out: Any) -> None:
+            raise RuntimeError("a bug while containing")
+
+        monkeypatch.setattr(StreamAssembler, "_contain", contain)
+    segs = _interleaved()
+    outs = []
+    for is_native in (False, True):
+        _raising_dialect(monkeypatch, 7)
+        pipe = Pipeline(PipelineConfig(native=is_native))
+        outs.append((_run(pipe, segs, how if is_native else "segments"), pipe.internal_errors))
+    assert outs[0] == outs[1]
+    out, errors = outs[0]
+    (err,) = [e for e in out if isinstance(e, PipelineError)]
+    if contain_fails:
+        assert errors == 1 and "a bug while containing (connection dropped)" in err.message
+    else:
+        assert errors == 0 and (err.stage, err.kind) == ("streams", "internal")
+        assert err.message == "RuntimeError while handling HttpBody" and err.stream is not None
 
 
 H2_CAPTURES = sorted((ROOT / "pcaps" / "h2").glob("*.pcap"))

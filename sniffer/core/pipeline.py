@@ -217,7 +217,7 @@ class Pipeline:
             return self._outputs(*self._core.flush(ts))
         return self._flows(self.reassembler.flush(ts))
 
-    def _outputs(self, hevs: list[HttpOutput], errors: NativeErrors) -> list[StoreEvent]:
+    def _outputs(self, hevs: list[HttpOutput | None], errors: NativeErrors) -> list[StoreEvent]:
         """The native core's HTTP events on through gRPC and streams, its
         errors recorded where they happened (see ``sniffer._native.Core``)."""
         out: list[StoreEvent] = []
@@ -242,42 +242,60 @@ class Pipeline:
         return out
 
     def _consume(
-        self, hevs: list[HttpOutput], start: int, stop: int, out: list[StoreEvent]
+        self, hevs: list[HttpOutput | None], start: int, stop: int, out: list[StoreEvent]
     ) -> None:
         """HTTP events ``start:stop`` of a native call through gRPC and streams.
-        A bug costs the connection (as in ``_flows``): the rest of the outputs of
-        the flow event on which it struck are left out, the connection abandoned,
-        and its later outputs of the same call are what a dead connection gives
-        (its opening, ends, closing and anomalies, no exchange)."""
-        streams = self.streams.feed_into
+        A ``None`` stands for a response body the core holds: each run of them
+        goes to the streams stage in one call (``StreamAssembler.feed_held``),
+        which gives what ``feed_into`` gives for each and leaves to this loop
+        those it does not take. A bug costs the connection (as in ``_flows``):
+        the rest of the outputs of the flow event on which it struck are left
+        out, the connection abandoned, and its later outputs of the same call
+        are what a dead connection gives (its opening, ends, closing and
+        anomalies, no exchange)."""
+        streams = self.streams
+        feed = streams.feed_into
+        feed_held = streams.feed_held
+        core = self._core
         grpc = self.grpc
         calls = grpc.open_calls  # non-empty: gRPC calls in progress (grpc.active)
         dead: set[int] = set()
         i = start
         while i < stop:
-            part = hevs if i == 0 and stop == len(hevs) else hevs[i:stop]
-            done = 0
             try:
-                for hev in part:
+                while i < stop:
+                    hev = hevs[i]
+                    if hev is None:  # a run of held response bodies
+                        i, exc = feed_held(core, i, stop, out, dead, calls)
+                        if i == stop:
+                            return
+                        hev = hevs[i]
+                        if hev is None:  # a body left to this loop: as an HttpBody
+                            hev = core.body(i)
+                            if exc is not None:  # raised on it inside the stage
+                                streams.contain(hev, exc, out)
+                                i += 1
+                                continue
                     if dead and hev.conn in dead:
                         kept = _dead_output(hev)
                         if kept is None:
-                            done += 1
+                            i += 1
                             continue
                         hev = kept
                     if calls or type(hev) is HttpRequest:
                         for gev in grpc.feed(hev):
-                            streams(gev, out)
+                            feed(gev, out)
                     else:
-                        streams(hev, out)
-                    done += 1
+                        feed(hev, out)
+                    i += 1
                 return
             except Exception as exc:  # a bug must cost one connection, never the capture
                 self.internal_errors += 1
-                origin = self._core.origin(i + done)
-                conn, ts, end = (
-                    origin if origin is not None else (hevs[i + done].conn, 0.0, i + done + 1)
-                )
+                origin = core.origin(i)
+                if origin is None:
+                    failed = hevs[i] or core.body(i)
+                    origin = (failed.conn, 0.0, i + 1)
+                conn, ts, end = origin
                 self.http.abandon(conn)
                 dead.add(conn)
                 out.append(
@@ -289,7 +307,7 @@ class Pipeline:
                         conn,
                     )
                 )
-                i = max(end, i + done + 1)
+                i = max(end, i + 1)
 
     def _flows(self, flows: Iterable[FlowEvent]) -> list[StoreEvent]:
         out: list[StoreEvent] = []

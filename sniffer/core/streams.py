@@ -326,6 +326,38 @@ class StreamAssembler:
         except Exception as exc:  # RecursionError, MemoryError, a bug: this exchange only
             self._contain(ev, exc, out)
 
+    def feed_held(
+        self, core: Any, i: int, stop: int, out: list[StoreEvent], dead: set[int], calls: Any
+    ) -> tuple[int, BaseException | None]:
+        """The response bodies the native core holds at outputs ``i``,
+        ``i + 1``, … (before ``stop``) of its last call (``None`` there; see
+        ``sniffer._native.Core.feed_bodies``), through :meth:`_response_body`'s
+        native item loop in one call; what ``feed_into`` gives for each. The
+        pipeline's rules come along: a body of a connection in ``dead`` is
+        dropped; one of a gRPC call (a key of ``calls``), or one this loop does
+        not take (a recovered body, a whole document), stops it. Returns
+        ``(j, exc)``: the outputs before ``j`` are done; ``exc``: raised on
+        body ``j``, for the caller to :meth:`contain`; else output ``j`` (if
+        before ``stop``) is left to the caller."""
+        j, n, errors, exc = core.feed_bodies(self._ex, i, stop, out, self._max_quiet, dead, calls)
+        self._native_counts(n, errors)
+        return j, exc
+
+    def _native_counts(self, chunk_events: int, dialect_errors: int) -> None:
+        """What the native item loop counted (``_deltas`` and ``_capped`` count
+        them in the Python one)."""
+        if chunk_events:
+            self.stats.chunk_events += chunk_events
+        if dialect_errors:
+            self.stats.errors["dialect"] = self.stats.errors.get("dialect", 0) + dialect_errors
+
+    def contain(self, ev: HttpOutput, exc: BaseException, out: list[StoreEvent]) -> None:
+        """What ``feed_into`` does when handling ``ev`` raised ``exc``: an
+        ``Exception`` is contained (:meth:`_contain`), anything else raised."""
+        if not isinstance(exc, Exception):
+            raise exc
+        self._contain(ev, exc, out)
+
     def _contain(self, ev: HttpOutput, exc: BaseException, out: list[StoreEvent]) -> None:
         """An exception inside the stage while handling ``ev``: recorded on its
         exchange (which stops decoding its body and ends in state error); the
@@ -836,9 +868,7 @@ class StreamAssembler:
         if native is not None and (x.decoder is not None or x.ndjson is not None):
             # the loops below in one native call (``native/py/src/chunks.rs``)
             n, errors, exc = native(x, ts, data, out, self._max_quiet)
-            self.stats.chunk_events += n
-            if errors:
-                self.stats.errors["dialect"] = self.stats.errors.get("dialect", 0) + errors
+            self._native_counts(n, errors)
             if exc is not None:
                 raise exc
         elif x.decoder is not None:

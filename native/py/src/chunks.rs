@@ -138,10 +138,8 @@ struct State<'py> {
     seq0: i64,
     done_seen: bool,
     done0: bool,
-    quiet: i64,
-    quiet0: i64,
-    invalid: i64,
-    invalid0: i64,
+    quiet: Lazy,
+    invalid: Lazy,
     chunk_count: i64,
     chunk_count0: i64,
     text_len: i64,
@@ -162,6 +160,37 @@ struct State<'py> {
     errors: u64,
 }
 
+/// An int attribute of the exchange read when first changed (most items
+/// leave `quiet` and `invalid` alone), written back if it was.
+#[derive(Default)]
+struct Lazy {
+    /// (value read, value now)
+    v: Option<(i64, i64)>,
+}
+
+impl Lazy {
+    /// Adds one; the new value.
+    fn bump(&mut self, x: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> PyResult<i64> {
+        let (v0, v) = match self.v {
+            Some(got) => got,
+            None => {
+                let v: i64 = x.getattr(name)?.extract()?;
+                (v, v)
+            }
+        };
+        let v = v.saturating_add(1);
+        self.v = Some((v0, v));
+        Ok(v)
+    }
+
+    fn store(&self, x: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> PyResult<()> {
+        match self.v {
+            Some((v0, v)) if v != v0 => x.setattr(name, v),
+            _ => Ok(()),
+        }
+    }
+}
+
 fn opt_f64(v: Bound<'_, PyAny>) -> PyResult<Option<f64>> {
     if v.is_none() {
         Ok(None)
@@ -175,8 +204,6 @@ impl<'py> State<'py> {
         let int = |name: &Bound<'py, PyString>| -> PyResult<i64> { x.getattr(name)?.extract() };
         let seq = int(intern!(py, "seq"))?;
         let done_seen = x.getattr(intern!(py, "done_seen"))?.is_truthy()?;
-        let quiet = int(intern!(py, "quiet"))?;
-        let invalid = int(intern!(py, "invalid"))?;
         let chunk_count = int(intern!(py, "chunk_count"))?;
         let text_len = int(intern!(py, "text_len"))?;
         let event_count = int(intern!(py, "event_count"))?;
@@ -187,10 +214,8 @@ impl<'py> State<'py> {
             seq0: seq,
             done_seen,
             done0: done_seen,
-            quiet,
-            quiet0: quiet,
-            invalid,
-            invalid0: invalid,
+            quiet: Lazy::default(),
+            invalid: Lazy::default(),
             chunk_count,
             chunk_count0: chunk_count,
             text_len,
@@ -220,8 +245,8 @@ impl<'py> State<'py> {
             Ok(())
         };
         set_int(intern!(py, "seq"), self.seq, self.seq0)?;
-        set_int(intern!(py, "quiet"), self.quiet, self.quiet0)?;
-        set_int(intern!(py, "invalid"), self.invalid, self.invalid0)?;
+        self.quiet.store(x, intern!(py, "quiet"))?;
+        self.invalid.store(x, intern!(py, "invalid"))?;
         set_int(
             intern!(py, "chunk_count"),
             self.chunk_count,
@@ -321,8 +346,7 @@ impl<'py> State<'py> {
         max_quiet: i64,
     ) -> PyResult<()> {
         self.flag(py, &t.flag_after_done)?;
-        self.quiet += 1;
-        if self.quiet > max_quiet {
+        if self.quiet.bump(self.x, intern!(py, "quiet"))? > max_quiet {
             return Ok(());
         }
         let args = fields!(py;
@@ -368,8 +392,7 @@ impl<'py> State<'py> {
                 || d.finish_reason.is_some()
                 || d.logprobs.is_some();
             if !carries {
-                self.quiet += 1;
-                if self.quiet > max_quiet {
+                if self.quiet.bump(self.x, intern!(py, "quiet"))? > max_quiet {
                     return Ok(()); // capped (never INVALID here)
                 }
             }
@@ -451,10 +474,9 @@ impl<'py> State<'py> {
                 || !usage.is_none()
                 || !server_tokens.is_none();
             if !carries {
-                self.quiet += 1;
-                if self.quiet > max_quiet {
+                if self.quiet.bump(self.x, intern!(py, "quiet"))? > max_quiet {
                     if kind_s == "invalid" {
-                        self.invalid += 1;
+                        self.invalid.bump(self.x, intern!(py, "invalid"))?;
                         self.errors += 1;
                     }
                     return Ok(());
@@ -489,7 +511,7 @@ impl<'py> State<'py> {
                 });
             }
             "invalid" => {
-                self.invalid += 1;
+                self.invalid.bump(self.x, intern!(py, "invalid"))?;
                 self.errors += 1;
                 let message = if error.is_truthy()? {
                     error.clone()
@@ -608,9 +630,99 @@ fn body_chunks<'py>(
     data: &[u8],
     out: &Bound<'py, PyList>,
     max_quiet: i64,
-) -> PyResult<(u64, u64, Option<PyErr>)> {
-    let t = types(py)?;
+) -> PyResult<Chunks> {
     let dec = x.getattr(intern!(py, "decoder"))?;
+    items(py, x, dec, None, ts, data, out, max_quiet)
+}
+
+/// Whether the dialect lets the native OpenAI extraction take its items
+/// (its `native_chunks`: 2 chat, 1 completions, else not).
+fn endpoint(py: Python<'_>, dialect: &Bound<'_, PyAny>) -> Option<Endpoint> {
+    match dialect
+        .getattr(intern!(py, "native_chunks"))
+        .ok()
+        .and_then(|v| v.extract::<i64>().ok())
+    {
+        Some(2) => Some(Endpoint::Chat),
+        Some(1) => Some(Endpoint::Completions),
+        _ => None,
+    }
+}
+
+/// What the item loop did: (chunk events appended, dialect errors counted,
+/// the dialect's exception or None), see `body_chunks`.
+pub(crate) type Chunks = (u64, u64, Option<PyErr>);
+
+/// `StreamAssembler._response_body` for the response body bytes `data` of
+/// the exchange `x` (the native core's held bodies, `fused.rs`), when the
+/// native item loop does all of it: `x` decodes a streamed body with a native
+/// decoder and nothing is sniffed, synced or guessed; or `x` has no dialect
+/// (its byte count only). None, with nothing changed, when the Python stage
+/// must take the body (a recovered body not yet synced or guessed, a whole
+/// JSON document, a stage without the native loop).
+pub(crate) fn response_body<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    ts: f64,
+    data: &[u8],
+    out: &Bound<'py, PyList>,
+    max_quiet: i64,
+) -> PyResult<Option<Chunks>> {
+    for name in [
+        intern!(py, "sniff"),
+        intern!(py, "item_sync"),
+        intern!(py, "unguessed"),
+    ] {
+        if !x.getattr(name)?.is_none() {
+            return Ok(None);
+        }
+    }
+    let dialect = x.getattr(intern!(py, "dialect"))?;
+    let streamed = if dialect.is_none() {
+        None
+    } else {
+        let dec = x.getattr(intern!(py, "decoder"))?;
+        if dec.is_none() && x.getattr(intern!(py, "ndjson"))?.is_none() {
+            return Ok(None); // a whole document (or nothing): Python's
+        }
+        Some(dec)
+    };
+    let name = intern!(py, "resp_bytes");
+    let total = x
+        .getattr(name)?
+        .extract::<i64>()?
+        .saturating_add(i64::try_from(data.len()).unwrap_or(i64::MAX));
+    x.setattr(name, total)?;
+    match streamed {
+        None => Ok(Some((0, 0, None))), // no dialect: the bytes are counted, no more
+        Some(dec) => items(
+            py,
+            x,
+            dec,
+            Some(dialect),
+            ts,
+            data,
+            out,
+            max_quiet,
+        )
+        .map(Some),
+    }
+}
+
+/// The item loop of `body_chunks`, the exchange's `decoder` (`dec`) and
+/// `dialect` (when already read) given.
+#[allow(clippy::too_many_arguments)]
+fn items<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    dec: Bound<'py, PyAny>,
+    dialect: Option<Bound<'py, PyAny>>,
+    ts: f64,
+    data: &[u8],
+    out: &Bound<'py, PyList>,
+    max_quiet: i64,
+) -> PyResult<Chunks> {
+    let t = types(py)?;
     let items = if dec.is_none() {
         let dec = x.getattr(intern!(py, "ndjson"))?;
         let dec = dec.cast::<PyNdjsonDecoder>()?;
@@ -627,16 +739,11 @@ fn body_chunks<'py>(
         }
         Items::Sse(events)
     };
-    let dialect = x.getattr(intern!(py, "dialect"))?;
-    let endpoint = match dialect
-        .getattr(intern!(py, "native_chunks"))
-        .ok()
-        .and_then(|v| v.extract::<i64>().ok())
-    {
-        Some(2) => Some(Endpoint::Chat),
-        Some(1) => Some(Endpoint::Completions),
-        _ => None,
+    let dialect = match dialect {
+        Some(d) => d,
+        None => x.getattr(intern!(py, "dialect"))?,
     };
+    let endpoint = endpoint(py, &dialect);
     let mut named = match endpoint {
         Some(_) => dialect.getattr(intern!(py, "_named"))?.is_truthy()?,
         None => true,

@@ -12,16 +12,23 @@
 //! event left out), so that the pipeline records them where the Python
 //! stages would. `origin(i)` tells which flow event made output `i`, for the
 //! pipeline's last-resort handler.
+//!
+//! Response bodies of HTTP/1.1 exchanges are not made into `HttpBody` values:
+//! `None` stands in the outputs where each would be, the bytes are kept
+//! (`HeldBody`) until the next call, and the pipeline hands every run of them
+//! to `feed_bodies` (the streams stage's item loop, `chunks.rs`) in one call,
+//! or asks for one's `HttpBody` (`body`) where the Python stage must take it.
 
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyDict, PyList, PySet};
 use pyo3::{intern, IntoPyObjectExt};
 
 use sparseety_core::reassembly::Event;
 
 use crate::flow::{self, Reassembler, SegmentBatch};
-use crate::http::{self, Input, PyHttpParser, Types};
+use crate::chunks;
+use crate::http::{self, HeldBody, Input, PyHttpParser, Types};
 
 /// One error of a call: (position in the outputs, ts, message, conn or None).
 type Error = (usize, f64, String, Option<i64>);
@@ -36,6 +43,8 @@ pub struct Core {
     origins: Vec<(usize, i64, f64)>,
     /// the flow events of one segment (reused)
     events: Vec<Event>,
+    /// the response bodies of the last call, by position in its outputs
+    held: Vec<HeldBody>,
 }
 
 fn exc_message(py: Python<'_>, e: &PyErr) -> String {
@@ -67,6 +76,7 @@ struct Call<'py, 'a> {
     out: Bound<'py, PyList>,
     errors: Vec<Error>,
     origins: &'a mut Vec<(usize, i64, f64)>,
+    held: &'a mut Vec<HeldBody>,
 }
 
 impl<'py> Call<'py, '_> {
@@ -81,13 +91,16 @@ impl<'py> Call<'py, '_> {
         ts: f64,
     ) -> PyResult<()> {
         let before = self.out.len();
-        if let Err(e) = http.feed_input(self.py, self.t, input, &self.out) {
+        if let Err(e) = http.feed_input(self.py, self.t, input, &self.out, Some(self.held)) {
             if !e.is_instance_of::<PyException>(self.py) {
                 return Err(e);
             }
             let n = self.out.len();
             if n > before {
                 self.out.del_slice(before, n)?;
+            }
+            while self.held.last().is_some_and(|b| b.pos >= before) {
+                self.held.pop();
             }
             if let Ok(c) = u64::try_from(conn) {
                 http.abandon(self.py, c)?;
@@ -134,12 +147,14 @@ impl Core {
         ) -> PyResult<R>,
     ) -> PyResult<(Outputs<'py>, R)> {
         self.origins.clear();
+        self.held.clear();
         let mut call = Call {
             py,
             t: http::types(py)?,
             out: PyList::empty(py),
             errors: Vec::new(),
             origins: &mut self.origins,
+            held: &mut self.held,
         };
         let mut r = self.reassembler.bind(py).borrow_mut();
         let mut h = self.http.bind(py).borrow_mut();
@@ -157,6 +172,7 @@ impl Core {
             http,
             origins: Vec::new(),
             events: Vec::new(),
+            held: Vec::new(),
         }
     }
 
@@ -272,11 +288,89 @@ impl Core {
             .0)
     }
 
+    /// The `HttpBody` of output `i` of the last call when it is a held
+    /// response body (`None` in the outputs), else None.
+    fn body<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match self.held_at(i) {
+            Some(k) => self.held[k].obj(py).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The held response bodies at outputs `start`, `start + 1`, … (before
+    /// `stop`) of the last call through the streams stage's native item loop
+    /// (`chunks::response_body`), with `ex` its exchanges by (conn, exchange)
+    /// (`StreamAssembler._ex`); their chunk events appended to `out`. What
+    /// the pipeline does with each (`Pipeline._consume`): a body of a
+    /// connection in `dead` is dropped, one of an exchange the gRPC splitter
+    /// has (a key of `calls`) or the Python stage must take is left to them.
+    /// Returns `(i, chunk events, dialect errors, exception)`: the outputs
+    /// before `i` are done; with an exception, the stage raised it on body
+    /// `i` (its state written back: the caller contains it as `feed_into`
+    /// does); else output `i` (if before `stop`) is not a body this loop takes.
+    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::type_complexity)]
+    fn feed_bodies<'py>(
+        &self,
+        py: Python<'py>,
+        ex: &Bound<'py, PyDict>,
+        start: usize,
+        stop: usize,
+        out: &Bound<'py, PyList>,
+        max_quiet: i64,
+        dead: &Bound<'py, PySet>,
+        calls: &Bound<'py, PyDict>,
+    ) -> PyResult<(usize, u64, u64, Option<PyErr>)> {
+        let (mut added, mut errors) = (0u64, 0u64);
+        let mut i = start;
+        let Some(mut k) = self.held_at(start) else {
+            return Ok((i, 0, 0, None));
+        };
+        while i < stop {
+            let Some(b) = self.held.get(k).filter(|b| b.pos == i) else {
+                break;
+            };
+            if dead.len() > 0 && dead.contains(b.conn)? {
+                k += 1;
+                i += 1;
+                continue;
+            }
+            let key = (b.conn, b.exchange).into_pyobject(py)?;
+            if calls.len() > 0 && calls.contains(&key)? {
+                break;
+            }
+            if let Some(x) = ex.get_item(&key)? {
+                match chunks::response_body(py, &x, b.ts, &b.data, out, max_quiet) {
+                    Ok(None) => break,
+                    Ok(Some((a, e, failed))) => {
+                        added = added.saturating_add(a);
+                        errors = errors.saturating_add(e);
+                        if failed.is_some() {
+                            return Ok((i, added, errors, failed));
+                        }
+                    }
+                    Err(e) => return Ok((i, added, errors, Some(e))),
+                }
+            }
+            k += 1;
+            i += 1;
+        }
+        Ok((i, added, errors, None))
+    }
+
     /// (conn, ts, end) of the flow event that made output `i` of the last
     /// call: its outputs end before `end`. None if no flow event made it.
     fn origin(&self, i: usize) -> Option<(i64, f64, usize)> {
         let k = self.origins.partition_point(|&(end, _, _)| end <= i);
         self.origins.get(k).map(|&(end, conn, ts)| (conn, ts, end))
+    }
+}
+
+impl Core {
+    /// The index in `held` of the body at output `i` of the last call.
+    fn held_at(&self, i: usize) -> Option<usize> {
+        let k = self.held.partition_point(|b| b.pos < i);
+        self.held.get(k).filter(|b| b.pos == i).map(|_| k)
     }
 }
 

@@ -115,6 +115,34 @@ fn headers_obj<'py>(py: Python<'py>, h: &Headers) -> PyResult<Bound<'py, PyTuple
     PyTuple::new(py, items)
 }
 
+/// A response body the fused core (`fused.rs`) keeps in place of its
+/// `HttpBody`: `None` stands at `pos` in the call's outputs, and the streams
+/// stage takes the bodies of a run of them in one call (`Core.feed_bodies`).
+pub(crate) struct HeldBody {
+    /// its position in the outputs of the call
+    pub pos: usize,
+    pub conn: u64,
+    pub exchange: i64,
+    pub ts: f64,
+    pub data: Vec<u8>,
+}
+
+impl HeldBody {
+    /// The `HttpBody` it stands for.
+    pub(crate) fn obj<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let t = types(py)?;
+        let args = (
+            self.conn,
+            self.exchange,
+            self.ts,
+            false,
+            PyBytes::new(py, &self.data),
+        )
+            .into_pyobject(py)?;
+        t.tuple_new.bind(py).call1((t.body.bind(py), args))
+    }
+}
+
 /// `sniffer.core.http1.HttpParser`, natively.
 #[pyclass(module = "sniffer._native", name = "HttpParser")]
 pub struct PyHttpParser {
@@ -173,7 +201,7 @@ impl PyHttpParser {
     ) -> PyResult<Bound<'py, PyList>> {
         let t = types(py)?;
         let out = PyList::empty(py);
-        self.feed_input(py, t, &Input::Py(ev), &out)?;
+        self.feed_input(py, t, &Input::Py(ev), &out, None)?;
         Ok(out)
     }
 
@@ -324,13 +352,15 @@ fn conn_id(conn: i64) -> PyResult<u64> {
 }
 
 impl PyHttpParser {
-    /// `feed`: the HTTP events of one flow event appended to `out`.
+    /// `feed`: the HTTP events of one flow event appended to `out`; with
+    /// `held`, its response bodies kept there (`None` in `out`, see `HeldBody`).
     pub(crate) fn feed_input<'py>(
         &mut self,
         py: Python<'py>,
         t: &Types,
         input: &Input<'_, 'py>,
         out: &Bound<'py, PyList>,
+        mut held: Option<&mut Vec<HeldBody>>,
     ) -> PyResult<()> {
         let conn = match input {
             Input::Py(ev) => self.feed_py(py, t, ev, out)?,
@@ -343,7 +373,7 @@ impl PyHttpParser {
         let mut result = Ok(());
         for e in events {
             if result.is_ok() {
-                result = self.convert(py, t, input, e, out);
+                result = self.convert(py, t, input, e, out, held.as_deref_mut());
             }
         }
         if input.is_closed(py, t) {
@@ -601,8 +631,27 @@ impl PyHttpParser {
         input: &Input<'_, 'py>,
         e: HttpEvent,
         out: &Bound<'py, PyList>,
+        held: Option<&mut Vec<HeldBody>>,
     ) -> PyResult<()> {
         match e {
+            HttpEvent::Body {
+                conn,
+                exchange,
+                ts,
+                from_client: false,
+                data,
+            } if held.is_some() => {
+                if let Some(held) = held {
+                    held.push(HeldBody {
+                        pos: out.len(),
+                        conn,
+                        exchange,
+                        ts,
+                        data,
+                    });
+                    out.append(py.None())?;
+                }
+            }
             HttpEvent::Body {
                 conn,
                 exchange,
