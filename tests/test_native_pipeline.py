@@ -174,7 +174,7 @@ def test_response_bodies_reach_the_stage_in_runs_not_as_http_bodies(
 def _raising_dialect(monkeypatch: pytest.MonkeyPatch, nth: int) -> None:
     """The chat dialect's ``event`` (every item's: the native extraction off)
     raises on its ``nth`` call."""
-    from sniffer.llm.dialects.openai import _OpenAIBase
+    from sniffer.llm.dialects.openai import OpenAIChat, _OpenAIBase
 
     real = _OpenAIBase.event
     calls = [0]
@@ -185,7 +185,7 @@ def _raising_dialect(monkeypatch: pytest.MonkeyPatch, nth: int) -> None:
             raise RuntimeError("a dialect bug")
         return real(self, data, event_type)
 
-    monkeypatch.setattr(_OpenAIBase, "native_chunks", property(lambda self: 0))
+    monkeypatch.setattr(OpenAIChat, "native_chunks", 0)
     monkeypatch.setattr(_OpenAIBase, "event", event)
 
 

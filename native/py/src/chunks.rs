@@ -391,10 +391,8 @@ impl<'py> State<'py> {
                 || d.tool_calls.is_some()
                 || d.finish_reason.is_some()
                 || d.logprobs.is_some();
-            if !carries {
-                if self.quiet.bump(self.x, intern!(py, "quiet"))? > max_quiet {
-                    return Ok(()); // capped (never INVALID here)
-                }
+            if !carries && self.quiet.bump(self.x, intern!(py, "quiet"))? > max_quiet {
+                return Ok(()); // capped (never INVALID here)
             }
         }
         let choice = d.choice.into_pyobject(py)?.into_any();
@@ -473,14 +471,12 @@ impl<'py> State<'py> {
                 || !logprobs.is_none()
                 || !usage.is_none()
                 || !server_tokens.is_none();
-            if !carries {
-                if self.quiet.bump(self.x, intern!(py, "quiet"))? > max_quiet {
-                    if kind_s == "invalid" {
-                        self.invalid.bump(self.x, intern!(py, "invalid"))?;
-                        self.errors += 1;
-                    }
-                    return Ok(());
+            if !carries && self.quiet.bump(self.x, intern!(py, "quiet"))? > max_quiet {
+                if kind_s == "invalid" {
+                    self.invalid.bump(self.x, intern!(py, "invalid"))?;
+                    self.errors += 1;
                 }
+                return Ok(());
             }
         }
         let mut index = 0;
@@ -695,17 +691,7 @@ pub(crate) fn response_body<'py>(
     x.setattr(name, total)?;
     match streamed {
         None => Ok(Some((0, 0, None))), // no dialect: the bytes are counted, no more
-        Some(dec) => items(
-            py,
-            x,
-            dec,
-            Some(dialect),
-            ts,
-            data,
-            out,
-            max_quiet,
-        )
-        .map(Some),
+        Some(dec) => items(py, x, dec, Some(dialect), ts, data, out, max_quiet).map(Some),
     }
 }
 

@@ -26,8 +26,8 @@ use pyo3::{intern, IntoPyObjectExt};
 
 use sparseety_core::reassembly::Event;
 
-use crate::flow::{self, Reassembler, SegmentBatch};
 use crate::chunks;
+use crate::flow::{self, Reassembler, SegmentBatch};
 use crate::http::{self, HeldBody, Input, PyHttpParser, Types};
 
 /// One error of a call: (position in the outputs, ts, message, conn or None).

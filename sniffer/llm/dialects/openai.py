@@ -393,16 +393,14 @@ class _OpenAIBase(JsonDialect):
     #: chat chunks (``choices[].delta``), not completions ones (``choices[].text``)
     _chat = False
 
-    @property
-    def native_chunks(self) -> int:
-        """Whether the native streams loop (``sniffer._native.body_chunks``) may
-        extract this dialect's items itself, as :meth:`event` would: 2 chat,
-        1 completions, 0 no (the native extraction is off); it then sets
-        ``response_model``, ``response_id`` and ``_named`` as :meth:`event`
-        does, and hands every item it declines (or with usage) to :meth:`event`."""
-        if _NATIVE_CHUNK is None:
-            return 0
-        return 2 if self._chat else 1
+    #: Whether the native streams loop (``sniffer._native.body_chunks``) may
+    #: extract this dialect's items itself, as :meth:`event` would: 2 chat,
+    #: 1 completions, 0 no (the native extraction is off); it then sets
+    #: ``response_model``, ``response_id`` and ``_named`` as :meth:`event`
+    #: does, and hands every item it declines (or with usage) to :meth:`event`.
+    #: A class attribute, fixed when the module loads (a property cost a
+    #: Python call per body event).
+    native_chunks = 0 if _NATIVE_CHUNK is None else 1
 
     def event(self, data: str, event_type: str) -> list[Delta]:
         """One SSE event's data (or NDJSON line): ``JsonDialect.event`` with its
@@ -547,6 +545,7 @@ class OpenAIChat(_OpenAIBase):
 
     name = "openai.chat"
     _chat = True
+    native_chunks = 0 if _NATIVE_CHUNK is None else 2
 
     def _choice(
         self, choice: Any, position: int, data: str, stream: bool, usage: Usage | None
