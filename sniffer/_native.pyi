@@ -11,7 +11,7 @@ frames; :meth:`Reassembler.feed_batch` turns it into the flow events of
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sniffer.core.events import CaptureGap, FlowEvent, Segment
+from sniffer.core.events import CaptureGap, FlowEvent, HttpBody, Segment
 from sniffer.llm.dialects.base import Delta
 
 __version__: str
@@ -108,7 +108,9 @@ class Core:
     flow events in, the HTTP events of ``sniffer.core.events`` out (what
     ``sniffer.core.http1.HttpParser`` gives), no Python flow event in between.
     Errors: segments dropped for want of a connection id (``conn`` None) and
-    flow events whose HTTP stage raised (the connection abandoned)."""
+    flow events whose HTTP stage raised (the connection abandoned). An
+    HTTP/1.1 response body is no ``HttpBody`` in the outputs but ``None``, its
+    bytes held by the core until its next call (:meth:`feed_bodies`, :meth:`body`)."""
 
     def __init__(self, reassembler: Reassembler, http: object) -> None: ...
     def feed_batch(
@@ -126,6 +128,24 @@ class Core:
     def capture_gap(self, gap: CaptureGap) -> tuple[list[object], CoreErrors]: ...
     def origin(self, i: int) -> tuple[int, float, int] | None:
         """(conn, ts, end) of the flow event that made output ``i`` of the last call."""
+    def body(self, i: int) -> HttpBody | None:
+        """The ``HttpBody`` of output ``i`` of the last call when the core holds
+        it (``None`` there), else None."""
+    def feed_bodies(
+        self,
+        ex: dict[tuple[int, int], Any],
+        start: int,
+        stop: int,
+        out: list[Any],
+        max_quiet: int,
+        dead: set[int],
+        calls: dict[tuple[int, int], Any],
+    ) -> tuple[int, int, int, BaseException | None]:
+        """The held bodies at outputs ``start``, ``start + 1``, … (before
+        ``stop``) through the streams stage's native item loop, ``ex`` its
+        exchanges (``StreamAssembler.feed_held``): (where it stopped, chunk
+        events appended, dialect errors counted, exception raised on the body
+        where it stopped or None)."""
 
 # --- the streams stage's item loops (native/py/src/chunks.rs) ---
 

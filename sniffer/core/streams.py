@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sniffer.core.credentials import (
     scrub_error_text,
@@ -75,6 +75,9 @@ from sniffer.llm.dialects.base import (
 )
 from sniffer.llm.dialects.openai import server_stats
 from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage, scan_request
+
+if TYPE_CHECKING:
+    from sniffer._native import Core
 
 #: Gap reason of a stream adopted from a checkpoint taken inside an item.
 RESTART_ITEM = "sidecar restarted inside an item"
@@ -327,7 +330,13 @@ class StreamAssembler:
             self._contain(ev, exc, out)
 
     def feed_held(
-        self, core: Any, i: int, stop: int, out: list[StoreEvent], dead: set[int], calls: Any
+        self,
+        core: Core,
+        i: int,
+        stop: int,
+        out: list[StoreEvent],
+        dead: set[int],
+        calls: dict[tuple[int, int], Any],
     ) -> tuple[int, BaseException | None]:
         """The response bodies the native core holds at outputs ``i``,
         ``i + 1``, … (before ``stop``) of its last call (``None`` there; see
