@@ -171,6 +171,28 @@ def test_response_bodies_reach_the_stage_in_runs_not_as_http_bodies(
     assert sum(runs) == bodies and len(runs) < bodies / 4
 
 
+def test_a_body_of_a_grpc_call_goes_to_the_splitter_as_an_http_body(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While gRPC calls are open every event goes through the splitter; a
+    held body of one of its calls is left to it (as an ``HttpBody``), the
+    others are still taken in runs."""
+    segs = _interleaved()
+    pipe = Pipeline(PipelineConfig(native=True))
+    seen: list[Any] = []
+    monkeypatch.setattr(pipe.grpc, "open_calls", {(2, 0): None})  # conn 2's exchange
+
+    def feed(ev: Any) -> list[Any]:
+        seen.append(ev)
+        return [ev]
+
+    monkeypatch.setattr(pipe.grpc, "feed", feed)
+    out = _run(pipe, segs, "batch")
+    assert out == _run(Pipeline(PipelineConfig(native=False)), segs, "segments")
+    bodies = {e.conn for e in seen if type(e) is HttpBody and not e.from_client}
+    assert bodies == {2}
+
+
 def _raising_dialect(monkeypatch: pytest.MonkeyPatch, nth: int) -> None:
     """The chat dialect's ``event`` (every item's: the native extraction off)
     raises on its ``nth`` call."""

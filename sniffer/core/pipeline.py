@@ -293,8 +293,9 @@ class Pipeline:
                 self.internal_errors += 1
                 origin = core.origin(i)
                 if origin is None:
-                    failed = hevs[i] or core.body(i)
-                    origin = (failed.conn, 0.0, i + 1)
+                    failed = hevs[i]
+                    conn = (failed if failed is not None else core.body(i)).conn
+                    origin = (conn, 0.0, i + 1)
                 conn, ts, end = origin
                 self.http.abandon(conn)
                 dead.add(conn)
