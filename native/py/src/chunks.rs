@@ -655,7 +655,8 @@ pub(crate) type Chunks = (u64, u64, Option<PyErr>);
 /// decoder and nothing is sniffed, synced or guessed; or `x` has no dialect
 /// (its byte count only). None, with nothing changed, when the Python stage
 /// must take the body (a recovered body not yet synced or guessed, a whole
-/// JSON document, a stage without the native loop).
+/// JSON document). The decoders are the native ones (a native pipeline's
+/// stage makes no other).
 pub(crate) fn response_body<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyAny>,
