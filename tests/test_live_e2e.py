@@ -501,7 +501,9 @@ def test_overload_memory_flat_and_loss_counted(tmp_path: Path, procs: list[Any])
         str(port),
         "--queue-size",
         "2",
-        env={"SPARSEETY_TEST_SLOW_PIPELINE_MS": "50"},
+        # slower per batch than the ring hands blocks over (at most
+        # BLOCK_TIMEOUT_MS apart): the queue of two fills
+        env={"SPARSEETY_TEST_SLOW_PIPELINE_MS": "250"},
     )
     start_rss = _rss_kb(d.proc.pid)
     samples = [start_rss]
