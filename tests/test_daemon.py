@@ -756,6 +756,24 @@ def test_features_sampling_keeps_summaries_and_drops_text(tmp_path: Path) -> Non
     assert rows(db, "select count(*) from chunks") == [(0,)]
 
 
+def test_features_encode_tokens_in_one_thread_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the token pass on, ``build_features`` turns HF tokenizers' thread
+    pool off (the pass is background work: one thread costs less CPU); a
+    value the user set is kept, and without tokens nothing is set."""
+    from sniffer.runtime.features import TOKENIZERS_PARALLELISM
+
+    monkeypatch.delenv(TOKENIZERS_PARALLELISM, raising=False)
+    make(tmp_path, FakeSource([]), features=True, metrics=False, tokens=False)
+    assert TOKENIZERS_PARALLELISM not in os.environ
+    make(tmp_path, FakeSource([]), features=True, metrics=False)
+    assert os.environ[TOKENIZERS_PARALLELISM] == "false"
+    monkeypatch.setenv(TOKENIZERS_PARALLELISM, "true")
+    make(tmp_path, FakeSource([]), features=True, metrics=False)
+    assert os.environ[TOKENIZERS_PARALLELISM] == "true"
+
+
 def test_features_refuse_a_world_readable_database(tmp_path: Path) -> None:
     from sniffer.store.files import InsecureDatabaseFile
 
