@@ -522,8 +522,11 @@ def test_overload_memory_flat_and_loss_counted(tmp_path: Path, procs: list[Any])
         for rnd in range(3):
             jobs = [
                 (
+                    # 5 ms apart: each stream spans ~15 ring blocks (as 1 ms
+                    # did with 20 ms blocks), so dropped batches cut streams
+                    # the pipeline has open
                     partial(
-                        httpx_stream, port, f"load {rnd}.{i}", model="fake-delay1", max_tokens=300
+                        httpx_stream, port, f"load {rnd}.{i}", model="fake-delay5", max_tokens=300
                     )
                 )
                 for i in range(24)
