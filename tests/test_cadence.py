@@ -7,8 +7,10 @@ captures in pcaps/llamacpp/ (plain vs prompt-lookup speculative decoding).
 from __future__ import annotations
 
 import json
+import math
 import random
-from itertools import accumulate
+import statistics
+from itertools import accumulate, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sniffer.llm.cadence import GAP_FLOOR, cadence_class
 from sniffer.reports.cadence import (
     BURSTY,
     MIN_GAPS,
@@ -128,6 +131,77 @@ def test_any_times_give_a_consistent_cadence(gaps: list[float], shuffle: bool) -
     assert sum(n * m for n, m in c.burst_lengths.items()) == len(times)
     if times:
         assert c.tokens_per_step is not None and c.tokens_per_step >= 1.0
+
+
+def _reference(times: list[float]) -> tuple[str, int, float | None, dict[str, Any]]:
+    """The cadence as first written (a loop per gap, ``max`` with a key per
+    candidate, ``statistics.median``): what the faster code must equal, float
+    for float. (class, k, threshold, evidence) for streams of MIN_GAPS gaps or more."""
+    gaps = [max(0.0, b - a) for a, b in pairwise(times)]
+    s = sorted(max(g, GAP_FLOOR) for g in gaps)
+    logs = [math.log(g) for g in s]
+    n = len(logs)
+    total = sum(logs)
+    best_k, best = 1, -1.0
+    prefix = 0.0
+    for k in range(1, n):
+        prefix += logs[k - 1]
+        between = k * (n - k) * (prefix / k - (total - prefix) / (n - k)) ** 2
+        if between > best:
+            best_k, best = k, between
+    lo, hi = (best_k - 1) // 2, best_k + (n - best_k) // 2
+    k = max(range(lo + 1, hi + 1), key=lambda i: (logs[i] - logs[i - 1], -abs(i - best_k)))
+    threshold = math.sqrt(s[k - 1] * s[k])
+    ordered = sorted(gaps)
+    short_p50, long_p50 = statistics.median(ordered[:k]), statistics.median(ordered[k:])
+    ratio = long_p50 / max(short_p50, GAP_FLOOR)
+    n_long = len(gaps) - k
+    bursty = ratio >= 4.0 and k / len(gaps) >= 0.2 and n_long >= 2 and n_long / len(gaps) >= 0.05
+    evidence = {
+        "split_ms": threshold * 1000.0,
+        "short_share": k / len(gaps),
+        "short_ms_p50": short_p50 * 1000.0,
+        "long_ms_p50": long_p50 * 1000.0,
+        "mode_ratio": ratio,
+        "long_gaps": n_long,
+    }
+    return (BURSTY if bursty else STEADY), k, threshold * 1000.0 if bursty else None, evidence
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from([0.0, 1e-6, GAP_FLOOR, 0.001, 0.2, 0.2, 1.0]),  # ties and the floor
+            st.floats(min_value=0.0, max_value=5.0),
+            st.floats(min_value=0.0, max_value=0.005),
+        ),
+        min_size=MIN_GAPS,
+        max_size=150,
+    ),
+    st.booleans(),
+)
+def test_cadence_equals_the_reference_float_for_float(gaps: list[float], reverse: bool) -> None:
+    """``cadence`` and ``cadence_class`` (what the live metrics count at every
+    close) give exactly the first implementation's class, split and evidence,
+    ties between equally wide stretches and gaps under the floor included."""
+    times = list(accumulate(gaps, initial=10.0))
+    if reverse:
+        times = times[::-1]
+    cls, k, threshold_ms, evidence = _reference(times)
+    c = cadence(times)
+    assert (c.cls, c.threshold_ms, c.evidence) == (cls, threshold_ms, evidence)
+    assert cadence_class(times) == cls
+    assert split_threshold([max(0.0, b - a) for a, b in pairwise(times)])[0] == k
+
+
+def test_cadence_with_an_infinite_gap_is_the_reference() -> None:
+    """An infinite time (NaN logarithm differences) takes the reference path."""
+    times = [10.0, 10.0, 10.2, 10.2, *[math.inf] * 14]
+    cls, _, threshold_ms, evidence = _reference(times)
+    c = cadence(times)
+    assert c.cls == cls == cadence_class(times) and c.threshold_ms == threshold_ms
+    assert repr(c.evidence) == repr(evidence)
 
 
 # ---------------------------------------------------------------------------

@@ -510,6 +510,53 @@ def test_sighup_reload_applies_labels(tmp_path: Path) -> None:
     assert d.stats.capture_restarts == 0  # labels alone restart nothing
 
 
+class _TailSource(FakeSource):
+    """Gives nothing to its capture thread and ``items`` (once) when polled
+    from elsewhere: the last ring block a replaced source hands over only
+    after its thread stopped polling."""
+
+    def poll(self, timeout: float) -> list[Any]:
+        self.polls += 1
+        if threading.current_thread().name == "sparseety-capture" or not self.items:
+            time.sleep(min(timeout, 0.01))
+            return []
+        batch, self.items = self.items, []
+        return batch
+
+
+def test_capture_restart_keeps_what_the_old_source_still_held(tmp_path: Path) -> None:
+    """A reload that restarts the capture reads the old source once its
+    thread has stopped (for one block timeout) and processes what it held."""
+    from sniffer.runtime.config import load_config
+
+    cfg_path = tmp_path / "s.toml"
+    db = str(tmp_path / "d.db")
+    cfg_path.write_text(
+        f"[capture]\nports = [{PORT}]\n[store]\ndatabase = '{db}'\nflush_interval = 0.05\n"
+    )
+    old, new = _TailSource(SEGMENTS), FakeSource([])
+    sources = iter([old, new])
+    d = Daemon(
+        load_config(cfg_path),
+        log=Log("info", io.StringIO()),
+        source_factory=lambda _c, _b: next(sources),
+        notifier=Notifier({}),
+        install_signals=False,
+    )
+    r = start(d)
+    assert wait_for(lambda: old.polls >= 2)
+    assert d.stats.items == 0  # its capture thread got nothing
+    # a ring setting: the capture source is replaced
+    text = cfg_path.read_text()
+    cfg_path.write_text(text.replace("[capture]\n", "[capture]\nring_blocks = 16\n"))
+    d.request_reload()
+    assert wait_for(lambda: d.stats.capture_restarts == 1)
+    assert wait_for(lambda: d.stats.items >= len(SEGMENTS))
+    assert r.stop() == 0
+    assert old.closed and not old.items
+    assert rows(db, "select count(*) from streams")[0][0] >= 1
+
+
 def test_reload_with_bad_config_keeps_running(tmp_path: Path) -> None:
     cfg_path = tmp_path / "s.toml"
     cfg_path.write_text(f"[capture]\nports = [{PORT}]\n[store]\ndatabase = '{tmp_path / 'd.db'}'\n")
@@ -754,6 +801,24 @@ def test_features_sampling_keeps_summaries_and_drops_text(tmp_path: Path) -> Non
     assert r.stop() == 0
     assert rows(db, "select state, chunk_count, text_len from streams") == [("complete", 2, 2)]
     assert rows(db, "select count(*) from chunks") == [(0,)]
+
+
+def test_features_encode_tokens_in_one_thread_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the token pass on, ``build_features`` turns HF tokenizers' thread
+    pool off (the pass is background work: one thread costs less CPU); a
+    value the user set is kept, and without tokens nothing is set."""
+    from sniffer.runtime.features import TOKENIZERS_PARALLELISM
+
+    monkeypatch.delenv(TOKENIZERS_PARALLELISM, raising=False)
+    make(tmp_path, FakeSource([]), features=True, metrics=False, tokens=False)
+    assert TOKENIZERS_PARALLELISM not in os.environ
+    make(tmp_path, FakeSource([]), features=True, metrics=False)
+    assert os.environ[TOKENIZERS_PARALLELISM] == "false"
+    monkeypatch.setenv(TOKENIZERS_PARALLELISM, "true")
+    make(tmp_path, FakeSource([]), features=True, metrics=False)
+    assert os.environ[TOKENIZERS_PARALLELISM] == "true"
 
 
 def test_features_refuse_a_world_readable_database(tmp_path: Path) -> None:

@@ -501,7 +501,9 @@ def test_overload_memory_flat_and_loss_counted(tmp_path: Path, procs: list[Any])
         str(port),
         "--queue-size",
         "2",
-        env={"SPARSEETY_TEST_SLOW_PIPELINE_MS": "50"},
+        # slower per batch than the ring hands blocks over (at most
+        # BLOCK_TIMEOUT_MS apart): the queue of two fills
+        env={"SPARSEETY_TEST_SLOW_PIPELINE_MS": "250"},
     )
     start_rss = _rss_kb(d.proc.pid)
     samples = [start_rss]
@@ -520,8 +522,11 @@ def test_overload_memory_flat_and_loss_counted(tmp_path: Path, procs: list[Any])
         for rnd in range(3):
             jobs = [
                 (
+                    # 5 ms apart: each stream spans ~15 ring blocks (as 1 ms
+                    # did with 20 ms blocks), so dropped batches cut streams
+                    # the pipeline has open
                     partial(
-                        httpx_stream, port, f"load {rnd}.{i}", model="fake-delay1", max_tokens=300
+                        httpx_stream, port, f"load {rnd}.{i}", model="fake-delay5", max_tokens=300
                     )
                 )
                 for i in range(24)

@@ -34,10 +34,10 @@ how far apart the two classes are).
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from operator import sub
 from typing import Any
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "UNKNOWN",
     "Cadence",
     "cadence",
+    "cadence_class",
     "split_threshold",
 ]
 
@@ -132,8 +133,12 @@ def split_threshold(gaps: Sequence[float]) -> tuple[int, float]:
     of consecutive sorted gaps there): Otsu alone cuts a mode with a long
     tail (gaps inside a burst from 0.02 to 8 ms, between bursts 500 ms and
     up) through its tail."""
-    s = sorted(max(g, GAP_FLOOR) for g in gaps)
-    logs = [math.log(g) for g in s]
+    return _split(sorted([max(g, GAP_FLOOR) for g in gaps]))
+
+
+def _split(s: list[float]) -> tuple[int, float]:
+    """:func:`split_threshold` of gaps already floored and sorted."""
+    logs = list(map(math.log, s))
     n = len(logs)
     total = sum(logs)
     best_k, best = 1, -1.0
@@ -147,8 +152,80 @@ def split_threshold(gaps: Sequence[float]) -> tuple[int, float]:
             best_k, best = k, between
     lo = (best_k - 1) // 2  # the short class's median (lower one when even)
     hi = best_k + (n - best_k) // 2  # the long class's median (upper one when even)
-    k = max(range(lo + 1, hi + 1), key=lambda i: (logs[i] - logs[i - 1], -abs(i - best_k)))
+    if not math.isfinite(total):  # an infinite gap: NaN widths, compared as tuples
+        k = max(range(lo + 1, hi + 1), key=lambda i: (logs[i] - logs[i - 1], -abs(i - best_k)))
+        return k, math.sqrt(s[k - 1] * s[k])
+    # The widest stretch, the one nearest the Otsu split among equals, then
+    # the first: the max over (width, -distance) keys above, without a call
+    # per candidate (the live metrics classify every output at its close).
+    widths = list(map(sub, logs[lo + 1 : hi + 1], logs[lo:hi]))
+    widest = max(widths)
+    k = lo + 1 + widths.index(widest)
+    if widths.count(widest) > 1:
+        k = max(
+            (i for i, w in enumerate(widths, lo + 1) if w == widest),
+            key=lambda i: -abs(i - best_k),
+        )
     return k, math.sqrt(s[k - 1] * s[k])
+
+
+def _median(ordered: list[float]) -> float:
+    """``statistics.median`` of a list already sorted (it sorts a copy)."""
+    n = len(ordered)
+    if n % 2:
+        return ordered[n // 2]
+    return (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+@dataclass(frozen=True, slots=True)
+class _Split:
+    """The two classes of one output's gaps (:func:`cadence`'s evidence)."""
+
+    k: int
+    threshold: float
+    short_p50: float
+    long_p50: float
+    ratio: float
+    short_share: float
+    long_gaps: int
+    bursty: bool
+
+
+def _classes(gaps: list[float]) -> _Split:
+    """The split of ``gaps`` (at least two) and whether the stream is bursty."""
+    ordered = sorted(gaps)
+    # max(g, floor) keeps the order: the floored gaps sorted, without a second sort
+    floor = GAP_FLOOR
+    k, threshold = _split([floor if floor > g else g for g in ordered])
+    short_p50 = _median(ordered[:k])
+    long_p50 = _median(ordered[k:])
+    ratio = long_p50 / max(short_p50, GAP_FLOOR)
+    n_long = len(gaps) - k
+    short_share = k / len(gaps)
+    bursty = (
+        ratio >= MODE_RATIO
+        and short_share >= MIN_SHORT_SHARE
+        and n_long >= MIN_LONG_GAPS
+        and n_long / len(gaps) >= MIN_LONG_SHARE
+    )
+    return _Split(k, threshold, short_p50, long_p50, ratio, short_share, n_long, bursty)
+
+
+def _gaps(times: Sequence[float]) -> list[float]:
+    """The gaps between consecutive times; negative ones (a capture clock
+    that went backwards) count as 0."""
+    # (``max(0.0, d)`` as a test: the same value, NaN and -0.0 included, for
+    # a third of the cost)
+    return [d if (d := b - a) > 0.0 else 0.0 for a, b in pairwise(times)]
+
+
+def cadence_class(times: Sequence[float]) -> str:
+    """``cadence(times).cls`` alone (what the live metrics count per closed
+    output), without the burst lengths and evidence."""
+    gaps = _gaps(times)
+    if len(gaps) < MIN_GAPS:
+        return UNKNOWN
+    return BURSTY if _classes(gaps).bursty else STEADY
 
 
 def cadence(times: Sequence[float], tokens: Sequence[int] | None = None) -> Cadence:
@@ -158,7 +235,7 @@ def cadence(times: Sequence[float], tokens: Sequence[int] | None = None) -> Cade
     n_chunks = len(times)
     counts = list(tokens) if tokens is not None and len(tokens) == n_chunks else [1] * n_chunks
     total = sum(counts)
-    gaps = [max(0.0, b - a) for a, b in pairwise(times)]
+    gaps = _gaps(times)
     if len(gaps) < MIN_GAPS:
         return Cadence(
             UNKNOWN,
@@ -166,28 +243,17 @@ def cadence(times: Sequence[float], tokens: Sequence[int] | None = None) -> Cade
             burst_lengths={1: n_chunks} if n_chunks else {},
             tokens_per_step=total / n_chunks if n_chunks else None,
         )
-    k, threshold = split_threshold(gaps)
-    ordered = sorted(gaps)
-    short, long_ = ordered[:k], ordered[k:]
-    short_p50 = statistics.median(short)
-    long_p50 = statistics.median(long_)
-    ratio = long_p50 / max(short_p50, GAP_FLOOR)
-    short_share = len(short) / len(gaps)
+    c = _classes(gaps)
+    threshold = c.threshold
     evidence: dict[str, Any] = {
         "split_ms": threshold * 1000.0,
-        "short_share": short_share,
-        "short_ms_p50": short_p50 * 1000.0,
-        "long_ms_p50": long_p50 * 1000.0,
-        "mode_ratio": ratio,
-        "long_gaps": len(long_),
+        "short_share": c.short_share,
+        "short_ms_p50": c.short_p50 * 1000.0,
+        "long_ms_p50": c.long_p50 * 1000.0,
+        "mode_ratio": c.ratio,
+        "long_gaps": c.long_gaps,
     }
-    bursty = (
-        ratio >= MODE_RATIO
-        and short_share >= MIN_SHORT_SHARE
-        and len(long_) >= MIN_LONG_GAPS
-        and len(long_) / len(gaps) >= MIN_LONG_SHARE
-    )
-    if not bursty:
+    if not c.bursty:
         return Cadence(
             STEADY,
             len(gaps),

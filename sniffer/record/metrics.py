@@ -134,7 +134,7 @@ from sniffer.core.events import (
     StreamResponse,
     StreamState,
 )
-from sniffer.llm.cadence import cadence
+from sniffer.llm.cadence import cadence_class
 from sniffer.llm.dialects import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.dialects.base import OUTPUT_KINDS
 from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, SpecDecode
@@ -878,7 +878,7 @@ class Metrics:
                 merged.extend(times)
             outputs = [merged[:MAX_CADENCE_CHUNKS]]
         for times in outputs:
-            self._child(self.cadence, *keys, cadence(times).cls).inc()
+            self._child(self.cadence, *keys, cadence_class(times)).inc()
 
     def _spec(self, keys: tuple[str, str], spec: SpecDecode) -> None:
         """The server-reported speculative decoding of one closed stream."""

@@ -26,6 +26,16 @@ __all__ = ["POLL_TIMEOUT", "CaptureThread", "SourceFactory", "capture_key", "def
 #: How long one capture poll waits for packets (seconds).
 POLL_TIMEOUT = 0.05
 
+#: How long the kernel fills a ring block before handing it over part-full
+#: (TPACKET_V3 ``tp_retire_blk_tov``, ms). A block is also handed over when
+#: full, so this bounds the batches of a slow capture only: at 5,000 packets/s
+#: 20 ms made blocks (and pipeline batches, queue hand-offs and thread
+#: wake-ups) of ~100 packets; 100 ms makes them ~500, the size replay writes
+#: in (``WRITE_EVERY``). Capture times come from the kernel, so nothing
+#: stored changes; rows reach the writer at most this much later (it flushes
+#: every ``flush_interval`` anyway).
+BLOCK_TIMEOUT_MS = 100
+
 #: Makes the (unopened) source for a configuration; the second argument hands
 #: out the connection ids the source may assign (eBPF numbers connections
 #: itself): the store's id blocks.
@@ -51,6 +61,7 @@ def default_source(cfg: Config, conn_ids: Callable[[], int]) -> Source:
         cfg.capture_ports,
         ring_blocks=cfg.ring_blocks,
         block_size=cfg.block_size,
+        block_timeout_ms=BLOCK_TIMEOUT_MS,
         batches=NATIVE is not None,  # the pipeline's reassembler is native then too
     )
 

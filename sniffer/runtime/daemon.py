@@ -63,7 +63,13 @@ from sniffer.core.native import SEGMENT_BATCH
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.record.chain import Observer, RecordingChain
 from sniffer.runtime import signals
-from sniffer.runtime.capture_thread import CaptureThread, SourceFactory, capture_key, default_source
+from sniffer.runtime.capture_thread import (
+    BLOCK_TIMEOUT_MS,
+    CaptureThread,
+    SourceFactory,
+    capture_key,
+    default_source,
+)
 from sniffer.runtime.config import RESTART_KEYS, Config, ConfigError, load_config
 from sniffer.runtime.log import Log, warn_pure_fallback
 from sniffer.runtime.notify import Notifier
@@ -86,6 +92,9 @@ STATUS_EVERY = 5.0
 #: Rows the writer may hold while the database refuses them before a batch is dropped.
 MAX_PENDING_FACTOR = 20
 SLOW_ENV = "SPARSEETY_TEST_SLOW_PIPELINE_MS"
+#: Seconds past a ring block's timeout that a replaced capture source is read
+#: for its last block (the kernel's block timer is not exact to the ms).
+TAIL_MARGIN = 0.01
 #: The graceful-restart checkpoint file, next to a SQLite database.
 CHECKPOINT_SUFFIX = ".checkpoint.json"
 #: Seconds a checkpoint stays adoptable (a restart by systemd or an upgrade
@@ -526,6 +535,8 @@ class Daemon:
         self._capture = capture
         if old is not None:
             old.join(2.0)
+            if not old.thread.is_alive():
+                old.offer(_tail(old.source))
             with contextlib.suppress(Exception):
                 old.source.close()
         self.stats.capture_restarts += 1
@@ -729,6 +740,26 @@ class Daemon:
             exit_code=code,
         )
         return code
+
+
+def _tail(source: Source) -> list[CaptureItem]:
+    """What a replaced capture source still holds once its thread has stopped:
+    a ring block is handed over up to ``BLOCK_TIMEOUT_MS`` after its first
+    packet, so the packets of the last moments before the thread's last poll
+    may still be in the ring; polled for that long. The new source was opened
+    first: what both captured reaches reassembly twice and the second copy is
+    dropped as a retransmission."""
+    out: list[CaptureItem] = []
+    deadline = time.monotonic() + BLOCK_TIMEOUT_MS / 1000 + TAIL_MARGIN
+    for _ in range(64):  # bounded; each poll waits at most what is left
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            out += source.poll(left)
+        except Exception:  # the old source is going away anyway
+            break
+    return out
 
 
 def checkpoint_path(database: str) -> Path | None:

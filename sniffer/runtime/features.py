@@ -12,6 +12,7 @@ step, and this module does not know the daemon.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,7 +32,11 @@ if TYPE_CHECKING:
     from sniffer.runtime.log import Log
     from sniffer.runtime.stats import DaemonStats
 
-__all__ = ["Features", "Gauged", "build_features"]
+__all__ = ["TOKENIZERS_PARALLELISM", "Features", "Gauged", "build_features"]
+
+#: The environment variable HF ``tokenizers`` reads at each batch call:
+#: "false" encodes a batch in the calling thread.
+TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 
 
 class Gauged(Protocol):
@@ -122,6 +127,14 @@ def build_features(cfg: Config, log: Log) -> Features:
     from sniffer.store.files import db_path, prepare_db_file
 
     limit_arenas()  # before any of the daemon's threads start
+    if cfg.tokens:
+        # Before any thread starts too (the environment is not thread-safe).
+        # The token pass is background work sharing the cores with the
+        # capture: HF tokenizers' rayon pool would encode each batch on every
+        # core, its workers spinning between batches, for ~10 % more CPU than
+        # one thread (bench/bench_live.py --only memory: 0.73 s against
+        # 0.66 s of encoding for 1,000 streams). Set by the user, it is kept.
+        os.environ.setdefault(TOKENIZERS_PARALLELISM, "false")
     path = db_path(cfg.database)
     if path is not None:
         prepare_db_file(
