@@ -30,7 +30,7 @@ from typing import Any
 
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamFlag, StreamOpened
 from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput
-from sniffer.llm.values import RequestSummary, Usage
+from sniffer.llm.values import Usage, include_usage
 from sniffer.record.redact import ChoiceRedactions, Redactor, apply_spans, redact_choice_texts
 from sniffer.record.tracker import StreamTracker
 
@@ -204,7 +204,7 @@ class TokenCollector:
             usage=usage,
             gap=gap,
             done_seen=done_seen,
-            include_usage_requested=RequestSummary.parse(request).include_usage,
+            include_usage_requested=include_usage(request),
             stored_texts=stored,
             masks=masks,
             redact=self._redact_spans if self._spans is not None else None,
