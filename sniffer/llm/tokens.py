@@ -73,7 +73,6 @@ import os
 import re
 import threading
 from bisect import bisect_left, bisect_right
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice, repeat
@@ -815,7 +814,9 @@ class ChunkColumns(_BuiltOnFirstUse[ChunkInput]):
     def in_seq_order(self) -> ChunkColumns:
         """These chunks sorted by seq (stably): ``self`` when they already are."""
         seqs = self.seqs
-        if all(map(le, seqs, islice(seqs, 1, None))):
+        if not isinstance(seqs, list):
+            seqs = list(seqs)
+        if seqs == sorted(seqs):  # (a C sort finds one run: cheaper than pairwise <=)
             return self
         return ChunkColumns.of(sorted(self._values(), key=_seq))
 
@@ -1299,7 +1300,8 @@ def _assemble(
         seqs = cc.seqs
         output_ids[ch] = ids
         counts, straddles = attribute(cc.lens, len(ids), offsets)
-        hist = dict(sorted(Counter(counts).items()))
+        # chunks by tokens attributed (few distinct counts: one count() each)
+        hist = {n: counts.count(n) for n in sorted(set(counts))}
         for n, m in hist.items():
             dist[n] = dist.get(n, 0) + m
 
@@ -1417,8 +1419,9 @@ def _finish_anomalies(
     after: dict[int, list[int]] = {}
     extra = ordered.extra
     # Nothing happens before the first finish: start the walk there.
-    first = min((i for i, (fr, _) in extra.items() if fr is not None), default=None)
-    if first is not None:
+    finishes = [i for i, (fr, _) in extra.items() if fr is not None]
+    if finishes:
+        first = min(finishes)
         seqs, chs, lens = ordered.seqs, ordered.choices, ordered.lens
         for i in range(first, len(lens)):
             seq, choice = seqs[i], chs[i]

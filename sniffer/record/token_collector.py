@@ -90,9 +90,15 @@ class _Open:
         return len(self.lens)
 
     def chunks(self) -> ChunkColumns:
-        """The chunks as columns (the analysis builds no object per chunk)."""
+        """The chunks as columns (the analysis builds no object per chunk), as
+        lists: the analysis makes several passes over them, and a list's items
+        are objects already (an array's are made at each read)."""
         return ChunkColumns(
-            self.seqs, self.choices, self.lens, "".join([*self.blocks, *self.tail]), self.extra
+            self.seqs.tolist(),
+            self.choices.tolist(),
+            self.lens.tolist(),
+            "".join([*self.blocks, *self.tail]),
+            self.extra,
         )
 
 

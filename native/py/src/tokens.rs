@@ -6,6 +6,7 @@
 //! 60 chunks); here one pass over each, after reading the offsets.
 
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
 
 /// A straddling token: (token index, chunk it starts in, chunk it ends in).
 type Straddle = (i64, i64, i64);
@@ -19,14 +20,42 @@ fn bisect_left(values: &[i64], x: i64, lo: usize) -> usize {
 /// Tokens attributed to each piece (given by its length) of a text whose
 /// encoding has `n_ids` tokens at `offsets` ((start, end) character offsets),
 /// and the straddling tokens (token index, piece it starts in, piece it ends
-/// in): `_attribute_counts`.
+/// in): `_attribute_counts`. A list of lengths and a list of 2-tuples are read
+/// item by item (the tokenizer's offsets, the analysis's lists); any other
+/// sequences through the generic conversion.
 #[pyfunction]
 fn attribute_counts(
-    lens: Vec<i64>,
+    lens: &Bound<'_, PyAny>,
     n_ids: i64,
-    offsets: Vec<(i64, i64)>,
-) -> (Vec<i64>, Vec<Straddle>) {
-    attribute(&lens, n_ids, &offsets)
+    offsets: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<i64>, Vec<Straddle>)> {
+    let lens: Vec<i64> = match lens.cast::<PyList>() {
+        Ok(list) => {
+            let mut out = Vec::with_capacity(list.len());
+            for x in list.iter() {
+                out.push(x.extract()?);
+            }
+            out
+        }
+        Err(_) => lens.extract()?,
+    };
+    let offsets: Vec<(i64, i64)> = match offsets.cast::<PyList>() {
+        Ok(list) => {
+            let mut out = Vec::with_capacity(list.len());
+            for o in list.iter() {
+                out.push(match o.cast::<PyTuple>() {
+                    Ok(t) if t.len() == 2 => (
+                        t.get_borrowed_item(0)?.extract()?,
+                        t.get_borrowed_item(1)?.extract()?,
+                    ),
+                    _ => o.extract()?,
+                });
+            }
+            out
+        }
+        Err(_) => offsets.extract()?,
+    };
+    Ok(attribute(&lens, n_ids, &offsets))
 }
 
 fn attribute(lens: &[i64], n_ids: i64, offsets: &[(i64, i64)]) -> (Vec<i64>, Vec<Straddle>) {
