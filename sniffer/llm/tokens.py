@@ -78,7 +78,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice, repeat
 from operator import gt, itemgetter, le, sub
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 if TYPE_CHECKING:  # imported where used: a command that loads no tokenizer skips it
     from tokenizers import Encoding, Tokenizer
@@ -1006,11 +1006,17 @@ def _attribute_counts(
     # piece; elsewhere (inside a token, or a piece that starts no token)
     # bisected. ``first`` maps a start to its first token (built backwards:
     # the earliest index of a repeated start is stored last).
-    first = dict(zip(reversed(starts), range(len(starts) - 1, -1, -1)))
-    his = list(map(first.get, islice(ends, last)))  # cut after piece j < last
-    inside = his.count(None)
-    if inside:
-        his = [bisect_left(starts, e) if h is None else h for h, e in zip(his, ends)]
+    first = dict(zip(reversed(starts), range(len(starts) - 1, -1, -1), strict=True))
+    found = list(map(first.get, islice(ends, last)))
+    inside = found.count(None)
+    his: list[int] = (  # the cut after piece j < last
+        [
+            bisect_left(starts, e) if h is None else h
+            for h, e in zip(found, islice(ends, last), strict=True)
+        ]
+        if inside
+        else cast("list[int]", found)
+    )
     bounds = [0, *his, n_ids]
     counts = list(map(sub, islice(bounds, 1, None), bounds))
     if not last or not n_ids:
