@@ -27,7 +27,7 @@ from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamFlag, StreamOpened
 from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput
@@ -54,8 +54,6 @@ MAX_CHUNKS = 200_000
 #: block's ints in one call.
 _PACK_SEQS = struct.Struct(f"@{_JOIN_EVERY}q").pack
 _PACK_LONGS = struct.Struct(f"@{_JOIN_EVERY}l").pack
-#: ``_Open.tail`` holds three items per chunk
-_TAIL_ITEMS = 3 * _JOIN_EVERY
 
 
 class _Open:
@@ -63,9 +61,8 @@ class _Open:
     (1,000 open streams of hundreds of chunks each must not cost objects per
     chunk): seq, choice and text length in arrays, the texts joined in
     blocks, finish reasons and logprobs only where present. The last chunks,
-    up to a block (``_JOIN_EVERY``), wait in ``tail`` as seq, choice, text,
-    seq, choice, text, … (one ``extend`` per chunk on the capture path; a
-    block's columns are then three slices), the arrays filled a block at a
+    up to a block (``_JOIN_EVERY``), wait in ``tail`` as (seq, choice, text):
+    one tuple per chunk on the capture path, the arrays filled a block at a
     time. ``chunks()`` hands them over as ``ChunkColumns``."""
 
     __slots__ = (
@@ -91,7 +88,7 @@ class _Open:
         self.choices = array("l")
         self.lens = array("l")
         self.blocks: list[str] = []
-        self.tail: list[int | str] = []  # seq, choice, text of each chunk
+        self.tail: list[tuple[int, int, str]] = []
         self.extra: dict[int, tuple[str | None, str | None]] = {}
         self.truncated = False
         #: the recording chain's redaction handed over what it redacted in
@@ -101,29 +98,30 @@ class _Open:
         self.redactions: dict[int, ChoiceRedactions] | None = None
 
     def __len__(self) -> int:
-        return len(self.seqs) + len(self.tail) // 3
+        return len(self.seqs) + len(self.tail)
 
     def join_tail(self) -> None:
         """Move a full ``tail`` (``_JOIN_EVERY`` chunks) into the arrays and blocks."""
-        tail = self.tail
-        texts = cast("list[str]", tail[2::3])
-        self.seqs.frombytes(_PACK_SEQS(*tail[0::3]))
-        self.choices.frombytes(_PACK_LONGS(*tail[1::3]))
+        seqs, choices, texts = zip(*self.tail, strict=True)
+        self.seqs.frombytes(_PACK_SEQS(*seqs))
+        self.choices.frombytes(_PACK_LONGS(*choices))
         self.lens.frombytes(_PACK_LONGS(*map(len, texts)))
         self.blocks.append("".join(texts))
-        tail.clear()
+        self.tail.clear()
 
     def chunks(self) -> ChunkColumns:
         """The chunks as columns (the analysis builds no object per chunk), as
         lists: the analysis makes several passes over them, and a list's items
         are objects already (an array's are made at each read)."""
         seqs, choices, lens = self.seqs.tolist(), self.choices.tolist(), self.lens.tolist()
-        tail = self.tail
-        tail_texts = cast("list[str]", tail[2::3])
-        seqs += cast("list[int]", tail[0::3])
-        choices += cast("list[int]", tail[1::3])
-        lens += map(len, tail_texts)
-        return ChunkColumns(seqs, choices, lens, "".join([*self.blocks, *tail_texts]), self.extra)
+        texts = [*self.blocks]
+        if self.tail:
+            tail_seqs, tail_choices, tail_texts = zip(*self.tail, strict=True)
+            seqs += tail_seqs
+            choices += tail_choices
+            lens += map(len, tail_texts)
+            texts += tail_texts
+        return ChunkColumns(seqs, choices, lens, "".join(texts), self.extra)
 
 
 class TokenCollector:
@@ -160,7 +158,7 @@ class TokenCollector:
         had more than ``max_chunks`` chunk events is flagged ``tokens-capped``:
         in ``events`` (a list: the batch the store writes next), the
         ``StreamClosed`` is replaced by one carrying the flag."""
-        # The capture path: per chunk, its three values kept (a block's go to arrays at once).
+        # The capture path: per chunk, one tuple kept (a block's go to arrays at once).
         tracker = self.tracker
         if self._drives:
             events = events if isinstance(events, list) else list(events)
@@ -173,7 +171,7 @@ class TokenCollector:
                 if e is None or (s := e.tokens) is None:
                     continue
                 tail = s.tail
-                n = len(s.seqs) + len(tail) // 3
+                n = len(s.seqs) + len(tail)
                 if n >= max_chunks:
                     if not s.truncated:
                         s.truncated = True
@@ -181,8 +179,8 @@ class TokenCollector:
                     continue
                 if ev.finish_reason is not None or ev.logprobs is not None:
                     s.extra[n] = (ev.finish_reason, ev.logprobs)
-                tail.extend((ev.seq, ev.choice, ev.text))
-                if len(tail) >= _TAIL_ITEMS:
+                tail.append((ev.seq, ev.choice, ev.text))
+                if len(tail) >= _JOIN_EVERY:
                     s.join_tail()
             elif type(ev) is StreamOpened:
                 if ev.dialect is None:  # not an LLM stream
