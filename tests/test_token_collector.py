@@ -4,6 +4,7 @@ what it is (``tokens-capped``), not reported as bytes lost on the wire."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamFlag, StreamState
@@ -79,3 +80,32 @@ def test_chunk_events_are_kept_up_to_the_cap() -> None:
     (s,) = collector.take()
     kept = [e for e in events if isinstance(e, ChunkEvent)][:5]
     assert [c.seq for c in s.chunks] == [e.seq for e in kept]
+
+
+def test_chunks_across_blocks_come_out_as_sent() -> None:
+    """The collector keeps a stream's chunks in blocks of ``_JOIN_EVERY`` (their
+    seqs, choices and lengths packed into arrays at once) and a tail: every chunk,
+    in any batch split and at any block boundary, comes out as it was observed,
+    finish reasons and logprobs in place."""
+    from sniffer.record.token_collector import _JOIN_EVERY
+
+    for n in (_JOIN_EVERY - 1, _JOIN_EVERY, 2 * _JOIN_EVERY + 3):
+        events = _stream(n)
+        chunk_events = [e for e in events if isinstance(e, ChunkEvent)]
+        # several chunks per event, of varied lengths and one with logprobs
+        texts = iter(f"t{i}" + "é" * (i % 4) for i in range(len(chunk_events)))
+        marked = []
+        for i, e in enumerate(chunk_events):
+            text = next(texts) if e.text else ""
+            logprobs = '{"content": []}' if i == n // 2 else e.logprobs
+            marked.append(replace(e, text=text, logprobs=logprobs))
+        swap = dict(zip(map(id, chunk_events), marked, strict=True))
+        events = [swap.get(id(e), e) for e in events]
+        collector = TokenCollector()
+        for k in range(0, len(events), 5):  # batches that cut blocks anywhere
+            collector.observe(events[k : k + 5])
+        (s,) = collector.take()
+        got = [(c.seq, c.choice, c.text, c.finish_reason, c.logprobs) for c in s.chunks]
+        want = [(e.seq, e.choice, e.text, e.finish_reason, e.logprobs) for e in marked]
+        assert got == want
+        assert len(s.chunks) == len(marked)

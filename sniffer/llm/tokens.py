@@ -73,13 +73,12 @@ import os
 import re
 import threading
 from bisect import bisect_left, bisect_right
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice, repeat
 from operator import gt, itemgetter, le, sub
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 if TYPE_CHECKING:  # imported where used: a command that loads no tokenizer skips it
     from tokenizers import Encoding, Tokenizer
@@ -815,7 +814,9 @@ class ChunkColumns(_BuiltOnFirstUse[ChunkInput]):
     def in_seq_order(self) -> ChunkColumns:
         """These chunks sorted by seq (stably): ``self`` when they already are."""
         seqs = self.seqs
-        if all(map(le, seqs, islice(seqs, 1, None))):
+        if not isinstance(seqs, list):
+            seqs = list(seqs)
+        if seqs == sorted(seqs):  # (a C sort finds one run: cheaper than pairwise <=)
             return self
         return ChunkColumns.of(sorted(self._values(), key=_seq))
 
@@ -994,19 +995,37 @@ def _attribute_counts(
         return [], []
     ends = list(accumulate(lens))
     starts = list(map(_START, offsets))
-    if starts != sorted(starts):  # never seen; keep the per-token walk for safety
+    if not all(map(le, starts, islice(starts, 1, None))):  # never seen; the per-token walk
         return _attribute_counts_walk(offsets, ends)
     # Token starts are sorted: the tokens of piece j are a slice, cut where
-    # the starts reach the piece's end (bisected for every piece at C speed).
-    # Only the last token of a piece can reach past its end (tokens cover
-    # disjoint byte ranges, in order).
+    # the starts reach the piece's end. Only the last token of a piece can
+    # reach past its end (tokens cover disjoint byte ranges, in order).
     last = n - 1
-    his = list(map(bisect_left, repeat(starts, last), ends))  # cut after piece j < last
+    # The cut at a piece's end is the first token starting there (the usual
+    # case: a piece ends where a token ends), found by one dict lookup per
+    # piece; elsewhere (inside a token, or a piece that starts no token)
+    # bisected. ``first`` maps a start to its first token (built backwards:
+    # the earliest index of a repeated start is stored last).
+    first = dict(zip(reversed(starts), range(len(starts) - 1, -1, -1), strict=True))
+    found = list(map(first.get, islice(ends, last)))
+    inside = found.count(None)
+    his: list[int] = (  # the cut after piece j < last
+        [
+            bisect_left(starts, e) if h is None else h
+            for h, e in zip(found, islice(ends, last), strict=True)
+        ]
+        if inside
+        else cast("list[int]", found)
+    )
     bounds = [0, *his, n_ids]
     counts = list(map(sub, islice(bounds, 1, None), bounds))
     if not last or not n_ids:
         return counts, []
     tails = list(map(_END, offsets))
+    if not inside and all(map(le, tails, islice(starts, 1, None))):
+        # every cut is a token start and no token reaches past the next
+        # one's start: no token reaches past its piece
+        return counts, []
     # piece j's last token ends past the piece: hi - 1 is -1 for an empty
     # slice at the start (filtered out by its count below)
     reach = map(gt, map(tails.__getitem__, map(sub, his, repeat(1))), ends)
@@ -1016,6 +1035,24 @@ def _attribute_counts(
             k = his[j] - 1
             straddles.append((k, j, min(bisect_left(ends, tails[k], j), last)))
     return counts, straddles
+
+
+_Attribution = Callable[
+    [Sequence[int], int, Sequence[tuple[int, int]]], tuple[list[int], list[_StraddleT]]
+]
+
+
+@functools.cache
+def _attribution() -> _Attribution:
+    """:func:`_attribute_counts` as the native core has it
+    (``sniffer._native.attribute_counts``: the same values from one pass over
+    the pieces and one over the tokens), or this module's when the pure core
+    runs (``SPARSEETY_PURE``) or the extension lacks it."""
+    from sniffer import native_core
+
+    mod = native_core()[0]
+    native: _Attribution | None = getattr(mod, "attribute_counts", None)
+    return native if native is not None else _attribute_counts
 
 
 def _attribute_counts_walk(
@@ -1139,14 +1176,10 @@ def _split_choices(cols: ChunkColumns) -> dict[int, _Choice]:
     lens, choices = cols.lens, cols.choices
     values = set(choices)
     own = [v for v in values if v >= 0]
-    if len(own) == 1 and (len(values) == 1 or not any(compress(lens, map(gt, repeat(0), choices)))):
+    if len(own) == 1 and (len(values) == 1 or not _text_at(values, choices, lens)):
         # The common case: one choice, and no stream-level chunk carries text,
         # so the choice's text is all the text (no object per chunk).
-        if all(lens):
-            seqs, ls = list(cols.seqs), list(lens)
-        else:
-            nz = list(map(bool, lens))
-            seqs, ls = list(compress(cols.seqs, nz)), list(compress(lens, nz))
+        seqs, ls = _nonempty(cols.seqs, lens)
         return {own[0]: _Choice(seqs, ls, cols.text)} if ls else {}
     parts: dict[int, tuple[list[int], list[int], list[str]]] = {}
     text = cols.text
@@ -1161,6 +1194,48 @@ def _split_choices(cols: ChunkColumns) -> dict[int, _Choice]:
             got[2].append(text[pos : pos + n])
         pos += n
     return {ch: _Choice(s, ls, "".join(ts)) for ch, (s, ls, ts) in parts.items()}
+
+
+#: Up to this many chunks of one kind (stream-level, empty) are found one by
+#: one (``index``: a stream has a few, at its start and end); more, by a pass
+#: over every chunk.
+_FEW = 8
+
+
+def _positions(values: Sequence[int], value: int, count: int) -> list[int]:
+    """The positions of the ``count`` occurrences of ``value`` in ``values``."""
+    out: list[int] = []
+    i = -1
+    index = values.index
+    for _ in range(count):
+        i = index(value, i + 1)
+        out.append(i)
+    return out
+
+
+def _text_at(values: set[int], choices: Sequence[int], lens: Sequence[int]) -> bool:
+    """Whether a stream-level chunk (choice < 0; ``values`` are the choices
+    there are) carries text."""
+    for v in values:
+        if v < 0:
+            count = choices.count(v)
+            if count > _FEW:
+                return any(compress(lens, map(gt, repeat(0), choices)))
+            if any(map(lens.__getitem__, _positions(choices, v, count))):
+                return True
+    return False
+
+
+def _nonempty(seqs: Sequence[int], lens: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The seqs and lengths of the chunks with text, as lists."""
+    zeros = lens.count(0)
+    if zeros > _FEW:
+        nz = list(map(bool, lens))
+        return list(compress(seqs, nz)), list(compress(lens, nz))
+    out_seqs, out_lens = list(seqs), list(lens)
+    for i in reversed(_positions(out_lens, 0, zeros)):
+        del out_seqs[i], out_lens[i]
+    return out_seqs, out_lens
 
 
 def _analyze(registry: TokenizerRegistry, streams: Sequence[StreamInput]) -> list[StreamTokens]:
@@ -1223,14 +1298,16 @@ def _assemble(
     dist: dict[int, int] = {}
     server_tokens: dict[int, tuple[str, ...]] = {}
     late = _finish_anomalies(s, p.ordered, p.choices, anomalies) if not s.capped else {}
+    attribute = _attribution()
 
     for ch, cc in p.choices.items():
         ids, offsets, decoded = enc_of[(index, ch)]
         text = cc.text
         seqs = cc.seqs
         output_ids[ch] = ids
-        counts, straddles = _attribute_counts(cc.lens, len(ids), offsets)
-        hist = dict(sorted(Counter(counts).items()))
+        counts, straddles = attribute(cc.lens, len(ids), offsets)
+        # chunks by tokens attributed (few distinct counts: one count() each)
+        hist = {n: counts.count(n) for n in sorted(set(counts))}
         for n, m in hist.items():
             dist[n] = dist.get(n, 0) + m
 
@@ -1348,8 +1425,9 @@ def _finish_anomalies(
     after: dict[int, list[int]] = {}
     extra = ordered.extra
     # Nothing happens before the first finish: start the walk there.
-    first = min((i for i, (fr, _) in extra.items() if fr is not None), default=None)
-    if first is not None:
+    finishes = [i for i, (fr, _) in extra.items() if fr is not None]
+    if finishes:
+        first = min(finishes)
         seqs, chs, lens = ordered.seqs, ordered.choices, ordered.lens
         for i in range(first, len(lens)):
             seq, choice = seqs[i], chs[i]

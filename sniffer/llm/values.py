@@ -48,6 +48,7 @@ __all__ = [
     "as_str",
     "check_int",
     "in_range",
+    "include_usage",
     "scan_request",
 ]
 
@@ -487,6 +488,14 @@ def scan_request(text: str) -> dict[str, Any]:
     return out
 
 
+def include_usage(body: Any) -> bool:
+    """Whether a parsed JSON request body asks for a usage chunk
+    (``stream_options.include_usage`` is true): ``RequestSummary.include_usage``,
+    without typing the other fields (the token pass needs this one only)."""
+    so = body.get("stream_options") if isinstance(body, dict) else None
+    return isinstance(so, dict) and so.get("include_usage") is True
+
+
 @dataclass(frozen=True, slots=True, repr=False)
 class RequestSummary:
     """What the store and the exporters use of an LLM request, typed once.
@@ -548,7 +557,6 @@ class RequestSummary:
             None,
         )
         logprobs = f.get("logprobs")
-        so = f.get("stream_options")
         return cls(
             model=as_str(f.get("model")),
             stream=as_bool(f.get("stream")),
@@ -561,7 +569,7 @@ class RequestSummary:
             logprobs=logprobs if isinstance(logprobs, bool) else integer("logprobs"),
             top_logprobs=integer("top_logprobs"),
             prompt_len=integer("prompt_len"),
-            include_usage=isinstance(so, dict) and so.get("include_usage") is True,
+            include_usage=include_usage(f),
             out_of_range=tuple(bad),
         )
 

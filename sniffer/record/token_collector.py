@@ -22,6 +22,7 @@ Pure: no I/O, no clock, no tokenizer call (that happens off the capture path).
 from __future__ import annotations
 
 import json
+import struct
 from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,7 +31,7 @@ from typing import Any
 
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamFlag, StreamOpened
 from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput
-from sniffer.llm.values import RequestSummary, Usage
+from sniffer.llm.values import Usage, include_usage
 from sniffer.record.redact import ChoiceRedactions, Redactor, apply_spans, redact_choice_texts
 from sniffer.record.tracker import StreamTracker
 
@@ -47,12 +48,22 @@ _JOIN_EVERY = 16
 MAX_CHUNKS = 200_000
 
 
+#: A block's seqs, choices and lengths as the bytes of their arrays (``array``
+#: ``q`` and ``l``: C long long and long). ``array.append`` parses each int
+#: through the format machinery (~500 instructions); ``struct`` packs a
+#: block's ints in one call.
+_PACK_SEQS = struct.Struct(f"@{_JOIN_EVERY}q").pack
+_PACK_LONGS = struct.Struct(f"@{_JOIN_EVERY}l").pack
+
+
 class _Open:
     """An open stream's chunks (its ``Tracked.tokens`` slot), kept compact
     (1,000 open streams of hundreds of chunks each must not cost objects per
-    chunk): seq, choice and text length in arrays, the texts joined in blocks,
-    finish reasons and logprobs only where present. ``chunks()`` hands them
-    over as ``ChunkColumns``."""
+    chunk): seq, choice and text length in arrays, the texts joined in
+    blocks, finish reasons and logprobs only where present. The last chunks,
+    up to a block (``_JOIN_EVERY``), wait in ``tail`` as (seq, choice, text):
+    one tuple per chunk on the capture path, the arrays filled a block at a
+    time. ``chunks()`` hands them over as ``ChunkColumns``."""
 
     __slots__ = (
         "blocks",
@@ -77,7 +88,7 @@ class _Open:
         self.choices = array("l")
         self.lens = array("l")
         self.blocks: list[str] = []
-        self.tail: list[str] = []
+        self.tail: list[tuple[int, int, str]] = []
         self.extra: dict[int, tuple[str | None, str | None]] = {}
         self.truncated = False
         #: the recording chain's redaction handed over what it redacted in
@@ -87,13 +98,30 @@ class _Open:
         self.redactions: dict[int, ChoiceRedactions] | None = None
 
     def __len__(self) -> int:
-        return len(self.lens)
+        return len(self.seqs) + len(self.tail)
+
+    def join_tail(self) -> None:
+        """Move a full ``tail`` (``_JOIN_EVERY`` chunks) into the arrays and blocks."""
+        seqs, choices, texts = zip(*self.tail, strict=True)
+        self.seqs.frombytes(_PACK_SEQS(*seqs))
+        self.choices.frombytes(_PACK_LONGS(*choices))
+        self.lens.frombytes(_PACK_LONGS(*map(len, texts)))
+        self.blocks.append("".join(texts))
+        self.tail.clear()
 
     def chunks(self) -> ChunkColumns:
-        """The chunks as columns (the analysis builds no object per chunk)."""
-        return ChunkColumns(
-            self.seqs, self.choices, self.lens, "".join([*self.blocks, *self.tail]), self.extra
-        )
+        """The chunks as columns (the analysis builds no object per chunk), as
+        lists: the analysis makes several passes over them, and a list's items
+        are objects already (an array's are made at each read)."""
+        seqs, choices, lens = self.seqs.tolist(), self.choices.tolist(), self.lens.tolist()
+        texts = [*self.blocks]
+        if self.tail:
+            tail_seqs, tail_choices, tail_texts = zip(*self.tail, strict=True)
+            seqs += tail_seqs
+            choices += tail_choices
+            lens += map(len, tail_texts)
+            texts += tail_texts
+        return ChunkColumns(seqs, choices, lens, "".join(texts), self.extra)
 
 
 class TokenCollector:
@@ -130,7 +158,7 @@ class TokenCollector:
         had more than ``max_chunks`` chunk events is flagged ``tokens-capped``:
         in ``events`` (a list: the batch the store writes next), the
         ``StreamClosed`` is replaced by one carrying the flag."""
-        # The capture path: per chunk, three array appends and a text kept.
+        # The capture path: per chunk, one tuple kept (a block's go to arrays at once).
         tracker = self.tracker
         if self._drives:
             events = events if isinstance(events, list) else list(events)
@@ -142,8 +170,8 @@ class TokenCollector:
                 e = entries.get(ev.stream)
                 if e is None or (s := e.tokens) is None:
                     continue
-                lens = s.lens
-                n = len(lens)
+                tail = s.tail
+                n = len(s.seqs) + len(tail)
                 if n >= max_chunks:
                     if not s.truncated:
                         s.truncated = True
@@ -151,15 +179,9 @@ class TokenCollector:
                     continue
                 if ev.finish_reason is not None or ev.logprobs is not None:
                     s.extra[n] = (ev.finish_reason, ev.logprobs)
-                s.seqs.append(ev.seq)
-                s.choices.append(ev.choice)
-                text = ev.text
-                lens.append(len(text))
-                tail = s.tail
-                tail.append(text)
+                tail.append((ev.seq, ev.choice, ev.text))
                 if len(tail) >= _JOIN_EVERY:
-                    s.blocks.append("".join(tail))
-                    tail.clear()
+                    s.join_tail()
             elif type(ev) is StreamOpened:
                 if ev.dialect is None:  # not an LLM stream
                     continue
@@ -204,7 +226,7 @@ class TokenCollector:
             usage=usage,
             gap=gap,
             done_seen=done_seen,
-            include_usage_requested=RequestSummary.parse(request).include_usage,
+            include_usage_requested=include_usage(request),
             stored_texts=stored,
             masks=masks,
             redact=self._redact_spans if self._spans is not None else None,

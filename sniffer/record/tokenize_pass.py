@@ -46,7 +46,7 @@ from sniffer.llm.tokens import (
     TokenizerRegistry,
     analyze_streams,
 )
-from sniffer.llm.values import RequestSummary, Usage
+from sniffer.llm.values import Usage, include_usage
 from sniffer.store.db import Store
 from sniffer.store.tokens_store import (
     ChoiceTokenRow,
@@ -142,7 +142,7 @@ def _inputs(
                 usage=usage,
                 gap=bool(s.get("gap")),
                 done_seen=bool(s.get("done_seen")),
-                include_usage_requested=RequestSummary.parse(request).include_usage,
+                include_usage_requested=include_usage(request),
             )
         )
     return out

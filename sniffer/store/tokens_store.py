@@ -231,12 +231,15 @@ def create_token_tables(store: Store) -> None:
     store.migrate()
 
 
+_NON_STR_KEYS = _orjson.OPT_NON_STR_KEYS
+
+
 def _dumps(value: Any) -> str:
     """Compact JSON of a list, tuple or dict (orjson: token id lists are the
     bulk of a token pass's writes). Integer dict keys become strings, as
     ``json`` makes them."""
     try:
-        text: str = _orjson.dumps(value, option=_orjson.OPT_NON_STR_KEYS).decode()
+        text: str = _orjson.dumps(value, option=_NON_STR_KEYS).decode()
         return text
     except (TypeError, _orjson.JSONEncodeError):  # what orjson refuses, json may take
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
@@ -250,35 +253,55 @@ _ANOMALY_INSERT = insert_sql("token_anomalies", spec.TABLE_COLUMNS["token_anomal
 
 
 def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
+    prompt = r.prompt_ids
+    try:  # numbers only (and the usage fields' names): orjson takes them
+        usage_diff = _orjson.dumps(r.usage_diff).decode()
+        tokens_per_chunk = _orjson.dumps(r.tokens_per_chunk, option=_NON_STR_KEYS).decode()
+        prompt_json = None if prompt is None else _orjson.dumps(prompt).decode()
+    except (TypeError, _orjson.JSONEncodeError):
+        usage_diff, tokens_per_chunk = _dumps(r.usage_diff), _dumps(r.tokens_per_chunk)
+        prompt_json = None if prompt is None else _dumps(prompt)
     return (
         r.stream_id,
         r.tokenizer,
         r.is_default,
-        None if r.prompt_ids is None else len(r.prompt_ids),
-        None if r.prompt_ids is None else _dumps(r.prompt_ids),
+        None if prompt is None else len(prompt),
+        prompt_json,
         r.output_count,
-        _dumps(r.usage_diff),
-        _dumps(r.tokens_per_chunk),
+        usage_diff,
+        tokens_per_chunk,
         r.anomaly_count,
         r.error,
     )
 
 
 def _choice_values(stream_id: int, c: ChoiceTokenRow) -> tuple[Any, ...]:
+    dumps = _orjson.dumps
+    try:  # numbers only: orjson takes them (a call each, no wrapper)
+        output_ids = dumps(c.output_ids).decode()
+        chunk_seqs = dumps(c.chunk_seqs).decode()
+        chunk_counts = dumps(c.chunk_counts).decode()
+        straddle_seqs = dumps(c.straddle_seqs).decode()
+        tokens_per_chunk = dumps(c.tokens_per_chunk, option=_NON_STR_KEYS).decode()
+    except (TypeError, _orjson.JSONEncodeError):
+        output_ids, chunk_seqs = _dumps(c.output_ids), _dumps(c.chunk_seqs)
+        chunk_counts, straddle_seqs = _dumps(c.chunk_counts), _dumps(c.straddle_seqs)
+        tokens_per_chunk = _dumps(c.tokens_per_chunk)
+    server = c.server_tokens
     return (
         stream_id,
         c.choice,
         c.text_len,
         c.text_hash,
         len(c.output_ids),
-        _dumps(c.output_ids),
-        _dumps(c.chunk_seqs),
-        _dumps(c.chunk_counts),
+        output_ids,
+        chunk_seqs,
+        chunk_counts,
         len(c.straddle_seqs),
-        _dumps(c.straddle_seqs),
-        _dumps(c.tokens_per_chunk),
-        None if c.server_tokens is None else len(c.server_tokens),
-        None if c.server_tokens is None else _dumps(c.server_tokens),
+        straddle_seqs,
+        tokens_per_chunk,
+        None if server is None else len(server),
+        None if server is None else _dumps(server),
         None if c.server_ids is None else _dumps(c.server_ids),
         c.server_mismatch,
     )

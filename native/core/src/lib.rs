@@ -19,6 +19,7 @@ pub mod ndjson;
 pub mod openai;
 pub mod pyjson;
 pub mod sse;
+pub mod tokens;
 
 #[cfg(test)]
 mod tests {

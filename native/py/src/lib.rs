@@ -9,6 +9,7 @@ mod fused;
 mod http;
 mod openai;
 mod ring;
+mod tokens;
 
 /// The private extension module `sniffer._native`.
 #[pymodule]
@@ -20,5 +21,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     fused::register(m)?;
     openai::register(m)?;
     chunks::register(m)?;
+    tokens::register(m)?;
     Ok(())
 }
