@@ -204,7 +204,7 @@ class _Transaction:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
-    def exec_driver_sql(self, sql: str, params: Any) -> sqlite3.Cursor:
+    def exec_driver_sql(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
         if isinstance(params, list):
             return self._conn.executemany(sql, params)
         return self._conn.execute(sql, params)

@@ -29,6 +29,8 @@ already remove them.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import operator
 import os
@@ -38,7 +40,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from itertools import chain
+from itertools import chain, compress, repeat
 from typing import TYPE_CHECKING, Any
 
 from sniffer.core.credentials import is_credential_header
@@ -70,7 +72,7 @@ from sniffer.store.lite import (
     update_spec,
     update_sql,
 )
-from sniffer.store.spec import columns_in
+from sniffer.store.spec import columns_in, quote
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -379,10 +381,27 @@ def _close_values(ev: StreamClosed) -> dict[str, Any]:
     }
 
 
-#: Columns a chunk row fills (the id is the database's), in table order.
+#: Columns a chunk row fills, in table order (the id is given at the flush:
+#: ``StoreWriter._insert_chunks``).
 _CHUNK_COLUMNS = tuple(c for c in TABLE_COLUMNS["chunks"] if c != "id")
 _USAGE_AT = _CHUNK_COLUMNS.index("usage")
 _CHUNK_TS_AT = _CHUNK_COLUMNS.index("ts")
+
+#: The ChunkEvent fields that are None unless the chunk carries one (their
+#: default): a content delta has no tool call, finish reason, logprobs, usage,
+#: raw item or server tokens. Their columns are the table's last (a test checks).
+OPTIONAL_CHUNK_FIELDS = tuple(f.name for f in dataclasses.fields(ChunkEvent) if f.default is None)
+
+#: A buffered chunk row is one of two tuples: all of ``_CHUNK_COLUMNS``, or, for a
+#: chunk whose optional fields are all None (nearly every chunk), only these
+#: leading columns: the flush then binds no parameter for the six NULLs, which
+#: cost sqlite3 an adapter look-up and call each (about 1,170 instructions:
+#: a third of a chunk row's ``executemany``).
+_PLAIN_CHUNK_COLUMNS = _CHUNK_COLUMNS[: len(_CHUNK_COLUMNS) - len(OPTIONAL_CHUNK_FIELDS)]
+_PLAIN_CHUNK_LEN = len(_PLAIN_CHUNK_COLUMNS)
+_NO_OPTIONAL: tuple[None, ...] = (None,) * len(OPTIONAL_CHUNK_FIELDS)
+#: the NULL columns of a plain chunk row (``_chunk_insert_sql``)
+_PLAIN_CHUNK_NULLS = (False,) * _PLAIN_CHUNK_LEN + (True,) * len(OPTIONAL_CHUNK_FIELDS)
 _ERROR_COLUMNS = tuple(c for c in TABLE_COLUMNS["errors"] if c != "id")
 _CONNECTION_COLUMNS = TABLE_COLUMNS["connections"]
 _STREAM_COLUMNS = TABLE_COLUMNS["streams"]
@@ -393,6 +412,61 @@ _STREAM_COLUMNS = TABLE_COLUMNS["streams"]
 _chunk_row: Callable[[ChunkEvent], tuple[Any, ...]] = operator.attrgetter(
     "stream", *_CHUNK_COLUMNS[1:]
 )
+#: The plain row of a chunk whose optional fields are all None (``_PLAIN_CHUNK_COLUMNS``).
+_plain_chunk_row: Callable[[ChunkEvent], tuple[Any, ...]] = operator.attrgetter(
+    "stream", *_PLAIN_CHUNK_COLUMNS[1:]
+)
+
+
+def chunk_row(ev: ChunkEvent) -> tuple[Any, ...]:
+    """The buffered row of a chunk: its plain row when its optional fields are
+    all None, else all its columns (the typed usage as its JSON).
+    ``StoreWriter.write_many`` inlines the plain case (the hot path)."""
+    if ev.usage is None:
+        if (
+            ev.tool_calls is None
+            and ev.finish_reason is None
+            and ev.logprobs is None
+            and ev.raw is None
+            and ev.server_tokens is None
+        ):
+            return _plain_chunk_row(ev)
+        return _chunk_row(ev)
+    row = _chunk_row(ev)  # rare: the typed usage becomes its JSON here
+    return (*row[:_USAGE_AT], usage_json(ev.usage), *row[_USAGE_AT + 1 :])
+
+
+#: The largest chunk id (one query: the last entry of the rowid b-tree).
+_MAX_CHUNK_ID = "SELECT max(chunks.id) FROM chunks"
+
+
+@functools.cache
+def _chunk_insert_sql(nulls: tuple[bool, ...]) -> tuple[str, int]:
+    """The SQLite INSERT of a chunk row with its id, whose ``_CHUNK_COLUMNS`` are
+    NULL where ``nulls`` says so (written as NULL in the text: no parameter), and
+    its number of parameters."""
+    columns = ("id", *_CHUNK_COLUMNS)
+    marks = ["?", *("NULL" if null else "?" for null in nulls)]
+    names = ", ".join(quote(c) for c in columns)
+    sql = f"INSERT INTO chunks ({names}) VALUES ({', '.join(marks)})"
+    return sql, marks.count("?")
+
+
+def _executemany_sqlite(conn: Connection, sql: str, rows: list[Any], params: int) -> None:
+    """``executemany`` of a single-row SQLite INSERT with several rows per statement
+    (999 parameters at most, the limit of old SQLite builds): about 40 % faster
+    than one row per statement."""
+    per = max(1, 999 // params)
+    full = len(rows) - len(rows) % per if len(rows) > 1 else 0
+    if full:
+        head, sep, group = sql.partition(" VALUES ")
+        multi = head + sep + ",".join([group] * per)
+        conn.exec_driver_sql(
+            multi,
+            [tuple(chain.from_iterable(rows[i : i + per])) for i in range(0, full, per)],
+        )
+    if full < len(rows):
+        conn.exec_driver_sql(sql, rows[full:])
 
 
 def _error_row(ev: PipelineError, node: str) -> tuple[Any, ...]:
@@ -608,10 +682,7 @@ class StoreWriter:
         Raises ``StoreError`` only from that automatic flush (the batch is kept).
         """
         if isinstance(event, ChunkEvent):
-            chunk = _chunk_row(event)
-            if event.usage is not None:  # rare: the typed usage becomes its JSON here
-                chunk = (*chunk[:_USAGE_AT], usage_json(event.usage), *chunk[_USAGE_AT + 1 :])
-            self._chunk_rows.append(chunk)
+            self._chunk_rows.append(chunk_row(event))
         elif isinstance(event, StreamOpened):
             self._stream_rows[event.stream] = _stream_row(event, self.node)
         elif isinstance(event, StreamResponse):
@@ -657,14 +728,24 @@ class StoreWriter:
     def write_many(self, events: Iterable[StoreEvent]) -> None:
         # Chunk rows (nearly every event) inline, with the pending count and the
         # row list's append held in locals (re-read after anything that may
-        # flush, which starts new buffers); the rest through write().
+        # flush, which starts new buffers); the rest through write(). The
+        # plain case of ``chunk_row``: the optional fields read one by one
+        # cost less than the six attribute reads the plain row saves.
         write = self.write
         batch_size = self.batch_size
         append = self._chunk_rows.append
         pending = self._pending
         for ev in events:
-            if type(ev) is ChunkEvent and ev.usage is None:
-                append(_chunk_row(ev))
+            if (
+                type(ev) is ChunkEvent
+                and ev.usage is None
+                and ev.tool_calls is None
+                and ev.finish_reason is None
+                and ev.logprobs is None
+                and ev.raw is None
+                and ev.server_tokens is None
+            ):
+                append(_plain_chunk_row(ev))
                 pending += 1
                 if pending >= batch_size:
                     self._pending = pending
@@ -733,25 +814,59 @@ class StoreWriter:
         if order is None:
             # Named parameters (PostgreSQL drivers): the driver's executemany.
             conn.exec_driver_sql(sql, [dict(zip(columns, row, strict=True)) for row in rows])
-        elif order == columns and self.dialect_name == "sqlite" and len(rows) > 1:
-            # Several rows per INSERT (999 parameters at most, the limit of old
-            # SQLite builds): about 40 % faster than one row per statement.
-            per = max(1, 999 // len(columns))
-            full = len(rows) - len(rows) % per
-            if full:
-                head, sep, group = sql.partition(" VALUES ")
-                multi = head + sep + ",".join([group] * per)
-                conn.exec_driver_sql(
-                    multi,
-                    [tuple(chain.from_iterable(rows[i : i + per])) for i in range(0, full, per)],
-                )
-            if full < len(rows):
-                conn.exec_driver_sql(sql, rows[full:])
+        elif order == columns and self.dialect_name == "sqlite":
+            _executemany_sqlite(conn, sql, rows, len(columns))
         elif order == columns:
             conn.exec_driver_sql(sql, rows)
         else:
             idx = [columns.index(c) for c in order]
             conn.exec_driver_sql(sql, [tuple(row[i] for i in idx) for row in rows])
+
+    def _insert_chunks(
+        self, conn: Connection, rows: list[tuple[Any, ...]], copy: bool = True
+    ) -> None:
+        """Insert chunk rows (plain or full: ``chunk_row``) in their order.
+
+        On SQLite each row gets its id here, the one SQLite itself would give
+        it (the largest id in the table, read in this transaction, plus one,
+        then counting: the table has no AUTOINCREMENT, so no ``sqlite_sequence``
+        to keep), so that rows with the same NULL columns can go in one
+        statement that binds no parameter for those: the plain rows in one
+        ``executemany``, the others grouped by their NULL columns. Any other
+        database numbers the rows itself (its sequence), from full rows; so
+        does SQLite in the unlikely case the ids would pass the largest integer
+        (it then picks free ids at random)."""
+        if self.dialect_name == "sqlite":
+            top = conn.exec_driver_sql(_MAX_CHUNK_ID).fetchone()  # one row: (None,) if empty
+            base = 0 if top is None or top[0] is None else int(top[0])
+            if base + len(rows) <= INT64_MAX:
+                self._insert_numbered_chunks(conn, rows, base + 1)
+                return
+        full = [r if len(r) != _PLAIN_CHUNK_LEN else r + _NO_OPTIONAL for r in rows]
+        self._insert_many(conn, "chunks", _CHUNK_COLUMNS, full, copy)
+
+    @staticmethod
+    def _insert_numbered_chunks(conn: Connection, rows: list[tuple[Any, ...]], first: int) -> None:
+        """``_insert_chunks`` on SQLite: the rows numbered from ``first`` in their
+        order, then inserted grouped by their NULL columns (the order of the
+        statements changes no id)."""
+        ids = range(first, first + len(rows))
+        lens = list(map(len, rows))
+        groups: dict[tuple[bool, ...], list[tuple[Any, ...]]] = {}
+        if lens.count(_PLAIN_CHUNK_LEN) == len(rows):
+            groups[_PLAIN_CHUNK_NULLS] = list(map(tuple.__add__, zip(ids), rows))
+        else:
+            mask = list(map(operator.eq, lens, repeat(_PLAIN_CHUNK_LEN)))
+            plain = list(map(tuple.__add__, zip(compress(ids, mask)), compress(rows, mask)))
+            if plain:
+                groups[_PLAIN_CHUNK_NULLS] = plain
+            for row_id, row in compress(zip(ids, rows, strict=True), map(operator.not_, mask)):
+                nulls = tuple([v is None for v in row])
+                values = (row_id, *[v for v in row if v is not None])
+                groups.setdefault(nulls, []).append(values)
+        for nulls, group in groups.items():
+            sql, params = _chunk_insert_sql(nulls)
+            _executemany_sqlite(conn, sql, group, params)
 
     @staticmethod
     def _copy_rows(
@@ -814,7 +929,7 @@ class StoreWriter:
             rows = [tuple(r[c] for c in cols) for _, r in items]
             self._insert_many(conn, part, cols, rows, copy)
         elif part == "chunks":
-            self._insert_many(conn, part, _CHUNK_COLUMNS, items, copy)
+            self._insert_chunks(conn, items, copy)
         elif part == "errors":
             self._insert_many(conn, part, _ERROR_COLUMNS, items, copy)
         else:
