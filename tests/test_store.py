@@ -717,12 +717,11 @@ def _chunk_values(ev: ChunkEvent) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("where", ["file", "memory"])
 def test_chunk_ids_are_the_ones_sqlite_gives(where: str, tmp_path: Path) -> None:
-    """Chunk rows are numbered by the writer on SQLite (so that rows with the
-    same NULL columns go in one statement): the ids, and every value, are the
-    ones SQLite gives the rows inserted one by one in order, here checked
-    against SQLite doing so, across batches, after the largest ids were
-    deleted (SQLite then hands them out again), and for rows of every NULL
-    pattern in one batch."""
+    """Chunk rows go in by runs of the same NULL columns (no parameter bound for
+    those): the ids, and every value, are the ones SQLite gives the rows
+    inserted one by one in order, here checked against SQLite doing so, across
+    batches, after the largest ids were deleted (SQLite then hands them out
+    again), and for rows of every NULL pattern in one batch."""
     w = StoreWriter(str(tmp_path / "w.db")) if where == "file" else memory_writer()
     oracle = sqlite3.connect(":memory:")
     oracle.execute(
@@ -750,10 +749,13 @@ def test_chunk_ids_are_the_ones_sqlite_gives(where: str, tmp_path: Path) -> None
     both(_mixed_chunks(2, 0) + _mixed_chunks(1, 10))
     delete_last(3)
     both(_mixed_chunks(3, 0))
+    # runs of plain rows long enough for every statement size: 124 rows, 16, 1
+    plain = [ChunkEvent(4, T0, i, 0, i, "content", f"{i}") for i in range(300)]
+    both(plain[:7] + _mixed_chunks(4, 300) + plain[7:] + _mixed_chunks(4, 310))
     got = [tuple(r) for r in w.store.query("SELECT * FROM chunks ORDER BY id")]
     want = oracle.execute("SELECT * FROM chunks ORDER BY id").fetchall()
     assert got == want
-    assert len(got) == 37 and got[-1][0] == 37
+    assert len(got) == 357 and got[-1][0] == 357
     w.close()
 
 
@@ -822,8 +824,8 @@ def test_optional_chunk_fields_are_the_last_chunk_columns() -> None:
 
 
 def test_chunk_ids_near_the_largest_integer_are_left_to_sqlite(tmp_path: Path) -> None:
-    """Ids that would pass 2^63 - 1: SQLite numbers the rows itself (the largest
-    id free, then free ids at random), nothing is refused."""
+    """Past the largest id 2^63 - 1 SQLite picks free ids at random: nothing is
+    refused, every row is stored."""
     w = StoreWriter(str(tmp_path / "big.db"))
     with w._transaction() as conn:
         conn.exec_driver_sql(f"INSERT INTO chunks (id, stream_id, seq) VALUES ({2**63 - 2}, 1, 0)")

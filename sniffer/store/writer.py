@@ -1,9 +1,11 @@
 """Batched writer: store events in, rows out.
 
 ``StoreWriter.write`` only buffers; ``flush`` writes the whole batch in ONE
-transaction: first the inserts (connections, streams, chunks, errors — each an
-``executemany`` through a Core ``insert``, or on PostgreSQL one ``COPY … FROM
-STDIN`` per table through psycopg 3), then the updates (connection closes,
+transaction: first the inserts (connections, streams, chunks, errors — on SQLite
+in their order, each run of rows with the same NULL columns in one
+``executemany`` that binds only the other values; on PostgreSQL one ``COPY …
+FROM STDIN`` per table through psycopg 3, else an ``executemany`` through a Core
+``insert``), then the updates (connection closes,
 stream responses, stream closes — each an ``executemany`` of an ``update`` with
 ``bindparam``). An update for a row still buffered in the same batch is merged
 into that row's insert instead, so it costs nothing; an update for a row written
@@ -40,7 +42,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from itertools import chain, compress, repeat
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from sniffer.core.credentials import is_credential_header
@@ -381,8 +383,7 @@ def _close_values(ev: StreamClosed) -> dict[str, Any]:
     }
 
 
-#: Columns a chunk row fills, in table order (the id is given at the flush:
-#: ``StoreWriter._insert_chunks``).
+#: Columns a chunk row fills (the id is the database's), in table order.
 _CHUNK_COLUMNS = tuple(c for c in TABLE_COLUMNS["chunks"] if c != "id")
 _USAGE_AT = _CHUNK_COLUMNS.index("usage")
 _CHUNK_TS_AT = _CHUNK_COLUMNS.index("ts")
@@ -394,16 +395,13 @@ OPTIONAL_CHUNK_FIELDS = tuple(f.name for f in dataclasses.fields(ChunkEvent) if 
 
 #: A buffered chunk row is one of two tuples: all of ``_CHUNK_COLUMNS``, or, for a
 #: chunk whose optional fields are all None (nearly every chunk), only these
-#: leading columns: the flush then binds no parameter for the six NULLs, which
-#: cost sqlite3 an adapter look-up and call each (about 1,170 instructions:
-#: a third of a chunk row's ``executemany``).
+#: leading columns: the flush then binds no parameter for the six NULLs
+#: (``_insert_by_nulls`` says what each costs).
 _PLAIN_CHUNK_COLUMNS = _CHUNK_COLUMNS[: len(_CHUNK_COLUMNS) - len(OPTIONAL_CHUNK_FIELDS)]
 _PLAIN_CHUNK_LEN = len(_PLAIN_CHUNK_COLUMNS)
 _NO_OPTIONAL: tuple[None, ...] = (None,) * len(OPTIONAL_CHUNK_FIELDS)
-#: A chunk row with its id (``StoreWriter._insert_chunks``), and the NULL columns
-#: of a plain one.
-_NUMBERED_CHUNK_COLUMNS = ("id", *_CHUNK_COLUMNS)
-_PLAIN_CHUNK_NULLS = (False,) * (1 + _PLAIN_CHUNK_LEN) + (True,) * len(OPTIONAL_CHUNK_FIELDS)
+#: the NULL columns of a plain chunk row
+_PLAIN_CHUNK_NULLS = (False,) * _PLAIN_CHUNK_LEN + (True,) * len(OPTIONAL_CHUNK_FIELDS)
 _ERROR_COLUMNS = tuple(c for c in TABLE_COLUMNS["errors"] if c != "id")
 _CONNECTION_COLUMNS = TABLE_COLUMNS["connections"]
 _STREAM_COLUMNS = TABLE_COLUMNS["streams"]
@@ -438,10 +436,6 @@ def chunk_row(ev: ChunkEvent) -> tuple[Any, ...]:
     return (*row[:_USAGE_AT], usage_json(ev.usage), *row[_USAGE_AT + 1 :])
 
 
-#: The largest chunk id (one query: the last entry of the rowid b-tree).
-_MAX_CHUNK_ID = "SELECT max(chunks.id) FROM chunks"
-
-
 @functools.cache
 def _insert_sql_nulls(
     table: str, columns: tuple[str, ...], nulls: tuple[bool, ...]
@@ -455,42 +449,50 @@ def _insert_sql_nulls(
 
 
 def _insert_by_nulls(
-    conn: Connection, table: str, columns: tuple[str, ...], rows: Iterable[tuple[Any, ...]]
+    conn: Connection, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
 ) -> None:
-    """Insert rows of ``columns`` on SQLite grouped by their NULL columns, one
-    ``executemany`` per group that binds only the other values: sqlite3 binds a
-    None through its adapter (a look-up and a call: about 1,170 instructions),
-    a third of a chunk row's insert. Every row must carry its id: the order of
-    the statements then changes nothing stored."""
-    groups: dict[tuple[bool, ...], list[tuple[Any, ...]]] = {}
+    """Insert rows of ``columns`` on SQLite in their order, each run of rows with
+    the same NULL columns in one ``executemany`` that binds only the other
+    values: sqlite3 binds a None through its adapter (a look-up and a call:
+    about 1,170 instructions each, six of a chunk row's fourteen values, some
+    25 of a stream row's). In order, so that the ids the database gives (chunks,
+    errors) are the ones one statement would give, and the b-tree is only
+    appended to."""
+    run: list[tuple[Any, ...]] = []
+    run_nulls: tuple[bool, ...] = ()
     for row in rows:
         nulls = tuple([v is None for v in row])
-        values = tuple([v for v in row if v is not None])
-        group = groups.get(nulls)
-        if group is None:
-            groups[nulls] = [values]
-        else:
-            group.append(values)
-    for nulls, group in groups.items():
-        sql, params = _insert_sql_nulls(table, columns, nulls)
-        _executemany_sqlite(conn, sql, group, params)
+        if nulls != run_nulls:
+            if run:
+                _executemany_sqlite(conn, *_insert_sql_nulls(table, columns, run_nulls), run)
+            run, run_nulls = [], nulls
+        run.append(tuple([v for v in row if v is not None]))
+    if run:
+        _executemany_sqlite(conn, *_insert_sql_nulls(table, columns, run_nulls), run)
 
 
-def _executemany_sqlite(conn: Connection, sql: str, rows: list[Any], params: int) -> None:
-    """``executemany`` of a single-row SQLite INSERT with several rows per statement
-    (999 parameters at most, the limit of old SQLite builds): about 40 % faster
-    than one row per statement."""
-    per = max(1, 999 // params)
-    full = len(rows) - len(rows) % per if len(rows) > 1 else 0
-    if full:
-        head, sep, group = sql.partition(" VALUES ")
-        multi = head + sep + ",".join([group] * per)
-        conn.exec_driver_sql(
-            multi,
-            [tuple(chain.from_iterable(rows[i : i + per])) for i in range(0, full, per)],
-        )
-    if full < len(rows):
-        conn.exec_driver_sql(sql, rows[full:])
+#: Rows per INSERT when there are few (``_executemany_sqlite``): runs of plain
+#: chunk rows between the others are some 60 rows long in a busy capture.
+_FEW_ROWS_PER_INSERT = 16
+
+
+def _executemany_sqlite(conn: Connection, sql: str, params: int, rows: list[Any]) -> None:
+    """``executemany`` of a single-row SQLite INSERT (of ``params`` parameters)
+    with several rows per statement: as many as 999 parameters allow (the limit
+    of old SQLite builds; about 40 % faster than one row per statement), then
+    16 (fewer instructions than one by one for a run of some 60 rows, as
+    plain chunk rows come), then one by one."""
+    head, sep, group = sql.partition(" VALUES ")
+    done = 0
+    for per in dict.fromkeys((max(1, 999 // params), _FEW_ROWS_PER_INSERT)):
+        full = (len(rows) - done) // per * per
+        if per > 1 and full:
+            multi = head + sep + ",".join([group] * per)
+            chunks = [rows[i : i + per] for i in range(done, done + full, per)]
+            conn.exec_driver_sql(multi, [tuple(chain.from_iterable(c)) for c in chunks])
+            done += full
+    if done < len(rows):
+        conn.exec_driver_sql(sql, rows[done:])
 
 
 def _error_row(ev: PipelineError, node: str) -> tuple[Any, ...]:
@@ -831,6 +833,11 @@ class StoreWriter:
         rows: list[tuple[Any, ...]],
         copy: bool = True,
     ) -> None:
+        """Insert rows of ``columns``: on SQLite through ``_insert_by_nulls``, on
+        PostgreSQL by ``COPY`` (``copy``), else the driver's ``executemany``."""
+        if self.dialect_name == "sqlite":
+            _insert_by_nulls(conn, table, columns, rows)
+            return
         if copy and self.copy:
             self._copy_rows(conn, table, columns, rows)
             return
@@ -838,8 +845,6 @@ class StoreWriter:
         if order is None:
             # Named parameters (PostgreSQL drivers): the driver's executemany.
             conn.exec_driver_sql(sql, [dict(zip(columns, row, strict=True)) for row in rows])
-        elif order == columns and self.dialect_name == "sqlite":
-            _executemany_sqlite(conn, sql, rows, len(columns))
         elif order == columns:
             conn.exec_driver_sql(sql, rows)
         else:
@@ -849,45 +854,31 @@ class StoreWriter:
     def _insert_chunks(
         self, conn: Connection, rows: list[tuple[Any, ...]], copy: bool = True
     ) -> None:
-        """Insert chunk rows (plain or full: ``chunk_row``) in their order.
-
-        On SQLite each row gets its id here, the one SQLite itself would give
-        it (the largest id in the table, read in this transaction, plus one,
-        then counting: the table has no AUTOINCREMENT, so no ``sqlite_sequence``
-        to keep), so that rows with the same NULL columns can go in one
-        statement that binds no parameter for those: the plain rows in one
-        ``executemany``, the others grouped by their NULL columns. Any other
-        database numbers the rows itself (its sequence), from full rows; so
-        does SQLite in the unlikely case the ids would pass the largest integer
-        (it then picks free ids at random)."""
-        if self.dialect_name == "sqlite":
-            top = conn.exec_driver_sql(_MAX_CHUNK_ID).fetchone()  # one row: (None,) if empty
-            base = 0 if top is None or top[0] is None else int(top[0])
-            if base + len(rows) <= INT64_MAX:
-                self._insert_numbered_chunks(conn, rows, base + 1)
-                return
-        full = [r if len(r) != _PLAIN_CHUNK_LEN else r + _NO_OPTIONAL for r in rows]
-        self._insert_many(conn, "chunks", _CHUNK_COLUMNS, full, copy)
-
-    @staticmethod
-    def _insert_numbered_chunks(conn: Connection, rows: list[tuple[Any, ...]], first: int) -> None:
-        """``_insert_chunks`` on SQLite: the rows numbered from ``first`` in their
-        order, then inserted grouped by their NULL columns (the order of the
-        statements changes no id)."""
-        ids = range(first, first + len(rows))
+        """Insert chunk rows (plain or full: ``chunk_row``) in their order. On
+        SQLite each run of plain rows goes in one ``executemany`` that binds
+        no NULL, the others through ``_insert_by_nulls``; any other database
+        gets full rows (``COPY`` binds nothing per value)."""
+        if self.dialect_name != "sqlite":
+            full = [r if len(r) != _PLAIN_CHUNK_LEN else r + _NO_OPTIONAL for r in rows]
+            self._insert_many(conn, "chunks", _CHUNK_COLUMNS, full, copy)
+            return
+        plain_sql = _insert_sql_nulls("chunks", _CHUNK_COLUMNS, _PLAIN_CHUNK_NULLS)
         lens = list(map(len, rows))
-        if lens.count(_PLAIN_CHUNK_LEN) == len(rows):
-            plain = list(map(tuple.__add__, zip(ids), rows))
-        else:
-            mask = list(map(operator.eq, lens, repeat(_PLAIN_CHUNK_LEN)))
-            plain = list(map(tuple.__add__, zip(compress(ids, mask)), compress(rows, mask)))
-            others = compress(zip(ids, rows, strict=True), map(operator.not_, mask))
-            _insert_by_nulls(
-                conn, "chunks", _NUMBERED_CHUNK_COLUMNS, [(i, *row) for i, row in others]
-            )
-        if plain:
-            sql, params = _insert_sql_nulls("chunks", _NUMBERED_CHUNK_COLUMNS, _PLAIN_CHUNK_NULLS)
-            _executemany_sqlite(conn, sql, plain, params)
+        start, end = 0, len(rows)
+        while start < end:
+            try:  # the next full row (list.index: a scan in C)
+                stop = lens.index(len(_CHUNK_COLUMNS), start)
+            except ValueError:
+                stop = end
+            if start < stop:
+                _executemany_sqlite(conn, *plain_sql, rows[start:stop])
+            if stop == end:
+                break
+            try:  # the next plain row
+                start = lens.index(_PLAIN_CHUNK_LEN, stop)
+            except ValueError:
+                start = end
+            _insert_by_nulls(conn, "chunks", _CHUNK_COLUMNS, rows[stop:start])
 
     @staticmethod
     def _copy_rows(
@@ -948,10 +939,7 @@ class StoreWriter:
         if part == "connections" or part == "streams":
             cols = _CONNECTION_COLUMNS if part == "connections" else _STREAM_COLUMNS
             rows = [tuple([r[c] for c in cols]) for _, r in items]
-            if self.dialect_name == "sqlite":  # every row has its id
-                _insert_by_nulls(conn, part, cols, rows)
-            else:
-                self._insert_many(conn, part, cols, rows, copy)
+            self._insert_many(conn, part, cols, rows, copy)
         elif part == "chunks":
             self._insert_chunks(conn, items, copy)
         elif part == "errors":
