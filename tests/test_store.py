@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -32,12 +33,14 @@ from sniffer.store import queries
 from sniffer.store.db import EngineStore
 from sniffer.store.models import SCHEMA_VERSION, chunks, connections, errors, metadata, streams
 from sniffer.store.writer import (
+    OPTIONAL_CHUNK_FIELDS,
     StoreError,
     StoreWriter,
     endpoint_text,
     is_credential_header,
     make_engine,
     open_store,
+    usage_json,
 )
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20+00:00
@@ -683,6 +686,154 @@ def test_database_failure_while_isolating_keeps_what_is_left(tmp_path: Path) -> 
     assert queries.stream_text(engine, 9) == {0: "ok"}
     kinds = sorted(e["kind"] for e in queries.list_errors(engine))
     assert kinds == ["row-rejected", "x"]
+    w.close()
+
+
+def _mixed_chunks(stream: int, seq0: int) -> list[ChunkEvent]:
+    """Chunk events with every kind of NULL pattern, plain ones between them."""
+    usage = Usage({"prompt_tokens": 3, "completion_tokens": 2}, prompt_tokens=3)
+    return [
+        ChunkEvent(stream, T0, seq0, 0, 0, "role"),
+        ChunkEvent(stream, T0 + 1, seq0 + 1, 0, 1, "content", "a", logprobs='{"c":[]}'),
+        ChunkEvent(stream, T0 + 2, seq0 + 2, 0, 2, "content", "b"),
+        ChunkEvent(stream, T0 + 3, seq0 + 3, 0, 0, "tool_call", tool_calls="[{}]"),
+        ChunkEvent(stream, T0 + 4, seq0 + 4, 0, 3, "content", "c"),
+        ChunkEvent(stream, T0 + 5, seq0 + 5, 0, 0, "finish", finish_reason="stop"),
+        ChunkEvent(stream, T0 + 6, seq0 + 6, -1, 0, "usage", usage=usage),
+        ChunkEvent(stream, T0 + 7, seq0 + 7, -1, 0, "other", raw="x", server_tokens="[1]"),
+        ChunkEvent(stream, T0 + 8, seq0 + 8, 0, 4, "content", "d"),
+        ChunkEvent(stream, T0 + 9, seq0 + 9, 0, 5, None, "e"),  # type: ignore[arg-type]
+    ]
+
+
+def _chunk_values(ev: ChunkEvent) -> tuple[Any, ...]:
+    """A chunk's column values in table order (but the id), usage as its JSON."""
+    values = [getattr(ev, f.name) for f in dataclasses.fields(ChunkEvent)]
+    values.insert(0, values.pop(0))  # stream first: the table's stream_id
+    ts = values.pop(1)  # the event's ts is the table's seventh column
+    values.insert(5, ts)
+    return tuple(usage_json(v) if isinstance(v, Usage) else v for v in values)
+
+
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_chunk_ids_are_the_ones_sqlite_gives(where: str, tmp_path: Path) -> None:
+    """Chunk rows go in by runs of the same NULL columns (no parameter bound for
+    those): the ids, and every value, are the ones SQLite gives the rows
+    inserted one by one in order, here checked against SQLite doing so, across
+    batches, after the largest ids were deleted (SQLite then hands them out
+    again), and for rows of every NULL pattern in one batch."""
+    w = StoreWriter(str(tmp_path / "w.db")) if where == "file" else memory_writer()
+    oracle = sqlite3.connect(":memory:")
+    oracle.execute(
+        "CREATE TABLE chunks (id INTEGER PRIMARY KEY, "
+        + ", ".join(f"c{i}" for i in range(14))
+        + ")"
+    )
+
+    def both(events: list[ChunkEvent]) -> None:
+        w.write_many(events)
+        w.flush()
+        oracle.executemany(
+            f"INSERT INTO chunks ({', '.join(f'c{i}' for i in range(14))}) "
+            f"VALUES ({', '.join('?' * 14)})",
+            [_chunk_values(ev) for ev in events],
+        )
+
+    def delete_last(n: int) -> None:
+        top = oracle.execute("SELECT max(id) FROM chunks").fetchone()[0]
+        oracle.execute("DELETE FROM chunks WHERE id > ?", (top - n,))
+        with w._transaction() as conn:
+            conn.exec_driver_sql(f"DELETE FROM chunks WHERE id > {top - n}")
+
+    both(_mixed_chunks(1, 0))
+    both(_mixed_chunks(2, 0) + _mixed_chunks(1, 10))
+    delete_last(3)
+    both(_mixed_chunks(3, 0))
+    # runs of plain rows long enough for every statement size: 124 rows, 16, 1
+    plain = [ChunkEvent(4, T0, i, 0, i, "content", f"{i}") for i in range(300)]
+    both(plain[:7] + _mixed_chunks(4, 300) + plain[7:] + _mixed_chunks(4, 310))
+    got = [tuple(r) for r in w.store.query("SELECT * FROM chunks ORDER BY id")]
+    want = oracle.execute("SELECT * FROM chunks ORDER BY id").fetchall()
+    assert got == want
+    assert len(got) == 357 and got[-1][0] == 357
+    w.close()
+
+
+def test_plain_chunk_rows_bind_no_null(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk whose optional fields are all None binds no parameter for their
+    NULL columns: sqlite3's adapter for None (a lookup and a call per value)
+    is not called once for a batch of plain chunks."""
+    calls: list[None] = []
+    monkeypatch.setitem(sqlite3.adapters, (type(None), sqlite3.PrepareProtocol), calls.append)
+    w = memory_writer()
+    w.write_many([ChunkEvent(1, T0, i, 0, i, "content", "x") for i in range(300)])
+    w.flush()
+    assert calls == []
+    w.write(ChunkEvent(1, T0, 300, 0, 0, "finish", finish_reason="stop"))
+    w.flush()
+    assert calls == []  # its NULL columns are not bound either
+    w.write(ChunkEvent(1, T0, 301, 0, 0, None, "y"))  # type: ignore[arg-type]
+    w.flush()
+    # a None where the event's type says there is none: bound (NULL all the same)
+    assert calls == [None]
+    assert queries.stream_text(w.store, 1) == {0: "x" * 300 + "y"}
+    assert w.store.scalar("SELECT count(*) FROM chunks WHERE tool_calls IS NULL") == 302
+    assert w.store.scalar("SELECT count(*) FROM chunks WHERE kind IS NULL") == 1
+
+
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_connection_and_stream_rows_bind_no_null_and_the_same_booleans(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connection and stream rows go in grouped by their NULL columns too (no
+    None bound: a stream row has some 25), and their booleans are stored as
+    the integers 1 and 0, as sqlite3 binds an ``int`` subclass."""
+    calls: list[None] = []
+    monkeypatch.setitem(sqlite3.adapters, (type(None), sqlite3.PrepareProtocol), calls.append)
+    w = StoreWriter(str(tmp_path / "w.db")) if where == "file" else memory_writer()
+    events = realistic_events()
+    opened = [
+        ev for ev in events if isinstance(ev, (ConnectionOpened, StreamOpened, StreamResponse))
+    ]
+    w.write_many(opened + [ev for ev in events if isinstance(ev, StreamClosed)])
+    w.flush()
+    assert calls == []
+    assert w.stats["streams"] == 3 and w.stats["connections"] == 2
+    got = w.store.query("SELECT typeof(is_stream), is_stream, done_seen, gap FROM streams")
+    assert [tuple(r) for r in got] == [
+        ("integer", 1, 1, 0),
+        ("integer", 0, 0, 0),
+        ("integer", 1, 0, 1),
+    ]
+    w.close()
+
+
+def test_optional_chunk_fields_are_the_last_chunk_columns() -> None:
+    """The writer's plain chunk row is the table's leading columns: the optional
+    ChunkEvent fields must be its last ones, in the same order."""
+    names = [c.name for c in chunks.columns]
+    assert OPTIONAL_CHUNK_FIELDS == (
+        "tool_calls",
+        "finish_reason",
+        "logprobs",
+        "usage",
+        "raw",
+        "server_tokens",
+    )
+    assert tuple(names[-len(OPTIONAL_CHUNK_FIELDS) :]) == OPTIONAL_CHUNK_FIELDS
+
+
+def test_chunk_ids_near_the_largest_integer_are_left_to_sqlite(tmp_path: Path) -> None:
+    """Past the largest id 2^63 - 1 SQLite picks free ids at random: nothing is
+    refused, every row is stored."""
+    w = StoreWriter(str(tmp_path / "big.db"))
+    with w._transaction() as conn:
+        conn.exec_driver_sql(f"INSERT INTO chunks (id, stream_id, seq) VALUES ({2**63 - 2}, 1, 0)")
+    w.write_many(_mixed_chunks(1, 1))
+    w.flush()
+    assert w.stats["rejected_rows"] == 0
+    assert w.store.scalar("SELECT count(*) FROM chunks") == 11
+    assert w.store.scalar("SELECT max(id) FROM chunks") == 2**63 - 1
     w.close()
 
 

@@ -65,6 +65,11 @@ def _null(value: None) -> None:
 
 
 sqlite3.register_adapter(type(None), _null)
+#: ``bool`` is no base type either (an ``int`` subclass): without an adapter each
+#: True or False (five of a stream row's values) takes the same fallback search,
+#: two failed attribute look-ups, before the driver binds it as the integer it
+#: is. ``int`` binds it as the same 1 or 0, found in one look-up.
+sqlite3.register_adapter(bool, int)
 
 #: ``(table, set columns in table order, coalesced columns)`` of an UPDATE by id:
 #: its positional parameters are ``b_<column>`` for each set column, then ``b_id``.
@@ -204,7 +209,7 @@ class _Transaction:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
-    def exec_driver_sql(self, sql: str, params: Any) -> sqlite3.Cursor:
+    def exec_driver_sql(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
         if isinstance(params, list):
             return self._conn.executemany(sql, params)
         return self._conn.execute(sql, params)
