@@ -766,6 +766,81 @@ def test_stream_redactor_keeps_each_stream_in_order_whatever_the_interleaving(se
     assert handed
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_stream_redactor_hot_path_gives_what_the_general_path_gives(seed: int) -> None:
+    """The chunk loop's hot path (a stream's hot choice, its limit) gives out
+    exactly what the general path (``_chunk`` for every chunk) gives: the
+    same events, rewritten the same, in the same order across streams (the
+    order is the stored chunk rows' ids), batch by batch; the same counts and
+    handed-over redactions. Texts that hit the window's every rule: words,
+    values cut over chunks, digit-heavy filler, runs of empty texts longer
+    than ``MAX_HELD``, reasoning starting mid-choice, several choices,
+    stream-level chunks, JSON fields, closes and streams never closed."""
+    from unittest import mock
+
+    from sniffer.record import redact
+
+    rnd = random.Random(seed)
+    words = ["138 1234 5678", "a@b.co", "sk-abcdefghijklmnopqrstuvwx", " word", "", " forest",
+             "w12.34 ", "192.168.", "1.10 ", " Apple", "日本", "x" * 70]  # fmt: skip
+    events: list[StoreEvent] = []
+    streams = {s: 0 for s in range(1, 9)}
+    while streams:
+        s = rnd.choice(list(streams))
+        seq = streams[s]
+        if seq >= 400 or rnd.random() < 0.004:
+            del streams[s]
+            if s != 8:  # stream 8 is never closed: flush gives it out
+                events.append(_closed(s, 0))
+            continue
+        streams[s] = seq + 1
+        choice = rnd.choice([0] * 12 + [1, -1]) if s % 3 else 0
+        text = "" if s == 4 and seq < 300 and seq % 50 else _cut(rnd, words)  # long empty runs
+        reasoning = _cut(rnd, words) if s == 5 and seq > 30 and rnd.random() < 0.5 else ""
+        logprobs = '[{"token":"a 138 1234 5678"}]' if rnd.random() < 0.02 else None
+        events.append(
+            ChunkEvent(s, 0.0, seq, choice, seq + 1, "content", text, reasoning, logprobs=logprobs)
+        )
+    sizes = [rnd.choice([1, 3, 64, 512]) for _ in range(len(events))]
+
+    general_path = redact.StreamRedactor._chunk
+    taken: list[int] = []
+
+    def counted(self: StreamRedactor, ev: ChunkEvent, *rest: object) -> None:
+        taken.append(1)
+        general_path(self, ev, *rest)  # type: ignore[arg-type]
+
+    def run() -> tuple[list[list[StoreEvent]], object, object, int]:
+        taken.clear()
+        red = StreamRedactor(Redactor())
+        red.track_redactions = True
+        outs = []
+        i = 0
+        with mock.patch.object(redact.StreamRedactor, "_chunk", counted):
+            for n in sizes:
+                if i >= len(events):
+                    break
+                outs.append(red.events(events[i : i + n]))
+                i += n
+        outs.append(red.flush())
+        return outs, dict(red.counts), red.take_redactions(), len(taken)
+
+    *hot, hot_general = run()
+    original_hold = redact._Stream.hold
+
+    def never_hot(self: redact._Stream, c: redact._Choice) -> None:
+        original_hold(self, c)
+        self.hot = redact._COLD
+
+    with mock.patch.object(redact._Stream, "hold", never_hot):
+        *general, all_general = run()
+    assert hot == general
+    assert sum(len(b) for b in hot[0]) == len(events)
+    # the hot path took most chunks (else this compares the general path with itself)
+    assert all_general == sum(1 for e in events if isinstance(e, ChunkEvent))
+    assert hot_general < all_general * 0.8
+
+
 # ------------------------------------------- digit-heavy text over chunks
 
 #: Values the digit patterns find, near misses, and digit-heavy filler
