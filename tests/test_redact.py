@@ -610,8 +610,21 @@ def test_secret_substring_tests_find_every_prefix(text: str) -> None:
     st.lists(
         st.one_of(
             st.text(alphabet="0123456789 .-+()Xxa@:\u0663\u00e9", max_size=12),
-            st.sampled_from(["w12.34 ", "1.2.3.4", "1.22.333.4", "9.999.9.9", "12.3456.7.8",
-                             "123-456", "123 456", "123  456", "+1", "+ 1", "１２３４５６"]),
+            st.sampled_from(
+                [
+                    "w12.34 ",
+                    "1.2.3.4",
+                    "1.22.333.4",
+                    "9.999.9.9",
+                    "12.3456.7.8",
+                    "123-456",
+                    "123 456",
+                    "123  456",
+                    "+1",
+                    "+ 1",
+                    "１２３４５６",
+                ]
+            ),
         ),
         max_size=8,
     )
@@ -646,8 +659,12 @@ def test_builtins_may_edit_is_the_one_search(text: str) -> None:
 @settings(max_examples=300, deadline=None)
 @given(
     doc=st.recursive(
-        st.none() | st.booleans() | st.integers() | st.text(max_size=20)
-        | PII.map(lambda p: p[0]) | st.sampled_from(["prompt 21", "w12.34", "sk-", "a@", "@b.co"]),
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.text(max_size=20)
+        | PII.map(lambda p: p[0])
+        | st.sampled_from(["prompt 21", "w12.34", "sk-", "a@", "@b.co"]),
         lambda kids: (
             st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4)
         ),

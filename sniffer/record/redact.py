@@ -150,6 +150,7 @@ def _maybe_secret(s: str) -> bool:
         or (("b" in s or "B" in s) and "bearer" in s.lower())
     )
 
+
 #: What every match of ``_DIGITS_RE`` holds (``_digit_run``): three digits,
 #: at most one space or dash, three digits (a resident ID's first six, a
 #: card's first digits or first groups, a mobile number's first seven, which
