@@ -590,6 +590,109 @@ def test_pre_checks_find_what_the_plain_alternation_finds(text: str) -> None:
     assert (_EDIT_PRE.search(text) is not None) == (secret or re.search("[0-9@]", text) is not None)
 
 
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="skKAaBbEeRrGIzNShpousr_tiy-xJ@7 .\u212a\u0130", max_size=16))
+def test_secret_substring_tests_find_every_prefix(text: str) -> None:
+    """``_maybe_secret`` (substring tests) is False only where the prefix
+    search finds nothing (KELVIN SIGN and dotted I lower to ASCII: only more finds)."""
+    from sniffer.record.redact import _SECRET_PRE, _maybe_secret
+
+    if _SECRET_PRE.search(text) is not None:
+        assert _maybe_secret(text)
+    for prefix in ("sk-", "Bearer", "bEaReR", "AKIA", "ASIA", "AIza", "ghp_", "ghr_",
+                   "github_pat_", "xox", "eyJ"):  # fmt: skip
+        assert _maybe_secret(text + prefix)
+        assert _maybe_secret(prefix + text)
+
+
+@settings(max_examples=800, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.text(alphabet="0123456789 .-+()Xxa@:\u0663\u00e9", max_size=12),
+            st.sampled_from(
+                [
+                    "w12.34 ",
+                    "1.2.3.4",
+                    "1.22.333.4",
+                    "9.999.9.9",
+                    "12.3456.7.8",
+                    "123-456",
+                    "123 456",
+                    "123  456",
+                    "+1",
+                    "+ 1",
+                    "１２３４５６",
+                ]
+            ),
+        ),
+        max_size=8,
+    )
+)
+def test_digit_run_translated_is_the_three_searches(parts: list[str]) -> None:
+    """``_digit_run`` on ASCII text (translated bytes, substring tests) says
+    what its three searches say, on any text."""
+    from sniffer.record.redact import _digit_run, _digit_run_searches
+
+    text = "".join(parts)
+    assert _digit_run(text) == _digit_run_searches(text)
+    assert _digit_run(text + "é") == _digit_run_searches(text)  # the non-ASCII path
+
+
+def _old_builtins_may_edit(r: Redactor, s: str) -> bool:
+    """``Redactor._builtins_may_edit`` as one search with ``_EDIT_PRE`` (the
+    reference the substring tests are held to)."""
+    from sniffer.record.redact import _EDIT_PRE, _SECRET_PRE, _digit_run_searches
+
+    if (_EDIT_PRE if r.enabled else _SECRET_PRE).search(s) is None:
+        return False
+    return not r.enabled or "@" in s or _digit_run_searches(s) or _SECRET_PRE.search(s) is not None
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="skKAaBbEeRrGIzNShpousr_tiy-xJ@7 .0+\u212a", max_size=24))
+def test_builtins_may_edit_is_the_one_search(text: str) -> None:
+    for r in (Redactor(), Redactor(enabled=False)):
+        assert r._builtins_may_edit(text) == _old_builtins_may_edit(r, text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    doc=st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.text(max_size=20)
+        | PII.map(lambda p: p[0])
+        | st.sampled_from(["prompt 21", "w12.34", "sk-", "a@", "@b.co"]),
+        lambda kids: (
+            st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4)
+        ),
+        max_leaves=12,
+    ),
+    numbers=st.booleans(),
+    enabled=st.booleans(),
+)
+def test_json_text_whole_text_pre_check_changes_nothing(
+    doc: object, numbers: bool, enabled: bool
+) -> None:
+    """json_text skips its per-piece pass when the whole text holds nothing a
+    built-in pattern needs: the same text and counts as the pass over every
+    piece (the pre-check made always true)."""
+    from unittest import mock
+
+    text = json.dumps(doc, ensure_ascii=False)
+    fast = Redactor(enabled=enabled)
+    got = fast.json_text(text, numbers)
+    slow = Redactor(enabled=enabled)
+    with mock.patch.object(Redactor, "_builtins_may_edit", lambda self, s: True):
+        want = slow.json_text(text, numbers)
+    assert got == want
+    assert fast.counts == slow.counts
+    if got == text:
+        assert got is text  # unchanged: the same object
+
+
 def test_json_text_skips_plain_pieces_but_not_user_patterns_in_tokens() -> None:
     r = Redactor([("oo", "OO")])
     doc = '{"model":"foo","messages":[{"content":"call 138 1234 5678"}],"max_tokens":60}'
@@ -678,6 +781,81 @@ def test_stream_redactor_keeps_each_stream_in_order_whatever_the_interleaving(se
     closed = {e.stream for e in events if isinstance(e, StreamClosed)}
     assert sorted(clean + list(handed)) == sorted(closed) and not set(clean) & set(handed)
     assert handed
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_stream_redactor_hot_path_gives_what_the_general_path_gives(seed: int) -> None:
+    """The chunk loop's hot path (a stream's hot choice, its limit) gives out
+    exactly what the general path (``_chunk`` for every chunk) gives: the
+    same events, rewritten the same, in the same order across streams (the
+    order is the stored chunk rows' ids), batch by batch; the same counts and
+    handed-over redactions. Texts that hit the window's every rule: words,
+    values cut over chunks, digit-heavy filler, runs of empty texts longer
+    than ``MAX_HELD``, reasoning starting mid-choice, several choices,
+    stream-level chunks, JSON fields, closes and streams never closed."""
+    from unittest import mock
+
+    from sniffer.record import redact
+
+    rnd = random.Random(seed)
+    words = ["138 1234 5678", "a@b.co", "sk-abcdefghijklmnopqrstuvwx", " word", "", " forest",
+             "w12.34 ", "192.168.", "1.10 ", " Apple", "日本", "x" * 70]  # fmt: skip
+    events: list[StoreEvent] = []
+    streams = {s: 0 for s in range(1, 9)}
+    while streams:
+        s = rnd.choice(list(streams))
+        seq = streams[s]
+        if seq >= 400 or rnd.random() < 0.004:
+            del streams[s]
+            if s != 8:  # stream 8 is never closed: flush gives it out
+                events.append(_closed(s, 0))
+            continue
+        streams[s] = seq + 1
+        choice = rnd.choice([0] * 12 + [1, -1]) if s % 3 else 0
+        text = "" if s == 4 and seq < 300 and seq % 50 else _cut(rnd, words)  # long empty runs
+        reasoning = _cut(rnd, words) if s == 5 and seq > 30 and rnd.random() < 0.5 else ""
+        logprobs = '[{"token":"a 138 1234 5678"}]' if rnd.random() < 0.02 else None
+        events.append(
+            ChunkEvent(s, 0.0, seq, choice, seq + 1, "content", text, reasoning, logprobs=logprobs)
+        )
+    sizes = [rnd.choice([1, 3, 64, 512]) for _ in range(len(events))]
+
+    general_path = redact.StreamRedactor._chunk
+    taken: list[int] = []
+
+    def counted(self: StreamRedactor, ev: ChunkEvent, *rest: object) -> None:
+        taken.append(1)
+        general_path(self, ev, *rest)  # type: ignore[arg-type]
+
+    def run() -> tuple[list[list[StoreEvent]], object, object, int]:
+        taken.clear()
+        red = StreamRedactor(Redactor())
+        red.track_redactions = True
+        outs = []
+        i = 0
+        with mock.patch.object(redact.StreamRedactor, "_chunk", counted):
+            for n in sizes:
+                if i >= len(events):
+                    break
+                outs.append(red.events(events[i : i + n]))
+                i += n
+        outs.append(red.flush())
+        return outs, dict(red.counts), red.take_redactions(), len(taken)
+
+    *hot, hot_general = run()
+    original_hold = redact._Stream.hold
+
+    def never_hot(self: redact._Stream, c: redact._Choice) -> None:
+        original_hold(self, c)
+        self.hot = redact._COLD
+
+    with mock.patch.object(redact._Stream, "hold", never_hot):
+        *general, all_general = run()
+    assert hot == general
+    assert sum(len(b) for b in hot[0]) == len(events)
+    # the hot path took most chunks (else this compares the general path with itself)
+    assert all_general == sum(1 for e in events if isinstance(e, ChunkEvent))
+    assert hot_general < all_general * 0.8
 
 
 # ------------------------------------------- digit-heavy text over chunks
