@@ -31,14 +31,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.batches import pipeline_batches  # noqa: E402
 from sniffer.capture.pcap import read_capture  # noqa: E402
 from sniffer.core.events import ChunkEvent, StoreEvent  # noqa: E402
 from sniffer.core.pipeline import Pipeline, PipelineConfig  # noqa: E402
 from sniffer.record.chain import RecordingChain, RecordingOptions  # noqa: E402
 from sniffer.record.metrics import Metrics  # noqa: E402
+from sniffer.runtime.replay import WRITE_EVERY  # noqa: E402
 from sniffer.store.writer import StoreWriter  # noqa: E402
-
-WRITE_EVERY = 512
 
 TokenCall = tuple[int, dict[str, Any]]
 
@@ -56,20 +56,7 @@ class _Recording(Metrics):
 
 
 def _batches(capture: Path) -> list[list[StoreEvent]]:
-    segs = list(read_capture(capture))
-    pipe = Pipeline(PipelineConfig())
-    batches: list[list[StoreEvent]] = []
-    pending: list[StoreEvent] = []
-    for seg in segs:
-        out = pipe.feed(seg)
-        if out:
-            pending += out
-            if len(pending) >= WRITE_EVERY:
-                batches.append(pending)
-                pending = []
-    pending += pipe.flush(segs[-1].ts)
-    batches.append(pending)
-    return batches
+    return pipeline_batches(Pipeline(PipelineConfig()), list(read_capture(capture)))
 
 
 def _token_calls(batches: list[list[StoreEvent]], tmp: str) -> list[TokenCall]:

@@ -42,14 +42,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.batches import pipeline_batches  # noqa: E402
 from sniffer.capture.pcap import read_capture  # noqa: E402
 from sniffer.core.events import Segment, StoreEvent  # noqa: E402
 from sniffer.core.native import NATIVE, NativeReassembler  # noqa: E402
 from sniffer.core.pipeline import Pipeline, PipelineConfig  # noqa: E402
 from sniffer.record.chain import RecordingChain, RecordingOptions  # noqa: E402
 from sniffer.store.writer import StoreWriter  # noqa: E402
-
-WRITE_EVERY = 512
 
 
 def _cpu(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -123,23 +122,7 @@ def _replay(segs: list[Segment], tmp: str, batch: int) -> tuple[dict[str, float]
     chain = RecordingChain.from_config(RecordingOptions(tokens=False))
     chain.attach(w)
     pipe = Pipeline(PipelineConfig(conn_ids=w.conn_ids, stream_ids=w.stream_ids, native=False))
-    feed = pipe.feed
-
-    def pipeline() -> list[list[StoreEvent]]:
-        batches: list[list[StoreEvent]] = []
-        pending: list[StoreEvent] = []
-        for seg in segs:
-            out = feed(seg)
-            if out:
-                pending += out
-                if len(pending) >= WRITE_EVERY:
-                    batches.append(pending)
-                    pending = []
-        pending += pipe.flush(segs[-1].ts)
-        batches.append(pending)
-        return batches
-
-    t_pipe, batches = _cpu(pipeline)
+    t_pipe, batches = _cpu(lambda: pipeline_batches(pipe, segs))
 
     def record() -> None:
         for b in batches:

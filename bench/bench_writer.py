@@ -33,13 +33,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.batches import pipeline_batches  # noqa: E402
 from sniffer.capture.pcap import read_capture  # noqa: E402
 from sniffer.core.events import ChunkEvent, StoreEvent  # noqa: E402
 from sniffer.core.pipeline import Pipeline, PipelineConfig  # noqa: E402
 from sniffer.record.chain import RecordingChain, RecordingOptions  # noqa: E402
 from sniffer.store.writer import StoreWriter  # noqa: E402
-
-WRITE_EVERY = 512
 
 
 class _Keep:
@@ -68,17 +67,8 @@ def _events(capture: Path, tmp: str) -> list[list[StoreEvent]]:
     chain = RecordingChain.from_config(RecordingOptions(tokens=False))
     chain.attach(keep)  # type: ignore[arg-type]
     pipe = Pipeline(PipelineConfig(conn_ids=w.conn_ids, stream_ids=w.stream_ids))
-    segs = list(read_capture(capture))
-    pending: list[StoreEvent] = []
-    for seg in segs:
-        out = pipe.feed(seg)
-        if out:
-            pending += out
-            if len(pending) >= WRITE_EVERY:
-                chain.write(pending)
-                pending = []
-    pending += pipe.flush(segs[-1].ts)
-    chain.write(pending)
+    for batch in pipeline_batches(pipe, list(read_capture(capture))):
+        chain.write(batch)
     chain.drain()
     chain.flush()
     w.close()
