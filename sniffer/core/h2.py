@@ -48,7 +48,6 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-import hpack
 from hyperframe.exceptions import HyperframeError
 from hyperframe.frame import (
     ContinuationFrame,
@@ -153,6 +152,11 @@ class _Dir:
         self.buf = bytearray()
         self.preface = preface  # still expecting the client preface
         self.synced = synced  # frame boundaries known
+        # Imported here, at the first HTTP/2 direction, not with the module:
+        # every replay and `run` imports this module (through http1), and
+        # hpack's tables cost ~6 ms of their start-up (bench_startup.py).
+        import hpack
+
         self.hpack = hpack.Decoder(max_header_list_size=_MAX_BLOCK)
         self.hpack.max_allowed_table_size = 1 << 24
         self.block: bytearray | None = None  # header block being gathered (CONTINUATION)
@@ -487,6 +491,8 @@ class H2Conn:
         d.block = None
         sid = d.block_sid
         end_stream = d.block_end_stream
+        import hpack  # loaded by the first _Dir (see there)
+
         try:
             fields = d.hpack.decode(block, raw=True)
         except (hpack.HPACKError, ValueError, IndexError) as exc:
