@@ -536,7 +536,10 @@ class Daemon:
         if old is not None:
             old.join(2.0)
             if not old.thread.is_alive():
-                old.offer(_tail(old.source))
+                tail, error = _tail(old.source)
+                old.offer(tail)
+                if error is not None:  # what the old ring still held past this is lost
+                    self.log("warning", "capture-tail-failed", error=error)
             with contextlib.suppress(Exception):
                 old.source.close()
         self.stats.capture_restarts += 1
@@ -742,13 +745,14 @@ class Daemon:
         return code
 
 
-def _tail(source: Source) -> list[CaptureItem]:
+def _tail(source: Source) -> tuple[list[CaptureItem], str | None]:
     """What a replaced capture source still holds once its thread has stopped:
     a ring block is handed over up to ``BLOCK_TIMEOUT_MS`` after its first
     packet, so the packets of the last moments before the thread's last poll
     may still be in the ring; polled for that long. The new source was opened
     first: what both captured reaches reassembly twice and the second copy is
-    dropped as a retransmission."""
+    dropped as a retransmission. Returns what was read and, when a poll
+    failed (the rest of the ring is then not read), its error."""
     out: list[CaptureItem] = []
     deadline = time.monotonic() + BLOCK_TIMEOUT_MS / 1000 + TAIL_MARGIN
     for _ in range(64):  # bounded; each poll waits at most what is left
@@ -757,9 +761,9 @@ def _tail(source: Source) -> list[CaptureItem]:
             break
         try:
             out += source.poll(left)
-        except Exception:  # the old source is going away anyway
-            break
-    return out
+        except Exception as exc:
+            return out, f"{type(exc).__name__}: {exc}"
+    return out, None
 
 
 def checkpoint_path(database: str) -> Path | None:

@@ -254,39 +254,21 @@ _ANOMALY_INSERT = insert_sql("token_anomalies", spec.TABLE_COLUMNS["token_anomal
 
 def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
     prompt = r.prompt_ids
-    try:  # numbers only (and the usage fields' names): orjson takes them
-        usage_diff = _orjson.dumps(r.usage_diff).decode()
-        tokens_per_chunk = _orjson.dumps(r.tokens_per_chunk, option=_NON_STR_KEYS).decode()
-        prompt_json = None if prompt is None else _orjson.dumps(prompt).decode()
-    except (TypeError, _orjson.JSONEncodeError):
-        usage_diff, tokens_per_chunk = _dumps(r.usage_diff), _dumps(r.tokens_per_chunk)
-        prompt_json = None if prompt is None else _dumps(prompt)
     return (
         r.stream_id,
         r.tokenizer,
         r.is_default,
         None if prompt is None else len(prompt),
-        prompt_json,
+        None if prompt is None else _dumps(prompt),
         r.output_count,
-        usage_diff,
-        tokens_per_chunk,
+        _dumps(r.usage_diff),
+        _dumps(r.tokens_per_chunk),
         r.anomaly_count,
         r.error,
     )
 
 
 def _choice_values(stream_id: int, c: ChoiceTokenRow) -> tuple[Any, ...]:
-    dumps = _orjson.dumps
-    try:  # numbers only: orjson takes them (a call each, no wrapper)
-        output_ids = dumps(c.output_ids).decode()
-        chunk_seqs = dumps(c.chunk_seqs).decode()
-        chunk_counts = dumps(c.chunk_counts).decode()
-        straddle_seqs = dumps(c.straddle_seqs).decode()
-        tokens_per_chunk = dumps(c.tokens_per_chunk, option=_NON_STR_KEYS).decode()
-    except (TypeError, _orjson.JSONEncodeError):
-        output_ids, chunk_seqs = _dumps(c.output_ids), _dumps(c.chunk_seqs)
-        chunk_counts, straddle_seqs = _dumps(c.chunk_counts), _dumps(c.straddle_seqs)
-        tokens_per_chunk = _dumps(c.tokens_per_chunk)
     server = c.server_tokens
     return (
         stream_id,
@@ -294,12 +276,12 @@ def _choice_values(stream_id: int, c: ChoiceTokenRow) -> tuple[Any, ...]:
         c.text_len,
         c.text_hash,
         len(c.output_ids),
-        output_ids,
-        chunk_seqs,
-        chunk_counts,
+        _dumps(c.output_ids),
+        _dumps(c.chunk_seqs),
+        _dumps(c.chunk_counts),
         len(c.straddle_seqs),
-        straddle_seqs,
-        tokens_per_chunk,
+        _dumps(c.straddle_seqs),
+        _dumps(c.tokens_per_chunk),
         None if server is None else len(server),
         None if server is None else _dumps(server),
         None if c.server_ids is None else _dumps(c.server_ids),
