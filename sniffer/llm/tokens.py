@@ -73,6 +73,7 @@ import os
 import re
 import threading
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice, repeat
@@ -1306,8 +1307,9 @@ def _assemble(
         seqs = cc.seqs
         output_ids[ch] = ids
         counts, straddles = attribute(cc.lens, len(ids), offsets)
-        # chunks by tokens attributed (few distinct counts: one count() each)
-        hist = {n: counts.count(n) for n in sorted(set(counts))}
+        # chunks by tokens attributed (one pass: a count() per distinct value
+        # would be quadratic in a stream whose chunks carry many different counts)
+        hist = dict(sorted(Counter(counts).items()))
         for n, m in hist.items():
             dist[n] = dist.get(n, 0) + m
 
