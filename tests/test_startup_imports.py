@@ -195,3 +195,44 @@ def test_replay_into_a_new_file_needs_no_alembic(tmp_path: Path) -> None:
 def test_run_print_config(tmp_path: Path) -> None:
     mods = loaded(["run", "--print-config"], tmp_path)
     assert heavy(mods, (*NEVER, "sqlalchemy", "tokenizers", "prometheus_client")) == []
+
+
+#: ``run`` up to its capture opening (no root needed: the probe stops there).
+RUN_TO_CAPTURE = r"""
+import json, os, sys
+argv, out = sys.argv[1:-1], sys.argv[-1]
+sys.argv = ["sparseety", *argv]
+import sniffer.capture.afpacket as afp
+
+def opened(self):
+    with open(out, "w") as fh:
+        json.dump(sorted(sys.modules), fh)
+    os._exit(0)
+
+afp.AfPacketSource.open = opened
+from sniffer.cli import entry_point
+entry_point()
+"""
+
+
+def test_run_opens_its_capture_before_the_exporters(tmp_path: Path) -> None:
+    """Without OTLP export, sampling or a config file, ``run`` opens its capture
+    without the OTLP exporter module, TOML or OpenSSL's hashes (each was a few ms
+    of its start-up); the token pass's modules load in its thread later."""
+    out = tmp_path / "modules.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    args = ["run", "--db", str(tmp_path / "r.db"), "--no-metrics"]
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_TO_CAPTURE, *args, str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.exists(), proc.stderr
+    mods = set(json.loads(out.read_text()))
+    assert "sniffer.runtime.daemon" in mods  # it got to the capture
+    assert "sniffer.record.otlp_setup" in mods  # it did decide on OTLP export
+    assert heavy(mods, (*NEVER, "sniffer.record.otlp", "tomllib", "hashlib", "sqlalchemy")) == []

@@ -165,7 +165,7 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
     from sniffer.capture.afpacket import CaptureError
     from sniffer.capture.ebpf import EbpfError
     from sniffer.llm.tokens import TokenizerLoadError
-    from sniffer.record.otlp import OtlpUnavailable
+    from sniffer.record.otlp_setup import OtlpUnavailable
     from sniffer.runtime.daemon import Daemon
     from sniffer.runtime.features import build_features
     from sniffer.runtime.log import Log

@@ -66,7 +66,6 @@ from __future__ import annotations
 import fnmatch
 import functools
 import gc
-import hashlib
 import importlib.util
 import json
 import os
@@ -610,6 +609,8 @@ def gguf_cache_dir() -> Path:
 
 def _gguf_cache_key(path: Path) -> str:
     """The file's identity: its resolved path, size and modification time."""
+    import hashlib  # for GGUF files only (~2.5 ms of run's start-up)
+
     st = path.stat()
     ident = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}"
     return hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]

@@ -34,12 +34,9 @@ module imports it only when an exporter is built, and raises
 
 from __future__ import annotations
 
-import logging
-import os
 import queue
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +44,13 @@ from typing import TYPE_CHECKING, Any
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamState
 from sniffer.llm.dialects.base import OUTPUT_KINDS
 from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, ACCEPTANCE_RATE_BUCKETS, SpecDecode
+from sniffer.record.otlp_setup import (
+    INSTALL_HINT,
+    OtlpUnavailable,
+    parse_headers,
+    resolve_endpoint,
+    resolve_headers,
+)
 from sniffer.record.tracker import StreamTracker, Tracked
 
 if TYPE_CHECKING:
@@ -71,10 +75,6 @@ __all__ = [
 
 SEMCONV_VERSION = "1.44.0"
 SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
-INSTALL_HINT = (
-    "OTLP export needs the OpenTelemetry SDK: pip install 'sparseety[otlp]' "
-    "(opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http)"
-)
 
 # Explicit bucket boundaries the GenAI conventions advise for each metric.
 TTFT_BUCKETS = (
@@ -108,48 +108,11 @@ MAX_TOKENS_PER_CHUNK = 4096
 LogFn = Callable[..., None]
 
 
-class OtlpUnavailable(RuntimeError):
-    """The OpenTelemetry SDK (or its OTLP/HTTP exporter) is not installed."""
-
-
 def operation_and_provider(dialect: str) -> tuple[str, str | None]:
     """``gen_ai.operation.name`` and ``gen_ai.provider.name`` (None: not known from
     the wire) of a dialect. An OpenAI-compatible API says nothing of who runs it,
     so only Anthropic's own API names its provider."""
     return DIALECTS.get(dialect, ("chat", None))
-
-
-def resolve_endpoint(configured: str, environ: Mapping[str, str] | None = None) -> str:
-    """The OTLP/HTTP base URL: ``configured`` (flag or config key), else
-    ``OTEL_EXPORTER_OTLP_ENDPOINT``; "" when neither (export off)."""
-    env = os.environ if environ is None else environ
-    return (configured or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")).strip()
-
-
-def parse_headers(text: str) -> tuple[tuple[str, str], ...]:
-    """``OTEL_EXPORTER_OTLP_HEADERS`` syntax: ``key1=value1,key2=value2``,
-    values percent-decoded; malformed entries raise ``ValueError``."""
-    out: list[tuple[str, str]] = []
-    for item in text.split(","):
-        if not item.strip():
-            continue
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ValueError(f"OTLP header {item.strip()!r} is not KEY=VALUE")
-        out.append((key.lower(), urllib.parse.unquote(value.strip())))
-    return tuple(out)
-
-
-def resolve_headers(
-    configured: Iterable[tuple[str, str]], environ: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """Headers sent with every export: ``OTEL_EXPORTER_OTLP_HEADERS`` overridden
-    by the configured ones."""
-    env = os.environ if environ is None else environ
-    headers = dict(parse_headers(env.get("OTEL_EXPORTER_OTLP_HEADERS", "")))
-    headers.update((k.lower(), v) for k, v in configured)
-    return headers
 
 
 def _signal_url(base: str, signal: str) -> str:
@@ -668,6 +631,8 @@ class _Sdk:
             from opentelemetry.trace import SpanKind, Status, StatusCode
         except ImportError as exc:
             raise OtlpUnavailable(f"{INSTALL_HINT} ({exc})") from None
+
+        import logging  # with the SDK only (not at the daemon's start-up)
 
         # We log failures ourselves, once per interval; the SDK would log every retry.
         for name in ("opentelemetry.exporter", "opentelemetry.sdk", "opentelemetry.exporter.otlp"):

@@ -94,7 +94,6 @@ from __future__ import annotations
 import mmap
 import re
 import socket
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -840,6 +839,8 @@ def load_config(path: str | Path | None = None) -> Config:
         raise ConfigError(f"{p}: no such config file") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    import tomllib  # only for a config file (~3 ms of run's start-up)
+
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:

@@ -179,7 +179,7 @@ def build_features(cfg: Config, log: Log) -> Features:
 def _otlp(cfg: Any, metrics: Metrics | None, log: Any) -> Any:
     """The OTLP exporter ``cfg`` asks for (flag/config key, else the standard
     environment variables), or None."""
-    from sniffer.record.otlp import resolve_endpoint
+    from sniffer.record.otlp_setup import resolve_endpoint
 
     endpoint = resolve_endpoint(cfg.otlp_endpoint)
     if not endpoint:
