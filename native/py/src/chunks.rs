@@ -132,7 +132,7 @@ fn py_str<'py>(py: Python<'py>, s: &str) -> Bound<'py, PyString> {
 
 /// The exchange's state the loop reads and writes (`_Exchange`'s slots).
 struct State<'py> {
-    x: &'py Bound<'py, PyAny>,
+    x: Bound<'py, PyAny>,
     stream: Bound<'py, PyAny>,
     seq: i64,
     seq0: i64,
@@ -200,16 +200,19 @@ fn opt_f64(v: Bound<'_, PyAny>) -> PyResult<Option<f64>> {
 }
 
 impl<'py> State<'py> {
-    fn load(py: Python<'py>, x: &'py Bound<'py, PyAny>) -> PyResult<Self> {
+    fn load(py: Python<'py>, x: Bound<'py, PyAny>) -> PyResult<Self> {
         let int = |name: &Bound<'py, PyString>| -> PyResult<i64> { x.getattr(name)?.extract() };
         let seq = int(intern!(py, "seq"))?;
         let done_seen = x.getattr(intern!(py, "done_seen"))?.is_truthy()?;
         let chunk_count = int(intern!(py, "chunk_count"))?;
         let text_len = int(intern!(py, "text_len"))?;
         let event_count = int(intern!(py, "event_count"))?;
+        let stream = x.getattr(intern!(py, "stream"))?;
+        let t_first = opt_f64(x.getattr(intern!(py, "t_first"))?)?;
+        let t_last = opt_f64(x.getattr(intern!(py, "t_last"))?)?;
         Ok(State {
             x,
-            stream: x.getattr(intern!(py, "stream"))?,
+            stream,
             seq,
             seq0: seq,
             done_seen,
@@ -222,9 +225,9 @@ impl<'py> State<'py> {
             text_len0: text_len,
             event_count,
             event_count0: event_count,
-            t_first: opt_f64(x.getattr(intern!(py, "t_first"))?)?,
+            t_first,
             t_first_set: false,
-            t_last: opt_f64(x.getattr(intern!(py, "t_last"))?)?,
+            t_last,
             t_last_set: false,
             usage: None,
             error: None,
@@ -237,7 +240,7 @@ impl<'py> State<'py> {
 
     /// Writes the changed attributes back to the exchange.
     fn store(&self, py: Python<'py>) -> PyResult<()> {
-        let x = self.x;
+        let x = &self.x;
         let set_int = |name: &Bound<'py, PyString>, v: i64, v0: i64| -> PyResult<()> {
             if v != v0 {
                 x.setattr(name, v)?;
@@ -289,11 +292,11 @@ impl<'py> State<'py> {
     }
 
     fn chunk_idx(&mut self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
-        Self::dict_attr(self.x, &mut self.chunk_idx, intern!(py, "chunk_idx"))
+        Self::dict_attr(&self.x, &mut self.chunk_idx, intern!(py, "chunk_idx"))
     }
 
     fn finish(&mut self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
-        Self::dict_attr(self.x, &mut self.finish, intern!(py, "finish"))
+        Self::dict_attr(&self.x, &mut self.finish, intern!(py, "finish"))
     }
 
     /// `StreamAssembler._flag`.
@@ -346,7 +349,7 @@ impl<'py> State<'py> {
         max_quiet: i64,
     ) -> PyResult<()> {
         self.flag(py, &t.flag_after_done)?;
-        if self.quiet.bump(self.x, intern!(py, "quiet"))? > max_quiet {
+        if self.quiet.bump(&self.x, intern!(py, "quiet"))? > max_quiet {
             return Ok(());
         }
         let args = fields!(py;
@@ -391,7 +394,7 @@ impl<'py> State<'py> {
                 || d.tool_calls.is_some()
                 || d.finish_reason.is_some()
                 || d.logprobs.is_some();
-            if !carries && self.quiet.bump(self.x, intern!(py, "quiet"))? > max_quiet {
+            if !carries && self.quiet.bump(&self.x, intern!(py, "quiet"))? > max_quiet {
                 return Ok(()); // capped (never INVALID here)
             }
         }
@@ -471,9 +474,9 @@ impl<'py> State<'py> {
                 || !logprobs.is_none()
                 || !usage.is_none()
                 || !server_tokens.is_none();
-            if !carries && self.quiet.bump(self.x, intern!(py, "quiet"))? > max_quiet {
+            if !carries && self.quiet.bump(&self.x, intern!(py, "quiet"))? > max_quiet {
                 if kind_s == "invalid" {
-                    self.invalid.bump(self.x, intern!(py, "invalid"))?;
+                    self.invalid.bump(&self.x, intern!(py, "invalid"))?;
                     self.errors += 1;
                 }
                 return Ok(());
@@ -507,7 +510,7 @@ impl<'py> State<'py> {
                 });
             }
             "invalid" => {
-                self.invalid.bump(self.x, intern!(py, "invalid"))?;
+                self.invalid.bump(&self.x, intern!(py, "invalid"))?;
                 self.errors += 1;
                 let message = if error.is_truthy()? {
                     error.clone()
@@ -649,51 +652,71 @@ fn endpoint(py: Python<'_>, dialect: &Bound<'_, PyAny>) -> Option<Endpoint> {
 /// the dialect's exception or None), see `body_chunks`.
 pub(crate) type Chunks = (u64, u64, Option<PyErr>);
 
-/// `StreamAssembler._response_body` for the response body bytes `data` of
-/// the exchange `x` (the native core's held bodies, `fused.rs`), when the
-/// native item loop does all of it: `x` decodes a streamed body with a native
-/// decoder and nothing is sniffed, synced or guessed; or `x` has no dialect
-/// (its byte count only). None, with nothing changed, when the Python stage
-/// must take the body (a recovered body not yet synced or guessed, a whole
-/// JSON document). The decoders are the native ones (a native pipeline's
-/// stage makes no other).
-pub(crate) fn response_body<'py>(
+/// The items of one body event through the exchange's item decoder `dec`
+/// (a native `SseDecoder`; None: its `ndjson`, a native `NdjsonDecoder`);
+/// None when it completed none.
+fn decode<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyAny>,
-    ts: f64,
+    dec: &Bound<'py, PyAny>,
     data: &[u8],
-    out: &Bound<'py, PyList>,
-    max_quiet: i64,
-) -> PyResult<Option<Chunks>> {
-    for name in [
-        intern!(py, "sniff"),
-        intern!(py, "item_sync"),
-        intern!(py, "unguessed"),
-    ] {
-        if !x.getattr(name)?.is_none() {
+) -> PyResult<Option<Items>> {
+    let items = if dec.is_none() {
+        let dec = x.getattr(intern!(py, "ndjson"))?;
+        let dec = dec.cast::<PyNdjsonDecoder>()?;
+        let lines = dec.borrow_mut().feed_lines(data);
+        if lines.is_empty() {
             return Ok(None);
         }
-    }
-    let dialect = x.getattr(intern!(py, "dialect"))?;
-    let streamed = if dialect.is_none() {
-        None
+        Items::Lines(lines)
     } else {
-        let dec = x.getattr(intern!(py, "decoder"))?;
-        if dec.is_none() && x.getattr(intern!(py, "ndjson"))?.is_none() {
-            return Ok(None); // a whole document (or nothing): Python's
+        let dec = dec.cast::<PySseDecoder>()?;
+        let events = dec.borrow_mut().feed_events(data);
+        if events.is_empty() {
+            return Ok(None);
         }
-        Some(dec)
+        Items::Sse(events)
     };
-    let name = intern!(py, "resp_bytes");
-    let total = x
-        .getattr(name)?
-        .extract::<i64>()?
-        .saturating_add(i64::try_from(data.len()).unwrap_or(i64::MAX));
-    x.setattr(name, total)?;
-    match streamed {
-        None => Ok(Some((0, 0, None))), // no dialect: the bytes are counted, no more
-        Some(dec) => items(py, x, dec, Some(dialect), ts, data, out, max_quiet).map(Some),
+    Ok(Some(items))
+}
+
+/// Each item through the dialect and `_deltas` (`item`), up to the first
+/// that raises: its exception.
+#[allow(clippy::too_many_arguments)]
+fn run<'py>(
+    py: Python<'py>,
+    t: &Types,
+    st: &mut State<'py>,
+    dialect: &Bound<'py, PyAny>,
+    endpoint: Option<Endpoint>,
+    named: &mut bool,
+    ts: f64,
+    items: Items,
+    out: &Bound<'py, PyList>,
+    max_quiet: i64,
+) -> Option<PyErr> {
+    let mut step = |data: String, event: &str| {
+        item(
+            py, t, st, dialect, endpoint, named, ts, data, event, out, max_quiet,
+        )
+    };
+    match items {
+        Items::Sse(events) => {
+            for e in events {
+                if let Err(err) = step(e.data, &e.event) {
+                    return Some(err);
+                }
+            }
+        }
+        Items::Lines(lines) => {
+            for line in lines {
+                if let Err(err) = step(line, "ndjson") {
+                    return Some(err);
+                }
+            }
+        }
     }
+    None
 }
 
 /// The item loop of `body_chunks`, the exchange's `decoder` (`dec`) and
@@ -710,21 +733,8 @@ fn items<'py>(
     max_quiet: i64,
 ) -> PyResult<Chunks> {
     let t = types(py)?;
-    let items = if dec.is_none() {
-        let dec = x.getattr(intern!(py, "ndjson"))?;
-        let dec = dec.cast::<PyNdjsonDecoder>()?;
-        let lines = dec.borrow_mut().feed_lines(data);
-        if lines.is_empty() {
-            return Ok((0, 0, None));
-        }
-        Items::Lines(lines)
-    } else {
-        let dec = dec.cast::<PySseDecoder>()?;
-        let events = dec.borrow_mut().feed_events(data);
-        if events.is_empty() {
-            return Ok((0, 0, None));
-        }
-        Items::Sse(events)
+    let Some(items) = decode(py, x, &dec, data)? else {
+        return Ok((0, 0, None));
     };
     let dialect = match dialect {
         Some(d) => d,
@@ -735,33 +745,142 @@ fn items<'py>(
         Some(_) => dialect.getattr(intern!(py, "_named"))?.is_truthy()?,
         None => true,
     };
-    let mut st = State::load(py, x)?;
-    let mut step = |data: String, event: &str| {
-        item(
-            py, t, &mut st, &dialect, endpoint, &mut named, ts, data, event, out, max_quiet,
-        )
-    };
-    let mut failed = None;
-    match items {
-        Items::Sse(events) => {
-            for e in events {
-                if let Err(err) = step(e.data, &e.event) {
-                    failed = Some(err);
-                    break;
-                }
-            }
-        }
-        Items::Lines(lines) => {
-            for line in lines {
-                if let Err(err) = step(line, "ndjson") {
-                    failed = Some(err);
-                    break;
-                }
-            }
-        }
-    }
+    let mut st = State::load(py, x.clone())?;
+    let failed = run(
+        py, t, &mut st, &dialect, endpoint, &mut named, ts, items, out, max_quiet,
+    );
     st.store(py)?;
     Ok((st.added, st.errors, failed))
+}
+
+/// The streamed body of an exchange `Fed` decodes: its decoder and dialect,
+/// and its state once an item came.
+struct Streamed<'py> {
+    /// its `decoder` (None: its `ndjson` is read at each body, as `items` does)
+    dec: Bound<'py, PyAny>,
+    dialect: Bound<'py, PyAny>,
+    endpoint: Option<Endpoint>,
+    named: bool,
+    /// read at its first body with items in the call
+    st: Option<State<'py>>,
+}
+
+/// `StreamAssembler._response_body` for the response bodies of one exchange
+/// `x` in one call of the native core's `feed_bodies` (`fused.rs`, the held
+/// bodies of a batch), when the native item loop does all of it: `x` decodes
+/// a streamed body with a native decoder and nothing is sniffed, synced or
+/// guessed; or `x` has no dialect (its byte count only). What the loop reads
+/// of the exchange is read at its first body in the call, and what it
+/// changes is written back once, by `close`, before the call returns (nothing
+/// but the loop touches the exchange in between: the Python stage runs after
+/// the call), not read and written again at each body (some 20 attribute
+/// look-ups and stores of a Python object each: ~4k instructions per body,
+/// when a busy capture interleaves the bodies of dozens of streams).
+pub(crate) struct Fed<'py> {
+    x: Bound<'py, PyAny>,
+    /// None: no dialect (the bytes are counted, no more)
+    streamed: Option<Streamed<'py>>,
+    resp_bytes: i64,
+    resp_bytes0: i64,
+}
+
+impl<'py> Fed<'py> {
+    /// None, with nothing read but the exchange's decoding state, when the
+    /// Python stage must take its bodies (a recovered body not yet synced or
+    /// guessed, a whole JSON document). The decoders are the native ones (a
+    /// native pipeline's stage makes no other).
+    pub(crate) fn open(py: Python<'py>, x: Bound<'py, PyAny>) -> PyResult<Option<Self>> {
+        for name in [
+            intern!(py, "sniff"),
+            intern!(py, "item_sync"),
+            intern!(py, "unguessed"),
+        ] {
+            if !x.getattr(name)?.is_none() {
+                return Ok(None);
+            }
+        }
+        let dialect = x.getattr(intern!(py, "dialect"))?;
+        let streamed = if dialect.is_none() {
+            None
+        } else {
+            let dec = x.getattr(intern!(py, "decoder"))?;
+            if dec.is_none() && x.getattr(intern!(py, "ndjson"))?.is_none() {
+                return Ok(None); // a whole document (or nothing): Python's
+            }
+            let endpoint = endpoint(py, &dialect);
+            let named = match endpoint {
+                Some(_) => dialect.getattr(intern!(py, "_named"))?.is_truthy()?,
+                None => true,
+            };
+            Some(Streamed {
+                dec,
+                dialect,
+                endpoint,
+                named,
+                st: None,
+            })
+        };
+        let resp_bytes = x.getattr(intern!(py, "resp_bytes"))?.extract::<i64>()?;
+        Ok(Some(Fed {
+            x,
+            streamed,
+            resp_bytes,
+            resp_bytes0: resp_bytes,
+        }))
+    }
+
+    /// The body bytes `data` (captured at `ts`): counted, and decoded into
+    /// chunk events appended to `out`. The dialect's exception, if it raised
+    /// (the items after it dropped, as `body_chunks` does).
+    pub(crate) fn body(
+        &mut self,
+        py: Python<'py>,
+        ts: f64,
+        data: &[u8],
+        out: &Bound<'py, PyList>,
+        max_quiet: i64,
+    ) -> PyResult<Option<PyErr>> {
+        let len = i64::try_from(data.len()).unwrap_or(i64::MAX);
+        self.resp_bytes = self.resp_bytes.saturating_add(len);
+        let Some(s) = &mut self.streamed else {
+            return Ok(None);
+        };
+        let Some(items) = decode(py, &self.x, &s.dec, data)? else {
+            return Ok(None);
+        };
+        let t = types(py)?;
+        let st = match &mut s.st {
+            Some(st) => st,
+            None => s.st.insert(State::load(py, self.x.clone())?),
+        };
+        Ok(run(
+            py,
+            t,
+            st,
+            &s.dialect,
+            s.endpoint,
+            &mut s.named,
+            ts,
+            items,
+            out,
+            max_quiet,
+        ))
+    }
+
+    /// Writes what changed back to the exchange; (chunk events appended,
+    /// dialect errors counted).
+    pub(crate) fn close(&self, py: Python<'py>) -> PyResult<(u64, u64)> {
+        if self.resp_bytes != self.resp_bytes0 {
+            self.x.setattr(intern!(py, "resp_bytes"), self.resp_bytes)?;
+        }
+        match self.streamed.as_ref().and_then(|s| s.st.as_ref()) {
+            Some(st) => {
+                st.store(py)?;
+                Ok((st.added, st.errors))
+            }
+            None => Ok((0, 0)),
+        }
+    }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
