@@ -419,6 +419,10 @@ def test_file_database_is_wal(tmp_path: Path) -> None:
         assert conn.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL
         assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 0
         assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 5000
+        assert conn.execute(text("PRAGMA temp_store")).scalar() == 2  # MEMORY
+    assert w._lite is not None
+    with w._lite.begin() as tx:  # the writer's own connection (no SQLAlchemy)
+        assert tx.execute("PRAGMA temp_store") == [(2,)]
     w.close()
     raw = sqlite3.connect(db)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

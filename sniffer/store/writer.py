@@ -67,6 +67,7 @@ from sniffer.store.ids import IdBlocks
 from sniffer.store.lite import (
     PLAIN_HTTP,
     TABLE_COLUMNS,
+    TEMP_STORE,
     SqliteFile,
     UpdateSpec,
     create_new_file,
@@ -109,8 +110,9 @@ def make_engine(url_or_path: str) -> Engine:
     then get the same mode); a symlink at the path is refused
     (``sniffer.store.files.ensure_db_file``).
     SQLite connections get WAL (file databases), ``synchronous=NORMAL``, foreign
-    keys off and a 5 s busy timeout. The tables are created if missing: a new,
-    empty SQLite file at head with the standard library's driver
+    keys off, a 5 s busy timeout and temporary files in memory
+    (``sniffer.store.lite.TEMP_STORE``). The tables are created if missing: a
+    new, empty SQLite file at head with the standard library's driver
     (``sniffer.store.lite.create_schema``), anything else by the migrations.
     Example: ``make_engine("capture.db")``, ``make_engine("postgresql+psycopg://…")``.
     """
@@ -145,6 +147,7 @@ def make_engine(url_or_path: str) -> Engine:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=OFF")
             cur.execute("PRAGMA busy_timeout=5000")
+            cur.execute(f"PRAGMA temp_store={TEMP_STORE}")
             cur.close()
 
     else:
