@@ -16,7 +16,7 @@
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::IntoPyObjectExt;
 
 use sparseety_core::openai::{extract, ChunkDelta, Endpoint, Kind, STREAM_LEVEL};
@@ -29,11 +29,15 @@ use crate::http::{PyNdjsonDecoder, PySseDecoder};
 const CHUNK_FIELDS: usize = 14;
 
 struct Types {
-    chunk_event: Py<PyAny>,
-    /// its field names, in order (`dataclasses.fields`)
-    chunk_fields: Vec<Py<PyString>>,
-    /// `object.__new__`
-    object_new: Py<PyAny>,
+    chunk_event: Py<PyType>,
+    /// the slot descriptor of each of its fields (`ChunkEvent.__dict__[name]`,
+    /// a `member_descriptor`), in field order (`dataclasses.fields`)
+    chunk_slots: Vec<Py<PyAny>>,
+    /// `ChunkEvent`'s `tp_alloc`: what `object.__new__(ChunkEvent)` calls
+    chunk_alloc: pyo3::ffi::allocfunc,
+    /// `member_descriptor`'s `tp_descr_set`: what the descriptors' `__set__`
+    /// (and `object.__setattr__`, after finding them) calls
+    slot_set: pyo3::ffi::descrsetfunc,
     pipeline_error: Py<PyAny>,
     flag_after_done: Py<PyAny>,
     flag_clock_backwards: Py<PyAny>,
@@ -50,25 +54,41 @@ macro_rules! fields {
 
 /// A `ChunkEvent` with these field values, made without its Python
 /// `__init__` (a frame and 14 descriptor calls: ~10k instructions, the most
-/// of this loop's cost per chunk): `object.__new__(ChunkEvent)`, then each
-/// slot set through `PyObject_GenericSetAttr`, which is what
-/// `object.__setattr__` does (the frozen class's own `__setattr__` refuses).
-/// The object is the one the class call makes: same slots, same values.
+/// of this loop's cost per chunk) nor the generic paths that lead to the
+/// same two C functions (`object.__new__` called as a Python object, then
+/// `PyObject_GenericSetAttr` per field: ~2.8k instructions): the type's
+/// `tp_alloc` (what `object.__new__` calls for a class without `__new__`:
+/// no arguments, not abstract), then each slot descriptor's `tp_descr_set`
+/// (what `object.__setattr__` calls once it found the descriptor, and what
+/// `events._slot_init`'s `__init__` calls through `__set__`; the frozen
+/// class's own `__setattr__` refuses): ~1.3k. The object is the one the
+/// class call makes: same type, slots and values, tracked by the cycle
+/// collector as `tp_alloc` leaves it.
 fn chunk_event<'py>(
     py: Python<'py>,
     t: &Types,
     values: [Bound<'py, PyAny>; CHUNK_FIELDS],
 ) -> PyResult<Bound<'py, PyAny>> {
-    let obj = t.object_new.bind(py).call1((t.chunk_event.bind(py),))?;
-    for (name, value) in t.chunk_fields.iter().zip(values.iter()) {
-        // SAFETY: `obj`, `name` and `value` are live, owned references for the
-        // whole call and the GIL is held (we have `py`); the function only
-        // borrows its arguments (it steals no reference) and returns -1 with
-        // an exception set on failure, which is fetched below.
+    let cls = t.chunk_event.bind(py);
+    // SAFETY: `cls` is a live type object and the GIL is held; `chunk_alloc`
+    // is its own `tp_alloc` slot, read from it at start-up (`types`), which
+    // returns a new reference or NULL with an exception set.
+    #[allow(unsafe_code)]
+    let obj = unsafe {
+        let ptr = (t.chunk_alloc)(cls.as_type_ptr(), 0);
+        if ptr.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        Bound::from_owned_ptr(py, ptr)
+    };
+    for (slot, value) in t.chunk_slots.iter().zip(values.iter()) {
+        // SAFETY: `slot` (a member descriptor of `cls`), `obj` (an instance of
+        // `cls`) and `value` are live references for the whole call and the
+        // GIL is held; `slot_set` is the descriptors' type's `tp_descr_set`,
+        // which checks the instance's type, borrows its arguments (it steals
+        // no reference) and returns -1 with an exception set on failure.
         #[allow(unsafe_code)]
-        let rc = unsafe {
-            pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), name.as_ptr(), value.as_ptr())
-        };
+        let rc = unsafe { (t.slot_set)(slot.as_ptr(), obj.as_ptr(), value.as_ptr()) };
         if rc != 0 {
             return Err(PyErr::fetch(py));
         }
@@ -76,34 +96,76 @@ fn chunk_event<'py>(
     Ok(obj)
 }
 
+/// Type slot `slot` of `tp` (`PyType_GetSlot`): a function pointer, not
+/// null (an error when the type has none).
+fn type_slot(
+    py: Python<'_>,
+    tp: &Bound<'_, PyType>,
+    slot: std::ffi::c_int,
+) -> PyResult<*mut std::ffi::c_void> {
+    // SAFETY: `tp` is a live type object and the GIL is held; `PyType_GetSlot`
+    // returns the slot's value (NULL when unset) or NULL with an exception set
+    // (a static type before 3.10: this module needs 3.11).
+    #[allow(unsafe_code)]
+    let ptr = unsafe { pyo3::ffi::PyType_GetSlot(tp.as_type_ptr(), slot) };
+    if ptr.is_null() {
+        return Err(PyErr::take(py).unwrap_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err(format!("{tp} has no type slot {slot}"))
+        }));
+    }
+    Ok(ptr)
+}
+
 fn types(py: Python<'_>) -> PyResult<&'static Types> {
     TYPES.get_or_try_init(py, || {
         let events = py.import("sniffer.core.events")?;
         let flag = events.getattr("StreamFlag")?;
         let chunk_event = events.getattr("ChunkEvent")?;
-        let mut chunk_fields = Vec::with_capacity(CHUNK_FIELDS);
+        let cls = chunk_event.cast_into::<PyType>()?;
+        let slots = cls.getattr("__dict__")?;
+        let mut chunk_slots = Vec::with_capacity(CHUNK_FIELDS);
         for f in py
             .import("dataclasses")?
             .getattr("fields")?
-            .call1((&chunk_event,))?
+            .call1((&cls,))?
             .try_iter()?
         {
-            chunk_fields.push(f?.getattr("name")?.cast_into::<PyString>()?.unbind());
+            let slot = slots.get_item(f?.getattr("name")?)?;
+            if slot.get_type().name()? != "member_descriptor" {
+                return Err(pyo3::exceptions::PyTypeError::new_err(
+                    "ChunkEvent's fields must be slots (member descriptors)",
+                ));
+            }
+            chunk_slots.push(slot.unbind());
         }
-        if chunk_fields.len() != CHUNK_FIELDS {
+        if chunk_slots.len() != CHUNK_FIELDS {
             return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                 "ChunkEvent has {} fields, the native loop makes {CHUNK_FIELDS}",
-                chunk_fields.len()
+                chunk_slots.len()
             )));
         }
+        let alloc = type_slot(py, &cls, pyo3::ffi::Py_tp_alloc)?;
+        let set = type_slot(
+            py,
+            &chunk_slots[0].bind(py).get_type(),
+            pyo3::ffi::Py_tp_descr_set,
+        )?;
+        // SAFETY: the values of these slots are, by CPython's type slot
+        // definitions, functions of exactly these types (`allocfunc`,
+        // `descrsetfunc`), non-null (checked by `type_slot`); the types they
+        // belong to live as long as the interpreter (ChunkEvent is kept here).
+        #[allow(unsafe_code)]
+        let (chunk_alloc, slot_set) = unsafe {
+            (
+                std::mem::transmute::<*mut std::ffi::c_void, pyo3::ffi::allocfunc>(alloc),
+                std::mem::transmute::<*mut std::ffi::c_void, pyo3::ffi::descrsetfunc>(set),
+            )
+        };
         Ok(Types {
-            chunk_event: chunk_event.unbind(),
-            chunk_fields,
-            object_new: py
-                .import("builtins")?
-                .getattr("object")?
-                .getattr("__new__")?
-                .unbind(),
+            chunk_event: cls.unbind(),
+            chunk_slots,
+            chunk_alloc,
+            slot_set,
             pipeline_error: events.getattr("PipelineError")?.unbind(),
             flag_after_done: flag.getattr("AFTER_DONE")?.unbind(),
             flag_clock_backwards: flag.getattr("CLOCK_BACKWARDS")?.unbind(),
