@@ -21,6 +21,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
+use crate::ids::IdMap;
 use crate::link::{Addr, Seg};
 
 pub const FIN: u8 = 0x01;
@@ -284,7 +285,8 @@ pub struct Reassembler {
     pub stats: Stats,
     next_id: i64,
     halves: HashMap<HalfKey, (i64, usize)>,
-    conns: HashMap<i64, Conn>,
+    /// by connection id (`ids`: ids are ours, not the wire's)
+    conns: IdMap<i64, Conn>,
     /// insertion order of `conns` (a Python dict's iteration order)
     order: BTreeMap<u64, i64>,
     order_next: u64,
@@ -317,7 +319,7 @@ impl Reassembler {
             cfg,
             stats: Stats::default(),
             halves: HashMap::new(),
-            conns: HashMap::new(),
+            conns: IdMap::default(),
             order: BTreeMap::new(),
             order_next: 0,
             open: 0,
@@ -334,7 +336,7 @@ impl Reassembler {
         self.conns.len()
     }
 
-    fn ctx(&mut self) -> (Ctx<'_>, &mut HashMap<i64, Conn>) {
+    fn ctx(&mut self) -> (Ctx<'_>, &mut IdMap<i64, Conn>) {
         (
             Ctx {
                 stats: &mut self.stats,

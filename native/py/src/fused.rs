@@ -20,13 +20,13 @@
 //! or asks for one's `HttpBody` (`body`) where the Python stage must take it.
 
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
 
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet};
 use pyo3::{intern, IntoPyObjectExt};
 
+use sparseety_core::ids::IdMap;
 use sparseety_core::reassembly::Event;
 
 use crate::chunks;
@@ -329,7 +329,7 @@ impl Core {
             return Ok((i, 0, 0, None));
         };
         // the exchanges fed in this call, by (conn, exchange): written back at its end
-        let mut fed: HashMap<(u64, i64), chunks::Fed<'py>> = HashMap::new();
+        let mut fed: IdMap<(u64, i64), chunks::Fed<'py>> = IdMap::default();
         let run = self.feed_run(
             py, ex, k, &mut i, stop, out, max_quiet, dead, calls, &mut fed,
         );
@@ -378,7 +378,7 @@ impl Core {
         max_quiet: i64,
         dead: &Bound<'py, PySet>,
         calls: &Bound<'py, PyDict>,
-        fed: &mut HashMap<(u64, i64), chunks::Fed<'py>>,
+        fed: &mut IdMap<(u64, i64), chunks::Fed<'py>>,
     ) -> PyResult<Option<PyErr>> {
         while *i < stop {
             let Some(b) = self.held.get(k).filter(|b| b.pos == *i) else {
