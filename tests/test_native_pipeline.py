@@ -116,6 +116,49 @@ def test_whole_batches_give_what_segments_give(how: str) -> None:
     assert sum(isinstance(e, StreamClosed) for e in want) == 3
 
 
+#: What the native item loop reads and writes of an exchange (``chunks.rs``).
+_LOOP_STATE = (
+    "seq",
+    "chunk_count",
+    "event_count",
+    "text_len",
+    "t_first",
+    "t_last",
+    "resp_bytes",
+    "done_seen",
+    "quiet",
+    "invalid",
+    "usage",
+    "error",
+    "chunk_idx",
+    "finish",
+    "flags",
+)
+
+
+@pytest.mark.parametrize("cut", [29, 37, 45, 55])
+def test_open_exchanges_after_a_batch_hold_what_each_body_gave(cut: int) -> None:
+    """The native item loop reads an exchange's state at its first body of a
+    call and writes it back once, at the end of the call (``chunks::Fed``):
+    after one batch of interleaved streams ending mid-way, every open
+    exchange holds what the pure stage's holds after the same segments one
+    by one (what a later close, a checkpoint or the next call reads)."""
+    segs = _interleaved(4)[:cut]
+    pure = Pipeline(PipelineConfig(native=False))
+    for seg in segs:
+        pure.feed(seg)
+    nat = Pipeline(PipelineConfig(native=True))
+    assert native.NATIVE is not None
+    nat.feed_batch(native.NATIVE.segment_batch(segs))
+
+    def state(p: Pipeline) -> dict[Any, tuple[Any, ...]]:
+        return {k: tuple(getattr(x, f) for f in _LOOP_STATE) for k, x in p.streams._ex.items()}
+
+    got = state(nat)
+    assert got == state(pure)
+    assert len(got) == 4 and all(v[0] > 0 for v in got.values())  # every stream fed, open
+
+
 @pytest.mark.parametrize("how", ["segments", "batch"])
 @pytest.mark.parametrize("nth", [1, 3])
 def test_a_bug_after_the_native_call_costs_one_connection(how: str, nth: int) -> None:

@@ -257,3 +257,37 @@ def test_the_default_pipeline_runs_the_native_loop() -> None:
 
     assert Pipeline().streams._body_chunks is not None
     assert Pipeline(PipelineConfig(native=False)).streams._body_chunks is None
+
+
+def test_native_chunk_events_are_the_objects_the_class_makes() -> None:
+    """The native loop makes each ``ChunkEvent`` from its type's allocator and
+    its slots' descriptors, not through the class call: the same type,
+    values, equality, hash and frozen slots; tracked by the cycle collector
+    as the class call's are; and no reference kept or lost (a text is held
+    by its event only, and freed with it)."""
+    import dataclasses
+    import gc
+    import sys
+
+    from sniffer.core.events import ChunkEvent
+
+    def item(t: str) -> str:
+        return json.dumps({"model": "m", "choices": [{"index": 0, "delta": {"content": t}}]})
+
+    body = "".join(f"data: {item(t)}\n\n" for t in ["uniq-1", "uniq-2", "uniq-3"]).encode()
+    out, _ = run(True, "chat", body, [], 100)
+    made = [e for e in out if type(e) is ChunkEvent and e.kind == "content"]
+    assert [e.text for e in made] == ["uniq-1", "uniq-2", "uniq-3"]
+    for ev in made:
+        twin = ChunkEvent(*[getattr(ev, f.name) for f in dataclasses.fields(ChunkEvent)])
+        assert ev == twin and hash(ev) == hash(twin) and repr(ev) == repr(twin)
+        assert gc.is_tracked(ev) and gc.is_tracked(twin)
+        assert dataclasses.replace(ev, text="x").text == "x"
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            ev.text = "y"  # type: ignore[misc]
+    del twin, ev
+    text = made[0].text
+    assert sys.getrefcount(text) == 3  # the event, ``text`` and the call's argument
+    del made
+    out.clear()
+    assert sys.getrefcount(text) == 2  # freed with its event

@@ -36,6 +36,8 @@ from sniffer.store.writer import (
     OPTIONAL_CHUNK_FIELDS,
     StoreError,
     StoreWriter,
+    _full_chunk_row,
+    chunk_row,
     endpoint_text,
     is_credential_header,
     make_engine,
@@ -417,6 +419,10 @@ def test_file_database_is_wal(tmp_path: Path) -> None:
         assert conn.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL
         assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 0
         assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 5000
+        assert conn.execute(text("PRAGMA temp_store")).scalar() == 2  # MEMORY
+    assert w._lite is not None
+    with w._lite.begin() as tx:  # the writer's own connection (no SQLAlchemy)
+        assert tx.execute("PRAGMA temp_store") == [(2,)]
     w.close()
     raw = sqlite3.connect(db)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -757,6 +763,67 @@ def test_chunk_ids_are_the_ones_sqlite_gives(where: str, tmp_path: Path) -> None
     assert got == want
     assert len(got) == 357 and got[-1][0] == 357
     w.close()
+
+
+def test_runs_of_every_length_and_shape_keep_ids_and_values(tmp_path: Path) -> None:
+    """Content rows (a plain ``content`` chunk without reasoning: kind and
+    reasoning written as literals), plain rows of other kinds or with
+    reasoning, and full rows, in runs of every length from 1 to 300 (each
+    run in statements of 166 or 124 rows, then a power of two): every id and
+    value is the one SQLite gives the rows inserted one by one in order."""
+    w = StoreWriter(str(tmp_path / "r.db"))
+    oracle = sqlite3.connect(":memory:")
+    oracle.execute(
+        "CREATE TABLE chunks (id INTEGER PRIMARY KEY, "
+        + ", ".join(f"c{i}" for i in range(14))
+        + ")"
+    )
+    events: list[ChunkEvent] = []
+    seq = 0
+    for n in [*range(1, 70), 123, 124, 125, 165, 166, 167, 300]:
+        for _ in range(n):
+            events.append(ChunkEvent(1, T0 + seq / 8, seq, 0, seq, "content", f"t{seq}"))
+            seq += 1
+        other = [
+            ChunkEvent(1, T0, seq, 0, seq, "content", "u", "why"),  # reasoning: plain
+            ChunkEvent(1, T0, seq + 1, 0, 0, "role"),  # plain
+            ChunkEvent(1, T0, seq + 2, 0, 0, "finish", finish_reason="stop"),  # full
+            ChunkEvent(1, T0, seq + 3, 0, 0, "reasoning", "", "r"),  # plain
+        ][: 1 + n % 4]
+        events += other
+        seq += len(other)
+    w.write_many(events)
+    w.flush()
+    oracle.executemany(
+        f"INSERT INTO chunks ({', '.join(f'c{i}' for i in range(14))}) "
+        f"VALUES ({', '.join('?' * 14)})",
+        [_chunk_values(ev) for ev in events],
+    )
+    got = [tuple(r) for r in w.store.query("SELECT * FROM chunks ORDER BY id")]
+    want = oracle.execute("SELECT * FROM chunks ORDER BY id").fetchall()
+    assert got == want
+    assert len(got) == len(events) == seq
+    kinds = w.store.query(
+        "SELECT typeof(kind), typeof(reasoning), count(*) FROM chunks GROUP BY 1, 2"
+    )
+    assert [tuple(r) for r in kinds] == [("text", "text", len(events))]
+    w.close()
+
+
+def test_full_chunk_row_of_every_shape() -> None:
+    """What other databases get (and a refused row's error names): any buffered
+    chunk row as all its columns, the same as the full row of its event."""
+    usage = Usage({"prompt_tokens": 1}, prompt_tokens=1)
+    for ev in [
+        ChunkEvent(3, T0, 0, 0, 1, "content", "a"),  # content row
+        ChunkEvent(3, T0, 1, 0, 2, "content", "b", "think"),  # plain
+        ChunkEvent(3, T0, 2, 1, 0, "role"),  # plain
+        ChunkEvent(3, T0, 3, 0, 0, "usage", usage=usage),  # full
+    ]:
+        row = chunk_row(ev)
+        assert _full_chunk_row(row) == _chunk_values(ev)
+    assert len(chunk_row(ChunkEvent(3, T0, 0, 0, 1, "content", "a"))) == 6
+    assert len(chunk_row(ChunkEvent(3, T0, 0, 0, 1, "content", "a", "x"))) == 8
 
 
 def test_plain_chunk_rows_bind_no_null(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,7 @@ pub mod ring;
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 pub mod http1;
+pub mod ids;
 pub mod ndjson;
 pub mod openai;
 pub mod pyjson;

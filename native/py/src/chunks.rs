@@ -16,7 +16,7 @@
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::IntoPyObjectExt;
 
 use sparseety_core::openai::{extract, ChunkDelta, Endpoint, Kind, STREAM_LEVEL};
@@ -29,11 +29,15 @@ use crate::http::{PyNdjsonDecoder, PySseDecoder};
 const CHUNK_FIELDS: usize = 14;
 
 struct Types {
-    chunk_event: Py<PyAny>,
-    /// its field names, in order (`dataclasses.fields`)
-    chunk_fields: Vec<Py<PyString>>,
-    /// `object.__new__`
-    object_new: Py<PyAny>,
+    chunk_event: Py<PyType>,
+    /// the slot descriptor of each of its fields (`ChunkEvent.__dict__[name]`,
+    /// a `member_descriptor`), in field order (`dataclasses.fields`)
+    chunk_slots: Vec<Py<PyAny>>,
+    /// `ChunkEvent`'s `tp_alloc`: what `object.__new__(ChunkEvent)` calls
+    chunk_alloc: pyo3::ffi::allocfunc,
+    /// `member_descriptor`'s `tp_descr_set`: what the descriptors' `__set__`
+    /// (and `object.__setattr__`, after finding them) calls
+    slot_set: pyo3::ffi::descrsetfunc,
     pipeline_error: Py<PyAny>,
     flag_after_done: Py<PyAny>,
     flag_clock_backwards: Py<PyAny>,
@@ -50,25 +54,41 @@ macro_rules! fields {
 
 /// A `ChunkEvent` with these field values, made without its Python
 /// `__init__` (a frame and 14 descriptor calls: ~10k instructions, the most
-/// of this loop's cost per chunk): `object.__new__(ChunkEvent)`, then each
-/// slot set through `PyObject_GenericSetAttr`, which is what
-/// `object.__setattr__` does (the frozen class's own `__setattr__` refuses).
-/// The object is the one the class call makes: same slots, same values.
+/// of this loop's cost per chunk) nor the generic paths that lead to the
+/// same two C functions (`object.__new__` called as a Python object, then
+/// `PyObject_GenericSetAttr` per field: ~2.8k instructions): the type's
+/// `tp_alloc` (what `object.__new__` calls for a class without `__new__`:
+/// no arguments, not abstract), then each slot descriptor's `tp_descr_set`
+/// (what `object.__setattr__` calls once it found the descriptor, and what
+/// `events._slot_init`'s `__init__` calls through `__set__`; the frozen
+/// class's own `__setattr__` refuses): ~1.3k. The object is the one the
+/// class call makes: same type, slots and values, tracked by the cycle
+/// collector as `tp_alloc` leaves it.
 fn chunk_event<'py>(
     py: Python<'py>,
     t: &Types,
     values: [Bound<'py, PyAny>; CHUNK_FIELDS],
 ) -> PyResult<Bound<'py, PyAny>> {
-    let obj = t.object_new.bind(py).call1((t.chunk_event.bind(py),))?;
-    for (name, value) in t.chunk_fields.iter().zip(values.iter()) {
-        // SAFETY: `obj`, `name` and `value` are live, owned references for the
-        // whole call and the GIL is held (we have `py`); the function only
-        // borrows its arguments (it steals no reference) and returns -1 with
-        // an exception set on failure, which is fetched below.
+    let cls = t.chunk_event.bind(py);
+    // SAFETY: `cls` is a live type object and the GIL is held; `chunk_alloc`
+    // is its own `tp_alloc` slot, read from it at start-up (`types`), which
+    // returns a new reference or NULL with an exception set.
+    #[allow(unsafe_code)]
+    let obj = unsafe {
+        let ptr = (t.chunk_alloc)(cls.as_type_ptr(), 0);
+        if ptr.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        Bound::from_owned_ptr(py, ptr)
+    };
+    for (slot, value) in t.chunk_slots.iter().zip(values.iter()) {
+        // SAFETY: `slot` (a member descriptor of `cls`), `obj` (an instance of
+        // `cls`) and `value` are live references for the whole call and the
+        // GIL is held; `slot_set` is the descriptors' type's `tp_descr_set`,
+        // which checks the instance's type, borrows its arguments (it steals
+        // no reference) and returns -1 with an exception set on failure.
         #[allow(unsafe_code)]
-        let rc = unsafe {
-            pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), name.as_ptr(), value.as_ptr())
-        };
+        let rc = unsafe { (t.slot_set)(slot.as_ptr(), obj.as_ptr(), value.as_ptr()) };
         if rc != 0 {
             return Err(PyErr::fetch(py));
         }
@@ -76,34 +96,76 @@ fn chunk_event<'py>(
     Ok(obj)
 }
 
+/// Type slot `slot` of `tp` (`PyType_GetSlot`): a function pointer, not
+/// null (an error when the type has none).
+fn type_slot(
+    py: Python<'_>,
+    tp: &Bound<'_, PyType>,
+    slot: std::ffi::c_int,
+) -> PyResult<*mut std::ffi::c_void> {
+    // SAFETY: `tp` is a live type object and the GIL is held; `PyType_GetSlot`
+    // returns the slot's value (NULL when unset) or NULL with an exception set
+    // (a static type before 3.10: this module needs 3.11).
+    #[allow(unsafe_code)]
+    let ptr = unsafe { pyo3::ffi::PyType_GetSlot(tp.as_type_ptr(), slot) };
+    if ptr.is_null() {
+        return Err(PyErr::take(py).unwrap_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err(format!("{tp} has no type slot {slot}"))
+        }));
+    }
+    Ok(ptr)
+}
+
 fn types(py: Python<'_>) -> PyResult<&'static Types> {
     TYPES.get_or_try_init(py, || {
         let events = py.import("sniffer.core.events")?;
         let flag = events.getattr("StreamFlag")?;
         let chunk_event = events.getattr("ChunkEvent")?;
-        let mut chunk_fields = Vec::with_capacity(CHUNK_FIELDS);
+        let cls = chunk_event.cast_into::<PyType>()?;
+        let slots = cls.getattr("__dict__")?;
+        let mut chunk_slots = Vec::with_capacity(CHUNK_FIELDS);
         for f in py
             .import("dataclasses")?
             .getattr("fields")?
-            .call1((&chunk_event,))?
+            .call1((&cls,))?
             .try_iter()?
         {
-            chunk_fields.push(f?.getattr("name")?.cast_into::<PyString>()?.unbind());
+            let slot = slots.get_item(f?.getattr("name")?)?;
+            if slot.get_type().name()? != "member_descriptor" {
+                return Err(pyo3::exceptions::PyTypeError::new_err(
+                    "ChunkEvent's fields must be slots (member descriptors)",
+                ));
+            }
+            chunk_slots.push(slot.unbind());
         }
-        if chunk_fields.len() != CHUNK_FIELDS {
+        if chunk_slots.len() != CHUNK_FIELDS {
             return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                 "ChunkEvent has {} fields, the native loop makes {CHUNK_FIELDS}",
-                chunk_fields.len()
+                chunk_slots.len()
             )));
         }
+        let alloc = type_slot(py, &cls, pyo3::ffi::Py_tp_alloc)?;
+        let set = type_slot(
+            py,
+            &chunk_slots[0].bind(py).get_type(),
+            pyo3::ffi::Py_tp_descr_set,
+        )?;
+        // SAFETY: the values of these slots are, by CPython's type slot
+        // definitions, functions of exactly these types (`allocfunc`,
+        // `descrsetfunc`), non-null (checked by `type_slot`); the types they
+        // belong to live as long as the interpreter (ChunkEvent is kept here).
+        #[allow(unsafe_code)]
+        let (chunk_alloc, slot_set) = unsafe {
+            (
+                std::mem::transmute::<*mut std::ffi::c_void, pyo3::ffi::allocfunc>(alloc),
+                std::mem::transmute::<*mut std::ffi::c_void, pyo3::ffi::descrsetfunc>(set),
+            )
+        };
         Ok(Types {
-            chunk_event: chunk_event.unbind(),
-            chunk_fields,
-            object_new: py
-                .import("builtins")?
-                .getattr("object")?
-                .getattr("__new__")?
-                .unbind(),
+            chunk_event: cls.unbind(),
+            chunk_slots,
+            chunk_alloc,
+            slot_set,
             pipeline_error: events.getattr("PipelineError")?.unbind(),
             flag_after_done: flag.getattr("AFTER_DONE")?.unbind(),
             flag_clock_backwards: flag.getattr("CLOCK_BACKWARDS")?.unbind(),
@@ -132,7 +194,7 @@ fn py_str<'py>(py: Python<'py>, s: &str) -> Bound<'py, PyString> {
 
 /// The exchange's state the loop reads and writes (`_Exchange`'s slots).
 struct State<'py> {
-    x: &'py Bound<'py, PyAny>,
+    x: Bound<'py, PyAny>,
     stream: Bound<'py, PyAny>,
     seq: i64,
     seq0: i64,
@@ -200,16 +262,19 @@ fn opt_f64(v: Bound<'_, PyAny>) -> PyResult<Option<f64>> {
 }
 
 impl<'py> State<'py> {
-    fn load(py: Python<'py>, x: &'py Bound<'py, PyAny>) -> PyResult<Self> {
+    fn load(py: Python<'py>, x: Bound<'py, PyAny>) -> PyResult<Self> {
         let int = |name: &Bound<'py, PyString>| -> PyResult<i64> { x.getattr(name)?.extract() };
         let seq = int(intern!(py, "seq"))?;
         let done_seen = x.getattr(intern!(py, "done_seen"))?.is_truthy()?;
         let chunk_count = int(intern!(py, "chunk_count"))?;
         let text_len = int(intern!(py, "text_len"))?;
         let event_count = int(intern!(py, "event_count"))?;
+        let stream = x.getattr(intern!(py, "stream"))?;
+        let t_first = opt_f64(x.getattr(intern!(py, "t_first"))?)?;
+        let t_last = opt_f64(x.getattr(intern!(py, "t_last"))?)?;
         Ok(State {
             x,
-            stream: x.getattr(intern!(py, "stream"))?,
+            stream,
             seq,
             seq0: seq,
             done_seen,
@@ -222,9 +287,9 @@ impl<'py> State<'py> {
             text_len0: text_len,
             event_count,
             event_count0: event_count,
-            t_first: opt_f64(x.getattr(intern!(py, "t_first"))?)?,
+            t_first,
             t_first_set: false,
-            t_last: opt_f64(x.getattr(intern!(py, "t_last"))?)?,
+            t_last,
             t_last_set: false,
             usage: None,
             error: None,
@@ -237,7 +302,7 @@ impl<'py> State<'py> {
 
     /// Writes the changed attributes back to the exchange.
     fn store(&self, py: Python<'py>) -> PyResult<()> {
-        let x = self.x;
+        let x = &self.x;
         let set_int = |name: &Bound<'py, PyString>, v: i64, v0: i64| -> PyResult<()> {
             if v != v0 {
                 x.setattr(name, v)?;
@@ -289,11 +354,11 @@ impl<'py> State<'py> {
     }
 
     fn chunk_idx(&mut self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
-        Self::dict_attr(self.x, &mut self.chunk_idx, intern!(py, "chunk_idx"))
+        Self::dict_attr(&self.x, &mut self.chunk_idx, intern!(py, "chunk_idx"))
     }
 
     fn finish(&mut self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
-        Self::dict_attr(self.x, &mut self.finish, intern!(py, "finish"))
+        Self::dict_attr(&self.x, &mut self.finish, intern!(py, "finish"))
     }
 
     /// `StreamAssembler._flag`.
@@ -346,7 +411,7 @@ impl<'py> State<'py> {
         max_quiet: i64,
     ) -> PyResult<()> {
         self.flag(py, &t.flag_after_done)?;
-        if self.quiet.bump(self.x, intern!(py, "quiet"))? > max_quiet {
+        if self.quiet.bump(&self.x, intern!(py, "quiet"))? > max_quiet {
             return Ok(());
         }
         let args = fields!(py;
@@ -391,7 +456,7 @@ impl<'py> State<'py> {
                 || d.tool_calls.is_some()
                 || d.finish_reason.is_some()
                 || d.logprobs.is_some();
-            if !carries && self.quiet.bump(self.x, intern!(py, "quiet"))? > max_quiet {
+            if !carries && self.quiet.bump(&self.x, intern!(py, "quiet"))? > max_quiet {
                 return Ok(()); // capped (never INVALID here)
             }
         }
@@ -471,9 +536,9 @@ impl<'py> State<'py> {
                 || !logprobs.is_none()
                 || !usage.is_none()
                 || !server_tokens.is_none();
-            if !carries && self.quiet.bump(self.x, intern!(py, "quiet"))? > max_quiet {
+            if !carries && self.quiet.bump(&self.x, intern!(py, "quiet"))? > max_quiet {
                 if kind_s == "invalid" {
-                    self.invalid.bump(self.x, intern!(py, "invalid"))?;
+                    self.invalid.bump(&self.x, intern!(py, "invalid"))?;
                     self.errors += 1;
                 }
                 return Ok(());
@@ -507,7 +572,7 @@ impl<'py> State<'py> {
                 });
             }
             "invalid" => {
-                self.invalid.bump(self.x, intern!(py, "invalid"))?;
+                self.invalid.bump(&self.x, intern!(py, "invalid"))?;
                 self.errors += 1;
                 let message = if error.is_truthy()? {
                     error.clone()
@@ -649,51 +714,71 @@ fn endpoint(py: Python<'_>, dialect: &Bound<'_, PyAny>) -> Option<Endpoint> {
 /// the dialect's exception or None), see `body_chunks`.
 pub(crate) type Chunks = (u64, u64, Option<PyErr>);
 
-/// `StreamAssembler._response_body` for the response body bytes `data` of
-/// the exchange `x` (the native core's held bodies, `fused.rs`), when the
-/// native item loop does all of it: `x` decodes a streamed body with a native
-/// decoder and nothing is sniffed, synced or guessed; or `x` has no dialect
-/// (its byte count only). None, with nothing changed, when the Python stage
-/// must take the body (a recovered body not yet synced or guessed, a whole
-/// JSON document). The decoders are the native ones (a native pipeline's
-/// stage makes no other).
-pub(crate) fn response_body<'py>(
+/// The items of one body event through the exchange's item decoder `dec`
+/// (a native `SseDecoder`; None: its `ndjson`, a native `NdjsonDecoder`);
+/// None when it completed none.
+fn decode<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyAny>,
-    ts: f64,
+    dec: &Bound<'py, PyAny>,
     data: &[u8],
-    out: &Bound<'py, PyList>,
-    max_quiet: i64,
-) -> PyResult<Option<Chunks>> {
-    for name in [
-        intern!(py, "sniff"),
-        intern!(py, "item_sync"),
-        intern!(py, "unguessed"),
-    ] {
-        if !x.getattr(name)?.is_none() {
+) -> PyResult<Option<Items>> {
+    let items = if dec.is_none() {
+        let dec = x.getattr(intern!(py, "ndjson"))?;
+        let dec = dec.cast::<PyNdjsonDecoder>()?;
+        let lines = dec.borrow_mut().feed_lines(data);
+        if lines.is_empty() {
             return Ok(None);
         }
-    }
-    let dialect = x.getattr(intern!(py, "dialect"))?;
-    let streamed = if dialect.is_none() {
-        None
+        Items::Lines(lines)
     } else {
-        let dec = x.getattr(intern!(py, "decoder"))?;
-        if dec.is_none() && x.getattr(intern!(py, "ndjson"))?.is_none() {
-            return Ok(None); // a whole document (or nothing): Python's
+        let dec = dec.cast::<PySseDecoder>()?;
+        let events = dec.borrow_mut().feed_events(data);
+        if events.is_empty() {
+            return Ok(None);
         }
-        Some(dec)
+        Items::Sse(events)
     };
-    let name = intern!(py, "resp_bytes");
-    let total = x
-        .getattr(name)?
-        .extract::<i64>()?
-        .saturating_add(i64::try_from(data.len()).unwrap_or(i64::MAX));
-    x.setattr(name, total)?;
-    match streamed {
-        None => Ok(Some((0, 0, None))), // no dialect: the bytes are counted, no more
-        Some(dec) => items(py, x, dec, Some(dialect), ts, data, out, max_quiet).map(Some),
+    Ok(Some(items))
+}
+
+/// Each item through the dialect and `_deltas` (`item`), up to the first
+/// that raises: its exception.
+#[allow(clippy::too_many_arguments)]
+fn run<'py>(
+    py: Python<'py>,
+    t: &Types,
+    st: &mut State<'py>,
+    dialect: &Bound<'py, PyAny>,
+    endpoint: Option<Endpoint>,
+    named: &mut bool,
+    ts: f64,
+    items: Items,
+    out: &Bound<'py, PyList>,
+    max_quiet: i64,
+) -> Option<PyErr> {
+    let mut step = |data: String, event: &str| {
+        item(
+            py, t, st, dialect, endpoint, named, ts, data, event, out, max_quiet,
+        )
+    };
+    match items {
+        Items::Sse(events) => {
+            for e in events {
+                if let Err(err) = step(e.data, &e.event) {
+                    return Some(err);
+                }
+            }
+        }
+        Items::Lines(lines) => {
+            for line in lines {
+                if let Err(err) = step(line, "ndjson") {
+                    return Some(err);
+                }
+            }
+        }
     }
+    None
 }
 
 /// The item loop of `body_chunks`, the exchange's `decoder` (`dec`) and
@@ -710,21 +795,8 @@ fn items<'py>(
     max_quiet: i64,
 ) -> PyResult<Chunks> {
     let t = types(py)?;
-    let items = if dec.is_none() {
-        let dec = x.getattr(intern!(py, "ndjson"))?;
-        let dec = dec.cast::<PyNdjsonDecoder>()?;
-        let lines = dec.borrow_mut().feed_lines(data);
-        if lines.is_empty() {
-            return Ok((0, 0, None));
-        }
-        Items::Lines(lines)
-    } else {
-        let dec = dec.cast::<PySseDecoder>()?;
-        let events = dec.borrow_mut().feed_events(data);
-        if events.is_empty() {
-            return Ok((0, 0, None));
-        }
-        Items::Sse(events)
+    let Some(items) = decode(py, x, &dec, data)? else {
+        return Ok((0, 0, None));
     };
     let dialect = match dialect {
         Some(d) => d,
@@ -735,33 +807,142 @@ fn items<'py>(
         Some(_) => dialect.getattr(intern!(py, "_named"))?.is_truthy()?,
         None => true,
     };
-    let mut st = State::load(py, x)?;
-    let mut step = |data: String, event: &str| {
-        item(
-            py, t, &mut st, &dialect, endpoint, &mut named, ts, data, event, out, max_quiet,
-        )
-    };
-    let mut failed = None;
-    match items {
-        Items::Sse(events) => {
-            for e in events {
-                if let Err(err) = step(e.data, &e.event) {
-                    failed = Some(err);
-                    break;
-                }
-            }
-        }
-        Items::Lines(lines) => {
-            for line in lines {
-                if let Err(err) = step(line, "ndjson") {
-                    failed = Some(err);
-                    break;
-                }
-            }
-        }
-    }
+    let mut st = State::load(py, x.clone())?;
+    let failed = run(
+        py, t, &mut st, &dialect, endpoint, &mut named, ts, items, out, max_quiet,
+    );
     st.store(py)?;
     Ok((st.added, st.errors, failed))
+}
+
+/// The streamed body of an exchange `Fed` decodes: its decoder and dialect,
+/// and its state once an item came.
+struct Streamed<'py> {
+    /// its `decoder` (None: its `ndjson` is read at each body, as `items` does)
+    dec: Bound<'py, PyAny>,
+    dialect: Bound<'py, PyAny>,
+    endpoint: Option<Endpoint>,
+    named: bool,
+    /// read at its first body with items in the call
+    st: Option<State<'py>>,
+}
+
+/// `StreamAssembler._response_body` for the response bodies of one exchange
+/// `x` in one call of the native core's `feed_bodies` (`fused.rs`, the held
+/// bodies of a batch), when the native item loop does all of it: `x` decodes
+/// a streamed body with a native decoder and nothing is sniffed, synced or
+/// guessed; or `x` has no dialect (its byte count only). What the loop reads
+/// of the exchange is read at its first body in the call, and what it
+/// changes is written back once, by `close`, before the call returns (nothing
+/// but the loop touches the exchange in between: the Python stage runs after
+/// the call), not read and written again at each body (some 20 attribute
+/// look-ups and stores of a Python object each: ~4k instructions per body,
+/// when a busy capture interleaves the bodies of dozens of streams).
+pub(crate) struct Fed<'py> {
+    x: Bound<'py, PyAny>,
+    /// None: no dialect (the bytes are counted, no more)
+    streamed: Option<Streamed<'py>>,
+    resp_bytes: i64,
+    resp_bytes0: i64,
+}
+
+impl<'py> Fed<'py> {
+    /// None, with nothing read but the exchange's decoding state, when the
+    /// Python stage must take its bodies (a recovered body not yet synced or
+    /// guessed, a whole JSON document). The decoders are the native ones (a
+    /// native pipeline's stage makes no other).
+    pub(crate) fn open(py: Python<'py>, x: Bound<'py, PyAny>) -> PyResult<Option<Self>> {
+        for name in [
+            intern!(py, "sniff"),
+            intern!(py, "item_sync"),
+            intern!(py, "unguessed"),
+        ] {
+            if !x.getattr(name)?.is_none() {
+                return Ok(None);
+            }
+        }
+        let dialect = x.getattr(intern!(py, "dialect"))?;
+        let streamed = if dialect.is_none() {
+            None
+        } else {
+            let dec = x.getattr(intern!(py, "decoder"))?;
+            if dec.is_none() && x.getattr(intern!(py, "ndjson"))?.is_none() {
+                return Ok(None); // a whole document (or nothing): Python's
+            }
+            let endpoint = endpoint(py, &dialect);
+            let named = match endpoint {
+                Some(_) => dialect.getattr(intern!(py, "_named"))?.is_truthy()?,
+                None => true,
+            };
+            Some(Streamed {
+                dec,
+                dialect,
+                endpoint,
+                named,
+                st: None,
+            })
+        };
+        let resp_bytes = x.getattr(intern!(py, "resp_bytes"))?.extract::<i64>()?;
+        Ok(Some(Fed {
+            x,
+            streamed,
+            resp_bytes,
+            resp_bytes0: resp_bytes,
+        }))
+    }
+
+    /// The body bytes `data` (captured at `ts`): counted, and decoded into
+    /// chunk events appended to `out`. The dialect's exception, if it raised
+    /// (the items after it dropped, as `body_chunks` does).
+    pub(crate) fn body(
+        &mut self,
+        py: Python<'py>,
+        ts: f64,
+        data: &[u8],
+        out: &Bound<'py, PyList>,
+        max_quiet: i64,
+    ) -> PyResult<Option<PyErr>> {
+        let len = i64::try_from(data.len()).unwrap_or(i64::MAX);
+        self.resp_bytes = self.resp_bytes.saturating_add(len);
+        let Some(s) = &mut self.streamed else {
+            return Ok(None);
+        };
+        let Some(items) = decode(py, &self.x, &s.dec, data)? else {
+            return Ok(None);
+        };
+        let t = types(py)?;
+        let st = match &mut s.st {
+            Some(st) => st,
+            None => s.st.insert(State::load(py, self.x.clone())?),
+        };
+        Ok(run(
+            py,
+            t,
+            st,
+            &s.dialect,
+            s.endpoint,
+            &mut s.named,
+            ts,
+            items,
+            out,
+            max_quiet,
+        ))
+    }
+
+    /// Writes what changed back to the exchange; (chunk events appended,
+    /// dialect errors counted).
+    pub(crate) fn close(&self, py: Python<'py>) -> PyResult<(u64, u64)> {
+        if self.resp_bytes != self.resp_bytes0 {
+            self.x.setattr(intern!(py, "resp_bytes"), self.resp_bytes)?;
+        }
+        match self.streamed.as_ref().and_then(|s| s.st.as_ref()) {
+            Some(st) => {
+                st.store(py)?;
+                Ok((st.added, st.errors))
+            }
+            None => Ok((0, 0)),
+        }
+    }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -19,11 +19,14 @@
 //! to `feed_bodies` (the streams stage's item loop, `chunks.rs`) in one call,
 //! or asks for one's `HttpBody` (`body`) where the Python stage must take it.
 
+use std::collections::hash_map::Entry;
+
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySet};
 use pyo3::{intern, IntoPyObjectExt};
 
+use sparseety_core::ids::IdMap;
 use sparseety_core::reassembly::Event;
 
 use crate::chunks;
@@ -299,7 +302,7 @@ impl Core {
 
     /// The held response bodies at outputs `start`, `start + 1`, … (before
     /// `stop`) of the last call through the streams stage's native item loop
-    /// (`chunks::response_body`), with `ex` its exchanges by (conn, exchange)
+    /// (`chunks::Fed`), with `ex` its exchanges by (conn, exchange)
     /// (`StreamAssembler._ex`); their chunk events appended to `out`. What
     /// the pipeline does with each (`Pipeline._consume`): a body of a
     /// connection in `dead` is dropped, one of an exchange the gRPC splitter
@@ -321,41 +324,33 @@ impl Core {
         dead: &Bound<'py, PySet>,
         calls: &Bound<'py, PyDict>,
     ) -> PyResult<(usize, u64, u64, Option<PyErr>)> {
-        let (mut added, mut errors) = (0u64, 0u64);
         let mut i = start;
-        let Some(mut k) = self.held_at(start) else {
+        let Some(k) = self.held_at(start) else {
             return Ok((i, 0, 0, None));
         };
-        while i < stop {
-            let Some(b) = self.held.get(k).filter(|b| b.pos == i) else {
-                break;
-            };
-            if dead.len() > 0 && dead.contains(b.conn)? {
-                k += 1;
-                i += 1;
-                continue;
-            }
-            let key = (b.conn, b.exchange).into_pyobject(py)?;
-            if calls.len() > 0 && calls.contains(&key)? {
-                break;
-            }
-            if let Some(x) = ex.get_item(&key)? {
-                match chunks::response_body(py, &x, b.ts, &b.data, out, max_quiet) {
-                    Ok(None) => break,
-                    Ok(Some((a, e, failed))) => {
-                        added = added.saturating_add(a);
-                        errors = errors.saturating_add(e);
-                        if failed.is_some() {
-                            return Ok((i, added, errors, failed));
-                        }
-                    }
-                    Err(e) => return Ok((i, added, errors, Some(e))),
+        // the exchanges fed in this call, by (conn, exchange): written back at its end
+        let mut fed: IdMap<(u64, i64), chunks::Fed<'py>> = IdMap::default();
+        let run = self.feed_run(
+            py, ex, k, &mut i, stop, out, max_quiet, dead, calls, &mut fed,
+        );
+        let (mut added, mut errors) = (0u64, 0u64);
+        let mut failed = None;
+        for f in fed.values() {
+            match f.close(py) {
+                Ok((a, e)) => {
+                    added = added.saturating_add(a);
+                    errors = errors.saturating_add(e);
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
                 }
             }
-            k += 1;
-            i += 1;
         }
-        Ok((i, added, errors, None))
+        match run {
+            Ok(Some(e)) => Ok((i, added, errors, Some(e))),
+            Ok(None) => Ok((i, added, errors, failed)),
+            Err(e) => Err(e),
+        }
     }
 
     /// (conn, ts, end) of the flow event that made output `i` of the last
@@ -367,6 +362,61 @@ impl Core {
 }
 
 impl Core {
+    /// The loop of `feed_bodies` from body `k` of `held` (at output `*i`),
+    /// each exchange's bodies through its `chunks::Fed` in `fed` (made at
+    /// its first body; the caller writes them back). Leaves `*i` at the
+    /// first output not done; returns the exception raised on it, if any.
+    #[allow(clippy::too_many_arguments)]
+    fn feed_run<'py>(
+        &self,
+        py: Python<'py>,
+        ex: &Bound<'py, PyDict>,
+        mut k: usize,
+        i: &mut usize,
+        stop: usize,
+        out: &Bound<'py, PyList>,
+        max_quiet: i64,
+        dead: &Bound<'py, PySet>,
+        calls: &Bound<'py, PyDict>,
+        fed: &mut IdMap<(u64, i64), chunks::Fed<'py>>,
+    ) -> PyResult<Option<PyErr>> {
+        while *i < stop {
+            let Some(b) = self.held.get(k).filter(|b| b.pos == *i) else {
+                break;
+            };
+            if dead.len() > 0 && dead.contains(b.conn)? {
+                k += 1;
+                *i += 1;
+                continue;
+            }
+            if calls.len() > 0 && calls.contains((b.conn, b.exchange))? {
+                break;
+            }
+            let f = match fed.entry((b.conn, b.exchange)) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(v) => match ex.get_item((b.conn, b.exchange))? {
+                    None => {
+                        k += 1;
+                        *i += 1;
+                        continue;
+                    }
+                    Some(x) => match chunks::Fed::open(py, x) {
+                        Ok(Some(f)) => v.insert(f),
+                        Ok(None) => break, // the Python stage's
+                        Err(e) => return Ok(Some(e)),
+                    },
+                },
+            };
+            match f.body(py, b.ts, &b.data, out, max_quiet) {
+                Ok(None) => {}
+                Ok(Some(e)) | Err(e) => return Ok(Some(e)),
+            }
+            k += 1;
+            *i += 1;
+        }
+        Ok(None)
+    }
+
     /// The index in `held` of the body at output `i` of the last call.
     fn held_at(&self, i: usize) -> Option<usize> {
         let k = self.held.partition_point(|b| b.pos < i);

@@ -7,8 +7,6 @@
 //! handover, `sniffer.core.native._h2_takeover` gives the connection to a
 //! Python `HttpParser` kept here, and that connection's later events go to it.
 
-use std::collections::{HashMap, HashSet};
-
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -21,6 +19,7 @@ use sparseety_core::http1::text::latin1;
 use sparseety_core::http1::{
     Checkpoint, EndReason, FlowEvent, H2Mode, Headers, HeldEvent, HttpConfig, HttpEvent, HttpParser,
 };
+use sparseety_core::ids::{IdMap, IdSet};
 use sparseety_core::ndjson::NdjsonDecoder;
 use sparseety_core::reassembly::Event;
 use sparseety_core::sse::{SseDecoder, SseEvent, DEFAULT_MAX_LINE};
@@ -148,13 +147,13 @@ impl HeldBody {
 pub struct PyHttpParser {
     core: HttpParser,
     /// every open connection's ConnectionOpened (released as the core says)
-    opened: HashMap<u64, Py<PyAny>>,
+    opened: IdMap<u64, Py<PyAny>>,
     /// connections handed over to the Python parser (HTTP/2)
-    h2: HashSet<u64>,
+    h2: IdSet<u64>,
     py_parser: Py<PyAny>,
     out: Vec<HttpEvent>,
     /// insertion order of the connections, as the reference's dict keeps it
-    order: HashMap<u64, u64>,
+    order: IdMap<u64, u64>,
     next_order: u64,
 }
 
@@ -184,11 +183,11 @@ impl PyHttpParser {
                 max_decoded_bytes,
                 max_expansion_ratio,
             }),
-            opened: HashMap::new(),
-            h2: HashSet::new(),
+            opened: IdMap::default(),
+            h2: IdSet::default(),
             py_parser,
             out: Vec::new(),
-            order: HashMap::new(),
+            order: IdMap::default(),
             next_order: 0,
         })
     }

@@ -27,7 +27,9 @@ pub mod head;
 pub mod resync;
 pub mod text;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::ids::IdMap;
 
 use chunked::{ChunkState, ChunkedBody};
 use coding::{decoder_for, BodyDecoder, MAX_DECODED_BYTES, MAX_EXPANSION_RATIO};
@@ -774,7 +776,8 @@ struct Ctx {
 
 /// Turns reassembled flows into HTTP messages; see the module text.
 pub struct HttpParser {
-    conns: HashMap<ConnId, Conn>,
+    /// by connection id (`crate::ids`: ids are ours, not the wire's)
+    conns: IdMap<ConnId, Conn>,
     ctx: Ctx,
 }
 
@@ -787,7 +790,7 @@ impl Default for HttpParser {
 impl HttpParser {
     pub fn new(cfg: HttpConfig) -> Self {
         HttpParser {
-            conns: HashMap::new(),
+            conns: IdMap::default(),
             ctx: Ctx {
                 stats: HttpStats::default(),
                 cfg,

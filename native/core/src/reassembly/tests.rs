@@ -243,3 +243,59 @@ fn checkpoint_forget_and_adopt() {
     );
     assert_eq!(data_of(&ev, false), b"late");
 }
+
+/// What a `Hash` writes to its hasher, call by call.
+#[derive(Default)]
+struct Writes(Vec<Vec<u8>>);
+
+impl Hasher for Writes {
+    fn finish(&self) -> u64 {
+        0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.push(bytes.to_vec());
+    }
+}
+
+fn writes(key: Key) -> Vec<Vec<u8>> {
+    let mut w = Writes::default();
+    HalfKey(key).hash(&mut w);
+    w.0
+}
+
+#[test]
+fn a_direction_key_is_hashed_in_one_write_that_tells_every_key_apart() {
+    let v6 = |a: [u8; 4]| {
+        let mut b = [0u8; 16];
+        b[..4].copy_from_slice(&a);
+        Addr::V6(b)
+    };
+    let keys: Vec<Key> = vec![
+        (C, 50000, S, 8000),
+        (S, 8000, C, 50000),
+        (C, 50001, S, 8000),
+        (C, 50000, S, 8001),
+        (v6([127, 0, 0, 1]), 50000, S, 8000), // the same bytes, another variant
+        (C, 50000, v6([127, 0, 0, 2]), 8000),
+        (Addr::V4([0; 4]), 0, Addr::Invalid, 0),
+        (Addr::Invalid, 0, Addr::V4([0; 4]), 0),
+        (Addr::Invalid, 0, Addr::Invalid, 0),
+        (Addr::V6([0; 16]), 0, Addr::Invalid, 0),
+    ];
+    let mut seen = HashSet::new();
+    for key in &keys {
+        let w = writes(*key);
+        assert_eq!(w.len(), 1, "one write per key");
+        assert_eq!(w[0].len(), 38);
+        assert_eq!(writes(*key), w, "the same key, the same bytes");
+        assert!(seen.insert(w[0].clone()), "{key:?} hashed like another key");
+    }
+    // and the table finds each direction as the tuple did
+    let mut m = HashMap::new();
+    for (i, key) in keys.iter().enumerate() {
+        m.insert(HalfKey(*key), i);
+    }
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(m.get(&HalfKey(*key)), Some(&i));
+    }
+}
