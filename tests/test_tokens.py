@@ -1064,3 +1064,142 @@ def _bisected(
         if counts[j] and offsets[k][1] > ends[j]:
             straddles.append((k, j, min(bisect.bisect_left(ends, offsets[k][1], j), last)))
     return counts, straddles
+
+
+# ---------------------------------------------------------------------------
+# Offsets and round trip from the tokens' bytes (plain byte-level tokenizers)
+# ---------------------------------------------------------------------------
+
+#: ASCII (control characters included), added tokens of DeepSeek's vocabulary
+#: spelled in ASCII, and a few non-ASCII pieces (those texts take the
+#: tokenizer's own offsets)
+_PIECES = [chr(c) for c in range(128)] + [
+    "<think>",
+    "</think>",
+    "<|EOT|>",
+    "<｜end▁of▁sentence｜>",
+    " the",
+    " 12345",
+    "\r\n",
+    "é",
+    "我们",
+    "🎉",
+]
+
+
+def _reference(tok: LoadedTokenizer, texts: list[str]) -> list[tuple[Any, ...]]:
+    """What the tokenizer itself gives: ids, offsets, decode of the ids."""
+    encs = tok._tok.encode_batch(texts, add_special_tokens=False)
+    decoded = tok._tok.decode_batch([e.ids for e in encs], skip_special_tokens=False)
+    return [(tuple(e.ids), e.offsets, d) for e, d in zip(encs, decoded, strict=True)]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(st.sampled_from(_PIECES), max_size=30).map("".join), max_size=8))
+def test_offsets_from_bytes_equal_the_tokenizers(texts: list[str]) -> None:
+    ds = REGISTRY.resolve(None)[1]
+    assert ds.plain_byte_level
+    assert ds._encode_checked(texts) == _reference(ds, texts)
+
+
+def test_offsets_from_bytes_real_texts(ds: LoadedTokenizer) -> None:
+    texts = [*REAL_TEXTS, "w12.34 w12.35 ", "x <think> y", "tab\there\x00\x7f"]
+    assert ds._encode_checked(texts) == _reference(ds, texts)
+    # the ASCII ones took the bytes' way: their tokens' bytes are known, and
+    # an added token is known not to be a plain vocabulary entry
+    think = ds.token_to_id("<think>")
+    assert think is not None and ds._pieces[think] == b""
+    (ids,) = ds.encode_batch(["w12.34 w12.35 "])
+    assert b"".join(ds._pieces[i] for i in ids) == b"w12.34 w12.35 "
+
+
+def _byte_bpe(**parts: Any) -> Tokenizer:
+    """A small byte-level BPE trained on SENTENCES, with ``parts`` set on it."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    from tokenizers import decoders, processors
+
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(SENTENCES * 3, trainer=trainer)
+    for name, value in parts.items():
+        setattr(tok, name, value)
+    return tok
+
+
+def test_plain_byte_level_is_recognised_only_as_such() -> None:
+    from tokenizers import normalizers, processors
+
+    from sniffer.llm.tokens import _plain_byte_level
+
+    assert _plain_byte_level(_byte_bpe())
+    split = pre_tokenizers.Split(" ", behavior="isolated")
+    seq = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    assert _plain_byte_level(_byte_bpe(pre_tokenizer=seq))
+    assert _plain_byte_level(_byte_bpe(post_processor=None))
+    not_plain = [
+        {"normalizer": normalizers.NFKC()},
+        {"normalizer": normalizers.Lowercase()},
+        {"post_processor": processors.ByteLevel(trim_offsets=True)},
+        {"pre_tokenizer": pre_tokenizers.ByteLevel(add_prefix_space=True)},
+        {"pre_tokenizer": pre_tokenizers.Whitespace()},
+        {
+            "pre_tokenizer": pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(" ", behavior="removed"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False),
+                ]
+            )
+        },
+    ]
+    for parts in not_plain:
+        assert not _plain_byte_level(_byte_bpe(**parts)), parts
+    wordlevel = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    assert not _plain_byte_level(wordlevel)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(st.sampled_from([*_PIECES, "<eos>"]), max_size=30).map("".join)))
+def test_offsets_from_bytes_of_another_tokenizer(texts: list[str]) -> None:
+    tok = LoadedTokenizer("tiny-bpe", _BPE)
+    assert tok.plain_byte_level
+    assert tok._encode_checked(texts) == _reference(tok, texts)
+
+
+_BPE = _byte_bpe()
+
+
+def test_gc_paused_promotes_survivors_and_nests() -> None:
+    import gc
+
+    from sniffer.llm.tokens import gc_paused
+
+    assert gc.isenabled()
+    gc.collect()  # the generations' counts start at 0: no collection cascades below
+    with gc_paused():
+        assert not gc.isenabled()
+        kept = [[i] for i in range(5_000)]  # young, tracked, alive after the block
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the inner block leaves it off
+    assert gc.isenabled()
+    # the survivors went to the oldest generation (no young collection walks them)
+    assert any(o is kept for o in gc.get_objects(generation=2))
+    assert gc.get_freeze_count() == 0
+    # objects frozen already (a forked replay worker's): left frozen
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            kept.append([0])
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+    with pytest.raises(ValueError), gc_paused():
+        raise ValueError
+    assert gc.isenabled()
