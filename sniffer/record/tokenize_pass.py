@@ -345,6 +345,8 @@ def _straddle_seqs(cc: ChoiceChunks | None) -> tuple[int, ...]:
     """The seq of each straddling token's chunk (repeated per token)."""
     if cc is None or not any(cc.straddles):
         return ()
+    if max(cc.straddles) == 1:  # the usual: only a chunk's last token can reach past it
+        return tuple(compress(cc.seqs, cc.straddles))
     return tuple(chain.from_iterable(map(repeat, cc.seqs, cc.straddles)))
 
 
