@@ -1203,3 +1203,13 @@ def test_gc_paused_promotes_survivors_and_nests() -> None:
     with pytest.raises(ValueError), gc_paused():
         raise ValueError
     assert gc.isenabled()
+
+
+@given(st.lists(st.integers(0, 40), max_size=200))
+def test_histogram_is_the_counter_sorted(counts: list[int]) -> None:
+    from collections import Counter
+
+    from sniffer.llm.tokens import _histogram
+
+    got = _histogram(counts)
+    assert got == dict(Counter(counts)) and list(got) == sorted(got)
