@@ -1213,3 +1213,13 @@ def test_histogram_is_the_counter_sorted(counts: list[int]) -> None:
 
     got = _histogram(counts)
     assert got == dict(Counter(counts)) and list(got) == sorted(got)
+
+
+def test_token_bytes_kept_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sniffer.llm import tokens
+
+    monkeypatch.setattr(tokens, "_MAX_PIECES", 5)
+    tok = LoadedTokenizer("tiny-bpe", _BPE)
+    for text in SENTENCES:
+        assert tok._encode_checked([text]) == _reference(tok, [text])
+        assert len(tok._pieces) <= 5 + len(set(tok.encode_batch([text])[0]))
