@@ -78,7 +78,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress, islice, repeat
-from operator import gt, itemgetter, le, sub
+from operator import gt, is_, itemgetter, le, sub
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
@@ -290,17 +290,22 @@ class LoadedTokenizer:
         None when a token is not a plain vocabulary entry or the bytes are not
         the text's."""
         pieces_of = self._pieces
-        try:
-            pieces = list(map(pieces_of.__getitem__, ids))
-        except KeyError:
-            if len(pieces_of) >= _MAX_PIECES:
-                pieces_of.clear()
-            for i in set(ids).difference(pieces_of):
-                pieces_of[i] = self._piece(i)
-            pieces = list(map(pieces_of.__getitem__, ids))
-        if not all(pieces) or b"".join(pieces) != text.encode("ascii"):
+        pieces = list(map(pieces_of.get, ids))
+        if not all(pieces):  # ids not seen yet (None), or not plain entries (b"")
+            missing = set(compress(ids, map(is_, pieces, repeat(None))))
+            if missing:
+                if len(pieces_of) + len(missing) > _MAX_PIECES:
+                    pieces_of.clear()
+                    missing = set(ids)
+                for i in missing:
+                    pieces_of[i] = self._piece(i)
+                pieces = list(map(pieces_of.get, ids))
+            if not all(pieces):
+                return None
+        spelled = cast("list[bytes]", pieces)  # none is None now
+        if b"".join(spelled) != text.encode("ascii"):
             return None
-        ends = list(accumulate(map(len, pieces)))
+        ends = list(accumulate(map(len, spelled)))
         # token k starts where k - 1 ends (the starts run one past the last token)
         return list(zip(chain((0,), ends), ends, strict=False))
 
