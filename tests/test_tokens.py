@@ -1223,3 +1223,56 @@ def test_token_bytes_kept_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     for text in SENTENCES:
         assert tok._encode_checked([text]) == _reference(tok, [text])
         assert len(tok._pieces) <= 5 + len(set(tok.encode_batch([text])[0]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    lens=st.lists(st.integers(min_value=0, max_value=5), max_size=8),
+    widths=st.lists(st.integers(min_value=0, max_value=4), max_size=10),
+)
+def test_tiled_attribution_is_the_offsets_one(lens: list[int], widths: list[int]) -> None:
+    """Tokens that tile the text (an ASCII text's, from their bytes): the
+    attribution from their ends, pure and native, is the one from their offsets."""
+    from sniffer import native_core
+    from sniffer.llm.tokens import _attribute_tiled, _Tiled
+
+    ends = list(itertools.accumulate(widths))
+    offsets = list(zip([0, *ends], ends, strict=False))
+    tiled = _Tiled(ends)
+    assert tiled == offsets and len(tiled) == len(offsets)
+    assert [tiled[k] for k in range(-len(offsets), len(offsets))] == offsets * 2
+    want = _attribute_counts(lens, len(offsets), offsets)
+    assert _attribute_tiled(lens, ends) == want
+    native = getattr(native_core()[0], "attribute_tiled", None)
+    if native is not None:
+        assert native(lens, ends) == want
+        assert native(tuple(lens), tuple(ends)) == want
+
+
+def test_tiled_offsets_index_like_a_list() -> None:
+    from sniffer.llm.tokens import _Tiled
+
+    tiled = _Tiled([2, 3, 7])
+    assert tiled[0] == (0, 2) and tiled[-1] == (3, 7) and tiled[1:] == [(2, 3), (3, 7)]
+    with pytest.raises(IndexError):
+        tiled[3]
+    with pytest.raises(IndexError):
+        tiled[-4]
+    assert [o[0] for o in tiled] == [0, 2, 3]
+
+
+def test_ascii_texts_are_attributed_from_tiled_offsets(ds: LoadedTokenizer) -> None:
+    from sniffer.llm.tokens import _Tiled
+
+    ((_, offsets, _),) = ds._encode_checked(["w12.34 w12.35 "])
+    assert type(offsets) is _Tiled
+    ((_, offsets, _),) = ds._encode_checked(["café"])  # the tokenizer's own
+    assert type(offsets) is list
+    pieces = ["w12", ".34 ", "w", "12.", "35", " "]
+    res = analyze_one(stream(chunks_of(pieces)))
+    (ids,) = ds.encode_batch(["".join(pieces)])
+    assert res.output_ids[0] == tuple(ids)
+    ((ids2, offsets2),) = ds.encode_with_offsets(["".join(pieces)])
+    assert [c.token_ids for c in res.chunks] == [
+        tuple(p) for p in attribute_chunks(pieces, ids2, offsets2)[0]
+    ]

@@ -78,7 +78,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress, islice, repeat
-from operator import gt, is_, itemgetter, le, sub
+from operator import gt, itemgetter, le, sub
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
@@ -285,29 +285,24 @@ class LoadedTokenizer:
                 out[i] = (tuple(ids), e.offsets, dec)
         return cast("list[_Encoded]", out)
 
-    def _ascii_offsets(self, text: str, ids: list[int]) -> list[tuple[int, int]] | None:
+    def _ascii_offsets(self, text: str, ids: list[int]) -> _Tiled | None:
         """The offsets of ``ids`` in the ASCII ``text`` from their bytes, or
         None when a token is not a plain vocabulary entry or the bytes are not
         the text's."""
         pieces_of = self._pieces
-        pieces = list(map(pieces_of.get, ids))
-        if not all(pieces):  # ids not seen yet (None), or not plain entries (b"")
-            missing = set(compress(ids, map(is_, pieces, repeat(None))))
-            if missing:
-                if len(pieces_of) + len(missing) > _MAX_PIECES:
-                    pieces_of.clear()
-                    missing = set(ids)
-                for i in missing:
-                    pieces_of[i] = self._piece(i)
-                pieces = list(map(pieces_of.get, ids))
-            if not all(pieces):
-                return None
-        spelled = cast("list[bytes]", pieces)  # none is None now
-        if b"".join(spelled) != text.encode("ascii"):
-            return None
-        ends = list(accumulate(map(len, spelled)))
-        # token k starts where k - 1 ends (the starts run one past the last token)
-        return list(zip(chain((0,), ends), ends, strict=False))
+        try:
+            pieces = list(map(pieces_of.__getitem__, ids))
+        except KeyError:  # ids not seen yet (it stops at the first)
+            missing = set(ids).difference(pieces_of)
+            if len(pieces_of) + len(missing) > _MAX_PIECES:
+                pieces_of.clear()
+                missing = set(ids)
+            for i in missing:
+                pieces_of[i] = self._piece(i)
+            pieces = list(map(pieces_of.__getitem__, ids))
+        if not all(pieces) or b"".join(pieces) != text.encode("ascii"):
+            return None  # a token that is not a plain entry (b""), or other bytes
+        return _Tiled(list(accumulate(map(len, pieces))))
 
     def _piece(self, i: int) -> bytes:
         """The bytes token ``i`` spells in a byte-level vocabulary; b"" for an
@@ -959,6 +954,46 @@ class ChunkColumns(_BuiltOnFirstUse[ChunkInput]):
         return ChunkColumns.of(sorted(self._values(), key=_seq))
 
 
+def _tiled(ends: list[int]) -> list[tuple[int, int]]:
+    """The offsets of tokens that tile a text in order, from their ends."""
+    # token k starts where k - 1 ends (the starts run one past the last token)
+    return list(zip(chain((0,), ends), ends, strict=False))
+
+
+class _Tiled(_BuiltOnFirstUse[tuple[int, int]]):
+    """The offsets of tokens that tile a text in order, from their ends
+    (token k spans ``ends[k - 1]:ends[k]``, the first from 0): what the token
+    pass knows of an ASCII text's tokens from their bytes. The attribution
+    reads ``ends`` (:func:`_attribute_tiled`); one offset is computed when
+    asked for, all of them (a tuple per token) only when iterated."""
+
+    __slots__ = ("ends",)
+
+    def __init__(self, ends: list[int]) -> None:
+        self.ends = ends
+        super().__init__()
+
+    def _build(self) -> list[tuple[int, int]]:
+        return _tiled(self.ends)
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[int, int]: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[tuple[int, int]]: ...
+    def __getitem__(self, i: int | slice) -> tuple[int, int] | Sequence[tuple[int, int]]:
+        if isinstance(i, slice):
+            return self._values()[i]
+        ends = self.ends
+        k = range(len(ends))[i]  # a negative index counts from the end; IndexError past it
+        return (ends[k - 1] if k else 0, ends[k])
+
+    def __repr__(self) -> str:
+        return f"_Tiled({self.ends!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class StreamInput:
     """One stream to analyse. ``request`` is the parsed JSON request body (it
@@ -1193,6 +1228,27 @@ def _attribution() -> _Attribution:
     return native if native is not None else _attribute_counts
 
 
+def _attribute_tiled(lens: Sequence[int], ends: list[int]) -> tuple[list[int], list[_StraddleT]]:
+    """:func:`_attribute_counts` of tokens that tile the text in order, given
+    by their ends (:class:`_Tiled`)."""
+    return _attribute_counts(lens, len(ends), _tiled(ends))
+
+
+_AttributionTiled = Callable[[Sequence[int], list[int]], tuple[list[int], list[_StraddleT]]]
+
+
+@functools.cache
+def _attribution_tiled() -> _AttributionTiled:
+    """:func:`_attribute_tiled` as the native core has it
+    (``sniffer._native.attribute_tiled``: no tuple per token), or this
+    module's (see :func:`_attribution`)."""
+    from sniffer import native_core
+
+    mod = native_core()[0]
+    native: _AttributionTiled | None = getattr(mod, "attribute_tiled", None)
+    return native if native is not None else _attribute_tiled
+
+
 def _attribute_counts_walk(
     offsets: Sequence[tuple[int, int]], ends: list[int]
 ) -> tuple[list[int], list[_StraddleT]]:
@@ -1273,7 +1329,8 @@ class _Prepared:
     plan: _PromptPlan | None
 
 
-_Encoded = tuple[tuple[int, ...], list[tuple[int, int]], str]  # ids, offsets, decoded
+#: ids, offsets (a list from the tokenizer, or ``_Tiled``), decoded
+_Encoded = tuple[tuple[int, ...], Sequence[tuple[int, int]], str]
 
 
 def analyze_streams(
@@ -1462,13 +1519,17 @@ def _assemble(
     server_tokens: dict[int, tuple[str, ...]] = {}
     late = _finish_anomalies(s, p.ordered, p.choices, anomalies) if not s.capped else {}
     attribute = _attribution()
+    attribute_tiled = _attribution_tiled()
 
     for ch, cc in p.choices.items():
         ids, offsets, decoded = enc_of[(index, ch)]
         text = cc.text
         seqs = cc.seqs
         output_ids[ch] = ids
-        counts, straddles = attribute(cc.lens, len(ids), offsets)
+        if type(offsets) is _Tiled:
+            counts, straddles = attribute_tiled(cc.lens, offsets.ends)
+        else:
+            counts, straddles = attribute(cc.lens, len(ids), offsets)
         hist = _histogram(counts)
         for n, m in hist.items():
             dist[n] = dist.get(n, 0) + m
