@@ -1276,3 +1276,33 @@ def test_ascii_texts_are_attributed_from_tiled_offsets(ds: LoadedTokenizer) -> N
     assert [c.token_ids for c in res.chunks] == [
         tuple(p) for p in attribute_chunks(pieces, ids2, offsets2)[0]
     ]
+
+
+def test_tiled_attribution_without_native_tiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An extension built before ``attribute_tiled``: its ``attribute_counts``
+    on the tuples; the pure core: this module's."""
+    import types
+
+    from sniffer.llm import tokens
+
+    calls: list[int] = []
+
+    def counts(lens: Any, n_ids: int, offsets: Any) -> Any:
+        calls.append(n_ids)
+        return _attribute_counts(lens, n_ids, offsets)
+
+    for mod, want in (
+        (types.SimpleNamespace(attribute_counts=counts), [2]),
+        (types.SimpleNamespace(), []),
+    ):
+        monkeypatch.setattr("sniffer.native_core", lambda mod=mod: (mod, None))
+        tokens._attribution.cache_clear()
+        tokens._attribution_tiled.cache_clear()
+        try:
+            calls.clear()
+            got = tokens._attribution_tiled()([2, 1, 2], [4, 5])
+            assert got == _attribute_counts([2, 1, 2], 2, [(0, 4), (4, 5)])
+            assert calls == want
+        finally:
+            tokens._attribution.cache_clear()
+            tokens._attribution_tiled.cache_clear()

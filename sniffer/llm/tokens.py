@@ -1240,13 +1240,24 @@ _AttributionTiled = Callable[[Sequence[int], list[int]], tuple[list[int], list[_
 @functools.cache
 def _attribution_tiled() -> _AttributionTiled:
     """:func:`_attribute_tiled` as the native core has it
-    (``sniffer._native.attribute_tiled``: no tuple per token), or this
-    module's (see :func:`_attribution`)."""
+    (``sniffer._native.attribute_tiled``: no tuple per token); else the
+    offsets' attribution (:func:`_attribution`: an extension built before
+    ``attribute_tiled`` still has ``attribute_counts``) on the tuples, which
+    is this module's :func:`_attribute_tiled` when the pure core runs."""
     from sniffer import native_core
 
     mod = native_core()[0]
     native: _AttributionTiled | None = getattr(mod, "attribute_tiled", None)
-    return native if native is not None else _attribute_tiled
+    if native is not None:
+        return native
+    attribute = _attribution()
+    if attribute is _attribute_counts:
+        return _attribute_tiled
+
+    def tiled(lens: Sequence[int], ends: list[int]) -> tuple[list[int], list[_StraddleT]]:
+        return attribute(lens, len(ends), _tiled(ends))
+
+    return tiled
 
 
 def _attribute_counts_walk(
