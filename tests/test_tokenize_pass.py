@@ -312,3 +312,17 @@ def test_token_rows_on_postgresql_match_sqlite(store: Store, fresh_pg_url: str) 
         assert got[0][1].anomalies and got[0][1].is_default is True
     finally:
         pg.close()
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 3)), max_size=40))
+def test_straddle_seqs_repeat_each_chunk_per_straddling_token(
+    chunks: list[tuple[int, int]],
+) -> None:
+    from sniffer.llm.tokens import ChoiceChunks
+    from sniffer.record.tokenize_pass import _straddle_seqs
+
+    seqs = [s for s, _ in chunks]
+    straddles = [n for _, n in chunks]
+    cc = ChoiceChunks(seqs, [1] * len(seqs), straddles, "")
+    assert _straddle_seqs(cc) == tuple(s for s, n in chunks for _ in range(n))
+    assert _straddle_seqs(None) == ()

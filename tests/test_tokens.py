@@ -1064,3 +1064,245 @@ def _bisected(
         if counts[j] and offsets[k][1] > ends[j]:
             straddles.append((k, j, min(bisect.bisect_left(ends, offsets[k][1], j), last)))
     return counts, straddles
+
+
+# ---------------------------------------------------------------------------
+# Offsets and round trip from the tokens' bytes (plain byte-level tokenizers)
+# ---------------------------------------------------------------------------
+
+#: ASCII (control characters included), added tokens of DeepSeek's vocabulary
+#: spelled in ASCII, and a few non-ASCII pieces (those texts take the
+#: tokenizer's own offsets)
+_PIECES = [chr(c) for c in range(128)] + [
+    "<think>",
+    "</think>",
+    "<|EOT|>",
+    "<｜end▁of▁sentence｜>",
+    " the",
+    " 12345",
+    "\r\n",
+    "é",
+    "我们",
+    "🎉",
+]
+
+
+def _reference(tok: LoadedTokenizer, texts: list[str]) -> list[tuple[Any, ...]]:
+    """What the tokenizer itself gives: ids, offsets, decode of the ids."""
+    encs = tok._tok.encode_batch(texts, add_special_tokens=False)
+    decoded = tok._tok.decode_batch([e.ids for e in encs], skip_special_tokens=False)
+    return [(tuple(e.ids), e.offsets, d) for e, d in zip(encs, decoded, strict=True)]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(st.sampled_from(_PIECES), max_size=30).map("".join), max_size=8))
+def test_offsets_from_bytes_equal_the_tokenizers(texts: list[str]) -> None:
+    ds = REGISTRY.resolve(None)[1]
+    assert ds.plain_byte_level
+    assert ds._encode_checked(texts) == _reference(ds, texts)
+
+
+def test_offsets_from_bytes_real_texts(ds: LoadedTokenizer) -> None:
+    texts = [*REAL_TEXTS, "w12.34 w12.35 ", "x <think> y", "tab\there\x00\x7f"]
+    assert ds._encode_checked(texts) == _reference(ds, texts)
+    # the ASCII ones took the bytes' way: their tokens' bytes are known, and
+    # an added token is known not to be a plain vocabulary entry
+    think = ds.token_to_id("<think>")
+    assert think is not None and ds._pieces[think] == b""
+    (ids,) = ds.encode_batch(["w12.34 w12.35 "])
+    assert b"".join(ds._pieces[i] for i in ids) == b"w12.34 w12.35 "
+
+
+def _byte_bpe(**parts: Any) -> Tokenizer:
+    """A small byte-level BPE trained on SENTENCES, with ``parts`` set on it."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    from tokenizers import decoders, processors
+
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(SENTENCES * 3, trainer=trainer)
+    for name, value in parts.items():
+        setattr(tok, name, value)
+    return tok
+
+
+def test_plain_byte_level_is_recognised_only_as_such() -> None:
+    from tokenizers import normalizers, processors
+
+    from sniffer.llm.tokens import _plain_byte_level
+
+    assert _plain_byte_level(_byte_bpe())
+    split = pre_tokenizers.Split(" ", behavior="isolated")
+    seq = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    assert _plain_byte_level(_byte_bpe(pre_tokenizer=seq))
+    assert _plain_byte_level(_byte_bpe(post_processor=None))
+    not_plain = [
+        {"normalizer": normalizers.NFKC()},
+        {"normalizer": normalizers.Lowercase()},
+        {"post_processor": processors.ByteLevel(trim_offsets=True)},
+        {"pre_tokenizer": pre_tokenizers.ByteLevel(add_prefix_space=True)},
+        {"pre_tokenizer": pre_tokenizers.Whitespace()},
+        {
+            "pre_tokenizer": pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(" ", behavior="removed"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False),
+                ]
+            )
+        },
+    ]
+    for parts in not_plain:
+        assert not _plain_byte_level(_byte_bpe(**parts)), parts
+    wordlevel = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    assert not _plain_byte_level(wordlevel)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(st.sampled_from([*_PIECES, "<eos>"]), max_size=30).map("".join)))
+def test_offsets_from_bytes_of_another_tokenizer(texts: list[str]) -> None:
+    tok = LoadedTokenizer("tiny-bpe", _BPE)
+    assert tok.plain_byte_level
+    assert tok._encode_checked(texts) == _reference(tok, texts)
+
+
+_BPE = _byte_bpe()
+
+
+def test_gc_paused_promotes_survivors_and_nests() -> None:
+    import gc
+
+    from sniffer.llm.tokens import gc_paused
+
+    assert gc.isenabled()
+    gc.collect()  # the generations' counts start at 0: no collection cascades below
+    with gc_paused():
+        assert not gc.isenabled()
+        kept = [[i] for i in range(5_000)]  # young, tracked, alive after the block
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the inner block leaves it off
+    assert gc.isenabled()
+    # the survivors went to the oldest generation (no young collection walks them)
+    assert any(o is kept for o in gc.get_objects(generation=2))
+    assert gc.get_freeze_count() == 0
+    # objects frozen already (a forked replay worker's): left frozen
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            kept.append([0])
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+    with pytest.raises(ValueError), gc_paused():
+        raise ValueError
+    assert gc.isenabled()
+
+
+@given(st.lists(st.integers(0, 40), max_size=200))
+def test_histogram_is_the_counter_sorted(counts: list[int]) -> None:
+    from collections import Counter
+
+    from sniffer.llm.tokens import _histogram
+
+    got = _histogram(counts)
+    assert got == dict(Counter(counts)) and list(got) == sorted(got)
+
+
+def test_token_bytes_kept_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sniffer.llm import tokens
+
+    monkeypatch.setattr(tokens, "_MAX_PIECES", 5)
+    tok = LoadedTokenizer("tiny-bpe", _BPE)
+    for text in SENTENCES:
+        assert tok._encode_checked([text]) == _reference(tok, [text])
+        assert len(tok._pieces) <= 5 + len(set(tok.encode_batch([text])[0]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    lens=st.lists(st.integers(min_value=0, max_value=5), max_size=8),
+    widths=st.lists(st.integers(min_value=0, max_value=4), max_size=10),
+)
+def test_tiled_attribution_is_the_offsets_one(lens: list[int], widths: list[int]) -> None:
+    """Tokens that tile the text (an ASCII text's, from their bytes): the
+    attribution from their ends, pure and native, is the one from their offsets."""
+    from sniffer import native_core
+    from sniffer.llm.tokens import _attribute_tiled, _Tiled
+
+    ends = list(itertools.accumulate(widths))
+    offsets = list(zip([0, *ends], ends, strict=False))
+    tiled = _Tiled(ends)
+    assert tiled == offsets and len(tiled) == len(offsets)
+    assert [tiled[k] for k in range(-len(offsets), len(offsets))] == offsets * 2
+    want = _attribute_counts(lens, len(offsets), offsets)
+    assert _attribute_tiled(lens, ends) == want
+    native = getattr(native_core()[0], "attribute_tiled", None)
+    if native is not None:
+        assert native(lens, ends) == want
+        assert native(tuple(lens), tuple(ends)) == want
+
+
+def test_tiled_offsets_index_like_a_list() -> None:
+    from sniffer.llm.tokens import _Tiled
+
+    tiled = _Tiled([2, 3, 7])
+    assert tiled[0] == (0, 2) and tiled[-1] == (3, 7) and tiled[1:] == [(2, 3), (3, 7)]
+    with pytest.raises(IndexError):
+        tiled[3]
+    with pytest.raises(IndexError):
+        tiled[-4]
+    assert [o[0] for o in tiled] == [0, 2, 3]
+
+
+def test_ascii_texts_are_attributed_from_tiled_offsets(ds: LoadedTokenizer) -> None:
+    from sniffer.llm.tokens import _Tiled
+
+    ((_, offsets, _),) = ds._encode_checked(["w12.34 w12.35 "])
+    assert type(offsets) is _Tiled
+    ((_, offsets, _),) = ds._encode_checked(["café"])  # the tokenizer's own
+    assert type(offsets) is list
+    pieces = ["w12", ".34 ", "w", "12.", "35", " "]
+    res = analyze_one(stream(chunks_of(pieces)))
+    (ids,) = ds.encode_batch(["".join(pieces)])
+    assert res.output_ids[0] == tuple(ids)
+    ((ids2, offsets2),) = ds.encode_with_offsets(["".join(pieces)])
+    assert [c.token_ids for c in res.chunks] == [
+        tuple(p) for p in attribute_chunks(pieces, ids2, offsets2)[0]
+    ]
+
+
+def test_tiled_attribution_without_native_tiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An extension built before ``attribute_tiled``: its ``attribute_counts``
+    on the tuples; the pure core: this module's."""
+    import types
+
+    from sniffer.llm import tokens
+
+    calls: list[int] = []
+
+    def counts(lens: Any, n_ids: int, offsets: Any) -> Any:
+        calls.append(n_ids)
+        return _attribute_counts(lens, n_ids, offsets)
+
+    for mod, want in (
+        (types.SimpleNamespace(attribute_counts=counts), [2]),
+        (types.SimpleNamespace(), []),
+    ):
+        monkeypatch.setattr("sniffer.native_core", lambda mod=mod: (mod, None))
+        tokens._attribution.cache_clear()
+        tokens._attribution_tiled.cache_clear()
+        try:
+            calls.clear()
+            got = tokens._attribution_tiled()([2, 1, 2], [4, 5])
+            assert got == _attribute_counts([2, 1, 2], 2, [(0, 4), (4, 5)])
+            assert calls == want
+        finally:
+            tokens._attribution.cache_clear()
+            tokens._attribution_tiled.cache_clear()

@@ -63,6 +63,7 @@ how many were left out.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import gc
@@ -75,7 +76,7 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, compress, islice, repeat
+from itertools import accumulate, chain, compress, islice, repeat
 from operator import gt, itemgetter, le, sub
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
@@ -105,6 +106,7 @@ __all__ = [
     "analyze_streams",
     "attribute_chunks",
     "default_tokenizer_dir",
+    "gc_paused",
     "gguf_cache_dir",
     "prompt_method",
 ]
@@ -150,6 +152,8 @@ def _byte_alphabet() -> tuple[str, ...]:
 
 
 _BYTE_CHARS = _byte_alphabet()
+#: A byte-level vocabulary's character → the byte it spells.
+_BYTE_OF = {c: b for b, c in enumerate(_BYTE_CHARS)}
 
 
 def _bytes_to_byte_level(data: bytes) -> str:
@@ -184,6 +188,12 @@ class _PromptPlan:
     error: str | None = None  # the chat template failed; this plan is the fallback
 
 
+#: Token bytes a tokenizer keeps (``LoadedTokenizer._pieces``, ~100 bytes
+#: each): emptied when full, so that a daemon that saw most of a large
+#: vocabulary keeps a few MB at most.
+_MAX_PIECES = 65_536
+
+
 class LoadedTokenizer:
     """A fast tokenizer (``tokenizers.Tokenizer``) plus an optional chat template.
 
@@ -203,6 +213,11 @@ class LoadedTokenizer:
         from tokenizers import decoders
 
         self.byte_level: bool = isinstance(tokenizer.decoder, decoders.ByteLevel)
+        #: the token pass may take offsets and decoded texts from the tokens'
+        #: bytes (see :meth:`_encode_checked`)
+        self.plain_byte_level: bool = _plain_byte_level(tokenizer)
+        self._pieces: dict[int, bytes] = {}  # id → its bytes (b"": not a plain token)
+        self._added: frozenset[int] | None = None
 
     @property
     def has_chat_template(self) -> bool:
@@ -235,6 +250,73 @@ class LoadedTokenizer:
             return []
         encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
         return [e.ids for e in encode(list(texts), add_special_tokens=add_special_tokens)]
+
+    def _encode_checked(self, texts: Sequence[str]) -> list[_Encoded]:
+        """Ids, character offsets and ``decode(ids)`` of each text (no special
+        tokens added): what ``encode_batch`` and ``decode_batch`` give.
+
+        With a plain byte-level tokenizer (:func:`_plain_byte_level`) an ASCII
+        text is encoded without offsets (``encode_batch_fast``), and each of its
+        tokens spells bytes of the text: its offsets are the running sums of
+        their lengths (one character per byte) and, when the tokens' bytes
+        joined are the text, ``decode`` gives the text back (the ByteLevel
+        decoder joins the bytes). A text with a token that is not a plain
+        vocabulary entry (an added token, UNK), or whose bytes differ, goes
+        through the tokenizer's offsets and decoder like any other text.
+        Asking the tokenizer for offsets and decoding back costs it about as
+        much again as its ids on the token pass's short ASCII texts."""
+        out: list[_Encoded | None] = [None] * len(texts)
+        if self.plain_byte_level:
+            at = [i for i, t in enumerate(texts) if t.isascii()]
+            if at:
+                encs = self._tok.encode_batch_fast([texts[i] for i in at], add_special_tokens=False)
+                for i, e in zip(at, encs, strict=True):
+                    ids = e.ids
+                    offsets = self._ascii_offsets(texts[i], ids)
+                    if offsets is not None:
+                        out[i] = (tuple(ids), offsets, texts[i])
+        rest = [i for i, o in enumerate(out) if o is None]
+        if rest:
+            encs = self._encode([texts[i] for i in rest], False)
+            all_ids = [e.ids for e in encs]
+            decoded = self._decode_ids(all_ids)  # an encoding's ids are never masked
+            for i, e, ids, dec in zip(rest, encs, all_ids, decoded, strict=True):
+                out[i] = (tuple(ids), e.offsets, dec)
+        return cast("list[_Encoded]", out)
+
+    def _ascii_offsets(self, text: str, ids: list[int]) -> _Tiled | None:
+        """The offsets of ``ids`` in the ASCII ``text`` from their bytes, or
+        None when a token is not a plain vocabulary entry or the bytes are not
+        the text's."""
+        pieces_of = self._pieces
+        try:
+            pieces = list(map(pieces_of.__getitem__, ids))
+        except KeyError:  # ids not seen yet (it stops at the first)
+            missing = set(ids).difference(pieces_of)
+            if len(pieces_of) + len(missing) > _MAX_PIECES:
+                pieces_of.clear()
+                missing = set(ids)
+            for i in missing:
+                pieces_of[i] = self._piece(i)
+            pieces = list(map(pieces_of.__getitem__, ids))
+        if not all(pieces) or b"".join(pieces) != text.encode("ascii"):
+            return None  # a token that is not a plain entry (b""), or other bytes
+        return _Tiled(list(accumulate(map(len, pieces))))
+
+    def _piece(self, i: int) -> bytes:
+        """The bytes token ``i`` spells in a byte-level vocabulary; b"" for an
+        added token, UNK, an unknown id or a token with a character outside
+        the byte alphabet."""
+        added = self._added
+        if added is None:
+            added = self._added = frozenset(self._tok.get_added_tokens_decoder())
+        token = self._tok.id_to_token(i)
+        if token is None or i in added or i == self.unk_id:
+            return b""
+        try:
+            return bytes(map(_BYTE_OF.__getitem__, token))
+        except KeyError:
+            return b""
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``; a run of masked ids (negative: what redaction
@@ -377,6 +459,56 @@ class LoadedTokenizer:
                         ids.extend(seg)
             out.append(ids)
         return out
+
+
+def _state(component: Any) -> Any:
+    """A tokenizer component's configuration (its JSON), None when absent."""
+    if component is None:
+        return None
+    try:
+        return json.loads(component.__getstate__())
+    except (AttributeError, TypeError, ValueError):
+        return {"type": "?"}
+
+
+def _plain_byte_level(tokenizer: Tokenizer) -> bool:
+    """Whether the tokens of an ASCII text spell its bytes in order, each
+    token's offsets being the characters of its bytes, and ``decode`` joins
+    them: a BPE model with a byte-level vocabulary, no normalizer (or an
+    empty sequence of them), a pre-tokenizer that only splits (``Split``
+    pieces not removed) then maps bytes (``ByteLevel`` without an added
+    prefix space), no post-processor or a ``ByteLevel`` one that does not
+    trim offsets, and the ``ByteLevel`` decoder. DeepSeek's tokenizer is one
+    (as GPT-2's and many others' would be without their extra steps);
+    ``encode_batch_fast`` (tokenizers >= 0.20) is needed too."""
+    from tokenizers import decoders, models
+
+    if not hasattr(tokenizer, "encode_batch_fast"):
+        return False
+    if not isinstance(tokenizer.model, models.BPE) or not isinstance(
+        tokenizer.decoder, decoders.ByteLevel
+    ):
+        return False
+    norm = _state(tokenizer.normalizer)
+    if norm is not None and norm != {"type": "Sequence", "normalizers": []}:
+        return False
+    post = _state(tokenizer.post_processor)
+    if post is not None and (post.get("type") != "ByteLevel" or post.get("trim_offsets")):
+        return False
+    pre = _state(tokenizer.pre_tokenizer)
+    steps = pre.get("pretokenizers") if pre is not None and pre.get("type") == "Sequence" else [pre]
+    if not isinstance(steps, list) or not steps:
+        return False
+    *splits, last = steps
+    return (
+        isinstance(last, dict)
+        and last.get("type") == "ByteLevel"
+        and last.get("add_prefix_space") is False
+        and all(
+            isinstance(x, dict) and x.get("type") == "Split" and x.get("behavior") != "Removed"
+            for x in splits
+        )
+    )
 
 
 def prompt_method(tok: LoadedTokenizer | tuple[str, bool], request: Any) -> str | None:
@@ -823,6 +955,46 @@ class ChunkColumns(_BuiltOnFirstUse[ChunkInput]):
         return ChunkColumns.of(sorted(self._values(), key=_seq))
 
 
+def _tiled(ends: list[int]) -> list[tuple[int, int]]:
+    """The offsets of tokens that tile a text in order, from their ends."""
+    # token k starts where k - 1 ends (the starts run one past the last token)
+    return list(zip(chain((0,), ends), ends, strict=False))
+
+
+class _Tiled(_BuiltOnFirstUse[tuple[int, int]]):
+    """The offsets of tokens that tile a text in order, from their ends
+    (token k spans ``ends[k - 1]:ends[k]``, the first from 0): what the token
+    pass knows of an ASCII text's tokens from their bytes. The attribution
+    reads ``ends`` (:func:`_attribute_tiled`); one offset is computed when
+    asked for, all of them (a tuple per token) only when iterated."""
+
+    __slots__ = ("ends",)
+
+    def __init__(self, ends: list[int]) -> None:
+        self.ends = ends
+        super().__init__()
+
+    def _build(self) -> list[tuple[int, int]]:
+        return _tiled(self.ends)
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[int, int]: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[tuple[int, int]]: ...
+    def __getitem__(self, i: int | slice) -> tuple[int, int] | Sequence[tuple[int, int]]:
+        if isinstance(i, slice):
+            return self._values()[i]
+        ends = self.ends
+        k = range(len(ends))[i]  # a negative index counts from the end; IndexError past it
+        return (ends[k - 1] if k else 0, ends[k])
+
+    def __repr__(self) -> str:
+        return f"_Tiled({self.ends!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class StreamInput:
     """One stream to analyse. ``request`` is the parsed JSON request body (it
@@ -1057,6 +1229,38 @@ def _attribution() -> _Attribution:
     return native if native is not None else _attribute_counts
 
 
+def _attribute_tiled(lens: Sequence[int], ends: list[int]) -> tuple[list[int], list[_StraddleT]]:
+    """:func:`_attribute_counts` of tokens that tile the text in order, given
+    by their ends (:class:`_Tiled`)."""
+    return _attribute_counts(lens, len(ends), _tiled(ends))
+
+
+_AttributionTiled = Callable[[Sequence[int], list[int]], tuple[list[int], list[_StraddleT]]]
+
+
+@functools.cache
+def _attribution_tiled() -> _AttributionTiled:
+    """:func:`_attribute_tiled` as the native core has it
+    (``sniffer._native.attribute_tiled``: no tuple per token); else the
+    offsets' attribution (:func:`_attribution`: an extension built before
+    ``attribute_tiled`` still has ``attribute_counts``) on the tuples, which
+    is this module's :func:`_attribute_tiled` when the pure core runs."""
+    from sniffer import native_core
+
+    mod = native_core()[0]
+    native: _AttributionTiled | None = getattr(mod, "attribute_tiled", None)
+    if native is not None:
+        return native
+    attribute = _attribution()
+    if attribute is _attribute_counts:
+        return _attribute_tiled
+
+    def tiled(lens: Sequence[int], ends: list[int]) -> tuple[list[int], list[_StraddleT]]:
+        return attribute(lens, len(ends), _tiled(ends))
+
+    return tiled
+
+
 def _attribute_counts_walk(
     offsets: Sequence[tuple[int, int]], ends: list[int]
 ) -> tuple[list[int], list[_StraddleT]]:
@@ -1137,7 +1341,8 @@ class _Prepared:
     plan: _PromptPlan | None
 
 
-_Encoded = tuple[tuple[int, ...], list[tuple[int, int]], str]  # ids, offsets, decoded
+#: ids, offsets (a list from the tokenizer, or ``_Tiled``), decoded
+_Encoded = tuple[tuple[int, ...], Sequence[tuple[int, int]], str]
 
 
 def analyze_streams(
@@ -1155,14 +1360,33 @@ def analyze_streams(
     would otherwise cost more than the analysis) and re-enabled afterwards if
     it was enabled.
     """
-    paused = gc.isenabled()
-    if paused:
-        gc.disable()
-    try:
+    with gc_paused():
         return _analyze(registry, streams)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused for a block that makes many small
+    acyclic objects (the token pass's analysis, rows and SQL values), and
+    what the block leaves alive moved to the oldest generation on the way out
+    (``gc.freeze`` then ``gc.unfreeze``: two list splices, no walk). Re-enabled
+    as it was, the young generation's next collection would otherwise walk
+    every survivor (a batch's inputs and rows: as much as the collections it
+    saved). Not when objects are frozen already (a forked replay worker
+    inherits its parent's: unfreezing them would undo that). Nested uses do
+    nothing more."""
+    enabled = gc.isenabled()
+    if not enabled:
+        yield
+        return
+    gc.disable()
+    try:
+        yield
     finally:
-        if paused:
-            gc.enable()
+        if not gc.get_freeze_count():
+            gc.freeze()
+            gc.unfreeze()
+        gc.enable()
 
 
 def _ordered(chunks: Sequence[ChunkInput]) -> ChunkColumns:
@@ -1270,14 +1494,9 @@ def _analyze(registry: TokenizerRegistry, streams: Sequence[StreamInput]) -> lis
     for members in groups.values():
         tok = prepared[members[0]].tok
         keys = [(i, ch) for i in members for ch in prepared[i].choices]
-        encodings = tok._encode([prepared[i].choices[ch].text for i, ch in keys], False)
-        all_ids = [e.ids for e in encodings]
-        decoded = tok._decode_ids(all_ids)  # an encoding's ids are never masked
+        encoded = tok._encode_checked([prepared[i].choices[ch].text for i, ch in keys])
         prompts = tok._prompt_ids_batch([prepared[i].plan for i in members])
-        enc_of: dict[tuple[int, int], _Encoded] = {
-            key: (tuple(ids), e.offsets, dec)
-            for key, ids, e, dec in zip(keys, all_ids, encodings, decoded, strict=True)
-        }
+        enc_of: dict[tuple[int, int], _Encoded] = dict(zip(keys, encoded, strict=True))
         for i, prompt in zip(members, prompts, strict=True):
             results[i] = _assemble(prepared[i], prompt, enc_of, i)
     return [r for r in results if r is not None]
@@ -1285,6 +1504,17 @@ def _analyze(registry: TokenizerRegistry, streams: Sequence[StreamInput]) -> lis
 
 def _seq(c: ChunkInput) -> int:
     return c.seq
+
+
+def _histogram(counts: list[int]) -> dict[int, int]:
+    """Chunks by tokens attributed, by tokens: a ``count()`` per distinct value
+    while there are few of them (a C pass each: a ``Counter`` costs ~10 µs for
+    60 chunks), else one ``Counter`` pass (a ``count()`` per value would be
+    quadratic in a stream whose chunks carry many different counts)."""
+    values = sorted(set(counts))
+    if len(values) <= _FEW:
+        return {v: counts.count(v) for v in values}
+    return dict(sorted(Counter(counts).items()))
 
 
 def _assemble(
@@ -1301,16 +1531,18 @@ def _assemble(
     server_tokens: dict[int, tuple[str, ...]] = {}
     late = _finish_anomalies(s, p.ordered, p.choices, anomalies) if not s.capped else {}
     attribute = _attribution()
+    attribute_tiled = _attribution_tiled()
 
     for ch, cc in p.choices.items():
         ids, offsets, decoded = enc_of[(index, ch)]
         text = cc.text
         seqs = cc.seqs
         output_ids[ch] = ids
-        counts, straddles = attribute(cc.lens, len(ids), offsets)
-        # chunks by tokens attributed (one pass: a count() per distinct value
-        # would be quadratic in a stream whose chunks carry many different counts)
-        hist = dict(sorted(Counter(counts).items()))
+        if type(offsets) is _Tiled:
+            counts, straddles = attribute_tiled(cc.lens, offsets.ends)
+        else:
+            counts, straddles = attribute(cc.lens, len(ids), offsets)
+        hist = _histogram(counts)
         for n, m in hist.items():
             dist[n] = dist.get(n, 0) + m
 

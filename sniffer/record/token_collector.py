@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamFlag, StreamOpened
-from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput
+from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput, gc_paused
 from sniffer.llm.values import Usage, include_usage
 from sniffer.record.redact import ChoiceRedactions, Redactor, apply_spans, redact_choice_texts
 from sniffer.record.tracker import StreamTracker
@@ -265,13 +265,14 @@ class TokenCollector:
         out: list[StreamInput] = []
         ready = self._ready
         chunks = 0
-        while ready and (limit is None or len(out) < limit):
-            if max_chunks is not None and out and chunks + len(ready[0][1]) > max_chunks:
-                break
-            chunks += len(ready[0][1])
-            item = ready.popleft()
-            self._ready_by_id.pop(item[0], None)
-            out.append(self._build(item))
+        with gc_paused():  # the inputs' column lists: no collection walks them
+            while ready and (limit is None or len(out) < limit):
+                if max_chunks is not None and out and chunks + len(ready[0][1]) > max_chunks:
+                    break
+                chunks += len(ready[0][1])
+                item = ready.popleft()
+                self._ready_by_id.pop(item[0], None)
+                out.append(self._build(item))
         return out
 
     def hand_redactions(

@@ -24,7 +24,6 @@ Pure except the database: no clock, no logging, no printing.
 
 from __future__ import annotations
 
-import gc
 import json
 import re
 import weakref
@@ -45,6 +44,7 @@ from sniffer.llm.tokens import (
     TokenizerLoadError,
     TokenizerRegistry,
     analyze_streams,
+    gc_paused,
 )
 from sniffer.llm.values import Usage, include_usage
 from sniffer.store.db import Store
@@ -345,6 +345,8 @@ def _straddle_seqs(cc: ChoiceChunks | None) -> tuple[int, ...]:
     """The seq of each straddling token's chunk (repeated per token)."""
     if cc is None or not any(cc.straddles):
         return ()
+    if max(cc.straddles) == 1:  # the usual: only a chunk's last token can reach past it
+        return tuple(compress(cc.seqs, cc.straddles))
     return tuple(chain.from_iterable(map(repeat, cc.seqs, cc.straddles)))
 
 
@@ -369,7 +371,7 @@ def _error_row(registry: TokenizerRegistry, inp: StreamInput, exc: BaseException
     )
 
 
-def _analyze(registry: TokenizerRegistry, inputs: list[StreamInput]) -> list[StreamTokenRow]:
+def _analyze(registry: TokenizerRegistry, inputs: Sequence[StreamInput]) -> list[StreamTokenRow]:
     """Rows for every input; a stream whose analysis raises gets an error row."""
     try:
         results = analyze_streams(registry, inputs)
@@ -425,16 +427,10 @@ def tokenize_db(
         if not srows:
             break
         last_id = srows[-1]["id"]
-        paused = gc.isenabled()
-        if paused:  # ~100k small acyclic objects per batch: no young-gen collections
-            gc.disable()
-        try:
+        with gc_paused():
             inputs = _inputs_from_tuples(srows, crows)
-            analysed = _analyze(registry, inputs)
-        finally:
-            if paused:
-                gc.enable()
-        _account(result, _write(store, analysed, result))
+            _account(result, _write(store, _analyze(registry, inputs), result))
+            del inputs  # freed before the collector runs again
         done += len(srows)
         if progress is not None:
             progress(min(done, total), total)
@@ -478,17 +474,9 @@ def tokenize_inputs(
         _MIGRATED.add(store)
     result = TokenizeResult()
     written: list[StreamTokenRow] = []
-    for i in range(0, len(inputs), max(1, batch)):
-        part = list(inputs[i : i + max(1, batch)])
-        paused = gc.isenabled()
-        if paused:
-            gc.disable()
-        try:
-            analysed = _analyze(registry, part)
-        finally:
-            if paused:
-                gc.enable()
-        rows = _write(store, analysed, result)
-        _account(result, rows)
-        written.extend(rows)
+    with gc_paused():
+        for i in range(0, len(inputs), max(1, batch)):
+            rows = _write(store, _analyze(registry, inputs[i : i + max(1, batch)]), result)
+            _account(result, rows)
+            written.extend(rows)
     return result, written

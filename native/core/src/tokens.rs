@@ -72,6 +72,23 @@ pub fn attribute(lens: &[i64], n_ids: i64, offsets: &[(i64, i64)]) -> (Vec<i64>,
     (counts, straddles)
 }
 
+/// `attribute` of tokens that tile the text in order, given by their ends
+/// (token k spans `ends[k - 1]..ends[k]`, the first from 0): what the token
+/// pass knows of an ASCII text's tokens from their bytes
+/// (`sniffer.llm.tokens._attribute_tiled`).
+pub fn attribute_tiled(lens: &[i64], ends: &[i64]) -> (Vec<i64>, Vec<Straddle>) {
+    let mut start = 0i64;
+    let offsets: Vec<(i64, i64)> = ends
+        .iter()
+        .map(|&end| {
+            let token = (start, end);
+            start = end;
+            token
+        })
+        .collect();
+    attribute(lens, int(ends.len()), &offsets)
+}
+
 /// `_attribute_counts_walk`: token by token (for starts out of order);
 /// `last` is the index of the last piece.
 fn walk(offsets: &[(i64, i64)], ends: &[i64], last: usize) -> (Vec<i64>, Vec<Straddle>) {
@@ -118,6 +135,17 @@ mod tests {
         assert_eq!(counts, vec![0, 0]);
         assert!(straddles.is_empty());
         assert_eq!(attribute(&[], 0, &[]), (vec![], vec![]));
+    }
+
+    #[test]
+    fn tiled_tokens_are_their_offsets() {
+        // "ab" "c" "de" as tokens "abcd" (0..4) and "e" (4..5)
+        assert_eq!(
+            attribute_tiled(&[2, 1, 2], &[4, 5]),
+            attribute(&[2, 1, 2], 2, &[(0, 4), (4, 5)])
+        );
+        assert_eq!(attribute_tiled(&[2, 2], &[1, 2, 4]), (vec![2, 1], vec![]));
+        assert_eq!(attribute_tiled(&[], &[]), (vec![], vec![]));
     }
 
     #[test]

@@ -7,7 +7,22 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-use sparseety_core::tokens::{attribute, Straddle};
+use sparseety_core::tokens::{attribute, attribute_tiled, Straddle};
+
+/// Integers of a list item by item, of any other sequence through the
+/// generic conversion.
+fn ints(values: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    match values.cast::<PyList>() {
+        Ok(list) => {
+            let mut out = Vec::with_capacity(list.len());
+            for x in list.iter() {
+                out.push(x.extract()?);
+            }
+            Ok(out)
+        }
+        Err(_) => values.extract(),
+    }
+}
 
 /// Tokens attributed to each piece (given by its length) of a text whose
 /// encoding has `n_ids` tokens at `offsets` ((start, end) character offsets),
@@ -21,16 +36,7 @@ fn attribute_counts(
     n_ids: i64,
     offsets: &Bound<'_, PyAny>,
 ) -> PyResult<(Vec<i64>, Vec<Straddle>)> {
-    let lens: Vec<i64> = match lens.cast::<PyList>() {
-        Ok(list) => {
-            let mut out = Vec::with_capacity(list.len());
-            for x in list.iter() {
-                out.push(x.extract()?);
-            }
-            out
-        }
-        Err(_) => lens.extract()?,
-    };
+    let lens = ints(lens)?;
     let offsets: Vec<(i64, i64)> = match offsets.cast::<PyList>() {
         Ok(list) => {
             let mut out = Vec::with_capacity(list.len());
@@ -50,7 +56,20 @@ fn attribute_counts(
     Ok(attribute(&lens, n_ids, &offsets))
 }
 
+/// `attribute_counts` of tokens that tile the text in order, given by their
+/// ends (`_attribute_tiled`): the token pass's ASCII texts, whose offsets it
+/// knows from the tokens' bytes without making a tuple per token.
+#[pyfunction]
+#[pyo3(name = "attribute_tiled")]
+fn attribute_tiled_py(
+    lens: &Bound<'_, PyAny>,
+    ends: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<i64>, Vec<Straddle>)> {
+    Ok(attribute_tiled(&ints(lens)?, &ints(ends)?))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attribute_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(attribute_tiled_py, m)?)?;
     Ok(())
 }
