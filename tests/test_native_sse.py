@@ -181,6 +181,17 @@ def test_sse_streams_give_the_same_events(pieces: list[bytes], max_line: int | N
     same_sse(pieces, max_line)
 
 
+@pytest.mark.parametrize("max_line", [None, 4, 6])
+def test_a_truncated_surrogate_is_held_as_cpython_holds_it(max_line: int | None) -> None:
+    """CPython's incremental decoder keeps ``ED A0``–``ED BF`` at a feed's end
+    for the next feed (the start of an encoded surrogate: invalid, replaced
+    then); the native decoder holds it too, so a capped line's length and the
+    decoder's idleness agree (found by the property test above)."""
+    same_sse([b"data:\xed\xa0"], max_line)
+    same_sse([b"data:\xed\xa0", b"\x80 x\n\n"], max_line)
+    same_sse([b"data: a\xed", b"\xbf", b"\n\n"], max_line)
+
+
 def test_whole_event_fast_paths_match_the_line_by_line_path() -> None:
     events = b"".join(b'data: {"i":%d}\n\n' % i for i in range(50))
     whole = same_sse([b"data: x\n\n", events])

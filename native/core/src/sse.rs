@@ -47,6 +47,15 @@ pub(crate) fn chars_over(s: &str, cap: usize) -> Option<usize> {
     (n > cap).then_some(n)
 }
 
+/// The start of an encoded surrogate (`ED` then `A0`–`BF`) ending the input:
+/// invalid UTF-8, but CPython's incremental decoder holds it as an
+/// unfinished character instead of replacing it at once (for error handlers
+/// such as `surrogatepass`). The text comes out the same either way; when it
+/// comes out does not (a line's length at a cap, whether the decoder is idle).
+fn truncated_surrogate(bad: &[u8]) -> bool {
+    matches!(bad, [0xED, 0xA0..=0xBF])
+}
+
 /// Incremental UTF-8 with `errors="replace"` (CPython's incremental decoder).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Utf8Stream {
@@ -82,6 +91,12 @@ impl Utf8Stream {
                 Err(e) => {
                     let (good, bad) = rest.split_at(e.valid_up_to());
                     out.push_str(std::str::from_utf8(good).unwrap_or_default());
+                    if !fin && truncated_surrogate(bad) {
+                        // CPython's incremental decoder keeps these two bytes
+                        // for the next feed (they are replaced then, as here)
+                        self.held = bad.to_vec();
+                        break;
+                    }
                     match e.error_len() {
                         Some(n) => {
                             out.push('\u{fffd}');
@@ -487,6 +502,21 @@ mod tests {
         }
         d.close();
         (out, d)
+    }
+
+    #[test]
+    fn truncated_surrogate_is_held_like_cpython() {
+        let mut u = Utf8Stream::default();
+        assert_eq!(u.decode(b"data:\xed\xa0", false), "data:");
+        assert!(u.pending());
+        assert_eq!(u.decode(b"\x80x", false), "\u{fffd}\u{fffd}\u{fffd}x");
+        assert!(!u.pending());
+        assert_eq!(u.decode(b"\xed\xbf", false), "");
+        assert_eq!(u.decode(b"", true), "\u{fffd}\u{fffd}");
+        // not a surrogate's start, or not at the end: replaced at once
+        assert_eq!(u.decode(b"\xed\xa0y", false), "\u{fffd}\u{fffd}y");
+        assert_eq!(u.decode(b"\xee\xa0", false), "");
+        assert!(u.pending());
     }
 
     #[test]
