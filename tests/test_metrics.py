@@ -854,26 +854,35 @@ def test_scrapes_while_observing(real_feed: Feed) -> None:
     histogram's count is its +Inf bucket."""
     m = Metrics()
     stop = threading.Event()
+    first = threading.Event()
     seen: list[float] = []
     errors: list[BaseException] = []
 
     def scraper() -> None:
+        # Scrapes until told to stop, then once more: at least one scrape
+        # before the feeds (``first``), one after them, and as many during
+        # them as the scheduler gives (how many is not what is tested).
         try:
             for _ in range(10_000):
-                if stop.is_set():
-                    return
+                done = stop.is_set()
                 smp = samples(m.render())
                 seen.append(total(smp, "sparseety_chunk_events_total"))
+                first.set()
                 for (name, labels), v in smp.items():
                     if name.endswith("_count"):
                         inf = (name[: -len("_count")] + "_bucket", (*labels, ("le", "+Inf")))
                         assert smp[(inf[0], tuple(sorted(inf[1])))] == v
+                if done:
+                    return
         except BaseException as exc:  # reported below
             errors.append(exc)
+        finally:
+            first.set()
 
     thread = threading.Thread(target=scraper)
     thread.start()
     try:
+        assert first.wait(60)
         for _ in range(3):
             feed_both(real_feed, m)
     finally:
@@ -881,6 +890,7 @@ def test_scrapes_while_observing(real_feed: Feed) -> None:
         thread.join(timeout=60)
     assert not errors
     assert len(seen) >= 2 and seen == sorted(seen)
+    assert seen[0] == 0 and seen[-1] > 0  # one scrape before the feeds, one after
 
 
 # ------------------------------------------------- server-reported speculative decoding
