@@ -37,8 +37,10 @@ from sniffer.store.writer import (
     StoreError,
     StoreWriter,
     _full_chunk_row,
+    _json_text,
     chunk_row,
     endpoint_text,
+    headers_json,
     is_credential_header,
     make_engine,
     open_store,
@@ -902,6 +904,26 @@ def test_chunk_ids_near_the_largest_integer_are_left_to_sqlite(tmp_path: Path) -
     assert w.store.scalar("SELECT count(*) FROM chunks") == 11
     assert w.store.scalar("SELECT max(id) FROM chunks") == 2**63 - 1
     w.close()
+
+
+def test_headers_json_is_the_text_json_dumps_writes() -> None:
+    cases: list[tuple[tuple[str, str], ...]] = [
+        (),
+        (("Host", "h:1"), ("Content-Type", "application/json")),
+        (("X-Note", 'quote " back\\slash \t tab'), ("X-Uni", "é 😀 \ud800 \x00 \x7f")),
+        (("Authorization", "Bearer s"), ("Cookie", "a=b"), ("Accept", "*/*")),
+    ]
+    for headers in cases:
+        kept = [[n, v] for n, v in headers if not is_credential_header(n)]
+        assert headers_json(headers) == json.dumps(kept)
+    assert "Bearer" not in headers_json(cases[3]) and "a=b" not in headers_json(cases[3])
+
+
+def test_json_text_is_json_dumps() -> None:
+    for value in ({}, {"0": "stop", "1": None}, ["request-cut", "gap"], ["é\ud800"], [1, 2.5]):
+        assert _json_text(value) == json.dumps(value)
+    with pytest.raises(TypeError):
+        _json_text([object()])
 
 
 def test_endpoint_text() -> None:

@@ -83,14 +83,43 @@ if TYPE_CHECKING:
 
 _UNENCODABLE = re.compile("[\ud800-\udfff\x00]")
 
+#: A JSON string literal of a str, as ``json.dumps`` writes it (ASCII, escaped).
+_json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
+
+
+def _make_json_text() -> Callable[[Any], str]:
+    """``json.dumps`` with its default options, its C encoder made once (not per
+    call: about 1 µs of 1.6 for a stream's ``finish_reasons``). Without the
+    circular-reference check: for the lists and dicts of strings the writer
+    builds itself, which cannot hold themselves."""
+    make = json.encoder.c_make_encoder
+    if make is None:  # (no C accelerator: the plain function)
+        return json.dumps
+    encode = make(None, json.JSONEncoder().default, _json_str, None, ": ", ", ", False, False, True)
+    return lambda obj: "".join(encode(obj, 0))
+
+
+#: ``json.dumps`` (default options) of a list or dict of strings the writer builds.
+_json_text: Callable[[Any], str] = _make_json_text()
+
 
 class StoreError(Exception):
     """The database rejected a batch; the batch is still buffered in the writer."""
 
 
 def headers_json(headers: Headers | Iterable[tuple[str, str]]) -> str:
-    """Headers as a JSON list of ``[name, value]`` pairs, credentials dropped."""
-    return json.dumps([[n, v] for n, v in headers if not is_credential_header(n)])
+    """Headers as a JSON list of ``[name, value]`` pairs, credentials dropped.
+
+    The text ``json.dumps`` writes (a test compares them), put together from
+    the C string encoder: two per stream (request and response), and
+    ``json.dumps`` sets up an encoder per call (about 2.5 µs of 4 for seven
+    headers)."""
+    enc = _json_str
+    return (
+        "["
+        + ", ".join([f"[{enc(n)}, {enc(v)}]" for n, v in headers if not is_credential_header(n)])
+        + "]"
+    )
 
 
 def endpoint_text(endpoint: Endpoint) -> str:
@@ -370,7 +399,7 @@ def _close_values(ev: StreamClosed) -> dict[str, Any]:
         "chunk_count": ev.chunk_count,
         "event_count": ev.event_count,
         "text_len": ev.text_len,
-        "finish_reasons": json.dumps({str(c): r for c, r in ev.finish_reasons}),
+        "finish_reasons": _json_text({str(c): r for c, r in ev.finish_reasons}),
         "usage": usage_json(usage),
         "prompt_tokens": usage.prompt_tokens if usage is not None else None,
         "completion_tokens": usage.completion_tokens if usage is not None else None,
@@ -379,7 +408,7 @@ def _close_values(ev: StreamClosed) -> dict[str, Any]:
         "response_bytes": ev.response_bytes,
         "error": ev.error,
         "closed_at": ev.ts,
-        "flags": json.dumps([str(f) for f in ev.flags]) if ev.flags else None,
+        "flags": _json_text([str(f) for f in ev.flags]) if ev.flags else None,
         # a row recovered mid-way has no request: its model is the one the
         # recovered chunks name (None leaves the column as it is)
         "model": ev.response_model if ev.state == StreamState.MIDWAY else None,
@@ -810,7 +839,7 @@ class StoreWriter:
         elif isinstance(event, PipelineError):
             self._error_rows.append(_error_row(event, self.node))
         elif isinstance(event, StreamFlagged):
-            flags = {"flags": json.dumps([str(f) for f in event.flags]) if event.flags else None}
+            flags = {"flags": _json_text([str(f) for f in event.flags]) if event.flags else None}
             row = self._stream_rows.get(event.stream)
             if row is not None:
                 row.update(flags)
