@@ -300,8 +300,7 @@ def _connection_row(ev: ConnectionOpened, label: str | None, node: str) -> dict[
 
 def _stream_row(ev: StreamOpened, node: str) -> dict[str, Any]:
     req = ev.request
-    row: dict[str, Any] = dict.fromkeys(_RESPONSE_COLUMNS)
-    row.update(dict.fromkeys(_CLOSE_COLUMNS))
+    row = _LATER_COLUMNS_NULL.copy()
     row.update(
         {
             "id": ev.stream,
@@ -347,6 +346,8 @@ def _stream_row(ev: StreamOpened, node: str) -> dict[str, Any]:
 SERVER_STATS_COLUMNS = columns_in("streams", "server")
 _RESPONSE_COLUMNS = columns_in("streams", "response")
 _CLOSE_COLUMNS = columns_in("streams", "close", "server")
+#: A new stream row's columns that its response and close fill, None until then.
+_LATER_COLUMNS_NULL: dict[str, Any] = dict.fromkeys((*_RESPONSE_COLUMNS, *_CLOSE_COLUMNS))
 
 
 def _response_values(ev: StreamResponse) -> dict[str, Any]:
@@ -448,6 +449,13 @@ _FULL_CHUNK_LEN = len(_CHUNK_COLUMNS)
 _ERROR_COLUMNS = tuple(c for c in TABLE_COLUMNS["errors"] if c != "id")
 _CONNECTION_COLUMNS = TABLE_COLUMNS["connections"]
 _STREAM_COLUMNS = TABLE_COLUMNS["streams"]
+#: A buffered connection or stream row (a dict by column) as the tuple of its
+#: table's columns, in C: 62 look-ups a stream row, 1.3 µs against 3.4 µs for
+#: a list comprehension.
+_connection_values: Callable[[dict[str, Any]], tuple[Any, ...]] = operator.itemgetter(
+    *_CONNECTION_COLUMNS
+)
+_stream_values: Callable[[dict[str, Any]], tuple[Any, ...]] = operator.itemgetter(*_STREAM_COLUMNS)
 
 
 #: A chunk row in ``_CHUNK_COLUMNS`` order, built in C (this is the hot path):
@@ -1035,8 +1043,11 @@ class StoreWriter:
     def _write_part(self, conn: Connection, part: str, items: list[Any], copy: bool = True) -> int:
         """Write one part of a batch; returns the updates that matched no row."""
         if part == "connections" or part == "streams":
-            cols = _CONNECTION_COLUMNS if part == "connections" else _STREAM_COLUMNS
-            rows = [tuple([r[c] for c in cols]) for _, r in items]
+            if part == "connections":
+                cols, values = _CONNECTION_COLUMNS, _connection_values
+            else:
+                cols, values = _STREAM_COLUMNS, _stream_values
+            rows = [values(r) for _, r in items]
             self._insert_many(conn, part, cols, rows, copy)
         elif part == "chunks":
             self._insert_chunks(conn, items, copy)
