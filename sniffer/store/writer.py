@@ -574,12 +574,16 @@ def _executemany_sqlite(conn: Connection, sql: str, params: int, rows: list[Any]
     """``executemany`` of a single-row SQLite INSERT (of ``params`` parameters)
     with several rows per statement: as many as 999 parameters allow (the limit
     of old SQLite builds; about 40 % faster than one row per statement), then
-    the rest in one statement per power of two (64, 32, …, 1): each statement
-    run costs sqlite3 about 1.3 µs whatever its rows (its cursors, its end),
-    and a run of rows of one shape between rows of others (some 50 rows of
-    content chunks in a busy capture) is then a handful of statements, not a
-    statement per row past the last multiple of 16. The rows keep their order
-    (the ids SQLite gives are those of one statement per row)."""
+    the rest in one statement per power of two (64, 32, …, 4), and the last
+    three, two or one row in one: each statement run costs sqlite3 about
+    1.3 µs whatever its rows (its cursors, its end), and a run of rows of one
+    shape between rows of others (some 50 rows of content chunks in a busy
+    capture; the three content rows of a short stream between its role and
+    finish rows) is then a handful of statements, not a statement per row past
+    the last multiple of 16. Three rows is the one size besides the powers of
+    two: one statement text more per shape in sqlite3's statement cache (128
+    entries), one statement less for a run that ends in three rows. The rows
+    keep their order (the ids SQLite gives are those of one statement per row)."""
     most = max(1, 999 // params)
     n = len(rows)
     if most == 1:
@@ -593,7 +597,7 @@ def _executemany_sqlite(conn: Connection, sql: str, params: int, rows: list[Any]
         )
     left = n - done
     while left > 1:
-        per = 1 << (left.bit_length() - 1)
+        per = 3 if left == 3 else 1 << (left.bit_length() - 1)
         conn.exec_driver_sql(
             _multi_row_sql(sql, per), [tuple(chain.from_iterable(rows[done : done + per]))]
         )
