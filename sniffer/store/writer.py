@@ -92,7 +92,7 @@ def _make_json_text() -> Callable[[Any], str]:
     call: about 1 µs of 1.6 for a stream's ``finish_reasons``). Without the
     circular-reference check: for the lists and dicts of strings the writer
     builds itself, which cannot hold themselves."""
-    make = json.encoder.c_make_encoder
+    make = getattr(json.encoder, "c_make_encoder", None)  # (not in typeshed's stub)
     if make is None:  # (no C accelerator: the plain function)
         return json.dumps
     encode = make(None, json.JSONEncoder().default, _json_str, None, ": ", ", ", False, False, True)
