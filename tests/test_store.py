@@ -36,9 +36,12 @@ from sniffer.store.writer import (
     OPTIONAL_CHUNK_FIELDS,
     StoreError,
     StoreWriter,
+    _executemany_sqlite,
     _full_chunk_row,
+    _json_text,
     chunk_row,
     endpoint_text,
+    headers_json,
     is_credential_header,
     make_engine,
     open_store,
@@ -904,6 +907,26 @@ def test_chunk_ids_near_the_largest_integer_are_left_to_sqlite(tmp_path: Path) -
     w.close()
 
 
+def test_headers_json_is_the_text_json_dumps_writes() -> None:
+    cases: list[tuple[tuple[str, str], ...]] = [
+        (),
+        (("Host", "h:1"), ("Content-Type", "application/json")),
+        (("X-Note", 'quote " back\\slash \t tab'), ("X-Uni", "é 😀 \ud800 \x00 \x7f")),
+        (("Authorization", "Bearer s"), ("Cookie", "a=b"), ("Accept", "*/*")),
+    ]
+    for headers in cases:
+        kept = [[n, v] for n, v in headers if not is_credential_header(n)]
+        assert headers_json(headers) == json.dumps(kept)
+    assert "Bearer" not in headers_json(cases[3]) and "a=b" not in headers_json(cases[3])
+
+
+def test_json_text_is_json_dumps() -> None:
+    for value in ({}, {"0": "stop", "1": None}, ["request-cut", "gap"], ["é\ud800"], [1, 2.5]):
+        assert _json_text(value) == json.dumps(value)
+    with pytest.raises(TypeError):
+        _json_text([object()])
+
+
 def test_endpoint_text() -> None:
     assert endpoint_text(("10.0.0.1", 80)) == "10.0.0.1:80"
     assert endpoint_text(("fe80::1", 443)) == "[fe80::1]:443"
@@ -1077,3 +1100,39 @@ def test_replay_goes_on_past_a_row_the_database_refuses(
     (row,) = [r for r in rows if r["client"].endswith(":40106")]
     assert row["state"] == "complete"
     assert queries.stream_text(engine, row["id"]) == {0: canary["choices"]["0"]["text"]}
+
+
+def test_executemany_sqlite_statement_sizes_keep_the_row_order() -> None:
+    """A run of rows goes in as full statements (999 parameters), then one per
+    power of two down to 4, then the last three, two or one in one statement;
+    the rows keep their order (the ids of one statement per row)."""
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, a INTEGER, b TEXT)")
+    sizes: list[int] = []
+
+    class Tx:
+        def exec_driver_sql(self, sql: str, params: list[tuple[Any, ...]]) -> None:
+            for p in params:
+                sizes.append(len(p) // 2)
+            conn.executemany(sql, params)
+
+    sql = "INSERT INTO t (a, b) VALUES (?, ?)"
+    want: list[tuple[int, str]] = []
+    for n, expect in (
+        (3, [3]),
+        (7, [4, 3]),
+        (2, [2]),
+        (1, [1]),
+        (15, [8, 4, 3]),
+        (999 + 6, [499, 499, 4, 3]),
+        (999 + 4, [499, 499, 4, 1]),
+    ):
+        rows = [(len(want) + i, f"r{len(want) + i}") for i in range(n)]
+        sizes.clear()
+        _executemany_sqlite(Tx(), sql, 2, rows)  # type: ignore[arg-type]
+        assert sizes == expect, n
+        want += rows
+    assert conn.execute("SELECT a, b FROM t ORDER BY id").fetchall() == want
+    assert [r[0] for r in conn.execute("SELECT id FROM t ORDER BY id")] == list(
+        range(1, len(want) + 1)
+    )

@@ -383,3 +383,23 @@ def test_none_binds_null_through_the_registered_adapter(tmp_path: Path) -> None:
         conn.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?)", [(None, 1, 2.5, "x", b"y")] * 3)
         got = conn.execute("SELECT typeof(a), typeof(b), typeof(c), typeof(d), typeof(e) FROM t")
         assert got.fetchall() == [("null", "integer", "real", "text", "blob")] * 3
+
+
+def test_a_transaction_runs_its_statements_on_one_cursor(tmp_path: Path) -> None:
+    """A flush's transaction reuses one cursor (no cursor per statement); what
+    each statement gives is still its own (rows, rowcount), read at once."""
+    path = str(tmp_path / "tx.db")
+    lite.create_new_file(path)
+    store = lite.SqliteFile(path)
+    with store.begin() as tx:
+        sql = "INSERT INTO errors (ts, stage, kind, message, node) VALUES (?, ?, ?, ?, ?)"
+        first = tx.exec_driver_sql(sql, [(1.0, "s", "k", "a", "n"), (2.0, "s", "k", "b", "n")])
+        assert first.rowcount == 2
+        second = tx.exec_driver_sql(sql, [(3.0, "s", "k", "c", "n")])
+        assert second is first and second.rowcount == 1
+        assert tx.execute("SELECT message FROM errors ORDER BY id") == [("a",), ("b",), ("c",)]
+        assert tx.run("UPDATE errors SET kind = 'x' WHERE ts > 1.5") == 2
+        tx.executemany(sql, [(4.0, "s", "k", "d", "n")])
+        assert tx.execute("SELECT count(*) FROM errors WHERE kind = 'x'") == [(2,)]
+    assert store.scalar("SELECT count(*) FROM errors") == 4
+    store.close()

@@ -496,3 +496,31 @@ def test_a_cut_request_gives_the_summary_of_its_start() -> None:
         model="m", stream=True, include_usage=True, max_tokens=5, top_p=0.9
     )
     assert summary.prompt_len is None  # the messages were cut: not counted
+
+
+def test_request_summary_out_of_range_order_and_first_max_tokens() -> None:
+    # the max_tokens names are typed in order up to the first integer in range
+    # (those after it are not looked at), then the other integer fields in
+    # field order; each out-of-range one is named once, in that order
+    big = 2**70
+    r = RequestSummary.parse(
+        {
+            "prompt": "p",
+            "top_logprobs": big,
+            "logprobs": -big,
+            "seed": big,
+            "n": 2**31,
+            "top_k": big,
+            "max_output_tokens": big,
+            "max_completion_tokens": 7,
+            "max_tokens": big,
+        }
+    )
+    assert r.max_tokens == 7 and r.prompt_len == 1
+    assert (r.top_k, r.n, r.seed, r.logprobs, r.top_logprobs) == (None,) * 5
+    assert r.out_of_range == ("max_tokens", "top_k", "n", "seed", "logprobs", "top_logprobs")
+    # a bool is no integer (never out of range); logprobs keeps it
+    r = RequestSummary.parse({"max_tokens": True, "n": False, "logprobs": True, "seed": 1.0})
+    assert (r.max_tokens, r.n, r.logprobs, r.seed, r.out_of_range) == (None, None, True, None, ())
+    r = RequestSummary.parse({"max_tokens": big, "max_output_tokens": big})
+    assert r.max_tokens is None and r.out_of_range == ("max_tokens", "max_output_tokens")

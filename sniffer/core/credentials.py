@@ -88,7 +88,7 @@ def is_credential_header(name: str) -> bool:
 
 def scrub_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     """The headers without those :func:`is_credential_header` names."""
-    return tuple((n, v) for n, v in headers if not is_credential_header(n))
+    return tuple([(n, v) for n, v in headers if not is_credential_header(n)])
 
 
 # ------------------------------------------------------------------ field names

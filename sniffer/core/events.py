@@ -7,8 +7,9 @@ Every value is immutable. ``Segment``, ``FlowData`` and ``HttpBody`` are
 dataclass costs several times as much to build, which matters at 150k
 packets/s; the hot paths build them with ``tuple.__new__``, one C call);
 everything else is a frozen, slotted dataclass (``ChunkEvent``, one per chunk,
-with a faster ``__init__``). Times are capture timestamps (float seconds since the Unix epoch):
-no stage reads a clock.
+and those made once per connection or exchange, with a faster ``__init__``).
+Times are capture timestamps (float seconds since the Unix epoch): no stage
+reads a clock.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def _slot_init(cls: type[_T]) -> type[_T]:
     """Give a frozen, slotted dataclass a faster ``__init__``: the generated one
     sets each field through ``object.__setattr__`` (a frozen class refuses plain
     assignment); this one calls the slots' descriptors directly, about half the
-    cost, for the events made once per packet (each one costs an ``exec`` at
-    import). Same parameters, defaults and resulting object (equality, hashing,
+    cost, for the events made once per chunk, exchange or connection (each one
+    costs an ``exec`` at import). Same parameters, defaults and resulting object (equality, hashing,
     ``replace``, repr are untouched)."""
     scope: dict[str, Any] = {}
     params: list[str] = []
@@ -96,6 +97,7 @@ class CaptureGap(NamedTuple):
 # ---------------------------------------------------------------------------
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class ConnectionOpened:
     conn: int  # connection id, unique within one pipeline run (from its id base)
@@ -145,6 +147,7 @@ class FlowEnd:
     reason: str  # "fin", "rst", "idle", "eof"
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class ConnectionClosed:
     conn: int
@@ -198,6 +201,7 @@ REASSEMBLY_KINDS = (
 Headers = tuple[tuple[str, str], ...]  # (lower-case name, value), in wire order
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class HttpRequest:
     conn: int
@@ -209,6 +213,7 @@ class HttpRequest:
     headers: Headers
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class HttpResponse:
     conn: int
@@ -242,6 +247,7 @@ class EndReason(enum.StrEnum):
     ERROR = "error"  # malformed framing (recorded in an HttpError too)
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class HttpEnd:
     conn: int
@@ -336,6 +342,7 @@ class StreamState(enum.StrEnum):
     MIDWAY = "midway"  # capture began inside the response body: only its tail was recorded
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class StreamOpened:
     """A request/response exchange began (one row in the streams table)."""
@@ -359,6 +366,7 @@ class StreamOpened:
     text_kept: bool = True  # False: sampled out, the chunk text is not stored
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class StreamResponse:
     stream: int
@@ -484,6 +492,7 @@ def stream_flags(column: str | None) -> list[StreamFlag | str]:
     return [StreamFlag(n) if n in known else str(n) for n in names]
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class StreamClosed:
     stream: int

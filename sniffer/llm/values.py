@@ -496,6 +496,21 @@ def include_usage(body: Any) -> bool:
     return isinstance(so, dict) and so.get("include_usage") is True
 
 
+_MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def _ranged(key: str, value: Any, bad: list[str]) -> int | None:
+    """``value`` when it is an integer (not a bool) in the range of field
+    ``key`` (:data:`REQUEST_RANGES`); an integer out of it puts ``key`` in ``bad``."""
+    if type(value) is not int:
+        return None
+    lo, hi = REQUEST_RANGES[key]
+    if lo <= value <= hi:
+        return value
+    bad.append(key)
+    return None
+
+
 @dataclass(frozen=True, slots=True, repr=False)
 class RequestSummary:
     """What the store and the exporters use of an LLM request, typed once.
@@ -536,39 +551,36 @@ class RequestSummary:
         f = _request_fields(body)
         if not f:
             return EMPTY_REQUEST
-        bad: list[str] = []
-
-        def integer(key: str) -> int | None:
-            value = f.get(key)
-            if type(value) is not int:
-                return None
-            lo, hi = REQUEST_RANGES[key]
-            if lo <= value <= hi:
-                return value
-            bad.append(key)
-            return None
-
-        max_tokens = next(
-            (
-                v
-                for v in map(integer, ("max_tokens", "max_completion_tokens", "max_output_tokens"))
-                if v is not None
-            ),
-            None,
+        bad: list[str] = []  # in the order the fields are typed, as the error lists them
+        get = f.get
+        max_tokens: int | None = None
+        for key in _MAX_TOKENS_KEYS:  # the first one that is an integer in range
+            max_tokens = _ranged(key, get(key), bad)
+            if max_tokens is not None:
+                break
+        # each a look-up when absent (most of them): no call, no closure per request
+        top_k = _ranged("top_k", f["top_k"], bad) if "top_k" in f else None
+        n = _ranged("n", f["n"], bad) if "n" in f else None
+        seed = _ranged("seed", f["seed"], bad) if "seed" in f else None
+        logprobs = get("logprobs")
+        if not isinstance(logprobs, bool):
+            logprobs = _ranged("logprobs", logprobs, bad)
+        top_logprobs = (
+            _ranged("top_logprobs", f["top_logprobs"], bad) if "top_logprobs" in f else None
         )
-        logprobs = f.get("logprobs")
+        prompt_len = _ranged("prompt_len", f["prompt_len"], bad) if "prompt_len" in f else None
         return cls(
-            model=as_str(f.get("model")),
-            stream=as_bool(f.get("stream")),
-            temperature=as_float(f.get("temperature")),
-            top_p=as_float(f.get("top_p")),
-            top_k=integer("top_k"),
+            model=as_str(get("model")),
+            stream=as_bool(get("stream")),
+            temperature=as_float(get("temperature")),
+            top_p=as_float(get("top_p")),
+            top_k=top_k,
             max_tokens=max_tokens,
-            n=integer("n"),
-            seed=integer("seed"),
-            logprobs=logprobs if isinstance(logprobs, bool) else integer("logprobs"),
-            top_logprobs=integer("top_logprobs"),
-            prompt_len=integer("prompt_len"),
+            n=n,
+            seed=seed,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            prompt_len=prompt_len,
             include_usage=include_usage(f),
             out_of_range=tuple(bad),
         )

@@ -214,30 +214,36 @@ def create_new_file(path: str) -> None:
 
 
 class _Transaction:
-    """What a writer's flush needs of a connection: ``exec_driver_sql`` (executemany)."""
+    """What a writer's flush needs of a connection: ``exec_driver_sql`` (executemany).
 
-    __slots__ = ("_conn",)
+    Every statement runs on one cursor made with the transaction: the
+    connection's ``execute``/``executemany`` make a cursor per call (about
+    0.6 µs of a one-row INSERT's 3.8; a flush runs several statements per
+    stream). The cursor a call returns is read at once (``rowcount``,
+    ``fetchall``): the next statement reuses it."""
+
+    __slots__ = ("_cur",)
 
     def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+        self._cur = conn.cursor()
 
     def exec_driver_sql(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
         if isinstance(params, list):
-            return self._conn.executemany(sql, params)
-        return self._conn.execute(sql, params)
+            return self._cur.executemany(sql, params)
+        return self._cur.execute(sql, params)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """One statement (``sniffer.store.db.Transaction``): its rows, else ``[]``."""
-        return self._conn.execute(sql, params).fetchall()
+        return self._cur.execute(sql, params).fetchall()
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> int:
         """One UPDATE or DELETE: the rows it changed."""
-        return int(self._conn.execute(sql, params).rowcount)
+        return int(self._cur.execute(sql, params).rowcount)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         """One statement once per row of positional parameters."""
         if rows:
-            self._conn.executemany(sql, rows)
+            self._cur.executemany(sql, rows)
 
 
 class SqliteFile(Store):
