@@ -38,7 +38,6 @@ from sniffer.store.writer import (
     StoreWriter,
     _executemany_sqlite,
     _full_chunk_row,
-    _json_text,
     chunk_row,
     endpoint_text,
     headers_json,
@@ -918,13 +917,6 @@ def test_headers_json_is_the_text_json_dumps_writes() -> None:
         kept = [[n, v] for n, v in headers if not is_credential_header(n)]
         assert headers_json(headers) == json.dumps(kept)
     assert "Bearer" not in headers_json(cases[3]) and "a=b" not in headers_json(cases[3])
-
-
-def test_json_text_is_json_dumps() -> None:
-    for value in ({}, {"0": "stop", "1": None}, ["request-cut", "gap"], ["é\ud800"], [1, 2.5]):
-        assert _json_text(value) == json.dumps(value)
-    with pytest.raises(TypeError):
-        _json_text([object()])
 
 
 def test_endpoint_text() -> None:

@@ -87,22 +87,6 @@ _UNENCODABLE = re.compile("[\ud800-\udfff\x00]")
 _json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
 
-def _make_json_text() -> Callable[[Any], str]:
-    """``json.dumps`` with its default options, its C encoder made once (not per
-    call: about 1 µs of 1.6 for a stream's ``finish_reasons``). Without the
-    circular-reference check: for the lists and dicts of strings the writer
-    builds itself, which cannot hold themselves."""
-    make = getattr(json.encoder, "c_make_encoder", None)  # (not in typeshed's stub)
-    if make is None:  # (no C accelerator: the plain function)
-        return json.dumps
-    encode = make(None, json.JSONEncoder().default, _json_str, None, ": ", ", ", False, False, True)
-    return lambda obj: "".join(encode(obj, 0))
-
-
-#: ``json.dumps`` (default options) of a list or dict of strings the writer builds.
-_json_text: Callable[[Any], str] = _make_json_text()
-
-
 class StoreError(Exception):
     """The database rejected a batch; the batch is still buffered in the writer."""
 
@@ -400,7 +384,7 @@ def _close_values(ev: StreamClosed) -> dict[str, Any]:
         "chunk_count": ev.chunk_count,
         "event_count": ev.event_count,
         "text_len": ev.text_len,
-        "finish_reasons": _json_text({str(c): r for c, r in ev.finish_reasons}),
+        "finish_reasons": json.dumps({str(c): r for c, r in ev.finish_reasons}),
         "usage": usage_json(usage),
         "prompt_tokens": usage.prompt_tokens if usage is not None else None,
         "completion_tokens": usage.completion_tokens if usage is not None else None,
@@ -409,7 +393,7 @@ def _close_values(ev: StreamClosed) -> dict[str, Any]:
         "response_bytes": ev.response_bytes,
         "error": ev.error,
         "closed_at": ev.ts,
-        "flags": _json_text([str(f) for f in ev.flags]) if ev.flags else None,
+        "flags": json.dumps([str(f) for f in ev.flags]) if ev.flags else None,
         # a row recovered mid-way has no request: its model is the one the
         # recovered chunks name (None leaves the column as it is)
         "model": ev.response_model if ev.state == StreamState.MIDWAY else None,
@@ -851,7 +835,7 @@ class StoreWriter:
         elif isinstance(event, PipelineError):
             self._error_rows.append(_error_row(event, self.node))
         elif isinstance(event, StreamFlagged):
-            flags = {"flags": _json_text([str(f) for f in event.flags]) if event.flags else None}
+            flags = {"flags": json.dumps([str(f) for f in event.flags]) if event.flags else None}
             row = self._stream_rows.get(event.stream)
             if row is not None:
                 row.update(flags)
