@@ -1173,6 +1173,116 @@ def test_offsets_from_bytes_of_another_tokenizer(texts: list[str]) -> None:
 
 _BPE = _byte_bpe()
 
+#: Non-ASCII pieces for the offsets from UTF-8 bytes: accented letters
+#: (precomposed and with combining marks), typographic punctuation, CJK and
+#: kana, emoji (4 bytes; skin tones, ZWJ sequences, flags), other astral
+#: characters, U+FFFD, next to ASCII (control characters included) and added
+#: tokens; and any character but a surrogate
+_UNICODE = st.one_of(
+    st.sampled_from(
+        [
+            *_PIECES,
+            "<eos>",
+            "\u201c",
+            "\u201d",
+            "\u2019",
+            "\u2026",
+            "e\u0301",
+            "a\u0301\u0308\u0323",
+            "\u00e9t\u00e9",
+            "\u6f22\u5b57",
+            "\u304b\u306a",
+            "\u4f60\u597d\uff0c",
+            "\U0001f44d\U0001f3fd",
+            "\U0001f468\u200d\U0001f469\u200d\U0001f467",
+            "\U0001f1eb\U0001f1f7",
+            "\U00020000",
+            "\U0001d538",
+            "\U0010fffd",
+            "\ufffd",
+            "\u200d",
+            "\ufe0f",
+        ]
+    ),
+    st.characters(exclude_categories=("Cs",)),
+)
+_UNICODE_TEXTS = st.lists(st.lists(_UNICODE, max_size=30).map("".join), max_size=8)
+
+
+def _took_the_bytes_way(tok: LoadedTokenizer, texts: list[str]) -> None:
+    """Every text whose tokens are all plain vocabulary entries has its
+    offsets from the bytes (an added token sends it to the tokenizer's)."""
+    added = set(tok._tok.get_added_tokens_decoder())
+    for text, e in zip(texts, tok._tok.encode_batch(texts, add_special_tokens=False), strict=True):
+        if not added.intersection(e.ids):
+            assert tok._offsets_from_bytes(text, e.ids) is not None, text
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_UNICODE_TEXTS)
+def test_offsets_from_utf8_bytes_equal_the_tokenizers(texts: list[str]) -> None:
+    """Any text, DeepSeek's tokenizer and a trained byte-level BPE: the
+    offsets and decoded text from the tokens' bytes are the library's."""
+    for tok in (REGISTRY.resolve(None)[1], LoadedTokenizer("tiny-bpe", _BPE)):
+        assert tok._encode_checked(texts) == _reference(tok, texts)
+        _took_the_bytes_way(tok, texts)
+
+
+def test_offsets_from_utf8_bytes_of_split_characters(ds: LoadedTokenizer) -> None:
+    from sniffer.llm.tokens import _Tiled
+
+    # an emoji DeepSeek spells in two tokens: both get the whole character
+    ((ids, offsets),) = ds.encode_with_offsets(["\U0001f600"])
+    assert len(ids) == 2 and offsets == [(0, 1), (0, 1)]
+    got = ds._offsets_from_bytes("\U0001f600", ids)
+    assert type(got) is list and got == offsets
+    # a character split over tokens mid-text, the text starting and ending
+    # inside such splits: neighbours overlap by the shared character
+    text = "\U00020000a\U0001fae0b\U0001d538"
+    ((ids, offsets),) = ds.encode_with_offsets([text])
+    assert len(ids) > len(text)
+    assert ds._offsets_from_bytes(text, ids) == offsets
+    assert ds._encode_checked([text]) == _reference(ds, [text])
+    # whole characters per token: the tokens tile the text
+    text = "\u6211\u4eec caf\u00e9 \u201cok\u201d"
+    ((ids, offsets),) = ds.encode_with_offsets([text])
+    got = ds._offsets_from_bytes(text, ids)
+    assert type(got) is _Tiled and got == offsets
+    # a lone surrogate (JSON can carry one): not from the bytes; the
+    # tokenizer refuses it, as before
+    (ids,) = ds.encode_batch(["a"])
+    assert ds._offsets_from_bytes("\ud800", ids) is None
+    with pytest.raises(TypeError):
+        ds._encode_checked(["a\ud800"])
+    # other bytes than the text's
+    assert ds._offsets_from_bytes("\u00e9", ds.encode_batch(["\u00e8"])[0]) is None
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    text=st.lists(_UNICODE, max_size=30).map("".join),
+    cuts=st.lists(st.integers(min_value=0, max_value=80), max_size=12),
+)
+def test_analysis_from_utf8_bytes_is_the_one_from_the_library(text: str, cuts: list[int]) -> None:
+    """Chunks cut anywhere in any text (between the characters a token
+    splits too): the analysis from the tokens' bytes (tiled ends or
+    overlapping offsets) is the one from the library's offsets and decoder."""
+    ds = REGISTRY.resolve(None)[1]
+    points = sorted({min(c, len(text)) for c in cuts})
+    bounds = [0, *points, len(text)]
+    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
+    got = analyze_one(stream(chunks_of(pieces)))
+    try:
+        ds._encode_checked = lambda texts: _reference(ds, list(texts))  # type: ignore[method-assign]
+        want = analyze_one(stream(chunks_of(pieces)))
+    finally:
+        del ds._encode_checked
+    assert got.output_ids == want.output_ids
+    assert list(got.chunks) == list(want.chunks)
+    assert got.per_choice == want.per_choice
+    assert got.tokens_per_chunk == want.tokens_per_chunk
+    assert got.anomalies == want.anomalies
+
 
 def test_gc_paused_promotes_survivors_and_nests() -> None:
     import gc
@@ -1220,9 +1330,10 @@ def test_token_bytes_kept_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(tokens, "_MAX_PIECES", 5)
     tok = LoadedTokenizer("tiny-bpe", _BPE)
-    for text in SENTENCES:
+    for text in [*SENTENCES, CHINESE, EMOJI]:
         assert tok._encode_checked([text]) == _reference(tok, [text])
         assert len(tok._pieces) <= 5 + len(set(tok.encode_batch([text])[0]))
+        assert tok._chars.keys() == tok._pieces.keys() and tok._cont <= tok._pieces.keys()
 
 
 @settings(max_examples=500, deadline=None)
@@ -1266,7 +1377,9 @@ def test_ascii_texts_are_attributed_from_tiled_offsets(ds: LoadedTokenizer) -> N
 
     ((_, offsets, _),) = ds._encode_checked(["w12.34 w12.35 "])
     assert type(offsets) is _Tiled
-    ((_, offsets, _),) = ds._encode_checked(["café"])  # the tokenizer's own
+    ((_, offsets, _),) = ds._encode_checked(["café"])  # a whole character per token
+    assert type(offsets) is _Tiled
+    ((_, offsets, _),) = ds._encode_checked(["x <think> y"])  # the tokenizer's own
     assert type(offsets) is list
     pieces = ["w12", ".34 ", "w", "12.", "35", " "]
     res = analyze_one(stream(chunks_of(pieces)))

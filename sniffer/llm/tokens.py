@@ -217,6 +217,8 @@ class LoadedTokenizer:
         #: bytes (see :meth:`_encode_checked`)
         self.plain_byte_level: bool = _plain_byte_level(tokenizer)
         self._pieces: dict[int, bytes] = {}  # id → its bytes (b"": not a plain token)
+        self._chars: dict[int, int] = {}  # id → characters its bytes start (UTF-8)
+        self._cont: set[int] = set()  # ids whose first byte continues a character
         self._added: frozenset[int] | None = None
 
     @property
@@ -255,26 +257,24 @@ class LoadedTokenizer:
         """Ids, character offsets and ``decode(ids)`` of each text (no special
         tokens added): what ``encode_batch`` and ``decode_batch`` give.
 
-        With a plain byte-level tokenizer (:func:`_plain_byte_level`) an ASCII
-        text is encoded without offsets (``encode_batch_fast``), and each of its
-        tokens spells bytes of the text: its offsets are the running sums of
-        their lengths (one character per byte) and, when the tokens' bytes
-        joined are the text, ``decode`` gives the text back (the ByteLevel
-        decoder joins the bytes). A text with a token that is not a plain
-        vocabulary entry (an added token, UNK), or whose bytes differ, goes
-        through the tokenizer's offsets and decoder like any other text.
-        Asking the tokenizer for offsets and decoding back costs it about as
-        much again as its ids on the token pass's short ASCII texts."""
+        With a plain byte-level tokenizer (:func:`_plain_byte_level`) the texts
+        are encoded without offsets (``encode_batch_fast``), and when a text's
+        tokens are plain vocabulary entries whose bytes joined are the text's
+        UTF-8 bytes, its offsets come from those bytes
+        (:meth:`_offsets_from_bytes`) and ``decode`` gives the text back (the
+        ByteLevel decoder joins the bytes). A text with a token that is not a
+        plain vocabulary entry (an added token, UNK), or whose bytes differ,
+        goes through the tokenizer's offsets and decoder like any other
+        text. Asking the tokenizer for offsets and decoding back costs it
+        about as much again as its ids on the token pass's short texts."""
         out: list[_Encoded | None] = [None] * len(texts)
-        if self.plain_byte_level:
-            at = [i for i, t in enumerate(texts) if t.isascii()]
-            if at:
-                encs = self._tok.encode_batch_fast([texts[i] for i in at], add_special_tokens=False)
-                for i, e in zip(at, encs, strict=True):
-                    ids = e.ids
-                    offsets = self._ascii_offsets(texts[i], ids)
-                    if offsets is not None:
-                        out[i] = (tuple(ids), offsets, texts[i])
+        if self.plain_byte_level and texts:
+            encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
+            for i, (text, e) in enumerate(zip(texts, encs, strict=True)):
+                ids = e.ids
+                offsets = self._offsets_from_bytes(text, ids)
+                if offsets is not None:
+                    out[i] = (tuple(ids), offsets, text)
         rest = [i for i, o in enumerate(out) if o is None]
         if rest:
             encs = self._encode([texts[i] for i in rest], False)
@@ -284,10 +284,23 @@ class LoadedTokenizer:
                 out[i] = (tuple(ids), e.offsets, dec)
         return cast("list[_Encoded]", out)
 
-    def _ascii_offsets(self, text: str, ids: list[int]) -> _Tiled | None:
-        """The offsets of ``ids`` in the ASCII ``text`` from their bytes, or
-        None when a token is not a plain vocabulary entry or the bytes are not
-        the text's."""
+    def _offsets_from_bytes(self, text: str, ids: list[int]) -> Sequence[tuple[int, int]] | None:
+        """The character offsets of ``ids`` in ``text`` from their bytes, as
+        the tokenizers library reports them for byte-level BPE, or None when
+        a token is not a plain vocabulary entry or the bytes joined are not
+        the text's UTF-8 bytes.
+
+        A token spans the characters of its bytes: from the character of its
+        first byte to the end of the character of its last byte. Its end is
+        thus the count of characters started up to its last byte (the bytes
+        that are not UTF-8 continuation bytes, 0x80-0xBF: ``_chars``); its
+        start is the previous token's end, less one when its first byte
+        continues a character the previous token started (``_cont``): the
+        tokens holding parts of one character (byte-level BPE splits
+        characters it has no merge for) each get that whole character, and
+        neighbours overlap by it. An ASCII text's tokens, and any text whose
+        tokens all start a character, tile it (:class:`_Tiled`: the
+        attribution reads the ends only)."""
         pieces_of = self._pieces
         try:
             pieces = list(map(pieces_of.__getitem__, ids))
@@ -295,13 +308,40 @@ class LoadedTokenizer:
             missing = set(ids).difference(pieces_of)
             if len(pieces_of) + len(missing) > _MAX_PIECES:
                 pieces_of.clear()
+                self._chars.clear()
+                self._cont.clear()
                 missing = set(ids)
             for i in missing:
-                pieces_of[i] = self._piece(i)
+                self._learn(i)
             pieces = list(map(pieces_of.__getitem__, ids))
-        if not all(pieces) or b"".join(pieces) != text.encode("ascii"):
-            return None  # a token that is not a plain entry (b""), or other bytes
-        return _Tiled(list(accumulate(map(len, pieces))))
+        if not all(pieces):
+            return None  # a token that is not a plain entry (b"")
+        if text.isascii():  # one character per byte
+            if b"".join(pieces) != text.encode("ascii"):
+                return None
+            return _Tiled(list(accumulate(map(len, pieces))))
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: the tokenizer's way
+            return None
+        if b"".join(pieces) != data:
+            return None
+        ends = list(accumulate(map(self._chars.__getitem__, ids)))
+        cont = self._cont
+        if cont.isdisjoint(ids):
+            return _Tiled(ends)
+        # token k starts where k - 1 ends, less one when it continues a character
+        starts = map(sub, chain((0,), ends), map(cont.__contains__, ids))
+        return list(zip(starts, ends, strict=True))
+
+    def _learn(self, i: int) -> None:
+        """Keeps token ``i``'s bytes (:meth:`_piece`), how many characters
+        they start, and whether the first continues a character."""
+        piece = self._piece(i)
+        self._pieces[i] = piece
+        self._chars[i] = sum(1 for b in piece if b & 0xC0 != 0x80)
+        if piece and piece[0] & 0xC0 == 0x80:
+            self._cont.add(i)
 
     def _piece(self, i: int) -> bytes:
         """The bytes token ``i`` spells in a byte-level vocabulary; b"" for an
@@ -472,7 +512,7 @@ def _state(component: Any) -> Any:
 
 
 def _plain_byte_level(tokenizer: Tokenizer) -> bool:
-    """Whether the tokens of an ASCII text spell its bytes in order, each
+    """Whether the tokens of a text spell its UTF-8 bytes in order, each
     token's offsets being the characters of its bytes, and ``decode`` joins
     them: a BPE model with a byte-level vocabulary, no normalizer (or an
     empty sequence of them), a pre-tokenizer that only splits (``Split``
@@ -964,7 +1004,8 @@ def _tiled(ends: list[int]) -> list[tuple[int, int]]:
 class _Tiled(_BuiltOnFirstUse[tuple[int, int]]):
     """The offsets of tokens that tile a text in order, from their ends
     (token k spans ``ends[k - 1]:ends[k]``, the first from 0): what the token
-    pass knows of an ASCII text's tokens from their bytes. The attribution
+    pass knows from their bytes of the tokens of a text none of whose
+    characters they split (any ASCII text). The attribution
     reads ``ends`` (:func:`_attribute_tiled`); one offset is computed when
     asked for, all of them (a tuple per token) only when iterated."""
 
