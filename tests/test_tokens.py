@@ -1304,10 +1304,12 @@ def test_gc_paused_promotes_survivors_and_nests() -> None:
     # objects frozen already (a forked replay worker's): left frozen
     gc.freeze()
     try:
-        frozen = gc.get_freeze_count()
+        assert gc.get_freeze_count() > 0
         with gc_paused():
             kept.append([0])
-        assert gc.get_freeze_count() == frozen
+        # still frozen (freeze then unfreeze would have emptied the permanent
+        # generation; its count itself may drop as frozen objects are freed)
+        assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
     with pytest.raises(ValueError), gc_paused():
