@@ -42,12 +42,13 @@ entry_point()
 """
 
 
-def loaded(args: list[str], tmp_path: Path) -> set[str]:
+def loaded(args: list[str], tmp_path: Path, script: str = RUN) -> set[str]:
+    """The modules ``script`` (``RUN`` or ``RUN_TO_CAPTURE``) had loaded."""
     out = tmp_path / "modules.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     proc = subprocess.run(
-        [sys.executable, "-c", RUN, *args, str(out)],
+        [sys.executable, "-c", script, *args, str(out)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -219,20 +220,8 @@ def test_run_opens_its_capture_before_the_exporters(tmp_path: Path) -> None:
     """Without OTLP export, sampling or a config file, ``run`` opens its capture
     without the OTLP exporter module, TOML or OpenSSL's hashes (each was a few ms
     of its start-up); the token pass's modules load in its thread later."""
-    out = tmp_path / "modules.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     args = ["run", "--db", str(tmp_path / "r.db"), "--no-metrics"]
-    proc = subprocess.run(
-        [sys.executable, "-c", RUN_TO_CAPTURE, *args, str(out)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.exists(), proc.stderr
-    mods = set(json.loads(out.read_text()))
+    mods = loaded(args, tmp_path, RUN_TO_CAPTURE)
     assert "sniffer.runtime.daemon" in mods  # it got to the capture
     assert "sniffer.record.otlp_setup" in mods  # it did decide on OTLP export
     assert heavy(mods, (*NEVER, "sniffer.record.otlp", "tomllib", "hashlib", "sqlalchemy")) == []

@@ -45,6 +45,7 @@ MAX_KINDS = 64
 def stream_fraction(stream: StreamOpened) -> float:
     """A number in [0, 1) fixed by the stream's identity (not Python's salted hash)."""
     import hashlib  # here: OpenSSL's start is ~2.5 ms of run's start-up, for sampled runs only
+
     (client_host, client_port) = stream.client
     (server_host, server_port) = stream.server
     key = (
