@@ -661,7 +661,10 @@ def test_reload_keeps_node_and_otlp_settings_and_says_so(tmp_path: Path) -> None
         install_signals=False,
     )
     r = start(d)
-    cfg_path.write_text(cfg_path.read_text().replace("'a'", "'b'").replace("10", "20"))
+    # the two values only (a bare "10" is in /tmp/pytest-of-root/pytest-102/…,
+    # the database's path: the reload then named database among its keys)
+    changed = cfg_path.read_text().replace("node = 'a'", "node = 'b'")
+    cfg_path.write_text(changed.replace("queue_size = 10", "queue_size = 20"))
     d.request_reload()
     assert wait_for(lambda: "event=reloaded" in log.getvalue())
     gate.set()
