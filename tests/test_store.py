@@ -723,6 +723,25 @@ def _chunk_values(ev: ChunkEvent) -> tuple[Any, ...]:
     return tuple(usage_json(v) if isinstance(v, Usage) else v for v in values)
 
 
+def _chunk_oracle() -> sqlite3.Connection:
+    """SQLite inserting chunk rows one by one: ids and the 14 values."""
+    oracle = sqlite3.connect(":memory:")
+    oracle.execute(
+        "CREATE TABLE chunks (id INTEGER PRIMARY KEY, "
+        + ", ".join(f"c{i}" for i in range(14))
+        + ")"
+    )
+    return oracle
+
+
+def _oracle_insert(oracle: sqlite3.Connection, events: list[ChunkEvent]) -> None:
+    oracle.executemany(
+        f"INSERT INTO chunks ({', '.join(f'c{i}' for i in range(14))}) "
+        f"VALUES ({', '.join('?' * 14)})",
+        [_chunk_values(ev) for ev in events],
+    )
+
+
 @pytest.mark.parametrize("where", ["file", "memory"])
 def test_chunk_ids_are_the_ones_sqlite_gives(where: str, tmp_path: Path) -> None:
     """Chunk rows go in by runs of the same NULL columns (no parameter bound for
@@ -731,21 +750,12 @@ def test_chunk_ids_are_the_ones_sqlite_gives(where: str, tmp_path: Path) -> None
     batches, after the largest ids were deleted (SQLite then hands them out
     again), and for rows of every NULL pattern in one batch."""
     w = StoreWriter(str(tmp_path / "w.db")) if where == "file" else memory_writer()
-    oracle = sqlite3.connect(":memory:")
-    oracle.execute(
-        "CREATE TABLE chunks (id INTEGER PRIMARY KEY, "
-        + ", ".join(f"c{i}" for i in range(14))
-        + ")"
-    )
+    oracle = _chunk_oracle()
 
     def both(events: list[ChunkEvent]) -> None:
         w.write_many(events)
         w.flush()
-        oracle.executemany(
-            f"INSERT INTO chunks ({', '.join(f'c{i}' for i in range(14))}) "
-            f"VALUES ({', '.join('?' * 14)})",
-            [_chunk_values(ev) for ev in events],
-        )
+        _oracle_insert(oracle, events)
 
     def delete_last(n: int) -> None:
         top = oracle.execute("SELECT max(id) FROM chunks").fetchone()[0]
@@ -774,12 +784,7 @@ def test_runs_of_every_length_and_shape_keep_ids_and_values(tmp_path: Path) -> N
     run in statements of 166 or 124 rows, then a power of two): every id and
     value is the one SQLite gives the rows inserted one by one in order."""
     w = StoreWriter(str(tmp_path / "r.db"))
-    oracle = sqlite3.connect(":memory:")
-    oracle.execute(
-        "CREATE TABLE chunks (id INTEGER PRIMARY KEY, "
-        + ", ".join(f"c{i}" for i in range(14))
-        + ")"
-    )
+    oracle = _chunk_oracle()
     events: list[ChunkEvent] = []
     seq = 0
     for n in [*range(1, 70), 123, 124, 125, 165, 166, 167, 300]:
@@ -796,11 +801,7 @@ def test_runs_of_every_length_and_shape_keep_ids_and_values(tmp_path: Path) -> N
         seq += len(other)
     w.write_many(events)
     w.flush()
-    oracle.executemany(
-        f"INSERT INTO chunks ({', '.join(f'c{i}' for i in range(14))}) "
-        f"VALUES ({', '.join('?' * 14)})",
-        [_chunk_values(ev) for ev in events],
-    )
+    _oracle_insert(oracle, events)
     got = [tuple(r) for r in w.store.query("SELECT * FROM chunks ORDER BY id")]
     want = oracle.execute("SELECT * FROM chunks ORDER BY id").fetchall()
     assert got == want
