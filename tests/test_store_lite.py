@@ -299,6 +299,34 @@ def test_processes_creating_one_new_file_at_once(tmp_path: Path) -> None:
     assert got["rows"]["id_blocks"] == [("connections", 1 + 4 * 64), ("streams", 1)]  # type: ignore[index]
 
 
+def test_wal_switch_waits_for_a_writer_sqlite_gives_up_on(tmp_path: Path) -> None:
+    """A file in rollback mode whose write lock another connection holds (as while
+    one of several processes makes a new file's first write): SQLite refuses the
+    switch to WAL at once with "database is locked", busy timeout or not. ``connect``
+    waits for the lock instead (the race test above failed on this in CI) and the
+    file is in WAL once the writer is done."""
+    import threading
+
+    path = tmp_path / "held.db"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("CREATE TABLE t (a)")
+    writer.execute("BEGIN IMMEDIATE")
+    plain = sqlite3.connect(path, timeout=0.1)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        plain.execute("PRAGMA journal_mode=WAL")  # SQLite's own answer: the reason to wait
+    plain.close()
+    release = threading.Timer(0.3, writer.rollback)
+    release.start()
+    try:
+        conn = lite.connect(str(path))
+    finally:
+        release.join()
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert conn.execute("PRAGMA busy_timeout").fetchone() == (5000,)
+    conn.close()
+    writer.close()
+
+
 def test_store_rows_are_what_sqlalchemy_core_reads(tmp_path: Path) -> None:
     """The queries written once on a ``Store`` (``sniffer.store.db``) read, on either
     kind of store, the rows SQLAlchemy Core reads from the models' tables (the

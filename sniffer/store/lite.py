@@ -7,8 +7,9 @@ SQLite file they need SQLAlchemy for nothing but its statement text, the
 schema check and the id blocks. This module does those three with
 ``sqlite3``:
 
-- :func:`connect` opens the file with the pragmas ``make_engine`` sets, in the
-  same order (a database file is the same whichever opened it first);
+- :func:`connect` opens the file with :func:`set_pragmas`, the pragmas
+  ``make_engine``'s connections get too (a database file is the same whichever
+  opened it first);
 - :func:`create_schema` creates the schema at head in a new, empty file: the
   statements of :data:`SCHEMA_DDL` are the text the migration chain leaves in
   ``sqlite_master`` (a test compares the two), and the ``alembic_version`` row
@@ -111,22 +112,36 @@ TEMP_STORE = "MEMORY"
 
 
 def connect(path: str) -> sqlite3.Connection:
-    """Open the SQLite file ``path`` as ``make_engine`` does: WAL, ``synchronous=NORMAL``,
-    foreign keys off, a 5 s busy timeout, temporary files in memory
-    (:data:`TEMP_STORE`; ``auto_vacuum`` first, for a new file). The caller has
-    created the file (``ensure_db_file``)."""
+    """Open the SQLite file ``path`` with :func:`set_pragmas` (as ``make_engine``'s
+    connections are). The caller has created the file (``ensure_db_file``)."""
     conn = sqlite3.connect(path, check_same_thread=False)
     try:
-        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA foreign_keys=OFF")
-        conn.execute("PRAGMA busy_timeout=5000")
-        conn.execute(f"PRAGMA temp_store={TEMP_STORE}")
+        set_pragmas(conn)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def set_pragmas(conn: sqlite3.Connection, *, file: bool = True) -> None:
+    """The pragmas of every connection to a store, in this order: for a file,
+    ``auto_vacuum`` (it takes effect on a new file, so that retention's
+    incremental vacuum can return freed pages) and WAL; then
+    ``synchronous=NORMAL``, foreign keys off, a 5 s busy timeout and temporary
+    files in memory (:data:`TEMP_STORE`).
+
+    The switch to WAL is retried while another process holds the lock, as
+    :func:`begin_immediate` is: of several processes opening one new file at
+    once, one may find the file's first write under way and get "database is
+    locked" at once, without the busy timeout (SQLite gives up at once rather
+    than wait while it holds a read lock the writer waits for)."""
+    if file:
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        _retried_while_locked(conn, "PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA foreign_keys=OFF")
+    conn.execute("PRAGMA busy_timeout=5000")
+    conn.execute(f"PRAGMA temp_store={TEMP_STORE}")
 
 
 def revision(conn: sqlite3.Connection) -> str | None:
@@ -167,10 +182,16 @@ SCHEMA_ROWS: tuple[str, ...] = (
 def begin_immediate(conn: sqlite3.Connection) -> None:
     """Take the database's write lock (``BEGIN IMMEDIATE``), retried while another
     process holds it, for up to ``SQLITE_LOCK_WAIT`` seconds (as a migration does)."""
+    _retried_while_locked(conn, "BEGIN IMMEDIATE")
+
+
+def _retried_while_locked(conn: sqlite3.Connection, sql: str) -> None:
+    """Run ``sql``, again every 50 ms while SQLite says the database is locked,
+    for up to ``SQLITE_LOCK_WAIT`` seconds; then the error is raised."""
     deadline = time.monotonic() + SQLITE_LOCK_WAIT
     while True:
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(sql)
             return
         except sqlite3.OperationalError:
             if time.monotonic() > deadline:

@@ -67,11 +67,11 @@ from sniffer.store.ids import IdBlocks
 from sniffer.store.lite import (
     PLAIN_HTTP,
     TABLE_COLUMNS,
-    TEMP_STORE,
     SqliteFile,
     UpdateSpec,
     create_new_file,
     insert_sql,
+    set_pragmas,
     update_spec,
     update_sql,
 )
@@ -122,9 +122,9 @@ def make_engine(url_or_path: str) -> Engine:
     A SQLite file that does not exist yet is created 0600 first (its -wal/-shm
     then get the same mode); a symlink at the path is refused
     (``sniffer.store.files.ensure_db_file``).
-    SQLite connections get WAL (file databases), ``synchronous=NORMAL``, foreign
-    keys off, a 5 s busy timeout and temporary files in memory
-    (``sniffer.store.lite.TEMP_STORE``). The tables are created if missing: a
+    SQLite connections get the store's pragmas (``sniffer.store.lite.set_pragmas``:
+    WAL for a file, ``synchronous=NORMAL``, foreign keys off, a 5 s busy
+    timeout, temporary files in memory). The tables are created if missing: a
     new, empty SQLite file at head with the standard library's driver
     (``sniffer.store.lite.create_schema``), anything else by the migrations.
     Example: ``make_engine("capture.db")``, ``make_engine("postgresql+psycopg://…")``.
@@ -151,17 +151,7 @@ def make_engine(url_or_path: str) -> Engine:
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            if not memory:
-                # Before WAL: takes effect on a new file, so that retention's
-                # incremental vacuum can return freed pages (no-op otherwise).
-                cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
-                cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA foreign_keys=OFF")
-            cur.execute("PRAGMA busy_timeout=5000")
-            cur.execute(f"PRAGMA temp_store={TEMP_STORE}")
-            cur.close()
+            set_pragmas(dbapi_conn, file=not memory)
 
     else:
         engine = create_engine(url, pool_pre_ping=True)
