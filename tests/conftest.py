@@ -26,6 +26,16 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+#: Hypothesis times nothing here (tests never time anything; benchmarks live in
+#: bench/): CI runs the suite on a loaded 2-core machine, where one example
+#: descheduled, or caught by a full collection of the test process, takes past
+#: the 200 ms default deadline and fails as "Unreliable test timings", and the
+#: first examples' generation can take past the too_slow health check's second.
+#: Loaded here, before the test modules: their @settings inherit it.
+settings.register_profile("sparseety", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("sparseety")
 
 #: Marker → what the marked tests need, for the CI failure message.
 REQUIREMENTS = {

@@ -267,7 +267,8 @@ def test_stored_json_text_is_compact_with_string_keys(store: Store) -> None:
 
 
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=25,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     text=st.sampled_from(["".join(t) for t in (ENGLISH, CHINESE, EMOJI, CODE)]),
