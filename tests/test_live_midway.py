@@ -30,8 +30,8 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 N_STREAMS = 6
 TOKENS = 90
 DELAY_MS = 100
-#: A chunk received this long after the daemon logged capture-active was
-#: certainly sent after capture began.
+#: Slack for the wall clock the test reads against the server's monotonic
+#: sleeps (a few ms of NTP slew over a stream at most).
 MARGIN = 0.05
 #: The fixture server's model: every stream runs to max_tokens, one token per write.
 MODEL = f"fake-ignoreeos-delay{DELAY_MS}"
@@ -43,18 +43,32 @@ class Timed:
     pieces: list[tuple[float, str]] = field(default_factory=list)  # (wall time, text)
     complete: bool = False
     error: str | None = None
+    sent: float = 0.0  # wall time just before the request was sent
 
     @property
     def text(self) -> str:
         return "".join(t for _, t in self.pieces)
 
+    def earliest(self, k: int) -> float:
+        """The earliest time the server can have sent piece ``k`` (0-based):
+        it answers after the request and sleeps ``DELAY_MS`` before every
+        write but the first, one token a write. A piece's receipt time only
+        bounds its sending from above: a client thread descheduled on a
+        loaded machine reads a piece sent before capture began long after."""
+        return self.sent + k * DELAY_MS / 1000
+
+    def sent_after(self, t: float) -> list[str]:
+        """The pieces certainly sent after ``t`` (a suffix of the pieces)."""
+        return [p for k, (_, p) in enumerate(self.pieces) if self.earliest(k) >= t]
+
 
 def timed_stream(port: int, prompt: str, out: Timed, tokens: int = TOKENS) -> None:
-    """One chat stream, each content piece stamped with the wall clock at receipt."""
+    """One chat stream, each content piece stamped with the wall clock at receipt
+    (and the request with the time just before it was sent)."""
     try:
-        with (
-            httpx.Client(timeout=60) as c,
-            c.stream(
+        with httpx.Client(timeout=60) as c:
+            out.sent = time.time()
+            with c.stream(
                 "POST",
                 f"http://127.0.0.1:{port}/v1/chat/completions",
                 json={
@@ -63,19 +77,18 @@ def timed_stream(port: int, prompt: str, out: Timed, tokens: int = TOKENS) -> No
                     "stream": True,
                     "max_tokens": tokens,
                 },
-            ) as resp,
-        ):
-            for line in resp.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    out.complete = True
-                    continue
-                for ch in json.loads(data).get("choices") or []:
-                    piece = (ch.get("delta") or {}).get("content") or ""
-                    if piece:
-                        out.pieces.append((time.time(), piece))
+            ) as resp:
+                for line in resp.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        out.complete = True
+                        continue
+                    for ch in json.loads(data).get("choices") or []:
+                        piece = (ch.get("delta") or {}).get("content") or ""
+                        if piece:
+                            out.pieces.append((time.time(), piece))
     except Exception as exc:
         out.error = f"{type(exc).__name__}: {exc}"
 
@@ -126,12 +139,12 @@ def midway_rows(db: str) -> list[dict[str, Any]]:
 
 def check_tails(results: list[Timed], rows: list[dict[str, Any]], t_active: float) -> int:
     """Each client's stream has exactly one midway row whose text is a suffix of
-    what the client received and holds every piece received after ``t_active``
-    (+ margin), in order. Returns the pieces recorded."""
+    what the client received and holds every piece the server sent after
+    ``t_active`` (+ margin), in order. Returns the pieces recorded."""
     recorded = 0
     for r in results:
         assert r.error is None and r.complete, r
-        after = [t for ts, t in r.pieces if ts >= t_active + MARGIN]
+        after = r.sent_after(t_active + MARGIN)
         assert after, "the stream ended before capture began: test too fast"
         mine = [
             row
@@ -145,7 +158,7 @@ def check_tails(results: list[Timed], rows: list[dict[str, Any]], t_active: floa
         got = [t for _, t in row["pieces"]]
         # never invented: the recorded pieces are the client's last pieces, in order
         assert got == [t for _, t in r.pieces][len(r.pieces) - len(got) :]
-        # every piece received after capture became active is there
+        # every piece sent after capture became active is there
         assert got[len(got) - len(after) :] == after
         assert row["dialect"] == "openai.chat" and row["model"] == MODEL
         assert row["gap"] and row["t_first_content"] is None and row["method"] is None
@@ -255,12 +268,14 @@ def test_graceful_restart_continues_the_same_rows(
         assert row["state"] == "gap" and row["gap"], row
         got = row["texts"]
         sent = [t for _, t in r.pieces]
-        # what a daemon was certainly capturing: received before a SIGTERM, or
-        # after capture was active again
+        # what a daemon was certainly capturing: received (so sent) before a
+        # SIGTERM, or sent at the earliest after capture was active again
         certain = [
             t
-            for ts, t in r.pieces
-            if all(not (stop - MARGIN <= ts <= active + MARGIN) for stop, active in windows)
+            for k, (ts, t) in enumerate(r.pieces)
+            if all(
+                ts < stop - MARGIN or r.earliest(k) > active + MARGIN for stop, active in windows
+            )
         ]
         # recorded pieces = the client's pieces minus those of the restart windows, in order
         it = iter(sent)
