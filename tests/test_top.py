@@ -441,29 +441,39 @@ def tmux_sessions() -> Iterator[list[Tmux]]:
 
 
 def _slow_streams(port: int, models: list[str], stop: threading.Event) -> threading.Thread:
-    """One slow stream per model, a second apart (oldest first), read to the end."""
+    """One slow stream per model, oldest first: each started once the one before
+    has its answer's head (its request was sent, so its stream is the older
+    whatever the threads' scheduling), then a second apart; read to the end."""
 
     def go() -> None:
-        def one(model: str) -> None:
+        def one(model: str, answered: threading.Event) -> None:
             body = {
                 "model": model,
                 "messages": [{"role": "user", "content": f"slow {model}"}],
                 "stream": True,
                 "max_tokens": 200,
             }
-            with (
-                httpx.Client(timeout=60) as c,
-                c.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r,
-            ):
-                for _ in r.iter_lines():
-                    if stop.is_set():
-                        return
+            try:
+                with (
+                    httpx.Client(timeout=60) as c,
+                    c.stream(
+                        "POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body
+                    ) as r,
+                ):
+                    answered.set()
+                    for _ in r.iter_lines():
+                        if stop.is_set():
+                            return
+            finally:
+                answered.set()  # a failed request does not hold the next one back
 
         threads = []
         for model in models:
-            t = threading.Thread(target=one, args=(model,), daemon=True)
+            answered = threading.Event()
+            t = threading.Thread(target=one, args=(model, answered), daemon=True)
             t.start()
             threads.append(t)
+            answered.wait(60)
             if stop.wait(1.0):
                 break
         for t in threads:
@@ -505,8 +515,8 @@ def test_top_under_tmux_against_a_live_sidecar(
     done = httpx_stream(port, "quick one", model="fake-delay2", max_tokens=20)
     assert done.complete, done
     bad_request(port)
-    # three slow streams (~150 ms a token, 30 s), a second apart: the oldest is
-    # model ...-c, then -a, then -b
+    # three slow streams (~150 ms a token, 30 s), one after the other: the
+    # oldest is model ...-c, then -a, then -b
     models = ["fake-delay150-c", "fake-delay150-a", "fake-delay150-b"]
     stop = threading.Event()
     exit_file = tmp_path / "top.exit"  # top's exit code, written by the shell around it
