@@ -556,7 +556,9 @@ class Traffic(threading.Thread):
 def live(tmp_path: Path, procs: list[Any]) -> Iterator[tuple[Prom, Traffic]]:  # noqa: F811
     ports = {label: server(procs) for label in LABELS}
     mport = free_port(lo=19000, hi=19499)
-    dead = free_port(lo=19500, hi=19999)  # an OTLP collector nobody runs
+    # an OTLP collector nobody runs: not in Prom's range (19500-19999), where
+    # nothing binds it before Prom's own free_port could hand it out again
+    dead = free_port(lo=21000, hi=21999)
     config = tmp_path / "sparseety.toml"
     config.write_text(
         f'[otlp]\nendpoint = "http://127.0.0.1:{dead}"\ntimeout = 1.0\nmetrics_interval = 1.0\n',
