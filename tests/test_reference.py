@@ -158,6 +158,7 @@ def recorded(
     ``db`` (labels dense / sparse) and ``node_db`` (both servers under one label)."""
     if shutil.which("dumpcap") is None or os.geteuid() != 0:
         pytest.skip("needs root and dumpcap to record loopback")
+    from tests.dumpcap import wait_written_after
     from tests.fixture_server import free_port, wait_ready
     from tests.model_server import start_model_server
 
@@ -179,13 +180,9 @@ def recorded(
         _poll(lambda: pcap.exists() and pcap.stat().st_size >= 24, "the pcap header")
 
         def poke(port: int) -> None:
-            size = pcap.stat().st_size
-
-            def grown() -> bool:
-                wait_ready(port)
-                return pcap.stat().st_size > size
-
-            _poll(grown, "dumpcap to record packets")
+            """Everything sent so far is in the file (and capture is live)."""
+            since = time.time()
+            wait_written_after(pcap, since, lambda: wait_ready(port), "dumpcap to record")
 
         poke(port_d)
         prompts = tmp / "prompts.jsonl"
@@ -254,6 +251,7 @@ def recorded_plain(
     sniffer, so the reference model re-tokenizes it. ``db``: labels dense / sparse."""
     if shutil.which("dumpcap") is None or os.geteuid() != 0:
         pytest.skip("needs root and dumpcap to record loopback")
+    from tests.dumpcap import wait_written_after
     from tests.fixture_server import free_port, wait_ready
     from tests.model_server import start_model_server
 
@@ -273,13 +271,8 @@ def recorded_plain(
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
         _poll(lambda: pcap.exists() and pcap.stat().st_size >= 24, "the pcap header")
-        size = pcap.stat().st_size
-
-        def grown() -> bool:
-            wait_ready(port_d)
-            return pcap.stat().st_size > size
-
-        _poll(grown, "dumpcap to record packets")
+        since = time.time()
+        wait_written_after(pcap, since, lambda: wait_ready(port_d), "dumpcap to record")
         prompts = tmp / "prompts.jsonl"
         prompts.write_text(
             "".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n"
@@ -294,13 +287,9 @@ def recorded_plain(
             )  # fmt: skip
             assert res.exit_code == 0, res.output
             assert json.loads(res.output)["ok"] == len(PLAIN_PROMPTS)
-        size = pcap.stat().st_size
-
-        def grown_s() -> bool:
-            wait_ready(port_s)
-            return pcap.stat().st_size > size
-
-        _poll(grown_s, "dumpcap to record packets")
+        # every probe's packets in the file before the SIGINT
+        since = time.time()
+        wait_written_after(pcap, since, lambda: wait_ready(port_s), "dumpcap to record")
     finally:
         if dumpcap is not None:
             dumpcap.send_signal(signal.SIGINT)

@@ -754,10 +754,12 @@ def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
     replay with three labels; then the gates a rollout would use."""
     import signal
     import subprocess
+    import time
 
     from click.testing import CliRunner
 
     from sniffer.cli import main
+    from tests.dumpcap import wait_written_after
     from tests.fixture_server import free_port, start_server_process, wait_ready
 
     port_a = free_port()
@@ -783,16 +785,14 @@ def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
         _poll(lambda: pcap.exists() and pcap.stat().st_size >= 24, "the pcap header")
-        header = pcap.stat().st_size
 
-        def poke_until_captured(port: int, size: int) -> None:
-            def grown() -> bool:
-                wait_ready(port)  # a /health exchange: packets dumpcap must see
-                return pcap.stat().st_size > size
+        def poke_until_captured(port: int) -> None:
+            """Everything sent so far is in the file: a /health exchange (packets
+            dumpcap must see) until it wrote one captured after this call."""
+            since = time.time()
+            wait_written_after(pcap, since, lambda: wait_ready(port), "dumpcap to record")
 
-            _poll(grown, "dumpcap to record packets")
-
-        poke_until_captured(port_a, header)  # capture is live
+        poke_until_captured(port_a)  # capture is live
         prompts = tmp_path / "prompts.txt"
         prompts.write_text("\n".join(E2E_PROMPTS) + "\n", encoding="utf-8")
         runner = CliRunner()
@@ -809,7 +809,7 @@ def test_end_to_end_probe_replay_stats_diff(tmp_path: Path) -> None:
             probed = json.loads(res.output)
             assert probed["ok"] == len(E2E_PROMPTS) * REPEAT
             assert probed["deterministic_ratio"] == 1.0
-        poke_until_captured(port_c, pcap.stat().st_size)  # everything before is on disk
+        poke_until_captured(port_c)  # everything before is on disk
     finally:
         if dumpcap is not None:
             dumpcap.send_signal(signal.SIGINT)
