@@ -327,6 +327,36 @@ def test_wal_switch_waits_for_a_writer_sqlite_gives_up_on(tmp_path: Path) -> Non
     writer.close()
 
 
+def test_only_a_held_lock_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The write lock is waited for while another connection holds it ("database
+    is locked" is ``is_locked``); any other error is raised at once, not after
+    ``SQLITE_LOCK_WAIT`` seconds of retries (here: BEGIN IMMEDIATE inside a
+    transaction, which SQLite refuses for good)."""
+    path = str(tmp_path / "err.db")
+    StoreWriter(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    other = sqlite3.connect(path, timeout=0)
+    with pytest.raises(sqlite3.OperationalError) as held:
+        other.execute("BEGIN IMMEDIATE")
+    assert lite.is_locked(held.value)
+    other.close()
+    holder.rollback()
+    holder.close()
+    slept: list[float] = []
+    monkeypatch.setattr(lite, "SQLITE_LOCK_WAIT", 1.0)
+    monkeypatch.setattr(lite.time, "sleep", slept.append)
+    conn = lite.connect(path)
+    try:
+        conn.execute("BEGIN")
+        with pytest.raises(sqlite3.OperationalError, match="within a transaction") as refused:
+            lite.begin_immediate(conn)
+        assert not lite.is_locked(refused.value)
+        assert slept == []  # not retried
+    finally:
+        conn.close()
+
+
 def test_store_rows_are_what_sqlalchemy_core_reads(tmp_path: Path) -> None:
     """The queries written once on a ``Store`` (``sniffer.store.db``) read, on either
     kind of store, the rows SQLAlchemy Core reads from the models' tables (the

@@ -185,16 +185,26 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
     _retried_while_locked(conn, "BEGIN IMMEDIATE")
 
 
+def is_locked(exc: BaseException | None) -> bool:
+    """SQLite's "database is locked" or "table is locked" (``SQLITE_BUSY``,
+    ``SQLITE_LOCKED`` and their extended codes): another connection holds what
+    this one needs; worth waiting for, unlike any other error."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
 def _retried_while_locked(conn: sqlite3.Connection, sql: str) -> None:
     """Run ``sql``, again every 50 ms while SQLite says the database is locked,
-    for up to ``SQLITE_LOCK_WAIT`` seconds; then the error is raised."""
+    for up to ``SQLITE_LOCK_WAIT`` seconds; then the error is raised. Any other
+    error (a read-only or full disk, a statement SQLite refuses) is raised at
+    once, not after the wait."""
     deadline = time.monotonic() + SQLITE_LOCK_WAIT
     while True:
         try:
             conn.execute(sql)
             return
-        except sqlite3.OperationalError:
-            if time.monotonic() > deadline:
+        except sqlite3.OperationalError as exc:
+            if not is_locked(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
 
@@ -374,6 +384,7 @@ __all__ = [
     "create_new_file",
     "create_schema",
     "insert_sql",
+    "is_locked",
     "revision",
     "update_spec",
     "update_sql",

@@ -21,7 +21,7 @@ comes here.
      several sidecars starting together against one fresh database all
      start, one of them creates the schema (no ``UniqueViolation``).
    - SQLite: ``BEGIN IMMEDIATE`` (the database's write lock), retried while
-     another process holds it.
+     another process holds it (any other error is raised at once).
 
 A v0.1 database has tables but no ``alembic_version``: it is upgraded from
 the start of the chain, whose first step (``0001``) creates only what is
@@ -131,14 +131,16 @@ def _locked(engine: Engine) -> Iterator[Connection]:
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY})")
         elif engine.dialect.name == "sqlite":
+            from sniffer.store.lite import is_locked
+
             deadline = time.monotonic() + SQLITE_LOCK_WAIT
             while True:
                 try:
                     conn.exec_driver_sql("BEGIN IMMEDIATE")
                     break
-                except OperationalError:
+                except OperationalError as exc:
                     conn.rollback()
-                    if time.monotonic() > deadline:
+                    if not is_locked(exc.orig) or time.monotonic() > deadline:
                         raise
                     time.sleep(0.05)
         yield conn
