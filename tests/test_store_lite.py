@@ -257,10 +257,10 @@ def test_create_schema_leaves_other_files_to_the_migrations(tmp_path: Path) -> N
 
 
 CREATE_RACE = r"""
-import sys, time
+import os, sys, time
 from sniffer.store.writer import StoreWriter
-start = float(sys.argv[2])
-while time.time() < start:
+print("ready", flush=True)
+while not os.path.exists(sys.argv[2]):
     time.sleep(0.001)
 w = StoreWriter(sys.argv[1])
 print(w.conn_ids())
@@ -271,14 +271,14 @@ w.close()
 def test_processes_creating_one_new_file_at_once(tmp_path: Path) -> None:
     """Several processes open the same new file at the same moment: one creates the
     schema under the write lock, the others find it at head; every writer gets its
-    own id blocks and the file is the schema Alembic would create."""
-    import time
-
+    own id blocks and the file is the schema Alembic would create. Released
+    together once every one has imported (a start time fixed in advance let a
+    loaded machine start them one after the other: no race left to test)."""
     path = tmp_path / "race.db"
-    start = str(time.time() + 1.5)
+    go = tmp_path / "go"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CREATE_RACE, str(path), start],
+            [sys.executable, "-c", CREATE_RACE, str(path), str(go)],
             env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -286,11 +286,23 @@ def test_processes_creating_one_new_file_at_once(tmp_path: Path) -> None:
         )
         for _ in range(4)
     ]
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
-        outs.append(out.strip())
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            if line != "ready\n":
+                raise AssertionError(f"{line!r}: {p.communicate(timeout=60)[1]}")
+        go.touch()
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+            outs.append(out.strip())
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
     assert len(set(outs)) == 4  # distinct id blocks
     reference = tmp_path / "ref.db"
     StoreWriter(str(reference)).close()
