@@ -310,6 +310,7 @@ START_TOGETHER = """
 import os, sys, time
 from sniffer.runtime.replay import replay
 go, pcap, url, node = sys.argv[1:5]
+print("ready", flush=True)
 while not os.path.exists(go):
     time.sleep(0.002)
 r = replay(pcap, url, node=node, jobs=int(sys.argv[5]))
@@ -332,9 +333,11 @@ def start_together(url: str, tmp_path: Path, nodes: list[str], pcap: Path, jobs:
         for node in nodes
     ]
     try:
-        import time
-
-        time.sleep(2.0 if len(nodes) < 6 else 3.0)  # every interpreter imported and waiting
+        for p in procs:  # every interpreter imported and waiting, whatever the load
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            if line != "ready\n":
+                raise AssertionError(f"{line!r}: {p.communicate(timeout=60)[1]}")
         go.touch()
         for p in procs:
             _out, err = p.communicate(timeout=240)
