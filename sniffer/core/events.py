@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage, slot_init
 

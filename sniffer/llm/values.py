@@ -84,6 +84,7 @@ def slot_init(cls: type[_T]) -> type[_T]:
     setattr(cls, "__init__", init)  # noqa: B010 (mypy refuses assigning to a method)
     return cls
 
+
 # ---------------------------------------------------------------------------
 # the range of every integer that comes off the wire
 # ---------------------------------------------------------------------------
