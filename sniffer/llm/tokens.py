@@ -1036,6 +1036,7 @@ class _Tiled(_BuiltOnFirstUse[tuple[int, int]]):
         return f"_Tiled({self.ends!r})"
 
 
+@slot_init  # one per stream taken by the token pass
 @dataclass(frozen=True, slots=True)
 class StreamInput:
     """One stream to analyse. ``request`` is the parsed JSON request body (it

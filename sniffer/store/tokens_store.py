@@ -67,6 +67,7 @@ from typing import Any
 import orjson as _orjson
 
 from sniffer.llm.tokens import Anomaly
+from sniffer.llm.values import slot_init
 from sniffer.store import spec
 from sniffer.store.db import Store, Transaction, as_bools, in_list
 from sniffer.store.lite import PLAIN_HTTP, insert_sql
@@ -91,6 +92,7 @@ __all__ = [
 _TABLES = ("stream_tokens", "choice_tokens", "token_anomalies")
 
 
+@slot_init  # one per choice of every stream the token pass writes
 @dataclass(frozen=True, slots=True)
 class ChoiceTokenRow:
     choice: int
