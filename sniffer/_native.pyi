@@ -8,7 +8,7 @@ frames; :meth:`Reassembler.feed_batch` turns it into the flow events of
 ``sniffer.core.pipeline``.
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sniffer.core.events import CaptureGap, FlowEvent, HttpBody, Segment
@@ -168,3 +168,10 @@ def openai_chunk(
     chunk's ``usage``, ``timings``, ``metrics`` and ``meta_info`` values (None
     when all are null or absent); None when the Python dialect must handle
     the item."""
+
+# --- the live metrics' cadence class (native/py/src/cadence.rs) ---
+
+def cadence_split(times: Sequence[float], floor: float) -> tuple[int, float, float] | None:
+    """``(k, short_p50, long_p50)`` of the gaps between consecutive ``times``
+    (``sniffer.llm.cadence._classes``' split and medians, float for float);
+    None with fewer than two gaps or a gap that is not finite."""

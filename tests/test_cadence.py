@@ -195,6 +195,56 @@ def test_cadence_equals_the_reference_float_for_float(gaps: list[float], reverse
     assert split_threshold([max(0.0, b - a) for a, b in pairwise(times)])[0] == k
 
 
+def _native_split() -> Any:
+    from sniffer import native_core
+
+    native = getattr(native_core()[0], "cadence_split", None)
+    if native is None:
+        pytest.skip("the native core is not built (or SPARSEETY_PURE is set)")
+    return native
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from([0.0, 1e-6, GAP_FLOOR, 0.001, 0.2, 0.2, 1.0]),  # ties and the floor
+            st.floats(min_value=0.0, max_value=5.0),
+            st.floats(min_value=0.0, max_value=0.005),
+            st.floats(min_value=1e-300, max_value=1e6),
+        ),
+        min_size=2,
+        max_size=150,
+    ),
+    st.booleans(),
+)
+def test_native_split_equals_the_pure_classes_float_for_float(
+    gaps: list[float], reverse: bool
+) -> None:
+    """The native core's split (what ``cadence_class`` takes when it runs)
+    gives the pure ``_classes``' k and medians exactly, from a list or from
+    the ``array('d')`` the metrics keep the chunk times in."""
+    from array import array
+
+    from sniffer.llm import cadence as mod
+
+    native = _native_split()
+    times = list(accumulate(gaps, initial=10.0))
+    if reverse:
+        times = times[::-1]
+    c = mod._classes(mod._gaps(times))
+    want = (c.k, c.short_p50, c.long_p50)
+    assert native(times, GAP_FLOOR) == want
+    assert native(array("d", times), GAP_FLOOR) == want
+
+
+def test_native_split_leaves_infinite_gaps_and_short_streams_to_the_reference() -> None:
+    native = _native_split()
+    assert native([10.0, 10.0, 10.2, 10.2, *[math.inf] * 14], GAP_FLOOR) is None
+    assert native([1.0, 2.0], GAP_FLOOR) is None and native([], GAP_FLOOR) is None
+    assert native([1.0, 2.0, 2.5], GAP_FLOOR) == (1, 0.5, 1.0)
+
+
 def test_cadence_with_an_infinite_gap_is_the_reference() -> None:
     """An infinite time (NaN logarithm differences) takes the reference path."""
     times = [10.0, 10.0, 10.2, 10.2, *[math.inf] * 14]

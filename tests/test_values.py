@@ -524,3 +524,49 @@ def test_request_summary_out_of_range_order_and_first_max_tokens() -> None:
     assert (r.max_tokens, r.n, r.logprobs, r.seed, r.out_of_range) == (None, None, True, None, ())
     r = RequestSummary.parse({"max_tokens": big, "max_output_tokens": big})
     assert r.max_tokens is None and r.out_of_range == ("max_tokens", "max_output_tokens")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "sniffer.llm.values.RequestSummary",
+        "sniffer.llm.tokens.Anomaly",
+        "sniffer.llm.tokens.StreamInput",
+        "sniffer.store.tokens_store.ChoiceTokenRow",
+    ],
+)
+def test_values_made_per_request_stream_or_anomaly_have_the_slot_init(path: str) -> None:
+    """The values made once per request, stream or token anomaly get
+    ``slot_init``'s ``__init__`` (the slots' setters, not ``object.__setattr__``):
+    same parameters and defaults, frozen, equal to what ``replace`` gives."""
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    assert "_set0" in cls.__init__.__globals__, cls  # the fast one
+    fields = dataclasses.fields(cls)
+    required = [f for f in fields if f.default is dataclasses.MISSING]
+    args = {f.name: (f"v-{f.name}",) for f in required}
+    obj = cls(**args)
+    for f in fields:  # the given values, and the declared defaults
+        assert getattr(obj, f.name) is args.get(f.name, f.default), (cls, f.name)
+    positional = cls(*[args.get(f.name, f.default) for f in fields])
+    assert positional == obj and hash(positional) == hash(obj)
+    assert dataclasses.replace(obj) == obj
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(obj, fields[0].name, 1)
+    with pytest.raises(TypeError):
+        cls(*[None] * (len(fields) + 1))
+
+
+def test_slot_init_refuses_what_it_cannot_set() -> None:
+    """A field with a default factory (or not in ``__init__``) is refused at
+    class creation, not silently left unset."""
+    from sniffer.llm.values import slot_init
+
+    with pytest.raises(TypeError, match="not supported by slot_init"):
+
+        @slot_init
+        @dataclasses.dataclass(frozen=True, slots=True)
+        class _WithFactory:
+            items: list[int] = dataclasses.field(default_factory=list)

@@ -16,40 +16,10 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import MISSING, dataclass, fields
-from typing import Any, NamedTuple, TypeVar
+from dataclasses import dataclass
+from typing import NamedTuple
 
-from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage
-
-_T = TypeVar("_T")
-
-
-def _slot_init(cls: type[_T]) -> type[_T]:
-    """Give a frozen, slotted dataclass a faster ``__init__``: the generated one
-    sets each field through ``object.__setattr__`` (a frozen class refuses plain
-    assignment); this one calls the slots' descriptors directly, about half the
-    cost, for the events made once per chunk, exchange or connection (each one
-    costs an ``exec`` at import). Same parameters, defaults and resulting object (equality, hashing,
-    ``replace``, repr are untouched)."""
-    scope: dict[str, Any] = {}
-    params: list[str] = []
-    body: list[str] = []
-    for i, f in enumerate(fields(cls)):  # type: ignore[arg-type]
-        if not f.init or f.default_factory is not MISSING:
-            raise TypeError(f"{cls.__name__}.{f.name}: not supported by _slot_init")
-        scope[f"_set{i}"] = cls.__dict__[f.name].__set__
-        if f.default is MISSING:
-            params.append(f.name)
-        else:
-            scope[f"_default{i}"] = f.default
-            params.append(f"{f.name}=_default{i}")
-        body.append(f"    _set{i}(self, {f.name})\n")
-    exec(f"def __init__(self, {', '.join(params)}):\n{''.join(body)}", scope)
-    init = scope["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    setattr(cls, "__init__", init)  # noqa: B010 (mypy refuses assigning to a method)
-    return cls
-
+from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage, slot_init
 
 # ---------------------------------------------------------------------------
 # capture → reassembly
@@ -97,7 +67,7 @@ class CaptureGap(NamedTuple):
 # ---------------------------------------------------------------------------
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class ConnectionOpened:
     conn: int  # connection id, unique within one pipeline run (from its id base)
@@ -147,7 +117,7 @@ class FlowEnd:
     reason: str  # "fin", "rst", "idle", "eof"
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class ConnectionClosed:
     conn: int
@@ -201,7 +171,7 @@ REASSEMBLY_KINDS = (
 Headers = tuple[tuple[str, str], ...]  # (lower-case name, value), in wire order
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class HttpRequest:
     conn: int
@@ -213,7 +183,7 @@ class HttpRequest:
     headers: Headers
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class HttpResponse:
     conn: int
@@ -247,7 +217,7 @@ class EndReason(enum.StrEnum):
     ERROR = "error"  # malformed framing (recorded in an HttpError too)
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class HttpEnd:
     conn: int
@@ -342,7 +312,7 @@ class StreamState(enum.StrEnum):
     MIDWAY = "midway"  # capture began inside the response body: only its tail was recorded
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class StreamOpened:
     """A request/response exchange began (one row in the streams table)."""
@@ -366,7 +336,7 @@ class StreamOpened:
     text_kept: bool = True  # False: sampled out, the chunk text is not stored
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class StreamResponse:
     stream: int
@@ -377,7 +347,7 @@ class StreamResponse:
     streaming: bool  # SSE / NDJSON body
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class ChunkEvent:
     """One streamed chunk for one choice (or the whole body of a non-streaming reply)."""
@@ -492,7 +462,7 @@ def stream_flags(column: str | None) -> list[StreamFlag | str]:
     return [StreamFlag(n) if n in known else str(n) for n in names]
 
 
-@_slot_init
+@slot_init
 @dataclass(frozen=True, slots=True)
 class StreamClosed:
     stream: int

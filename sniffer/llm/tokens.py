@@ -85,7 +85,7 @@ if TYPE_CHECKING:  # imported where used: a command that loads no tokenizer skip
     from tokenizers import Encoding, Tokenizer
 
 from sniffer.llm.logprobs import ServerToken, parse_server_tokens
-from sniffer.llm.values import TOKEN_ID_RANGE, Usage, in_range
+from sniffer.llm.values import TOKEN_ID_RANGE, Usage, in_range, slot_init
 
 __all__ = [
     "DEFAULT_NAME",
@@ -1036,6 +1036,7 @@ class _Tiled(_BuiltOnFirstUse[tuple[int, int]]):
         return f"_Tiled({self.ends!r})"
 
 
+@slot_init  # one per stream taken by the token pass
 @dataclass(frozen=True, slots=True)
 class StreamInput:
     """One stream to analyse. ``request`` is the parsed JSON request body (it
@@ -1078,8 +1079,14 @@ class ChunkTokens:
     straddles: int
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Anomaly:
+    """One thing worth reporting in a stream's tokens (the kinds and what
+    ``position`` means: the module docstring). Also the token pass's row of
+    ``token_anomalies`` (``sniffer.store.tokens_store.TokenAnomalyRow``, the
+    stream's id apart): made once per anomaly, at a few dozen per stream."""
+
     kind: str
     choice: int
     position: int | None
@@ -1332,8 +1339,9 @@ class _Anomalies:
     def __init__(self, initial: Sequence[Anomaly] = ()) -> None:
         self.items: list[Anomaly] = []
         self.counts: dict[tuple[str, int], int] = {}
-        for a in initial:
-            self.add(a.kind, a.choice, a.position, a.detail)
+        for a in initial:  # the values themselves (frozen): not a copy of each
+            if self.want(a.kind, a.choice):
+                self.items.append(a)
 
     def want(self, kind: str, choice: int) -> bool:
         """Count one anomaly; True if it is still to be listed (build it then)."""
@@ -1590,8 +1598,10 @@ def _assemble(
         straddle_count = [0] * len(seqs)
         for _, first, _ in straddles:
             straddle_count[first] += 1
+        # tiling tokens' offsets from their ends, without a call per straddle
+        ends = offsets.ends if type(offsets) is _Tiled else None
         for k, first, end_chunk in straddles[: anomalies.take("straddle", ch, len(straddles))]:
-            s0, e0 = offsets[k]
+            s0, e0 = offsets[k] if ends is None else (ends[k - 1] if k else 0, ends[k])
             anomalies.items.append(
                 Anomaly(
                     "straddle",

@@ -51,7 +51,6 @@ from sniffer.store.db import Store
 from sniffer.store.tokens_store import (
     ChoiceTokenRow,
     StreamTokenRow,
-    TokenAnomalyRow,
     create_token_tables,
     insert_token_rows,
     pending_count,
@@ -337,7 +336,7 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
         tokens_per_chunk=dict(st.tokens_per_chunk),
         anomaly_count=len(st.anomalies),
         choices=tuple(choices),
-        anomalies=tuple(TokenAnomalyRow(a.choice, a.kind, a.position, a.detail) for a in anomalies),
+        anomalies=anomalies,  # the analysis's values are the rows (TokenAnomalyRow)
     )
 
 

@@ -743,7 +743,7 @@ def _jsonl_tokens(registry: TokenizerRegistry, order: list[_JStream], tokens: bo
         skip = {"gap"} | ({"finish_missing"} if v.state != "complete" else set())
         _add_anomalies(
             v,
-            [TokenAnomalyRow(a.choice, a.kind, a.position, a.detail) for a in res.anomalies],
+            res.anomalies,
             is_default=is_default,
             skip=frozenset(skip),
         )

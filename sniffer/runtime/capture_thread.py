@@ -23,8 +23,15 @@ from sniffer.runtime.stats import DaemonStats
 
 __all__ = ["POLL_TIMEOUT", "CaptureThread", "SourceFactory", "capture_key", "default_source"]
 
-#: How long one capture poll waits for packets (seconds).
-POLL_TIMEOUT = 0.05
+#: How long one capture poll waits for packets (seconds): it bounds only how
+#: soon the thread sees a stop or retries a loss marker, since a poll returns
+#: as soon as a ring block is handed over. Each wake-up costs ~40-90 µs of CPU
+#: here (a timed poll and the GIL); with 50 ms the thread woke twice per ring
+#: block (BLOCK_TIMEOUT_MS) under a steady load and 20 times a second idle,
+#: ~1.7 ms of CPU per second (``bench/bench_live.py --only memory`` counts
+#: every second the daemon runs). Two block timeouts: once per block under
+#: load, five times a second idle.
+POLL_TIMEOUT = 0.2
 
 #: How long the kernel fills a ring block before handing it over part-full
 #: (TPACKET_V3 ``tp_retire_blk_tov``, ms). A block is also handed over when

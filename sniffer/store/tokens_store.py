@@ -66,6 +66,8 @@ from typing import Any
 
 import orjson as _orjson
 
+from sniffer.llm.tokens import Anomaly
+from sniffer.llm.values import slot_init
 from sniffer.store import spec
 from sniffer.store.db import Store, Transaction, as_bools, in_list
 from sniffer.store.lite import PLAIN_HTTP, insert_sql
@@ -90,6 +92,7 @@ __all__ = [
 _TABLES = ("stream_tokens", "choice_tokens", "token_anomalies")
 
 
+@slot_init  # one per choice of every stream the token pass writes
 @dataclass(frozen=True, slots=True)
 class ChoiceTokenRow:
     choice: int
@@ -105,12 +108,10 @@ class ChoiceTokenRow:
     server_mismatch: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TokenAnomalyRow:
-    choice: int
-    kind: str
-    position: int | None
-    detail: str
+#: One ``token_anomalies`` row (its stream's id apart): the analysis's own
+#: value, stored as made (``kind``, ``choice``, ``position``, ``detail``), not
+#: copied into a second object per anomaly (a few dozen per stream).
+TokenAnomalyRow = Anomaly
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +199,7 @@ def read_token_rows(store: Store, stream_ids: Iterable[int]) -> dict[int, Stream
             part,
         ):
             anomalies.setdefault(sid, []).append(
-                TokenAnomalyRow(choice, kind, position, detail or "")
+                TokenAnomalyRow(kind, choice, position, detail or "")
             )
         for row in store.query(
             "SELECT stream_id, tokenizer, is_default, prompt_ids, usage_diff, "

@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+mod cadence;
 mod chunks;
 mod flow;
 mod fused;
@@ -22,5 +23,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     openai::register(m)?;
     chunks::register(m)?;
     tokens::register(m)?;
+    cadence::register(m)?;
     Ok(())
 }

@@ -1,0 +1,171 @@
+//! The split of one output's gaps in two classes (`sniffer.llm.cadence._classes`,
+//! the reference): what the live metrics classify every streamed output by at
+//! its close (`cadence_class`). The class itself (the thresholds) stays in
+//! Python; this is the arithmetic, ~50 µs per 100-chunk output there (a
+//! `math.log` and a loop iteration per gap).
+//!
+//! Float for float the reference's values: the same operations in the same
+//! order on IEEE doubles, the logarithm and the power from the C library
+//! CPython's `math.log` and `**` call (`ln` and `powf` with an exponent the
+//! compiler cannot see, so that `x ** 2` is not rewritten as `x * x`).
+
+use std::hint::black_box;
+
+/// `(k, short_p50, long_p50)` of the gaps between consecutive `times` (a
+/// negative gap counts as 0), or None when there are fewer than two gaps or
+/// a gap is not finite (the reference's path for an infinite gap compares
+/// NaN widths as tuples; it stays the only one). `k` is how many sorted gaps
+/// fall in the short class (Otsu's split of their logarithms, gaps below
+/// `floor` counted as `floor`, moved to the widest stretch between the two
+/// classes' medians, the one nearest the Otsu split among equals, then the
+/// first); the medians are of the gaps as they are.
+pub fn split(times: &[f64], floor: f64) -> Option<(usize, f64, f64)> {
+    let mut gaps: Vec<f64> = times
+        .windows(2)
+        .map(|w| {
+            let d = w[1] - w[0];
+            if d > 0.0 {
+                d
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    if gaps.len() < 2 || gaps.iter().any(|g| !g.is_finite()) {
+        return None;
+    }
+    gaps.sort_by(f64::total_cmp);
+    let logs: Vec<f64> = gaps
+        .iter()
+        .map(|&g| if floor > g { floor } else { g }.ln())
+        .collect();
+    let best_k = otsu(&logs)?;
+    let k = widest(&logs, best_k)?;
+    let short = gaps.get(..k)?;
+    let long = gaps.get(k..)?;
+    Some((k, median(short)?, median(long)?))
+}
+
+/// `sum(logs)`: left to right from the first (Python's `sum` of floats).
+fn total(logs: &[f64]) -> f64 {
+    let mut it = logs.iter();
+    let mut acc = it.next().copied().unwrap_or(0.0);
+    for &l in it {
+        acc += l;
+    }
+    acc
+}
+
+/// The first `k` (1 <= k < n) of largest `k * (n - k) * (mean_a - mean_b) ** 2`
+/// (the reference's loop; its sum is finite here).
+fn otsu(logs: &[f64]) -> Option<usize> {
+    let n = logs.len();
+    let total = total(logs);
+    if !total.is_finite() {
+        return None;
+    }
+    let two = black_box(2.0f64);
+    let mut best_k = 1usize;
+    let mut best = -1.0f64;
+    let mut prefix = 0.0f64;
+    for k in 1..n {
+        prefix += *logs.get(k.checked_sub(1)?)?;
+        let rest = n.checked_sub(k)?;
+        let mean_a = prefix / k as f64;
+        let mean_b = (total - prefix) / rest as f64;
+        // CPython's float ** 2: pow(|d|, 2.0), 0.0 for d == 0
+        let d = (mean_a - mean_b).abs();
+        let square = if d == 0.0 { 0.0 } else { d.powf(two) };
+        let between = (k.checked_mul(rest)? as f64) * square;
+        if between > best {
+            best_k = k;
+            best = between;
+        }
+    }
+    Some(best_k)
+}
+
+/// The split moved to the widest stretch between the two classes' medians
+/// (the reference's `widths`, `max`, `index` and its tie rule).
+fn widest(logs: &[f64], best_k: usize) -> Option<usize> {
+    let n = logs.len();
+    let lo = best_k.checked_sub(1)? / 2;
+    let hi = best_k.checked_add(n.checked_sub(best_k)? / 2)?;
+    let upper = logs.get(lo.checked_add(1)?..hi.checked_add(1)?)?;
+    let lower = logs.get(lo..hi)?;
+    let widths: Vec<f64> = upper.iter().zip(lower).map(|(a, b)| a - b).collect();
+    let mut widest = *widths.first()?;
+    for &w in &widths {
+        if w > widest {
+            widest = w;
+        }
+    }
+    let first = lo.checked_add(1)?;
+    let mut k: Option<usize> = None;
+    let mut nearest = usize::MAX;
+    for (i, &w) in widths.iter().enumerate() {
+        if w == widest {
+            let at = first.checked_add(i)?;
+            let distance = at.abs_diff(best_k);
+            if distance < nearest {
+                nearest = distance;
+                k = Some(at);
+            }
+        }
+    }
+    k
+}
+
+/// `statistics.median` of sorted values (None when empty).
+fn median(ordered: &[f64]) -> Option<f64> {
+    let n = ordered.len();
+    let mid = n / 2;
+    if n % 2 == 1 {
+        return ordered.get(mid).copied();
+    }
+    let a = *ordered.get(mid.checked_sub(1)?)?;
+    let b = *ordered.get(mid)?;
+    Some((a + b) / 2.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn too_few_or_infinite_gaps_have_no_split() {
+        assert_eq!(split(&[], 1e-5), None);
+        assert_eq!(split(&[1.0, 2.0], 1e-5), None);
+        assert_eq!(split(&[1.0, 2.0, f64::INFINITY], 1e-5), None);
+    }
+
+    #[test]
+    fn two_modes_split_between_them() {
+        // bursts of three 1 ms gaps, 500 ms apart
+        let mut times = vec![0.0f64];
+        for i in 0..30 {
+            let gap = if i % 4 == 3 { 0.5 } else { 0.001 };
+            let last = *times.last().unwrap_or(&0.0);
+            times.push(last + gap);
+        }
+        let (k, short, long) = split(&times, 1e-5).unwrap_or((0, 0.0, 0.0));
+        assert_eq!(k, 23);
+        assert!((short - 0.001).abs() < 1e-9, "{short}");
+        assert!((long - 0.5).abs() < 1e-9, "{long}");
+    }
+
+    #[test]
+    fn equal_widths_take_the_nearest_to_the_otsu_split() {
+        // sorted logs 0, 1, 2, 3 (equal widths): the reference picks k = 2
+        let logs = [0.0, 1.0, 2.0, 3.0];
+        assert_eq!(otsu(&logs), Some(2));
+        assert_eq!(widest(&logs, 2), Some(2));
+    }
+
+    #[test]
+    fn negative_gaps_count_as_zero() {
+        let times = [3.0, 2.0, 2.5, 1.0, 1.5];
+        let (k, short, long) = split(&times, 1e-5).unwrap_or((0, 9.0, 9.0));
+        assert_eq!((k, short, long), (2, 0.0, 0.5));
+    }
+}
