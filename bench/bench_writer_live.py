@@ -13,9 +13,9 @@ every ``--batch`` rows as the daemon does at its batch size, and prints the CPU
 
 Each of ``--generations`` generations opens ``--streams`` streams at once, then
 sends ``--events`` content chunks to each in rounds (each round in a shuffled
-order, the same every run), then closes them. On a shared machine take the best
-of several runs; for exact comparisons count instructions (``valgrind
---tool=callgrind``, ``--runs 1``).
+order, the same every run; ``--order fixed``: in stream order), then closes
+them. On a shared machine take the best of several runs; for exact
+comparisons count instructions (``valgrind --tool=callgrind``, ``--runs 1``).
 
     python bench/bench_writer_live.py [--streams 1000] [--events 300] [--runs 3]
 """
@@ -42,8 +42,13 @@ from sniffer.core.events import (  # noqa: E402
 from sniffer.store.writer import StoreWriter  # noqa: E402
 
 
-def events(streams: int, per_stream: int, generations: int) -> list[StoreEvent]:
-    """The events of the load, in arrival order (deterministic)."""
+def events(
+    streams: int, per_stream: int, generations: int, shuffled: bool = True
+) -> list[StoreEvent]:
+    """The events of the load, in arrival order (deterministic): each round of
+    chunks in a new shuffled order, or (``shuffled`` False) in stream order, as
+    a paced server (``bench_live.py``) or a server decoding its streams in one
+    fixed batch sends them."""
     rng = random.Random(25)
     out: list[StoreEvent] = []
     ts = 1.7e9
@@ -67,7 +72,8 @@ def events(streams: int, per_stream: int, generations: int) -> list[StoreEvent]:
                 )
             )
         for seq in range(per_stream):
-            rng.shuffle(ids)
+            if shuffled:
+                rng.shuffle(ids)
             for s in ids:
                 ts += 1e-4
                 out.append(ChunkEvent(s, ts, seq, 0, seq + 1, "content", f"tok{seq % 97} "))
@@ -112,8 +118,9 @@ def main() -> int:
     ap.add_argument("--generations", type=int, default=1)
     ap.add_argument("--batch", type=int, default=5000, help="writer batch size (the daemon's)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--order", choices=("shuffled", "fixed"), default="shuffled")
     ns = ap.parse_args()
-    evs = events(ns.streams, ns.events, ns.generations)
+    evs = events(ns.streams, ns.events, ns.generations, ns.order == "shuffled")
     chunks = sum(type(ev) is ChunkEvent for ev in evs)
     best = float("inf")
     size = 0
@@ -124,8 +131,9 @@ def main() -> int:
             size = os.path.getsize(db)
     print(
         f"{ns.streams} streams at once x {ns.events} chunk events x {ns.generations}: "
-        f"{chunks:,} chunk rows, batch {ns.batch}; best of {ns.runs} runs, CPU (user+sys) "
-        f"{best:.3f} s, {1e6 * best / chunks:.2f} µs/row; database {size / 1e6:.1f} MB"
+        f"{chunks:,} chunk rows ({ns.order}), batch {ns.batch}; best of {ns.runs} runs, "
+        f"CPU (user+sys) {best:.3f} s, {1e6 * best / chunks:.2f} µs/row; "
+        f"database {size / 1e6:.1f} MB"
     )
     return 0
 

@@ -434,30 +434,6 @@ def test_file_database_is_wal(tmp_path: Path) -> None:
     raw.close()
 
 
-def test_writer_connection_has_the_larger_page_cache(tmp_path: Path) -> None:
-    """The writer's own connection caches WRITER_CACHE_KIB of pages (the index pages
-    of many open streams), also once reopened; every other connection to the file
-    keeps SQLite's default (2,000 KiB): a reader's cache costs its memory too."""
-    from sniffer.store.lite import WRITER_CACHE_KIB
-
-    db = str(tmp_path / "cache.db")
-    w = StoreWriter(db)
-    assert w._lite is not None
-    assert w._lite.scalar("PRAGMA cache_size") == -WRITER_CACHE_KIB
-    w._lite.close()  # the next use reopens it, with the same pragmas
-    assert w._lite.scalar("PRAGMA cache_size") == -WRITER_CACHE_KIB
-    w.write_many(realistic_events())
-    w.close()
-    reader = open_store(db)
-    assert reader.scalar("PRAGMA cache_size") == -2000
-    assert reader.scalar("SELECT count(*) FROM chunks") == 14
-    reader.close()
-    engine = make_engine(db)
-    with engine.connect() as conn:
-        assert conn.execute(text("PRAGMA cache_size")).scalar() == -2000
-    engine.dispose()
-
-
 def test_sqlite_url_and_engine_argument(tmp_path: Path) -> None:
     engine = make_engine(f"sqlite:///{tmp_path / 'u.db'}")
     w = StoreWriter("ignored", engine=engine)

@@ -111,45 +111,24 @@ def update_sql(spec: UpdateSpec) -> tuple[str, tuple[str, ...]]:
 TEMP_STORE = "MEMORY"
 
 
-#: The page cache of a store writer's connection, in KiB (``PRAGMA
-#: cache_size=-N``; SQLite's default, which every other connection keeps, is
-#: 2,000 KiB). With many streams open at once, each flush puts a few chunk rows
-#: of every stream into ``ix_chunks_stream_seq (stream_id, seq)``, each at the
-#: end of its stream's entries: about one index leaf page per open stream, on
-#: top of the table's last pages. Past some 500 pages (1,000 streams of a few
-#: hundred chunks each) the default cache no longer holds them from one flush
-#: to the next: every row then reads its leaf back (a ``pread`` of the WAL or
-#: the file, about one per chunk row) and the flush spills dirty pages to the
-#: WAL before its commit. 16 MiB holds the pages of some 3,000 open streams:
-#: at 1,000 streams x 600 chunks (``bench/bench_writer_live.py``) the writer's
-#: CPU per chunk row drops by about a third (7.4 -> 4.8 µs, most of it system
-#: time). Pages are cached as they are read, so a small store costs no more
-#: memory than its size; nothing stored changes.
-WRITER_CACHE_KIB = 16384
-
-
-def connect(path: str, *, cache_kib: int | None = None) -> sqlite3.Connection:
+def connect(path: str) -> sqlite3.Connection:
     """Open the SQLite file ``path`` with :func:`set_pragmas` (as ``make_engine``'s
-    connections are; ``cache_kib`` as there). The caller has created the file
-    (``ensure_db_file``)."""
+    connections are). The caller has created the file (``ensure_db_file``)."""
     conn = sqlite3.connect(path, check_same_thread=False)
     try:
-        set_pragmas(conn, cache_kib=cache_kib)
+        set_pragmas(conn)
     except BaseException:
         conn.close()
         raise
     return conn
 
 
-def set_pragmas(
-    conn: sqlite3.Connection, *, file: bool = True, cache_kib: int | None = None
-) -> None:
+def set_pragmas(conn: sqlite3.Connection, *, file: bool = True) -> None:
     """The pragmas of every connection to a store, in this order: for a file,
     ``auto_vacuum`` (it takes effect on a new file, so that retention's
     incremental vacuum can return freed pages) and WAL; then
     ``synchronous=NORMAL``, foreign keys off, a 5 s busy timeout and temporary
-    files in memory (:data:`TEMP_STORE`); then, when ``cache_kib`` is given, a
-    page cache of that many KiB (a store writer's: :data:`WRITER_CACHE_KIB`).
+    files in memory (:data:`TEMP_STORE`).
 
     The switch to WAL is retried while another process holds the lock, as
     :func:`begin_immediate` is: of several processes opening one new file at
@@ -163,8 +142,6 @@ def set_pragmas(
     conn.execute("PRAGMA foreign_keys=OFF")
     conn.execute("PRAGMA busy_timeout=5000")
     conn.execute(f"PRAGMA temp_store={TEMP_STORE}")
-    if cache_kib is not None:
-        conn.execute(f"PRAGMA cache_size=-{int(cache_kib)}")
 
 
 def revision(conn: sqlite3.Connection) -> str | None:
@@ -293,18 +270,15 @@ class _Transaction:
 class SqliteFile(Store):
     """One SQLite file opened with the standard library's driver (thread-safe: one
     connection, one transaction at a time): the store of a SQLite file at the
-    schema head (``sniffer.store.db.Store``). ``name`` is the dialect's.
-    ``cache_kib``: the connection's page cache (:func:`set_pragmas`; a store
-    writer's is :data:`WRITER_CACHE_KIB`), None for SQLite's default."""
+    schema head (``sniffer.store.db.Store``). ``name`` is the dialect's."""
 
     name = "sqlite"
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
     integrity_errors: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,)
 
-    def __init__(self, path: str, *, cache_kib: int | None = None) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
-        self.cache_kib = cache_kib
-        self._conn: sqlite3.Connection | None = connect(path, cache_kib=cache_kib)
+        self._conn: sqlite3.Connection | None = connect(path)
         self._lock = threading.RLock()
         self._engine: Engine | None = None
 
@@ -320,7 +294,7 @@ class SqliteFile(Store):
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            self._conn = connect(self.path, cache_kib=self.cache_kib)
+            self._conn = connect(self.path)
         return self._conn
 
     def revision(self) -> str | None:
@@ -394,7 +368,6 @@ __all__ = [
     "SCHEMA_DDL",
     "SCHEMA_ROWS",
     "TABLE_COLUMNS",
-    "WRITER_CACHE_KIB",
     "SqliteFile",
     "begin_immediate",
     "connect",

@@ -67,7 +67,6 @@ from sniffer.store.ids import IdBlocks
 from sniffer.store.lite import (
     PLAIN_HTTP,
     TABLE_COLUMNS,
-    WRITER_CACHE_KIB,
     SqliteFile,
     UpdateSpec,
     create_new_file,
@@ -198,17 +197,14 @@ def open_store(url_or_path: str) -> Store:
     return EngineStore(engine, owned=True)
 
 
-def _open_sqlite(
-    url_or_path: str, path: str, *, cache_kib: int | None = None
-) -> tuple[SqliteFile, Engine | None]:
+def _open_sqlite(url_or_path: str, path: str) -> tuple[SqliteFile, Engine | None]:
     """Open a SQLite file for writing without SQLAlchemy when its schema is at head
     (one query) or the file is new (created at head, ``lite.create_schema``);
-    otherwise migrate it first through ``make_engine`` (returned). ``cache_kib``:
-    the connection's page cache (``SqliteFile``)."""
+    otherwise migrate it first through ``make_engine`` (returned)."""
     from sniffer.store.schema import REVISIONS
 
     ensure_db_file(path)  # created 0600 before SQLite opens it; no symlink
-    store = SqliteFile(path, cache_kib=cache_kib)
+    store = SqliteFile(path)
     try:
         if store.revision() == REVISIONS[-1] or store.create_schema():
             return store, None
@@ -649,8 +645,6 @@ class StoreWriter:
     written through the standard library's driver (``sniffer.store.lite``):
     opening it costs one query and no SQLAlchemy import when its schema is at
     head. ``engine`` is then made on first use (the token pass, the reports).
-    Its connection has a larger page cache than SQLite's default
-    (``sniffer.store.lite.WRITER_CACHE_KIB``: the index pages of many open streams).
 
     ``ids_from`` names another database to reserve the id blocks in: a parallel
     replay worker writes a part file (``sniffer.store.parts``) whose rows keep
@@ -675,8 +669,7 @@ class StoreWriter:
         self._lite: SqliteFile | None = None
         path = _sqlite_file(url_or_path) if engine is None else None
         if path is not None:
-            # the page cache of WRITER_CACHE_KIB: the index pages of every open stream
-            self._lite, self._engine = _open_sqlite(url_or_path, path, cache_kib=WRITER_CACHE_KIB)
+            self._lite, self._engine = _open_sqlite(url_or_path, path)
         elif engine is None:
             self._engine = make_engine(url_or_path)
         else:
