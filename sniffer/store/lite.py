@@ -313,6 +313,20 @@ class ReadOnlyStore(Exception):
     (which only a writer may migrate). The message is the CLI's one line."""
 
 
+def check_writable(path: str) -> None:
+    """Raise :class:`ReadOnlyStore` when this process may not write the SQLite file
+    ``path`` (``sniffer.store.files.cannot_write``): what every writer (the
+    daemon, ``replay``, ``prune``, ``tokenize``) checks before SQLite's first
+    write would fail with "attempt to write a readonly database"."""
+    from sniffer.store.files import cannot_write
+
+    if cannot_write(path):
+        raise ReadOnlyStore(
+            f"database {path} is read-only for this user (uid {os.geteuid()}) and this "
+            "command writes to it: run it as a user who may write the file (its owner)"
+        )
+
+
 class SqliteFile(Store):
     """One SQLite file opened with the standard library's driver (thread-safe: one
     connection, one transaction at a time): the store of a SQLite file at the
@@ -446,6 +460,7 @@ __all__ = [
     "TABLE_COLUMNS",
     "SqliteFile",
     "begin_immediate",
+    "check_writable",
     "connect",
     "create_new_file",
     "create_schema",

@@ -67,9 +67,9 @@ from sniffer.store.ids import IdBlocks
 from sniffer.store.lite import (
     PLAIN_HTTP,
     TABLE_COLUMNS,
-    ReadOnlyStore,
     SqliteFile,
     UpdateSpec,
+    check_writable,
     create_new_file,
     insert_sql,
     set_pragmas,
@@ -216,12 +216,9 @@ def _open_sqlite(
     from sniffer.store.schema import REVISIONS
 
     ensure_db_file(path)  # created 0600 before SQLite opens it; no symlink
-    read_only = cannot_write(path)
-    if read_only and not reads_only:
-        raise ReadOnlyStore(
-            f"database {path} is read-only for this user (uid {os.geteuid()}) and this "
-            "command writes to it: run it as a user who may write the file (its owner)"
-        )
+    read_only = reads_only and cannot_write(path)
+    if not read_only:
+        check_writable(path)
     store = SqliteFile(path, read_only=read_only)
     try:
         if store.revision() == REVISIONS[-1] or store.create_schema():
