@@ -454,10 +454,10 @@ class SqliteFile(Store):
 __all__ = [
     "BOOLEAN_COLUMNS",
     "PLAIN_HTTP",
-    "ReadOnlyStore",
     "SCHEMA_DDL",
     "SCHEMA_ROWS",
     "TABLE_COLUMNS",
+    "ReadOnlyStore",
     "SqliteFile",
     "begin_immediate",
     "check_writable",
