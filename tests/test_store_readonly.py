@@ -365,3 +365,25 @@ def test_read_only_store_refuses_to_migrate(made_store: Path, tmp_path: Path) ->
     finally:
         store.close()
     assert sha256(db) == before
+
+
+def test_an_immutable_reader_reopens_once_a_writer_has_the_file(
+    made_store: Path, tmp_path: Path
+) -> None:
+    """Read with no writer (no -wal/-shm: immutable), then a writer opens the file
+    (``top`` started before the daemon): the next query is on a connection that
+    shares the writer's WAL, and sees what the WAL alone holds."""
+    db = tmp_path / "s.db"
+    shutil.copyfile(made_store, db)
+    store = SqliteFile(str(db), read_only=True)
+    writer = sqlite3.connect(db)
+    try:
+        assert store.query("SELECT label FROM streams") == [(None,)]
+        writer.execute("PRAGMA journal_mode=WAL")
+        writer.execute("UPDATE streams SET label = 'new'")
+        writer.commit()
+        assert Path(f"{db}-wal").stat().st_size > 0  # not checkpointed: the WAL holds it
+        assert store.query("SELECT label FROM streams") == [("new",)]
+    finally:
+        store.close()
+        writer.close()

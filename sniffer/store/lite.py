@@ -113,13 +113,16 @@ def update_sql(spec: UpdateSpec) -> tuple[str, tuple[str, ...]]:
 TEMP_STORE = "MEMORY"
 
 
-def connect(path: str, *, read_only: bool = False) -> sqlite3.Connection:
+def connect(
+    path: str, *, read_only: bool = False, immutable: bool | None = None
+) -> sqlite3.Connection:
     """Open the SQLite file ``path`` with :func:`set_pragmas` (as ``make_engine``'s
     connections are). The caller has created the file (``ensure_db_file``).
-    ``read_only``: through :func:`read_only_uri`, for a reader that may not write
-    the file (``sniffer.store.files.cannot_write`` decides)."""
+    ``read_only``: through :func:`read_only_uri` (``immutable`` as it says), for a
+    reader that may not write the file (``sniffer.store.files.cannot_write``)."""
     if read_only:
-        conn = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=False)
+        uri = read_only_uri(path, immutable=immutable)
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
     else:
         conn = sqlite3.connect(path, check_same_thread=False)
     try:
@@ -130,9 +133,10 @@ def connect(path: str, *, read_only: bool = False) -> sqlite3.Connection:
     return conn
 
 
-def read_only_uri(path: str) -> str:
+def read_only_uri(path: str, *, immutable: bool | None = None) -> str:
     """The URI that opens ``path`` for reading only: ``mode=ro``, and ``immutable=1``
-    when the file has neither ``-wal`` nor ``-shm``.
+    when the file has neither ``-wal`` nor ``-shm`` (:func:`no_writer`; the
+    caller may have looked already: ``immutable``).
 
     SQLite (3.22 and later) opens a WAL-mode file read-only when its ``-wal``
     and ``-shm`` exist (a running writer keeps them; a killed one leaves them):
@@ -145,10 +149,17 @@ def read_only_uri(path: str) -> str:
     and every transaction is in the file itself: ``immutable`` reads it as it
     is, without locks and without creating a file. A writer that starts during
     such a read is not seen (nor waited for)."""
-    opts = "mode=ro"
-    if not any(os.path.lexists(path + suffix) for suffix in ("-wal", "-shm")):
-        opts += "&immutable=1"
+    if immutable is None:
+        immutable = no_writer(path)
+    opts = "mode=ro&immutable=1" if immutable else "mode=ro"
     return f"file:{urllib.parse.quote(os.path.abspath(path))}?{opts}"
+
+
+def no_writer(path: str) -> bool:
+    """Whether the WAL-mode file ``path`` has neither ``-wal`` nor ``-shm``: no
+    connection has it open, and every committed transaction is in the file
+    (:func:`read_only_uri` then reads it as immutable)."""
+    return not any(os.path.lexists(path + suffix) for suffix in ("-wal", "-shm"))
 
 
 def set_pragmas(conn: sqlite3.Connection, *, file: bool = True, read_only: bool = False) -> None:
@@ -340,9 +351,12 @@ class SqliteFile(Store):
         self.path = path
         #: opened for reading only (:func:`read_only_uri`): never written, never migrated
         self.read_only = read_only
-        self._conn: sqlite3.Connection | None = connect(path, read_only=read_only)
+        #: read as immutable (no writer had it open): opened again once one has
+        self._immutable = False
+        self._conn: sqlite3.Connection | None = None
         self._lock = threading.RLock()
         self._engine: Engine | None = None
+        self._connection()  # opened now: an unreadable file fails here
 
     @property
     def engine(self) -> Engine:
@@ -365,8 +379,16 @@ class SqliteFile(Store):
         return self._engine
 
     def _connection(self) -> sqlite3.Connection:
+        if self._conn is not None and self._immutable and not no_writer(self.path):
+            # A writer opened the file since: an immutable connection would not
+            # see its transactions, and could read a page its checkpoint is
+            # rewriting (``top`` started before the daemon). Reopened read-only,
+            # it shares the writer's WAL index and locks.
+            self._conn.close()
+            self._conn = None
         if self._conn is None:
-            self._conn = connect(self.path, read_only=self.read_only)
+            self._immutable = self.read_only and no_writer(self.path)
+            self._conn = connect(self.path, read_only=self.read_only, immutable=self._immutable)
         return self._conn
 
     def revision(self) -> str | None:
@@ -466,6 +488,7 @@ __all__ = [
     "create_schema",
     "insert_sql",
     "is_locked",
+    "no_writer",
     "read_only_uri",
     "revision",
     "update_spec",
