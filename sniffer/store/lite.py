@@ -148,7 +148,8 @@ def read_only_uri(path: str, *, immutable: bool | None = None) -> str:
     the writer must write them. No ``-wal`` means no writer has the file open
     and every transaction is in the file itself: ``immutable`` reads it as it
     is, without locks and without creating a file. A writer that starts during
-    such a read is not seen (nor waited for)."""
+    such a read is not seen (nor waited for) by it: :class:`SqliteFile` opens
+    the file again before its next query."""
     if immutable is None:
         immutable = no_writer(path)
     opts = "mode=ro&immutable=1" if immutable else "mode=ro"
