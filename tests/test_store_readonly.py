@@ -144,8 +144,7 @@ def check_reads(db: Path, names: list[str], group: int | None = None) -> None:
         res = as_reader(*args, "--db", db.name, cwd=db.parent, group=group)
         assert expected in res.stdout + res.stderr, (name, res.stdout, res.stderr)
         assert "readonly" not in res.stderr and "Traceback" not in res.stderr, (name, res.stderr)
-        if name != "diff":  # no request under both labels: exit 1, by design
-            assert res.returncode == 0, (name, res.stdout, res.stderr)
+        assert res.returncode == 0, (name, res.stdout, res.stderr)
         # nothing written, nothing left: the file and the directory as they were
         assert sha256(db) == before, name
         assert listing(db.parent) == files, name
