@@ -63,16 +63,19 @@ def library_errors() -> Iterator[None]:
         fail(str(exc) or type(exc).__name__)
 
 
-def open_store(db: str) -> Store:
+def open_store(db: str, *, writes: bool = False) -> Store:
     """The store (``sniffer.store.db.Store``) of ``--db`` that every command hands to
     its library call: a SQLite file at the schema head without SQLAlchemy
     (``sniffer.store.writer.open_store``); a clear error when a file path does not
-    exist (a symlink there is refused by the store)."""
+    exist (a symlink there is refused by the store). A command that only reads
+    (``writes`` false) opens a file this user may not write read-only (a reader
+    group's store); one that ``writes`` (``prune``, ``tokenize``) is refused
+    such a file with one line."""
     from sniffer.store.writer import open_store as store_open
 
     if "://" not in db and not os.path.lexists(db):
         fail(f"no database at {db!r} (run 'sparseety replay' or 'sparseety run' first)")
-    return store_open(db)
+    return store_open(db, reads_only=not writes)
 
 
 def parse_pair(item: str, flag: str, form: str, *, header: bool = False) -> tuple[str, str]:

@@ -712,7 +712,7 @@ def prune(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--older-than") from None
     with library_errors():
-        store = open_store(db)
+        store = open_store(db, writes=True)
         with progress_bar(quiet, "prune") as progress:
             r = run_prune(store, age, now=time.time(), batch=batch, node=node, progress=progress)
         click.echo(

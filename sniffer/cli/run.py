@@ -170,12 +170,19 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
     from sniffer.runtime.features import build_features
     from sniffer.runtime.log import Log
     from sniffer.store.files import InsecureDatabaseFile
+    from sniffer.store.lite import ReadOnlyStore
 
     try:
         log = Log(cfg.log_level)
         try:
             features = build_features(cfg, log)
-        except (InsecureDatabaseFile, TokenizerLoadError, OtlpUnavailable, ValueError) as exc:
+        except (
+            InsecureDatabaseFile,
+            ReadOnlyStore,
+            TokenizerLoadError,
+            OtlpUnavailable,
+            ValueError,
+        ) as exc:
             click.echo(f"sparseety: {exc}", err=True)
             sys.exit(2)
         except OSError as exc:

@@ -70,7 +70,7 @@ def tokenize(
 
     with library_errors():
         registry = make_registry(tokenizers, default_tokenizer)
-        store = open_store(db)
+        store = open_store(db, writes=True)
         create_token_tables(store)
         if redo:
             delete_token_rows(store, list(stream_ids) or None)
@@ -257,6 +257,9 @@ def verify(
                     report = verify_jsonl(fh, registry, tokens=show_tokens, source=jsonl)
         else:
             store = open_store(db)
+            # tokenizing writes token rows: on a store this user may only read,
+            # the streams without them get the not_tokenized warning instead
+            tokenize = not no_tokenize and not store.read_only
             with (
                 progress_bar(quiet, "tokenize") as tokenize_progress,
                 progress_bar(quiet, "verify") as progress,
@@ -269,7 +272,7 @@ def verify(
                     model=model,
                     state=state,
                     tokens=show_tokens,
-                    tokenize=not no_tokenize,
+                    tokenize=tokenize,
                     include_http=include_http,
                     node=node,
                     progress=progress,

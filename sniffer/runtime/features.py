@@ -125,6 +125,7 @@ def build_features(cfg: Config, log: Log) -> Features:
       ``OtlpUnavailable`` (saying what to install) without the SDK.
     """
     from sniffer.store.files import db_path, prepare_db_file
+    from sniffer.store.lite import check_writable
 
     limit_arenas()  # before any of the daemon's threads start
     if cfg.tokens:
@@ -137,6 +138,8 @@ def build_features(cfg: Config, log: Log) -> Features:
         os.environ.setdefault(TOKENIZERS_PARALLELISM, "false")
     path = db_path(cfg.database)
     if path is not None:
+        if os.path.lexists(path):
+            check_writable(path)  # one line, before prepare_db_file's chmod fails
         prepare_db_file(
             path, group=cfg.db_group or None, allow_world_readable=cfg.allow_world_readable
         )

@@ -64,6 +64,9 @@ class Store:
     #: constraint (a duplicate key): ``except store.errors`` needs no driver import
     errors: tuple[type[BaseException], ...] = ()
     integrity_errors: tuple[type[BaseException], ...] = ()
+    #: opened for reading only (a SQLite file this process may not write:
+    #: ``sniffer.store.lite.read_only_uri``): its users skip their writes
+    read_only: bool = False
 
     @property
     def url(self) -> str:

@@ -86,6 +86,22 @@ def ensure_db_file(path: str, *, group: str | None = None) -> None:
         _create_private(path, mode, gid)
 
 
+def cannot_write(path: str) -> bool:
+    """Whether this process may not write the SQLite file ``path`` (or its existing
+    ``-wal``/``-shm``): the store of another user, readable through a reader
+    group (0640 and ``[files] group``) or by everyone (0644), a file on a
+    read-only mount, a copy made read-only. The one test of it: the reading
+    commands then open the file read-only (``sniffer.store.lite.read_only_uri``),
+    the writing ones refuse it with one line (``sniffer.store.lite.ReadOnlyStore``).
+    A missing file is not read-only (it is created). The effective ids decide,
+    as for the open itself."""
+    effective = os.access in os.supports_effective_ids
+    return any(
+        os.path.exists(p) and not os.access(p, os.W_OK, effective_ids=effective)
+        for p in (path, path + "-wal", path + "-shm")
+    )
+
+
 def open_private(path: str, *, group: str | None = None) -> int:
     """Open ``path`` for writing (created or truncated) as a file only its owner
     can read: 0600 (0640 and ``group``), whatever the umask or the mode of an
@@ -203,6 +219,7 @@ __all__ = [
     "SIDECAR_SUFFIXES",
     "InsecureDatabaseFile",
     "SymlinkRefused",
+    "cannot_write",
     "db_path",
     "ensure_db_file",
     "open_private",

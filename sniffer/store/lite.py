@@ -26,9 +26,11 @@ PostgreSQL, in-memory SQLite and the migration of older files keep SQLAlchemy.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -111,31 +113,71 @@ def update_sql(spec: UpdateSpec) -> tuple[str, tuple[str, ...]]:
 TEMP_STORE = "MEMORY"
 
 
-def connect(path: str) -> sqlite3.Connection:
+def connect(
+    path: str, *, read_only: bool = False, immutable: bool | None = None
+) -> sqlite3.Connection:
     """Open the SQLite file ``path`` with :func:`set_pragmas` (as ``make_engine``'s
-    connections are). The caller has created the file (``ensure_db_file``)."""
-    conn = sqlite3.connect(path, check_same_thread=False)
+    connections are). The caller has created the file (``ensure_db_file``).
+    ``read_only``: through :func:`read_only_uri` (``immutable`` as it says), for a
+    reader that may not write the file (``sniffer.store.files.cannot_write``)."""
+    if read_only:
+        uri = read_only_uri(path, immutable=immutable)
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    else:
+        conn = sqlite3.connect(path, check_same_thread=False)
     try:
-        set_pragmas(conn)
+        set_pragmas(conn, read_only=read_only)
     except BaseException:
         conn.close()
         raise
     return conn
 
 
-def set_pragmas(conn: sqlite3.Connection, *, file: bool = True) -> None:
+def read_only_uri(path: str, *, immutable: bool | None = None) -> str:
+    """The URI that opens ``path`` for reading only: ``mode=ro``, and ``immutable=1``
+    when the file has neither ``-wal`` nor ``-shm`` (:func:`no_writer`; the
+    caller may have looked already: ``immutable``).
+
+    SQLite (3.22 and later) opens a WAL-mode file read-only when its ``-wal``
+    and ``-shm`` exist (a running writer keeps them; a killed one leaves them):
+    the reader then shares the writer's WAL index, locks included, and sees
+    every committed transaction. Without them, a reader that cannot create
+    them (a directory it may not write) gets "attempt to write a readonly
+    database" (``SQLITE_READONLY_DIRECTORY``), and one that can would leave
+    them behind, owned by the reader (its last close cannot checkpoint), where
+    the writer must write them. No ``-wal`` means no writer has the file open
+    and every transaction is in the file itself: ``immutable`` reads it as it
+    is, without locks and without creating a file. A writer that starts during
+    such a read is not seen (nor waited for) by it: :class:`SqliteFile` opens
+    the file again before its next query."""
+    if immutable is None:
+        immutable = no_writer(path)
+    opts = "mode=ro&immutable=1" if immutable else "mode=ro"
+    return f"file:{urllib.parse.quote(os.path.abspath(path))}?{opts}"
+
+
+def no_writer(path: str) -> bool:
+    """Whether the WAL-mode file ``path`` has neither ``-wal`` nor ``-shm``: no
+    connection has it open, and every committed transaction is in the file
+    (:func:`read_only_uri` then reads it as immutable)."""
+    return not any(os.path.lexists(path + suffix) for suffix in ("-wal", "-shm"))
+
+
+def set_pragmas(conn: sqlite3.Connection, *, file: bool = True, read_only: bool = False) -> None:
     """The pragmas of every connection to a store, in this order: for a file,
     ``auto_vacuum`` (it takes effect on a new file, so that retention's
     incremental vacuum can return freed pages) and WAL; then
     ``synchronous=NORMAL``, foreign keys off, a 5 s busy timeout and temporary
-    files in memory (:data:`TEMP_STORE`).
+    files in memory (:data:`TEMP_STORE`). A ``read_only`` connection (a reader
+    that may not write the file: :func:`read_only_uri`) skips the first two, the
+    ones that write the file; the others are the connection's own.
 
     The switch to WAL is retried while another process holds the lock, as
     :func:`begin_immediate` is: of several processes opening one new file at
     once, one may find the file's first write under way and get "database is
     locked" at once, without the busy timeout (SQLite gives up at once rather
     than wait while it holds a read lock the writer waits for)."""
-    if file:
+    if file and not read_only:
         conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
         _retried_while_locked(conn, "PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
@@ -277,6 +319,26 @@ class _Transaction:
             self._cur.executemany(sql, rows)
 
 
+class ReadOnlyStore(Exception):
+    """A store this process may only read, asked for a write: a writing command on
+    a file it cannot write, or a reading one on a file not at the schema head
+    (which only a writer may migrate). The message is the CLI's one line."""
+
+
+def check_writable(path: str) -> None:
+    """Raise :class:`ReadOnlyStore` when this process may not write the SQLite file
+    ``path`` (``sniffer.store.files.cannot_write``): what every writer (the
+    daemon, ``replay``, ``prune``, ``tokenize``) checks before SQLite's first
+    write would fail with "attempt to write a readonly database"."""
+    from sniffer.store.files import cannot_write
+
+    if cannot_write(path):
+        raise ReadOnlyStore(
+            f"database {path} is read-only for this user (uid {os.geteuid()}) and this "
+            "command writes to it: run it as a user who may write the file (its owner)"
+        )
+
+
 class SqliteFile(Store):
     """One SQLite file opened with the standard library's driver (thread-safe: one
     connection, one transaction at a time): the store of a SQLite file at the
@@ -286,25 +348,48 @@ class SqliteFile(Store):
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
     integrity_errors: tuple[type[BaseException], ...] = (sqlite3.IntegrityError,)
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, read_only: bool = False) -> None:
         self.path = path
-        self._conn: sqlite3.Connection | None = connect(path)
+        #: opened for reading only (:func:`read_only_uri`): never written, never migrated
+        self.read_only = read_only
+        #: read as immutable (no writer had it open): opened again once one has
+        self._immutable = False
+        self._conn: sqlite3.Connection | None = None
         self._lock = threading.RLock()
         self._engine: Engine | None = None
+        self._connection()  # opened now: an unreadable file fails here
 
     @property
     def engine(self) -> Engine:
         """A SQLAlchemy engine on this file, made on first use (``make_engine``) and
-        released by :meth:`close`: this file needs none for what it runs itself."""
+        released by :meth:`close`: this file needs none for what it runs itself.
+        Read-only, its connections are this file's (:func:`connect`), and nothing
+        is created nor migrated."""
         if self._engine is None:
-            from sniffer.store.writer import make_engine
+            if self.read_only:
+                from sqlalchemy import create_engine
 
-            self._engine = make_engine(self.path)
+                path = self.path
+                self._engine = create_engine(
+                    self.url, creator=lambda: connect(path, read_only=True)
+                )
+            else:
+                from sniffer.store.writer import make_engine
+
+                self._engine = make_engine(self.path)
         return self._engine
 
     def _connection(self) -> sqlite3.Connection:
+        if self._conn is not None and self._immutable and not no_writer(self.path):
+            # A writer opened the file since: an immutable connection would not
+            # see its transactions, and could read a page its checkpoint is
+            # rewriting (``top`` started before the daemon). Reopened read-only,
+            # it shares the writer's WAL index and locks.
+            self._conn.close()
+            self._conn = None
         if self._conn is None:
-            self._conn = connect(self.path)
+            self._immutable = self.read_only and no_writer(self.path)
+            self._conn = connect(self.path, read_only=self.read_only, immutable=self._immutable)
         return self._conn
 
     def revision(self) -> str | None:
@@ -312,17 +397,34 @@ class SqliteFile(Store):
             return revision(self._connection())
 
     def create_schema(self) -> bool:
-        """:func:`create_schema` on this file: True when it is (now) at head."""
+        """:func:`create_schema` on this file: True when it is (now) at head.
+        Read-only: :meth:`migrate`'s check, nothing created."""
+        if self.read_only:
+            self.migrate()
+            return True
         with self._lock:
             return create_schema(self._connection())
 
     def migrate(self) -> None:
         """One query at head (where ``open_store`` leaves a file); else the
-        migrations, on an engine made for them."""
-        if self.revision() != REVISIONS[-1]:
-            from sniffer.store.schema import migrate
+        migrations, on an engine made for them. Read-only, a file not at head
+        raises :class:`ReadOnlyStore` (its writer migrates it)."""
+        current = self.revision()
+        if current == REVISIONS[-1]:
+            return
+        if self.read_only:
+            from sniffer.store.schema import SCRIPT_LOCATION, _check_known
 
-            migrate(self.engine)
+            _check_known(current, SCRIPT_LOCATION)  # newer: SchemaTooNew, as a writer says
+            raise ReadOnlyStore(
+                f"database {self.path} is read-only for this user and its schema is at "
+                f"revision {current or 'none'}, not {REVISIONS[-1]} (this sparseety's): "
+                "a reading command does not migrate it; open it once with write access "
+                "(its writer, 'sparseety run' or 'replay', or any command as its owner)"
+            )
+        from sniffer.store.schema import migrate
+
+        migrate(self.engine)
 
     def sqlite_script(self, sql: str) -> None:
         with self._lock:
@@ -378,13 +480,17 @@ __all__ = [
     "SCHEMA_DDL",
     "SCHEMA_ROWS",
     "TABLE_COLUMNS",
+    "ReadOnlyStore",
     "SqliteFile",
     "begin_immediate",
+    "check_writable",
     "connect",
     "create_new_file",
     "create_schema",
     "insert_sql",
     "is_locked",
+    "no_writer",
+    "read_only_uri",
     "revision",
     "update_spec",
     "update_sql",

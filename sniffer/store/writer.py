@@ -62,13 +62,14 @@ from sniffer.core.events import (
 )
 from sniffer.llm.values import INT64_MAX, INT64_MIN, Usage
 from sniffer.store.db import EngineStore, Store
-from sniffer.store.files import db_path, ensure_db_file
+from sniffer.store.files import cannot_write, db_path, ensure_db_file
 from sniffer.store.ids import IdBlocks
 from sniffer.store.lite import (
     PLAIN_HTTP,
     TABLE_COLUMNS,
     SqliteFile,
     UpdateSpec,
+    check_writable,
     create_new_file,
     insert_sql,
     set_pragmas,
@@ -181,30 +182,44 @@ def _sqlite_file(url_or_path: str) -> str | None:
     return db_path(url_or_path)
 
 
-def open_store(url_or_path: str) -> Store:
+def open_store(url_or_path: str, *, reads_only: bool = False) -> Store:
     """The store of a SQLite path or database URL (``sniffer.store.db``): a SQLite
     file at the schema head through the standard library's driver
     (``sniffer.store.lite``: the queries run without SQLAlchemy); anything else on
     an engine (``make_engine``: migrated first, as every command does; released by
-    ``close``)."""
+    ``close``).
+
+    ``reads_only``: the caller never writes (the reading commands). A SQLite file
+    this process may not write (``sniffer.store.files.cannot_write``: a reader
+    group's store, a read-only mount) is then opened read-only, as it is: not
+    created, not migrated (``lite.ReadOnlyStore`` when it is not at head). Without
+    it such a file raises ``ReadOnlyStore`` at once. A file the process may write
+    is opened as every writer opens it, whatever ``reads_only`` says."""
     path = _sqlite_file(url_or_path)
     if path is None:
         return EngineStore(make_engine(url_or_path), owned=True)
-    store, engine = _open_sqlite(url_or_path, path)
+    store, engine = _open_sqlite(url_or_path, path, reads_only=reads_only)
     if engine is None:
         return store
     store.close()
     return EngineStore(engine, owned=True)
 
 
-def _open_sqlite(url_or_path: str, path: str) -> tuple[SqliteFile, Engine | None]:
+def _open_sqlite(
+    url_or_path: str, path: str, *, reads_only: bool = False
+) -> tuple[SqliteFile, Engine | None]:
     """Open a SQLite file for writing without SQLAlchemy when its schema is at head
     (one query) or the file is new (created at head, ``lite.create_schema``);
-    otherwise migrate it first through ``make_engine`` (returned)."""
+    otherwise migrate it first through ``make_engine`` (returned). A file this
+    process may not write is opened read-only for a caller that ``reads_only``,
+    else refused (``ReadOnlyStore``), before SQLite tries a write."""
     from sniffer.store.schema import REVISIONS
 
     ensure_db_file(path)  # created 0600 before SQLite opens it; no symlink
-    store = SqliteFile(path)
+    read_only = reads_only and cannot_write(path)
+    if not read_only:
+        check_writable(path)
+    store = SqliteFile(path, read_only=read_only)
     try:
         if store.revision() == REVISIONS[-1] or store.create_schema():
             return store, None
