@@ -93,11 +93,15 @@ def test_parallel_replay_into_sqlite_stores_what_one_process_stores(
         r1.tokens,
     )
     assert r1.tokens > 0
-    # One part (worker 1's), half of the 4 connections, merged after the parent's share.
-    assert len(merged) == 1
-    assert merged[0]["connections"] == 2 and merged[0]["streams"] == 2
-    assert merged[0]["before"] == 2 and merged[0]["chunks"] > 0
-    assert merged[0]["stream_tokens"] == 2
+    # Worker 0 writes the database, worker 1 a part (half of the 4 connections);
+    # the parent's token rows of each share are a file of their own, merged in
+    # share order: share 0's tokens, then worker 1's part, then its tokens.
+    assert len(merged) == 3
+    tokens0, part1, tokens1 = merged
+    assert (tokens0["streams"], tokens0["stream_tokens"], tokens0["chunks"]) == (0, 2, 0)
+    assert part1["connections"] == 2 and part1["streams"] == 2
+    assert part1["before"] == 2 and part1["chunks"] > 0 and part1["stream_tokens"] == 0
+    assert (tokens1["streams"], tokens1["stream_tokens"], tokens1["chunks"]) == (0, 2, 0)
     assert _dump(two) == _dump(one)
     # the part directory is gone; the worker's ids came from the database's blocks
     assert sorted(p.name for p in two.parent.iterdir() if not p.name.startswith("x.db")) == []

@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+from queue import Empty
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
@@ -33,14 +34,15 @@ from sniffer.core.events import PipelineError, Segment, StoreEvent
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.record.chain import RecordingChain
 from sniffer.record.redact import Redactor
+from sniffer.record.token_collector import TokenCollector
 from sniffer.runtime.log import warn_pure_fallback
 from sniffer.store.writer import StoreWriter
 
 if TYPE_CHECKING:
-    import multiprocessing.connection
     import multiprocessing.context
+    import multiprocessing.queues
 
-    from sniffer.llm.tokens import TokenizerRegistry
+    from sniffer.llm.tokens import StreamInput, TokenizerRegistry
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -225,13 +227,11 @@ def replay(
     elif tokens is not None or redactor is not None:
         raise ValueError("replay: give tokens and redactor through the chain")
     parallel = jobs > 1 and writer is None and os.path.getsize(path) >= PARALLEL_MIN_BYTES
-    if chain.tokens is not None:
-        if parallel:
-            chain.tokens.preload()  # loaded once, before forking: the workers share it
-        else:
-            # A bad configured tokenizer fails now; the built-in default loads at
-            # first use (the token pass), not before the first packet.
-            chain.tokens.preload_configured()
+    if chain.tokens is not None and not parallel:
+        # A bad configured tokenizer fails now; the built-in default loads at
+        # first use (the token pass), not before the first packet. (A parallel
+        # replay's parent loads it while its workers read.)
+        chain.tokens.preload_configured()
     if parallel:
         result = _replay_parallel(
             path, db, ports, labels, progress, batch_size, jobs, chain, node, proto
@@ -264,7 +264,7 @@ def _replay_parallel(
     StoreWriter(db, batch_size=batch_size).close()
     import multiprocessing  # only here: one process needs none of it
 
-    from sniffer.store.parts import merge_part, part_dir, remove_parts
+    from sniffer.store.parts import part_dir, remove_parts
 
     ctx = multiprocessing.get_context("fork")
     # Into a SQLite file, the workers write part files merged at the end (one
@@ -274,9 +274,6 @@ def _replay_parallel(
         result = _run_workers(
             ctx, parts, path, db, ports, labels, progress, batch_size, jobs, chain, node, proto
         )
-        if parts is not None:
-            for k in range(1, jobs):  # in worker order: the merged rows' order is fixed
-                merge_part(db, _part_file(parts, k))
     finally:
         if parts is not None:
             remove_parts(parts)
@@ -286,6 +283,17 @@ def _replay_parallel(
 
 def _part_file(parts: str, k: int) -> str:
     return os.path.join(parts, f"part-{k}.db")
+
+
+def _tokens_file(parts: str, k: int) -> str:
+    return os.path.join(parts, f"tokens-{k}.db")
+
+
+#: Closed streams a worker gathers before it sends their token inputs to the parent.
+SEND_EVERY = 64
+
+#: Seconds the parent waits for a worker's message before it checks the workers are alive.
+_POLL = 1.0
 
 
 def _run_workers(
@@ -302,22 +310,34 @@ def _run_workers(
     node: str | None,
     proto: bytes | None,
 ) -> ReplayResult:
-    """Fork workers 1..jobs-1, replay share 0 here, and gather their results."""
+    """Fork workers 0..jobs-1 (one share each), run the token pass here on what
+    they send while they read, and gather their results.
+
+    The workers start before the tokenizer is loaded (0.25 s of one core that
+    holds the GIL): they read and write while this process loads it, then
+    hand it each batch of closed streams' token inputs as they go, so the
+    token pass overlaps the capture path instead of following it in each
+    worker. Worker 0 writes the database itself, the others part files; the
+    token rows of share k go to a file of their own (``tokens-k.db``), and
+    :class:`_Merges` merges every file into the database as soon as its
+    turn has come, while the pass goes on: the rows of every table end up in
+    share order, as one process replaying share after share would have
+    written them."""
+    queue = ctx.Queue()
     workers = []
-    # What the parent holds now (modules, the tokenizer registry) outlives the
-    # workers: frozen while they fork, their collections never visit it, so they
-    # leave its pages shared instead of copying them on write.
+    # What the parent holds now (modules, the chain) outlives the workers:
+    # frozen while they fork, their collections never visit it, so they leave
+    # its pages shared instead of copying them on write.
     gc.freeze()
     try:
-        for k in range(1, jobs):
-            recv, send = ctx.Pipe(duplex=False)
+        for k in range(jobs):
             proc = ctx.Process(
                 target=_worker,
                 args=(
-                    send,
+                    queue,
                     path,
                     db,
-                    None if parts is None else _part_file(parts, k),
+                    None if parts is None or k == 0 else _part_file(parts, k),
                     ports,
                     labels,
                     batch_size,
@@ -326,35 +346,133 @@ def _run_workers(
                     chain,
                     node,
                     proto,
+                    progress is not None and k == 0,
                 ),
                 daemon=True,
             )
             proc.start()
-            send.close()
-            workers.append((proc, recv))
+            workers.append(proc)
     finally:
         gc.unfreeze()
-    w = StoreWriter(db, batch_size=batch_size, node=node)
+    merges = None if parts is None else _Merges(db, parts, jobs, tokens=chain.tokens is not None)
+    token_writers: dict[int, StoreWriter] = {}
+    results: dict[int, ReplayResult] = {}
+    tokens = ReplayResult(path=str(path))
     try:
-        result = _replay_part(path, w, ports, labels, progress, 0, jobs, chain, proto)
+        if chain.tokens is not None:
+            chain.tokens.preload()  # while the workers read
+        while len(results) < jobs:
+            try:
+                kind, k, payload = queue.get(timeout=_POLL)
+            except Empty:
+                for proc in workers:
+                    if proc.exitcode not in (None, 0):
+                        raise RuntimeError(
+                            f"replay worker {proc.name} failed: exit code {proc.exitcode}"
+                        ) from None
+                continue
+            if kind == "inputs":
+                started = time.perf_counter()
+                w = token_writers.get(k)
+                if w is None:
+                    target = db if parts is None else _tokens_file(parts, k)
+                    w = token_writers[k] = StoreWriter(target, batch_size=batch_size, node=node)
+                assert chain.collector is not None
+                tok = chain.tokenize_inputs(chain.collector.bind(payload), store=w.store)
+                tokens.token_seconds += time.perf_counter() - started
+                tokens.tokenized_streams += tok.streams
+                tokens.tokens += tok.tokens
+                tokens.token_anomalies += tok.anomalies
+            elif kind == "progress":
+                if progress is not None:
+                    progress(*payload)
+            elif kind == "done":
+                results[k] = ReplayResult(**payload)
+                w = token_writers.pop(k, None)
+                if w is not None:
+                    w.close()
+                if merges is not None:
+                    merges.done(k)  # its inputs came before: its token rows are written
+            else:
+                raise RuntimeError(f"replay worker {k} failed: {payload}")
+        if merges is not None:
+            merges.wait()
     finally:
-        w.close()
-    for proc, recv in workers:
-        try:
-            part = recv.recv()
-        except EOFError:
-            part = None
-        proc.join()
-        if isinstance(part, dict):
-            result.merge(ReplayResult(**part))
-        else:
-            msg = part if isinstance(part, str) else f"exit code {proc.exitcode}"
-            raise RuntimeError(f"replay worker {proc.name} failed: {msg}")
+        for w in token_writers.values():
+            w.close()
+        if merges is not None:
+            merges.stop()
+        for proc in workers:
+            proc.join(None if len(results) == jobs else 0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    result = results[0]
+    for k in range(1, jobs):
+        result.merge(results[k])
+    result.merge(tokens)
     return result
 
 
+class _Merges:
+    """Merges a parallel replay's files into the SQLite database from a thread
+    of the parent (SQLite's ``INSERT … SELECT`` runs without the GIL, beside
+    the token pass), each as soon as its turn has come: the part file of
+    worker k once workers 0..k are done, the token rows of share k once its
+    worker is done (its inputs all came before, their rows are written) and
+    those of share k-1 are merged. Every table's rows thus come in share
+    order, whatever order the workers end in."""
+
+    def __init__(self, db: str, parts: str, jobs: int, *, tokens: bool) -> None:
+        import threading
+
+        self._db, self._parts, self._jobs, self._tokens = db, parts, jobs, tokens
+        self._done: set[int] = set()
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="replay-merge", daemon=True)
+        self._thread.start()
+
+    def done(self, k: int) -> None:
+        """Worker k is done and its token rows are written."""
+        with self._cond:
+            self._done.add(k)
+            self._cond.notify()
+
+    def wait(self) -> None:
+        """Until every file is merged; raises what a merge raised."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        """No further merge (after an error elsewhere); waits for the one under way."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        from sniffer.store.parts import merge_part
+
+        try:
+            for k in range(self._jobs):
+                with self._cond:
+                    while k not in self._done and not self._stopped:
+                        self._cond.wait()
+                    if self._stopped:
+                        return
+                if k > 0:
+                    merge_part(self._db, _part_file(self._parts, k))
+                if self._tokens and os.path.exists(_tokens_file(self._parts, k)):
+                    merge_part(self._db, _tokens_file(self._parts, k))
+        except BaseException as exc:
+            self._error = exc
+
+
 def _worker(
-    send: multiprocessing.connection.Connection,
+    queue: multiprocessing.queues.Queue[tuple[str, int, object]],
     path: str | os.PathLike[str],
     db: str,
     part: str | None,
@@ -366,23 +484,36 @@ def _worker(
     chain: RecordingChain,
     node: str | None,
     proto: bytes | None = None,
+    report: bool = False,
 ) -> None:
     """Replay share ``k`` of ``n`` into ``db``, or into the part file ``part``
-    with ids reserved in ``db`` (``sniffer.store.parts``); send the result."""
+    with ids reserved in ``db`` (``sniffer.store.parts``); put on ``queue``
+    the token inputs of the closed streams as they come (the parent runs the
+    token pass), the progress when ``report``, and then the result."""
     try:
         if part is None:
             w = StoreWriter(db, batch_size=batch_size, node=node)
         else:
             w = StoreWriter(part, batch_size=batch_size, node=node, ids_from=db)
+
+        def send(inputs: list[StreamInput]) -> None:
+            queue.put(("inputs", k, TokenCollector.portable(inputs)))
+
+        def progress(done: int, total: int) -> None:
+            queue.put(("progress", k, (done, total)))
+
         try:
-            result = _replay_part(path, w, ports, labels, None, k, n, chain, proto)
+            result = _replay_part(
+                path, w, ports, labels, progress if report else None, k, n, chain, proto, send
+            )
         finally:
             w.close()
-        send.send(asdict(result))
+        queue.put(("done", k, asdict(result)))
     except BaseException as exc:  # report, never hang the parent
-        send.send(f"{type(exc).__name__}: {exc}")
+        queue.put(("error", k, f"{type(exc).__name__}: {exc}"))
     finally:
-        send.close()
+        queue.close()
+        queue.join_thread()
 
 
 def _replay_part(
@@ -395,9 +526,13 @@ def _replay_part(
     n: int,
     chain: RecordingChain,
     proto: bytes | None = None,
+    send: Callable[[list[StreamInput]], None] | None = None,
 ) -> ReplayResult:
     """Replay worker k's share of the connections (all of them when n == 1):
-    :class:`Shares`, by port pair, so both directions land together."""
+    :class:`Shares`, by port pair, so both directions land together. With
+    ``send``, the token inputs of closed streams go there in batches as they
+    come (a parallel replay's parent runs the token pass) instead of to a
+    token pass here at the end."""
     reader = read_capture(path)
     result = ReplayResult(path=str(path))
     pipe = Pipeline(
@@ -415,6 +550,8 @@ def _replay_part(
     gc.set_threshold(200_000, 50, 100)
     chain.attach(w)  # this process's writer (a forked worker has its own copy of the chain)
     write_many = chain.write
+    if send is not None and chain.tokens is not None:
+        write_many = _sending(chain, send)
 
     try:
         feed = pipe.feed
@@ -462,7 +599,12 @@ def _replay_part(
         chain.flush()
     finally:
         gc.set_threshold(*thresholds)
-    if chain.tokens is not None:
+    if send is not None:
+        if chain.tokens is not None:
+            inputs = chain.take_token_inputs()
+            if inputs:
+                send(inputs)
+    elif chain.tokens is not None:
         started = time.perf_counter()
         tok = chain.tokenize()
         result.token_seconds = time.perf_counter() - started
@@ -484,6 +626,22 @@ def _replay_part(
         + int(w.stats["rejected_rows"])  # rows the database refused: error rows too
     )
     return result
+
+
+def _sending(
+    chain: RecordingChain, send: Callable[[list[StreamInput]], None]
+) -> Callable[[list[StoreEvent]], None]:
+    """``chain.write`` that then sends the token inputs of the closed streams
+    once :data:`SEND_EVERY` of them are ready."""
+    write = chain.write
+    take = chain.take_token_inputs
+
+    def write_and_send(events: list[StoreEvent]) -> None:
+        write(events)
+        if chain.tokens_ready >= SEND_EVERY:
+            send(take())
+
+    return write_and_send
 
 
 def _replay_native(
