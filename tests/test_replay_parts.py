@@ -120,6 +120,32 @@ def test_parallel_replay_into_sqlite_stores_what_one_process_stores(
         con.close()
 
 
+def test_token_inputs_sent_one_stream_at_a_time_store_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workers send each closed stream's token inputs to the parent as soon
+    as it is ready (``SEND_EVERY`` 1: a batch per stream, in any order the two
+    workers interleave): the parent's pass stores what one process stores."""
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(replay_module, "SEND_EVERY", 1)
+    batches: list[int] = []
+    real = RecordingChain.tokenize_inputs
+
+    def spy(self: RecordingChain, inputs: list[Any], **kw: Any) -> Any:
+        batches.append(len(inputs))
+        return real(self, inputs, **kw)
+
+    monkeypatch.setattr(RecordingChain, "tokenize_inputs", spy)
+    one, two = tmp_path / "one.db", tmp_path / "two.db"
+    r1 = replay(PCAP, str(one), chain=_chain(), jobs=1)
+    assert batches == [4]  # one process: one pass at the end
+    batches.clear()
+    r2 = replay(PCAP, str(two), chain=_chain(), jobs=2)
+    assert sum(batches) == 4 and len(batches) >= 2, batches
+    assert (r2.tokens, r2.tokenized_streams) == (r1.tokens, r1.tokenized_streams)
+    assert _dump(two) == _dump(one)
+
+
 def test_truncated_capture_in_parallel_reports_its_error_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

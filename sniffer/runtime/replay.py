@@ -227,10 +227,10 @@ def replay(
     elif tokens is not None or redactor is not None:
         raise ValueError("replay: give tokens and redactor through the chain")
     parallel = jobs > 1 and writer is None and os.path.getsize(path) >= PARALLEL_MIN_BYTES
-    if chain.tokens is not None and not parallel:
+    if chain.tokens is not None:
         # A bad configured tokenizer fails now; the built-in default loads at
-        # first use (the token pass), not before the first packet. (A parallel
-        # replay's parent loads it while its workers read.)
+        # first use (the token pass), not before the first packet (a parallel
+        # replay's parent loads it while its workers read).
         chain.tokens.preload_configured()
     if parallel:
         result = _replay_parallel(
@@ -360,7 +360,12 @@ def _run_workers(
     tokens = ReplayResult(path=str(path))
     try:
         if chain.tokens is not None:
-            chain.tokens.preload()  # while the workers read
+            from sniffer.llm.tokens import TokenizerLoadError
+
+            try:
+                chain.tokens.preload()  # the default, while the workers read
+            except TokenizerLoadError:
+                pass  # kept: the pass writes an error row per stream, as in one process
         while len(results) < jobs:
             try:
                 kind, k, payload = queue.get(timeout=_POLL)
