@@ -73,16 +73,16 @@ def test_parallel_replay_into_sqlite_stores_what_one_process_stores(
     two.parent.mkdir()
     r1 = replay(PCAP, str(one), chain=_chain(), jobs=1)
     merged: list[dict[str, int]] = []
-    real_merge = parts_module.merge_part
+    real_merge = parts_module.PartMerger.merge
 
-    def spy(db: str, part: str) -> dict[str, int]:
+    def spy(self: parts_module.PartMerger, part: str) -> dict[str, int]:
         assert os.path.exists(part)
         found = sqlite3.connect(two).execute("SELECT count(*) FROM streams").fetchone()[0]
-        counts = real_merge(db, part)
+        counts = real_merge(self, part)
         merged.append({**counts, "before": found})
         return counts
 
-    monkeypatch.setattr(parts_module, "merge_part", spy)
+    monkeypatch.setattr(parts_module.PartMerger, "merge", spy)
     monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
     target = str(two) if db_form == "path" else f"sqlite:///{two}"
     r2 = replay(PCAP, target, chain=_chain(), jobs=2)
@@ -95,9 +95,11 @@ def test_parallel_replay_into_sqlite_stores_what_one_process_stores(
     assert r1.tokens > 0
     # Worker 0 writes the database, worker 1 a part (half of the 4 connections);
     # the parent's token rows of each share are a file of their own, merged in
-    # share order: share 0's tokens, then worker 1's part, then its tokens.
+    # share order per kind: worker 1's part once both workers have written,
+    # share 0's tokens before share 1's.
     assert len(merged) == 3
-    tokens0, part1, tokens1 = merged
+    part1 = next(m for m in merged if m["connections"])
+    tokens0, tokens1 = (m for m in merged if m is not part1)
     assert (tokens0["streams"], tokens0["stream_tokens"], tokens0["chunks"]) == (0, 2, 0)
     assert part1["connections"] == 2 and part1["streams"] == 2
     assert part1["before"] == 2 and part1["chunks"] > 0 and part1["stream_tokens"] == 0
@@ -197,7 +199,7 @@ def test_no_part_dir_means_the_workers_write_the_database(
     assert parts_module.part_dir(str(tmp_path / "x.db")) is None
     monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
     merged: list[str] = []
-    monkeypatch.setattr(parts_module, "merge_part", lambda db, part: merged.append(part))
+    monkeypatch.setattr(parts_module.PartMerger, "merge", lambda self, part: merged.append(part))
     r1 = replay(PCAP, str(tmp_path / "one.db"), chain=_chain(), jobs=1)
     r2 = replay(PCAP, str(tmp_path / "two.db"), chain=_chain(), jobs=2)
     assert merged == [] and (r2.streams, r2.tokens) == (r1.streams, r1.tokens)

@@ -21,12 +21,13 @@ during the replay. Other databases take the workers' rows directly.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
-from queue import Empty
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from queue import Empty
 from typing import TYPE_CHECKING
 
 from sniffer.capture.pcap import CaptureFileError, CaptureReader, read_capture
@@ -324,6 +325,7 @@ def _run_workers(
     share order, as one process replaying share after share would have
     written them."""
     queue = ctx.Queue()
+    merges = None if parts is None else _Merges(ctx, db, parts, jobs)
     workers = []
     # What the parent holds now (modules, the chain) outlives the workers:
     # frozen while they fork, their collections never visit it, so they leave
@@ -347,6 +349,7 @@ def _run_workers(
                     node,
                     proto,
                     progress is not None and k == 0,
+                    None if merges is None else merges.signals,
                 ),
                 daemon=True,
             )
@@ -354,18 +357,12 @@ def _run_workers(
             workers.append(proc)
     finally:
         gc.unfreeze()
-    merges = None if parts is None else _Merges(db, parts, jobs, tokens=chain.tokens is not None)
-    token_writers: dict[int, StoreWriter] = {}
+    if merges is not None:
+        merges.start()  # after forking: no worker holds a copy of a running thread
     results: dict[int, ReplayResult] = {}
-    tokens = ReplayResult(path=str(path))
+    tokens = _TokenPass(chain, db, parts, batch_size, node, str(path))
     try:
-        if chain.tokens is not None:
-            from sniffer.llm.tokens import TokenizerLoadError
-
-            try:
-                chain.tokens.preload()  # the default, while the workers read
-            except TokenizerLoadError:
-                pass  # kept: the pass writes an error row per stream, as in one process
+        tokens.load()
         while len(results) < jobs:
             try:
                 kind, k, payload = queue.get(timeout=_POLL)
@@ -377,34 +374,21 @@ def _run_workers(
                         ) from None
                 continue
             if kind == "inputs":
-                started = time.perf_counter()
-                w = token_writers.get(k)
-                if w is None:
-                    target = db if parts is None else _tokens_file(parts, k)
-                    w = token_writers[k] = StoreWriter(target, batch_size=batch_size, node=node)
-                assert chain.collector is not None
-                tok = chain.tokenize_inputs(chain.collector.bind(payload), store=w.store)
-                tokens.token_seconds += time.perf_counter() - started
-                tokens.tokenized_streams += tok.streams
-                tokens.tokens += tok.tokens
-                tokens.token_anomalies += tok.anomalies
+                tokens.run(k, payload)
             elif kind == "progress":
                 if progress is not None:
                     progress(*payload)
             elif kind == "done":
                 results[k] = ReplayResult(**payload)
-                w = token_writers.pop(k, None)
-                if w is not None:
-                    w.close()
+                wrote = tokens.done(k)  # its inputs came before: its token rows are written
                 if merges is not None:
-                    merges.done(k)  # its inputs came before: its token rows are written
+                    merges.tokens_written(k, wrote)
             else:
                 raise RuntimeError(f"replay worker {k} failed: {payload}")
         if merges is not None:
             merges.wait()
     finally:
-        for w in token_writers.values():
-            w.close()
+        tokens.close()
         if merges is not None:
             merges.stop()
         for proc in workers:
@@ -415,35 +399,102 @@ def _run_workers(
     result = results[0]
     for k in range(1, jobs):
         result.merge(results[k])
-    result.merge(tokens)
+    result.merge(tokens.result)
     return result
+
+
+class _TokenPass:
+    """The parallel replay's token pass, in the parent, on the token inputs
+    the workers send: share k's rows go to a file of their own (``tokens-k.db``
+    beside the part files, merged by :class:`_Merges`), or into the database
+    itself when there are no part files."""
+
+    def __init__(
+        self,
+        chain: RecordingChain,
+        db: str,
+        parts: str | None,
+        batch_size: int,
+        node: str | None,
+        path: str,
+    ) -> None:
+        self._chain, self._db, self._parts = chain, db, parts
+        self._batch_size, self._node = batch_size, node
+        self._writers: dict[int, StoreWriter] = {}
+        #: what the pass did (its token fields; the rest stays zero)
+        self.result = ReplayResult(path=path)
+
+    def load(self) -> None:
+        """Load the default tokenizer (0.25 s holding the GIL) while the workers read."""
+        if self._chain.tokens is None:
+            return
+        from sniffer.llm.tokens import TokenizerLoadError
+
+        # A missing default is kept: the pass writes an error row per stream, as in one process.
+        with contextlib.suppress(TokenizerLoadError):
+            self._chain.tokens.preload()
+
+    def run(self, k: int, inputs: list[StreamInput]) -> None:
+        """Tokenize inputs of share k (``TokenCollector.portable``) and write their rows."""
+        chain = self._chain
+        assert chain.collector is not None
+        started = time.perf_counter()
+        w = self._writers.get(k)
+        if w is None:
+            target = self._db if self._parts is None else _tokens_file(self._parts, k)
+            w = self._writers[k] = StoreWriter(target, batch_size=self._batch_size, node=self._node)
+        tok = chain.tokenize_inputs(chain.collector.bind(inputs), store=w.store)
+        r = self.result
+        r.token_seconds += time.perf_counter() - started
+        r.tokenized_streams += tok.streams
+        r.tokens += tok.tokens
+        r.token_anomalies += tok.anomalies
+
+    def done(self, k: int) -> bool:
+        """Share k has no more inputs: close its writer. Returns whether it wrote rows."""
+        w = self._writers.pop(k, None)
+        if w is None:
+            return False
+        w.close()
+        return True
+
+    def close(self) -> None:
+        for w in self._writers.values():
+            w.close()
+        self._writers.clear()
 
 
 class _Merges:
     """Merges a parallel replay's files into the SQLite database from a thread
     of the parent (SQLite's ``INSERT … SELECT`` runs without the GIL, beside
     the token pass), each as soon as its turn has come: the part file of
-    worker k once workers 0..k are done, the token rows of share k once its
-    worker is done (its inputs all came before, their rows are written) and
-    those of share k-1 are merged. Every table's rows thus come in share
-    order, whatever order the workers end in."""
+    worker k once workers 0..k have written theirs (worker 0 writes the
+    database), the token rows of share k once the pass has written them all
+    and those of share k-1 are merged. Every table's rows thus come in share
+    order, whatever order the workers end in.
 
-    def __init__(self, db: str, parts: str, jobs: int, *, tokens: bool) -> None:
+    The workers say they have written on a queue of their own
+    (:attr:`signals`, read by the thread alone): the parent's main thread,
+    busy with the token pass, would see their messages late."""
+
+    def __init__(
+        self, ctx: multiprocessing.context.ForkContext, db: str, parts: str, jobs: int
+    ) -> None:
         import threading
 
-        self._db, self._parts, self._jobs, self._tokens = db, parts, jobs, tokens
-        self._done: set[int] = set()
-        self._cond = threading.Condition()
-        self._stopped = False
+        self._db, self._parts, self._jobs = db, parts, jobs
+        #: ``("written", k)`` from worker k; ``("tokens", k)`` (or
+        #: ``"no tokens"``: share k had none) from the token pass; ``("stop", -1)``
+        self.signals: multiprocessing.queues.SimpleQueue[tuple[str, int]] = ctx.SimpleQueue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="replay-merge", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
-    def done(self, k: int) -> None:
-        """Worker k is done and its token rows are written."""
-        with self._cond:
-            self._done.add(k)
-            self._cond.notify()
+    def tokens_written(self, k: int, written: bool) -> None:
+        """The token rows of share k are all in its file (``written``: there are some)."""
+        self.signals.put(("tokens" if written else "no tokens", k))
 
     def wait(self) -> None:
         """Until every file is merged; raises what a merge raised."""
@@ -453,25 +504,35 @@ class _Merges:
 
     def stop(self) -> None:
         """No further merge (after an error elsewhere); waits for the one under way."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        self._thread.join()
+        if self._thread.is_alive():
+            self.signals.put(("stop", -1))
+            self._thread.join()
 
     def _run(self) -> None:
-        from sniffer.store.parts import merge_part
+        from sniffer.store.parts import PartMerger
 
+        jobs = self._jobs
+        written: set[int] = set()
+        tokens: dict[int, bool] = {}
+        part, tok = 1, 0  # the next of each kind to merge
         try:
-            for k in range(self._jobs):
-                with self._cond:
-                    while k not in self._done and not self._stopped:
-                        self._cond.wait()
-                    if self._stopped:
-                        return
-                if k > 0:
-                    merge_part(self._db, _part_file(self._parts, k))
-                if self._tokens and os.path.exists(_tokens_file(self._parts, k)):
-                    merge_part(self._db, _tokens_file(self._parts, k))
+            with PartMerger(self._db) as merger:  # one connection: one checkpoint, at the end
+                while part < jobs or tok < jobs:
+                    if part < jobs and written.issuperset(range(part + 1)):
+                        merger.merge(_part_file(self._parts, part))
+                        part += 1
+                    elif tok < jobs and tok in tokens:
+                        if tokens[tok]:
+                            merger.merge(_tokens_file(self._parts, tok))
+                        tok += 1
+                    else:
+                        kind, k = self.signals.get()
+                        if kind == "stop":
+                            return
+                        if kind == "written":
+                            written.add(k)
+                        else:
+                            tokens[k] = kind == "tokens"
         except BaseException as exc:
             self._error = exc
 
@@ -490,11 +551,13 @@ def _worker(
     node: str | None,
     proto: bytes | None = None,
     report: bool = False,
+    written: multiprocessing.queues.SimpleQueue[tuple[str, int]] | None = None,
 ) -> None:
     """Replay share ``k`` of ``n`` into ``db``, or into the part file ``part``
     with ids reserved in ``db`` (``sniffer.store.parts``); put on ``queue``
     the token inputs of the closed streams as they come (the parent runs the
-    token pass), the progress when ``report``, and then the result."""
+    token pass), the progress when ``report``, and then the result; on
+    ``written`` (:class:`_Merges`), that its rows are written."""
     try:
         if part is None:
             w = StoreWriter(db, batch_size=batch_size, node=node)
@@ -513,6 +576,8 @@ def _worker(
             )
         finally:
             w.close()
+        if written is not None:
+            written.put(("written", k))
         queue.put(("done", k, asdict(result)))
     except BaseException as exc:  # report, never hang the parent
         queue.put(("error", k, f"{type(exc).__name__}: {exc}"))
@@ -554,7 +619,7 @@ def _replay_part(
     thresholds = gc.get_threshold()
     gc.set_threshold(200_000, 50, 100)
     chain.attach(w)  # this process's writer (a forked worker has its own copy of the chain)
-    write_many = chain.write
+    write_many: Callable[[list[StoreEvent]], None] = chain.write
     if send is not None and chain.tokens is not None:
         write_many = _sending(chain, send)
 
