@@ -84,8 +84,12 @@ def test_parallel_replay_into_sqlite_stores_what_one_process_stores(
 
     monkeypatch.setattr(parts_module.PartMerger, "merge", spy)
     monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "")  # restored after the test
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
     target = str(two) if db_form == "path" else f"sqlite:///{two}"
     r2 = replay(PCAP, target, chain=_chain(), jobs=2)
+    # the parent's pass encodes on one thread: the workers hold the other cores
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
     assert (r2.jobs, r2.streams, r2.chunk_events, r2.tokens) == (
         2,
         r1.streams,

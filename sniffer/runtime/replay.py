@@ -357,6 +357,15 @@ def _run_workers(
             workers.append(proc)
     finally:
         gc.unfreeze()
+    if chain.tokens is not None:
+        from sniffer.runtime.features import TOKENIZERS_PARALLELISM
+
+        # Before the merge thread starts (the environment is not thread-safe).
+        # The workers keep the cores busy: the tokenizers library's thread
+        # pool would split each batch over every core and wait for its
+        # slowest part (a core the workers hold), its threads spinning in
+        # between. Set by the user, it is kept.
+        os.environ.setdefault(TOKENIZERS_PARALLELISM, "false")
     if merges is not None:
         merges.start()  # after forking: no worker holds a copy of a running thread
     results: dict[int, ReplayResult] = {}
