@@ -184,6 +184,27 @@ def test_a_failed_worker_leaves_no_part_behind(
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("x.db")) == []
 
 
+def test_a_worker_that_dies_without_a_word_fails_the_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed (or ending) without sending its result is found out by
+    its exit once no message comes: the replay fails, nothing waits forever."""
+    real = replay_module._replay_part
+
+    def dying(path: Any, w: Any, ports: Any, labels: Any, progress: Any, k: int, *a: Any) -> Any:
+        if k == 1:
+            os._exit(0)  # not even an exit code to go by
+        return real(path, w, ports, labels, progress, k, *a)
+
+    monkeypatch.setattr(replay_module, "_replay_part", dying)
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(replay_module, "_POLL", 0.05)
+    db = tmp_path / "x.db"
+    with pytest.raises(RuntimeError, match=r"replay worker .* failed: exit code 0"):
+        replay(PCAP, str(db), chain=_chain(), jobs=2)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("x.db")) == []
+
+
 def test_part_dir_only_for_sqlite_files(tmp_path: Path) -> None:
     assert parts_module.part_dir("postgresql+psycopg://u@h/db") is None
     assert parts_module.part_dir("sqlite://") is None

@@ -27,7 +27,6 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from queue import Empty
 from typing import TYPE_CHECKING
 
 from sniffer.capture.pcap import CaptureFileError, CaptureReader, read_capture
@@ -324,6 +323,8 @@ def _run_workers(
     turn has come, while the pass goes on: the rows of every table end up in
     share order, as one process replaying share after share would have
     written them."""
+    from queue import Empty  # (multiprocessing's import has made it already)
+
     queue = ctx.Queue()
     merges = None if parts is None else _Merges(ctx, db, parts, jobs)
     workers = []
@@ -375,9 +376,9 @@ def _run_workers(
         while len(results) < jobs:
             try:
                 kind, k, payload = queue.get(timeout=_POLL)
-            except Empty:
-                for proc in workers:
-                    if proc.exitcode not in (None, 0):
+            except Empty:  # a worker that ended without its result died (its messages came first)
+                for k, proc in enumerate(workers):
+                    if proc.exitcode is not None and k not in results:
                         raise RuntimeError(
                             f"replay worker {proc.name} failed: exit code {proc.exitcode}"
                         ) from None
