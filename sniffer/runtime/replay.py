@@ -5,18 +5,21 @@ the progress callback; what the pipeline makes goes through the same
 :class:`~sniffer.record.chain.RecordingChain` as in the daemon (the live
 driver): observers, transforms, then the store writer. Sampling in a replay
 is decided per stream exactly as live; the anomaly boost cannot act (the
-token pass runs after the capture has been read).
+token pass runs after the capture has been read, or in another process).
 
 With ``jobs > 1`` the connections of the file are split between worker
 processes by port pair (both directions of a connection always go to the same
 worker; :class:`Shares`: a new port pair goes to the worker with the fewest
-segments so far), each running the whole pipeline on its share. Every writer
-(each worker, and every other replay or daemon on the same database) takes its
+segments so far), each running the whole pipeline on its share and handing
+its closed streams' token inputs to the parent, which loads the tokenizer
+meanwhile and runs the token pass (``_run_workers``). Every writer (each
+worker, and every other replay or daemon on the same database) takes its
 connection and stream ids from blocks reserved in the database
 (``sniffer.store.ids``), so they never collide. Into a SQLite file, the
-workers but the first write part files (``sniffer.store.parts``) that the
-parent merges when they are done: nobody waits for SQLite's one write lock
-during the replay. Other databases take the workers' rows directly.
+workers but the first, and the parent's token pass, write part files
+(``sniffer.store.parts``) that the parent merges as soon as their turn comes:
+nobody waits for SQLite's one write lock during the replay. Other databases
+take every process's rows directly.
 """
 
 from __future__ import annotations
