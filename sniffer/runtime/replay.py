@@ -30,7 +30,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sniffer.capture.pcap import CaptureFileError, CaptureReader, read_capture
 from sniffer.core.events import PipelineError, Segment, StoreEvent
@@ -42,6 +42,7 @@ from sniffer.runtime.log import warn_pure_fallback
 from sniffer.store.writer import StoreWriter
 
 if TYPE_CHECKING:
+    import multiprocessing.connection
     import multiprocessing.context
     import multiprocessing.queues
 
@@ -313,22 +314,24 @@ def _run_workers(
     node: str | None,
     proto: bytes | None,
 ) -> ReplayResult:
-    """Fork workers 0..jobs-1 (one share each), run the token pass here on what
-    they send while they read, and gather their results.
+    """Fork workers 0..jobs-1 (one share each), run the token pass on what they
+    send while they read, and gather their results.
 
     The workers start before the tokenizer is loaded (0.25 s of one core that
     holds the GIL): they read and write while this process loads it, then
     hand it each batch of closed streams' token inputs as they go, so the
     token pass overlaps the capture path instead of following it in each
-    worker. Worker 0 writes the database itself, the others part files; the
-    token rows of share k go to a file of their own (``tokens-k.db``), and
-    :class:`_Merges` merges every file into the database as soon as its
-    turn has come, while the pass goes on: the rows of every table end up in
-    share order, as one process replaying share after share would have
-    written them."""
-    from queue import Empty  # (multiprocessing's import has made it already)
-
-    queue = ctx.Queue()
+    worker. Once loaded, a second token process is forked (it shares the
+    tokenizer's pages): this one takes the even shares' inputs, that one the
+    odd shares' (:func:`_token_helper`), so that the pass is not one
+    process's alone. Worker 0 writes the database itself, the others part
+    files; the token rows of share k go to a file of their own
+    (``tokens-k.db``), and :class:`_Merges` merges every file into the
+    database as soon as its turn has come, while the pass goes on: the rows
+    of every table end up in share order, as one process replaying share
+    after share would have written them."""
+    helper = chain.tokens is not None and jobs > 1
+    queues = [ctx.Queue() for _ in range(2 if helper else 1)]
     merges = None if parts is None else _Merges(ctx, db, parts, jobs)
     workers = []
     # What the parent holds now (modules, the chain) outlives the workers:
@@ -340,7 +343,8 @@ def _run_workers(
             proc = ctx.Process(
                 target=_worker,
                 args=(
-                    queue,
+                    queues[0],
+                    queues[k % len(queues)],
                     path,
                     db,
                     None if parts is None or k == 0 else _part_file(parts, k),
@@ -370,42 +374,58 @@ def _run_workers(
         # slowest part (a core the workers hold), its threads spinning in
         # between. Set by the user, it is kept.
         os.environ.setdefault(TOKENIZERS_PARALLELISM, "false")
-    if merges is not None:
-        merges.start()  # after forking: no worker holds a copy of a running thread
-    results: dict[int, ReplayResult] = {}
     tokens = _TokenPass(chain, db, parts, batch_size, node, str(path))
+    signals = None if merges is None else merges.signals
+    results: dict[int, ReplayResult] = {}
+    helper_proc = None
     try:
         tokens.load()
-        while len(results) < jobs:
+        if helper:
+            recv, send = ctx.Pipe(duplex=False)
+            gc.freeze()  # as for the workers
             try:
-                kind, k, payload = queue.get(timeout=_POLL)
-            except Empty:  # a worker that ended without its result died (its messages came first)
-                for k, proc in enumerate(workers):
-                    if proc.exitcode is not None and k not in results:
-                        raise RuntimeError(
-                            f"replay worker {proc.name} failed: exit code {proc.exitcode}"
-                        ) from None
-                continue
-            if kind == "inputs":
-                tokens.run(k, payload)
-            elif kind == "progress":
-                if progress is not None:
-                    progress(*payload)
-            elif kind == "done":
-                results[k] = ReplayResult(**payload)
-                wrote = tokens.done(k)  # its inputs came before: its token rows are written
-                if merges is not None:
-                    merges.tokens_written(k, wrote)
-            else:
-                raise RuntimeError(f"replay worker {k} failed: {payload}")
+                helper_proc = ctx.Process(
+                    target=_token_helper,
+                    args=(send, queues[1], range(1, jobs, 2), tokens, signals),
+                    daemon=True,
+                )
+                helper_proc.start()
+            finally:
+                gc.unfreeze()
+            send.close()
+        if merges is not None:
+            merges.start()  # after forking: no child holds a copy of a running thread
+
+        def alive() -> None:
+            for k, proc in enumerate(workers):
+                if proc.exitcode is not None and k not in results:
+                    raise RuntimeError(
+                        f"replay worker {proc.name} failed: exit code {proc.exitcode}"
+                    )
+            if helper_proc is not None and helper_proc.exitcode not in (None, 0):
+                raise RuntimeError(f"replay token pass failed: exit code {helper_proc.exitcode}")
+
+        mine = range(0, jobs, len(queues))
+        _gather(queues[0], range(jobs), mine, tokens, signals, progress, alive, results)
+        if helper_proc is not None:
+            while not recv.poll(_POLL):
+                alive()
+            try:
+                kind, theirs, theirs_tokens = recv.recv()
+            except EOFError:
+                kind, theirs, theirs_tokens = "error", "ended without a word", None
+            if kind != "done":
+                raise RuntimeError(f"replay token pass failed: {theirs}")
+            tokens.result.merge(ReplayResult(**theirs_tokens))
         if merges is not None:
             merges.wait()
     finally:
         tokens.close()
         if merges is not None:
             merges.stop()
-        for proc in workers:
-            proc.join(None if len(results) == jobs else 0)
+        done = len(results) == jobs
+        for proc in [*workers, *([helper_proc] if helper_proc is not None else [])]:
+            proc.join(None if done else 0)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
@@ -414,6 +434,68 @@ def _run_workers(
         result.merge(results[k])
     result.merge(tokens.result)
     return result
+
+
+def _gather(
+    queue: multiprocessing.queues.Queue[tuple[str, int, Any]],
+    workers: range,
+    shares: range,
+    tokens: _TokenPass,
+    signals: multiprocessing.queues.SimpleQueue[tuple[str, int]] | None,
+    progress: Progress | None,
+    alive: Callable[[], None],
+    results: dict[int, ReplayResult],
+) -> None:
+    """Take messages from ``queue`` until every worker of ``workers`` has sent
+    its result (into ``results``) and every one of ``shares`` the end of its
+    token inputs: run the token pass on those, and tell the merges
+    (``signals``) when a share's token rows are all written. ``alive`` is
+    called when no message came for a while (it raises for a dead worker)."""
+    from queue import Empty  # (multiprocessing's import has made it already)
+
+    ended: set[int] = set()
+    while not (all(k in results for k in workers) and ended.issuperset(shares)):
+        try:
+            kind, k, payload = queue.get(timeout=_POLL)
+        except Empty:
+            alive()
+            continue
+        if kind == "inputs":
+            tokens.run(k, payload)
+        elif kind == "end":  # its inputs came before: its token rows are written
+            ended.add(k)
+            wrote = tokens.done(k)
+            if signals is not None:
+                signals.put(("tokens" if wrote else "no tokens", k))
+        elif kind == "done":
+            results[k] = ReplayResult(**payload)
+        elif kind == "progress":
+            if progress is not None:
+                progress(*payload)
+        else:
+            raise RuntimeError(f"replay worker {k} failed: {payload}")
+
+
+def _token_helper(
+    send: multiprocessing.connection.Connection,
+    queue: multiprocessing.queues.Queue[tuple[str, int, Any]],
+    shares: range,
+    tokens: _TokenPass,
+    signals: multiprocessing.queues.SimpleQueue[tuple[str, int]] | None,
+) -> None:
+    """The second token process of a parallel replay (forked once the
+    tokenizer is loaded): the token pass on the inputs of ``shares``; sends
+    what it did. The workers send their results to the parent, which finds a
+    worker dead without a word (this process cannot wait for its siblings)
+    and then ends this one."""
+    try:
+        _gather(queue, range(0), shares, tokens, signals, None, lambda: None, {})
+        send.send(("done", None, asdict(tokens.result)))
+    except BaseException as exc:  # report, never hang the parent
+        send.send(("error", f"{type(exc).__name__}: {exc}", None))
+    finally:
+        tokens.close()
+        send.close()
 
 
 class _TokenPass:
@@ -505,10 +587,6 @@ class _Merges:
     def start(self) -> None:
         self._thread.start()
 
-    def tokens_written(self, k: int, written: bool) -> None:
-        """The token rows of share k are all in its file (``written``: there are some)."""
-        self.signals.put(("tokens" if written else "no tokens", k))
-
     def wait(self) -> None:
         """Until every file is merged; raises what a merge raised."""
         self._thread.join()
@@ -552,6 +630,7 @@ class _Merges:
 
 def _worker(
     queue: multiprocessing.queues.Queue[tuple[str, int, object]],
+    token_queue: multiprocessing.queues.Queue[tuple[str, int, object]],
     path: str | os.PathLike[str],
     db: str,
     part: str | None,
@@ -567,10 +646,11 @@ def _worker(
     written: multiprocessing.queues.SimpleQueue[tuple[str, int]] | None = None,
 ) -> None:
     """Replay share ``k`` of ``n`` into ``db``, or into the part file ``part``
-    with ids reserved in ``db`` (``sniffer.store.parts``); put on ``queue``
-    the token inputs of the closed streams as they come (the parent runs the
-    token pass), the progress when ``report``, and then the result; on
-    ``written`` (:class:`_Merges`), that its rows are written."""
+    with ids reserved in ``db`` (``sniffer.store.parts``); put on
+    ``token_queue`` the token inputs of the closed streams as they come, then
+    their end (a token process runs the pass); on ``queue`` (the parent's)
+    the progress when ``report``, and then the result; on ``written``
+    (:class:`_Merges`), that its rows are written."""
     try:
         if part is None:
             w = StoreWriter(db, batch_size=batch_size, node=node)
@@ -578,7 +658,7 @@ def _worker(
             w = StoreWriter(part, batch_size=batch_size, node=node, ids_from=db)
 
         def send(inputs: list[StreamInput]) -> None:
-            queue.put(("inputs", k, TokenCollector.portable(inputs)))
+            token_queue.put(("inputs", k, TokenCollector.portable(inputs)))
 
         def progress(done: int, total: int) -> None:
             queue.put(("progress", k, (done, total)))
@@ -591,12 +671,14 @@ def _worker(
             w.close()
         if written is not None:
             written.put(("written", k))
+        token_queue.put(("end", k, None))
         queue.put(("done", k, asdict(result)))
     except BaseException as exc:  # report, never hang the parent
         queue.put(("error", k, f"{type(exc).__name__}: {exc}"))
     finally:
-        queue.close()
-        queue.join_thread()
+        for q in {id(queue): queue, id(token_queue): token_queue}.values():
+            q.close()
+            q.join_thread()
 
 
 def _replay_part(
