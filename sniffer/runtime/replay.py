@@ -11,12 +11,13 @@ With ``jobs > 1`` the connections of the file are split between worker
 processes by port pair (both directions of a connection always go to the same
 worker; :class:`Shares`: a new port pair goes to the worker with the fewest
 segments so far), each running the whole pipeline on its share and handing
-its closed streams' token inputs to the parent, which loads the tokenizer
-meanwhile and runs the token pass (``_run_workers``). Every writer (each
-worker, and every other replay or daemon on the same database) takes its
-connection and stream ids from blocks reserved in the database
-(``sniffer.store.ids``), so they never collide. Into a SQLite file, the
-workers but the first, and the parent's token pass, write part files
+its closed streams' token inputs to a token process: the parent, which loads
+the tokenizer meanwhile, or a second one it forks once loaded
+(``_run_workers``). Every writer (each worker, and every other replay or
+daemon on the same database) takes its connection and stream ids from
+blocks reserved in the database (``sniffer.store.ids``), so they never
+collide. Into a SQLite file, the
+workers but the first, and the token processes, write part files
 (``sniffer.store.parts``) that the parent merges as soon as their turn comes:
 nobody waits for SQLite's one write lock during the replay. Other databases
 take every process's rows directly.
