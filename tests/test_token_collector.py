@@ -109,3 +109,32 @@ def test_chunks_across_blocks_come_out_as_sent() -> None:
         want = [(e.seq, e.choice, e.text, e.finish_reason, e.logprobs) for e in marked]
         assert got == want
         assert len(s.chunks) == len(marked)
+
+
+def test_inputs_sent_to_another_process_analyse_as_taken() -> None:
+    """``portable`` inputs (what a parallel replay's worker pickles to the
+    parent) carry no ``redact`` function, and ``bind`` gives them the
+    receiving collector's: analysed there, they give what the sender's own
+    inputs give, redacted spans masked alike."""
+    import pickle
+
+    from sniffer.record.redact import Redactor
+
+    events = _stream(4)
+    secret = "call me at +1 415 555 0100"
+    events = [
+        replace(e, text=secret) if isinstance(e, ChunkEvent) and e.text else e for e in events
+    ]
+    sender, receiver = TokenCollector(redactor=Redactor()), TokenCollector(redactor=Redactor())
+    sender.observe(events)
+    (taken,) = sender.take()
+    assert taken.redact is not None and taken.masks  # the phone number: a masked span
+    (sent,) = pickle.loads(pickle.dumps(TokenCollector.portable([taken])))
+    assert sent.redact is None and replace(sent, redact=taken.redact) == taken
+    (bound,) = receiver.bind([sent])
+    assert bound.redact is not None and bound.redact(secret) == taken.redact(secret)
+    registry = TokenizerRegistry()
+    assert analyze_streams(registry, [bound]) == analyze_streams(registry, [taken])
+    # without a redactor there is nothing to bind
+    (plain,) = TokenCollector().bind([sent])
+    assert plain.redact is None

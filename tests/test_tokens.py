@@ -1317,6 +1317,44 @@ def test_gc_paused_promotes_survivors_and_nests() -> None:
     assert gc.isenabled()
 
 
+def test_gc_paused_in_a_child_forked_frozen_counts_the_frozen_once() -> None:
+    """A process forked holding frozen objects (a parallel replay's worker)
+    keeps them frozen: ``gc_paused`` leaves them so, and asks
+    ``gc.get_freeze_count`` (a walk of every frozen object) once, not at every
+    block (the worker takes token inputs at every few dozen streams)."""
+    import gc
+    import multiprocessing
+
+    from sniffer.llm import tokens
+
+    def child(send: Any) -> None:
+        calls = [0]
+        real = gc.get_freeze_count
+
+        def counting() -> int:
+            calls[0] += 1
+            return real()
+
+        gc.get_freeze_count = counting  # this process only
+        for _ in range(5):
+            with tokens.gc_paused():
+                pass
+        send.send((calls[0], real() > 0))
+
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    gc.freeze()
+    try:
+        proc = ctx.Process(target=child, args=(send,))
+        proc.start()
+    finally:
+        gc.unfreeze()
+    assert recv.recv() == (1, True)
+    proc.join()
+    # and in a process without frozen objects, the survivors are promoted as before
+    assert tokens._frozen() is False
+
+
 @given(st.lists(st.integers(0, 40), max_size=200))
 def test_histogram_is_the_counter_sorted(counts: list[int]) -> None:
     from collections import Counter

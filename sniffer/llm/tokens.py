@@ -1413,6 +1413,30 @@ def analyze_streams(
         return _analyze(registry, streams)
 
 
+#: Whether this process was forked holding frozen objects (``gc.freeze``: a
+#: parallel replay's workers), None until asked after a fork. They stay frozen
+#: for the process's life, so it is asked once: ``gc.get_freeze_count`` walks
+#: every frozen object (~10 ms for a worker's inherited heap, at every batch a
+#: worker hands its parent).
+_frozen_at_fork: bool | None = False
+
+
+def _forked() -> None:
+    global _frozen_at_fork
+    _frozen_at_fork = None
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def _frozen() -> bool:
+    """Whether objects are frozen (``gc.freeze``) in this process."""
+    global _frozen_at_fork
+    if _frozen_at_fork is None:
+        _frozen_at_fork = gc.get_freeze_count() > 0
+    return _frozen_at_fork or gc.get_freeze_count() > 0
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """The cyclic garbage collector paused for a block that makes many small
@@ -1432,7 +1456,7 @@ def gc_paused() -> Iterator[None]:
     try:
         yield
     finally:
-        if not gc.get_freeze_count():
+        if not _frozen():
             gc.freeze()
             gc.unfreeze()
         gc.enable()

@@ -54,7 +54,7 @@ from sniffer.record.tracker import StreamTracker
 from sniffer.store.writer import StoreWriter
 
 if TYPE_CHECKING:
-    from sniffer.llm.tokens import TokenizerRegistry
+    from sniffer.llm.tokens import StreamInput, TokenizerRegistry
     from sniffer.record.metrics import Metrics
     from sniffer.record.otlp import OtlpExporter
     from sniffer.record.tokenize_pass import TokenizeResult
@@ -363,14 +363,30 @@ class RecordingChain:
         first stream) closed streams the collector holds and write their token
         rows (into ``store``, default the writer's); feed token metrics and
         the sampler's anomaly boost."""
+        return self.tokenize_inputs(self.take_token_inputs(limit, max_chunks), store=store)
+
+    def take_token_inputs(
+        self, limit: int | None = None, max_chunks: int | None = None
+    ) -> list[StreamInput]:
+        """Take (at most ``limit`` streams, ``max_chunks`` chunks past the first
+        stream) closed streams from the collector, for :meth:`tokenize_inputs`
+        here or in another process (a parallel replay's workers hand them to
+        the parent: ``TokenCollector.portable``)."""
+        if self.collector is None:
+            return []
+        with self._collector_lock:
+            return self.collector.take(limit, max_chunks)
+
+    def tokenize_inputs(
+        self, inputs: list[StreamInput], *, store: Store | None = None
+    ) -> TokenizeResult:
+        """The token pass on ``inputs`` (:meth:`take_token_inputs`): write their
+        token rows (into ``store``, default the writer's); feed token metrics
+        and the sampler's anomaly boost."""
         # The token pass loads at the first pass, not before the first packet.
         from sniffer.record.tokenize_pass import TokenizeResult, tokenize_inputs
 
-        if self.collector is None or self.tokens is None:
-            return TokenizeResult()
-        with self._collector_lock:
-            inputs = self.collector.take(limit, max_chunks)
-        if not inputs:
+        if self.collector is None or self.tokens is None or not inputs:
             return TokenizeResult()
         result, rows = tokenize_inputs(store or self._writer().store, self.tokens, inputs)
         metrics, sampler, otlp = self.metrics, self.sampler, self.otlp

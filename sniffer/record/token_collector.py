@@ -275,6 +275,21 @@ class TokenCollector:
                 out.append(self._build(item))
         return out
 
+    @staticmethod
+    def portable(inputs: Iterable[StreamInput]) -> list[StreamInput]:
+        """``inputs`` without their ``redact`` function (bound to this collector,
+        that is to its whole state): what a parallel replay's worker sends to
+        the parent, which :meth:`bind` s them to its own collector."""
+        return [inp if inp.redact is None else replace(inp, redact=None) for inp in inputs]
+
+    def bind(self, inputs: Iterable[StreamInput]) -> list[StreamInput]:
+        """Inputs another collector of the same redactor took (:meth:`portable`),
+        with this one's ``redact`` function, as if it had taken them."""
+        if self._spans is None:
+            return list(inputs)
+        redact = self._redact_spans
+        return [replace(inp, redact=redact) for inp in inputs]
+
     def hand_redactions(
         self, clean: Iterable[int], redacted: Mapping[int, dict[int, ChoiceRedactions]]
     ) -> None:

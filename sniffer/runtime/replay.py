@@ -5,42 +5,49 @@ the progress callback; what the pipeline makes goes through the same
 :class:`~sniffer.record.chain.RecordingChain` as in the daemon (the live
 driver): observers, transforms, then the store writer. Sampling in a replay
 is decided per stream exactly as live; the anomaly boost cannot act (the
-token pass runs after the capture has been read).
+token pass runs after the capture has been read, or in another process).
 
 With ``jobs > 1`` the connections of the file are split between worker
 processes by port pair (both directions of a connection always go to the same
 worker; :class:`Shares`: a new port pair goes to the worker with the fewest
-segments so far), each running the whole pipeline on its share. Every writer
-(each worker, and every other replay or daemon on the same database) takes its
-connection and stream ids from blocks reserved in the database
-(``sniffer.store.ids``), so they never collide. Into a SQLite file, the
-workers but the first write part files (``sniffer.store.parts``) that the
-parent merges when they are done: nobody waits for SQLite's one write lock
-during the replay. Other databases take the workers' rows directly.
+segments so far), each running the whole pipeline on its share and handing
+its closed streams' token inputs to a token process: the parent, which loads
+the tokenizer meanwhile, or a second one it forks once loaded
+(``_run_workers``). Every writer (each worker, and every other replay or
+daemon on the same database) takes its connection and stream ids from
+blocks reserved in the database (``sniffer.store.ids``), so they never
+collide. Into a SQLite file, the
+workers but the first, and the token processes, write part files
+(``sniffer.store.parts``) that the parent merges as soon as their turn comes:
+nobody waits for SQLite's one write lock during the replay. Other databases
+take every process's rows directly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sniffer.capture.pcap import CaptureFileError, CaptureReader, read_capture
 from sniffer.core.events import PipelineError, Segment, StoreEvent
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.record.chain import RecordingChain
 from sniffer.record.redact import Redactor
+from sniffer.record.token_collector import TokenCollector
 from sniffer.runtime.log import warn_pure_fallback
 from sniffer.store.writer import StoreWriter
 
 if TYPE_CHECKING:
     import multiprocessing.connection
     import multiprocessing.context
+    import multiprocessing.queues
 
-    from sniffer.llm.tokens import TokenizerRegistry
+    from sniffer.llm.tokens import StreamInput, TokenizerRegistry
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -226,12 +233,10 @@ def replay(
         raise ValueError("replay: give tokens and redactor through the chain")
     parallel = jobs > 1 and writer is None and os.path.getsize(path) >= PARALLEL_MIN_BYTES
     if chain.tokens is not None:
-        if parallel:
-            chain.tokens.preload()  # loaded once, before forking: the workers share it
-        else:
-            # A bad configured tokenizer fails now; the built-in default loads at
-            # first use (the token pass), not before the first packet.
-            chain.tokens.preload_configured()
+        # A bad configured tokenizer fails now; the built-in default loads at
+        # first use (the token pass), not before the first packet (a parallel
+        # replay's parent loads it while its workers read).
+        chain.tokens.preload_configured()
     if parallel:
         result = _replay_parallel(
             path, db, ports, labels, progress, batch_size, jobs, chain, node, proto
@@ -264,7 +269,7 @@ def _replay_parallel(
     StoreWriter(db, batch_size=batch_size).close()
     import multiprocessing  # only here: one process needs none of it
 
-    from sniffer.store.parts import merge_part, part_dir, remove_parts
+    from sniffer.store.parts import part_dir, remove_parts
 
     ctx = multiprocessing.get_context("fork")
     # Into a SQLite file, the workers write part files merged at the end (one
@@ -274,9 +279,6 @@ def _replay_parallel(
         result = _run_workers(
             ctx, parts, path, db, ports, labels, progress, batch_size, jobs, chain, node, proto
         )
-        if parts is not None:
-            for k in range(1, jobs):  # in worker order: the merged rows' order is fixed
-                merge_part(db, _part_file(parts, k))
     finally:
         if parts is not None:
             remove_parts(parts)
@@ -286,6 +288,17 @@ def _replay_parallel(
 
 def _part_file(parts: str, k: int) -> str:
     return os.path.join(parts, f"part-{k}.db")
+
+
+def _tokens_file(parts: str, k: int) -> str:
+    return os.path.join(parts, f"tokens-{k}.db")
+
+
+#: Closed streams a worker gathers before it sends their token inputs to the parent.
+SEND_EVERY = 64
+
+#: Seconds the parent waits for a worker's message before it checks the workers are alive.
+_POLL = 1.0
 
 
 def _run_workers(
@@ -302,22 +315,40 @@ def _run_workers(
     node: str | None,
     proto: bytes | None,
 ) -> ReplayResult:
-    """Fork workers 1..jobs-1, replay share 0 here, and gather their results."""
+    """Fork workers 0..jobs-1 (one share each), run the token pass on what they
+    send while they read, and gather their results.
+
+    The workers start before the tokenizer is loaded (0.25 s of one core that
+    holds the GIL): they read and write while this process loads it, then
+    hand it each batch of closed streams' token inputs as they go, so the
+    token pass overlaps the capture path instead of following it in each
+    worker. Once loaded, a second token process is forked (it shares the
+    tokenizer's pages): this one takes the even shares' inputs, that one the
+    odd shares' (:func:`_token_helper`), so that the pass is not one
+    process's alone. Worker 0 writes the database itself, the others part
+    files; the token rows of share k go to a file of their own
+    (``tokens-k.db``), and :class:`_Merges` merges every file into the
+    database as soon as its turn has come, while the pass goes on: the rows
+    of every table end up in share order, as one process replaying share
+    after share would have written them."""
+    helper = chain.tokens is not None and jobs > 1
+    queues = [ctx.Queue() for _ in range(2 if helper else 1)]
+    merges = None if parts is None else _Merges(ctx, db, parts, jobs)
     workers = []
-    # What the parent holds now (modules, the tokenizer registry) outlives the
-    # workers: frozen while they fork, their collections never visit it, so they
-    # leave its pages shared instead of copying them on write.
+    # What the parent holds now (modules, the chain) outlives the workers:
+    # frozen while they fork, their collections never visit it, so they leave
+    # its pages shared instead of copying them on write.
     gc.freeze()
     try:
-        for k in range(1, jobs):
-            recv, send = ctx.Pipe(duplex=False)
+        for k in range(jobs):
             proc = ctx.Process(
                 target=_worker,
                 args=(
-                    send,
+                    queues[0],
+                    queues[k % len(queues)],
                     path,
                     db,
-                    None if parts is None else _part_file(parts, k),
+                    None if parts is None or k == 0 else _part_file(parts, k),
                     ports,
                     labels,
                     batch_size,
@@ -326,35 +357,281 @@ def _run_workers(
                     chain,
                     node,
                     proto,
+                    progress is not None and k == 0,
+                    None if merges is None else merges.signals,
                 ),
                 daemon=True,
             )
             proc.start()
-            send.close()
-            workers.append((proc, recv))
+            workers.append(proc)
     finally:
         gc.unfreeze()
-    w = StoreWriter(db, batch_size=batch_size, node=node)
+    if chain.tokens is not None:
+        from sniffer.runtime.features import TOKENIZERS_PARALLELISM
+
+        # Before the merge thread starts (the environment is not thread-safe).
+        # The workers keep the cores busy: the tokenizers library's thread
+        # pool would split each batch over every core and wait for its
+        # slowest part (a core the workers hold), its threads spinning in
+        # between. Set by the user, it is kept.
+        os.environ.setdefault(TOKENIZERS_PARALLELISM, "false")
+    tokens = _TokenPass(chain, db, parts, batch_size, node, str(path))
+    signals = None if merges is None else merges.signals
+    results: dict[int, ReplayResult] = {}
+    helper_proc = None
     try:
-        result = _replay_part(path, w, ports, labels, progress, 0, jobs, chain, proto)
+        tokens.load()
+        if helper:
+            recv, send = ctx.Pipe(duplex=False)
+            gc.freeze()  # as for the workers
+            try:
+                helper_proc = ctx.Process(
+                    target=_token_helper,
+                    args=(send, queues[1], range(1, jobs, 2), tokens, signals),
+                    daemon=True,
+                )
+                helper_proc.start()
+            finally:
+                gc.unfreeze()
+            send.close()
+        if merges is not None:
+            merges.start()  # after forking: no child holds a copy of a running thread
+
+        def alive() -> None:
+            for k, proc in enumerate(workers):
+                if proc.exitcode is not None and k not in results:
+                    raise RuntimeError(
+                        f"replay worker {proc.name} failed: exit code {proc.exitcode}"
+                    )
+            if helper_proc is not None and helper_proc.exitcode not in (None, 0):
+                raise RuntimeError(f"replay token pass failed: exit code {helper_proc.exitcode}")
+
+        mine = range(0, jobs, len(queues))
+        _gather(queues[0], range(jobs), mine, tokens, signals, progress, alive, results)
+        if helper_proc is not None:
+            while not recv.poll(_POLL):
+                alive()
+            try:
+                kind, theirs, theirs_tokens = recv.recv()
+            except EOFError:
+                kind, theirs, theirs_tokens = "error", "ended without a word", None
+            if kind != "done":
+                raise RuntimeError(f"replay token pass failed: {theirs}")
+            tokens.result.merge(ReplayResult(**theirs_tokens))
+        if merges is not None:
+            merges.wait()
     finally:
-        w.close()
-    for proc, recv in workers:
-        try:
-            part = recv.recv()
-        except EOFError:
-            part = None
-        proc.join()
-        if isinstance(part, dict):
-            result.merge(ReplayResult(**part))
-        else:
-            msg = part if isinstance(part, str) else f"exit code {proc.exitcode}"
-            raise RuntimeError(f"replay worker {proc.name} failed: {msg}")
+        tokens.close()
+        if merges is not None:
+            merges.stop()
+        done = len(results) == jobs
+        for proc in [*workers, *([helper_proc] if helper_proc is not None else [])]:
+            proc.join(None if done else 0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    result = results[0]
+    for k in range(1, jobs):
+        result.merge(results[k])
+    result.merge(tokens.result)
     return result
 
 
-def _worker(
+def _gather(
+    queue: multiprocessing.queues.Queue[tuple[str, int, Any]],
+    workers: range,
+    shares: range,
+    tokens: _TokenPass,
+    signals: multiprocessing.queues.SimpleQueue[tuple[str, int]] | None,
+    progress: Progress | None,
+    alive: Callable[[], None],
+    results: dict[int, ReplayResult],
+) -> None:
+    """Take messages from ``queue`` until every worker of ``workers`` has sent
+    its result (into ``results``) and every one of ``shares`` the end of its
+    token inputs: run the token pass on those, and tell the merges
+    (``signals``) when a share's token rows are all written. ``alive`` is
+    called when no message came for a while (it raises for a dead worker)."""
+    from queue import Empty  # (multiprocessing's import has made it already)
+
+    ended: set[int] = set()
+    while not (all(k in results for k in workers) and ended.issuperset(shares)):
+        try:
+            kind, k, payload = queue.get(timeout=_POLL)
+        except Empty:
+            alive()
+            continue
+        if kind == "inputs":
+            tokens.run(k, payload)
+        elif kind == "end":  # its inputs came before: its token rows are written
+            ended.add(k)
+            wrote = tokens.done(k)
+            if signals is not None:
+                signals.put(("tokens" if wrote else "no tokens", k))
+        elif kind == "done":
+            results[k] = ReplayResult(**payload)
+        elif kind == "progress":
+            if progress is not None:
+                progress(*payload)
+        else:
+            raise RuntimeError(f"replay worker {k} failed: {payload}")
+
+
+def _token_helper(
     send: multiprocessing.connection.Connection,
+    queue: multiprocessing.queues.Queue[tuple[str, int, Any]],
+    shares: range,
+    tokens: _TokenPass,
+    signals: multiprocessing.queues.SimpleQueue[tuple[str, int]] | None,
+) -> None:
+    """The second token process of a parallel replay (forked once the
+    tokenizer is loaded): the token pass on the inputs of ``shares``; sends
+    what it did. The workers send their results to the parent, which finds a
+    worker dead without a word (this process cannot wait for its siblings)
+    and then ends this one."""
+    try:
+        _gather(queue, range(0), shares, tokens, signals, None, lambda: None, {})
+        send.send(("done", None, asdict(tokens.result)))
+    except BaseException as exc:  # report, never hang the parent
+        send.send(("error", f"{type(exc).__name__}: {exc}", None))
+    finally:
+        tokens.close()
+        send.close()
+
+
+class _TokenPass:
+    """The parallel replay's token pass, in the parent, on the token inputs
+    the workers send: share k's rows go to a file of their own (``tokens-k.db``
+    beside the part files, merged by :class:`_Merges`), or into the database
+    itself when there are no part files."""
+
+    def __init__(
+        self,
+        chain: RecordingChain,
+        db: str,
+        parts: str | None,
+        batch_size: int,
+        node: str | None,
+        path: str,
+    ) -> None:
+        self._chain, self._db, self._parts = chain, db, parts
+        self._batch_size, self._node = batch_size, node
+        self._writers: dict[int, StoreWriter] = {}
+        #: what the pass did (its token fields; the rest stays zero)
+        self.result = ReplayResult(path=path)
+
+    def load(self) -> None:
+        """Load the default tokenizer (0.25 s holding the GIL) while the workers read."""
+        if self._chain.tokens is None:
+            return
+        from sniffer.llm.tokens import TokenizerLoadError
+
+        # A missing default is kept: the pass writes an error row per stream, as in one process.
+        with contextlib.suppress(TokenizerLoadError):
+            self._chain.tokens.preload()
+
+    def run(self, k: int, inputs: list[StreamInput]) -> None:
+        """Tokenize inputs of share k (``TokenCollector.portable``) and write their rows."""
+        chain = self._chain
+        assert chain.collector is not None
+        started = time.perf_counter()
+        w = self._writers.get(k)
+        if w is None:
+            target = self._db if self._parts is None else _tokens_file(self._parts, k)
+            w = self._writers[k] = StoreWriter(target, batch_size=self._batch_size, node=self._node)
+        tok = chain.tokenize_inputs(chain.collector.bind(inputs), store=w.store)
+        r = self.result
+        r.token_seconds += time.perf_counter() - started
+        r.tokenized_streams += tok.streams
+        r.tokens += tok.tokens
+        r.token_anomalies += tok.anomalies
+
+    def done(self, k: int) -> bool:
+        """Share k has no more inputs: close its writer. Returns whether it wrote rows."""
+        w = self._writers.pop(k, None)
+        if w is None:
+            return False
+        w.close()
+        return True
+
+    def close(self) -> None:
+        for w in self._writers.values():
+            w.close()
+        self._writers.clear()
+
+
+class _Merges:
+    """Merges a parallel replay's files into the SQLite database from a thread
+    of the parent (SQLite's ``INSERT … SELECT`` runs without the GIL, beside
+    the token pass), each as soon as its turn has come: the part file of
+    worker k once workers 0..k have written theirs (worker 0 writes the
+    database), the token rows of share k once the pass has written them all
+    and those of share k-1 are merged. Every table's rows thus come in share
+    order, whatever order the workers end in.
+
+    The workers say they have written on a queue of their own
+    (:attr:`signals`, read by the thread alone): the parent's main thread,
+    busy with the token pass, would see their messages late."""
+
+    def __init__(
+        self, ctx: multiprocessing.context.ForkContext, db: str, parts: str, jobs: int
+    ) -> None:
+        import threading
+
+        self._db, self._parts, self._jobs = db, parts, jobs
+        #: ``("written", k)`` from worker k; ``("tokens", k)`` (or
+        #: ``"no tokens"``: share k had none) from the token pass; ``("stop", -1)``
+        self.signals: multiprocessing.queues.SimpleQueue[tuple[str, int]] = ctx.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="replay-merge", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Until every file is merged; raises what a merge raised."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        """No further merge (after an error elsewhere); waits for the one under way."""
+        if self._thread.is_alive():
+            self.signals.put(("stop", -1))
+            self._thread.join()
+
+    def _run(self) -> None:
+        from sniffer.store.parts import PartMerger
+
+        jobs = self._jobs
+        written: set[int] = set()
+        tokens: dict[int, bool] = {}
+        part, tok = 1, 0  # the next of each kind to merge
+        try:
+            with PartMerger(self._db) as merger:  # one connection: one checkpoint, at the end
+                while part < jobs or tok < jobs:
+                    if part < jobs and written.issuperset(range(part + 1)):
+                        merger.merge(_part_file(self._parts, part))
+                        part += 1
+                    elif tok < jobs and tok in tokens:
+                        if tokens[tok]:
+                            merger.merge(_tokens_file(self._parts, tok))
+                        tok += 1
+                    else:
+                        kind, k = self.signals.get()
+                        if kind == "stop":
+                            return
+                        if kind == "written":
+                            written.add(k)
+                        else:
+                            tokens[k] = kind == "tokens"
+        except BaseException as exc:
+            self._error = exc
+
+
+def _worker(
+    queue: multiprocessing.queues.Queue[tuple[str, int, object]],
+    token_queue: multiprocessing.queues.Queue[tuple[str, int, object]],
     path: str | os.PathLike[str],
     db: str,
     part: str | None,
@@ -366,23 +643,43 @@ def _worker(
     chain: RecordingChain,
     node: str | None,
     proto: bytes | None = None,
+    report: bool = False,
+    written: multiprocessing.queues.SimpleQueue[tuple[str, int]] | None = None,
 ) -> None:
     """Replay share ``k`` of ``n`` into ``db``, or into the part file ``part``
-    with ids reserved in ``db`` (``sniffer.store.parts``); send the result."""
+    with ids reserved in ``db`` (``sniffer.store.parts``); put on
+    ``token_queue`` the token inputs of the closed streams as they come, then
+    their end (a token process runs the pass); on ``queue`` (the parent's)
+    the progress when ``report``, and then the result; on ``written``
+    (:class:`_Merges`), that its rows are written."""
     try:
         if part is None:
             w = StoreWriter(db, batch_size=batch_size, node=node)
         else:
             w = StoreWriter(part, batch_size=batch_size, node=node, ids_from=db)
+
+        def send(inputs: list[StreamInput]) -> None:
+            token_queue.put(("inputs", k, TokenCollector.portable(inputs)))
+
+        def progress(done: int, total: int) -> None:
+            queue.put(("progress", k, (done, total)))
+
         try:
-            result = _replay_part(path, w, ports, labels, None, k, n, chain, proto)
+            result = _replay_part(
+                path, w, ports, labels, progress if report else None, k, n, chain, proto, send
+            )
         finally:
             w.close()
-        send.send(asdict(result))
+        if written is not None:
+            written.put(("written", k))
+        token_queue.put(("end", k, None))
+        queue.put(("done", k, asdict(result)))
     except BaseException as exc:  # report, never hang the parent
-        send.send(f"{type(exc).__name__}: {exc}")
+        queue.put(("error", k, f"{type(exc).__name__}: {exc}"))
     finally:
-        send.close()
+        for q in {id(queue): queue, id(token_queue): token_queue}.values():
+            q.close()
+            q.join_thread()
 
 
 def _replay_part(
@@ -395,9 +692,13 @@ def _replay_part(
     n: int,
     chain: RecordingChain,
     proto: bytes | None = None,
+    send: Callable[[list[StreamInput]], None] | None = None,
 ) -> ReplayResult:
     """Replay worker k's share of the connections (all of them when n == 1):
-    :class:`Shares`, by port pair, so both directions land together."""
+    :class:`Shares`, by port pair, so both directions land together. With
+    ``send``, the token inputs of closed streams go there in batches as they
+    come (a parallel replay's parent runs the token pass) instead of to a
+    token pass here at the end."""
     reader = read_capture(path)
     result = ReplayResult(path=str(path))
     pipe = Pipeline(
@@ -414,7 +715,9 @@ def _replay_part(
     thresholds = gc.get_threshold()
     gc.set_threshold(200_000, 50, 100)
     chain.attach(w)  # this process's writer (a forked worker has its own copy of the chain)
-    write_many = chain.write
+    write_many: Callable[[list[StoreEvent]], None] = chain.write
+    if send is not None and chain.tokens is not None:
+        write_many = _sending(chain, send)
 
     try:
         feed = pipe.feed
@@ -462,7 +765,12 @@ def _replay_part(
         chain.flush()
     finally:
         gc.set_threshold(*thresholds)
-    if chain.tokens is not None:
+    if send is not None:
+        if chain.tokens is not None:
+            inputs = chain.take_token_inputs()
+            if inputs:
+                send(inputs)
+    elif chain.tokens is not None:
         started = time.perf_counter()
         tok = chain.tokenize()
         result.token_seconds = time.perf_counter() - started
@@ -484,6 +792,22 @@ def _replay_part(
         + int(w.stats["rejected_rows"])  # rows the database refused: error rows too
     )
     return result
+
+
+def _sending(
+    chain: RecordingChain, send: Callable[[list[StreamInput]], None]
+) -> Callable[[list[StoreEvent]], None]:
+    """``chain.write`` that then sends the token inputs of the closed streams
+    once :data:`SEND_EVERY` of them are ready."""
+    write = chain.write
+    take = chain.take_token_inputs
+
+    def write_and_send(events: list[StoreEvent]) -> None:
+        write(events)
+        if chain.tokens_ready >= SEND_EVERY:
+            send(take())
+
+    return write_and_send
 
 
 def _replay_native(

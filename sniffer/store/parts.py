@@ -8,8 +8,10 @@ into a SQLite file therefore gives every worker but the first a *part file*
 of its own (a new SQLite file at the schema head, in a private directory next
 to the database: :func:`part_dir`), writes nothing else to the database
 during the replay but its id reservations, and the parent merges each part
-into the database at the end, in worker order, one transaction per part
-(:func:`merge_part`: ``INSERT … SELECT`` inside SQLite, no row through Python).
+into the database once it is written, in worker order, one transaction per
+part (:class:`PartMerger`: ``INSERT … SELECT`` inside SQLite, no row through
+Python). The parent's token pass writes each share's token rows to a part
+file of its own too (``sniffer.runtime.replay``).
 
 Ids stay what they were: the worker's connection and stream ids come from
 blocks reserved in the database itself (``sniffer.store.ids``; the writer's
@@ -75,36 +77,54 @@ def _columns(table: str) -> str:
     return ", ".join(spec.quote(c) for c in names)
 
 
-def merge_part(db: str, part: str) -> dict[str, int]:
-    """Copy every row of the part file ``part`` into the SQLite database ``db``
-    (both at the schema head) in one transaction under the write lock; the
-    rows the database numbers are numbered by ``db``, in the part's order.
-    Returns the rows copied per table. Raises ``sqlite3.Error`` (nothing is
-    merged then)."""
-    path = db_path(db)
-    if path is None:
-        raise ValueError(f"{db}: not a SQLite file")
-    conn = connect(path)
-    try:
+class PartMerger:
+    """Merges part files into the SQLite database ``db`` one after the other
+    through one connection: SQLite copies the write-ahead log into the
+    database (a checkpoint, and its ``fsync``) when the last connection
+    closes, so once for them all rather than once per part. A context
+    manager."""
+
+    def __init__(self, db: str) -> None:
+        path = db_path(db)
+        if path is None:
+            raise ValueError(f"{db}: not a SQLite file")
+        self._conn = connect(path)
+
+    def __enter__(self) -> PartMerger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def merge(self, part: str) -> dict[str, int]:
+        """Copy every row of the part file ``part`` into the database (both at
+        the schema head) in one transaction under the write lock; the rows the
+        database numbers are numbered by it, in the part's order. Returns the
+        rows copied per table. Raises ``sqlite3.Error`` (nothing is merged
+        then)."""
+        conn = self._conn
         conn.execute("ATTACH DATABASE ? AS part", (part,))
-        begin_immediate(conn)
-        counts: dict[str, int] = {}
         try:
-            for table in MERGED:
-                cols = _columns(table)
-                cur = conn.execute(
-                    f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM part.{table} "
-                    "ORDER BY rowid"
-                )
-                counts[table] = cur.rowcount
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.execute("DETACH DATABASE part")
-        return counts
-    finally:
-        conn.close()
+            begin_immediate(conn)
+            counts: dict[str, int] = {}
+            try:
+                for table in MERGED:
+                    cols = _columns(table)
+                    cur = conn.execute(
+                        f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM part.{table} "
+                        "ORDER BY rowid"
+                    )
+                    counts[table] = cur.rowcount
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+            return counts
+        finally:
+            conn.execute("DETACH DATABASE part")
 
 
-__all__ = ["MERGED", "NOT_MERGED", "merge_part", "part_dir", "remove_parts"]
+__all__ = ["MERGED", "NOT_MERGED", "PartMerger", "part_dir", "remove_parts"]
