@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Sequence
 from functools import partial
-
-import pytest
 
 from sniffer.core.credentials import is_credential_header, scrub_headers
 from sniffer.core.events import (
@@ -696,38 +693,3 @@ def test_anomaly_without_an_exchange_flags_every_open_exchange_of_its_connection
 
 def _close(ts: float) -> ConnectionClosed:
     return ConnectionClosed(1, ts, "fin")
-
-
-def test_events_made_per_exchange_have_the_slot_init_and_keep_dataclass_behaviour() -> None:
-    """The events made once per connection or exchange get ``_slot_init``'s
-    ``__init__`` (the slots' setters, not ``object.__setattr__``): same
-    parameters and defaults, frozen, equal to what ``replace`` gives."""
-    from sniffer.core import events as ev_mod
-
-    for cls in (
-        ev_mod.ConnectionOpened,
-        ev_mod.ConnectionClosed,
-        ev_mod.HttpRequest,
-        ev_mod.HttpResponse,
-        ev_mod.HttpEnd,
-        ev_mod.StreamOpened,
-        ev_mod.StreamResponse,
-        ev_mod.StreamClosed,
-        ev_mod.ChunkEvent,
-    ):
-        init = cls.__init__
-        assert "_set0" in init.__globals__, cls  # the fast one
-        fields = dataclasses.fields(cls)
-        required = [f for f in fields if f.default is dataclasses.MISSING]
-        args = {f.name: (f"v-{f.name}",) for f in required}
-        obj = cls(**args)
-        for f in fields:  # the given values, and the declared defaults
-            want = args.get(f.name, f.default)
-            assert getattr(obj, f.name) is want, (cls, f.name)
-        positional = cls(*[args.get(f.name, f.default) for f in fields])
-        assert positional == obj and hash(positional) == hash(obj)
-        assert dataclasses.replace(obj) == obj
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            setattr(obj, fields[0].name, 1)
-        with pytest.raises(TypeError):
-            cls(*[None] * (len(fields) + 1))

@@ -533,12 +533,27 @@ def test_request_summary_out_of_range_order_and_first_max_tokens() -> None:
         "sniffer.llm.tokens.Anomaly",
         "sniffer.llm.tokens.StreamInput",
         "sniffer.store.tokens_store.ChoiceTokenRow",
+        *(
+            f"sniffer.core.events.{name}"
+            for name in (
+                "ConnectionOpened",
+                "ConnectionClosed",
+                "HttpRequest",
+                "HttpResponse",
+                "HttpEnd",
+                "StreamOpened",
+                "StreamResponse",
+                "StreamClosed",
+                "ChunkEvent",
+            )
+        ),
     ],
 )
 def test_values_made_per_request_stream_or_anomaly_have_the_slot_init(path: str) -> None:
-    """The values made once per request, stream or token anomaly get
-    ``slot_init``'s ``__init__`` (the slots' setters, not ``object.__setattr__``):
-    same parameters and defaults, frozen, equal to what ``replace`` gives."""
+    """The values made once per request, stream or token anomaly, and the
+    events made once per connection, exchange or chunk, get ``slot_init``'s
+    ``__init__`` (the slots' setters, not ``object.__setattr__``): same
+    parameters and defaults, frozen, equal to what ``replace`` gives."""
     import importlib
 
     module, _, name = path.rpartition(".")
