@@ -351,19 +351,6 @@ r.PARALLEL_MIN_BYTES = 0
 r.replay({str(PCAP)!r}, {str(db)!r}, chain=RecordingChain.from_config(RecordingOptions()), jobs=2)
 """
     )
-    proc = subprocess.Popen([sys.executable, str(script)])
-    try:
-        deadline = time.monotonic() + 60
-        while len(list(tmp_path.glob("worker-*"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
-        assert len(pids) == 2 and list(tmp_path.glob(".x.db.parts-*"))
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
     def gone(pid: int) -> bool:
         try:
@@ -372,12 +359,24 @@ r.replay({str(PCAP)!r}, {str(db)!r}, chain=RecordingChain.from_config(RecordingO
         except FileNotFoundError:
             return True
 
-    deadline = time.monotonic() + 10
-    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    proc = subprocess.Popen([sys.executable, str(script)])
+    pids: list[int] = []
     try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("worker-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
+        assert len(pids) == 2 and list(tmp_path.glob(".x.db.parts-*"))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert all(gone(pid) for pid in pids)
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
         for pid in pids:
             if not gone(pid):
                 os.kill(pid, signal.SIGKILL)
