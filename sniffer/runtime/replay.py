@@ -276,14 +276,42 @@ def _replay_parallel(
     # write lock: see sniffer.store.parts); other databases take them directly.
     parts = part_dir(db)
     try:
-        result = _run_workers(
-            ctx, parts, path, db, ports, labels, progress, batch_size, jobs, chain, node, proto
-        )
+        with _terminate_raises():
+            result = _run_workers(
+                ctx, parts, path, db, ports, labels, progress, batch_size, jobs, chain, node, proto
+            )
     finally:
         if parts is not None:
             remove_parts(parts)
     result.jobs = jobs
     return result
+
+
+@contextlib.contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """SIGTERM raises ``SystemExit`` (code 143) in this process while the block
+    runs, where nothing else handles it: its default would end this process on
+    the spot, leaving its workers to run on (or to wait forever on a queue
+    nobody reads) and its part files behind; raised, it goes through the
+    cleanup that ends them and removes those."""
+    import signal
+    import threading
+
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def terminated(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _part_file(parts: str, k: int) -> str:
@@ -379,6 +407,7 @@ def _run_workers(
     signals = None if merges is None else merges.signals
     results: dict[int, ReplayResult] = {}
     helper_proc = None
+    ok = False
     try:
         tokens.load()
         if helper:
@@ -398,8 +427,11 @@ def _run_workers(
             merges.start()  # after forking: no child holds a copy of a running thread
 
         def alive() -> None:
+            # Killed after its result came, a worker may not have sent the end
+            # of its token inputs (another queue, another feeder thread): a
+            # worker that ends normally exits 0, once both are sent.
             for k, proc in enumerate(workers):
-                if proc.exitcode is not None and k not in results:
+                if proc.exitcode is not None and (k not in results or proc.exitcode != 0):
                     raise RuntimeError(
                         f"replay worker {proc.name} failed: exit code {proc.exitcode}"
                     )
@@ -420,16 +452,22 @@ def _run_workers(
             tokens.result.merge(ReplayResult(**theirs_tokens))
         if merges is not None:
             merges.wait()
+        ok = True
     finally:
-        tokens.close()
-        if merges is not None:
-            merges.stop()
-        done = len(results) == jobs
-        for proc in [*workers, *([helper_proc] if helper_proc is not None else [])]:
-            proc.join(None if done else 0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        try:
+            tokens.close()  # (may raise: a token file it cannot write)
+            if merges is not None:
+                merges.stop()
+        finally:
+            # After a failure, even with every result in, a worker may wait
+            # forever to flush inputs nobody reads any more (a token process
+            # that failed): only a replay that went through waits for its
+            # processes' exit.
+            for proc in [*workers, *([helper_proc] if helper_proc is not None else [])]:
+                proc.join(None if ok else 0)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
     result = results[0]
     for k in range(1, jobs):
         result.merge(results[k])
