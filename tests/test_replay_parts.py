@@ -324,6 +324,38 @@ def test_a_worker_killed_after_its_result_fails_the_replay(
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("x.db")) == []
 
 
+@pytest.mark.timeout(60)
+def test_a_worker_killed_while_it_sends_fails_the_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker 1 dies (``kill -9``, the OOM killer) half way through a message on
+    the queue all workers share: it leaves the parent reading a message that
+    never ends and the queue's lock held. The parent's watchdog sees the exit
+    and interrupts that read: the replay fails at once, nothing left behind
+    (it used to wait forever). The half message is written by hand here, as
+    the queue's own writer would have left it."""
+    import signal
+    import struct
+
+    real_worker = replay_module._worker
+
+    def worker(queue: Any, token_queue: Any, *args: Any) -> None:
+        if args[6] != 1:
+            real_worker(queue, token_queue, *args)
+            return
+        queue._wlock.acquire()
+        os.write(queue._writer.fileno(), struct.pack("!i", 1 << 20) + b"half a message")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(replay_module, "_worker", worker)
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    db = tmp_path / "x.db"
+    with pytest.raises(RuntimeError, match=r"replay worker ForkProcess-\d+ failed: exit code -9"):
+        replay(PCAP, str(db), chain=_chain(), jobs=2)
+    assert _no_children_left()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("x.db")) == []
+
+
 @pytest.mark.timeout(90)
 def test_sigterm_ends_the_workers_and_removes_the_parts(tmp_path: Path) -> None:
     """A parallel replay sent SIGTERM (``timeout``, ``kill``) ends its workers

@@ -276,9 +276,21 @@ def _replay_parallel(
     # write lock: see sniffer.store.parts); other databases take them directly.
     parts = part_dir(db)
     try:
-        with _terminate_raises():
+        with _terminate_raises() as interrupt, _died_raises_runtime_error():
             result = _run_workers(
-                ctx, parts, path, db, ports, labels, progress, batch_size, jobs, chain, node, proto
+                ctx,
+                parts,
+                path,
+                db,
+                ports,
+                labels,
+                progress,
+                batch_size,
+                jobs,
+                chain,
+                node,
+                proto,
+                _Watchdog(interrupt),
             )
     finally:
         if parts is not None:
@@ -287,31 +299,144 @@ def _replay_parallel(
     return result
 
 
+class _ChildDied(BaseException):
+    """A parallel replay's process died (:class:`_Watchdog`): a ``BaseException``,
+    as ``SystemExit`` is, so that no ``except Exception`` of the stage the
+    main thread is in (the token pass records a stream's error and goes on)
+    takes it for that stage's failure; ``_replay_parallel`` raises it as the
+    ``RuntimeError`` a failed worker gives."""
+
+
+class _Interrupt:
+    """How a parallel replay's parent stops waiting when one of its processes
+    dies: SIGTERM raises in the main thread while :func:`_terminate_raises`
+    runs (``armed``), ``SystemExit`` (code 143) for a SIGTERM from outside,
+    or the ``failure`` :class:`_Watchdog` recorded before it sent one."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.failure: str | None = None
+
+
 @contextlib.contextmanager
-def _terminate_raises() -> Iterator[None]:
+def _terminate_raises() -> Iterator[_Interrupt]:
     """SIGTERM raises ``SystemExit`` (code 143) in this process while the block
     runs, where nothing else handles it: its default would end this process on
     the spot, leaving its workers to run on (or to wait forever on a queue
     nobody reads) and its part files behind; raised, it goes through the
-    cleanup that ends them and removes those."""
+    cleanup that ends them and removes those. A failure the watchdog recorded
+    is raised instead (``RuntimeError``)."""
     import signal
     import threading
 
+    interrupt = _Interrupt()
     if (
         threading.current_thread() is not threading.main_thread()
         or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
     ):
-        yield
+        yield interrupt
         return
 
     def terminated(signum: int, _frame: object) -> None:
+        if interrupt.failure is not None:
+            raise _ChildDied(interrupt.failure)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, terminated)
+    interrupt.armed = True
+    try:
+        yield interrupt
+    finally:
+        interrupt.armed = False
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class _Watchdog:
+    """A thread of the parent that waits on its children's exits: when one
+    ends with a non-zero code (killed: by the OOM killer, ``kill -9``), it
+    records the failure and sends SIGTERM to the main thread, whose handler
+    raises it (:func:`_terminate_raises`). The main thread may be blocked
+    reading a message the dead process had half written, on a queue whose
+    lock it still holds: no timeout of its own would end that wait. Only
+    while the handler is ``armed`` (the main thread of a process that left
+    SIGTERM alone); otherwise the parent's own checks between messages are
+    all there is."""
+
+    def __init__(self, interrupt: _Interrupt) -> None:
+        import threading
+
+        self._interrupt = interrupt
+        self._procs: list[tuple[Any, str]] = []
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._armed = False
+        self._main = threading.main_thread().ident
+        self._thread: threading.Thread | None = None  # until the first add
+        self._running: threading.Thread | None = None
+        if interrupt.armed:
+            self._thread = threading.Thread(target=self._run, name="replay-watchdog", daemon=True)
+
+    def add(self, proc: Any, what: str) -> None:
+        """Watch ``proc`` (started) too; ``what`` names it in the failure."""
+        with self._lock:
+            self._procs.append((proc, what))
+            start, self._thread = self._thread, None
+        if start is not None:
+            start.start()
+            self._running = start
+
+    def _run(self) -> None:
+        import signal
+        from multiprocessing.connection import wait
+
+        seen: set[int] = set()
+        while True:
+            with self._lock:
+                if self._stopped:
+                    return
+                watched = {
+                    p.sentinel: (p, what) for p, what in self._procs if p.sentinel not in seen
+                }
+            ready = wait(list(watched), timeout=0.2)
+            for sentinel, (proc, what) in watched.items():
+                code = proc.exitcode if sentinel in ready else None
+                if code is None:  # (its pipe closes a moment before it can be reaped)
+                    continue
+                seen.add(sentinel)
+                if code == 0:
+                    continue
+                with self._lock:
+                    if self._stopped or self._main is None:
+                        return
+                    self._interrupt.failure = f"{what} failed: exit code {code}"
+                    if self._armed:
+                        signal.pthread_kill(self._main, signal.SIGTERM)
+                return
+
+    def arm(self) -> None:
+        """From now on a failure interrupts the main thread (called by it once
+        it only waits on its children: before, a signal could land in the
+        middle of a fork); one seen already is raised here."""
+        with self._lock:
+            self._armed = True
+            failure = self._interrupt.failure
+        if failure is not None:
+            raise _ChildDied(failure)
+
+    def stop(self) -> None:
+        """No signal after this returns."""
+        with self._lock:
+            self._stopped = True
+        if self._running is not None:
+            self._running.join()
+
+
+@contextlib.contextmanager
+def _died_raises_runtime_error() -> Iterator[None]:
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except _ChildDied as exc:
+        raise RuntimeError(str(exc)) from None
 
 
 def _part_file(parts: str, k: int) -> str:
@@ -342,6 +467,7 @@ def _run_workers(
     chain: RecordingChain,
     node: str | None,
     proto: bytes | None,
+    watchdog: _Watchdog,
 ) -> ReplayResult:
     """Fork workers 0..jobs-1 (one share each), run the token pass on what they
     send while they read, and gather their results.
@@ -392,6 +518,7 @@ def _run_workers(
             )
             proc.start()
             workers.append(proc)
+            watchdog.add(proc, f"replay worker {proc.name}")
     finally:
         gc.unfreeze()
     if chain.tokens is not None:
@@ -420,6 +547,7 @@ def _run_workers(
                     daemon=True,
                 )
                 helper_proc.start()
+                watchdog.add(helper_proc, "replay token pass")
             finally:
                 gc.unfreeze()
             send.close()
@@ -439,6 +567,7 @@ def _run_workers(
                 raise RuntimeError(f"replay token pass failed: exit code {helper_proc.exitcode}")
 
         mine = range(0, jobs, len(queues))
+        watchdog.arm()
         _gather(queues[0], range(jobs), mine, tokens, signals, progress, alive, results)
         if helper_proc is not None:
             while not recv.poll(_POLL):
@@ -455,19 +584,23 @@ def _run_workers(
         ok = True
     finally:
         try:
-            tokens.close()  # (may raise: a token file it cannot write)
-            if merges is not None:
-                merges.stop()
+            # The failure it saw may be raised here: its signal ends this join.
+            watchdog.stop()
         finally:
-            # After a failure, even with every result in, a worker may wait
-            # forever to flush inputs nobody reads any more (a token process
-            # that failed): only a replay that went through waits for its
-            # processes' exit.
-            for proc in [*workers, *([helper_proc] if helper_proc is not None else [])]:
-                proc.join(None if ok else 0)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
+            try:
+                tokens.close()  # (may raise: a token file it cannot write)
+                if merges is not None:
+                    merges.stop()
+            finally:
+                # After a failure, even with every result in, a worker may wait
+                # forever to flush inputs nobody reads any more (a token process
+                # that failed): only a replay that went through waits for its
+                # processes' exit.
+                for proc in [*workers, *([helper_proc] if helper_proc is not None else [])]:
+                    proc.join(None if ok else 0)
+                    if proc.is_alive():
+                        proc.kill()
+                        proc.join()
     result = results[0]
     for k in range(1, jobs):
         result.merge(results[k])
