@@ -24,8 +24,10 @@ import grp
 import os
 import stat
 
+#: The files SQLite keeps beside a WAL-mode database while a connection has it open.
+WAL_SUFFIXES = ("-wal", "-shm")
 #: Files SQLite keeps next to the database.
-SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
+SIDECAR_SUFFIXES = (*WAL_SUFFIXES, "-journal")
 
 PRIVATE_MODE = 0o600
 GROUP_MODE = 0o640
@@ -98,7 +100,7 @@ def cannot_write(path: str) -> bool:
     effective = os.access in os.supports_effective_ids
     return any(
         os.path.exists(p) and not os.access(p, os.W_OK, effective_ids=effective)
-        for p in (path, path + "-wal", path + "-shm")
+        for p in (path, *(path + suffix for suffix in WAL_SUFFIXES))
     )
 
 
@@ -217,6 +219,7 @@ __all__ = [
     "GROUP_MODE",
     "PRIVATE_MODE",
     "SIDECAR_SUFFIXES",
+    "WAL_SUFFIXES",
     "InsecureDatabaseFile",
     "SymlinkRefused",
     "cannot_write",

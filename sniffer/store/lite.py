@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from sniffer.store import spec
 from sniffer.store.db import Store
+from sniffer.store.files import WAL_SUFFIXES
 from sniffer.store.schema import REVISIONS, SQLITE_LOCK_WAIT
 from sniffer.store.views import VIEWS
 
@@ -160,7 +161,7 @@ def no_writer(path: str) -> bool:
     """Whether the WAL-mode file ``path`` has neither ``-wal`` nor ``-shm``: no
     connection has it open, and every committed transaction is in the file
     (:func:`read_only_uri` then reads it as immutable)."""
-    return not any(os.path.lexists(path + suffix) for suffix in ("-wal", "-shm"))
+    return not any(os.path.lexists(path + suffix) for suffix in WAL_SUFFIXES)
 
 
 def set_pragmas(conn: sqlite3.Connection, *, file: bool = True, read_only: bool = False) -> None:
