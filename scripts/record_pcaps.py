@@ -35,6 +35,13 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.dumpcap import (  # noqa: E402
+    free_udp_port,
+    marker_filter,
+    send_marker,
+    strip_markers,
+    wait_written_after,
+)
 from tests.fixture_server import free_port, start_server_process, wait_ready  # noqa: E402
 
 MAX_PCAP_BYTES = 300_000
@@ -336,12 +343,27 @@ def http_requests(pcap: Path) -> list[str]:
 
 
 class Dumpcap:
-    """``dumpcap -i lo -f "tcp port PORT" -P -w FILE -q``, started and stopped by PID."""
+    """``dumpcap -i lo -f "tcp port PORT or udp dst port MARKER" -P -w FILE -q``,
+    started and stopped by PID. dumpcap writes its capture a block at a time and a
+    SIGINT drops the blocks not yet written, so :meth:`stop` first sends marker
+    datagrams until one is in the file (then every packet captured before is
+    too) and strips them afterwards (``tests/dumpcap.py``)."""
 
     def __init__(self, path: Path, port: int) -> None:
         self.path = path
+        self.marker_port = free_udp_port()
         self.proc = subprocess.Popen(
-            ["dumpcap", "-i", "lo", "-f", f"tcp port {port}", "-P", "-w", str(path), "-q"],
+            [
+                "dumpcap",
+                "-i",
+                "lo",
+                "-f",
+                marker_filter(port, self.marker_port),
+                "-P",
+                "-w",
+                str(path),
+                "-q",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
@@ -354,12 +376,27 @@ class Dumpcap:
                 break
             time.sleep(0.02)
         else:
-            self.stop()
+            self._interrupt()
             raise TimeoutError("dumpcap did not start capturing within 10 s")
         time.sleep(0.3)  # margin: the header is written once the filter is attached
 
     def stop(self) -> None:
+        """Stop once every packet of the traffic is in the file, then strip the markers."""
         time.sleep(0.3)  # let FIN/ACKs reach the capture
+        since = time.time()
+        try:
+            if self.proc.poll() is None:
+                wait_written_after(
+                    self.path,
+                    since,
+                    lambda: send_marker(self.marker_port),
+                    "dumpcap to write the capture's last packets",
+                )
+        finally:
+            self._interrupt()
+        strip_markers(self.path, self.marker_port)
+
+    def _interrupt(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
