@@ -306,6 +306,41 @@ def test_a_reader_does_not_migrate(made_store: Path, store_dir: Path) -> None:
     assert sha256(db) == before and listing(store_dir) == {db.name: listing(store_dir)[db.name]}
 
 
+RACE = """
+import sys
+import sniffer.store.lite as lite
+
+real, looks = lite.no_writer, []
+
+
+def seen_before_the_writer_closed(path):
+    looks.append(path)
+    return False if len(looks) == 1 else real(path)
+
+
+lite.no_writer = seen_before_the_writer_closed
+store = lite.SqliteFile(sys.argv[1], read_only=True)
+with store._lock:
+    n = store._connection().execute("SELECT count(*) FROM streams").fetchone()[0]
+print(store._immutable, n)
+"""
+
+
+@needs_root
+def test_a_writer_closing_while_a_reader_opens(made_store: Path, store_dir: Path) -> None:
+    """The reader saw the writer's ``-wal`` (the first look), which the writer
+    then took away as it closed: the ``mode=ro`` open fails (the reader may not
+    create them), and the file is opened as immutable instead (it failed
+    before)."""
+    db = place(made_store, store_dir, 0o644)
+    cmd = [*_reader_prefix(), "--clear-groups", sys.executable, "-c", RACE, str(db)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": "/tmp"}
+    res = subprocess.run(cmd, env=env, cwd="/", capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["True", "1"]
+    assert listing(store_dir) == {db.name: listing(store_dir)[db.name]}
+
+
 # --- without root: the read-only connection itself ------------------------------------
 
 

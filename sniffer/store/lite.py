@@ -119,9 +119,12 @@ def connect(
 ) -> sqlite3.Connection:
     """Open the SQLite file ``path`` with :func:`set_pragmas` (as ``make_engine``'s
     connections are). The caller has created the file (``ensure_db_file``).
-    ``read_only``: through :func:`read_only_uri` (``immutable`` as it says), for a
-    reader that may not write the file (``sniffer.store.files.cannot_write``)."""
+    ``read_only``: through :func:`read_only_uri` (``immutable`` as it says, or as
+    :func:`open_read_only` finds), for a reader that may not write the file
+    (``sniffer.store.files.cannot_write``)."""
     if read_only:
+        if immutable is None:
+            return open_read_only(path)[0]
         uri = read_only_uri(path, immutable=immutable)
         conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
     else:
@@ -132,6 +135,21 @@ def connect(
         conn.close()
         raise
     return conn
+
+
+def open_read_only(path: str) -> tuple[sqlite3.Connection, bool]:
+    """A read-only connection to ``path`` and whether it reads the file as
+    immutable (:func:`read_only_uri`). A writer that closes the file between the
+    look for its ``-wal`` and the open takes them away, and the ``mode=ro`` open
+    then fails ("attempt to write a readonly database": it may not create
+    them): with no writer left, the file is opened again as immutable."""
+    immutable = no_writer(path)
+    try:
+        return connect(path, read_only=True, immutable=immutable), immutable
+    except sqlite3.OperationalError:
+        if immutable or not no_writer(path):
+            raise
+    return connect(path, read_only=True, immutable=True), True
 
 
 def read_only_uri(path: str, *, immutable: bool | None = None) -> str:
@@ -389,8 +407,10 @@ class SqliteFile(Store):
             self._conn.close()
             self._conn = None
         if self._conn is None:
-            self._immutable = self.read_only and no_writer(self.path)
-            self._conn = connect(self.path, read_only=self.read_only, immutable=self._immutable)
+            if self.read_only:
+                self._conn, self._immutable = open_read_only(self.path)
+            else:
+                self._conn = connect(self.path)
         return self._conn
 
     def revision(self) -> str | None:
