@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import socket
 import subprocess
@@ -694,30 +695,36 @@ def test_live_ring_overflow_gives_exact_gaps(obj: str, servers: Callable[..., Se
     assert pos == len(full)
 
 
-def _spy_programs() -> list[str]:
+def _spy_programs() -> dict[int, str]:
+    """The loaded eBPF programs named ``spy_*`` (ours): id → name."""
     out = subprocess.run(
-        ["bpftool", "prog", "show"], capture_output=True, text=True, timeout=30, check=True
+        ["bpftool", "-j", "prog", "show"], capture_output=True, text=True, timeout=30, check=True
     ).stdout
-    return [w for line in out.splitlines() for w in line.split() if w.startswith("spy_")]
+    progs = json.loads(out or "[]")
+    return {p["id"]: p["name"] for p in progs if p.get("name", "").startswith("spy_")}
 
 
 @live
 @pytest.mark.root
 @pytest.mark.timeout(60)
 def test_live_clean_detach(obj: str) -> None:
+    """The programs this source loaded are gone after its close (another
+    process's ``spy_*`` programs, loaded before, are not this test's to check)."""
+    before = set(_spy_programs())
     src = EbpfSource(ports=[1], obj_path=obj)
     src.open()
     names = src.program_names
     assert len(names) == 17 and all(n.startswith("spy_") for n in names)
-    assert set(_spy_programs()) >= set(names)
+    ours = {i: n for i, n in _spy_programs().items() if i not in before}
+    assert sorted(ours.values()) == sorted(names)
     assert "17 tracepoints attached" in src.describe()
     src.close()
     src.close()  # idempotent
     assert src.poll(0.01) == []
     deadline = time.monotonic() + 10
-    while _spy_programs() and time.monotonic() < deadline:
+    while set(ours) & set(_spy_programs()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _spy_programs() == []
+    assert set(ours) & set(_spy_programs()) == set()
 
 
 @live
