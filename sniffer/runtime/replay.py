@@ -478,7 +478,7 @@ def _from_wire(rows: list[tuple[Any, ...]]) -> list[StreamInput]:
     from sniffer.llm.tokens import StreamInput
 
     at = _wire_fields()[1]
-    return [StreamInput(*row[:at], None, *row[at:]) for row in rows]
+    return [StreamInput(*(*row[:at], None, *row[at:])) for row in rows]
 
 
 #: Seconds the parent waits for a worker's message before it checks the workers are alive.
