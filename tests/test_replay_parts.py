@@ -255,23 +255,22 @@ def test_a_failed_token_process_fails_the_replay_without_hanging(
     """The second token process fails before reading worker 1's inputs: that
     worker's feeder thread then waits forever to flush them into a full pipe.
     Every worker's result is in, yet the replay must not wait for its exit."""
-    from sniffer.record.token_collector import TokenCollector
 
     def failing_helper(send: Any, *_a: Any) -> None:
         send.send(("error", "OSError: disk full", None))
         send.close()
 
-    real_portable = TokenCollector.portable
+    real_to_wire = replay_module._to_wire
     real_run = replay_module._TokenPass.run
 
-    def portable(inputs: Any) -> list[Any]:
-        return [*real_portable(inputs), "x" * 1_000_000]  # more than a pipe holds
+    def to_wire(inputs: Any) -> list[Any]:
+        return [*real_to_wire(inputs), "x" * 1_000_000]  # more than a pipe holds
 
     def run(self: Any, k: int, inputs: list[Any]) -> None:
         real_run(self, k, [i for i in inputs if not isinstance(i, str)])
 
     monkeypatch.setattr(replay_module, "_token_helper", failing_helper)
-    monkeypatch.setattr(TokenCollector, "portable", staticmethod(portable))
+    monkeypatch.setattr(replay_module, "_to_wire", to_wire)
     monkeypatch.setattr(replay_module._TokenPass, "run", run)
     monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(replay_module, "_POLL", 0.05)
