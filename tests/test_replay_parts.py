@@ -255,23 +255,22 @@ def test_a_failed_token_process_fails_the_replay_without_hanging(
     """The second token process fails before reading worker 1's inputs: that
     worker's feeder thread then waits forever to flush them into a full pipe.
     Every worker's result is in, yet the replay must not wait for its exit."""
-    from sniffer.record.token_collector import TokenCollector
 
     def failing_helper(send: Any, *_a: Any) -> None:
         send.send(("error", "OSError: disk full", None))
         send.close()
 
-    real_portable = TokenCollector.portable
+    real_to_wire = replay_module._to_wire
     real_run = replay_module._TokenPass.run
 
-    def portable(inputs: Any) -> list[Any]:
-        return [*real_portable(inputs), "x" * 1_000_000]  # more than a pipe holds
+    def to_wire(inputs: Any) -> list[Any]:
+        return [*real_to_wire(inputs), "x" * 1_000_000]  # more than a pipe holds
 
     def run(self: Any, k: int, inputs: list[Any]) -> None:
         real_run(self, k, [i for i in inputs if not isinstance(i, str)])
 
     monkeypatch.setattr(replay_module, "_token_helper", failing_helper)
-    monkeypatch.setattr(TokenCollector, "portable", staticmethod(portable))
+    monkeypatch.setattr(replay_module, "_to_wire", to_wire)
     monkeypatch.setattr(replay_module._TokenPass, "run", run)
     monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(replay_module, "_POLL", 0.05)
@@ -538,3 +537,78 @@ def test_a_failing_cleanup_still_ends_the_workers(
         replay(PCAP, str(tmp_path / "x.db"), chain=_chain(), jobs=2)
     assert _no_children_left()
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("x.db")) == []
+
+
+def test_part_files_have_no_secondary_index_and_the_database_keeps_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker 1's part file and both token files are written without the
+    secondary indexes (``create_part``: read once in rowid order, then
+    removed), at the schema head all the same; the database's indexes take
+    their rows at the merge: every index there holds every row."""
+    from sniffer.store.lite import revision
+    from sniffer.store.schema import REVISIONS
+
+    monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+    seen: dict[str, tuple[list[str], str | None]] = {}
+    real = parts_module.PartMerger.merge
+
+    def spy(self: parts_module.PartMerger, part: str) -> dict[str, int]:
+        con = sqlite3.connect(part)
+        try:
+            indexes = [
+                r[0]
+                for r in con.execute(
+                    "SELECT name FROM sqlite_master WHERE sql IS NOT NULL AND type = 'index'"
+                )
+            ]
+            seen[os.path.basename(part)] = (indexes, revision(con))
+        finally:
+            con.close()
+        return real(self, part)
+
+    monkeypatch.setattr(parts_module.PartMerger, "merge", spy)
+    db = tmp_path / "two.db"
+    replay(PCAP, str(db), chain=_chain(), jobs=2)
+    assert sorted(seen) == ["part-1.db", "tokens-0.db", "tokens-1.db"]
+    assert all(v == ([], REVISIONS[-1]) for v in seen.values()), seen
+    con = sqlite3.connect(db)
+    try:
+        names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert {ix.name for t in spec.TABLES.values() for ix in t.indexes} <= names
+        assert con.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        by_index = con.execute(
+            "SELECT count(*) FROM chunks INDEXED BY ix_chunks_stream_seq WHERE stream_id > 0"
+        ).fetchone()
+        assert by_index == con.execute("SELECT count(*) FROM chunks").fetchone() != (0,)
+    finally:
+        con.close()
+
+
+def test_token_inputs_cross_as_plain_tuples() -> None:
+    """What a worker sends of its token inputs (``_to_wire``) is plain tuples,
+    no function of the sender's collector in them; rebuilt (``_from_wire``)
+    and bound by the receiving collector, they equal what the sender took,
+    with the receiver's redaction."""
+    import pickle
+    from dataclasses import replace
+
+    from sniffer.core.events import ChunkEvent
+    from sniffer.record.redact import Redactor
+    from sniffer.record.token_collector import TokenCollector
+    from tests.test_token_collector import _stream
+
+    secret = "call me at +1 415 555 0100"
+    events = [
+        replace(e, text=secret) if isinstance(e, ChunkEvent) and e.text else e for e in _stream(4)
+    ]
+    sender, receiver = TokenCollector(redactor=Redactor()), TokenCollector(redactor=Redactor())
+    sender.observe(events)
+    (taken,) = sender.take()
+    assert taken.redact is not None and taken.masks
+    wire = replay_module._to_wire([taken])
+    assert type(wire[0]) is tuple and not any(callable(v) for v in wire[0])
+    (sent,) = replay_module._from_wire(pickle.loads(pickle.dumps(wire)))
+    assert sent.redact is None and replace(sent, redact=taken.redact) == taken
+    (bound,) = receiver.bind([sent])
+    assert bound.redact is not None and bound.redact(secret) == taken.redact(secret)

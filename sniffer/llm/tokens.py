@@ -91,6 +91,7 @@ __all__ = [
     "DEFAULT_NAME",
     "GGUF_SUFFIX",
     "MAX_ANOMALIES_PER_KIND",
+    "TOKENIZERS_PARALLELISM",
     "Anomaly",
     "ChoiceChunks",
     "ChunkColumns",
@@ -120,6 +121,10 @@ GGUF_SUFFIX = ".gguf"
 
 #: Cap on listed anomalies per (kind, choice) in one stream.
 MAX_ANOMALIES_PER_KIND = 32
+
+#: The environment variable HF ``tokenizers`` reads at each batch call:
+#: "false" encodes a batch in the calling thread.
+TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 
 _STREAM = -1  # Anomaly.choice for stream-level anomalies (dialects.base.STREAM_LEVEL)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")

@@ -371,7 +371,7 @@ class RecordingChain:
         """Take (at most ``limit`` streams, ``max_chunks`` chunks past the first
         stream) closed streams from the collector, for :meth:`tokenize_inputs`
         here or in another process (a parallel replay's workers hand them to
-        the parent: ``TokenCollector.portable``)."""
+        a token process as plain tuples: ``sniffer.runtime.replay._to_wire``)."""
         if self.collector is None:
             return []
         with self._collector_lock:

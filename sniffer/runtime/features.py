@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sniffer.llm.tokens import TOKENIZERS_PARALLELISM
 from sniffer.record.chain import RecordingChain
 from sniffer.runtime.workers import (
     Periodic,
@@ -33,10 +34,6 @@ if TYPE_CHECKING:
     from sniffer.runtime.stats import DaemonStats
 
 __all__ = ["TOKENIZERS_PARALLELISM", "Features", "Gauged", "build_features"]
-
-#: The environment variable HF ``tokenizers`` reads at each batch call:
-#: "false" encodes a batch in the calling thread.
-TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 
 
 class Gauged(Protocol):

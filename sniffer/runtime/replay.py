@@ -26,11 +26,13 @@ take every process's rows directly.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import operator
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from sniffer.capture.pcap import CaptureFileError, CaptureReader, read_capture
@@ -38,7 +40,6 @@ from sniffer.core.events import PipelineError, Segment, StoreEvent
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.record.chain import RecordingChain
 from sniffer.record.redact import Redactor
-from sniffer.record.token_collector import TokenCollector
 from sniffer.runtime.log import warn_pure_fallback
 from sniffer.store.writer import StoreWriter
 
@@ -450,6 +451,36 @@ def _tokens_file(parts: str, k: int) -> str:
 #: Closed streams a worker gathers before it sends their token inputs to the parent.
 SEND_EVERY = 64
 
+
+@functools.cache
+def _wire_fields() -> tuple[Callable[[StreamInput], tuple[Any, ...]], int]:
+    """What :func:`_to_wire` reads of a ``StreamInput`` (every field but
+    ``redact``, in field order) and where ``redact`` goes back in."""
+    from sniffer.llm.tokens import StreamInput
+
+    names = [f.name for f in fields(StreamInput)]
+    at = names.index("redact")
+    return operator.attrgetter(*names[:at], *names[at + 1 :]), at
+
+
+def _to_wire(inputs: list[StreamInput]) -> list[tuple[Any, ...]]:
+    """Token inputs as a worker sends them to a token process: a plain tuple
+    each, without ``redact`` (a function bound to this process's collector,
+    that is to its whole state; the receiving collector binds its own:
+    ``TokenCollector.bind``). Plain tuples pickle at about half the cost of
+    the frozen dataclasses (no ``replace``, no per-object state functions)."""
+    get = _wire_fields()[0]
+    return [get(inp) for inp in inputs]
+
+
+def _from_wire(rows: list[tuple[Any, ...]]) -> list[StreamInput]:
+    """The inputs :func:`_to_wire` sent, without ``redact`` yet."""
+    from sniffer.llm.tokens import StreamInput
+
+    at = _wire_fields()[1]
+    return [StreamInput(*(*row[:at], None, *row[at:])) for row in rows]
+
+
 #: Seconds the parent waits for a worker's message before it checks the workers are alive.
 _POLL = 1.0
 
@@ -522,7 +553,8 @@ def _run_workers(
     finally:
         gc.unfreeze()
     if chain.tokens is not None:
-        from sniffer.runtime.features import TOKENIZERS_PARALLELISM
+        # (from here, not sniffer.runtime.features: that imports the daemon's modules)
+        from sniffer.llm.tokens import TOKENIZERS_PARALLELISM
 
         # Before the merge thread starts (the environment is not thread-safe).
         # The workers keep the cores busy: the tokenizers library's thread
@@ -700,17 +732,26 @@ class _TokenPass:
         # A missing default is kept: the pass writes an error row per stream, as in one process.
         with contextlib.suppress(TokenizerLoadError):
             self._chain.tokens.preload()
+        # The pass's modules too, imported at its first batch otherwise: here,
+        # once, rather than again in the second token process forked next.
+        import sniffer.record.tokenize_pass  # noqa: F401
 
-    def run(self, k: int, inputs: list[StreamInput]) -> None:
-        """Tokenize inputs of share k (``TokenCollector.portable``) and write their rows."""
+    def run(self, k: int, inputs: list[tuple[Any, ...]]) -> None:
+        """Tokenize inputs of share k (as :func:`_to_wire` sent them) and write their rows."""
         chain = self._chain
         assert chain.collector is not None
         started = time.perf_counter()
         w = self._writers.get(k)
         if w is None:
-            target = self._db if self._parts is None else _tokens_file(self._parts, k)
+            if self._parts is None:
+                target = self._db
+            else:
+                from sniffer.store.parts import create_part
+
+                target = _tokens_file(self._parts, k)
+                create_part(target)
             w = self._writers[k] = StoreWriter(target, batch_size=self._batch_size, node=self._node)
-        tok = chain.tokenize_inputs(chain.collector.bind(inputs), store=w.store)
+        tok = chain.tokenize_inputs(chain.collector.bind(_from_wire(inputs)), store=w.store)
         r = self.result
         r.token_seconds += time.perf_counter() - started
         r.tokenized_streams += tok.streams
@@ -827,10 +868,13 @@ def _worker(
         if part is None:
             w = StoreWriter(db, batch_size=batch_size, node=node)
         else:
+            from sniffer.store.parts import create_part
+
+            create_part(part)
             w = StoreWriter(part, batch_size=batch_size, node=node, ids_from=db)
 
         def send(inputs: list[StreamInput]) -> None:
-            token_queue.put(("inputs", k, TokenCollector.portable(inputs)))
+            token_queue.put(("inputs", k, _to_wire(inputs)))
 
         def progress(done: int, total: int) -> None:
             queue.put(("progress", k, (done, total)))
