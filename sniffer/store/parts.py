@@ -11,8 +11,8 @@ during the replay but its id reservations, and the parent merges each part
 into the database once it is written, in worker order, one transaction per
 part (:class:`PartMerger`: ``INSERT … SELECT`` inside SQLite, no row through
 Python). A part has no secondary index (:func:`create_part`): the
-database's take its rows at the merge. The parent's token pass writes each share's token rows to a part
-file of its own too (``sniffer.runtime.replay``).
+database's take its rows at the merge. The parent's token pass writes each
+share's token rows to a part file of its own too (``sniffer.runtime.replay``).
 
 Ids stay what they were: the worker's connection and stream ids come from
 blocks reserved in the database itself (``sniffer.store.ids``; the writer's
