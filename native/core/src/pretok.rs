@@ -59,7 +59,10 @@ fn is_space(c: Class) -> bool {
 /// The end of the run of bytes from `i` whose class passes `keep`.
 fn run(s: &[u8], i: usize, keep: impl Fn(Class) -> bool) -> usize {
     let tail = s.get(i..).unwrap_or_default();
-    let n = tail.iter().position(|&b| !keep(class(b))).unwrap_or(tail.len());
+    let n = tail
+        .iter()
+        .position(|&b| !keep(class(b)))
+        .unwrap_or(tail.len());
     i.saturating_add(n)
 }
 
@@ -99,10 +102,14 @@ fn match_at(s: &[u8], i: usize) -> Option<usize> {
     if !is_space(c) {
         return None;
     }
-    let j = run(s, i, is_space); // the whitespace run [i, j), j > i
+    // the whitespace run [i, j), j > i
+    let j = run(s, i, is_space);
     // \s*[\r\n]+: \s* gives back down to the last newline of the run, and
     // [\r\n]+ takes that one (the next byte, if any, is not a newline)
-    if let Some(k) = s.get(i..j).and_then(|r| r.iter().rposition(|&b| class(b) == Class::Newline)) {
+    if let Some(k) = s
+        .get(i..j)
+        .and_then(|r| r.iter().rposition(|&b| class(b) == Class::Newline))
+    {
         return Some(i.saturating_add(k).saturating_add(1));
     }
     // \s+(?!\S): the whole run at the end of the text, else all but its last
