@@ -1541,6 +1541,10 @@ def test_native_fast_path_equals_the_tokenizers(texts: list[str]) -> None:
     for text, g in zip(texts, got, strict=True):
         assert (g is None) == _has_added(ds, text), text
     assert isinstance(mod.PieceEncoder([]), type(ds._fast))
+    # the prompts' way: ids only, with and without the special tokens flag
+    for flag in (False, True):
+        lib = [e.ids for e in ds._tok.encode_batch(texts, add_special_tokens=flag)]
+        assert ds._encode_ids(texts, flag) == lib
 
 
 def test_native_fast_path_added_tokens_and_edges(ds: LoadedTokenizer) -> None:
