@@ -344,6 +344,28 @@ mod tests {
         assert!(!AddedTokens::new([]).found_in(b"<think>"));
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 2000, ..Default::default() })]
+
+        /// The pieces tile the text, none empty, and each pre-tokenizes to
+        /// itself (what lets the cache keep a piece's ids for any text).
+        #[test]
+        fn pieces_tile_and_stand_alone(
+            text in proptest::collection::vec(proptest::sample::select(
+                b"0123 \t\n\r\x0b\x0c\x00\x1f\x7fabZ.,'(<|>".to_vec()), 0..48),
+        ) {
+            let mut ends = Vec::new();
+            split_ascii(&text, &mut ends);
+            let mut start = 0usize;
+            for &end in &ends {
+                proptest::prop_assert!(start < end);
+                proptest::prop_assert!(is_one_piece(&text[start..end]));
+                start = end;
+            }
+            proptest::prop_assert_eq!(start, text.len());
+        }
+    }
+
     #[test]
     fn cache_is_bounded() {
         let mut cache = PieceCache::default();
