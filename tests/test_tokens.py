@@ -1459,3 +1459,163 @@ def test_tiled_attribution_without_native_tiled(monkeypatch: pytest.MonkeyPatch)
         finally:
             tokens._attribution.cache_clear()
             tokens._attribution_tiled.cache_clear()
+
+
+# ---------------------------------------------------------------------------
+# The native fast path of DeepSeek's tokenizer on ASCII texts
+# ---------------------------------------------------------------------------
+
+#: ASCII pieces rich in what the pre-tokenizer's patterns tell apart: digit
+#: runs, each punctuation character, every whitespace and control character,
+#: letters and words, contractions, and the starts of added tokens (``<``,
+#: ``|``) next to whole added tokens
+_ASCII_PIECES = st.one_of(
+    st.sampled_from([chr(c) for c in range(128)]),
+    st.sampled_from(
+        [
+            "12",
+            "345",
+            "1234567",
+            " the",
+            "'s",
+            "'t",
+            "'re",
+            "  ",
+            "\r\n",
+            "\n\n",
+            " \n ",
+            "\t\t",
+            "...",
+            " (",
+            "w12.34 ",
+            "<|",
+            "|>",
+            "<thi",
+            "nk>",
+            "<think>",
+            "</think>",
+            "<|EOT|>",
+            "<dsml:",
+            "<|place_holder_mm_span_0001|>",
+        ]
+    ),
+)
+_ASCII_TEXTS = st.lists(_ASCII_PIECES, max_size=40).map("".join)
+
+
+def _native_mod() -> Any:
+    from sniffer import native_core
+
+    mod = native_core()[0]
+    if mod is None:
+        pytest.skip("the native core does not run")
+    return mod
+
+
+def _has_added(tok: LoadedTokenizer, text: str) -> bool:
+    return any(t.content in text for t in tok._tok.get_added_tokens_decoder().values())
+
+
+@settings(max_examples=500)
+@given(_ASCII_TEXTS)
+def test_native_split_is_the_pre_tokenizers(text: str) -> None:
+    """The hand-written matcher cuts an ASCII text where the library's
+    pre-tokenizer (three regex Splits, then ByteLevel) does."""
+    mod = _native_mod()
+    ds = REGISTRY.resolve(None)[1]
+    pieces = ds._tok.pre_tokenizer.pre_tokenize_str(text)
+    assert mod.split_ascii(text) == [end for _, (_, end) in pieces]
+
+
+@settings(max_examples=300)
+@given(st.lists(_ASCII_TEXTS, max_size=8))
+def test_native_fast_path_equals_the_tokenizers(texts: list[str]) -> None:
+    """Ids, offsets and decoded text of the fast path are the library's; it
+    takes every ASCII text without an added token (the others go to the
+    library, and still agree)."""
+    mod = _native_mod()
+    ds = REGISTRY.resolve(None)[1]
+    assert ds._fast is not None
+    assert ds._encode_checked(texts) == _reference(ds, texts)
+    got = ds._fast.encode(texts, ds._encode_pieces)
+    for text, g in zip(texts, got, strict=True):
+        assert (g is None) == _has_added(ds, text), text
+    assert isinstance(mod.PieceEncoder([]), type(ds._fast))
+    # the prompts' way: ids only, with and without the special tokens flag
+    for flag in (False, True):
+        lib = [e.ids for e in ds._tok.encode_batch(texts, add_special_tokens=flag)]
+        assert ds._encode_ids(texts, flag) == lib
+
+
+def test_native_fast_path_added_tokens_and_edges(ds: LoadedTokenizer) -> None:
+    _native_mod()
+    added = [t.content for t in ds._tok.get_added_tokens_decoder().values()]
+    ascii_added = [a for a in added if a.isascii()]
+    texts = [
+        *ascii_added[:50],
+        *(f"x {a} y" for a in ascii_added[:50]),
+        "<think",
+        "think>",
+        "<|EOT|",
+        "",
+        " ",
+        "\x00",
+        "\x7f\x1c\x1d",
+        "a" * 200,  # a piece longer than the cache keeps
+        "1" * 100,
+        " " * 100 + "x",
+        "\n" * 70,
+        "caf\u00e9",
+        "a\ud800",  # a lone surrogate: the library refuses it
+    ]
+    ok = texts[:-1]
+    assert ds._encode_checked(ok) == _reference(ds, ok)
+    got = ds._fast.encode(texts, ds._encode_pieces)
+    assert got[:100] == [None] * 100
+    assert all(g is not None for g in got[100:-2])
+    assert got[-2:] == [None, None]
+    # a long piece is not kept, but encoded each time
+    size = ds._fast.size
+    at = texts.index("a" * 200)
+    assert ds._fast.encode(["a" * 200], ds._encode_pieces) == got[at : at + 1]
+    assert ds._fast.size == size
+
+
+def test_native_fast_path_takes_only_fitting_answers() -> None:
+    """A piece the library's answer does not tile (or no answer) sends its
+    texts to the library; nothing is kept of it."""
+    mod = _native_mod()
+    enc = mod.PieceEncoder(["<x>"])
+    assert enc.encode(["ab cd", "<x>"], lambda pieces: [None] * len(pieces)) == [None, None]
+    assert enc.size == 0
+    lying = [([1], [1]), ([2, 3], [1, 3])]  # "ab" spelled as one byte
+    assert enc.encode(["ab cd"], lambda pieces: lying) == [None]
+    assert enc.size == 1  # " cd" fits
+    asked: list[list[str]] = []
+
+    def learn(pieces: list[str]) -> list[tuple[list[int], list[int]]]:
+        asked.append(pieces)
+        return [([7], [len(p)]) for p in pieces]
+
+    assert enc.encode(["ab cd", "ab"], learn) == [((7, 2, 3), [2, 3, 5]), ((7,), [2])]
+    assert asked == [["ab"]]  # once per piece, " cd" was kept
+    with pytest.raises(ValueError):
+        enc.encode(["x y"], lambda pieces: [])
+
+
+def test_fast_path_only_for_deepseeks_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sniffer
+    from sniffer.llm.tokens import _piece_encoder
+
+    _native_mod()
+    ds_tok = Tokenizer.from_file(str(default_tokenizer_dir() / "tokenizer.json"))
+    assert _piece_encoder(ds_tok) is not None
+    assert LoadedTokenizer("tiny-bpe", _BPE)._fast is None
+    config = json.loads((default_tokenizer_dir() / "tokenizer.json").read_text("utf-8"))
+    config["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{N}{1,2}"
+    assert _piece_encoder(Tokenizer.from_str(json.dumps(config))) is None
+    config = json.loads((default_tokenizer_dir() / "tokenizer.json").read_text("utf-8"))
+    config["model"]["dropout"] = 0.1
+    assert _piece_encoder(Tokenizer.from_str(json.dumps(config))) is None
+    monkeypatch.setattr(sniffer, "_native_loaded", (None, None))  # SPARSEETY_PURE
+    assert _piece_encoder(ds_tok) is None

@@ -221,6 +221,9 @@ class LoadedTokenizer:
         #: the token pass may take offsets and decoded texts from the tokens'
         #: bytes (see :meth:`_encode_checked`)
         self.plain_byte_level: bool = _plain_byte_level(tokenizer)
+        #: the native fast path of DeepSeek's tokenizer on ASCII texts, or None
+        #: (:func:`_piece_encoder`)
+        self._fast: Any = _piece_encoder(tokenizer) if self.plain_byte_level else None
         self._pieces: dict[int, bytes] = {}  # id → its bytes (b"": not a plain token)
         self._chars: dict[int, int] = {}  # id → characters its bytes start (UTF-8)
         self._cont: set[int] = set()  # ids whose first byte continues a character
@@ -251,18 +254,37 @@ class LoadedTokenizer:
         return self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
 
     def _encode_ids(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]:
-        """Token ids of each text, without the offsets (``encode_batch_fast``,
-        tokenizers >= 0.20, does not track them: ~20 % less work)."""
+        """Token ids of each text, without the offsets: through the native
+        fast path when there is one (:func:`_piece_encoder`, as in
+        :meth:`_encode_checked`), else ``encode_batch_fast`` (tokenizers >=
+        0.20, does not track them: ~20 % less work)."""
         if not texts:
             return []
-        encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
-        return [e.ids for e in encode(list(texts), add_special_tokens=add_special_tokens)]
+        out: list[list[int] | None] = [None] * len(texts)
+        todo: Sequence[int] = range(len(texts))
+        if self._fast is not None:  # the special tokens flag adds none (_piece_encoder)
+            for i, got in enumerate(self._fast.encode(list(texts), self._encode_pieces)):
+                if got is not None:
+                    out[i] = list(got[0])
+            todo = [i for i, o in enumerate(out) if o is None]
+        if todo:
+            encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+            encs = encode([texts[i] for i in todo], add_special_tokens=add_special_tokens)
+            for i, e in zip(todo, encs, strict=True):
+                out[i] = e.ids
+        return cast("list[list[int]]", out)
 
     def _encode_checked(self, texts: Sequence[str]) -> list[_Encoded]:
         """Ids, character offsets and ``decode(ids)`` of each text (no special
         tokens added): what ``encode_batch`` and ``decode_batch`` give.
 
-        With a plain byte-level tokenizer (:func:`_plain_byte_level`) the texts
+        With the native fast path (:func:`_piece_encoder`: DeepSeek's
+        tokenizer, the native core loaded) an ASCII text that holds no added
+        token is cut into its pre-tokens natively and its ids are its
+        pieces' ids, known from earlier texts or asked of the library in one
+        batch (:meth:`_encode_pieces`); its tokens tile it. Every other text,
+        or all of them without the fast path, go as follows. With a plain
+        byte-level tokenizer (:func:`_plain_byte_level`) the texts
         are encoded without offsets (``encode_batch_fast``), and when a text's
         tokens are plain vocabulary entries whose bytes joined are the text's
         UTF-8 bytes, its offsets come from those bytes
@@ -273,14 +295,20 @@ class LoadedTokenizer:
         text. Asking the tokenizer for offsets and decoding back costs it
         about as much again as its ids on the token pass's short texts."""
         out: list[_Encoded | None] = [None] * len(texts)
-        if self.plain_byte_level and texts:
-            encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
-            for i, (text, e) in enumerate(zip(texts, encs, strict=True)):
+        todo: Sequence[int] = range(len(texts))
+        if self._fast is not None and texts:
+            for i, got in enumerate(self._fast.encode(list(texts), self._encode_pieces)):
+                if got is not None:
+                    out[i] = (got[0], _Tiled(got[1]), texts[i])
+            todo = [i for i, o in enumerate(out) if o is None]
+        if self.plain_byte_level and todo:
+            encs = self._tok.encode_batch_fast([texts[i] for i in todo], add_special_tokens=False)
+            for i, e in zip(todo, encs, strict=True):
                 ids = e.ids
-                offsets = self._offsets_from_bytes(text, ids)
+                offsets = self._offsets_from_bytes(texts[i], ids)
                 if offsets is not None:
-                    out[i] = (tuple(ids), offsets, text)
-        rest = [i for i, o in enumerate(out) if o is None]
+                    out[i] = (tuple(ids), offsets, texts[i])
+        rest = [i for i in todo if out[i] is None]
         if rest:
             encs = self._encode([texts[i] for i in rest], False)
             all_ids = [e.ids for e in encs]
@@ -288,6 +316,19 @@ class LoadedTokenizer:
             for i, e, ids, dec in zip(rest, encs, all_ids, decoded, strict=True):
                 out[i] = (tuple(ids), e.offsets, dec)
         return cast("list[_Encoded]", out)
+
+    def _encode_pieces(self, pieces: list[str]) -> list[tuple[list[int], list[int]] | None]:
+        """The fast path's question to the library: per piece (ASCII), its
+        ids and their ends when its tokens are plain entries that spell it
+        (:meth:`_offsets_from_bytes`), else None (its texts take the
+        library's path)."""
+        encs = self._tok.encode_batch_fast(pieces, add_special_tokens=False)
+        out: list[tuple[list[int], list[int]] | None] = []
+        for piece, e in zip(pieces, encs, strict=True):
+            ids = e.ids
+            offsets = self._offsets_from_bytes(piece, ids)
+            out.append((ids, offsets.ends) if type(offsets) is _Tiled else None)
+        return out
 
     def _offsets_from_bytes(self, text: str, ids: list[int]) -> Sequence[tuple[int, int]] | None:
         """The character offsets of ``ids`` in ``text`` from their bytes, as
@@ -554,6 +595,63 @@ def _plain_byte_level(tokenizer: Tokenizer) -> bool:
             for x in splits
         )
     )
+
+
+#: DeepSeek's pre-tokenizer, as its configuration reads: the one the native
+#: fast path implements (``sparseety_core::pretok``).
+_FAST_PRE_TOKENIZER = {
+    "type": "Sequence",
+    "pretokenizers": [
+        {
+            "type": "Split",
+            "pattern": {"Regex": "\\p{N}{1,3}"},
+            "behavior": "Isolated",
+            "invert": False,
+        },
+        {
+            "type": "Split",
+            "pattern": {"Regex": "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"},
+            "behavior": "Isolated",
+            "invert": False,
+        },
+        {
+            "type": "Split",
+            "pattern": {
+                "Regex": "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"
+                "|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+                "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+            },
+            "behavior": "Isolated",
+            "invert": False,
+        },
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+    ],
+}
+
+
+def _piece_encoder(tokenizer: Tokenizer) -> Any:
+    """The native fast path's encoder (``sniffer._native.PieceEncoder``) for a
+    plain byte-level tokenizer (:func:`_plain_byte_level`) whose encoding of
+    a text is its pre-tokens' encodings joined and whose pre-tokenizer is
+    DeepSeek's (:data:`_FAST_PRE_TOKENIZER`, what the encoder implements):
+    a BPE model without dropout, no truncation nor padding. Its
+    post-processor adds no token (none, or ``ByteLevel``), so the ids are
+    the same with or without ``add_special_tokens`` (prompts are encoded
+    with it, :meth:`LoadedTokenizer._encode_ids`). None for any
+    other tokenizer, or when the native core does not run (``SPARSEETY_PURE``
+    keeps the library's path, the reference). Reads the small components'
+    configurations only (the model's holds the 6 MB vocabulary)."""
+    from sniffer import native_core
+
+    mod = native_core()[0]
+    if mod is None or getattr(tokenizer.model, "dropout", None) is not None:
+        return None
+    if tokenizer.truncation is not None or tokenizer.padding is not None:
+        return None
+    if _state(tokenizer.pre_tokenizer) != _FAST_PRE_TOKENIZER:
+        return None
+    added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
+    return mod.PieceEncoder(added)
 
 
 def prompt_method(tok: LoadedTokenizer | tuple[str, bool], request: Any) -> str | None:

@@ -19,6 +19,7 @@ pub mod http1;
 pub mod ids;
 pub mod ndjson;
 pub mod openai;
+pub mod pretok;
 pub mod pyjson;
 pub mod sse;
 pub mod tokens;

@@ -9,6 +9,7 @@ mod flow;
 mod fused;
 mod http;
 mod openai;
+mod pretok;
 mod ring;
 mod tokens;
 
@@ -23,6 +24,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     openai::register(m)?;
     chunks::register(m)?;
     tokens::register(m)?;
+    pretok::register(m)?;
     cadence::register(m)?;
     Ok(())
 }
