@@ -275,16 +275,11 @@ class TokenCollector:
                 out.append(self._build(item))
         return out
 
-    @staticmethod
-    def portable(inputs: Iterable[StreamInput]) -> list[StreamInput]:
-        """``inputs`` without their ``redact`` function (bound to this collector,
-        that is to its whole state): what a parallel replay's worker sends to
-        the parent, which :meth:`bind` s them to its own collector."""
-        return [inp if inp.redact is None else replace(inp, redact=None) for inp in inputs]
-
     def bind(self, inputs: Iterable[StreamInput]) -> list[StreamInput]:
-        """Inputs another collector of the same redactor took (:meth:`portable`),
-        with this one's ``redact`` function, as if it had taken them."""
+        """Inputs another collector of the same redactor took, sent without their
+        ``redact`` function (bound to that collector's whole state: a parallel
+        replay's worker sends them as plain tuples, ``sniffer.runtime.replay``),
+        with this one's, as if it had taken them."""
         if self._spans is None:
             return list(inputs)
         redact = self._redact_spans
