@@ -629,6 +629,36 @@ def test_refused_rows_become_error_rows_and_the_rest_is_stored(
     w.close()
 
 
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_a_row_refused_inside_a_multi_row_insert_leaves_no_part_of_it(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """SQLite's INSERTs of several rows are ``OR FAIL`` (no statement journal:
+    ``_insert_sql_marks``): the rows a failing statement wrote before the row
+    the database refused stay in the transaction until the flush rolls it
+    back. Here the refused row (a connection id already stored) is the fifth
+    of ten in one statement: the ten are stored once each, the refused one
+    is the only error row, nothing is stored twice."""
+    w = _writer_on(where, tmp_path, request)
+
+    def opened(conn: int) -> ConnectionOpened:
+        return ConnectionOpened(conn, T0 + conn, ("127.0.0.1", 1000 + conn), ("127.0.0.1", 2), True)
+
+    w.write(opened(5))
+    w.flush()
+    w.write_many([opened(c) for c in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)])
+    w.write_many([ChunkEvent(7, T0, seq, 0, seq, "content", f"t{seq}") for seq in range(40)])
+    w.flush()  # raises nothing
+    assert w.stats["rejected_rows"] == 1 and w.stats["isolated_batches"] == 1
+    got = dump(w.engine)
+    assert [r[0] for r in got["connections"]] == [1, 10, 2, 3, 4, 5, 6, 7, 8, 9]  # (repr order)
+    assert queries.stream_text(w.store, 7) == {0: "".join(f"t{s}" for s in range(40))}
+    refused = [e for e in got["errors"] if e[1] == "store"]
+    assert len(refused) == 1 and refused[0][3].startswith("connections row refused")
+    assert len(got["errors"]) == 1
+    w.close()
+
+
 def test_refused_rows_in_an_automatic_flush() -> None:
     """The flush ``write`` starts at ``batch_size`` rows does the same."""
     w = memory_writer(batch_size=4)
