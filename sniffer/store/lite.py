@@ -105,12 +105,13 @@ def update_sql(spec: UpdateSpec) -> tuple[str, tuple[str, ...]]:
 
 
 #: Where SQLite keeps its temporary files, statement journals among them:
-#: in memory. A multi-row INSERT (the writer's, ``_executemany_sqlite``) runs
-#: in a statement transaction whose journal of the pages it changes is
-#: written to a file in /var/tmp once past 64 KB: on the benchmark capture
-#: some 33,000 ``pwrite`` calls (about 130 MB) for a 7 MB database, none in
-#: memory. The journal holds the pages one statement changes (a few dozen);
-#: the database file is not affected.
+#: in memory. A statement that may abort half way (an UPDATE of many rows, a
+#: multi-row INSERT without ``OR FAIL``: the writer's are ``OR FAIL``, see
+#: ``sniffer.store.writer._insert_sql_marks``) runs in a statement
+#: transaction whose journal of the pages it changes is written to a file in
+#: /var/tmp once past 64 KB: on the benchmark capture, before the inserts
+#: were ``OR FAIL``, some 33,000 ``pwrite`` calls (about 130 MB) for a 7 MB
+#: database, none in memory. The database file is not affected.
 TEMP_STORE = "MEMORY"
 
 
