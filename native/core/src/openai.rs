@@ -77,51 +77,80 @@ pub struct Chunk<'a> {
 
 /// The reference's deltas for one streamed item, or `None` (not mine).
 /// `want_name`: the dialect has not found the reply's model yet.
+///
+/// It reads the item in one pass, member by member ([`pyjson::Parser`]'s
+/// walkers), building values only for the members read below and checking
+/// the others without building them: the same rules as [`pyjson::parse`]
+/// followed by a read of its tree (`extract_tree` in the tests, the
+/// reference). Any `None` on the way is the item's: where a rule or a shape
+/// fails first does not matter.
 pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<'_>> {
-    let obj = pyjson::parse(data)?;
-    let Value::Object(members) = &obj else {
+    let mut p = pyjson::Parser::new(data);
+    p.ws();
+    if p.peek()? != b'{' {
         return None;
-    };
-    // one pass over the members (no key twice: the parser refuses that)
-    let (mut model, mut id, mut choices, mut nested_name) = (None, None, None, false);
-    let mut server: [Option<&Value<'_>>; 4] = [None; 4];
-    for (k, v) in members {
-        match k.as_ref() {
-            "choices" => choices = Some(v),
-            "model" => model = Some(v),
-            "id" => id = Some(v),
-            // where JsonDialect._name looks when the top level has no model
-            "message" | "response" => nested_name |= matches!(v, Value::Object(_)),
-            "object" if v.as_str() == Some("error") => return None,
-            "error" if *v != Value::Null => return None,
-            "usage" => server[0] = Some(v),
-            "timings" => server[1] = Some(v),
-            "metrics" => server[2] = Some(v),
-            "meta_info" => server[3] = Some(v),
-            _ => {}
-        }
+    }
+    let (mut model, mut id, mut nested_name) = (Value::Null, Value::Null, false);
+    // `None`: no `choices` member (or null); else the deltas of its choices
+    let mut deltas: Option<Vec<ChunkDelta<'_>>> = None;
+    let mut server: [Value<'_>; 4] = [Value::Null, Value::Null, Value::Null, Value::Null];
+    p.members(1, |p, key, d| {
+        let slot = match key.as_ref() {
+            "choices" => {
+                if p.peek()? == b'[' {
+                    let mut out = Vec::with_capacity(1);
+                    p.items(d, |p, position, d| {
+                        out.push(read_choice(p, d, position, endpoint)?);
+                        Some(())
+                    })?;
+                    deltas = Some(out);
+                    return Some(());
+                }
+                // null is no choices; anything else is not a list of them
+                return matches!(p.value::<false>(d)?, Value::Null).then_some(());
+            }
+            "model" => &mut model,
+            "id" => &mut id,
+            "message" | "response" => {
+                // where JsonDialect._name looks when the top level has no model
+                nested_name |= p.peek()? == b'{';
+                return p.value::<false>(d).map(drop);
+            }
+            "object" => {
+                let v = p.value::<false>(d)?;
+                return (v.as_str() != Some("error")).then_some(());
+            }
+            "error" => {
+                return matches!(p.value::<false>(d)?, Value::Null).then_some(());
+            }
+            "usage" => &mut server[0],
+            "timings" => &mut server[1],
+            "metrics" => &mut server[2],
+            "meta_info" => &mut server[3],
+            _ => return p.value::<false>(d).map(drop),
+        };
+        *slot = p.value::<true>(d)?;
+        Some(())
+    })?;
+    if !p.end() {
+        return None;
     }
     let (mut name, mut name_id) = (None, None);
     if want_name {
         match model {
-            Some(Value::Str(m)) if !m.is_empty() => {
-                name = Some(m.clone());
-                if let Some(Value::Str(i)) = id {
-                    name_id = (!i.is_empty()).then(|| i.clone());
+            Value::Str(m) if !m.is_empty() => {
+                name = Some(m);
+                if let Value::Str(i) = id {
+                    name_id = (!i.is_empty()).then_some(i);
                 }
             }
             _ if nested_name => return None,
             _ => {}
         }
     }
-    let choices = match choices {
-        None | Some(Value::Null) => &[][..],
-        Some(Value::Array(items)) => items.as_slice(),
-        Some(_) => return None,
-    };
-    let mut deltas = Vec::with_capacity(choices.len().max(1));
-    if choices.is_empty() {
-        deltas.push(ChunkDelta {
+    let deltas = match deltas {
+        Some(deltas) if !deltas.is_empty() => deltas,
+        _ => vec![ChunkDelta {
             choice: STREAM_LEVEL,
             kind: Kind::Other,
             text: Cow::Borrowed(""),
@@ -130,15 +159,12 @@ pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<
             finish_reason: None,
             logprobs: None,
             raw: true,
-        });
-    }
-    for (position, choice) in choices.iter().enumerate() {
-        deltas.push(read_choice(choice, position, endpoint)?);
-    }
+        }],
+    };
     let server = server
         .iter()
-        .any(|v| some(*v).is_some())
-        .then(|| Box::new(server.map(|v| v.cloned().unwrap_or(Value::Null))));
+        .any(|v| *v != Value::Null)
+        .then(|| Box::new(server));
     Some(Chunk {
         deltas,
         model: name,
@@ -148,83 +174,111 @@ pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<
 }
 
 /// An optional string: `Some(None)` absent or null, `None` another type.
-fn opt_str<'v, 'a>(v: Option<&'v Value<'a>>) -> Option<Option<&'v Cow<'a, str>>> {
+fn opt_str(v: Value<'_>) -> Option<Option<Cow<'_, str>>> {
     match v {
-        None | Some(Value::Null) => Some(None),
-        Some(Value::Str(s)) => Some(Some(s)),
-        Some(_) => None,
+        Value::Null => Some(None),
+        Value::Str(s) => Some(Some(s)),
+        _ => None,
     }
 }
 
-/// The members of a choice (or of its `delta`) the reference reads.
-#[derive(Default)]
-struct Fields<'v, 'a> {
-    index: Option<&'v Value<'a>>,
-    delta: Option<&'v Value<'a>>,
-    text: Option<&'v Value<'a>>,
-    finish_reason: Option<&'v Value<'a>>,
-    logprobs: Option<&'v Value<'a>>,
-    content: Option<&'v Value<'a>>,
-    reasoning_content: Option<&'v Value<'a>>,
-    reasoning: Option<&'v Value<'a>>,
-    tool_calls: Option<&'v Value<'a>>,
-    role: Option<&'v Value<'a>>,
+/// The members of a choice the reference reads (absent is `Null`, as the
+/// reference treats both alike for all but `index`).
+struct Choice<'a> {
+    index: Option<Value<'a>>,
+    text: Value<'a>,
+    finish_reason: Value<'a>,
+    logprobs: Value<'a>,
+    /// `Some` when `delta` is an object.
+    delta: Option<Message<'a>>,
 }
 
-impl<'v, 'a> Fields<'v, 'a> {
-    /// `None` when `obj` is not an object.
-    fn of(obj: &'v Value<'a>) -> Option<Self> {
-        let Value::Object(members) = obj else {
-            return None;
+/// The members of a chat choice's `delta` the reference reads.
+struct Message<'a> {
+    content: Value<'a>,
+    reasoning_content: Value<'a>,
+    reasoning: Value<'a>,
+    tool_calls: Value<'a>,
+    role: Value<'a>,
+}
+
+impl Message<'_> {
+    const NONE: Message<'static> = Message {
+        content: Value::Null,
+        reasoning_content: Value::Null,
+        reasoning: Value::Null,
+        tool_calls: Value::Null,
+        role: Value::Null,
+    };
+}
+
+/// A chat choice's `delta` (at the cursor, an object) at nesting `depth`.
+fn read_message<'a>(p: &mut pyjson::Parser<'a>, depth: usize) -> Option<Message<'a>> {
+    let mut m = Message::NONE;
+    p.members(depth, |p, key, d| {
+        let slot = match key.as_ref() {
+            "content" => &mut m.content,
+            "reasoning_content" => &mut m.reasoning_content,
+            "reasoning" => &mut m.reasoning,
+            "tool_calls" => &mut m.tool_calls,
+            "role" => &mut m.role,
+            _ => return p.value::<false>(d).map(drop),
         };
-        let mut f = Fields::default();
-        for (k, v) in members {
-            let slot = match k.as_ref() {
-                "index" => &mut f.index,
-                "delta" => &mut f.delta,
-                "text" => &mut f.text,
-                "finish_reason" => &mut f.finish_reason,
-                "logprobs" => &mut f.logprobs,
-                "content" => &mut f.content,
-                "reasoning_content" => &mut f.reasoning_content,
-                "reasoning" => &mut f.reasoning,
-                "tool_calls" => &mut f.tool_calls,
-                "role" => &mut f.role,
-                _ => continue,
-            };
-            *slot = Some(v);
-        }
-        Some(f)
-    }
+        *slot = p.value::<true>(d)?;
+        Some(())
+    })?;
+    Some(m)
 }
 
-/// `Some(v)` unless `v` is null.
-fn some<'v, 'a>(v: Option<&'v Value<'a>>) -> Option<&'v Value<'a>> {
-    v.filter(|v| **v != Value::Null)
-}
-
+/// The choice at the cursor (the `position`-th of the list, at nesting
+/// `depth`) → its delta (`_choice` of the reference).
 fn read_choice<'a>(
-    choice: &Value<'a>,
+    p: &mut pyjson::Parser<'a>,
+    depth: usize,
     position: usize,
     endpoint: Endpoint,
 ) -> Option<ChunkDelta<'a>> {
-    let f = Fields::of(choice)?;
+    if p.peek()? != b'{' {
+        return None; // not an object
+    }
+    let mut f = Choice {
+        index: None,
+        text: Value::Null,
+        finish_reason: Value::Null,
+        logprobs: Value::Null,
+        delta: None,
+    };
+    p.members(depth, |p, key, d| {
+        match (key.as_ref(), endpoint) {
+            ("index", _) => f.index = Some(p.value::<true>(d)?),
+            ("finish_reason", _) => f.finish_reason = p.value::<true>(d)?,
+            ("logprobs", _) => f.logprobs = p.value::<true>(d)?,
+            ("text", Endpoint::Completions) => f.text = p.value::<true>(d)?,
+            ("delta", Endpoint::Chat) => match p.peek()? {
+                b'{' => f.delta = Some(read_message(p, d)?),
+                // null is no delta; anything else is not one
+                _ => return matches!(p.value::<false>(d)?, Value::Null).then_some(()),
+            },
+            _ => return p.value::<false>(d).map(drop),
+        }
+        Some(())
+    })?;
     let index = match f.index {
         None => i64::try_from(position).ok()?,
-        Some(Value::Int(i)) => *i,
+        Some(Value::Int(i)) => i,
         Some(_) => return None,
     };
     if !(0..=INDEX_MAX).contains(&index) {
         return None;
     }
-    let finish = opt_str(f.finish_reason)?.cloned();
-    let logprobs = match some(f.logprobs) {
-        None => None,
-        Some(lp) => {
-            if !token_ids_in_range(lp) {
+    let finish = opt_str(f.finish_reason)?;
+    let logprobs = match f.logprobs {
+        Value::Null => None,
+        lp => {
+            if !token_ids_in_range(&lp) {
                 return None;
             }
-            Some(pyjson::dump(lp))
+            Some(pyjson::dump(&lp))
         }
     };
     let mut d = ChunkDelta {
@@ -242,7 +296,7 @@ fn read_choice<'a>(
             let text = opt_str(f.text)?;
             if let Some(t) = text.filter(|t| !t.is_empty()) {
                 d.kind = Kind::Content;
-                d.text = t.clone();
+                d.text = t;
             } else if d.finish_reason.is_some() {
                 d.kind = Kind::Finish;
             } else {
@@ -250,25 +304,25 @@ fn read_choice<'a>(
             }
         }
         Endpoint::Chat => {
-            let m = match some(f.delta) {
-                None => Fields::default(),
-                Some(msg) => Fields::of(msg)?,
-            };
+            let m = f.delta.unwrap_or(Message::NONE);
             let content = opt_str(m.content)?;
             let reasoning = match opt_str(m.reasoning_content)? {
                 None => opt_str(m.reasoning)?,
                 r => r,
             };
-            d.tool_calls = match some(m.tool_calls) {
-                None => None,
-                Some(v @ Value::Array(items)) => (!items.is_empty()).then(|| pyjson::dump(v)),
-                Some(_) => return None,
+            d.tool_calls = match m.tool_calls {
+                Value::Null => None,
+                v @ Value::Array(_) => {
+                    matches!(&v, Value::Array(items) if !items.is_empty())
+                        .then(|| pyjson::dump(&v))
+                }
+                _ => return None,
             };
             if let Some(c) = content {
-                d.text = c.clone();
+                d.text = c;
             }
             if let Some(r) = reasoning {
-                d.reasoning = r.clone();
+                d.reasoning = r;
             }
             d.kind = if !d.text.is_empty() {
                 Kind::Content
@@ -278,7 +332,7 @@ fn read_choice<'a>(
                 Kind::ToolCall
             } else if d.finish_reason.is_some() {
                 Kind::Finish
-            } else if some(m.role).is_some() {
+            } else if m.role != Value::Null {
                 Kind::Role
             } else {
                 d.raw = true;
@@ -352,6 +406,221 @@ fn token_ids_in_range(logprobs: &Value<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `extract` as it was: `pyjson::parse`, then a read of the tree (the
+        /// reference the one-pass `extract` must equal on every input).
+    /// `want_name`: the dialect has not found the reply's model yet.
+    fn extract_tree(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<'_>> {
+        let obj = pyjson::parse(data)?;
+        let Value::Object(members) = &obj else {
+            return None;
+        };
+        // one pass over the members (no key twice: the parser refuses that)
+        let (mut model, mut id, mut choices, mut nested_name) = (None, None, None, false);
+        let mut server: [Option<&Value<'_>>; 4] = [None; 4];
+        for (k, v) in members {
+            match k.as_ref() {
+                "choices" => choices = Some(v),
+                "model" => model = Some(v),
+                "id" => id = Some(v),
+                // where JsonDialect._name looks when the top level has no model
+                "message" | "response" => nested_name |= matches!(v, Value::Object(_)),
+                "object" if v.as_str() == Some("error") => return None,
+                "error" if *v != Value::Null => return None,
+                "usage" => server[0] = Some(v),
+                "timings" => server[1] = Some(v),
+                "metrics" => server[2] = Some(v),
+                "meta_info" => server[3] = Some(v),
+                _ => {}
+            }
+        }
+        let (mut name, mut name_id) = (None, None);
+        if want_name {
+            match model {
+                Some(Value::Str(m)) if !m.is_empty() => {
+                    name = Some(m.clone());
+                    if let Some(Value::Str(i)) = id {
+                        name_id = (!i.is_empty()).then(|| i.clone());
+                    }
+                }
+                _ if nested_name => return None,
+                _ => {}
+            }
+        }
+        let choices = match choices {
+            None | Some(Value::Null) => &[][..],
+            Some(Value::Array(items)) => items.as_slice(),
+            Some(_) => return None,
+        };
+        let mut deltas = Vec::with_capacity(choices.len().max(1));
+        if choices.is_empty() {
+            deltas.push(ChunkDelta {
+                choice: STREAM_LEVEL,
+                kind: Kind::Other,
+                text: Cow::Borrowed(""),
+                reasoning: Cow::Borrowed(""),
+                tool_calls: None,
+                finish_reason: None,
+                logprobs: None,
+                raw: true,
+            });
+        }
+        for (position, choice) in choices.iter().enumerate() {
+            deltas.push(read_choice(choice, position, endpoint)?);
+        }
+        let server = server
+            .iter()
+            .any(|v| some(*v).is_some())
+            .then(|| Box::new(server.map(|v| v.cloned().unwrap_or(Value::Null))));
+        Some(Chunk {
+            deltas,
+            model: name,
+            id: name_id,
+            server,
+        })
+    }
+
+    /// An optional string: `Some(None)` absent or null, `None` another type.
+    fn opt_str<'v, 'a>(v: Option<&'v Value<'a>>) -> Option<Option<&'v Cow<'a, str>>> {
+        match v {
+            None | Some(Value::Null) => Some(None),
+            Some(Value::Str(s)) => Some(Some(s)),
+            Some(_) => None,
+        }
+    }
+
+    /// The members of a choice (or of its `delta`) the reference reads.
+    #[derive(Default)]
+    struct Fields<'v, 'a> {
+        index: Option<&'v Value<'a>>,
+        delta: Option<&'v Value<'a>>,
+        text: Option<&'v Value<'a>>,
+        finish_reason: Option<&'v Value<'a>>,
+        logprobs: Option<&'v Value<'a>>,
+        content: Option<&'v Value<'a>>,
+        reasoning_content: Option<&'v Value<'a>>,
+        reasoning: Option<&'v Value<'a>>,
+        tool_calls: Option<&'v Value<'a>>,
+        role: Option<&'v Value<'a>>,
+    }
+
+    impl<'v, 'a> Fields<'v, 'a> {
+        /// `None` when `obj` is not an object.
+        fn of(obj: &'v Value<'a>) -> Option<Self> {
+            let Value::Object(members) = obj else {
+                return None;
+            };
+            let mut f = Fields::default();
+            for (k, v) in members {
+                let slot = match k.as_ref() {
+                    "index" => &mut f.index,
+                    "delta" => &mut f.delta,
+                    "text" => &mut f.text,
+                    "finish_reason" => &mut f.finish_reason,
+                    "logprobs" => &mut f.logprobs,
+                    "content" => &mut f.content,
+                    "reasoning_content" => &mut f.reasoning_content,
+                    "reasoning" => &mut f.reasoning,
+                    "tool_calls" => &mut f.tool_calls,
+                    "role" => &mut f.role,
+                    _ => continue,
+                };
+                *slot = Some(v);
+            }
+            Some(f)
+        }
+    }
+
+    /// `Some(v)` unless `v` is null.
+    fn some<'v, 'a>(v: Option<&'v Value<'a>>) -> Option<&'v Value<'a>> {
+        v.filter(|v| **v != Value::Null)
+    }
+
+    fn read_choice<'a>(
+        choice: &Value<'a>,
+        position: usize,
+        endpoint: Endpoint,
+    ) -> Option<ChunkDelta<'a>> {
+        let f = Fields::of(choice)?;
+        let index = match f.index {
+            None => i64::try_from(position).ok()?,
+            Some(Value::Int(i)) => *i,
+            Some(_) => return None,
+        };
+        if !(0..=INDEX_MAX).contains(&index) {
+            return None;
+        }
+        let finish = opt_str(f.finish_reason)?.cloned();
+        let logprobs = match some(f.logprobs) {
+            None => None,
+            Some(lp) => {
+                if !token_ids_in_range(lp) {
+                    return None;
+                }
+                Some(pyjson::dump(lp))
+            }
+        };
+        let mut d = ChunkDelta {
+            choice: index,
+            kind: Kind::Other,
+            text: Cow::Borrowed(""),
+            reasoning: Cow::Borrowed(""),
+            tool_calls: None,
+            finish_reason: finish,
+            logprobs,
+            raw: false,
+        };
+        match endpoint {
+            Endpoint::Completions => {
+                let text = opt_str(f.text)?;
+                if let Some(t) = text.filter(|t| !t.is_empty()) {
+                    d.kind = Kind::Content;
+                    d.text = t.clone();
+                } else if d.finish_reason.is_some() {
+                    d.kind = Kind::Finish;
+                } else {
+                    d.raw = true;
+                }
+            }
+            Endpoint::Chat => {
+                let m = match some(f.delta) {
+                    None => Fields::default(),
+                    Some(msg) => Fields::of(msg)?,
+                };
+                let content = opt_str(m.content)?;
+                let reasoning = match opt_str(m.reasoning_content)? {
+                    None => opt_str(m.reasoning)?,
+                    r => r,
+                };
+                d.tool_calls = match some(m.tool_calls) {
+                    None => None,
+                    Some(v @ Value::Array(items)) => (!items.is_empty()).then(|| pyjson::dump(v)),
+                    Some(_) => return None,
+                };
+                if let Some(c) = content {
+                    d.text = c.clone();
+                }
+                if let Some(r) = reasoning {
+                    d.reasoning = r.clone();
+                }
+                d.kind = if !d.text.is_empty() {
+                    Kind::Content
+                } else if !d.reasoning.is_empty() {
+                    Kind::Reasoning
+                } else if d.tool_calls.is_some() {
+                    Kind::ToolCall
+                } else if d.finish_reason.is_some() {
+                    Kind::Finish
+                } else if some(m.role).is_some() {
+                    Kind::Role
+                } else {
+                    d.raw = true;
+                    Kind::Other
+                };
+            }
+        }
+        Some(d)
+    }
 
     fn one(data: &str, e: Endpoint) -> Option<ChunkDelta<'_>> {
         let mut c = extract(data, e, false)?;

@@ -74,15 +74,10 @@ impl<'a> Value<'a> {
 
 /// Parses `text` as one JSON document of the accepted subset (see the module).
 pub fn parse(text: &str) -> Option<Value<'_>> {
-    let mut p = Parser {
-        s: text,
-        b: text.as_bytes(),
-        i: 0,
-    };
+    let mut p = Parser::new(text);
     p.ws();
-    let v = p.value(1)?;
-    p.ws();
-    (p.i == p.b.len()).then_some(v)
+    let v = p.value::<true>(1)?;
+    p.end().then_some(v)
 }
 
 /// The bytes that end a run of plain string characters: a quote, a
@@ -99,14 +94,58 @@ static STOPS: [bool; 256] = {
     t
 };
 
-struct Parser<'a> {
+/// `0x0101…01`: one in every byte of a word (for the 8-byte string scan).
+const ONES: u64 = u64::from_le_bytes([1; 8]);
+/// `0x8080…80`: the high bit of every byte.
+const HIGHS: u64 = u64::from_le_bytes([0x80; 8]);
+
+/// The first byte of the 8 of `w` (little-endian) that is a quote, a
+/// backslash or a control character (`STOPS`), if any: the classic "has a byte
+/// less than n" word tricks, whose lowest flagged byte is exact (a false flag
+/// can only follow a true one).
+fn word_stop(w: u64) -> Option<usize> {
+    let below = |x: u64, n: u8| x.wrapping_sub(ONES.wrapping_mul(u64::from(n))) & !x & HIGHS;
+    let quote = w ^ ONES.wrapping_mul(u64::from(b'"'));
+    let backslash = w ^ ONES.wrapping_mul(u64::from(b'\\'));
+    let m = below(w, 0x20) | below(quote, 1) | below(backslash, 1);
+    (m != 0).then(|| (m.trailing_zeros() / 8) as usize)
+}
+
+/// The parser of the subset. Every rule of the subset is checked here, once:
+/// [`Parser::value`] builds a [`Value`] or, for a member nobody reads, only
+/// checks it (same code, the building switched off), and the walkers
+/// [`Parser::members`] / [`Parser::items`] let a caller (the OpenAI
+/// extraction) read a document's shape directly, member by member.
+pub struct Parser<'a> {
     s: &'a str,
     b: &'a [u8],
     i: usize,
+    /// The keys of the objects being read, innermost last (the duplicate
+    /// check), reused from object to object: checking an object allocates
+    /// nothing.
+    keys: Vec<Cow<'a, str>>,
 }
 
 impl<'a> Parser<'a> {
-    fn peek(&self) -> Option<u8> {
+    /// A parser at the start of `text`.
+    pub fn new(text: &'a str) -> Self {
+        Parser {
+            s: text,
+            b: text.as_bytes(),
+            i: 0,
+            // room for a chunk's keys of all levels at once: one allocation
+            keys: Vec::with_capacity(16),
+        }
+    }
+
+    /// Whether only whitespace is left (then the document is complete).
+    pub fn end(&mut self) -> bool {
+        self.ws();
+        self.i == self.b.len()
+    }
+
+    /// The next byte (after whitespace skipped by the caller).
+    pub fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
 
@@ -114,7 +153,8 @@ impl<'a> Parser<'a> {
         self.i = self.i.saturating_add(1);
     }
 
-    fn ws(&mut self) {
+    /// Past JSON whitespace.
+    pub fn ws(&mut self) {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
             self.bump();
         }
@@ -139,13 +179,43 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn value(&mut self, depth: usize) -> Option<Value<'a>> {
+    /// One value at nesting `depth` (the top level is 1). `KEEP`: build it;
+    /// else only check it (the subset's rules all the same) and give `Null`
+    /// for an array or object, whose items are dropped as they are read.
+    pub fn value<const KEEP: bool>(&mut self, depth: usize) -> Option<Value<'a>> {
         if depth > MAX_DEPTH {
             return None;
         }
         match self.peek()? {
-            b'{' => self.object(depth),
-            b'[' => self.array(depth),
+            b'{' => {
+                let mut members = Vec::new();
+                self.members(depth, |p, key, d| {
+                    let v = p.value::<KEEP>(d)?;
+                    if KEEP {
+                        if members.capacity() == 0 {
+                            members.reserve_exact(8);
+                        }
+                        members.push((key.clone(), v));
+                    }
+                    Some(())
+                })?;
+                Some(if KEEP {
+                    Value::Object(members)
+                } else {
+                    Value::Null
+                })
+            }
+            b'[' => {
+                let mut items = Vec::new();
+                self.items(depth, |p, _, d| {
+                    let v = p.value::<KEEP>(d)?;
+                    if KEEP {
+                        items.push(v);
+                    }
+                    Some(())
+                })?;
+                Some(if KEEP { Value::Array(items) } else { Value::Null })
+            }
             b'"' => self.string().map(Value::Str),
             b't' => self.literal(b"true", Value::Bool(true)),
             b'f' => self.literal(b"false", Value::Bool(false)),
@@ -155,12 +225,23 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn object(&mut self, depth: usize) -> Option<Value<'a>> {
-        self.bump(); // '{'
-        let mut members: Vec<(Cow<'a, str>, Value<'a>)> = Vec::with_capacity(8);
+    /// The object at the cursor (which must be at its `{`), at nesting
+    /// `depth`: for each member, `member(parser, key, depth of the value)`
+    /// reads the value (it must read exactly one, e.g. with [`Self::value`]).
+    /// `None` when the object breaks a rule (or `member` gives `None`).
+    pub fn members<F>(&mut self, depth: usize, mut member: F) -> Option<()>
+    where
+        F: FnMut(&mut Self, &Cow<'a, str>, usize) -> Option<()>,
+    {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.eat(b'{')?;
+        let inner = depth.checked_add(1)?;
+        let base = self.keys.len();
         self.ws();
         if self.eat(b'}').is_some() {
-            return Some(Value::Object(members));
+            return Some(());
         }
         loop {
             self.ws();
@@ -168,42 +249,54 @@ impl<'a> Parser<'a> {
                 return None;
             }
             let key = self.string()?;
-            if members.len() >= MAX_KEYS || members.iter().any(|(k, _)| *k == key) {
+            let seen = self.keys.get(base..)?;
+            if seen.len() >= MAX_KEYS || seen.iter().any(|k| *k == key) {
                 return None;
             }
             self.ws();
             self.eat(b':')?;
             self.ws();
-            let v = self.value(depth.checked_add(1)?)?;
-            members.push((key, v));
+            member(self, &key, inner)?;
+            self.keys.push(key);
             self.ws();
             match self.peek()? {
                 b',' => self.bump(),
                 b'}' => {
                     self.bump();
-                    return Some(Value::Object(members));
+                    self.keys.truncate(base);
+                    return Some(());
                 }
                 _ => return None,
             }
         }
     }
 
-    fn array(&mut self, depth: usize) -> Option<Value<'a>> {
-        self.bump(); // '['
-        let mut items = Vec::new();
+    /// The array at the cursor (at its `[`), at nesting `depth`: for each
+    /// item, `item(parser, position, depth of the item)` reads it.
+    pub fn items<F>(&mut self, depth: usize, mut item: F) -> Option<()>
+    where
+        F: FnMut(&mut Self, usize, usize) -> Option<()>,
+    {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.eat(b'[')?;
+        let inner = depth.checked_add(1)?;
         self.ws();
         if self.eat(b']').is_some() {
-            return Some(Value::Array(items));
+            return Some(());
         }
+        let mut position: usize = 0;
         loop {
             self.ws();
-            items.push(self.value(depth.checked_add(1)?)?);
+            item(self, position, inner)?;
+            position = position.saturating_add(1);
             self.ws();
             match self.peek()? {
                 b',' => self.bump(),
                 b']' => {
                     self.bump();
-                    return Some(Value::Array(items));
+                    return Some(());
                 }
                 _ => return None,
             }
@@ -269,16 +362,27 @@ impl<'a> Parser<'a> {
     /// Past the characters that stand for themselves in a string: up to a
     /// quote, a backslash, a control character or the end.
     fn plain_run(&mut self) {
-        let rest = self.b.get(self.i..).unwrap_or_default();
-        let n = rest
-            .iter()
-            .position(|&c| STOPS[usize::from(c)])
-            .unwrap_or(rest.len());
-        self.i = self.i.saturating_add(n);
+        let mut i = self.i;
+        // 8 bytes at a time, then byte by byte for the last few
+        while let Some(w) = self.b.get(i..i.saturating_add(8)) {
+            let w = <[u8; 8]>::try_from(w).map_or(0, u64::from_le_bytes);
+            if let Some(n) = word_stop(w) {
+                self.i = i.saturating_add(n);
+                return;
+            }
+            i = i.saturating_add(8);
+        }
+        while let Some(&c) = self.b.get(i) {
+            if STOPS[usize::from(c)] {
+                break;
+            }
+            i = i.saturating_add(1);
+        }
+        self.i = i;
     }
 
     /// A string starting at the opening quote.
-    fn string(&mut self) -> Option<Cow<'a, str>> {
+    pub fn string(&mut self) -> Option<Cow<'a, str>> {
         self.bump(); // '"'
         let start = self.i;
         // the fast path: no escape (the common case), borrowed
