@@ -107,7 +107,7 @@ pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<
                     return Some(());
                 }
                 // null is no choices; anything else is not a list of them
-                return matches!(p.value::<false>(d)?, Value::Null).then_some(());
+                return null(p, d);
             }
             "model" => &mut model,
             "id" => &mut id,
@@ -120,9 +120,7 @@ pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<
                 let v = p.value::<false>(d)?;
                 return (v.as_str() != Some("error")).then_some(());
             }
-            "error" => {
-                return matches!(p.value::<false>(d)?, Value::Null).then_some(());
-            }
+            "error" => return null(p, d),
             "usage" => &mut server[0],
             "timings" => &mut server[1],
             "metrics" => &mut server[2],
@@ -171,6 +169,14 @@ pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<
         id: name_id,
         server,
     })
+}
+
+/// The value at the cursor (at nesting `depth`) checked: `None` unless it is
+/// null (an unbuilt array or object is `Null` too: look at its first byte).
+fn null(p: &mut pyjson::Parser<'_>, depth: usize) -> Option<()> {
+    let null = p.peek()? == b'n';
+    p.value::<false>(depth)?;
+    null.then_some(())
 }
 
 /// An optional string: `Some(None)` absent or null, `None` another type.
@@ -257,7 +263,7 @@ fn read_choice<'a>(
             ("delta", Endpoint::Chat) => match p.peek()? {
                 b'{' => f.delta = Some(read_message(p, d)?),
                 // null is no delta; anything else is not one
-                _ => return matches!(p.value::<false>(d)?, Value::Null).then_some(()),
+                _ => return null(p, d),
             },
             _ => return p.value::<false>(d).map(drop),
         }
@@ -313,8 +319,7 @@ fn read_choice<'a>(
             d.tool_calls = match m.tool_calls {
                 Value::Null => None,
                 v @ Value::Array(_) => {
-                    matches!(&v, Value::Array(items) if !items.is_empty())
-                        .then(|| pyjson::dump(&v))
+                    matches!(&v, Value::Array(items) if !items.is_empty()).then(|| pyjson::dump(&v))
                 }
                 _ => return None,
             };
@@ -408,9 +413,13 @@ mod tests {
     use super::*;
 
     /// `extract` as it was: `pyjson::parse`, then a read of the tree (the
-        /// reference the one-pass `extract` must equal on every input).
+    /// reference the one-pass `extract` must equal on every input).
     /// `want_name`: the dialect has not found the reply's model yet.
-    fn extract_tree(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<'_>> {
+    pub(super) fn extract_tree(
+        data: &str,
+        endpoint: Endpoint,
+        want_name: bool,
+    ) -> Option<Chunk<'_>> {
         let obj = pyjson::parse(data)?;
         let Value::Object(members) = &obj else {
             return None;
@@ -765,5 +774,212 @@ mod tests {
             false
         )
         .is_some());
+    }
+}
+
+/// The one-pass `extract` against `extract_tree` (a parse, then a read of the
+/// tree: the code it replaced) on generated chunks, valid and broken.
+#[cfg(test)]
+mod same_as_tree {
+    use super::tests::extract_tree;
+    use super::*;
+    use proptest::prelude::*;
+
+    const KEYS: &[&str] = &[
+        "choices",
+        "delta",
+        "content",
+        "index",
+        "id",
+        "model",
+        "usage",
+        "timings",
+        "metrics",
+        "meta_info",
+        "object",
+        "error",
+        "message",
+        "response",
+        "logprobs",
+        "tool_calls",
+        "role",
+        "text",
+        "finish_reason",
+        "reasoning",
+        "reasoning_content",
+        "token",
+        "logprob",
+        "top_logprobs",
+        "top_tokens",
+        "token_id",
+        "refusal",
+        "x",
+        "\\u0069d",
+        "\\u0063hoices",
+    ];
+    const LEAVES: &[&str] = &[
+        "null",
+        "true",
+        "false",
+        "0",
+        "-1",
+        "3",
+        "1.5",
+        "-2.5e-7",
+        "1e400",
+        "-0",
+        "01",
+        "1.",
+        "2147483648",
+        "4294967295",
+        "4294967296",
+        "9223372036854775807",
+        "9223372036854775808",
+        "-9223372036854775809",
+        "12345678901234567890",
+        "\"\"",
+        "\"hi\"",
+        "\"stop\"",
+        "\"error\"",
+        "\"assistant\"",
+        "\"\\u00e9\\n\\/\"",
+        "\"\\ud800\"",
+        "\"\\udc00x\"",
+        "\"\\ud83d\\ude00\"",
+        "\"a\\u0001\"",
+        "\"a\u{1}\"",
+        "\"\\x\"",
+        "\"é😀\"",
+        "NaN",
+        "tru",
+    ];
+
+    fn value() -> impl Strategy<Value = String> {
+        let leaf = proptest::sample::select(LEAVES).prop_map(str::to_owned);
+        leaf.prop_recursive(5, 48, 5, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4)
+                    .prop_map(|items| format!("[{}]", items.join(","))),
+                proptest::collection::vec(
+                    (proptest::sample::select(KEYS), inner, " ?", " ?"),
+                    0..6
+                )
+                .prop_map(|members| {
+                    let body: Vec<String> = members
+                        .into_iter()
+                        .map(|(k, v, a, b)| format!("{a}\"{k}\"{b}:{a}{v}"))
+                        .collect();
+                    format!("{{{}}}", body.join(","))
+                }),
+            ]
+        })
+    }
+
+    /// A chunk-shaped object (a choice list mostly) or any value, then maybe
+    /// one byte cut or inserted.
+    fn doc() -> impl Strategy<Value = String> {
+        let chunk = (value(), value(), value(), value()).prop_map(|(a, b, c, d)| {
+            format!(
+                r#"{{"id":"c","object":"chat.completion.chunk","model":{a},"choices":[{{"index":0,"delta":{b},"logprobs":{c},"finish_reason":null}}],"usage":{d}}}"#
+            )
+        });
+        let doc = prop_oneof![chunk, value()];
+        (
+            doc,
+            any::<usize>(),
+            0..4_u8,
+            proptest::sample::select(b"{}[],:\"\\ 0e-".as_slice()),
+        )
+            .prop_map(|(d, at, how, byte)| {
+                let mut b = d.into_bytes();
+                let at = at.checked_rem(b.len().saturating_add(1)).unwrap_or(0);
+                match how {
+                    0 if at < b.len() => {
+                        b.remove(at);
+                    }
+                    1 => b.insert(at, byte),
+                    _ => {}
+                }
+                String::from_utf8(b).unwrap_or_default()
+            })
+    }
+
+    fn same(d: &str) {
+        for e in [Endpoint::Chat, Endpoint::Completions] {
+            for want in [false, true] {
+                assert_eq!(
+                    extract(d, e, want),
+                    extract_tree(d, e, want),
+                    "{d} {e:?} {want}"
+                );
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+        #[test]
+        fn one_pass_is_the_tree(d in doc()) {
+            same(&d);
+        }
+    }
+
+    #[test]
+    fn hostile_members_nobody_reads() {
+        let deep = |n: usize| "[".repeat(n) + &"]".repeat(n);
+        let wide = |n: usize| {
+            let keys: Vec<String> = (0..n).map(|i| format!("\"k{i}\":0")).collect();
+            format!("{{{}}}", keys.join(","))
+        };
+        for (skipped, ok) in [
+            (deep(63), true), // the member is at depth 2: 63 more levels fit
+            (deep(64), false),
+            (wide(256), true),
+            (wide(257), false),
+            (r#"{"a":1,"a":2}"#.into(), false),
+            (r#"{"a":1,"\u0061":2}"#.into(), false),
+            (r#"{"a":{"b":1},"b":{"a":1}}"#.into(), true),
+            (r#"[{"a":1},{"a":1}]"#.into(), true),
+            ("1e400".into(), false),
+            ("-0".into(), false),
+            ("9223372036854775808".into(), false),
+            (r#""\ud800""#.into(), false),
+            (r#""\u12""#.into(), false),
+            ("\"\u{1f}\"".into(), false),
+        ] {
+            for at in ["system_fingerprint", "message"] {
+                let d =
+                    format!(r#"{{"{at}":{skipped},"choices":[{{"delta":{{"content":"x"}}}}]}}"#);
+                same(&d);
+                assert_eq!(extract(&d, Endpoint::Chat, false).is_some(), ok, "{d}");
+                let d = format!(
+                    r#"{{"choices":[{{"delta":{{"content":"x","{at}":{skipped}}},"{at}":1}}]}}"#
+                );
+                same(&d);
+                if !skipped.starts_with("[[") {
+                    assert_eq!(extract(&d, Endpoint::Chat, false).is_some(), ok, "{d}");
+                }
+            }
+        }
+        // in a delta, an unread member is at depth 5: 60 more levels fit
+        for (n, ok) in [(60, true), (61, false)] {
+            let d = format!(r#"{{"choices":[{{"delta":{{"x":{}}}}}]}}"#, deep(n));
+            same(&d);
+            assert_eq!(extract(&d, Endpoint::Chat, false).is_some(), ok, "{d}");
+        }
+        // a duplicate key among the top level's read and unread members
+        same(r#"{"id":"a","choices":[],"id":"b"}"#);
+        assert_eq!(
+            extract(r#"{"choices":[],"x":1,"x":1}"#, Endpoint::Chat, false),
+            None
+        );
+        assert_eq!(
+            extract(
+                r#"{"choices":[{"delta":{},"q":[],"q":[]}]}"#,
+                Endpoint::Chat,
+                false
+            ),
+            None
+        );
     }
 }

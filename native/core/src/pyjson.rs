@@ -214,7 +214,11 @@ impl<'a> Parser<'a> {
                     }
                     Some(())
                 })?;
-                Some(if KEEP { Value::Array(items) } else { Value::Null })
+                Some(if KEEP {
+                    Value::Array(items)
+                } else {
+                    Value::Null
+                })
             }
             b'"' => self.string().map(Value::Str),
             b't' => self.literal(b"true", Value::Bool(true)),
@@ -250,7 +254,7 @@ impl<'a> Parser<'a> {
             }
             let key = self.string()?;
             let seen = self.keys.get(base..)?;
-            if seen.len() >= MAX_KEYS || seen.iter().any(|k| *k == key) {
+            if seen.len() >= MAX_KEYS || seen.contains(&key) {
                 return None;
             }
             self.ws();
