@@ -396,6 +396,14 @@ impl<'a> Parser<'a> {
             self.bump();
             return Some(Cow::Borrowed(s));
         }
+        self.escaped(start).map(Cow::Owned)
+    }
+
+    /// The rest of a string that is not plain (an escape or a control
+    /// character at the cursor), its text from `start`: out of line, for
+    /// the plain strings' path to stay short.
+    #[inline(never)]
+    fn escaped(&mut self, start: usize) -> Option<String> {
         let mut out = String::from(self.s.get(start..self.i)?);
         loop {
             let run = self.i;
@@ -403,7 +411,7 @@ impl<'a> Parser<'a> {
             out.push_str(self.s.get(run..self.i)?);
             if self.peek()? == b'"' {
                 self.bump();
-                return Some(Cow::Owned(out));
+                return Some(out);
             }
             if self.peek()? != b'\\' {
                 return None; // a control character
