@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from sniffer.llm.logprobs import ServerToken, parse_server_tokens
 import sniffer.llm.tokens as sniffer_tokens
+from sniffer.llm.logprobs import ServerToken, parse_server_tokens
 from sniffer.llm.tokens import (
     DEFAULT_NAME,
     MAX_ANOMALIES_PER_KIND,

@@ -1469,7 +1469,9 @@ def _choice_summary(
     return counts, straddle_count, len(straddles), listed, details, _histogram(counts)
 
 
-_Summarizer = Callable[[Sequence[int], Sequence[int], int, Sequence[tuple[int, int]], int], _Summary]
+_Summarizer = Callable[
+    [Sequence[int], Sequence[int], int, Sequence[tuple[int, int]], int], _Summary
+]
 
 
 @functools.cache
