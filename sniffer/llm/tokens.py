@@ -1429,6 +1429,79 @@ def _attribute_counts_walk(
     return counts, straddles
 
 
+#: What the analysis keeps of one choice's attribution (:func:`_choice_summary`):
+#: tokens per chunk, straddling tokens per chunk (by the chunk they start in),
+#: how many straddle, the token indices and ``straddle`` anomaly details of the
+#: first ones listed, and tokens per chunk → chunks with that many (by tokens).
+_Summary = tuple[list[int], list[int], int, list[int], list[str], dict[int, int]]
+
+
+def _choice_summary(
+    lens: Sequence[int],
+    seqs: Sequence[int],
+    n_ids: int,
+    offsets: Sequence[tuple[int, int]],
+    limit: int,
+) -> _Summary:
+    """The attribution of a choice's chunks (lengths ``lens``, seqs ``seqs``)
+    among ``n_ids`` tokens at ``offsets`` (a :class:`_Tiled` is read by its
+    ends), and what the analysis makes of it per chunk, listing at most
+    ``limit`` straddles (the reference of the native ``choice_summary``)."""
+    if type(offsets) is _Tiled:
+        ends: list[int] | None = offsets.ends
+        counts, straddles = _attribution_tiled()(lens, offsets.ends)
+    else:
+        ends = None
+        counts, straddles = _attribution()(lens, n_ids, offsets)
+    straddle_count = [0] * len(counts)
+    for _, first, _ in straddles:
+        straddle_count[first] += 1
+    listed: list[int] = []
+    details: list[str] = []
+    # tiling tokens' offsets from their ends, without a call per straddle
+    for k, first, end_chunk in straddles[: max(0, limit)]:
+        s0, e0 = offsets[k] if ends is None else (ends[k - 1] if k else 0, ends[k])
+        listed.append(k)
+        details.append(
+            f"chars {s0}-{e0} span chunk_index {first + 1}..{end_chunk + 1} "
+            f"(seq {seqs[first]}..{seqs[end_chunk]})"
+        )
+    return counts, straddle_count, len(straddles), listed, details, _histogram(counts)
+
+
+_Summarizer = Callable[
+    [Sequence[int], Sequence[int], int, Sequence[tuple[int, int]], int], _Summary
+]
+
+
+@functools.cache
+def _summarizer() -> _Summarizer:
+    """:func:`_choice_summary` as the native core has it
+    (``sniffer._native.choice_summary`` and ``choice_summary_tiled``: one
+    call, the listed straddles' details formatted there); this module's when
+    the pure core runs or the extension lacks them."""
+    from sniffer import native_core
+
+    mod = native_core()[0]
+    whole = getattr(mod, "choice_summary", None)
+    tiled = getattr(mod, "choice_summary_tiled", None)
+    if whole is None or tiled is None:
+        return _choice_summary
+
+    def native(
+        lens: Sequence[int],
+        seqs: Sequence[int],
+        n_ids: int,
+        offsets: Sequence[tuple[int, int]],
+        limit: int,
+    ) -> _Summary:
+        if type(offsets) is _Tiled:
+            return cast("_Summary", tiled(lens, seqs, offsets.ends, limit))
+        return cast("_Summary", whole(lens, seqs, n_ids, offsets, limit))
+
+    return native
+
+
 # ---------------------------------------------------------------------------
 # Analysis
 # ---------------------------------------------------------------------------
@@ -1459,6 +1532,10 @@ class _Anomalies:
         before = self.counts.get(key, 0)
         self.counts[key] = before + n
         return max(0, min(n, MAX_ANOMALIES_PER_KIND - before))
+
+    def room(self, kind: str, choice: int) -> int:
+        """How many more anomalies of ``kind`` for ``choice`` would be listed."""
+        return max(0, MAX_ANOMALIES_PER_KIND - self.counts.get((kind, choice), 0))
 
     def add(self, kind: str, choice: int, position: int | None, detail: str) -> None:
         if self.want(kind, choice):
@@ -1706,38 +1783,24 @@ def _assemble(
     dist: dict[int, int] = {}
     server_tokens: dict[int, tuple[str, ...]] = {}
     late = _finish_anomalies(s, p.ordered, p.choices, anomalies) if not s.capped else {}
-    attribute = _attribution()
-    attribute_tiled = _attribution_tiled()
+    summarize = _summarizer()
 
     for ch, cc in p.choices.items():
         ids, offsets, decoded = enc_of[(index, ch)]
         text = cc.text
         seqs = cc.seqs
         output_ids[ch] = ids
-        if type(offsets) is _Tiled:
-            counts, straddles = attribute_tiled(cc.lens, offsets.ends)
-        else:
-            counts, straddles = attribute(cc.lens, len(ids), offsets)
-        hist = _histogram(counts)
+        kept = anomalies.room("straddle", ch)
+        counts, straddle_count, n_straddles, listed, details, hist = summarize(
+            cc.lens, seqs, len(ids), offsets, kept
+        )
         for n, m in hist.items():
             dist[n] = dist.get(n, 0) + m
-
-        straddle_count = [0] * len(seqs)
-        for _, first, _ in straddles:
-            straddle_count[first] += 1
-        # tiling tokens' offsets from their ends, without a call per straddle
-        ends = offsets.ends if type(offsets) is _Tiled else None
-        for k, first, end_chunk in straddles[: anomalies.take("straddle", ch, len(straddles))]:
-            s0, e0 = offsets[k] if ends is None else (ends[k - 1] if k else 0, ends[k])
-            anomalies.items.append(
-                Anomaly(
-                    "straddle",
-                    ch,
-                    k,
-                    f"chars {s0}-{e0} span chunk_index {first + 1}..{end_chunk + 1} "
-                    f"(seq {seqs[first]}..{seqs[end_chunk]})",
-                )
-            )
+        if n_straddles:
+            anomalies.take("straddle", ch, n_straddles)
+            shown = len(listed)
+            straddle, choice = repeat("straddle", shown), repeat(ch, shown)
+            anomalies.items.extend(map(Anomaly, straddle, choice, listed, details))
         per_choice[ch] = ChoiceChunks(seqs, counts, straddle_count, text, hist)
 
         multi = len(counts) - hist.get(0, 0) - hist.get(1, 0)  # chunks with 2+ tokens

@@ -7,7 +7,11 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-use sparseety_core::tokens::{attribute, attribute_tiled, Straddle};
+use std::collections::BTreeMap;
+
+use sparseety_core::tokens::{
+    attribute, attribute_tiled, summary, summary_tiled, Straddle, Summary,
+};
 
 /// Integers of a list item by item, of any other sequence through the
 /// generic conversion.
@@ -36,8 +40,13 @@ fn attribute_counts(
     n_ids: i64,
     offsets: &Bound<'_, PyAny>,
 ) -> PyResult<(Vec<i64>, Vec<Straddle>)> {
-    let lens = ints(lens)?;
-    let offsets: Vec<(i64, i64)> = match offsets.cast::<PyList>() {
+    Ok(attribute(&ints(lens)?, n_ids, &pairs(offsets)?))
+}
+
+/// A list of 2-tuples item by item, any other sequence through the generic
+/// conversion.
+fn pairs(offsets: &Bound<'_, PyAny>) -> PyResult<Vec<(i64, i64)>> {
+    Ok(match offsets.cast::<PyList>() {
         Ok(list) => {
             let mut out = Vec::with_capacity(list.len());
             for o in list.iter() {
@@ -52,8 +61,7 @@ fn attribute_counts(
             out
         }
         Err(_) => offsets.extract()?,
-    };
-    Ok(attribute(&lens, n_ids, &offsets))
+    })
 }
 
 /// `attribute_counts` of tokens that tile the text in order, given by their
@@ -68,8 +76,48 @@ fn attribute_tiled_py(
     Ok(attribute_tiled(&ints(lens)?, &ints(ends)?))
 }
 
+/// `_choice_summary` as Python has it: (counts, straddles per chunk, straddle
+/// count, listed straddles' token indices, their anomaly details, tokens per
+/// chunk → chunks).
+type SummaryPy = (Vec<i64>, Vec<i64>, i64, Vec<i64>, Vec<String>, BTreeMap<i64, i64>);
+
+fn summary_py(s: Summary) -> SummaryPy {
+    (s.counts, s.straddle_counts, s.straddles, s.listed, s.details, s.histogram)
+}
+
+/// `_choice_summary` of a choice whose chunks have lengths `lens` and seqs
+/// `seqs`, encoded as `n_ids` tokens at `offsets`, listing at most `limit`
+/// straddles: the attribution and everything the analysis makes of it per
+/// chunk, in one call (the Python reference loops over the straddles and
+/// formats each listed one).
+#[pyfunction]
+fn choice_summary(
+    lens: &Bound<'_, PyAny>,
+    seqs: &Bound<'_, PyAny>,
+    n_ids: i64,
+    offsets: &Bound<'_, PyAny>,
+    limit: usize,
+) -> PyResult<SummaryPy> {
+    let s = summary(&ints(lens)?, &ints(seqs)?, n_ids, &pairs(offsets)?, limit);
+    Ok(summary_py(s))
+}
+
+/// `choice_summary` of tokens that tile the text in order, given by their ends.
+#[pyfunction]
+fn choice_summary_tiled(
+    lens: &Bound<'_, PyAny>,
+    seqs: &Bound<'_, PyAny>,
+    ends: &Bound<'_, PyAny>,
+    limit: usize,
+) -> PyResult<SummaryPy> {
+    let s = summary_tiled(&ints(lens)?, &ints(seqs)?, &ints(ends)?, limit);
+    Ok(summary_py(s))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attribute_counts, m)?)?;
     m.add_function(wrap_pyfunction!(attribute_tiled_py, m)?)?;
+    m.add_function(wrap_pyfunction!(choice_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(choice_summary_tiled, m)?)?;
     Ok(())
 }
