@@ -127,11 +127,46 @@ fn spelled(token: &str, alphabet: &[Option<u8>; 324]) -> Option<Box<[u8]>> {
         .collect()
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
+/// A merge: `"a b"` (the old format) or `["a", "b"]`. Read by hand:
+/// serde's untagged enums buffer every value first (~2x the load).
 enum Merge<'a> {
-    Line(#[serde(borrow)] Cow<'a, str>),
-    Pair(#[serde(borrow)] (Cow<'a, str>, Cow<'a, str>)),
+    Line(Cow<'a, str>),
+    Pair((Cow<'a, str>, Cow<'a, str>)),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Merge<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Merge<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a merge: \"a b\" or [\"a\", \"b\"]")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Merge::Line(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Merge::Line(Cow::Owned(v.to_owned())))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                use serde::de::Error;
+                let a: Cow<'de, str> = seq
+                    .next_element()?
+                    .ok_or_else(|| A::Error::invalid_length(0, &self))?;
+                let b: Cow<'de, str> = seq
+                    .next_element()?
+                    .ok_or_else(|| A::Error::invalid_length(1, &self))?;
+                if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    return Err(A::Error::invalid_length(3, &self));
+                }
+                Ok(Merge::Pair((a, b)))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
 }
 
 #[derive(Deserialize)]
@@ -229,11 +264,9 @@ impl Bpe {
         .to_string();
         let alphabet = byte_of();
         let entries = m.vocab.0;
-        let size = entries
-            .iter()
-            .map(|e| e.1)
-            .max()
-            .map_or(0, |i| usize::try_from(i).unwrap_or(usize::MAX).saturating_add(1));
+        let size = entries.iter().map(|e| e.1).max().map_or(0, |i| {
+            usize::try_from(i).unwrap_or(usize::MAX).saturating_add(1)
+        });
         if size > entries.len().saturating_mul(2).saturating_add(1024) {
             return Err("vocabulary ids too sparse".into());
         }
@@ -269,7 +302,12 @@ impl Bpe {
                 }
                 Merge::Pair((a, b)) => (a.as_ref(), b.as_ref()),
             };
-            let id = |t: &str| vocab.get(t).copied().ok_or_else(|| format!("{t:?} not in vocab"));
+            let id = |t: &str| {
+                vocab
+                    .get(t)
+                    .copied()
+                    .ok_or_else(|| format!("{t:?} not in vocab"))
+            };
             let (ia, ib) = (id(a)?, id(b)?);
             joined.clear();
             joined.push_str(a);
@@ -506,7 +544,10 @@ mod tests {
         assert_eq!(t.id_to_token(99), None);
         assert_eq!(t.decode(&[3, 8, 2]).as_deref(), Some("ab c"));
         assert_eq!(t.decode(&[9]), None);
-        assert_eq!(t.encode_tiled(b"ab c"), Some((vec![3, 8, 2], vec![2, 3, 4])));
+        assert_eq!(
+            t.encode_tiled(b"ab c"),
+            Some((vec![3, 8, 2], vec![2, 3, 4]))
+        );
         assert_eq!(t.encode_tiled(b"abd"), None);
         assert_eq!(t.encode_tiled(b"abc"), Some((vec![3, 2], vec![2, 3])));
     }
@@ -516,7 +557,7 @@ mod tests {
         let bad = [
             r#"{"model":{"vocab":{"a":0},"merges":["a b"]}}"#, // b not in vocab
             r#"{"model":{"vocab":{"a":0,"b":0},"merges":[]}}"#, // two tokens, one id
-            r#"{"model":{"vocab":{},"merges":[],"x":1}}"#,      // unknown key
+            r#"{"model":{"vocab":{},"merges":[],"x":1}}"#,     // unknown key
             r#"{"model":{"vocab":{"a":0},"merges":["a a a"]}}"#,
             r#"{"model":{"vocab":{"a":0},"merges":[]}, "other": 1}"#,
             r#"{"model":"#,
