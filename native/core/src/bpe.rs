@@ -118,13 +118,16 @@ fn byte_of() -> [Option<u8>; 324] {
     out
 }
 
-/// The bytes a token string spells, or None when one of its characters is
-/// not in the byte-level alphabet.
-fn spelled(token: &str, alphabet: &[Option<u8>; 324]) -> Option<Box<[u8]>> {
-    token
-        .chars()
-        .map(|c| alphabet.get(c as usize).copied().flatten())
-        .collect()
+/// Appends the bytes a token string spells to `out`; false (and a part
+/// appended) when one of its characters is not in the byte-level alphabet.
+fn spelled(token: &str, alphabet: &[Option<u8>; 324], out: &mut Vec<u8>) -> bool {
+    for c in token.chars() {
+        match alphabet.get(c as usize).copied().flatten() {
+            Some(b) => out.push(b),
+            None => return false,
+        }
+    }
+    true
 }
 
 /// A merge: `"a b"` (the old format) or `["a", "b"]`. Read by hand:
@@ -220,10 +223,14 @@ struct Doc<'a> {
 pub struct Bpe {
     /// token string → id (the model's vocabulary)
     vocab: FxMap<Box<str>, u32>,
-    /// id → token string (the model's vocabulary)
-    tokens: Vec<Option<Box<str>>>,
-    /// id → the bytes it spells (None: not in the alphabet, or no such id)
-    bytes: Vec<Option<Box<[u8]>>>,
+    /// id → its token string in `token_text` (the model's vocabulary; one
+    /// buffer, not one allocation per token: the load's cost)
+    tokens: Vec<Option<(u32, u32)>>,
+    token_text: String,
+    /// id → the bytes it spells in `byte_text` (None: not in the alphabet,
+    /// or no such id)
+    bytes: Vec<Option<(u32, u32)>>,
+    byte_text: Vec<u8>,
     /// (left, right) → (rank, merged id)
     merges: FxMap<(u32, u32), (u32, u32)>,
     /// byte → id of its one-character token
@@ -270,8 +277,15 @@ impl Bpe {
         if size > entries.len().saturating_mul(2).saturating_add(1024) {
             return Err("vocabulary ids too sparse".into());
         }
-        let mut tokens: Vec<Option<Box<str>>> = vec![None; size];
-        let mut bytes: Vec<Option<Box<[u8]>>> = vec![None; size];
+        let mut tokens: Vec<Option<(u32, u32)>> = vec![None; size];
+        let mut bytes: Vec<Option<(u32, u32)>> = vec![None; size];
+        let mut token_text = String::with_capacity(data.len() / 4);
+        let mut byte_text: Vec<u8> = Vec::with_capacity(data.len() / 8);
+        let span = |start: usize, end: usize| -> Result<(u32, u32), String> {
+            let s = u32::try_from(start).map_err(|e| e.to_string())?;
+            let e = u32::try_from(end).map_err(|e| e.to_string())?;
+            Ok((s, e))
+        };
         let mut vocab: FxMap<Box<str>, u32> = FxMap::default();
         vocab.reserve(entries.len());
         for (token, id) in entries {
@@ -280,9 +294,16 @@ impl Bpe {
             if slot.is_some() {
                 return Err(format!("two tokens with id {id}"));
             }
-            *slot = Some(token.as_ref().into());
-            if let Some(b) = bytes.get_mut(at) {
-                *b = spelled(&token, &alphabet);
+            let start = token_text.len();
+            token_text.push_str(&token);
+            *slot = Some(span(start, token_text.len())?);
+            let start = byte_text.len();
+            if spelled(&token, &alphabet, &mut byte_text) {
+                if let Some(b) = bytes.get_mut(at) {
+                    *b = Some(span(start, byte_text.len())?);
+                }
+            } else {
+                byte_text.truncate(start);
             }
             if vocab.insert(Box::<str>::from(token.as_ref()), id).is_some() {
                 return Err(format!("token {token:?} twice"));
@@ -329,10 +350,14 @@ impl Bpe {
             added_ids.insert(t.id, content.clone());
             added_list.push((t.id, content));
         }
+        token_text.shrink_to_fit();
+        byte_text.shrink_to_fit();
         Ok(Bpe {
             vocab,
             tokens,
+            token_text,
             bytes,
+            byte_text,
             merges,
             byte_ids,
             added,
@@ -375,9 +400,9 @@ impl Bpe {
         if let Some(c) = self.added_ids.get(&id) {
             return Some(c);
         }
-        self.tokens
-            .get(usize::try_from(id).ok()?)
-            .and_then(|t| t.as_deref())
+        let (s, e) = (*self.tokens.get(usize::try_from(id).ok()?)?)?;
+        self.token_text
+            .get(usize::try_from(s).ok()?..usize::try_from(e).ok()?)
     }
 
     /// The id of a token string: an added token's first, then the model's.
@@ -393,9 +418,9 @@ impl Bpe {
         if self.is_added(id) {
             return None;
         }
-        self.bytes
-            .get(usize::try_from(id).ok()?)
-            .and_then(|b| b.as_deref())
+        let (s, e) = (*self.bytes.get(usize::try_from(id).ok()?)?)?;
+        self.byte_text
+            .get(usize::try_from(s).ok()?..usize::try_from(e).ok()?)
     }
 
     /// What the ByteLevel decoder gives for `ids` when each is a plain model
