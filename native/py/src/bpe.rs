@@ -88,7 +88,11 @@ impl BpeModel {
         let out = PyList::empty(py);
         for item in pieces.iter() {
             let piece = item.cast::<PyString>()?;
-            match piece.to_str().ok().and_then(|p| self.bpe.encode_tiled(p.as_bytes())) {
+            match piece
+                .to_str()
+                .ok()
+                .and_then(|p| self.bpe.encode_tiled(p.as_bytes()))
+            {
                 Some(pair) => out.append(pair)?,
                 None => out.append(py.None())?,
             }
