@@ -206,28 +206,76 @@ class LoadedTokenizer:
     tokens (``add_special_tokens=False``) and decoded without skipping them.
     """
 
-    def __init__(self, name: str, tokenizer: Tokenizer, chat: Any = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        tokenizer: Tokenizer | None,
+        chat: Any = None,
+        *,
+        native: Any = None,
+        load: Callable[[], Tokenizer] | None = None,
+    ) -> None:
         """``chat`` is a loaded ``transformers`` tokenizer whose
-        ``apply_chat_template`` renders chat prompts, or None for the fallback."""
-        self.name = name
-        self._tok = tokenizer
-        self._chat = chat
-        self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
-        unk = getattr(tokenizer.model, "unk_token", None)
-        self.unk_id: int | None = tokenizer.token_to_id(unk) if isinstance(unk, str) else None
-        from tokenizers import decoders
+        ``apply_chat_template`` renders chat prompts, or None for the fallback.
 
-        self.byte_level: bool = isinstance(tokenizer.decoder, decoders.ByteLevel)
-        #: the token pass may take offsets and decoded texts from the tokens'
-        #: bytes (see :meth:`_encode_checked`)
-        self.plain_byte_level: bool = _plain_byte_level(tokenizer)
-        #: the native fast path of DeepSeek's tokenizer on ASCII texts, or None
-        #: (:func:`_piece_encoder`)
-        self._fast: Any = _piece_encoder(tokenizer) if self.plain_byte_level else None
+        ``tokenizer`` None: the library's tokenizer is loaded by ``load`` on
+        first need (:attr:`_tok`), and ``native`` (``sniffer._native.BpeModel``
+        of the same file, accepted by :func:`_native_fits`) serves meanwhile:
+        the fast path's pieces, ``decode`` of plain tokens, the vocabulary
+        lookups (:func:`_native_bpe`)."""
+        self.name = name
+        self._lib: Tokenizer | None = tokenizer
+        self._load_lib = load
+        self._lib_lock = threading.Lock()
+        self._native = native
+        self._chat = chat
+        self._added: frozenset[int] | None = None
+        if tokenizer is None:
+            if native is None or load is None:
+                raise ValueError("a lazy tokenizer needs its native model and a loader")
+            self.vocab_size: int = native.vocab_size
+            self.unk_id: int | None = None  # _native_fits: no UNK token
+            self.byte_level: bool = True  # _native_fits: the ByteLevel decoder
+            self.plain_byte_level: bool = _has_encode_batch_fast()
+            self._added = frozenset(i for i, _ in native.added)
+            self._fast: Any = (
+                _new_piece_encoder([c for _, c in native.added]) if self.plain_byte_level else None
+            )
+        else:
+            self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+            unk = getattr(tokenizer.model, "unk_token", None)
+            self.unk_id = tokenizer.token_to_id(unk) if isinstance(unk, str) else None
+            from tokenizers import decoders
+
+            self.byte_level = isinstance(tokenizer.decoder, decoders.ByteLevel)
+            #: the token pass may take offsets and decoded texts from the tokens'
+            #: bytes (see :meth:`_encode_checked`)
+            self.plain_byte_level = _plain_byte_level(tokenizer)
+            #: the native fast path of DeepSeek's tokenizer on ASCII texts, or None
+            #: (:func:`_piece_encoder`)
+            self._fast = _piece_encoder(tokenizer) if self.plain_byte_level else None
         self._pieces: dict[int, bytes] = {}  # id → its bytes (b"": not a plain token)
         self._chars: dict[int, int] = {}  # id → characters its bytes start (UTF-8)
         self._cont: set[int] = set()  # ids whose first byte continues a character
-        self._added: frozenset[int] | None = None
+
+    @property
+    def _tok(self) -> Tokenizer:
+        """The library's tokenizer, loaded now if it was left to first need
+        (once, under a lock; a failure raises :class:`TokenizerLoadError`
+        each time)."""
+        tok = self._lib
+        if tok is None:
+            with self._lib_lock:
+                tok = self._lib
+                if tok is None:
+                    assert self._load_lib is not None
+                    tok = self._lib = self._load_lib()
+        return tok
+
+    @property
+    def library_loaded(self) -> bool:
+        """Whether the tokenizers library's tokenizer is loaded (tests, benchmarks)."""
+        return self._lib is not None
 
     @property
     def has_chat_template(self) -> bool:
@@ -321,7 +369,12 @@ class LoadedTokenizer:
         """The fast path's question to the library: per piece (ASCII), its
         ids and their ends when its tokens are plain entries that spell it
         (:meth:`_offsets_from_bytes`), else None (its texts take the
-        library's path)."""
+        library's path). Natively when the tokenizer came from
+        :func:`_native_bpe` (``BpeModel.encode_pieces``: the same ids, the
+        library is not loaded)."""
+        if self._native is not None:
+            got = self._native.encode_pieces(pieces)
+            return cast("list[tuple[list[int], list[int]] | None]", got)
         encs = self._tok.encode_batch_fast(pieces, add_special_tokens=False)
         out: list[tuple[list[int], list[int]] | None] = []
         for piece, e in zip(pieces, encs, strict=True):
@@ -396,7 +449,7 @@ class LoadedTokenizer:
         added = self._added
         if added is None:
             added = self._added = frozenset(self._tok.get_added_tokens_decoder())
-        token = self._tok.id_to_token(i)
+        token = self.id_to_token(i)
         if token is None or i in added or i == self.unk_id:
             return b""
         try:
@@ -409,14 +462,14 @@ class LoadedTokenizer:
         removed, see ``tokenize_pass.MASKED_ID``) decodes to ``<REDACTED>``."""
         ids = list(ids)
         if not ids or min(ids) >= 0:
-            return self._tok.decode(ids, skip_special_tokens=False)
+            return self._decode_one(ids)
         out: list[str] = []
         run: list[int] = []
         masked = False
         for i in ids:
             if i < 0:
                 if run:
-                    out.append(self._tok.decode(run, skip_special_tokens=False))
+                    out.append(self._decode_one(run))
                     run = []
                 if not masked:
                     out.append("<REDACTED>")
@@ -425,8 +478,18 @@ class LoadedTokenizer:
                 run.append(i)
                 masked = False
         if run:
-            out.append(self._tok.decode(run, skip_special_tokens=False))
+            out.append(self._decode_one(run))
         return "".join(out)
+
+    def _decode_one(self, ids: list[int]) -> str:
+        """``decode`` of ids that hold no masked id: natively when each is a
+        plain model token and the library is lazy (the ByteLevel decoder
+        joins their bytes), else the library's."""
+        if self._native is not None:
+            got = self._native.decode(ids)
+            if got is not None:
+                return cast("str", got)
+        return self._tok.decode(ids, skip_special_tokens=False)
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         if not batch:
@@ -439,12 +502,18 @@ class LoadedTokenizer:
         """The texts of token id sequences that hold no masked (negative) id."""
         if not batch:
             return []
+        if self._native is not None:
+            return [self._decode_one(list(ids)) for ids in batch]
         return self._tok.decode_batch(list(batch), skip_special_tokens=False)
 
     def id_to_token(self, i: int) -> str | None:
+        if self._native is not None:  # added tokens first, then the model's (the library's order)
+            return cast("str | None", self._native.id_to_token(i))
         return self._tok.id_to_token(i)
 
     def token_to_id(self, t: str) -> int | None:
+        if self._native is not None:
+            return cast("int | None", self._native.token_to_id(t))
         return self._tok.token_to_id(t)
 
     def token_text(self, i: int) -> str:
@@ -461,12 +530,12 @@ class LoadedTokenizer:
             return tid if in_range(tid, TOKEN_ID_RANGE) else None
         raw = tok.raw if tok.raw is not None else tok.text.encode("utf-8", "surrogatepass")
         if self.byte_level:
-            i = self._tok.token_to_id(_bytes_to_byte_level(raw))
+            i = self.token_to_id(_bytes_to_byte_level(raw))
             if i is not None:
                 return i
-        i = self._tok.token_to_id(tok.text)
+        i = self.token_to_id(tok.text)
         if i is None and tok.raw is not None:
-            i = self._tok.token_to_id(tok.raw.decode("utf-8", "replace"))
+            i = self.token_to_id(tok.raw.decode("utf-8", "replace"))
         return i
 
     # -- prompts -----------------------------------------------------------
@@ -652,6 +721,83 @@ def _piece_encoder(tokenizer: Tokenizer) -> Any:
         return None
     added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
     return mod.PieceEncoder(added)
+
+
+def _new_piece_encoder(added: list[str]) -> Any:
+    """A ``PieceEncoder`` for a tokenizer with these added tokens' contents,
+    or None without the native core."""
+    from sniffer import native_core
+
+    mod = native_core()[0]
+    return None if mod is None else mod.PieceEncoder(added)
+
+
+def _has_encode_batch_fast() -> bool:
+    """Whether the installed tokenizers library has ``encode_batch_fast``
+    (>= 0.20; :func:`_plain_byte_level`), without loading a tokenizer."""
+    from tokenizers import Tokenizer
+
+    return hasattr(Tokenizer, "encode_batch_fast")
+
+
+def _native_bpe(path: Path) -> Any:
+    """``sniffer._native.BpeModel`` of ``path`` (a ``tokenizer.json``) when the
+    native core runs and its configuration is one whose token pass needs
+    nothing of the library on ASCII texts (:func:`_native_fits`), else None
+    (the library loads it now, as before: a file the native reader refuses
+    is left for the library to accept or to report)."""
+    from sniffer import native_core
+
+    mod = native_core()[0]
+    if mod is None or not hasattr(mod, "BpeModel"):
+        return None
+    try:
+        model = mod.BpeModel.from_file(str(path))
+        config = json.loads(model.config)
+    except (OSError, ValueError):
+        return None
+    return model if _native_fits(config) else None
+
+
+def _native_fits(config: Any) -> bool:
+    """Whether a ``tokenizer.json``'s configuration (``BpeModel.config``: its
+    components and the model's flags) is DeepSeek's as :func:`_piece_encoder`
+    and :func:`_plain_byte_level` accept it: a BPE model without dropout,
+    UNK, subword prefix or suffix, byte fallback or ``ignore_merges``; no
+    normalizer (or an empty sequence), DeepSeek's pre-tokenizer
+    (:data:`_FAST_PRE_TOKENIZER`), no truncation nor padding, no
+    post-processor or a ``ByteLevel`` one that does not trim offsets (it
+    adds no token), and the ``ByteLevel`` decoder (its flags play no part in
+    decoding). ``BpeModel`` then finds the ids the library finds."""
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        return False
+    m = config["model"]
+    post = config.get("post_processor")
+    decoder = config.get("decoder")
+    return (
+        m.get("type") in (None, "BPE")
+        and m.get("dropout") is None
+        and m.get("unk_token") is None
+        and m.get("continuing_subword_prefix") is None
+        and m.get("end_of_word_suffix") is None
+        and not m.get("fuse_unk")
+        and not m.get("byte_fallback")
+        and not m.get("ignore_merges")
+        and config.get("truncation") is None
+        and config.get("padding") is None
+        and config.get("normalizer") in (None, {"type": "Sequence", "normalizers": []})
+        and config.get("pre_tokenizer") == _FAST_PRE_TOKENIZER
+        and (
+            post is None
+            or (
+                isinstance(post, dict)
+                and post.get("type") == "ByteLevel"
+                and not post.get("trim_offsets")
+            )
+        )
+        and isinstance(decoder, dict)
+        and decoder.get("type") == "ByteLevel"
+    )
 
 
 def prompt_method(tok: LoadedTokenizer | tuple[str, bool], request: Any) -> str | None:
@@ -844,17 +990,37 @@ def _load(source: str, name: str) -> LoadedTokenizer:
     return _load_dir(Path(snapshot), name)
 
 
-def _load_file(path: Path, name: str) -> LoadedTokenizer:
+def _from_file(path: Path, label: Path) -> Tokenizer:
+    """The library's ``Tokenizer.from_file``; a failure is a
+    :class:`TokenizerLoadError` naming ``label``."""
     from tokenizers import Tokenizer
 
     try:
-        tok = Tokenizer.from_file(str(path))
+        return Tokenizer.from_file(str(path))
     except Exception as exc:
-        raise TokenizerLoadError(f"tokenizer {str(path)!r}: cannot load: {exc}") from exc
+        raise TokenizerLoadError(f"tokenizer {str(label)!r}: cannot load: {exc}") from exc
+
+
+def _tokenizer_json(path: Path, label: Path, name: str) -> Callable[[Any], LoadedTokenizer]:
+    """A ``tokenizer.json``'s tokenizer, given its chat tokenizer: read
+    natively with the library left to first need when :func:`_native_bpe`
+    takes it (DeepSeek's: ~0.1 s instead of 0.25-0.35 s of CPU, and a
+    replay of ASCII streams never needs the library), else loaded by the
+    library now (a file it cannot load fails here, as before)."""
+    native = _native_bpe(path)
+    if native is not None:
+        load = functools.partial(_from_file, path, label)
+        return lambda chat: LoadedTokenizer(name, None, chat, native=native, load=load)
+    tok = _from_file(path, label)
+    return lambda chat: LoadedTokenizer(name, tok, chat)
+
+
+def _load_file(path: Path, name: str) -> LoadedTokenizer:
+    make = _tokenizer_json(path, path, name)
     chat = None
     if path.name == "tokenizer.json" and _has_chat_template(path.parent):
         chat = _load_chat(path.parent)
-    return LoadedTokenizer(name, tok, chat)
+    return make(chat)
 
 
 def _load_dir(path: Path, name: str) -> LoadedTokenizer:
@@ -862,11 +1028,7 @@ def _load_dir(path: Path, name: str) -> LoadedTokenizer:
 
     chat = _load_chat(path) if _has_chat_template(path) else None
     if (path / "tokenizer.json").is_file():
-        try:
-            tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-        except Exception as exc:
-            raise TokenizerLoadError(f"tokenizer {str(path)!r}: cannot load: {exc}") from exc
-        return LoadedTokenizer(name, tok, chat)
+        return _tokenizer_json(path / "tokenizer.json", path, name)(chat)
     # No tokenizer.json (e.g. sentencepiece only): let transformers build the fast one.
     hf = chat if chat is not None else _load_auto(path)
     backend = getattr(hf, "backend_tokenizer", None)

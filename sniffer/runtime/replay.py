@@ -724,7 +724,9 @@ class _TokenPass:
         self.result = ReplayResult(path=path)
 
     def load(self) -> None:
-        """Load the default tokenizer (0.25 s holding the GIL) while the workers read."""
+        """Load the default tokenizer while the workers read (DeepSeek's is read
+        natively, ~0.1 s with the GIL released; the tokenizers library's load,
+        0.25 s holding it, is left to first need: ``LoadedTokenizer._tok``)."""
         if self._chain.tokens is None:
             return
         from sniffer.llm.tokens import TokenizerLoadError

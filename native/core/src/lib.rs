@@ -14,6 +14,7 @@ pub mod ring;
 /// The version of the native core, reported by `sparseety --version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+pub mod bpe;
 pub mod cadence;
 pub mod http1;
 pub mod ids;

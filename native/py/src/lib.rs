@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+mod bpe;
 mod cadence;
 mod chunks;
 mod flow;
@@ -25,6 +26,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     chunks::register(m)?;
     tokens::register(m)?;
     pretok::register(m)?;
+    bpe::register(m)?;
     cadence::register(m)?;
     Ok(())
 }
