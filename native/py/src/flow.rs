@@ -22,6 +22,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use pyo3::{intern, IntoPyObjectExt};
 
 use sparseety_core::link::{self, addr_text, parse_addr, Addr, Seg};
+use sparseety_core::pcapng;
 use sparseety_core::reassembly::{self as core_r, Event};
 
 /// One parsed segment; its payload is `arena[start..start + len]`.
@@ -280,6 +281,45 @@ type PcapChunk = (
     Option<f64>,
     Option<(&'static str, usize, u64)>,
 );
+
+/// Walk pcapng blocks from `off` (`sparseety_core::pcapng::walk`): runs of
+/// packet and skippable blocks of a section of byte order `big_endian` with
+/// `interfaces` ((linktype, divisor, tsoffset, snaplen) each: linktype
+/// 0xFFFFFFFF for one the core does not parse, divisor 0 for packets Python
+/// must time), at most `max_packets` packets; `ts` is the running timestamp.
+/// Returns (batch, next offset, packets, bytes, first ts or None, ts, refused):
+/// refused means it stopped at a block for the Python walk to handle.
+#[pyfunction]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn read_pcapng(
+    py: Python<'_>,
+    data: &Bound<'_, PyAny>,
+    off: usize,
+    big_endian: bool,
+    interfaces: Vec<(u32, u64, i64, u32)>,
+    ts: f64,
+    max_packets: usize,
+) -> PyResult<(SegmentBatch, usize, usize, u64, Option<f64>, f64, bool)> {
+    let ifaces: Vec<pcapng::Iface> = interfaces
+        .into_iter()
+        .map(|(linktype, divisor, tsoffset, snaplen)| pcapng::Iface {
+            linktype,
+            divisor,
+            tsoffset,
+            snaplen,
+        })
+        .collect();
+    with_bytes(py, data, |buf| {
+        let mut batch = SegmentBatch::new();
+        let w = pcapng::walk(buf, off, big_endian, &ifaces, ts, max_packets, |t, lt, frame| {
+            batch.frames += 1;
+            if let Some(s) = link::parse_frame(lt, frame) {
+                batch.push(t, &s);
+            }
+        });
+        (batch, w.off, w.packets, w.bytes, w.first, w.ts, w.refused)
+    })
+}
 
 /// A `SegmentBatch` of `Segment` values (a pcapng file read by the Python reader).
 #[pyfunction]
@@ -850,6 +890,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Reassembler>()?;
     m.add_function(wrap_pyfunction!(parse_frames, m)?)?;
     m.add_function(wrap_pyfunction!(read_pcap, m)?)?;
+    m.add_function(wrap_pyfunction!(read_pcapng, m)?)?;
     m.add_function(wrap_pyfunction!(segment_batch, m)?)?;
     Ok(())
 }
