@@ -59,7 +59,9 @@ def shb(order: str) -> bytes:
     return block(SHB, struct.pack(order + "IHHq", 0x1A2B3C4D, 1, 0, -1), order)
 
 
-def idb(order: str, linktype: int, snaplen: int, tsresol: int | None, tsoffset: int | None) -> bytes:
+def idb(
+    order: str, linktype: int, snaplen: int, tsresol: int | None, tsoffset: int | None
+) -> bytes:
     opts = b""
     if tsresol is not None:
         opts += struct.pack(order + "HH", 9, 1) + bytes([tsresol]) + b"\0\0\0"

@@ -70,9 +70,10 @@ pub fn div_round(v: u64, d: u64) -> f64 {
     }
     let n = u128::from(v) << 64;
     let d = u128::from(d);
-    let q = n / d;
-    let sticky = u128::from(n % d != 0);
-    (q | sticky) as f64 * (1.0 / 18_446_744_073_709_551_616.0)
+    let (Some(q), Some(r)) = (n.checked_div(d), n.checked_rem(d)) else {
+        return f64::NAN; // d == 0: not a divisor the walk takes
+    };
+    (q | u128::from(r != 0)) as f64 * (1.0 / 18_446_744_073_709_551_616.0)
 }
 
 fn u32_at(buf: &[u8], at: usize, big: bool) -> Option<u32> {
@@ -107,7 +108,7 @@ pub fn walk(
         refused: false,
     };
     while w.off < size && w.packets < max_packets {
-        if !step(buf, big, ifaces, &mut w, &mut on_frame) {
+        if step(buf, big, ifaces, &mut w, &mut on_frame).is_none() {
             w.refused = true;
             break;
         }
@@ -115,110 +116,118 @@ pub fn walk(
     w
 }
 
-/// Take the block at `w.off`; false (nothing changed) if it is not ours.
+/// Take the block at `w.off`; `None` (nothing changed) if it is not ours.
 fn step(
     buf: &[u8],
     big: bool,
     ifaces: &[Iface],
     w: &mut Walk,
     on_frame: &mut impl FnMut(f64, u32, &[u8]),
-) -> bool {
+) -> Option<()> {
     let off = w.off;
-    let left = buf.len() - off;
+    let left = buf.len().checked_sub(off)?;
     if left < 12 {
-        return false;
+        return None;
     }
-    let (Some(btype), Some(blen32)) = (u32_at(buf, off, big), u32_at(buf, off + 4, big)) else {
-        return false;
-    };
+    let btype = u32_at(buf, off, big)?;
+    let blen32 = u32_at(buf, off.checked_add(4)?, big)?;
     if btype == BT_SHB || btype == BT_IDB {
-        return false;
+        return None;
     }
-    let blen = blen32 as usize;
-    if blen < 12 || blen & 3 != 0 || blen > left {
-        return false;
+    let blen = usize::try_from(blen32).ok()?;
+    if blen < 12 || blen % 4 != 0 || blen > left {
+        return None;
     }
-    if u32_at(buf, off + blen - 4, big) != Some(blen32) {
-        return false;
+    let next = off.checked_add(blen)?;
+    let body_end = next.checked_sub(4)?; // the trailing length
+    if u32_at(buf, body_end, big)? != blen32 {
+        return None;
     }
-    let next = off + blen;
-    let (iface, start, end) = match btype {
+    let word = |i: usize| -> Option<u32> { u32_at(buf, off.checked_add(8)?.checked_add(i)?, big) };
+    let (iface, frame) = match btype {
         BT_EPB | BT_OPB => {
             if blen < 32 {
-                return false;
+                return None;
             }
-            let at = |i: usize| u32_at(buf, off + 8 + 4 * i, big).unwrap_or(0);
-            let (ifid, ts_hi, ts_lo, caplen) = if btype == BT_EPB {
-                (at(0) as usize, at(1), at(2), at(3))
+            let ifid = if btype == BT_EPB {
+                word(0)?
             } else {
-                // interface id (16 bits), drops (16 bits), then as the EPB
-                let word = at(0);
-                let ifid = if big { word >> 16 } else { word & 0xFFFF };
-                (ifid as usize, at(1), at(2), at(3))
+                // interface id (16 bits) then drops (16 bits); the rest as the EPB
+                let w0 = word(0)?;
+                if big {
+                    w0 >> 16
+                } else {
+                    w0 & 0xFFFF
+                }
             };
-            let start = off + 28;
-            let end = start as u64 + u64::from(caplen);
-            if end > (next - 4) as u64 {
-                return false;
-            }
-            let end = end as usize;
-            let Some(iface) = ifaces.get(ifid) else {
+            let (ts_hi, ts_lo, caplen) = (word(4)?, word(8)?, word(12)?);
+            let start = off.checked_add(28)?;
+            let end = start.checked_add(usize::try_from(caplen).ok()?)?;
+            let frame = buf.get(start..end).filter(|_| end <= body_end)?;
+            let Some(iface) = usize::try_from(ifid).ok().and_then(|i| ifaces.get(i)) else {
                 // no such interface: counted, not parsed
-                w.packets += 1;
-                w.bytes += u64::from(caplen);
+                w.packets = w.packets.saturating_add(1);
+                w.bytes = w.bytes.saturating_add(u64::from(caplen));
                 w.off = next;
-                return true;
+                return Some(());
             };
-            if iface.divisor == 0 || iface.divisor > MAX_DIVISOR {
-                return false;
+            if !(1..=MAX_DIVISOR).contains(&iface.divisor) {
+                return None; // Python times it
             }
             let v = (u64::from(ts_hi) << 32) | u64::from(ts_lo);
             w.ts = div_round(v, iface.divisor) + iface.tsoffset as f64;
-            w.packets += 1;
-            w.bytes += u64::from(caplen);
-            (iface, start, end)
+            w.packets = w.packets.saturating_add(1);
+            w.bytes = w.bytes.saturating_add(u64::from(caplen));
+            (iface, frame)
         }
         BT_SPB => {
             if blen < 16 {
-                return false;
+                return None;
             }
-            let origlen = u32_at(buf, off + 8, big).unwrap_or(0) as usize;
-            let mut caplen = origlen.min(blen - 16);
-            w.packets += 1;
+            let origlen = usize::try_from(word(0)?).ok()?;
+            let mut caplen = origlen.min(blen.checked_sub(16)?);
             let Some(iface) = ifaces.first() else {
-                w.bytes += caplen as u64;
+                w.packets = w.packets.saturating_add(1);
+                w.bytes = w.bytes.saturating_add(caplen as u64);
                 w.off = next;
-                return true;
+                return Some(());
             };
-            let snaplen = iface.snaplen as usize;
+            let snaplen = usize::try_from(iface.snaplen).ok()?;
             if snaplen != 0 && caplen > snaplen {
                 caplen = snaplen;
             }
-            w.bytes += caplen as u64;
-            let start = off + 12;
-            (iface, start, start + caplen)
+            let start = off.checked_add(12)?;
+            let frame = buf.get(start..start.checked_add(caplen)?)?;
+            w.packets = w.packets.saturating_add(1);
+            w.bytes = w.bytes.saturating_add(caplen as u64);
+            (iface, frame)
         }
         _ => {
             // statistics, name resolution, custom, …: skipped by their length
             w.off = next;
-            return true;
+            return Some(());
         }
     };
+    // a simple packet block keeps the previous packet's timestamp
     if w.packets == 1 {
         w.first = Some(w.ts);
     }
     w.off = next;
-    on_frame(w.ts, iface.linktype, &buf[start..end]);
-    true
+    on_frame(w.ts, iface.linktype, frame);
+    Some(())
 }
 
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)]
 mod tests {
     use super::*;
 
     #[test]
     fn div_round_small_operands_are_float_division() {
-        assert_eq!(div_round(1_700_000_000_123_456, 1_000_000), 1_700_000_000.123456);
+        assert_eq!(
+            div_round(1_700_000_000_123_456, 1_000_000),
+            1_700_000_000.123456
+        );
         assert_eq!(div_round(0, 1), 0.0);
     }
 
@@ -232,7 +241,10 @@ mod tests {
         let v = 2_112_567_105_869_076_853u64;
         assert_eq!(v as f64 / 1e9, 2_112_567_105.869_076_7);
         assert_eq!(div_round(v, 1_000_000_000), 2_112_567_105.869_077);
-        assert_eq!(div_round(1_700_000_000_123_456_789, 1_000_000_000), 1_700_000_000.123_456_7);
+        assert_eq!(
+            div_round(1_700_000_000_123_456_789, 1_000_000_000),
+            1_700_000_000.123_456_7
+        );
         assert_eq!(div_round(u64::MAX, 1), 18_446_744_073_709_551_616.0);
         assert_eq!(div_round(u64::MAX, 1 << 53), 2048.0);
     }

@@ -311,12 +311,20 @@ fn read_pcapng(
         .collect();
     with_bytes(py, data, |buf| {
         let mut batch = SegmentBatch::new();
-        let w = pcapng::walk(buf, off, big_endian, &ifaces, ts, max_packets, |t, lt, frame| {
-            batch.frames += 1;
-            if let Some(s) = link::parse_frame(lt, frame) {
-                batch.push(t, &s);
-            }
-        });
+        let w = pcapng::walk(
+            buf,
+            off,
+            big_endian,
+            &ifaces,
+            ts,
+            max_packets,
+            |t, lt, frame| {
+                batch.frames += 1;
+                if let Some(s) = link::parse_frame(lt, frame) {
+                    batch.push(t, &s);
+                }
+            },
+        );
         (batch, w.off, w.packets, w.bytes, w.first, w.ts, w.refused)
     })
 }
