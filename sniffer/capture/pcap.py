@@ -20,8 +20,11 @@ gzip file.
 With the native core, ``reader.segment_batches()`` gives the same segments
 as batches (``sniffer._native.SegmentBatch``, a few thousand at a time, for
 ``Pipeline.feed_batch``): a classic pcap file is walked and its frames parsed
-in Rust, one call per batch; a pcapng file is walked here and its segments
-batched. The stats, offsets and errors are those of the iteration.
+in Rust, one call per batch; so are a pcapng file's runs of packet and
+skippable blocks (``read_pcapng``), the walk handing every other block —
+section and interface descriptions, anything truncated or corrupt — back to
+the Python walk's code for that one block. The stats, offsets and errors are
+those of the iteration.
 
 Supported: pcap in both byte orders with microsecond (``a1b2c3d4``) or
 nanosecond (``a1b23c4d``) timestamps; pcapng with any number of sections in

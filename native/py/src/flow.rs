@@ -1,9 +1,10 @@
 //! Frames in, flow events out: the link layer and TCP reassembly of
 //! `sparseety-core` behind one call per batch of frames.
 //!
-//! - `parse_frames(linktype, data, ts, bounds)` and `read_pcap(...)` turn a
-//!   batch of captured frames into a `SegmentBatch` (the TCP segments, their
-//!   payloads copied into one buffer), never one call per packet;
+//! - `parse_frames(linktype, data, ts, bounds)`, `read_pcap(...)` and
+//!   `read_pcapng(...)` turn a batch of captured frames into a `SegmentBatch`
+//!   (the TCP segments, their payloads copied into one buffer), never one
+//!   call per packet;
 //! - `Reassembler.feed_batch(batch, start, stop)` returns the flow events of
 //!   `sniffer.core.events` (the very classes the Python `Reassembler` makes),
 //!   with the same timestamps (the capture's floats, passed through);
@@ -329,7 +330,7 @@ fn read_pcapng(
     })
 }
 
-/// A `SegmentBatch` of `Segment` values (a pcapng file read by the Python reader).
+/// A `SegmentBatch` of `Segment` values (a pcapng block the Python walk handled; tests).
 #[pyfunction]
 fn segment_batch(segments: &Bound<'_, PyAny>) -> PyResult<SegmentBatch> {
     let mut batch = SegmentBatch::new();
