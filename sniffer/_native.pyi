@@ -47,6 +47,14 @@ def read_pcap(
     float | None,
     tuple[str, int, int] | None,
 ]: ...
+def read_pcapng(
+    data: object,
+    off: int,
+    big_endian: bool,
+    interfaces: list[tuple[int, int, int, int]],
+    ts: float,
+    max_packets: int,
+) -> tuple[SegmentBatch, int, int, int, float | None, float, bool]: ...
 def segment_batch(segments: Iterable[Segment]) -> SegmentBatch: ...
 def parse_block(
     linktype: int, ring: object, base: int, block_size: int, skip_outgoing: bool

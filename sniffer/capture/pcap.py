@@ -20,8 +20,11 @@ gzip file.
 With the native core, ``reader.segment_batches()`` gives the same segments
 as batches (``sniffer._native.SegmentBatch``, a few thousand at a time, for
 ``Pipeline.feed_batch``): a classic pcap file is walked and its frames parsed
-in Rust, one call per batch; a pcapng file is walked here and its segments
-batched. The stats, offsets and errors are those of the iteration.
+in Rust, one call per batch; so are a pcapng file's runs of packet and
+skippable blocks (``read_pcapng``), the walk handing every other block —
+section and interface descriptions, anything truncated or corrupt — back to
+the Python walk's code for that one block. The stats, offsets and errors are
+those of the iteration.
 
 Supported: pcap in both byte orders with microsecond (``a1b2c3d4``) or
 nanosecond (``a1b23c4d``) timestamps; pcapng with any number of sections in
@@ -174,7 +177,7 @@ class CaptureReader:
         if self.format == "pcap":
             gen = self._walk_pcap_native(max_packets)
         else:
-            gen = self._batch_pcapng(max_packets)
+            gen = self._walk_pcapng(max_packets)
         self._gen = self._empty()  # iterating the reader now yields nothing
         self._batches = gen
         return gen
@@ -338,23 +341,6 @@ class CaptureReader:
         finally:
             self._finish(off, packets, tcp, nbytes, ts, error)
 
-    def _batch_pcapng(self, max_packets: int) -> Generator[SegmentBatch, None, None]:
-        """The pcapng walk (here, in Python), its segments batched for the native core."""
-        assert NATIVE is not None
-        to_batch = NATIVE.segment_batch
-        walk = self._walk_pcapng()
-        try:
-            chunk: list[Segment] = []
-            for seg in walk:
-                chunk.append(seg)
-                if len(chunk) >= max_packets:
-                    yield to_batch(chunk)
-                    chunk = []
-            if chunk:
-                yield to_batch(chunk)
-        finally:
-            walk.close()
-
     # -- pcapng -------------------------------------------------------------
 
     def _init_pcapng(self) -> None:
@@ -420,7 +406,18 @@ class CaptureReader:
         return _Interface(linktype, _parser_for(linktype), divisor, tsoffset, snaplen)
 
     # One pass over the pcapng blocks, per packet on the replay path: kept whole (C901).
-    def _walk_pcapng(self) -> Generator[Segment, None, None]:  # noqa: C901
+    def _walk_pcapng(self, native_batch: int = 0) -> Generator[Any, None, None]:  # noqa: C901
+        """The pcapng blocks in order: Segments (the reference walk), or with
+        ``native_batch`` (the native core) SegmentBatches: runs of packet and
+        skippable blocks walked by ``sniffer._native.read_pcapng``, at most
+        ``native_batch`` packets a call, which stops at any block it does not
+        take (section and interface blocks, anything truncated or corrupt, a
+        timestamp it cannot compute as Python does); that block is handled
+        here, by the same code as in the reference walk (one place for each
+        rule and message), and its segment, if any, batched alone."""
+        read = NATIVE.read_pcapng if native_batch and NATIVE is not None else None
+        to_batch = NATIVE.segment_batch if NATIVE is not None else None
+        native_ifaces: list[tuple[int, int, int, int]] = []
         data = self._data
         size = self.size
         stats = self.stats
@@ -436,6 +433,26 @@ class CaptureReader:
         opb: Callable[[Any, int], tuple[Any, ...]] = struct.Struct("<HHIIII").unpack_from
         try:
             while off < size:
+                if read is not None:
+                    batch, off, n, b, first, ts, refused = read(
+                        data, off, endian == ">", native_ifaces, ts, native_batch
+                    )
+                    if n:
+                        if not packets and first is not None:
+                            stats.first_ts = first
+                        packets += n
+                        nbytes += b
+                    if len(batch):
+                        tcp += len(batch)
+                        self.offset = off
+                        stats.packets = packets
+                        stats.tcp_segments = tcp
+                        stats.non_tcp = packets - tcp
+                        stats.bytes = nbytes
+                        stats.last_ts = batch.last_ts
+                        yield batch
+                    if not refused:
+                        continue
                 left = size - off
                 if left < 12:
                     error = CaptureFileError(
@@ -463,6 +480,7 @@ class CaptureReader:
                     opb = struct.Struct(endian + "HHIIII").unpack_from
                     btype, blen = hdr(data, off)
                     interfaces = []
+                    native_ifaces = []
                 if blen < 12 or blen & 3:
                     error = CaptureFileError(
                         f"corrupt block at offset {off} (block length {blen})", off
@@ -534,7 +552,9 @@ class CaptureReader:
                             off,
                         )
                         break
-                    interfaces.append(self._interface(endian, off, blen))
+                    iface = self._interface(endian, off, blen)
+                    interfaces.append(iface)
+                    native_ifaces.append(_native_interface(iface))
                     off += blen
                     continue
                 else:
@@ -552,7 +572,7 @@ class CaptureReader:
                     stats.non_tcp = packets - tcp
                     stats.bytes = nbytes
                     stats.last_ts = ts
-                    yield seg
+                    yield seg if read is None or to_batch is None else to_batch([seg])
         finally:
             self._finish(off, packets, tcp, nbytes, ts, error)
 
@@ -586,6 +606,20 @@ class CaptureReader:
                 error = CaptureFileError(f"{error} ({self._gzip_problem})", error.offset)
         self.error = error
         self._release()
+
+
+# Largest timestamp divisor the native pcapng walk takes: up to 2^53 it
+# divides exactly as Python's int/int (pcapng.rs `div_round`).
+_NATIVE_MAX_DIVISOR = 1 << 53
+
+
+def _native_interface(iface: _Interface) -> tuple[int, int, int, int]:
+    """``iface`` for ``read_pcapng``: (linktype, or 0xFFFFFFFF if the native
+    core does not parse it; divisor, or 0 if the native walk must hand its
+    packets back; tsoffset; snaplen)."""
+    linktype = iface.linktype if iface.linktype in SUPPORTED_LINKTYPES else 0xFFFFFFFF
+    divisor = iface.divisor if iface.divisor <= _NATIVE_MAX_DIVISOR else 0
+    return (linktype, divisor, iface.tsoffset, iface.snaplen)
 
 
 def _pcap_record_error(bad: tuple[str, int, int], size: int, limit: int) -> CaptureFileError:

@@ -8,6 +8,7 @@
 //! size that comes off the wire is checked before arithmetic.
 
 pub mod link;
+pub mod pcapng;
 pub mod reassembly;
 pub mod ring;
 

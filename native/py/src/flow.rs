@@ -1,9 +1,10 @@
 //! Frames in, flow events out: the link layer and TCP reassembly of
 //! `sparseety-core` behind one call per batch of frames.
 //!
-//! - `parse_frames(linktype, data, ts, bounds)` and `read_pcap(...)` turn a
-//!   batch of captured frames into a `SegmentBatch` (the TCP segments, their
-//!   payloads copied into one buffer), never one call per packet;
+//! - `parse_frames(linktype, data, ts, bounds)`, `read_pcap(...)` and
+//!   `read_pcapng(...)` turn a batch of captured frames into a `SegmentBatch`
+//!   (the TCP segments, their payloads copied into one buffer), never one
+//!   call per packet;
 //! - `Reassembler.feed_batch(batch, start, stop)` returns the flow events of
 //!   `sniffer.core.events` (the very classes the Python `Reassembler` makes),
 //!   with the same timestamps (the capture's floats, passed through);
@@ -22,6 +23,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use pyo3::{intern, IntoPyObjectExt};
 
 use sparseety_core::link::{self, addr_text, parse_addr, Addr, Seg};
+use sparseety_core::pcapng;
 use sparseety_core::reassembly::{self as core_r, Event};
 
 /// One parsed segment; its payload is `arena[start..start + len]`.
@@ -281,7 +283,54 @@ type PcapChunk = (
     Option<(&'static str, usize, u64)>,
 );
 
-/// A `SegmentBatch` of `Segment` values (a pcapng file read by the Python reader).
+/// Walk pcapng blocks from `off` (`sparseety_core::pcapng::walk`): runs of
+/// packet and skippable blocks of a section of byte order `big_endian` with
+/// `interfaces` ((linktype, divisor, tsoffset, snaplen) each: linktype
+/// 0xFFFFFFFF for one the core does not parse, divisor 0 for packets Python
+/// must time), at most `max_packets` packets; `ts` is the running timestamp.
+/// Returns (batch, next offset, packets, bytes, first ts or None, ts, refused):
+/// refused means it stopped at a block for the Python walk to handle.
+#[pyfunction]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn read_pcapng(
+    py: Python<'_>,
+    data: &Bound<'_, PyAny>,
+    off: usize,
+    big_endian: bool,
+    interfaces: Vec<(u32, u64, i64, u32)>,
+    ts: f64,
+    max_packets: usize,
+) -> PyResult<(SegmentBatch, usize, usize, u64, Option<f64>, f64, bool)> {
+    let ifaces: Vec<pcapng::Iface> = interfaces
+        .into_iter()
+        .map(|(linktype, divisor, tsoffset, snaplen)| pcapng::Iface {
+            linktype,
+            divisor,
+            tsoffset,
+            snaplen,
+        })
+        .collect();
+    with_bytes(py, data, |buf| {
+        let mut batch = SegmentBatch::new();
+        let w = pcapng::walk(
+            buf,
+            off,
+            big_endian,
+            &ifaces,
+            ts,
+            max_packets,
+            |t, lt, frame| {
+                batch.frames += 1;
+                if let Some(s) = link::parse_frame(lt, frame) {
+                    batch.push(t, &s);
+                }
+            },
+        );
+        (batch, w.off, w.packets, w.bytes, w.first, w.ts, w.refused)
+    })
+}
+
+/// A `SegmentBatch` of `Segment` values (a pcapng block the Python walk handled; tests).
 #[pyfunction]
 fn segment_batch(segments: &Bound<'_, PyAny>) -> PyResult<SegmentBatch> {
     let mut batch = SegmentBatch::new();
@@ -850,6 +899,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Reassembler>()?;
     m.add_function(wrap_pyfunction!(parse_frames, m)?)?;
     m.add_function(wrap_pyfunction!(read_pcap, m)?)?;
+    m.add_function(wrap_pyfunction!(read_pcapng, m)?)?;
     m.add_function(wrap_pyfunction!(segment_batch, m)?)?;
     Ok(())
 }
