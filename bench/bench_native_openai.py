@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sniffer.capture.pcap import read_capture  # noqa: E402
-from sniffer.core.pipeline import Pipeline  # noqa: E402
+from sniffer.core.pipeline import Pipeline, PipelineConfig  # noqa: E402
 from sniffer.llm.dialects import openai  # noqa: E402
 from sniffer.llm.dialects.base import Delta  # noqa: E402
 
@@ -50,8 +50,10 @@ def _items(capture: Path) -> Exchanges:
         by_dialect.setdefault(id(self), (self, []))[1].append((data, event_type))
         return event(self, data, event_type)
 
+    # the pure pipeline: the native one hands the items to the native item
+    # loop, and only what it declines ([DONE], odd items) reaches a dialect
     with mock.patch.object(openai._OpenAIBase, "event", record):
-        pipe = Pipeline()
+        pipe = Pipeline(PipelineConfig(native=False))
         last = 0.0
         for seg in read_capture(capture):
             last = seg.ts

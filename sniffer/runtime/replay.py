@@ -374,8 +374,12 @@ class _Watchdog:
         self._main = threading.main_thread().ident
         self._thread: threading.Thread | None = None  # until the first add
         self._running: threading.Thread | None = None
+        #: a pipe whose byte wakes the thread at :meth:`stop` (else it would
+        #: sleep out its wait's timeout: ~0.1 s at the end of every replay)
+        self._wake: tuple[int, int] | None = None
         if interrupt.armed:
             self._thread = threading.Thread(target=self._run, name="replay-watchdog", daemon=True)
+            self._wake = os.pipe()
 
     def add(self, proc: Any, what: str) -> None:
         """Watch ``proc`` (started) too; ``what`` names it in the failure."""
@@ -390,6 +394,8 @@ class _Watchdog:
         import signal
         from multiprocessing.connection import wait
 
+        assert self._wake is not None  # (made with the thread, closed after it ends)
+        woken = self._wake[0]
         seen: set[int] = set()
         while True:
             with self._lock:
@@ -398,7 +404,9 @@ class _Watchdog:
                 watched = {
                     p.sentinel: (p, what) for p, what in self._procs if p.sentinel not in seen
                 }
-            ready = wait(list(watched), timeout=0.2)
+            ready = wait([*watched, woken], timeout=0.2)
+            if woken in ready:
+                return  # stopped
             for sentinel, (proc, what) in watched.items():
                 code = proc.exitcode if sentinel in ready else None
                 if code is None:  # (its pipe closes a moment before it can be reaped)
@@ -428,8 +436,16 @@ class _Watchdog:
         """No signal after this returns."""
         with self._lock:
             self._stopped = True
-        if self._running is not None:
-            self._running.join()
+        wake, self._wake = self._wake, None
+        if wake is None:
+            return
+        try:
+            os.write(wake[1], b"x")
+            if self._running is not None:
+                self._running.join()
+        finally:
+            os.close(wake[0])
+            os.close(wake[1])
 
 
 @contextlib.contextmanager
