@@ -328,18 +328,27 @@ class CaptureReader:
                 if bad is not None:
                     error = _pcap_record_error(bad, size, limit)
                 if len(batch):
-                    tcp += len(batch)
-                    self.offset = off
-                    stats.packets = packets
-                    stats.tcp_segments = tcp
-                    stats.non_tcp = packets - tcp
-                    stats.bytes = nbytes
-                    stats.last_ts = batch.last_ts
+                    tcp = self._count_batch(batch, off, packets, tcp, nbytes)
                     yield batch
                 if bad is not None:
                     break
         finally:
             self._finish(off, packets, tcp, nbytes, ts, error)
+
+    def _count_batch(
+        self, batch: SegmentBatch, off: int, packets: int, tcp: int, nbytes: int
+    ) -> int:
+        """The stats once ``batch`` (read up to ``off``, ``packets`` packets and
+        ``nbytes`` bytes so far) is handed out; the TCP segments counted so far."""
+        tcp += len(batch)
+        self.offset = off
+        stats = self.stats
+        stats.packets = packets
+        stats.tcp_segments = tcp
+        stats.non_tcp = packets - tcp
+        stats.bytes = nbytes
+        stats.last_ts = batch.last_ts
+        return tcp
 
     # -- pcapng -------------------------------------------------------------
 
@@ -443,13 +452,7 @@ class CaptureReader:
                         packets += n
                         nbytes += b
                     if len(batch):
-                        tcp += len(batch)
-                        self.offset = off
-                        stats.packets = packets
-                        stats.tcp_segments = tcp
-                        stats.non_tcp = packets - tcp
-                        stats.bytes = nbytes
-                        stats.last_ts = batch.last_ts
+                        tcp = self._count_batch(batch, off, packets, tcp, nbytes)
                         yield batch
                     if not refused:
                         continue
