@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 
 from sniffer.core.credentials import is_credential_header, scrub_headers
@@ -693,3 +694,48 @@ def test_anomaly_without_an_exchange_flags_every_open_exchange_of_its_connection
 
 def _close(ts: float) -> ConnectionClosed:
     return ConnectionClosed(1, ts, "fin")
+
+
+def _on(conn: int, ev: HttpOutput, exchange: int = 0) -> HttpOutput:
+    """``ev`` on connection ``conn``, exchange ``exchange``."""
+    if isinstance(ev, HttpBody):
+        return ev._replace(conn=conn, exchange=exchange)
+    return replace(ev, conn=conn, exchange=exchange)
+
+
+def test_a_connections_close_and_gap_touch_only_its_own_exchanges() -> None:
+    """Four connections streaming at once, two exchanges pipelined on one: a
+    gap on one connection marks only its open stream, a connection's close ends
+    only its own streams (both of them, in their order), and the others go on
+    to close complete, whatever the order the connections opened in."""
+    a = StreamAssembler()
+    out: list[StoreEvent] = []
+    conns = (7, 3, 9, 5)
+    for c in conns:
+        out += a.feed(ConnectionOpened(c, 0.5, CLIENT, (SERVER[0], SERVER[1] + c), True))
+    opening = [*chat_request(), head(), sse(3.0, delta("x"))]
+    for c in conns:
+        for ev in opening:
+            out += a.feed(_on(c, ev))
+    for ev in opening:  # a second exchange pipelined on connection 3, streaming too
+        out += a.feed(_on(3, ev, exchange=1))
+    out += a.feed(FlowGap(9, 3.5, False, None, "kernel-drop"))
+    mark = len(out)
+    out += a.feed(ConnectionClosed(3, 4.0, "rst"))
+    closed_by_3 = [e for e in out[mark:] if isinstance(e, StreamClosed)]
+    for c in (7, 9, 5):
+        for ev in [sse(4.0, delta(finish_reason="stop"), "[DONE]"), end(5.0)]:
+            out += a.feed(_on(c, ev))
+    conn_of = {e.stream: e.conn for e in out if isinstance(e, StreamOpened)}
+    assert [(conn_of[e.stream], e.state) for e in closed_by_3] == [
+        (3, StreamState.TRUNCATED),
+        (3, StreamState.TRUNCATED),
+    ]
+    assert closed_by_3[0].stream < closed_by_3[1].stream  # exchange 0, then 1
+    later = [e for e in out[mark:] if isinstance(e, StreamClosed) and e not in closed_by_3]
+    assert [(conn_of[e.stream], e.state) for e in later] == [
+        (7, StreamState.COMPLETE),
+        (9, StreamState.GAP),
+        (5, StreamState.COMPLETE),
+    ]
+    assert a.open_streams == 0

@@ -296,6 +296,10 @@ class StreamAssembler:
             self._body_chunks = body_chunks()
         self._conns: dict[int, _Conn] = {}
         self._ex: dict[tuple[int, int], _Exchange] = {}
+        #: the keys of ``_ex`` by connection, in ``_ex``'s order (a connection's
+        #: close, gap or forgetting visits its own exchanges, not all of them:
+        #: with thousands of concurrent streams a scan per close was quadratic)
+        self._by_conn: dict[int, dict[int, None]] = {}
         self.stats = StreamStats()
 
     @property
@@ -445,8 +449,9 @@ class StreamAssembler:
             assert isinstance(ev, FlowGap)
             # Unattributable capture loss: every open exchange on the connection
             # may have lost bytes.
-            for x in self._ex.values():
-                if x.conn == ev.conn and not x.closed:
+            for key in self._conn_keys(ev.conn):
+                x = self._ex[key]
+                if not x.closed:
                     self._mark_gap(x, f"capture lost packets ({ev.reason})")
         elif t is ConnectionClosed:
             assert isinstance(ev, ConnectionClosed)
@@ -454,7 +459,7 @@ class StreamAssembler:
             if c is not None:
                 self._anomalies_at_close(c, ev.ts, out)
             mark = len(out)  # ``out`` may already hold other events' output
-            for key in [k for k in self._ex if k[0] == ev.conn]:
+            for key in self._conn_keys(ev.conn):
                 x = self._ex[key]
                 if x.resp_end is None:
                     x.resp_end = EndReason.RST if ev.reason == "rst" else EndReason.EOF
@@ -488,9 +493,11 @@ class StreamAssembler:
         stream: int | None = None
         late = False
         if ev.exchange is None:  # HTTP/2: every exchange open on the connection
-            for y in self._ex.values():
-                if y.conn == ev.conn and not y.closed and flag is not None:
-                    self._flag(y, flag)
+            if flag is not None:
+                for key in self._conn_keys(ev.conn):
+                    y = self._ex[key]
+                    if not y.closed:
+                        self._flag(y, flag)
         else:
             x = self._ex.get((ev.conn, ev.exchange))
             if x is not None:
@@ -603,8 +610,8 @@ class StreamAssembler:
 
     def forget(self, conn: int) -> None:
         """Drop a connection and its exchanges without closing them (checkpointed)."""
-        for key in [k for k in self._ex if k[0] == conn]:
-            del self._ex[key]
+        for key in self._conn_keys(conn):
+            self._drop(key)
         self._conns.pop(conn, None)
 
     def adopt(self, conn: int, exchange: int, ts: float, st: dict[str, Any]) -> None:
@@ -618,7 +625,7 @@ class StreamAssembler:
             ConnectionOpened(conn, ts, client, server, False, str(st.get("capture", "packet")))
         )
         x = _Exchange(int(st["stream"]), conn, exchange)
-        self._ex[(conn, exchange)] = x
+        self._add((conn, exchange), x)
         x.opened = True
         x.dialect = dialect_by_name(str(st["dialect"]))
         if st["status"] is not None:
@@ -661,7 +668,7 @@ class StreamAssembler:
     def close_adopted(self, conn: int, ts: float, why: str) -> list[StoreEvent]:
         """Close the adopted streams of a connection as gapped (a stale checkpoint)."""
         out: list[StoreEvent] = []
-        for key in [k for k in self._ex if k[0] == conn]:
+        for key in self._conn_keys(conn):
             x = self._ex[key]
             self._mark_gap(x, why)
             x.resp_end = EndReason.EOF
@@ -681,8 +688,26 @@ class StreamAssembler:
             else:
                 x = _Exchange(self._next_id, conn, exchange)
                 self._next_id += 1
-            self._ex[key] = x
+            self._add(key, x)
         return x
+
+    def _add(self, key: tuple[int, int], x: _Exchange) -> None:
+        """``_ex[key] = x``, indexed by connection (``_by_conn``)."""
+        self._ex[key] = x
+        self._by_conn.setdefault(key[0], {})[key[1]] = None
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        """Remove ``key`` from ``_ex`` (if there) and its connection's index."""
+        if self._ex.pop(key, None) is not None:
+            keys = self._by_conn[key[0]]
+            del keys[key[1]]
+            if not keys:
+                del self._by_conn[key[0]]
+
+    def _conn_keys(self, conn: int) -> list[tuple[int, int]]:
+        """The keys of ``conn``'s exchanges in ``_ex``, in ``_ex``'s order."""
+        keys = self._by_conn.get(conn)
+        return [(conn, e) for e in keys] if keys else []
 
     def _request_body(self, x: _Exchange, data: bytes) -> None:
         x.req_bytes += len(data)
@@ -1169,7 +1194,7 @@ class StreamAssembler:
         if x.closed:
             return
         x.closed = True
-        self._ex.pop((x.conn, x.exchange), None)
+        self._drop((x.conn, x.exchange))
         if not x.opened:
             self._open(x, out)
         response_body: str | None = None
