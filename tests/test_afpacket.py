@@ -11,6 +11,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -278,6 +279,58 @@ def test_finish_returns_what_no_poll_has_returned_yet(backend: str) -> None:
     check_stream(segs, conv.client, ("127.0.0.1", port), conv.sent_c2s, conv.retrans_c2s)
     check_stream(segs, ("127.0.0.1", port), conv.client, conv.sent_s2c, conv.retrans_s2c)
     assert src.finish() == []  # closed: nothing, no error
+
+
+def test_finish_under_steady_traffic_reads_up_to_the_stop_not_on(backend: str) -> None:
+    """Traffic that goes on after a stop (the serving node does not pause for
+    the sidecar) keeps the kernel handing blocks over: ``finish`` takes the
+    packets captured before it was called (here the last ones sent before it)
+    and returns within about a block timeout, instead of reading on until the
+    ring's size in polls had passed (an eight-block ring of 100 ms blocks:
+    the packets of the next second, and as much more gap in a graceful
+    restart)."""
+    srv = free_listener("127.0.0.1")
+    port = srv.getsockname()[1]
+    src = AfPacketSource(
+        "lo",
+        (port,),
+        use_ring=backend == "tpacket_v3",
+        ring_blocks=16,
+        block_size=1 << 20,
+        block_timeout_ms=100,
+    )
+    src.open()
+    stop = threading.Event()
+    sent: list[float] = []  # wall-clock time before each send
+
+    def send(c: socket.socket) -> None:
+        for _ in range(800):  # 10 ms apart: at most ~8 s
+            if stop.wait(0.01):
+                return
+            sent.append(time.time())
+            c.sendall(b"steady" * 20)
+
+    try:
+        with srv, socket.create_connection(("127.0.0.1", port)) as c:
+            s, _ = srv.accept()
+            with s:
+                t = threading.Thread(target=send, args=(c,), daemon=True)
+                t.start()
+                for _ in range(200):  # until ~50 sends, the ring never polled
+                    if len(sent) >= 50:
+                        break
+                    time.sleep(0.01)
+                called = time.time()
+                last_before = sent[-1]
+                items = src.finish()
+                stop.set()
+                t.join(5)
+    finally:
+        src.close()
+    times = [seg.ts for seg in segments(items) if seg.payload and seg.dport == port]
+    assert times and max(times) >= last_before - 0.05  # the last sends before the stop
+    # the ring's size in polls would be 18 block timeouts (~2 s) of traffic
+    assert max(times) < called + 1.0, (max(times) - called, len(times))
 
 
 def test_a_stopped_daemon_stores_the_packets_still_in_the_ring(tmp_path: Path) -> None:

@@ -567,15 +567,21 @@ class AfPacketSource:
         block is handed over when full or ``block_timeout_ms`` after its first
         packet, and a capture thread told to stop ends without polling again,
         so the packets of the last streams may still be in the ring (or the
-        socket's queue): read until a wait of one block timeout brings nothing
-        (at most the ring's size in polls). Call it from one thread, once the
-        capture thread has stopped."""
+        socket's queue): every block that holds a packet captured before this
+        call is handed over within one block timeout of it, so read until then,
+        then what is ready, until a poll brings nothing (at most the ring's size
+        in polls). Traffic that goes on after the stop fills later blocks: they
+        are not waited for (waiting until a wait brought nothing read on for as
+        long as the traffic lasted, up to the ring's size in block timeouts: a
+        graceful restart's gap grew by as much). Call it from one thread, once
+        the capture thread has stopped."""
         if self._sock is None:
             return []
         out: list[PollItem] = []
         wait = (self._block_timeout_ms + FINISH_MARGIN_MS) / 1000 if self._mm is not None else 0.0
+        deadline = time.monotonic() + wait
         for _ in range(self._ring_blocks + 2):
-            batch = self.poll(wait)
+            batch = self.poll(max(0.0, deadline - time.monotonic()))
             if not batch:
                 break
             out += batch
