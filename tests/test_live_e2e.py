@@ -28,6 +28,7 @@ import httpx
 import pytest
 
 from sniffer.capture.afpacket import have_capture_privilege
+from sniffer.runtime.capture_thread import BLOCK_TIMEOUT_MS
 from tests.fixture_server import free_port, start_server_process, wait_ready
 
 pytestmark = [
@@ -503,7 +504,7 @@ def test_overload_memory_flat_and_loss_counted(tmp_path: Path, procs: list[Any])
         "2",
         # slower per batch than the ring hands blocks over (at most
         # BLOCK_TIMEOUT_MS apart): the queue of two fills
-        env={"SPARSEETY_TEST_SLOW_PIPELINE_MS": "250"},
+        env={"SPARSEETY_TEST_SLOW_PIPELINE_MS": str(2 * BLOCK_TIMEOUT_MS)},
     )
     start_rss = _rss_kb(d.proc.pid)
     samples = [start_rss]
@@ -522,9 +523,9 @@ def test_overload_memory_flat_and_loss_counted(tmp_path: Path, procs: list[Any])
         for rnd in range(3):
             jobs = [
                 (
-                    # 5 ms apart: each stream spans ~15 ring blocks (as 1 ms
-                    # did with 20 ms blocks), so dropped batches cut streams
-                    # the pipeline has open
+                    # 5 ms apart: each stream (1.5 s) spans several ring
+                    # blocks, so dropped batches cut streams the pipeline has
+                    # open
                     partial(
                         httpx_stream, port, f"load {rnd}.{i}", model="fake-delay5", max_tokens=300
                     )

@@ -26,22 +26,29 @@ __all__ = ["POLL_TIMEOUT", "CaptureThread", "SourceFactory", "capture_key", "def
 #: How long one capture poll waits for packets (seconds): it bounds only how
 #: soon the thread sees a stop or retries a loss marker, since a poll returns
 #: as soon as a ring block is handed over. Each wake-up costs ~40-90 µs of CPU
-#: here (a timed poll and the GIL); with 50 ms the thread woke twice per ring
-#: block (BLOCK_TIMEOUT_MS) under a steady load and 20 times a second idle,
-#: ~1.7 ms of CPU per second (``bench/bench_live.py --only memory`` counts
-#: every second the daemon runs). Two block timeouts: once per block under
-#: load, five times a second idle.
-POLL_TIMEOUT = 0.2
+#: here (a timed poll and the GIL). A little over one block timeout
+#: (BLOCK_TIMEOUT_MS): once per block under a steady load (a shorter wait
+#: woke the thread once more per block), about three times a second idle.
+POLL_TIMEOUT = 0.3
 
 #: How long the kernel fills a ring block before handing it over part-full
 #: (TPACKET_V3 ``tp_retire_blk_tov``, ms). A block is also handed over when
-#: full, so this bounds the batches of a slow capture only: at 5,000 packets/s
-#: 20 ms made blocks (and pipeline batches, queue hand-offs and thread
-#: wake-ups) of ~100 packets; 100 ms makes them ~500, the size replay writes
-#: in (``WRITE_EVERY``). Capture times come from the kernel, so nothing
-#: stored changes; rows reach the writer at most this much later (it flushes
-#: every ``flush_interval`` anyway).
-BLOCK_TIMEOUT_MS = 100
+#: full, so this bounds the batches of a slow capture only. Each hand-over
+#: wakes the processing thread, which then touches the state of every stream
+#: the block holds packets of: after a pause that state, and the interpreter's
+#: own, has gone cold (measured offline: the live benchmark's traffic in
+#: batches of 500 packets with 0.1 s pauses cost 1.03-1.10 s of CPU per
+#: 100,000 events, in batches of 1,250 with 0.25 s pauses 0.94-0.96 s), and a
+#: stream with a packet in the block has its exchange's state read and
+#: written once per block, whatever the events it holds. At 5,000 packets/s
+#: 20 ms made blocks of ~100 packets, 100 ms ~500, 250 ms ~1,250 (the live
+#: benchmark: 14.1-15.8 µs of CPU per chunk event with 100 ms, 13.0-13.6
+#: with 250 ms, three alternated runs each). Capture times come from the
+#: kernel, so nothing stored changes; rows reach the writer at most this much
+#: later (it flushes every ``flush_interval``, 1 s by default, anyway), and a
+#: stop waits one block timeout for the ring's last packets
+#: (``AfPacketSource.finish``).
+BLOCK_TIMEOUT_MS = 250
 
 #: Makes the (unopened) source for a configuration; the second argument hands
 #: out the connection ids the source may assign (eBPF numbers connections
