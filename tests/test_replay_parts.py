@@ -612,3 +612,65 @@ def test_token_inputs_cross_as_plain_tuples() -> None:
     assert sent.redact is None and replace(sent, redact=taken.redact) == taken
     (bound,) = receiver.bind([sent])
     assert bound.redact is not None and bound.redact(secret) == taken.redact(secret)
+
+
+def test_a_replay_killed_outright_leaves_parts_the_next_one_removes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parallel replay killed with SIGKILL cannot remove its part directory:
+    the next replay into the same database removes it (its process is gone)
+    and stores what one process stores; a part directory of a replay still
+    running is left alone."""
+    import contextlib
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "x.db"
+    script = tmp_path / "run.py"
+    script.write_text(
+        f"""
+import os, time
+import sniffer.runtime.replay as r
+from sniffer.record.chain import RecordingChain, RecordingOptions
+def slow(*a):
+    open(os.path.join({str(tmp_path)!r}, f"worker-{{os.getpid()}}"), "w").close()
+    time.sleep(60)
+r._replay_part = slow
+r.PARALLEL_MIN_BYTES = 0
+r.replay({str(PCAP)!r}, {str(db)!r}, chain=RecordingChain.from_config(RecordingOptions()), jobs=2)
+"""
+    )
+    proc = subprocess.Popen([sys.executable, str(script)])
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("worker-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
+        (left,) = tmp_path.glob(".x.db.parts-*")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        for pid in pids:  # (they may have noticed and ended already)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert left.is_dir()  # nobody removed it
+        running = tmp_path / f".x.db.parts-{alive.pid}-abc"
+        running.mkdir()
+        monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
+        r2 = replay(PCAP, str(db), chain=_chain(), jobs=2)
+        assert not left.exists() and running.is_dir()
+        assert list(tmp_path.glob(".x.db.parts-*")) == [running]
+    finally:
+        for p in (proc, alive):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    r1 = replay(PCAP, str(tmp_path / "one.db"), chain=_chain(), jobs=1)
+    assert (r2.streams, r2.tokens) == (r1.streams, r1.tokens)
+    assert _dump(db) == _dump(tmp_path / "one.db")

@@ -61,10 +61,40 @@ def part_dir(db: str) -> str | None:
     if path is None:
         return None
     parent = os.path.dirname(os.path.abspath(path))
+    prefix = f".{os.path.basename(path)}.parts-"
+    remove_stale_parts(parent, prefix)
     try:
-        return tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.parts-", dir=parent)
+        return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent)
     except OSError:  # a directory we may not create files in: write the database directly
         return None
+
+
+def remove_stale_parts(parent: str, prefix: str) -> list[str]:
+    """Remove the part directories (``prefix`` + the replay's process id + a
+    random part) in ``parent`` whose replay no longer runs: a replay killed
+    with ``SIGKILL`` (or the machine's crash) cannot remove its own, and its
+    parts were never merged (the rows it had merged are in the database).
+    A directory whose process id is alive, or not ours to signal, or that
+    does not name one, is left alone. Returns the directories removed."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        pid_text = name[len(prefix) :].partition("-")[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:  # gone: nobody will merge or remove these
+            remove_parts(os.path.join(parent, name))
+            removed.append(name)
+        except (PermissionError, OverflowError):  # alive (another user's), or no pid
+            continue
+    return removed
 
 
 def create_part(path: str) -> None:
@@ -147,4 +177,12 @@ class PartMerger:
             conn.execute("DETACH DATABASE part")
 
 
-__all__ = ["MERGED", "NOT_MERGED", "PartMerger", "create_part", "part_dir", "remove_parts"]
+__all__ = [
+    "MERGED",
+    "NOT_MERGED",
+    "PartMerger",
+    "create_part",
+    "part_dir",
+    "remove_parts",
+    "remove_stale_parts",
+]
