@@ -383,13 +383,6 @@ r.replay({str(PCAP)!r}, {str(db)!r}, chain=RecordingChain.from_config(RecordingO
 """
     )
 
-    def gone(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except FileNotFoundError:
-            return True
-
     proc = subprocess.Popen([sys.executable, str(script)])
     pids: list[int] = []
     try:
@@ -401,15 +394,15 @@ r.replay({str(PCAP)!r}, {str(db)!r}, chain=RecordingChain.from_config(RecordingO
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM
         deadline = time.monotonic() + 10
-        while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+        while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert all(gone(pid) for pid in pids)
+        assert all(_gone(pid) for pid in pids)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         for pid in pids:
-            if not gone(pid):
+            if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
     assert list(tmp_path.glob(".x.db.parts-*")) == []
 
@@ -614,13 +607,23 @@ def test_token_inputs_cross_as_plain_tuples() -> None:
     assert bound.redact is not None and bound.redact(secret) == taken.redact(secret)
 
 
+def _gone(pid: int) -> bool:
+    """The process has ended (no such process, or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def test_a_replay_killed_outright_leaves_parts_the_next_one_removes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A parallel replay killed with SIGKILL cannot remove its part directory:
-    the next replay into the same database removes it (its process is gone)
-    and stores what one process stores; a part directory of a replay still
-    running is left alone."""
+    the next replay into the same database removes it (nobody holds its lock
+    any more) and stores what one process stores; the part directory of a
+    replay still running (its lock held) is left alone, and so is one without
+    a lock file."""
     import contextlib
     import signal
     import subprocess
@@ -643,7 +646,7 @@ r.replay({str(PCAP)!r}, {str(db)!r}, chain=RecordingChain.from_config(RecordingO
 """
     )
     proc = subprocess.Popen([sys.executable, str(script)])
-    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    alive: subprocess.Popen[bytes] | None = None
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 60
@@ -651,23 +654,40 @@ r.replay({str(PCAP)!r}, {str(db)!r}, chain=RecordingChain.from_config(RecordingO
             time.sleep(0.05)
         pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
         (left,) = tmp_path.glob(".x.db.parts-*")
+        running = tmp_path / ".x.db.parts-1-abc"  # another replay's, still running
+        alive = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import fcntl, os, sys, time; os.mkdir(sys.argv[1]); "
+                "fd = os.open(sys.argv[1] + '/.lock', os.O_RDWR | os.O_CREAT); "
+                "fcntl.flock(fd, fcntl.LOCK_EX); open(sys.argv[1] + '/part-1.db', 'w').close(); "
+                "time.sleep(60)",
+                str(running),
+            ]
+        )
+        unknown = tmp_path / ".x.db.parts-unknown"  # no lock file: not known to be stale
+        unknown.mkdir()
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         for pid in pids:  # (they may have noticed and ended already)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)  # (the last of them lets go of the directory's lock)
         assert left.is_dir()  # nobody removed it
-        running = tmp_path / f".x.db.parts-{alive.pid}-abc"
-        running.mkdir()
+        while not (running / "part-1.db").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         monkeypatch.setattr(replay_module, "PARALLEL_MIN_BYTES", 0)
         r2 = replay(PCAP, str(db), chain=_chain(), jobs=2)
-        assert not left.exists() and running.is_dir()
-        assert list(tmp_path.glob(".x.db.parts-*")) == [running]
+        assert not left.exists()
+        assert sorted(tmp_path.glob(".x.db.parts-*")) == sorted([running, unknown])
     finally:
         for p in (proc, alive):
-            if p.poll() is None:
+            if p is not None and p.poll() is None:
                 p.kill()
-            p.wait()
+            if p is not None:
+                p.wait()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

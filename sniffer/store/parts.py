@@ -24,6 +24,7 @@ are merged into, in the part's order.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -54,7 +55,10 @@ def part_dir(db: str) -> str | None:
     ``db`` (a path or plain ``sqlite:///`` URL); None for any other database
     (PostgreSQL takes concurrent writers as they are), and when the directory
     cannot be made (the workers then write the database itself, taking turns
-    on its lock). The caller removes it (:func:`remove_parts`)."""
+    on its lock). The caller removes it (:func:`remove_parts`). While it
+    exists this process (and the workers it forks, which share the open
+    file) holds a lock on a file in it: what :func:`remove_stale_parts`
+    asks, here, of the directories left by replays that did not end."""
     if "://" in db and (not db.startswith("sqlite:///") or "?" in db or "mode=memory" in db):
         return None
     path = db_path(db)
@@ -64,36 +68,56 @@ def part_dir(db: str) -> str | None:
     prefix = f".{os.path.basename(path)}.parts-"
     remove_stale_parts(parent, prefix)
     try:
-        return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent)
+        made = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent)
     except OSError:  # a directory we may not create files in: write the database directly
         return None
+    try:
+        fd = os.open(os.path.join(made, _LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        remove_parts(made)
+        return None
+    _HELD[made] = fd
+    return made
+
+
+#: The lock file of a part directory, and the open lock of each directory this
+#: process made (closed by :func:`remove_parts`).
+_LOCK = ".lock"
+_HELD: dict[str, int] = {}
 
 
 def remove_stale_parts(parent: str, prefix: str) -> list[str]:
-    """Remove the part directories (``prefix`` + the replay's process id + a
-    random part) in ``parent`` whose replay no longer runs: a replay killed
-    with ``SIGKILL`` (or the machine's crash) cannot remove its own, and its
-    parts were never merged (the rows it had merged are in the database).
-    A directory whose process id is alive, or not ours to signal, or that
-    does not name one, is left alone. Returns the directories removed."""
+    """Remove the part directories (``prefix`` + a process id + a random part)
+    in ``parent`` whose replay no longer runs: a replay killed with
+    ``SIGKILL`` (or the machine's crash) cannot remove its own, and its parts
+    were never merged (the rows it had merged are in the database). A replay
+    runs as long as its directory's lock file is locked (the kernel drops the
+    lock with the last process holding it, in whatever PID namespace); a
+    directory without one (made before this lock, or not by a replay) is left
+    alone. Returns the names of the directories removed."""
     removed: list[str] = []
     try:
         names = os.listdir(parent)
     except OSError:
         return removed
     for name in names:
-        if not name.startswith(prefix):
-            continue
-        pid_text = name[len(prefix) :].partition("-")[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+        directory = os.path.join(parent, name)
+        if not name.startswith(prefix) or directory in _HELD:
             continue
         try:
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:  # gone: nobody will merge or remove these
-            remove_parts(os.path.join(parent, name))
-            removed.append(name)
-        except (PermissionError, OverflowError):  # alive (another user's), or no pid
+            fd = os.open(os.path.join(directory, _LOCK), os.O_RDWR | os.O_CLOEXEC)
+        except OSError:  # no lock file (or not ours to open): not known to be stale
             continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its replay runs
+            continue
+        else:
+            remove_parts(directory)
+            removed.append(name)
+        finally:
+            os.close(fd)
     return removed
 
 
@@ -117,8 +141,12 @@ def create_part(path: str) -> None:
 
 
 def remove_parts(directory: str) -> None:
-    """Remove a directory of part files (merged or given up on)."""
+    """Remove a directory of part files (merged or given up on), and let go of
+    its lock if this process holds it."""
     shutil.rmtree(directory, ignore_errors=True)
+    fd = _HELD.pop(directory, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _columns(table: str) -> str:
