@@ -336,7 +336,7 @@ impl Core {
         let (mut added, mut errors) = (0u64, 0u64);
         let mut failed = None;
         for f in fed.values() {
-            match f.close(py) {
+            match f.close() {
                 Ok((a, e)) => {
                     added = added.saturating_add(a);
                     errors = errors.saturating_add(e);
