@@ -154,21 +154,29 @@ const SLOT_NAMES: [&str; 23] = [
     "usage",
 ];
 
-/// `_Exchange`'s slots read and written through their member descriptors
-/// (`_Exchange.__dict__[name]`), as `chunk_event` does for `ChunkEvent`'s:
-/// the descriptor type's `tp_descr_get` / `tp_descr_set` are what
-/// `getattr` / `setattr` call once `PyObject_GenericGetAttr` has looked the
-/// name up in the type (~150 instructions of look-up per access: some 20
-/// accesses per exchange and call, most of the per-call cost of the loop
-/// when each exchange has one event per call, as live). Only for an object
+/// `_Exchange`'s slots read and written without `getattr` / `setattr`
+/// (~150 instructions of look-up of the name in the type per access: some
+/// 20 accesses per exchange and call, most of the per-call cost of the loop
+/// when each exchange has one event per call, as live). A slot is written
+/// through its member descriptor (`_Exchange.__dict__[name]`), as
+/// `chunk_event` does for `ChunkEvent`'s: the descriptor type's
+/// `tp_descr_set` is what `setattr` calls once it found the descriptor. A
+/// set slot is read where that descriptor keeps it, a word of the instance
+/// at an offset found once (`probe`), with what `tp_descr_get` (what
+/// `getattr` calls) does for a set slot: the object there, a new reference
+/// (~60 instructions through `tp_descr_get`, ~10 so); an unset one goes
+/// through `tp_descr_get`, which raises AttributeError. Only for an object
 /// of exactly that type (a slotted class: no instance `__dict__`, and a
-/// data descriptor wins over anything else), so what is read and written is
-/// what `getattr` and `setattr` would; any other object (a subclass, a
-/// test's stand-in) goes through `getattr` / `setattr`.
+/// data descriptor wins over anything else; its layout is the one probed),
+/// so what is read and written is what `getattr` and `setattr` would; any
+/// other object (a subclass, a test's stand-in) goes through `getattr` /
+/// `setattr`.
 struct ExSlots {
     cls: Py<PyType>,
     descrs: Vec<Py<PyAny>>,
     names: Vec<Py<PyString>>,
+    /// where in an instance each slot's value is kept (bytes from its start)
+    offsets: Vec<usize>,
     /// `member_descriptor`'s `tp_descr_get`
     get: pyo3::ffi::descrgetfunc,
     /// `member_descriptor`'s `tp_descr_set`
@@ -208,10 +216,12 @@ impl ExSlots {
                 std::mem::transmute::<*mut std::ffi::c_void, pyo3::ffi::descrsetfunc>(set),
             )
         };
+        let offsets = probe(py, &cls, &descrs, set)?;
         Ok(ExSlots {
             cls: cls.unbind(),
             descrs,
             names,
+            offsets,
             get,
             set,
         })
@@ -222,9 +232,46 @@ impl ExSlots {
         std::ptr::eq(x.get_type_ptr(), self.cls.as_ptr().cast())
     }
 
+    /// The value of `slot` of `x`, borrowed (None: unset, or `x` is not
+    /// exactly an `_Exchange`).
+    fn peek(&self, x: &Bound<'_, PyAny>, slot: Slot) -> Option<*mut pyo3::ffi::PyObject> {
+        if !self.exact(x) {
+            return None;
+        }
+        // SAFETY: `x` is a live instance of exactly `_Exchange` (checked
+        // above) and the GIL is held: its memory holds at least
+        // `__basicsize__` initialised bytes, and the offset, found by
+        // `probe`, is an aligned word inside them where the slot's
+        // descriptor keeps the slot's value (a strong reference, or NULL when
+        // unset), written only by code holding the GIL.
+        #[allow(unsafe_code)]
+        let ptr = unsafe {
+            x.as_ptr()
+                .cast::<u8>()
+                .add(self.offsets[slot as usize])
+                .cast::<*mut pyo3::ffi::PyObject>()
+                .read()
+        };
+        (!ptr.is_null()).then_some(ptr)
+    }
+
+    /// `getattr(x, slot) is None`.
+    fn is_none(&self, x: &Bound<'_, PyAny>, slot: Slot) -> PyResult<bool> {
+        match self.peek(x, slot) {
+            Some(ptr) => Ok(std::ptr::eq(ptr, x.py().None().as_ptr())),
+            None => Ok(self.get(x, slot)?.is_none()),
+        }
+    }
+
     /// `getattr(x, slot)`.
     fn get<'py>(&self, x: &Bound<'py, PyAny>, slot: Slot) -> PyResult<Bound<'py, PyAny>> {
         let py = x.py();
+        if let Some(ptr) = self.peek(x, slot) {
+            // SAFETY: `ptr` is the slot's value, a live object that `x`
+            // holds a reference to (`peek`); the GIL is held.
+            #[allow(unsafe_code)]
+            return Ok(unsafe { Bound::from_borrowed_ptr(py, ptr) });
+        }
         let s = slot as usize;
         if !self.exact(x) {
             return x.getattr(self.names[s].bind(py));
@@ -274,6 +321,74 @@ impl ExSlots {
         }
         Ok(())
     }
+}
+
+/// Where in an instance of `cls` the member descriptors `descrs` keep their
+/// values (bytes from the instance's start): each found by setting the slot
+/// of a blank instance (`object.__new__(cls)`: every slot unset, NULL) to a
+/// fresh object through the descriptor (`set`: its type's `tp_descr_set`)
+/// and looking for the one word of the instance, within its
+/// `__basicsize__`, that then holds it and holds NULL again once the slot is
+/// deleted. An error if any is not found exactly so (a layout this reading
+/// does not know).
+fn probe(
+    py: Python<'_>,
+    cls: &Bound<'_, PyType>,
+    descrs: &[Py<PyAny>],
+    set: pyo3::ffi::descrsetfunc,
+) -> PyResult<Vec<usize>> {
+    let unknown = |what: &str| {
+        pyo3::exceptions::PyTypeError::new_err(format!("_Exchange's slots: {what}"))
+    };
+    let word = std::mem::size_of::<*mut pyo3::ffi::PyObject>();
+    let size: usize = cls.getattr("__basicsize__")?.extract()?;
+    if cls.getattr("__itemsize__")?.extract::<usize>()? != 0 {
+        return Err(unknown("a variable-size type"));
+    }
+    let obj = py
+        .import("builtins")?
+        .getattr("object")?
+        .call_method1("__new__", (cls,))?;
+    if !std::ptr::eq(obj.get_type_ptr(), cls.as_type_ptr()) {
+        return Err(unknown("object.__new__ made another type"));
+    }
+    let words = size / word;
+    // SAFETY: `obj` is a live instance of `cls` (checked above), kept for the
+    // whole function, and the GIL is held: its memory holds `__basicsize__`
+    // initialised bytes (`tp_alloc` zeroes them), aligned for words; `i` is
+    // below `words`, so each read is of an aligned word inside them.
+    #[allow(unsafe_code)]
+    let read = |i: usize| unsafe {
+        obj.as_ptr()
+            .cast::<*mut pyo3::ffi::PyObject>()
+            .add(i)
+            .read()
+    };
+    let mut offsets = Vec::with_capacity(descrs.len());
+    for descr in descrs {
+        let marker = PyTuple::new(py, [descr.bind(py)])?; // a fresh object
+        // SAFETY: as in `chunk_event`: live descriptor, instance and value,
+        // the GIL held; NULL as the value deletes the slot.
+        #[allow(unsafe_code)]
+        let rc = unsafe { set(descr.as_ptr(), obj.as_ptr(), marker.as_ptr()) };
+        if rc != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        let hits: Vec<usize> = (0..words)
+            .filter(|&i| std::ptr::eq(read(i), marker.as_ptr()))
+            .collect();
+        // SAFETY: as above.
+        #[allow(unsafe_code)]
+        let rc = unsafe { set(descr.as_ptr(), obj.as_ptr(), std::ptr::null_mut()) };
+        if rc != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        match hits[..] {
+            [i] if read(i).is_null() => offsets.push(i.saturating_mul(word)),
+            _ => return Err(unknown("a slot's value not found in the instance")),
+        }
+    }
+    Ok(offsets)
 }
 
 /// Type slot `slot` of `tp` (`PyType_GetSlot`): a function pointer, not
@@ -1032,7 +1147,7 @@ impl<'py> Fed<'py> {
         let t = types(py)?;
         let ex = &t.ex;
         for slot in [Slot::Sniff, Slot::ItemSync, Slot::Unguessed] {
-            if !ex.get(&x, slot)?.is_none() {
+            if !ex.is_none(&x, slot)? {
                 return Ok(None);
             }
         }
@@ -1041,7 +1156,7 @@ impl<'py> Fed<'py> {
             None
         } else {
             let dec = ex.get(&x, Slot::Decoder)?;
-            if dec.is_none() && ex.get(&x, Slot::Ndjson)?.is_none() {
+            if dec.is_none() && ex.is_none(&x, Slot::Ndjson)? {
                 return Ok(None); // a whole document (or nothing): Python's
             }
             let endpoint = endpoint(py, &dialect);

@@ -328,8 +328,14 @@ impl Core {
         let Some(k) = self.held_at(start) else {
             return Ok((i, 0, 0, None));
         };
-        // the exchanges fed in this call, by (conn, exchange): written back at its end
-        let mut fed: IdMap<(u64, i64), chunks::Fed<'py>> = IdMap::default();
+        // the exchanges fed in this call, by (conn, exchange): written back at
+        // its end; room for one per body (live, each exchange has about one
+        // body per call: growing the map cost ~200 instructions per body)
+        let bodies = stop
+            .saturating_sub(start)
+            .min(self.held.len().saturating_sub(k));
+        let mut fed: IdMap<(u64, i64), chunks::Fed<'py>> =
+            IdMap::with_capacity_and_hasher(bodies, Default::default());
         let run = self.feed_run(
             py, ex, k, &mut i, stop, out, max_quiet, dead, calls, &mut fed,
         );
