@@ -166,8 +166,9 @@ const SLOT_NAMES: [&str; 23] = [
 /// `getattr` calls) does for a set slot: the object there, a new reference
 /// (~60 instructions through `tp_descr_get`, ~10 so); an unset one goes
 /// through `tp_descr_get`, which raises AttributeError. Only for an object
-/// of exactly that type (a slotted class: no instance `__dict__`, and a
-/// data descriptor wins over anything else; its layout is the one probed),
+/// of exactly that type (a slotted class with the generic attribute access,
+/// checked once: no instance `__dict__`, and a data descriptor wins over
+/// anything else; its layout is the one probed),
 /// so what is read and written is what `getattr` and `setattr` would; any
 /// other object (a subclass, a test's stand-in) goes through `getattr` /
 /// `setattr`.
@@ -189,6 +190,18 @@ impl ExSlots {
             .import("sniffer.core.streams")?
             .getattr("_Exchange")?
             .cast_into::<PyType>()?;
+        // what `getattr` / `setattr` do is the descriptors' work only with
+        // the generic attribute access (no `__getattribute__`, `__getattr__`
+        // nor `__setattr__` of its own)
+        let generic = type_slot(py, &cls, pyo3::ffi::Py_tp_getattro)?
+            == pyo3::ffi::PyObject_GenericGetAttr as *mut std::ffi::c_void
+            && type_slot(py, &cls, pyo3::ffi::Py_tp_setattro)?
+                == pyo3::ffi::PyObject_GenericSetAttr as *mut std::ffi::c_void;
+        if !generic {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "_Exchange must use the generic attribute access",
+            ));
+        }
         let dict = cls.getattr("__dict__")?;
         let mut descrs = Vec::with_capacity(SLOT_NAMES.len());
         let mut names = Vec::with_capacity(SLOT_NAMES.len());
@@ -284,11 +297,7 @@ impl ExSlots {
         // AttributeError, as `getattr`).
         #[allow(unsafe_code)]
         unsafe {
-            let ptr = (self.get)(
-                self.descrs[s].as_ptr(),
-                x.as_ptr(),
-                self.cls.as_ptr(),
-            );
+            let ptr = (self.get)(self.descrs[s].as_ptr(), x.as_ptr(), self.cls.as_ptr());
             if ptr.is_null() {
                 return Err(PyErr::fetch(py));
             }
@@ -337,9 +346,8 @@ fn probe(
     descrs: &[Py<PyAny>],
     set: pyo3::ffi::descrsetfunc,
 ) -> PyResult<Vec<usize>> {
-    let unknown = |what: &str| {
-        pyo3::exceptions::PyTypeError::new_err(format!("_Exchange's slots: {what}"))
-    };
+    let unknown =
+        |what: &str| pyo3::exceptions::PyTypeError::new_err(format!("_Exchange's slots: {what}"));
     let word = std::mem::size_of::<*mut pyo3::ffi::PyObject>();
     let size: usize = cls.getattr("__basicsize__")?.extract()?;
     if cls.getattr("__itemsize__")?.extract::<usize>()? != 0 {
@@ -367,8 +375,8 @@ fn probe(
     let mut offsets = Vec::with_capacity(descrs.len());
     for descr in descrs {
         let marker = PyTuple::new(py, [descr.bind(py)])?; // a fresh object
-        // SAFETY: as in `chunk_event`: live descriptor, instance and value,
-        // the GIL held; NULL as the value deletes the slot.
+                                                          // SAFETY: as in `chunk_event`: live descriptor, instance and value,
+                                                          // the GIL held; NULL as the value deletes the slot.
         #[allow(unsafe_code)]
         let rc = unsafe { set(descr.as_ptr(), obj.as_ptr(), marker.as_ptr()) };
         if rc != 0 {
@@ -987,10 +995,11 @@ fn body_chunks<'py>(
     items(py, t, x, dec, None, ts, data, out, max_quiet)
 }
 
-/// Whether the dialect lets the native OpenAI extraction take its items
-/// (its `native_chunks`: 2 chat, 1 completions, else not).
-fn endpoint(py: Python<'_>, dialect: &Bound<'_, PyAny>) -> Option<Endpoint> {
-    match dialect
+/// Whether the dialect class `cls` lets the native OpenAI extraction take
+/// its items (its class attribute `native_chunks`: 2 chat, 1 completions,
+/// else not).
+fn endpoint(py: Python<'_>, cls: &Bound<'_, PyType>) -> Option<Endpoint> {
+    match cls
         .getattr(intern!(py, "native_chunks"))
         .ok()
         .and_then(|v| v.extract::<i64>().ok())
@@ -998,6 +1007,32 @@ fn endpoint(py: Python<'_>, dialect: &Bound<'_, PyAny>) -> Option<Endpoint> {
         Some(2) => Some(Endpoint::Chat),
         Some(1) => Some(Endpoint::Completions),
         _ => None,
+    }
+}
+
+/// `endpoint` of the dialect classes met in one call of the native core's
+/// `feed_bodies`, each read once (a class attribute look-up through the
+/// instance per exchange was ~260 instructions per body live, where each
+/// exchange has about one body per call): the classes hold
+/// `native_chunks` fixed (`_OpenAIBase.native_chunks`) and no Python code
+/// that runs inside the call (the dialects' `event`) changes them.
+#[derive(Default)]
+pub(crate) struct Endpoints<'py>(Vec<(Bound<'py, PyType>, Option<Endpoint>)>);
+
+impl<'py> Endpoints<'py> {
+    fn of(&mut self, dialect: &Bound<'py, PyAny>) -> Option<Endpoint> {
+        let tp = dialect.get_type_ptr();
+        if let Some((_, e)) = self
+            .0
+            .iter()
+            .find(|(c, _)| std::ptr::eq(c.as_type_ptr(), tp))
+        {
+            return *e;
+        }
+        let cls = dialect.get_type();
+        let e = endpoint(dialect.py(), &cls);
+        self.0.push((cls, e));
+        e
     }
 }
 
@@ -1093,7 +1128,7 @@ fn items<'py>(
         Some(d) => d,
         None => t.ex.get(x, Slot::Dialect)?,
     };
-    let endpoint = endpoint(py, &dialect);
+    let endpoint = endpoint(py, &dialect.get_type());
     let mut named = match endpoint {
         Some(_) => dialect.getattr(intern!(py, "_named"))?.is_truthy()?,
         None => true,
@@ -1143,7 +1178,11 @@ impl<'py> Fed<'py> {
     /// Python stage must take its bodies (a recovered body not yet synced or
     /// guessed, a whole JSON document). The decoders are the native ones (a
     /// native pipeline's stage makes no other).
-    pub(crate) fn open(py: Python<'py>, x: Bound<'py, PyAny>) -> PyResult<Option<Self>> {
+    pub(crate) fn open(
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        endpoints: &mut Endpoints<'py>,
+    ) -> PyResult<Option<Self>> {
         let t = types(py)?;
         let ex = &t.ex;
         for slot in [Slot::Sniff, Slot::ItemSync, Slot::Unguessed] {
@@ -1159,7 +1198,7 @@ impl<'py> Fed<'py> {
             if dec.is_none() && ex.is_none(&x, Slot::Ndjson)? {
                 return Ok(None); // a whole document (or nothing): Python's
             }
-            let endpoint = endpoint(py, &dialect);
+            let endpoint = endpoints.of(&dialect);
             let named = match endpoint {
                 Some(_) => dialect.getattr(intern!(py, "_named"))?.is_truthy()?,
                 None => true,

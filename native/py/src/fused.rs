@@ -386,6 +386,7 @@ impl Core {
         calls: &Bound<'py, PyDict>,
         fed: &mut IdMap<(u64, i64), chunks::Fed<'py>>,
     ) -> PyResult<Option<PyErr>> {
+        let mut endpoints = chunks::Endpoints::default();
         while *i < stop {
             let Some(b) = self.held.get(k).filter(|b| b.pos == *i) else {
                 break;
@@ -406,7 +407,7 @@ impl Core {
                         *i += 1;
                         continue;
                     }
-                    Some(x) => match chunks::Fed::open(py, x) {
+                    Some(x) => match chunks::Fed::open(py, x, &mut endpoints) {
                         Ok(Some(f)) => v.insert(f),
                         Ok(None) => break, // the Python stage's
                         Err(e) => return Ok(Some(e)),
