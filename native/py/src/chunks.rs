@@ -157,19 +157,18 @@ const SLOT_NAMES: [&str; 23] = [
 /// `_Exchange`'s slots read and written without `getattr` / `setattr`
 /// (~150 instructions of look-up of the name in the type per access: some
 /// 20 accesses per exchange and call, most of the per-call cost of the loop
-/// when each exchange has one event per call, as live). A slot is written
-/// through its member descriptor (`_Exchange.__dict__[name]`), as
-/// `chunk_event` does for `ChunkEvent`'s: the descriptor type's
-/// `tp_descr_set` is what `setattr` calls once it found the descriptor. A
-/// set slot is read where that descriptor keeps it, a word of the instance
-/// at an offset found once (`probe`), with what `tp_descr_get` (what
-/// `getattr` calls) does for a set slot: the object there, a new reference
-/// (~60 instructions through `tp_descr_get`, ~10 so); an unset one goes
-/// through `tp_descr_get`, which raises AttributeError. Only for an object
-/// of exactly that type (a slotted class with the generic attribute access,
-/// checked once: no instance `__dict__`, and a data descriptor wins over
-/// anything else; its layout is the one probed),
-/// so what is read and written is what `getattr` and `setattr` would; any
+/// when each exchange has one event per call, as live), where each slot's
+/// member descriptor (`_Exchange.__dict__[name]`) keeps its value: a word
+/// of the instance at an offset found once (`probe`). A set slot is read
+/// there as the descriptor type's `tp_descr_get` (what `getattr` calls once
+/// it found the descriptor) reads it: the object, a new reference (~60
+/// instructions through `tp_descr_get`, ~10 so); an unset one through
+/// `tp_descr_get`, which raises AttributeError. A slot is written there as
+/// `tp_descr_set` writes it (~35 instructions less than calling it). Only
+/// for an object of exactly that type (a slotted class with the generic
+/// attribute access, checked once: no instance `__dict__`, and a data
+/// descriptor wins over anything else; its layout is the one probed), so
+/// what is read and written is what `getattr` and `setattr` would; any
 /// other object (a subclass, a test's stand-in) goes through `getattr` /
 /// `setattr`.
 struct ExSlots {
@@ -180,8 +179,6 @@ struct ExSlots {
     offsets: Vec<usize>,
     /// `member_descriptor`'s `tp_descr_get`
     get: pyo3::ffi::descrgetfunc,
-    /// `member_descriptor`'s `tp_descr_set`
-    set: pyo3::ffi::descrsetfunc,
 }
 
 impl ExSlots {
@@ -236,7 +233,6 @@ impl ExSlots {
             names,
             offsets,
             get,
-            set,
         })
     }
 
@@ -318,15 +314,24 @@ impl ExSlots {
         if !self.exact(x) {
             return x.setattr(self.names[s].bind(py), value);
         }
-        // SAFETY: the descriptor, `x` (exactly the descriptor's class) and
-        // `value` are live references for the whole call and the GIL is
-        // held; `set` is the descriptor type's `tp_descr_set`, which checks
-        // the instance's type, borrows its arguments (it steals no
-        // reference) and returns -1 with an exception set on failure.
+        // SAFETY: `x` is a live instance of exactly `_Exchange` and the GIL
+        // is held; the word at the slot's offset is the slot's value (see
+        // `peek`). What the descriptor's `tp_descr_set` does for a slot given
+        // a value: the new value's reference stored (ours, handed over by
+        // `into_ptr`), then the old one, if any, released (after the store,
+        // as CPython does: its finaliser may run and see the new value).
         #[allow(unsafe_code)]
-        let rc = unsafe { (self.set)(self.descrs[s].as_ptr(), x.as_ptr(), value.as_ptr()) };
-        if rc != 0 {
-            return Err(PyErr::fetch(py));
+        unsafe {
+            let addr = x
+                .as_ptr()
+                .cast::<u8>()
+                .add(self.offsets[s])
+                .cast::<*mut pyo3::ffi::PyObject>();
+            let old = addr.read();
+            addr.write(value.into_ptr());
+            if !old.is_null() {
+                pyo3::ffi::Py_DecRef(old);
+            }
         }
         Ok(())
     }
