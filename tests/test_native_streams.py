@@ -340,18 +340,20 @@ def test_an_exchange_of_another_type_is_read_and_written_through_getattr(
 
 def test_an_unset_slot_raises_what_getattr_raises() -> None:
     """An exchange slot that is unset raises AttributeError in the native
-    loop as ``getattr`` does (its state written back up to there)."""
+    loop as ``getattr`` does, before any event is made; set again, the loop
+    reads and writes it."""
     from sniffer.core.native import body_chunks
 
     a = StreamAssembler(native=True)
     request = json.dumps({"model": "m", "stream": True, "messages": []}).encode()
-    for ev in [
+    opening: list[HttpOutput] = [
         ConnectionOpened(1, 0.5, CLIENT, SERVER, True),
         HttpRequest(1, 0, 1.0, "POST", PATHS["chat"], "1.1", (("host", "x"),)),
         HttpBody(1, 0, 1.0, True, request),
         HttpEnd(1, 0, 1.0, True, EndReason.COMPLETE),
         HttpResponse(1, 0, 2.0, 200, "OK", "1.1", (("content-type", "text/event-stream"),)),
-    ]:
+    ]
+    for ev in opening:
         a.feed(ev)
     x = a._ex[(1, 0)]
     chunk = json.dumps({"model": "m", "choices": [{"index": 0, "delta": {"content": "hi"}}]})

@@ -519,8 +519,11 @@ struct State<'py> {
     text_len0: i64,
     event_count: i64,
     event_count0: i64,
+    /// whether the exchange has its first output's time (`t_first` not
+    /// None: its value is not needed, only set once)
+    has_t_first: bool,
+    /// the first output's time, set in this call (written back)
     t_first: Option<f64>,
-    t_first_set: bool,
     t_last: Option<f64>,
     t_last_set: bool,
     usage: Option<Bound<'py, PyAny>>,
@@ -582,7 +585,7 @@ impl<'py> State<'py> {
         let text_len = int(Slot::TextLen)?;
         let event_count = int(Slot::EventCount)?;
         let stream = ex.get(&x, Slot::Stream)?;
-        let t_first = opt_f64(ex.get(&x, Slot::TFirst)?)?;
+        let has_t_first = !ex.is_none(&x, Slot::TFirst)?;
         let t_last = opt_f64(ex.get(&x, Slot::TLast)?)?;
         Ok(State {
             ex,
@@ -600,8 +603,8 @@ impl<'py> State<'py> {
             text_len0: text_len,
             event_count,
             event_count0: event_count,
-            t_first,
-            t_first_set: false,
+            has_t_first,
+            t_first: None,
             t_last,
             t_last_set: false,
             usage: None,
@@ -631,8 +634,8 @@ impl<'py> State<'py> {
         if self.done_seen != self.done0 {
             ex.set(x, Slot::DoneSeen, self.done_seen)?;
         }
-        if self.t_first_set {
-            ex.set(x, Slot::TFirst, self.t_first)?;
+        if let Some(t) = self.t_first {
+            ex.set(x, Slot::TFirst, t)?;
         }
         if self.t_last_set {
             ex.set(x, Slot::TLast, self.t_last)?;
@@ -770,11 +773,10 @@ impl<'py> State<'py> {
             self.chunk_count += 1;
             self.text_len += d.text.chars().count() as i64;
         }
-        if self.t_first.is_none()
-            && matches!(d.kind, Kind::Content | Kind::Reasoning | Kind::ToolCall)
+        if !self.has_t_first && matches!(d.kind, Kind::Content | Kind::Reasoning | Kind::ToolCall)
         {
+            self.has_t_first = true;
             self.t_first = Some(ts);
-            self.t_first_set = true;
         }
         let finish = d.finish_reason.as_deref().map(|f| PyString::new(py, f));
         if let Some(f) = &finish {
@@ -853,11 +855,10 @@ impl<'py> State<'py> {
             self.chunk_count += 1;
             self.text_len += text.len()? as i64;
         }
-        if self.t_first.is_none()
-            && matches!(kind_s.as_str(), "content" | "reasoning" | "tool_call")
+        if !self.has_t_first && matches!(kind_s.as_str(), "content" | "reasoning" | "tool_call")
         {
+            self.has_t_first = true;
             self.t_first = Some(ts);
-            self.t_first_set = true;
         }
         if !finish_reason.is_none() {
             self.finish()?.set_item(&choice, &finish_reason)?;
