@@ -379,9 +379,10 @@ fn probe(
     };
     let mut offsets = Vec::with_capacity(descrs.len());
     for descr in descrs {
-        let marker = PyTuple::new(py, [descr.bind(py)])?; // a fresh object
-                                                          // SAFETY: as in `chunk_event`: live descriptor, instance and value,
-                                                          // the GIL held; NULL as the value deletes the slot.
+        // a fresh object: no other word of the instance can hold it
+        let marker = PyTuple::new(py, [descr.bind(py)])?;
+        // SAFETY: as in `chunk_event`: live descriptor, instance and value,
+        // the GIL held; NULL as the value deletes the slot.
         #[allow(unsafe_code)]
         let rc = unsafe { set(descr.as_ptr(), obj.as_ptr(), marker.as_ptr()) };
         if rc != 0 {
@@ -773,8 +774,7 @@ impl<'py> State<'py> {
             self.chunk_count += 1;
             self.text_len += d.text.chars().count() as i64;
         }
-        if !self.has_t_first && matches!(d.kind, Kind::Content | Kind::Reasoning | Kind::ToolCall)
-        {
+        if !self.has_t_first && matches!(d.kind, Kind::Content | Kind::Reasoning | Kind::ToolCall) {
             self.has_t_first = true;
             self.t_first = Some(ts);
         }
@@ -855,8 +855,7 @@ impl<'py> State<'py> {
             self.chunk_count += 1;
             self.text_len += text.len()? as i64;
         }
-        if !self.has_t_first && matches!(kind_s.as_str(), "content" | "reasoning" | "tool_call")
-        {
+        if !self.has_t_first && matches!(kind_s.as_str(), "content" | "reasoning" | "tool_call") {
             self.has_t_first = true;
             self.t_first = Some(ts);
         }
