@@ -291,3 +291,82 @@ def test_native_chunk_events_are_the_objects_the_class_makes() -> None:
     del made
     out.clear()
     assert sys.getrefcount(text) == 2  # freed with its event
+
+
+def test_an_exchange_of_another_type_is_read_and_written_through_getattr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The native loop reads an exact ``_Exchange``'s slots where their
+    descriptors keep them and writes them through the descriptors; any other
+    object (here a subclass that logs its attribute reads) goes through
+    ``getattr`` / ``setattr``. Both give what the Python loop gives."""
+    from sniffer.core import streams
+
+    reads: list[str] = []  # the attributes the native loop read
+    inside = [False]
+
+    class Logged(streams._Exchange):
+        __slots__ = ()
+
+        def __getattribute__(self, name: str) -> Any:
+            if inside[0]:
+                reads.append(name)
+            return super().__getattribute__(name)
+
+    loop = streams.body_chunks()
+
+    def logged_loop(*args: Any) -> Any:
+        inside[0] = True
+        try:
+            return loop(*args)
+        finally:
+            inside[0] = False
+
+    items = [
+        json.dumps({"model": "m", "choices": [{"index": i % 2, "delta": {"content": f"t{i}"}}]})
+        for i in range(6)
+    ] + ["{broken", "[DONE]", "late"]
+    body = "".join(f"data: {d}\n\n" for d in items).encode()
+    cuts = [30, 31, 200, len(body) - 5]
+    exact = run(True, "chat", body, cuts, 100)
+    ref = run(False, "chat", body, cuts, 100)
+    assert exact == ref
+    monkeypatch.setattr(streams, "body_chunks", lambda: logged_loop)
+    monkeypatch.setattr(streams, "_Exchange", Logged)
+    assert run(True, "chat", body, cuts, 100) == ref
+    for name in ("decoder", "dialect", "seq", "text_len", "t_first", "t_last", "chunk_idx"):
+        assert name in reads
+
+
+def test_an_unset_slot_raises_what_getattr_raises() -> None:
+    """An exchange slot that is unset raises AttributeError in the native
+    loop as ``getattr`` does, before any event is made; set again, the loop
+    reads and writes it."""
+    from sniffer.core.native import body_chunks
+
+    a = StreamAssembler(native=True)
+    request = json.dumps({"model": "m", "stream": True, "messages": []}).encode()
+    opening: list[HttpOutput] = [
+        ConnectionOpened(1, 0.5, CLIENT, SERVER, True),
+        HttpRequest(1, 0, 1.0, "POST", PATHS["chat"], "1.1", (("host", "x"),)),
+        HttpBody(1, 0, 1.0, True, request),
+        HttpEnd(1, 0, 1.0, True, EndReason.COMPLETE),
+        HttpResponse(1, 0, 2.0, 200, "OK", "1.1", (("content-type", "text/event-stream"),)),
+    ]
+    for ev in opening:
+        a.feed(ev)
+    x = a._ex[(1, 0)]
+    chunk = json.dumps({"model": "m", "choices": [{"index": 0, "delta": {"content": "hi"}}]})
+    data = f"data: {chunk}\n\n".encode()
+    del x.text_len
+    with pytest.raises(AttributeError) as want:
+        _ = x.text_len
+    out: list[Any] = []
+    with pytest.raises(AttributeError) as got:
+        body_chunks()(x, 3.0, data, out, 100)
+    assert str(got.value) == str(want.value)
+    assert out == [] and x.seq == 0
+    x.text_len = 0
+    assert body_chunks()(x, 3.0, data, out, 100) == (1, 0, None)
+    assert (x.seq, x.chunk_count, x.text_len, x.t_first, x.t_last) == (1, 1, 2, 3.0, 3.0)
+    assert x.chunk_idx == {0: 1} and out[0].text == "hi"

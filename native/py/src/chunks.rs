@@ -41,6 +41,8 @@ struct Types {
     pipeline_error: Py<PyAny>,
     flag_after_done: Py<PyAny>,
     flag_clock_backwards: Py<PyAny>,
+    /// the slots of the streams stage's `_Exchange` the loops read and write
+    ex: ExSlots,
 }
 
 static TYPES: PyOnceLock<Types> = PyOnceLock::new();
@@ -94,6 +96,313 @@ fn chunk_event<'py>(
         }
     }
     Ok(obj)
+}
+
+/// The slots of `_Exchange` (`sniffer.core.streams`, a `__slots__` class)
+/// the loops read and write, in `SLOT_NAMES` order.
+#[derive(Clone, Copy)]
+enum Slot {
+    ChunkCount,
+    ChunkIdx,
+    Conn,
+    Decoder,
+    Dialect,
+    DoneSeen,
+    Error,
+    EventCount,
+    Finish,
+    Flags,
+    Invalid,
+    ItemSync,
+    Ndjson,
+    Quiet,
+    RespBytes,
+    Seq,
+    Sniff,
+    Stream,
+    TFirst,
+    TLast,
+    TextLen,
+    Unguessed,
+    Usage,
+}
+
+/// The attribute name of each `Slot`, in its order.
+const SLOT_NAMES: [&str; 23] = [
+    "chunk_count",
+    "chunk_idx",
+    "conn",
+    "decoder",
+    "dialect",
+    "done_seen",
+    "error",
+    "event_count",
+    "finish",
+    "flags",
+    "invalid",
+    "item_sync",
+    "ndjson",
+    "quiet",
+    "resp_bytes",
+    "seq",
+    "sniff",
+    "stream",
+    "t_first",
+    "t_last",
+    "text_len",
+    "unguessed",
+    "usage",
+];
+
+/// `_Exchange`'s slots read and written without `getattr` / `setattr`
+/// (~150 instructions of look-up of the name in the type per access: some
+/// 20 accesses per exchange and call, most of the per-call cost of the loop
+/// when each exchange has one event per call, as live), where each slot's
+/// member descriptor (`_Exchange.__dict__[name]`) keeps its value: a word
+/// of the instance at an offset found once (`probe`). A set slot is read
+/// there as the descriptor type's `tp_descr_get` (what `getattr` calls once
+/// it found the descriptor) reads it: the object, a new reference (~60
+/// instructions through `tp_descr_get`, ~10 so); an unset one through
+/// `tp_descr_get`, which raises AttributeError. A slot is written there as
+/// `tp_descr_set` writes it (~35 instructions less than calling it). Only
+/// for an object of exactly that type (a slotted class with the generic
+/// attribute access, checked once: no instance `__dict__`, and a data
+/// descriptor wins over anything else; its layout is the one probed), so
+/// what is read and written is what `getattr` and `setattr` would; any
+/// other object (a subclass, a test's stand-in) goes through `getattr` /
+/// `setattr`.
+struct ExSlots {
+    cls: Py<PyType>,
+    descrs: Vec<Py<PyAny>>,
+    names: Vec<Py<PyString>>,
+    /// where in an instance each slot's value is kept (bytes from its start)
+    offsets: Vec<usize>,
+    /// `member_descriptor`'s `tp_descr_get`
+    get: pyo3::ffi::descrgetfunc,
+}
+
+impl ExSlots {
+    fn new(py: Python<'_>) -> PyResult<Self> {
+        let cls = py
+            .import("sniffer.core.streams")?
+            .getattr("_Exchange")?
+            .cast_into::<PyType>()?;
+        // what `getattr` / `setattr` do is the descriptors' work only with
+        // the generic attribute access (no `__getattribute__`, `__getattr__`
+        // nor `__setattr__` of its own)
+        let generic = type_slot(py, &cls, pyo3::ffi::Py_tp_getattro)?
+            == pyo3::ffi::PyObject_GenericGetAttr as *mut std::ffi::c_void
+            && type_slot(py, &cls, pyo3::ffi::Py_tp_setattro)?
+                == pyo3::ffi::PyObject_GenericSetAttr as *mut std::ffi::c_void;
+        if !generic {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "_Exchange must use the generic attribute access",
+            ));
+        }
+        let dict = cls.getattr("__dict__")?;
+        let mut descrs = Vec::with_capacity(SLOT_NAMES.len());
+        let mut names = Vec::with_capacity(SLOT_NAMES.len());
+        for name in SLOT_NAMES {
+            let name = PyString::intern(py, name);
+            let descr = dict.get_item(&name)?;
+            if descr.get_type().name()? != "member_descriptor" {
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "_Exchange.{name} must be a slot (a member descriptor)"
+                )));
+            }
+            descrs.push(descr.unbind());
+            names.push(name.unbind());
+        }
+        let descr_type = descrs[0].bind(py).get_type();
+        let get = type_slot(py, &descr_type, pyo3::ffi::Py_tp_descr_get)?;
+        let set = type_slot(py, &descr_type, pyo3::ffi::Py_tp_descr_set)?;
+        // SAFETY: as in `types`: by CPython's type slot definitions these
+        // slots hold functions of exactly these types, non-null (checked by
+        // `type_slot`); `member_descriptor` is a static type.
+        #[allow(unsafe_code)]
+        let (get, set) = unsafe {
+            (
+                std::mem::transmute::<*mut std::ffi::c_void, pyo3::ffi::descrgetfunc>(get),
+                std::mem::transmute::<*mut std::ffi::c_void, pyo3::ffi::descrsetfunc>(set),
+            )
+        };
+        let offsets = probe(py, &cls, &descrs, set)?;
+        Ok(ExSlots {
+            cls: cls.unbind(),
+            descrs,
+            names,
+            offsets,
+            get,
+        })
+    }
+
+    /// Whether `x` is exactly an `_Exchange`.
+    fn exact(&self, x: &Bound<'_, PyAny>) -> bool {
+        std::ptr::eq(x.get_type_ptr(), self.cls.as_ptr().cast())
+    }
+
+    /// The value of `slot` of `x`, borrowed (None: unset, or `x` is not
+    /// exactly an `_Exchange`).
+    fn peek(&self, x: &Bound<'_, PyAny>, slot: Slot) -> Option<*mut pyo3::ffi::PyObject> {
+        if !self.exact(x) {
+            return None;
+        }
+        // SAFETY: `x` is a live instance of exactly `_Exchange` (checked
+        // above) and the GIL is held: its memory holds at least
+        // `__basicsize__` initialised bytes, and the offset, found by
+        // `probe`, is an aligned word inside them where the slot's
+        // descriptor keeps the slot's value (a strong reference, or NULL when
+        // unset), written only by code holding the GIL.
+        #[allow(unsafe_code)]
+        let ptr = unsafe {
+            x.as_ptr()
+                .cast::<u8>()
+                .add(self.offsets[slot as usize])
+                .cast::<*mut pyo3::ffi::PyObject>()
+                .read()
+        };
+        (!ptr.is_null()).then_some(ptr)
+    }
+
+    /// `getattr(x, slot) is None`.
+    fn is_none(&self, x: &Bound<'_, PyAny>, slot: Slot) -> PyResult<bool> {
+        match self.peek(x, slot) {
+            Some(ptr) => Ok(std::ptr::eq(ptr, x.py().None().as_ptr())),
+            None => Ok(self.get(x, slot)?.is_none()),
+        }
+    }
+
+    /// `getattr(x, slot)`.
+    fn get<'py>(&self, x: &Bound<'py, PyAny>, slot: Slot) -> PyResult<Bound<'py, PyAny>> {
+        let py = x.py();
+        if let Some(ptr) = self.peek(x, slot) {
+            // SAFETY: `ptr` is the slot's value, a live object that `x`
+            // holds a reference to (`peek`); the GIL is held.
+            #[allow(unsafe_code)]
+            return Ok(unsafe { Bound::from_borrowed_ptr(py, ptr) });
+        }
+        let s = slot as usize;
+        if !self.exact(x) {
+            return x.getattr(self.names[s].bind(py));
+        }
+        // SAFETY: the descriptor, `x` (exactly the descriptor's class) and
+        // the class are live references for the whole call and the GIL is
+        // held; `get` is the descriptor type's `tp_descr_get`, which borrows
+        // its arguments, checks the instance's type and returns a new
+        // reference or NULL with an exception set (an unset slot:
+        // AttributeError, as `getattr`).
+        #[allow(unsafe_code)]
+        unsafe {
+            let ptr = (self.get)(self.descrs[s].as_ptr(), x.as_ptr(), self.cls.as_ptr());
+            if ptr.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            Ok(Bound::from_owned_ptr(py, ptr))
+        }
+    }
+
+    /// `setattr(x, slot, value)`.
+    fn set<'py, V: IntoPyObject<'py>>(
+        &self,
+        x: &Bound<'py, PyAny>,
+        slot: Slot,
+        value: V,
+    ) -> PyResult<()> {
+        let py = x.py();
+        let s = slot as usize;
+        let value = value.into_bound_py_any(py)?;
+        if !self.exact(x) {
+            return x.setattr(self.names[s].bind(py), value);
+        }
+        // SAFETY: `x` is a live instance of exactly `_Exchange` and the GIL
+        // is held; the word at the slot's offset is the slot's value (see
+        // `peek`). What the descriptor's `tp_descr_set` does for a slot given
+        // a value: the new value's reference stored (ours, handed over by
+        // `into_ptr`), then the old one, if any, released (after the store,
+        // as CPython does: its finaliser may run and see the new value).
+        #[allow(unsafe_code)]
+        unsafe {
+            let addr = x
+                .as_ptr()
+                .cast::<u8>()
+                .add(self.offsets[s])
+                .cast::<*mut pyo3::ffi::PyObject>();
+            let old = addr.read();
+            addr.write(value.into_ptr());
+            if !old.is_null() {
+                pyo3::ffi::Py_DecRef(old);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where in an instance of `cls` the member descriptors `descrs` keep their
+/// values (bytes from the instance's start): each found by setting the slot
+/// of a blank instance (`object.__new__(cls)`: every slot unset, NULL) to a
+/// fresh object through the descriptor (`set`: its type's `tp_descr_set`)
+/// and looking for the one word of the instance, within its
+/// `__basicsize__`, that then holds it and holds NULL again once the slot is
+/// deleted. An error if any is not found exactly so (a layout this reading
+/// does not know).
+fn probe(
+    py: Python<'_>,
+    cls: &Bound<'_, PyType>,
+    descrs: &[Py<PyAny>],
+    set: pyo3::ffi::descrsetfunc,
+) -> PyResult<Vec<usize>> {
+    let unknown =
+        |what: &str| pyo3::exceptions::PyTypeError::new_err(format!("_Exchange's slots: {what}"));
+    let word = std::mem::size_of::<*mut pyo3::ffi::PyObject>();
+    let size: usize = cls.getattr("__basicsize__")?.extract()?;
+    if cls.getattr("__itemsize__")?.extract::<usize>()? != 0 {
+        return Err(unknown("a variable-size type"));
+    }
+    let obj = py
+        .import("builtins")?
+        .getattr("object")?
+        .call_method1("__new__", (cls,))?;
+    if !std::ptr::eq(obj.get_type_ptr(), cls.as_type_ptr()) {
+        return Err(unknown("object.__new__ made another type"));
+    }
+    let words = size / word;
+    // SAFETY: `obj` is a live instance of `cls` (checked above), kept for the
+    // whole function, and the GIL is held: its memory holds `__basicsize__`
+    // initialised bytes (`tp_alloc` zeroes them), aligned for words; `i` is
+    // below `words`, so each read is of an aligned word inside them.
+    #[allow(unsafe_code)]
+    let read = |i: usize| unsafe {
+        obj.as_ptr()
+            .cast::<*mut pyo3::ffi::PyObject>()
+            .add(i)
+            .read()
+    };
+    let mut offsets = Vec::with_capacity(descrs.len());
+    for descr in descrs {
+        // a fresh object: no other word of the instance can hold it
+        let marker = PyTuple::new(py, [descr.bind(py)])?;
+        // SAFETY: as in `chunk_event`: live descriptor, instance and value,
+        // the GIL held; NULL as the value deletes the slot.
+        #[allow(unsafe_code)]
+        let rc = unsafe { set(descr.as_ptr(), obj.as_ptr(), marker.as_ptr()) };
+        if rc != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        let hits: Vec<usize> = (0..words)
+            .filter(|&i| std::ptr::eq(read(i), marker.as_ptr()))
+            .collect();
+        // SAFETY: as above.
+        #[allow(unsafe_code)]
+        let rc = unsafe { set(descr.as_ptr(), obj.as_ptr(), std::ptr::null_mut()) };
+        if rc != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        match hits[..] {
+            [i] if read(i).is_null() => offsets.push(i.saturating_mul(word)),
+            _ => return Err(unknown("a slot's value not found in the instance")),
+        }
+    }
+    Ok(offsets)
 }
 
 /// Type slot `slot` of `tp` (`PyType_GetSlot`): a function pointer, not
@@ -169,6 +478,7 @@ fn types(py: Python<'_>) -> PyResult<&'static Types> {
             pipeline_error: events.getattr("PipelineError")?.unbind(),
             flag_after_done: flag.getattr("AFTER_DONE")?.unbind(),
             flag_clock_backwards: flag.getattr("CLOCK_BACKWARDS")?.unbind(),
+            ex: ExSlots::new(py)?,
         })
     })
 }
@@ -194,6 +504,8 @@ fn py_str<'py>(py: Python<'py>, s: &str) -> Bound<'py, PyString> {
 
 /// The exchange's state the loop reads and writes (`_Exchange`'s slots).
 struct State<'py> {
+    /// how to read and write `x`'s slots
+    ex: &'static ExSlots,
     x: Bound<'py, PyAny>,
     stream: Bound<'py, PyAny>,
     seq: i64,
@@ -208,8 +520,11 @@ struct State<'py> {
     text_len0: i64,
     event_count: i64,
     event_count0: i64,
+    /// whether the exchange has its first output's time (`t_first` not
+    /// None: its value is not needed, only set once)
+    has_t_first: bool,
+    /// the first output's time, set in this call (written back)
     t_first: Option<f64>,
-    t_first_set: bool,
     t_last: Option<f64>,
     t_last_set: bool,
     usage: Option<Bound<'py, PyAny>>,
@@ -232,11 +547,11 @@ struct Lazy {
 
 impl Lazy {
     /// Adds one; the new value.
-    fn bump(&mut self, x: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> PyResult<i64> {
+    fn bump(&mut self, ex: &ExSlots, x: &Bound<'_, PyAny>, slot: Slot) -> PyResult<i64> {
         let (v0, v) = match self.v {
             Some(got) => got,
             None => {
-                let v: i64 = x.getattr(name)?.extract()?;
+                let v: i64 = ex.get(x, slot)?.extract()?;
                 (v, v)
             }
         };
@@ -245,9 +560,9 @@ impl Lazy {
         Ok(v)
     }
 
-    fn store(&self, x: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> PyResult<()> {
+    fn store(&self, ex: &ExSlots, x: &Bound<'_, PyAny>, slot: Slot) -> PyResult<()> {
         match self.v {
-            Some((v0, v)) if v != v0 => x.setattr(name, v),
+            Some((v0, v)) if v != v0 => ex.set(x, slot, v),
             _ => Ok(()),
         }
     }
@@ -262,17 +577,19 @@ fn opt_f64(v: Bound<'_, PyAny>) -> PyResult<Option<f64>> {
 }
 
 impl<'py> State<'py> {
-    fn load(py: Python<'py>, x: Bound<'py, PyAny>) -> PyResult<Self> {
-        let int = |name: &Bound<'py, PyString>| -> PyResult<i64> { x.getattr(name)?.extract() };
-        let seq = int(intern!(py, "seq"))?;
-        let done_seen = x.getattr(intern!(py, "done_seen"))?.is_truthy()?;
-        let chunk_count = int(intern!(py, "chunk_count"))?;
-        let text_len = int(intern!(py, "text_len"))?;
-        let event_count = int(intern!(py, "event_count"))?;
-        let stream = x.getattr(intern!(py, "stream"))?;
-        let t_first = opt_f64(x.getattr(intern!(py, "t_first"))?)?;
-        let t_last = opt_f64(x.getattr(intern!(py, "t_last"))?)?;
+    fn load(t: &'static Types, x: Bound<'py, PyAny>) -> PyResult<Self> {
+        let ex = &t.ex;
+        let int = |slot: Slot| -> PyResult<i64> { ex.get(&x, slot)?.extract() };
+        let seq = int(Slot::Seq)?;
+        let done_seen = ex.get(&x, Slot::DoneSeen)?.is_truthy()?;
+        let chunk_count = int(Slot::ChunkCount)?;
+        let text_len = int(Slot::TextLen)?;
+        let event_count = int(Slot::EventCount)?;
+        let stream = ex.get(&x, Slot::Stream)?;
+        let has_t_first = !ex.is_none(&x, Slot::TFirst)?;
+        let t_last = opt_f64(ex.get(&x, Slot::TLast)?)?;
         Ok(State {
+            ex,
             x,
             stream,
             seq,
@@ -287,8 +604,8 @@ impl<'py> State<'py> {
             text_len0: text_len,
             event_count,
             event_count0: event_count,
-            t_first,
-            t_first_set: false,
+            has_t_first,
+            t_first: None,
             t_last,
             t_last_set: false,
             usage: None,
@@ -301,72 +618,62 @@ impl<'py> State<'py> {
     }
 
     /// Writes the changed attributes back to the exchange.
-    fn store(&self, py: Python<'py>) -> PyResult<()> {
-        let x = &self.x;
-        let set_int = |name: &Bound<'py, PyString>, v: i64, v0: i64| -> PyResult<()> {
+    fn store(&self) -> PyResult<()> {
+        let (ex, x) = (self.ex, &self.x);
+        let set_int = |slot: Slot, v: i64, v0: i64| -> PyResult<()> {
             if v != v0 {
-                x.setattr(name, v)?;
+                ex.set(x, slot, v)?;
             }
             Ok(())
         };
-        set_int(intern!(py, "seq"), self.seq, self.seq0)?;
-        self.quiet.store(x, intern!(py, "quiet"))?;
-        self.invalid.store(x, intern!(py, "invalid"))?;
-        set_int(
-            intern!(py, "chunk_count"),
-            self.chunk_count,
-            self.chunk_count0,
-        )?;
-        set_int(intern!(py, "text_len"), self.text_len, self.text_len0)?;
-        set_int(
-            intern!(py, "event_count"),
-            self.event_count,
-            self.event_count0,
-        )?;
+        set_int(Slot::Seq, self.seq, self.seq0)?;
+        self.quiet.store(ex, x, Slot::Quiet)?;
+        self.invalid.store(ex, x, Slot::Invalid)?;
+        set_int(Slot::ChunkCount, self.chunk_count, self.chunk_count0)?;
+        set_int(Slot::TextLen, self.text_len, self.text_len0)?;
+        set_int(Slot::EventCount, self.event_count, self.event_count0)?;
         if self.done_seen != self.done0 {
-            x.setattr(intern!(py, "done_seen"), self.done_seen)?;
+            ex.set(x, Slot::DoneSeen, self.done_seen)?;
         }
-        if self.t_first_set {
-            x.setattr(intern!(py, "t_first"), self.t_first)?;
+        if let Some(t) = self.t_first {
+            ex.set(x, Slot::TFirst, t)?;
         }
         if self.t_last_set {
-            x.setattr(intern!(py, "t_last"), self.t_last)?;
+            ex.set(x, Slot::TLast, self.t_last)?;
         }
         if let Some(u) = &self.usage {
-            x.setattr(intern!(py, "usage"), u)?;
+            ex.set(x, Slot::Usage, u)?;
         }
         if let Some(e) = &self.error {
-            x.setattr(intern!(py, "error"), e)?;
+            ex.set(x, Slot::Error, e)?;
         }
         Ok(())
     }
 
-    /// The exchange's dict attribute `name`, read once per call into `slot`.
+    /// The exchange's dict attribute `slot`, read once per call into `got`.
     fn dict_attr<'a>(
+        ex: &ExSlots,
         x: &Bound<'py, PyAny>,
-        slot: &'a mut Option<Bound<'py, PyDict>>,
-        name: &Bound<'py, PyString>,
+        got: &'a mut Option<Bound<'py, PyDict>>,
+        slot: Slot,
     ) -> PyResult<&'a Bound<'py, PyDict>> {
-        if slot.is_none() {
-            *slot = Some(x.getattr(name)?.cast_into::<PyDict>()?);
+        if got.is_none() {
+            *got = Some(ex.get(x, slot)?.cast_into::<PyDict>()?);
         }
-        Ok(slot.as_ref().expect("set above"))
+        Ok(got.as_ref().expect("set above"))
     }
 
-    fn chunk_idx(&mut self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
-        Self::dict_attr(&self.x, &mut self.chunk_idx, intern!(py, "chunk_idx"))
+    fn chunk_idx(&mut self) -> PyResult<&Bound<'py, PyDict>> {
+        Self::dict_attr(self.ex, &self.x, &mut self.chunk_idx, Slot::ChunkIdx)
     }
 
-    fn finish(&mut self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
-        Self::dict_attr(&self.x, &mut self.finish, intern!(py, "finish"))
+    fn finish(&mut self) -> PyResult<&Bound<'py, PyDict>> {
+        Self::dict_attr(self.ex, &self.x, &mut self.finish, Slot::Finish)
     }
 
     /// `StreamAssembler._flag`.
     fn flag(&self, py: Python<'py>, flag: &Py<PyAny>) -> PyResult<()> {
-        let flags = self
-            .x
-            .getattr(intern!(py, "flags"))?
-            .cast_into::<PyList>()?;
+        let flags = self.ex.get(&self.x, Slot::Flags)?.cast_into::<PyList>()?;
         let flag = flag.bind(py);
         if !flags.contains(flag)? {
             flags.append(flag)?;
@@ -375,8 +682,8 @@ impl<'py> State<'py> {
     }
 
     /// The next chunk index of a choice whose delta carries text.
-    fn next_index(&mut self, py: Python<'py>, choice: &Bound<'py, PyAny>) -> PyResult<i64> {
-        let d = self.chunk_idx(py)?;
+    fn next_index(&mut self, choice: &Bound<'py, PyAny>) -> PyResult<i64> {
+        let d = self.chunk_idx()?;
         let index = match d.get_item(choice)? {
             Some(v) => v.extract::<i64>()? + 1,
             None => 1,
@@ -411,7 +718,7 @@ impl<'py> State<'py> {
         max_quiet: i64,
     ) -> PyResult<()> {
         self.flag(py, &t.flag_after_done)?;
-        if self.quiet.bump(&self.x, intern!(py, "quiet"))? > max_quiet {
+        if self.quiet.bump(self.ex, &self.x, Slot::Quiet)? > max_quiet {
             return Ok(());
         }
         let args = fields!(py;
@@ -456,26 +763,24 @@ impl<'py> State<'py> {
                 || d.tool_calls.is_some()
                 || d.finish_reason.is_some()
                 || d.logprobs.is_some();
-            if !carries && self.quiet.bump(&self.x, intern!(py, "quiet"))? > max_quiet {
+            if !carries && self.quiet.bump(self.ex, &self.x, Slot::Quiet)? > max_quiet {
                 return Ok(()); // capped (never INVALID here)
             }
         }
         let choice = d.choice.into_pyobject(py)?.into_any();
         let mut index = 0;
         if !d.text.is_empty() {
-            index = self.next_index(py, &choice)?;
+            index = self.next_index(&choice)?;
             self.chunk_count += 1;
             self.text_len += d.text.chars().count() as i64;
         }
-        if self.t_first.is_none()
-            && matches!(d.kind, Kind::Content | Kind::Reasoning | Kind::ToolCall)
-        {
+        if !self.has_t_first && matches!(d.kind, Kind::Content | Kind::Reasoning | Kind::ToolCall) {
+            self.has_t_first = true;
             self.t_first = Some(ts);
-            self.t_first_set = true;
         }
         let finish = d.finish_reason.as_deref().map(|f| PyString::new(py, f));
         if let Some(f) = &finish {
-            self.finish(py)?.set_item(&choice, f)?;
+            self.finish()?.set_item(&choice, f)?;
         }
         let raw = if d.raw {
             if item.is_none() {
@@ -536,9 +841,9 @@ impl<'py> State<'py> {
                 || !logprobs.is_none()
                 || !usage.is_none()
                 || !server_tokens.is_none();
-            if !carries && self.quiet.bump(&self.x, intern!(py, "quiet"))? > max_quiet {
+            if !carries && self.quiet.bump(self.ex, &self.x, Slot::Quiet)? > max_quiet {
                 if kind_s == "invalid" {
-                    self.invalid.bump(&self.x, intern!(py, "invalid"))?;
+                    self.invalid.bump(self.ex, &self.x, Slot::Invalid)?;
                     self.errors += 1;
                 }
                 return Ok(());
@@ -546,18 +851,16 @@ impl<'py> State<'py> {
         }
         let mut index = 0;
         if has_text {
-            index = self.next_index(py, &choice)?;
+            index = self.next_index(&choice)?;
             self.chunk_count += 1;
             self.text_len += text.len()? as i64;
         }
-        if self.t_first.is_none()
-            && matches!(kind_s.as_str(), "content" | "reasoning" | "tool_call")
-        {
+        if !self.has_t_first && matches!(kind_s.as_str(), "content" | "reasoning" | "tool_call") {
+            self.has_t_first = true;
             self.t_first = Some(ts);
-            self.t_first_set = true;
         }
         if !finish_reason.is_none() {
-            self.finish(py)?.set_item(&choice, &finish_reason)?;
+            self.finish()?.set_item(&choice, &finish_reason)?;
         }
         if !usage.is_none() {
             self.usage = Some(usage.clone());
@@ -572,14 +875,14 @@ impl<'py> State<'py> {
                 });
             }
             "invalid" => {
-                self.invalid.bump(&self.x, intern!(py, "invalid"))?;
+                self.invalid.bump(self.ex, &self.x, Slot::Invalid)?;
                 self.errors += 1;
                 let message = if error.is_truthy()? {
                     error.clone()
                 } else {
                     intern!(py, "unparseable item").clone().into_any()
                 };
-                let conn = self.x.getattr(intern!(py, "conn"))?;
+                let conn = self.ex.get(&self.x, Slot::Conn)?;
                 let args = (
                     ts,
                     intern!(py, "dialect"),
@@ -692,14 +995,16 @@ fn body_chunks<'py>(
     out: &Bound<'py, PyList>,
     max_quiet: i64,
 ) -> PyResult<Chunks> {
-    let dec = x.getattr(intern!(py, "decoder"))?;
-    items(py, x, dec, None, ts, data, out, max_quiet)
+    let t = types(py)?;
+    let dec = t.ex.get(x, Slot::Decoder)?;
+    items(py, t, x, dec, None, ts, data, out, max_quiet)
 }
 
-/// Whether the dialect lets the native OpenAI extraction take its items
-/// (its `native_chunks`: 2 chat, 1 completions, else not).
-fn endpoint(py: Python<'_>, dialect: &Bound<'_, PyAny>) -> Option<Endpoint> {
-    match dialect
+/// Whether the dialect class `cls` lets the native OpenAI extraction take
+/// its items (its class attribute `native_chunks`: 2 chat, 1 completions,
+/// else not).
+fn endpoint(py: Python<'_>, cls: &Bound<'_, PyType>) -> Option<Endpoint> {
+    match cls
         .getattr(intern!(py, "native_chunks"))
         .ok()
         .and_then(|v| v.extract::<i64>().ok())
@@ -707,6 +1012,32 @@ fn endpoint(py: Python<'_>, dialect: &Bound<'_, PyAny>) -> Option<Endpoint> {
         Some(2) => Some(Endpoint::Chat),
         Some(1) => Some(Endpoint::Completions),
         _ => None,
+    }
+}
+
+/// `endpoint` of the dialect classes met in one call of the native core's
+/// `feed_bodies`, each read once (a class attribute look-up through the
+/// instance per exchange was ~260 instructions per body live, where each
+/// exchange has about one body per call): the classes hold
+/// `native_chunks` fixed (`_OpenAIBase.native_chunks`) and no Python code
+/// that runs inside the call (the dialects' `event`) changes them.
+#[derive(Default)]
+pub(crate) struct Endpoints<'py>(Vec<(Bound<'py, PyType>, Option<Endpoint>)>);
+
+impl<'py> Endpoints<'py> {
+    fn of(&mut self, dialect: &Bound<'py, PyAny>) -> Option<Endpoint> {
+        let tp = dialect.get_type_ptr();
+        if let Some((_, e)) = self
+            .0
+            .iter()
+            .find(|(c, _)| std::ptr::eq(c.as_type_ptr(), tp))
+        {
+            return *e;
+        }
+        let cls = dialect.get_type();
+        let e = endpoint(dialect.py(), &cls);
+        self.0.push((cls, e));
+        e
     }
 }
 
@@ -718,13 +1049,13 @@ pub(crate) type Chunks = (u64, u64, Option<PyErr>);
 /// (a native `SseDecoder`; None: its `ndjson`, a native `NdjsonDecoder`);
 /// None when it completed none.
 fn decode<'py>(
-    py: Python<'py>,
+    ex: &ExSlots,
     x: &Bound<'py, PyAny>,
     dec: &Bound<'py, PyAny>,
     data: &[u8],
 ) -> PyResult<Option<Items>> {
     let items = if dec.is_none() {
-        let dec = x.getattr(intern!(py, "ndjson"))?;
+        let dec = ex.get(x, Slot::Ndjson)?;
         let dec = dec.cast::<PyNdjsonDecoder>()?;
         let lines = dec.borrow_mut().feed_lines(data);
         if lines.is_empty() {
@@ -786,6 +1117,7 @@ fn run<'py>(
 #[allow(clippy::too_many_arguments)]
 fn items<'py>(
     py: Python<'py>,
+    t: &'static Types,
     x: &Bound<'py, PyAny>,
     dec: Bound<'py, PyAny>,
     dialect: Option<Bound<'py, PyAny>>,
@@ -794,24 +1126,23 @@ fn items<'py>(
     out: &Bound<'py, PyList>,
     max_quiet: i64,
 ) -> PyResult<Chunks> {
-    let t = types(py)?;
-    let Some(items) = decode(py, x, &dec, data)? else {
+    let Some(items) = decode(&t.ex, x, &dec, data)? else {
         return Ok((0, 0, None));
     };
     let dialect = match dialect {
         Some(d) => d,
-        None => x.getattr(intern!(py, "dialect"))?,
+        None => t.ex.get(x, Slot::Dialect)?,
     };
-    let endpoint = endpoint(py, &dialect);
+    let endpoint = endpoint(py, &dialect.get_type());
     let mut named = match endpoint {
         Some(_) => dialect.getattr(intern!(py, "_named"))?.is_truthy()?,
         None => true,
     };
-    let mut st = State::load(py, x.clone())?;
+    let mut st = State::load(t, x.clone())?;
     let failed = run(
         py, t, &mut st, &dialect, endpoint, &mut named, ts, items, out, max_quiet,
     );
-    st.store(py)?;
+    st.store()?;
     Ok((st.added, st.errors, failed))
 }
 
@@ -839,6 +1170,7 @@ struct Streamed<'py> {
 /// look-ups and stores of a Python object each: ~4k instructions per body,
 /// when a busy capture interleaves the bodies of dozens of streams).
 pub(crate) struct Fed<'py> {
+    t: &'static Types,
     x: Bound<'py, PyAny>,
     /// None: no dialect (the bytes are counted, no more)
     streamed: Option<Streamed<'py>>,
@@ -851,25 +1183,27 @@ impl<'py> Fed<'py> {
     /// Python stage must take its bodies (a recovered body not yet synced or
     /// guessed, a whole JSON document). The decoders are the native ones (a
     /// native pipeline's stage makes no other).
-    pub(crate) fn open(py: Python<'py>, x: Bound<'py, PyAny>) -> PyResult<Option<Self>> {
-        for name in [
-            intern!(py, "sniff"),
-            intern!(py, "item_sync"),
-            intern!(py, "unguessed"),
-        ] {
-            if !x.getattr(name)?.is_none() {
+    pub(crate) fn open(
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        endpoints: &mut Endpoints<'py>,
+    ) -> PyResult<Option<Self>> {
+        let t = types(py)?;
+        let ex = &t.ex;
+        for slot in [Slot::Sniff, Slot::ItemSync, Slot::Unguessed] {
+            if !ex.is_none(&x, slot)? {
                 return Ok(None);
             }
         }
-        let dialect = x.getattr(intern!(py, "dialect"))?;
+        let dialect = ex.get(&x, Slot::Dialect)?;
         let streamed = if dialect.is_none() {
             None
         } else {
-            let dec = x.getattr(intern!(py, "decoder"))?;
-            if dec.is_none() && x.getattr(intern!(py, "ndjson"))?.is_none() {
+            let dec = ex.get(&x, Slot::Decoder)?;
+            if dec.is_none() && ex.is_none(&x, Slot::Ndjson)? {
                 return Ok(None); // a whole document (or nothing): Python's
             }
-            let endpoint = endpoint(py, &dialect);
+            let endpoint = endpoints.of(&dialect);
             let named = match endpoint {
                 Some(_) => dialect.getattr(intern!(py, "_named"))?.is_truthy()?,
                 None => true,
@@ -882,8 +1216,9 @@ impl<'py> Fed<'py> {
                 st: None,
             })
         };
-        let resp_bytes = x.getattr(intern!(py, "resp_bytes"))?.extract::<i64>()?;
+        let resp_bytes = ex.get(&x, Slot::RespBytes)?.extract::<i64>()?;
         Ok(Some(Fed {
+            t,
             x,
             streamed,
             resp_bytes,
@@ -907,13 +1242,13 @@ impl<'py> Fed<'py> {
         let Some(s) = &mut self.streamed else {
             return Ok(None);
         };
-        let Some(items) = decode(py, &self.x, &s.dec, data)? else {
+        let t = self.t;
+        let Some(items) = decode(&t.ex, &self.x, &s.dec, data)? else {
             return Ok(None);
         };
-        let t = types(py)?;
         let st = match &mut s.st {
             Some(st) => st,
-            None => s.st.insert(State::load(py, self.x.clone())?),
+            None => s.st.insert(State::load(t, self.x.clone())?),
         };
         Ok(run(
             py,
@@ -931,13 +1266,13 @@ impl<'py> Fed<'py> {
 
     /// Writes what changed back to the exchange; (chunk events appended,
     /// dialect errors counted).
-    pub(crate) fn close(&self, py: Python<'py>) -> PyResult<(u64, u64)> {
+    pub(crate) fn close(&self) -> PyResult<(u64, u64)> {
         if self.resp_bytes != self.resp_bytes0 {
-            self.x.setattr(intern!(py, "resp_bytes"), self.resp_bytes)?;
+            self.t.ex.set(&self.x, Slot::RespBytes, self.resp_bytes)?;
         }
         match self.streamed.as_ref().and_then(|s| s.st.as_ref()) {
             Some(st) => {
-                st.store(py)?;
+                st.store()?;
                 Ok((st.added, st.errors))
             }
             None => Ok((0, 0)),

@@ -328,15 +328,21 @@ impl Core {
         let Some(k) = self.held_at(start) else {
             return Ok((i, 0, 0, None));
         };
-        // the exchanges fed in this call, by (conn, exchange): written back at its end
-        let mut fed: IdMap<(u64, i64), chunks::Fed<'py>> = IdMap::default();
+        // the exchanges fed in this call, by (conn, exchange): written back at
+        // its end; room for one per body (live, each exchange has about one
+        // body per call: growing the map cost ~200 instructions per body)
+        let bodies = stop
+            .saturating_sub(start)
+            .min(self.held.len().saturating_sub(k));
+        let mut fed: IdMap<(u64, i64), chunks::Fed<'py>> =
+            IdMap::with_capacity_and_hasher(bodies, Default::default());
         let run = self.feed_run(
             py, ex, k, &mut i, stop, out, max_quiet, dead, calls, &mut fed,
         );
         let (mut added, mut errors) = (0u64, 0u64);
         let mut failed = None;
         for f in fed.values() {
-            match f.close(py) {
+            match f.close() {
                 Ok((a, e)) => {
                     added = added.saturating_add(a);
                     errors = errors.saturating_add(e);
@@ -380,6 +386,7 @@ impl Core {
         calls: &Bound<'py, PyDict>,
         fed: &mut IdMap<(u64, i64), chunks::Fed<'py>>,
     ) -> PyResult<Option<PyErr>> {
+        let mut endpoints = chunks::Endpoints::default();
         while *i < stop {
             let Some(b) = self.held.get(k).filter(|b| b.pos == *i) else {
                 break;
@@ -400,7 +407,7 @@ impl Core {
                         *i += 1;
                         continue;
                     }
-                    Some(x) => match chunks::Fed::open(py, x) {
+                    Some(x) => match chunks::Fed::open(py, x, &mut endpoints) {
                         Ok(Some(f)) => v.insert(f),
                         Ok(None) => break, // the Python stage's
                         Err(e) => return Ok(Some(e)),

@@ -399,7 +399,8 @@ class _OpenAIBase(JsonDialect):
     #: ``response_model``, ``response_id`` and ``_named`` as :meth:`event`
     #: does, and hands every item it declines (or with usage) to :meth:`event`.
     #: A class attribute, fixed when the module loads (a property cost a
-    #: Python call per body event).
+    #: Python call per body event); the native loop reads it from the class
+    #: (once per class and call), never from the instance.
     native_chunks = 0 if _NATIVE_CHUNK is None else 1
 
     def event(self, data: str, event_type: str) -> list[Delta]:
