@@ -31,12 +31,12 @@ from sniffer.core.events import (
 from sniffer.llm.values import RequestSummary, Usage
 from sniffer.store import queries
 from sniffer.store.db import EngineStore
+from sniffer.store.lite import executemany_sqlite
 from sniffer.store.models import SCHEMA_VERSION, chunks, connections, errors, metadata, streams
 from sniffer.store.writer import (
     OPTIONAL_CHUNK_FIELDS,
     StoreError,
     StoreWriter,
-    _executemany_sqlite,
     _full_chunk_row,
     chunk_row,
     endpoint_text,
@@ -1152,7 +1152,7 @@ def test_executemany_sqlite_statement_sizes_keep_the_row_order() -> None:
     ):
         rows = [(len(want) + i, f"r{len(want) + i}") for i in range(n)]
         sizes.clear()
-        _executemany_sqlite(Tx(), sql, 2, rows)  # type: ignore[arg-type]
+        executemany_sqlite(Tx(), sql, 2, rows)  # type: ignore[arg-type]
         assert sizes == expect, n
         want += rows
     assert conn.execute("SELECT a, b FROM t ORDER BY id").fetchall() == want

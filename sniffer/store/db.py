@@ -49,6 +49,14 @@ class Transaction(Protocol):
         placeholders are ``?``)."""
         ...
 
+    def insert_many(self, table: str, columns: tuple[str, ...], rows: list[Any]) -> None:
+        """Insert rows of positional values of ``columns`` into ``table``, in
+        their order: the ids the database gives are those of one statement per
+        row, and a row that fails leaves the rows before it written. On SQLite
+        several rows per statement (``sniffer.store.lite.executemany_sqlite``:
+        each statement run costs the driver about as much as a short row)."""
+        ...
+
 
 def in_list(values: Sequence[Any]) -> str:
     """``(?, ?, …)``: the placeholders of an ``IN`` list of ``values``."""
@@ -244,3 +252,13 @@ class _EngineTransaction:
 
         stmt = text(_named(sql, len(rows[0])))
         self._conn.execute(stmt, [{f"p{i}": v for i, v in enumerate(row)} for row in rows])
+
+    def insert_many(self, table: str, columns: tuple[str, ...], rows: list[Any]) -> None:
+        if not rows:
+            return
+        from sniffer.store import lite  # (imports this module)
+
+        if self._conn.dialect.name == "sqlite":
+            lite.executemany_sqlite(self._conn, *lite.insert_or_fail_sql(table, columns), rows)
+        else:
+            self.executemany(lite.insert_sql(table, columns), rows)

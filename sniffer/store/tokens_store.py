@@ -70,7 +70,7 @@ from sniffer.llm.tokens import Anomaly
 from sniffer.llm.values import slot_init
 from sniffer.store import spec
 from sniffer.store.db import Store, Transaction, as_bools, in_list
-from sniffer.store.lite import PLAIN_HTTP, insert_sql
+from sniffer.store.lite import PLAIN_HTTP
 
 __all__ = [
     "ChoiceTokenRow",
@@ -246,11 +246,11 @@ def _dumps(value: Any) -> str:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-#: The INSERT of each token table with the columns the token pass fills, in table
-#: order (``sniffer.store.spec``; the anomaly ids are the database's).
-_STREAM_INSERT = insert_sql("stream_tokens", spec.TABLE_COLUMNS["stream_tokens"])
-_CHOICE_INSERT = insert_sql("choice_tokens", spec.TABLE_COLUMNS["choice_tokens"])
-_ANOMALY_INSERT = insert_sql("token_anomalies", spec.TABLE_COLUMNS["token_anomalies"][1:])
+#: The columns of each token table the token pass fills, in table order
+#: (``sniffer.store.spec``; the anomaly ids are the database's).
+_STREAM_TOKEN_COLUMNS = spec.TABLE_COLUMNS["stream_tokens"]
+_CHOICE_TOKEN_COLUMNS = spec.TABLE_COLUMNS["choice_tokens"]
+_ANOMALY_COLUMNS = spec.TABLE_COLUMNS["token_anomalies"][1:]
 
 
 def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
@@ -292,7 +292,11 @@ def _choice_values(stream_id: int, c: ChoiceTokenRow) -> tuple[Any, ...]:
 
 def write_token_rows(tx: Transaction, rows: Sequence[StreamTokenRow]) -> None:
     """Insert the rows of analysed streams in ``tx`` (the caller's transaction):
-    an ``executemany`` of positional rows per table, straight through the driver.
+    positional rows per table, straight through the driver
+    (``Transaction.insert_many``: on SQLite several rows per statement; the
+    live traffic's streams have some 35 ``token_anomalies`` rows each, one
+    statement per row was a quarter of its token pass). The anomaly ids are
+    those one statement per row would give.
 
     Raises one of the store's ``integrity_errors`` when a stream already has a
     row (another pass got there first); the caller rolls back and retries
@@ -300,12 +304,15 @@ def write_token_rows(tx: Transaction, rows: Sequence[StreamTokenRow]) -> None:
     """
     if not rows:
         return
-    tx.executemany(_STREAM_INSERT, [_stream_values(r) for r in rows])
-    tx.executemany(
-        _CHOICE_INSERT, [_choice_values(r.stream_id, c) for r in rows for c in r.choices]
+    tx.insert_many("stream_tokens", _STREAM_TOKEN_COLUMNS, [_stream_values(r) for r in rows])
+    tx.insert_many(
+        "choice_tokens",
+        _CHOICE_TOKEN_COLUMNS,
+        [_choice_values(r.stream_id, c) for r in rows for c in r.choices],
     )
-    tx.executemany(
-        _ANOMALY_INSERT,
+    tx.insert_many(
+        "token_anomalies",
+        _ANOMALY_COLUMNS,
         [(r.stream_id, a.choice, a.kind, a.position, a.detail) for r in rows for a in r.anomalies],
     )
 

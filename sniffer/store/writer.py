@@ -42,7 +42,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from itertools import chain, groupby
+from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 from sniffer.core.credentials import is_credential_header
@@ -71,12 +71,14 @@ from sniffer.store.lite import (
     UpdateSpec,
     check_writable,
     create_new_file,
+    executemany_sqlite,
+    insert_or_fail_sql,
     insert_sql,
     set_pragmas,
     update_spec,
     update_sql,
 )
-from sniffer.store.spec import columns_in, quote
+from sniffer.store.spec import columns_in
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -501,35 +503,13 @@ def _insert_sql_nulls(
     """The SQLite INSERT of a row of ``columns`` whose values are NULL where
     ``nulls`` says so (written as NULL in the text: no parameter), and its
     number of parameters."""
-    return _insert_sql_marks(table, columns, tuple("NULL" if null else "?" for null in nulls))
-
-
-def _insert_sql_marks(
-    table: str, columns: tuple[str, ...], marks: tuple[str, ...]
-) -> tuple[str, int]:
-    """The SQLite INSERT of ``columns`` whose values are ``marks`` (``?`` a
-    parameter, else a literal), and its number of parameters.
-
-    ``OR FAIL``: a statement of several rows (``_executemany_sqlite``) that
-    may abort half way (a constraint, ``OR ABORT`` by default) runs in a
-    statement transaction, whose journal keeps a copy of every page the
-    statement changes first: with rows of many streams at once (a live
-    capture: each chunk row's index entry on another page) about one 4 KB
-    page copied per row, then the journal truncated at each statement's end,
-    ~2,900 instructions per chunk row (``bench/bench_writer_live.py`` under
-    callgrind: 4.57 → 4.28 G for 100,000 rows). ``OR FAIL`` keeps what the
-    statement wrote before the failing row instead of undoing it, so SQLite
-    needs no such journal; nothing changes for a flush, since every error
-    inside a flush's transaction rolls the whole transaction back
-    (``SqliteFile.begin``, ``engine.begin``), as before."""
-    names = ", ".join(quote(c) for c in columns)
-    return f"INSERT OR FAIL INTO {table} ({names}) VALUES ({', '.join(marks)})", marks.count("?")
+    return insert_or_fail_sql(table, columns, tuple("NULL" if null else "?" for null in nulls))
 
 
 #: The INSERTs (text, parameters) of a run of plain chunk rows, and of content
 #: rows (their kind and reasoning literals).
 _PLAIN_CHUNK_SQL = _insert_sql_nulls("chunks", _CHUNK_COLUMNS, _PLAIN_CHUNK_NULLS)
-_CONTENT_CHUNK_SQL = _insert_sql_marks(
+_CONTENT_CHUNK_SQL = insert_or_fail_sql(
     "chunks",
     _CHUNK_COLUMNS,
     tuple(
@@ -557,58 +537,14 @@ def _insert_by_nulls(
         nulls = tuple([v is None for v in row])
         if nulls != run_nulls:
             if run:
-                _executemany_sqlite(conn, *_insert_sql_nulls(table, columns, run_nulls), run)
+                executemany_sqlite(conn, *_insert_sql_nulls(table, columns, run_nulls), run)
             run, run_nulls = [], nulls
         run.append(tuple([v for v in row if v is not None]))
     if run:
-        _executemany_sqlite(conn, *_insert_sql_nulls(table, columns, run_nulls), run)
+        executemany_sqlite(conn, *_insert_sql_nulls(table, columns, run_nulls), run)
 
 
 @functools.cache
-def _multi_row_sql(sql: str, rows: int) -> str:
-    """The single-row INSERT ``sql`` with ``rows`` rows of parameters in one
-    statement (``VALUES (…), (…), …``)."""
-    head, sep, group = sql.partition(" VALUES ")
-    return head + sep + ",".join([group] * rows)
-
-
-def _executemany_sqlite(conn: Connection, sql: str, params: int, rows: list[Any]) -> None:
-    """``executemany`` of a single-row SQLite INSERT (of ``params`` parameters)
-    with several rows per statement: as many as 999 parameters allow (the limit
-    of old SQLite builds; about 40 % faster than one row per statement), then
-    the rest in one statement per power of two (64, 32, …, 4), and the last
-    three, two or one row in one: each statement run costs sqlite3 about
-    1.3 µs whatever its rows (its cursors, its end), and a run of rows of one
-    shape between rows of others (some 50 rows of content chunks in a busy
-    capture; the three content rows of a short stream between its role and
-    finish rows) is then a handful of statements, not a statement per row past
-    the last multiple of 16. Three rows is the one size besides the powers of
-    two: one statement text more per shape in sqlite3's statement cache (128
-    entries), one statement less for a run that ends in three rows. The rows
-    keep their order (the ids SQLite gives are those of one statement per row)."""
-    most = max(1, 999 // params)
-    n = len(rows)
-    if most == 1:
-        conn.exec_driver_sql(sql, rows)
-        return
-    done = n // most * most
-    if done:
-        conn.exec_driver_sql(
-            _multi_row_sql(sql, most),
-            [tuple(chain.from_iterable(rows[i : i + most])) for i in range(0, done, most)],
-        )
-    left = n - done
-    while left > 1:
-        per = 3 if left == 3 else 1 << (left.bit_length() - 1)
-        conn.exec_driver_sql(
-            _multi_row_sql(sql, per), [tuple(chain.from_iterable(rows[done : done + per]))]
-        )
-        done += per
-        left -= per
-    if left:
-        conn.exec_driver_sql(sql, rows[done:])
-
-
 def _error_row(ev: PipelineError, node: str) -> tuple[Any, ...]:
     return (ev.ts, ev.stage, ev.kind, ev.message, ev.conn, ev.stream, node)
 
@@ -975,7 +911,7 @@ class StoreWriter:
     ) -> None:
         """Insert chunk rows (content, plain or full: ``chunk_row``) in their
         order. On SQLite each run of content or plain rows goes in through
-        ``_executemany_sqlite`` with a statement that binds no NULL (nor, for
+        ``executemany_sqlite`` with a statement that binds no NULL (nor, for
         content rows, the kind and reasoning), the others through
         ``_insert_by_nulls``; any other database gets full rows (``COPY``
         binds nothing per value)."""
@@ -986,9 +922,9 @@ class StoreWriter:
         # each run of rows of one shape (its length: groupby runs in C) in its order
         for n, run in groupby(rows, len):
             if n == _CONTENT_CHUNK_LEN:
-                _executemany_sqlite(conn, *_CONTENT_CHUNK_SQL, list(run))
+                executemany_sqlite(conn, *_CONTENT_CHUNK_SQL, list(run))
             elif n == _PLAIN_CHUNK_LEN:
-                _executemany_sqlite(conn, *_PLAIN_CHUNK_SQL, list(run))
+                executemany_sqlite(conn, *_PLAIN_CHUNK_SQL, list(run))
             else:
                 _insert_by_nulls(conn, "chunks", _CHUNK_COLUMNS, list(run))
 
