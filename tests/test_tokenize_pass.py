@@ -21,9 +21,20 @@ from sniffer.record.tokenize_pass import (
     text_hash,
     tokenize_db,
 )
-from sniffer.store.db import Store
-from sniffer.store.tokens_store import chunk_token_ids, read_token_rows, write_token_rows
-from sniffer.store.writer import StoreWriter, open_store
+from sniffer.store import spec
+from sniffer.store.db import EngineStore, Store
+from sniffer.store.lite import SqliteFile, insert_sql
+from sniffer.store.tokens_store import (
+    ChoiceTokenRow,
+    StreamTokenRow,
+    TokenAnomalyRow,
+    _choice_values,
+    _stream_values,
+    chunk_token_ids,
+    read_token_rows,
+    write_token_rows,
+)
+from sniffer.store.writer import StoreWriter, make_engine, open_store
 
 ENGLISH = ["The quick", " brown fox", " jumps over", " the lazy dog.", " Isn't it?"]
 CHINESE = ["你好，", "世界！今天", "是星期一。", "我们去公园", "散步吧。"]
@@ -327,3 +338,105 @@ def test_straddle_seqs_repeat_each_chunk_per_straddling_token(
     cc = ChoiceChunks(seqs, [1] * len(seqs), straddles, "")
     assert _straddle_seqs(cc) == tuple(s for s, n in chunks for _ in range(n))
     assert _straddle_seqs(None) == ()
+
+
+def _many_token_rows(streams: int) -> list[StreamTokenRow]:
+    """Token rows of ``streams`` streams with 0 to 12 anomalies each (NULL
+    positions and an empty detail among them), one or two choices."""
+    rows = []
+    for sid in range(1, streams + 1):
+        choices = tuple(
+            ChoiceTokenRow(
+                choice=ch,
+                text_len=sid + ch,
+                text_hash=f"{sid:032x}",
+                output_ids=tuple(range(sid % 5)),
+                chunk_seqs=(0, 1),
+                chunk_counts=(sid % 3, sid % 2),
+                straddle_seqs=(1,) * (sid % 2),
+                tokens_per_chunk={sid % 3: 1},
+                server_tokens=("a", "b") if sid % 4 == 0 else None,
+                server_ids=(1, None) if sid % 4 == 0 else None,
+                server_mismatch=1 if sid % 8 == 0 else None,
+            )
+            for ch in range(1 + sid % 2)
+        )
+        anomalies = tuple(
+            TokenAnomalyRow(
+                "straddle" if k % 3 else "gap", k % 2 - 1, k if k % 4 else None, "d" * k
+            )
+            for k in range(sid % 13)
+        )
+        rows.append(
+            StreamTokenRow(
+                stream_id=sid,
+                tokenizer=None if sid % 9 == 0 else "t",
+                is_default=sid % 2 == 0,
+                prompt_ids=None if sid % 5 == 0 else (sid, 7),
+                usage_diff={"completion_tokens": sid % 3},
+                tokens_per_chunk={1: sid},
+                anomaly_count=len(anomalies),
+                choices=choices,
+                anomalies=anomalies,
+            )
+        )
+    return rows
+
+
+def _token_tables(store: Store) -> list[list[Any]]:
+    return [
+        store.query(f"SELECT * FROM {table} ORDER BY {', '.join(spec.TABLE_COLUMNS[table])}")
+        for table in ("stream_tokens", "choice_tokens", "token_anomalies")
+    ]
+
+
+@pytest.mark.parametrize("kind", ["file", "engine"])
+def test_token_rows_several_per_statement_as_one_per_row(tmp_path: Any, kind: str) -> None:
+    """On SQLite the token rows go in several per statement (``insert_many``:
+    999 parameters at most, then smaller statements); the tables, the
+    anomaly ids included, are those one ``executemany`` row by row gives, for
+    runs that cross the 999-parameter boundary of every table (stream rows
+    of 10 parameters, choice rows of 15, anomaly rows of 5), in two calls
+    whose runs end in smaller statements, on a SQLite file and on an engine."""
+    rows = _many_token_rows(230)
+    assert len(rows) > 99 and sum(len(r.choices) for r in rows) > 66
+    assert sum(len(r.anomalies) for r in rows) > 2 * 199
+    ref = open_store(str(tmp_path / "ref.db"))
+    new: Store = open_store(str(tmp_path / "new.db"))
+    if kind == "engine":
+        new.close()
+        new = EngineStore(make_engine(str(tmp_path / "new.db")), owned=True)
+    assert isinstance(ref, SqliteFile)
+    for store in (ref, new):  # an anomaly row there already: ids go on from it
+        with store.transaction() as tx:
+            tx.executemany(
+                insert_sql("token_anomalies", spec.TABLE_COLUMNS["token_anomalies"][1:]),
+                [(999, 0, "gap", None, "before")],
+            )
+    with ref.transaction() as tx:  # one statement per row (what the pass did before)
+        tx.executemany(
+            insert_sql("stream_tokens", spec.TABLE_COLUMNS["stream_tokens"]),
+            [_stream_values(r) for r in rows],
+        )
+        tx.executemany(
+            insert_sql("choice_tokens", spec.TABLE_COLUMNS["choice_tokens"]),
+            [_choice_values(r.stream_id, c) for r in rows for c in r.choices],
+        )
+        tx.executemany(
+            insert_sql("token_anomalies", spec.TABLE_COLUMNS["token_anomalies"][1:]),
+            [
+                (r.stream_id, a.choice, a.kind, a.position, a.detail)
+                for r in rows
+                for a in r.anomalies
+            ],
+        )
+    with new.transaction() as tx:
+        write_token_rows(tx, rows[:150])
+        write_token_rows(tx, rows[150:])
+    got = _token_tables(new)
+    assert got == _token_tables(ref)
+    anomalies = got[2]
+    assert [a[0] for a in anomalies] == list(range(1, len(anomalies) + 1))
+    assert read_token_rows(new, [r.stream_id for r in rows]) == {r.stream_id: r for r in rows}
+    ref.close()
+    new.close()
