@@ -1126,9 +1126,10 @@ def test_replay_goes_on_past_a_row_the_database_refuses(
 
 
 def test_executemany_sqlite_statement_sizes_keep_the_row_order() -> None:
-    """A run of rows goes in as full statements (999 parameters), then one per
-    power of two down to 4, then the last three, two or one in one statement;
-    the rows keep their order (the ids of one statement per row)."""
+    """A run of rows goes in as full statements (999 parameters, or
+    ``max_rows``), then one per power of two down to 4, then the last three,
+    two or one in one statement; the rows keep their order (the ids of one
+    statement per row)."""
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, a INTEGER, b TEXT)")
     sizes: list[int] = []
@@ -1153,6 +1154,12 @@ def test_executemany_sqlite_statement_sizes_keep_the_row_order() -> None:
         rows = [(len(want) + i, f"r{len(want) + i}") for i in range(n)]
         sizes.clear()
         executemany_sqlite(Tx(), sql, 2, rows)  # type: ignore[arg-type]
+        assert sizes == expect, n
+        want += rows
+    for n, expect in ((11, [4, 4, 3]), (8, [4, 4]), (6, [4, 2])):  # at most max_rows
+        rows = [(len(want) + i, f"r{len(want) + i}") for i in range(n)]
+        sizes.clear()
+        executemany_sqlite(Tx(), sql, 2, rows, max_rows=4)  # type: ignore[arg-type]
         assert sizes == expect, n
         want += rows
     assert conn.execute("SELECT a, b FROM t ORDER BY id").fetchall() == want

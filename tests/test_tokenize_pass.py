@@ -23,7 +23,7 @@ from sniffer.record.tokenize_pass import (
 )
 from sniffer.store import spec
 from sniffer.store.db import EngineStore, Store
-from sniffer.store.lite import SqliteFile, insert_sql
+from sniffer.store.lite import INSERT_MANY_ROWS, SqliteFile, insert_sql
 from sniffer.store.tokens_store import (
     ChoiceTokenRow,
     StreamTokenRow,
@@ -393,14 +393,14 @@ def _token_tables(store: Store) -> list[list[Any]]:
 @pytest.mark.parametrize("kind", ["file", "engine"])
 def test_token_rows_several_per_statement_as_one_per_row(tmp_path: Any, kind: str) -> None:
     """On SQLite the token rows go in several per statement (``insert_many``:
-    999 parameters at most, then smaller statements); the tables, the
+    ``INSERT_MANY_ROWS`` at most, then smaller statements); the tables, the
     anomaly ids included, are those one ``executemany`` row by row gives, for
-    runs that cross the 999-parameter boundary of every table (stream rows
-    of 10 parameters, choice rows of 15, anomaly rows of 5), in two calls
-    whose runs end in smaller statements, on a SQLite file and on an engine."""
+    runs of many full statements of every table, in two calls whose runs end
+    in smaller statements, on a SQLite file and on an engine."""
     rows = _many_token_rows(230)
-    assert len(rows) > 99 and sum(len(r.choices) for r in rows) > 66
-    assert sum(len(r.anomalies) for r in rows) > 2 * 199
+    most = INSERT_MANY_ROWS
+    assert len(rows) > 2 * most and sum(len(r.choices) for r in rows) > 2 * most
+    assert sum(len(r.anomalies) for r in rows) > 999 // 5  # past one 999-parameter statement
     ref = open_store(str(tmp_path / "ref.db"))
     new: Store = open_store(str(tmp_path / "new.db"))
     if kind == "engine":

@@ -1706,3 +1706,30 @@ def test_assemble_lists_straddles_up_to_the_cap() -> None:
     finally:
         _summarizer.cache_clear()
     assert pure == st_
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([-1, -1, 0, 0, 0, 1, 2]), st.sampled_from(["", "", "a", "bc"])),
+        max_size=12,
+    )
+)
+def test_split_choices_is_the_plain_walk(chunks: list[tuple[int, str]]) -> None:
+    """Choice → its chunks with text, choices in the order their first text
+    came: the fast path (one choice carries all the text) and the walk give
+    what a plain loop over the chunks gives, whatever choices carry empty or
+    stream-level chunks (role, finish and usage chunks)."""
+    choices = [ch for ch, _ in chunks]
+    texts = [t for _, t in chunks]
+    cols = sniffer_tokens.ChunkColumns(
+        list(range(len(chunks))), choices, [len(t) for t in texts], "".join(texts), {}
+    )
+    want: dict[int, tuple[list[int], list[int], str]] = {}
+    for seq, (ch, text) in enumerate(chunks):
+        if text and ch >= 0:
+            seqs, lens, joined = want.get(ch, ([], [], ""))
+            want[ch] = ([*seqs, seq], [*lens, len(text)], joined + text)
+    got = sniffer_tokens._split_choices(cols)
+    assert list(got) == list(want)
+    assert {ch: (c.seqs, c.lens, c.text) for ch, c in got.items()} == want

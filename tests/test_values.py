@@ -532,7 +532,10 @@ def test_request_summary_out_of_range_order_and_first_max_tokens() -> None:
         "sniffer.llm.values.RequestSummary",
         "sniffer.llm.tokens.Anomaly",
         "sniffer.llm.tokens.StreamInput",
+        "sniffer.llm.tokens.ChoiceChunks",
+        "sniffer.llm.tokens.StreamTokens",
         "sniffer.store.tokens_store.ChoiceTokenRow",
+        "sniffer.store.tokens_store.StreamTokenRow",
         *(
             f"sniffer.core.events.{name}"
             for name in (
@@ -553,20 +556,28 @@ def test_values_made_per_request_stream_or_anomaly_have_the_slot_init(path: str)
     """The values made once per request, stream or token anomaly, and the
     events made once per connection, exchange or chunk, get ``slot_init``'s
     ``__init__`` (the slots' setters, not ``object.__setattr__``): same
-    parameters and defaults, frozen, equal to what ``replace`` gives."""
+    parameters and defaults (a default factory's value new in each object),
+    frozen, equal to what ``replace`` gives."""
     import importlib
 
     module, _, name = path.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
     assert "_set0" in cls.__init__.__globals__, cls  # the fast one
     fields = dataclasses.fields(cls)
-    required = [f for f in fields if f.default is dataclasses.MISSING]
+    missing = dataclasses.MISSING
+    required = [f for f in fields if f.default is missing and f.default_factory is missing]
     args = {f.name: (f"v-{f.name}",) for f in required}
-    obj = cls(**args)
+    obj, other = cls(**args), cls(**args)
     for f in fields:  # the given values, and the declared defaults
-        assert getattr(obj, f.name) is args.get(f.name, f.default), (cls, f.name)
-    positional = cls(*[args.get(f.name, f.default) for f in fields])
-    assert positional == obj and hash(positional) == hash(obj)
+        if f.default_factory is not missing:
+            value = getattr(obj, f.name)
+            assert value == f.default_factory() and value is not getattr(other, f.name)
+        else:
+            assert getattr(obj, f.name) is args.get(f.name, f.default), (cls, f.name)
+    positional = cls(*[args.get(f.name, getattr(obj, f.name)) for f in fields])
+    assert positional == obj
+    if all(f.default_factory is missing for f in fields):  # (a dict is no key)
+        assert hash(positional) == hash(obj)
     assert dataclasses.replace(obj) == obj
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(obj, fields[0].name, 1)
@@ -575,13 +586,35 @@ def test_values_made_per_request_stream_or_anomaly_have_the_slot_init(path: str)
 
 
 def test_slot_init_refuses_what_it_cannot_set() -> None:
-    """A field with a default factory (or not in ``__init__``) is refused at
-    class creation, not silently left unset."""
+    """A field not in ``__init__`` is refused at class creation, not silently
+    left unset; one with a default factory gets a new value per object, or
+    the one given (the factory not called)."""
     from sniffer.llm.values import slot_init
 
     with pytest.raises(TypeError, match="not supported by slot_init"):
 
         @slot_init
         @dataclasses.dataclass(frozen=True, slots=True)
-        class _WithFactory:
-            items: list[int] = dataclasses.field(default_factory=list)
+        class _NotInit:
+            items: list[int] = dataclasses.field(default_factory=list, init=False)
+
+    made: list[int] = []
+
+    def factory() -> list[int]:
+        made.append(1)
+        return []
+
+    @slot_init
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class _WithFactory:
+        first: int
+        items: list[int] = dataclasses.field(default_factory=factory)
+        last: int = 3
+
+    a, b = _WithFactory(1), _WithFactory(1, last=4)
+    assert (a.items, b.items, a.last, b.last, len(made)) == ([], [], 3, 4, 2)
+    assert a.items is not b.items
+    given = [5]
+    c = _WithFactory(2, given)
+    assert c.items is given and len(made) == 2
+    assert c == _WithFactory(first=2, items=[5], last=3)

@@ -1358,6 +1358,7 @@ class Anomaly:
     detail: str
 
 
+@slot_init  # one per choice of every stream the token pass analyses
 @dataclass(frozen=True, slots=True)
 class ChoiceChunks:
     """One choice's text chunks in columns: seq, tokens attributed and
@@ -1401,6 +1402,7 @@ class _ChunkTokensView(_BuiltOnFirstUse[ChunkTokens]):
         return repr(tuple(self._values()))
 
 
+@slot_init  # one per stream the token pass analyses
 @dataclass(frozen=True, slots=True)
 class StreamTokens:
     stream_id: int
@@ -1815,13 +1817,19 @@ def _split_choices(cols: ChunkColumns) -> dict[int, _Choice]:
     """Choice → its chunks with text (choice >= 0, non-empty text), in seq order;
     choices in the order their first text came."""
     lens, choices = cols.lens, cols.choices
-    values = set(choices)
-    own = [v for v in values if v >= 0]
-    if len(own) == 1 and (len(values) == 1 or not _text_at(values, choices, lens)):
-        # The common case: one choice, and no stream-level chunk carries text,
-        # so the choice's text is all the text (no object per chunk).
-        seqs, ls = _nonempty(cols.seqs, lens)
-        return {own[0]: _Choice(seqs, ls, cols.text)} if ls else {}
+    # the choices of the chunks with text (a length is true when not 0)
+    texted = set(compress(choices, lens))
+    if len(texted) == 1:
+        (only,) = texted
+        if only >= 0:
+            # The common case: one choice carries all the text, so the choice's
+            # text is all the text (no object per chunk); three C passes, no
+            # Python loop (the stream-level and empty chunks, a stream's role
+            # and finish chunks, are dropped on the way).
+            seqs = list(compress(cols.seqs, lens))
+            return {only: _Choice(seqs, list(filter(None, lens)), cols.text)}
+    elif not texted:
+        return {}
     parts: dict[int, tuple[list[int], list[int], list[str]]] = {}
     text = cols.text
     pos = 0
@@ -1837,46 +1845,9 @@ def _split_choices(cols: ChunkColumns) -> dict[int, _Choice]:
     return {ch: _Choice(s, ls, "".join(ts)) for ch, (s, ls, ts) in parts.items()}
 
 
-#: Up to this many chunks of one kind (stream-level, empty) are found one by
-#: one (``index``: a stream has a few, at its start and end); more, by a pass
-#: over every chunk.
+#: Up to this many distinct token counts per chunk are counted one by one
+#: (``count``); more, by one ``Counter`` pass (:func:`_histogram`).
 _FEW = 8
-
-
-def _positions(values: Sequence[int], value: int, count: int) -> list[int]:
-    """The positions of the ``count`` occurrences of ``value`` in ``values``."""
-    out: list[int] = []
-    i = -1
-    index = values.index
-    for _ in range(count):
-        i = index(value, i + 1)
-        out.append(i)
-    return out
-
-
-def _text_at(values: set[int], choices: Sequence[int], lens: Sequence[int]) -> bool:
-    """Whether a stream-level chunk (choice < 0; ``values`` are the choices
-    there are) carries text."""
-    for v in values:
-        if v < 0:
-            count = choices.count(v)
-            if count > _FEW:
-                return any(compress(lens, map(gt, repeat(0), choices)))
-            if any(map(lens.__getitem__, _positions(choices, v, count))):
-                return True
-    return False
-
-
-def _nonempty(seqs: Sequence[int], lens: Sequence[int]) -> tuple[list[int], list[int]]:
-    """The seqs and lengths of the chunks with text, as lists."""
-    zeros = lens.count(0)
-    if zeros > _FEW:
-        nz = list(map(bool, lens))
-        return list(compress(seqs, nz)), list(compress(lens, nz))
-    out_seqs, out_lens = list(seqs), list(lens)
-    for i in reversed(_positions(out_lens, 0, zeros)):
-        del out_seqs[i], out_lens[i]
-    return out_seqs, out_lens
 
 
 def _analyze(registry: TokenizerRegistry, streams: Sequence[StreamInput]) -> list[StreamTokens]:

@@ -56,6 +56,11 @@ __all__ = [
 _T = TypeVar("_T")
 
 
+#: What a field with a default factory is given when the caller gives nothing
+#: (:func:`slot_init`; the generated ``__init__`` has a sentinel of its own).
+_NOTHING: Any = object()
+
+
 def slot_init(cls: type[_T]) -> type[_T]:
     """Give a frozen, slotted dataclass a faster ``__init__``: the generated one
     sets each field through ``object.__setattr__`` (a frozen class refuses plain
@@ -64,14 +69,21 @@ def slot_init(cls: type[_T]) -> type[_T]:
     token anomaly (the pipeline's events, :class:`RequestSummary`,
     ``sniffer.llm.tokens.Anomaly``; each one costs an ``exec`` at import). Same
     parameters, defaults and resulting object (equality, hashing, ``replace``,
-    repr are untouched)."""
-    scope: dict[str, Any] = {}
+    repr are untouched). A field with a default factory gets a new value from
+    it when not given, as the generated ``__init__`` does (the token pass's
+    per-stream values, ``StreamTokens`` and its rows, have such fields)."""
+    scope: dict[str, Any] = {"_NOTHING": _NOTHING}
     params: list[str] = []
     body: list[str] = []
     for i, f in enumerate(fields(cls)):  # type: ignore[arg-type]
-        if not f.init or f.default_factory is not MISSING:
+        if not f.init:
             raise TypeError(f"{cls.__name__}.{f.name}: not supported by slot_init")
         scope[f"_set{i}"] = cls.__dict__[f.name].__set__
+        if f.default_factory is not MISSING:
+            scope[f"_factory{i}"] = f.default_factory
+            params.append(f"{f.name}=_NOTHING")
+            body.append(f"    _set{i}(self, _factory{i}() if {f.name} is _NOTHING else {f.name})\n")
+            continue
         if f.default is MISSING:
             params.append(f.name)
         else:

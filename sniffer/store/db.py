@@ -259,6 +259,8 @@ class _EngineTransaction:
         from sniffer.store import lite  # (imports this module)
 
         if self._conn.dialect.name == "sqlite":
-            lite.executemany_sqlite(self._conn, *lite.insert_or_fail_sql(table, columns), rows)
+            lite.executemany_sqlite(
+                self._conn, *lite.insert_or_fail_sql(table, columns), rows, lite.INSERT_MANY_ROWS
+            )
         else:
             self.executemany(lite.insert_sql(table, columns), rows)

@@ -148,6 +148,16 @@ def multi_row_sql(sql: str, rows: int) -> str:
     return head + sep + ",".join([group] * rows)
 
 
+#: Rows per statement of ``Transaction.insert_many`` (the token pass's rows):
+#: sqlite3 prepares a statement text once per connection (its cache), and a
+#: statement of 999 parameters costs more to prepare than its rows save when
+#: the connection runs it only a few times (a replay's token pass: a new
+#: connection, three batches of 500 streams; callgrind: 4-5 M instructions
+#: more per pass of the benchmark capture than 16 or 32 rows). At 32 rows a
+#: statement run's own cost (~1.3 µs) is a few percent of its rows'.
+INSERT_MANY_ROWS = 32
+
+
 class DriverConnection(Protocol):
     """What :func:`executemany_sqlite` runs statements on: a SQLAlchemy
     ``Connection`` or a :class:`SqliteFile` transaction (a list of rows is an
@@ -156,7 +166,9 @@ class DriverConnection(Protocol):
     def exec_driver_sql(self, sql: str, params: Any = ()) -> Any: ...
 
 
-def executemany_sqlite(conn: DriverConnection, sql: str, params: int, rows: list[Any]) -> None:
+def executemany_sqlite(
+    conn: DriverConnection, sql: str, params: int, rows: list[Any], max_rows: int = 999
+) -> None:
     """``executemany`` of a single-row SQLite INSERT (of ``params`` parameters;
     :func:`insert_or_fail_sql`) with several rows per statement: as many as
     999 parameters allow (the limit of old SQLite builds; about 40 % faster
@@ -170,10 +182,11 @@ def executemany_sqlite(conn: DriverConnection, sql: str, params: int, rows: list
     rows is the one size besides the powers of two: one statement text more
     per shape in sqlite3's statement cache (128 entries), one statement less
     for a run that ends in three rows. The rows keep their order (the ids
-    SQLite gives are those of one statement per row). The writer's chunk,
-    stream and error rows and the token pass's rows
+    SQLite gives are those of one statement per row). At most ``max_rows``
+    rows per statement when given (:data:`INSERT_MANY_ROWS`). The writer's
+    chunk, stream and error rows and the token pass's rows
     (``sniffer.store.tokens_store``) go in through it."""
-    most = max(1, 999 // params)
+    most = max(1, min(max_rows, 999 // params))
     n = len(rows)
     if most == 1:
         conn.exec_driver_sql(sql, rows)
@@ -434,7 +447,7 @@ class _Transaction:
         """Rows of ``columns`` into ``table`` in their order, several per
         statement (:func:`executemany_sqlite`)."""
         if rows:
-            executemany_sqlite(self, *_insert_all(table, columns), rows)
+            executemany_sqlite(self, *_insert_all(table, columns), rows, INSERT_MANY_ROWS)
 
 
 @functools.cache
@@ -602,6 +615,7 @@ class SqliteFile(Store):
 
 __all__ = [
     "BOOLEAN_COLUMNS",
+    "INSERT_MANY_ROWS",
     "PLAIN_HTTP",
     "SCHEMA_DDL",
     "SCHEMA_ROWS",

@@ -114,6 +114,7 @@ class ChoiceTokenRow:
 TokenAnomalyRow = Anomaly
 
 
+@slot_init  # one per stream the token pass writes
 @dataclass(frozen=True, slots=True)
 class StreamTokenRow:
     stream_id: int
