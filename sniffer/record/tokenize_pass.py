@@ -24,7 +24,6 @@ Pure except the database: no clock, no logging, no printing.
 
 from __future__ import annotations
 
-import json
 import re
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -46,7 +45,7 @@ from sniffer.llm.tokens import (
     analyze_streams,
     gc_paused,
 )
-from sniffer.llm.values import Usage, include_usage
+from sniffer.llm.values import Usage, include_usage, json_or_none
 from sniffer.store.db import Store
 from sniffer.store.tokens_store import (
     ChoiceTokenRow,
@@ -85,15 +84,6 @@ class TokenizeResult:
     anomaly_kinds: dict[str, int] = field(default_factory=dict)
 
 
-def _json(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-
-
 def build_inputs(
     stream_rows: Sequence[dict[str, Any]], chunk_rows: Sequence[dict[str, Any]]
 ) -> list[StreamInput]:
@@ -127,7 +117,7 @@ def _inputs(
 ) -> list[StreamInput]:
     out: list[StreamInput] = []
     for s in stream_rows:
-        request = _json(s.get("request_json"))
+        request = json_or_none(s.get("request_json"))
         if not isinstance(request, dict):
             request = {}
         usage = Usage.loads(s.get("usage"))
