@@ -184,6 +184,7 @@ class TokenizerSpec:
     source: str
 
 
+@slot_init  # one per stream the token pass analyses
 @dataclass(frozen=True, slots=True)
 class _PromptPlan:
     """How to tokenize a request's prompt: text segments and literal id segments."""
@@ -2052,7 +2053,13 @@ def _finish_anomalies(
     n = s.request.get("n") if isinstance(s.request, dict) else None
     wanted = n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 1024 else 1
     if stream_finish is None:
-        for ch in sorted(set(range(wanted)) | set(choices)):
+        # the choices asked for and those that carried text: (0,) in the usual
+        # case (one choice asked for, none or it carried text), without sets
+        if wanted == 1 and (not choices or (len(choices) == 1 and 0 in choices)):
+            expected: Sequence[int] = (0,)
+        else:
+            expected = sorted(set(range(wanted)) | set(choices))
+        for ch in expected:
             if ch not in finished:
                 anomalies.add(
                     "finish_missing",
