@@ -731,7 +731,8 @@ def real_feed(tmp_path_factory: pytest.TempPathFactory) -> Feed:
         feed += [("tokens", call) for call in rec.calls]
     figures = [item[1] for kind, item in feed if kind == "tokens"]
     assert len(figures) > 50
-    assert sum(len(kw["tokens_per_chunk"]) for kw in figures) > 1000
+    assert sum(sum(kw["chunks_by_tokens"].values()) for kw in figures) > 1000
+    assert any(len(kw["chunks_by_tokens"]) > 2 for kw in figures)
     assert any(kw["anomalies"] for kw in figures)
     return feed
 
@@ -756,14 +757,29 @@ def reference_metrics(monkeypatch: pytest.MonkeyPatch) -> Metrics:
     return ref
 
 
+def per_chunk(kw: dict[str, Any]) -> dict[str, Any]:
+    """Token figures with the chain's ``chunks_by_tokens`` (a distribution) as
+    the ``tokens_per_chunk`` value per chunk it stands for (a chunk order)."""
+    if "chunks_by_tokens" not in kw:
+        return kw
+    out = {k: v for k, v in kw.items() if k != "chunks_by_tokens"}
+    out["tokens_per_chunk"] = [n for n, k in kw["chunks_by_tokens"].items() for _ in range(k)]
+    return out
+
+
 def feed_both(feed: Feed, *metrics: Metrics) -> None:
+    """The feed into each of ``metrics``: the token figures as the chain gives
+    them, or, to prometheus_client's histograms (``reference_metrics``), with a
+    value per chunk: the distribution's bucket look-ups must give what one
+    ``observe`` per chunk gives."""
     for m in metrics:
+        reference = isinstance(m.tokens_per_chunk, Histogram)
         for kind, item in feed:
             if kind == "events":
                 m.observe(item)
             else:
                 stream, kw = item
-                m.observe_tokens(stream, **kw)
+                m.observe_tokens(stream, **(per_chunk(kw) if reference else kw))
         m.add_packets(7)
         m.add_redactions({"EMAIL": 2})
         m.add_reassembly({"retransmission": 4, "overlap-mismatch": 1, "lost-bytes": 10})

@@ -397,14 +397,14 @@ class RecordingChain:
                 if otlp is not None:  # the span waits for this: send it without figures
                     otlp.observe_tokens(r.stream_id, output_tokens=None, prompt_tokens=None)
                 continue
-            # (one choice, the usual case: its own tuple, not a copy)
-            choices = r.choices
-            per_chunk = (
-                choices[0].chunk_counts
-                if len(choices) == 1
-                else [n for c in choices for n in c.chunk_counts]
-            )
             if otlp is not None:
+                # (one choice, the usual case: its own tuple, not a copy)
+                choices = r.choices
+                per_chunk = (
+                    choices[0].chunk_counts
+                    if len(choices) == 1
+                    else [n for c in choices for n in c.chunk_counts]
+                )
                 otlp.observe_tokens(
                     r.stream_id,
                     output_tokens=r.output_count,
@@ -419,7 +419,8 @@ class RecordingChain:
                     r.stream_id,
                     output_tokens=r.output_count,
                     prompt_tokens=len(r.prompt_ids or ()),
-                    tokens_per_chunk=per_chunk,
+                    # their distribution: a bucket look-up per distinct count
+                    chunks_by_tokens=r.tokens_per_chunk,
                     anomalies=kinds,
                 )
             if sampler is not None and kinds:

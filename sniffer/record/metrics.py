@@ -14,8 +14,8 @@ clock reads here are the scrape-time age of the last flush and each label
 set's creation time (its ``_created`` series).
 
 Cost: ``observe`` handles every chunk event of the capture path and
-``observe_tokens`` a value per chunk in the token thread, both under
-``Metrics``' own lock. So the counters and histograms they feed are not
+``observe_tokens`` a value per chunk (or per distinct value) in the token
+thread, both under ``Metrics``' own lock. So the counters and histograms they feed are not
 prometheus_client ``Counter``/``Histogram`` objects (a mutex per ``inc``, two
 and a bucket scan per ``observe``) but plain numbers (``_Counter``,
 ``_Histogram``), exposed at scrape time by a collector in the same registry
@@ -284,6 +284,13 @@ class _HistogramChild:
             counts[bisect_left(bounds, amount)] += 1
             total += amount
         self.sum = total
+
+    def observe_times(self, amount: int, times: int) -> None:
+        """``observe(amount)`` ``times`` times: one bucket look-up for an entry
+        of a distribution. The same sum for integers (every partial sum an
+        integer a float holds exactly), which is all it is given."""
+        self.counts[bisect_left(self.bounds, amount)] += times
+        self.sum += amount * times
 
 
 Child = TypeVar("Child", _CounterChild, _HistogramChild)
@@ -909,6 +916,7 @@ class Metrics:
         output_tokens: int | None = None,
         prompt_tokens: int | None = None,
         tokens_per_chunk: Iterable[int] = (),
+        chunks_by_tokens: Mapping[int, int] | None = None,
         anomalies: Mapping[str, int] | None = None,
         label: str | None = None,
         model: str | None = None,
@@ -917,7 +925,12 @@ class Metrics:
 
         The stream's label and model are those seen at its open when it is one
         of the last ``MAX_RECENT_CLOSED`` closed (or still open) streams, else
-        ``label`` / ``model``. ``anomalies`` maps kind → count.
+        ``label`` / ``model``. ``anomalies`` maps kind → count. The tokens
+        attributed to each text chunk come as ``tokens_per_chunk`` (a value
+        per chunk) or as their distribution ``chunks_by_tokens`` (tokens →
+        chunks with that many: the token pass's ``tokens_per_chunk`` row,
+        a bucket look-up per distinct value instead of one per chunk: a
+        tenth of the live traffic's token pass).
         """
         with self._lock:
             # popped: the token figures come once per stream, and a daemon closing
@@ -953,6 +966,15 @@ class Metrics:
                 else:  # prometheus_client's own (the tests' reference): one by one
                     for n in tokens_per_chunk:
                         child.observe(n)
+            if chunks_by_tokens:
+                child = self._child(self.tokens_per_chunk, *keys)
+                if type(child) is _HistogramChild:
+                    for n, chunks in chunks_by_tokens.items():
+                        child.observe_times(n, chunks)
+                else:  # prometheus_client's own (the tests' reference): one by one
+                    for n, chunks in chunks_by_tokens.items():
+                        for _ in range(chunks):
+                            child.observe(n)
             for kind, count in (anomalies or {}).items():
                 if count > 0:
                     self._child(self.anomalies, *keys, self._kind(kind)).inc(count)
