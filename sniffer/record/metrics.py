@@ -15,11 +15,11 @@ set's creation time (its ``_created`` series).
 
 Cost: ``observe`` handles every chunk event of the capture path and
 ``observe_tokens`` a value per chunk (or per distinct value) in the token
-thread, both under ``Metrics``' own lock. So the counters and histograms they feed are not
-prometheus_client ``Counter``/``Histogram`` objects (a mutex per ``inc``, two
-and a bucket scan per ``observe``) but plain numbers (``_Counter``,
-``_Histogram``), exposed at scrape time by a collector in the same registry
-with the exposition those objects would give. The daemon-owned figures,
+thread, both under ``Metrics``' own lock. So the counters and histograms
+they feed are not prometheus_client ``Counter``/``Histogram`` objects (a
+mutex per ``inc``, two and a bucket scan per ``observe``) but plain numbers
+(``_Counter``, ``_Histogram``), exposed at scrape time by a collector in the
+same registry with the exposition those objects would give. The daemon-owned figures,
 updated from other threads, stay prometheus_client's.
 
 Label sets are bounded: ``label`` is the server label (``None`` → ``"none"``),
