@@ -248,9 +248,10 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
     """
     per_choice = st.per_choice
     mismatch: dict[int, int | None] = {}
-    for a in st.anomalies:
-        if a.kind == "server_token_mismatch" and a.choice not in mismatch:
-            mismatch[a.choice] = a.position
+    if st.server_tokens:  # (only a choice the server reported tokens of can mismatch)
+        for a in st.anomalies:
+            if a.kind == "server_token_mismatch" and a.choice not in mismatch:
+                mismatch[a.choice] = a.position
     masks = inp.masks or {}
     stored = inp.stored_texts or {}
     redact = inp.redact
