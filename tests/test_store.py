@@ -634,7 +634,7 @@ def test_a_row_refused_inside_a_multi_row_insert_leaves_no_part_of_it(
     where: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """SQLite's INSERTs of several rows are ``OR FAIL`` (no statement journal:
-    ``_insert_sql_marks``): the rows a failing statement wrote before the row
+    ``lite.insert_or_fail_sql``): the rows a failing statement wrote before the row
     the database refused stay in the transaction until the flush rolls it
     back. Here the refused row (a connection id already stored) is the fifth
     of ten in one statement: the ten are stored once each, the refused one

@@ -211,8 +211,8 @@ def executemany_sqlite(
 
 #: Where SQLite keeps its temporary files, statement journals among them:
 #: in memory. A statement that may abort half way (an UPDATE of many rows, a
-#: multi-row INSERT without ``OR FAIL``: the writer's are ``OR FAIL``, see
-#: ``sniffer.store.writer._insert_sql_marks``) runs in a statement
+#: multi-row INSERT without ``OR FAIL``: the writer's and the token pass's
+#: are ``OR FAIL``, see :func:`insert_or_fail_sql`) runs in a statement
 #: transaction whose journal of the pages it changes is written to a file in
 #: /var/tmp once past 64 KB: on the benchmark capture, before the inserts
 #: were ``OR FAIL``, some 33,000 ``pwrite`` calls (about 130 MB) for a 7 MB
