@@ -355,17 +355,15 @@ def test_a_worker_killed_while_it_sends_fails_the_replay(
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("x.db")) == []
 
 
-@pytest.mark.timeout(90)
-def test_sigterm_ends_the_workers_and_removes_the_parts(tmp_path: Path) -> None:
-    """A parallel replay sent SIGTERM (``timeout``, ``kill``) ends its workers
-    and removes its part files before it exits, instead of dying on the spot
-    and leaving both behind."""
-    import signal
+def _slow_parallel_replay(tmp_path: Path, db: Path) -> tuple[Any, list[int]]:
+    """A parallel replay into ``db`` in a process of its own whose two workers
+    each sleep a minute before their share (each leaves a ``worker-PID`` file
+    in ``tmp_path`` first): the process, and the workers' process ids once
+    both have started (bounded wait)."""
     import subprocess
     import sys
     import time
 
-    db = tmp_path / "x.db"
     script = tmp_path / "run.py"
     script.write_text(
         f"""
@@ -382,14 +380,25 @@ r.PARALLEL_MIN_BYTES = 0
 r.replay({str(PCAP)!r}, {str(db)!r}, chain=RecordingChain.from_config(RecordingOptions()), jobs=2)
 """
     )
-
     proc = subprocess.Popen([sys.executable, str(script)])
-    pids: list[int] = []
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("worker-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc, [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_ends_the_workers_and_removes_the_parts(tmp_path: Path) -> None:
+    """A parallel replay sent SIGTERM (``timeout``, ``kill``) ends its workers
+    and removes its part files before it exits, instead of dying on the spot
+    and leaving both behind."""
+    import signal
+    import time
+
+    db = tmp_path / "x.db"
+
+    proc, pids = _slow_parallel_replay(tmp_path, db)
     try:
-        deadline = time.monotonic() + 60
-        while len(list(tmp_path.glob("worker-*"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
         assert len(pids) == 2 and list(tmp_path.glob(".x.db.parts-*"))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM
@@ -631,28 +640,10 @@ def test_a_replay_killed_outright_leaves_parts_the_next_one_removes(
     import time
 
     db = tmp_path / "x.db"
-    script = tmp_path / "run.py"
-    script.write_text(
-        f"""
-import os, time
-import sniffer.runtime.replay as r
-from sniffer.record.chain import RecordingChain, RecordingOptions
-def slow(*a):
-    open(os.path.join({str(tmp_path)!r}, f"worker-{{os.getpid()}}"), "w").close()
-    time.sleep(60)
-r._replay_part = slow
-r.PARALLEL_MIN_BYTES = 0
-r.replay({str(PCAP)!r}, {str(db)!r}, chain=RecordingChain.from_config(RecordingOptions()), jobs=2)
-"""
-    )
-    proc = subprocess.Popen([sys.executable, str(script)])
+    proc, pids = _slow_parallel_replay(tmp_path, db)
     alive: subprocess.Popen[bytes] | None = None
-    pids: list[int] = []
     try:
         deadline = time.monotonic() + 60
-        while len(list(tmp_path.glob("worker-*"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
         (left,) = tmp_path.glob(".x.db.parts-*")
         running = tmp_path / ".x.db.parts-1-abc"  # another replay's, still running
         alive = subprocess.Popen(
