@@ -42,7 +42,7 @@ from sniffer.llm.dialects import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.tokens import TokenizerRegistry
 from sniffer.llm.values import RequestSummary, Usage
 from sniffer.record.chain import RecordingChain, RecordingOptions
-from sniffer.record.metrics import Metrics, _HistogramChild, check_bind_host, stream_state
+from sniffer.record.metrics import Metrics, check_bind_host, stream_state
 from sniffer.reports.stats import load_outputs
 from sniffer.runtime.replay import replay
 from sniffer.store.writer import StoreWriter, open_store
@@ -848,22 +848,6 @@ def test_edge_values_land_in_the_same_buckets(monkeypatch: pytest.MonkeyPatch) -
         with pytest.raises(ValueError):
             m.observe([closed(3, T0, usage=Usage.parse({"prompt_tokens": -2}))])
     assert masked(new.render())[0] == masked(ref.render())[0]
-
-
-def test_observe_many_is_observe_one_by_one() -> None:
-    """A stream's tokens per chunk go into the histogram in one call: the same
-    buckets and the same float sum as one ``observe`` per value, in order (the
-    values here make the sum depend on it)."""
-    bounds = (1.0, 2.0, 4.0, float("inf"))
-    values = [0.1] * 10 + [1e16, 1.0, 1.0, 3.0, 0.5, 2.0, 1e-9, 7.0, 1.0] + [0.1] * 10
-    one, many = _HistogramChild(bounds), _HistogramChild(bounds)
-    for v in values:
-        one.observe(v)
-    many.observe_many(values[:11])
-    many.observe_many(())
-    many.observe_many(iter(values[11:]))
-    assert many.counts == one.counts == [25, 1, 1, 2]
-    assert many.sum == one.sum != sum(values[:11]) + sum(values[11:])
 
 
 def test_created_series_follow_prometheus_clients_switch() -> None:

@@ -274,17 +274,6 @@ class _HistogramChild:
         self.counts[bisect_left(self.bounds, amount)] += 1
         self.sum += amount
 
-    def observe_many(self, amounts: Iterable[float]) -> None:
-        """``observe`` each of ``amounts``, in order (the sum takes them one by
-        one, as ``observe`` adds them: the same float): a stream's tokens per
-        chunk are one observation per chunk event, a method call each."""
-        counts, bounds = self.counts, self.bounds
-        total = self.sum
-        for amount in amounts:
-            counts[bisect_left(bounds, amount)] += 1
-            total += amount
-        self.sum = total
-
     def observe_times(self, amount: int, times: int) -> None:
         """``observe(amount)`` ``times`` times: one bucket look-up for an entry
         of a distribution. The same sum for integers (every partial sum an
@@ -961,11 +950,8 @@ class Metrics:
                 self._child(self.token_usage, *keys, "input").observe(prompt_tokens)
             if tokens_per_chunk:
                 child = self._child(self.tokens_per_chunk, *keys)
-                if type(child) is _HistogramChild:
-                    child.observe_many(tokens_per_chunk)
-                else:  # prometheus_client's own (the tests' reference): one by one
-                    for n in tokens_per_chunk:
-                        child.observe(n)
+                for n in tokens_per_chunk:
+                    child.observe(n)
             if chunks_by_tokens:
                 child = self._child(self.tokens_per_chunk, *keys)
                 if type(child) is _HistogramChild:
