@@ -34,7 +34,7 @@ from sniffer.core.events import (
     StoreEvent,
     StreamClosed,
 )
-from sniffer.runtime.capture_thread import CaptureThread
+from sniffer.runtime.capture_thread import HANDOVER_POLLS, CaptureThread
 from sniffer.runtime.config import Config
 from sniffer.runtime.daemon import SLOW_ENV, Daemon
 from sniffer.runtime.log import Log
@@ -482,8 +482,8 @@ def test_sighup_reload_applies_labels(tmp_path: Path) -> None:
     cfg_path = tmp_path / "s.toml"
     db = str(tmp_path / "d.db")
     cfg_path.write_text(
-        f"[capture]\nports = [{PORT}]\n[store]\ndatabase = '{db}'\nflush_interval = 0.05\n"
-        f"[labels]\n{PORT} = 'before'\n"
+        f"[capture]\nports = [{PORT}]\nhandover = 1.0\n[store]\ndatabase = '{db}'\n"
+        f"flush_interval = 0.05\n[labels]\n{PORT} = 'before'\n"
     )
     from sniffer.runtime.config import load_config
 
@@ -498,9 +498,12 @@ def test_sighup_reload_applies_labels(tmp_path: Path) -> None:
         install_signals=False,
     )
     r = start(d)
-    cfg_path.write_text(cfg_path.read_text().replace("'before'", "'after'"))
+    assert d._capture is not None and d._capture.handover == 1.0
+    text = cfg_path.read_text().replace("'before'", "'after'")
+    cfg_path.write_text(text.replace("handover = 1.0", "handover = 0.25"))
     d.request_reload()
     assert wait_for(lambda: dict(d.config.labels) == {PORT: "after"})
+    assert d._capture.handover == 0.25  # the running capture thread's, at once
     gate.set()
     assert src.exhausted.wait(30)
     assert wait_for(lambda: d.stats.items >= len(SEGMENTS))
@@ -644,6 +647,99 @@ def test_ebpf_drop_keeps_structure_and_turns_data_into_gaps() -> None:
         FlowEnd(2, 2.4, False, "fin")
     )
     assert rest[-1] == FlowGap(1, 2.6, False, 2, "overflow")
+
+
+class _ScriptedSource(FakeSource):
+    """Each poll returns the next of ``polls`` (then nothing) and moves the
+    fake clock on by ``step`` seconds; raises once the script is out if
+    ``fail`` (a broken source)."""
+
+    def __init__(self, polls: list[list[Any]], step: float, fail: bool = False) -> None:
+        super().__init__([])
+        self.script = list(polls)
+        self.step = step
+        self.fail = fail
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def poll(self, timeout: float) -> list[Any]:
+        self.polls += 1
+        self.now += self.step
+        if self.script:
+            return self.script.pop(0)
+        if self.fail:
+            raise OSError("interface went away")
+        self.exhausted.set()
+        time.sleep(min(timeout, 0.01))
+        return []
+
+
+def _gathering(
+    src: _ScriptedSource, handover: float
+) -> tuple[CaptureThread, queue.Queue[list[Any]]]:
+    q: queue.Queue[list[Any]] = queue.Queue(maxsize=100)
+    t = CaptureThread(
+        src, q, DaemonStats(), Log("error", io.StringIO()), False, handover, clock=src.clock
+    )
+    return t, q
+
+
+def _queued(q: queue.Queue[list[Any]]) -> list[list[Any]]:
+    out = []
+    while not q.empty():
+        out.append(q.get_nowait())
+    return out
+
+
+def test_capture_thread_gathers_polls_for_the_handover_time() -> None:
+    # a poll every 0.3 s (of the fake clock), packets in most: a batch holds
+    # what came from its first packets' poll until 1 s after, in order
+    s = SEGMENTS
+    src = _ScriptedSource([[s[0]], [s[1], s[2]], [], [s[3]], [s[4]], [], [], [s[5]]], 0.3)
+    t, q = _gathering(src, 1.0)
+    t.start()
+    assert src.exhausted.wait(30)
+    t.join(5)
+    # polls at 0.3 (due 1.3), 0.6, 0.9, 1.2, 1.5 -> handed over; then 2.4 (due 3.4), stop
+    assert _queued(q) == [[s[0], s[1], s[2], s[3], s[4]], [s[5]]]
+    assert t.stats.queue_dropped == 0
+
+
+def test_capture_thread_hands_over_every_handover_polls_and_at_its_end() -> None:
+    # the clock stands still: only the poll count hands batches over, and a
+    # stop queues what was gathered (nothing is left behind)
+    polls = [[seg] for seg in SEGMENTS[: 2 * HANDOVER_POLLS + 3]]
+    src = _ScriptedSource(polls, 0.0)
+    t, q = _gathering(src, 10.0)
+    t.start()
+    assert src.exhausted.wait(30)
+    t.join(5)
+    got = _queued(q)
+    assert [len(b) for b in got] == [HANDOVER_POLLS, HANDOVER_POLLS, 3]
+    assert [seg for b in got for seg in b] == SEGMENTS[: 2 * HANDOVER_POLLS + 3]
+
+
+def test_capture_thread_without_handover_queues_each_poll() -> None:
+    s = SEGMENTS
+    src = _ScriptedSource([[s[0]], [s[1], s[2]], [], [s[3]]], 0.0)
+    t, q = _gathering(src, 0.0)
+    t.start()
+    assert src.exhausted.wait(30)
+    t.join(5)
+    assert _queued(q) == [[s[0]], [s[1], s[2]], [s[3]]]
+
+
+def test_capture_thread_queues_what_it_gathered_when_the_source_breaks() -> None:
+    s = SEGMENTS
+    src = _ScriptedSource([[s[0]], [s[1]]], 0.1, fail=True)
+    t, q = _gathering(src, 10.0)
+    t.start()
+    t.thread.join(30)
+    assert not t.thread.is_alive()
+    assert t.error == "OSError: interface went away"
+    assert _queued(q) == [[s[0], s[1]]]
 
 
 # ---------------------------------------------------------------- sd_notify

@@ -502,7 +502,10 @@ def test_overload_memory_flat_and_loss_counted(tmp_path: Path, procs: list[Any])
         str(port),
         "--queue-size",
         "2",
-        # slower per batch than the ring hands blocks over (at most
+        # a batch per ring block (no gathering) ...
+        "--handover",
+        "0",
+        # ... and slower per batch than the ring hands blocks over (at most
         # BLOCK_TIMEOUT_MS apart): the queue of two fills
         env={"SPARSEETY_TEST_SLOW_PIPELINE_MS": str(2 * BLOCK_TIMEOUT_MS)},
     )

@@ -3,14 +3,17 @@
 It never blocks on the queue: when the queue is full the batch is dropped, its
 packets are counted (``queue_dropped``) and a
 :class:`~sniffer.capture.loss.LossAccount` keeps what is needed to report the
-loss ahead of the next batch that fits. Memory is held flat by
-``queue_size`` × (one poll's batch).
+loss ahead of the next batch that fits. What its polls return is gathered for
+``handover`` seconds (``[capture] handover``) or ``HANDOVER_POLLS`` polls with
+packets, whichever comes first, and queued as one batch. Memory is held flat
+by ``queue_size`` × (one batch: at most ``HANDOVER_POLLS`` polls).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +24,14 @@ from sniffer.runtime.config import Config
 from sniffer.runtime.log import Log
 from sniffer.runtime.stats import DaemonStats
 
-__all__ = ["POLL_TIMEOUT", "CaptureThread", "SourceFactory", "capture_key", "default_source"]
+__all__ = [
+    "HANDOVER_POLLS",
+    "POLL_TIMEOUT",
+    "CaptureThread",
+    "SourceFactory",
+    "capture_key",
+    "default_source",
+]
 
 #: How long one capture poll waits for packets (seconds): it bounds only how
 #: soon the thread sees a stop or retries a loss marker, since a poll returns
@@ -49,6 +59,13 @@ POLL_TIMEOUT = 0.3
 #: stop waits one block timeout for the ring's last packets
 #: (``AfPacketSource.finish``).
 BLOCK_TIMEOUT_MS = 250
+
+#: A batch is handed over once this many polls returned packets, whatever its
+#: age: a busy capture (blocks full before their timeout) is then handed over
+#: every few blocks, so the hand-over adds little latency and the batches
+#: little memory there; the gathering time (``[capture] handover``) only sets
+#: the batches of a slow one.
+HANDOVER_POLLS = 8
 
 #: Makes the (unopened) source for a configuration; the second argument hands
 #: out the connection ids the source may assign (eBPF numbers connections
@@ -103,8 +120,14 @@ class CaptureThread:
         stats: DaemonStats,
         log: Log,
         ebpf: bool,
+        handover: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.source = source
+        #: seconds a batch gathers polls before it is queued (0: every poll's
+        #: packets at once); read at each poll, so a reload may change it
+        self.handover = handover
+        self.clock = clock
         self.q = q
         self.stats = stats
         self.log = log
@@ -122,19 +145,42 @@ class CaptureThread:
         self.thread.join(timeout)
 
     def _run(self) -> None:
+        """Poll until stopped; what the polls return is gathered (see the
+        module's docstring) and queued. What is gathered when the thread ends
+        (a stop, a broken source) is queued then, ahead of anything the stop
+        reads from the source after (``Daemon._shutdown``, ``_tail``)."""
         poll = self.source.poll
         stop = self.stop
         loss = self.loss
-        while not stop.is_set():
-            try:
-                batch = poll(POLL_TIMEOUT)
-            except Exception as exc:  # the source is broken: report and end this thread
-                self.error = f"{type(exc).__name__}: {exc}"
-                self.stats.capture_errors += 1
-                self.log("error", "capture-failed", error=self.error)
-                return
-            if batch or loss.pending:
-                self.offer(list(batch))
+        monotonic = self.clock
+        gathered: list[CaptureItem] = []
+        polls = 0
+        due = 0.0  # when what is gathered is handed over
+        try:
+            while not stop.is_set():
+                wait = POLL_TIMEOUT if not polls else min(POLL_TIMEOUT, due - monotonic())
+                try:
+                    batch = poll(max(0.0, wait))
+                except Exception as exc:  # the source is broken: report and end this thread
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    self.stats.capture_errors += 1
+                    self.log("error", "capture-failed", error=self.error)
+                    return
+                if batch:
+                    if not polls:
+                        due = monotonic() + self.handover
+                    gathered += batch
+                    polls += 1
+                if (polls and (polls >= HANDOVER_POLLS or monotonic() >= due)) or (
+                    loss.pending and not polls
+                ):
+                    # (a loss marker waiting for room goes with the next batch,
+                    # or alone when nothing is gathered: as soon as there is room)
+                    self.offer(gathered)
+                    gathered, polls = [], 0
+        finally:
+            if gathered:
+                self.offer(gathered)
 
     def offer(self, batch: list[CaptureItem]) -> None:
         """Queue ``batch`` (with any pending loss marker first) or count it as lost."""

@@ -248,7 +248,9 @@ class Daemon:
                 # eBPF: the sockets must be known before the first record
                 source.adopt([(int(e["conn"]), e["ebpf"]) for e in handed if "ebpf" in e])
             source.open()
-            capture = CaptureThread(source, self._queue, self.stats, log, cfg.backend == "ebpf")
+            capture = CaptureThread(
+                source, self._queue, self.stats, log, cfg.backend == "ebpf", cfg.handover
+            )
             self._capture = capture
             capture.start()
             self._hooks(self.on_start)
@@ -520,6 +522,8 @@ class Daemon:
             self._writer.batch_size = new.batch_size
             self._writer.node = new.node  # rows buffered from now on
         self.log.level = new.log_level
+        if self._capture is not None:
+            self._capture.handover = new.handover
 
     def _restart_capture(self, new: Config) -> bool:
         old = self._capture
@@ -530,7 +534,9 @@ class Daemon:
         except Exception as exc:
             self.log("error", "capture-restart-failed", error=str(exc), kept="previous capture")
             return False
-        capture = CaptureThread(source, self._queue, self.stats, self.log, new.backend == "ebpf")
+        capture = CaptureThread(
+            source, self._queue, self.stats, self.log, new.backend == "ebpf", new.handover
+        )
         capture.start()
         self._capture = capture
         if old is not None:
