@@ -8,9 +8,10 @@ FROM STDIN`` per table through psycopg 3, else an ``executemany`` through a Core
 ``insert``), then the updates (connection closes,
 stream responses, stream closes — on SQLite each run of rows with the same NULL
 values in one ``executemany`` that writes them as literals, elsewhere an
-``executemany`` of an ``update`` with ``bindparam``). An update for a row still buffered in the same batch is merged
-into that row's insert instead, so it costs nothing; an update for a row written
-by an earlier batch becomes an UPDATE that runs after this batch's inserts.
+``executemany`` of an ``update`` with ``bindparam``). An update for a row still
+buffered in the same batch is merged into that row's insert instead, so it costs
+nothing; an update for a row written by an earlier batch becomes an UPDATE that
+runs after this batch's inserts.
 
 Failure policy: no row of one exchange stops the writer. If the database as a
 whole cannot take writes (locked, unreachable, a table missing: an
@@ -120,9 +121,7 @@ def headers_json(headers: Headers | Iterable[tuple[str, str]]) -> str:
     known = _header_prefixes.get
     return (
         "["
-        + ", ".join(
-            [p + enc(v) + "]" for n, v in headers if (p := known(n) or _header_prefix(n))]
-        )
+        + ", ".join([p + enc(v) + "]" for n, v in headers if (p := known(n) or _header_prefix(n))])
         + "]"
     )
 
@@ -634,11 +633,7 @@ def _update_sql_nulls(name: str, nulls: tuple[bool, ...]) -> str:
     the id."""
     table, columns, coalesce = _UPDATES[name]
     sets = ", ".join(
-        f"{c}=NULL"
-        if null
-        else f"{c}=coalesce({table}.{c}, ?)"
-        if c in coalesce
-        else f"{c}=?"
+        f"{c}=NULL" if null else f"{c}=coalesce({table}.{c}, ?)" if c in coalesce else f"{c}=?"
         for c, null in zip(columns, nulls, strict=True)
         if not (null and c in coalesce)
     )
