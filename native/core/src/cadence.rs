@@ -20,23 +20,7 @@ use std::hint::black_box;
 /// classes' medians, the one nearest the Otsu split among equals, then the
 /// first); the medians are of the gaps as they are.
 pub fn split(times: &[f64], floor: f64) -> Option<(usize, f64, f64)> {
-    let mut gaps: Vec<f64> = times
-        .windows(2)
-        .map(|w| {
-            let d = w[1] - w[0];
-            if d > 0.0 {
-                d
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    if gaps.len() < 2 || gaps.iter().any(|g| !g.is_finite()) {
-        return None;
-    }
-    // (unstable: the gaps are never -0.0 nor NaN, so the values `total_cmp`
-    // finds equal are the same bits, in any order; no buffer, ~2x faster)
-    gaps.sort_unstable_by(f64::total_cmp);
+    let gaps = sorted_gaps(times)?;
     let logs: Vec<f64> = gaps
         .iter()
         .map(|&g| if floor > g { floor } else { g }.ln())
@@ -46,6 +30,32 @@ pub fn split(times: &[f64], floor: f64) -> Option<(usize, f64, f64)> {
     let short = gaps.get(..k)?;
     let long = gaps.get(k..)?;
     Some((k, median(short)?, median(long)?))
+}
+
+/// The gaps between consecutive `times` (a negative one counts as 0),
+/// sorted; None with fewer than two or one that is not finite.
+///
+/// Sorted as their bits: every gap is +0.0 or above (never -0.0 nor NaN),
+/// where the order of the bits as integers is the order of the values and
+/// equal bits are equal values: the reference's sorted gaps, ~3x fewer
+/// instructions than `sort_by(f64::total_cmp)`.
+fn sorted_gaps(times: &[f64]) -> Option<Vec<f64>> {
+    let mut bits: Vec<u64> = times
+        .windows(2)
+        .map(|w| {
+            let d = w[1] - w[0];
+            if d > 0.0 {
+                d.to_bits()
+            } else {
+                0.0f64.to_bits()
+            }
+        })
+        .collect();
+    if bits.len() < 2 || bits.iter().any(|&g| !f64::from_bits(g).is_finite()) {
+        return None;
+    }
+    bits.sort_unstable();
+    Some(bits.into_iter().map(f64::from_bits).collect())
 }
 
 /// `sum(logs)`: left to right from the first (Python's `sum` of floats).
@@ -256,6 +266,50 @@ mod tests {
         for logs in &cases {
             assert_eq!(otsu(logs), otsu_every_pow(logs), "{logs:?}");
         }
+    }
+
+    #[test]
+    fn gaps_sorted_by_their_bits_are_sorted_by_value() {
+        let mut times = vec![
+            5.0f64,
+            4.0,
+            4.0,
+            4.5,
+            7.25,
+            7.25 + 1e-9,
+            100.0,
+            99.0,
+            99.5,
+            1e300,
+        ];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..500 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let last = times.last().copied().unwrap_or(0.0);
+            let step = f64::from_bits(x >> 2) % 2.0 - 0.5; // any double (NaN too), then cut
+            times.push(last + if step.is_finite() { step } else { 0.0 });
+        }
+        let mut want: Vec<f64> = times
+            .windows(2)
+            .map(|w| {
+                let d = w[1] - w[0];
+                if d > 0.0 {
+                    d
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        want.sort_by(f64::total_cmp);
+        let got = sorted_gaps(&times).unwrap_or_default();
+        assert_eq!(got.len(), want.len());
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert_eq!(sorted_gaps(&[1.0, f64::INFINITY, 2.0]), None);
     }
 
     #[test]
