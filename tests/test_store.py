@@ -40,6 +40,7 @@ from sniffer.store.writer import (
     _full_chunk_row,
     chunk_row,
     endpoint_text,
+    finish_reasons_json,
     headers_json,
     is_credential_header,
     make_engine,
@@ -908,6 +909,83 @@ def test_connection_and_stream_rows_bind_no_null_and_the_same_booleans(
     w.close()
 
 
+def test_updates_bind_no_null_and_write_what_one_batch_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The UPDATEs of rows an earlier batch wrote (every stream's response and
+    close, every connection's close) bind no None: each run of rows with the
+    same None values is one statement writing them as NULL literals. Whatever
+    the runs (the three closes have different None columns), the rows are
+    those of one batch, where the updates merge into the inserts."""
+    calls: list[None] = []
+    monkeypatch.setitem(sqlite3.adapters, (type(None), sqlite3.PrepareProtocol), calls.append)
+    events = realistic_events()
+    heads = (ConnectionOpened, StreamOpened)
+    early = [ev for ev in events if isinstance(ev, heads)]
+    late = [ev for ev in events if not isinstance(ev, heads)]
+    w = memory_writer()
+    w.write_many(early)
+    w.flush()
+    calls.clear()  # (the inserts' None are not this test's)
+    w.write_many(late)
+    assert [len(w._parts()[k][1]) for k in (4, 5, 6)] == [2, 3, 3]  # closes, responses
+    w.flush()
+    assert calls == []
+    assert w.stats["unmatched_updates"] == 0
+    reference = memory_writer()
+    reference.write_many(events)
+    reference.flush()
+    assert dump(w.engine) == dump(reference.engine)
+
+
+def test_a_midway_close_sets_the_model_only_where_there_is_none() -> None:
+    """A close names the model (a stream recovered mid-way) only for a row
+    without one: the UPDATE's ``coalesce``, whether the model is given or not."""
+    w = memory_writer()
+    opened = [ev for ev in realistic_events() if isinstance(ev, (ConnectionOpened, StreamOpened))]
+    w.write_many(opened)
+    w.write(dataclasses.replace(opened[1], stream=9, request=RequestSummary()))
+    w.write(dataclasses.replace(opened[1], stream=10, request=RequestSummary()))
+    w.flush()
+    close = StreamClosed(
+        stream=1,
+        ts=T0 + 1,
+        state=StreamState.MIDWAY,
+        reason="recovered",
+        done_seen=False,
+        gap=True,
+        t_first_content=None,
+        t_last_chunk=None,
+        chunk_count=0,
+        event_count=0,
+        text_len=0,
+        finish_reasons=(),
+        usage=None,
+        response_body=None,
+        response_model="named-by-chunks",
+    )
+    w.write(close)  # stream 1 has a model: kept
+    w.write(dataclasses.replace(close, stream=9))  # none: the close's
+    w.write(dataclasses.replace(close, stream=10, response_model=None))  # none given: none
+    w.write(dataclasses.replace(close, stream=77))  # no such row
+    w.flush()
+    models = dict(w.store.query("SELECT id, model FROM streams WHERE state = 'midway'"))
+    assert models == {1: "tiny", 9: "named-by-chunks", 10: None}
+    assert w.stats["unmatched_updates"] == 1
+
+
+def test_finish_reasons_json_is_the_text_json_dumps_writes() -> None:
+    cases: list[tuple[tuple[int, Any], ...]] = [
+        (),
+        ((0, "stop"),),
+        ((1, "length"), (0, "stop"), (-1, 'é " \ud800')),
+        ((0, "stop"), (0, "length")),  # the last one of a choice, as a dict keeps it
+        ((0, None),),  # not a str: json.dumps itself
+    ]
+    for pairs in cases:
+        assert finish_reasons_json(pairs) == json.dumps({str(c): r for c, r in pairs})
+
+
 def test_optional_chunk_fields_are_the_last_chunk_columns() -> None:
     """The writer's plain chunk row is the table's leading columns: the optional
     ChunkEvent fields must be its last ones, in the same order."""
@@ -944,9 +1022,10 @@ def test_headers_json_is_the_text_json_dumps_writes() -> None:
         (("X-Note", 'quote " back\\slash \t tab'), ("X-Uni", "é 😀 \ud800 \x00 \x7f")),
         (("Authorization", "Bearer s"), ("Cookie", "a=b"), ("Accept", "*/*")),
     ]
-    for headers in cases:
-        kept = [[n, v] for n, v in headers if not is_credential_header(n)]
-        assert headers_json(headers) == json.dumps(kept)
+    for _ in range(2):  # the names' JSON starts made, then looked up
+        for headers in cases:
+            kept = [[n, v] for n, v in headers if not is_credential_header(n)]
+            assert headers_json(headers) == json.dumps(kept)
     assert "Bearer" not in headers_json(cases[3]) and "a=b" not in headers_json(cases[3])
 
 
