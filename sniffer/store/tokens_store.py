@@ -62,11 +62,12 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import orjson as _orjson
 
-from sniffer.llm.tokens import Anomaly
+from sniffer.llm.tokens import Anomaly, AnomalyColumns
 from sniffer.llm.values import slot_init
 from sniffer.store import spec
 from sniffer.store.db import Store, Transaction, as_bools, in_list
@@ -109,8 +110,9 @@ class ChoiceTokenRow:
 
 
 #: One ``token_anomalies`` row (its stream's id apart): the analysis's own
-#: value, stored as made (``kind``, ``choice``, ``position``, ``detail``), not
-#: copied into a second object per anomaly (a few dozen per stream).
+#: value (``kind``, ``choice``, ``position``, ``detail``). The token pass's
+#: rows hold them in columns (``sniffer.llm.tokens.AnomalyColumns``, as the
+#: analysis made them): no object per anomaly (a few dozen per stream).
 TokenAnomalyRow = Anomaly
 
 
@@ -126,7 +128,8 @@ class StreamTokenRow:
     anomaly_count: int = 0
     error: str | None = None
     choices: tuple[ChoiceTokenRow, ...] = ()
-    anomalies: tuple[TokenAnomalyRow, ...] = ()
+    #: an ``AnomalyColumns`` from the token pass, a tuple when read back
+    anomalies: Sequence[TokenAnomalyRow] = ()
 
     @property
     def output_count(self) -> int:
@@ -311,11 +314,19 @@ def write_token_rows(tx: Transaction, rows: Sequence[StreamTokenRow]) -> None:
         _CHOICE_TOKEN_COLUMNS,
         [_choice_values(r.stream_id, c) for r in rows for c in r.choices],
     )
-    tx.insert_many(
-        "token_anomalies",
-        _ANOMALY_COLUMNS,
-        [(r.stream_id, a.choice, a.kind, a.position, a.detail) for r in rows for a in r.anomalies],
-    )
+    tx.insert_many("token_anomalies", _ANOMALY_COLUMNS, _anomaly_values(rows))
+
+
+def _anomaly_values(rows: Sequence[StreamTokenRow]) -> list[tuple[Any, ...]]:
+    """The ``token_anomalies`` rows of ``rows``, made from their columns by
+    ``zip`` (a tuple per anomaly, no attribute read)."""
+    out: list[tuple[Any, ...]] = []
+    for r in rows:
+        if r.anomalies:
+            a = AnomalyColumns.of(r.anomalies)
+            sid = repeat(r.stream_id, len(a))
+            out += zip(sid, a.choices, a.kinds, a.positions, a.details, strict=True)
+    return out
 
 
 def delete_token_rows(store: Store, stream_ids: Iterable[int] | None = None) -> None:
