@@ -1263,7 +1263,7 @@ class ChunkColumns(_BuiltOnFirstUse[ChunkInput]):
         return ChunkColumns.of(sorted(self._values(), key=_seq))
 
 
-def _tiled(ends: list[int]) -> list[tuple[int, int]]:
+def _tiled(ends: Sequence[int]) -> list[tuple[int, int]]:
     """The offsets of tokens that tile a text in order, from their ends."""
     # token k starts where k - 1 ends (the starts run one past the last token)
     return list(zip(chain((0,), ends), ends, strict=False))
@@ -1275,11 +1275,13 @@ class _Tiled(_BuiltOnFirstUse[tuple[int, int]]):
     pass knows from their bytes of the tokens of a text none of whose
     characters they split (any ASCII text). The attribution
     reads ``ends`` (:func:`_attribute_tiled`); one offset is computed when
-    asked for, all of them (a tuple per token) only when iterated."""
+    asked for, all of them (a tuple per token) only when iterated. ``ends``
+    is a list, or the native fast path's ``array('q')`` (no int object per
+    token; the native attribution reads its buffer)."""
 
     __slots__ = ("ends",)
 
-    def __init__(self, ends: list[int]) -> None:
+    def __init__(self, ends: Sequence[int]) -> None:
         self.ends = ends
         super().__init__()
 
@@ -1415,7 +1417,7 @@ class AnomalyColumns(_BuiltOnFirstUse[Anomaly]):
     of its token pass. Indexing or iterating builds the :class:`Anomaly`
     values (once); it equals a tuple or list of them."""
 
-    __slots__ = ("choices", "details", "kinds", "positions")
+    __slots__ = ("_counts", "choices", "details", "kinds", "positions")
 
     def __init__(
         self,
@@ -1428,6 +1430,7 @@ class AnomalyColumns(_BuiltOnFirstUse[Anomaly]):
         self.choices = choices
         self.positions = positions
         self.details = details
+        self._counts: dict[str, int] | None = None
         super().__init__()
 
     @classmethod
@@ -1453,9 +1456,14 @@ class AnomalyColumns(_BuiltOnFirstUse[Anomaly]):
 
     def kind_counts(self) -> dict[str, int]:
         """Anomalies by kind, kinds in order of their first anomaly: a
-        ``count()`` per kind (a C pass each: a stream has a few kinds)."""
-        kinds = self.kinds
-        return {k: kinds.count(k) for k in dict.fromkeys(kinds)}
+        ``count()`` per kind (a C pass each: a stream has a few kinds), once
+        (the token pass's totals and the metrics both ask). A new dict each
+        call: the caller may change it."""
+        counts = self._counts
+        if counts is None:
+            kinds = self.kinds
+            counts = self._counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
+        return dict(counts)
 
 
 def kind_counts(anomalies: Sequence[Anomaly]) -> dict[str, int]:
@@ -1610,13 +1618,15 @@ def _attribution() -> _Attribution:
     return native if native is not None else _attribute_counts
 
 
-def _attribute_tiled(lens: Sequence[int], ends: list[int]) -> tuple[list[int], list[_StraddleT]]:
+def _attribute_tiled(
+    lens: Sequence[int], ends: Sequence[int]
+) -> tuple[list[int], list[_StraddleT]]:
     """:func:`_attribute_counts` of tokens that tile the text in order, given
     by their ends (:class:`_Tiled`)."""
     return _attribute_counts(lens, len(ends), _tiled(ends))
 
 
-_AttributionTiled = Callable[[Sequence[int], list[int]], tuple[list[int], list[_StraddleT]]]
+_AttributionTiled = Callable[[Sequence[int], Sequence[int]], tuple[list[int], list[_StraddleT]]]
 
 
 @functools.cache
@@ -1678,7 +1688,7 @@ def _choice_summary(
     ends), and what the analysis makes of it per chunk, listing at most
     ``limit`` straddles (the reference of the native ``choice_summary``)."""
     if type(offsets) is _Tiled:
-        ends: list[int] | None = offsets.ends
+        ends: Sequence[int] | None = offsets.ends
         counts, straddles = _attribution_tiled()(lens, offsets.ends)
     else:
         ends = None

@@ -343,11 +343,17 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
 
 def _straddle_seqs(cc: ChoiceChunks | None) -> tuple[int, ...]:
     """The seq of each straddling token's chunk (repeated per token)."""
-    if cc is None or not any(cc.straddles):
+    if cc is None:
         return ()
-    if max(cc.straddles) == 1:  # the usual: only a chunk's last token can reach past it
-        return tuple(compress(cc.seqs, cc.straddles))
-    return tuple(chain.from_iterable(map(repeat, cc.seqs, cc.straddles)))
+    straddles = cc.straddles
+    total = sum(straddles)  # (a C pass over small ints: no comparison per chunk)
+    if not total:
+        return ()
+    # the usual: only a chunk's last token can reach past it, one per chunk
+    seqs = tuple(compress(cc.seqs, straddles))
+    if len(seqs) == total:
+        return seqs
+    return tuple(chain.from_iterable(map(repeat, cc.seqs, straddles)))
 
 
 def _logprobs(chunks: Sequence[ChunkInput], choice: int) -> list[str]:
