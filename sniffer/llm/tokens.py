@@ -368,7 +368,7 @@ class LoadedTokenizer:
                 out[i] = (tuple(ids), e.offsets, dec)
         return cast("list[_Encoded]", out)
 
-    def _encode_pieces(self, pieces: list[str]) -> list[tuple[list[int], list[int]] | None]:
+    def _encode_pieces(self, pieces: list[str]) -> list[tuple[list[int], Sequence[int]] | None]:
         """The fast path's question to the library: per piece (ASCII), its
         ids and their ends when its tokens are plain entries that spell it
         (:meth:`_offsets_from_bytes`), else None (its texts take the
@@ -377,9 +377,9 @@ class LoadedTokenizer:
         library is not loaded)."""
         if self._native is not None:
             got = self._native.encode_pieces(pieces)
-            return cast("list[tuple[list[int], list[int]] | None]", got)
+            return cast("list[tuple[list[int], Sequence[int]] | None]", got)
         encs = self._tok.encode_batch_fast(pieces, add_special_tokens=False)
-        out: list[tuple[list[int], list[int]] | None] = []
+        out: list[tuple[list[int], Sequence[int]] | None] = []
         for piece, e in zip(pieces, encs, strict=True):
             ids = e.ids
             offsets = self._offsets_from_bytes(piece, ids)
@@ -1646,7 +1646,7 @@ def _attribution_tiled() -> _AttributionTiled:
     if attribute is _attribute_counts:
         return _attribute_tiled
 
-    def tiled(lens: Sequence[int], ends: list[int]) -> tuple[list[int], list[_StraddleT]]:
+    def tiled(lens: Sequence[int], ends: Sequence[int]) -> tuple[list[int], list[_StraddleT]]:
         return attribute(lens, len(ends), _tiled(ends))
 
     return tiled
