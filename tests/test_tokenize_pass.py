@@ -343,7 +343,8 @@ def test_straddle_seqs_repeat_each_chunk_per_straddling_token(
 
 def _many_token_rows(streams: int) -> list[StreamTokenRow]:
     """Token rows of ``streams`` streams with 0 to 12 anomalies each (NULL
-    positions and an empty detail among them), one or two choices."""
+    positions and an empty detail among them), one or two choices (runs with
+    and without server tokens), runs with and without an error."""
     rows = []
     for sid in range(1, streams + 1):
         choices = tuple(
@@ -377,6 +378,7 @@ def _many_token_rows(streams: int) -> list[StreamTokenRow]:
                 usage_diff={"completion_tokens": sid % 3},
                 tokens_per_chunk={1: sid},
                 anomaly_count=len(anomalies),
+                error="failed" if sid % 11 == 0 else None,
                 choices=choices,
                 anomalies=anomalies,
             )
