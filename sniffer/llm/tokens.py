@@ -1431,7 +1431,7 @@ class AnomalyColumns(_BuiltOnFirstUse[Anomaly]):
         self.positions = positions
         self.details = details
         self._counts: dict[str, int] | None = None
-        super().__init__()
+        self._items = None  # (what _BuiltOnFirstUse.__init__ does, without the call)
 
     @classmethod
     def of(cls, anomalies: Sequence[Anomaly]) -> AnomalyColumns:
@@ -1454,20 +1454,25 @@ class AnomalyColumns(_BuiltOnFirstUse[Anomaly]):
     def __repr__(self) -> str:
         return repr(tuple(self._values()))
 
-    def kind_counts(self) -> dict[str, int]:
+    def kind_counts(self) -> Mapping[str, int]:
         """Anomalies by kind, kinds in order of their first anomaly: a
-        ``count()`` per kind (a C pass each: a stream has a few kinds), once
-        (the token pass's totals and the metrics both ask). A new dict each
-        call: the caller may change it."""
+        ``count()`` per kind (a C pass each: a stream has a few kinds), made
+        once (the token pass's totals and the metrics both ask) and shared:
+        not to be changed."""
         counts = self._counts
         if counts is None:
             kinds = self.kinds
-            counts = self._counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
-        return dict(counts)
+            if len(kinds) < 2:
+                counts = dict.fromkeys(kinds, 1)
+            else:
+                counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
+            self._counts = counts
+        return counts
 
 
-def kind_counts(anomalies: Sequence[Anomaly]) -> dict[str, int]:
-    """``anomalies`` by kind, kinds in order of their first anomaly."""
+def kind_counts(anomalies: Sequence[Anomaly]) -> Mapping[str, int]:
+    """``anomalies`` by kind, kinds in order of their first anomaly (not to be
+    changed: :meth:`AnomalyColumns.kind_counts` shares its own)."""
     if isinstance(anomalies, AnomalyColumns):
         return anomalies.kind_counts()
     out: dict[str, int] = {}
