@@ -425,7 +425,12 @@ mod tests {
         for a in 0..128u8 {
             pieces.extend((0..128u8).map(|b| vec![a, b]));
         }
-        pieces.extend([b"abc".to_vec(), b" the".to_vec(), vec![0x80], vec![b'a', 0xff]]);
+        pieces.extend([
+            b"abc".to_vec(),
+            b" the".to_vec(),
+            vec![0x80],
+            vec![b'a', 0xff],
+        ]);
         assert!(pieces.iter().all(|p| cache.get(p).is_none()));
         for (k, p) in pieces.iter().enumerate() {
             let n = u32::try_from(p.len()).unwrap();
