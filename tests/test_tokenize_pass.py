@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sniffer.core.events import ChunkEvent, StreamClosed, StreamFlag, StreamOpened, StreamState
-from sniffer.llm.tokens import DEFAULT_NAME, TokenizerRegistry
+from sniffer.llm.tokens import DEFAULT_NAME, AnomalyColumns, TokenizerRegistry
 from sniffer.llm.values import RequestSummary, Usage
 from sniffer.record.tokenize_pass import (
     TokenizeResult,
@@ -342,7 +343,8 @@ def test_straddle_seqs_repeat_each_chunk_per_straddling_token(
 
 def _many_token_rows(streams: int) -> list[StreamTokenRow]:
     """Token rows of ``streams`` streams with 0 to 12 anomalies each (NULL
-    positions and an empty detail among them), one or two choices."""
+    positions and an empty detail among them), one or two choices (runs with
+    and without server tokens), runs with and without an error."""
     rows = []
     for sid in range(1, streams + 1):
         choices = tuple(
@@ -376,6 +378,7 @@ def _many_token_rows(streams: int) -> list[StreamTokenRow]:
                 usage_diff={"completion_tokens": sid % 3},
                 tokens_per_chunk={1: sid},
                 anomaly_count=len(anomalies),
+                error="failed" if sid % 11 == 0 else None,
                 choices=choices,
                 anomalies=anomalies,
             )
@@ -430,9 +433,14 @@ def test_token_rows_several_per_statement_as_one_per_row(tmp_path: Any, kind: st
                 for a in r.anomalies
             ],
         )
+    # the token pass's rows hold their anomalies in columns: every other one so
+    cols = [
+        replace(r, anomalies=AnomalyColumns.of(r.anomalies)) if r.stream_id % 2 else r for r in rows
+    ]
+    assert sum(isinstance(r.anomalies, AnomalyColumns) for r in cols) == len(rows) // 2
     with new.transaction() as tx:
-        write_token_rows(tx, rows[:150])
-        write_token_rows(tx, rows[150:])
+        write_token_rows(tx, cols[:150])
+        write_token_rows(tx, cols[150:])
     got = _token_tables(new)
     assert got == _token_tables(ref)
     anomalies = got[2]

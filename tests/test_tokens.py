@@ -11,6 +11,7 @@ import collections
 import itertools
 import json
 import socket
+from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from sniffer.llm.tokens import (
     DEFAULT_NAME,
     MAX_ANOMALIES_PER_KIND,
     Anomaly,
+    AnomalyColumns,
     ChunkInput,
     LoadedTokenizer,
     StreamInput,
@@ -40,6 +42,7 @@ from sniffer.llm.tokens import (
     analyze_streams,
     attribute_chunks,
     default_tokenizer_dir,
+    kind_counts,
     prompt_method,
 )
 from sniffer.llm.values import Usage
@@ -541,6 +544,30 @@ def test_anomaly_cap() -> None:
     assert straddles[-1] == Anomaly(
         "straddle", 0, None, f"{total - MAX_ANOMALIES_PER_KIND} more not listed"
     )
+
+
+def test_anomalies_are_columns_that_equal_their_values() -> None:
+    """A stream's anomalies come as columns (``AnomalyColumns``): their
+    length and kind counts without an ``Anomaly`` made; indexing, iterating
+    and comparing give the values, in the order they were found."""
+    text = "abcdefghij" * 40
+    res = analyze_one(stream(chunks_of(list(text)), usage={"completion_tokens": 1}))
+    cols = res.anomalies
+    assert isinstance(cols, AnomalyColumns)
+    assert cols._items is None  # nothing built yet
+    assert len(cols) == len(cols.kinds) == len(cols.details)
+    assert kind_counts(cols) == {"straddle": MAX_ANOMALIES_PER_KIND + 1, "usage_mismatch": 1}
+    assert cols._items is None
+    values = tuple(
+        Anomaly(k, c, p, d)
+        for k, c, p, d in zip(cols.kinds, cols.choices, cols.positions, cols.details, strict=True)
+    )
+    assert cols == values and values == cols and cols == list(values)
+    assert cols[0] == values[0] and cols[-1] == values[-1] and list(cols) == list(values)
+    assert kind_counts(values) == kind_counts(cols)  # of plain values alike
+    assert AnomalyColumns.of(values) == cols and AnomalyColumns.of(cols) is cols
+    assert cols != values[:-1] and cols != values[::-1]
+    assert AnomalyColumns([], [], [], []) == () and kind_counts(()) == {}
 
 
 # ---------------------------------------------------------------------------
@@ -1598,7 +1625,8 @@ def test_native_fast_path_takes_only_fitting_answers() -> None:
         asked.append(pieces)
         return [([7], [len(p)]) for p in pieces]
 
-    assert enc.encode(["ab cd", "ab"], learn) == [((7, 2, 3), [2, 3, 5]), ((7,), [2])]
+    got = enc.encode(["ab cd", "ab"], learn)
+    assert got == [((7, 2, 3), array("q", [2, 3, 5])), ((7,), array("q", [2]))]
     assert asked == [["ab"]]  # once per piece, " cd" was kept
     with pytest.raises(ValueError):
         enc.encode(["x y"], lambda pieces: [])

@@ -93,6 +93,7 @@ __all__ = [
     "MAX_ANOMALIES_PER_KIND",
     "TOKENIZERS_PARALLELISM",
     "Anomaly",
+    "AnomalyColumns",
     "ChoiceChunks",
     "ChunkColumns",
     "ChunkInput",
@@ -109,6 +110,7 @@ __all__ = [
     "default_tokenizer_dir",
     "gc_paused",
     "gguf_cache_dir",
+    "kind_counts",
     "prompt_method",
 ]
 
@@ -366,7 +368,7 @@ class LoadedTokenizer:
                 out[i] = (tuple(ids), e.offsets, dec)
         return cast("list[_Encoded]", out)
 
-    def _encode_pieces(self, pieces: list[str]) -> list[tuple[list[int], list[int]] | None]:
+    def _encode_pieces(self, pieces: list[str]) -> list[tuple[list[int], Sequence[int]] | None]:
         """The fast path's question to the library: per piece (ASCII), its
         ids and their ends when its tokens are plain entries that spell it
         (:meth:`_offsets_from_bytes`), else None (its texts take the
@@ -375,9 +377,9 @@ class LoadedTokenizer:
         library is not loaded)."""
         if self._native is not None:
             got = self._native.encode_pieces(pieces)
-            return cast("list[tuple[list[int], list[int]] | None]", got)
+            return cast("list[tuple[list[int], Sequence[int]] | None]", got)
         encs = self._tok.encode_batch_fast(pieces, add_special_tokens=False)
-        out: list[tuple[list[int], list[int]] | None] = []
+        out: list[tuple[list[int], Sequence[int]] | None] = []
         for piece, e in zip(pieces, encs, strict=True):
             ids = e.ids
             offsets = self._offsets_from_bytes(piece, ids)
@@ -1261,7 +1263,7 @@ class ChunkColumns(_BuiltOnFirstUse[ChunkInput]):
         return ChunkColumns.of(sorted(self._values(), key=_seq))
 
 
-def _tiled(ends: list[int]) -> list[tuple[int, int]]:
+def _tiled(ends: Sequence[int]) -> list[tuple[int, int]]:
     """The offsets of tokens that tile a text in order, from their ends."""
     # token k starts where k - 1 ends (the starts run one past the last token)
     return list(zip(chain((0,), ends), ends, strict=False))
@@ -1273,11 +1275,13 @@ class _Tiled(_BuiltOnFirstUse[tuple[int, int]]):
     pass knows from their bytes of the tokens of a text none of whose
     characters they split (any ASCII text). The attribution
     reads ``ends`` (:func:`_attribute_tiled`); one offset is computed when
-    asked for, all of them (a tuple per token) only when iterated."""
+    asked for, all of them (a tuple per token) only when iterated. ``ends``
+    is a list, or the native fast path's ``array('q')`` (no int object per
+    token; the native attribution reads its buffer)."""
 
     __slots__ = ("ends",)
 
-    def __init__(self, ends: list[int]) -> None:
+    def __init__(self, ends: Sequence[int]) -> None:
         self.ends = ends
         super().__init__()
 
@@ -1403,6 +1407,80 @@ class _ChunkTokensView(_BuiltOnFirstUse[ChunkTokens]):
         return repr(tuple(self._values()))
 
 
+class AnomalyColumns(_BuiltOnFirstUse[Anomaly]):
+    """A stream's anomalies in columns: kind, choice, position and detail per
+    anomaly, in order. ``StreamTokens.anomalies`` and the token pass's
+    ``StreamTokenRow.anomalies``: the token pass writes its rows from the
+    columns (``sniffer.store.tokens_store.write_token_rows``) and counts the
+    kinds with a C pass per kind; the live traffic's streams have some 35
+    anomalies each, an :class:`Anomaly` made and read per anomaly was a tenth
+    of its token pass. Indexing or iterating builds the :class:`Anomaly`
+    values (once); it equals a tuple or list of them."""
+
+    __slots__ = ("_counts", "choices", "details", "kinds", "positions")
+
+    def __init__(
+        self,
+        kinds: list[str],
+        choices: list[int],
+        positions: list[int | None],
+        details: list[str],
+    ) -> None:
+        self.kinds = kinds
+        self.choices = choices
+        self.positions = positions
+        self.details = details
+        self._counts: dict[str, int] | None = None
+        self._items = None  # (what _BuiltOnFirstUse.__init__ does, without the call)
+
+    @classmethod
+    def of(cls, anomalies: Sequence[Anomaly]) -> AnomalyColumns:
+        """The columns of ``anomalies`` (themselves when they are columns)."""
+        if isinstance(anomalies, AnomalyColumns):
+            return anomalies
+        return cls(
+            [a.kind for a in anomalies],
+            [a.choice for a in anomalies],
+            [a.position for a in anomalies],
+            [a.detail for a in anomalies],
+        )
+
+    def _build(self) -> tuple[Anomaly, ...]:
+        return tuple(map(Anomaly, self.kinds, self.choices, self.positions, self.details))
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def __repr__(self) -> str:
+        return repr(tuple(self._values()))
+
+    def kind_counts(self) -> Mapping[str, int]:
+        """Anomalies by kind, kinds in order of their first anomaly: a
+        ``count()`` per kind (a C pass each: a stream has a few kinds), made
+        once (the token pass's totals and the metrics both ask) and shared:
+        not to be changed."""
+        counts = self._counts
+        if counts is None:
+            kinds = self.kinds
+            if len(kinds) < 2:
+                counts = dict.fromkeys(kinds, 1)
+            else:
+                counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
+            self._counts = counts
+        return counts
+
+
+def kind_counts(anomalies: Sequence[Anomaly]) -> Mapping[str, int]:
+    """``anomalies`` by kind, kinds in order of their first anomaly (not to be
+    changed: :meth:`AnomalyColumns.kind_counts` shares its own)."""
+    if isinstance(anomalies, AnomalyColumns):
+        return anomalies.kind_counts()
+    out: dict[str, int] = {}
+    for a in anomalies:
+        out[a.kind] = out.get(a.kind, 0) + 1
+    return out
+
+
 @slot_init  # one per stream the token pass analyses
 @dataclass(frozen=True, slots=True)
 class StreamTokens:
@@ -1413,7 +1491,7 @@ class StreamTokens:
     chunks: Sequence[ChunkTokens]  # in seq order
     tokens_per_chunk: dict[int, int]  # tokens attributed → number of text chunks
     server_tokens: dict[int, tuple[str, ...]]  # choice → token texts the server reported
-    anomalies: tuple[Anomaly, ...]
+    anomalies: Sequence[Anomaly]  # an AnomalyColumns (equals a tuple of Anomaly)
     usage_diff: dict[str, int]  # field → server-reported minus counted
     #: choice → its text chunks in columns (what ``chunks`` is built from)
     per_choice: dict[int, ChoiceChunks] = field(default_factory=dict)
@@ -1545,13 +1623,15 @@ def _attribution() -> _Attribution:
     return native if native is not None else _attribute_counts
 
 
-def _attribute_tiled(lens: Sequence[int], ends: list[int]) -> tuple[list[int], list[_StraddleT]]:
+def _attribute_tiled(
+    lens: Sequence[int], ends: Sequence[int]
+) -> tuple[list[int], list[_StraddleT]]:
     """:func:`_attribute_counts` of tokens that tile the text in order, given
     by their ends (:class:`_Tiled`)."""
     return _attribute_counts(lens, len(ends), _tiled(ends))
 
 
-_AttributionTiled = Callable[[Sequence[int], list[int]], tuple[list[int], list[_StraddleT]]]
+_AttributionTiled = Callable[[Sequence[int], Sequence[int]], tuple[list[int], list[_StraddleT]]]
 
 
 @functools.cache
@@ -1571,7 +1651,7 @@ def _attribution_tiled() -> _AttributionTiled:
     if attribute is _attribute_counts:
         return _attribute_tiled
 
-    def tiled(lens: Sequence[int], ends: list[int]) -> tuple[list[int], list[_StraddleT]]:
+    def tiled(lens: Sequence[int], ends: Sequence[int]) -> tuple[list[int], list[_StraddleT]]:
         return attribute(lens, len(ends), _tiled(ends))
 
     return tiled
@@ -1613,7 +1693,7 @@ def _choice_summary(
     ends), and what the analysis makes of it per chunk, listing at most
     ``limit`` straddles (the reference of the native ``choice_summary``)."""
     if type(offsets) is _Tiled:
-        ends: list[int] | None = offsets.ends
+        ends: Sequence[int] | None = offsets.ends
         counts, straddles = _attribution_tiled()(lens, offsets.ends)
     else:
         ends = None
@@ -1673,19 +1753,22 @@ def _summarizer() -> _Summarizer:
 
 
 class _Anomalies:
-    """Collects anomalies, listing at most MAX_ANOMALIES_PER_KIND per (kind, choice)."""
+    """Collects anomalies, listing at most MAX_ANOMALIES_PER_KIND per (kind,
+    choice), in columns (:class:`AnomalyColumns`: no object per anomaly)."""
 
-    __slots__ = ("counts", "items")
+    __slots__ = ("choices", "counts", "details", "kinds", "positions")
 
     def __init__(self, initial: Sequence[Anomaly] = ()) -> None:
-        self.items: list[Anomaly] = []
+        self.kinds: list[str] = []
+        self.choices: list[int] = []
+        self.positions: list[int | None] = []
+        self.details: list[str] = []
         self.counts: dict[tuple[str, int], int] = {}
-        for a in initial:  # the values themselves (frozen): not a copy of each
-            if self.want(a.kind, a.choice):
-                self.items.append(a)
+        for a in initial:
+            self.add(a.kind, a.choice, a.position, a.detail)
 
     def want(self, kind: str, choice: int) -> bool:
-        """Count one anomaly; True if it is still to be listed (build it then)."""
+        """Count one anomaly; True if it is still to be listed."""
         key = (kind, choice)
         n = self.counts.get(key, 0) + 1
         self.counts[key] = n
@@ -1704,15 +1787,30 @@ class _Anomalies:
 
     def add(self, kind: str, choice: int, position: int | None, detail: str) -> None:
         if self.want(kind, choice):
-            self.items.append(Anomaly(kind, choice, position, detail))
+            self.kinds.append(kind)
+            self.choices.append(choice)
+            self.positions.append(position)
+            self.details.append(detail)
 
-    def result(self) -> tuple[Anomaly, ...]:
-        out = self.items
+    def extend(
+        self, kind: str, choice: int, positions: Sequence[int | None], details: Sequence[str]
+    ) -> None:
+        """List anomalies of one kind and choice (counted already: :meth:`take`)."""
+        n = len(positions)
+        self.kinds.extend(repeat(kind, n))
+        self.choices.extend(repeat(choice, n))
+        self.positions.extend(positions)
+        self.details.extend(details)
+
+    def result(self) -> AnomalyColumns:
         for (kind, choice), n in self.counts.items():
             if n > MAX_ANOMALIES_PER_KIND:
                 more = n - MAX_ANOMALIES_PER_KIND
-                out.append(Anomaly(kind, choice, None, f"{more} more not listed"))
-        return tuple(out)
+                self.kinds.append(kind)
+                self.choices.append(choice)
+                self.positions.append(None)
+                self.details.append(f"{more} more not listed")
+        return AnomalyColumns(self.kinds, self.choices, self.positions, self.details)
 
 
 @dataclass(slots=True)
@@ -1932,9 +2030,7 @@ def _assemble(
             dist[n] = dist.get(n, 0) + m
         if n_straddles:
             anomalies.take("straddle", ch, n_straddles)
-            shown = len(listed)
-            straddle, choice = repeat("straddle", shown), repeat(ch, shown)
-            anomalies.items.extend(map(Anomaly, straddle, choice, listed, details))
+            anomalies.extend("straddle", ch, listed, details)
         per_choice[ch] = ChoiceChunks(seqs, counts, straddle_count, text, hist)
 
         multi = len(counts) - hist.get(0, 0) - hist.get(1, 0)  # chunks with 2+ tokens

@@ -384,6 +384,7 @@ class RecordingChain:
         token rows (into ``store``, default the writer's); feed token metrics
         and the sampler's anomaly boost."""
         # The token pass loads at the first pass, not before the first packet.
+        from sniffer.llm.tokens import kind_counts
         from sniffer.record.tokenize_pass import TokenizeResult, tokenize_inputs
 
         if self.collector is None or self.tokens is None or not inputs:
@@ -411,9 +412,7 @@ class RecordingChain:
                     prompt_tokens=len(r.prompt_ids) if r.prompt_ids is not None else None,
                     tokens_per_chunk=per_chunk,
                 )
-            kinds: dict[str, int] = {}
-            for a in r.anomalies:
-                kinds[a.kind] = kinds.get(a.kind, 0) + 1
+            kinds = kind_counts(r.anomalies)
             if metrics is not None:
                 metrics.observe_tokens(
                     r.stream_id,

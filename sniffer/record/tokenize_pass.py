@@ -27,13 +27,14 @@ from __future__ import annotations
 import re
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import chain, compress, groupby, repeat
 from operator import is_not, itemgetter, or_
 from typing import Any
 
 from sniffer.llm.logprobs import parse_server_tokens
 from sniffer.llm.tokens import (
+    AnomalyColumns,
     ChoiceChunks,
     ChunkColumns,
     ChunkInput,
@@ -44,6 +45,7 @@ from sniffer.llm.tokens import (
     TokenizerRegistry,
     analyze_streams,
     gc_paused,
+    kind_counts,
 )
 from sniffer.llm.values import Usage, include_usage, json_or_none
 from sniffer.store.db import Store
@@ -247,11 +249,14 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
     that quote text lose their quotes. Counts keep their length.
     """
     per_choice = st.per_choice
+    anomalies = AnomalyColumns.of(st.anomalies)
     mismatch: dict[int, int | None] = {}
     if st.server_tokens:  # (only a choice the server reported tokens of can mismatch)
-        for a in st.anomalies:
-            if a.kind == "server_token_mismatch" and a.choice not in mismatch:
-                mismatch[a.choice] = a.position
+        for kind, ch, position in zip(
+            anomalies.kinds, anomalies.choices, anomalies.positions, strict=True
+        ):
+            if kind == "server_token_mismatch" and ch not in mismatch:
+                mismatch[ch] = position
     masks = inp.masks or {}
     stored = inp.stored_texts or {}
     redact = inp.redact
@@ -312,11 +317,16 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
         if masked != prompt_ids:
             masked_any = True
             prompt_ids = masked
-    anomalies = st.anomalies
     if masked_any:
-        anomalies = tuple(
-            replace(a, detail=_QUOTED.sub("'…'", a.detail)) if a.kind in _TEXT_DETAILS else a
-            for a in anomalies
+        kinds = anomalies.kinds
+        anomalies = AnomalyColumns(
+            kinds,
+            anomalies.choices,
+            anomalies.positions,
+            [
+                _QUOTED.sub("'…'", d) if k in _TEXT_DETAILS else d
+                for k, d in zip(kinds, anomalies.details, strict=True)
+            ],
         )
     return StreamTokenRow(
         stream_id=st.stream_id,
@@ -325,19 +335,25 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
         prompt_ids=prompt_ids,
         usage_diff=dict(st.usage_diff),
         tokens_per_chunk=dict(st.tokens_per_chunk),
-        anomaly_count=len(st.anomalies),
+        anomaly_count=len(anomalies),
         choices=tuple(choices),
-        anomalies=anomalies,  # the analysis's values are the rows (TokenAnomalyRow)
+        anomalies=anomalies,  # the analysis's columns are the rows
     )
 
 
 def _straddle_seqs(cc: ChoiceChunks | None) -> tuple[int, ...]:
     """The seq of each straddling token's chunk (repeated per token)."""
-    if cc is None or not any(cc.straddles):
+    if cc is None:
         return ()
-    if max(cc.straddles) == 1:  # the usual: only a chunk's last token can reach past it
-        return tuple(compress(cc.seqs, cc.straddles))
-    return tuple(chain.from_iterable(map(repeat, cc.seqs, cc.straddles)))
+    straddles = cc.straddles
+    total = sum(straddles)  # (a C pass over small ints: no comparison per chunk)
+    if not total:
+        return ()
+    # the usual: only a chunk's last token can reach past it, one per chunk
+    seqs = tuple(compress(cc.seqs, straddles))
+    if len(seqs) == total:
+        return seqs
+    return tuple(chain.from_iterable(map(repeat, cc.seqs, straddles)))
 
 
 def _logprobs(chunks: Sequence[ChunkInput], choice: int) -> list[str]:
@@ -438,8 +454,9 @@ def _account(result: TokenizeResult, rows: list[StreamTokenRow]) -> None:
         result.prompt_tokens += len(r.prompt_ids or ())
         result.chunks += sum(len(c.chunk_seqs) for c in r.choices)
         result.anomalies += r.anomaly_count
-        for a in r.anomalies:
-            result.anomaly_kinds[a.kind] = result.anomaly_kinds.get(a.kind, 0) + 1
+        kinds = result.anomaly_kinds
+        for kind, n in kind_counts(r.anomalies).items():
+            kinds[kind] = kinds.get(kind, 0) + n
 
 
 #: Stores whose token tables :func:`tokenize_inputs` has checked.

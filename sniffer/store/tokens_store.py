@@ -62,11 +62,12 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import orjson as _orjson
 
-from sniffer.llm.tokens import Anomaly
+from sniffer.llm.tokens import Anomaly, AnomalyColumns
 from sniffer.llm.values import slot_init
 from sniffer.store import spec
 from sniffer.store.db import Store, Transaction, as_bools, in_list
@@ -109,8 +110,9 @@ class ChoiceTokenRow:
 
 
 #: One ``token_anomalies`` row (its stream's id apart): the analysis's own
-#: value, stored as made (``kind``, ``choice``, ``position``, ``detail``), not
-#: copied into a second object per anomaly (a few dozen per stream).
+#: value (``kind``, ``choice``, ``position``, ``detail``). The token pass's
+#: rows hold them in columns (``sniffer.llm.tokens.AnomalyColumns``, as the
+#: analysis made them): no object per anomaly (a few dozen per stream).
 TokenAnomalyRow = Anomaly
 
 
@@ -126,7 +128,8 @@ class StreamTokenRow:
     anomaly_count: int = 0
     error: str | None = None
     choices: tuple[ChoiceTokenRow, ...] = ()
-    anomalies: tuple[TokenAnomalyRow, ...] = ()
+    #: an ``AnomalyColumns`` from the token pass, a tuple when read back
+    anomalies: Sequence[TokenAnomalyRow] = ()
 
     @property
     def output_count(self) -> int:
@@ -305,17 +308,64 @@ def write_token_rows(tx: Transaction, rows: Sequence[StreamTokenRow]) -> None:
     """
     if not rows:
         return
-    tx.insert_many("stream_tokens", _STREAM_TOKEN_COLUMNS, [_stream_values(r) for r in rows])
-    tx.insert_many(
+    _insert_trimmed(
+        tx, "stream_tokens", _STREAM_TOKEN_COLUMNS, [_stream_values(r) for r in rows], 1
+    )
+    _insert_trimmed(
+        tx,
         "choice_tokens",
         _CHOICE_TOKEN_COLUMNS,
         [_choice_values(r.stream_id, c) for r in rows for c in r.choices],
+        4,
     )
-    tx.insert_many(
-        "token_anomalies",
-        _ANOMALY_COLUMNS,
-        [(r.stream_id, a.choice, a.kind, a.position, a.detail) for r in rows for a in r.anomalies],
-    )
+    tx.insert_many("token_anomalies", _ANOMALY_COLUMNS, _anomaly_values(rows))
+
+
+def _insert_trimmed(
+    tx: Transaction, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]], last: int
+) -> None:
+    """``tx.insert_many`` of ``rows`` in their order, each run of rows whose
+    ``last`` values are all None without those columns (NULL all the same):
+    sqlite3 binds a None through its adapter (a look-up and a call, about
+    1,170 instructions), and nearly every stream row has no ``error``, every
+    choice row no server tokens (its last four columns)."""
+    keep = len(columns) - last
+    nones = (None,) * last
+    start = 0
+    trimmed = False
+    for i, row in enumerate(rows):
+        t = row[keep:] == nones
+        if t != trimmed and i > start:
+            _insert_run(tx, table, columns, rows[start:i], keep if trimmed else None)
+            start = i
+        trimmed = t
+    if start < len(rows):
+        _insert_run(tx, table, columns, rows[start:], keep if trimmed else None)
+
+
+def _insert_run(
+    tx: Transaction,
+    table: str,
+    columns: tuple[str, ...],
+    rows: list[tuple[Any, ...]],
+    keep: int | None,
+) -> None:
+    if keep is None:
+        tx.insert_many(table, columns, rows)
+    else:
+        tx.insert_many(table, columns[:keep], [row[:keep] for row in rows])
+
+
+def _anomaly_values(rows: Sequence[StreamTokenRow]) -> list[tuple[Any, ...]]:
+    """The ``token_anomalies`` rows of ``rows``, made from their columns by
+    ``zip`` (a tuple per anomaly, no attribute read)."""
+    out: list[tuple[Any, ...]] = []
+    for r in rows:
+        if r.anomalies:
+            a = AnomalyColumns.of(r.anomalies)
+            sid = repeat(r.stream_id, len(a))
+            out += zip(sid, a.choices, a.kinds, a.positions, a.details, strict=True)
+    return out
 
 
 def delete_token_rows(store: Store, stream_ids: Iterable[int] | None = None) -> None:

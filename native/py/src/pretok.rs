@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 use sparseety_core::pretok::{is_one_piece, split_ascii, AddedTokens, Encoded, PieceCache};
 
@@ -103,8 +103,9 @@ impl PieceEncoder {
         }
     }
 
-    /// Per text, `(ids, ends)` (a tuple of ids, a list of token end offsets)
-    /// or None when the text is not for the fast path (not ASCII, holds an
+    /// Per text, `(ids, ends)` (a tuple of ids, an `array('q')` of token end
+    /// offsets: no int object per token, `choice_summary_tiled` reads its
+    /// buffer) or None when the text is not for the fast path (not ASCII, holds an
     /// added token, or a piece the library's answer does not fit). `learn`
     /// takes a list of pieces and returns, per piece, `(ids, ends)` of its
     /// encoding or None.
@@ -152,8 +153,9 @@ impl PieceEncoder {
             }
         }
         let out = PyList::empty(py);
+        let array = py.import("array")?.getattr("array")?;
         let mut ids: Vec<u32> = Vec::new();
-        let mut ends: Vec<usize> = Vec::new();
+        let mut ends: Vec<u8> = Vec::new(); // the ends as `array('q')` holds them
         for plan in plans {
             ids.clear();
             ends.clear();
@@ -165,16 +167,18 @@ impl PieceEncoder {
                     };
                     enc.is_some_and(|enc| {
                         ids.extend_from_slice(&enc.ids);
-                        ends.extend(enc.ends.iter().map(|&e| {
-                            start.saturating_add(usize::try_from(e).unwrap_or(usize::MAX))
-                        }));
+                        let start = i64::try_from(*start).unwrap_or(i64::MAX);
+                        for &e in enc.ends.iter() {
+                            let end = start.saturating_add(i64::from(e));
+                            ends.extend_from_slice(&end.to_ne_bytes());
+                        }
                         true
                     })
                 })
             });
             if whole {
-                let pair = (PyTuple::new(py, &ids)?, PyList::new(py, &ends)?);
-                out.append(pair)?;
+                let ends = array.call1(("q", PyBytes::new(py, &ends)))?;
+                out.append((PyTuple::new(py, &ids)?, ends))?;
             } else {
                 out.append(py.None())?;
             }

@@ -4,6 +4,7 @@
 //! tokens (~200k instructions for a stream of 60 chunks); here the offsets are
 //! read once and the rest is integers.
 
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
@@ -13,19 +14,21 @@ use sparseety_core::tokens::{
     attribute, attribute_tiled, summary, summary_tiled, Straddle, Summary,
 };
 
-/// Integers of a list item by item, of any other sequence through the
-/// generic conversion.
+/// Integers of a list item by item, of an `array('q')` (the fast path's
+/// token ends, `PieceEncoder.encode`) from its buffer, of any other sequence
+/// through the generic conversion.
 fn ints(values: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
-    match values.cast::<PyList>() {
-        Ok(list) => {
-            let mut out = Vec::with_capacity(list.len());
-            for x in list.iter() {
-                out.push(x.extract()?);
-            }
-            Ok(out)
+    if let Ok(list) = values.cast::<PyList>() {
+        let mut out = Vec::with_capacity(list.len());
+        for x in list.iter() {
+            out.push(x.extract()?);
         }
-        Err(_) => values.extract(),
+        return Ok(out);
     }
+    if let Ok(buf) = PyBuffer::<i64>::get(values) {
+        return buf.to_vec(values.py());
+    }
+    values.extract()
 }
 
 /// Tokens attributed to each piece (given by its length) of a text whose
