@@ -294,6 +294,11 @@ class _HistogramChild:
 
 Child = TypeVar("Child", _CounterChild, _HistogramChild)
 
+#: ``sniffer._native.hist_observe_all(bounds, counts, total, values)``:
+#: :meth:`_HistogramChild.observe_all` of floats, counts updated in place,
+#: the new sum returned (the same bisection and additions, in Rust).
+_ObserveAll = Callable[[tuple[float, ...], list[int], float, list[float]], float]
+
 
 class _Family(Generic[Child]):
     """A labelled counter or histogram fed under its owner's lock.
@@ -432,8 +437,9 @@ class _Pending:
         self.n = 0
         self.gaps: list[float] = []
 
-    def hand_over(self) -> None:
-        """Give the children what the batch added (``Metrics``' lock held)."""
+    def hand_over(self, native: _ObserveAll | None = None) -> None:
+        """Give the children what the batch added (``Metrics``' lock held);
+        ``native``: the native core's ``hist_observe_all``."""
         if self.n:
             self.chunks.inc(self.n)
             self.n = 0
@@ -441,7 +447,10 @@ class _Pending:
         if gaps:
             h = self.inter_chunk
             if type(h) is _HistogramChild:
-                h.observe_all(gaps)
+                if native is not None:
+                    h.sum = native(h.bounds, h.counts, h.sum, gaps)
+                else:
+                    h.observe_all(gaps)
             else:  # prometheus_client's own (the tests' reference): one by one
                 for gap in gaps:
                     h.observe(gap)
@@ -577,6 +586,10 @@ class Metrics:
         #: per label set: the current batch's per-chunk figures, handed over
         #: at the batch's end (bounded as the label sets are)
         self._pending: dict[tuple[str, str], _Pending] = {}
+        from sniffer import native_core
+
+        #: the gaps of a batch counted natively (None: the pure core)
+        self._observe_all: _ObserveAll | None = getattr(native_core()[0], "hist_observe_all", None)
         self._kinds: set[str] = set()
         self._lock = threading.Lock()
         r = self.registry
@@ -800,8 +813,9 @@ class Metrics:
             try:
                 self._observe(events, entries)
             finally:  # (also when an event raised: what was counted before it)
+                native = self._observe_all
                 for p in self._pending.values():
-                    p.hand_over()
+                    p.hand_over(native)
         if tracker.evicted > self._evicted_seen:  # (counted once, with the batch)
             self.streams_evicted.inc(tracker.evicted - self._evicted_seen)
             self._evicted_seen = tracker.evicted
