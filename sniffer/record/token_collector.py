@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -53,6 +53,19 @@ MAX_CHUNKS = 200_000
 #: block's ints in one call.
 _PACK_SEQS = struct.Struct(f"@{_JOIN_EVERY}q").pack
 _PACK_LONGS = struct.Struct(f"@{_JOIN_EVERY}l").pack
+
+#: One block of an open stream's chunks, ``(seq, choice, text)`` each, as
+#: ``(seqs, choices, lengths, text)``: the bytes of their ``array('q')``,
+#: ``array('l')`` and ``array('l')`` and their texts joined.
+PackBlock = Callable[[list[tuple[int, int, str]]], tuple[bytes, bytes, bytes, str]]
+
+
+def _pack_block(tail: list[tuple[int, int, str]]) -> tuple[bytes, bytes, bytes, str]:
+    """:data:`PackBlock` of a full block (``_JOIN_EVERY`` chunks): the
+    reference of the native core's ``pack_chunk_block`` (any length, one
+    call: ~0.14 µs per chunk less on the live traffic's capture path)."""
+    seqs, choices, texts = zip(*tail, strict=True)
+    return _PACK_SEQS(*seqs), _PACK_LONGS(*choices), _PACK_LONGS(*map(len, texts)), "".join(texts)
 
 
 class _Open:
@@ -99,13 +112,13 @@ class _Open:
     def __len__(self) -> int:
         return len(self.seqs) + len(self.tail)
 
-    def join_tail(self) -> None:
+    def join_tail(self, pack: PackBlock = _pack_block) -> None:
         """Move a full ``tail`` (``_JOIN_EVERY`` chunks) into the arrays and blocks."""
-        seqs, choices, texts = zip(*self.tail, strict=True)
-        self.seqs.frombytes(_PACK_SEQS(*seqs))
-        self.choices.frombytes(_PACK_LONGS(*choices))
-        self.lens.frombytes(_PACK_LONGS(*map(len, texts)))
-        self.blocks.append("".join(texts))
+        seqs, choices, lens, text = pack(self.tail)
+        self.seqs.frombytes(seqs)
+        self.choices.frombytes(choices)
+        self.lens.frombytes(lens)
+        self.blocks.append(text)
         self.tail.clear()
 
     def chunks(self) -> ChunkColumns:
@@ -144,6 +157,10 @@ class TokenCollector:
         self._ready: deque[tuple[int, _Open, Usage | None, bool, bool]] = deque()
         self._ready_by_id: dict[int, _Open] = {}  # the same streams, to mark clean
         self._max_chunks = max_chunks
+        from sniffer import native_core
+
+        #: a block of chunks packed natively (the pure core: ``_pack_block``)
+        self._pack: PackBlock = getattr(native_core()[0], "pack_chunk_block", _pack_block)
         self.capped_streams = 0  # more chunks than max_chunks: the rest not tokenized
 
     def track_with(self, tracker: StreamTracker) -> None:
@@ -164,6 +181,7 @@ class TokenCollector:
             tracker.observe(events)
         entries = tracker.open
         max_chunks = self._max_chunks
+        pack = self._pack
         for ev in events:
             if type(ev) is ChunkEvent:
                 e = entries.get(ev.stream)
@@ -180,7 +198,7 @@ class TokenCollector:
                     s.extra[n] = (ev.finish_reason, ev.logprobs)
                 tail.append((ev.seq, ev.choice, ev.text))
                 if len(tail) >= _JOIN_EVERY:
-                    s.join_tail()
+                    s.join_tail(pack)
             elif type(ev) is StreamOpened:
                 if ev.dialect is None:  # not an LLM stream
                     continue
