@@ -6,19 +6,11 @@
 //! order (float for float the reference's `total += value`).
 
 /// The index of the first of `bounds` (sorted, ending with +Inf) that is not
-/// below `value`: `bisect.bisect_left(bounds, value)`, the same comparisons
-/// in the same order (a NaN value is below nothing: index 0, as there).
+/// below `value`: `bisect.bisect_left(bounds, value)` (the length of the
+/// prefix of bounds below `value`, by the same `<`; a NaN value is above
+/// no bound: index 0, as there).
 pub fn bucket(bounds: &[f64], value: f64) -> usize {
-    let (mut lo, mut hi) = (0, bounds.len());
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        if bounds[mid] < value {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    lo
+    bounds.partition_point(|&b| b < value)
 }
 
 /// Count each of `values` in `counts` (one per bucket of `bounds`; a value
@@ -29,7 +21,7 @@ pub fn observe_all(bounds: &[f64], counts: &mut [u64], mut total: f64, values: &
     for &v in values {
         let i = bucket(bounds, v).min(last);
         if let Some(c) = counts.get_mut(i) {
-            *c += 1;
+            *c = c.saturating_add(1);
         }
         total += v;
     }
