@@ -137,3 +137,37 @@ def test_inputs_sent_to_another_process_analyse_as_taken() -> None:
     # without a redactor there is nothing to bind
     (plain,) = TokenCollector().bind([sent])
     assert plain.redact is None
+
+
+def test_native_block_packing_is_the_pure_one() -> None:
+    """``pack_chunk_block`` (the native core's) packs a block of chunks as
+    ``_pack_block`` (the pure core's) does: the same bytes of the seqs,
+    choices and text lengths (code points, not bytes), the same joined text,
+    for any text (non-ASCII, astral, empty, a lone surrogate: joined by
+    ``"".join`` itself); what is no ``(seq, choice, text)`` raises."""
+    import random
+
+    import pytest
+
+    from sniffer import native_core
+    from sniffer.record.token_collector import _JOIN_EVERY, _pack_block
+
+    native = getattr(native_core()[0], "pack_chunk_block", None)
+    if native is None:
+        pytest.skip("the native core is not built (or SPARSEETY_PURE is set)")
+    rnd = random.Random(25)
+    alphabet = ["a", " ", "w1.2 ", "é", "中", "😀", "\x00", "\ud800", "\n", ""]
+    for _ in range(500):
+        tail = [
+            (
+                rnd.choice([0, 1, rnd.randrange(2**63), -(2**63)]),
+                rnd.choice([0, -1, 3, 2**31]),
+                "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(6))),
+            )
+            for _ in range(_JOIN_EVERY)
+        ]
+        assert native(tail) == _pack_block(tail)
+    assert native([]) == (b"", b"", b"", "")
+    for bad in ([(1, 2)], [(1, 2, b"x")], [[1, 2, "x"]], [(2**64, 0, "x")]):
+        with pytest.raises((TypeError, ValueError, OverflowError)):
+            native(bad)
