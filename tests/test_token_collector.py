@@ -82,6 +82,29 @@ def test_chunk_events_are_kept_up_to_the_cap() -> None:
     assert [c.seq for c in s.chunks] == [e.seq for e in kept]
 
 
+def test_the_cap_holds_at_and_around_block_boundaries() -> None:
+    """The cap is tested against the room left beside the packed blocks
+    (``_Open.room``): the first ``max_chunks`` chunk events are kept, in any
+    batch split, whether the cap falls inside a block or on its edge, and the
+    close is flagged exactly when there were more."""
+    from sniffer.record.token_collector import _JOIN_EVERY
+
+    for cap in (1, _JOIN_EVERY - 1, _JOIN_EVERY, _JOIN_EVERY + 1, 2 * _JOIN_EVERY):
+        for n in (cap - 3, cap - 1, cap, cap + 1, cap + _JOIN_EVERY + 2):
+            events = _stream(max(n, 0))
+            chunks = [e for e in events if isinstance(e, ChunkEvent)]
+            collector = TokenCollector(max_chunks=cap)
+            batches = [events[k : k + 7] for k in range(0, len(events), 7)]
+            for batch in batches:
+                collector.observe(batch)  # (the flagged close replaces its own)
+            (s,) = collector.take()
+            assert [c.seq for c in s.chunks] == [e.seq for e in chunks[:cap]], (cap, n)
+            (close,) = [e for b in batches for e in b if isinstance(e, StreamClosed)]
+            over = len(chunks) > cap
+            assert s.capped is over and collector.capped_streams == int(over)
+            assert close.flags == ((StreamFlag.TOKENS_CAPPED,) if over else ())
+
+
 def test_chunks_across_blocks_come_out_as_sent() -> None:
     """The collector keeps a stream's chunks in blocks of ``_JOIN_EVERY`` (their
     seqs, choices and lengths packed into arrays at once) and a tail: every chunk,

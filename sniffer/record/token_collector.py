@@ -40,6 +40,7 @@ from sniffer.record.tracker import StreamTracker
 #: not 64: up to 64 strings of ~60 bytes held per open stream cost ~2 MB more
 #: at 1,000 streams than the extra joins save.
 _JOIN_EVERY = 16
+_JOIN_AT = _JOIN_EVERY - 1  # chunks in a tail that the next one fills
 #: Chunk events of one stream the collector keeps (their texts are held in
 #: memory until the stream closes). Past it the stream's tokens are computed
 #: for the first ``MAX_CHUNKS`` only and its close is flagged ``tokens-capped``
@@ -86,12 +87,13 @@ class _Open:
         "lens",
         "model",
         "redactions",
+        "room",
         "seqs",
         "tail",
         "truncated",
     )
 
-    def __init__(self, model: str | None, body: str | None) -> None:
+    def __init__(self, model: str | None, body: str | None, max_chunks: int = MAX_CHUNKS) -> None:
         self.model = model
         #: the request body as sent: parsed (and checked for redaction) by the
         #: token pass, off the capture path
@@ -101,6 +103,9 @@ class _Open:
         self.lens = array("l")
         self.blocks: list[str] = []
         self.tail: list[tuple[int, int, str]] = []
+        #: chunks the tail may still take under the collector's cap
+        #: (``max_chunks`` less those in the arrays): one test per chunk
+        self.room = max_chunks
         self.extra: dict[int, tuple[str | None, str | None]] = {}
         self.truncated = False
         #: the recording chain's redaction handed over what it redacted in
@@ -188,23 +193,24 @@ class TokenCollector:
                 if e is None or (s := e.tokens) is None:
                     continue
                 tail = s.tail
-                n = len(s.seqs) + len(tail)
-                if n >= max_chunks:
+                k = len(tail)
+                if k >= s.room:  # max_chunks kept already
                     if not s.truncated:
                         s.truncated = True
                         self.capped_streams += 1
                     continue
                 if ev.finish_reason is not None or ev.logprobs is not None:
-                    s.extra[n] = (ev.finish_reason, ev.logprobs)
+                    s.extra[len(s.seqs) + k] = (ev.finish_reason, ev.logprobs)
                 tail.append((ev.seq, ev.choice, ev.text))
-                if len(tail) >= _JOIN_EVERY:
+                if k >= _JOIN_AT:  # a full block now
                     s.join_tail(pack)
+                    s.room -= _JOIN_EVERY
             elif type(ev) is StreamOpened:
                 if ev.dialect is None:  # not an LLM stream
                     continue
                 e = entries.get(ev.stream)
                 if e is not None:  # (None: opened and evicted in one batch)
-                    e.tokens = _Open(ev.request.model, ev.request_body)
+                    e.tokens = _Open(ev.request.model, ev.request_body, max_chunks)
             elif type(ev) is StreamClosed:
                 e = entries.get(ev.stream)
                 s = e.tokens if e is not None else None
