@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -908,7 +908,7 @@ def test_a_failing_event_keeps_the_chunks_counted_before_it() -> None:
     once."""
     m = Metrics()
     events = chat_stream(1, T0)
-    bad = replace(events[-1], state=StreamState.TRUNCATED, reason=None)
+    bad = replace(closed(1, T0 + 0.5), state=StreamState.TRUNCATED, reason=cast(str, None))
     with pytest.raises(AttributeError):
         m.observe([*events[:-1], bad, *chat_stream(2, T0)])
     smp = samples(m.render())
