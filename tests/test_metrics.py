@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -835,6 +835,89 @@ def test_exposition_is_prometheus_clients_on_real_events(
     for k, v in smp.items():
         if not k[0].endswith("_created") and k[0] != "sparseety_last_flush_age_seconds":
             assert v == ref_smp[k], k
+
+
+def _without_native(m: Metrics) -> Metrics:
+    """``m`` counting a batch's gaps in Python (``observe_all``), as the pure core does."""
+    m._observe_all = None
+    return m
+
+
+def test_batch_splits_and_cores_expose_the_same() -> None:
+    """A batch's chunk counts and inter-chunk gaps are handed to their label
+    set's children at the batch's end (``_Pending``): the exposition is the
+    same, line for line, whatever the batch split (one event per batch:
+    what each chunk's own call gave; each capture in one batch), and whether
+    the gaps are counted by the native core or by the pure Python loop
+    (float for float)."""
+    # (each capture's batches apart: its stream ids start again at 1)
+    captures = [pipeline_events(path) for path in PCAPS]
+    by_batch, by_event, whole, pure = Metrics(), Metrics(), Metrics(), _without_native(Metrics())
+    for m, size in ((by_batch, 64), (by_event, 1), (whole, 10**9), (pure, 64)):
+        for events in captures:
+            for j in range(0, len(events), size):
+                m.observe(events[j : j + size])
+    text = masked(by_batch.render())[0]
+    smp = samples(by_batch.render())
+    assert total(smp, "sparseety_inter_chunk_seconds_count") > 1000
+    assert len(by_label(smp, "sparseety_chunk_events_total", "model")) > 3
+    for m in (by_event, whole, pure):
+        assert masked(m.render())[0] == text
+
+
+def test_gaps_native_and_python_agree_float_for_float() -> None:
+    """``hist_observe_all`` (the native core's) counts and sums what
+    ``_HistogramChild.observe_all`` (the reference) does: the same buckets,
+    bounds included, and the same sum bit for bit (added in order)."""
+    import random
+
+    from sniffer import native_core
+    from sniffer.record.metrics import INTER_CHUNK_BUCKETS, _HistogramChild
+
+    native = getattr(native_core()[0], "hist_observe_all", None)
+    if native is None:
+        pytest.skip("the native core is not built (or SPARSEETY_PURE is set)")
+    rnd = random.Random(25)
+    bounds = (*map(float, INTER_CHUNK_BUCKETS), float("inf"))
+    edges = [0.0, -0.0, -1.0, float("inf"), *bounds[:-1], *(b * (1 + 1e-16) for b in bounds[:-1])]
+    for _ in range(300):
+        values = [
+            rnd.choice(edges) if rnd.random() < 0.2 else rnd.uniform(0, 0.1) ** rnd.randint(1, 3)
+            for _ in range(rnd.randint(0, 300))
+        ]
+        ref, new = _HistogramChild(bounds), _HistogramChild(bounds)
+        ref.sum = new.sum = rnd.uniform(0, 1000)
+        ref.observe_all(values)
+        new.sum = native(new.bounds, new.counts, new.sum, values)
+        assert new.counts == ref.counts
+        assert new.sum.hex() == ref.sum.hex()
+        if len(values) > 50:
+            one = _HistogramChild(bounds)  # each value alone, as observe gives
+            for v in values:
+                one.observe(v)
+            two = _HistogramChild(bounds)
+            two.observe_all(values)
+            assert (two.counts, two.sum.hex()) == (one.counts, one.sum.hex())
+    with pytest.raises(ValueError):
+        native(bounds, [0], 0.0, [1.0])
+
+
+def test_a_failing_event_keeps_the_chunks_counted_before_it() -> None:
+    """An event that raises mid-batch (a close whose reason is no string)
+    still leaves the chunks before it counted, as when each was counted at
+    once."""
+    m = Metrics()
+    events = chat_stream(1, T0)
+    bad = replace(closed(1, T0 + 0.5), state=StreamState.TRUNCATED, reason=cast(str, None))
+    with pytest.raises(AttributeError):
+        m.observe([*events[:-1], bad, *chat_stream(2, T0)])
+    smp = samples(m.render())
+    assert total(smp, "sparseety_chunk_events_total") == 6
+    assert total(smp, "sparseety_inter_chunk_seconds_count") == 2
+    m.observe(chat_stream(3, T0))  # and the next batch counts from there
+    smp = samples(m.render())
+    assert total(smp, "sparseety_chunk_events_total") == 12
+    assert total(smp, "sparseety_inter_chunk_seconds_count") == 4
 
 
 def test_edge_values_land_in_the_same_buckets(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -82,6 +82,29 @@ def test_chunk_events_are_kept_up_to_the_cap() -> None:
     assert [c.seq for c in s.chunks] == [e.seq for e in kept]
 
 
+def test_the_cap_holds_at_and_around_block_boundaries() -> None:
+    """The cap is tested against the room left beside the packed blocks
+    (``_Open.room``): the first ``max_chunks`` chunk events are kept, in any
+    batch split, whether the cap falls inside a block or on its edge, and the
+    close is flagged exactly when there were more."""
+    from sniffer.record.token_collector import _JOIN_EVERY
+
+    for cap in (1, _JOIN_EVERY - 1, _JOIN_EVERY, _JOIN_EVERY + 1, 2 * _JOIN_EVERY):
+        for n in (cap - 3, cap - 1, cap, cap + 1, cap + _JOIN_EVERY + 2):
+            events = _stream(max(n, 0))
+            chunks = [e for e in events if isinstance(e, ChunkEvent)]
+            collector = TokenCollector(max_chunks=cap)
+            batches = [events[k : k + 7] for k in range(0, len(events), 7)]
+            for batch in batches:
+                collector.observe(batch)  # (the flagged close replaces its own)
+            (s,) = collector.take()
+            assert [c.seq for c in s.chunks] == [e.seq for e in chunks[:cap]], (cap, n)
+            (close,) = [e for b in batches for e in b if isinstance(e, StreamClosed)]
+            over = len(chunks) > cap
+            assert s.capped is over and collector.capped_streams == int(over)
+            assert close.flags == ((StreamFlag.TOKENS_CAPPED,) if over else ())
+
+
 def test_chunks_across_blocks_come_out_as_sent() -> None:
     """The collector keeps a stream's chunks in blocks of ``_JOIN_EVERY`` (their
     seqs, choices and lengths packed into arrays at once) and a tail: every chunk,
@@ -137,3 +160,37 @@ def test_inputs_sent_to_another_process_analyse_as_taken() -> None:
     # without a redactor there is nothing to bind
     (plain,) = TokenCollector().bind([sent])
     assert plain.redact is None
+
+
+def test_native_block_packing_is_the_pure_one() -> None:
+    """``pack_chunk_block`` (the native core's) packs a block of chunks as
+    ``_pack_block`` (the pure core's) does: the same bytes of the seqs,
+    choices and text lengths (code points, not bytes), the same joined text,
+    for any text (non-ASCII, astral, empty, a lone surrogate: joined by
+    ``"".join`` itself); what is no ``(seq, choice, text)`` raises."""
+    import random
+
+    import pytest
+
+    from sniffer import native_core
+    from sniffer.record.token_collector import _JOIN_EVERY, _pack_block
+
+    native = getattr(native_core()[0], "pack_chunk_block", None)
+    if native is None:
+        pytest.skip("the native core is not built (or SPARSEETY_PURE is set)")
+    rnd = random.Random(25)
+    alphabet = ["a", " ", "w1.2 ", "é", "中", "😀", "\x00", "\ud800", "\n", ""]
+    for _ in range(500):
+        tail = [
+            (
+                rnd.choice([0, 1, rnd.randrange(2**63), -(2**63)]),
+                rnd.choice([0, -1, 3, 2**31]),
+                "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(6))),
+            )
+            for _ in range(_JOIN_EVERY)
+        ]
+        assert native(tail) == _pack_block(tail)
+    assert native([]) == (b"", b"", b"", "")
+    for bad in ([(1, 2)], [(1, 2, b"x")], [[1, 2, "x"]], [(2**64, 0, "x")]):
+        with pytest.raises((TypeError, ValueError, OverflowError)):
+            native(bad)

@@ -274,6 +274,16 @@ class _HistogramChild:
         self.counts[bisect_left(self.bounds, amount)] += 1
         self.sum += amount
 
+    def observe_all(self, amounts: Iterable[float]) -> None:
+        """``observe(a)`` for each of ``amounts``, in order: the same buckets
+        and the same sum (the same float additions in the same order)."""
+        counts, bounds = self.counts, self.bounds
+        total = self.sum
+        for a in amounts:
+            counts[bisect_left(bounds, a)] += 1
+            total += a
+        self.sum = total
+
     def observe_times(self, amount: int, times: int) -> None:
         """``observe(amount)`` ``times`` times: one bucket look-up for an entry
         of a distribution. The same sum for integers (every partial sum an
@@ -283,6 +293,11 @@ class _HistogramChild:
 
 
 Child = TypeVar("Child", _CounterChild, _HistogramChild)
+
+#: ``sniffer._native.hist_observe_all(bounds, counts, total, values)``:
+#: :meth:`_HistogramChild.observe_all` of floats, counts updated in place,
+#: the new sum returned (the same bisection and additions, in Rust).
+_ObserveAll = Callable[[tuple[float, ...], list[int], float, list[float]], float]
 
 
 class _Family(Generic[Child]):
@@ -405,6 +420,43 @@ class _Histogram(_Family[_HistogramChild]):
         yield family
 
 
+class _Pending:
+    """What the chunk events of a batch add to one label set's per-chunk
+    figures, handed to its children once at the end of the batch
+    (:meth:`Metrics.observe`): the chunk count (one ``inc(n)``: an integer
+    sum, the same in any grouping) and the inter-chunk gaps in event order
+    (``observe_all``: the same float additions in the same order). Per chunk
+    an increment and a list append, not a call each (the capture path).
+    Shared by every open stream of the label set (its ``_Open.pending``)."""
+
+    __slots__ = ("chunks", "gaps", "inter_chunk", "n")
+
+    def __init__(self, chunks: Any, inter_chunk: Any) -> None:
+        self.chunks = chunks
+        self.inter_chunk = inter_chunk
+        self.n = 0
+        self.gaps: list[float] = []
+
+    def hand_over(self, native: _ObserveAll | None = None) -> None:
+        """Give the children what the batch added (``Metrics``' lock held);
+        ``native``: the native core's ``hist_observe_all``."""
+        if self.n:
+            self.chunks.inc(self.n)
+            self.n = 0
+        gaps = self.gaps
+        if gaps:
+            h = self.inter_chunk
+            if type(h) is _HistogramChild:
+                if native is not None:
+                    h.sum = native(h.bounds, h.counts, h.sum, gaps)
+                else:
+                    h.observe_all(gaps)
+            else:  # prometheus_client's own (the tests' reference): one by one
+                for gap in gaps:
+                    h.observe(gap)
+            gaps.clear()
+
+
 class _Choice:
     """One choice of an open stream: its last output chunk's capture time (the
     inter-chunk gap) and its text chunks' (the cadence)."""
@@ -425,6 +477,7 @@ class _Open:
         "chunks",
         "inter_chunk",
         "keys",
+        "pending",
         "t_request",
         "ttft",
         "ttft_done",
@@ -441,6 +494,8 @@ class _Open:
         self.ttft: Any = None
         self.inter_chunk: Any = None
         self.chunks: Any = None
+        #: its label set's figures of the current batch (set at its first chunk)
+        self.pending: _Pending | None = None
         self.whole_message = False
 
 
@@ -528,6 +583,13 @@ class Metrics:
         self._drives = True
         self._evicted_seen = 0
         self._closed: OrderedDict[int, _Closed] = OrderedDict()
+        #: per label set: the current batch's per-chunk figures, handed over
+        #: at the batch's end (bounded as the label sets are)
+        self._pending: dict[tuple[str, str], _Pending] = {}
+        from sniffer import native_core
+
+        #: the gaps of a batch counted natively (None: the pure core)
+        self._observe_all: _ObserveAll | None = getattr(native_core()[0], "hist_observe_all", None)
         self._kinds: set[str] = set()
         self._lock = threading.Lock()
         r = self.registry
@@ -748,53 +810,73 @@ class Metrics:
             tracker.observe(events)
         entries = tracker.open
         with self._lock:
-            for ev in events:
-                if type(ev) is ChunkEvent:
-                    # the capture path: a chunk's figures, inlined (no call per chunk)
-                    e = entries.get(ev.stream)
-                    if e is None or (s := e.metrics) is None:
-                        self._child(self.chunk_events, NONE, NONE).inc()
-                        continue
-                    s.chunks.inc()
-                    if not e.streaming or ev.kind not in OUTPUT_KINDS:
-                        continue
-                    ts = ev.ts
-                    if not s.ttft_done:
-                        s.ttft_done = True
-                        ttft = ts - (s.t_request or ts)
-                        if ttft >= 0:  # (negative: the capture clock went backwards)
-                            s.ttft.observe(ttft)
-                    c = s.choices.get(ev.choice)
-                    if c is None:
-                        c = s.choices[ev.choice] = _Choice(ts)
-                    else:
-                        if ts >= c.last:  # the gap since the choice's last output chunk
-                            s.inter_chunk.observe(ts - c.last)
-                        c.last = ts
-                    if ev.text:  # its cadence: the first text chunks' times
-                        times = c.times
-                        if len(times) < MAX_CADENCE_CHUNKS:
-                            times.append(ts)
-                elif type(ev) is StreamOpened:
-                    self._opened(ev, entries.get(ev.stream))
-                elif type(ev) is StreamResponse:
-                    e = entries.get(ev.stream)
-                    s = e.metrics if e is not None else None
-                    if s is not None and ev.status is None:
-                        # recovered mid-way (no head seen): its request time
-                        # is unknown, so are TTFT and duration
-                        s.ttft_done = True
-                        s.t_request = None
-                elif type(ev) is StreamClosed:
-                    self._closed_stream(ev, entries.get(ev.stream))
-                elif type(ev) is PipelineError:
-                    stage = ev.stage if ev.stage in ERROR_STAGES else OTHER
-                    self.parse_errors.labels(stage).inc()
+            try:
+                self._observe(events, entries)
+            finally:  # (also when an event raised: what was counted before it)
+                native = self._observe_all
+                for p in self._pending.values():
+                    p.hand_over(native)
         if tracker.evicted > self._evicted_seen:  # (counted once, with the batch)
             self.streams_evicted.inc(tracker.evicted - self._evicted_seen)
             self._evicted_seen = tracker.evicted
         if self._drives:
             tracker.release()
+
+    def _observe(self, events: Iterable[StoreEvent], entries: dict[int, Tracked]) -> None:
+        """:meth:`observe`'s pass over the batch (the lock held): each chunk's
+        count and gap go to its label set's ``_Pending``, handed over after it."""
+        for ev in events:
+            if type(ev) is ChunkEvent:
+                # the capture path: a chunk's figures, inlined (no call per chunk)
+                e = entries.get(ev.stream)
+                if e is None or (s := e.metrics) is None:
+                    self._child(self.chunk_events, NONE, NONE).inc()
+                    continue
+                p = s.pending
+                if p is None:  # (its first chunk)
+                    p = s.pending = self._pending_of(s)
+                p.n += 1
+                if not e.streaming or ev.kind not in OUTPUT_KINDS:
+                    continue
+                ts = ev.ts
+                if not s.ttft_done:
+                    s.ttft_done = True
+                    ttft = ts - (s.t_request or ts)
+                    if ttft >= 0:  # (negative: the capture clock went backwards)
+                        s.ttft.observe(ttft)
+                c = s.choices.get(ev.choice)
+                if c is None:
+                    c = s.choices[ev.choice] = _Choice(ts)
+                else:
+                    if ts >= c.last:  # the gap since the choice's last output chunk
+                        p.gaps.append(ts - c.last)
+                    c.last = ts
+                if ev.text:  # its cadence: the first text chunks' times
+                    times = c.times
+                    if len(times) < MAX_CADENCE_CHUNKS:
+                        times.append(ts)
+            elif type(ev) is StreamOpened:
+                self._opened(ev, entries.get(ev.stream))
+            elif type(ev) is StreamResponse:
+                e = entries.get(ev.stream)
+                s = e.metrics if e is not None else None
+                if s is not None and ev.status is None:
+                    # recovered mid-way (no head seen): its request time
+                    # is unknown, so are TTFT and duration
+                    s.ttft_done = True
+                    s.t_request = None
+            elif type(ev) is StreamClosed:
+                self._closed_stream(ev, entries.get(ev.stream))
+            elif type(ev) is PipelineError:
+                stage = ev.stage if ev.stage in ERROR_STAGES else OTHER
+                self.parse_errors.labels(stage).inc()
+
+    def _pending_of(self, s: _Open) -> _Pending:
+        """The batch's figures of ``s``'s label set."""
+        p = self._pending.get(s.keys)
+        if p is None:
+            p = self._pending[s.keys] = _Pending(s.chunks, s.inter_chunk)
+        return p
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, through one cache for every metric (a

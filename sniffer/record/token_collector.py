@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -40,6 +40,7 @@ from sniffer.record.tracker import StreamTracker
 #: not 64: up to 64 strings of ~60 bytes held per open stream cost ~2 MB more
 #: at 1,000 streams than the extra joins save.
 _JOIN_EVERY = 16
+_JOIN_AT = _JOIN_EVERY - 1  # chunks in a tail that the next one fills
 #: Chunk events of one stream the collector keeps (their texts are held in
 #: memory until the stream closes). Past it the stream's tokens are computed
 #: for the first ``MAX_CHUNKS`` only and its close is flagged ``tokens-capped``
@@ -53,6 +54,19 @@ MAX_CHUNKS = 200_000
 #: block's ints in one call.
 _PACK_SEQS = struct.Struct(f"@{_JOIN_EVERY}q").pack
 _PACK_LONGS = struct.Struct(f"@{_JOIN_EVERY}l").pack
+
+#: One block of an open stream's chunks, ``(seq, choice, text)`` each, as
+#: ``(seqs, choices, lengths, text)``: the bytes of their ``array('q')``,
+#: ``array('l')`` and ``array('l')`` and their texts joined.
+PackBlock = Callable[[list[tuple[int, int, str]]], tuple[bytes, bytes, bytes, str]]
+
+
+def _pack_block(tail: list[tuple[int, int, str]]) -> tuple[bytes, bytes, bytes, str]:
+    """:data:`PackBlock` of a full block (``_JOIN_EVERY`` chunks): the
+    reference of the native core's ``pack_chunk_block`` (any length, one
+    call: ~0.14 µs per chunk less on the live traffic's capture path)."""
+    seqs, choices, texts = zip(*tail, strict=True)
+    return _PACK_SEQS(*seqs), _PACK_LONGS(*choices), _PACK_LONGS(*map(len, texts)), "".join(texts)
 
 
 class _Open:
@@ -73,12 +87,13 @@ class _Open:
         "lens",
         "model",
         "redactions",
+        "room",
         "seqs",
         "tail",
         "truncated",
     )
 
-    def __init__(self, model: str | None, body: str | None) -> None:
+    def __init__(self, model: str | None, body: str | None, max_chunks: int = MAX_CHUNKS) -> None:
         self.model = model
         #: the request body as sent: parsed (and checked for redaction) by the
         #: token pass, off the capture path
@@ -88,6 +103,9 @@ class _Open:
         self.lens = array("l")
         self.blocks: list[str] = []
         self.tail: list[tuple[int, int, str]] = []
+        #: chunks the tail may still take under the collector's cap
+        #: (``max_chunks`` less those in the arrays): one test per chunk
+        self.room = max_chunks
         self.extra: dict[int, tuple[str | None, str | None]] = {}
         self.truncated = False
         #: the recording chain's redaction handed over what it redacted in
@@ -99,13 +117,13 @@ class _Open:
     def __len__(self) -> int:
         return len(self.seqs) + len(self.tail)
 
-    def join_tail(self) -> None:
+    def join_tail(self, pack: PackBlock = _pack_block) -> None:
         """Move a full ``tail`` (``_JOIN_EVERY`` chunks) into the arrays and blocks."""
-        seqs, choices, texts = zip(*self.tail, strict=True)
-        self.seqs.frombytes(_PACK_SEQS(*seqs))
-        self.choices.frombytes(_PACK_LONGS(*choices))
-        self.lens.frombytes(_PACK_LONGS(*map(len, texts)))
-        self.blocks.append("".join(texts))
+        seqs, choices, lens, text = pack(self.tail)
+        self.seqs.frombytes(seqs)
+        self.choices.frombytes(choices)
+        self.lens.frombytes(lens)
+        self.blocks.append(text)
         self.tail.clear()
 
     def chunks(self) -> ChunkColumns:
@@ -144,6 +162,10 @@ class TokenCollector:
         self._ready: deque[tuple[int, _Open, Usage | None, bool, bool]] = deque()
         self._ready_by_id: dict[int, _Open] = {}  # the same streams, to mark clean
         self._max_chunks = max_chunks
+        from sniffer import native_core
+
+        #: a block of chunks packed natively (the pure core: ``_pack_block``)
+        self._pack: PackBlock = getattr(native_core()[0], "pack_chunk_block", _pack_block)
         self.capped_streams = 0  # more chunks than max_chunks: the rest not tokenized
 
     def track_with(self, tracker: StreamTracker) -> None:
@@ -164,29 +186,31 @@ class TokenCollector:
             tracker.observe(events)
         entries = tracker.open
         max_chunks = self._max_chunks
+        pack = self._pack
         for ev in events:
             if type(ev) is ChunkEvent:
                 e = entries.get(ev.stream)
                 if e is None or (s := e.tokens) is None:
                     continue
                 tail = s.tail
-                n = len(s.seqs) + len(tail)
-                if n >= max_chunks:
+                k = len(tail)
+                if k >= s.room:  # max_chunks kept already
                     if not s.truncated:
                         s.truncated = True
                         self.capped_streams += 1
                     continue
                 if ev.finish_reason is not None or ev.logprobs is not None:
-                    s.extra[n] = (ev.finish_reason, ev.logprobs)
+                    s.extra[len(s.seqs) + k] = (ev.finish_reason, ev.logprobs)
                 tail.append((ev.seq, ev.choice, ev.text))
-                if len(tail) >= _JOIN_EVERY:
-                    s.join_tail()
+                if k >= _JOIN_AT:  # a full block now
+                    s.join_tail(pack)
+                    s.room -= _JOIN_EVERY
             elif type(ev) is StreamOpened:
                 if ev.dialect is None:  # not an LLM stream
                     continue
                 e = entries.get(ev.stream)
                 if e is not None:  # (None: opened and evicted in one batch)
-                    e.tokens = _Open(ev.request.model, ev.request_body)
+                    e.tokens = _Open(ev.request.model, ev.request_body, max_chunks)
             elif type(ev) is StreamClosed:
                 e = entries.get(ev.stream)
                 s = e.tokens if e is not None else None

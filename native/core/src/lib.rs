@@ -17,6 +17,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 pub mod bpe;
 pub mod cadence;
+pub mod hist;
 pub mod http1;
 pub mod ids;
 pub mod ndjson;

@@ -33,7 +33,8 @@ fn gallop(values: &[i64], x: i64, lo: usize) -> usize {
     }
     let upto = step.min(tail.len());
     let window = tail.get(below..upto).unwrap_or_default();
-    lo.saturating_add(below).saturating_add(window.partition_point(|&v| v < x))
+    lo.saturating_add(below)
+        .saturating_add(window.partition_point(|&v| v < x))
 }
 
 /// An index or count as the `i64` Python sees (slices are far below `i64::MAX`).
@@ -186,7 +187,10 @@ fn summarize(
 ) -> Summary {
     let mut straddle_counts = vec![0i64; counts.len()];
     for &(_, first, _) in straddles {
-        if let Some(c) = usize::try_from(first).ok().and_then(|j| straddle_counts.get_mut(j)) {
+        if let Some(c) = usize::try_from(first)
+            .ok()
+            .and_then(|j| straddle_counts.get_mut(j))
+        {
             *c = c.saturating_add(1);
         }
     }
@@ -312,7 +316,20 @@ mod tests {
 
     #[test]
     fn push_int_is_format() {
-        for n in [0, 1, 9, 10, 99, 100, 12_345, -1, -10, i64::MAX, i64::MIN, i64::MIN + 1] {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            12_345,
+            -1,
+            -10,
+            i64::MAX,
+            i64::MIN,
+            i64::MIN + 1,
+        ] {
             let mut out = String::from("x");
             push_int(&mut out, n);
             assert_eq!(out, format!("x{n}"));
@@ -324,7 +341,11 @@ mod tests {
         let values = [0, 1, 1, 3, 3, 3, 7, 8, 8, 20];
         for lo in 0..=values.len() {
             for x in -1..22 {
-                assert_eq!(gallop(&values, x, lo), bisect_left(&values, x, lo), "{x} {lo}");
+                assert_eq!(
+                    gallop(&values, x, lo),
+                    bisect_left(&values, x, lo),
+                    "{x} {lo}"
+                );
             }
         }
         assert_eq!(gallop(&[], 3, 0), 0);
@@ -339,14 +360,20 @@ mod tests {
         assert_eq!(s.straddle_counts, vec![1, 0, 0]);
         assert_eq!(s.straddles, 1);
         assert_eq!(s.listed, vec![0]);
-        assert_eq!(s.details, vec!["chars 0-4 span chunk_index 1..3 (seq 5..9)"]);
+        assert_eq!(
+            s.details,
+            vec!["chars 0-4 span chunk_index 1..3 (seq 5..9)"]
+        );
         assert_eq!(s.histogram, BTreeMap::from([(0, 1), (1, 2)]));
         assert_eq!(summary_tiled(&[2, 1, 2], &[5, 6, 9], &[4, 5], 32), s);
         // none listed past the limit, all counted
         let s = summary_tiled(&[1, 1, 1], &[1, 2, 3], &[2, 3], 0);
         assert_eq!((s.straddles, s.listed.len(), s.details.len()), (1, 0, 0));
         let s = summary_tiled(&[1, 1, 1], &[1, 2, 3], &[2, 3], 1);
-        assert_eq!(s.details, vec!["chars 0-2 span chunk_index 1..2 (seq 1..2)"]);
+        assert_eq!(
+            s.details,
+            vec!["chars 0-2 span chunk_index 1..2 (seq 1..2)"]
+        );
         let s = summary_tiled(&[1, 1, 1, 1], &[1, 2, 3, 4], &[2, 4], 1);
         assert_eq!((s.straddles, s.listed.clone()), (2, vec![0]));
         assert_eq!(s.straddle_counts, vec![1, 0, 1, 0]);

@@ -9,6 +9,7 @@ mod chunks;
 mod flow;
 mod fused;
 mod http;
+mod observe;
 mod openai;
 mod pretok;
 mod ring;
@@ -28,5 +29,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pretok::register(m)?;
     bpe::register(m)?;
     cadence::register(m)?;
+    observe::register(m)?;
     Ok(())
 }

@@ -82,10 +82,24 @@ fn attribute_tiled_py(
 /// `_choice_summary` as Python has it: (counts, straddles per chunk, straddle
 /// count, listed straddles' token indices, their anomaly details, tokens per
 /// chunk → chunks).
-type SummaryPy = (Vec<i64>, Vec<i64>, i64, Vec<i64>, Vec<String>, BTreeMap<i64, i64>);
+type SummaryPy = (
+    Vec<i64>,
+    Vec<i64>,
+    i64,
+    Vec<i64>,
+    Vec<String>,
+    BTreeMap<i64, i64>,
+);
 
 fn summary_py(s: Summary) -> SummaryPy {
-    (s.counts, s.straddle_counts, s.straddles, s.listed, s.details, s.histogram)
+    (
+        s.counts,
+        s.straddle_counts,
+        s.straddles,
+        s.listed,
+        s.details,
+        s.histogram,
+    )
 }
 
 /// `_choice_summary` of a choice whose chunks have lengths `lens` and seqs
