@@ -18,7 +18,11 @@ The live benchmark's traffic (1,000 streams x 100 SSE events, one event per
 packet) is what these observers were measured on: record it with
 ``bench/bench_live.py`` or any capture of it, server port 18492.
 
-    python bench/bench_observers.py CAPTURE [--port 18492] [--packets 1250]
+    python bench/bench_observers.py [CAPTURE] [--port 18492] [--packets 1250]
+
+Without a capture it takes the benchmark capture (``bench/out/bench.pcap``,
+made by ``bench_replay.py`` earlier in ``make bench``), its server side told
+by the handshakes (no ``--port``).
 """
 
 from __future__ import annotations
@@ -88,13 +92,17 @@ def run(batches: list[list[StoreEvent]], only: str | None) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("capture", type=Path)
+    ap.add_argument(
+        "capture", type=Path, nargs="?", default=Path(__file__).parent / "out" / "bench.pcap"
+    )
     ap.add_argument("--port", type=int, action="append", help="server port (repeatable)")
     ap.add_argument("--packets", type=int, default=1250)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--only", choices=("tracker", "metrics", "collector", "none"))
     args = ap.parse_args()
-    ports = frozenset(args.port or [18492])
+    if not args.capture.exists():
+        sys.exit(f"no capture {args.capture} (make it with bench/bench_replay.py)")
+    ports = frozenset(args.port or [])
     batches = batches_of(args.capture, ports, args.packets)
     chunks = sum(1 for b in batches for e in b if type(e) is ChunkEvent)
     if not chunks:
