@@ -405,7 +405,14 @@ def _status_kb(pid: int, key: str) -> int:
 
 
 def _memory_run(conns: int, events: int, rate: float, *extra: str, core: str) -> dict[str, Any]:
-    """One daemon through ``conns`` streams open at once: its figures."""
+    """One daemon through ``conns`` streams open at once: its figures.
+
+    The kernel first writes back what earlier runs left dirty (``sync``):
+    the sweep before leaves gigabytes of SQLite pages, and their writeback
+    competed with the measured daemon (2026-12-06: 11.7-13.0 µs per chunk
+    event with 2.4 GB dirty against 10.6-12.9 after a sync, three daemons
+    each; inside make bench 11.8-13.9 against 10.7-11.7 run alone)."""
+    os.sync()
     port = free_port()
     srv = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], cwd=ROOT)
     try:
