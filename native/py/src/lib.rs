@@ -13,6 +13,7 @@ mod observe;
 mod openai;
 mod pretok;
 mod ring;
+mod slots;
 mod tokens;
 
 /// The private extension module `sniffer._native`.

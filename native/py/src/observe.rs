@@ -1,15 +1,21 @@
-//! The recording chain's observers' per-batch work: the metrics' histogram
+//! The recording chain's per-batch work: the metrics' histogram
 //! observations of a batch (`sniffer.record.metrics`; the arithmetic in
-//! `sparseety_core::hist`) and the token collector's packing of a block of
-//! an open stream's chunks (`sniffer.record.token_collector`). Conversions
-//! only.
+//! `sparseety_core::hist`), the token collector's packing of a block of an
+//! open stream's chunks (`sniffer.record.token_collector`), the tracker's
+//! output times (`sniffer.record.tracker`) and the writer's chunk rows
+//! (`sniffer.store.writer`). Conversions only: the last two read the
+//! `ChunkEvent`s' slots where they are kept (`crate::slots`), one call per
+//! batch (a call per chunk that read them through `getattr` cost more than
+//! Python's own specialised slot reads).
 
 use std::os::raw::c_long;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
+
+use crate::slots::Slots;
 
 /// `_HistogramChild.observe_all` (the reference) of float `values`: each
 /// counted in its bucket of `bounds` (`counts`, a list of ints, one per
@@ -38,6 +44,8 @@ fn hist_observe_all(
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hist_observe_all, m)?)?;
     m.add_function(wrap_pyfunction!(pack_chunk_block, m)?)?;
+    m.add_class::<ChunkRows>()?;
+    m.add_class::<TrackOutputs>()?;
     Ok(())
 }
 
@@ -93,4 +101,206 @@ fn pack_chunk_block<'py>(
         PyBytes::new(py, &lens),
         joined,
     ))
+}
+
+/// The index of `name` in `names`, added when missing.
+fn index_of(names: &mut Vec<String>, name: &str) -> usize {
+    match names.iter().position(|n| n == name) {
+        Some(i) => i,
+        None => {
+            names.push(name.to_owned());
+            names.len().saturating_sub(1)
+        }
+    }
+}
+
+/// The borrowed value of slot `i` of `ev`, exactly a `cls` instance, as a
+/// `Bound` (None: unset).
+fn slot<'py>(slots: &Slots, ev: &Bound<'py, PyAny>, i: usize) -> Option<Bound<'py, PyAny>> {
+    slots.peek(ev, i).map(|_| slots.get(ev, i)).and_then(Result::ok)
+}
+
+/// `StoreWriter.write_many`'s inlined chunk rows (`sniffer.store.writer`,
+/// the reference: its Python loop), for a run of a batch's events: each
+/// event exactly a `ChunkEvent` whose `optional` fields are all None gets
+/// its row appended to `rows`, the tuple of its `content` fields when its
+/// kind is `content_kind` and its reasoning `""`, else of its `plain`
+/// fields (what `operator.attrgetter` of those names makes), and counts one
+/// more pending row. The run stops before any other event (the writer's
+/// `write` takes it: usage, tool calls, not a chunk, a subclass, an unset
+/// field) and after the row that makes `pending` reach `batch_size` (the
+/// writer flushes).
+#[pyclass(frozen, module = "sniffer._native")]
+pub struct ChunkRows {
+    slots: Slots,
+    optional: Vec<usize>,
+    kind: usize,
+    reasoning: usize,
+    content: Vec<usize>,
+    plain: Vec<usize>,
+    content_kind: Py<PyString>,
+}
+
+#[pymethods]
+impl ChunkRows {
+    #[new]
+    fn new(
+        py: Python<'_>,
+        cls: &Bound<'_, PyType>,
+        content: Vec<String>,
+        plain: Vec<String>,
+        optional: Vec<String>,
+        content_kind: Bound<'_, PyString>,
+    ) -> PyResult<Self> {
+        let mut names = Vec::new();
+        let content: Vec<usize> = content.iter().map(|n| index_of(&mut names, n)).collect();
+        let plain: Vec<usize> = plain.iter().map(|n| index_of(&mut names, n)).collect();
+        let optional: Vec<usize> = optional.iter().map(|n| index_of(&mut names, n)).collect();
+        let kind = index_of(&mut names, "kind");
+        let reasoning = index_of(&mut names, "reasoning");
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        Ok(ChunkRows {
+            slots: Slots::new(py, cls, &refs)?,
+            optional,
+            kind,
+            reasoning,
+            content,
+            plain,
+            content_kind: content_kind.unbind(),
+        })
+    }
+
+    /// The rows of the run of `events` from `start`: (where it stopped,
+    /// the pending count).
+    fn __call__(
+        &self,
+        events: &Bound<'_, PyList>,
+        start: usize,
+        rows: &Bound<'_, PyList>,
+        mut pending: i64,
+        batch_size: i64,
+    ) -> PyResult<(usize, i64)> {
+        let py = events.py();
+        let none = py.None();
+        let content_kind = self.content_kind.bind(py);
+        let empty = intern!(py, "");
+        let slots = &self.slots;
+        let mut i = start;
+        while i < events.len() {
+            let ev = events.get_item(i)?;
+            if !slots.exact(&ev) {
+                break;
+            }
+            let plain = self
+                .optional
+                .iter()
+                .all(|&j| slots.peek(&ev, j).is_some_and(|p| std::ptr::eq(p, none.as_ptr())));
+            if !plain {
+                break;
+            }
+            let (Some(kind), Some(reasoning)) =
+                (slot(slots, &ev, self.kind), slot(slots, &ev, self.reasoning))
+            else {
+                break;
+            };
+            // `kind == "content" and reasoning == ""` (the same objects
+            // nearly always: the interned strings)
+            let is_content = (kind.is(content_kind) || kind.eq(content_kind)?)
+                && (reasoning.is(empty) || reasoning.eq(empty)?);
+            let fields = if is_content { &self.content } else { &self.plain };
+            let mut values = Vec::with_capacity(fields.len());
+            for &j in fields {
+                match slot(slots, &ev, j) {
+                    Some(v) => values.push(v),
+                    None => return Ok((i, pending)), // `write` raises AttributeError
+                }
+            }
+            rows.append(PyTuple::new(py, values)?)?;
+            i = i.saturating_add(1);
+            pending = pending.saturating_add(1);
+            if pending >= batch_size {
+                break;
+            }
+        }
+        Ok((i, pending))
+    }
+}
+
+/// `StreamTracker.observe`'s pass with output times (`sniffer.record.tracker`,
+/// the reference): for each event exactly a `ChunkEvent` of a kind in
+/// `output_kinds`, its stream's entry in `entries` (exactly a `Tracked`,
+/// or anything with those attributes) gets its capture time as
+/// `t_last_output`, and as `t_first_output` when that is None; every other
+/// event (not exactly a `ChunkEvent`) goes to `other`, in order (the
+/// tracker's opens, responses and closes).
+#[pyclass(frozen, module = "sniffer._native")]
+pub struct TrackOutputs {
+    chunk: Slots,
+    tracked: Slots,
+    /// `output_kinds`' members: a kind that is one of them is in it
+    kinds: Vec<Py<PyAny>>,
+    output_kinds: Py<PyAny>,
+}
+
+const CHUNK_KIND: usize = 0;
+const CHUNK_STREAM: usize = 1;
+const CHUNK_TS: usize = 2;
+const T_FIRST: usize = 0;
+const T_LAST: usize = 1;
+
+#[pymethods]
+impl TrackOutputs {
+    #[new]
+    fn new(
+        py: Python<'_>,
+        chunk_cls: &Bound<'_, PyType>,
+        tracked_cls: &Bound<'_, PyType>,
+        output_kinds: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let kinds = output_kinds
+            .try_iter()?
+            .map(|k| k.map(Bound::unbind))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(TrackOutputs {
+            chunk: Slots::new(py, chunk_cls, &["kind", "stream", "ts"])?,
+            tracked: Slots::new(py, tracked_cls, &["t_first_output", "t_last_output"])?,
+            kinds,
+            output_kinds: output_kinds.clone().unbind(),
+        })
+    }
+
+    /// One batch of store events (in pipeline order).
+    fn __call__(
+        &self,
+        events: &Bound<'_, PyList>,
+        entries: &Bound<'_, PyDict>,
+        other: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let py = events.py();
+        let chunk = &self.chunk;
+        let output_kinds = self.output_kinds.bind(py);
+        let mut i = 0;
+        while i < events.len() {
+            let ev = events.get_item(i)?;
+            i = i.saturating_add(1);
+            if !chunk.exact(&ev) {
+                other.call1((ev,))?;
+                continue;
+            }
+            let kind = chunk.get(&ev, CHUNK_KIND)?;
+            let output = self.kinds.iter().any(|k| kind.is(k)) || output_kinds.contains(&kind)?;
+            if !output {
+                continue;
+            }
+            let Some(e) = entries.get_item(chunk.get(&ev, CHUNK_STREAM)?)? else {
+                continue;
+            };
+            let ts = chunk.get(&ev, CHUNK_TS)?;
+            if self.tracked.is_none(&e, T_FIRST)? {
+                self.tracked.set(&e, T_FIRST, &ts)?;
+            }
+            self.tracked.set(&e, T_LAST, ts)?;
+        }
+        Ok(())
+    }
 }
