@@ -1,9 +1,10 @@
 //! The recording chain's per-batch work: the metrics' histogram
 //! observations of a batch (`sniffer.record.metrics`; the arithmetic in
 //! `sparseety_core::hist`), the token collector's packing of a block of an
-//! open stream's chunks (`sniffer.record.token_collector`), the tracker's
+//! open stream's chunks and its pass over a batch's chunks
+//! (`sniffer.record.token_collector`), the tracker's
 //! output times (`sniffer.record.tracker`) and the writer's chunk rows
-//! (`sniffer.store.writer`). Conversions only: the last two read the
+//! (`sniffer.store.writer`). Conversions only: the passes read the
 //! `ChunkEvent`s' slots where they are kept (`crate::slots`), one call per
 //! batch (a call per chunk that read them through `getattr` cost more than
 //! Python's own specialised slot reads).
@@ -46,6 +47,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack_chunk_block, m)?)?;
     m.add_class::<ChunkRows>()?;
     m.add_class::<TrackOutputs>()?;
+    m.add_class::<CollectChunks>()?;
     Ok(())
 }
 
@@ -300,6 +302,113 @@ impl TrackOutputs {
                 self.tracked.set(&e, T_FIRST, &ts)?;
             }
             self.tracked.set(&e, T_LAST, ts)?;
+        }
+        Ok(())
+    }
+}
+
+/// `TokenCollector.observe`'s pass over a batch (`sniffer.record.token_collector`,
+/// the reference): each event exactly a `ChunkEvent` whose stream's entry in
+/// `entries` has a collector state (its `tokens`, exactly the collector's
+/// `_Open`) gets `(seq, choice, text)` appended to that state's `tail` when
+/// that is all `TokenCollector._chunk` would do: the tail shorter than its
+/// `room` and than `join_at` (it does not fill a block), no finish reason
+/// nor logprobs. Any other chunk of a stream with a state goes to
+/// `chunk(ev, state)` (`_chunk`, the reference); every event not exactly a
+/// `ChunkEvent` to `other(ev)`, in order.
+#[pyclass(frozen, module = "sniffer._native")]
+pub struct CollectChunks {
+    chunk: Slots,
+    tracked: Slots,
+    open: Slots,
+    join_at: usize,
+}
+
+const C_STREAM: usize = 0;
+const C_SEQ: usize = 1;
+const C_CHOICE: usize = 2;
+const C_TEXT: usize = 3;
+const C_FINISH: usize = 4;
+const C_LOGPROBS: usize = 5;
+const O_TAIL: usize = 0;
+const O_ROOM: usize = 1;
+
+#[pymethods]
+impl CollectChunks {
+    #[new]
+    fn new(
+        py: Python<'_>,
+        chunk_cls: &Bound<'_, PyType>,
+        tracked_cls: &Bound<'_, PyType>,
+        open_cls: &Bound<'_, PyType>,
+        join_at: usize,
+    ) -> PyResult<Self> {
+        Ok(CollectChunks {
+            chunk: Slots::new(
+                py,
+                chunk_cls,
+                &["stream", "seq", "choice", "text", "finish_reason", "logprobs"],
+            )?,
+            tracked: Slots::new(py, tracked_cls, &["tokens"])?,
+            open: Slots::new(py, open_cls, &["tail", "room"])?,
+            join_at,
+        })
+    }
+
+    /// One batch of store events (in pipeline order).
+    fn __call__(
+        &self,
+        events: &Bound<'_, PyList>,
+        entries: &Bound<'_, PyDict>,
+        chunk: &Bound<'_, PyAny>,
+        other: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let py = events.py();
+        let c = &self.chunk;
+        let mut i = 0;
+        while i < events.len() {
+            let ev = events.get_item(i)?;
+            i = i.saturating_add(1);
+            if !c.exact(&ev) {
+                other.call1((ev,))?;
+                continue;
+            }
+            let Some(e) = entries.get_item(c.get(&ev, C_STREAM)?)? else {
+                continue;
+            };
+            let s = self.tracked.get(&e, 0)?;
+            if s.is_none() {
+                continue;
+            }
+            if !self.open.exact(&s) {
+                chunk.call1((ev, s))?;
+                continue;
+            }
+            let tail = self.open.get(&s, O_TAIL)?;
+            let room = self.open.get(&s, O_ROOM)?;
+            let simple = match (tail.cast::<PyList>(), room.extract::<isize>()) {
+                (Ok(tail), Ok(room)) => {
+                    let k = tail.len();
+                    isize::try_from(k).is_ok_and(|k| k < room)
+                        && k < self.join_at
+                        && c.is_none(&ev, C_FINISH)?
+                        && c.is_none(&ev, C_LOGPROBS)?
+                }
+                _ => false,
+            };
+            if !simple {
+                chunk.call1((ev, s))?;
+                continue;
+            }
+            let item = PyTuple::new(
+                py,
+                [
+                    c.get(&ev, C_SEQ)?,
+                    c.get(&ev, C_CHOICE)?,
+                    c.get(&ev, C_TEXT)?,
+                ],
+            )?;
+            tail.cast::<PyList>()?.append(item)?;
         }
         Ok(())
     }
