@@ -116,6 +116,7 @@ from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -499,6 +500,36 @@ class _Open:
         self.whole_message = False
 
 
+#: ``(events, entries, chunk, other)``: :meth:`Metrics._observe`'s pass
+#: natively (``sniffer._native.MetricsChunks``): a chunk event of a stream
+#: already counted whose figures are only its count, a gap and a cadence
+#: time is counted there, any other goes to ``chunk(ev, entry)``, every
+#: event that is not a chunk event to ``other(ev)``.
+_ChunkPass = Callable[
+    [
+        list[StoreEvent],
+        dict[int, Tracked],
+        Callable[[ChunkEvent, Tracked | None], None],
+        Callable[[StoreEvent], None],
+    ],
+    None,
+]
+
+
+@cache
+def _native_pass() -> _ChunkPass | None:
+    """The native core's :data:`_ChunkPass`, or None (the pure core)."""
+    from sniffer import native_core
+
+    native = native_core()[0]
+    if native is None:
+        return None
+    count: _ChunkPass = native.MetricsChunks(
+        ChunkEvent, Tracked, _Open, _Pending, _Choice, OUTPUT_KINDS, MAX_CADENCE_CHUNKS
+    )
+    return count
+
+
 @dataclass(frozen=True, slots=True)
 class _Closed:
     keys: tuple[str, str]
@@ -590,6 +621,9 @@ class Metrics:
 
         #: the gaps of a batch counted natively (None: the pure core)
         self._observe_all: _ObserveAll | None = getattr(native_core()[0], "hist_observe_all", None)
+        #: the batch's chunks that only add counts, a gap and a cadence time,
+        #: natively (None: the pure core; ``_chunk`` is the reference)
+        self._native: _ChunkPass | None = _native_pass()
         self._kinds: set[str] = set()
         self._lock = threading.Lock()
         r = self.registry
@@ -825,51 +859,65 @@ class Metrics:
     def _observe(self, events: Iterable[StoreEvent], entries: dict[int, Tracked]) -> None:
         """:meth:`observe`'s pass over the batch (the lock held): each chunk's
         count and gap go to its label set's ``_Pending``, handed over after it."""
+        native = self._native
+        if native is not None and type(events) is list:
+            # the chunks that only add counts, a gap and a cadence time natively
+            native(events, entries, self._chunk, self._other)
+            return
+        chunk, other = self._chunk, self._other
         for ev in events:
             if type(ev) is ChunkEvent:
-                # the capture path: a chunk's figures, inlined (no call per chunk)
-                e = entries.get(ev.stream)
-                if e is None or (s := e.metrics) is None:
-                    self._child(self.chunk_events, NONE, NONE).inc()
-                    continue
-                p = s.pending
-                if p is None:  # (its first chunk)
-                    p = s.pending = self._pending_of(s)
-                p.n += 1
-                if not e.streaming or ev.kind not in OUTPUT_KINDS:
-                    continue
-                ts = ev.ts
-                if not s.ttft_done:
-                    s.ttft_done = True
-                    ttft = ts - (s.t_request or ts)
-                    if ttft >= 0:  # (negative: the capture clock went backwards)
-                        s.ttft.observe(ttft)
-                c = s.choices.get(ev.choice)
-                if c is None:
-                    c = s.choices[ev.choice] = _Choice(ts)
-                else:
-                    if ts >= c.last:  # the gap since the choice's last output chunk
-                        p.gaps.append(ts - c.last)
-                    c.last = ts
-                if ev.text:  # its cadence: the first text chunks' times
-                    times = c.times
-                    if len(times) < MAX_CADENCE_CHUNKS:
-                        times.append(ts)
-            elif type(ev) is StreamOpened:
-                self._opened(ev, entries.get(ev.stream))
-            elif type(ev) is StreamResponse:
-                e = entries.get(ev.stream)
-                s = e.metrics if e is not None else None
-                if s is not None and ev.status is None:
-                    # recovered mid-way (no head seen): its request time
-                    # is unknown, so are TTFT and duration
-                    s.ttft_done = True
-                    s.t_request = None
-            elif type(ev) is StreamClosed:
-                self._closed_stream(ev, entries.get(ev.stream))
-            elif type(ev) is PipelineError:
-                stage = ev.stage if ev.stage in ERROR_STAGES else OTHER
-                self.parse_errors.labels(stage).inc()
+                chunk(ev, entries.get(ev.stream))
+            else:
+                other(ev)
+
+    def _chunk(self, ev: ChunkEvent, e: Tracked | None) -> None:
+        """A chunk event's figures (``e``: its stream's entry, None when not tracked)."""
+        if e is None or (s := e.metrics) is None:
+            self._child(self.chunk_events, NONE, NONE).inc()
+            return
+        p = s.pending
+        if p is None:  # (its first chunk)
+            p = s.pending = self._pending_of(s)
+        p.n += 1
+        if not e.streaming or ev.kind not in OUTPUT_KINDS:
+            return
+        ts = ev.ts
+        if not s.ttft_done:
+            s.ttft_done = True
+            ttft = ts - (s.t_request or ts)
+            if ttft >= 0:  # (negative: the capture clock went backwards)
+                s.ttft.observe(ttft)
+        c = s.choices.get(ev.choice)
+        if c is None:
+            c = s.choices[ev.choice] = _Choice(ts)
+        else:
+            if ts >= c.last:  # the gap since the choice's last output chunk
+                p.gaps.append(ts - c.last)
+            c.last = ts
+        if ev.text:  # its cadence: the first text chunks' times
+            times = c.times
+            if len(times) < MAX_CADENCE_CHUNKS:
+                times.append(ts)
+
+    def _other(self, ev: StoreEvent) -> None:
+        """An event of the batch that is not a chunk event."""
+        entries = self.tracker.open
+        if type(ev) is StreamOpened:
+            self._opened(ev, entries.get(ev.stream))
+        elif type(ev) is StreamResponse:
+            e = entries.get(ev.stream)
+            s = e.metrics if e is not None else None
+            if s is not None and ev.status is None:
+                # recovered mid-way (no head seen): its request time
+                # is unknown, so are TTFT and duration
+                s.ttft_done = True
+                s.t_request = None
+        elif type(ev) is StreamClosed:
+            self._closed_stream(ev, entries.get(ev.stream))
+        elif type(ev) is PipelineError:
+            stage = ev.stage if ev.stage in ERROR_STAGES else OTHER
+            self.parse_errors.labels(stage).inc()
 
     def _pending_of(self, s: _Open) -> _Pending:
         """The batch's figures of ``s``'s label set."""

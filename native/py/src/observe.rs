@@ -2,7 +2,8 @@
 //! observations of a batch (`sniffer.record.metrics`; the arithmetic in
 //! `sparseety_core::hist`), the token collector's packing of a block of an
 //! open stream's chunks and its pass over a batch's chunks
-//! (`sniffer.record.token_collector`), the tracker's
+//! (`sniffer.record.token_collector`), the metrics' pass over a batch's
+//! chunks, the tracker's
 //! output times (`sniffer.record.tracker`) and the writer's chunk rows
 //! (`sniffer.store.writer`). Conversions only: the passes read the
 //! `ChunkEvent`s' slots where they are kept (`crate::slots`), one call per
@@ -14,7 +15,7 @@ use std::os::raw::c_long;
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 
 use crate::slots::Slots;
 
@@ -48,6 +49,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ChunkRows>()?;
     m.add_class::<TrackOutputs>()?;
     m.add_class::<CollectChunks>()?;
+    m.add_class::<MetricsChunks>()?;
     Ok(())
 }
 
@@ -411,5 +413,189 @@ impl CollectChunks {
             tail.cast::<PyList>()?.append(item)?;
         }
         Ok(())
+    }
+}
+
+/// `Metrics._observe`'s pass over a batch (`sniffer.record.metrics`, the
+/// reference: `Metrics._chunk` per chunk event, `_other` per other event):
+/// a chunk event whose figures are only counts, a gap and a cadence time of
+/// a stream already seen — its entry (in `entries`) with the metrics'
+/// state (`_Open`), which has its label set's `_Pending`; when the chunk is
+/// a streamed output, its first output seen (`ttft_done`) and its choice's
+/// `_Choice` made, the times floats, the text a str — is counted here, as
+/// `_chunk` does: the pending chunk count, the gap since the choice's last
+/// output chunk (when not negative), the choice's last time, the cadence
+/// time of a chunk with text (up to `max_times`, through the times'
+/// `append`). Any other chunk event goes to `chunk(ev, entry)` (entry None
+/// when its stream is not tracked), every event not exactly a `ChunkEvent`
+/// to `other(ev)`, in order.
+#[pyclass(frozen, module = "sniffer._native")]
+pub struct MetricsChunks {
+    chunk: Slots,
+    tracked: Slots,
+    open: Slots,
+    pending: Slots,
+    choice: Slots,
+    kinds: Vec<Py<PyAny>>,
+    output_kinds: Py<PyAny>,
+    max_times: usize,
+}
+
+const M_STREAM: usize = 0;
+const M_KIND: usize = 1;
+const M_TS: usize = 2;
+const M_CHOICE: usize = 3;
+const M_TEXT: usize = 4;
+const E_METRICS: usize = 0;
+const E_STREAMING: usize = 1;
+const S_PENDING: usize = 0;
+const S_TTFT_DONE: usize = 1;
+const S_CHOICES: usize = 2;
+const P_N: usize = 0;
+const P_GAPS: usize = 1;
+const CH_LAST: usize = 0;
+const CH_TIMES: usize = 1;
+
+#[pymethods]
+impl MetricsChunks {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        chunk_cls: &Bound<'_, PyType>,
+        tracked_cls: &Bound<'_, PyType>,
+        open_cls: &Bound<'_, PyType>,
+        pending_cls: &Bound<'_, PyType>,
+        choice_cls: &Bound<'_, PyType>,
+        output_kinds: &Bound<'_, PyAny>,
+        max_times: usize,
+    ) -> PyResult<Self> {
+        let kinds = output_kinds
+            .try_iter()?
+            .map(|k| k.map(Bound::unbind))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(MetricsChunks {
+            chunk: Slots::new(py, chunk_cls, &["stream", "kind", "ts", "choice", "text"])?,
+            tracked: Slots::new(py, tracked_cls, &["metrics", "streaming"])?,
+            open: Slots::new(py, open_cls, &["pending", "ttft_done", "choices"])?,
+            pending: Slots::new(py, pending_cls, &["n", "gaps"])?,
+            choice: Slots::new(py, choice_cls, &["last", "times"])?,
+            kinds,
+            output_kinds: output_kinds.clone().unbind(),
+            max_times,
+        })
+    }
+
+    /// One batch of store events (in pipeline order).
+    fn __call__(
+        &self,
+        events: &Bound<'_, PyList>,
+        entries: &Bound<'_, PyDict>,
+        chunk: &Bound<'_, PyAny>,
+        other: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let py = events.py();
+        let c = &self.chunk;
+        let none = py.None().into_bound(py);
+        let mut i = 0;
+        while i < events.len() {
+            let ev = events.get_item(i)?;
+            i = i.saturating_add(1);
+            if !c.exact(&ev) {
+                other.call1((ev,))?;
+                continue;
+            }
+            let Some(e) = entries.get_item(c.get(&ev, M_STREAM)?)? else {
+                chunk.call1((ev, &none))?;
+                continue;
+            };
+            if !self.count(py, &ev, &e)? {
+                chunk.call1((ev, e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MetricsChunks {
+    /// `_chunk(ev, e)` when this chunk is one counted here (true), else
+    /// nothing (false): every condition is checked before anything changes.
+    fn count(&self, py: Python<'_>, ev: &Bound<'_, PyAny>, e: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let Some(s) = self.tracked.peek(e, E_METRICS).map(|_| self.tracked.get(e, E_METRICS)) else {
+            return Ok(false);
+        };
+        let s = s?;
+        if !self.open.exact(&s) {
+            return Ok(false);
+        }
+        let p = self.open.get(&s, S_PENDING)?;
+        if !self.pending.exact(&p) {
+            return Ok(false);
+        }
+        let n = self.pending.get(&p, P_N)?;
+        let Some(n1) = n
+            .cast_exact::<PyInt>()
+            .ok()
+            .and_then(|n| n.extract::<i64>().ok())
+            .and_then(|n| n.checked_add(1))
+        else {
+            return Ok(false);
+        };
+        let streaming = self.tracked.get(e, E_STREAMING)?;
+        let streaming = if streaming.is(&*PyBool::new(py, true)) {
+            true
+        } else if streaming.is(&*PyBool::new(py, false)) {
+            false
+        } else {
+            return Ok(false);
+        };
+        let output = streaming && {
+            let kind = self.chunk.get(ev, M_KIND)?;
+            self.kinds.iter().any(|k| kind.is(k)) || self.output_kinds.bind(py).contains(&kind)?
+        };
+        if !output {
+            self.pending.set(&p, P_N, n1)?;
+            return Ok(true);
+        }
+        if !self.open.get(&s, S_TTFT_DONE)?.is(&*PyBool::new(py, true)) {
+            return Ok(false);
+        }
+        let Ok(choices) = self.open.get(&s, S_CHOICES)?.cast_into_exact::<PyDict>() else {
+            return Ok(false);
+        };
+        let Some(ch) = choices.get_item(self.chunk.get(ev, M_CHOICE)?)? else {
+            return Ok(false);
+        };
+        if !self.choice.exact(&ch) {
+            return Ok(false);
+        }
+        let (Ok(last), Ok(ts)) = (
+            self.choice.get(&ch, CH_LAST)?.cast_into_exact::<PyFloat>(),
+            self.chunk.get(ev, M_TS)?.cast_into_exact::<PyFloat>(),
+        ) else {
+            return Ok(false);
+        };
+        let Ok(text) = self.chunk.get(ev, M_TEXT)?.cast_into_exact::<PyString>() else {
+            return Ok(false);
+        };
+        let Ok(gaps) = self.pending.get(&p, P_GAPS)?.cast_into_exact::<PyList>() else {
+            return Ok(false);
+        };
+        let times = self.choice.get(&ch, CH_TIMES)?;
+        // what `_chunk` does from here
+        self.pending.set(&p, P_N, n1)?;
+        let (t, l) = (ts.value(), last.value());
+        if t >= l {
+            gaps.append(PyFloat::new(py, t - l))?;
+        }
+        self.choice.set(&ch, CH_LAST, &ts)?;
+        if !text.is_empty()? && times.len()? < self.max_times {
+            // (`type(times).append`, not bound each time)
+            times
+                .get_type()
+                .getattr(intern!(py, "append"))?
+                .call1((times, ts))?;
+        }
+        Ok(true)
     }
 }

@@ -91,12 +91,14 @@ impl Slots {
         })
     }
     /// Whether `x` is exactly of the class.
+    #[inline]
     pub(crate) fn exact(&self, x: &Bound<'_, PyAny>) -> bool {
         std::ptr::eq(x.get_type_ptr(), self.cls.as_ptr().cast())
     }
 
     /// The value of `slot` of `x`, borrowed (None: unset, or `x` is not
     /// exactly of the class).
+    #[inline]
     pub(crate) fn peek(&self, x: &Bound<'_, PyAny>, slot: usize) -> Option<*mut pyo3::ffi::PyObject> {
         if !self.exact(x) {
             return None;
@@ -119,6 +121,7 @@ impl Slots {
     }
 
     /// `getattr(x, slot) is None`.
+    #[inline]
     pub(crate) fn is_none(&self, x: &Bound<'_, PyAny>, slot: usize) -> PyResult<bool> {
         match self.peek(x, slot) {
             Some(ptr) => Ok(std::ptr::eq(ptr, x.py().None().as_ptr())),
@@ -127,6 +130,7 @@ impl Slots {
     }
 
     /// `getattr(x, slot)`.
+    #[inline]
     pub(crate) fn get<'py>(&self, x: &Bound<'py, PyAny>, slot: usize) -> PyResult<Bound<'py, PyAny>> {
         let py = x.py();
         if let Some(ptr) = self.peek(x, slot) {
@@ -156,6 +160,7 @@ impl Slots {
     }
 
     /// `setattr(x, slot, value)`.
+    #[inline]
     pub(crate) fn set<'py, V: IntoPyObject<'py>>(
         &self,
         x: &Bound<'py, PyAny>,
