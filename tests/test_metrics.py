@@ -838,8 +838,10 @@ def test_exposition_is_prometheus_clients_on_real_events(
 
 
 def _without_native(m: Metrics) -> Metrics:
-    """``m`` counting a batch's gaps in Python (``observe_all``), as the pure core does."""
+    """``m`` counting a batch's chunks (``_chunk``) and gaps (``observe_all``)
+    in Python, as the pure core does."""
     m._observe_all = None
+    m._native = None
     return m
 
 

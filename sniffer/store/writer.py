@@ -499,9 +499,7 @@ _CONTENT_ROW_FIELDS = ("stream", *_CONTENT_CHUNK_COLUMNS[1:])
 #: A chunk row in ``_CHUNK_COLUMNS`` order, built in C (this is the hot path).
 _chunk_row: Callable[[ChunkEvent], tuple[Any, ...]] = operator.attrgetter(*_CHUNK_ROW_FIELDS)
 #: The plain row of a chunk whose optional fields are all None.
-_plain_chunk_row: Callable[[ChunkEvent], tuple[Any, ...]] = operator.attrgetter(
-    *_PLAIN_ROW_FIELDS
-)
+_plain_chunk_row: Callable[[ChunkEvent], tuple[Any, ...]] = operator.attrgetter(*_PLAIN_ROW_FIELDS)
 #: The content row of a plain ``content`` chunk without reasoning.
 _content_chunk_row: Callable[[ChunkEvent], tuple[Any, ...]] = operator.attrgetter(
     *_CONTENT_ROW_FIELDS

@@ -121,7 +121,10 @@ fn index_of(names: &mut Vec<String>, name: &str) -> usize {
 /// The borrowed value of slot `i` of `ev`, exactly a `cls` instance, as a
 /// `Bound` (None: unset).
 fn slot<'py>(slots: &Slots, ev: &Bound<'py, PyAny>, i: usize) -> Option<Bound<'py, PyAny>> {
-    slots.peek(ev, i).map(|_| slots.get(ev, i)).and_then(Result::ok)
+    slots
+        .peek(ev, i)
+        .map(|_| slots.get(ev, i))
+        .and_then(Result::ok)
 }
 
 /// `StoreWriter.write_many`'s inlined chunk rows (`sniffer.store.writer`,
@@ -195,23 +198,29 @@ impl ChunkRows {
             if !slots.exact(&ev) {
                 break;
             }
-            let plain = self
-                .optional
-                .iter()
-                .all(|&j| slots.peek(&ev, j).is_some_and(|p| std::ptr::eq(p, none.as_ptr())));
+            let plain = self.optional.iter().all(|&j| {
+                slots
+                    .peek(&ev, j)
+                    .is_some_and(|p| std::ptr::eq(p, none.as_ptr()))
+            });
             if !plain {
                 break;
             }
-            let (Some(kind), Some(reasoning)) =
-                (slot(slots, &ev, self.kind), slot(slots, &ev, self.reasoning))
-            else {
+            let (Some(kind), Some(reasoning)) = (
+                slot(slots, &ev, self.kind),
+                slot(slots, &ev, self.reasoning),
+            ) else {
                 break;
             };
             // `kind == "content" and reasoning == ""` (the same objects
             // nearly always: the interned strings)
             let is_content = (kind.is(content_kind) || kind.eq(content_kind)?)
                 && (reasoning.is(empty) || reasoning.eq(empty)?);
-            let fields = if is_content { &self.content } else { &self.plain };
+            let fields = if is_content {
+                &self.content
+            } else {
+                &self.plain
+            };
             let mut values = Vec::with_capacity(fields.len());
             for &j in fields {
                 match slot(slots, &ev, j) {
@@ -349,7 +358,14 @@ impl CollectChunks {
             chunk: Slots::new(
                 py,
                 chunk_cls,
-                &["stream", "seq", "choice", "text", "finish_reason", "logprobs"],
+                &[
+                    "stream",
+                    "seq",
+                    "choice",
+                    "text",
+                    "finish_reason",
+                    "logprobs",
+                ],
             )?,
             tracked: Slots::new(py, tracked_cls, &["tokens"])?,
             open: Slots::new(py, open_cls, &["tail", "room"])?,
@@ -521,7 +537,11 @@ impl MetricsChunks {
     /// `_chunk(ev, e)` when this chunk is one counted here (true), else
     /// nothing (false): every condition is checked before anything changes.
     fn count(&self, py: Python<'_>, ev: &Bound<'_, PyAny>, e: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let Some(s) = self.tracked.peek(e, E_METRICS).map(|_| self.tracked.get(e, E_METRICS)) else {
+        let Some(s) = self
+            .tracked
+            .peek(e, E_METRICS)
+            .map(|_| self.tracked.get(e, E_METRICS))
+        else {
             return Ok(false);
         };
         let s = s?;

@@ -99,7 +99,11 @@ impl Slots {
     /// The value of `slot` of `x`, borrowed (None: unset, or `x` is not
     /// exactly of the class).
     #[inline]
-    pub(crate) fn peek(&self, x: &Bound<'_, PyAny>, slot: usize) -> Option<*mut pyo3::ffi::PyObject> {
+    pub(crate) fn peek(
+        &self,
+        x: &Bound<'_, PyAny>,
+        slot: usize,
+    ) -> Option<*mut pyo3::ffi::PyObject> {
         if !self.exact(x) {
             return None;
         }
@@ -131,7 +135,11 @@ impl Slots {
 
     /// `getattr(x, slot)`.
     #[inline]
-    pub(crate) fn get<'py>(&self, x: &Bound<'py, PyAny>, slot: usize) -> PyResult<Bound<'py, PyAny>> {
+    pub(crate) fn get<'py>(
+        &self,
+        x: &Bound<'py, PyAny>,
+        slot: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let py = x.py();
         if let Some(ptr) = self.peek(x, slot) {
             // SAFETY: `ptr` is the slot's value, a live object that `x`
@@ -196,7 +204,6 @@ impl Slots {
     }
 }
 
-
 /// Where in an instance of `cls` the member descriptors `descrs` keep their
 /// values (bytes from the instance's start): each found by setting the slot
 /// of a blank instance (`object.__new__(cls)`: every slot unset, NULL) to a
@@ -211,9 +218,8 @@ pub(crate) fn probe(
     descrs: &[Py<PyAny>],
     set: pyo3::ffi::descrsetfunc,
 ) -> PyResult<Vec<usize>> {
-    let unknown = |what: &str| {
-        pyo3::exceptions::PyTypeError::new_err(format!("{cls}'s slots: {what}"))
-    };
+    let unknown =
+        |what: &str| pyo3::exceptions::PyTypeError::new_err(format!("{cls}'s slots: {what}"));
     let word = std::mem::size_of::<*mut pyo3::ffi::PyObject>();
     let size: usize = cls.getattr("__basicsize__")?.extract()?;
     if cls.getattr("__itemsize__")?.extract::<usize>()? != 0 {
@@ -285,4 +291,3 @@ pub(crate) fn type_slot(
     }
     Ok(ptr)
 }
-
