@@ -15,7 +15,9 @@ use std::os::raw::c_long;
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType,
+};
 
 use crate::slots::Slots;
 
@@ -438,13 +440,14 @@ impl CollectChunks {
 /// a stream already seen — its entry (in `entries`) with the metrics'
 /// state (`_Open`), which has its label set's `_Pending`; when the chunk is
 /// a streamed output, its first output seen (`ttft_done`) and its choice's
-/// `_Choice` made, the times floats, the text a str — is counted here, as
-/// `_chunk` does: the pending chunk count, the gap since the choice's last
-/// output chunk (when not negative), the choice's last time, the cadence
-/// time of a chunk with text (up to `max_times`, through the times'
-/// `append`). Any other chunk event goes to `chunk(ev, entry)` (entry None
-/// when its stream is not tracked), every event not exactly a `ChunkEvent`
-/// to `other(ev)`, in order.
+/// `_Choice` made, the times floats, the text a str, the cadence times a
+/// bytearray — is counted here, as `_chunk` does: the pending chunk count,
+/// the gap since the choice's last output chunk (when not negative), the
+/// choice's last time, the cadence time of a chunk with text (its 8 bytes,
+/// native order, added to the choice's `times` while that is shorter than
+/// `max_time_bytes`). Any other chunk event goes to `chunk(ev, entry)`
+/// (entry None when its stream is not tracked), every event not exactly a
+/// `ChunkEvent` to `other(ev)`, in order.
 #[pyclass(frozen, module = "sniffer._native")]
 pub struct MetricsChunks {
     chunk: Slots,
@@ -454,7 +457,7 @@ pub struct MetricsChunks {
     choice: Slots,
     kinds: Vec<Py<PyAny>>,
     output_kinds: Py<PyAny>,
-    max_times: usize,
+    max_time_bytes: usize,
 }
 
 const M_STREAM: usize = 0;
@@ -484,7 +487,7 @@ impl MetricsChunks {
         pending_cls: &Bound<'_, PyType>,
         choice_cls: &Bound<'_, PyType>,
         output_kinds: &Bound<'_, PyAny>,
-        max_times: usize,
+        max_time_bytes: usize,
     ) -> PyResult<Self> {
         let kinds = output_kinds
             .try_iter()?
@@ -498,7 +501,7 @@ impl MetricsChunks {
             choice: Slots::new(py, choice_cls, &["last", "times"])?,
             kinds,
             output_kinds: output_kinds.clone().unbind(),
-            max_times,
+            max_time_bytes,
         })
     }
 
@@ -601,7 +604,13 @@ impl MetricsChunks {
         let Ok(gaps) = self.pending.get(&p, P_GAPS)?.cast_into_exact::<PyList>() else {
             return Ok(false);
         };
-        let times = self.choice.get(&ch, CH_TIMES)?;
+        let Ok(times) = self
+            .choice
+            .get(&ch, CH_TIMES)?
+            .cast_into_exact::<PyByteArray>()
+        else {
+            return Ok(false);
+        };
         // what `_chunk` does from here
         self.pending.set(&p, P_N, n1)?;
         let (t, l) = (ts.value(), last.value());
@@ -609,12 +618,18 @@ impl MetricsChunks {
             gaps.append(PyFloat::new(py, t - l))?;
         }
         self.choice.set(&ch, CH_LAST, &ts)?;
-        if !text.is_empty()? && times.len()? < self.max_times {
-            // (`type(times).append`, not bound each time)
-            times
-                .get_type()
-                .getattr(intern!(py, "append"))?
-                .call1((times, ts))?;
+        if !text.is_empty()? && times.len() < self.max_time_bytes {
+            // `times += _TIME(ts)`: the double's bytes, native order
+            let at = times.len();
+            let bytes = t.to_ne_bytes();
+            times.resize(at.saturating_add(bytes.len()))?;
+            // SAFETY: `times` is a bytearray just resized to hold `at` + 8
+            // bytes and the GIL is held; no Python code runs (nothing else
+            // can read or resize it) until the slice is dropped at the end
+            // of this statement.
+            #[allow(unsafe_code)]
+            let buf = unsafe { times.as_bytes_mut() };
+            buf[at..].copy_from_slice(&bytes);
         }
         Ok(true)
     }
