@@ -92,7 +92,7 @@ TrackPass = Callable[[list[StoreEvent], dict[int, "Tracked"], Callable[[StoreEve
 
 @functools.cache
 def _native_outputs() -> TrackPass | None:
-    """The native core's :data:`TrackPass` (~0.8k instructions per chunk
+    """The native core's :data:`TrackPass` (~0.55k instructions per chunk
     less than the Python pass), or None (the pure core)."""
     from sniffer import native_core
 
