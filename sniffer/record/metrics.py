@@ -537,10 +537,10 @@ def _native_pass() -> _ChunkPass | None:
     traffic), or None (the pure core)."""
     from sniffer import native_core
 
-    native = native_core()[0]
-    if native is None:
+    native = getattr(native_core()[0], "MetricsChunks", None)
+    if native is None:  # the pure core (or a module built before it)
         return None
-    count: _ChunkPass = native.MetricsChunks(
+    count: _ChunkPass = native(
         ChunkEvent, Tracked, _Open, _Pending, _Choice, OUTPUT_KINDS, _MAX_CADENCE_BYTES
     )
     return count

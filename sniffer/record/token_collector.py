@@ -92,10 +92,10 @@ def _native_pass() -> CollectPass | None:
     less than the Python pass on the live traffic), or None (the pure core)."""
     from sniffer import native_core
 
-    native = native_core()[0]
-    if native is None:
+    native = getattr(native_core()[0], "CollectChunks", None)
+    if native is None:  # the pure core (or a module built before it)
         return None
-    collect: CollectPass = native.CollectChunks(ChunkEvent, Tracked, _Open, _JOIN_AT)
+    collect: CollectPass = native(ChunkEvent, Tracked, _Open, _JOIN_AT)
     return collect
 
 

@@ -96,10 +96,10 @@ def _native_outputs() -> TrackPass | None:
     less than the Python pass), or None (the pure core)."""
     from sniffer import native_core
 
-    native = native_core()[0]
-    if native is None:
+    native = getattr(native_core()[0], "TrackOutputs", None)
+    if native is None:  # the pure core (or a module built before it)
         return None
-    track: TrackPass = native.TrackOutputs(ChunkEvent, Tracked, OUTPUT_KINDS)
+    track: TrackPass = native(ChunkEvent, Tracked, OUTPUT_KINDS)
     return track
 
 

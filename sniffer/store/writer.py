@@ -520,10 +520,10 @@ def native_chunk_rows() -> ChunkRunRows | None:
     slots per chunk through ``getattr``), or None (the pure core)."""
     from sniffer import native_core
 
-    native = native_core()[0]
-    if native is None:
+    native = getattr(native_core()[0], "ChunkRows", None)
+    if native is None:  # the pure core (or a module built before it)
         return None
-    rows: ChunkRunRows = native.ChunkRows(
+    rows: ChunkRunRows = native(
         ChunkEvent,
         _CONTENT_ROW_FIELDS,
         _PLAIN_ROW_FIELDS,
