@@ -13,6 +13,7 @@ mod observe;
 mod openai;
 mod pretok;
 mod ring;
+mod slots;
 mod tokens;
 
 /// The private extension module `sniffer._native`.
@@ -30,5 +31,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     bpe::register(m)?;
     cadence::register(m)?;
     observe::register(m)?;
+    slots::register(m)?;
     Ok(())
 }
