@@ -74,7 +74,7 @@ from sniffer.llm.dialects.base import (
     Dialect,
 )
 from sniffer.llm.dialects.openai import server_stats
-from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage, scan_request
+from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage, json_loads, scan_request
 
 if TYPE_CHECKING:
     from sniffer._native import Core
@@ -751,7 +751,7 @@ class StreamAssembler:
                 parsed = scan_request(body_text)
             else:
                 try:
-                    parsed = json.loads(body_text)
+                    parsed = json_loads(body_text)
                 except ValueError:
                     parsed = None
                 except RecursionError:  # nested deeper than the parser goes
