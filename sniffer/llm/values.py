@@ -216,9 +216,13 @@ def as_int(value: Any) -> int | None:
     return value if INT64_MIN <= value <= INT64_MAX else None
 
 
+#: (a tuple: ``int | float`` in the call would make a union at every call)
+_NUMBER = (int, float)
+
+
 def as_float(value: Any) -> float | None:
     """``value`` as a finite float when it is a JSON number (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, _NUMBER):
         return None
     try:
         result = float(value)
@@ -662,9 +666,10 @@ class RequestSummary:
         get = f.get
         max_tokens: int | None = None
         for key in _MAX_TOKENS_KEYS:  # the first one that is an integer in range
-            max_tokens = _ranged(key, get(key), bad)
-            if max_tokens is not None:
-                break
+            if key in f:  # (absent: None, no call)
+                max_tokens = _ranged(key, f[key], bad)
+                if max_tokens is not None:
+                    break
         # each a look-up when absent (most of them): no call, no closure per request
         top_k = _ranged("top_k", f["top_k"], bad) if "top_k" in f else None
         n = _ranged("n", f["n"], bad) if "n" in f else None
@@ -679,8 +684,8 @@ class RequestSummary:
         return cls(
             model=as_str(get("model")),
             stream=as_bool(get("stream")),
-            temperature=as_float(get("temperature")),
-            top_p=as_float(get("top_p")),
+            temperature=as_float(f["temperature"]) if "temperature" in f else None,
+            top_p=as_float(f["top_p"]) if "top_p" in f else None,
             top_k=top_k,
             max_tokens=max_tokens,
             n=n,
