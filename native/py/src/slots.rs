@@ -75,7 +75,9 @@ impl SlotClass {
         let mut defaults = Vec::new();
         for f in dataclasses.getattr("fields")?.call1((cls,))?.try_iter()? {
             let f = f?;
-            let slot = dict.get_item(f.getattr("name")?)?;
+            let slot = dict
+                .get_item(f.getattr("name")?)
+                .map_err(|_| bad("a field is not a slot (member descriptor)"))?;
             if slot.get_type().name()? != "member_descriptor" {
                 return Err(bad("a field is not a slot (member descriptor)"));
             }
