@@ -121,15 +121,51 @@ fn reason_obj<'py>(py: Python<'py>, t: &Types, r: EndReason) -> Bound<'py, PyAny
     t.reasons[i].bind(py).clone()
 }
 
-fn headers_obj<'py>(py: Python<'py>, h: &Headers) -> PyResult<Bound<'py, PyTuple>> {
+/// A Python str of latin-1 bytes: ASCII (nearly every head) straight from
+/// the bytes, no `String` made first.
+fn latin1_str<'py>(py: Python<'py>, b: &[u8]) -> Bound<'py, PyString> {
+    match std::str::from_utf8(b) {
+        Ok(s) if b.is_ascii() => PyString::new(py, s),
+        _ => PyString::new(py, &latin1(b)),
+    }
+}
+
+/// The texts of heads that come again and again (header names, methods,
+/// versions, reasons), each made once as a Python str: no allocation per
+/// head, and the str keeps its hash, so the Python stages' look-ups by
+/// header name (credential checks, the store's JSON) hash nothing. Bounded:
+/// texts up to `MAX_LEN` bytes, `MAX` of them (past it, new texts are made
+/// each time, as before).
+#[derive(Default)]
+struct Texts {
+    known: std::collections::HashMap<Vec<u8>, Py<PyString>>,
+}
+
+impl Texts {
+    const MAX: usize = 512;
+    const MAX_LEN: usize = 64;
+
+    fn get<'py>(&mut self, py: Python<'py>, b: &[u8]) -> Bound<'py, PyString> {
+        if let Some(s) = self.known.get(b) {
+            return s.bind(py).clone();
+        }
+        let s = latin1_str(py, b);
+        if b.len() <= Self::MAX_LEN && self.known.len() < Self::MAX {
+            self.known.insert(b.to_vec(), s.clone().unbind());
+        }
+        s
+    }
+}
+
+/// A head's headers as the tuple of (name, value) str pairs the events carry.
+fn headers_obj<'py>(
+    py: Python<'py>,
+    texts: &mut Texts,
+    h: &Headers,
+) -> PyResult<Bound<'py, PyTuple>> {
     let items: Vec<Bound<'py, PyTuple>> = h
         .iter()
-        .map(|(n, v)| {
-            PyTuple::new(
-                py,
-                [PyString::new(py, &latin1(n)), PyString::new(py, &latin1(v))],
-            )
-        })
+        .map(|(n, v)| PyTuple::new(py, [texts.get(py, n), latin1_str(py, v)]))
         .collect::<PyResult<_>>()?;
     PyTuple::new(py, items)
 }
@@ -175,6 +211,8 @@ pub struct PyHttpParser {
     /// insertion order of the connections, as the reference's dict keeps it
     order: IdMap<u64, u64>,
     next_order: u64,
+    /// header names, methods, versions and reasons made once
+    texts: Texts,
 }
 
 fn int_attr(o: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
@@ -209,6 +247,7 @@ impl PyHttpParser {
             out: Vec::new(),
             order: IdMap::default(),
             next_order: 0,
+            texts: Texts::default(),
         })
     }
 
@@ -721,10 +760,10 @@ impl PyHttpParser {
                         conn,
                         exchange,
                         ts,
-                        latin1(&method),
-                        latin1(&target),
-                        latin1(&version),
-                        headers_obj(py, &headers)?,
+                        self.texts.get(py, &method),
+                        latin1_str(py, &target),
+                        self.texts.get(py, &version),
+                        headers_obj(py, &mut self.texts, &headers)?,
                     ],
                 )?)?;
             }
@@ -745,9 +784,9 @@ impl PyHttpParser {
                         exchange,
                         ts,
                         status,
-                        latin1(&reason),
-                        latin1(&version),
-                        headers_obj(py, &headers)?,
+                        self.texts.get(py, &reason),
+                        self.texts.get(py, &version),
+                        headers_obj(py, &mut self.texts, &headers)?,
                         informational,
                     ],
                 )?)?;
