@@ -884,12 +884,14 @@ class StoreWriter:
         elif isinstance(event, ConnectionOpened):
             self._conn_rows[event.conn] = _connection_row(event, self.label, self.node)
         elif isinstance(event, ConnectionClosed):
-            values = {"closed_at": event.ts, "close_reason": event.reason}
             crow = self._conn_rows.get(event.conn)
-            if crow is not None:
-                crow.update(values)
+            if crow is not None:  # (its buffered row: set there)
+                crow["closed_at"] = event.ts
+                crow["close_reason"] = event.reason
                 return
-            self._conn_closes.append((event.conn, values))
+            self._conn_closes.append(
+                (event.conn, {"closed_at": event.ts, "close_reason": event.reason})
+            )
         elif isinstance(event, PipelineError):
             self._error_rows.append(_error_row(event, self.node))
         elif isinstance(event, StreamFlagged):

@@ -505,7 +505,9 @@ pub(crate) fn event_to_py<'py>(
             ts,
             from_client,
             reason: r,
-        } => cls.end.make(py, &values![py; conn, ts, from_client, reason(py, r)]),
+        } => cls
+            .end
+            .make(py, &values![py; conn, ts, from_client, reason(py, r)]),
         Event::Closed {
             conn,
             ts,
