@@ -183,3 +183,17 @@ def cadence_split(times: Sequence[float], floor: float) -> tuple[int, float, flo
     """``(k, short_p50, long_p50)`` of the gaps between consecutive ``times``
     (``sniffer.llm.cadence._classes``' split and medians, float for float);
     None with fewer than two gaps or a gap that is not finite."""
+
+# --- values made without their Python __init__ (native/py/src/slots.rs) ---
+
+class SlotFiller:
+    """A frozen, slotted dataclass ``cls`` (no ``__new__`` or ``__post_init__``
+    of its own) whose fields are set through the slot descriptors' C setter
+    (``slot_init``'s ``__init__`` while the native core runs)."""
+
+    def __init__(self, cls: type) -> None: ...
+    def fill(self, obj: Any, *values: Any) -> None:
+        """Set every field of ``obj`` (an instance of ``cls``), in field order."""
+    def make(self, *values: Any) -> Any:
+        """A new instance: these values, then the fields' defaults."""
+    def __len__(self) -> int: ...

@@ -431,6 +431,33 @@ def test_id_blocks_grow_and_prefetch(db_url: str) -> None:
     engine.dispose()
 
 
+def test_id_blocks_hand_each_id_once_to_threads(db_url: str) -> None:
+    """The usual call takes no lock (the block's range iterator); threads
+    drawing at once, across block ends and prefetches, never get an id twice."""
+    import threading
+
+    engine = make_engine(db_url)
+    ids = IdBlocks(EngineStore(engine), "streams", first=1, max_block=8)
+    got: list[list[int]] = [[] for _ in range(4)]
+
+    def draw(mine: list[int]) -> None:
+        for k in range(300):
+            mine.append(ids())
+            if k % 7 == 0:
+                ids.prefetch()
+
+    threads = [threading.Thread(target=draw, args=(g,)) for g in got]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    every = [i for g in got for i in g]
+    assert len(every) == 1200 and len(set(every)) == 1200
+    assert all(g == sorted(g) for g in got)  # each thread's ids in hand-out order
+    assert ids.remaining >= 0 and peek(EngineStore(engine), "streams") > max(every)
+    engine.dispose()
+
+
 # ---------------------------------------------------------------- readers
 
 

@@ -1028,3 +1028,51 @@ def test_server_spec_decode_counters_match_what_the_servers_sent() -> None:
             sum(lengths)
         )
     assert set(want_lengths) == {"vllm", "sglang"}  # llama.cpp reports no steps
+
+
+def test_label_set_children_across_states_models_and_a_midway_close() -> None:
+    """The children a label set's streams feed are found once per label set
+    (``_LabelSet``): each state, the duration and output histograms and the
+    cadence classes still land under the stream's own labels, a midway close
+    that names its model under that model, in the order they first came."""
+    evs: list[StoreEvent] = [ConnectionOpened(1, T0, CLIENT, SERVER, True)]
+    evs += chat_stream(1, T0)
+    evs += [opened(2, T0 + 1), closed(2, T0 + 2, StreamState.ERROR, "HTTP 500", text_len=3)]
+    evs += chat_stream(3, T0 + 3)
+    evs += [
+        opened(4, T0 + 4, model=None),
+        StreamResponse(4, T0 + 4, None, (), "text/event-stream", True),
+        replace(closed(4, T0 + 5, StreamState.MIDWAY, "started mid-way"), response_model="r"),
+    ]
+    evs += [opened(5, T0 + 6, model="n"), closed(5, T0 + 5, StreamState.COMPLETE)]  # clock back
+    m = Metrics()
+    for k in range(0, len(evs), 4):  # batches of four events
+        m.observe(evs[k : k + 4])
+    text = m.render().decode()
+    smp = samples(text)
+    states = {
+        (dict(labels)["model"], dict(labels)["state"]): v
+        for (n, labels), v in smp.items()
+        if n == "sparseety_streams_total"
+    }
+    assert states == {
+        ("m", "complete"): 2,
+        ("m", "error"): 1,
+        ("r", "midway"): 1,
+        ("n", "complete"): 1,
+    }
+    dur = "gen_ai_server_request_duration_seconds_count"
+    assert total(smp, dur, model="m") == 3
+    assert total(smp, dur, model="r") == 0  # no request head: no duration
+    assert total(smp, dur, model="n") == 0  # the close before the open
+    chars = "sparseety_output_characters_count"
+    assert [total(smp, chars, model=x) for x in ("m", "r", "n")] == [3, 1, 1]
+    # "Hello you" twice, and 3
+    assert total(smp, "sparseety_output_characters_sum", model="m") == 3 + 2 * 9
+    # label sets in the order their first close came
+    order = [
+        line.split('state="')[1].split('"')[0] + "/" + line.split('model="')[1].split('"')[0]
+        for line in text.splitlines()
+        if line.startswith("sparseety_streams_total{")
+    ]
+    assert order == ["complete/m", "error/m", "midway/r", "complete/n"]

@@ -87,7 +87,16 @@ def is_credential_header(name: str) -> bool:
 
 
 def scrub_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    """The headers without those :func:`is_credential_header` names."""
+    """The headers without those :func:`is_credential_header` names: the same
+    tuple when it has none (twice per exchange; names known clean cost one
+    look-up each, no call, no new tuple)."""
+    if type(headers) is tuple:
+        known = _header_cache.get
+        for n, _ in headers:
+            if known(n) is not False:  # a credential, or not known yet
+                break
+        else:
+            return headers
     return tuple([(n, v) for n, v in headers if not is_credential_header(n)])
 
 

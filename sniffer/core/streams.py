@@ -74,7 +74,7 @@ from sniffer.llm.dialects.base import (
     Dialect,
 )
 from sniffer.llm.dialects.openai import server_stats
-from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage, scan_request
+from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage, json_loads, scan_request
 
 if TYPE_CHECKING:
     from sniffer._native import Core
@@ -108,6 +108,9 @@ MAX_ANOMALY_ROWS = 16
 #: Closed exchanges of a connection remembered, so that an anomaly touching
 #: their bytes after their close still names and flags their stream.
 _CLOSED_KEPT = 4
+#: each state's ``value`` (an enum member's ``value`` is a property: a look-up
+#: here costs less, once per closed stream)
+_STATE_NAMES: dict[StreamState, str] = {state: state.value for state in StreamState}
 
 #: The TCP anomalies (``FlowAnomaly.kind``) that make a stream's bytes doubtful,
 #: and the flag they give it. The others leave the stored bytes right: a
@@ -751,7 +754,7 @@ class StreamAssembler:
                 parsed = scan_request(body_text)
             else:
                 try:
-                    parsed = json.loads(body_text)
+                    parsed = json_loads(body_text)
                 except ValueError:
                     parsed = None
                 except RecursionError:  # nested deeper than the parser goes
@@ -1214,7 +1217,9 @@ class StreamAssembler:
                 del kept[next(iter(kept))]
         state, reason = self._verdict(x, closing_reason)
         self.stats.streams_closed += 1
-        self.stats.states[state.value] = self.stats.states.get(state.value, 0) + 1
+        states = self.stats.states
+        name = _STATE_NAMES[state]
+        states[name] = states.get(name, 0) + 1
         out.append(
             StreamClosed(
                 stream=x.stream,

@@ -50,6 +50,7 @@ __all__ = [
     "check_int",
     "in_range",
     "include_usage",
+    "json_loads",
     "json_or_none",
     "scan_request",
     "slot_init",
@@ -73,13 +74,20 @@ def slot_init(cls: type[_T]) -> type[_T]:
     parameters, defaults and resulting object (equality, hashing, ``replace``,
     repr are untouched). A field with a default factory gets a new value from
     it when not given, as the generated ``__init__`` does (the token pass's
-    per-stream values, ``StreamTokens`` and its rows, have such fields)."""
+    per-stream values, ``StreamTokens`` and its rows, have such fields).
+
+    While the native core runs, the descriptors are called in one native
+    call (``sniffer._native.SlotFiller``: their C setter, no Python call per
+    field; each such call costs ~800 instructions, a ``StreamOpened`` of 17
+    fields ~14k of its ~16k); the pure core keeps the Python calls."""
     scope: dict[str, Any] = {"_NOTHING": _NOTHING}
     params: list[str] = []
     body: list[str] = []
+    names: list[str] = []
     for i, f in enumerate(fields(cls)):  # type: ignore[arg-type]
         if not f.init:
             raise TypeError(f"{cls.__name__}.{f.name}: not supported by slot_init")
+        names.append(f.name)
         scope[f"_set{i}"] = cls.__dict__[f.name].__set__
         if f.default_factory is not MISSING:
             scope[f"_factory{i}"] = f.default_factory
@@ -92,11 +100,32 @@ def slot_init(cls: type[_T]) -> type[_T]:
             scope[f"_default{i}"] = f.default
             params.append(f"{f.name}=_default{i}")
         body.append(f"    _set{i}(self, {f.name})\n")
+    filler = _slot_filler(cls)
+    if filler is not None:
+        scope["_fill"] = filler
+        body = [
+            f"    {n} = _factory{i}() if {n} is _NOTHING else {n}\n"
+            for i, n in enumerate(names)
+            if f"_factory{i}" in scope
+        ]
+        body.append(f"    _fill(self, {', '.join(names)})\n")
     exec(f"def __init__(self, {', '.join(params)}):\n{''.join(body)}", scope)
     init = scope["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     setattr(cls, "__init__", init)  # noqa: B010 (mypy refuses assigning to a method)
     return cls
+
+
+def _slot_filler(cls: type) -> Callable[..., None] | None:
+    """``fill(obj, *values)`` of ``sniffer._native.SlotFiller(cls)`` while the
+    native core runs, else None (the pure core, or no extension)."""
+    from sniffer import native_core
+
+    native = native_core()[0]
+    if native is None:
+        return None
+    fill: Callable[..., None] = native.SlotFiller(cls).fill
+    return fill
 
 
 # ---------------------------------------------------------------------------
@@ -187,9 +216,13 @@ def as_int(value: Any) -> int | None:
     return value if INT64_MIN <= value <= INT64_MAX else None
 
 
+#: (a tuple: ``int | float`` in the call would make a union at every call)
+_NUMBER = (int, float)
+
+
 def as_float(value: Any) -> float | None:
     """``value`` as a finite float when it is a JSON number (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, _NUMBER):
         return None
     try:
         result = float(value)
@@ -540,22 +573,27 @@ def scan_request(text: str) -> dict[str, Any]:
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
+def json_loads(text: str) -> Any:
+    """``json.loads(text)``, the same value and errors: a text that starts
+    with ``{`` and ends where its object does (a request body as sent, once
+    per stream) goes straight to the C scanner ``json.loads`` calls, without
+    its three wrappers' checks (about 0.8 of its 1.9 µs); any other text, and
+    one the scanner does not read to its end, through ``json.loads`` itself."""
+    if text[:1] == "{":
+        value, end = _SCAN(text, 0)
+        if end == len(text):
+            return value
+    return json.loads(text)
+
+
 def json_or_none(text: str | None) -> Any:
     """The JSON value of a stored text (a request body): None for NULL, an
     empty text or one that is not JSON (too deep included), as ``json.loads``
-    says. A text that starts with ``{`` and ends where its object does (a
-    request body as sent, once per stream the token pass takes) goes straight
-    to the C scanner ``json.loads`` calls, without its three wrappers' checks
-    (about 0.8 of its 1.9 µs); any other text, and one the scanner does not
-    read to its end, through ``json.loads`` itself."""
+    says (through :func:`json_loads`: once per stream the token pass takes)."""
     if not text:
         return None
     try:
-        if text[0] == "{":
-            value, end = _SCAN(text, 0)
-            if end == len(text):
-                return value
-        return json.loads(text)
+        return json_loads(text)
     except (ValueError, RecursionError):
         return None
 
@@ -628,9 +666,10 @@ class RequestSummary:
         get = f.get
         max_tokens: int | None = None
         for key in _MAX_TOKENS_KEYS:  # the first one that is an integer in range
-            max_tokens = _ranged(key, get(key), bad)
-            if max_tokens is not None:
-                break
+            if key in f:  # (absent: None, no call)
+                max_tokens = _ranged(key, f[key], bad)
+                if max_tokens is not None:
+                    break
         # each a look-up when absent (most of them): no call, no closure per request
         top_k = _ranged("top_k", f["top_k"], bad) if "top_k" in f else None
         n = _ranged("n", f["n"], bad) if "n" in f else None
@@ -645,8 +684,8 @@ class RequestSummary:
         return cls(
             model=as_str(get("model")),
             stream=as_bool(get("stream")),
-            temperature=as_float(get("temperature")),
-            top_p=as_float(get("top_p")),
+            temperature=as_float(f["temperature"]) if "temperature" in f else None,
+            top_p=as_float(f["top_p"]) if "top_p" in f else None,
             top_k=top_k,
             max_tokens=max_tokens,
             n=n,

@@ -139,7 +139,7 @@ from sniffer.core.events import (
 from sniffer.llm.cadence import cadence_class
 from sniffer.llm.dialects import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.dialects.base import OUTPUT_KINDS
-from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, SpecDecode
+from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, SpecDecode, slot_init
 from sniffer.record.tracker import StreamTracker, Tracked
 
 DEFAULT_HOST = "127.0.0.1"
@@ -483,6 +483,27 @@ class _Choice:
         return times
 
 
+class _LabelSet:
+    """The children of one label set (label, model) that every stream of it
+    feeds, found once per label set instead of once per stream and metric
+    (a look-up in :meth:`Metrics._child` builds and hashes a key each time:
+    seven per stream). Each is made by ``Metrics._child`` where it was
+    before (at the label set's first open, or the first close that needs it),
+    so the exposition's label sets come in the same order."""
+
+    __slots__ = ("cadence", "chunks", "duration", "inter_chunk", "output_chars", "states", "ttft")
+
+    def __init__(self, ttft: Any, inter_chunk: Any, chunks: Any) -> None:
+        self.ttft = ttft
+        self.inter_chunk = inter_chunk
+        self.chunks = chunks
+        self.duration: Any = None
+        self.output_chars: Any = None
+        #: stream state → its ``streams`` child; cadence class → its ``cadence`` child
+        self.states: dict[str, Any] = {}
+        self.cadence: dict[str, Any] = {}
+
+
 class _Open:
     """What metrics remember of an open stream, beside what the tracker knows
     (its ``Tracked.metrics`` slot)."""
@@ -492,6 +513,7 @@ class _Open:
         "chunks",
         "inter_chunk",
         "keys",
+        "labels",
         "pending",
         "t_request",
         "ttft",
@@ -499,16 +521,17 @@ class _Open:
         "whole_message",
     )
 
-    def __init__(self, keys: tuple[str, str], t_request: float) -> None:
+    def __init__(self, keys: tuple[str, str], t_request: float, labels: _LabelSet) -> None:
         self.keys = keys
+        self.labels = labels
         #: None once recovered mid-way (no request head: no TTFT, no duration)
         self.t_request: float | None = t_request
         self.ttft_done = False
         #: per choice with an output chunk (one dict look-up per chunk)
         self.choices: dict[int, _Choice] = {}
-        self.ttft: Any = None
-        self.inter_chunk: Any = None
-        self.chunks: Any = None
+        self.ttft: Any = labels.ttft
+        self.inter_chunk: Any = labels.inter_chunk
+        self.chunks: Any = labels.chunks
         #: its label set's figures of the current batch (set at its first chunk)
         self.pending: _Pending | None = None
         self.whole_message = False
@@ -546,6 +569,7 @@ def _native_pass() -> _ChunkPass | None:
     return count
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class _Closed:
     keys: tuple[str, str]
@@ -633,6 +657,8 @@ class Metrics:
         #: per label set: the current batch's per-chunk figures, handed over
         #: at the batch's end (bounded as the label sets are)
         self._pending: dict[tuple[str, str], _Pending] = {}
+        #: per label set: the children its streams feed (bounded as the label sets are)
+        self._sets: dict[tuple[str, str], _LabelSet] = {}
         from sniffer import native_core
 
         #: the gaps of a batch counted natively (None: the pure core)
@@ -957,11 +983,15 @@ class Metrics:
         if e is None:  # (not tracked: opened and evicted in one batch)
             return
         keys = self._bound(ev.label, ev.request.model)
-        s = _Open(keys, ev.ts)
+        labels = self._sets.get(keys)
+        if labels is None:
+            labels = self._sets[keys] = _LabelSet(
+                self._child(self.ttft, *keys),
+                self._child(self.inter_chunk, *keys),
+                self._child(self.chunk_events, *keys),
+            )
+        s = _Open(keys, ev.ts, labels)
         s.whole_message = ev.dialect in WHOLE_MESSAGE_DIALECTS
-        s.ttft = self._child(self.ttft, *keys)
-        s.inter_chunk = self._child(self.inter_chunk, *keys)
-        s.chunks = self._child(self.chunk_events, *keys)
         e.metrics = s
 
     def _closed_stream(self, ev: StreamClosed, e: Tracked | None) -> None:
@@ -990,14 +1020,32 @@ class Metrics:
             # a row recovered mid-way: its model is the one the chunks named
             # (the store writes it at close too)
             keys = self._bound(keys[0], ev.response_model)
-        self._child(self.streams, *keys, state).inc()
+        # (None: not opened here, or named another model: the look-ups)
+        labels = s.labels if s is not None and keys is s.keys else None
+        if labels is None:
+            streams = self._child(self.streams, *keys, state)
+        else:
+            streams = labels.states.get(state)
+            if streams is None:
+                streams = labels.states[state] = self._child(self.streams, *keys, state)
+        streams.inc()
         if (
             t_request is not None
             and ev.ts >= t_request
             and StreamFlag.CLOCK_BACKWARDS not in ev.flags
         ):
-            self._child(self.duration, *keys).observe(ev.ts - t_request)
-        self._child(self.output_chars, *keys).observe(ev.text_len)
+            duration = labels.duration if labels is not None else None
+            if duration is None:
+                duration = self._child(self.duration, *keys)
+                if labels is not None:
+                    labels.duration = duration
+            duration.observe(ev.ts - t_request)
+        output_chars = labels.output_chars if labels is not None else None
+        if output_chars is None:
+            output_chars = self._child(self.output_chars, *keys)
+            if labels is not None:
+                labels.output_chars = output_chars
+        output_chars.observe(ev.text_len)
         usage = ev.usage
         prompt = usage.prompt_tokens if usage is not None else None
         completion = usage.completion_tokens if usage is not None else None
@@ -1009,7 +1057,7 @@ class Metrics:
         if spec is not None:
             self._spec(keys, spec)
         if s is not None and s.choices and StreamFlag.CLOCK_BACKWARDS not in ev.flags:
-            self._cadence(keys, s)
+            self._cadence(keys, s, labels)
         if len(self._closed) >= MAX_RECENT_CLOSED:
             self._closed.popitem(last=False)
         self._closed[ev.stream] = _Closed(
@@ -1019,19 +1067,30 @@ class Metrics:
             e.t_last_output if s is not None and e is not None else ev.t_last_chunk,
         )
 
-    def _cadence(self, keys: tuple[str, str], s: _Open) -> None:
+    def _cadence(self, keys: tuple[str, str], s: _Open, labels: _LabelSet | None) -> None:
         """The cadence class of each output of one closed stream, as ``stats``
         reads it from the stored chunks: one output per choice, or the whole
-        message (its blocks' chunks in index order)."""
+        message (its blocks' chunks in index order). ``labels``: the children
+        of ``keys``, if known."""
+        choices = s.choices
         # (the choices with text chunks, in index order)
-        outputs = [s.choices[c].time_array() for c in sorted(s.choices) if s.choices[c].times]
+        if len(choices) == 1:
+            outputs = [c.time_array() for c in choices.values() if c.times]
+        else:
+            outputs = [choices[c].time_array() for c in sorted(choices) if choices[c].times]
         if s.whole_message and len(outputs) > 1:
             merged: array[float] = array("d")
             for times in outputs:
                 merged.extend(times)
             outputs = [merged[:MAX_CADENCE_CHUNKS]]
         for times in outputs:
-            self._child(self.cadence, *keys, cadence_class(times)).inc()
+            cls = cadence_class(times)
+            child = labels.cadence.get(cls) if labels is not None else None
+            if child is None:
+                child = self._child(self.cadence, *keys, cls)
+                if labels is not None:
+                    labels.cadence[cls] = child
+            child.inc()
 
     def _spec(self, keys: tuple[str, str], spec: SpecDecode) -> None:
         """The server-reported speculative decoding of one closed stream."""

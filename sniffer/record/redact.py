@@ -372,6 +372,11 @@ def _octets_ok(value: str) -> bool:
     return True
 
 
+#: :meth:`Redactor._short_text`'s bounds: the texts it keeps, their length
+_CLEAN_MAX = 1024
+_CLEAN_MAX_LEN = 200
+
+
 class Redactor:
     """Replaces personal data in text and in store events.
 
@@ -396,12 +401,27 @@ class Redactor:
                 raise ValueError(msg)
             label = name.strip().strip("<>") or REDACTED
             self._extra.append((compiled, label, f"<{label}>"))
+        #: short texts :meth:`text` gave back as they were, and so always will
+        #: (no edit, nothing counted): a stream's close reason is one of a few
+        #: texts ("complete" …), redacted once each instead of at every close
+        self._clean: set[str] = set()
 
     def clone(self) -> Redactor:
         """The same patterns and setting, with counts of its own."""
         other = copy.copy(self)
         other.counts = Counter()
+        other._clean = set()
         return other
+
+    def _short_text(self, s: str) -> str:
+        """:meth:`text` of a short text that comes again and again (a close's
+        reason): one look-up once it is known to need no edit."""
+        if s in self._clean:
+            return s
+        out = self.text(s)
+        if out is s and len(s) <= _CLEAN_MAX_LEN and len(self._clean) < _CLEAN_MAX:
+            self._clean.add(s)
+        return out
 
     # ------------------------------------------------------------------ text
 
@@ -657,7 +677,7 @@ class Redactor:
             assert isinstance(ev, StreamClosed)
             response_body = self.json_text(ev.response_body)
             error = self._opt(scrub_error_text(ev.error) if ev.error else ev.error)
-            reason = self.text(scrub_error_text(ev.reason))
+            reason = self._short_text(scrub_error_text(ev.reason))
             if response_body is ev.response_body and error is ev.error and reason == ev.reason:
                 return ev
             return replace(ev, response_body=response_body, error=error, reason=reason)

@@ -99,6 +99,11 @@ def _native_pass() -> CollectPass | None:
     return collect
 
 
+#: ``_Open``'s arrays before its first block: empty, never written to
+_NO_SEQS = array("q")
+_NO_LONGS = array("l")
+
+
 class _Open:
     """An open stream's chunks (its ``Tracked.tokens`` slot), kept compact
     (1,000 open streams of hundreds of chunks each must not cost objects per
@@ -128,9 +133,11 @@ class _Open:
         #: the request body as sent: parsed (and checked for redaction) by the
         #: token pass, off the capture path
         self.body = body
-        self.seqs = array("q")
-        self.choices = array("l")
-        self.lens = array("l")
+        # (shared empty arrays until the first full block: most streams of
+        # a few chunks never need their own; three arrays cost ~3k instructions)
+        self.seqs = _NO_SEQS
+        self.choices = _NO_LONGS
+        self.lens = _NO_LONGS
         self.blocks: list[str] = []
         self.tail: list[tuple[int, int, str]] = []
         #: chunks the tail may still take under the collector's cap
@@ -150,6 +157,10 @@ class _Open:
     def join_tail(self, pack: PackBlock = _pack_block) -> None:
         """Move a full ``tail`` (``_JOIN_EVERY`` chunks) into the arrays and blocks."""
         seqs, choices, lens, text = pack(self.tail)
+        if self.seqs is _NO_SEQS:
+            self.seqs = array("q")
+            self.choices = array("l")
+            self.lens = array("l")
         self.seqs.frombytes(seqs)
         self.choices.frombytes(choices)
         self.lens.frombytes(lens)

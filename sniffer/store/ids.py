@@ -36,6 +36,8 @@ block once the database answers. Rows could not be written meanwhile anyway.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from operator import length_hint
 
 from sniffer.store.db import Store
 
@@ -99,7 +101,10 @@ class IdBlocks:
         self._max = max(self._size, max_block)
         self._lock = threading.Lock()
         self._current: range = range(0)
-        self._pos = 0
+        #: the ids of ``_current`` not handed out yet (a range iterator: its
+        #: ``next`` is one C call, atomic under the GIL, so the usual call
+        #: takes no lock)
+        self._ids: Iterator[int] = iter(self._current)
         self._spare: range | None = None
         #: blocks reserved, and failed prefetches (the database was unreachable)
         self.blocks = 0
@@ -113,28 +118,36 @@ class IdBlocks:
         return block
 
     def __call__(self) -> int:
-        with self._lock:
-            if self._pos >= len(self._current):
-                if self._spare is not None:
-                    self._current, self._spare = self._spare, None
-                else:
-                    try:
-                        self._current = self._reserve()
-                    except Exception as exc:
-                        self.failures += 1
-                        raise IdsUnavailable(
-                            f"no {self.kind} id left and none could be reserved: "
-                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                        ) from exc
-                self._pos = 0
-            value = self._current[self._pos]
-            self._pos += 1
+        value = next(self._ids, None)
+        if value is not None:
             return value
+        with self._lock:
+            value = next(self._ids, None)  # (another thread may have moved on)
+            if value is not None:
+                return value
+            if self._spare is not None:
+                self._current, self._spare = self._spare, None
+            else:
+                try:
+                    self._current = self._reserve()
+                except Exception as exc:
+                    self.failures += 1
+                    raise IdsUnavailable(
+                        f"no {self.kind} id left and none could be reserved: "
+                        f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    ) from exc
+            value = self._current[0]
+            self._ids = iter(self._current[1:])
+            return value
+
+    def _used(self) -> int:
+        """Ids of the current block handed out."""
+        return len(self._current) - length_hint(self._ids)
 
     @property
     def remaining(self) -> int:
         """Ids left without another reservation."""
-        return len(self._current) - self._pos + (len(self._spare) if self._spare else 0)
+        return length_hint(self._ids) + (len(self._spare) if self._spare else 0)
 
     def prefetch(self) -> bool:
         """Reserve the next block now if half of the current one is used.
@@ -144,7 +157,7 @@ class IdBlocks:
         was reserved.
         """
         with self._lock:
-            if self._spare is not None or self._pos * 2 < len(self._current):
+            if self._spare is not None or self._used() * 2 < len(self._current):
                 return False
             try:
                 self._spare = self._reserve()

@@ -362,14 +362,17 @@ _NEW_STREAM_ROW: dict[str, Any] = {
 }
 
 
-def _response_values(ev: StreamResponse) -> dict[str, Any]:
-    return {
-        "status": ev.status,
-        "response_headers": headers_json(ev.headers),
-        "content_type": ev.content_type,
-        "streaming": ev.streaming,
-        "t_response": ev.ts,
-    }
+def _response_values(ev: StreamResponse, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The columns the response head fills, set in ``values`` (the stream's
+    buffered row: no dict made and merged in) or in a new dict."""
+    if values is None:
+        values = {}
+    values["status"] = ev.status
+    values["response_headers"] = headers_json(ev.headers)
+    values["content_type"] = ev.content_type
+    values["streaming"] = ev.streaming
+    values["t_response"] = ev.ts
+    return values
 
 
 _NO_SERVER_STATS: dict[str, Any] = dict.fromkeys(SERVER_STATS_COLUMNS)
@@ -417,33 +420,38 @@ def finish_reasons_json(pairs: tuple[tuple[int, str], ...]) -> str:
     return json.dumps(reasons)
 
 
-def _close_values(ev: StreamClosed) -> dict[str, Any]:
+def _close_values(ev: StreamClosed, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The columns the close fills, set in ``values`` (the stream's buffered
+    row: no dict made and merged in) or in a new dict (an update). ``model``:
+    a row recovered mid-way has no request, its model is the one the
+    recovered chunks name; None leaves the column as it is (in a buffered
+    row, a model already there stays)."""
     usage = ev.usage
     state = ev.state
-    values = {
-        "state": _STATE_TEXT.get(state) or str(state),
-        "reason": ev.reason,
-        "done_seen": ev.done_seen,
-        "gap": ev.gap,
-        "t_first_content": ev.t_first_content,
-        "t_last_chunk": ev.t_last_chunk,
-        "chunk_count": ev.chunk_count,
-        "event_count": ev.event_count,
-        "text_len": ev.text_len,
-        "finish_reasons": finish_reasons_json(ev.finish_reasons),
-        "usage": usage_json(usage),
-        "prompt_tokens": usage.prompt_tokens if usage is not None else None,
-        "completion_tokens": usage.completion_tokens if usage is not None else None,
-        "response_body": ev.response_body,
-        "request_bytes": ev.request_bytes,
-        "response_bytes": ev.response_bytes,
-        "error": ev.error,
-        "closed_at": ev.ts,
-        "flags": json.dumps([str(f) for f in ev.flags]) if ev.flags else None,
-        # a row recovered mid-way has no request: its model is the one the
-        # recovered chunks name (None leaves the column as it is)
-        "model": ev.response_model if state == StreamState.MIDWAY else None,
-    }
+    model = ev.response_model if state == StreamState.MIDWAY else None
+    if values is None:
+        values = {"model": model}
+    elif values["model"] is None:
+        values["model"] = model
+    values["state"] = _STATE_TEXT.get(state) or str(state)
+    values["reason"] = ev.reason
+    values["done_seen"] = ev.done_seen
+    values["gap"] = ev.gap
+    values["t_first_content"] = ev.t_first_content
+    values["t_last_chunk"] = ev.t_last_chunk
+    values["chunk_count"] = ev.chunk_count
+    values["event_count"] = ev.event_count
+    values["text_len"] = ev.text_len
+    values["finish_reasons"] = finish_reasons_json(ev.finish_reasons)
+    values["usage"] = usage_json(usage)
+    values["prompt_tokens"] = usage.prompt_tokens if usage is not None else None
+    values["completion_tokens"] = usage.completion_tokens if usage is not None else None
+    values["response_body"] = ev.response_body
+    values["request_bytes"] = ev.request_bytes
+    values["response_bytes"] = ev.response_bytes
+    values["error"] = ev.error
+    values["closed_at"] = ev.ts
+    values["flags"] = json.dumps([str(f) for f in ev.flags]) if ev.flags else None
     values.update(server_stats_values(usage))
     return values
 
@@ -890,30 +898,28 @@ class StoreWriter:
         elif isinstance(event, StreamOpened):
             self._stream_rows[event.stream] = _stream_row(event, self.node)
         elif isinstance(event, StreamResponse):
-            values = _response_values(event)
             row = self._stream_rows.get(event.stream)
             if row is not None:
-                row.update(values)
+                _response_values(event, row)
                 return
-            self._stream_responses.append((event.stream, values))
+            self._stream_responses.append((event.stream, _response_values(event)))
         elif isinstance(event, StreamClosed):
-            values = _close_values(event)
             row = self._stream_rows.get(event.stream)
             if row is not None:
-                if row["model"] is not None:
-                    values["model"] = row["model"]
-                row.update(values)
+                _close_values(event, row)
                 return
-            self._stream_closes.append((event.stream, values))
+            self._stream_closes.append((event.stream, _close_values(event)))
         elif isinstance(event, ConnectionOpened):
             self._conn_rows[event.conn] = _connection_row(event, self.label, self.node)
         elif isinstance(event, ConnectionClosed):
-            values = {"closed_at": event.ts, "close_reason": event.reason}
             crow = self._conn_rows.get(event.conn)
-            if crow is not None:
-                crow.update(values)
+            if crow is not None:  # (its buffered row: set there)
+                crow["closed_at"] = event.ts
+                crow["close_reason"] = event.reason
                 return
-            self._conn_closes.append((event.conn, values))
+            self._conn_closes.append(
+                (event.conn, {"closed_at": event.ts, "close_reason": event.reason})
+            )
         elif isinstance(event, PipelineError):
             self._error_rows.append(_error_row(event, self.node))
         elif isinstance(event, StreamFlagged):

@@ -23,22 +23,15 @@ use sparseety_core::openai::{extract, ChunkDelta, Endpoint, Kind, STREAM_LEVEL};
 use sparseety_core::sse::SseEvent;
 
 use crate::http::{PyNdjsonDecoder, PySseDecoder};
-use crate::slots::{type_slot, Slots};
+use crate::slots::{SlotClass, Slots};
 
 /// The Python values the loop makes, imported once.
 /// `ChunkEvent`'s fields (`sniffer.core.events`).
 const CHUNK_FIELDS: usize = 14;
 
 struct Types {
-    chunk_event: Py<PyType>,
-    /// the slot descriptor of each of its fields (`ChunkEvent.__dict__[name]`,
-    /// a `member_descriptor`), in field order (`dataclasses.fields`)
-    chunk_slots: Vec<Py<PyAny>>,
-    /// `ChunkEvent`'s `tp_alloc`: what `object.__new__(ChunkEvent)` calls
-    chunk_alloc: pyo3::ffi::allocfunc,
-    /// `member_descriptor`'s `tp_descr_set`: what the descriptors' `__set__`
-    /// (and `object.__setattr__`, after finding them) calls
-    slot_set: pyo3::ffi::descrsetfunc,
+    /// `ChunkEvent`, made without its Python `__init__` (`crate::slots`)
+    chunk: SlotClass,
     pipeline_error: Py<PyAny>,
     flag_after_done: Py<PyAny>,
     flag_clock_backwards: Py<PyAny>,
@@ -57,46 +50,13 @@ macro_rules! fields {
 
 /// A `ChunkEvent` with these field values, made without its Python
 /// `__init__` (a frame and 14 descriptor calls: ~10k instructions, the most
-/// of this loop's cost per chunk) nor the generic paths that lead to the
-/// same two C functions (`object.__new__` called as a Python object, then
-/// `PyObject_GenericSetAttr` per field: ~2.8k instructions): the type's
-/// `tp_alloc` (what `object.__new__` calls for a class without `__new__`:
-/// no arguments, not abstract), then each slot descriptor's `tp_descr_set`
-/// (what `object.__setattr__` calls once it found the descriptor, and what
-/// `events._slot_init`'s `__init__` calls through `__set__`; the frozen
-/// class's own `__setattr__` refuses): ~1.3k. The object is the one the
-/// class call makes: same type, slots and values, tracked by the cycle
-/// collector as `tp_alloc` leaves it.
+/// of this loop's cost per chunk): see `crate::slots`, ~1.3k.
 fn chunk_event<'py>(
     py: Python<'py>,
     t: &Types,
     values: [Bound<'py, PyAny>; CHUNK_FIELDS],
 ) -> PyResult<Bound<'py, PyAny>> {
-    let cls = t.chunk_event.bind(py);
-    // SAFETY: `cls` is a live type object and the GIL is held; `chunk_alloc`
-    // is its own `tp_alloc` slot, read from it at start-up (`types`), which
-    // returns a new reference or NULL with an exception set.
-    #[allow(unsafe_code)]
-    let obj = unsafe {
-        let ptr = (t.chunk_alloc)(cls.as_type_ptr(), 0);
-        if ptr.is_null() {
-            return Err(PyErr::fetch(py));
-        }
-        Bound::from_owned_ptr(py, ptr)
-    };
-    for (slot, value) in t.chunk_slots.iter().zip(values.iter()) {
-        // SAFETY: `slot` (a member descriptor of `cls`), `obj` (an instance of
-        // `cls`) and `value` are live references for the whole call and the
-        // GIL is held; `slot_set` is the descriptors' type's `tp_descr_set`,
-        // which checks the instance's type, borrows its arguments (it steals
-        // no reference) and returns -1 with an exception set on failure.
-        #[allow(unsafe_code)]
-        let rc = unsafe { (t.slot_set)(slot.as_ptr(), obj.as_ptr(), value.as_ptr()) };
-        if rc != 0 {
-            return Err(PyErr::fetch(py));
-        }
-    }
-    Ok(obj)
+    t.chunk.make(py, &values)
 }
 
 /// The slots of `_Exchange` (`sniffer.core.streams`, a `__slots__` class)
@@ -193,52 +153,16 @@ fn types(py: Python<'_>) -> PyResult<&'static Types> {
     TYPES.get_or_try_init(py, || {
         let events = py.import("sniffer.core.events")?;
         let flag = events.getattr("StreamFlag")?;
-        let chunk_event = events.getattr("ChunkEvent")?;
-        let cls = chunk_event.cast_into::<PyType>()?;
-        let slots = cls.getattr("__dict__")?;
-        let mut chunk_slots = Vec::with_capacity(CHUNK_FIELDS);
-        for f in py
-            .import("dataclasses")?
-            .getattr("fields")?
-            .call1((&cls,))?
-            .try_iter()?
-        {
-            let slot = slots.get_item(f?.getattr("name")?)?;
-            if slot.get_type().name()? != "member_descriptor" {
-                return Err(pyo3::exceptions::PyTypeError::new_err(
-                    "ChunkEvent's fields must be slots (member descriptors)",
-                ));
-            }
-            chunk_slots.push(slot.unbind());
-        }
-        if chunk_slots.len() != CHUNK_FIELDS {
+        let cls = events.getattr("ChunkEvent")?.cast_into::<PyType>()?;
+        let chunk = SlotClass::new(py, &cls)?;
+        if chunk.len() != CHUNK_FIELDS {
             return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                 "ChunkEvent has {} fields, the native loop makes {CHUNK_FIELDS}",
-                chunk_slots.len()
+                chunk.len()
             )));
         }
-        let alloc = type_slot(py, &cls, pyo3::ffi::Py_tp_alloc)?;
-        let set = type_slot(
-            py,
-            &chunk_slots[0].bind(py).get_type(),
-            pyo3::ffi::Py_tp_descr_set,
-        )?;
-        // SAFETY: the values of these slots are, by CPython's type slot
-        // definitions, functions of exactly these types (`allocfunc`,
-        // `descrsetfunc`), non-null (checked by `type_slot`); the types they
-        // belong to live as long as the interpreter (ChunkEvent is kept here).
-        #[allow(unsafe_code)]
-        let (chunk_alloc, slot_set) = unsafe {
-            (
-                std::mem::transmute::<*mut std::ffi::c_void, pyo3::ffi::allocfunc>(alloc),
-                std::mem::transmute::<*mut std::ffi::c_void, pyo3::ffi::descrsetfunc>(set),
-            )
-        };
         Ok(Types {
-            chunk_event: cls.unbind(),
-            chunk_slots,
-            chunk_alloc,
-            slot_set,
+            chunk,
             pipeline_error: events.getattr("PipelineError")?.unbind(),
             flag_after_done: flag.getattr("AFTER_DONE")?.unbind(),
             flag_clock_backwards: flag.getattr("CLOCK_BACKWARDS")?.unbind(),

@@ -19,9 +19,10 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyTuple, PyType};
 use pyo3::{intern, IntoPyObjectExt};
 
+use crate::slots::{values, SlotClass};
 use sparseety_core::link::{self, addr_text, parse_addr, Addr, Seg};
 use sparseety_core::pcapng;
 use sparseety_core::reassembly::{self as core_r, Event};
@@ -398,11 +399,12 @@ pub(crate) struct Classes {
     tuple_new: Py<PyAny>,
     segment: Py<PyAny>,
     flow_data: Py<PyAny>,
-    opened: Py<PyAny>,
-    gap: Py<PyAny>,
-    end: Py<PyAny>,
-    closed: Py<PyAny>,
-    anomaly: Py<PyAny>,
+    // made without their Python `__init__` (`crate::slots`)
+    opened: SlotClass,
+    gap: SlotClass,
+    end: SlotClass,
+    closed: SlotClass,
+    anomaly: SlotClass,
 }
 
 static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
@@ -411,6 +413,9 @@ pub(crate) fn classes(py: Python<'_>) -> PyResult<&Classes> {
     CLASSES.get_or_try_init(py, || {
         let ev = py.import("sniffer.core.events")?;
         let get = |name: &str| -> PyResult<Py<PyAny>> { Ok(ev.getattr(name)?.unbind()) };
+        let slots = |name: &str| -> PyResult<SlotClass> {
+            SlotClass::new(py, &ev.getattr(name)?.cast_into::<PyType>()?)
+        };
         Ok(Classes {
             tuple_new: py
                 .import("builtins")?
@@ -419,11 +424,11 @@ pub(crate) fn classes(py: Python<'_>) -> PyResult<&Classes> {
                 .unbind(),
             segment: get("Segment")?,
             flow_data: get("FlowData")?,
-            opened: get("ConnectionOpened")?,
-            gap: get("FlowGap")?,
-            end: get("FlowEnd")?,
-            closed: get("ConnectionClosed")?,
-            anomaly: get("FlowAnomaly")?,
+            opened: slots("ConnectionOpened")?,
+            gap: slots("FlowGap")?,
+            end: slots("FlowEnd")?,
+            closed: slots("ConnectionClosed")?,
+            anomaly: slots("FlowAnomaly")?,
         })
     })
 }
@@ -481,23 +486,20 @@ pub(crate) fn event_to_py<'py>(
             ref client,
             ref server,
             syn_seen,
-        } => cls.opened.bind(py).call1((
-            conn,
-            ts,
-            endpoint(py, client)?,
-            endpoint(py, server)?,
-            syn_seen,
-        )),
+        } => cls.opened.make(
+            py,
+            &values![py; conn, ts, endpoint(py, client)?, endpoint(py, server)?, syn_seen],
+        ),
         Event::Gap {
             conn,
             ts,
             from_client,
             nbytes,
             reason: ref r,
-        } => cls
-            .gap
-            .bind(py)
-            .call1((conn, ts, from_client, nbytes, reason(py, r))),
+        } => cls.gap.make(
+            py,
+            &values![py; conn, ts, from_client, nbytes, reason(py, r)],
+        ),
         Event::End {
             conn,
             ts,
@@ -505,13 +507,12 @@ pub(crate) fn event_to_py<'py>(
             reason: r,
         } => cls
             .end
-            .bind(py)
-            .call1((conn, ts, from_client, reason(py, r))),
+            .make(py, &values![py; conn, ts, from_client, reason(py, r)]),
         Event::Closed {
             conn,
             ts,
             reason: r,
-        } => cls.closed.bind(py).call1((conn, ts, reason(py, r))),
+        } => cls.closed.make(py, &values![py; conn, ts, reason(py, r)]),
         Event::Anomaly {
             conn,
             ts,
@@ -520,10 +521,10 @@ pub(crate) fn event_to_py<'py>(
             ref detail,
             offset,
             length,
-        } => cls
-            .anomaly
-            .bind(py)
-            .call1((conn, ts, from_client, kind, detail, offset, length)),
+        } => cls.anomaly.make(
+            py,
+            &values![py; conn, ts, from_client, kind, detail, offset, length],
+        ),
     }
 }
 

@@ -10,10 +10,11 @@
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::IntoPyObjectExt;
 
 use crate::flow;
+use crate::slots::{values, SlotClass};
 
 use sparseety_core::http1::text::latin1;
 use sparseety_core::http1::{
@@ -31,13 +32,7 @@ pub(crate) struct Types {
     flow_gap: Py<PyAny>,
     flow_end: Py<PyAny>,
     closed: Py<PyAny>,
-    request: Py<PyAny>,
-    response: Py<PyAny>,
     body: Py<PyAny>,
-    end: Py<PyAny>,
-    error: Py<PyAny>,
-    resync: Py<PyAny>,
-    anomaly: Py<PyAny>,
     reasons: [Py<PyAny>; 5],
     sse_event: Py<PyAny>,
     tuple_new: Py<PyAny>,
@@ -45,6 +40,22 @@ pub(crate) struct Types {
     stats: Py<PyAny>,
     takeover: Py<PyAny>,
     py_parser: Py<PyAny>,
+    /// the event classes made here, without their Python `__init__`
+    make: Makers,
+}
+
+/// The event classes `HttpParser` makes (`crate::slots`): one `HttpRequest`,
+/// `HttpResponse` and two `HttpEnd` per exchange, a `FlowEnd` per direction.
+pub(crate) struct Makers {
+    opened: SlotClass,
+    request: SlotClass,
+    response: SlotClass,
+    end: SlotClass,
+    error: SlotClass,
+    resync: SlotClass,
+    anomaly: SlotClass,
+    flow_gap: SlotClass,
+    flow_end: SlotClass,
 }
 
 static TYPES: PyOnceLock<Types> = PyOnceLock::new();
@@ -57,19 +68,28 @@ pub(crate) fn types(py: Python<'_>) -> PyResult<&'static Types> {
         let reason = |name: &str| -> PyResult<Py<PyAny>> { Ok(er.getattr(name)?.unbind()) };
         let builtins = py.import("builtins")?;
         let http1 = py.import("sniffer.core.http1")?;
+        let slots = |name: &str| -> PyResult<SlotClass> {
+            SlotClass::new(py, &ev.getattr(name)?.cast_into::<PyType>()?)
+        };
+        let make = Makers {
+            opened: slots("ConnectionOpened")?,
+            request: slots("HttpRequest")?,
+            response: slots("HttpResponse")?,
+            end: slots("HttpEnd")?,
+            error: slots("HttpError")?,
+            resync: slots("HttpResync")?,
+            anomaly: slots("HttpAnomaly")?,
+            flow_gap: slots("FlowGap")?,
+            flow_end: slots("FlowEnd")?,
+        };
         Ok(Types {
+            make,
             flow_data: get("FlowData")?,
             opened: get("ConnectionOpened")?,
             flow_gap: get("FlowGap")?,
             flow_end: get("FlowEnd")?,
             closed: get("ConnectionClosed")?,
-            request: get("HttpRequest")?,
-            response: get("HttpResponse")?,
             body: get("HttpBody")?,
-            end: get("HttpEnd")?,
-            error: get("HttpError")?,
-            resync: get("HttpResync")?,
-            anomaly: get("HttpAnomaly")?,
             reasons: [
                 reason("COMPLETE")?,
                 reason("GAP")?,
@@ -101,15 +121,51 @@ fn reason_obj<'py>(py: Python<'py>, t: &Types, r: EndReason) -> Bound<'py, PyAny
     t.reasons[i].bind(py).clone()
 }
 
-fn headers_obj<'py>(py: Python<'py>, h: &Headers) -> PyResult<Bound<'py, PyTuple>> {
+/// A Python str of latin-1 bytes: ASCII (nearly every head) straight from
+/// the bytes, no `String` made first.
+fn latin1_str<'py>(py: Python<'py>, b: &[u8]) -> Bound<'py, PyString> {
+    match std::str::from_utf8(b) {
+        Ok(s) if b.is_ascii() => PyString::new(py, s),
+        _ => PyString::new(py, &latin1(b)),
+    }
+}
+
+/// The texts of heads that come again and again (header names, methods,
+/// versions, reasons), each made once as a Python str: no allocation per
+/// head, and the str keeps its hash, so the Python stages' look-ups by
+/// header name (credential checks, the store's JSON) hash nothing. Bounded:
+/// texts up to `MAX_LEN` bytes, `MAX` of them (past it, new texts are made
+/// each time, as before).
+#[derive(Default)]
+struct Texts {
+    known: std::collections::HashMap<Vec<u8>, Py<PyString>>,
+}
+
+impl Texts {
+    const MAX: usize = 512;
+    const MAX_LEN: usize = 64;
+
+    fn get<'py>(&mut self, py: Python<'py>, b: &[u8]) -> Bound<'py, PyString> {
+        if let Some(s) = self.known.get(b) {
+            return s.bind(py).clone();
+        }
+        let s = latin1_str(py, b);
+        if b.len() <= Self::MAX_LEN && self.known.len() < Self::MAX {
+            self.known.insert(b.to_vec(), s.clone().unbind());
+        }
+        s
+    }
+}
+
+/// A head's headers as the tuple of (name, value) str pairs the events carry.
+fn headers_obj<'py>(
+    py: Python<'py>,
+    texts: &mut Texts,
+    h: &Headers,
+) -> PyResult<Bound<'py, PyTuple>> {
     let items: Vec<Bound<'py, PyTuple>> = h
         .iter()
-        .map(|(n, v)| {
-            PyTuple::new(
-                py,
-                [PyString::new(py, &latin1(n)), PyString::new(py, &latin1(v))],
-            )
-        })
+        .map(|(n, v)| PyTuple::new(py, [texts.get(py, n), latin1_str(py, v)]))
         .collect::<PyResult<_>>()?;
     PyTuple::new(py, items)
 }
@@ -155,6 +211,8 @@ pub struct PyHttpParser {
     /// insertion order of the connections, as the reference's dict keeps it
     order: IdMap<u64, u64>,
     next_order: u64,
+    /// header names, methods, versions and reasons made once
+    texts: Texts,
 }
 
 fn int_attr(o: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
@@ -189,6 +247,7 @@ impl PyHttpParser {
             out: Vec::new(),
             order: IdMap::default(),
             next_order: 0,
+            texts: Texts::default(),
         })
     }
 
@@ -668,16 +727,19 @@ impl PyHttpParser {
                 };
                 let o = o.bind(py);
                 if swapped {
-                    let s = t.opened.bind(py).call1((
-                        o.getattr("conn")?,
-                        o.getattr("ts")?,
-                        o.getattr("server")?,
-                        o.getattr("client")?,
-                        o.getattr("syn_seen")?,
-                        o.getattr("capture")?,
-                        o.getattr("pid")?,
-                        o.getattr("comm")?,
-                    ))?;
+                    let s = t.make.opened.make(
+                        py,
+                        &[
+                            o.getattr("conn")?,
+                            o.getattr("ts")?,
+                            o.getattr("server")?,
+                            o.getattr("client")?,
+                            o.getattr("syn_seen")?,
+                            o.getattr("capture")?,
+                            o.getattr("pid")?,
+                            o.getattr("comm")?,
+                        ],
+                    )?;
                     out.append(s)?;
                 } else {
                     out.append(o)?;
@@ -692,15 +754,18 @@ impl PyHttpParser {
                 version,
                 headers,
             } => {
-                out.append(t.request.bind(py).call1((
-                    conn,
-                    exchange,
-                    ts,
-                    latin1(&method),
-                    latin1(&target),
-                    latin1(&version),
-                    headers_obj(py, &headers)?,
-                ))?)?;
+                out.append(t.make.request.make(
+                    py,
+                    &values![py;
+                        conn,
+                        exchange,
+                        ts,
+                        self.texts.get(py, &method),
+                        latin1_str(py, &target),
+                        self.texts.get(py, &version),
+                        headers_obj(py, &mut self.texts, &headers)?,
+                    ],
+                )?)?;
             }
             HttpEvent::Response {
                 conn,
@@ -712,16 +777,19 @@ impl PyHttpParser {
                 headers,
                 informational,
             } => {
-                out.append(t.response.bind(py).call1((
-                    conn,
-                    exchange,
-                    ts,
-                    status,
-                    latin1(&reason),
-                    latin1(&version),
-                    headers_obj(py, &headers)?,
-                    informational,
-                ))?)?;
+                out.append(t.make.response.make(
+                    py,
+                    &values![py;
+                        conn,
+                        exchange,
+                        ts,
+                        status,
+                        self.texts.get(py, &reason),
+                        self.texts.get(py, &version),
+                        headers_obj(py, &mut self.texts, &headers)?,
+                        informational,
+                    ],
+                )?)?;
             }
             HttpEvent::End {
                 conn,
@@ -730,13 +798,10 @@ impl PyHttpParser {
                 from_client,
                 reason,
             } => {
-                out.append(t.end.bind(py).call1((
-                    conn,
-                    exchange,
-                    ts,
-                    from_client,
-                    reason_obj(py, t, reason),
-                ))?)?;
+                out.append(t.make.end.make(
+                    py,
+                    &values![py; conn, exchange, ts, from_client, reason_obj(py, t, reason)],
+                )?)?;
             }
             HttpEvent::Error {
                 conn,
@@ -746,14 +811,10 @@ impl PyHttpParser {
                 kind,
                 message,
             } => {
-                out.append(t.error.bind(py).call1((
-                    conn,
-                    exchange,
-                    ts,
-                    from_client,
-                    kind,
-                    message,
-                ))?)?;
+                out.append(t.make.error.make(
+                    py,
+                    &values![py; conn, exchange, ts, from_client, kind, message],
+                )?)?;
             }
             HttpEvent::Resync {
                 conn,
@@ -765,16 +826,19 @@ impl PyHttpParser {
                 lost,
                 gaps,
             } => {
-                out.append(t.resync.bind(py).call1((
-                    conn,
-                    exchange,
-                    ts,
-                    framing.name(),
-                    skipped,
-                    recovered,
-                    lost,
-                    gaps,
-                ))?)?;
+                out.append(t.make.resync.make(
+                    py,
+                    &values![py;
+                        conn,
+                        exchange,
+                        ts,
+                        framing.name(),
+                        skipped,
+                        recovered,
+                        lost,
+                        gaps,
+                    ],
+                )?)?;
             }
             HttpEvent::FlowGap {
                 conn,
@@ -784,9 +848,9 @@ impl PyHttpParser {
                 reason,
             } => {
                 out.append(
-                    t.flow_gap
-                        .bind(py)
-                        .call1((conn, ts, from_client, nbytes, reason))?,
+                    t.make
+                        .flow_gap
+                        .make(py, &values![py; conn, ts, from_client, nbytes, reason])?,
                 )?;
             }
             HttpEvent::FlowEnd {
@@ -808,7 +872,11 @@ impl PyHttpParser {
                 if same {
                     out.append(input.obj(py)?)?;
                 } else {
-                    out.append(t.flow_end.bind(py).call1((conn, ts, from_client, reason))?)?;
+                    out.append(
+                        t.make
+                            .flow_end
+                            .make(py, &values![py; conn, ts, from_client, reason])?,
+                    )?;
                 }
             }
             HttpEvent::Closed { .. } => out.append(input.obj(py)?)?,
@@ -818,16 +886,19 @@ impl PyHttpParser {
                 from_client,
             } => {
                 let a = match input {
-                    Input::Py(ev) => t.anomaly.bind(py).call1((
-                        conn,
-                        exchange,
-                        ev.getattr("ts")?,
-                        from_client,
-                        ev.getattr("kind")?,
-                        ev.getattr("detail")?,
-                        ev.getattr("offset")?,
-                        ev.getattr("length")?,
-                    ))?,
+                    Input::Py(ev) => t.make.anomaly.make(
+                        py,
+                        &values![py;
+                            conn,
+                            exchange,
+                            ev.getattr("ts")?,
+                            from_client,
+                            ev.getattr("kind")?,
+                            ev.getattr("detail")?,
+                            ev.getattr("offset")?,
+                            ev.getattr("length")?,
+                        ],
+                    )?,
                     Input::Native(ev) => {
                         let Event::Anomaly {
                             ts,
@@ -840,16 +911,11 @@ impl PyHttpParser {
                         else {
                             return Err(PyTypeError::new_err("an anomaly without its flow event"));
                         };
-                        t.anomaly.bind(py).call1((
-                            conn,
-                            exchange,
-                            ts,
-                            from_client,
-                            kind,
-                            detail,
-                            offset,
-                            length,
-                        ))?
+                        t.make.anomaly.make(
+                            py,
+                            &values![py; conn, exchange, ts, from_client, kind, detail, offset,
+                                length],
+                        )?
                     }
                 };
                 out.append(a)?;

@@ -31,5 +31,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     bpe::register(m)?;
     cadence::register(m)?;
     observe::register(m)?;
+    slots::register(m)?;
     Ok(())
 }

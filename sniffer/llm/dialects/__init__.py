@@ -94,6 +94,8 @@ def dialect_by_name(name: str) -> Dialect | None:
 def normalize_path(target: str) -> str:
     """The path of a request target: no scheme/authority (absolute-form targets
     sent to proxies), no query or fragment, no trailing slash."""
+    if target[:1] == "/" and target[-1] != "/" and "?" not in target and "#" not in target:
+        return target  # (the usual origin-form path: as it is)
     if target.startswith(("http://", "https://")):
         slash = target.find("/", target.find("//") + 2)
         target = target[slash:] if slash >= 0 else "/"
