@@ -30,14 +30,11 @@ const CHUNK_FIELDS: usize = 14;
 
 struct Types {
     chunk_event: Py<PyType>,
-    /// the slot descriptor of each of its fields (`ChunkEvent.__dict__[name]`,
-    /// a `member_descriptor`), in field order (`dataclasses.fields`)
-    chunk_slots: Vec<Py<PyAny>>,
+    /// where in an instance each field's slot keeps its value (bytes from
+    /// its start), in field order (`probe`)
+    chunk_offsets: Vec<usize>,
     /// `ChunkEvent`'s `tp_alloc`: what `object.__new__(ChunkEvent)` calls
     chunk_alloc: pyo3::ffi::allocfunc,
-    /// `member_descriptor`'s `tp_descr_set`: what the descriptors' `__set__`
-    /// (and `object.__setattr__`, after finding them) calls
-    slot_set: pyo3::ffi::descrsetfunc,
     pipeline_error: Py<PyAny>,
     flag_after_done: Py<PyAny>,
     flag_clock_backwards: Py<PyAny>,
@@ -57,15 +54,16 @@ macro_rules! fields {
 /// A `ChunkEvent` with these field values, made without its Python
 /// `__init__` (a frame and 14 descriptor calls: ~10k instructions, the most
 /// of this loop's cost per chunk) nor the generic paths that lead to the
-/// same two C functions (`object.__new__` called as a Python object, then
+/// same C functions (`object.__new__` called as a Python object, then
 /// `PyObject_GenericSetAttr` per field: ~2.8k instructions): the type's
 /// `tp_alloc` (what `object.__new__` calls for a class without `__new__`:
-/// no arguments, not abstract), then each slot descriptor's `tp_descr_set`
-/// (what `object.__setattr__` calls once it found the descriptor, and what
-/// `events._slot_init`'s `__init__` calls through `__set__`; the frozen
-/// class's own `__setattr__` refuses): ~1.3k. The object is the one the
-/// class call makes: same type, slots and values, tracked by the cycle
-/// collector as `tp_alloc` leaves it.
+/// no arguments, not abstract), then each field's value stored in the word
+/// of the instance where its slot descriptor keeps it (`probe`), as the
+/// descriptors' `tp_descr_set` stores a value in an unset slot: the
+/// reference handed over, nothing released (~50 instructions a field less
+/// than calling it, ~0.7k a chunk). The object is the one the class call
+/// makes: same type, slots and values, tracked by the cycle collector as
+/// `tp_alloc` leaves it.
 fn chunk_event<'py>(
     py: Python<'py>,
     t: &Types,
@@ -83,16 +81,27 @@ fn chunk_event<'py>(
         }
         Bound::from_owned_ptr(py, ptr)
     };
-    for (slot, value) in t.chunk_slots.iter().zip(values.iter()) {
-        // SAFETY: `slot` (a member descriptor of `cls`), `obj` (an instance of
-        // `cls`) and `value` are live references for the whole call and the
-        // GIL is held; `slot_set` is the descriptors' type's `tp_descr_set`,
-        // which checks the instance's type, borrows its arguments (it steals
-        // no reference) and returns -1 with an exception set on failure.
+    if !std::ptr::eq(obj.get_type_ptr(), cls.as_type_ptr()) {
+        return Err(pyo3::exceptions::PyTypeError::new_err(
+            "ChunkEvent's tp_alloc made another type",
+        ));
+    }
+    for (&offset, value) in t.chunk_offsets.iter().zip(values) {
+        // SAFETY: `obj` is a live instance of exactly `ChunkEvent` (checked
+        // above), fresh from `tp_alloc` (which zeroes its `__basicsize__`
+        // bytes: every slot unset, NULL) and not yet seen by any other code;
+        // the GIL is held. `offset`, found by `probe` on this class, is an
+        // aligned word inside those bytes where the field's member
+        // descriptor keeps its value; each field has its own word, written
+        // once here. What `tp_descr_set` does for an unset slot: the value's
+        // reference stored (ours, handed over by `into_ptr`), no old one.
         #[allow(unsafe_code)]
-        let rc = unsafe { (t.slot_set)(slot.as_ptr(), obj.as_ptr(), value.as_ptr()) };
-        if rc != 0 {
-            return Err(PyErr::fetch(py));
+        unsafe {
+            obj.as_ptr()
+                .cast::<u8>()
+                .add(offset)
+                .cast::<*mut pyo3::ffi::PyObject>()
+                .write(value.into_ptr());
         }
     }
     Ok(obj)
@@ -351,8 +360,10 @@ fn probe(
     descrs: &[Py<PyAny>],
     set: pyo3::ffi::descrsetfunc,
 ) -> PyResult<Vec<usize>> {
-    let unknown =
-        |what: &str| pyo3::exceptions::PyTypeError::new_err(format!("_Exchange's slots: {what}"));
+    let unknown = |what: &str| {
+        let name = cls.name().map(|n| n.to_string()).unwrap_or_default();
+        pyo3::exceptions::PyTypeError::new_err(format!("{name}'s slots: {what}"))
+    };
     let word = std::mem::size_of::<*mut pyo3::ffi::PyObject>();
     let size: usize = cls.getattr("__basicsize__")?.extract()?;
     if cls.getattr("__itemsize__")?.extract::<usize>()? != 0 {
@@ -381,8 +392,11 @@ fn probe(
     for descr in descrs {
         // a fresh object: no other word of the instance can hold it
         let marker = PyTuple::new(py, [descr.bind(py)])?;
-        // SAFETY: as in `chunk_event`: live descriptor, instance and value,
-        // the GIL held; NULL as the value deletes the slot.
+        // SAFETY: the descriptor, the instance and the value are live
+        // references for the whole call and the GIL is held; `set` is the
+        // descriptors' type's `tp_descr_set`, which checks the instance's
+        // type, borrows its arguments and returns -1 with an exception set
+        // on failure; NULL as the value deletes the slot.
         #[allow(unsafe_code)]
         let rc = unsafe { set(descr.as_ptr(), obj.as_ptr(), marker.as_ptr()) };
         if rc != 0 {
@@ -464,17 +478,17 @@ fn types(py: Python<'_>) -> PyResult<&'static Types> {
         // `descrsetfunc`), non-null (checked by `type_slot`); the types they
         // belong to live as long as the interpreter (ChunkEvent is kept here).
         #[allow(unsafe_code)]
-        let (chunk_alloc, slot_set) = unsafe {
+        let (chunk_alloc, set) = unsafe {
             (
                 std::mem::transmute::<*mut std::ffi::c_void, pyo3::ffi::allocfunc>(alloc),
                 std::mem::transmute::<*mut std::ffi::c_void, pyo3::ffi::descrsetfunc>(set),
             )
         };
+        let chunk_offsets = probe(py, &cls, &chunk_slots, set)?;
         Ok(Types {
             chunk_event: cls.unbind(),
-            chunk_slots,
+            chunk_offsets,
             chunk_alloc,
-            slot_set,
             pipeline_error: events.getattr("PipelineError")?.unbind(),
             flag_after_done: flag.getattr("AFTER_DONE")?.unbind(),
             flag_clock_backwards: flag.getattr("CLOCK_BACKWARDS")?.unbind(),
