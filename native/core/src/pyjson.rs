@@ -28,6 +28,8 @@ use std::fmt::Write as _;
 pub const MAX_DEPTH: usize = 64;
 /// Most keys accepted in one object (the duplicate check is quadratic).
 pub const MAX_KEYS: usize = 256;
+/// Longest key [`Parser::plain_key`] looks for (bytes).
+pub const PLAIN_KEY_MAX: usize = 32;
 /// Most digits an integer can have (`i64::MAX` has 19); the parse checks the rest.
 pub const MAX_INT_DIGITS: usize = 19;
 
@@ -149,7 +151,8 @@ impl<'a> Parser<'a> {
         self.b.get(self.i).copied()
     }
 
-    fn bump(&mut self) {
+    /// Past the byte at the cursor.
+    pub fn bump(&mut self) {
         self.i = self.i.saturating_add(1);
     }
 
@@ -160,7 +163,8 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn eat(&mut self, c: u8) -> Option<()> {
+    /// Past the byte `c` when it is the next one, else `None`.
+    pub fn eat(&mut self, c: u8) -> Option<()> {
         if self.peek() == Some(c) {
             self.bump();
             Some(())
@@ -397,6 +401,25 @@ impl<'a> Parser<'a> {
             return Some(Cow::Borrowed(s));
         }
         self.escaped(start).map(Cow::Owned)
+    }
+
+    /// The object key at the cursor (its opening quote) when it is one of
+    /// `keys` written plainly, byte for byte: its position in `keys`, the
+    /// cursor past the key's closing quote. `None` (the cursor unmoved) for
+    /// anything else: another key, or one written with an escape. The keys
+    /// hold no quote, backslash nor control character, so a string whose
+    /// bytes up to the first quote are one of them is exactly that key.
+    pub fn plain_key(&mut self, keys: &[&[u8]]) -> Option<usize> {
+        let rest = self.b.get(self.i..)?;
+        if rest.first() != Some(&b'"') {
+            return None;
+        }
+        let body = rest.get(1..)?;
+        let len = body.iter().take(PLAIN_KEY_MAX).position(|&c| c == b'"')?;
+        let key = body.get(..len)?;
+        let n = keys.iter().position(|k| *k == key)?;
+        self.i = self.i.checked_add(len)?.checked_add(2)?;
+        Some(n)
     }
 
     /// The rest of a string that is not plain (an escape or a control
