@@ -28,8 +28,6 @@ use std::fmt::Write as _;
 pub const MAX_DEPTH: usize = 64;
 /// Most keys accepted in one object (the duplicate check is quadratic).
 pub const MAX_KEYS: usize = 256;
-/// Longest key [`Parser::plain_key`] looks for (bytes).
-pub const PLAIN_KEY_MAX: usize = 32;
 /// Most digits an integer can have (`i64::MAX` has 19); the parse checks the rest.
 pub const MAX_INT_DIGITS: usize = 19;
 
@@ -135,8 +133,8 @@ impl<'a> Parser<'a> {
             s: text,
             b: text.as_bytes(),
             i: 0,
-            // room for a chunk's keys of all levels at once: one allocation
-            keys: Vec::with_capacity(16),
+            // made at the first object's first key (`members`)
+            keys: Vec::new(),
         }
     }
 
@@ -265,6 +263,10 @@ impl<'a> Parser<'a> {
             self.eat(b':')?;
             self.ws();
             member(self, &key, inner)?;
+            if self.keys.capacity() == 0 {
+                // room for a chunk's keys of all levels at once: one allocation
+                self.keys.reserve(16);
+            }
             self.keys.push(key);
             self.ws();
             match self.peek()? {
@@ -410,16 +412,25 @@ impl<'a> Parser<'a> {
     /// hold no quote, backslash nor control character, so a string whose
     /// bytes up to the first quote are one of them is exactly that key.
     pub fn plain_key(&mut self, keys: &[&[u8]]) -> Option<usize> {
-        let rest = self.b.get(self.i..)?;
-        if rest.first() != Some(&b'"') {
+        if self.peek()? != b'"' {
             return None;
         }
-        let body = rest.get(1..)?;
-        let len = body.iter().take(PLAIN_KEY_MAX).position(|&c| c == b'"')?;
-        let key = body.get(..len)?;
-        let n = keys.iter().position(|k| *k == key)?;
-        self.i = self.i.checked_add(len)?.checked_add(2)?;
-        Some(n)
+        let at = self.i;
+        let start = at.checked_add(1)?;
+        self.i = start;
+        self.plain_run();
+        let found = match self.peek() {
+            Some(b'"') => {
+                let key = self.b.get(start..self.i).unwrap_or_default();
+                keys.iter().position(|k| *k == key)
+            }
+            _ => None,
+        };
+        match found {
+            Some(_) => self.bump(),
+            None => self.i = at,
+        }
+        found
     }
 
     /// The rest of a string that is not plain (an escape or a control
