@@ -415,22 +415,13 @@ impl<'a> Parser<'a> {
         if self.peek()? != b'"' {
             return None;
         }
-        let at = self.i;
-        let start = at.checked_add(1)?;
-        self.i = start;
-        self.plain_run();
-        let found = match self.peek() {
-            Some(b'"') => {
-                let key = self.b.get(start..self.i).unwrap_or_default();
-                keys.iter().position(|k| *k == key)
-            }
-            _ => None,
-        };
-        match found {
-            Some(_) => self.bump(),
-            None => self.i = at,
-        }
-        found
+        let body = self.b.get(self.i.checked_add(1)?..)?;
+        let n = keys
+            .iter()
+            .position(|k| body.get(k.len()) == Some(&b'"') && body.starts_with(k))?;
+        let len = keys.get(n)?.len();
+        self.i = self.i.checked_add(len)?.checked_add(2)?;
+        Some(n)
     }
 
     /// The rest of a string that is not plain (an escape or a control
