@@ -84,7 +84,21 @@ pub struct Chunk<'a> {
 /// followed by a read of its tree (`extract_tree` in the tests, the
 /// reference). Any `None` on the way is the item's: where a rule or a shape
 /// fails first does not matter.
+///
+/// A chat chunk of the common shape is read by [`fast`] first, which takes
+/// it or leaves it (at the first thing it does not know) to the general
+/// reading, whose result it gives whenever it takes one.
 pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<'_>> {
+    if endpoint == Endpoint::Chat {
+        if let Some(chunk) = fast::chat(data, want_name) {
+            return Some(chunk);
+        }
+    }
+    general(data, endpoint, want_name)
+}
+
+/// [`extract`] without its fast path: every item, every rule.
+fn general(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<'_>> {
     let mut p = pyjson::Parser::new(data);
     p.ws();
     if p.peek()? != b'{' {
@@ -169,6 +183,242 @@ pub fn extract(data: &str, endpoint: Endpoint, want_name: bool) -> Option<Chunk<
         id: name_id,
         server,
     })
+}
+
+/// The common chat chunk, read without building the general reading's
+/// values: `{"id": …, "object": …, "model": …, "choices": [{"index": …,
+/// "delta": {"content": …}, "finish_reason": …}]}` and the like, whatever
+/// the members' order and the whitespace. It knows only these members
+/// (written without escapes, each once): at the top level `id`, `model`
+/// and `object` (strings), `choices` (a non-empty list of choice objects),
+/// `usage` (null), `created`, `system_fingerprint`, `service_tier`,
+/// `obfuscation` (any value, checked as the general reading checks
+/// members it does not read); in a choice `index` (an integer), `delta`
+/// (an object), `logprobs` (null), `finish_reason` (a string or null); in a
+/// delta `content`, `role`, `reasoning_content`, `reasoning` (strings or
+/// null), `tool_calls` (null), `refusal` (any value, checked). Anything
+/// else (another member, another type, a missing `delta`, an empty list
+/// or object where the general reading has a special case) leaves the item
+/// to [`general`]: `None`. What it takes it reads with the same parser
+/// (strings, numbers, whitespace, depth) and completes with the same
+/// [`chat_delta`], so it gives exactly what `general` gives (the tests
+/// compare the two on odd inputs).
+pub(crate) mod fast {
+    use std::borrow::Cow;
+
+    use super::{chat_delta, Chunk, ChunkDelta, Kind, INDEX_MAX};
+    use crate::pyjson::{Parser, Value};
+
+    /// The top-level members it knows, in the order of [`top`]'s match.
+    const TOP: [&[u8]; 9] = [
+        b"id",
+        b"object",
+        b"model",
+        b"choices",
+        b"usage",
+        b"created",
+        b"system_fingerprint",
+        b"service_tier",
+        b"obfuscation",
+    ];
+    const CHOICE: [&[u8]; 4] = [b"index", b"delta", b"logprobs", b"finish_reason"];
+    const DELTA: [&[u8]; 6] = [
+        b"content",
+        b"role",
+        b"reasoning_content",
+        b"reasoning",
+        b"tool_calls",
+        b"refusal",
+    ];
+
+    /// [`super::extract`] of a chat item, or `None` (left to `general`).
+    pub(crate) fn chat(data: &str, want_name: bool) -> Option<Chunk<'_>> {
+        let mut p = Parser::new(data);
+        p.ws();
+        let (mut id, mut model, mut deltas) = (None, None, None);
+        // the top level is at depth 1, its members' values at 2
+        object(&mut p, &TOP, false, |p, k| {
+            match k {
+                0 => id = Some(string(p)?),
+                1 => {
+                    if string(p)? == "error" {
+                        return None;
+                    }
+                }
+                2 => model = Some(string(p)?),
+                3 => deltas = Some(choices(p)?),
+                4 => null(p, 2)?,
+                _ => {
+                    p.value::<false>(2)?;
+                }
+            }
+            Some(())
+        })?;
+        if !p.end() {
+            return None;
+        }
+        let deltas = deltas?;
+        let (mut name, mut name_id) = (None, None);
+        if want_name {
+            if let Some(m) = model.filter(|m| !m.is_empty()) {
+                name = Some(m);
+                name_id = id.filter(|i| !i.is_empty());
+            }
+        }
+        Some(Chunk {
+            deltas,
+            model: name,
+            id: name_id,
+            server: None,
+        })
+    }
+
+    /// The object at the cursor, none of whose members is missing from
+    /// `keys` nor there twice: `member(parser, key's position)` reads each
+    /// value. At least one member, unless `empty`.
+    fn object<'a, F>(p: &mut Parser<'a>, keys: &[&[u8]], empty: bool, mut member: F) -> Option<()>
+    where
+        F: FnMut(&mut Parser<'a>, usize) -> Option<()>,
+    {
+        p.eat(b'{')?;
+        if empty {
+            p.ws();
+            if p.peek()? == b'}' {
+                p.bump();
+                return Some(());
+            }
+        }
+        let mut seen: u32 = 0;
+        loop {
+            p.ws();
+            let k = p.plain_key(keys)?;
+            let bit = 1_u32.checked_shl(u32::try_from(k).ok()?)?;
+            if seen & bit != 0 {
+                return None;
+            }
+            seen |= bit;
+            p.ws();
+            p.eat(b':')?;
+            p.ws();
+            member(p, k)?;
+            p.ws();
+            match p.peek()? {
+                b',' => p.bump(),
+                b'}' => {
+                    p.bump();
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// A string value.
+    fn string<'a>(p: &mut Parser<'a>) -> Option<Cow<'a, str>> {
+        (p.peek()? == b'"').then_some(())?;
+        p.string()
+    }
+
+    /// A string or null value (`None` inside: null).
+    fn string_or_null<'a>(p: &mut Parser<'a>, depth: usize) -> Option<Option<Cow<'a, str>>> {
+        match p.peek()? {
+            b'"' => p.string().map(Some),
+            b'n' => null(p, depth).map(|()| None),
+            _ => None,
+        }
+    }
+
+    /// A null value.
+    fn null(p: &mut Parser<'_>, depth: usize) -> Option<()> {
+        (p.peek()? == b'n').then_some(())?;
+        matches!(p.value::<false>(depth)?, Value::Null).then_some(())
+    }
+
+    /// The `choices` list (at depth 2): a delta per choice, at least one.
+    fn choices<'a>(p: &mut Parser<'a>) -> Option<Vec<ChunkDelta<'a>>> {
+        p.eat(b'[')?;
+        let mut out = Vec::with_capacity(1);
+        loop {
+            p.ws();
+            let position = out.len();
+            out.push(choice(p, position)?);
+            p.ws();
+            match p.peek()? {
+                b',' => p.bump(),
+                b']' => {
+                    p.bump();
+                    return Some(out);
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// The `position`-th choice (an object at depth 3, its values at 4).
+    fn choice<'a>(p: &mut Parser<'a>, position: usize) -> Option<ChunkDelta<'a>> {
+        let (mut index, mut finish, mut delta) = (None, None, None);
+        object(p, &CHOICE, false, |p, k| {
+            match k {
+                0 => {
+                    if !matches!(p.peek()?, b'-' | b'0'..=b'9') {
+                        return None;
+                    }
+                    match p.value::<true>(4)? {
+                        Value::Int(i) => index = Some(i),
+                        _ => return None,
+                    }
+                }
+                1 => delta = Some(message(p)?),
+                2 => null(p, 4)?,
+                _ => finish = string_or_null(p, 4)?,
+            }
+            Some(())
+        })?;
+        let (content, reasoning, role) = delta?;
+        let index = match index {
+            Some(i) => i,
+            None => i64::try_from(position).ok()?,
+        };
+        if !(0..=INDEX_MAX).contains(&index) {
+            return None;
+        }
+        let mut d = ChunkDelta {
+            choice: index,
+            kind: Kind::Other,
+            text: Cow::Borrowed(""),
+            reasoning: Cow::Borrowed(""),
+            tool_calls: None,
+            finish_reason: finish,
+            logprobs: None,
+            raw: false,
+        };
+        chat_delta(&mut d, content, reasoning, None, role);
+        Some(d)
+    }
+
+    /// What a choice's `delta` object (at depth 4, its values at 5) gives:
+    /// its content, its reasoning, whether it has a role.
+    type Message<'a> = (Option<Cow<'a, str>>, Option<Cow<'a, str>>, bool);
+
+    fn message<'a>(p: &mut Parser<'a>) -> Option<Message<'a>> {
+        let (mut content, mut reasoning_content, mut reasoning, mut role) =
+            (None, None, None, false);
+        // `{}` (a finish reason's chunk) too
+        object(p, &DELTA, true, |p, k| {
+            match k {
+                0 => content = string_or_null(p, 5)?,
+                1 => role = string_or_null(p, 5)?.is_some(),
+                2 => reasoning_content = string_or_null(p, 5)?,
+                3 => reasoning = string_or_null(p, 5)?,
+                4 => null(p, 5)?,
+                _ => {
+                    p.value::<false>(5)?;
+                }
+            }
+            Some(())
+        })?;
+        Some((content, reasoning_content.or(reasoning), role))
+    }
 }
 
 /// The value at the cursor (at nesting `depth`) checked: `None` unless it is
@@ -316,36 +566,58 @@ fn read_choice<'a>(
                 None => opt_str(m.reasoning)?,
                 r => r,
             };
-            d.tool_calls = match m.tool_calls {
+            let tool_calls = match m.tool_calls {
                 Value::Null => None,
                 v @ Value::Array(_) => {
                     matches!(&v, Value::Array(items) if !items.is_empty()).then(|| pyjson::dump(&v))
                 }
                 _ => return None,
             };
-            if let Some(c) = content {
-                d.text = c;
-            }
-            if let Some(r) = reasoning {
-                d.reasoning = r;
-            }
-            d.kind = if !d.text.is_empty() {
-                Kind::Content
-            } else if !d.reasoning.is_empty() {
-                Kind::Reasoning
-            } else if d.tool_calls.is_some() {
-                Kind::ToolCall
-            } else if d.finish_reason.is_some() {
-                Kind::Finish
-            } else if m.role != Value::Null {
-                Kind::Role
-            } else {
-                d.raw = true;
-                Kind::Other
-            };
+            chat_delta(
+                &mut d,
+                content,
+                reasoning,
+                tool_calls,
+                m.role != Value::Null,
+            );
         }
     }
     Some(d)
+}
+
+/// A chat choice's delta `d` (its index, finish reason and logprobs set)
+/// completed from its `delta` object's members as the reference reads them:
+/// `content`, the reasoning (`reasoning_content`, else `reasoning`), the
+/// `tool_calls` JSON text (a non-empty list), whether `role` is not null.
+/// Both readers of a chat choice end here ([`read_choice`], [`fast`]).
+fn chat_delta<'a>(
+    d: &mut ChunkDelta<'a>,
+    content: Option<Cow<'a, str>>,
+    reasoning: Option<Cow<'a, str>>,
+    tool_calls: Option<String>,
+    role: bool,
+) {
+    d.tool_calls = tool_calls;
+    if let Some(c) = content {
+        d.text = c;
+    }
+    if let Some(r) = reasoning {
+        d.reasoning = r;
+    }
+    d.kind = if !d.text.is_empty() {
+        Kind::Content
+    } else if !d.reasoning.is_empty() {
+        Kind::Reasoning
+    } else if d.tool_calls.is_some() {
+        Kind::ToolCall
+    } else if d.finish_reason.is_some() {
+        Kind::Finish
+    } else if role {
+        Kind::Role
+    } else {
+        d.raw = true;
+        Kind::Other
+    };
 }
 
 /// A token object (`_json._token_object`): `token` (or, absent, `text`) a
@@ -981,5 +1253,300 @@ mod same_as_tree {
             ),
             None
         );
+    }
+}
+
+/// The fast path ([`fast`]) against the general reading: whenever it takes
+/// an item, it gives what `general` gives, on the common shapes (which it
+/// must take) and on odd ones (escapes, non-ASCII text, members missing,
+/// reordered, repeated, of other types, whitespace, cut or spliced bytes).
+#[cfg(test)]
+mod fast_is_general {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Whether the fast path took `d`; when it did, for either `want_name`,
+    /// its chunk is the general reading's.
+    fn check(d: &str) -> bool {
+        let mut took = false;
+        for want in [false, true] {
+            if let Some(got) = fast::chat(d, want) {
+                took = true;
+                assert_eq!(
+                    Some(got),
+                    general(d, Endpoint::Chat, want),
+                    "{d} want_name={want}"
+                );
+            }
+            // and `extract` is the general reading, whoever read it
+            assert_eq!(
+                extract(d, Endpoint::Chat, want),
+                general(d, Endpoint::Chat, want),
+                "{d}"
+            );
+        }
+        took
+    }
+
+    #[test]
+    fn common_shapes_are_taken() {
+        for d in [
+            r#"{"id":"b","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"w0.0 "},"finish_reason":null}]}"#,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}],"usage":null}"#,
+            r#"{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","service_tier":"default","choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}],"obfuscation":"xyz"}"#,
+            r#"{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"delta":{"content":"a\nb\t\"q\" \u00e9 \ud83d\ude00 é😀"},"index":0}],"model":"m","id":"x"}"#,
+            r#"{"id":"c","model":"","choices":[{"index":1,"delta":{"reasoning_content":"think"},"finish_reason":null},{"index":0,"delta":{"reasoning":"r","content":null}}]}"#,
+            r#" { "id" : "c" , "choices" : [ { "index" : 0 , "delta" : { "content" : "x" , "tool_calls" : null } } ] } "#,
+            r#"{"id":"c","choices":[{"delta":{"role":"assistant"}}]}"#,
+            r#"{"id":"c","choices":[{"delta":{"content":""},"finish_reason":"length"}]}"#,
+            r#"{"id":"c","choices":[{"delta":{"refusal":[1,{"a":null}]}}]}"#,
+        ] {
+            assert!(check(d), "not taken: {d}");
+            assert!(general(d, Endpoint::Chat, true).is_some(), "{d}");
+        }
+    }
+
+    #[test]
+    fn odd_items_are_left_or_read_alike() {
+        for d in [
+            // repeated members, at each level (the general reading refuses them)
+            r#"{"id":"a","id":"b","choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"x"}}],"choices":[{"delta":{"content":"y"}}]}"#,
+            r#"{"choices":[{"index":0,"index":1,"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"x","content":"y"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"x"},"delta":{}}]}"#,
+            // a key written with an escape (the same key, decoded)
+            r#"{"\u0069d":"a","id":"b","choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"delta":{"\u0063ontent":"x"}}]}"#,
+            // members missing, or of another type
+            r#"{"id":"a"}"#,
+            r#"{"choices":[]}"#,
+            r#"{"choices":null}"#,
+            r#"{"choices":[{}]}"#,
+            r#"{"choices":[{"index":0}]}"#,
+            r#"{"choices":[{"delta":null}]}"#,
+            r#"{"choices":[{"delta":{"content":5}}]}"#,
+            r#"{"choices":[{"delta":{"role":null,"content":null}}]}"#,
+            r#"{"choices":[{"delta":{"role":7}}]}"#,
+            r#"{"choices":[{"index":"0","delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"index":0.0,"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"index":-1,"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"index":-0,"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"index":01,"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"index":2147483648,"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"index":2147483647,"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"index":99999999999999999999,"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"x"},"finish_reason":1}]}"#,
+            r#"{"choices":[{"delta":{"content":"x"},"logprobs":{"content":[]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[]}}]}"#,
+            r#"{"model":null,"choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"model":5,"id":"i","choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"id":null,"model":"m","choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"object":"error","choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"error":null,"choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"usage":{"total_tokens":3},"choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"usage":nul,"choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"message":{"model":"m"},"choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"created":1e400,"choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"created":-0,"choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"created":[[[]]],"choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"x"},"text":"t"}]}"#,
+            // strings the subset refuses, and broken syntax
+            r#"{"choices":[{"delta":{"content":"\ud800"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"\x"}}]}"#,
+            "{\"choices\":[{\"delta\":{\"content\":\"a\u{1}\"}}]}",
+            r#"{"choices":[{"delta":{"content":"x"}}]}x"#,
+            r#"{"choices":[{"delta":{"content":"x"}}],}"#,
+            r#"{"choices":[{"delta":{"content":"x"},}]}"#,
+            r#"{"choices":[{"delta":{"content":"x"}},]}"#,
+            r#"{"choices":[{"delta":{"content":"x"}}]"#,
+            r#"{"choices":[{"delta":{"content":"x"}}]}}"#,
+            r#"{"choices" [{"delta":{"content":"x"}}]}"#,
+            "\u{feff}{\"choices\":[{\"delta\":{\"content\":\"x\"}}]}",
+            "{\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\u{a0}",
+            "",
+            "[DONE]",
+            "{",
+            "{}",
+            "null",
+        ] {
+            check(d);
+        }
+        // taken where the general reading takes it the same way
+        assert!(check(
+            r#"{"choices":[{"index":2147483647,"delta":{"content":"x"}}]}"#
+        ));
+        assert!(check(
+            r#"{"choices":[{"delta":{"role":null,"content":null}}]}"#
+        ));
+    }
+
+    /// A member of an object: mostly a key and a value the fast path knows
+    /// there (`keys`, `values`), else an odd one (another key, one escaped,
+    /// a value of another type or one the subset refuses).
+    fn member(
+        keys: &'static [&'static str],
+        values: &'static [&'static str],
+    ) -> impl Strategy<Value = String> {
+        const ODD_KEYS: &[&str] = &["x", "error", "message", "text", "\\u0069d", "\\u0063ontent"];
+        const ODD: &[&str] = &[
+            "null",
+            "0",
+            "7",
+            "-0",
+            "01",
+            "1.5",
+            "1e400",
+            "2147483648",
+            "true",
+            "[]",
+            "{}",
+            "[1,{\"a\":null}]",
+            "{\"a\":1,\"a\":1}",
+            "\"\\ud800\"",
+            "\"a\\u0001\"",
+            "\"a\u{1}\"",
+            "\"\\x\"",
+            "\"error\"",
+            "nul",
+        ];
+        let key = prop_oneof![
+            24 => proptest::sample::select(keys),
+            1 => proptest::sample::select(ODD_KEYS),
+        ];
+        let value = prop_oneof![
+            16 => proptest::sample::select(values),
+            1 => proptest::sample::select(ODD),
+        ];
+        (key, value, " ?", " ?").prop_map(|(k, v, a, b)| format!("{a}\"{k}\"{b}:{a}{v}{b}"))
+    }
+
+    /// Strings of all kinds (escapes, non-ASCII text) and null.
+    const STRINGS: &[&str] = &[
+        "\"\"",
+        "\"x\"",
+        "\"stop\"",
+        "\"assistant\"",
+        "\"a\\nb\"",
+        "\"\\\"q\\\\\"",
+        "\"\\u00e9\\/\"",
+        "\"\\ud83d\\ude00\"",
+        "\"é😀\"",
+        "null",
+    ];
+
+    fn delta() -> impl Strategy<Value = String> {
+        const KEYS: &[&str] = &[
+            "content",
+            "content",
+            "content",
+            "role",
+            "reasoning_content",
+            "reasoning",
+            "tool_calls",
+            "refusal",
+        ];
+        proptest::collection::vec(member(KEYS, STRINGS), 0..4)
+            .prop_map(|m| format!("{{{}}}", m.join(",")))
+    }
+
+    fn choice() -> impl Strategy<Value = String> {
+        const KEYS: &[&str] = &["index", "finish_reason", "logprobs"];
+        const VALUES: &[&str] = &[
+            "0",
+            "1",
+            "3",
+            "2147483647",
+            "null",
+            "\"stop\"",
+            "\"\\u0073top\"",
+        ];
+        (
+            proptest::collection::vec(member(KEYS, VALUES), 0..3),
+            delta(),
+            proptest::bool::weighted(0.9),
+            0..3_usize,
+        )
+            .prop_map(|(mut m, d, with, at)| {
+                if with {
+                    let at = at.min(m.len());
+                    m.insert(at, format!("\"delta\":{d}"));
+                }
+                format!("{{{}}}", m.join(","))
+            })
+    }
+
+    fn chunk() -> impl Strategy<Value = String> {
+        const KEYS: &[&str] = &[
+            "id",
+            "object",
+            "model",
+            "usage",
+            "created",
+            "system_fingerprint",
+            "service_tier",
+            "obfuscation",
+        ];
+        const VALUES: &[&str] = &[
+            "\"c\"",
+            "\"chat.completion.chunk\"",
+            "\"gpt-4o\"",
+            "\"\"",
+            "\"m\\u00e9\"",
+            "\"chatcmpl-\\\"1\\\"\"",
+            "null",
+            "1700000000",
+        ];
+        (
+            proptest::collection::vec(member(KEYS, VALUES), 0..4),
+            prop_oneof![
+                1 => proptest::collection::vec(choice(), 0..1),
+                8 => proptest::collection::vec(choice(), 1..3),
+            ],
+            0..4_usize,
+            0..5_u8,
+        )
+            .prop_map(|(mut m, cs, at, how)| {
+                let at = at.min(m.len());
+                match how {
+                    0 | 1 => m.insert(at, format!("\"choices\":[{}]", cs.join(","))),
+                    2 => m.insert(at, format!("\"choices\" : [ {} ] ", cs.join(" , "))),
+                    3 => m.insert(at, "\"choices\":null".into()),
+                    _ => {}
+                }
+                format!("{{{}}}", m.join(","))
+            })
+    }
+
+    /// A chunk, then maybe one byte cut or inserted.
+    fn doc() -> impl Strategy<Value = String> {
+        (
+            chunk(),
+            any::<usize>(),
+            0..8_u8,
+            proptest::sample::select(b"{}[],:\"\\ 0en-".as_slice()),
+        )
+            .prop_map(|(d, at, how, byte)| {
+                let mut b = d.into_bytes();
+                let at = at.checked_rem(b.len().saturating_add(1)).unwrap_or(0);
+                match how {
+                    0 if at < b.len() => {
+                        b.remove(at);
+                    }
+                    1 => b.insert(at, byte),
+                    _ => {}
+                }
+                String::from_utf8(b).unwrap_or_default()
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(50000))]
+        #[test]
+        fn fast_gives_what_general_gives(d in doc()) {
+            check(&d);
+        }
     }
 }

@@ -133,8 +133,8 @@ impl<'a> Parser<'a> {
             s: text,
             b: text.as_bytes(),
             i: 0,
-            // room for a chunk's keys of all levels at once: one allocation
-            keys: Vec::with_capacity(16),
+            // made at the first object's first key (`members`)
+            keys: Vec::new(),
         }
     }
 
@@ -149,7 +149,8 @@ impl<'a> Parser<'a> {
         self.b.get(self.i).copied()
     }
 
-    fn bump(&mut self) {
+    /// Past the byte at the cursor.
+    pub fn bump(&mut self) {
         self.i = self.i.saturating_add(1);
     }
 
@@ -160,7 +161,8 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn eat(&mut self, c: u8) -> Option<()> {
+    /// Past the byte `c` when it is the next one, else `None`.
+    pub fn eat(&mut self, c: u8) -> Option<()> {
         if self.peek() == Some(c) {
             self.bump();
             Some(())
@@ -261,6 +263,10 @@ impl<'a> Parser<'a> {
             self.eat(b':')?;
             self.ws();
             member(self, &key, inner)?;
+            if self.keys.capacity() == 0 {
+                // room for a chunk's keys of all levels at once: one allocation
+                self.keys.reserve(16);
+            }
             self.keys.push(key);
             self.ws();
             match self.peek()? {
@@ -397,6 +403,25 @@ impl<'a> Parser<'a> {
             return Some(Cow::Borrowed(s));
         }
         self.escaped(start).map(Cow::Owned)
+    }
+
+    /// The object key at the cursor (its opening quote) when it is one of
+    /// `keys` written plainly, byte for byte: its position in `keys`, the
+    /// cursor past the key's closing quote. `None` (the cursor unmoved) for
+    /// anything else: another key, or one written with an escape. The keys
+    /// hold no quote, backslash nor control character, so a string whose
+    /// bytes up to the first quote are one of them is exactly that key.
+    pub fn plain_key(&mut self, keys: &[&[u8]]) -> Option<usize> {
+        if self.peek()? != b'"' {
+            return None;
+        }
+        let body = self.b.get(self.i.checked_add(1)?..)?;
+        let n = keys
+            .iter()
+            .position(|k| body.get(k.len()) == Some(&b'"') && body.starts_with(k))?;
+        let len = keys.get(n)?.len();
+        self.i = self.i.checked_add(len)?.checked_add(2)?;
+        Some(n)
     }
 
     /// The rest of a string that is not plain (an escape or a control

@@ -13,6 +13,8 @@
 //! over-long line (`discard`). Lengths are counted in characters, as Python
 //! counts them.
 
+use std::borrow::Cow;
+
 /// Longest line (in decoded characters, line end excluded) a decoder keeps.
 pub const DEFAULT_MAX_LINE: usize = 8 * 1024 * 1024;
 
@@ -25,7 +27,8 @@ const BOM: char = '\u{feff}';
 /// (the reference turns them into a Python int; see [`SseEvent::retry_ms`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SseEvent {
-    pub event: String,
+    /// the event type: "message" (most events) is not allocated
+    pub event: Cow<'static, str>,
     pub data: String,
     pub id: Option<String>,
     pub retry: Option<String>,
@@ -271,6 +274,17 @@ impl SseDecoder {
             self.base.error("data fed after close()".into());
             return;
         }
+        if !self.base.utf8.pending() {
+            // what `decode` gives with nothing held and valid UTF-8 (the
+            // text itself, nothing held after): read in place, a whole
+            // event copied once
+            if let Ok(text) = std::str::from_utf8(data) {
+                if !text.is_empty() && !self.whole(text, out) {
+                    self.lines(text.to_owned(), out);
+                }
+                return;
+            }
+        }
         let text = self.base.utf8.decode(data, false);
         if text.is_empty() {
             return;
@@ -309,28 +323,43 @@ impl SseDecoder {
         }
     }
 
-    fn text(&mut self, mut text: String, out: &mut Vec<SseEvent>) {
+    fn text(&mut self, text: String, out: &mut Vec<SseEvent>) {
+        if !self.whole(&text, out) {
+            self.lines(text, out);
+        }
+    }
+
+    /// The common case read at once: `text` is one whole `data:` event
+    /// (one line, then a blank one) met at an event boundary, after the
+    /// start of the stream; true when it was (the event dispatched).
+    fn whole(&mut self, text: &str, out: &mut Vec<SseEvent>) -> bool {
         let cap = self.base.max_line;
         if text.ends_with("\n\n")
             && text.starts_with("data:")
             && self.base.started
             && !(self.cr || self.base.discard || self.base.has_pieces || self.pending)
             && !text.contains('\r')
-            && chars_over(&text, cap).is_none()
+            && chars_over(text, cap).is_none()
         {
             let value = &text[5..text.len().saturating_sub(2)];
             if !value.contains('\n') {
                 let value = value.strip_prefix(' ').unwrap_or(value);
                 self.events = self.events.saturating_add(1);
                 out.push(SseEvent {
-                    event: "message".into(),
+                    event: Cow::Borrowed("message"),
                     data: value.to_owned(),
                     id: self.last_event_id.clone(),
                     retry: None,
                 });
-                return;
+                return true;
             }
         }
+        false
+    }
+
+    /// Decoded text that is not one whole event (`whole`), line by line.
+    fn lines(&mut self, mut text: String, out: &mut Vec<SseEvent>) {
+        let cap = self.base.max_line;
         if !self.base.started {
             self.base.started = true;
             if text.starts_with(BOM) {
@@ -381,7 +410,7 @@ impl SseDecoder {
                 let value = &block[5..];
                 let value = value.strip_prefix(' ').unwrap_or(value);
                 out.push(SseEvent {
-                    event: "message".into(),
+                    event: Cow::Borrowed("message"),
                     data: value.to_owned(),
                     id: last_id.clone(),
                     retry: None,
@@ -467,9 +496,9 @@ impl SseDecoder {
         }
         let data = self.data.join("\n");
         let event = if self.etype.is_empty() {
-            "message".to_owned()
+            Cow::Borrowed("message")
         } else {
-            self.etype.clone()
+            Cow::Owned(self.etype.clone())
         };
         out.push(SseEvent {
             event,

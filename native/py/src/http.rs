@@ -427,12 +427,17 @@ impl PyHttpParser {
         let Some(conn) = conn else {
             return Ok(()); // handed to the HTTP/2 parser
         };
-        let events = std::mem::take(&mut self.out);
+        let mut events = std::mem::take(&mut self.out);
         let mut result = Ok(());
-        for e in events {
+        for e in events.drain(..) {
             if result.is_ok() {
                 result = self.convert(py, t, input, e, out, held.as_deref_mut());
             }
+        }
+        if self.out.is_empty() {
+            // its room kept for the next flow event (one allocation per
+            // packet less)
+            self.out = events;
         }
         if input.is_closed(py, t) {
             self.opened.remove(&conn);
