@@ -50,7 +50,7 @@ macro_rules! fields {
 
 /// A `ChunkEvent` with these field values, made without its Python
 /// `__init__` (a frame and 14 descriptor calls: ~10k instructions, the most
-/// of this loop's cost per chunk): see `crate::slots`, ~1.3k.
+/// of this loop's cost per chunk): `SlotClass::make` (`crate::slots`).
 fn chunk_event<'py>(
     py: Python<'py>,
     t: &Types,
