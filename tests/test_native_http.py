@@ -312,6 +312,9 @@ BOUNDARY_HEADS = [
     b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked",
     b"Transfer-Encoding: Chunked",
     b"X: a\x00b",
+    b"X-Any: \x00'",  # an illegal line ending in a quote: its repr is b"…'" (9 bytes)
+    b'X: \x00"',
+    b"X: \x00')",
     b"X:\x0cb",
     b"X: \x85\xa0",
     b"X: a\r\n b",

@@ -218,6 +218,17 @@ def test_error_text_never_copies_raw_bytes() -> None:
 
 
 @pytest.mark.parametrize(
+    "data",
+    [b"X-Any: \x00'", b"a'\"", b"ab)", b"\\'", b"", bytearray(b"a'"), bytearray(b"q)")],
+)
+def test_scrubbed_bytes_count_every_byte_between_the_quotes(data: bytes) -> None:
+    """The closing quote is cut off, not a quote or parenthesis the bytes end in."""
+    assert scrub_error_text(f"illegal header line: {data!r}") == (
+        f"illegal header line: <{len(data)} bytes>"
+    )
+
+
+@pytest.mark.parametrize(
     ("text", "gone"),
     [
         ("key sk-proj-abcdefghijklmnopqrstuvwxyz123456 here", "abcdefghij"),

@@ -139,11 +139,20 @@ _BYTES_REPR = re.compile(
 
 
 def _bytes_len(m: re.Match[str]) -> str:
+    """``<N bytes>`` for one quoted repr: N counts the bytes between its
+    quotes (an escape is one byte). Only the closing quote and the
+    ``bytearray(`` call's parenthesis are cut off: a repr of bytes that end
+    in a quote or a parenthesis (``b"a'"``) keeps them."""
     text = m.group()
     start = text.find("b'")
     if start < 0 or 0 <= text.find('b"') < start:
         start = text.find('b"')
-    body = text[start + 2 :].rstrip(")").rstrip("'\"")
+    quote = text[start + 1]
+    body = text[start + 2 :]
+    if start > 0 and body.endswith(")"):  # bytearray(b'…')
+        body = body[:-1]
+    if body.endswith(quote):  # absent when the message cut the repr short
+        body = body[:-1]
     n = len(re.sub(r"\\x[0-9a-fA-F]{2}|\\.", "x", body))
     return f"<{n} bytes>"
 

@@ -130,7 +130,7 @@ impl ChunkedBody {
                         }
                         let shown = buf.get(pos..pos.saturating_add(40).min(end)).unwrap_or(&[]);
                         return Err(ChunkError {
-                            message: format!("illegal chunk header: {}", quoted(shown, false)),
+                            message: format!("illegal chunk header: {}", quoted(shown)),
                             rest: rest_from(pos),
                         });
                     }
@@ -163,10 +163,7 @@ impl ChunkedBody {
                     }
                     if &tail[..2] != b"\r\n" {
                         return Err(ChunkError {
-                            message: format!(
-                                "malformed chunk footer: {}",
-                                quoted(&tail[..2], false)
-                            ),
+                            message: format!("malformed chunk footer: {}", quoted(&tail[..2])),
                             rest: tail.to_vec(),
                         });
                     }

@@ -153,7 +153,7 @@ fn field_lines(lines: &[Vec<u8>]) -> Result<Headers, HeadError> {
     for line in &folded {
         match parse_field_line(line) {
             Some(f) => fields.push(f),
-            None => return err(format!("illegal header line: {}", quoted(line, true))),
+            None => return err(format!("illegal header line: {}", quoted(line))),
         }
     }
     Ok(fields)
@@ -268,7 +268,7 @@ pub fn parse_request_head(lines: &[Vec<u8>]) -> Result<RequestHead, HeadError> {
         return err("no request line received");
     };
     let Some((method, target, version)) = request_line(first) else {
-        return err(format!("illegal request line: {}", quoted(first, true)));
+        return err(format!("illegal request line: {}", quoted(first)));
     };
     let headers = normalise(field_lines(lines.get(1..).unwrap_or(&[]))?)?;
     let hosts = headers.iter().filter(|(n, _)| n == b"host").count();
@@ -294,7 +294,7 @@ pub fn parse_response_head(
         return err("no response line received");
     };
     let Some((version, status, reason)) = status_line(first) else {
-        return err(format!("illegal status line: {}", quoted(first, true)));
+        return err(format!("illegal status line: {}", quoted(first)));
     };
     let headers = normalise(field_lines(lines.get(1..).unwrap_or(&[]))?)?;
     if status < 100 {
