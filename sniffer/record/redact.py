@@ -1088,9 +1088,7 @@ class StreamRedactor:
                     n = tw.pending_len = tw.pending_len + len(text)
                     if n < c.limit:
                         continue  # tw.advance() would decide nothing
-                    self._release(c, False)
-                    s.drain(out)
-                    _arm(c)
+                    self._scan(c, s, out)
                     continue
                 chunk(ev, s, out)
             elif type(ev) is StreamClosed:
@@ -1098,6 +1096,84 @@ class StreamRedactor:
             else:
                 out.append(red.event(ev))
         return out
+
+    def _scan(self, c: _Choice, s: _Stream, out: list[StoreEvent]) -> None:
+        """The hot path's ``_release(c, False)``, ``s.drain(out)`` and
+        ``_arm(c)`` (``c`` is ``s.hot``: no reasoning window), in fewer steps
+        when the window's new text holds nothing a built-in pattern needs (and
+        there are no user patterns): the usual window. Then no edit can touch
+        it, so ``advance()`` decides by lengths alone (every chunk with
+        ``lookbehind`` characters after it, untouched) and ``_release`` hands
+        the decided events on as they came. Here that takes one pass over the
+        window's lengths, and no ``decided``/``touched`` lists, no ``take``,
+        no second look at the decided events' count. Any other window takes
+        the steps themselves (which redo the pre-check: a window with digits
+        or an "@" is rare, and costs a regex scan anyway)."""
+        tw = c.text
+        pending = tw.pending
+        n = tw.pending_len
+        red = self.redactor
+        if (
+            not red._extra
+            and not tw.decided
+            and (n >= tw.scan_at or len(pending) > tw.max_held)
+        ):
+            # What advance() scans: the window from ``clear`` (less a secret
+            # prefix's length), here from the start of the chunk holding it
+            # (more text: a clean answer holds for the piece too)
+            ends = list(accumulate(map(len, pending)))
+            start = tw.clear - _WINDOW_PRE_MAX + 1
+            j = bisect_right(ends, start) if start > 0 else 0
+            if not red._builtins_may_edit("".join(pending[j:]) if j else "".join(pending)):
+                # advance()'s decision for a window without edits
+                k = bisect_right(ends, n - tw.lookbehind)
+                k = max(k, len(pending) - tw.max_held)
+                if k <= 0:
+                    tw.clear = n
+                    s.drain(out)  # (_release would hand nothing on)
+                else:
+                    limit = ends[k - 1]
+                    tw.base += limit
+                    n = tw.pending_len = n - limit
+                    tw.clear = n
+                    del pending[:k]
+                    events = c.events
+                    done = events[:k]
+                    del events[:k]
+                    # _release's look at the JSON fields, then drain()'s
+                    # hand-over when c's run is the stream's only one
+                    for ev in done:
+                        if ev.tool_calls or ev.logprobs or ev.raw:
+                            self._ready_json(c, done)
+                            s.drain(out)
+                            break
+                    else:
+                        runs = s.runs
+                        if len(runs) == 1 and not c.ready:
+                            out += done
+                            c.given += k
+                            if not events:
+                                runs.popleft()
+                                s.last = None
+                                s.hot = _COLD
+                        else:
+                            c.ready += done
+                            s.drain(out)
+                c.limit = min(tw.scan_at, n + tw.max_held - len(pending) + 1)  # _arm
+                return
+        self._release(c, False)
+        s.drain(out)
+        _arm(c)
+
+    def _ready_json(self, c: _Choice, events: list[ChunkEvent]) -> None:
+        """``events`` (decided, texts untouched, no reasoning) onto ``c.ready``,
+        their JSON fields redacted."""
+        ready = c.ready
+        for ev in events:
+            if ev.tool_calls or ev.logprobs or ev.raw:
+                ready.append(self._redacted(ev, ev.text, False, ev.reasoning, False))
+            else:
+                ready.append(ev)
 
     def _chunk(self, ev: ChunkEvent, s: _Stream | None, out: list[StoreEvent]) -> None:
         """A chunk event taken in (``s``: its stream's state, if any), what is
@@ -1269,11 +1345,7 @@ class StreamRedactor:
             else:
                 ready += events
                 return
-            for ev in events:
-                if ev.tool_calls or ev.logprobs or ev.raw:
-                    ready.append(self._redacted(ev, ev.text, False, ev.reasoning, False))
-                else:
-                    ready.append(ev)
+            self._ready_json(c, events)
             return
         texts, t_hits = tw.take(n)
         if rw is None:
