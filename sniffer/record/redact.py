@@ -81,7 +81,7 @@ import copy
 import re
 from bisect import bisect_right
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from itertools import accumulate, repeat
 from typing import Any
@@ -1046,6 +1046,8 @@ class StreamRedactor:
         self._clean: list[int] = []
         #: the others: stream → choice → its spans and their replacements
         self._redactions: dict[int, dict[int, ChoiceRedactions]] = {}
+        #: the native core's :func:`_clean_cut` (None: the pure core runs)
+        self._native_cut = _native_clean_cut()
 
     @property
     def counts(self) -> Counter[str]:
@@ -1101,38 +1103,33 @@ class StreamRedactor:
         """The hot path's ``_release(c, False)``, ``s.drain(out)`` and
         ``_arm(c)`` (``c`` is ``s.hot``: no reasoning window), in fewer steps
         when the window's new text holds nothing a built-in pattern needs (and
-        there are no user patterns): the usual window. Then no edit can touch
-        it, so ``advance()`` decides by lengths alone (every chunk with
-        ``lookbehind`` characters after it, untouched) and ``_release`` hands
-        the decided events on as they came. Here that takes one pass over the
-        window's lengths, and no ``decided``/``touched`` lists, no ``take``,
-        no second look at the decided events' count. Any other window takes
-        the steps themselves (which redo the pre-check: a window with digits
-        or an "@" is rare, and costs a regex scan anyway)."""
+        there are no user patterns): the usual window. No edit can touch it
+        then, so ``advance()`` decides by lengths alone (the chunks with
+        ``lookbehind`` characters after them, untouched: :func:`_clean_cut`,
+        or the native core's ``redact_clean_cut``) and ``_release`` hands the
+        decided events on as they came: here without the ``decided`` and
+        ``touched`` lists, ``take`` and the second look at what was decided.
+        Any other window takes the steps themselves (which redo the
+        pre-checks: a window with digits or an "@" is rare, and costs a regex
+        scan anyway)."""
         tw = c.text
         pending = tw.pending
         n = tw.pending_len
         red = self.redactor
-        if (
-            not red._extra
-            and not tw.decided
-            and (n >= tw.scan_at or len(pending) > tw.max_held)
-        ):
-            # What advance() scans: the window from ``clear`` (less a secret
-            # prefix's length), here from the start of the chunk holding it
-            # (more text: a clean answer holds for the piece too)
-            ends = list(accumulate(map(len, pending)))
+        if not red._extra and not tw.decided and (n >= tw.scan_at or len(pending) > tw.max_held):
+            # advance() scans from ``clear`` less a secret prefix's length
             start = tw.clear - _WINDOW_PRE_MAX + 1
-            j = bisect_right(ends, start) if start > 0 else 0
-            if not red._builtins_may_edit("".join(pending[j:]) if j else "".join(pending)):
-                # advance()'s decision for a window without edits
-                k = bisect_right(ends, n - tw.lookbehind)
-                k = max(k, len(pending) - tw.max_held)
-                if k <= 0:
+            cut = n - tw.lookbehind
+            native = self._native_cut
+            got = None if native is None else native(pending, start, cut, tw.max_held, red.enabled)
+            if got is None:
+                got = _clean_cut(pending, start, cut, tw.max_held, red)
+            if got is not None:
+                k, limit = got
+                if not k:
                     tw.clear = n
                     s.drain(out)  # (_release would hand nothing on)
                 else:
-                    limit = ends[k - 1]
                     tw.base += limit
                     n = tw.pending_len = n - limit
                     tw.clear = n
@@ -1401,6 +1398,39 @@ class StreamRedactor:
         )
         self._account(ev, new)
         return new
+
+
+def _clean_cut(
+    pending: list[str], start: int, cut: int, max_held: int, redactor: Redactor
+) -> tuple[int, int] | None:
+    """What ``TextWindow.advance()`` decides for a window of ``pending``
+    texts whose text from character ``start`` on (a negative ``start``: the
+    window's start) holds nothing the built-in patterns need (the earlier
+    text was looked at before): ``(k, limit)``, the number of leading chunks
+    ending at most ``cut`` characters in (at least ``len(pending) -
+    max_held``) and where the last of them ends (0 when none). None when the
+    pre-checks find something there. The reference of the native core's
+    ``redact_clean_cut``, which answers None for text that is not ASCII."""
+    window = "".join(pending)
+    if redactor._builtins_may_edit(window[start:] if start > 0 else window):
+        return None
+    ends = list(accumulate(map(len, pending)))
+    k = max(bisect_right(ends, cut), len(pending) - max_held)
+    return (k, ends[k - 1]) if k > 0 else (0, 0)
+
+
+#: ``(pending, start, cut, max_held, enabled) → (k, limit) | None``
+_NativeCut = Callable[[list[str], int, int, int, bool], "tuple[int, int] | None"]
+
+
+def _native_clean_cut() -> _NativeCut | None:
+    """:func:`_clean_cut` as the native core has it (``enabled``: the
+    redactor's), or None when the pure core runs (``SPARSEETY_PURE``) or the
+    extension lacks it."""
+    from sniffer import native_core
+
+    native: _NativeCut | None = getattr(native_core()[0], "redact_clean_cut", None)
+    return native
 
 
 #: The choice of no chunk event (``_Stream.hot`` when its last run is no

@@ -12,6 +12,7 @@ mod http;
 mod observe;
 mod openai;
 mod pretok;
+mod redact;
 mod ring;
 mod tokens;
 
@@ -30,5 +31,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     bpe::register(m)?;
     cadence::register(m)?;
     observe::register(m)?;
+    redact::register(m)?;
     Ok(())
 }
