@@ -25,49 +25,85 @@
 pub fn may_edit_ascii(s: &[u8], enabled: bool) -> bool {
     let mut run = 0usize; // digits in a row ending just before the current byte
     for (i, &b) in s.iter().enumerate() {
-        if b.is_ascii_digit() {
-            run = run.saturating_add(1);
-            if enabled && run >= 6 {
-                return true;
-            }
-            continue;
-        }
-        let digits_before = run;
-        run = 0;
-        let found = match b {
-            b'@' => enabled,
-            b' ' | b'-' => enabled && digits_before >= 3 && digits_at(s, i.saturating_add(1)) >= 3,
-            b'+' => enabled && digits_at(s, i.saturating_add(1)) >= 1,
-            b'.' => {
-                enabled && {
-                    let d = digits_at(s, i.saturating_add(1));
-                    (1..=3).contains(&d)
-                        && s.get(i.saturating_add(1).saturating_add(d)) == Some(&b'.')
+        match MARKS[usize::from(b)] {
+            DIGIT => {
+                run = run.saturating_add(1);
+                if enabled && run >= 6 {
+                    return true;
                 }
             }
-            b's' => at(s, i, b"sk-"),
-            b'x' => at(s, i, b"xox"),
-            b'e' => at(s, i, b"eyJ"),
-            b'A' => matches!(
-                s.get(i.saturating_add(1)),
-                Some(b'G' | b'I' | b'K' | b'N' | b'R' | b'S')
-            ),
-            b'g' => {
-                at(s, i, b"github_pat_")
-                    || (at(s, i, b"gh")
-                        && matches!(
-                            s.get(i.saturating_add(2)),
-                            Some(b'p' | b'o' | b'u' | b's' | b'r')
-                        )
-                        && s.get(i.saturating_add(3)) == Some(&b'_'))
+            LOOK => {
+                if look(s, i, b, run, enabled) {
+                    return true;
+                }
+                run = 0;
             }
-            b'b' | b'B' => s
-                .get(i..i.saturating_add(6))
-                .is_some_and(|w| w.eq_ignore_ascii_case(b"bearer")),
-            _ => false,
-        };
-        if found {
-            return true;
+            _ => run = 0, // (most bytes of prose)
+        }
+    }
+    false
+}
+
+const PLAIN: u8 = 0;
+const DIGIT: u8 = 1;
+const LOOK: u8 = 2;
+
+/// Per byte: a digit, a byte where a pre-check's find may start ([`look`]),
+/// or neither.
+static MARKS: [u8; 256] = {
+    let mut m = [PLAIN; 256];
+    let mut d = b'0';
+    while d <= b'9' {
+        m[d as usize] = DIGIT;
+        d += 1;
+    }
+    let looks = b"@ -+.sxeAgbB";
+    let mut i = 0;
+    while i < looks.len() {
+        m[looks[i] as usize] = LOOK;
+        i += 1;
+    }
+    m
+};
+
+/// Whether a pre-check finds something starting at `s[i]` (`b`, a [`LOOK`]
+/// byte), `run` digits before it.
+#[inline]
+fn look(s: &[u8], i: usize, b: u8, run: usize, enabled: bool) -> bool {
+    let next = i.saturating_add(1);
+    match b {
+        b'@' => enabled,
+        b' ' | b'-' => enabled && run >= 3 && digits_at(s, next) >= 3,
+        b'+' => enabled && digits_at(s, next) >= 1,
+        b'.' => enabled && dotted(s, next),
+        b's' => at(s, i, b"sk-"),
+        b'x' => at(s, i, b"xox"),
+        b'e' => at(s, i, b"eyJ"),
+        b'A' => matches!(s.get(next), Some(b'G' | b'I' | b'K' | b'N' | b'R' | b'S')),
+        b'g' => {
+            at(s, i, b"github_pat_")
+                || (at(s, i, b"gh")
+                    && matches!(
+                        s.get(i.saturating_add(2)),
+                        Some(b'p' | b'o' | b'u' | b's' | b'r')
+                    )
+                    && s.get(i.saturating_add(3)) == Some(&b'_'))
+        }
+        b'b' | b'B' => s
+            .get(i..i.saturating_add(6))
+            .is_some_and(|w| w.eq_ignore_ascii_case(b"bearer")),
+        _ => false,
+    }
+}
+
+/// Whether `s` holds one to three digits then "." from `i` on.
+fn dotted(s: &[u8], i: usize) -> bool {
+    for (k, &c) in s.get(i..).unwrap_or_default().iter().take(4).enumerate() {
+        if c == b'.' {
+            return k > 0;
+        }
+        if !c.is_ascii_digit() {
+            return false;
         }
     }
     false
@@ -124,18 +160,30 @@ impl CutScan {
         }
     }
 
+    /// Whether a chunk text of `len` characters, the next, reaches into the
+    /// window from `start` (else [`CutScan::push_len`] is all it needs).
+    pub fn reaches(&self, len: usize) -> bool {
+        self.end.saturating_add(len) > self.start
+    }
+
     /// The next chunk text; false when it is not ASCII (the answer is None).
     pub fn push(&mut self, t: &str) -> bool {
         if !t.is_ascii() {
             return false;
         }
-        let from = self.end;
-        self.end = from.saturating_add(t.len());
-        if self.end > self.start {
-            let skip = self.start.saturating_sub(from);
+        if self.reaches(t.len()) {
+            let skip = self.start.saturating_sub(self.end);
             self.tail
                 .extend_from_slice(t.as_bytes().get(skip..).unwrap_or_default());
         }
+        self.push_len(t.len());
+        true
+    }
+
+    /// The next chunk text by its length in characters alone, one that does
+    /// not reach into the window from `start` ([`CutScan::reaches`]).
+    pub fn push_len(&mut self, len: usize) {
+        self.end = self.end.saturating_add(len);
         // Decided: the chunks forced out, and those ending by the cut (each
         // a prefix of the chunks: the ends only grow).
         if self.deciding {
@@ -147,7 +195,6 @@ impl CutScan {
             }
         }
         self.n = self.n.saturating_add(1);
-        true
     }
 
     /// `(k, limit)`, or None when the window from `start` may hold an edit.
@@ -162,7 +209,9 @@ impl CutScan {
 /// start): the number of leading chunks whose end is at most `cut`
 /// characters into the window, at least `texts.len() - max_held`, and where
 /// the last of them ends (0 when none). None: a text is not ASCII, or a
-/// pre-check found something (the caller then takes the reference).
+/// pre-check found something (the caller then takes the reference). (The
+/// binding gives the texts before `start` by their length alone, and so
+/// answers for them whatever their characters.)
 pub fn clean_cut(
     texts: &[&str],
     start: i64,
@@ -248,5 +297,23 @@ mod tests {
         // a value straddling two chunks is seen whole
         assert_eq!(clean_cut(&["x 123", "456 y"], 0, 0, 256, true), None);
         assert_eq!(clean_cut(&["w12.34 ", "é"], 0, 0, 256, true), None);
+    }
+
+    #[test]
+    fn texts_before_the_window_count_by_their_length() {
+        let mut scan = CutScan::new(3, 2, 5, 256);
+        assert!(!scan.reaches(2));
+        scan.push_len(2); // "日本": two characters, looked at before
+        assert!(scan.reaches(3));
+        assert!(scan.push("abc"));
+        assert!(scan.push("def"));
+        assert_eq!(scan.finish(true), Some((2, 5)));
+        let mut scan = CutScan::new(2, 1, 5, 256);
+        assert!(scan.push("ab"));
+        assert!(!scan.push("é"));
+        let mut scan = CutScan::new(2, 1, 5, 256);
+        assert!(scan.push("a@"));
+        assert_eq!(scan.finish(true), None);
+        assert_eq!(scan.finish(false), Some((1, 2)));
     }
 }

@@ -9,7 +9,7 @@ use pyo3::types::{PyList, PyString};
 /// window decides (those ending at most `cut` characters in, at least
 /// `len(texts) - max_held`) and where the last ends, when the built-in
 /// patterns' pre-checks find nothing in the window from character `start`
-/// on; None when they may (or a text is not ASCII): the caller takes the
+/// on; None when they may (or a text from `start` on is not ASCII): the caller takes the
 /// reference. `texts` must hold str only (else TypeError).
 #[pyfunction]
 fn redact_clean_cut(
@@ -22,6 +22,11 @@ fn redact_clean_cut(
     let mut scan = sparseety_core::redact::CutScan::new(texts.len(), start, cut, max_held);
     for t in texts.iter() {
         let t = t.cast_into::<PyString>()?;
+        let len = t.len()?; // characters
+        if !scan.reaches(len) {
+            scan.push_len(len); // looked at by an earlier scan: its length is all
+            continue;
+        }
         // a lone surrogate has no UTF-8 (nor is it ASCII): the reference's
         let pushed = t.to_str().is_ok_and(|s| scan.push(s));
         if !pushed {
