@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from itertools import pairwise
 
 import pytest
@@ -783,8 +783,11 @@ def test_stream_redactor_keeps_each_stream_in_order_whatever_the_interleaving(se
     assert handed
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-cut", "reference-cut"])
 @pytest.mark.parametrize("seed", range(8))
-def test_stream_redactor_hot_path_gives_what_the_general_path_gives(seed: int) -> None:
+def test_stream_redactor_hot_path_gives_what_the_general_path_gives(
+    seed: int, native: bool
+) -> None:
     """The chunk loop's hot path (a stream's hot choice, its limit) gives out
     exactly what the general path (``_chunk`` for every chunk) gives: the
     same events, rewritten the same, in the same order across streams (the
@@ -831,6 +834,8 @@ def test_stream_redactor_hot_path_gives_what_the_general_path_gives(seed: int) -
         taken.clear()
         red = StreamRedactor(Redactor())
         red.track_redactions = True
+        if not native:
+            red._native_cut = None
         outs = []
         i = 0
         with mock.patch.object(redact.StreamRedactor, "_chunk", counted):
@@ -987,3 +992,149 @@ def test_property_values_split_anywhere_are_stored_redacted(
     assert apply_spans(text, w.spans, w.replacements) == expected
     for stored, piece, touched in zip(w.decided, pieces, w.touched, strict=True):
         assert touched or stored is piece
+
+
+# ------------------------------------------- the hot choice's usual window
+
+
+def _native_cut() -> object:
+    from sniffer.record.redact import _native_clean_cut
+
+    cut = _native_clean_cut()
+    if cut is None:
+        pytest.skip("the native core does not run (SPARSEETY_PURE, or not built)")
+    return cut
+
+
+_CUT_WORDS = [
+    "w12.34 ", " the", "ask", "s", "k-", "x", "o", "eyJ", "A", "KIA", "gh", "p_", "github_",
+    "pat_", "Bea", "rer", "12", "345", "6", " ", "-", "+", "1.", "22.", ".3", "@", "mail",
+    "日本", "\ud800", "é", "",
+]  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    pending=st.lists(
+        st.one_of(st.sampled_from(_CUT_WORDS), st.text(max_size=6)), min_size=1, max_size=30
+    ),
+    start=st.integers(-12, 80),
+    cut=st.integers(-40, 200),
+    max_held=st.integers(1, 40),
+    enabled=st.booleans(),
+)
+def test_native_clean_cut_is_the_reference_where_it_answers(
+    pending: list[str], start: int, cut: int, max_held: int, enabled: bool
+) -> None:
+    """The native core's ``redact_clean_cut`` gives what ``_clean_cut`` (the
+    reference) gives whenever it answers; it answers None only where the
+    reference does, or for text that is not ASCII (secret prefixes, digit
+    runs, "@" and dotted groups cut over the chunks; lone surrogates). And
+    the reference's answer holds: with the window's whole text looked at, an
+    answer means the redactor edits nothing in it."""
+    from sniffer.record.redact import _clean_cut
+
+    native = _native_cut()
+    red = Redactor(enabled=enabled)
+    want = _clean_cut(pending, start, cut, max_held, red)
+    got = native(pending, start, cut, max_held, enabled)  # type: ignore[operator]
+    if got is not None:
+        assert got == want
+    elif all(t.isascii() for t in pending):
+        window = "".join(pending)
+        # None for ASCII text: only where a pre-check of the reference's
+        # finds something (the dotted group's regex aside)
+        assert want is None or re.search(r"\.[0-9]{1,3}\.", window[max(start, 0) :]), (
+            pending,
+            start,
+        )
+    whole = _clean_cut(pending, -1, cut, max_held, red)
+    if whole is not None:
+        assert red.edits("".join(pending))[1] == []
+
+
+def test_native_clean_cut_answers_plain_text() -> None:
+    """The usual window (short words with digits, no run of them) is
+    answered natively: the decided chunks and where they end."""
+    native = _native_cut()
+    pending = ["w12.34 "] * 30  # 210 characters
+    assert native(pending, 40, 210 - 128, 256, True) == (11, 77)  # type: ignore[operator]
+    assert native(pending, 40, 210 - 128, 20, True) == (11, 77)  # type: ignore[operator]
+    assert native(pending, 40, 210 - 128, 10, True) == (20, 140)  # type: ignore[operator]
+    assert native(pending, 40, -3, 256, True) == (0, 0)  # type: ignore[operator]
+    phone = [*pending, "tel 138 1234 5678"]
+    assert native(phone, 40, 82, 256, True) is None  # type: ignore[operator]
+
+
+_FILLER = "w12.34 "
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-cut", "reference-cut"])
+@pytest.mark.parametrize(
+    "value",
+    ["13812345678", "138 1234 5678", "a.b@example.com", "sk-abcdefghijklmnopqrstuvwx",
+     "192.168.1.10", VALID_ID, "4111 1111 1111 1111", "Bearer abcdefghijklmnop1234"],
+)  # fmt: skip
+def test_hot_choice_values_split_over_chunks_at_every_offset_are_redacted(
+    value: str, native: bool
+) -> None:
+    """A value cut in two chunks (at every offset near its start), placed at
+    every offset of the hot choice's filler (so that it falls before, on and
+    after each scan's boundaries): the stored text is the redaction of the
+    whole text; and, the chunks in one batch or one chunk per batch, the
+    events come out batch by batch exactly as the general path (``_chunk``
+    for every chunk) gives them."""
+    from unittest import mock
+
+    from sniffer.record import redact
+
+    original_hold = redact._Stream.hold
+
+    def never_hot(self: redact._Stream, c: redact._Choice) -> None:
+        original_hold(self, c)
+        self.hot = redact._COLD
+
+    def run(events: list[StoreEvent], size: int, hot: bool) -> list[list[StoreEvent]]:
+        red = StreamRedactor(Redactor())
+        red.track_redactions = True
+        if not native:
+            red._native_cut = None
+        outs = []
+        # the general path: no hot choice, so no _scan
+        with nullcontext() if hot else mock.patch.object(redact._Stream, "hold", never_hot):
+            for i in range(0, len(events), size):
+                outs.append(red.events(events[i : i + size]))
+        outs.append(red.events([_closed(1, 0)]))
+        assert red.held == 0
+        return outs
+
+    scans = 0
+    original_scan = redact.StreamRedactor._scan
+
+    def counted(self: StreamRedactor, *args: object) -> None:
+        nonlocal scans
+        scans += 1
+        original_scan(self, *args)  # type: ignore[arg-type]
+
+    value = f" {value} "
+    # (every cut in a secret prefix's reach, then two more)
+    splits = sorted({*range(1, 8), len(value) // 2, len(value) - 1})
+    for split in splits:
+        # every place in a scan's period (STEP characters, less a chunk): each
+        # scan's boundary falls before, inside and after the value's pieces
+        for shift in range(64):
+            texts = [_FILLER] * 30 + ["x" * shift, value[:split], value[split:]] + [_FILLER] * 40
+            texts = [t for t in texts if t]
+            events: list[StoreEvent] = [
+                ChunkEvent(1, 0.0, i, 0, i + 1, "content", t) for i, t in enumerate(texts)
+            ]
+            want_text = Redactor().text("".join(texts))
+            assert want_text != "".join(texts)
+            for size in (len(events), 1) if shift % 7 == 0 else (len(events),):
+                with mock.patch.object(redact.StreamRedactor, "_scan", counted):
+                    hot = run(events, size, True)
+                stored = [e.text for b in hot for e in b if isinstance(e, ChunkEvent)]
+                assert "".join(stored) == want_text, (split, shift, size)
+                if shift % 7 == 0:
+                    assert hot == run(events, size, False), (split, shift, size)
+    assert scans  # the hot path's scan ran

@@ -81,7 +81,7 @@ import copy
 import re
 from bisect import bisect_right
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from itertools import accumulate, repeat
 from typing import Any
@@ -1066,6 +1066,8 @@ class StreamRedactor:
         self._clean: list[int] = []
         #: the others: stream → choice → its spans and their replacements
         self._redactions: dict[int, dict[int, ChoiceRedactions]] = {}
+        #: the native core's :func:`_clean_cut` (None: the pure core runs)
+        self._native_cut = _native_clean_cut()
 
     @property
     def counts(self) -> Counter[str]:
@@ -1108,9 +1110,7 @@ class StreamRedactor:
                     n = tw.pending_len = tw.pending_len + len(text)
                     if n < c.limit:
                         continue  # tw.advance() would decide nothing
-                    self._release(c, False)
-                    s.drain(out)
-                    _arm(c)
+                    self._scan(c, s, out)
                     continue
                 chunk(ev, s, out)
             elif type(ev) is StreamClosed:
@@ -1118,6 +1118,79 @@ class StreamRedactor:
             else:
                 out.append(red.event(ev))
         return out
+
+    def _scan(self, c: _Choice, s: _Stream, out: list[StoreEvent]) -> None:
+        """The hot path's ``_release(c, False)``, ``s.drain(out)`` and
+        ``_arm(c)`` (``c`` is ``s.hot``: no reasoning window), in fewer steps
+        when the window's new text holds nothing a built-in pattern needs (and
+        there are no user patterns): the usual window. No edit can touch it
+        then, so ``advance()`` decides by lengths alone (the chunks with
+        ``lookbehind`` characters after them, untouched: :func:`_clean_cut`,
+        or the native core's ``redact_clean_cut``) and ``_release`` hands the
+        decided events on as they came: here without the ``decided`` and
+        ``touched`` lists, ``take`` and the second look at what was decided.
+        Any other window takes the steps themselves (which redo the
+        pre-checks: a window with digits or an "@" is rare, and costs a regex
+        scan anyway)."""
+        tw = c.text
+        pending = tw.pending
+        n = tw.pending_len
+        red = self.redactor
+        if not red._extra and not tw.decided and (n >= tw.scan_at or len(pending) > tw.max_held):
+            # advance() scans from ``clear`` less a secret prefix's length
+            start = tw.clear - _WINDOW_PRE_MAX + 1
+            cut = n - tw.lookbehind
+            native = self._native_cut
+            got = None if native is None else native(pending, start, cut, tw.max_held, red.enabled)
+            if got is None:
+                got = _clean_cut(pending, start, cut, tw.max_held, red)
+            if got is not None:
+                k, limit = got
+                if not k:
+                    tw.clear = n
+                    s.drain(out)  # (_release would hand nothing on)
+                else:
+                    tw.base += limit
+                    n = tw.pending_len = n - limit
+                    tw.clear = n
+                    del pending[:k]
+                    events = c.events
+                    done = events[:k]
+                    del events[:k]
+                    # _release's look at the JSON fields, then drain()'s
+                    # hand-over when c's run is the stream's only one
+                    for ev in done:
+                        if ev.tool_calls or ev.logprobs or ev.raw:
+                            self._ready_json(c, done)
+                            s.drain(out)
+                            break
+                    else:
+                        runs = s.runs
+                        if len(runs) == 1 and not c.ready:
+                            out += done
+                            c.given += k
+                            if not events:
+                                runs.popleft()
+                                s.last = None
+                                s.hot = _COLD
+                        else:
+                            c.ready += done
+                            s.drain(out)
+                c.limit = min(tw.scan_at, n + tw.max_held - len(pending) + 1)  # _arm
+                return
+        self._release(c, False)
+        s.drain(out)
+        _arm(c)
+
+    def _ready_json(self, c: _Choice, events: list[ChunkEvent]) -> None:
+        """``events`` (decided, texts untouched, no reasoning) onto ``c.ready``,
+        their JSON fields redacted."""
+        ready = c.ready
+        for ev in events:
+            if ev.tool_calls or ev.logprobs or ev.raw:
+                ready.append(self._redacted(ev, ev.text, False, ev.reasoning, False))
+            else:
+                ready.append(ev)
 
     def _chunk(self, ev: ChunkEvent, s: _Stream | None, out: list[StoreEvent]) -> None:
         """A chunk event taken in (``s``: its stream's state, if any), what is
@@ -1289,11 +1362,7 @@ class StreamRedactor:
             else:
                 ready += events
                 return
-            for ev in events:
-                if ev.tool_calls or ev.logprobs or ev.raw:
-                    ready.append(self._redacted(ev, ev.text, False, ev.reasoning, False))
-                else:
-                    ready.append(ev)
+            self._ready_json(c, events)
             return
         texts, t_hits = tw.take(n)
         if rw is None:
@@ -1349,6 +1418,39 @@ class StreamRedactor:
         )
         self._account(ev, new)
         return new
+
+
+def _clean_cut(
+    pending: list[str], start: int, cut: int, max_held: int, redactor: Redactor
+) -> tuple[int, int] | None:
+    """What ``TextWindow.advance()`` decides for a window of ``pending``
+    texts whose text from character ``start`` on (a negative ``start``: the
+    window's start) holds nothing the built-in patterns need (the earlier
+    text was looked at before): ``(k, limit)``, the number of leading chunks
+    ending at most ``cut`` characters in (at least ``len(pending) -
+    max_held``) and where the last of them ends (0 when none). None when the
+    pre-checks find something there. The reference of the native core's
+    ``redact_clean_cut``, which answers None for text that is not ASCII."""
+    window = "".join(pending)
+    if redactor._builtins_may_edit(window[start:] if start > 0 else window):
+        return None
+    ends = list(accumulate(map(len, pending)))
+    k = max(bisect_right(ends, cut), len(pending) - max_held)
+    return (k, ends[k - 1]) if k > 0 else (0, 0)
+
+
+#: ``(pending, start, cut, max_held, enabled) → (k, limit) | None``
+_NativeCut = Callable[[list[str], int, int, int, bool], "tuple[int, int] | None"]
+
+
+def _native_clean_cut() -> _NativeCut | None:
+    """:func:`_clean_cut` as the native core has it (``enabled``: the
+    redactor's), or None when the pure core runs (``SPARSEETY_PURE``) or the
+    extension lacks it."""
+    from sniffer import native_core
+
+    native: _NativeCut | None = getattr(native_core()[0], "redact_clean_cut", None)
+    return native
 
 
 #: The choice of no chunk event (``_Stream.hot`` when its last run is no

@@ -24,6 +24,7 @@ pub mod ndjson;
 pub mod openai;
 pub mod pretok;
 pub mod pyjson;
+pub mod redact;
 pub mod sse;
 pub mod tokens;
 

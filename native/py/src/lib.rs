@@ -12,6 +12,7 @@ mod http;
 mod observe;
 mod openai;
 mod pretok;
+mod redact;
 mod ring;
 mod slots;
 mod tokens;
@@ -32,5 +33,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cadence::register(m)?;
     observe::register(m)?;
     slots::register(m)?;
+    redact::register(m)?;
     Ok(())
 }
