@@ -415,6 +415,46 @@ def test_observe_tokens() -> None:
     assert total(smp, "sparseety_output_tokens_total", label="L2", model="y") == 4
 
 
+def test_observe_tokens_children_made_at_first_use_per_label_set() -> None:
+    """The token children of a label set are kept between calls, each made at
+    the first figure it takes: a label set's first call without prompt
+    tokens exposes no prompt series, a later call with them does, and every
+    call lands in its own label set's series."""
+    m = Metrics()
+    m.observe_tokens(1, output_tokens=3, label="A", model="x")
+    smp = samples(m.render())
+    assert total(smp, "sparseety_output_tokens_total", label="A", model="x") == 3
+    assert not [s for s in smp if s[0] == "sparseety_prompt_tokens_total"]
+    assert not [s for s in smp if s[0].startswith("sparseety_tokens_per_chunk")]
+    assert not [s for s in smp if s[0] == "sparseety_chunk_anomalies_total"]
+    m.observe_tokens(
+        2,
+        output_tokens=4,
+        prompt_tokens=7,
+        chunks_by_tokens={1: 2, 3: 1},
+        anomalies={"straddle": 2, "unk": 0},
+        label="A",
+        model="x",
+    )
+    m.observe_tokens(3, output_tokens=5, anomalies={"straddle": 1}, label="B", model="x")
+    m.observe_tokens(4, prompt_tokens=1, tokens_per_chunk=[2], anomalies={"straddle": 4},
+                     label="A", model="x")  # fmt: skip
+    smp = samples(m.render())
+    a = {"label": "A", "model": "x"}
+    assert total(smp, "sparseety_output_tokens_total", **a) == 7
+    assert total(smp, "sparseety_output_tokens_total", label="B", model="x") == 5
+    assert total(smp, "sparseety_prompt_tokens_total", **a) == 8
+    assert total(smp, "gen_ai_client_token_usage_sum", gen_ai_token_type="input", **a) == 8
+    assert total(smp, "sparseety_tokens_per_chunk_count", **a) == 4
+    assert total(smp, "sparseety_tokens_per_chunk_sum", **a) == 7
+    assert total(smp, "sparseety_chunk_anomalies_total", kind="straddle", **a) == 6
+    assert total(smp, "sparseety_chunk_anomalies_total", kind="straddle", label="B") == 1
+    assert not [s for s in smp if ("kind", "unk") in s[1]]
+    assert not [
+        s for s in smp if s[0] == "sparseety_prompt_tokens_total" and ("label", "B") in s[1]
+    ]
+
+
 def test_daemon_figures_and_flush_age_at_scrape_time() -> None:
     now = [1000.0]
     m = Metrics(clock=lambda: now[0])

@@ -31,7 +31,7 @@ from sniffer.core.events import (
 from sniffer.llm.values import RequestSummary, Usage
 from sniffer.store import queries
 from sniffer.store.db import EngineStore
-from sniffer.store.lite import executemany_sqlite
+from sniffer.store.lite import executemany_flat_sqlite, executemany_sqlite
 from sniffer.store.models import SCHEMA_VERSION, chunks, connections, errors, metadata, streams
 from sniffer.store.writer import (
     OPTIONAL_CHUNK_FIELDS,
@@ -1202,6 +1202,32 @@ def test_replay_goes_on_past_a_row_the_database_refuses(
     (row,) = [r for r in rows if r["client"].endswith(":40106")]
     assert row["state"] == "complete"
     assert queries.stream_text(engine, row["id"]) == {0: canary["choices"]["0"]["text"]}
+
+
+def test_executemany_flat_sqlite_runs_the_statements_of_executemany_sqlite() -> None:
+    """Rows given one after another go in as the same statements, with the same
+    parameters, as those rows given as tuples (and so the same ids)."""
+    calls: dict[str, list[tuple[str, list[tuple[Any, ...]]]]] = {"rows": [], "flat": []}
+
+    class Tx:
+        def __init__(self, key: str) -> None:
+            self.key = key
+
+        def exec_driver_sql(self, sql: str, params: list[tuple[Any, ...]]) -> None:
+            assert all(type(p) is tuple for p in params)  # what SQLAlchemy takes
+            calls[self.key].append((sql, params))
+
+    sql = "INSERT INTO t (a, b, c) VALUES (?, ?, ?)"
+    for n in (0, 1, 2, 3, 5, 7, 32, 33, 35, 64 + 15, 333, 334, 1000):
+        for max_rows in (999, 32, 4):
+            rows = [(i, f"r{i}", None if i % 3 else i * 2) for i in range(n)]
+            calls["rows"].clear()
+            calls["flat"].clear()
+            if rows:
+                executemany_sqlite(Tx("rows"), sql, 3, rows, max_rows)  # type: ignore[arg-type]
+            flat = [v for row in rows for v in row]
+            executemany_flat_sqlite(Tx("flat"), sql, 3, flat, max_rows)  # type: ignore[arg-type]
+            assert calls["flat"] == calls["rows"], (n, max_rows)
 
 
 def test_executemany_sqlite_statement_sizes_keep_the_row_order() -> None:

@@ -57,6 +57,12 @@ class Transaction(Protocol):
         each statement run costs the driver about as much as a short row)."""
         ...
 
+    def insert_flat(self, table: str, columns: tuple[str, ...], values: list[Any]) -> None:
+        """:meth:`insert_many` of rows given one after another in ``values``
+        (``len(columns)`` values per row): no tuple per row to make where the
+        rows come as columns (``sniffer.store.lite.executemany_flat_sqlite``)."""
+        ...
+
 
 def in_list(values: Sequence[Any]) -> str:
     """``(?, ?, …)``: the placeholders of an ``IN`` list of ``values``."""
@@ -264,3 +270,19 @@ class _EngineTransaction:
             )
         else:
             self.executemany(lite.insert_sql(table, columns), rows)
+
+    def insert_flat(self, table: str, columns: tuple[str, ...], values: list[Any]) -> None:
+        if not values:
+            return
+        from sniffer.store import lite  # (imports this module)
+
+        if self._conn.dialect.name == "sqlite":
+            lite.executemany_flat_sqlite(
+                self._conn, *lite.insert_or_fail_sql(table, columns), values, lite.INSERT_MANY_ROWS
+            )
+        else:
+            k = len(columns)
+            self.executemany(
+                lite.insert_sql(table, columns),
+                [values[i : i + k] for i in range(0, len(values), k)],
+            )

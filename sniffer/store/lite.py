@@ -187,26 +187,59 @@ def executemany_sqlite(
     chunk, stream and error rows and the token pass's rows
     (``sniffer.store.tokens_store``) go in through it."""
     most = max(1, min(max_rows, 999 // params))
-    n = len(rows)
     if most == 1:
         conn.exec_driver_sql(sql, rows)
         return
+    for start, per, count in _statement_runs(len(rows), most):
+        if per == 1:
+            conn.exec_driver_sql(sql, rows[start:])
+        else:
+            conn.exec_driver_sql(
+                multi_row_sql(sql, per),
+                [
+                    tuple(chain.from_iterable(rows[i : i + per]))
+                    for i in range(start, start + per * count, per)
+                ],
+            )
+
+
+def executemany_flat_sqlite(
+    conn: DriverConnection, sql: str, params: int, values: list[Any], max_rows: int = 999
+) -> None:
+    """:func:`executemany_sqlite` of rows given one after another in ``values``
+    (``params`` values per row): the same statements, their parameters
+    slices of ``values`` (a tuple per statement, as SQLAlchemy wants them,
+    none per row: the token pass's ~35 anomaly rows per stream of the live
+    traffic, made by :func:`sniffer.store.tokens_store.write_token_rows` from
+    their columns with a slice assignment per column)."""
+    most = max(1, min(max_rows, 999 // params))
+    for start, per, count in _statement_runs(len(values) // params, most):
+        step = per * params
+        first = start * params
+        conn.exec_driver_sql(
+            sql if per == 1 else multi_row_sql(sql, per),
+            [tuple(values[i : i + step]) for i in range(first, first + step * count, step)],
+        )
+
+
+def _statement_runs(n: int, most: int) -> list[tuple[int, int, int]]:
+    """The statements :func:`executemany_sqlite` runs ``n`` rows in, at most
+    ``most`` per statement, as ``(first row, rows per statement, statements)``:
+    full statements, then one per power of two, three rows in one, and a
+    last row alone."""
+    out = []
     done = n // most * most
     if done:
-        conn.exec_driver_sql(
-            multi_row_sql(sql, most),
-            [tuple(chain.from_iterable(rows[i : i + most])) for i in range(0, done, most)],
-        )
+        out.append((0, most, done // most))
     left = n - done
     while left > 1:
         per = 3 if left == 3 else 1 << (left.bit_length() - 1)
-        conn.exec_driver_sql(
-            multi_row_sql(sql, per), [tuple(chain.from_iterable(rows[done : done + per]))]
-        )
+        out.append((done, per, 1))
         done += per
         left -= per
     if left:
-        conn.exec_driver_sql(sql, rows[done:])
+        out.append((done, 1, 1))
+    return out
 
 
 #: Where SQLite keeps its temporary files, statement journals among them:
@@ -448,6 +481,12 @@ class _Transaction:
         statement (:func:`executemany_sqlite`)."""
         if rows:
             executemany_sqlite(self, *_insert_all(table, columns), rows, INSERT_MANY_ROWS)
+
+    def insert_flat(self, table: str, columns: tuple[str, ...], values: list[Any]) -> None:
+        """:meth:`insert_many` of rows given one after another in ``values``
+        (:func:`executemany_flat_sqlite`)."""
+        if values:
+            executemany_flat_sqlite(self, *_insert_all(table, columns), values, INSERT_MANY_ROWS)
 
 
 @functools.cache

@@ -318,7 +318,7 @@ def write_token_rows(tx: Transaction, rows: Sequence[StreamTokenRow]) -> None:
         [_choice_values(r.stream_id, c) for r in rows for c in r.choices],
         4,
     )
-    tx.insert_many("token_anomalies", _ANOMALY_COLUMNS, _anomaly_values(rows))
+    tx.insert_flat("token_anomalies", _ANOMALY_COLUMNS, _anomaly_values(rows))
 
 
 def _insert_trimmed(
@@ -356,15 +356,31 @@ def _insert_run(
         tx.insert_many(table, columns[:keep], [row[:keep] for row in rows])
 
 
-def _anomaly_values(rows: Sequence[StreamTokenRow]) -> list[tuple[Any, ...]]:
-    """The ``token_anomalies`` rows of ``rows``, made from their columns by
-    ``zip`` (a tuple per anomaly, no attribute read)."""
-    out: list[tuple[Any, ...]] = []
+def _anomaly_values(rows: Sequence[StreamTokenRow]) -> list[Any]:
+    """The ``token_anomalies`` rows of ``rows``, their values one after another
+    (``Transaction.insert_flat``), made from their columns: the columns of
+    every stream joined, then a slice assignment per column (no tuple per
+    anomaly; the live traffic's streams have some 35 anomalies each)."""
+    sids: list[int] = []
+    choices: list[int] = []
+    kinds: list[str] = []
+    positions: list[int | None] = []
+    details: list[str] = []
     for r in rows:
         if r.anomalies:
             a = AnomalyColumns.of(r.anomalies)
-            sid = repeat(r.stream_id, len(a))
-            out += zip(sid, a.choices, a.kinds, a.positions, a.details, strict=True)
+            sids += repeat(r.stream_id, len(a.kinds))
+            choices += a.choices
+            kinds += a.kinds
+            positions += a.positions
+            details += a.details
+    n = len(_ANOMALY_COLUMNS)
+    out: list[Any] = [None] * (n * len(sids))
+    out[0::n] = sids
+    out[1::n] = choices
+    out[2::n] = kinds
+    out[3::n] = positions
+    out[4::n] = details
     return out
 
 
