@@ -239,14 +239,8 @@ class StreamTracker:
                 return
         if not self.outputs:  # the chunk events are skipped: one test each
             for ev in events:
-                if type(ev) is ChunkEvent:
-                    continue
-                if type(ev) is StreamOpened:
-                    self.opened(ev)
-                elif type(ev) is StreamResponse:
-                    self.response(ev)
-                elif type(ev) is StreamClosed:
-                    self.closed(ev)
+                if type(ev) is not ChunkEvent:
+                    self._other(ev)
             return
         for ev in events:
             # (``type(ev) is``: mypy narrows on it, and no assert per chunk)
@@ -257,15 +251,11 @@ class StreamTracker:
                         if e.t_first_output is None:
                             e.t_first_output = ev.ts
                         e.t_last_output = ev.ts
-            elif type(ev) is StreamOpened:
-                self.opened(ev)
-            elif type(ev) is StreamResponse:
-                self.response(ev)
-            elif type(ev) is StreamClosed:
-                self.closed(ev)
+            else:
+                self._other(ev)
 
     def _other(self, ev: StoreEvent) -> None:
-        """An event of a batch that is not a chunk event (the native pass)."""
+        """An event of a batch that is not a chunk event (both passes)."""
         if type(ev) is StreamOpened:
             self.opened(ev)
         elif type(ev) is StreamResponse:
