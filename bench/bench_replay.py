@@ -213,6 +213,15 @@ def main() -> int:  # noqa: C901
         got = best.get(f"{prefix}replay -j1")
         if got and events:
             note("replay CPU per chunk event, one process", core, 1e6 * got[1] / events, "µs")
+    # The seconds behind the ratios, tshark's beside (same capture, same run).
+    for figure, name in (
+        (f"replay of the benchmark capture, default -j{jobs} (wall)", f"replay (default -j{jobs})"),
+        ("replay of the benchmark capture, one process (wall)", "replay -j1"),
+    ):
+        for core, prefix in (("native", ""), ("pure", "pure ")):
+            got = best.get(prefix + name)
+            note(figure, core, got[0] if got else None, "s")
+        note(figure, "tshark", tw, "s")
     if ns.no_tokens:
         for on, off in ((f"replay (default -j{jobs})", f"replay -j{jobs} --no-tokens"),
                         ("replay -j1", "replay -j1 --no-tokens")):  # fmt: skip

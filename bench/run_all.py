@@ -6,7 +6,7 @@ when not root. The figures the issue sets goals for (replay against tshark,
 live CPU per chunk event and peak RSS, the zero-drop ceiling, start-up) are
 measured with the native and the pure core in the same run and printed at
 the end as one table (``bench/figures.py``; also kept in
-``bench/out/figures.jsonl``).
+``bench/out/figures.jsonl``, and as Markdown in ``bench/out/figures.md``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 
-from bench.figures import ENV, summary  # noqa: E402
+from bench.figures import ENV, markdown, summary  # noqa: E402
 
 FIGURES = BENCH / "out" / "figures.jsonl"
 ORDER = [
@@ -84,6 +84,8 @@ def main() -> int:
         f"{os.cpu_count()} CPUs, {time.perf_counter() - started:.0f} s in all ==="
     )
     print(summary(FIGURES))
+    FIGURES.with_suffix(".md").write_text(markdown(FIGURES) + "\n")
+    print(f"(as Markdown, for the README's table: {FIGURES.with_suffix('.md')})")
     return 0
 
 
