@@ -116,7 +116,6 @@ from array import array
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from functools import cache
 from typing import Any, Generic, TypeVar
 
@@ -139,7 +138,7 @@ from sniffer.core.events import (
 from sniffer.llm.cadence import cadence_class
 from sniffer.llm.dialects import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.dialects.base import OUTPUT_KINDS
-from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, SpecDecode, slot_init
+from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, SpecDecode, Usage
 from sniffer.record.tracker import StreamTracker, Tracked
 
 DEFAULT_HOST = "127.0.0.1"
@@ -199,10 +198,20 @@ OTHER = "other"
 NONE = "none"
 
 
+#: the states whose ``state`` label is their value (the others depend on the close)
+_STATE_LABELS: dict[StreamState, str] = {
+    s: s.value for s in StreamState if s not in (StreamState.TRUNCATED, StreamState.OPEN)
+}
+_BACKWARDS = StreamFlag.CLOCK_BACKWARDS
+
+
 def stream_state(ev: StreamClosed) -> str:
     """The ``state`` label of a closed stream; "client_abort" is a truncated
     stream whose reason says the client closed the connection."""
     state = ev.state
+    label = _STATE_LABELS.get(state)
+    if label is not None:
+        return label
     if state is StreamState.TRUNCATED:
         return "client_abort" if ev.reason.startswith("client closed") else "truncated"
     if state is StreamState.OPEN:
@@ -462,7 +471,8 @@ class _Pending:
     sum, the same in any grouping) and the inter-chunk gaps in event order
     (``observe_all``: the same float additions in the same order). Per chunk
     an increment and a list append, not a call each (the capture path).
-    Shared by every open stream of the label set (its ``_Open.pending``)."""
+    Shared by every open stream of the label set (its ``_Open.pending``),
+    made with the label set (``_LabelSet.pending``)."""
 
     __slots__ = ("chunks", "gaps", "inter_chunk", "n")
 
@@ -507,25 +517,36 @@ class _Choice:
 
     def time_array(self) -> array[float]:
         """The cadence times as an ``array('d')``."""
-        times: array[float] = array("d")
-        times.frombytes(self.times)
-        return times
+        return array("d", self.times)
 
 
 class _LabelSet:
     """The children of one label set (label, model) that every stream of it
     feeds, found once per label set instead of once per stream and metric
     (a look-up in :meth:`Metrics._child` builds and hashes a key each time:
-    seven per stream). Each is made by ``Metrics._child`` where it was
-    before (at the label set's first open, or the first close that needs it),
-    so the exposition's label sets come in the same order."""
+    seven per stream), and its batch's per-chunk figures (``pending``). Each
+    child is made by ``Metrics._child`` where it was before (at the label
+    set's first open, or the first close that needs it), so the
+    exposition's label sets come in the same order."""
 
-    __slots__ = ("cadence", "chunks", "duration", "inter_chunk", "output_chars", "states", "ttft")
+    __slots__ = (
+        "cadence",
+        "chunks",
+        "duration",
+        "inter_chunk",
+        "keys",
+        "output_chars",
+        "pending",
+        "states",
+        "ttft",
+    )
 
-    def __init__(self, ttft: Any, inter_chunk: Any, chunks: Any) -> None:
+    def __init__(self, keys: tuple[str, str], ttft: Any, inter_chunk: Any, chunks: Any) -> None:
+        self.keys = keys
         self.ttft = ttft
         self.inter_chunk = inter_chunk
         self.chunks = chunks
+        self.pending = _Pending(chunks, inter_chunk)
         self.duration: Any = None
         self.output_chars: Any = None
         #: stream state → its ``streams`` child; cadence class → its ``cadence`` child
@@ -539,44 +560,40 @@ class _Open:
 
     __slots__ = (
         "choices",
-        "chunks",
-        "inter_chunk",
         "keys",
         "labels",
         "pending",
         "t_request",
-        "ttft",
         "ttft_done",
         "whole_message",
     )
 
-    def __init__(self, keys: tuple[str, str], t_request: float, labels: _LabelSet) -> None:
-        self.keys = keys
+    def __init__(self, labels: _LabelSet, t_request: float, whole_message: bool) -> None:
+        self.keys = labels.keys
         self.labels = labels
         #: None once recovered mid-way (no request head: no TTFT, no duration)
         self.t_request: float | None = t_request
         self.ttft_done = False
         #: per choice with an output chunk (one dict look-up per chunk)
         self.choices: dict[int, _Choice] = {}
-        self.ttft: Any = labels.ttft
-        self.inter_chunk: Any = labels.inter_chunk
-        self.chunks: Any = labels.chunks
-        #: its label set's figures of the current batch (set at its first chunk)
-        self.pending: _Pending | None = None
-        self.whole_message = False
+        #: its label set's figures of the current batch
+        self.pending = labels.pending
+        #: its dialect streams one message (its outputs' cadence is the whole's)
+        self.whole_message = whole_message
 
 
-#: ``(events, entries, chunk, other)``: :meth:`Metrics._observe`'s pass
+#: ``(events, entries, chunk, handlers)``: :meth:`Metrics._observe`'s pass
 #: natively (``sniffer._native.MetricsChunks``): a chunk event of a stream
 #: already counted whose figures are only its count, a gap and a cadence
 #: time is counted there, any other goes to ``chunk(ev, entry)``, every
-#: event that is not a chunk event to ``other(ev)``.
+#: event that is not a chunk event to its exact type's handler in
+#: ``handlers`` (none: skipped).
 _ChunkPass = Callable[
     [
         list[StoreEvent],
         dict[int, Tracked],
         Callable[[ChunkEvent, Tracked | None], None],
-        Callable[[StoreEvent], None],
+        dict[type, Callable[[Any], None]],
     ],
     None,
 ]
@@ -598,13 +615,9 @@ def _native_pass() -> _ChunkPass | None:
     return count
 
 
-@slot_init
-@dataclass(frozen=True, slots=True)
-class _Closed:
-    keys: tuple[str, str]
-    complete: bool
-    t_first_output: float | None
-    t_last_output: float | None
+#: A closed stream kept for its token figures: ``(keys, complete,
+#: t_first_output, t_last_output)`` (a tuple: made once per stream at its close)
+_Closed = tuple[tuple[str, str], bool, float | None, float | None]
 
 
 class MetricsServer:
@@ -689,6 +702,11 @@ class Metrics:
         self._pending: dict[tuple[str, str], _Pending] = {}
         #: per label set: the children its streams feed (bounded as the label sets are)
         self._sets: dict[tuple[str, str], _LabelSet] = {}
+        #: label → model, as a stream's open names them → its label set, for
+        #: those not bounded to ``other`` (``_bound`` gives them the same
+        #: label set for good): bounded as the label sets are, with None and
+        #: "none" apart
+        self._named: dict[str | None, dict[str | None, _LabelSet]] = {}
         from sniffer import native_core
 
         #: the gaps of a batch counted natively (None: the pure core)
@@ -698,6 +716,15 @@ class Metrics:
         self._native: _ChunkPass | None = _native_pass()
         self._kinds: set[str] = set()
         self._lock = threading.Lock()
+        #: what :meth:`_observe` does with the events that are not chunk
+        #: events, by exact type (any other is not counted: a connection's
+        #: open and close cost no call)
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            StreamOpened: self._opened,
+            StreamResponse: self._response,
+            StreamClosed: self._closed_stream,
+            PipelineError: self._error,
+        }
         r = self.registry
         lm = ("label", "model")
 
@@ -932,16 +959,19 @@ class Metrics:
         """:meth:`observe`'s pass over the batch (the lock held): each chunk's
         count and gap go to its label set's ``_Pending``, handed over after it."""
         native = self._native
+        handlers = self._handlers
         if native is not None and type(events) is list:
             # the chunks that only add counts, a gap and a cadence time natively
-            native(events, entries, self._chunk, self._other)
+            native(events, entries, self._chunk, handlers)
             return
-        chunk, other = self._chunk, self._other
+        chunk = self._chunk
         for ev in events:
             if type(ev) is ChunkEvent:
                 chunk(ev, entries.get(ev.stream))
             else:
-                other(ev)
+                handle = handlers.get(type(ev))
+                if handle is not None:
+                    handle(ev)
 
     def _chunk(self, ev: ChunkEvent, e: Tracked | None) -> None:
         """A chunk event's figures (``e``: its stream's entry, None when not tracked)."""
@@ -949,8 +979,6 @@ class Metrics:
             self._child(self.chunk_events, NONE, NONE).inc()
             return
         p = s.pending
-        if p is None:  # (its first chunk)
-            p = s.pending = self._pending_of(s)
         p.n += 1
         if not e.streaming or ev.kind not in OUTPUT_KINDS:
             return
@@ -959,7 +987,7 @@ class Metrics:
             s.ttft_done = True
             ttft = ts - (s.t_request or ts)
             if ttft >= 0:  # (negative: the capture clock went backwards)
-                s.ttft.observe(ttft)
+                s.labels.ttft.observe(ttft)
         c = s.choices.get(ev.choice)
         if c is None:
             c = s.choices[ev.choice] = _Choice(ts)
@@ -972,31 +1000,19 @@ class Metrics:
             if len(times) < _MAX_CADENCE_BYTES:
                 times += _TIME(ts)
 
-    def _other(self, ev: StoreEvent) -> None:
-        """An event of the batch that is not a chunk event."""
-        entries = self.tracker.open
-        if type(ev) is StreamOpened:
-            self._opened(ev, entries.get(ev.stream))
-        elif type(ev) is StreamResponse:
-            e = entries.get(ev.stream)
+    def _response(self, ev: StreamResponse) -> None:
+        if ev.status is None:
+            e = self.tracker.open.get(ev.stream)
             s = e.metrics if e is not None else None
-            if s is not None and ev.status is None:
+            if s is not None:
                 # recovered mid-way (no head seen): its request time
                 # is unknown, so are TTFT and duration
                 s.ttft_done = True
                 s.t_request = None
-        elif type(ev) is StreamClosed:
-            self._closed_stream(ev, entries.get(ev.stream))
-        elif type(ev) is PipelineError:
-            stage = ev.stage if ev.stage in ERROR_STAGES else OTHER
-            self.parse_errors.labels(stage).inc()
 
-    def _pending_of(self, s: _Open) -> _Pending:
-        """The batch's figures of ``s``'s label set."""
-        p = self._pending.get(s.keys)
-        if p is None:
-            p = self._pending[s.keys] = _Pending(s.chunks, s.inter_chunk)
-        return p
+    def _error(self, ev: PipelineError) -> None:
+        stage = ev.stage if ev.stage in ERROR_STAGES else OTHER
+        self.parse_errors.labels(stage).inc()
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, through one cache for every metric (a
@@ -1009,22 +1025,36 @@ class Metrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def _opened(self, ev: StreamOpened, e: Tracked | None) -> None:
+    def _opened(self, ev: StreamOpened) -> None:
+        e = self.tracker.open.get(ev.stream)
         if e is None:  # (not tracked: opened and evicted in one batch)
             return
-        keys = self._bound(ev.label, ev.request.model)
+        label, model = ev.label, ev.request.model
+        models = self._named.get(label)
+        labels = models.get(model) if models is not None else None
+        if labels is None:
+            labels = self._label_set(label, model)
+        e.metrics = _Open(labels, ev.ts, ev.dialect in WHOLE_MESSAGE_DIALECTS)
+
+    def _label_set(self, label: str | None, model: str | None) -> _LabelSet:
+        """The label set of the streams an open names so (bounded), made at
+        its first stream with its per-chunk children."""
+        keys = self._bound(label, model)
         labels = self._sets.get(keys)
         if labels is None:
             labels = self._sets[keys] = _LabelSet(
+                keys,
                 self._child(self.ttft, *keys),
                 self._child(self.inter_chunk, *keys),
                 self._child(self.chunk_events, *keys),
             )
-        s = _Open(keys, ev.ts, labels)
-        s.whole_message = ev.dialect in WHOLE_MESSAGE_DIALECTS
-        e.metrics = s
+            self._pending[keys] = labels.pending
+        if OTHER not in keys:  # (an open naming it again gets it from here)
+            self._named.setdefault(label, {})[model] = labels
+        return labels
 
-    def _closed_stream(self, ev: StreamClosed, e: Tracked | None) -> None:
+    def _closed_stream(self, ev: StreamClosed) -> None:
+        e = self.tracker.open.get(ev.stream)
         s: _Open | None = e.metrics if e is not None else None
         if e is not None:
             e.metrics = None  # closed: counted once
@@ -1039,12 +1069,12 @@ class Metrics:
                 e.streaming
                 and not s.ttft_done
                 and ev.t_first_content is not None
-                and s.t_request is not None
+                and t_request is not None
             ):
                 # The chunks were not seen (observed after sampling): use the summary.
                 s.ttft_done = True
-                if ev.t_first_content >= s.t_request:
-                    s.ttft.observe(ev.t_first_content - s.t_request)
+                if ev.t_first_content >= t_request:
+                    s.labels.ttft.observe(ev.t_first_content - t_request)
         state = stream_state(ev)
         if state == "midway" and ev.response_model and keys[1] == NONE:
             # a row recovered mid-way: its model is the one the chunks named
@@ -1058,12 +1088,12 @@ class Metrics:
             streams = labels.states.get(state)
             if streams is None:
                 streams = labels.states[state] = self._child(self.streams, *keys, state)
-        streams.inc()
-        if (
-            t_request is not None
-            and ev.ts >= t_request
-            and StreamFlag.CLOCK_BACKWARDS not in ev.flags
-        ):
+        if type(streams) is _CounterChild:  # (``inc()``, without its call)
+            streams.value += 1
+        else:
+            streams.inc()
+        backwards = _BACKWARDS in ev.flags
+        if t_request is not None and ev.ts >= t_request and not backwards:
             duration = labels.duration if labels is not None else None
             if duration is None:
                 duration = self._child(self.duration, *keys)
@@ -1077,25 +1107,30 @@ class Metrics:
                 labels.output_chars = output_chars
         output_chars.observe(ev.text_len)
         usage = ev.usage
-        prompt = usage.prompt_tokens if usage is not None else None
-        completion = usage.completion_tokens if usage is not None else None
+        if usage is not None:
+            self._usage(keys, usage)
+        if s is not None and s.choices and not backwards:
+            self._cadence(keys, s, labels)
+        closed = self._closed
+        if len(closed) >= MAX_RECENT_CLOSED:
+            closed.popitem(last=False)
+        if s is not None:
+            assert e is not None
+            closed[ev.stream] = (keys, state == "complete", e.t_first_output, e.t_last_output)
+        else:
+            closed[ev.stream] = (keys, state == "complete", ev.t_first_content, ev.t_last_chunk)
+
+    def _usage(self, keys: tuple[str, str], usage: Usage) -> None:
+        """The usage the server reported for one closed stream."""
+        prompt = usage.prompt_tokens
+        completion = usage.completion_tokens
         if prompt:
             self._child(self.server_usage, *keys, "prompt").inc(prompt)
         if completion:
             self._child(self.server_usage, *keys, "completion").inc(completion)
-        spec = usage.speculative if usage is not None else None
+        spec = usage.speculative
         if spec is not None:
             self._spec(keys, spec)
-        if s is not None and s.choices and StreamFlag.CLOCK_BACKWARDS not in ev.flags:
-            self._cadence(keys, s, labels)
-        if len(self._closed) >= MAX_RECENT_CLOSED:
-            self._closed.popitem(last=False)
-        self._closed[ev.stream] = _Closed(
-            keys,
-            state == "complete",
-            e.t_first_output if s is not None and e is not None else ev.t_first_content,
-            e.t_last_output if s is not None and e is not None else ev.t_last_chunk,
-        )
 
     def _cadence(self, keys: tuple[str, str], s: _Open, labels: _LabelSet | None) -> None:
         """The cadence class of each output of one closed stream, as ``stats``
@@ -1105,7 +1140,8 @@ class Metrics:
         choices = s.choices
         # (the choices with text chunks, in index order)
         if len(choices) == 1:
-            outputs = [c.time_array() for c in choices.values() if c.times]
+            (c,) = choices.values()
+            outputs = [c.time_array()] if c.times else []
         else:
             outputs = [choices[c].time_array() for c in sorted(choices) if choices[c].times]
         if s.whole_message and len(outputs) > 1:
@@ -1163,7 +1199,7 @@ class Metrics:
             entry = self.tracker.get(stream)
             opened: _Open | None = entry.metrics if entry is not None else None
             if closed is not None:
-                keys = closed.keys
+                keys = closed[0]
             elif opened is not None:
                 keys = opened.keys
             else:
@@ -1179,12 +1215,12 @@ class Metrics:
                 tc.usage_output.observe(output_tokens)
                 if (
                     closed is not None
-                    and closed.complete
+                    and closed[1]  # complete
                     and output_tokens > 1
-                    and closed.t_first_output is not None
-                    and closed.t_last_output is not None
+                    and (t_first := closed[2]) is not None
+                    and (t_last := closed[3]) is not None
                 ):
-                    span = closed.t_last_output - closed.t_first_output
+                    span = t_last - t_first
                     if tc.tpot is None:
                         tc.tpot = self._child(self.tpot, *keys)
                     tc.tpot.observe(max(0.0, span) / (output_tokens - 1))

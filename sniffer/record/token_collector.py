@@ -55,6 +55,8 @@ MAX_CHUNKS = 200_000
 #: block's ints in one call.
 _PACK_SEQS = struct.Struct(f"@{_JOIN_EVERY}q").pack
 _PACK_LONGS = struct.Struct(f"@{_JOIN_EVERY}l").pack
+#: bytes per seq in ``_Open.seqs``
+_SEQ_BYTES = struct.calcsize("@q")
 
 #: One block of an open stream's chunks, ``(seq, choice, text)`` each, as
 #: ``(seqs, choices, lengths, text)``: the bytes of their ``array('q')``,
@@ -70,17 +72,18 @@ def _pack_block(tail: list[tuple[int, int, str]]) -> tuple[bytes, bytes, bytes, 
     return _PACK_SEQS(*seqs), _PACK_LONGS(*choices), _PACK_LONGS(*map(len, texts)), "".join(texts)
 
 
-#: ``(events, entries, chunk, other)``: :meth:`TokenCollector.observe`'s
+#: ``(events, entries, chunk, handlers)``: :meth:`TokenCollector.observe`'s
 #: pass natively (``sniffer._native.CollectChunks``): a chunk that only adds
-#: ``(seq, choice, text)`` to its stream's ``tail`` is added there, any other
-#: chunk of a collected stream goes to ``chunk(ev, state)``, every event that
-#: is not a chunk event to ``other(ev)``.
+#: ``(seq, choice, text)`` to its stream's ``tail``, or fills its block
+#: (``_Open.join_tail``), is kept there, any other chunk of a collected
+#: stream goes to ``chunk(ev, state)``, every event that is not a chunk event
+#: to its exact type's handler in ``handlers`` (none: skipped).
 CollectPass = Callable[
     [
         list[StoreEvent],
         dict[int, Tracked],
         Callable[[ChunkEvent, "_Open"], None],
-        Callable[[StoreEvent], None],
+        dict[type, Callable[[Any], None]],
     ],
     None,
 ]
@@ -89,7 +92,9 @@ CollectPass = Callable[
 @cache
 def _native_pass() -> CollectPass | None:
     """The native core's :data:`CollectPass` (~0.8k instructions per chunk
-    less than the Python pass on the live traffic), or None (the pure core)."""
+    less than the Python pass on the live traffic, and ~14k per block of
+    ``_JOIN_EVERY`` chunks packed without a Python call), or None (the pure
+    core)."""
     from sniffer import native_core
 
     native = getattr(native_core()[0], "CollectChunks", None)
@@ -99,19 +104,21 @@ def _native_pass() -> CollectPass | None:
     return collect
 
 
-#: ``_Open``'s arrays before its first block: empty, never written to
-_NO_SEQS = array("q")
-_NO_LONGS = array("l")
+#: ``_Open``'s columns before its first block: empty, immutable (shared)
+_NO_BYTES = b""
 
 
 class _Open:
     """An open stream's chunks (its ``Tracked.tokens`` slot), kept compact
     (1,000 open streams of hundreds of chunks each must not cost objects per
-    chunk): seq, choice and text length in arrays, the texts joined in
-    blocks, finish reasons and logprobs only where present. The last chunks,
-    up to a block (``_JOIN_EVERY``), wait in ``tail`` as (seq, choice, text):
-    one tuple per chunk on the capture path, the arrays filled a block at a
-    time. ``chunks()`` hands them over as ``ChunkColumns``."""
+    chunk): seq, choice and text length in columns, the bytes of an
+    ``array('q')``, ``array('l')`` and ``array('l')`` (bytearrays: the
+    native pass adds a block's to them without a Python call), the texts
+    joined in blocks, finish reasons and logprobs only where present. The
+    last chunks, up to a block (``_JOIN_EVERY``), wait in ``tail`` as (seq,
+    choice, text): one tuple per chunk on the capture path, the columns
+    filled a block at a time. ``chunks()`` hands them over as
+    ``ChunkColumns``."""
 
     __slots__ = (
         "blocks",
@@ -133,11 +140,11 @@ class _Open:
         #: the request body as sent: parsed (and checked for redaction) by the
         #: token pass, off the capture path
         self.body = body
-        # (shared empty arrays until the first full block: most streams of
-        # a few chunks never need their own; three arrays cost ~3k instructions)
-        self.seqs = _NO_SEQS
-        self.choices = _NO_LONGS
-        self.lens = _NO_LONGS
+        # (the shared empty bytes until the first full block: most streams of
+        # a few chunks never need their own columns)
+        self.seqs: bytes | bytearray = _NO_BYTES
+        self.choices: bytes | bytearray = _NO_BYTES
+        self.lens: bytes | bytearray = _NO_BYTES
         self.blocks: list[str] = []
         self.tail: list[tuple[int, int, str]] = []
         #: chunks the tail may still take under the collector's cap
@@ -152,18 +159,20 @@ class _Open:
         self.redactions: dict[int, ChoiceRedactions] | None = None
 
     def __len__(self) -> int:
-        return len(self.seqs) + len(self.tail)
+        return len(self.seqs) // _SEQ_BYTES + len(self.tail)
 
     def join_tail(self, pack: PackBlock = _pack_block) -> None:
-        """Move a full ``tail`` (``_JOIN_EVERY`` chunks) into the arrays and blocks."""
+        """Move a full ``tail`` (``_JOIN_EVERY`` chunks) into the columns and
+        blocks (what the native pass does itself, ``CollectChunks``)."""
         seqs, choices, lens, text = pack(self.tail)
-        if self.seqs is _NO_SEQS:
-            self.seqs = array("q")
-            self.choices = array("l")
-            self.lens = array("l")
-        self.seqs.frombytes(seqs)
-        self.choices.frombytes(choices)
-        self.lens.frombytes(lens)
+        if type(self.seqs) is bytes:  # the first block: columns of its own
+            self.seqs = bytearray(seqs)
+            self.choices = bytearray(choices)
+            self.lens = bytearray(lens)
+        else:
+            self.seqs += seqs
+            self.choices += choices
+            self.lens += lens
         self.blocks.append(text)
         self.tail.clear()
 
@@ -171,7 +180,9 @@ class _Open:
         """The chunks as columns (the analysis builds no object per chunk), as
         lists: the analysis makes several passes over them, and a list's items
         are objects already (an array's are made at each read)."""
-        seqs, choices, lens = self.seqs.tolist(), self.choices.tolist(), self.lens.tolist()
+        seqs = array("q", self.seqs).tolist()
+        choices = array("l", self.choices).tolist()
+        lens = array("l", self.lens).tolist()
         texts = [*self.blocks]
         if self.tail:
             tail_seqs, tail_choices, tail_texts = zip(*self.tail, strict=True)
@@ -232,16 +243,18 @@ class TokenCollector:
         native = self._native
         if native is not None and type(events) is list:
             # the chunks that only add to their tail natively, the rest here
-            native(events, entries, self._chunk, partial(self._other, events))
+            native(events, entries, self._chunk, self._handlers(events))
         else:
-            chunk, other = self._chunk, self._other
+            chunk, handlers = self._chunk, self._handlers(events)
             for ev in events:
                 if type(ev) is ChunkEvent:
                     e = entries.get(ev.stream)
                     if e is not None and (s := e.tokens) is not None:
                         chunk(ev, s)
                 else:
-                    other(events, ev)
+                    handle = handlers.get(type(ev))
+                    if handle is not None:
+                        handle(ev)
         if self._drives:
             tracker.release()
 
@@ -255,26 +268,29 @@ class TokenCollector:
                 self.capped_streams += 1
             return
         if ev.finish_reason is not None or ev.logprobs is not None:
-            s.extra[len(s.seqs) + k] = (ev.finish_reason, ev.logprobs)
+            s.extra[len(s.seqs) // _SEQ_BYTES + k] = (ev.finish_reason, ev.logprobs)
         tail.append((ev.seq, ev.choice, ev.text))
         if k >= _JOIN_AT:  # a full block now
             s.join_tail(self._pack)
             s.room -= _JOIN_EVERY
 
-    def _other(self, events: Iterable[StoreEvent], ev: StoreEvent) -> None:
-        """An event of the batch ``events`` that is not a chunk event."""
-        entries = self.tracker.open
-        if type(ev) is StreamOpened:
-            if ev.dialect is None:  # not an LLM stream
-                return
-            e = entries.get(ev.stream)
-            if e is not None:  # (None: opened and evicted in one batch)
-                e.tokens = _Open(ev.request.model, ev.request_body, self._max_chunks)
-        elif type(ev) is StreamClosed:
-            e = entries.get(ev.stream)
-            s = e.tokens if e is not None else None
-            if s is None:
-                return
+    def _handlers(self, events: Iterable[StoreEvent]) -> dict[type, Callable[[Any], None]]:
+        """The handlers of the batch ``events``' events that are not chunk
+        events, by exact type (the others are not read here)."""
+        return {StreamOpened: self._opened, StreamClosed: partial(self._closed, events)}
+
+    def _opened(self, ev: StreamOpened) -> None:
+        if ev.dialect is None:  # not an LLM stream
+            return
+        e = self.tracker.open.get(ev.stream)
+        if e is not None:  # (None: opened and evicted in one batch)
+            e.tokens = _Open(ev.request.model, ev.request_body, self._max_chunks)
+
+    def _closed(self, events: Iterable[StoreEvent], ev: StreamClosed) -> None:
+        """A stream's close, in the batch ``events``."""
+        e = self.tracker.open.get(ev.stream)
+        s = e.tokens if e is not None else None
+        if s is not None:
             assert e is not None
             e.tokens = None
             if s.truncated and isinstance(events, list):

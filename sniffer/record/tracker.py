@@ -84,10 +84,13 @@ __all__ = ["MAX_OPEN_STREAMS", "StreamTracker", "Tracked"]
 MAX_OPEN_STREAMS = 100_000
 
 
-#: ``(events, entries, other)``: :meth:`StreamTracker.observe`'s pass with
+#: ``(events, entries, handlers)``: :meth:`StreamTracker.observe`'s pass with
 #: output times, natively (``sniffer._native.TrackOutputs``): each chunk
-#: event's output time in its entry, every other event to ``other``.
-TrackPass = Callable[[list[StoreEvent], dict[int, "Tracked"], Callable[[StoreEvent], None]], None]
+#: event's output time in its entry, every other event to its exact type's
+#: handler in ``handlers`` (none: skipped).
+TrackPass = Callable[
+    [list[StoreEvent], dict[int, "Tracked"], dict[type, Callable[[Any], object]]], None
+]
 
 
 @functools.cache
@@ -174,6 +177,14 @@ class StreamTracker:
         #: of them)
         self.collect_evicted = False
         self.evicted_ids: list[int] = []
+        #: what :meth:`observe` does with the events that are not chunk
+        #: events, by exact type (any other is not the tracker's: a
+        #: connection's open and close cost no call)
+        self._handlers: dict[type, Callable[[Any], object]] = {
+            StreamOpened: self.opened,
+            StreamResponse: self.response,
+            StreamClosed: self.closed,
+        }
 
     def get(self, stream: int) -> Tracked | None:
         return self.open.get(stream)
@@ -232,15 +243,18 @@ class StreamTracker:
     def observe(self, events: Iterable[StoreEvent]) -> None:
         """Follow one batch of store events (in pipeline order)."""
         entries = self.open
+        handlers = self._handlers
         if self.outputs and type(events) is list:
             native = _native_outputs()
             if native is not None:  # the chunks' output times natively, the rest here
-                native(events, entries, self._other)
+                native(events, entries, handlers)
                 return
         if not self.outputs:  # the chunk events are skipped: one test each
             for ev in events:
                 if type(ev) is not ChunkEvent:
-                    self._other(ev)
+                    handle = handlers.get(type(ev))
+                    if handle is not None:
+                        handle(ev)
             return
         for ev in events:
             # (``type(ev) is``: mypy narrows on it, and no assert per chunk)
@@ -252,16 +266,9 @@ class StreamTracker:
                             e.t_first_output = ev.ts
                         e.t_last_output = ev.ts
             else:
-                self._other(ev)
-
-    def _other(self, ev: StoreEvent) -> None:
-        """An event of a batch that is not a chunk event (both passes)."""
-        if type(ev) is StreamOpened:
-            self.opened(ev)
-        elif type(ev) is StreamResponse:
-            self.response(ev)
-        elif type(ev) is StreamClosed:
-            self.closed(ev)
+                handle = handlers.get(type(ev))
+                if handle is not None:
+                    handle(ev)
 
     def release(self) -> None:
         """Forget the streams closed in this batch (every observer has read it)."""

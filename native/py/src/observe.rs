@@ -72,41 +72,123 @@ fn pack_chunk_block<'py>(
     Bound<'py, PyBytes>,
     Bound<'py, PyAny>,
 )> {
-    let n = tail.len();
-    let long = std::mem::size_of::<c_long>();
-    let mut seqs = Vec::with_capacity(n * 8);
-    let mut choices = Vec::with_capacity(n * long);
-    let mut lens = Vec::with_capacity(n * long);
-    let mut texts = Vec::with_capacity(n);
+    let mut block = Block::with_capacity(tail.len());
     for item in tail.iter() {
+        block.push_item(&item)?;
+    }
+    let joined = block.joined(py)?;
+    Ok((
+        PyBytes::new(py, &block.seqs),
+        PyBytes::new(py, &block.choices),
+        PyBytes::new(py, &block.lens),
+        joined,
+    ))
+}
+
+/// A block of chunks being packed (`pack_chunk_block`, and `CollectChunks`
+/// when a chunk fills its stream's block): the columns' bytes and the texts.
+struct Block<'py> {
+    seqs: Vec<u8>,
+    choices: Vec<u8>,
+    lens: Vec<u8>,
+    texts: Vec<Bound<'py, PyString>>,
+}
+
+impl<'py> Block<'py> {
+    fn with_capacity(n: usize) -> Self {
+        let long = std::mem::size_of::<c_long>();
+        Block {
+            seqs: Vec::with_capacity(n.saturating_mul(8)),
+            choices: Vec::with_capacity(n.saturating_mul(long)),
+            lens: Vec::with_capacity(n.saturating_mul(long)),
+            texts: Vec::with_capacity(n),
+        }
+    }
+
+    /// A chunk of a tail, `(seq, choice, text)`.
+    fn push_item(&mut self, item: &Bound<'py, PyAny>) -> PyResult<()> {
         let t = item.cast::<PyTuple>()?;
         if t.len() != 3 {
             return Err(PyValueError::new_err("a chunk is (seq, choice, text)"));
         }
-        let seq: i64 = t.get_item(0)?.extract()?;
-        let choice: c_long = t.get_item(1)?.extract()?;
-        let text = t.get_item(2)?.cast_into::<PyString>()?;
+        self.push(&t.get_item(0)?, &t.get_item(1)?, t.get_item(2)?)
+    }
+
+    fn push(
+        &mut self,
+        seq: &Bound<'py, PyAny>,
+        choice: &Bound<'py, PyAny>,
+        text: Bound<'py, PyAny>,
+    ) -> PyResult<()> {
+        let seq: i64 = seq.extract()?;
+        let choice: c_long = choice.extract()?;
+        let text = text.cast_into::<PyString>()?;
         let len = c_long::try_from(text.len()?)
             .map_err(|_| PyValueError::new_err("a chunk text longer than a C long"))?;
-        seqs.extend_from_slice(&seq.to_ne_bytes());
-        choices.extend_from_slice(&choice.to_ne_bytes());
-        lens.extend_from_slice(&len.to_ne_bytes());
-        texts.push(text);
+        self.seqs.extend_from_slice(&seq.to_ne_bytes());
+        self.choices.extend_from_slice(&choice.to_ne_bytes());
+        self.lens.extend_from_slice(&len.to_ne_bytes());
+        self.texts.push(text);
+        Ok(())
     }
-    // their UTF-8 concatenated (an ASCII text's is its own buffer), or, when
-    // a text has none (a lone surrogate), `"".join`
-    let utf8: Option<Vec<&str>> = texts.iter().map(|t| t.to_str().ok()).collect();
-    let joined = if let Some(parts) = utf8 {
-        PyString::new(py, &parts.concat()).into_any()
-    } else {
-        PyString::new(py, "").call_method1(intern!(py, "join"), (PyList::new(py, texts)?,))?
-    };
-    Ok((
-        PyBytes::new(py, &seqs),
-        PyBytes::new(py, &choices),
-        PyBytes::new(py, &lens),
-        joined,
-    ))
+
+    /// The texts joined: their UTF-8 concatenated (an ASCII text's is its
+    /// own buffer), or, when a text has none (a lone surrogate), `"".join`.
+    fn joined(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let utf8: Option<Vec<&str>> = self.texts.iter().map(|t| t.to_str().ok()).collect();
+        Ok(if let Some(parts) = utf8 {
+            PyString::new(py, &parts.concat()).into_any()
+        } else {
+            PyString::new(py, "")
+                .call_method1(intern!(py, "join"), (PyList::new(py, &self.texts)?,))?
+        })
+    }
+}
+
+/// `bytes` appended to the bytearray `to`.
+fn extend_bytearray(to: &Bound<'_, PyByteArray>, bytes: &[u8]) -> PyResult<()> {
+    let at = to.len();
+    to.resize(at.saturating_add(bytes.len()))?;
+    // SAFETY: `to` is a bytearray just resized to hold `at` + `bytes.len()`
+    // bytes and the GIL is held; no Python code runs (nothing else can read
+    // or resize it) until the slice is dropped at the end of this statement.
+    #[allow(unsafe_code)]
+    let buf = unsafe { to.as_bytes_mut() };
+    buf[at..].copy_from_slice(bytes);
+    Ok(())
+}
+
+/// Where a pass hands the events of a batch that are not chunk events:
+/// `other(ev)`, or, when `other` is a dict of types to callables (the
+/// observers' handlers by exact type), the callable of `type(ev)`, the
+/// events of any other type skipped (no Python call for what the observer
+/// does not read: a stream's connection open and close).
+enum Other<'a, 'py> {
+    Call(&'a Bound<'py, PyAny>),
+    ByType(&'a Bound<'py, PyDict>),
+}
+
+impl<'a, 'py> Other<'a, 'py> {
+    fn new(other: &'a Bound<'py, PyAny>) -> Self {
+        match other.cast::<PyDict>() {
+            Ok(handlers) => Other::ByType(handlers),
+            Err(_) => Other::Call(other),
+        }
+    }
+
+    fn hand(&self, ev: Bound<'py, PyAny>) -> PyResult<()> {
+        match self {
+            Other::Call(other) => {
+                other.call1((ev,))?;
+            }
+            Other::ByType(handlers) => {
+                if let Some(handle) = handlers.get_item(ev.get_type())? {
+                    handle.call1((ev,))?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The index of `name` in `names`, added when missing.
@@ -294,12 +376,13 @@ impl TrackOutputs {
         let py = events.py();
         let chunk = &self.chunk;
         let output_kinds = self.output_kinds.bind(py);
+        let other = Other::new(other);
         let mut i = 0;
         while i < events.len() {
             let ev = events.get_item(i)?;
             i = i.saturating_add(1);
             if !chunk.exact(&ev) {
-                other.call1((ev,))?;
+                other.hand(ev)?;
                 continue;
             }
             let kind = chunk.get(&ev, CHUNK_KIND)?;
@@ -323,12 +406,17 @@ impl TrackOutputs {
 /// `TokenCollector.observe`'s pass over a batch (`sniffer.record.token_collector`,
 /// the reference): each event exactly a `ChunkEvent` whose stream's entry in
 /// `entries` has a collector state (its `tokens`, exactly the collector's
-/// `_Open`) gets `(seq, choice, text)` appended to that state's `tail` when
-/// that is all `TokenCollector._chunk` would do: the tail shorter than its
-/// `room` and than `join_at` (it does not fill a block), no finish reason
-/// nor logprobs. Any other chunk of a stream with a state goes to
-/// `chunk(ev, state)` (`_chunk`, the reference); every event not exactly a
-/// `ChunkEvent` to `other(ev)`, in order.
+/// `_Open`) is kept here when that is all `TokenCollector._chunk` would do
+/// (the tail shorter than its `room`, no finish reason nor logprobs):
+/// `(seq, choice, text)` appended to that state's `tail` while the tail is
+/// shorter than `join_at`; the chunk that fills the block (the tail holds
+/// `join_at`) packed with the tail's as `_Open.join_tail` packs them
+/// (`pack_chunk_block`): their columns' bytes added to the state's
+/// `seqs`, `choices` and `lens` (bytearrays, made at the first block: until
+/// then the empty `bytes`), their texts joined to its `blocks`, the tail
+/// emptied and its `room` less a block. Any other chunk of a stream with a
+/// state goes to `chunk(ev, state)` (`_chunk`, the reference); every event
+/// not exactly a `ChunkEvent` to `other` (see [`Other`]), in order.
 #[pyclass(frozen, module = "sniffer._native")]
 pub struct CollectChunks {
     chunk: Slots,
@@ -345,6 +433,10 @@ const C_FINISH: usize = 4;
 const C_LOGPROBS: usize = 5;
 const O_TAIL: usize = 0;
 const O_ROOM: usize = 1;
+const O_SEQS: usize = 2;
+const O_CHOICES: usize = 3;
+const O_LENS: usize = 4;
+const O_BLOCKS: usize = 5;
 
 #[pymethods]
 impl CollectChunks {
@@ -370,7 +462,11 @@ impl CollectChunks {
                 ],
             )?,
             tracked: Slots::new(py, tracked_cls, &["tokens"])?,
-            open: Slots::new(py, open_cls, &["tail", "room"])?,
+            open: Slots::new(
+                py,
+                open_cls,
+                &["tail", "room", "seqs", "choices", "lens", "blocks"],
+            )?,
             join_at,
         })
     }
@@ -385,12 +481,13 @@ impl CollectChunks {
     ) -> PyResult<()> {
         let py = events.py();
         let c = &self.chunk;
+        let other = Other::new(other);
         let mut i = 0;
         while i < events.len() {
             let ev = events.get_item(i)?;
             i = i.saturating_add(1);
             if !c.exact(&ev) {
-                other.call1((ev,))?;
+                other.hand(ev)?;
                 continue;
             }
             let Some(e) = entries.get_item(c.get(&ev, C_STREAM)?)? else {
@@ -406,31 +503,99 @@ impl CollectChunks {
             }
             let tail = self.open.get(&s, O_TAIL)?;
             let room = self.open.get(&s, O_ROOM)?;
-            let simple = match (tail.cast::<PyList>(), room.extract::<isize>()) {
+            let kept = match (tail.cast::<PyList>(), room.extract::<isize>()) {
                 (Ok(tail), Ok(room)) => {
                     let k = tail.len();
-                    isize::try_from(k).is_ok_and(|k| k < room)
-                        && k < self.join_at
+                    let plain = isize::try_from(k).is_ok_and(|k| k < room)
                         && c.is_none(&ev, C_FINISH)?
-                        && c.is_none(&ev, C_LOGPROBS)?
+                        && c.is_none(&ev, C_LOGPROBS)?;
+                    if !plain {
+                        false
+                    } else if k < self.join_at {
+                        let item = PyTuple::new(
+                            py,
+                            [
+                                c.get(&ev, C_SEQ)?,
+                                c.get(&ev, C_CHOICE)?,
+                                c.get(&ev, C_TEXT)?,
+                            ],
+                        )?;
+                        tail.append(item)?;
+                        true
+                    } else {
+                        k == self.join_at && self.fill_block(py, &ev, &s, tail, room)?
+                    }
                 }
                 _ => false,
             };
-            if !simple {
+            if !kept {
                 chunk.call1((ev, s))?;
-                continue;
             }
-            let item = PyTuple::new(
-                py,
-                [
-                    c.get(&ev, C_SEQ)?,
-                    c.get(&ev, C_CHOICE)?,
-                    c.get(&ev, C_TEXT)?,
-                ],
-            )?;
-            tail.cast::<PyList>()?.append(item)?;
         }
         Ok(())
+    }
+}
+
+impl CollectChunks {
+    /// `_chunk(ev, s)` for the chunk that fills `s`'s block (its `tail`
+    /// holds `join_at` chunks, `room` more may come): true when packed here,
+    /// false (nothing changed) when anything is not as `_Open` makes it or
+    /// `pack_chunk_block` would raise (`_chunk` then does it, or raises).
+    fn fill_block<'py>(
+        &self,
+        py: Python<'py>,
+        ev: &Bound<'py, PyAny>,
+        s: &Bound<'py, PyAny>,
+        tail: &Bound<'py, PyList>,
+        room: isize,
+    ) -> PyResult<bool> {
+        let c = &self.chunk;
+        // the columns: bytearrays, or the empty bytes before the first block
+        let mut columns = Vec::with_capacity(3);
+        for slot in [O_SEQS, O_CHOICES, O_LENS] {
+            let col = self.open.get(s, slot)?;
+            let col = match col.cast_into_exact::<PyByteArray>() {
+                Ok(ba) => Some(ba),
+                Err(e) => {
+                    let col = e.into_inner();
+                    match col.cast_exact::<PyBytes>() {
+                        Ok(b) if b.as_bytes().is_empty() => None,
+                        _ => return Ok(false),
+                    }
+                }
+            };
+            columns.push(col);
+        }
+        let Ok(blocks) = self.open.get(s, O_BLOCKS)?.cast_into_exact::<PyList>() else {
+            return Ok(false);
+        };
+        let mut block = Block::with_capacity(tail.len().saturating_add(1));
+        let packed = tail
+            .iter()
+            .try_for_each(|item| block.push_item(&item))
+            .and_then(|()| block.push(&c.get(ev, C_SEQ)?, &c.get(ev, C_CHOICE)?, c.get(ev, C_TEXT)?))
+            .and_then(|()| block.joined(py));
+        let Ok(joined) = packed else {
+            return Ok(false);
+        };
+        let Some(room) = room.checked_sub(isize::try_from(tail.len().saturating_add(1))?) else {
+            return Ok(false);
+        };
+        // what `join_tail` does from here, and `_chunk` after it
+        for ((slot, col), bytes) in [O_SEQS, O_CHOICES, O_LENS]
+            .into_iter()
+            .zip(columns)
+            .zip([&block.seqs, &block.choices, &block.lens])
+        {
+            match col {
+                Some(ba) => extend_bytearray(&ba, bytes)?,
+                None => self.open.set(s, slot, PyByteArray::new(py, bytes))?,
+            }
+        }
+        blocks.append(joined)?;
+        tail.del_slice(0, tail.len())?;
+        self.open.set(s, O_ROOM, room)?;
+        Ok(true)
     }
 }
 
@@ -516,12 +681,13 @@ impl MetricsChunks {
         let py = events.py();
         let c = &self.chunk;
         let none = py.None().into_bound(py);
+        let other = Other::new(other);
         let mut i = 0;
         while i < events.len() {
             let ev = events.get_item(i)?;
             i = i.saturating_add(1);
             if !c.exact(&ev) {
-                other.call1((ev,))?;
+                other.hand(ev)?;
                 continue;
             }
             let Some(e) = entries.get_item(c.get(&ev, M_STREAM)?)? else {
@@ -620,16 +786,7 @@ impl MetricsChunks {
         self.choice.set(&ch, CH_LAST, &ts)?;
         if !text.is_empty()? && times.len() < self.max_time_bytes {
             // `times += _TIME(ts)`: the double's bytes, native order
-            let at = times.len();
-            let bytes = t.to_ne_bytes();
-            times.resize(at.saturating_add(bytes.len()))?;
-            // SAFETY: `times` is a bytearray just resized to hold `at` + 8
-            // bytes and the GIL is held; no Python code runs (nothing else
-            // can read or resize it) until the slice is dropped at the end
-            // of this statement.
-            #[allow(unsafe_code)]
-            let buf = unsafe { times.as_bytes_mut() };
-            buf[at..].copy_from_slice(&bytes);
+            extend_bytearray(&times, &t.to_ne_bytes())?;
         }
         Ok(true)
     }
