@@ -135,7 +135,7 @@ from sniffer.core.events import (
     StreamResponse,
     StreamState,
 )
-from sniffer.llm.cadence import cadence_class
+from sniffer.llm.cadence import MIN_GAPS, UNKNOWN, cadence_class
 from sniffer.llm.dialects import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.dialects.base import OUTPUT_KINDS
 from sniffer.llm.values import ACCEPT_LENGTH_BUCKETS, SpecDecode, Usage
@@ -189,6 +189,9 @@ MAX_CADENCE_CHUNKS = 1024
 #: native order, 8 bytes
 _TIME = struct.Struct("d").pack
 _MAX_CADENCE_BYTES = MAX_CADENCE_CHUNKS * struct.calcsize("d")
+#: Fewer bytes of cadence times than this: fewer than ``MIN_GAPS`` gaps, a
+#: class ``cadence_class`` gives without reading them (``unknown``)
+_MIN_CADENCE_BYTES = (MIN_GAPS + 1) * struct.calcsize("d")
 #: Closed streams whose labels are kept for their token figures (the oldest
 #: is forgotten past it: its figures then count under the labels given).
 MAX_RECENT_CLOSED = 10_000
@@ -305,6 +308,17 @@ class _HistogramChild:
         integer a float holds exactly), which is all it is given."""
         self.counts[bisect_left(self.bounds, amount)] += times
         self.sum += amount * times
+
+
+def _observe(child: Any, amount: float) -> None:
+    """``child.observe(amount)``: a :class:`_HistogramChild`'s without a
+    method call (a stream's close observes two), any other's (prometheus_client's,
+    the tests' reference) its own."""
+    if type(child) is _HistogramChild:
+        child.counts[bisect_left(child.bounds, amount)] += 1
+        child.sum += amount
+    else:
+        child.observe(amount)
 
 
 Child = TypeVar("Child", _CounterChild, _HistogramChild)
@@ -1099,13 +1113,13 @@ class Metrics:
                 duration = self._child(self.duration, *keys)
                 if labels is not None:
                     labels.duration = duration
-            duration.observe(ev.ts - t_request)
+            _observe(duration, ev.ts - t_request)
         output_chars = labels.output_chars if labels is not None else None
         if output_chars is None:
             output_chars = self._child(self.output_chars, *keys)
             if labels is not None:
                 labels.output_chars = output_chars
-        output_chars.observe(ev.text_len)
+        _observe(output_chars, ev.text_len)
         usage = ev.usage
         if usage is not None:
             self._usage(keys, usage)
@@ -1141,16 +1155,20 @@ class Metrics:
         # (the choices with text chunks, in index order)
         if len(choices) == 1:
             (c,) = choices.values()
-            outputs = [c.time_array()] if c.times else []
+            if not c.times:
+                return
+            # (one output: too few times for a class need no array of them)
+            few = len(c.times) < _MIN_CADENCE_BYTES
+            classes = [UNKNOWN if few else cadence_class(c.time_array())]
         else:
             outputs = [choices[c].time_array() for c in sorted(choices) if choices[c].times]
-        if s.whole_message and len(outputs) > 1:
-            merged: array[float] = array("d")
-            for times in outputs:
-                merged.extend(times)
-            outputs = [merged[:MAX_CADENCE_CHUNKS]]
-        for times in outputs:
-            cls = cadence_class(times)
+            if s.whole_message and len(outputs) > 1:
+                merged: array[float] = array("d")
+                for times in outputs:
+                    merged.extend(times)
+                outputs = [merged[:MAX_CADENCE_CHUNKS]]
+            classes = [cadence_class(times) for times in outputs]
+        for cls in classes:
             child = labels.cadence.get(cls) if labels is not None else None
             if child is None:
                 child = self._child(self.cadence, *keys, cls)

@@ -84,25 +84,34 @@ __all__ = ["MAX_OPEN_STREAMS", "StreamTracker", "Tracked"]
 MAX_OPEN_STREAMS = 100_000
 
 
-#: ``(events, entries, handlers)``: :meth:`StreamTracker.observe`'s pass with
-#: output times, natively (``sniffer._native.TrackOutputs``): each chunk
-#: event's output time in its entry, every other event to its exact type's
-#: handler in ``handlers`` (none: skipped).
+#: ``(events, entries, handlers, closing)``: :meth:`StreamTracker.observe`'s
+#: pass with output times, natively (``sniffer._native.TrackOutputs``): each
+#: chunk event's output time in its entry, each response's status in its
+#: entry (:meth:`StreamTracker.response`), each close in its entry and
+#: ``closing`` (:meth:`StreamTracker.closed`), every other event to its
+#: exact type's handler in ``handlers`` (none: skipped).
 TrackPass = Callable[
-    [list[StoreEvent], dict[int, "Tracked"], dict[type, Callable[[Any], object]]], None
+    [
+        list[StoreEvent],
+        dict[int, "Tracked"],
+        dict[type, Callable[[Any], object]],
+        list["Tracked"],
+    ],
+    None,
 ]
 
 
 @functools.cache
 def _native_outputs() -> TrackPass | None:
     """The native core's :data:`TrackPass` (~0.55k instructions per chunk
-    less than the Python pass), or None (the pure core)."""
+    less than the Python pass, and a Python call less per response and
+    close: ~2k each), or None (the pure core)."""
     from sniffer import native_core
 
     native = getattr(native_core()[0], "TrackOutputs", None)
     if native is None:  # the pure core (or a module built before it)
         return None
-    track: TrackPass = native(ChunkEvent, Tracked, OUTPUT_KINDS)
+    track: TrackPass = native(ChunkEvent, Tracked, OUTPUT_KINDS, StreamResponse, StreamClosed)
     return track
 
 
@@ -185,6 +194,8 @@ class StreamTracker:
             StreamResponse: self.response,
             StreamClosed: self.closed,
         }
+        #: those the native pass hands over (it does responses and closes itself)
+        self._opens: dict[type, Callable[[Any], object]] = {StreamOpened: self.opened}
 
     def get(self, stream: int) -> Tracked | None:
         return self.open.get(stream)
@@ -246,8 +257,8 @@ class StreamTracker:
         handlers = self._handlers
         if self.outputs and type(events) is list:
             native = _native_outputs()
-            if native is not None:  # the chunks' output times natively, the rest here
-                native(events, entries, handlers)
+            if native is not None:  # all but the opens natively
+                native(events, entries, self._opens, self.closing)
                 return
         if not self.outputs:  # the chunk events are skipped: one test each
             for ev in events:

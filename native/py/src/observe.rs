@@ -327,13 +327,18 @@ impl ChunkRows {
 /// the reference): for each event exactly a `ChunkEvent` of a kind in
 /// `output_kinds`, its stream's entry in `entries` (exactly a `Tracked`,
 /// or anything with those attributes) gets its capture time as
-/// `t_last_output`, and as `t_first_output` when that is None; every other
-/// event (not exactly a `ChunkEvent`) goes to `other`, in order (the
-/// tracker's opens, responses and closes).
+/// `t_last_output`, and as `t_first_output` when that is None; an event
+/// exactly a `StreamResponse` gives its stream's entry its `status` and
+/// `streaming` (`StreamTracker.response`); one exactly a `StreamClosed`
+/// becomes its stream's entry's `closed`, the entry added to `closing`,
+/// unless it was closed already (`StreamTracker.closed`); every other event
+/// goes to `other` (see [`Other`]), in order (the tracker's opens).
 #[pyclass(frozen, module = "sniffer._native")]
 pub struct TrackOutputs {
     chunk: Slots,
     tracked: Slots,
+    response: Slots,
+    closed: Slots,
     /// `output_kinds`' members: a kind that is one of them is in it
     kinds: Vec<Py<PyAny>>,
     output_kinds: Py<PyAny>,
@@ -344,6 +349,12 @@ const CHUNK_STREAM: usize = 1;
 const CHUNK_TS: usize = 2;
 const T_FIRST: usize = 0;
 const T_LAST: usize = 1;
+const T_STATUS: usize = 2;
+const T_STREAMING: usize = 3;
+const T_CLOSED: usize = 4;
+const R_STREAM: usize = 0;
+const R_STATUS: usize = 1;
+const R_STREAMING: usize = 2;
 
 #[pymethods]
 impl TrackOutputs {
@@ -353,6 +364,8 @@ impl TrackOutputs {
         chunk_cls: &Bound<'_, PyType>,
         tracked_cls: &Bound<'_, PyType>,
         output_kinds: &Bound<'_, PyAny>,
+        response_cls: &Bound<'_, PyType>,
+        closed_cls: &Bound<'_, PyType>,
     ) -> PyResult<Self> {
         let kinds = output_kinds
             .try_iter()?
@@ -360,7 +373,19 @@ impl TrackOutputs {
             .collect::<PyResult<Vec<_>>>()?;
         Ok(TrackOutputs {
             chunk: Slots::new(py, chunk_cls, &["kind", "stream", "ts"])?,
-            tracked: Slots::new(py, tracked_cls, &["t_first_output", "t_last_output"])?,
+            tracked: Slots::new(
+                py,
+                tracked_cls,
+                &[
+                    "t_first_output",
+                    "t_last_output",
+                    "status",
+                    "streaming",
+                    "closed",
+                ],
+            )?,
+            response: Slots::new(py, response_cls, &["stream", "status", "streaming"])?,
+            closed: Slots::new(py, closed_cls, &["stream"])?,
             kinds,
             output_kinds: output_kinds.clone().unbind(),
         })
@@ -372,6 +397,7 @@ impl TrackOutputs {
         events: &Bound<'_, PyList>,
         entries: &Bound<'_, PyDict>,
         other: &Bound<'_, PyAny>,
+        closing: &Bound<'_, PyList>,
     ) -> PyResult<()> {
         let py = events.py();
         let chunk = &self.chunk;
@@ -382,7 +408,23 @@ impl TrackOutputs {
             let ev = events.get_item(i)?;
             i = i.saturating_add(1);
             if !chunk.exact(&ev) {
-                other.hand(ev)?;
+                if self.response.exact(&ev) {
+                    if let Some(e) = entries.get_item(self.response.get(&ev, R_STREAM)?)? {
+                        self.tracked
+                            .set(&e, T_STATUS, self.response.get(&ev, R_STATUS)?)?;
+                        self.tracked
+                            .set(&e, T_STREAMING, self.response.get(&ev, R_STREAMING)?)?;
+                    }
+                } else if self.closed.exact(&ev) {
+                    if let Some(e) = entries.get_item(self.closed.get(&ev, 0)?)? {
+                        if self.tracked.is_none(&e, T_CLOSED)? {
+                            self.tracked.set(&e, T_CLOSED, &ev)?;
+                            closing.append(e)?;
+                        }
+                    }
+                } else {
+                    other.hand(ev)?;
+                }
                 continue;
             }
             let kind = chunk.get(&ev, CHUNK_KIND)?;
