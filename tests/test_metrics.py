@@ -357,6 +357,44 @@ def test_bounded_models_and_none_labels() -> None:
     }
 
 
+def test_label_sets_found_by_what_opens_name_stay_bounded() -> None:
+    """An open finds its label set by the label and model it names, without
+    bounding them again; what is bounded to ``other`` is bounded each time
+    (no look-up kept per unbounded name), and ``None`` and ``"none"`` name
+    the same label set."""
+    m = Metrics(max_models=2, max_labels=2)
+    evs: list[StoreEvent] = []
+    sid = 0
+    for label, model in [("a", "m0"), ("a", "m1"), ("a", None), ("b", "none"), ("b", None)]:
+        for _ in range(3):
+            sid += 1
+            evs += [opened(sid, T0, model=model, label=label), closed(sid, T0 + 1)]
+    for i in range(50):  # past the bounds: every one another name
+        sid += 1
+        evs += [opened(sid, T0, model=f"x{i}", label=f"l{i % 7}"), closed(sid, T0 + 1)]
+        sid += 1
+        evs += [opened(sid, T0, model=f"y{i}"), closed(sid, T0 + 1)]
+    m.observe(evs)
+    named = m._named
+    assert sum(len(models) for models in named.values()) <= 2 * 2 * 2 * 2
+    assert named["a"]["m0"] is named["a"]["m0"] and named["a"].get(None) is None
+    assert named["b"]["none"] is named["b"][None]
+    got = {
+        (dict(labels)["label"], dict(labels)["model"]): v
+        for (n, labels), v in samples(m.render()).items()
+        if n == "sparseety_streams_total"
+    }
+    assert got == {
+        ("a", "m0"): 3,
+        ("a", "m1"): 3,
+        ("a", "other"): 53,
+        ("b", "none"): 6,
+        ("other", "x0"): 1,
+        ("other", "x1"): 1,
+        ("other", "other"): 48,
+    }
+
+
 def test_unknown_streams_and_never_closed_streams_are_bounded() -> None:
     m = Metrics()
     m.observe([closed(99, T0)])  # closed without being seen open

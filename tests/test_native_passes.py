@@ -284,3 +284,65 @@ def test_writer_native_runs_stop_where_python_takes_over() -> None:
     assert all(a is b for r, q in zip(rows, ref, strict=True) for a, b in zip(r, q, strict=True))
     rows.clear()
     assert rows_of(events, first, rows, 98, 100) == (first + 2, 100)  # full: the writer flushes
+
+
+def test_native_passes_call_python_only_for_what_they_do_not_do() -> None:
+    """Per stream of plain chunks, the native passes call back into Python
+    only for what they leave to it: the tracker's opens (not its responses
+    and closes), the metrics' opens, responses, first output chunk and
+    closes, the collector's opens and closes (not the chunk that fills a
+    block: packed natively); none of them for a connection's open or close.
+    What the calls leave is the Python pass's (the captures' tests above)."""
+    from sniffer.core.events import ConnectionClosed, ConnectionOpened
+
+    seen: list[str] = []
+
+    def spy(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            seen.append(name)
+            return fn(*args)
+
+        return call
+
+    tracker = StreamTracker(outputs=True)
+    tracker._opens = {StreamOpened: spy("tracker.opened", tracker.opened)}
+    metrics = Metrics()
+    metrics.track_with(tracker)
+    metrics._handlers = {t: spy(f"metrics.{t.__name__}", h) for t, h in metrics._handlers.items()}
+    metrics_chunk = metrics._chunk
+    metrics._chunk = spy("metrics.chunk", metrics_chunk)  # type: ignore[method-assign]
+    collector = TokenCollector()
+    collector.track_with(tracker)
+    collector._chunk = spy("collector.chunk", collector._chunk)  # type: ignore[method-assign]
+    handlers = collector._handlers
+    collector._handlers = lambda events: {  # type: ignore[method-assign]
+        t: spy(f"collector.{t.__name__}", h) for t, h in handlers(events).items()
+    }
+    client, server = ("127.0.0.1", 40001), ("127.0.0.1", 8000)
+    events: list[StoreEvent] = [
+        ConnectionOpened(1, T0, client, server, True),
+        opened(1, T0),
+        response(1, T0 + 0.1),
+    ]
+    n = 40  # two full blocks and a tail
+    events += [ChunkEvent(1, T0 + 0.2 + k / 100, k + 1, 0, 1, "content", f"t{k} ") for k in range(n)]
+    events += [closed(1, T0 + 1), ConnectionClosed(1, T0 + 1, "fin")]
+    tracker.observe(events)
+    metrics.observe(events)
+    collector.observe(events)
+    tracker.release()
+    assert seen == [
+        "tracker.opened",
+        "metrics.StreamOpened",
+        "metrics.StreamResponse",
+        "metrics.chunk",  # the first output chunk: its TTFT and its choice
+        "metrics.StreamClosed",
+        "collector.StreamOpened",
+        "collector.StreamClosed",
+    ]
+    (inp,) = collector.take()
+    assert [c.seq for c in inp.chunks] == list(range(1, n + 1))
+    assert "".join(c.text for c in inp.chunks) == "".join(f"t{k} " for k in range(n))
+    smp = masked(metrics.render())
+    assert 'sparseety_chunk_events_total{label="a",model="m"} 40.0' in smp
+    assert 'sparseety_streams_total{label="a",model="m",state="complete"} 1.0' in smp

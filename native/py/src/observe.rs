@@ -158,37 +158,15 @@ fn extend_bytearray(to: &Bound<'_, PyByteArray>, bytes: &[u8]) -> PyResult<()> {
     Ok(())
 }
 
-/// Where a pass hands the events of a batch that are not chunk events:
-/// `other(ev)`, or, when `other` is a dict of types to callables (the
-/// observers' handlers by exact type), the callable of `type(ev)`, the
-/// events of any other type skipped (no Python call for what the observer
-/// does not read: a stream's connection open and close).
-enum Other<'a, 'py> {
-    Call(&'a Bound<'py, PyAny>),
-    ByType(&'a Bound<'py, PyDict>),
-}
-
-impl<'a, 'py> Other<'a, 'py> {
-    fn new(other: &'a Bound<'py, PyAny>) -> Self {
-        match other.cast::<PyDict>() {
-            Ok(handlers) => Other::ByType(handlers),
-            Err(_) => Other::Call(other),
-        }
+/// Where a pass hands the events of a batch that are not chunk events: the
+/// callable of their exact type in `handlers` (the observer's), the events
+/// of any other type skipped (no Python call for what the observer does not
+/// read: a stream's connection open and close).
+fn hand(handlers: &Bound<'_, PyDict>, ev: Bound<'_, PyAny>) -> PyResult<()> {
+    if let Some(handle) = handlers.get_item(ev.get_type())? {
+        handle.call1((ev,))?;
     }
-
-    fn hand(&self, ev: Bound<'py, PyAny>) -> PyResult<()> {
-        match self {
-            Other::Call(other) => {
-                other.call1((ev,))?;
-            }
-            Other::ByType(handlers) => {
-                if let Some(handle) = handlers.get_item(ev.get_type())? {
-                    handle.call1((ev,))?;
-                }
-            }
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 /// The index of `name` in `names`, added when missing.
@@ -332,7 +310,7 @@ impl ChunkRows {
 /// `streaming` (`StreamTracker.response`); one exactly a `StreamClosed`
 /// becomes its stream's entry's `closed`, the entry added to `closing`,
 /// unless it was closed already (`StreamTracker.closed`); every other event
-/// goes to `other` (see [`Other`]), in order (the tracker's opens).
+/// goes to its handler (see [`hand`]), in order (the tracker's opens).
 #[pyclass(frozen, module = "sniffer._native")]
 pub struct TrackOutputs {
     chunk: Slots,
@@ -396,13 +374,12 @@ impl TrackOutputs {
         &self,
         events: &Bound<'_, PyList>,
         entries: &Bound<'_, PyDict>,
-        other: &Bound<'_, PyAny>,
+        handlers: &Bound<'_, PyDict>,
         closing: &Bound<'_, PyList>,
     ) -> PyResult<()> {
         let py = events.py();
         let chunk = &self.chunk;
         let output_kinds = self.output_kinds.bind(py);
-        let other = Other::new(other);
         let mut i = 0;
         while i < events.len() {
             let ev = events.get_item(i)?;
@@ -423,7 +400,7 @@ impl TrackOutputs {
                         }
                     }
                 } else {
-                    other.hand(ev)?;
+                    hand(handlers, ev)?;
                 }
                 continue;
             }
@@ -458,7 +435,7 @@ impl TrackOutputs {
 /// then the empty `bytes`), their texts joined to its `blocks`, the tail
 /// emptied and its `room` less a block. Any other chunk of a stream with a
 /// state goes to `chunk(ev, state)` (`_chunk`, the reference); every event
-/// not exactly a `ChunkEvent` to `other` (see [`Other`]), in order.
+/// not exactly a `ChunkEvent` to its handler (see [`hand`]), in order.
 #[pyclass(frozen, module = "sniffer._native")]
 pub struct CollectChunks {
     chunk: Slots,
@@ -519,17 +496,16 @@ impl CollectChunks {
         events: &Bound<'_, PyList>,
         entries: &Bound<'_, PyDict>,
         chunk: &Bound<'_, PyAny>,
-        other: &Bound<'_, PyAny>,
+        handlers: &Bound<'_, PyDict>,
     ) -> PyResult<()> {
         let py = events.py();
         let c = &self.chunk;
-        let other = Other::new(other);
         let mut i = 0;
         while i < events.len() {
             let ev = events.get_item(i)?;
             i = i.saturating_add(1);
             if !c.exact(&ev) {
-                other.hand(ev)?;
+                hand(handlers, ev)?;
                 continue;
             }
             let Some(e) = entries.get_item(c.get(&ev, C_STREAM)?)? else {
@@ -642,7 +618,7 @@ impl CollectChunks {
 }
 
 /// `Metrics._observe`'s pass over a batch (`sniffer.record.metrics`, the
-/// reference: `Metrics._chunk` per chunk event, `_other` per other event):
+/// reference: `Metrics._chunk` per chunk event, its handlers per other event):
 /// a chunk event whose figures are only counts, a gap and a cadence time of
 /// a stream already seen — its entry (in `entries`) with the metrics'
 /// state (`_Open`), which has its label set's `_Pending`; when the chunk is
@@ -654,7 +630,7 @@ impl CollectChunks {
 /// native order, added to the choice's `times` while that is shorter than
 /// `max_time_bytes`). Any other chunk event goes to `chunk(ev, entry)`
 /// (entry None when its stream is not tracked), every event not exactly a
-/// `ChunkEvent` to `other(ev)`, in order.
+/// `ChunkEvent` to its handler (see [`hand`]), in order.
 #[pyclass(frozen, module = "sniffer._native")]
 pub struct MetricsChunks {
     chunk: Slots,
@@ -718,18 +694,17 @@ impl MetricsChunks {
         events: &Bound<'_, PyList>,
         entries: &Bound<'_, PyDict>,
         chunk: &Bound<'_, PyAny>,
-        other: &Bound<'_, PyAny>,
+        handlers: &Bound<'_, PyDict>,
     ) -> PyResult<()> {
         let py = events.py();
         let c = &self.chunk;
         let none = py.None().into_bound(py);
-        let other = Other::new(other);
         let mut i = 0;
         while i < events.len() {
             let ev = events.get_item(i)?;
             i = i.saturating_add(1);
             if !c.exact(&ev) {
-                other.hand(ev)?;
+                hand(handlers, ev)?;
                 continue;
             }
             let Some(e) = entries.get_item(c.get(&ev, M_STREAM)?)? else {
