@@ -325,7 +325,9 @@ def test_native_passes_call_python_only_for_what_they_do_not_do() -> None:
         response(1, T0 + 0.1),
     ]
     n = 40  # two full blocks and a tail
-    events += [ChunkEvent(1, T0 + 0.2 + k / 100, k + 1, 0, 1, "content", f"t{k} ") for k in range(n)]
+    events += [
+        ChunkEvent(1, T0 + 0.2 + k / 100, k + 1, 0, 1, "content", f"t{k} ") for k in range(n)
+    ]
     events += [closed(1, T0 + 1), ConnectionClosed(1, T0 + 1, "fin")]
     tracker.observe(events)
     metrics.observe(events)
