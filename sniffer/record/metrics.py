@@ -310,17 +310,6 @@ class _HistogramChild:
         self.sum += amount * times
 
 
-def _observe(child: Any, amount: float) -> None:
-    """``child.observe(amount)``: a :class:`_HistogramChild`'s without a
-    method call (a stream's close observes two), any other's (prometheus_client's,
-    the tests' reference) its own."""
-    if type(child) is _HistogramChild:
-        child.counts[bisect_left(child.bounds, amount)] += 1
-        child.sum += amount
-    else:
-        child.observe(amount)
-
-
 Child = TypeVar("Child", _CounterChild, _HistogramChild)
 
 
@@ -1113,13 +1102,13 @@ class Metrics:
                 duration = self._child(self.duration, *keys)
                 if labels is not None:
                     labels.duration = duration
-            _observe(duration, ev.ts - t_request)
+            duration.observe(ev.ts - t_request)
         output_chars = labels.output_chars if labels is not None else None
         if output_chars is None:
             output_chars = self._child(self.output_chars, *keys)
             if labels is not None:
                 labels.output_chars = output_chars
-        _observe(output_chars, ev.text_len)
+        output_chars.observe(ev.text_len)
         usage = ev.usage
         if usage is not None:
             self._usage(keys, usage)
