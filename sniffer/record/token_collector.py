@@ -148,7 +148,7 @@ class _Open:
         self.blocks: list[str] = []
         self.tail: list[tuple[int, int, str]] = []
         #: chunks the tail may still take under the collector's cap
-        #: (``max_chunks`` less those in the arrays): one test per chunk
+        #: (``max_chunks`` less those in the columns): one test per chunk
         self.room = max_chunks
         self.extra: dict[int, tuple[str | None, str | None]] = {}
         self.truncated = False
@@ -234,7 +234,7 @@ class TokenCollector:
         had more than ``max_chunks`` chunk events is flagged ``tokens-capped``:
         in ``events`` (a list: the batch the store writes next), the
         ``StreamClosed`` is replaced by one carrying the flag."""
-        # The capture path: per chunk, one tuple kept (a block's go to arrays at once).
+        # The capture path: per chunk, one tuple kept (a block's go to the columns at once).
         tracker = self.tracker
         if self._drives:
             events = events if isinstance(events, list) else list(events)
