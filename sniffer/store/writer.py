@@ -114,6 +114,14 @@ def _header_prefix(name: str) -> str:
     return prefix
 
 
+#: ``headers_json`` of header lists met before, by the list: a client sends
+#: the same headers request after request, a server the same response head
+#: (bounded: emptied when full). A list with a header ``headers_json`` drops
+#: is not kept (no credential held here longer than its event).
+_headers_texts: dict[Headers, str] = {}
+_HEADERS_TEXTS_MAX = 256
+
+
 def headers_json(headers: Headers | Iterable[tuple[str, str]]) -> str:
     """Headers as a JSON list of ``[name, value]`` pairs, credentials dropped.
 
@@ -121,14 +129,21 @@ def headers_json(headers: Headers | Iterable[tuple[str, str]]) -> str:
     the C string encoder: two per stream (request and response), and
     ``json.dumps`` sets up an encoder per call (about 2.5 µs of 4 for seven
     headers). Each name's credential test and encoding are looked up
-    (``_header_prefixes``)."""
+    (``_header_prefixes``), and the text of a list met before
+    (``_headers_texts``: ~1k instructions against ~11k for three headers)."""
+    if type(headers) is tuple:
+        text = _headers_texts.get(headers)
+        if text is not None:
+            return text
     enc = _json_str
     known = _header_prefixes.get
-    return (
-        "["
-        + ", ".join([p + enc(v) + "]" for n, v in headers if (p := known(n) or _header_prefix(n))])
-        + "]"
-    )
+    pairs = [p + enc(v) + "]" for n, v in headers if (p := known(n) or _header_prefix(n))]
+    text = "[" + ", ".join(pairs) + "]"
+    if type(headers) is tuple and len(pairs) == len(headers):
+        if len(_headers_texts) >= _HEADERS_TEXTS_MAX:
+            _headers_texts.clear()
+        _headers_texts[headers] = text
+    return text
 
 
 def endpoint_text(endpoint: Endpoint) -> str:
