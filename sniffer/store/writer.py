@@ -78,6 +78,7 @@ from sniffer.store.lite import (
     UpdateSpec,
     check_writable,
     create_new_file,
+    executemany_flat_sqlite,
     executemany_sqlite,
     insert_or_fail_sql,
     insert_sql,
@@ -764,23 +765,24 @@ def _insert_sparse(conn: Connection, table: str, rows: Iterable[dict[str, Any]])
     """Insert rows held as dicts of their columns that are not NULL
     (``_stream_row``, ``_connection_row``) on SQLite, in their order: each run
     of rows with the same columns (the same keys in the same order: nearly
-    every row of a batch) in one ``executemany_sqlite`` of an INSERT of those
-    columns only, whose values are the dict's ``values()``. No None is bound
-    (an adapter call each, some 25 of a stream's 62 columns) and no value
-    tested in Python: a stream row went in as a tuple of its 62 columns
-    (``operator.itemgetter``) and two comprehensions over it, ~40k
-    instructions of the ~125k of its INSERT (callgrind)."""
-    run: list[tuple[Any, ...]] = []
+    every row of a batch) in one ``executemany_flat_sqlite`` of an INSERT of
+    those columns only, its parameters the dicts' ``values()`` one after
+    another (no tuple per row). No None is bound (an adapter call each, some
+    25 of a stream's 62 columns) and no value tested in Python: a stream row
+    went in as a tuple of its 62 columns (``operator.itemgetter``) and two
+    comprehensions over it, ~40k instructions of the ~125k of its INSERT
+    (callgrind)."""
+    run: list[Any] = []
     run_keys: tuple[str, ...] | None = None
     for row in rows:
         keys = tuple(row)
         if keys != run_keys:
             if run_keys is not None:
-                executemany_sqlite(conn, *_insert_sql_keys(table, run_keys), run)
+                executemany_flat_sqlite(conn, *_insert_sql_keys(table, run_keys), run)
             run, run_keys = [], keys
-        run.append(tuple(row.values()))
+        run += row.values()
     if run_keys is not None:
-        executemany_sqlite(conn, *_insert_sql_keys(table, run_keys), run)
+        executemany_flat_sqlite(conn, *_insert_sql_keys(table, run_keys), run)
 
 
 def _dense(row: dict[str, Any], columns: tuple[str, ...], table: str) -> tuple[Any, ...]:
