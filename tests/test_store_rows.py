@@ -32,7 +32,7 @@ from sniffer.store.writer import (
     _stream_row,
     headers_json,
 )
-from tests.test_store import T0, memory_writer, realistic_events
+from tests.test_store import T0, dump, memory_writer, realistic_events
 
 SRV = ("127.0.0.1", 8000)
 
@@ -238,3 +238,23 @@ def test_headers_json_of_a_list_met_again(monkeypatch: pytest.MonkeyPatch) -> No
         headers_json((("x-n", str(i)),))
         assert len(kept) <= 4
     assert kept[(("x-n", "9"),)] == '[["x-n", "9"]]'
+
+
+@pytest.mark.parametrize("copy", [True, False], ids=["copy", "executemany"])
+def test_postgresql_gets_the_rows_sqlite_gets(fresh_pg_url: str, copy: bool) -> None:
+    """Other databases bind every column (``_dense``: None, ``bool``): the odd
+    events, in one batch or with their later events as UPDATEs, leave on
+    PostgreSQL the rows they leave on SQLite."""
+    events = [*realistic_events(), *odd_events()]
+    reference = memory_writer()
+    reference.write_many(events)
+    reference.flush()
+    k = next(i for i, ev in enumerate(events) if isinstance(ev, StreamResponse))
+    w = StoreWriter(fresh_pg_url, copy=copy)
+    w.write_many(events[:k])  # the first stream's response and close: UPDATEs
+    w.flush()
+    w.write_many(events[k:])
+    w.flush()
+    assert w.stats["updates"] > 0 and w.stats["unmatched_updates"] == 0
+    assert dump(w.engine) == dump(reference.engine)
+    w.close()
