@@ -11,7 +11,11 @@ values in one ``executemany`` that writes them as literals, elsewhere an
 ``executemany`` of an ``update`` with ``bindparam``). An update for a row still
 buffered in the same batch is merged into that row's insert instead, so it costs
 nothing; an update for a row written by an earlier batch becomes an UPDATE that
-runs after this batch's inserts.
+runs after this batch's inserts. Connection and stream rows and updates are
+buffered as dicts of their columns that are not NULL (booleans as 0 and 1, what
+SQLite stores): their keys name the columns a SQLite statement binds
+(``_insert_sparse``, ``_update_sparse``); other databases get every column
+(``_dense``).
 
 Failure policy: no row of one exchange stops the writer. If the database as a
 whole cannot take writes (locked, unreachable, a table missing: an
@@ -67,12 +71,14 @@ from sniffer.store.db import EngineStore, Store
 from sniffer.store.files import cannot_write, db_path, ensure_db_file
 from sniffer.store.ids import IdBlocks
 from sniffer.store.lite import (
+    BOOLEAN_COLUMNS,
     PLAIN_HTTP,
     TABLE_COLUMNS,
     SqliteFile,
     UpdateSpec,
     check_writable,
     create_new_file,
+    executemany_flat_sqlite,
     executemany_sqlite,
     insert_or_fail_sql,
     insert_sql,
@@ -109,6 +115,14 @@ def _header_prefix(name: str) -> str:
     return prefix
 
 
+#: ``headers_json`` of header lists met before, by the list: a client sends
+#: the same headers request after request, a server the same response head
+#: (bounded: emptied when full). A list with a header ``headers_json`` drops
+#: is not kept (no credential held here longer than its event).
+_headers_texts: dict[Headers, str] = {}
+_HEADERS_TEXTS_MAX = 256
+
+
 def headers_json(headers: Headers | Iterable[tuple[str, str]]) -> str:
     """Headers as a JSON list of ``[name, value]`` pairs, credentials dropped.
 
@@ -116,14 +130,21 @@ def headers_json(headers: Headers | Iterable[tuple[str, str]]) -> str:
     the C string encoder: two per stream (request and response), and
     ``json.dumps`` sets up an encoder per call (about 2.5 µs of 4 for seven
     headers). Each name's credential test and encoding are looked up
-    (``_header_prefixes``)."""
+    (``_header_prefixes``), and the text of a list met before
+    (``_headers_texts``: ~1k instructions against ~11k for three headers)."""
+    if type(headers) is tuple:
+        text = _headers_texts.get(headers)
+        if text is not None:
+            return text
     enc = _json_str
     known = _header_prefixes.get
-    return (
-        "["
-        + ", ".join([p + enc(v) + "]" for n, v in headers if (p := known(n) or _header_prefix(n))])
-        + "]"
-    )
+    pairs = [p + enc(v) + "]" for n, v in headers if (p := known(n) or _header_prefix(n))]
+    text = "[" + ", ".join(pairs) + "]"
+    if type(headers) is tuple and len(pairs) == len(headers):
+        if len(_headers_texts) >= _HEADERS_TEXTS_MAX:
+            _headers_texts.clear()
+        _headers_texts[headers] = text
+    return text
 
 
 def endpoint_text(endpoint: Endpoint) -> str:
@@ -287,58 +308,93 @@ def _clean_row(row: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------
 
 
+#: A boolean as the integer SQLite stores (``_bit(v, v)``: None stays None).
+#: sqlite3 binds a ``bool`` through its adapter registry (``lite``: a look-up
+#: and a call, ~1,100 instructions a value; an ``int`` ~300), and a stream
+#: row has five, its close two, a connection row one: the buffered rows hold
+#: them as 0 and 1 (what the adapter binds), other databases get ``bool``
+#: again (``_dense``).
+_bit: Callable[[Any, Any], Any] = {True: 1, False: 0}.get
+
+
 def _connection_row(ev: ConnectionOpened, label: str | None, node: str) -> dict[str, Any]:
-    return {
+    """A new connection's row: its columns that are not NULL (``_insert_sparse``;
+    a None where the event's type says there is none is bound, NULL all the same)."""
+    client, server = ev.client, ev.server
+    row = {
         "id": ev.conn,
-        "client_ip": ev.client[0],
-        "client_port": ev.client[1],
-        "server_ip": ev.server[0],
-        "server_port": ev.server[1],
+        "client_ip": client[0],
+        "client_port": client[1],
+        "server_ip": server[0],
+        "server_port": server[1],
         "opened_at": ev.ts,
-        "closed_at": None,
-        "close_reason": None,
-        "syn_seen": ev.syn_seen,
+        "syn_seen": _bit(ev.syn_seen, ev.syn_seen),
         "capture": ev.capture,
-        "pid": ev.pid,
-        "comm": ev.comm,
-        "label": label,
         "node": node,
     }
+    if ev.pid is not None:
+        row["pid"] = ev.pid
+    if ev.comm is not None:
+        row["comm"] = ev.comm
+    if label is not None:
+        row["label"] = label
+    return row
 
 
 def _stream_row(ev: StreamOpened, node: str) -> dict[str, Any]:
-    """A new stream's row: a copy of ``_NEW_STREAM_ROW`` (every column, in
-    table order: a copy of a dict of the same keys costs no resize nor hash)
-    with the request's columns set one by one (no dict of them built first:
-    4.8 µs → 2.4 µs a row)."""
+    """A new stream's row: its non-NULL columns only (a None column is NULL:
+    ``_insert_sparse`` binds none). The columns every stream has in one dict
+    display (made at its size), then those a request may lack, one by one;
+    the close's counts start at zero."""
     req = ev.request
-    row = _NEW_STREAM_ROW.copy()
-    row["id"] = ev.stream
-    row["connection_id"] = ev.conn
-    row["exchange"] = ev.exchange
-    row["label"] = ev.label
-    row["capture"] = ev.capture
-    row["pid"] = ev.pid
-    row["comm"] = ev.comm
-    row["client"] = endpoint_text(ev.client)
-    row["server"] = endpoint_text(ev.server)
+    row = {
+        "id": ev.stream,
+        "connection_id": ev.conn,
+        "exchange": ev.exchange,
+        "capture": ev.capture,
+        "client": endpoint_text(ev.client),
+        "server": endpoint_text(ev.server),
+        "dialect": ev.dialect if ev.dialect is not None else PLAIN_HTTP,
+        "request_headers": headers_json(ev.request_headers),
+        "t_request": ev.ts,
+        "state": "open",
+        "done_seen": 0,
+        "gap": 0,
+        "chunk_count": 0,
+        "event_count": 0,
+        "text_len": 0,
+        "text_kept": _bit(ev.text_kept, ev.text_kept),
+        "node": node,
+    }
     # a body recovered mid-way has no request: "" → NULL
-    row["method"] = ev.method or None
-    row["path"] = ev.path or None
-    row["dialect"] = ev.dialect if ev.dialect is not None else PLAIN_HTTP
-    row["model"] = req.model
-    row["is_stream"] = req.stream
-    row["temperature"] = req.temperature
-    row["top_p"] = req.top_p
-    row["max_tokens"] = req.max_tokens
-    row["n"] = req.n
-    row["seed"] = req.seed
-    row["prompt_len"] = req.prompt_len
-    row["request_json"] = ev.request_body
-    row["request_headers"] = headers_json(ev.request_headers)
-    row["t_request"] = ev.ts
-    row["text_kept"] = ev.text_kept
-    row["node"] = node
+    if ev.method:
+        row["method"] = ev.method
+    if ev.path:
+        row["path"] = ev.path
+    if ev.label is not None:
+        row["label"] = ev.label
+    if ev.pid is not None:
+        row["pid"] = ev.pid
+    if ev.comm is not None:
+        row["comm"] = ev.comm
+    if ev.request_body is not None:
+        row["request_json"] = ev.request_body
+    if req.model is not None:
+        row["model"] = req.model
+    if req.stream is not None:
+        row["is_stream"] = _bit(req.stream, req.stream)
+    if req.temperature is not None:
+        row["temperature"] = req.temperature
+    if req.top_p is not None:
+        row["top_p"] = req.top_p
+    if req.max_tokens is not None:
+        row["max_tokens"] = req.max_tokens
+    if req.n is not None:
+        row["n"] = req.n
+    if req.seed is not None:
+        row["seed"] = req.seed
+    if req.prompt_len is not None:
+        row["prompt_len"] = req.prompt_len
     return row
 
 
@@ -348,58 +404,48 @@ def _stream_row(ev: StreamOpened, node: str) -> dict[str, Any]:
 SERVER_STATS_COLUMNS = columns_in("streams", "server")
 _RESPONSE_COLUMNS = columns_in("streams", "response")
 _CLOSE_COLUMNS = columns_in("streams", "close", "server")
-#: A new stream row before ``_stream_row`` sets its request's columns: every
-#: column of the table, in its order; what the response and the close fill is
-#: None until then, the close's counts start at zero.
-_NEW_STREAM_ROW: dict[str, Any] = {
-    **dict.fromkeys(TABLE_COLUMNS["streams"]),
-    "state": "open",
-    "done_seen": False,
-    "gap": False,
-    "chunk_count": 0,
-    "event_count": 0,
-    "text_len": 0,
-}
 
 
 def _response_values(ev: StreamResponse, values: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The columns the response head fills, set in ``values`` (the stream's
-    buffered row: no dict made and merged in) or in a new dict."""
+    """The columns the response head fills (those not NULL), set in ``values``
+    (the stream's buffered row: no dict made and merged in) or in a new dict."""
     if values is None:
         values = {}
-    values["status"] = ev.status
+    elif "response_headers" in values:  # a second head: the first's columns go
+        for c in _RESPONSE_COLUMNS:
+            values.pop(c, None)
+    if ev.status is not None:
+        values["status"] = ev.status
     values["response_headers"] = headers_json(ev.headers)
     values["content_type"] = ev.content_type
-    values["streaming"] = ev.streaming
+    values["streaming"] = _bit(ev.streaming, ev.streaming)
     values["t_response"] = ev.ts
     return values
 
 
-_NO_SERVER_STATS: dict[str, Any] = dict.fromkeys(SERVER_STATS_COLUMNS)
-
-
-def server_stats_values(usage: Usage | None) -> dict[str, Any]:
-    """The ``spec_*`` and ``server_*`` column values of a stream's usage."""
-    if usage is None or (usage.speculative is None and usage.timings is None):
-        return _NO_SERVER_STATS
+def server_stats_values(usage: Usage) -> dict[str, Any]:
+    """The ``spec_*`` and ``server_*`` column values of a stream's usage that
+    are not NULL."""
     sd, t = usage.speculative, usage.timings
+    out: dict[str, Any] = {}
+    if sd is not None:
+        out["spec_source"] = sd.source
+        out["spec_draft_tokens"] = sd.draft_tokens
+        out["spec_accepted_tokens"] = sd.accepted_tokens
+        out["spec_steps"] = sd.steps
+        out["spec_accept_length"] = sd.accept_length
+        out["spec_accept_rate"] = sd.acceptance_rate
+        if sd.histogram:
+            out["spec_histogram"] = json.dumps(list(sd.histogram))
+    if t is not None:
+        out["server_prompt_n"] = t.prompt_n
+        out["server_prompt_ms"] = t.prompt_ms
+        out["server_predicted_n"] = t.predicted_n
+        out["server_predicted_ms"] = t.predicted_ms
     rejected = (sd.rejected if sd is not None else ()) + (t.rejected if t is not None else ())
-    return {
-        "spec_source": sd.source if sd is not None else None,
-        "spec_draft_tokens": sd.draft_tokens if sd is not None else None,
-        "spec_accepted_tokens": sd.accepted_tokens if sd is not None else None,
-        "spec_steps": sd.steps if sd is not None else None,
-        "spec_accept_length": sd.accept_length if sd is not None else None,
-        "spec_accept_rate": sd.acceptance_rate if sd is not None else None,
-        "spec_histogram": json.dumps(list(sd.histogram))
-        if sd is not None and sd.histogram
-        else None,
-        "server_prompt_n": t.prompt_n if t is not None else None,
-        "server_prompt_ms": t.prompt_ms if t is not None else None,
-        "server_predicted_n": t.predicted_n if t is not None else None,
-        "server_predicted_ms": t.predicted_ms if t is not None else None,
-        "server_rejected": json.dumps(list(rejected)) if rejected else None,
-    }
+    if rejected:
+        out["server_rejected"] = json.dumps(list(rejected))
+    return {k: v for k, v in out.items() if v is not None}
 
 
 #: A stream state's column text (``StreamState.value``: an enum member's
@@ -421,38 +467,56 @@ def finish_reasons_json(pairs: tuple[tuple[int, str], ...]) -> str:
 
 
 def _close_values(ev: StreamClosed, values: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The columns the close fills, set in ``values`` (the stream's buffered
-    row: no dict made and merged in) or in a new dict (an update). ``model``:
-    a row recovered mid-way has no request, its model is the one the
-    recovered chunks name; None leaves the column as it is (in a buffered
-    row, a model already there stays)."""
+    """The columns the close fills (those not NULL), set in ``values`` (the
+    stream's buffered row: no dict made and merged in) or in a new dict (an
+    update, which writes NULL in the others). ``model``: a row recovered
+    mid-way has no request, its model is the one the recovered chunks name;
+    None leaves the column as it is (in a buffered row, a model already there
+    stays)."""
     usage = ev.usage
     state = ev.state
-    model = ev.response_model if state == StreamState.MIDWAY else None
     if values is None:
-        values = {"model": model}
-    elif values["model"] is None:
-        values["model"] = model
+        values = {}
+    elif "closed_at" in values:  # a second close: the first's columns go
+        for c in _CLOSE_COLUMNS:
+            values.pop(c, None)
+    if (
+        state == StreamState.MIDWAY
+        and ev.response_model is not None
+        and values.get("model") is None
+    ):
+        values["model"] = ev.response_model
     values["state"] = _STATE_TEXT.get(state) or str(state)
     values["reason"] = ev.reason
-    values["done_seen"] = ev.done_seen
-    values["gap"] = ev.gap
-    values["t_first_content"] = ev.t_first_content
-    values["t_last_chunk"] = ev.t_last_chunk
+    values["done_seen"] = _bit(ev.done_seen, ev.done_seen)
+    values["gap"] = _bit(ev.gap, ev.gap)
+    if ev.t_first_content is not None:
+        values["t_first_content"] = ev.t_first_content
+    if ev.t_last_chunk is not None:
+        values["t_last_chunk"] = ev.t_last_chunk
     values["chunk_count"] = ev.chunk_count
     values["event_count"] = ev.event_count
     values["text_len"] = ev.text_len
     values["finish_reasons"] = finish_reasons_json(ev.finish_reasons)
-    values["usage"] = usage_json(usage)
-    values["prompt_tokens"] = usage.prompt_tokens if usage is not None else None
-    values["completion_tokens"] = usage.completion_tokens if usage is not None else None
-    values["response_body"] = ev.response_body
+    if usage is not None:
+        values["usage"] = usage_json(usage)
+        if usage.prompt_tokens is not None:
+            values["prompt_tokens"] = usage.prompt_tokens
+        if usage.completion_tokens is not None:
+            values["completion_tokens"] = usage.completion_tokens
+        if usage.speculative is not None or usage.timings is not None:
+            values.update(server_stats_values(usage))
+    if ev.response_body is not None:
+        values["response_body"] = ev.response_body
     values["request_bytes"] = ev.request_bytes
     values["response_bytes"] = ev.response_bytes
-    values["error"] = ev.error
+    if ev.error is not None:
+        values["error"] = ev.error
     values["closed_at"] = ev.ts
-    values["flags"] = json.dumps([str(f) for f in ev.flags]) if ev.flags else None
-    values.update(server_stats_values(usage))
+    if ev.flags:
+        values["flags"] = json.dumps([str(f) for f in ev.flags])
+    else:  # (flags a StreamFlagged set in the buffered row: the close's word is the last)
+        values.pop("flags", None)
     return values
 
 
@@ -489,13 +553,6 @@ _FULL_CHUNK_LEN = len(_CHUNK_COLUMNS)
 _ERROR_COLUMNS = tuple(c for c in TABLE_COLUMNS["errors"] if c != "id")
 _CONNECTION_COLUMNS = TABLE_COLUMNS["connections"]
 _STREAM_COLUMNS = TABLE_COLUMNS["streams"]
-#: A buffered connection or stream row (a dict by column) as the tuple of its
-#: table's columns, in C: 62 look-ups a stream row, 1.3 µs against 3.4 µs for
-#: a list comprehension.
-_connection_values: Callable[[dict[str, Any]], tuple[Any, ...]] = operator.itemgetter(
-    *_CONNECTION_COLUMNS
-)
-_stream_values: Callable[[dict[str, Any]], tuple[Any, ...]] = operator.itemgetter(*_STREAM_COLUMNS)
 
 
 #: The ChunkEvent fields of a row of ``_CHUNK_COLUMNS``, of a plain row
@@ -631,10 +688,13 @@ def _error_row(ev: PipelineError, node: str) -> tuple[Any, ...]:
 Update = tuple[int, dict[str, Any]]
 
 
-def _bind(row_id: int, values: dict[str, Any]) -> dict[str, Any]:
-    """An UPDATE's parameters by name (``b_<column>``, ``b_id``): the named or
-    compiled form SQLAlchemy runs on other databases than SQLite."""
-    out = {f"b_{k}": v for k, v in values.items()}
+def _bind(name: str, row_id: int, values: dict[str, Any]) -> dict[str, Any]:
+    """The parameters by name (``b_<column>``, ``b_id``) of an UPDATE of
+    ``_UPDATES[name]``: the named or compiled form SQLAlchemy runs on other
+    databases than SQLite (every column of the update: None where ``values``
+    has none)."""
+    table, columns, _ = _UPDATES[name]
+    out = {f"b_{c}": v for c, v in zip(columns, _dense(values, columns, table), strict=True)}
     out["b_id"] = row_id
     return out
 
@@ -648,56 +708,91 @@ _UPDATES: dict[str, UpdateSpec] = {
 }
 
 
-def _tuple_getter(columns: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
-    """``operator.itemgetter`` of ``columns`` that returns a tuple even for one."""
-    if len(columns) == 1:
-        (only,) = columns
-        return lambda row: (row[only],)
-    return operator.itemgetter(*columns)
+@functools.cache
+def _update_sql_keys(name: str, keys: tuple[str, ...]) -> str:
+    """The SQLite UPDATE of ``_UPDATES[name]`` for rows whose values dict has
+    ``keys`` (the columns that are not NULL, in its order): those are
+    parameters, every other column of the update is set to the literal NULL
+    (no parameter), and a ``coalesce`` column (set only where it is NULL) is
+    left out when it has no value. Its parameters: the values in ``keys``
+    order, then the id."""
+    table, columns, coalesce = _UPDATES[name]
+    unknown = set(keys) - set(columns)
+    if unknown:
+        raise ValueError(f"update {name} sets no column {sorted(unknown)}")
+    sets = [f"{c}=coalesce({table}.{c}, ?)" if c in coalesce else f"{c}=?" for c in keys]
+    sets += [f"{c}=NULL" for c in columns if c not in keys and c not in coalesce]
+    return f"UPDATE {table} SET {', '.join(sets)} WHERE {table}.id = ?"
 
 
-#: The values an UPDATE of ``_UPDATES`` sets, in its columns' order (C look-ups).
-_UPDATE_VALUES = {name: _tuple_getter(spec[1]) for name, spec in _UPDATES.items()}
+def _update_sparse(conn: Connection, name: str, items: list[Update]) -> int:
+    """Run the SQLite UPDATE of ``_UPDATES[name]`` for every ``(id, values)``
+    (``values``: the columns that are not NULL, ``_close_values``): each run
+    of rows with the same columns in one ``executemany`` of a statement that
+    writes the others as NULL literals (``_update_sql_keys``: a None bound
+    costs sqlite3 an adapter look-up, ~1,400 instructions, some twenty of a
+    stream close's 34 columns; the keys of a dict and its values come out as
+    tuples in C, where a test per value cost ~15k instructions a close). In
+    order, as one statement would run them. Returns how many rows they
+    changed."""
+    changed = 0
+    run: list[tuple[Any, ...]] = []
+    run_keys: tuple[str, ...] | None = None
+    for row_id, values in items:
+        keys = tuple(values)
+        if keys != run_keys:
+            if run_keys is not None:
+                changed += conn.exec_driver_sql(_update_sql_keys(name, run_keys), run).rowcount
+            run, run_keys = [], keys
+        run.append((*values.values(), row_id))
+    if run_keys is not None:
+        changed += conn.exec_driver_sql(_update_sql_keys(name, run_keys), run).rowcount
+    return changed
 
 
 @functools.cache
-def _update_sql_nulls(name: str, nulls: tuple[bool, ...]) -> str:
-    """The SQLite UPDATE of ``_UPDATES[name]`` for rows whose values are None
-    where ``nulls`` says so (one per set column, in their order): such a column
-    is set to the literal NULL (no parameter), and a ``coalesce`` column (set
-    only where it is NULL) is left out. Its parameters: the other values, then
-    the id."""
-    table, columns, coalesce = _UPDATES[name]
-    sets = ", ".join(
-        f"{c}=NULL" if null else f"{c}=coalesce({table}.{c}, ?)" if c in coalesce else f"{c}=?"
-        for c, null in zip(columns, nulls, strict=True)
-        if not (null and c in coalesce)
+def _insert_sql_keys(table: str, keys: tuple[str, ...]) -> tuple[str, int]:
+    """The SQLite INSERT of a row of the columns ``keys`` (in that order: the
+    row is the same whatever the order of its column list), and its number
+    of parameters."""
+    unknown = set(keys) - set(TABLE_COLUMNS[table])
+    if unknown:
+        raise ValueError(f"table {table} has no column {sorted(unknown)}")
+    return insert_or_fail_sql(table, keys)
+
+
+def _insert_sparse(conn: Connection, table: str, rows: Iterable[dict[str, Any]]) -> None:
+    """Insert rows held as dicts of their columns that are not NULL
+    (``_stream_row``, ``_connection_row``) on SQLite, in their order: each run
+    of rows with the same columns (the same keys in the same order: nearly
+    every row of a batch) in one ``executemany_flat_sqlite`` of an INSERT of
+    those columns only, its parameters the dicts' ``values()`` one after
+    another (no tuple per row). No None is bound (an adapter call each, some
+    25 of a stream's 62 columns) and no value tested in Python: a stream row
+    went in as a tuple of its 62 columns (``operator.itemgetter``) and two
+    comprehensions over it, ~40k instructions of the ~125k of its INSERT
+    (callgrind)."""
+    run: list[Any] = []
+    run_keys: tuple[str, ...] | None = None
+    for row in rows:
+        keys = tuple(row)
+        if keys != run_keys:
+            if run_keys is not None:
+                executemany_flat_sqlite(conn, *_insert_sql_keys(table, run_keys), run)
+            run, run_keys = [], keys
+        run += row.values()
+    if run_keys is not None:
+        executemany_flat_sqlite(conn, *_insert_sql_keys(table, run_keys), run)
+
+
+def _dense(row: dict[str, Any], columns: tuple[str, ...], table: str) -> tuple[Any, ...]:
+    """A buffered row or update (its columns that are not NULL, booleans as 0
+    and 1) as the values of ``columns``, None where it has none and booleans
+    as ``bool``: what other databases than SQLite bind."""
+    booleans = BOOLEAN_COLUMNS[table]
+    return tuple(
+        (bool(v) if v is not None and c in booleans else v) for c in columns for v in (row.get(c),)
     )
-    return f"UPDATE {table} SET {sets} WHERE {table}.id = ?"
-
-
-def _update_by_nulls(conn: Connection, name: str, items: list[Update]) -> int:
-    """Run the SQLite UPDATE of ``_UPDATES[name]`` for every ``(id, values)``:
-    each run of rows with the same None values in one ``executemany`` of a
-    statement that writes them as NULL literals (``_update_sql_nulls``; a
-    None bound costs sqlite3 an adapter look-up, ~1,400 instructions, some
-    twenty of a stream close's 34 values). In order, as one statement would
-    run them. Returns how many rows they changed."""
-    values_of = _UPDATE_VALUES[name]
-    changed = 0
-    run: list[tuple[Any, ...]] = []
-    run_nulls: tuple[bool, ...] = ()
-    for row_id, values in items:
-        vals = values_of(values)
-        nulls = tuple([v is None for v in vals])
-        if nulls != run_nulls:
-            if run:
-                changed += conn.exec_driver_sql(_update_sql_nulls(name, run_nulls), run).rowcount
-            run, run_nulls = [], nulls
-        run.append((*[v for v in vals if v is not None], row_id))
-    if run:
-        changed += conn.exec_driver_sql(_update_sql_nulls(name, run_nulls), run).rowcount
-    return changed
 
 
 def _update_stmt(spec: UpdateSpec) -> Any:
@@ -923,9 +1018,11 @@ class StoreWriter:
         elif isinstance(event, PipelineError):
             self._error_rows.append(_error_row(event, self.node))
         elif isinstance(event, StreamFlagged):
-            flags = {"flags": json.dumps([str(f) for f in event.flags]) if event.flags else None}
+            # (no flags: an empty dict, the UPDATE writes NULL)
+            flags = {"flags": json.dumps([str(f) for f in event.flags])} if event.flags else {}
             row = self._stream_rows.get(event.stream)
             if row is not None:
+                row.pop("flags", None)
                 row.update(flags)
                 return
             self._stream_flags.append((event.stream, flags))  # after the close's update
@@ -1101,13 +1198,13 @@ class StoreWriter:
 
     def _update_many(self, conn: Connection, name: str, items: list[Update]) -> int:
         """Run an UPDATE for every ``(id, values)``; returns how many rows matched
-        nothing. On SQLite through ``_update_by_nulls``; elsewhere with the
+        nothing. On SQLite through ``_update_sparse``; elsewhere with the
         statement SQLAlchemy compiles (``_compiled``), parameters by name."""
         if self.dialect_name == "sqlite":
-            matched: int | None = _update_by_nulls(conn, name, items)
+            matched: int | None = _update_sparse(conn, name, items)
         else:
             sql, order = self._compiled(name, None)
-            rows = [_bind(row_id, values) for row_id, values in items]
+            rows = [_bind(name, row_id, values) for row_id, values in items]
             if order is None:
                 result = conn.exec_driver_sql(sql, rows)
             else:
@@ -1147,12 +1244,12 @@ class StoreWriter:
     def _write_part(self, conn: Connection, part: str, items: list[Any], copy: bool = True) -> int:
         """Write one part of a batch; returns the updates that matched no row."""
         if part == "connections" or part == "streams":
-            if part == "connections":
-                cols, values = _CONNECTION_COLUMNS, _connection_values
+            if self.dialect_name == "sqlite":
+                _insert_sparse(conn, part, [r for _, r in items])
             else:
-                cols, values = _STREAM_COLUMNS, _stream_values
-            rows = [values(r) for _, r in items]
-            self._insert_many(conn, part, cols, rows, copy)
+                cols = _CONNECTION_COLUMNS if part == "connections" else _STREAM_COLUMNS
+                rows = [_dense(r, cols, part) for _, r in items]
+                self._insert_many(conn, part, cols, rows, copy)
         elif part == "chunks":
             self._insert_chunks(conn, items, copy)
         elif part == "errors":
@@ -1284,9 +1381,9 @@ class StoreWriter:
         """The error row that records a row the database refused."""
         ts: Any
         if part == "connections":
-            conn, stream, ts = item[0], None, item[1]["opened_at"]
+            conn, stream, ts = item[0], None, item[1].get("opened_at")
         elif part == "streams":
-            conn, stream, ts = item[1]["connection_id"], item[0], item[1]["t_request"]
+            conn, stream, ts = item[1].get("connection_id"), item[0], item[1].get("t_request")
         elif part == "chunks":
             conn, stream, ts = None, item[0], _full_chunk_row(item)[_CHUNK_TS_AT]
         elif part == "errors":
