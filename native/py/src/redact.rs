@@ -60,7 +60,8 @@ const EV_STREAM: usize = 0;
 const EV_CHOICE: usize = 1;
 const EV_TEXT: usize = 2;
 const EV_REASONING: usize = 3;
-const EV_JSON: [usize; 3] = [4, 5, 6]; // tool_calls, logprobs, raw
+/// tool_calls, logprobs, raw
+const EV_JSON: [usize; 3] = [4, 5, 6];
 // `_Stream`'s
 const S_HOT: usize = 0;
 const S_RUNS: usize = 1;
@@ -236,7 +237,10 @@ impl RedactChunks {
             return Ok(None);
         }
         // `c.choice == ev.choice and text and not ev.reasoning`
-        let (ours, its) = (self.choice.get(&c, C_CHOICE)?, self.chunk.get(ev, EV_CHOICE)?);
+        let (ours, its) = (
+            self.choice.get(&c, C_CHOICE)?,
+            self.chunk.get(ev, EV_CHOICE)?,
+        );
         // (the same int object: equal, without the comparison)
         let same = ours.is(&its) && ours.is_exact_instance_of::<PyInt>();
         if !same && !ours.eq(its)? {
@@ -342,10 +346,16 @@ impl RedactChunks {
             return Ok(false);
         }
         // `_release`'s look at the JSON fields: none to look at
+        let none = s.py().None();
         for j in 0..k {
             let ev = held.get_item(j)?;
             for f in EV_JSON {
-                if !self.chunk.is_none(&ev, f)? && self.chunk.get(&ev, f)?.is_truthy()? {
+                // (None where the slot keeps it: the usual field, no call)
+                let is_none = self
+                    .chunk
+                    .peek(&ev, f)
+                    .is_some_and(|p| std::ptr::eq(p, none.as_ptr()));
+                if !is_none && self.chunk.get(&ev, f)?.is_truthy()? {
                     return Ok(false);
                 }
             }
