@@ -85,7 +85,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from functools import cache
 from itertools import accumulate, repeat
-from typing import Any
+from typing import Any, Protocol
 
 from sniffer.core.credentials import (
     SECRET,
@@ -373,6 +373,11 @@ def _octets_ok(value: str) -> bool:
     return True
 
 
+#: The event types (exactly these) :meth:`Redactor.event` may rewrite: it
+#: returns any other event as it is (the native pass of
+#: :meth:`StreamRedactor.events` hands those on without a call).
+_REWRITTEN = (ChunkEvent, StreamOpened, StreamClosed, PipelineError)
+
 #: :meth:`Redactor._short_text`'s bounds: the texts it keeps, their length
 _CLEAN_MAX = 1024
 _CLEAN_MAX_LEN = 200
@@ -642,8 +647,12 @@ class Redactor:
         here: credentials are removed upstream and again by the store writer.
         Secret-shaped strings, secret-named JSON fields and raw bytes quoted in
         error texts are removed even when personal-data redaction is off.
+        Any other event (of a type not in ``_REWRITTEN``, a subclass too) is
+        returned as it is.
         """
         t = type(ev)
+        if t not in _REWRITTEN:
+            return ev
         if t is ChunkEvent:
             assert isinstance(ev, ChunkEvent)
             text = self.text(ev.text)
@@ -1404,9 +1413,12 @@ class StreamRedactor:
         on as ``_release`` hands it, without the ``decided`` and ``touched``
         lists. The usual stream's close. False when it is not that window
         (nothing changed: the general steps take it)."""
+        red = self.redactor
+        loop = self._native_events
+        if loop is not None and not red._extra and loop.final_clean(c, red.enabled):
+            return True  # (the usual close: no JSON field in the held events)
         tw = c.text
         pending = tw.pending
-        red = self.redactor
         if red._extra or tw.decided or len(c.events) != len(pending):
             return False
         n = tw.pending_len
@@ -1512,20 +1524,22 @@ def _native_clean_cut() -> _NativeCut | None:
     return native
 
 
-#: ``(events, streams, out, enabled, chunk, other, scan) → None``: the native
-#: core's pass of :meth:`StreamRedactor.events` over a batch (``RedactChunks``)
-_NativeEvents = Callable[
-    [
-        list[StoreEvent],
-        dict[int, "_Stream"],
-        list[StoreEvent],
-        bool,
-        Callable[[ChunkEvent, "_Stream | None", list[StoreEvent]], None],
-        Callable[[StoreEvent, list[StoreEvent]], None],
-        Callable[["_Choice", "_Stream", list[StoreEvent]], None],
-    ],
-    None,
-]
+class _NativeEvents(Protocol):
+    """The native core's pass of :meth:`StreamRedactor.events` over a batch
+    (``RedactChunks``), and its :meth:`StreamRedactor._final_clean`."""
+
+    def __call__(
+        self,
+        events: list[StoreEvent],
+        streams: dict[int, _Stream],
+        out: list[StoreEvent],
+        enabled: bool,
+        chunk: Callable[[ChunkEvent, _Stream | None, list[StoreEvent]], None],
+        other: Callable[[StoreEvent, list[StoreEvent]], None],
+        scan: Callable[[_Choice, _Stream, list[StoreEvent]], None],
+    ) -> None: ...
+
+    def final_clean(self, c: _Choice, enabled: bool) -> bool: ...
 
 
 @cache
@@ -1542,7 +1556,9 @@ def _native_events() -> _NativeEvents | None:
     cls = getattr(native_core()[0], "RedactChunks", None)
     if cls is None:
         return None
-    native: _NativeEvents = cls(ChunkEvent, _Stream, _Choice, TextWindow, _COLD, _WINDOW_PRE_MAX)
+    native: _NativeEvents = cls(
+        ChunkEvent, _Stream, _Choice, TextWindow, _COLD, _WINDOW_PRE_MAX, _REWRITTEN
+    )
     return native
 
 

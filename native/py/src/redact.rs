@@ -73,6 +73,7 @@ const C_LIMIT: usize = 2;
 const C_TEXT: usize = 3;
 const C_READY: usize = 4;
 const C_GIVEN: usize = 5;
+const C_REASONING: usize = 6;
 // `TextWindow`'s
 const W_PENDING: usize = 0;
 const W_PENDING_LEN: usize = 1;
@@ -98,7 +99,8 @@ const W_MAX_HELD: usize = 7;
 /// to the reference's steps, unchanged: `chunk(ev, s, out)` for any other
 /// chunk event (`s` None when its stream holds nothing), `scan(c, s, out)`
 /// for any other scan, `other(ev, out)` for an event not exactly a
-/// `ChunkEvent`. Each step checks everything it reads before it changes
+/// `ChunkEvent` whose type `Redactor.event` may rewrite (any other goes out
+/// as it is, as `other` would give it). Each step checks everything it reads before it changes
 /// anything.
 #[pyclass(frozen, module = "sniffer._native")]
 pub struct RedactChunks {
@@ -111,6 +113,9 @@ pub struct RedactChunks {
     /// `_WINDOW_PRE_MAX`: the scan starts this many characters, less one,
     /// before the window's `clear`
     pre_max: i64,
+    /// `_REWRITTEN`: the event types `Redactor.event` may rewrite (exactly
+    /// these); an event of any other type goes out as it is, without a call
+    rewritten: Vec<Py<PyType>>,
 }
 
 /// The value of an exact int (None: not one, or not an i64).
@@ -130,6 +135,7 @@ impl RedactChunks {
         window_cls: &Bound<'_, PyType>,
         cold: &Bound<'_, PyAny>,
         pre_max: i64,
+        rewritten: Vec<Bound<'_, PyType>>,
     ) -> PyResult<Self> {
         Ok(RedactChunks {
             chunk: Slots::new(
@@ -149,7 +155,15 @@ impl RedactChunks {
             choice: Slots::new(
                 py,
                 choice_cls,
-                &["choice", "events", "limit", "text", "ready", "given"],
+                &[
+                    "choice",
+                    "events",
+                    "limit",
+                    "text",
+                    "ready",
+                    "given",
+                    "reasoning",
+                ],
             )?,
             window: Slots::new(
                 py,
@@ -167,6 +181,7 @@ impl RedactChunks {
             )?,
             cold: cold.clone().unbind(),
             pre_max,
+            rewritten: rewritten.into_iter().map(Bound::unbind).collect(),
         })
     }
 
@@ -191,7 +206,12 @@ impl RedactChunks {
             let ev = events.get_item(i)?;
             i = i.saturating_add(1);
             if !self.chunk.exact(&ev) {
-                other.call1((ev, out))?;
+                let t = ev.get_type();
+                if self.rewritten.iter().any(|r| t.is(r.bind(py))) {
+                    other.call1((ev, out))?;
+                } else {
+                    out.append(ev)?; // (`_other`: `Redactor.event` gives it back)
+                }
                 continue;
             }
             let Some(s) = streams.get_item(self.chunk.get(&ev, EV_STREAM)?)? else {
@@ -211,6 +231,95 @@ impl RedactChunks {
             }
         }
         Ok(())
+    }
+
+    /// `StreamRedactor._final_clean(c)` (the reference) when none of the
+    /// held events has a JSON field to look at: `c` (exactly a `_Choice`)
+    /// without a reasoning window, nothing decided, its window's new text
+    /// clean by `redact_clean_cut`: every held event handed on to `c.ready`
+    /// as it came, the window emptied and moved on; true. False when it is
+    /// not that choice (nothing changed: the reference takes it).
+    fn final_clean(&self, c: &Bound<'_, PyAny>, enabled: bool) -> PyResult<bool> {
+        let (ch, win) = (&self.choice, &self.window);
+        if !ch.exact(c) || !ch.is_none(c, C_REASONING)? {
+            return Ok(false);
+        }
+        let w = ch.get(c, C_TEXT)?;
+        if !win.exact(&w) {
+            return Ok(false);
+        }
+        let (Ok(pending), Ok(decided), Ok(held), Ok(ready)) = (
+            win.get(&w, W_PENDING)?.cast_into_exact::<PyList>(),
+            win.get(&w, W_DECIDED)?.cast_into_exact::<PyList>(),
+            ch.get(c, C_EVENTS)?.cast_into_exact::<PyList>(),
+            ch.get(c, C_READY)?.cast_into_exact::<PyList>(),
+        ) else {
+            return Ok(false);
+        };
+        let k = pending.len();
+        if !decided.is_empty() || held.len() != k {
+            return Ok(false);
+        }
+        let int = |j: usize| win.get(&w, j).map(|v| int_of(&v));
+        let (Some(n), Some(max_held), Some(clear), Some(base)) = (
+            int(W_PENDING_LEN)?,
+            int(W_MAX_HELD)?,
+            int(W_CLEAR)?,
+            int(W_BASE)?,
+        ) else {
+            return Ok(false);
+        };
+        // (no text: only empty texts, or none, decided without a look)
+        let mut moved = None;
+        if n != 0 {
+            let (Ok(max_held), Some(start)) = (
+                usize::try_from(max_held),
+                clear
+                    .checked_sub(self.pre_max)
+                    .and_then(|x| x.checked_add(1)),
+            ) else {
+                return Ok(false);
+            };
+            let Some((decided_k, limit)) = clean_cut_of(&pending, start, n, max_held, enabled)?
+            else {
+                return Ok(false);
+            };
+            let Ok(limit) = i64::try_from(limit) else {
+                return Ok(false);
+            };
+            let (Some(base), Some(rest)) = (base.checked_add(limit), n.checked_sub(limit)) else {
+                return Ok(false);
+            };
+            if decided_k != k {
+                return Ok(false);
+            }
+            moved = Some((base, rest));
+        }
+        let none = c.py().None();
+        for j in 0..k {
+            let ev = held.get_item(j)?;
+            for f in EV_JSON {
+                let is_none = self
+                    .chunk
+                    .peek(&ev, f)
+                    .is_some_and(|p| std::ptr::eq(p, none.as_ptr()));
+                if !is_none && self.chunk.get(&ev, f)?.is_truthy()? {
+                    return Ok(false);
+                }
+            }
+        }
+        // what `_final_clean` does from here
+        if let Some((base, rest)) = moved {
+            win.set(&w, W_BASE, base)?;
+            win.set(&w, W_PENDING_LEN, rest)?;
+            win.set(&w, W_CLEAR, rest.max(0))?;
+        }
+        pending.del_slice(0, k)?;
+        for j in 0..k {
+            ready.append(held.get_item(j)?)?;
+        }
+        held.del_slice(0, k)?;
+        Ok(true)
     }
 }
 
