@@ -1063,7 +1063,7 @@ class StreamRedactor:
     or so the window is scanned and the decided events are given out together.
     With the native core, :meth:`events` is one call per batch
     (``RedactChunks``: the hot path and the usual scan without a Python step
-    per chunk; ~1.7k instructions per chunk event less on the live traffic);
+    per chunk; ~1.8k instructions per chunk event less on the live traffic);
     the Python loop is its reference and runs for user patterns.
     """
 
