@@ -1,5 +1,6 @@
 """The recording chain's native passes over a batch (``sniffer._native``'s
-``TrackOutputs``, ``MetricsChunks``, ``CollectChunks``, ``ChunkRows``) give
+``TrackOutputs``, ``MetricsChunks``, ``CollectChunks``, ``ChunkRows``,
+``RedactChunks``) give
 exactly what their Python passes (the reference, the pure core's) give,
 whatever the batch split: on every bundled capture's events and on a batch
 of odd events (a chunk of a stream never opened, a stream recovered mid-way,
@@ -35,6 +36,7 @@ from sniffer.core.events import (
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.llm.values import RequestSummary, Usage
 from sniffer.record.metrics import Metrics
+from sniffer.record.redact import Redactor, StreamRedactor
 from sniffer.record.token_collector import TokenCollector
 from sniffer.record.tracker import StreamTracker
 from sniffer.store.writer import StoreWriter, native_chunk_rows
@@ -348,3 +350,30 @@ def test_native_passes_call_python_only_for_what_they_do_not_do() -> None:
     smp = masked(metrics.render())
     assert 'sparseety_chunk_events_total{label="a",model="m"} 40.0' in smp
     assert 'sparseety_streams_total{label="a",model="m",state="complete"} 1.0' in smp
+
+
+def redacted(native: bool, size: int) -> list[Any]:
+    """What the redaction step gives out, batch by batch, and what it counted
+    and handed over (each capture apart)."""
+    got: list[Any] = []
+    for events in BATCHES:
+        red = StreamRedactor(Redactor())
+        red.track_redactions = True
+        if not native:
+            red._native_events = None
+        else:
+            assert red._native_events is not None
+        for j in range(0, len(events), size):
+            got.append(red.events(events[j : j + size]))
+            got.append(red.take_redactions())
+        got += [red.flush(), dict(red.counts), red.held]
+    return got
+
+
+@pytest.mark.parametrize("size", SPLITS)
+def test_redactor_events(size: int) -> None:
+    """The same events out (rewritten the same, in the same order), the same
+    counts and handed-over redactions."""
+    ref = redacted(False, size)
+    assert sum(isinstance(e, StreamClosed) for b in ref if isinstance(b, list) for e in b) > 20
+    assert redacted(True, size) == ref

@@ -783,11 +783,59 @@ def test_stream_redactor_keeps_each_stream_in_order_whatever_the_interleaving(se
     assert handed
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native-cut", "reference-cut"])
+#: How a StreamRedactor's chunk loop runs: the native core's pass over a
+#: batch (``RedactChunks``, its usual scan included), the Python loop with the
+#: native ``redact_clean_cut``, or the Python loop with the reference cut.
+MODES = ["native-batch", "native-cut", "reference"]
+
+
+def _native_core_runs() -> bool:
+    from sniffer.record.redact import _native_events
+
+    return _native_events() is not None
+
+
+def _stream_redactor(mode: str, red: Redactor | None = None) -> StreamRedactor:
+    """A StreamRedactor whose chunk loop runs as ``mode`` says (skipped when
+    the native core does not run and the mode needs it)."""
+    out = StreamRedactor(red if red is not None else Redactor())
+    if mode != "reference" and not _native_core_runs():
+        pytest.skip("the native core does not run (SPARSEETY_PURE, or not built)")
+    if mode != "native-batch":
+        out._native_events = None
+    else:
+        assert out._native_events is not None
+    if mode == "reference":
+        out._native_cut = None
+    return out
+
+
+def _general_path() -> AbstractContextManager[object]:
+    """Every chunk through ``_chunk`` and every release through the general
+    steps (no hot choice, so no hot path nor ``_scan``, native or not; no
+    ``_final_clean``): the reference the fast paths are compared with."""
+    from contextlib import ExitStack
+    from unittest import mock
+
+    from sniffer.record import redact
+
+    original_hold = redact._Stream.hold
+
+    def never_hot(self: redact._Stream, c: redact._Choice) -> None:
+        original_hold(self, c)
+        self.hot = redact._COLD
+
+    stack = ExitStack()
+    stack.enter_context(mock.patch.object(redact._Stream, "hold", never_hot))
+    stack.enter_context(
+        mock.patch.object(redact.StreamRedactor, "_final_clean", lambda self, c: False)
+    )
+    return stack
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("seed", range(8))
-def test_stream_redactor_hot_path_gives_what_the_general_path_gives(
-    seed: int, native: bool
-) -> None:
+def test_stream_redactor_hot_path_gives_what_the_general_path_gives(seed: int, mode: str) -> None:
     """The chunk loop's hot path (a stream's hot choice, its limit) gives out
     exactly what the general path (``_chunk`` for every chunk) gives: the
     same events, rewritten the same, in the same order across streams (the
@@ -795,7 +843,10 @@ def test_stream_redactor_hot_path_gives_what_the_general_path_gives(
     handed-over redactions. Texts that hit the window's every rule: words,
     values cut over chunks, digit-heavy filler, runs of empty texts longer
     than ``MAX_HELD``, reasoning starting mid-choice, several choices,
-    stream-level chunks, JSON fields, closes and streams never closed."""
+    stream-level chunks, JSON fields, closes and streams never closed. In
+    each mode: the native pass over a batch, the Python loop with the
+    native cut, the Python loop alone (the general path: the Python steps
+    alone)."""
     from unittest import mock
 
     from sniffer.record import redact
@@ -803,24 +854,29 @@ def test_stream_redactor_hot_path_gives_what_the_general_path_gives(
     rnd = random.Random(seed)
     words = ["138 1234 5678", "a@b.co", "sk-abcdefghijklmnopqrstuvwx", " word", "", " forest",
              "w12.34 ", "192.168.", "1.10 ", " Apple", "日本", "x" * 70]  # fmt: skip
+    # streams 9 and 10: plain ASCII text (the native pass's own scans), a
+    # value only in JSON fields
+    plain = [" word", "", " forest", "w12.34 ", " Apple", "x" * 70]
     events: list[StoreEvent] = []
-    streams = {s: 0 for s in range(1, 9)}
+    streams = {s: 0 for s in range(1, 11)}
     while streams:
         s = rnd.choice(list(streams))
         seq = streams[s]
-        if seq >= 400 or rnd.random() < 0.004:
+        if seq >= 400 or (s < 9 and rnd.random() < 0.004):
             del streams[s]
             if s != 8:  # stream 8 is never closed: flush gives it out
                 events.append(_closed(s, 0))
             continue
         streams[s] = seq + 1
         choice = rnd.choice([0] * 12 + [1, -1]) if s % 3 else 0
-        text = "" if s == 4 and seq < 300 and seq % 50 else _cut(rnd, words)  # long empty runs
+        text = "" if s == 4 and seq < 300 and seq % 50 else _cut(rnd, plain if s > 8 else words)
         reasoning = _cut(rnd, words) if s == 5 and seq > 30 and rnd.random() < 0.5 else ""
         logprobs = '[{"token":"a 138 1234 5678"}]' if rnd.random() < 0.02 else None
+        tool_calls = '[{"a":"tel 138 1234 5678"}]' if rnd.random() < 0.01 else None
         events.append(
-            ChunkEvent(s, 0.0, seq, choice, seq + 1, "content", text, reasoning, logprobs=logprobs)
-        )
+            ChunkEvent(s, 0.0, seq, choice, seq + 1, "content", text, reasoning,
+                       tool_calls=tool_calls, logprobs=logprobs)
+        )  # fmt: skip
     sizes = [rnd.choice([1, 3, 64, 512]) for _ in range(len(events))]
 
     general_path = redact.StreamRedactor._chunk
@@ -830,37 +886,43 @@ def test_stream_redactor_hot_path_gives_what_the_general_path_gives(
         taken.append(1)
         general_path(self, ev, *rest)  # type: ignore[arg-type]
 
-    def run() -> tuple[list[list[StoreEvent]], object, object, int]:
+    scan = redact.StreamRedactor._scan
+    scans: list[int] = []
+
+    def scan_counted(self: StreamRedactor, *args: object) -> None:
+        scans.append(1)
+        scan(self, *args)  # type: ignore[arg-type]
+
+    def run(mode: str) -> tuple[tuple[list[list[StoreEvent]], object, object], int, int]:
         taken.clear()
-        red = StreamRedactor(Redactor())
+        scans.clear()
+        red = _stream_redactor(mode)
         red.track_redactions = True
-        if not native:
-            red._native_cut = None
         outs = []
         i = 0
-        with mock.patch.object(redact.StreamRedactor, "_chunk", counted):
+        with (
+            mock.patch.object(redact.StreamRedactor, "_chunk", counted),
+            mock.patch.object(redact.StreamRedactor, "_scan", scan_counted),
+        ):
             for n in sizes:
                 if i >= len(events):
                     break
                 outs.append(red.events(events[i : i + n]))
                 i += n
         outs.append(red.flush())
-        return outs, dict(red.counts), red.take_redactions(), len(taken)
+        return (outs, dict(red.counts), red.take_redactions()), len(taken), len(scans)
 
-    *hot, hot_general = run()
-    original_hold = redact._Stream.hold
-
-    def never_hot(self: redact._Stream, c: redact._Choice) -> None:
-        original_hold(self, c)
-        self.hot = redact._COLD
-
-    with mock.patch.object(redact._Stream, "hold", never_hot):
-        *general, all_general = run()
+    hot, hot_general, hot_scans = run(mode)
+    with _general_path():
+        general, all_general, _ = run("reference")
     assert hot == general
     assert sum(len(b) for b in hot[0]) == len(events)
     # the hot path took most chunks (else this compares the general path with itself)
     assert all_general == sum(1 for e in events if isinstance(e, ChunkEvent))
     assert hot_general < all_general * 0.8
+    if mode == "native-batch":
+        # the native pass scanned windows itself (fewer went to _scan)
+        assert hot_scans < run("native-cut")[2]
 
 
 # ------------------------------------------- digit-heavy text over chunks
@@ -1069,39 +1131,32 @@ def test_native_clean_cut_answers_plain_text() -> None:
 _FILLER = "w12.34 "
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native-cut", "reference-cut"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     "value",
     ["13812345678", "138 1234 5678", "a.b@example.com", "sk-abcdefghijklmnopqrstuvwx",
      "192.168.1.10", VALID_ID, "4111 1111 1111 1111", "Bearer abcdefghijklmnop1234"],
 )  # fmt: skip
 def test_hot_choice_values_split_over_chunks_at_every_offset_are_redacted(
-    value: str, native: bool
+    value: str, mode: str
 ) -> None:
     """A value cut in two chunks (at every offset near its start), placed at
     every offset of the hot choice's filler (so that it falls before, on and
     after each scan's boundaries): the stored text is the redaction of the
     whole text; and, the chunks in one batch or one chunk per batch, the
     events come out batch by batch exactly as the general path (``_chunk``
-    for every chunk) gives them."""
+    for every chunk, the Python steps alone) gives them. In each mode (the
+    native pass over a batch takes the windows clean of the value, and hands
+    the others to ``_scan``)."""
     from unittest import mock
 
     from sniffer.record import redact
 
-    original_hold = redact._Stream.hold
-
-    def never_hot(self: redact._Stream, c: redact._Choice) -> None:
-        original_hold(self, c)
-        self.hot = redact._COLD
-
-    def run(events: list[StoreEvent], size: int, hot: bool) -> list[list[StoreEvent]]:
-        red = StreamRedactor(Redactor())
+    def run(events: list[StoreEvent], size: int, mode: str | None) -> list[list[StoreEvent]]:
+        red = _stream_redactor(mode or "reference")
         red.track_redactions = True
-        if not native:
-            red._native_cut = None
         outs = []
-        # the general path: no hot choice, so no _scan
-        with nullcontext() if hot else mock.patch.object(redact._Stream, "hold", never_hot):
+        with nullcontext() if mode else _general_path():
             for i in range(0, len(events), size):
                 outs.append(red.events(events[i : i + size]))
         outs.append(red.events([_closed(1, 0)]))
@@ -1115,6 +1170,8 @@ def test_hot_choice_values_split_over_chunks_at_every_offset_are_redacted(
         nonlocal scans
         scans += 1
         original_scan(self, *args)  # type: ignore[arg-type]
+
+    python_scans = 0  # with the native pass: the scans it handed to _scan
 
     value = f" {value} "
     # (every cut in a secret prefix's reach, then two more)
@@ -1132,9 +1189,24 @@ def test_hot_choice_values_split_over_chunks_at_every_offset_are_redacted(
             assert want_text != "".join(texts)
             for size in (len(events), 1) if shift % 7 == 0 else (len(events),):
                 with mock.patch.object(redact.StreamRedactor, "_scan", counted):
-                    hot = run(events, size, True)
+                    hot = run(events, size, mode)
+                    if mode == "native-batch":
+                        before = scans
+                        run(events, size, "native-cut")
+                        python_scans += scans - before
                 stored = [e.text for b in hot for e in b if isinstance(e, ChunkEvent)]
                 assert "".join(stored) == want_text, (split, shift, size)
                 if shift % 7 == 0:
-                    assert hot == run(events, size, False), (split, shift, size)
+                    assert hot == run(events, size, None), (split, shift, size)
     assert scans  # the hot path's scan ran
+    if mode == "native-batch":
+        # the native pass scanned the windows clean of the value itself (the
+        # others, while the value is in the look-behind, went to _scan) ...
+        assert scans - python_scans < python_scans
+        # ... and every window of the filler alone
+        before = scans
+        with mock.patch.object(redact.StreamRedactor, "_scan", counted):
+            filler = [ChunkEvent(1, 0.0, i, 0, i + 1, "content", _FILLER) for i in range(100)]
+            plain = run(filler, 64, mode)
+        assert scans == before
+        assert [e for b in plain for e in b if isinstance(e, ChunkEvent)] == filler
