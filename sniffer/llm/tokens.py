@@ -1284,7 +1284,7 @@ class _Tiled(_BuiltOnFirstUse[tuple[int, int]]):
 
     def __init__(self, ends: Sequence[int]) -> None:
         self.ends = ends
-        super().__init__()
+        self._items = None  # (_BuiltOnFirstUse.__init__, without the call: one per text)
 
     def _build(self) -> list[tuple[int, int]]:
         return _tiled(self.ends)
@@ -1390,7 +1390,7 @@ class _ChunkTokensView(_BuiltOnFirstUse[ChunkTokens]):
     ) -> None:
         self._output_ids = output_ids
         self._per_choice = per_choice
-        super().__init__()
+        self._items = None  # (_BuiltOnFirstUse.__init__, without the call: one per stream)
 
     def _build(self) -> tuple[ChunkTokens, ...]:
         out: list[ChunkTokens] = []
@@ -2046,8 +2046,11 @@ def _assemble(
         counts, straddle_count, n_straddles, listed, details, hist = summarize(
             cc.lens, seqs, len(ids), offsets, kept
         )
-        for n, m in hist.items():
-            dist[n] = dist.get(n, 0) + m
+        if not dist:  # (the first choice: its histogram, in order of tokens)
+            dist.update(hist)
+        else:
+            for n, m in hist.items():
+                dist[n] = dist.get(n, 0) + m
         if n_straddles:
             anomalies.take("straddle", ch, n_straddles)
             anomalies.extend("straddle", ch, listed, details)
@@ -2055,7 +2058,9 @@ def _assemble(
 
         multi = len(counts) - hist.get(0, 0) - hist.get(1, 0)  # chunks with 2+ tokens
         if multi:
-            ci = next(i for i, n in enumerate(counts) if n > 1)
+            # the first chunk with 2+ tokens: the first of each such count, by
+            # C passes (the counts above 1 are a few histogram keys)
+            ci = min(map(counts.index, filter((1).__lt__, hist)))
             anomalies.add(
                 "multi_token_chunk",
                 ch,
@@ -2114,17 +2119,17 @@ def _assemble(
     )
     if s.gap:
         anomalies.add("gap", _STREAM, None, "capture lost bytes of this stream")
-    return StreamTokens(
-        stream_id=s.stream_id,
-        tokenizer=p.name,
-        prompt_ids=tuple(prompt),
-        output_ids=output_ids,
-        chunks=_ChunkTokensView(output_ids, per_choice),
-        tokens_per_chunk=dict(sorted(dist.items())),
-        server_tokens=server_tokens,
-        anomalies=anomalies.result(),
-        usage_diff=usage_diff,
-        per_choice=per_choice,
+    return StreamTokens(  # (positional: a keyword call costs a dict unpacked)
+        s.stream_id,  # stream_id
+        p.name,  # tokenizer
+        tuple(prompt),  # prompt_ids
+        output_ids,
+        _ChunkTokensView(output_ids, per_choice),  # chunks
+        dist if len(per_choice) < 2 else dict(sorted(dist.items())),  # tokens_per_chunk
+        server_tokens,
+        anomalies.result(),  # anomalies
+        usage_diff,
+        per_choice,
     )
 
 

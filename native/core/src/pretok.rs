@@ -41,7 +41,24 @@ enum Class {
     Other,
 }
 
+/// Every byte's class ([`class_of`] ahead of time: the splitter asks it
+/// of each byte, most more than once).
+static CLASSES: [Class; 256] = {
+    let mut table = [Class::Other; 256];
+    let mut b = 0usize;
+    while b < 256 {
+        table[b] = class_of(b as u8);
+        b += 1;
+    }
+    table
+};
+
+#[inline]
 fn class(b: u8) -> Class {
+    CLASSES[b as usize]
+}
+
+const fn class_of(b: u8) -> Class {
     match b {
         b'0'..=b'9' => Class::Digit,
         b'A'..=b'Z' | b'a'..=b'z' => Class::Letter,
@@ -378,6 +395,13 @@ mod tests {
         assert!(is_one_piece(b" hello"));
         assert!(!is_one_piece(b"a b"));
         assert!(!is_one_piece(b""));
+    }
+
+    #[test]
+    fn class_table_is_class_of() {
+        for b in 0..=u8::MAX {
+            assert!(class(b) == class_of(b), "{b}");
+        }
     }
 
     #[test]
