@@ -139,35 +139,29 @@ fn merge_tiled(lens: &[i64], ends: &[i64]) -> (Vec<i64>, Vec<Straddle>) {
         acc = acc.saturating_add(l);
         piece_ends.push(acc);
     }
-    let n = ends.len();
-    let start_of = |k: usize| {
-        k.checked_sub(1)
-            .and_then(|i| ends.get(i))
-            .copied()
-            .unwrap_or(0)
-    };
     let mut counts = Vec::with_capacity(lens.len());
-    let mut straddles = Vec::new();
+    // (at most one per piece but the last: sized once, no regrowth)
+    let mut straddles = Vec::with_capacity(last);
+    let mut tokens = ends.iter();
     let mut k = 0usize; // tokens starting before the current piece's end
+    let mut next_start = 0i64; // where token k starts: ends[k - 1], 0 for the first
     let mut prev = 0usize;
     for (j, &e) in piece_ends.iter().enumerate().take(last) {
-        while k < n && start_of(k) < e {
+        while next_start < e {
+            let Some(&end) = tokens.next() else { break };
+            next_start = end;
             k = k.saturating_add(1);
         }
         let count = k.saturating_sub(prev);
         counts.push(int(count));
         prev = k;
-        // piece j's last token ends past the piece
-        if count != 0 {
-            if let Some(&tail) = k.checked_sub(1).and_then(|t| ends.get(t)) {
-                if tail > e {
-                    let end_piece = gallop(&piece_ends, tail, j).min(last);
-                    straddles.push((int(k.saturating_sub(1)), int(j), int(end_piece)));
-                }
-            }
+        // piece j's last token (k - 1, which ends where token k starts) ends past the piece
+        if count != 0 && next_start > e {
+            let end_piece = gallop(&piece_ends, next_start, j).min(last);
+            straddles.push((int(k.saturating_sub(1)), int(j), int(end_piece)));
         }
     }
-    counts.push(int(n.saturating_sub(prev)));
+    counts.push(int(ends.len().saturating_sub(prev)));
     (counts, straddles)
 }
 
@@ -237,27 +231,10 @@ fn histogram(counts: &[i64]) -> Vec<(i64, i64)> {
     out
 }
 
-/// `n` in decimal at the end of `out` (what `format!` writes).
+/// `n` in decimal at the end of `out` (what `format!` writes; `itoa`: two
+/// digits a step, a detail holds six numbers and a choice up to 32 details).
 fn push_int(out: &mut String, n: i64) {
-    if n < 0 {
-        out.push('-');
-    }
-    let mut digits = [0u8; 20];
-    let mut v = n.unsigned_abs();
-    let mut len = 0usize;
-    loop {
-        if let Some(slot) = digits.get_mut(len) {
-            *slot = b'0'.saturating_add(u8::try_from(v % 10).unwrap_or_default());
-        }
-        len = len.saturating_add(1);
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for &b in digits.iter().take(len).rev() {
-        out.push(char::from(b));
-    }
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// `Summary` of an attribution (`counts`, `straddles`) of pieces whose seqs
