@@ -240,9 +240,10 @@ impl AddedTokens {
             [a] => memchr::memchr_iter(a, text).any(at),
             [a, b] => memchr::memchr2_iter(a, b, text).any(at),
             [a, b, c] => memchr::memchr3_iter(a, b, c, text).any(at),
-            _ => text.iter().enumerate().any(|(i, &b)| {
-                self.firsts.get(usize::from(b)).copied().unwrap_or(false) && at(i)
-            }),
+            _ => text
+                .iter()
+                .enumerate()
+                .any(|(i, &b)| self.firsts.get(usize::from(b)).copied().unwrap_or(false) && at(i)),
         }
     }
 }

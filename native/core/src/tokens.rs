@@ -476,7 +476,11 @@ mod tests {
             (vec![2, 2], vec![3, 1]),
             (vec![5], vec![1, 2, 5]),
         ] {
-            assert_eq!(attribute_tiled(&lens, &ends), tiled_by_offsets(&lens, &ends), "{lens:?} {ends:?}");
+            assert_eq!(
+                attribute_tiled(&lens, &ends),
+                tiled_by_offsets(&lens, &ends),
+                "{lens:?} {ends:?}"
+            );
         }
     }
 
