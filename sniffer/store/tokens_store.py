@@ -260,9 +260,7 @@ def _dumps_many(values: tuple[Any, ...]) -> list[str]:
     all (a row's JSON columns: a Python call each was a tenth of the writes;
     the option given positionally, a keyword costs a dict per call)."""
     try:
-        return list(
-            map(_DECODE, map(_orjson.dumps, values, repeat(None), repeat(_NON_STR_KEYS)))
-        )
+        return list(map(_DECODE, map(_orjson.dumps, values, repeat(None), repeat(_NON_STR_KEYS))))
     except (TypeError, _orjson.JSONEncodeError):
         return list(map(_dumps, values))
 
