@@ -279,20 +279,18 @@ def test_stored_json_text_is_compact_with_string_keys(store: Store) -> None:
 
 
 def test_json_columns_orjson_refuses_are_written_by_json() -> None:
-    """A row's JSON columns are made by orjson a row at a time; a value it
-    refuses (an integer past 64 bits: a request's token-id prompt may hold
-    one) makes the whole row's columns through ``json``, the same texts."""
+    """A row's JSON columns are made by orjson inline; a value it refuses
+    (an integer past 64 bits: a request's token-id prompt may hold one)
+    makes the row's columns through ``_dumps`` (``json`` for that value),
+    the same texts."""
     from sniffer.store.tokens_store import (
         ChoiceTokenRow,
         StreamTokenRow,
         _choice_values,
-        _dumps_many,
         _stream_values,
     )
 
     big = 2**70
-    assert _dumps_many(((1, 2), {3: 4})) == ["[1,2]", '{"3":4}']
-    assert _dumps_many(((big, 1), {3: 4})) == [f"[{big},1]", '{"3":4}']
     row = StreamTokenRow(7, "t", True, (big, 1), {"prompt_tokens": -1}, {1: 2})
     values = _stream_values(row)
     assert values[3:5] == (2, f"[{big},1]")

@@ -252,17 +252,11 @@ def _dumps(value: Any) -> str:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-_DECODE = bytes.decode
-
-
-def _dumps_many(values: tuple[Any, ...]) -> list[str]:
-    """:func:`_dumps` of each value, by C calls only while orjson takes them
-    all (a row's JSON columns: a Python call each was a tenth of the writes;
-    the option given positionally, a keyword costs a dict per call)."""
-    try:
-        return list(map(_DECODE, map(_orjson.dumps, values, repeat(None), repeat(_NON_STR_KEYS))))
-    except (TypeError, _orjson.JSONEncodeError):
-        return list(map(_dumps, values))
+#: orjson's serializer, called inline by the row builders (a call to
+#: :func:`_dumps` per JSON column cost a tenth of the writes); what it
+#: refuses, they leave to :func:`_dumps`.
+_DUMP = _orjson.dumps
+_REFUSED = (TypeError, _orjson.JSONEncodeError)
 
 
 #: The columns of each token table the token pass fills, in table order
@@ -274,11 +268,14 @@ _ANOMALY_COLUMNS = spec.TABLE_COLUMNS["token_anomalies"][1:]
 
 def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
     prompt = r.prompt_ids
-    if prompt is None:
-        usage, per_chunk = _dumps_many((r.usage_diff, r.tokens_per_chunk))
-        prompt_json = None
-    else:
-        prompt_json, usage, per_chunk = _dumps_many((prompt, r.usage_diff, r.tokens_per_chunk))
+    usage, per_chunk = r.usage_diff, r.tokens_per_chunk
+    try:
+        prompt_json = None if prompt is None else _DUMP(prompt).decode()
+        usage_json = _DUMP(usage).decode()
+        per_chunk_json = _DUMP(per_chunk, option=_NON_STR_KEYS).decode()
+    except _REFUSED:
+        prompt_json = None if prompt is None else _dumps(prompt)
+        usage_json, per_chunk_json = _dumps(usage), _dumps(per_chunk)
     return (
         r.stream_id,
         r.tokenizer,
@@ -286,8 +283,8 @@ def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
         None if prompt is None else len(prompt),
         prompt_json,
         r.output_count,
-        usage,
-        per_chunk,
+        usage_json,
+        per_chunk_json,
         r.anomaly_count,
         r.error,
     )
@@ -295,9 +292,18 @@ def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
 
 def _choice_values(stream_id: int, c: ChoiceTokenRow) -> tuple[Any, ...]:
     server = c.server_tokens
-    output_ids, seqs, counts, straddles, per_chunk = _dumps_many(
-        (c.output_ids, c.chunk_seqs, c.chunk_counts, c.straddle_seqs, c.tokens_per_chunk)
-    )
+    columns = (c.output_ids, c.chunk_seqs, c.chunk_counts, c.straddle_seqs)
+    try:
+        output_ids, seqs, counts, straddles = (
+            _DUMP(columns[0]).decode(),
+            _DUMP(columns[1]).decode(),
+            _DUMP(columns[2]).decode(),
+            _DUMP(columns[3]).decode(),
+        )
+        per_chunk = _DUMP(c.tokens_per_chunk, option=_NON_STR_KEYS).decode()
+    except _REFUSED:
+        output_ids, seqs, counts, straddles = map(_dumps, columns)
+        per_chunk = _dumps(c.tokens_per_chunk)
     return (
         stream_id,
         c.choice,
