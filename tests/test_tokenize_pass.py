@@ -278,6 +278,36 @@ def test_stored_json_text_is_compact_with_string_keys(store: Store) -> None:
     )
 
 
+def test_json_columns_orjson_refuses_are_written_by_json() -> None:
+    """A row's JSON columns are made by orjson inline; a value it refuses
+    (an integer past 64 bits: a request's token-id prompt may hold one)
+    makes the row's columns through ``_dumps`` (``json`` for that value),
+    the same texts."""
+    from sniffer.store.tokens_store import (
+        ChoiceTokenRow,
+        StreamTokenRow,
+        _choice_values,
+        _stream_values,
+    )
+
+    big = 2**70
+    row = StreamTokenRow(7, "t", True, (big, 1), {"prompt_tokens": -1}, {1: 2})
+    values = _stream_values(row)
+    assert values[3:5] == (2, f"[{big},1]")
+    assert values[6:8] == ('{"prompt_tokens":-1}', '{"1":2}')
+    assert _stream_values(replace(row, prompt_ids=None))[3:5] == (None, None)
+    choice = ChoiceTokenRow(0, 3, "h", (5, big), (1, 2), (1, 1), (), {1: 2})
+    assert _choice_values(7, choice)[4:11] == (
+        2,
+        f"[5,{big}]",
+        "[1,2]",
+        "[1,1]",
+        0,
+        "[]",
+        '{"1":2}',
+    )
+
+
 @settings(
     max_examples=25,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

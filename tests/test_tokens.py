@@ -1628,6 +1628,9 @@ def test_native_fast_path_takes_only_fitting_answers() -> None:
     got = enc.encode(["ab cd", "ab"], learn)
     assert got == [((7, 2, 3), array("q", [2, 3, 5])), ((7,), array("q", [2]))]
     assert asked == [["ab"]]  # once per piece, " cd" was kept
+    # without the token ends (the prompts' ids): a list of ids per text
+    assert enc.encode(["ab cd", "ab", "<x>"], learn, False) == [[7, 2, 3], [7], None]
+    assert asked == [["ab"]]
     with pytest.raises(ValueError):
         enc.encode(["x y"], lambda pieces: [])
 
@@ -1701,6 +1704,45 @@ def test_native_choice_summary_matches_pure(
     assert list(hist) == sorted(hist)
 
 
+class _Seqs(Sequence[int]):
+    """Seqs that note which are read."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.read: list[int] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, j: Any) -> Any:
+        if not isinstance(j, int) or not 0 <= j < self.n:
+            raise IndexError(j)
+        self.read.append(j)
+        return 100 + j
+
+
+def test_native_choice_summary_tiled_reads_only_the_listed_seqs() -> None:
+    """The tiled summary reads the seqs of the chunks its listed straddles'
+    details name, no other (a choice's chunks are read once, their lengths);
+    a seq that is not an integer fails as the reference's formatting would."""
+    mod = _native_mod()
+    # "ab" "c" "de" "f" as tokens "abcd", "e", "f": one straddle, chunks 0..2
+    lens, ends = [2, 1, 2, 1], [4, 5, 6]
+    seqs = _Seqs(4)
+    got = mod.choice_summary_tiled(lens, seqs, array("q", ends), 32)
+    assert got == mod.choice_summary_tiled(lens, [100, 101, 102, 103], ends, 32)
+    assert got[4] == ["chars 0-4 span chunk_index 1..3 (seq 100..102)"]
+    assert sorted(seqs.read) == [0, 2]
+    seqs = _Seqs(4)
+    assert mod.choice_summary_tiled(lens, seqs, ends, 0)[2:5] == (1, [], [])
+    assert seqs.read == []
+    assert mod.choice_summary_tiled(lens, ["x"] * 4, ends, 0)[0] == [1, 0, 1, 1]
+    with pytest.raises(TypeError):
+        mod.choice_summary_tiled(lens, ["x"] * 4, ends, 1)
+    with pytest.raises(IndexError):
+        mod.choice_summary_tiled(lens, [1], ends, 1)
+
+
 def test_assemble_lists_straddles_up_to_the_cap() -> None:
     """A choice with more straddling tokens than the cap: the first ones are
     listed, the rest counted in one summary anomaly; pure and native alike."""
@@ -1741,17 +1783,24 @@ def test_assemble_lists_straddles_up_to_the_cap() -> None:
     st.lists(
         st.tuples(st.sampled_from([-1, -1, 0, 0, 0, 1, 2]), st.sampled_from(["", "", "a", "bc"])),
         max_size=12,
-    )
+    ),
+    st.booleans(),
 )
-def test_split_choices_is_the_plain_walk(chunks: list[tuple[int, str]]) -> None:
+def test_split_choices_is_the_plain_walk(chunks: list[tuple[int, str]], tuples: bool) -> None:
     """Choice → its chunks with text, choices in the order their first text
-    came: the fast path (one choice carries all the text) and the walk give
-    what a plain loop over the chunks gives, whatever choices carry empty or
-    stream-level chunks (role, finish and usage chunks)."""
+    came: the fast path (the texted chunks are one run of one choice) and the
+    walk give what a plain loop over the chunks gives, whatever choices carry
+    empty or stream-level chunks (role, finish and usage chunks), and lists
+    either way (``tokenize_db``'s columns are tuples)."""
     choices = [ch for ch, _ in chunks]
     texts = [t for _, t in chunks]
+    seqs, lens = list(range(len(chunks))), [len(t) for t in texts]
     cols = sniffer_tokens.ChunkColumns(
-        list(range(len(chunks))), choices, [len(t) for t in texts], "".join(texts), {}
+        tuple(seqs) if tuples else seqs,
+        tuple(choices) if tuples else choices,
+        tuple(lens) if tuples else lens,
+        "".join(texts),
+        {},
     )
     want: dict[int, tuple[list[int], list[int], str]] = {}
     for seq, (ch, text) in enumerate(chunks):
@@ -1761,3 +1810,5 @@ def test_split_choices_is_the_plain_walk(chunks: list[tuple[int, str]]) -> None:
     got = sniffer_tokens._split_choices(cols)
     assert list(got) == list(want)
     assert {ch: (c.seqs, c.lens, c.text) for ch, c in got.items()} == want
+    assert all(type(c.seqs) is list and type(c.lens) is list for c in got.values())
+    assert sniffer_tokens._split_chunks(cols) == got

@@ -314,9 +314,10 @@ class LoadedTokenizer:
         out: list[list[int] | None] = [None] * len(texts)
         todo: Sequence[int] = range(len(texts))
         if self._fast is not None:  # the special tokens flag adds none (_piece_encoder)
-            for i, got in enumerate(self._fast.encode(list(texts), self._encode_pieces)):
+            # (ends=False: a list of ids per text, no token ends made)
+            for i, got in enumerate(self._fast.encode(list(texts), self._encode_pieces, False)):
                 if got is not None:
-                    out[i] = list(got[0])
+                    out[i] = got
             todo = [i for i, o in enumerate(out) if o is None]
         if todo:
             encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
@@ -1283,7 +1284,7 @@ class _Tiled(_BuiltOnFirstUse[tuple[int, int]]):
 
     def __init__(self, ends: Sequence[int]) -> None:
         self.ends = ends
-        super().__init__()
+        self._items = None  # (_BuiltOnFirstUse.__init__, without the call: one per text)
 
     def _build(self) -> list[tuple[int, int]]:
         return _tiled(self.ends)
@@ -1389,7 +1390,7 @@ class _ChunkTokensView(_BuiltOnFirstUse[ChunkTokens]):
     ) -> None:
         self._output_ids = output_ids
         self._per_choice = per_choice
-        super().__init__()
+        self._items = None  # (_BuiltOnFirstUse.__init__, without the call: one per stream)
 
     def _build(self) -> tuple[ChunkTokens, ...]:
         out: list[ChunkTokens] = []
@@ -1916,19 +1917,38 @@ def _split_choices(cols: ChunkColumns) -> dict[int, _Choice]:
     """Choice → its chunks with text (choice >= 0, non-empty text), in seq order;
     choices in the order their first text came."""
     lens, choices = cols.lens, cols.choices
-    # the choices of the chunks with text (a length is true when not 0)
-    texted = set(compress(choices, lens))
-    if len(texted) == 1:
-        (only,) = texted
-        if only >= 0:
-            # The common case: one choice carries all the text, so the choice's
-            # text is all the text (no object per chunk); three C passes, no
-            # Python loop (the stream-level and empty chunks, a stream's role
-            # and finish chunks, are dropped on the way).
-            seqs = list(compress(cols.seqs, lens))
-            return {only: _Choice(seqs, list(filter(None, lens)), cols.text)}
-    elif not texted:
+    # The common case: the chunks with text are one run of one choice (a
+    # stream's role chunk before it, its finish and usage chunks after), so
+    # the choice's text is all the text and its columns are slices; found by
+    # C passes that compare small ints by identity (``count``), no object
+    # per chunk (three iterator passes cost ~4x as much).
+    n = len(lens)
+    a = 0
+    while a < n and not lens[a]:
+        a += 1
+    if a == n:
         return {}
+    b = n
+    while not lens[b - 1]:
+        b -= 1
+    only = choices[a]
+    if only >= 0 and lens.count(0) == n - (b - a) and choices[a:b].count(only) == b - a:
+        seqs = cols.seqs[a:b]
+        run = lens[a:b]
+        return {
+            only: _Choice(
+                seqs if type(seqs) is list else list(seqs),
+                run if type(run) is list else list(run),
+                cols.text,
+            )
+        }
+    return _split_chunks(cols)
+
+
+def _split_chunks(cols: ChunkColumns) -> dict[int, _Choice]:
+    """:func:`_split_choices` chunk by chunk (the choices' texts interleave,
+    or a stream-level chunk carries text)."""
+    lens, choices = cols.lens, cols.choices
     parts: dict[int, tuple[list[int], list[int], list[str]]] = {}
     text = cols.text
     pos = 0
@@ -2026,8 +2046,11 @@ def _assemble(
         counts, straddle_count, n_straddles, listed, details, hist = summarize(
             cc.lens, seqs, len(ids), offsets, kept
         )
-        for n, m in hist.items():
-            dist[n] = dist.get(n, 0) + m
+        if not dist:  # (the first choice: its histogram, in order of tokens)
+            dist.update(hist)
+        else:
+            for n, m in hist.items():
+                dist[n] = dist.get(n, 0) + m
         if n_straddles:
             anomalies.take("straddle", ch, n_straddles)
             anomalies.extend("straddle", ch, listed, details)
@@ -2035,7 +2058,9 @@ def _assemble(
 
         multi = len(counts) - hist.get(0, 0) - hist.get(1, 0)  # chunks with 2+ tokens
         if multi:
-            ci = next(i for i, n in enumerate(counts) if n > 1)
+            # the first chunk with 2+ tokens: the first of each such count, by
+            # C passes (the counts above 1 are a few histogram keys)
+            ci = min(map(counts.index, filter((1).__lt__, hist)))
             anomalies.add(
                 "multi_token_chunk",
                 ch,
@@ -2094,17 +2119,17 @@ def _assemble(
     )
     if s.gap:
         anomalies.add("gap", _STREAM, None, "capture lost bytes of this stream")
-    return StreamTokens(
-        stream_id=s.stream_id,
-        tokenizer=p.name,
-        prompt_ids=tuple(prompt),
-        output_ids=output_ids,
-        chunks=_ChunkTokensView(output_ids, per_choice),
-        tokens_per_chunk=dict(sorted(dist.items())),
-        server_tokens=server_tokens,
-        anomalies=anomalies.result(),
-        usage_diff=usage_diff,
-        per_choice=per_choice,
+    return StreamTokens(  # (positional: a keyword call costs a dict unpacked)
+        s.stream_id,  # stream_id
+        p.name,  # tokenizer
+        tuple(prompt),  # prompt_ids
+        output_ids,
+        _ChunkTokensView(output_ids, per_choice),  # chunks
+        dist if len(per_choice) < 2 else dict(sorted(dist.items())),  # tokens_per_chunk
+        server_tokens,
+        anomalies.result(),  # anomalies
+        usage_diff,
+        per_choice,
     )
 
 

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypeVar
 
+import orjson as _orjson
+
 __all__ = [
     "COUNT_RANGE",
     "EMPTY_REQUEST",
@@ -573,13 +575,31 @@ def scan_request(text: str) -> dict[str, Any]:
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
+#: Every byte as ``0`` if it is an ASCII digit, else as a space: a text's
+#: runs of digits found by one substring test on its translated bytes (a
+#: regex's search stops at each digit, ~4x orjson's whole parse).
+_DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+#: 19 digits in a row: a number orjson may read otherwise than ``json`` (an
+#: integer past 64 bits becomes a float there).
+_LONG_DIGITS = b"0" * 19
+
+
 def json_loads(text: str) -> Any:
     """``json.loads(text)``, the same value and errors: a text that starts
-    with ``{`` and ends where its object does (a request body as sent, once
-    per stream) goes straight to the C scanner ``json.loads`` calls, without
-    its three wrappers' checks (about 0.8 of its 1.9 µs); any other text, and
-    one the scanner does not read to its end, through ``json.loads`` itself."""
+    with ``{`` (a request body as sent, once per stream) is read by orjson
+    (~4x less than the C scanner ``json.loads`` calls) unless a run of 19
+    digits may be an integer orjson would give as a float; what orjson
+    refuses (NaN, Infinity, lone surrogates, numbers past a double's range,
+    anything not JSON) goes to the C scanner when it reads an object to the
+    text's end, without ``json.loads``' three wrappers' checks; any other
+    text through ``json.loads`` itself, which raises its errors."""
     if text[:1] == "{":
+        raw = text.encode("utf-8", "surrogatepass")
+        if _LONG_DIGITS not in raw.translate(_DIGITS_AS_ZEROS):
+            try:
+                return _orjson.loads(raw)
+            except _orjson.JSONDecodeError:
+                pass
         value, end = _SCAN(text, 0)
         if end == len(text):
             return value

@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, compress, groupby, repeat
-from operator import is_not, itemgetter, or_
+from operator import attrgetter, is_not, itemgetter, or_
 from typing import Any
 
 from sniffer.llm.logprobs import parse_server_tokens
@@ -296,18 +296,18 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
                     )
         stored_text = stored.get(ch, text)
         choices.append(
-            ChoiceTokenRow(
-                choice=ch,
-                text_len=len(stored_text),
-                text_hash=text_hash(stored_text),
-                output_ids=ids,
-                chunk_seqs=seqs,
-                chunk_counts=counts,
-                straddle_seqs=_straddle_seqs(cc),
-                tokens_per_chunk=cc.tokens_per_chunk if cc is not None else {},
-                server_tokens=server_texts,
-                server_ids=server_ids,
-                server_mismatch=mismatch.get(ch),
+            ChoiceTokenRow(  # (positional: a keyword call costs a dict unpacked)
+                ch,  # choice
+                len(stored_text),  # text_len
+                text_hash(stored_text),
+                ids,  # output_ids
+                seqs,  # chunk_seqs
+                counts,  # chunk_counts
+                _straddle_seqs(cc),
+                cc.tokens_per_chunk if cc is not None else {},
+                server_texts,  # server_tokens
+                server_ids,
+                mismatch.get(ch),  # server_mismatch
             )
         )
     prompt_ids = st.prompt_ids
@@ -328,16 +328,17 @@ def to_rows(registry: TokenizerRegistry, inp: StreamInput, st: StreamTokens) -> 
                 for k, d in zip(kinds, anomalies.details, strict=True)
             ],
         )
-    return StreamTokenRow(
-        stream_id=st.stream_id,
-        tokenizer=st.tokenizer,
-        is_default=st.tokenizer == registry.default_name,
-        prompt_ids=prompt_ids,
-        usage_diff=dict(st.usage_diff),
-        tokens_per_chunk=dict(st.tokens_per_chunk),
-        anomaly_count=len(anomalies),
-        choices=tuple(choices),
-        anomalies=anomalies,  # the analysis's columns are the rows
+    return StreamTokenRow(  # (positional: a keyword call costs a dict unpacked)
+        st.stream_id,
+        st.tokenizer,
+        st.tokenizer == registry.default_name,  # is_default
+        prompt_ids,
+        dict(st.usage_diff),
+        dict(st.tokens_per_chunk),
+        len(anomalies),  # anomaly_count
+        None,  # error
+        tuple(choices),
+        anomalies,  # the analysis's columns are the rows
     )
 
 
@@ -452,12 +453,14 @@ def _account(result: TokenizeResult, rows: list[StreamTokenRow]) -> None:
             continue
         result.tokens += r.output_count
         result.prompt_tokens += len(r.prompt_ids or ())
-        result.chunks += sum(len(c.chunk_seqs) for c in r.choices)
+        result.chunks += sum(map(len, map(_CHUNK_SEQS, r.choices)))
         result.anomalies += r.anomaly_count
         kinds = result.anomaly_kinds
         for kind, n in kind_counts(r.anomalies).items():
             kinds[kind] = kinds.get(kind, 0) + n
 
+
+_CHUNK_SEQS = attrgetter("chunk_seqs")
 
 #: Stores whose token tables :func:`tokenize_inputs` has checked.
 _MIGRATED: weakref.WeakSet[Store] = weakref.WeakSet()

@@ -63,6 +63,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 import orjson as _orjson
@@ -91,6 +92,7 @@ __all__ = [
 ]
 
 _TABLES = ("stream_tokens", "choice_tokens", "token_anomalies")
+_OUTPUT_IDS = attrgetter("output_ids")
 
 
 @slot_init  # one per choice of every stream the token pass writes
@@ -133,7 +135,7 @@ class StreamTokenRow:
 
     @property
     def output_count(self) -> int:
-        return sum(len(c.output_ids) for c in self.choices)
+        return sum(map(len, map(_OUTPUT_IDS, self.choices)))
 
 
 def text_hash(text: str) -> str:
@@ -250,6 +252,13 @@ def _dumps(value: Any) -> str:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+#: orjson's serializer, called inline by the row builders (a call to
+#: :func:`_dumps` per JSON column cost a tenth of the writes); what it
+#: refuses, they leave to :func:`_dumps`.
+_DUMP = _orjson.dumps
+_REFUSED = (TypeError, _orjson.JSONEncodeError)
+
+
 #: The columns of each token table the token pass fills, in table order
 #: (``sniffer.store.spec``; the anomaly ids are the database's).
 _STREAM_TOKEN_COLUMNS = spec.TABLE_COLUMNS["stream_tokens"]
@@ -259,15 +268,23 @@ _ANOMALY_COLUMNS = spec.TABLE_COLUMNS["token_anomalies"][1:]
 
 def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
     prompt = r.prompt_ids
+    usage, per_chunk = r.usage_diff, r.tokens_per_chunk
+    try:
+        prompt_json = None if prompt is None else _DUMP(prompt).decode()
+        usage_json = _DUMP(usage).decode()
+        per_chunk_json = _DUMP(per_chunk, option=_NON_STR_KEYS).decode()
+    except _REFUSED:
+        prompt_json = None if prompt is None else _dumps(prompt)
+        usage_json, per_chunk_json = _dumps(usage), _dumps(per_chunk)
     return (
         r.stream_id,
         r.tokenizer,
         r.is_default,
         None if prompt is None else len(prompt),
-        None if prompt is None else _dumps(prompt),
+        prompt_json,
         r.output_count,
-        _dumps(r.usage_diff),
-        _dumps(r.tokens_per_chunk),
+        usage_json,
+        per_chunk_json,
         r.anomaly_count,
         r.error,
     )
@@ -275,18 +292,30 @@ def _stream_values(r: StreamTokenRow) -> tuple[Any, ...]:
 
 def _choice_values(stream_id: int, c: ChoiceTokenRow) -> tuple[Any, ...]:
     server = c.server_tokens
+    columns = (c.output_ids, c.chunk_seqs, c.chunk_counts, c.straddle_seqs)
+    try:
+        output_ids, seqs, counts, straddles = (
+            _DUMP(columns[0]).decode(),
+            _DUMP(columns[1]).decode(),
+            _DUMP(columns[2]).decode(),
+            _DUMP(columns[3]).decode(),
+        )
+        per_chunk = _DUMP(c.tokens_per_chunk, option=_NON_STR_KEYS).decode()
+    except _REFUSED:
+        output_ids, seqs, counts, straddles = map(_dumps, columns)
+        per_chunk = _dumps(c.tokens_per_chunk)
     return (
         stream_id,
         c.choice,
         c.text_len,
         c.text_hash,
         len(c.output_ids),
-        _dumps(c.output_ids),
-        _dumps(c.chunk_seqs),
-        _dumps(c.chunk_counts),
+        output_ids,
+        seqs,
+        counts,
         len(c.straddle_seqs),
-        _dumps(c.straddle_seqs),
-        _dumps(c.tokens_per_chunk),
+        straddles,
+        per_chunk,
         None if server is None else len(server),
         None if server is None else _dumps(server),
         None if c.server_ids is None else _dumps(c.server_ids),

@@ -103,17 +103,66 @@ pub fn attribute(lens: &[i64], n_ids: i64, offsets: &[(i64, i64)]) -> (Vec<i64>,
 /// (token k spans `ends[k - 1]..ends[k]`, the first from 0): what the token
 /// pass knows of an ASCII text's tokens from their bytes
 /// (`sniffer.llm.tokens._attribute_tiled`).
+///
+/// The tokens' starts are their ends shifted by one, so when they run
+/// forward (as tiling tokens' do) and no piece is of negative length, the
+/// pieces and the tokens are merged in one pass, no offsets built; else
+/// `attribute` of the offsets, the same values.
 pub fn attribute_tiled(lens: &[i64], ends: &[i64]) -> (Vec<i64>, Vec<Straddle>) {
-    let mut start = 0i64;
-    let offsets: Vec<(i64, i64)> = ends
-        .iter()
-        .map(|&end| {
-            let token = (start, end);
-            start = end;
-            token
-        })
-        .collect();
-    attribute(lens, int(ends.len()), &offsets)
+    let backwards = ends.first().is_some_and(|&e| e < 0) || ends.windows(2).any(|w| w[0] > w[1]);
+    if backwards || lens.iter().any(|&l| l < 0) {
+        let mut start = 0i64;
+        let offsets: Vec<(i64, i64)> = ends
+            .iter()
+            .map(|&end| {
+                let token = (start, end);
+                start = end;
+                token
+            })
+            .collect();
+        return attribute(lens, int(ends.len()), &offsets);
+    }
+    merge_tiled(lens, ends)
+}
+
+/// `attribute_tiled` of tokens whose ends run forward, pieces of lengths
+/// `>= 0`: piece j's cut (`his[j]` in `attribute`) is the count of tokens
+/// starting before the piece's end, found by walking the tokens forward
+/// once for all the pieces.
+fn merge_tiled(lens: &[i64], ends: &[i64]) -> (Vec<i64>, Vec<Straddle>) {
+    let Some(last) = lens.len().checked_sub(1) else {
+        return (Vec::new(), Vec::new());
+    };
+    let mut piece_ends: Vec<i64> = Vec::with_capacity(lens.len());
+    let mut acc = 0i64;
+    for &l in lens {
+        acc = acc.saturating_add(l);
+        piece_ends.push(acc);
+    }
+    let mut counts = Vec::with_capacity(lens.len());
+    // (at most one per piece but the last: sized once, no regrowth)
+    let mut straddles = Vec::with_capacity(last);
+    let mut tokens = ends.iter();
+    let mut k = 0usize; // tokens starting before the current piece's end
+    let mut next_start = 0i64; // where token k starts: ends[k - 1], 0 for the first
+    let mut prev = 0usize;
+    for (j, &e) in piece_ends.iter().enumerate().take(last) {
+        while next_start < e {
+            let Some(&end) = tokens.next() else { break };
+            next_start = end;
+            k = k.saturating_add(1);
+        }
+        let count = k.saturating_sub(prev);
+        counts.push(int(count));
+        prev = k;
+        // piece j's last token (k - 1, which ends where token k starts) ends past the piece
+        if count != 0 && next_start > e {
+            let end_piece = gallop(&piece_ends, next_start, j).min(last);
+            straddles.push((int(k.saturating_sub(1)), int(j), int(end_piece)));
+        }
+    }
+    counts.push(int(ends.len().saturating_sub(prev)));
+    (counts, straddles)
 }
 
 /// `_attribute_counts_walk`: token by token (for starts out of order);
@@ -142,7 +191,7 @@ fn walk(offsets: &[(i64, i64)], ends: &[i64], last: usize) -> (Vec<i64>, Vec<Str
 /// straddling tokens per piece (by the piece they start in), how many
 /// straddle, the first `limit` of them as `straddle` anomalies (token index,
 /// detail), and the distribution of the counts (tokens → pieces with that
-/// many, by tokens).
+/// many, by tokens: (tokens, pieces) in increasing order of tokens).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Summary {
     pub counts: Vec<i64>,
@@ -150,38 +199,51 @@ pub struct Summary {
     pub straddles: i64,
     pub listed: Vec<i64>,
     pub details: Vec<String>,
-    pub histogram: BTreeMap<i64, i64>,
+    pub histogram: Vec<(i64, i64)>,
 }
 
-/// `n` in decimal at the end of `out` (what `format!` writes).
+/// Counts of at most this many tokens are tallied in an array
+/// ([`histogram`]): a chunk carries a few tokens.
+const FEW_TOKENS: usize = 16;
+
+/// `counts`' values → how many times each comes, in increasing order of
+/// value: the usual small values tallied in an array, any other in a map.
+fn histogram(counts: &[i64]) -> Vec<(i64, i64)> {
+    let mut few = [0i64; FEW_TOKENS];
+    let mut other: BTreeMap<i64, i64> = BTreeMap::new();
+    for &n in counts {
+        match usize::try_from(n).ok().and_then(|i| few.get_mut(i)) {
+            Some(m) => *m = m.saturating_add(1),
+            None => {
+                let m = other.entry(n).or_default();
+                *m = m.saturating_add(1);
+            }
+        }
+    }
+    let mut out: Vec<(i64, i64)> = other.range(..0).map(|(&n, &m)| (n, m)).collect();
+    out.extend(
+        few.iter()
+            .enumerate()
+            .filter(|&(_, &m)| m != 0)
+            .map(|(n, &m)| (int(n), m)),
+    );
+    out.extend(other.range(int(FEW_TOKENS)..).map(|(&n, &m)| (n, m)));
+    out
+}
+
+/// `n` in decimal at the end of `out` (what `format!` writes; `itoa`: two
+/// digits a step, a detail holds six numbers and a choice up to 32 details).
 fn push_int(out: &mut String, n: i64) {
-    if n < 0 {
-        out.push('-');
-    }
-    let mut digits = [0u8; 20];
-    let mut v = n.unsigned_abs();
-    let mut len = 0usize;
-    loop {
-        if let Some(slot) = digits.get_mut(len) {
-            *slot = b'0'.saturating_add(u8::try_from(v % 10).unwrap_or_default());
-        }
-        len = len.saturating_add(1);
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for &b in digits.iter().take(len).rev() {
-        out.push(char::from(b));
-    }
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// `Summary` of an attribution (`counts`, `straddles`) of pieces whose seqs
-/// are `seqs`, the tokens' character offsets given by `offset_of`.
+/// are given by `seq_at` (asked only of the listed straddles' pieces), the
+/// tokens' character offsets by `offset_of`.
 fn summarize(
     counts: Vec<i64>,
     straddles: &[Straddle],
-    seqs: &[i64],
+    mut seq_at: impl FnMut(usize) -> i64,
     offset_of: impl Fn(usize) -> (i64, i64),
     limit: usize,
 ) -> Summary {
@@ -194,13 +256,7 @@ fn summarize(
             *c = c.saturating_add(1);
         }
     }
-    let seq_at = |j: i64| {
-        usize::try_from(j)
-            .ok()
-            .and_then(|j| seqs.get(j))
-            .copied()
-            .unwrap_or_default()
-    };
+    let mut seq_of = |j: i64| usize::try_from(j).map(&mut seq_at).unwrap_or_default();
     let mut listed = Vec::new();
     let mut details = Vec::new();
     for &(k, first, end_piece) in straddles.iter().take(limit) {
@@ -217,17 +273,13 @@ fn summarize(
         d.push_str("..");
         push_int(&mut d, end_piece.saturating_add(1));
         d.push_str(" (seq ");
-        push_int(&mut d, seq_at(first));
+        push_int(&mut d, seq_of(first));
         d.push_str("..");
-        push_int(&mut d, seq_at(end_piece));
+        push_int(&mut d, seq_of(end_piece));
         d.push(')');
         details.push(d);
     }
-    let mut histogram = BTreeMap::new();
-    for &n in &counts {
-        let m: &mut i64 = histogram.entry(n).or_default();
-        *m = m.saturating_add(1);
-    }
+    let histogram = histogram(&counts);
     Summary {
         counts,
         straddle_counts,
@@ -248,11 +300,27 @@ pub fn summary(
 ) -> Summary {
     let (counts, straddles) = attribute(lens, n_ids, offsets);
     let offset_of = |k: usize| offsets.get(k).copied().unwrap_or_default();
-    summarize(counts, &straddles, seqs, offset_of, limit)
+    summarize(counts, &straddles, seq_in(seqs), offset_of, limit)
+}
+
+/// The seq of piece `j` in `seqs` (0 past its end).
+fn seq_in(seqs: &[i64]) -> impl FnMut(usize) -> i64 + '_ {
+    |j| seqs.get(j).copied().unwrap_or_default()
 }
 
 /// `attribute_tiled` and its `Summary`.
 pub fn summary_tiled(lens: &[i64], seqs: &[i64], ends: &[i64], limit: usize) -> Summary {
+    summary_tiled_by(lens, ends, limit, seq_in(seqs))
+}
+
+/// `summary_tiled` with the pieces' seqs given by `seq_at` (the bindings
+/// read only the few the listed straddles name).
+pub fn summary_tiled_by(
+    lens: &[i64],
+    ends: &[i64],
+    limit: usize,
+    seq_at: impl FnMut(usize) -> i64,
+) -> Summary {
     let (counts, straddles) = attribute_tiled(lens, ends);
     let offset_of = |k: usize| {
         let start = k
@@ -262,7 +330,7 @@ pub fn summary_tiled(lens: &[i64], seqs: &[i64], ends: &[i64], limit: usize) -> 
             .unwrap_or(0);
         (start, ends.get(k).copied().unwrap_or_default())
     };
-    summarize(counts, &straddles, seqs, offset_of, limit)
+    summarize(counts, &straddles, seq_at, offset_of, limit)
 }
 
 #[cfg(test)]
@@ -364,7 +432,7 @@ mod tests {
             s.details,
             vec!["chars 0-4 span chunk_index 1..3 (seq 5..9)"]
         );
-        assert_eq!(s.histogram, BTreeMap::from([(0, 1), (1, 2)]));
+        assert_eq!(s.histogram, vec![(0, 1), (1, 2)]);
         assert_eq!(summary_tiled(&[2, 1, 2], &[5, 6, 9], &[4, 5], 32), s);
         // none listed past the limit, all counted
         let s = summary_tiled(&[1, 1, 1], &[1, 2, 3], &[2, 3], 0);
@@ -377,5 +445,60 @@ mod tests {
         let s = summary_tiled(&[1, 1, 1, 1], &[1, 2, 3, 4], &[2, 4], 1);
         assert_eq!((s.straddles, s.listed.clone()), (2, vec![0]));
         assert_eq!(s.straddle_counts, vec![1, 0, 1, 0]);
+    }
+
+    #[test]
+    fn histogram_is_sorted_tally() {
+        assert_eq!(histogram(&[]), vec![]);
+        assert_eq!(
+            histogram(&[3, 0, 3, 1, 40, -2, 15, 16, 40, 0]),
+            vec![(-2, 1), (0, 2), (1, 1), (3, 2), (15, 1), (16, 1), (40, 2)]
+        );
+    }
+
+    /// `attribute` of the tiling tokens' offsets: the reference of the merge.
+    fn tiled_by_offsets(lens: &[i64], ends: &[i64]) -> (Vec<i64>, Vec<Straddle>) {
+        let starts = std::iter::once(0).chain(ends.iter().copied());
+        let offsets: Vec<(i64, i64)> = starts.zip(ends.iter().copied()).collect();
+        attribute(lens, int(ends.len()), &offsets)
+    }
+
+    #[test]
+    fn merge_edges() {
+        for (lens, ends) in [
+            (vec![0, 0, 3], vec![1, 3]),
+            (vec![3, 0, 0], vec![1, 3]),
+            (vec![1, 1, 1], vec![]),
+            (vec![2, 2], vec![4]),
+            (vec![2, 2], vec![1, 9]),
+            (vec![1, 2], vec![-1, 3]),
+            (vec![1, -1, 2], vec![1, 2]),
+            (vec![2, 2], vec![3, 1]),
+            (vec![5], vec![1, 2, 5]),
+        ] {
+            assert_eq!(
+                attribute_tiled(&lens, &ends),
+                tiled_by_offsets(&lens, &ends),
+                "{lens:?} {ends:?}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn merge_is_attribute(
+            lens in proptest::collection::vec(0i64..6, 0..30),
+            steps in proptest::collection::vec(0i64..7, 0..40),
+        ) {
+            // tiling tokens: their ends run forward (a step of 0: an empty token)
+            let ends: Vec<i64> = steps
+                .iter()
+                .scan(0i64, |acc, &d| {
+                    *acc = acc.saturating_add(d);
+                    Some(*acc)
+                })
+                .collect();
+            proptest::prop_assert_eq!(attribute_tiled(&lens, &ends), tiled_by_offsets(&lens, &ends));
+        }
     }
 }

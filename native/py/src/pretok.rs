@@ -108,13 +108,17 @@ impl PieceEncoder {
     /// buffer) or None when the text is not for the fast path (not ASCII, holds an
     /// added token, or a piece the library's answer does not fit). `learn`
     /// takes a list of pieces and returns, per piece, `(ids, ends)` of its
-    /// encoding or None.
+    /// encoding or None. With `ends` false, per text a list of its ids (or
+    /// None): the prompts' ids, whose ends nothing reads.
+    #[pyo3(signature = (texts, learn, ends = true))]
     fn encode<'py>(
         &self,
         py: Python<'py>,
         texts: &Bound<'py, PyList>,
         learn: &Bound<'py, PyAny>,
+        ends: bool,
     ) -> PyResult<Bound<'py, PyList>> {
+        let with_ends = ends;
         let mut asked: Vec<Box<[u8]>> = Vec::new();
         let mut plans: Vec<Plan> = Vec::with_capacity(texts.len());
         {
@@ -153,7 +157,11 @@ impl PieceEncoder {
             }
         }
         let out = PyList::empty(py);
-        let array = py.import("array")?.getattr("array")?;
+        let array = if with_ends {
+            Some(py.import("array")?.getattr("array")?)
+        } else {
+            None
+        };
         let mut ids: Vec<u32> = Vec::new();
         let mut ends: Vec<u8> = Vec::new(); // the ends as `array('q')` holds them
         for plan in plans {
@@ -167,6 +175,9 @@ impl PieceEncoder {
                     };
                     enc.is_some_and(|enc| {
                         ids.extend_from_slice(&enc.ids);
+                        if !with_ends {
+                            return true;
+                        }
                         let start = i64::try_from(*start).unwrap_or(i64::MAX);
                         for &e in enc.ends.iter() {
                             let end = start.saturating_add(i64::from(e));
@@ -176,11 +187,13 @@ impl PieceEncoder {
                     })
                 })
             });
-            if whole {
+            if !whole {
+                out.append(py.None())?;
+            } else if let Some(array) = &array {
                 let ends = array.call1(("q", PyBytes::new(py, &ends)))?;
                 out.append((PyTuple::new(py, &ids)?, ends))?;
             } else {
-                out.append(py.None())?;
+                out.append(PyList::new(py, &ids)?)?;
             }
         }
         Ok(out)

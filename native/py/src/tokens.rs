@@ -6,12 +6,10 @@
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
-
-use std::collections::BTreeMap;
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use sparseety_core::tokens::{
-    attribute, attribute_tiled, summary, summary_tiled, Straddle, Summary,
+    attribute, attribute_tiled, summary, summary_tiled_by, Straddle, Summary,
 };
 
 /// Integers of a list item by item, of an `array('q')` (the fast path's
@@ -81,25 +79,29 @@ fn attribute_tiled_py(
 
 /// `_choice_summary` as Python has it: (counts, straddles per chunk, straddle
 /// count, listed straddles' token indices, their anomaly details, tokens per
-/// chunk → chunks).
-type SummaryPy = (
+/// chunk → chunks: a dict in increasing order of tokens).
+type SummaryPy<'py> = (
     Vec<i64>,
     Vec<i64>,
     i64,
     Vec<i64>,
     Vec<String>,
-    BTreeMap<i64, i64>,
+    Bound<'py, PyDict>,
 );
 
-fn summary_py(s: Summary) -> SummaryPy {
-    (
+fn summary_py(py: Python<'_>, s: Summary) -> PyResult<SummaryPy<'_>> {
+    let histogram = PyDict::new(py);
+    for (n, m) in s.histogram {
+        histogram.set_item(n, m)?;
+    }
+    Ok((
         s.counts,
         s.straddle_counts,
         s.straddles,
         s.listed,
         s.details,
-        s.histogram,
-    )
+        histogram,
+    ))
 }
 
 /// `_choice_summary` of a choice whose chunks have lengths `lens` and seqs
@@ -108,27 +110,42 @@ fn summary_py(s: Summary) -> SummaryPy {
 /// chunk, in one call (the Python reference loops over the straddles and
 /// formats each listed one).
 #[pyfunction]
-fn choice_summary(
-    lens: &Bound<'_, PyAny>,
-    seqs: &Bound<'_, PyAny>,
+fn choice_summary<'py>(
+    py: Python<'py>,
+    lens: &Bound<'py, PyAny>,
+    seqs: &Bound<'py, PyAny>,
     n_ids: i64,
-    offsets: &Bound<'_, PyAny>,
+    offsets: &Bound<'py, PyAny>,
     limit: usize,
-) -> PyResult<SummaryPy> {
+) -> PyResult<SummaryPy<'py>> {
     let s = summary(&ints(lens)?, &ints(seqs)?, n_ids, &pairs(offsets)?, limit);
-    Ok(summary_py(s))
+    summary_py(py, s)
 }
 
-/// `choice_summary` of tokens that tile the text in order, given by their ends.
+/// `choice_summary` of tokens that tile the text in order, given by their
+/// ends. Only the seqs the listed straddles' details name are read (`seqs[j]`:
+/// a choice's chunks are read twice over otherwise, their lengths and seqs).
 #[pyfunction]
-fn choice_summary_tiled(
-    lens: &Bound<'_, PyAny>,
-    seqs: &Bound<'_, PyAny>,
-    ends: &Bound<'_, PyAny>,
+fn choice_summary_tiled<'py>(
+    py: Python<'py>,
+    lens: &Bound<'py, PyAny>,
+    seqs: &Bound<'py, PyAny>,
+    ends: &Bound<'py, PyAny>,
     limit: usize,
-) -> PyResult<SummaryPy> {
-    let s = summary_tiled(&ints(lens)?, &ints(seqs)?, &ints(ends)?, limit);
-    Ok(summary_py(s))
+) -> PyResult<SummaryPy<'py>> {
+    let mut failed: Option<PyErr> = None;
+    let seq_at = |j: usize| match seqs.get_item(j).and_then(|v| v.extract::<i64>()) {
+        Ok(v) => v,
+        Err(e) => {
+            failed.get_or_insert(e);
+            0
+        }
+    };
+    let s = summary_tiled_by(&ints(lens)?, &ints(ends)?, limit, seq_at);
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    summary_py(py, s)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
