@@ -124,6 +124,8 @@ class CaptureError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class CaptureStats:
+    """The capture's counters, cumulative since it opened."""
+
     packets: int  # frames delivered by the kernel past the filter (outgoing copies excluded)
     bytes: int  # captured bytes of those frames
     kernel_drops: int  # frames the kernel dropped (ring or receive buffer full), cumulative

@@ -115,6 +115,8 @@ class _Jump:
 
 @dataclass(frozen=True, slots=True)
 class _Goto:
+    """An unconditional jump to a label (resolved by :func:`_assemble`)."""
+
     label: str
 
 

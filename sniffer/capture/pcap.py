@@ -116,6 +116,8 @@ def _parser_for(linktype: int) -> FrameParserAt:
 
 @dataclass(slots=True)
 class _Interface:
+    """A pcapng interface: its link type, frame parser and timestamp units."""
+
     linktype: int
     parse: FrameParserAt
     divisor: int  # timestamp units per second

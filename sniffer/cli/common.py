@@ -66,12 +66,12 @@ def library_errors() -> Iterator[None]:
 def open_store(db: str, *, writes: bool = False) -> Store:
     """The store (``sniffer.store.db.Store``) of ``--db`` that every command hands to
     its library call: a SQLite file at the schema head without SQLAlchemy
-    (``sniffer.store.writer.open_store``); a clear error when a file path does not
+    (``sniffer.store.opening.open_store``); a clear error when a file path does not
     exist (a symlink there is refused by the store). A command that only reads
     (``writes`` false) opens a file this user may not write read-only (a reader
     group's store); one that ``writes`` (``prune``, ``tokenize``) is refused
     such a file with one line."""
-    from sniffer.store.writer import open_store as store_open
+    from sniffer.store.opening import open_store as store_open
 
     if "://" not in db and not os.path.lexists(db):
         fail(f"no database at {db!r} (run 'sparseety replay' or 'sparseety run' first)")

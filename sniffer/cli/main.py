@@ -422,7 +422,7 @@ def streams(
 
 
 def _streams_table(rows: Sequence[Mapping[str, Any]], *, show_all: bool) -> None:
-    from sniffer.core.events import StreamFlag, stream_flags
+    from sniffer.core.flags import StreamFlag, stream_flags
 
     if not rows:
         click.echo("no streams" + ("" if show_all else " (try --all for every HTTP exchange)"))
@@ -482,7 +482,7 @@ def show(stream_id: int, db: str, as_json: bool, raw: bool, node: str | None) ->
     Example:
       sparseety show 12 --db sparseety.db
     """
-    from sniffer.core.events import FLAG_TEXT, stream_flags
+    from sniffer.core.flags import FLAG_TEXT, stream_flags
     from sniffer.reports.cadence import stream_lines
     from sniffer.store.queries import get_stream
 

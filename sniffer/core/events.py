@@ -15,10 +15,12 @@ reads a clock.
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass
 from typing import NamedTuple
 
+# the stream flags live in sniffer.core.flags (the reading commands need them
+# without this module's classes); the pipeline's modules import them from here
+from sniffer.core.flags import FLAG_TEXT, LOSSY_FLAGS, StreamFlag, stream_flags  # noqa: F401
 from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage, slot_init
 
 # ---------------------------------------------------------------------------
@@ -68,8 +70,10 @@ class CaptureGap(NamedTuple):
 
 
 @slot_init
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ConnectionOpened:
+    """A TCP connection seen for the first time (its SYN, or its first segment)."""
+
     conn: int  # connection id, unique within one pipeline run (from its id base)
     ts: float
     client: Endpoint  # the SYN sender when syn_seen, else a guess (see reassembly)
@@ -118,8 +122,10 @@ class FlowEnd:
 
 
 @slot_init
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ConnectionClosed:
+    """A connection ended (both directions, reset, idle expiry or end of capture)."""
+
     conn: int
     ts: float
     reason: str  # "fin", "rst", "idle", "eof"
@@ -172,8 +178,10 @@ Headers = tuple[tuple[str, str], ...]  # (lower-case name, value), in wire order
 
 
 @slot_init
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class HttpRequest:
+    """A request head, one per exchange."""
+
     conn: int
     exchange: int  # 0, 1, 2 … per connection, in request order
     ts: float
@@ -184,8 +192,10 @@ class HttpRequest:
 
 
 @slot_init
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class HttpResponse:
+    """A response head (an informational 1xx one is followed by another)."""
+
     conn: int
     exchange: int
     ts: float
@@ -218,8 +228,10 @@ class EndReason(enum.StrEnum):
 
 
 @slot_init
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class HttpEnd:
+    """One direction of an exchange ended: its body is complete, or cut (``reason``)."""
+
     conn: int
     exchange: int
     ts: float
@@ -313,7 +325,7 @@ class StreamState(enum.StrEnum):
 
 
 @slot_init
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class StreamOpened:
     """A request/response exchange began (one row in the streams table)."""
 
@@ -337,8 +349,10 @@ class StreamOpened:
 
 
 @slot_init
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class StreamResponse:
+    """The response head of a recorded stream."""
+
     stream: int
     ts: float
     status: int | None  # None: a body recovered mid-way, its head never seen
@@ -348,7 +362,7 @@ class StreamResponse:
 
 
 @slot_init
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ChunkEvent:
     """One streamed chunk for one choice (or the whole body of a non-streaming reply)."""
 
@@ -368,103 +382,11 @@ class ChunkEvent:
     server_tokens: str | None = None  # JSON list of server-reported tokens (TGI token objects)
 
 
-class StreamFlag(enum.StrEnum):
-    """Something the tool noticed about a stream that its state does not say,
-    stored in ``streams.flags`` (in the order first seen) and reported by
-    ``verify``. A flag in :data:`LOSSY_FLAGS` means the tool dropped or could not
-    trust data of the stream: ``verify`` fails the stream, whatever its state.
-    The others mark odd input the tool kept as it came (a warning)."""
-
-    #: the capture clock went backwards inside the exchange (a later packet has
-    #: an earlier timestamp): durations and gaps computed from it are not real
-    CLOCK_BACKWARDS = "clock-backwards"
-    #: an SSE line or NDJSON line longer than the decoders' line cap
-    #: (``sniffer.core.sse.DEFAULT_MAX_LINE``) was dropped with its item
-    ITEM_OVER_CAP = "item-over-cap"
-    #: more events that carry no output (role preludes, keep-alives, metadata,
-    #: unparseable items, anything after the end marker) than the stream
-    #: stage keeps per stream (``sniffer.core.streams.MAX_QUIET_EVENTS``): the
-    #: rest were counted (the ``events-capped`` error row), not stored
-    EVENTS_CAPPED = "events-capped"
-    #: the request body was longer than the stream stage keeps
-    #: (``sniffer.core.streams.MAX_REQUEST_BODY``): the stored request is its
-    #: start, and its parameters were read from that part only
-    REQUEST_CUT = "request-cut"
-    #: the server sent items after its end marker (``data: [DONE]``): clients
-    #: stop reading there, so they are stored apart (chunk kind ``after_done``)
-    #: and are not part of the answer
-    AFTER_DONE = "after-done"
-    #: the stream had more chunk events than the token collector keeps per
-    #: stream (``sniffer.record.token_collector.MAX_CHUNKS``): token ids were
-    #: computed for the first of them only
-    TOKENS_CAPPED = "tokens-capped"
-    #: TCP bytes of the exchange arrived twice with different content: the
-    #: reassembler kept the first copy, the endpoint's application may have
-    #: read the other (the classic evasion of a passive sniffer); the
-    #: ``errors`` rows (stage ``reassembly``) say where and which copy was kept
-    OVERLAP_MISMATCH = "overlap-mismatch"
-
-
-#: Flags that fail ``verify`` (data dropped or ambiguous); the rest warn.
-#: ``item-over-cap`` drops an item, which may have carried output;
-#: ``overlap-mismatch`` stores bytes the endpoint may not have read. The others
-#: lose no output: ``events-capped`` counts events that carry none,
-#: ``request-cut`` keeps the response whole, ``after-done`` keeps what came
-#: after the end marker apart, ``tokens-capped`` stores every chunk (only the
-#: token analysis stops at the cap).
-LOSSY_FLAGS: frozenset[StreamFlag] = frozenset(
-    {StreamFlag.ITEM_OVER_CAP, StreamFlag.OVERLAP_MISMATCH}
-)
-
-#: What each flag means, for ``verify``'s findings and ``show``.
-FLAG_TEXT: dict[str, str] = {
-    StreamFlag.CLOCK_BACKWARDS: "the capture clock went backwards during the exchange",
-    StreamFlag.ITEM_OVER_CAP: (
-        "an SSE or NDJSON line over the line cap was dropped with its item: "
-        "the stored stream may lack output the server sent"
-    ),
-    StreamFlag.EVENTS_CAPPED: (
-        "events carrying no output past the per-stream cap were counted, not stored "
-        "(the count is in the events-capped error row); no output was dropped"
-    ),
-    StreamFlag.REQUEST_CUT: (
-        "the request body was over the cap: its start is stored and its parameters "
-        "were read from that part (the response is whole)"
-    ),
-    StreamFlag.AFTER_DONE: (
-        "the server sent items after its end marker: stored apart (kind after_done), "
-        "not part of the answer, as clients stop reading at the marker"
-    ),
-    StreamFlag.TOKENS_CAPPED: (
-        "more chunk events than the token collector keeps per stream: token ids cover "
-        "the first of them only; the chunks are stored whole (the tool's own cap, "
-        "nothing lost on the wire or in the store), so the token checks that need "
-        "every token are skipped"
-    ),
-    StreamFlag.OVERLAP_MISMATCH: "TCP bytes arrived twice with different content (the first "
-    "copy was kept; the endpoint may have read the other)",
-}
-
-
-def stream_flags(column: str | None) -> list[StreamFlag | str]:
-    """The flags of a ``streams.flags`` value (JSON list or NULL), known ones as
-    :class:`StreamFlag`; a name this code does not know (a newer writer's) is
-    kept as its text."""
-    if not column:
-        return []
-    try:
-        names = json.loads(column)
-    except ValueError:
-        return [column]
-    if not isinstance(names, list):
-        return [str(names)]
-    known = StreamFlag._value2member_map_
-    return [StreamFlag(n) if n in known else str(n) for n in names]
-
-
 @slot_init
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class StreamClosed:
+    """A recorded stream ended: its final state, timings and counts."""
+
     stream: int
     ts: float
     state: StreamState

@@ -108,6 +108,8 @@ def looks_like_preface(data: bytes) -> bool:
 
 @dataclass(slots=True)
 class H2Stats:
+    """Counters of the HTTP/2 stage (``replay --json``, the daemon's stats)."""
+
     frames: int = 0
     streams: int = 0
     hpack_errors: int = 0

@@ -130,6 +130,8 @@ _DEAD_AFTER = 1 << 20  # hunted this many bytes without finding HTTP: stop looki
 
 @dataclass
 class HttpStats:
+    """Counters of the HTTP/1.1 stage (``replay --json``, the daemon's stats)."""
+
     requests: int = 0
     responses: int = 0
     errors: int = 0
@@ -270,6 +272,8 @@ class HeadError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class RequestHead:
+    """A parsed request head, as bytes off the wire."""
+
     method: bytes
     target: bytes
     version: bytes  # b"1.1"
@@ -278,6 +282,8 @@ class RequestHead:
 
 @dataclass(frozen=True, slots=True)
 class ResponseHead:
+    """A parsed response head, as bytes off the wire."""
+
     version: bytes
     status: int
     reason: bytes
@@ -428,6 +434,8 @@ class BodyKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Framing:
+    """How a message body is delimited: its kind and, for ``LENGTH``, its length."""
+
     kind: BodyKind
     length: int = 0
 

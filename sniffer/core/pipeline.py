@@ -69,6 +69,8 @@ def _dead_output(hev: HttpOutput) -> HttpOutput | None:
 
 @dataclass(frozen=True, slots=True)
 class PipelineConfig:
+    """What a :class:`Pipeline` is built with (ids, ports, caps, the core)."""
+
     conn_id_base: int = 1
     stream_id_base: int = 1
     #: id sources (``StoreWriter.conn_ids`` / ``stream_ids``: blocks reserved in the

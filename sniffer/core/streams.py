@@ -143,6 +143,8 @@ def _fmt(ep: tuple[str, int]) -> str:
 
 @dataclass
 class StreamStats:
+    """Counters of the stream stage (``replay --json``, the daemon's stats)."""
+
     streams_opened: int = 0
     streams_closed: int = 0
     chunk_events: int = 0

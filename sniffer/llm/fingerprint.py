@@ -114,6 +114,8 @@ PREVIEW = 120
 
 @dataclass(frozen=True, slots=True)
 class Fingerprint:
+    """What identifies repeats of one request: model, prompt, parameters, label."""
+
     key: str  # 16 hex digits
     model: str | None
     prompt: str  # human-readable preview of the normalised prompt (≤ 120 chars)

@@ -47,6 +47,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Alternative:
+    """One server-reported token (text, log-probability, raw bytes if given)."""
+
     text: str
     logprob: float
     raw: bytes | None = None

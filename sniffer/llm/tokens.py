@@ -187,7 +187,7 @@ class TokenizerSpec:
 
 
 @slot_init  # one per stream the token pass analyses
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class _PromptPlan:
     """How to tokenize a request's prompt: text segments and literal id segments."""
 
@@ -1308,7 +1308,7 @@ class _Tiled(_BuiltOnFirstUse[tuple[int, int]]):
 
 
 @slot_init  # one per stream taken by the token pass
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class StreamInput:
     """One stream to analyse. ``request`` is the parsed JSON request body (it
     must hold ``messages``/``prompt`` for prompt tokens); ``usage`` the
@@ -1351,7 +1351,7 @@ class ChunkTokens:
 
 
 @slot_init
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Anomaly:
     """One thing worth reporting in a stream's tokens (the kinds and what
     ``position`` means: the module docstring). Also the token pass's row of
@@ -1365,7 +1365,7 @@ class Anomaly:
 
 
 @slot_init  # one per choice of every stream the token pass analyses
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ChoiceChunks:
     """One choice's text chunks in columns: seq, tokens attributed and
     straddling tokens per chunk (seq order), and the choice's full text;
@@ -1483,8 +1483,10 @@ def kind_counts(anomalies: Sequence[Anomaly]) -> Mapping[str, int]:
 
 
 @slot_init  # one per stream the token pass analyses
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class StreamTokens:
+    """The token analysis of one stream (:func:`analyze_stream`)."""
+
     stream_id: int
     tokenizer: str
     prompt_ids: tuple[int, ...]
@@ -1505,6 +1507,8 @@ class StreamTokens:
 
 @dataclass(frozen=True, slots=True)
 class Straddle:
+    """A token whose characters span more than one chunk."""
+
     token: int  # token index in the full encoding
     chunk: int  # index of the piece the token starts in
     last_chunk: int  # index of the piece the token ends in
@@ -1825,6 +1829,8 @@ class _Choice:
 
 @dataclass(slots=True)
 class _Prepared:
+    """A stream ready to be encoded: its tokenizer, choices and prompt plan."""
+
     stream: StreamInput
     name: str
     tok: LoadedTokenizer

@@ -642,7 +642,7 @@ def _ranged(key: str, value: Any, bad: list[str]) -> int | None:
 
 
 @slot_init
-@dataclass(frozen=True, slots=True, repr=False)
+@dataclass(frozen=True, slots=True, repr=False, init=False)
 class RequestSummary:
     """What the store and the exporters use of an LLM request, typed once.
 

@@ -58,6 +58,8 @@ def stream_fraction(stream: StreamOpened) -> float:
 
 @dataclass
 class SamplerStats:
+    """Counters of the :class:`Sampler`'s decisions."""
+
     streams_kept: int = 0
     streams_dropped: int = 0
     chunks_dropped: int = 0

@@ -74,6 +74,8 @@ Progress = Callable[[int, int], None]
 
 @dataclass
 class TokenizeResult:
+    """What a token pass did (streams, tokens, anomalies, batches)."""
+
     streams: int = 0  # streams given a token row by this pass
     failed: int = 0  # of which the analysis raised (row with ``error``)
     tokens: int = 0  # output tokens counted

@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-from sniffer.core.events import StreamFlag, stream_flags
+from sniffer.core.flags import StreamFlag, stream_flags
 from sniffer.llm.dialects import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.fingerprint import fingerprint
 from sniffer.llm.logprobs import output_logprobs
@@ -430,6 +430,8 @@ def load_outputs(
 
 @dataclass(slots=True)
 class Variant:
+    """One distinct output of a group of repeats, with how often it came."""
+
     count: int
     tokens: int
     preview: str  # first PREVIEW_CHARS characters
@@ -445,6 +447,8 @@ class Variant:
 
 @dataclass(slots=True)
 class Group:
+    """The outputs of one fingerprint (the same request repeated) and how they differ."""
+
     key: str
     label: str | None
     model: str | None
@@ -475,6 +479,8 @@ class Latency:
 
 @dataclass(slots=True)
 class StatsReport:
+    """What ``stats`` reports: the groups of repeats, a summary, latency."""
+
     groups: list[Group]
     singletons: int  # fingerprints seen once (not reported)
     summary: dict[str, Any]

@@ -68,7 +68,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sniffer.core.events import FLAG_TEXT, LOSSY_FLAGS, StreamFlag, stream_flags
+from sniffer.core.flags import FLAG_TEXT, LOSSY_FLAGS, StreamFlag, stream_flags
 from sniffer.llm.tokens import (
     ChunkInput,
     StreamInput,
@@ -129,6 +129,8 @@ Level = Literal["fail", "warn"]
 
 @dataclass(frozen=True, slots=True)
 class Finding:
+    """One thing ``verify`` found about a stream: a failure or a warning."""
+
     kind: str
     level: Level
     choice: int | None  # None or -1: the stream as a whole
@@ -149,6 +151,8 @@ class Finding:
 
 @dataclass
 class StreamVerdict:
+    """``verify``'s verdict on one stream, with its findings."""
+
     stream_id: int | None
     label: str | None = None
     model: str | None = None
@@ -227,6 +231,8 @@ class StreamVerdict:
 
 @dataclass
 class VerifyReport:
+    """``verify``'s verdicts on every stream of a source."""
+
     source: str
     streams: list[StreamVerdict] = field(default_factory=list)
     tokenized: int = 0  # streams the verify run tokenized first
@@ -532,6 +538,8 @@ def _verify_stream(
 
 @dataclass
 class _JStream:
+    """A stream of a JSONL file being read back by ``verify``."""
+
     verdict: StreamVerdict
     chunks: list[ChunkInput] = field(default_factory=list)
     acc: dict[int, int] = field(default_factory=dict)

@@ -64,6 +64,8 @@ PARALLEL_MIN_BYTES = 8 << 20
 
 @dataclass
 class ReplayResult:
+    """What one capture file's replay did (counts, time, errors)."""
+
     path: str
     packets: int = 0
     segments: int = 0

@@ -9,6 +9,8 @@ __all__ = ["DaemonStats"]
 
 @dataclass
 class DaemonStats:
+    """The live daemon's counters (logged, exported as metrics)."""
+
     batches: int = 0  # batches taken off the queue
     items: int = 0  # segments / flow events processed
     store_events: int = 0

@@ -130,7 +130,7 @@ def token_worker(chain: RecordingChain, database: str, log: Log) -> Periodic:
     def work() -> None:
         if not stores:
             from sniffer.llm.tokens import TokenizerLoadError
-            from sniffer.store.writer import open_store
+            from sniffer.store.opening import open_store
 
             stores.append(open_store(database))
             if chain.tokens is not None:
@@ -151,8 +151,8 @@ def token_worker(chain: RecordingChain, database: str, log: Log) -> Periodic:
 
 def retention_worker(cfg: Config, log: Log) -> Periodic:
     """Delete streams older than ``retention_days``, a few batches at a time."""
+    from sniffer.store.opening import open_store
     from sniffer.store.retention import prune, vacuum
-    from sniffer.store.writer import open_store
 
     store = open_store(cfg.database)
     age = cfg.retention_days * 86400.0

@@ -4,12 +4,12 @@
 there, without SQLAlchemy): ``models`` builds the SQLAlchemy tables from it and
 ``lite`` the DDL of a new SQLite file. ``schema`` runs the versioned migrations
 (``migrations/``, Alembic) under a lock. ``db`` is the :class:`Store` every reader
-gets (``writer.open_store(url)``): a SQLite file through the standard library's
+gets (``opening.open_store(url)``): a SQLite file through the standard library's
 driver (``lite.SqliteFile``, so that commands start without importing SQLAlchemy)
 or an engine; ``queries`` (the read side of the reports and the CLI), ``ids``
 (the collision-free connection and stream ids) and ``checkpoints`` are written
-once on it. ``writer`` is the batched writer, ``tokens_store`` the token pass's
-tables and queries.
+once on it. ``opening`` opens a store (or an engine), ``writer`` is the batched
+writer, ``tokens_store`` the token pass's tables and queries.
 
 The names below are loaded on first use: importing a submodule (the writer)
 does not import SQLAlchemy through this package.
@@ -31,8 +31,9 @@ if TYPE_CHECKING:
         metadata,
         streams,
     )
+    from sniffer.store.opening import make_engine
     from sniffer.store.schema import SchemaTooNew, migrate
-    from sniffer.store.writer import StoreError, StoreWriter, make_engine
+    from sniffer.store.writer import StoreError, StoreWriter
 
 _WHERE = {
     "SCHEMA_VERSION": "models",
@@ -47,7 +48,7 @@ _WHERE = {
     "migrate": "schema",
     "StoreError": "writer",
     "StoreWriter": "writer",
-    "make_engine": "writer",
+    "make_engine": "opening",
 }
 
 

@@ -13,7 +13,7 @@ Two kinds:
   URL with options), the ``?`` placeholders bound as named parameters of
   ``sqlalchemy.text``.
 
-Callers get a store (``sniffer.store.writer.open_store``), never an engine. No
+Callers get a store (``sniffer.store.opening.open_store``), never an engine. No
 SQLAlchemy import at module load.
 """
 

@@ -550,7 +550,7 @@ class SqliteFile(Store):
                     self.url, creator=lambda: connect(path, read_only=True)
                 )
             else:
-                from sniffer.store.writer import make_engine
+                from sniffer.store.opening import make_engine
 
                 self._engine = make_engine(self.path)
         return self._engine

@@ -96,8 +96,10 @@ _OUTPUT_IDS = attrgetter("output_ids")
 
 
 @slot_init  # one per choice of every stream the token pass writes
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ChoiceTokenRow:
+    """The ``choice_tokens`` row of one choice of a stream."""
+
     choice: int
     text_len: int
     text_hash: str
@@ -119,8 +121,10 @@ TokenAnomalyRow = Anomaly
 
 
 @slot_init  # one per stream the token pass writes
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class StreamTokenRow:
+    """The ``stream_tokens`` row of one stream, with its choices and anomalies."""
+
     stream_id: int
     tokenizer: str | None
     is_default: bool

@@ -230,6 +230,8 @@ def _clock_offset() -> float:
 
 @dataclass(slots=True)
 class _Conn:
+    """A traced socket's connection: its ids and per-direction offsets."""
+
     conn: int
     sk: int
     serial: int
