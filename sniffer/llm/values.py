@@ -81,7 +81,12 @@ def slot_init(cls: type[_T]) -> type[_T]:
     While the native core runs, the descriptors are called in one native
     call (``sniffer._native.SlotFiller``: their C setter, no Python call per
     field; each such call costs ~800 instructions, a ``StreamOpened`` of 17
-    fields ~14k of its ~16k); the pure core keeps the Python calls."""
+    fields ~14k of its ~16k); the pure core keeps the Python calls.
+
+    Declare the dataclass with ``init=False``: its own ``__init__`` would be
+    built (an ``exec``, ~0.2 ms of start-up per class) only to be replaced.
+    Such a class needs a docstring: without one, ``dataclass`` writes its
+    signature into ``__doc__`` before this ``__init__`` exists."""
     scope: dict[str, Any] = {"_NOTHING": _NOTHING}
     params: list[str] = []
     body: list[str] = []
