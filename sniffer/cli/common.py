@@ -113,7 +113,7 @@ def parse_labels(values: Iterable[str]) -> dict[int, str]:
 
 def parse_tokenizer_specs(values: tuple[str, ...] | list[tuple[str, str]]) -> list[Any]:
     """``PATTERN=SOURCE`` strings (or pairs) → TokenizerSpecs (exact before glob)."""
-    from sniffer.llm.tokens import TokenizerSpec
+    from sniffer.llm.registry import TokenizerSpec
 
     out = []
     for v in values:
@@ -129,7 +129,7 @@ def make_registry(specs: tuple[str, ...], default: str | None) -> Any:
     """The registry of --tokenizer / --default-tokenizer. Every configured
     tokenizer is loaded now: one that fails is an error (exit 2), never a
     silent fall-back to the default."""
-    from sniffer.llm.tokens import TokenizerLoadError, TokenizerRegistry
+    from sniffer.llm.registry import TokenizerLoadError, TokenizerRegistry
 
     registry = TokenizerRegistry(parse_tokenizer_specs(specs), default=default or None)
     try:

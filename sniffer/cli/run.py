@@ -121,6 +121,16 @@ def config_options(f: F) -> F:
     return f
 
 
+def _capture_errors() -> tuple[type[Exception], ...]:
+    """What a capture that cannot open or go on raises: the eBPF loader (ctypes,
+    ~3 ms of start-up) is imported only to match an exception, or to capture
+    with it."""
+    from sniffer.capture.afpacket import CaptureError
+    from sniffer.capture.ebpf import EbpfError
+
+    return CaptureError, EbpfError
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option(
     "--config",
@@ -162,9 +172,7 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
         click.echo(render_toml(cfg), nl=False)
         return
 
-    from sniffer.capture.afpacket import CaptureError
-    from sniffer.capture.ebpf import EbpfError
-    from sniffer.llm.tokens import TokenizerLoadError
+    from sniffer.llm.registry import TokenizerLoadError
     from sniffer.record.otlp_setup import OtlpUnavailable
     from sniffer.runtime.daemon import Daemon
     from sniffer.runtime.features import build_features
@@ -189,7 +197,7 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
             click.echo(f"sparseety: cannot serve metrics on {cfg.metrics_listen}: {exc}", err=True)
             sys.exit(1)
         code = Daemon(cfg, overrides=overrides, log=log, features=features).run()
-    except (CaptureError, EbpfError) as exc:
+    except _capture_errors() as exc:  # (evaluated only when something is raised)
         click.echo(f"sparseety: cannot capture: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:

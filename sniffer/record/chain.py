@@ -230,7 +230,7 @@ class RecordingChain:
             if tokens is not None:
                 registry = tokens
             else:
-                from sniffer.llm.tokens import TokenizerRegistry, TokenizerSpec
+                from sniffer.llm.registry import TokenizerRegistry, TokenizerSpec
 
                 registry = TokenizerRegistry(
                     [TokenizerSpec(p, src) for p, src in cfg.tokenizers],

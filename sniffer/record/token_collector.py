@@ -27,13 +27,19 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from functools import cache, partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sniffer.core.events import ChunkEvent, StoreEvent, StreamClosed, StreamFlag, StreamOpened
-from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput, gc_paused
 from sniffer.llm.values import Usage, include_usage, json_or_none
 from sniffer.record.redact import ChoiceRedactions, Redactor, apply_spans, redact_choice_texts
 from sniffer.record.tracker import StreamTracker, Tracked
+
+if TYPE_CHECKING:
+    from sniffer.llm.tokens import ChunkColumns, ChunkInput, StreamInput
+
+# The token analysis's module (sniffer.llm.tokens) is imported when closed
+# streams are taken for the token pass, not with this module: the recording
+# chain is built before the capture opens (issue #25: start-up).
 
 #: Chunk texts of an open stream are joined into one string every this many
 #: chunks: a long-lived small string per chunk would pin the allocator's pools
@@ -180,6 +186,8 @@ class _Open:
         """The chunks as columns (the analysis builds no object per chunk), as
         lists: the analysis makes several passes over them, and a list's items
         are objects already (an array's are made at each read)."""
+        from sniffer.llm.tokens import ChunkColumns
+
         seqs = array("q", self.seqs).tolist()
         choices = array("l", self.choices).tolist()
         lens = array("l", self.lens).tolist()
@@ -302,6 +310,8 @@ class TokenCollector:
             self._ready_by_id[ev.stream] = s
 
     def _build(self, item: tuple[int, _Open, Usage | None, bool, bool]) -> StreamInput:
+        from sniffer.llm.tokens import StreamInput
+
         stream_id, s, usage, gap, done_seen = item
         body = s.body
         parsed = json_or_none(body)
@@ -358,6 +368,8 @@ class TokenCollector:
         """Closed streams not yet taken, oldest first: at most ``limit`` streams
         and, past the first, at most ``max_chunks`` chunks in all (many short
         streams make one batch; a burst of long ones stays flat in memory)."""
+        from sniffer.llm.tokens import gc_paused
+
         out: list[StreamInput] = []
         ready = self._ready
         chunks = 0

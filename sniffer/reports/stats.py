@@ -64,18 +64,21 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sniffer.core.flags import StreamFlag, stream_flags
 from sniffer.llm.dialects import WHOLE_MESSAGE_DIALECTS
 from sniffer.llm.fingerprint import fingerprint
 from sniffer.llm.logprobs import output_logprobs
-from sniffer.llm.tokens import LoadedTokenizer, TokenizerLoadError, TokenizerRegistry
+from sniffer.llm.registry import TokenizerLoadError, TokenizerRegistry
 from sniffer.reports.align import longest_common_prefix
 from sniffer.reports.cadence import cadence, describe_side, spec_of_row, summarize
 from sniffer.reports.output import Output
 from sniffer.store import queries
 from sniffer.store.db import Store
+
+if TYPE_CHECKING:
+    from sniffer.llm.tokens import LoadedTokenizer
 
 __all__ = [
     "PREVIEW_CHARS",

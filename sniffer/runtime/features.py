@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sniffer.llm.tokens import TOKENIZERS_PARALLELISM
+from sniffer.llm.registry import TOKENIZERS_PARALLELISM
 from sniffer.record.chain import RecordingChain
 from sniffer.runtime.workers import (
     Periodic,

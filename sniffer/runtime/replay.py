@@ -572,7 +572,7 @@ def _run_workers(
         gc.unfreeze()
     if chain.tokens is not None:
         # (from here, not sniffer.runtime.features: that imports the daemon's modules)
-        from sniffer.llm.tokens import TOKENIZERS_PARALLELISM
+        from sniffer.llm.registry import TOKENIZERS_PARALLELISM
 
         # Before the merge thread starts (the environment is not thread-safe).
         # The workers keep the cores busy: the tokenizers library's thread
@@ -747,7 +747,7 @@ class _TokenPass:
         0.25 s holding it, is left to first need: ``LoadedTokenizer._tok``)."""
         if self._chain.tokens is None:
             return
-        from sniffer.llm.tokens import TokenizerLoadError
+        from sniffer.llm.registry import TokenizerLoadError
 
         # A missing default is kept: the pass writes an error row per stream, as in one process.
         with contextlib.suppress(TokenizerLoadError):

@@ -36,14 +36,25 @@ def _libc() -> Any:
     if _LIBC is None:
         try:
             import ctypes
-            import ctypes.util
 
-            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC = _load_libc(ctypes)
             _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
             _LIBC.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
         except (OSError, AttributeError):
             _LIBC = False
     return _LIBC
+
+
+def _load_libc(ctypes: Any) -> Any:
+    """The C library: glibc's ``libc.so.6`` (what ``find_library("c")`` names
+    there) without looking it up, as ``find_library`` runs ``ldconfig -p`` in a
+    child process (~2 ms of the daemon's start-up); elsewhere, looked up."""
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        import ctypes.util
+
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 
 
 #: glibc ``mallopt`` parameter: most malloc arenas.
@@ -129,7 +140,7 @@ def token_worker(chain: RecordingChain, database: str, log: Log) -> Periodic:
 
     def work() -> None:
         if not stores:
-            from sniffer.llm.tokens import TokenizerLoadError
+            from sniffer.llm.registry import TokenizerLoadError
             from sniffer.store.opening import open_store
 
             stores.append(open_store(database))

@@ -59,7 +59,6 @@ unknown).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno as errno_mod
 import os
 import socket
@@ -159,6 +158,8 @@ def _try_mount_tracefs() -> None:
     target = _TRACEFS[0]
     if not os.path.isdir(target) or os.listdir(target):
         return
+    import ctypes.util  # (runs ldconfig; only here)
+
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     libc.mount(b"tracefs", target.encode(), b"tracefs", 0, None)
 
