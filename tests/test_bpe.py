@@ -242,3 +242,31 @@ def test_pure_core_loads_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_lazy_tokenizer_needs_its_parts() -> None:
     with pytest.raises(ValueError):
         LoadedTokenizer("x", None)
+
+
+def test_registry_not_native_first_loads_the_library_without_the_native_reading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``stats``' registry (``native_first=False``: it needs offsets for every
+    text) loads the library's tokenizer at once and never reads the file
+    natively; ids, offsets and texts are those of the native-first one."""
+    _native_mod()
+    import sniffer.llm.tokens as tokens_module
+
+    reads: list[Path] = []
+    real = tokens_module._native_bpe
+
+    def counted(path: Path) -> Any:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(tokens_module, "_native_bpe", counted)
+    library = TokenizerRegistry(native_first=False).default()
+    assert library.library_loaded and library._native is None and reads == []
+    lazy = TokenizerRegistry().default()
+    assert not lazy.library_loaded and lazy._native is not None and reads == [JSON]
+    texts = ["Hello, world!", "naïve café — 東京 🙂", "  spaces\tand\nlines  ", ""]
+    assert library.encode_with_offsets(texts) == lazy.encode_with_offsets(texts)
+    ids = library.encode_batch(texts)
+    assert ids == lazy.encode_batch(texts)
+    assert library.decode_batch(ids) == lazy.decode_batch(ids)

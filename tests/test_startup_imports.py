@@ -92,6 +92,8 @@ def test_replay_without_tokens(db: Path, tmp_path: Path) -> None:
     assert "sniffer.core.pipeline" in mods  # it did replay
     # No exporter asked for: neither OTLP nor the metrics library; no tokenizer.
     assert heavy(mods, (*NEVER, "tokenizers", "prometheus_client", "sniffer.record.otlp")) == []
+    # Nor the token analysis (the collector and the registry do not need it).
+    assert heavy(mods, ("sniffer.llm.tokens", "sniffer.llm.registry")) == []
     # A SQLite file at the schema head is written through the stdlib driver.
     assert "sniffer.store.lite" in mods
     assert heavy(mods, ("sqlalchemy",)) == []
@@ -136,6 +138,18 @@ def test_sqlite_readers_need_no_sqlalchemy(
     assert heavy(mods, (*NEVER, "sqlalchemy", "prometheus_client", "sniffer.record.otlp")) == []
 
 
+@pytest.mark.parametrize(
+    "command", [["streams"], ["show", "1"], ["stats"], ["verify", "--no-tokenize"], ["errors"]]
+)
+def test_readers_load_no_pipeline_classes(command: list[str], db: Path, tmp_path: Path) -> None:
+    """The reading commands read flags (``sniffer.core.flags``) and open the store
+    (``sniffer.store.opening``) without the pipeline's event classes, the
+    writer or the capture modules (~20 ms of their start-up)."""
+    mods = loaded([*command, "--db", str(db)], tmp_path)
+    assert {"sniffer.store.opening", "sniffer.store.queries"} <= mods  # it did read
+    assert heavy(mods, ("sniffer.core.events", "sniffer.store.writer", "sniffer.capture")) == []
+
+
 def test_streams_loads_no_tokenizer(db: Path, tmp_path: Path) -> None:
     mods = loaded(["streams", "--db", str(db)], tmp_path)
     assert heavy(mods, ("tokenizers", "sniffer.llm.tokens")) == []
@@ -145,7 +159,7 @@ def test_stats_without_repeats_loads_no_tokenizer(db: Path, tmp_path: Path) -> N
     """stats encodes only outputs it compares: one stream, nothing to compare."""
     mods = loaded(["stats", "--db", str(db)], tmp_path)
     assert "sniffer.reports.stats" in mods  # it did run
-    assert heavy(mods, ("tokenizers",)) == []
+    assert heavy(mods, ("tokenizers", "sniffer.llm.tokens")) == []
 
 
 def test_verify_of_a_tokenized_file_loads_no_tokenizer(db: Path, tmp_path: Path) -> None:
@@ -225,3 +239,9 @@ def test_run_opens_its_capture_before_the_exporters(tmp_path: Path) -> None:
     assert "sniffer.runtime.daemon" in mods  # it got to the capture
     assert "sniffer.record.otlp_setup" in mods  # it did decide on OTLP export
     assert heavy(mods, (*NEVER, "sniffer.record.otlp", "tomllib", "hashlib", "sqlalchemy")) == []
+    # The token pass's analysis loads in its thread, the eBPF loader only for
+    # the ebpf backend (or an error to match); no ``ldconfig`` child
+    # (``ctypes.util.find_library``) for libc.
+    assert "sniffer.llm.registry" in mods  # the chain has its tokenizer registry
+    late = ("sniffer.llm.tokens", "sniffer.capture.ebpf", "ctypes.util", "subprocess")
+    assert heavy(mods, late) == []

@@ -125,13 +125,16 @@ def parse_tokenizer_specs(values: tuple[str, ...] | list[tuple[str, str]]) -> li
     return out
 
 
-def make_registry(specs: tuple[str, ...], default: str | None) -> Any:
+def make_registry(specs: tuple[str, ...], default: str | None, *, native_first: bool = True) -> Any:
     """The registry of --tokenizer / --default-tokenizer. Every configured
     tokenizer is loaded now: one that fails is an error (exit 2), never a
-    silent fall-back to the default."""
+    silent fall-back to the default. ``native_first``: see
+    :class:`~sniffer.llm.registry.TokenizerRegistry`."""
     from sniffer.llm.registry import TokenizerLoadError, TokenizerRegistry
 
-    registry = TokenizerRegistry(parse_tokenizer_specs(specs), default=default or None)
+    registry = TokenizerRegistry(
+        parse_tokenizer_specs(specs), default=default or None, native_first=native_first
+    )
     try:
         registry.preload_configured()
     except TokenizerLoadError as exc:

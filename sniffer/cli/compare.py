@@ -197,7 +197,9 @@ def stats(
     from sniffer.reports.stats import format_stats, stats_json
     from sniffer.reports.stats import stats as run_stats
 
-    registry = make_registry(tokenizers, default_tokenizer)
+    # stats encodes every output it compares with offsets: the library's
+    # tokenizer, loaded at once (not after a native reading it would not use)
+    registry = make_registry(tokenizers, default_tokenizer, native_first=False)
     with library_errors():
         report = run_stats(
             open_store(db),

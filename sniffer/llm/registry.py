@@ -84,10 +84,25 @@ class TokenizerRegistry:
     ``fnmatch`` case-sensitive), then the default. Loading reads local files
     only and never downloads; a source that cannot be loaded raises
     :class:`TokenizerLoadError` (and keeps raising it, the failure is cached).
+
+    ``native_first``: a ``tokenizer.json`` the native core reads (DeepSeek's)
+    is read so, the tokenizers library's own loaded only when needed (the
+    token pass's fast path never needs it on ASCII text). A caller that needs
+    the library for every text (``stats``: it encodes every output with
+    character offsets) passes False: the library loads at once, and the
+    native reading (~0.1 s) is not done for nothing. Same ids and texts
+    either way.
     """
 
-    def __init__(self, specs: Sequence[TokenizerSpec] = (), *, default: str | None = None) -> None:
+    def __init__(
+        self,
+        specs: Sequence[TokenizerSpec] = (),
+        *,
+        default: str | None = None,
+        native_first: bool = True,
+    ) -> None:
         self.specs: tuple[TokenizerSpec, ...] = tuple(specs)
+        self.native_first = native_first
         self.default_source = default
         self.default_name = DEFAULT_NAME if default is None else f"default:{default}"
         self._loaded: dict[str, LoadedTokenizer | TokenizerLoadError] = {}
@@ -160,7 +175,7 @@ class TokenizerRegistry:
             got = self._loaded.get(source)
             if got is None:
                 try:
-                    got = _load(source, name)
+                    got = _load(source, name, self.native_first)
                 except TokenizerLoadError as exc:
                     got = exc
                 self._loaded[source] = got
@@ -169,11 +184,11 @@ class TokenizerRegistry:
         return got
 
 
-def _load(source: str, name: str) -> LoadedTokenizer:
+def _load(source: str, name: str, native_first: bool) -> LoadedTokenizer:
     """Load ``source`` (:func:`sniffer.llm.tokens._load`, imported at the first load)."""
     from sniffer.llm import tokens
 
-    return tokens._load(source, name)
+    return tokens._load(source, name, native_first)
 
 
 def _has_chat_template(path: Path) -> bool:

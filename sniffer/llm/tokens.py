@@ -846,14 +846,16 @@ def _chat_messages(request: dict[str, Any]) -> list[dict[str, Any]] | None:
 # ---------------------------------------------------------------------------
 
 
-def _load(source: str, name: str) -> LoadedTokenizer:
+def _load(source: str, name: str, native_first: bool = True) -> LoadedTokenizer:
+    """The tokenizer of ``source`` (see :class:`TokenizerSpec`); ``native_first``:
+    see :class:`TokenizerRegistry`."""
     path = Path(source).expanduser()
     if path.is_file() and path.suffix.lower() == GGUF_SUFFIX:
         return _load_gguf(path, name)
     if path.is_file():
-        return _load_file(path, name)
+        return _load_file(path, name, native_first)
     if path.is_dir():
-        return _load_dir(path, name)
+        return _load_dir(path, name, native_first)
     if not _HUB_ID.match(source) or source.startswith((".", "/", "~")):
         raise TokenizerLoadError(f"tokenizer {source!r}: no such file or directory")
     try:
@@ -865,7 +867,7 @@ def _load(source: str, name: str) -> LoadedTokenizer:
             f"tokenizer {source!r}: not a local path and not in the local Hugging Face cache "
             f"(offline lookup only, nothing is downloaded): {type(exc).__name__}"
         ) from exc
-    return _load_dir(Path(snapshot), name)
+    return _load_dir(Path(snapshot), name, native_first)
 
 
 def _from_file(path: Path, label: Path) -> Tokenizer:
@@ -879,13 +881,16 @@ def _from_file(path: Path, label: Path) -> Tokenizer:
         raise TokenizerLoadError(f"tokenizer {str(label)!r}: cannot load: {exc}") from exc
 
 
-def _tokenizer_json(path: Path, label: Path, name: str) -> Callable[[Any], LoadedTokenizer]:
+def _tokenizer_json(
+    path: Path, label: Path, name: str, native_first: bool = True
+) -> Callable[[Any], LoadedTokenizer]:
     """A ``tokenizer.json``'s tokenizer, given its chat tokenizer: read
     natively with the library left to first need when :func:`_native_bpe`
     takes it (DeepSeek's: ~0.1 s instead of 0.25-0.35 s of CPU, and a
     replay of ASCII streams never needs the library), else loaded by the
-    library now (a file it cannot load fails here, as before)."""
-    native = _native_bpe(path)
+    library now (a file it cannot load fails here, as before). Not
+    ``native_first``: the library now, without the native reading."""
+    native = _native_bpe(path) if native_first else None
     if native is not None:
         load = functools.partial(_from_file, path, label)
         return lambda chat: LoadedTokenizer(name, None, chat, native=native, load=load)
@@ -893,20 +898,20 @@ def _tokenizer_json(path: Path, label: Path, name: str) -> Callable[[Any], Loade
     return lambda chat: LoadedTokenizer(name, tok, chat)
 
 
-def _load_file(path: Path, name: str) -> LoadedTokenizer:
-    make = _tokenizer_json(path, path, name)
+def _load_file(path: Path, name: str, native_first: bool = True) -> LoadedTokenizer:
+    make = _tokenizer_json(path, path, name, native_first)
     chat = None
     if path.name == "tokenizer.json" and _has_chat_template(path.parent):
         chat = _load_chat(path.parent)
     return make(chat)
 
 
-def _load_dir(path: Path, name: str) -> LoadedTokenizer:
+def _load_dir(path: Path, name: str, native_first: bool = True) -> LoadedTokenizer:
     from tokenizers import Tokenizer
 
     chat = _load_chat(path) if _has_chat_template(path) else None
     if (path / "tokenizer.json").is_file():
-        return _tokenizer_json(path / "tokenizer.json", path, name)(chat)
+        return _tokenizer_json(path / "tokenizer.json", path, name, native_first)(chat)
     # No tokenizer.json (e.g. sentencepiece only): let transformers build the fast one.
     hf = chat if chat is not None else _load_auto(path)
     backend = getattr(hf, "backend_tokenizer", None)

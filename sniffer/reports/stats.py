@@ -420,7 +420,7 @@ def load_outputs(
     return build_outputs(
         rows,
         chunk_rows,
-        registry or TokenizerRegistry(),
+        registry or TokenizerRegistry(native_first=False),  # (offsets: the library's)
         server_rows,
         repeats_only=repeats_only,
     )
