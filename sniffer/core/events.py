@@ -21,7 +21,7 @@ from typing import NamedTuple
 # the stream flags live in sniffer.core.flags (the reading commands need them
 # without this module's classes); the pipeline's modules import them from here
 from sniffer.core.flags import FLAG_TEXT, LOSSY_FLAGS, StreamFlag, stream_flags  # noqa: F401
-from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage, slot_init
+from sniffer.llm.values import EMPTY_REQUEST, RequestSummary, Usage, slot_dataclass, slot_init
 
 # ---------------------------------------------------------------------------
 # capture → reassembly
@@ -70,7 +70,7 @@ class CaptureGap(NamedTuple):
 
 
 @slot_init
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class ConnectionOpened:
     """A TCP connection seen for the first time (its SYN, or its first segment)."""
 
@@ -122,7 +122,7 @@ class FlowEnd:
 
 
 @slot_init
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class ConnectionClosed:
     """A connection ended (both directions, reset, idle expiry or end of capture)."""
 
@@ -178,7 +178,7 @@ Headers = tuple[tuple[str, str], ...]  # (lower-case name, value), in wire order
 
 
 @slot_init
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class HttpRequest:
     """A request head, one per exchange."""
 
@@ -192,7 +192,7 @@ class HttpRequest:
 
 
 @slot_init
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class HttpResponse:
     """A response head (an informational 1xx one is followed by another)."""
 
@@ -228,7 +228,7 @@ class EndReason(enum.StrEnum):
 
 
 @slot_init
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class HttpEnd:
     """One direction of an exchange ended: its body is complete, or cut (``reason``)."""
 
@@ -325,7 +325,7 @@ class StreamState(enum.StrEnum):
 
 
 @slot_init
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class StreamOpened:
     """A request/response exchange began (one row in the streams table)."""
 
@@ -349,7 +349,7 @@ class StreamOpened:
 
 
 @slot_init
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class StreamResponse:
     """The response head of a recorded stream."""
 
@@ -362,7 +362,7 @@ class StreamResponse:
 
 
 @slot_init
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class ChunkEvent:
     """One streamed chunk for one choice (or the whole body of a non-streaming reply)."""
 
@@ -383,7 +383,7 @@ class ChunkEvent:
 
 
 @slot_init
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class StreamClosed:
     """A recorded stream ended: its final state, timings and counts."""
 

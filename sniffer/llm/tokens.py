@@ -93,7 +93,7 @@ from sniffer.llm.registry import (
     _has_chat_template,
     default_tokenizer_dir,
 )
-from sniffer.llm.values import TOKEN_ID_RANGE, Usage, in_range, slot_init
+from sniffer.llm.values import TOKEN_ID_RANGE, Usage, in_range, slot_dataclass, slot_init
 
 __all__ = [
     "DEFAULT_NAME",
@@ -166,7 +166,7 @@ def _bytes_to_byte_level(data: bytes) -> str:
 
 
 @slot_init  # one per stream the token pass analyses
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class _PromptPlan:
     """How to tokenize a request's prompt: text segments and literal id segments."""
 
@@ -1174,7 +1174,7 @@ class _Tiled(_BuiltOnFirstUse[tuple[int, int]]):
 
 
 @slot_init  # one per stream taken by the token pass
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class StreamInput:
     """One stream to analyse. ``request`` is the parsed JSON request body (it
     must hold ``messages``/``prompt`` for prompt tokens); ``usage`` the
@@ -1217,7 +1217,7 @@ class ChunkTokens:
 
 
 @slot_init
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class Anomaly:
     """One thing worth reporting in a stream's tokens (the kinds and what
     ``position`` means: the module docstring). Also the token pass's row of
@@ -1231,7 +1231,7 @@ class Anomaly:
 
 
 @slot_init  # one per choice of every stream the token pass analyses
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class ChoiceChunks:
     """One choice's text chunks in columns: seq, tokens attributed and
     straddling tokens per chunk (seq order), and the choice's full text;
@@ -1349,7 +1349,7 @@ def kind_counts(anomalies: Sequence[Anomaly]) -> Mapping[str, int]:
 
 
 @slot_init  # one per stream the token pass analyses
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class StreamTokens:
     """The token analysis of one stream (:func:`analyze_stream`)."""
 

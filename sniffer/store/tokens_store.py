@@ -61,7 +61,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from itertools import repeat
 from operator import attrgetter
 from typing import Any
@@ -69,7 +69,7 @@ from typing import Any
 import orjson as _orjson
 
 from sniffer.llm.tokens import Anomaly, AnomalyColumns
-from sniffer.llm.values import slot_init
+from sniffer.llm.values import slot_dataclass, slot_init
 from sniffer.store import spec
 from sniffer.store.db import Store, Transaction, as_bools, in_list
 from sniffer.store.lite import PLAIN_HTTP
@@ -96,7 +96,7 @@ _OUTPUT_IDS = attrgetter("output_ids")
 
 
 @slot_init  # one per choice of every stream the token pass writes
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class ChoiceTokenRow:
     """The ``choice_tokens`` row of one choice of a stream."""
 
@@ -121,7 +121,7 @@ TokenAnomalyRow = Anomaly
 
 
 @slot_init  # one per stream the token pass writes
-@dataclass(frozen=True, slots=True, init=False)
+@slot_dataclass(frozen=True, slots=True)
 class StreamTokenRow:
     """The ``stream_tokens`` row of one stream, with its choices and anomalies."""
 
