@@ -122,6 +122,8 @@ def sampler_adjusted(lps: Sequence[TokenLogprob] | None) -> int:
 
 @dataclass(slots=True)
 class Cause:
+    """Why two outputs of one request differ: the cause class, its evidence, its source."""
+
     cause: str | None
     #: what the classification rests on (JSON-ready): fork token, each side's view
     evidence: dict[str, Any] = field(default_factory=dict)
