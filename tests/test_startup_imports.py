@@ -245,3 +245,41 @@ def test_run_opens_its_capture_before_the_exporters(tmp_path: Path) -> None:
     assert "sniffer.llm.registry" in mods  # the chain has its tokenizer registry
     late = ("sniffer.llm.tokens", "sniffer.capture.ebpf", "ctypes.util", "subprocess")
     assert heavy(mods, late) == []
+
+
+#: ``run`` up to its capture opening, printing the collector's thresholds there.
+RUN_TO_CAPTURE_GC = r"""
+import gc, json, os, sys
+argv, out = sys.argv[1:-1], sys.argv[-1]
+sys.argv = ["sparseety", *argv]
+import sniffer.capture.afpacket as afp
+
+def opened(self):
+    with open(out, "w") as fh:
+        json.dump(gc.get_threshold(), fh)
+    os._exit(0)
+
+afp.AfPacketSource.open = opened
+from sniffer.cli import entry_point
+entry_point()
+"""
+
+
+def test_run_starts_with_few_collections(tmp_path: Path) -> None:
+    """``run`` raises the collector's first threshold from its start (its
+    imports make no garbage cycles; at the default the collector ran ~35 times
+    before the capture opened), as the daemon's loop has it."""
+    from sniffer.cli.common import RECORDING_GC_THRESHOLDS
+
+    out = tmp_path / "gc.json"
+    args = ["run", "--db", str(tmp_path / "r.db"), "--no-metrics", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_TO_CAPTURE_GC, *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.exists(), proc.stderr
+    assert tuple(json.loads(out.read_text())) == RECORDING_GC_THRESHOLDS != (700, 10, 10)

@@ -4,6 +4,7 @@ modules can import it without a cycle when ``python -m sniffer.cli`` runs."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -20,6 +21,23 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_DB = "sparseety.db"
 #: The database of every command given no ``--db`` (the readers, ``top``, ``run``).
 DB_ENV = "SPARSEETY_DB"
+
+
+#: The collector's thresholds of a recording command (``run``, ``replay``) from
+#: its start: those of the daemon's capture loop (``Daemon.run``).
+RECORDING_GC_THRESHOLDS = (100_000, 50, 100)
+
+
+def few_collections() -> None:
+    """Raise the garbage collector's first threshold for the rest of a
+    recording command, from its start. Importing the pipeline, the recording
+    chain and the store makes tens of thousands of objects that live as long
+    as the process, and no garbage cycles: at the default threshold (700) the
+    collector went over them ~35 times before ``run``'s capture opened (7-11 ms
+    of its ~0.15 s start-up; ``bench/bench_startup.py``). The daemon's loop and
+    replay's set their own thresholds on the same grounds (many short-lived
+    objects, no cycles worth chasing)."""
+    gc.set_threshold(*RECORDING_GC_THRESHOLDS)
 
 
 def env_database() -> str | None:

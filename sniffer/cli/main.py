@@ -25,6 +25,7 @@ from sniffer.cli import exiting
 from sniffer.cli.common import (
     db_option,
     fail,
+    few_collections,
     library_errors,
     make_registry,
     node_option,
@@ -194,6 +195,7 @@ def replay(
       sparseety replay pcaps/chat_english.pcap --db sparseety.db --label 8000=baseline
       sparseety replay pcaps/*.pcap --db sparseety.db -q --csv > replay.csv
     """
+    few_collections()
     from sniffer.record.chain import RecordingChain, RecordingOptions
     from sniffer.runtime.replay import MissingCapture, replay_files
 

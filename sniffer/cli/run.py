@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
-from sniffer.cli.common import env_database, parse_labels, parse_pairs
+from sniffer.cli.common import env_database, few_collections, parse_labels, parse_pairs
 from sniffer.runtime.config import (
     OPTIONS,
     Config,
@@ -159,6 +159,7 @@ def run(config_path: str | None, print_config: bool, **options: Any) -> None:
       sparseety run --config my.toml --print-config
       sparseety run --node gpu-07 --otlp-endpoint http://collector:4318
     """
+    few_collections()
     try:
         cfg, overrides = build_config(config_path, options)
         if cfg.grpc_proto:
