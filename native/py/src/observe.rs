@@ -591,7 +591,13 @@ impl CollectChunks {
         let packed = tail
             .iter()
             .try_for_each(|item| block.push_item(&item))
-            .and_then(|()| block.push(&c.get(ev, C_SEQ)?, &c.get(ev, C_CHOICE)?, c.get(ev, C_TEXT)?))
+            .and_then(|()| {
+                block.push(
+                    &c.get(ev, C_SEQ)?,
+                    &c.get(ev, C_CHOICE)?,
+                    c.get(ev, C_TEXT)?,
+                )
+            })
             .and_then(|()| block.joined(py));
         let Ok(joined) = packed else {
             return Ok(false);
@@ -600,11 +606,11 @@ impl CollectChunks {
             return Ok(false);
         };
         // what `join_tail` does from here, and `_chunk` after it
-        for ((slot, col), bytes) in [O_SEQS, O_CHOICES, O_LENS]
-            .into_iter()
-            .zip(columns)
-            .zip([&block.seqs, &block.choices, &block.lens])
-        {
+        for ((slot, col), bytes) in [O_SEQS, O_CHOICES, O_LENS].into_iter().zip(columns).zip([
+            &block.seqs,
+            &block.choices,
+            &block.lens,
+        ]) {
             match col {
                 Some(ba) => extend_bytearray(&ba, bytes)?,
                 None => self.open.set(s, slot, PyByteArray::new(py, bytes))?,

@@ -295,18 +295,8 @@ impl RedactChunks {
             }
             moved = Some((base, rest));
         }
-        let none = c.py().None();
-        for j in 0..k {
-            let ev = held.get_item(j)?;
-            for f in EV_JSON {
-                let is_none = self
-                    .chunk
-                    .peek(&ev, f)
-                    .is_some_and(|p| std::ptr::eq(p, none.as_ptr()));
-                if !is_none && self.chunk.get(&ev, f)?.is_truthy()? {
-                    return Ok(false);
-                }
-            }
+        if self.json_in(&held, k)? {
+            return Ok(false);
         }
         // what `_final_clean` does from here
         if let Some((base, rest)) = moved {
@@ -327,6 +317,26 @@ impl RedactChunks {
 type Held<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
 
 impl RedactChunks {
+    /// Whether any of the first `k` events of `held` has a truthy JSON field
+    /// (`tool_calls`, `logprobs`, `raw`): what `_release` must look at. None
+    /// where the slot keeps it (the usual field) is read without a call.
+    fn json_in(&self, held: &Bound<'_, PyList>, k: usize) -> PyResult<bool> {
+        let none = held.py().None();
+        for j in 0..k {
+            let ev = held.get_item(j)?;
+            for f in EV_JSON {
+                let is_none = self
+                    .chunk
+                    .peek(&ev, f)
+                    .is_some_and(|p| std::ptr::eq(p, none.as_ptr()));
+                if !is_none && self.chunk.get(&ev, f)?.is_truthy()? {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
     /// The hot path's take of chunk event `ev` of stream `s` (its `_Stream`):
     /// None when it is not the hot path's (nothing changed: `_chunk` takes
     /// it); else taken in, with its choice and text window when they reached
@@ -455,19 +465,8 @@ impl RedactChunks {
             return Ok(false);
         }
         // `_release`'s look at the JSON fields: none to look at
-        let none = s.py().None();
-        for j in 0..k {
-            let ev = held.get_item(j)?;
-            for f in EV_JSON {
-                // (None where the slot keeps it: the usual field, no call)
-                let is_none = self
-                    .chunk
-                    .peek(&ev, f)
-                    .is_some_and(|p| std::ptr::eq(p, none.as_ptr()));
-                if !is_none && self.chunk.get(&ev, f)?.is_truthy()? {
-                    return Ok(false);
-                }
-            }
+        if self.json_in(&held, k)? {
+            return Ok(false);
         }
         // `drain()`'s hand-over when the choice's run is the stream's only one
         let runs = self.stream.get(s, S_RUNS)?;
