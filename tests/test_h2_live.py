@@ -4,6 +4,7 @@ daemon capturing; the database must hold what the clients received."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -29,7 +30,6 @@ from tests.test_live_e2e import (
     Result,
     body,
     check_exact,
-    concurrently,
     daemon,
     ebpf_loadable,  # noqa: F401  (fixture)
     q,
@@ -74,17 +74,19 @@ def h2_server(procs: list[subprocess.Popen[bytes]]) -> int:
     raise AssertionError("hypercorn did not come up")
 
 
-def h2_stream(client: httpx.Client, port: int, prompt: str, max_tokens: int = 30) -> Result:
+async def h2_stream(
+    client: httpx.AsyncClient, port: int, prompt: str, max_tokens: int = 30
+) -> Result:
     r = Result(prompt)
     try:
-        with client.stream(
+        async with client.stream(
             "POST",
             f"http://127.0.0.1:{port}/v1/chat/completions",
             json=body(prompt, "fake-delay2", max_tokens),
             headers={"authorization": "Bearer sk-test"},
         ) as resp:
             assert resp.http_version == "HTTP/2"
-            for line in resp.iter_lines():
+            async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -101,14 +103,34 @@ def h2_stream(client: httpx.Client, port: int, prompt: str, max_tokens: int = 30
     return r
 
 
+def h2_streams(port: int, jobs: list[tuple[str, int]]) -> list[Result]:
+    """Streams ``(prompt, max_tokens)`` at once on ONE HTTP/2 connection: one
+    ``httpx.AsyncClient`` on one event loop.
+
+    Not a sync ``httpx.Client`` shared by threads: httpcore's sync HTTP/2
+    connection is not thread-safe. A thread takes its stream id
+    (``get_next_available_stream_id``, which only moves once HEADERS are sent)
+    and sends HEADERS later, unlocked, so under slow scheduling two threads took
+    the same id (or sent HEADERS out of id order, or interleaved HPACK state) and
+    the server rightly reset the stream or closed the connection with
+    PROTOCOL_ERROR. On one event loop the id is taken and HEADERS queued with no
+    ``await`` between them.
+    """
+
+    async def run() -> list[Result]:
+        async with httpx.AsyncClient(http1=False, http2=True, timeout=30) as client:
+            streams = (h2_stream(client, port, p, n) for p, n in jobs)
+            return list(await asyncio.wait_for(asyncio.gather(*streams), 120))
+
+    return asyncio.run(run())
+
+
 def test_h2c_prior_knowledge_concurrent_streams_on_one_connection(
     tmp_path: Path, procs: list[Any]
 ) -> None:
     port = h2_server(procs)
     d = daemon(procs, tmp_path, "--port", str(port))
-    with httpx.Client(http1=False, http2=True, timeout=30) as client:
-        jobs = [(lambda i=i: h2_stream(client, port, f"h2 prompt {i}", 20 + i)) for i in range(6)]
-        results = concurrently(jobs)
+    results = h2_streams(port, [(f"h2 prompt {i}", 20 + i) for i in range(6)])
     assert d.stop() == 0
     check_exact(d.db, results)
     rows = q(d.db, "select distinct connection_id from streams where method='POST'")
@@ -343,9 +365,7 @@ def test_h2c_over_the_ebpf_backend(tmp_path: Path, procs: list[Any]) -> None:
     """The eBPF backend's flows go through the same parser: the bytes say HTTP/2."""
     port = h2_server(procs)
     d = daemon(procs, tmp_path, "--backend", "ebpf", "--port", str(port))
-    with httpx.Client(http1=False, http2=True, timeout=30) as client:
-        jobs = [(lambda i=i: h2_stream(client, port, f"ebpf h2 {i}", 15 + i)) for i in range(4)]
-        results = concurrently(jobs)
+    results = h2_streams(port, [(f"ebpf h2 {i}", 15 + i) for i in range(4)])
     assert d.stop() == 0
     check_exact(d.db, results)
     assert {c for (c,) in q(d.db, "select distinct capture from streams")} == {"ebpf"}
