@@ -223,7 +223,8 @@ def test_an_update_of_a_column_it_does_not_set_is_refused() -> None:
 
 def test_headers_json_of_a_list_met_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """The text of a header list met before is the one kept, the same as the
-    first; a list with a credential is not kept; the texts kept are bounded."""
+    first; a list with a credential is not kept; the texts kept are bounded,
+    in number and in size."""
     monkeypatch.setattr(writer_mod, "_headers_texts", {})
     monkeypatch.setattr(writer_mod, "_HEADERS_TEXTS_MAX", 4)
     kept = writer_mod._headers_texts
@@ -238,6 +239,9 @@ def test_headers_json_of_a_list_met_again(monkeypatch: pytest.MonkeyPatch) -> No
         headers_json((("x-n", str(i)),))
         assert len(kept) <= 4
     assert kept[(("x-n", "9"),)] == '[["x-n", "9"]]'
+    big = (("x-big", "v" * writer_mod._HEADERS_TEXT_MAX_LEN),)
+    assert headers_json(big) == '[["x-big", "' + "v" * writer_mod._HEADERS_TEXT_MAX_LEN + '"]]'
+    assert big not in kept  # a large head's text is made each time, not held
 
 
 @pytest.mark.parametrize("copy", [True, False], ids=["copy", "executemany"])

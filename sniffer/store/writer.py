@@ -119,10 +119,13 @@ def _header_prefix(name: str) -> str:
 
 #: ``headers_json`` of header lists met before, by the list: a client sends
 #: the same headers request after request, a server the same response head
-#: (bounded: emptied when full). A list with a header ``headers_json`` drops
-#: is not kept (no credential held here longer than its event).
+#: (bounded: emptied when full; only texts up to ``_HEADERS_TEXT_MAX_LEN``
+#: characters, so crafted heads of many large headers cannot make it hold
+#: megabytes). A list with a header ``headers_json`` drops is not kept (no
+#: credential held here longer than its event).
 _headers_texts: dict[Headers, str] = {}
 _HEADERS_TEXTS_MAX = 256
+_HEADERS_TEXT_MAX_LEN = 4096
 
 
 def headers_json(headers: Headers | Iterable[tuple[str, str]]) -> str:
@@ -142,7 +145,7 @@ def headers_json(headers: Headers | Iterable[tuple[str, str]]) -> str:
     known = _header_prefixes.get
     pairs = [p + enc(v) + "]" for n, v in headers if (p := known(n) or _header_prefix(n))]
     text = "[" + ", ".join(pairs) + "]"
-    if type(headers) is tuple and len(pairs) == len(headers):
+    if type(headers) is tuple and len(pairs) == len(headers) and len(text) <= _HEADERS_TEXT_MAX_LEN:
         if len(_headers_texts) >= _HEADERS_TEXTS_MAX:
             _headers_texts.clear()
         _headers_texts[headers] = text
