@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from sniffer.runtime import CAPTURE_GC_THRESHOLDS
+
 if TYPE_CHECKING:
     from sniffer.store.db import Store
 
@@ -25,7 +27,7 @@ DB_ENV = "SPARSEETY_DB"
 
 #: The collector's thresholds of a recording command (``run``, ``replay``) from
 #: its start: those of the daemon's capture loop (``Daemon.run``).
-RECORDING_GC_THRESHOLDS = (100_000, 50, 100)
+RECORDING_GC_THRESHOLDS = CAPTURE_GC_THRESHOLDS
 
 
 def few_collections() -> None:

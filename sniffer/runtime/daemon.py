@@ -62,7 +62,7 @@ from sniffer.core.events import CaptureGap, FlowEvent, Segment, StoreEvent
 from sniffer.core.native import SEGMENT_BATCH
 from sniffer.core.pipeline import Pipeline, PipelineConfig
 from sniffer.record.chain import Observer, RecordingChain
-from sniffer.runtime import signals
+from sniffer.runtime import CAPTURE_GC_THRESHOLDS, signals
 from sniffer.runtime.capture_thread import (
     BLOCK_TIMEOUT_MS,
     CaptureThread,
@@ -254,8 +254,7 @@ class Daemon:
             self._capture = capture
             capture.start()
             self._hooks(self.on_start)
-            # Many short-lived objects per packet and no cycles worth chasing.
-            gc.set_threshold(100_000, 50, 100)
+            gc.set_threshold(*CAPTURE_GC_THRESHOLDS)
             log(
                 "info",
                 "capture-active",
